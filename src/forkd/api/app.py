@@ -1,0 +1,137 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from forkd.api.audit import AuditLog, AuditMiddleware
+from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
+from forkd.api.deps import RuntimeLike
+from forkd.api.handlers import install_exception_handlers
+from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
+from forkd.api.metrics import Metrics
+from forkd.api.routes import status_router, v1
+from forkd.api.schemas import ErrorBody
+from forkd.api.settings import Settings
+from forkd.config import API_VERSION, VERSION
+
+log = logging.getLogger(__name__)
+
+_UNAUTHORIZED = {
+    "description": "Missing or invalid bearer token.",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
+
+
+def _count(app: FastAPI, what: str) -> int:
+    runtime = app.state.runtime
+    if runtime is None:
+        return 0
+    return len(getattr(runtime, what)())
+
+
+def _openapi_factory(app: FastAPI, auth: bool) -> Any:
+    """Make the served OpenAPI describe what the app really does.
+
+    FastAPI documents 422 for validation errors; forkd answers 400 with
+    ``{"error"}``, so 422 and its schemas are removed. The bearer scheme is
+    declared globally (with /healthz exempt) and 401 documented on every
+    protected operation, because auth is middleware FastAPI cannot see.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {})
+        schemas = components.setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        schemas.setdefault("ErrorBody", ErrorBody.model_json_schema())
+        if auth:
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+        for path, item in schema.get("paths", {}).items():
+            for operation in item.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                if path in UNAUTHENTICATED_PATHS:
+                    operation["security"] = []
+                elif auth:
+                    responses.setdefault("401", _UNAUTHORIZED)
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
+def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = None) -> FastAPI:
+    """Build the daemon's ASGI app.
+
+    ``runtime``: an already-opened runtime (tests, embedding). When omitted the
+    lifespan opens one on ``settings.data_dir`` and closes it on shutdown,
+    keeping the sandboxes alive if ``settings.keep_sandboxes``. An injected
+    runtime is the caller's to close.
+
+    Raises ConfigError if the token file is missing, empty or a placeholder.
+    """
+    settings = settings or Settings()
+    token = load_token(settings.token_file) if settings.token_file is not None else None
+    audit = AuditLog(settings.audit_log_path())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = app.state.runtime is None
+        if owned:
+            from forkd.controller.runtime import Runtime
+
+            data = settings.data()
+            log.info("opening runtime on %s", data.root)
+            app.state.runtime = await Runtime.open(data)
+        try:
+            yield
+        finally:
+            if owned and app.state.runtime is not None:
+                log.info("closing runtime (keep_sandboxes=%s)", settings.keep_sandboxes)
+                await app.state.runtime.close(keep_sandboxes=settings.keep_sandboxes)
+                app.state.runtime = None
+            audit.close()
+
+    app = FastAPI(
+        title="forkd",
+        version=VERSION,
+        description=(
+            f"forkd REST API {API_VERSION}: fork warm QEMU microVMs copy-on-write and branch "
+            'running ones. Every 4xx/5xx body is `{"error": "<message>"}`.'
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.runtime = runtime
+    app.state.branch_gate = BranchGate(settings.branch_concurrency)
+    app.state.metrics = Metrics(
+        count_snapshots=lambda: _count(app, "list_snapshots"),
+        count_sandboxes=lambda: _count(app, "list_sandboxes"),
+    )
+    app.include_router(status_router)
+    app.include_router(v1)
+    install_exception_handlers(app)
+
+    # add_middleware wraps: the last added runs first. Request order is
+    # audit -> auth -> body limit -> routes, so rejected requests are still
+    # audited and unauthenticated callers never get their bodies read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if token is not None:
+        app.add_middleware(BearerAuthMiddleware, token=token)
+    app.add_middleware(AuditMiddleware, audit=audit)
+
+    app.openapi = _openapi_factory(app, auth=token is not None)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,162 @@
+"""Bearer-token authentication for every route except ``/healthz``.
+
+Enforced as ASGI middleware rather than a FastAPI dependency so that nothing
+escapes it: unknown paths, ``/openapi.json``, ``/docs`` and ``/metrics`` are all
+behind the token, and an unauthenticated caller cannot probe which routes exist.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from forkd.api.settings import ConfigError, Settings, is_loopback
+
+MIN_TOKEN_CHARS = 16
+UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
+
+# Values people paste from examples. Compared after lower-casing and dropping
+# everything but letters and digits, so "<your-token>", "CHANGE_ME" and
+# "change-me" all match.
+_PLACEHOLDERS = frozenset(
+    {
+        "changeme",
+        "changemeplease",
+        "replaceme",
+        "token",
+        "yourtoken",
+        "yourtokenhere",
+        "mytoken",
+        "secret",
+        "yoursecret",
+        "mysecret",
+        "password",
+        "passw0rd",
+        "example",
+        "exampletoken",
+        "placeholder",
+        "test",
+        "testtoken",
+        "dummy",
+        "default",
+        "forkd",
+        "forkdtoken",
+        "apikey",
+        "bearer",
+        "todo",
+        "fixme",
+        "inserttokenhere",
+    }
+)
+# Substrings that only ever appear in a placeholder, never in a generated token.
+_PLACEHOLDER_MARKERS = ("changeme", "replaceme", "placeholder", "yourtoken", "tokenhere")
+# A token drawn from a real RNG has many distinct characters; "xxxxxxxxxxxxxxxx",
+# "0000…" or "abababab…" do not.
+_MIN_DISTINCT_CHARS = 6
+
+
+def _is_repetition_of_placeholder(norm: str) -> bool:
+    for word in _PLACEHOLDERS:
+        if len(norm) >= len(word) and len(norm) % len(word) == 0 and norm == word * (len(norm) // len(word)):
+            return True
+    return False
+
+
+def validate_token(token: str, source: str = "token") -> str:
+    """Return ``token`` if it is usable as a shared secret, else raise ConfigError."""
+    if not token:
+        raise ConfigError(f"{source} is empty; put a random secret in it (e.g. `openssl rand -hex 32`)")
+    if any(ch.isspace() for ch in token) or not token.isprintable():
+        raise ConfigError(f"{source} contains whitespace or control characters")
+    norm = re.sub(r"[^a-z0-9]", "", token.lower())
+    placeholder_msg = (
+        f"{source} looks like a placeholder, not a secret; generate one with `openssl rand -hex 32`"
+    )
+    if (
+        norm in _PLACEHOLDERS
+        or "<" in token
+        or ">" in token
+        or any(marker in norm for marker in _PLACEHOLDER_MARKERS)
+        or _is_repetition_of_placeholder(norm)
+    ):
+        raise ConfigError(placeholder_msg)
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{source} is {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    if len(set(token.lower())) < _MIN_DISTINCT_CHARS:
+        raise ConfigError(placeholder_msg)
+    return token
+
+
+def load_token(path: Path) -> str:
+    """Read the token file (surrounding whitespace, e.g. a trailing newline, is ignored)."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"token file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc}") from None
+    return validate_token(raw.strip(), source=f"token file {path}")
+
+
+def check_bind_safety(settings: Settings) -> None:
+    """Refuse to expose an unauthenticated daemon beyond this machine.
+
+    Whoever reaches the API can run arbitrary commands in sandboxes and point
+    snapshot builds at host files, so a non-loopback bind needs a token.
+    """
+    if settings.token_file is None and not is_loopback(settings.host):
+        raise ConfigError(
+            f"refusing to listen on {settings.bind} without a bearer token: the address is "
+            "reachable from other machines. Pass --token-file (FORKD_TOKEN_FILE) or bind "
+            "to 127.0.0.1."
+        )
+
+
+def _bearer_from_scope(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, credential = value.partition(b" ")
+            if scheme.lower() == b"bearer" and credential.strip():
+                return credential.strip()
+            return None
+    return None
+
+
+class BearerAuthMiddleware:
+    """Rejects requests without ``Authorization: Bearer <token>`` with 401 ``{"error"}``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._token = token.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        presented = _bearer_from_scope(scope)
+        # compare_digest keeps the comparison time independent of where the
+        # first differing byte is, so the token cannot be guessed byte by byte.
+        if presented is not None and hmac.compare_digest(presented, self._token):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps({"error": UNAUTHORIZED_MESSAGE}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="forkd"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

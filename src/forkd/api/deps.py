@@ -1,0 +1,72 @@
+"""What the routes need from the app: the runtime, metrics and the branch gate.
+
+``RuntimeLike`` spells out the part of ``forkd.controller.runtime.Runtime``
+the API uses, so the routes type-check without importing the controller
+(which pulls in the VMM) and tests can hand in a small fake.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastapi import Request
+
+from forkd.api.limits import BranchGate
+from forkd.api.metrics import Metrics
+from forkd.errors import Busy
+
+
+class Record(Protocol):
+    def info(self) -> dict[str, Any]: ...
+
+
+class RuntimeLike(Protocol):
+    async def close(self, keep_sandboxes: bool = False) -> None: ...
+    async def create_snapshot(self, spec: Any, progress: Any = None) -> Record: ...
+    def list_snapshots(self) -> list[Any]: ...
+    def get_snapshot(self, tag: str) -> Record: ...
+    async def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None: ...
+    def snapshot_lineage(self, tag: str) -> dict[str, Any]: ...
+    async def spawn(
+        self,
+        tag: str,
+        n: int,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+    ) -> list[Any]: ...
+    def list_sandboxes(self) -> list[Any]: ...
+    def get_sandbox(self, sandbox_id: str) -> Record: ...
+    async def kill(self, sandbox_id: str) -> None: ...
+    async def ping(self, sandbox_id: str) -> dict[str, Any]: ...
+    async def exec(
+        self,
+        sandbox_id: str,
+        args: list[str],
+        timeout_secs: float = 30,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+    ) -> dict[str, Any]: ...
+    async def eval(self, sandbox_id: str, code: str) -> dict[str, Any]: ...
+    async def branch(
+        self, sandbox_id: str, tag: str | None = None, mode: str = "full", wait: bool = True
+    ) -> Record: ...
+
+
+def get_runtime(request: Request) -> RuntimeLike:
+    runtime: RuntimeLike | None = request.app.state.runtime
+    if runtime is None:
+        # Only reachable between process start and the end of lifespan start-up.
+        raise Busy("the daemon is still starting; retry shortly")
+    return runtime
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_branch_gate(request: Request) -> BranchGate:
+    gate: BranchGate = request.app.state.branch_gate
+    return gate

@@ -1,0 +1,120 @@
+"""Resource limits enforced by the API layer: request body size and branch concurrency."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from forkd.errors import Busy, Conflict
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodySizeLimitMiddleware:
+    """Answer 413 ``{"error"}`` to request bodies larger than ``max_bytes``.
+
+    Every forkd request body is a small JSON document, so the body is read in
+    full here (up to the limit) and replayed to the app. That way the limit
+    also holds for chunked uploads without Content-Length, and the 413 is sent
+    before any route code runs.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> str:
+        return f"request body exceeds the {self.max_bytes}-byte limit"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "invalid Content-Length header")
+                    return
+                if declared > self.max_bytes:
+                    await _send_error(send, 413, self._too_large())
+                    return
+
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # client went away mid-upload; nothing to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_error(send, 413, self._too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            # After the body, the app only ever waits for a disconnect.
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class BranchGate:
+    """At most ``limit`` BRANCH calls at once, and never two for the same tag.
+
+    Both checks and the bookkeeping happen without an ``await`` in between, so
+    on a single event loop they are atomic without a lock. A request that names
+    no tag counts towards the cap only (the runtime picks a unique tag).
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("branch concurrency must be at least 1")
+        self.limit = limit
+        self.active = 0
+        self.tags: set[str] = set()
+
+    @contextmanager
+    def enter(self, tag: str | None) -> Iterator[None]:
+        # Same-tag first: retrying later will not help that caller, so 409 is
+        # the more useful answer even when the daemon is also at its cap.
+        if tag is not None and tag in self.tags:
+            raise Conflict(f"a branch to tag {tag!r} is already in flight")
+        if self.active >= self.limit:
+            raise Busy(f"daemon is at its branch concurrency cap ({self.limit}); retry after a short delay")
+        self.active += 1
+        if tag is not None:
+            self.tags.add(tag)
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if tag is not None:
+                self.tags.discard(tag)

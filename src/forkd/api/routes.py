@@ -1,0 +1,331 @@
+"""The REST v1 routes. Each handler validates, calls one Runtime method, shapes the answer.
+
+Runtime methods that touch VMs are coroutines and are awaited; the few sync
+ones (list/get/lineage) are SQLite lookups of a millisecond, fine on the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
+
+from forkd.api.deps import RuntimeLike, get_branch_gate, get_metrics, get_runtime
+from forkd.api.limits import BranchGate
+from forkd.api.metrics import CONTENT_TYPE_LATEST, Metrics
+from forkd.api.schemas import (
+    SANDBOX_ID_PATTERN,
+    TAG_PATTERN,
+    BranchRequest,
+    CreateSnapshotRequest,
+    ErrorBody,
+    EvalRequest,
+    EvalResponse,
+    ExecRequest,
+    ExecResponse,
+    Health,
+    PingResponse,
+    SandboxInfo,
+    SnapshotDetail,
+    SnapshotInfo,
+    SpawnRequest,
+    Version,
+)
+from forkd.config import API_VERSION, VERSION
+from forkd.errors import InvalidRequest
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# Documented on every operation; the OpenAPI post-processing in app.py adds 401.
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {500: _err("Internal error (see daemon logs).")}
+BAD_REQUEST = {400: _err("Malformed request: invalid field, unknown field or bad path parameter.")}
+TOO_LARGE = {413: _err("Request body larger than the daemon's limit (default 1 MiB).")}
+NO_SANDBOX = {404: _err("No sandbox with that id is alive.")}
+GUEST_ERRORS = {
+    502: _err("The guest agent could not be reached or failed."),
+    504: _err("The guest did not answer in time."),
+}
+
+Runtime = Annotated[RuntimeLike, Depends(get_runtime)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+TagPath = Annotated[str, Path(pattern=TAG_PATTERN, description="Snapshot tag.")]
+SandboxIdPath = Annotated[
+    str,
+    Path(alias="id", pattern=SANDBOX_ID_PATTERN, description="Sandbox id, e.g. sb-67a1b3-0000."),
+]
+
+status_router = APIRouter(tags=["status"], responses=COMMON_ERRORS)
+v1 = APIRouter(prefix=f"/{API_VERSION}", responses={**COMMON_ERRORS, **BAD_REQUEST})
+
+# Keep optional fields the runtime left out absent in the JSON, as the seeds
+# specify (e.g. branched_from only on BRANCH snapshots), but keep explicit
+# nulls such as SandboxInfo.netns.
+_AS_GIVEN: dict[str, Any] = {"response_model_exclude_unset": True}
+
+
+# ------------------------------------------------------------------ status
+
+
+@status_router.get("/healthz", response_model=Health, summary="Liveness probe (no auth)")
+async def healthz() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@status_router.get("/version", response_model=Version, summary="Daemon and API version")
+async def version() -> dict[str, str]:
+    return {"version": VERSION, "api": API_VERSION}
+
+
+@status_router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition format.",
+        }
+    },
+)
+async def metrics(m: MetricsDep) -> Response:
+    return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# --------------------------------------------------------------- snapshots
+
+
+def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
+    # Imported here, not at module load: the controller pulls in the VMM stack,
+    # and the API (with a fake runtime) must import without it.
+    from forkd.controller.runtime import SnapshotSpec
+
+    given = req.model_dump(exclude_unset=True)
+    supported = {f.name for f in dataclasses.fields(SnapshotSpec)}
+    unsupported = sorted(set(given) - supported)
+    if unsupported:
+        raise InvalidRequest(f"this daemon does not support field(s): {', '.join(unsupported)}")
+    # Unset fields take SnapshotSpec's own defaults, so there is one source of truth.
+    return SnapshotSpec(**given)
+
+
+@v1.post(
+    "/snapshots",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SnapshotInfo,
+    tags=["snapshots"],
+    summary="Boot a template VM, warm it up and register its snapshot",
+    responses={
+        **TOO_LARGE,
+        404: _err("Unknown image recipe, kernel or rootfs."),
+        409: _err("A snapshot with this tag already exists."),
+        504: _err("The guest agent did not come up within boot_wait_secs."),
+    },
+    **_AS_GIVEN,
+)
+async def create_snapshot(req: CreateSnapshotRequest, rt: Runtime) -> dict[str, Any]:
+    record = await rt.create_snapshot(_snapshot_spec(req))
+    return record.info()
+
+
+@v1.get(
+    "/snapshots",
+    response_model=list[SnapshotInfo],
+    tags=["snapshots"],
+    summary="List registered snapshots",
+    **_AS_GIVEN,
+)
+async def list_snapshots(rt: Runtime) -> list[dict[str, Any]]:
+    return [s.info() for s in rt.list_snapshots()]
+
+
+# Only documented lineage keys are passed on; SnapshotInfo fields come from info().
+_LINEAGE_KEYS = ("ancestors", "dependents", "parent_tag", "sandboxes")
+
+
+@v1.get(
+    "/snapshots/{tag}",
+    response_model=SnapshotDetail,
+    tags=["snapshots"],
+    summary="One snapshot, with its lineage",
+    responses={404: _err("No such snapshot.")},
+    **_AS_GIVEN,
+)
+async def get_snapshot(tag: TagPath, rt: Runtime) -> dict[str, Any]:
+    info = rt.get_snapshot(tag).info()
+    lineage = rt.snapshot_lineage(tag)
+    info.update({k: lineage[k] for k in _LINEAGE_KEYS if k in lineage})
+    info.setdefault("ancestors", [])
+    info.setdefault("dependents", [])
+    return info
+
+
+@v1.delete(
+    "/snapshots/{tag}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    tags=["snapshots"],
+    summary="Delete a snapshot and its files",
+    responses={
+        404: _err("No such snapshot."),
+        409: _err("Sandboxes or other snapshots still depend on it (see cascade/force)."),
+    },
+)
+async def delete_snapshot(
+    tag: TagPath,
+    rt: Runtime,
+    cascade: Annotated[bool, Query(description="Also delete snapshots that depend on it.")] = False,
+    force: Annotated[bool, Query(description="Kill sandboxes still running from it.")] = False,
+) -> Response:
+    await rt.delete_snapshot(tag, cascade=cascade, force=force)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# --------------------------------------------------------------- sandboxes
+
+
+@v1.post(
+    "/sandboxes",
+    status_code=status.HTTP_201_CREATED,
+    response_model=list[SandboxInfo],
+    tags=["sandboxes"],
+    summary="Fork n sandboxes from a snapshot",
+    responses={
+        **TOO_LARGE,
+        404: _err("snapshot_tag is not registered."),
+        409: _err("The snapshot is not ready or was made on an incompatible host."),
+        503: _err("Not enough capacity right now."),
+    },
+    **_AS_GIVEN,
+)
+async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str, Any]]:
+    started = time.perf_counter()
+    records = await rt.spawn(
+        req.snapshot_tag,
+        req.n,
+        per_child_netns=req.per_child_netns,
+        memory_limit_mib=req.memory_limit_mib,
+        live_fork=req.live_fork,
+    )
+    m.spawn_seconds.observe(time.perf_counter() - started)
+    return [r.info() for r in records]
+
+
+@v1.get(
+    "/sandboxes",
+    response_model=list[SandboxInfo],
+    tags=["sandboxes"],
+    summary="List alive sandboxes",
+    **_AS_GIVEN,
+)
+async def list_sandboxes(rt: Runtime) -> list[dict[str, Any]]:
+    return [s.info() for s in rt.list_sandboxes()]
+
+
+@v1.get(
+    "/sandboxes/{id}",
+    response_model=SandboxInfo,
+    tags=["sandboxes"],
+    summary="One sandbox",
+    responses=NO_SANDBOX,
+    **_AS_GIVEN,
+)
+async def get_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return rt.get_sandbox(sandbox_id).info()
+
+
+@v1.delete(
+    "/sandboxes/{id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    tags=["sandboxes"],
+    summary="Terminate a sandbox",
+    responses=NO_SANDBOX,
+)
+async def kill_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> Response:
+    await rt.kill(sandbox_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@v1.post(
+    "/sandboxes/{id}/ping",
+    response_model=PingResponse,
+    tags=["sandboxes"],
+    summary="Round trip to the guest agent",
+    responses={**NO_SANDBOX, **GUEST_ERRORS},
+)
+async def ping(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return await rt.ping(sandbox_id)
+
+
+@v1.post(
+    "/sandboxes/{id}/exec",
+    response_model=ExecResponse,
+    tags=["sandboxes"],
+    summary="Run a subprocess in the sandbox",
+    responses={**NO_SANDBOX, **GUEST_ERRORS, **TOO_LARGE},
+    **_AS_GIVEN,
+)
+async def exec_in_sandbox(
+    sandbox_id: SandboxIdPath, req: ExecRequest, rt: Runtime, m: MetricsDep
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        return await rt.exec(
+            sandbox_id,
+            req.args,
+            timeout_secs=req.timeout_secs,
+            env=req.env,
+            cwd=req.cwd,
+            stdin=req.stdin,
+        )
+    finally:
+        m.exec_seconds.observe(time.perf_counter() - started)
+
+
+@v1.post(
+    "/sandboxes/{id}/eval",
+    response_model=EvalResponse,
+    tags=["sandboxes"],
+    summary="Evaluate a Python expression in the warm PID 1 interpreter",
+    responses={**NO_SANDBOX, **GUEST_ERRORS, **TOO_LARGE},
+)
+async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runtime) -> dict[str, Any]:
+    return await rt.eval(sandbox_id, req.code)
+
+
+@v1.post(
+    "/sandboxes/{id}/branch",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SnapshotInfo,
+    tags=["sandboxes"],
+    summary="Pause, snapshot and resume a running sandbox into a new snapshot tag",
+    responses={
+        **NO_SANDBOX,
+        **TOO_LARGE,
+        409: _err(
+            "The tag already exists, a branch to it is in flight, or the source "
+            "cannot take this mode (live needs live_fork)."
+        ),
+        503: _err("The daemon is at its branch concurrency cap; retry shortly."),
+    },
+    **_AS_GIVEN,
+)
+async def branch(
+    sandbox_id: SandboxIdPath,
+    rt: Runtime,
+    m: MetricsDep,
+    gate: Annotated[BranchGate, Depends(get_branch_gate)],
+    req: Annotated[BranchRequest | None, Body()] = None,
+) -> dict[str, Any]:
+    req = req or BranchRequest()
+    with gate.enter(req.tag):
+        record = await rt.branch(sandbox_id, tag=req.tag, mode=req.effective_mode, wait=req.wait)
+    info = record.info()
+    if isinstance(info.get("pause_ms"), int | float):
+        m.branch_pause_ms.observe(info["pause_ms"])
+    return info

@@ -1,0 +1,92 @@
+"""Run the daemon: validate settings, then serve the app with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+import uvicorn
+
+from forkd.api.app import create_app
+from forkd.api.auth import check_bind_safety, load_token
+from forkd.api.settings import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+# In-flight requests get this long to finish on SIGTERM/SIGINT before they are
+# cancelled; a snapshot build can take minutes and must not hold shutdown hostage.
+GRACEFUL_SHUTDOWN_SECS = 30
+
+
+def _readable(path: Path, what: str) -> None:
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} does not exist or is not a file")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+
+
+def validate_settings(settings: Settings) -> None:
+    """Everything that would make the daemon unsafe or unusable, checked before binding."""
+    check_bind_safety(settings)
+    if settings.token_file is not None:
+        load_token(settings.token_file)
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ConfigError("TLS needs both --tls-cert and --tls-key (or neither)")
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        _readable(settings.tls_cert, "TLS certificate")
+        _readable(settings.tls_key, "TLS key")
+        # Load them once here so a mismatched pair or a PEM typo is reported
+        # as such, not as an SSL traceback from inside uvicorn.
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                settings.tls_cert, settings.tls_key
+            )
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: {exc}"
+            ) from None
+    if settings.branch_concurrency < 1:
+        raise ConfigError("branch concurrency must be at least 1")
+    if settings.max_body_bytes < 1024:
+        raise ConfigError("max body size must be at least 1024 bytes")
+    if not 0 < settings.port <= 65535:
+        raise ConfigError(f"port {settings.port} is out of range")
+
+
+def serve(settings: Settings, log_level: str = "info") -> None:
+    """Validate ``settings`` and serve until SIGINT/SIGTERM (uvicorn handles both).
+
+    Raises ConfigError for unsafe or broken settings and SystemExit(3) if the
+    runtime fails to open during start-up.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    validate_settings(settings)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
+        log_level=log_level,
+        lifespan="on",  # a runtime that cannot open must stop the daemon, not be ignored
+        # The daemon is not meant to sit behind a proxy; trusting
+        # X-Forwarded-For would let local callers forge the audit log's client.
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "forkd API serving on %s (auth: %s, audit log: %s)",
+        settings.url,
+        "bearer token" if settings.token_file else "none, loopback only",
+        settings.audit_log_path(),
+    )
+    server.run()
+    if not server.started:
+        raise SystemExit(3)

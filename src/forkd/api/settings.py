@@ -1,0 +1,144 @@
+"""Daemon settings: one dataclass, filled from flags or ``FORKD_*`` environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.config import DEFAULT_BIND, DataDir
+from forkd.errors import ForkdError
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_BRANCH_CONCURRENCY = 4
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(ForkdError, ValueError):
+    """The daemon refuses to start with these settings; the message says why.
+
+    Also a ``ValueError`` so that callers that only know about bad values
+    (argument parsers, the CLI) can catch it without importing forkd.errors.
+    """
+
+    status = 500
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``host:port`` (``[v6addr]:port`` for IPv6) -> (host, port)."""
+    text = bind.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ConfigError(f"bad bind address {bind!r}: expected [addr]:port")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or ":" in host:
+            raise ConfigError(f"bad bind address {bind!r}: expected host:port ([addr]:port for IPv6)")
+    if not host:
+        raise ConfigError(f"bad bind address {bind!r}: missing host")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"bad bind address {bind!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"bad bind address {bind!r}: port out of range")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True only for addresses that cannot be reached from another machine.
+
+    Host names other than ``localhost`` count as non-loopback: we cannot know
+    what they resolve to at bind time, so we assume the worst.
+    """
+    if host.lower() in {"localhost", "localhost.localdomain", "ip6-localhost"}:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+
+
+def _env_path(name: str) -> Path | None:
+    raw = os.environ.get(name)
+    return Path(raw) if raw else None
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8889
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    data_dir: Path | None = None  # None -> forkd.config.default_data_dir()
+    keep_sandboxes: bool = False  # on shutdown, leave child VMs running for the next daemon
+    audit_log: Path | None = None  # None -> <data_dir>/audit.log
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    branch_concurrency: int = DEFAULT_BRANCH_CONCURRENCY
+
+    def __post_init__(self) -> None:
+        # Accept str for the paths too (CLI and tests pass them): normalise once here.
+        for name in ("token_file", "tls_cert", "tls_key", "data_dir", "audit_log"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                setattr(self, name, Path(value))
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        host, port = parse_bind(os.environ.get("FORKD_BIND") or DEFAULT_BIND)
+        return cls(
+            host=host,
+            port=port,
+            token_file=_env_path("FORKD_TOKEN_FILE"),
+            tls_cert=_env_path("FORKD_TLS_CERT"),
+            tls_key=_env_path("FORKD_TLS_KEY"),
+            data_dir=_env_path("FORKD_DATA_DIR"),
+            keep_sandboxes=_env_bool("FORKD_KEEP_SANDBOXES", False),
+            branch_concurrency=_env_int("FORKD_BRANCH_CONCURRENCY", DEFAULT_BRANCH_CONCURRENCY),
+        )
+
+    @property
+    def bind(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.bind}"
+
+    def data(self) -> DataDir:
+        return DataDir.from_env(self.data_dir)
+
+    def audit_log_path(self) -> Path:
+        return self.audit_log if self.audit_log is not None else self.data().root / "audit.log"

@@ -1,0 +1,80 @@
+"""State shared by all commands: how to reach the daemon, output mode, error handling."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, NoReturn, ParamSpec, TypeVar
+
+import typer
+
+from forkd.cli import output
+from forkd.errors import ForkdError
+from forkd.sdk import Controller
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Per-command spelling of the global flag, so both `forkd --json ls` and
+# `forkd ls --json` work.
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print the daemon's raw JSON (for scripts).")
+]
+
+
+def make_controller(url: str | None, token: str | None) -> Controller:
+    """Build the SDK client; a seam that tests replace to use a mock transport."""
+    return Controller(url=url, token=token)
+
+
+@dataclass
+class CliState:
+    url: str | None = None
+    token: str | None = None
+    json: bool = False
+    _controller: Controller | None = field(default=None, repr=False)
+
+    def controller(self) -> Controller:
+        if self._controller is None:
+            self._controller = make_controller(self.url, self.token)
+        return self._controller
+
+
+def state(ctx: typer.Context) -> CliState:
+    obj = ctx.find_root().obj
+    if not isinstance(obj, CliState):
+        obj = ctx.find_root().obj = CliState()
+    return obj
+
+
+def want_json(ctx: typer.Context, flag: bool) -> bool:
+    return flag or state(ctx).json
+
+
+def usage_error(ctx: typer.Context, message: str) -> NoReturn:
+    """Report a wrong combination of flags like click does: usage line, exit 2."""
+    output.err_console.print(ctx.get_usage(), highlight=False, markup=False)
+    output.err_console.print(
+        f"Try '{ctx.command_path} --help' for help.\n", highlight=False, markup=False
+    )
+    output.fail(message, code=2)
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn SDK/core errors into ``error: <message>`` on stderr and exit status 1.
+
+    A traceback is noise for "daemon not running" or "tag already exists"; the
+    message from the daemon already says what went wrong and what to do.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ForkdError as exc:
+            output.fail(str(exc))
+        except KeyboardInterrupt:
+            output.fail("interrupted", code=130)
+
+    return wrapper

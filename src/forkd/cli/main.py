@@ -1,0 +1,85 @@
+"""The ``forkd`` command: a thin typer/rich front end over the SDK.
+
+Commands that talk to the daemon build a :class:`forkd.sdk.Controller` from
+``--url``/``--token`` (or ``FORKD_URL``/``FORKD_TOKEN``/``FORKD_TOKEN_FILE``).
+``forkd daemon``, ``forkd image`` and ``forkd doctor`` run locally.
+
+Exit status: 0 success, 1 an error (printed as ``error: ...`` on stderr),
+2 a usage error; ``forkd exec`` exits with the command's own status.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from forkd.cli import daemon as daemon_cmd
+from forkd.cli import info, sandboxes, snapshots
+from forkd.cli.context import CliState
+from forkd.cli.image import image_app
+
+app = typer.Typer(
+    name="forkd",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", envvar="FORKD_URL", metavar="URL",
+            help="Daemon address (default http://127.0.0.1:8889).",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token", envvar="FORKD_TOKEN", metavar="TOKEN",
+            help="Bearer token (else read from FORKD_TOKEN_FILE).",
+        ),
+    ] = None,
+    json_: Annotated[
+        bool, typer.Option("--json", help="Print raw JSON for every command (for scripts).")
+    ] = False,
+) -> None:
+    """forkd: fork warm microVMs copy-on-write, branch running ones.
+
+    Commands other than daemon, image and doctor talk to the daemon at --url
+    (FORKD_URL), authenticating with --token (FORKD_TOKEN or FORKD_TOKEN_FILE).
+
+    Quick start:
+      sudo forkd image build         # once: build the guest image
+      sudo forkd daemon &            # the API on 127.0.0.1:8889
+      forkd snapshot --tag py        # boot + warm a template VM, snapshot it
+      forkd fork --tag py -n 5       # fork 5 sandboxes from it
+      forkd exec SANDBOX_ID -- python3 -c 'print(2+2)'
+      forkd snapshot --from-sandbox SANDBOX_ID --tag checkpoint-1 --diff
+    """
+    ctx.obj = CliState(url=url, token=token, json=json_)
+
+
+app.command("daemon")(daemon_cmd.daemon)
+app.add_typer(image_app, name="image")
+app.command("snapshot")(snapshots.snapshot)
+app.command("snapshot-info")(snapshots.snapshot_info)
+app.command("rmi")(snapshots.rmi)
+app.command("fork")(sandboxes.fork)
+app.command("branch")(sandboxes.branch)
+app.command("ls")(sandboxes.ls)
+app.command("kill")(sandboxes.kill)
+app.command("ping")(sandboxes.ping)
+app.command("exec")(sandboxes.exec_)
+app.command("eval")(sandboxes.eval_)
+app.command("version")(info.version)
+app.command("doctor")(info.doctor)
+
+
+if __name__ == "__main__":
+    app()

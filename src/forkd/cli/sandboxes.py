@@ -1,0 +1,345 @@
+"""Sandbox commands: fork, branch, ls, kill, ping, exec, eval."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from forkd.cli import output
+from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
+from forkd.cli.snapshots import branch_mode, print_branch
+from forkd.sdk import ForkdAPIError
+from forkd.sdk._http import snapshot_is_ready
+
+N = Annotated[int, typer.Option("-n", "--n", min=1, max=1000, help="Number of sandboxes.")]
+PerChildNetns = Annotated[
+    bool,
+    typer.Option(
+        "--per-child-netns",
+        help="Put child i in network namespace forkd-child-<i> (scripts/netns-setup.sh N first).",
+    ),
+]
+MemoryLimit = Annotated[
+    int | None,
+    typer.Option("--memory-limit-mib", metavar="MIB", min=1, help="cgroup memory limit per child."),
+]
+LiveFork = Annotated[
+    bool,
+    typer.Option("--live-fork", help="Spawn so that the sandboxes can later take --live branches."),
+]
+SandboxId = Annotated[str, typer.Argument(metavar="ID", help="Sandbox id, e.g. sb-67a1b3-0000.")]
+
+
+@handle_errors
+def fork(
+    ctx: typer.Context,
+    tag: Annotated[str, typer.Option("--tag", "-t", help="Snapshot to fork from.")],
+    n: N = 1,
+    per_child_netns: PerChildNetns = False,
+    memory_limit_mib: MemoryLimit = None,
+    live_fork: LiveFork = False,
+    json_: JsonFlag = False,
+) -> None:
+    """Fork N sandboxes copy-on-write from a snapshot.
+
+    Each child resumes the snapshot's warm state (processes, memory, disk) and
+    diverges privately from there.
+
+    Examples:
+      forkd fork --tag py -n 10
+      forkd fork --tag checkpoint-1 -n 5 --per-child-netns --memory-limit-mib 256
+      forkd fork --tag py --live-fork
+    """
+    started = time.monotonic()
+    with output.spinner(f"forking {n} sandbox{'es' if n != 1 else ''} from {escape(tag)}"):
+        sandboxes = state(ctx).controller().spawn_sandboxes(
+            tag, n=n, per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+        )
+    if want_json(ctx, json_):
+        output.emit_json(sandboxes)
+        return
+    output.console.print(output.sandboxes_table(sandboxes))
+    output.console.print(
+        f"[green]forked {len(sandboxes)}[/] from [cyan]{escape(tag)}[/] in {output.elapsed(started)}"
+    )
+
+
+@handle_errors
+def branch(
+    ctx: typer.Context,
+    from_sandbox: Annotated[
+        str, typer.Option("--from-sandbox", metavar="ID", help="Running sandbox to branch.")
+    ],
+    n: N = 1,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", "-t", help="Tag of the branch snapshot (default branch-<id>-<seq>)."),
+    ] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Diff branch (short pause).")] = False,
+    live: Annotated[
+        bool, typer.Option("--live", help="Live branch (shortest pause; --live-fork source).")
+    ] = False,
+    per_child_netns: PerChildNetns = False,
+    memory_limit_mib: MemoryLimit = None,
+    live_fork: LiveFork = False,
+    json_: JsonFlag = False,
+) -> None:
+    """Branch a running sandbox and fork N sandboxes from the branch, in one go.
+
+    Same as forkd snapshot --from-sandbox followed by forkd fork, waiting for
+    the branch to be ready in between. --diff and --live are mutually exclusive.
+
+    Examples:
+      forkd branch --from-sandbox sb-67a1b3-0042 -n 5
+      forkd branch --from-sandbox sb-67a1b3-0042 -n 3 --tag try-1 --live
+    """
+    mode = branch_mode(ctx, diff, live)
+    controller = state(ctx).controller()
+    as_json = want_json(ctx, json_)
+    started = time.monotonic()
+    with output.spinner(f"branching {escape(from_sandbox)}"):
+        snap = controller.branch_sandbox(from_sandbox, tag=tag, mode=mode)
+    if not as_json:
+        print_branch(snap, from_sandbox, started)
+    if not snapshot_is_ready(snap):
+        with output.spinner(f"waiting for {escape(snap['tag'])} to be written"):
+            snap = controller.wait_snapshot_ready(snap["tag"])
+    started = time.monotonic()
+    with output.spinner(f"forking {n} from {escape(snap['tag'])}"):
+        sandboxes = controller.spawn_sandboxes(
+            snap["tag"], n=n, per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+        )
+    if as_json:
+        output.emit_json({"snapshot": snap, "sandboxes": sandboxes})
+        return
+    output.console.print(output.sandboxes_table(sandboxes))
+    output.console.print(
+        f"[green]forked {len(sandboxes)}[/] from [cyan]{escape(snap['tag'])}[/] "
+        f"in {output.elapsed(started)}"
+    )
+
+
+@handle_errors
+def ls(
+    ctx: typer.Context,
+    snapshots: Annotated[bool, typer.Option("--snapshots", help="Only list snapshots.")] = False,
+    sandboxes: Annotated[bool, typer.Option("--sandboxes", help="Only list sandboxes.")] = False,
+    json_: JsonFlag = False,
+) -> None:
+    """List sandboxes and snapshots.
+
+    With --json and neither filter, prints {"sandboxes": [...], "snapshots": [...]};
+    with one filter, just that list.
+
+    Examples:
+      forkd ls
+      forkd ls --sandboxes --json
+    """
+    both = snapshots == sandboxes  # neither flag (or both) shows everything
+    controller = state(ctx).controller()
+    result: dict[str, list[dict[str, Any]]] = {}
+    if sandboxes or both:
+        result["sandboxes"] = controller.list_sandboxes()
+    if snapshots or both:
+        result["snapshots"] = controller.list_snapshots()
+    if want_json(ctx, json_):
+        output.emit_json(result if both else next(iter(result.values())))
+        return
+    if "sandboxes" in result:
+        if result["sandboxes"]:
+            output.console.print(output.sandboxes_table(result["sandboxes"], title="sandboxes"))
+        else:
+            output.console.print("no sandboxes running")
+    if "snapshots" in result:
+        if result["snapshots"]:
+            output.console.print(output.snapshots_table(result["snapshots"], title="snapshots"))
+        else:
+            output.console.print("no snapshots; create one with: forkd snapshot --tag NAME")
+
+
+@handle_errors
+def kill(
+    ctx: typer.Context,
+    ids: Annotated[
+        list[str] | None, typer.Argument(metavar="ID", help="Sandbox id(s) to kill.")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Kill every running sandbox.")] = False,
+    json_: JsonFlag = False,
+) -> None:
+    """Kill sandbox(es). Snapshots branched from them are kept.
+
+    Exits 1 if any of them could not be killed.
+
+    Examples:
+      forkd kill sb-67a1b3-0000 sb-67a1b3-0001
+      forkd kill --all
+    """
+    if bool(ids) == all_:
+        usage_error(ctx, "give sandbox ID(s) or --all (not both)")
+    controller = state(ctx).controller()
+    as_json = want_json(ctx, json_)
+    targets = [sb["id"] for sb in controller.list_sandboxes()] if all_ else list(ids or [])
+    killed: list[str] = []
+    failed: dict[str, str] = {}
+    for sandbox_id in targets:
+        try:
+            controller.kill_sandbox(sandbox_id)
+        except ForkdAPIError as exc:  # per-sandbox failure; connection errors abort
+            failed[sandbox_id] = str(exc)
+            if not as_json:
+                output.error(f"{sandbox_id}: {exc}")
+            continue
+        killed.append(sandbox_id)
+        if not as_json:
+            output.console.print(f"killed {escape(sandbox_id)}")
+    if as_json:
+        output.emit_json({"killed": killed, "failed": failed})
+    elif all_ and not targets:
+        output.console.print("no sandboxes running")
+    if failed:
+        raise typer.Exit(1)
+
+
+@handle_errors
+def ping(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
+    """Round trip to a sandbox's guest agent.
+
+    Prints the latency and what the agent reports (pid, numpy version).
+
+    Example:
+      forkd ping sb-67a1b3-0000
+    """
+    started = time.monotonic()
+    reply = state(ctx).controller().ping(sandbox_id)
+    if want_json(ctx, json_):
+        output.emit_json(reply)
+        return
+    extras = ", ".join(f"{k} {v}" for k, v in reply.items() if k != "pong")
+    output.console.print(
+        f"[green]pong[/] from {escape(sandbox_id)} in {output.elapsed(started)}"
+        + (f" ({escape(extras)})" if extras else "")
+    )
+
+
+def _exit_status(code: Any) -> int:
+    """A shell-style exit status: signals as 128+N, unknown as 1."""
+    if not isinstance(code, int):
+        return 1
+    if code < 0:
+        return 128 - code
+    return min(code, 255)
+
+
+def _parse_env(ctx: typer.Context, pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            usage_error(ctx, f"--env expects KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _read_input(ctx: typer.Context, source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).read_text()
+    except OSError as exc:
+        usage_error(ctx, f"cannot read {source}: {exc.strerror or exc}")
+
+
+@handle_errors
+def exec_(
+    ctx: typer.Context,
+    sandbox_id: SandboxId,
+    command: Annotated[
+        list[str], typer.Argument(metavar="CMD", help="Command and its arguments (after --).")
+    ],
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.001, help="Kill the command after this many seconds.")
+    ] = 30,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Environment variable (repeatable)."),
+    ] = None,
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory in the guest.")] = None,
+    stdin: Annotated[
+        str | None,
+        typer.Option("--stdin", metavar="FILE", help="Feed FILE to the command's stdin ('-': own stdin)."),
+    ] = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Run a command in a sandbox; prints its output and exits with its exit code.
+
+    Put -- before the command so that its own options are not read as forkd's.
+    A timed-out command exits 124; one killed by signal N exits 128+N.
+
+    Examples:
+      forkd exec sb-67a1b3-0000 -- python3 -c "print(2+2)"
+      forkd exec sb-67a1b3-0000 --timeout 120 -e DEBUG=1 -- sh -c "make test"
+      echo hello | forkd exec sb-67a1b3-0000 --stdin - -- cat
+    """
+    stdin_text = _read_input(ctx, stdin) if stdin is not None else None
+    result = state(ctx).controller().exec(
+        sandbox_id, command, timeout_secs=timeout,
+        env=_parse_env(ctx, env), cwd=cwd, stdin=stdin_text,
+    )
+    status = _exit_status(result.get("exit_code"))
+    if want_json(ctx, json_):
+        output.emit_json(result)
+        raise typer.Exit(status)
+    if result.get("stdout"):
+        typer.echo(result["stdout"], nl=False)
+    if result.get("stderr"):
+        typer.echo(result["stderr"], nl=False, err=True)
+    for stream in ("stdout", "stderr"):
+        if result.get(f"{stream}_truncated"):
+            output.warn(f"{stream} was truncated by the guest agent")
+    if result.get("timed_out"):
+        output.error(f"command timed out after {timeout:g}s")
+    elif result.get("error") and result.get("exit_code") in (None, 0):
+        output.error(str(result["error"]))
+    raise typer.Exit(status)
+
+
+@handle_errors
+def eval_(
+    ctx: typer.Context,
+    sandbox_id: SandboxId,
+    code: Annotated[
+        str, typer.Argument(help="Python expression or statements; '-' reads them from stdin.")
+    ],
+    json_: JsonFlag = False,
+) -> None:
+    """Evaluate Python in a sandbox's warm PID 1 interpreter and print the result.
+
+    State persists between evals in the same sandbox. Exits non-zero if the
+    code raised.
+
+    Examples:
+      forkd eval sb-67a1b3-0000 "numpy.zeros(5).sum()"
+      forkd eval sb-67a1b3-0000 - < script.py
+    """
+    if code == "-":
+        code = sys.stdin.read()
+    reply = state(ctx).controller().eval(sandbox_id, code)
+    exit_code = reply.get("exit_code")
+    status = _exit_status(exit_code) if exit_code else (1 if reply.get("error") else 0)
+    if want_json(ctx, json_):
+        output.emit_json(reply)
+        raise typer.Exit(status)
+    if reply.get("error"):
+        output.error(str(reply["error"]))
+    elif reply.get("result") is not None:
+        typer.echo(reply["result"])
+    raise typer.Exit(status)

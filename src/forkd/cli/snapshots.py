@@ -1,0 +1,225 @@
+"""Snapshot commands: ``forkd snapshot``, ``forkd snapshot-info``, ``forkd rmi``."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from forkd.cli import output
+from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
+from forkd.cli.image import split_csv
+from forkd.sdk import ForkdAPIError
+
+
+def branch_mode(ctx: typer.Context, diff: bool, live: bool, no_wait: bool = False) -> str | None:
+    """The ``mode`` to send for ``--diff`` / ``--live``; None means the daemon's default (full)."""
+    if diff and live:
+        usage_error(ctx, "--diff and --live are mutually exclusive")
+    if no_wait and not live:
+        usage_error(ctx, "--no-wait requires --live (full and diff branches are synchronous)")
+    return "diff" if diff else "live" if live else None
+
+
+def print_branch(info: dict[str, Any], source: str, started: float) -> None:
+    pause = info.get("pause_ms")
+    pause_text = f", source paused {pause:.0f} ms" if isinstance(pause, (int, float)) else ""
+    output.console.print(
+        f"[green]branched[/] {escape(source)} → [cyan]{escape(str(info.get('tag')))}[/] "
+        f"in {output.elapsed(started)}{pause_text}, status {output.fmt_status(info.get('status'))}"
+    )
+
+
+@handle_errors
+def snapshot(
+    ctx: typer.Context,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", "-t", help="Tag of the new snapshot (optional with --from-sandbox)."),
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Guest image to boot (forkd image build --name).")
+    ] = None,
+    mem_mib: Annotated[int | None, typer.Option("--mem-mib", help="Guest RAM in MiB.")] = None,
+    vcpus: Annotated[int | None, typer.Option("--vcpus", help="Guest vCPUs.")] = None,
+    boot_wait_secs: Annotated[
+        float | None,
+        typer.Option("--boot-wait-secs", help="Max seconds to wait for the guest agent after boot."),
+    ] = None,
+    warm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--warm", metavar="MOD,MOD",
+            help="Python modules PID 1 imports before the snapshot (default numpy; '' for none).",
+        ),
+    ] = None,
+    setup: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--setup", metavar="CMD",
+            help="Shell command run in the guest (via sh -c) before the snapshot; repeatable.",
+        ),
+    ] = None,
+    kernel: Annotated[
+        str | None, typer.Option("--kernel", help="Host path of a vmlinux instead of the image's.")
+    ] = None,
+    rootfs: Annotated[
+        str | None, typer.Option("--rootfs", help="Host path of an ext4 rootfs instead of the image's.")
+    ] = None,
+    from_sandbox: Annotated[
+        str | None,
+        typer.Option("--from-sandbox", metavar="ID", help="Branch this running sandbox instead."),
+    ] = None,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Branch mode diff: write only dirty pages (short pause).")
+    ] = False,
+    live: Annotated[
+        bool,
+        typer.Option("--live", help="Branch mode live: shortest pause; needs a --live-fork source."),
+    ] = False,
+    no_wait: Annotated[
+        bool,
+        typer.Option("--no-wait", help="With --live: return while the memory copy is still writing."),
+    ] = False,
+    json_: JsonFlag = False,
+) -> None:
+    """Create a snapshot: boot and warm a template VM, or branch a running sandbox.
+
+    Building boots the guest image, imports the --warm modules in PID 1, runs the
+    --setup commands and snapshots the VM (tens of seconds under TCG).
+    With --from-sandbox the sandbox pauses briefly, is snapshotted as a new tag
+    and resumes. --diff and --live are mutually exclusive; --no-wait requires --live.
+
+    Examples:
+      forkd snapshot --tag py
+      forkd snapshot --tag ml --image ml --mem-mib 1024 --warm numpy,pandas
+      forkd snapshot --tag web --setup "pip install requests" --setup "mkdir /work"
+      forkd snapshot --from-sandbox sb-67a1b3-0000 --tag checkpoint-1 --diff
+      forkd snapshot --from-sandbox sb-67a1b3-0000 --live --no-wait
+    """
+    mode = branch_mode(ctx, diff, live, no_wait)
+    if from_sandbox is None:
+        if diff or live or no_wait:
+            usage_error(ctx, "--diff, --live and --no-wait only apply with --from-sandbox")
+        if tag is None:
+            usage_error(ctx, "--tag is required (or --from-sandbox ID to branch a running sandbox)")
+    else:
+        build_only = {
+            "--image": image, "--mem-mib": mem_mib, "--vcpus": vcpus,
+            "--boot-wait-secs": boot_wait_secs, "--warm": warm, "--setup": setup,
+            "--kernel": kernel, "--rootfs": rootfs,
+        }
+        given = [flag for flag, value in build_only.items() if value is not None]
+        if given:
+            usage_error(ctx, f"{', '.join(given)} cannot be used with --from-sandbox")
+
+    controller = state(ctx).controller()
+    as_json = want_json(ctx, json_)
+    started = time.monotonic()
+
+    if from_sandbox is not None:
+        with output.spinner(f"branching {escape(from_sandbox)}"):
+            info = controller.branch_sandbox(from_sandbox, tag=tag, mode=mode, wait=not no_wait)
+        if as_json:
+            output.emit_json(info)
+            return
+        print_branch(info, from_sandbox, started)
+        if info.get("status") == "writing":
+            output.console.print(
+                f"memory is still being written; check with: forkd snapshot-info {escape(info['tag'])}"
+            )
+        return
+
+    assert tag is not None
+    with output.spinner(f"building snapshot {escape(tag)} (boot, warm up, snapshot)"):
+        info = controller.create_snapshot(
+            tag,
+            image=image,
+            kernel=kernel,
+            rootfs=rootfs,
+            mem_mib=mem_mib,
+            vcpus=vcpus,
+            boot_wait_secs=boot_wait_secs,
+            warm_imports=split_csv(warm) if warm is not None else None,
+            setup=setup,
+        )
+    if as_json:
+        output.emit_json(info)
+        return
+    output.console.print(
+        f"[green]snapshot[/] [cyan]{escape(tag)}[/] [green]ready[/] in {output.elapsed(started)}"
+    )
+    output.console.print(output.details_table(info))
+
+
+@handle_errors
+def snapshot_info(
+    ctx: typer.Context,
+    tag: Annotated[str, typer.Argument(help="Snapshot tag.")],
+    json_: JsonFlag = False,
+) -> None:
+    """Show one snapshot with its lineage (ancestors, dependents).
+
+    Ancestors are the snapshots this one was branched from, nearest first;
+    dependents are snapshots branched from sandboxes of this one.
+
+    Example:
+      forkd snapshot-info checkpoint-1
+    """
+    info = state(ctx).controller().get_snapshot(tag)
+    if want_json(ctx, json_):
+        output.emit_json(info)
+        return
+    shown = {k: v for k, v in info.items() if k not in ("ancestors", "dependents")}
+    output.console.print(output.details_table(shown))
+    ancestors = [str(a) for a in info.get("ancestors") or []]
+    dependents = [str(d) for d in info.get("dependents") or []]
+    output.console.print()
+    # ancestors come nearest first, so the chain reads child ← parent ← grandparent.
+    output.console.print(
+        "[bold]lineage[/]     " + escape(" ← ".join([str(info.get("tag")), *ancestors]))
+    )
+    output.console.print("[bold]dependents[/]  " + (escape(", ".join(dependents)) or "-"))
+
+
+@handle_errors
+def rmi(
+    ctx: typer.Context,
+    tags: Annotated[list[str], typer.Argument(help="Snapshot tag(s) to delete.")],
+    cascade: Annotated[
+        bool, typer.Option("--cascade", help="Also delete snapshots branched from it.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also kill sandboxes still running from it.")
+    ] = False,
+    json_: JsonFlag = False,
+) -> None:
+    """Delete snapshot(s) and their files.
+
+    A snapshot that others depend on, or that sandboxes still run from, is
+    refused (409) unless --cascade / --force say otherwise.
+
+    Examples:
+      forkd rmi checkpoint-1
+      forkd rmi py --cascade --force
+    """
+    controller = state(ctx).controller()
+    deleted: list[str] = []
+    failed: dict[str, str] = {}
+    for tag in tags:
+        try:
+            controller.delete_snapshot(tag, cascade=cascade, force=force)
+        except ForkdAPIError as exc:  # per-tag failure; connection errors abort
+            failed[tag] = str(exc)
+            if not want_json(ctx, json_):
+                output.error(f"{tag}: {exc}")
+            continue
+        deleted.append(tag)
+        if not want_json(ctx, json_):
+            output.console.print(f"deleted {escape(tag)}")
+    if want_json(ctx, json_):
+        output.emit_json({"deleted": deleted, "failed": failed})
+    if failed:
+        raise typer.Exit(1)

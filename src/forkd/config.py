@@ -1,0 +1,68 @@
+"""Where forkd keeps its state, and the defaults every layer shares."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+VERSION = "0.1.0"
+API_VERSION = "v1"
+
+DEFAULT_BIND = "127.0.0.1:8889"
+DEFAULT_MEM_MIB = 512
+DEFAULT_VCPUS = 1
+DEFAULT_IMAGE = "default"
+DEFAULT_WARM_IMPORTS = ("numpy",)
+
+
+def default_data_dir() -> Path:
+    """``$FORKD_DATA_DIR``, else ``$XDG_DATA_HOME/forkd`` (``~/.local/share/forkd``)."""
+    if env := os.environ.get("FORKD_DATA_DIR"):
+        return Path(env)
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "forkd"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """The on-disk layout under one data directory.
+
+    ``images/`` can live elsewhere (``$FORKD_IMAGES_DIR``) so that throwaway data
+    directories, as the tests use, still share one cached guest image.
+    """
+
+    root: Path
+    images_override: Path | None = None
+
+    @classmethod
+    def from_env(cls, root: Path | str | None = None) -> DataDir:
+        images = os.environ.get("FORKD_IMAGES_DIR")
+        return cls(
+            Path(root) if root else default_data_dir(), Path(images) if images else None
+        )
+
+    @property
+    def images(self) -> Path:
+        return self.images_override or self.root / "images"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    @property
+    def sandboxes(self) -> Path:
+        return self.root / "sandboxes"
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "forkd.db"
+
+    @property
+    def host_probe(self) -> Path:
+        return self.root / "host-probe.json"
+
+    def ensure(self) -> DataDir:
+        for path in (self.root, self.images, self.snapshots, self.sandboxes):
+            path.mkdir(parents=True, exist_ok=True)
+        return self

@@ -1,0 +1,114 @@
+"""Host side of the guest agent protocol (see ``agent.py``), over the VM's agent socket.
+
+One connection per VM, multiplexed: every request carries an id and its reply
+may come back in any order, so exec and eval calls to one sandbox run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from forkd.errors import GuestError
+
+# exec output is capped in the guest at 1 MiB per stream, JSON-escaped; leave headroom.
+READ_LIMIT = 64 << 20
+
+
+class AgentClient:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task | None = None
+        self._write_lock = asyncio.Lock()
+        self._closed_reason: str | None = None
+
+    async def connect(self) -> AgentClient:
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                str(self.path), limit=READ_LIMIT
+            )
+        except OSError as exc:
+            raise GuestError(f"cannot connect to the guest agent socket {self.path}: {exc}") from exc
+        self._task = asyncio.create_task(self._read_loop(), name=f"agent-reader:{self.path}")
+        return self
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and self._closed_reason is None
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        reason = "guest agent connection closed"
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # stray bytes (e.g. left from before a restore) are not replies
+                fut = self._pending.pop(msg.get("id"), None) if isinstance(msg, dict) else None
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
+            reason = f"guest agent connection failed: {exc}"
+        finally:
+            self._closed_reason = reason
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(GuestError(reason))
+            self._pending.clear()
+
+    async def call(self, action: str, timeout: float | None = 60.0, **args: Any) -> dict:
+        """Send one request; return its ``result`` or raise GuestError with the agent's message."""
+        if self._writer is None:
+            await self.connect()
+        if self._closed_reason:
+            raise GuestError(self._closed_reason)
+        req_id = next(self._ids)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        data = (json.dumps({"id": req_id, "action": action, **args}) + "\n").encode()
+        try:
+            async with self._write_lock:
+                assert self._writer is not None
+                self._writer.write(data)
+                await self._writer.drain()
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise GuestError(f"guest agent did not answer {action} within {timeout:.0f}s") from None
+        except OSError as exc:
+            raise GuestError(f"guest agent connection failed: {exc}") from exc
+        finally:
+            self._pending.pop(req_id, None)
+        if not reply.get("ok"):
+            raise GuestError(f"guest agent: {reply.get('error', 'unknown error')}")
+        return reply["result"]
+
+    async def restored(self) -> dict:
+        """Tell a freshly restored child to reseed its RNGs and step its clock."""
+        return await self.call(
+            "restored", timeout=30, entropy=os.urandom(64).hex(), time_ns=time.time_ns()
+        )
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        self._writer = None

@@ -1,0 +1,276 @@
+"""Builds and caches guest images: kernel + initramfs + ext4 root filesystem.
+
+An image lives in ``<images>/<name>/`` with ``image.json`` recording the
+recipe's key. Building again with the same recipe is instant; a changed recipe
+(packages, suite, agent code, init script…) rebuilds. The slow step, the
+debootstrap tree, is cached separately by its own key, so editing the agent
+only re-packs the ext4 image (seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from forkd.config import DEFAULT_IMAGE, DataDir
+from forkd.errors import ImageError, InvalidRequest, NotFound
+from forkd.image import initramfs, kernel, prereqs, rootfs
+
+BUILDER_VERSION = 1
+NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.'"
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
+
+
+def _no_progress(_step: str, _fraction: float) -> None:
+    pass
+
+
+def _debian_mirror() -> str:
+    """The host's own Debian mirror, so the build uses the registry this machine reaches."""
+    for source in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"):
+        try:
+            text = Path(source).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if line.startswith("URIs:") and len(words) > 1 and words[1].rstrip("/").endswith("/debian"):
+                return words[1]
+            if words[:1] == ["deb"] and len(words) > 2 and words[-3:-2] and "/debian" in line:
+                url = next((w for w in words[1:] if "://" in w), None)
+                if url and url.rstrip("/").endswith("/debian"):
+                    return url
+    return "http://deb.debian.org/debian"
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """Everything that determines an image's content."""
+
+    name: str = DEFAULT_IMAGE
+    suite: str = "bookworm"
+    mirror: str = field(default_factory=_debian_mirror)
+    packages: tuple[str, ...] = ("python3", "python3-numpy")
+    extra_packages: tuple[str, ...] = ()
+    rootfs_source: str | None = None  # a directory or tarball instead of debootstrap
+    size_mib: int = 2048
+    kernel_package: str = kernel.KERNEL_PACKAGE
+
+    def validate(self) -> None:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", self.name):
+            raise InvalidRequest(f"invalid image name {self.name!r}: use {NAME_RE_HELP}")
+        for pkg in (*self.packages, *self.extra_packages):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9+.:=~-]*", pkg):
+                raise InvalidRequest(f"invalid Debian package name {pkg!r}")
+        if not 256 <= self.size_mib <= 1 << 20:
+            raise InvalidRequest("image size must be between 256 MiB and 1 TiB")
+        if self.rootfs_source and not Path(self.rootfs_source).exists():
+            raise InvalidRequest(f"rootfs source {self.rootfs_source} does not exist")
+
+    def base_key(self) -> str:
+        """Key of the debootstrap tree (the slow, rarely-changing part)."""
+        parts = {"suite": self.suite, "mirror": self.mirror,
+                 "packages": sorted({*self.packages, *self.extra_packages})}
+        return _digest(parts)[:16]
+
+    def key(self) -> str:
+        source_stamp = None
+        if self.rootfs_source:
+            st = os.stat(self.rootfs_source)
+            source_stamp = [os.path.abspath(self.rootfs_source), st.st_size, st.st_mtime_ns]
+        parts = {
+            "builder": BUILDER_VERSION,
+            "recipe": asdict(self),
+            "source": source_stamp,
+            "agent": hashlib.sha256(rootfs.agent_source()).hexdigest(),
+            "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
+        }
+        return _digest(parts)[:16]
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built image on disk."""
+
+    name: str
+    dir: Path
+    meta: dict
+
+    @property
+    def kernel(self) -> Path:
+        return self.dir / "vmlinux"
+
+    @property
+    def initrd(self) -> Path:
+        return self.dir / "initramfs.img"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.dir / "rootfs.ext4"
+
+    @property
+    def key(self) -> str:
+        return self.meta.get("key", "")
+
+
+def load_image(data: DataDir, name: str = DEFAULT_IMAGE) -> Image:
+    d = data.images / name
+    try:
+        meta = json.loads((d / "image.json").read_text())
+    except (OSError, ValueError):
+        raise NotFound(
+            f"guest image {name!r} is not built; build it with: forkd image build"
+            + ("" if name == DEFAULT_IMAGE else f" --name {name}")
+        ) from None
+    image = Image(name=name, dir=d, meta=meta)
+    for path in (image.kernel, image.initrd, image.rootfs):
+        if not path.exists():
+            raise NotFound(f"guest image {name!r} is incomplete ({path.name} missing); rebuild it")
+    return image
+
+
+def list_images(data: DataDir) -> list[Image]:
+    images = []
+    if data.images.is_dir():
+        for d in sorted(data.images.iterdir()):
+            if d.is_dir() and not d.name.startswith("."):
+                try:
+                    images.append(load_image(data, d.name))
+                except NotFound:
+                    continue
+    return images
+
+
+def build_image(
+    data: DataDir,
+    recipe: ImageRecipe | None = None,
+    *,
+    force: bool = False,
+    progress: Progress = _no_progress,
+) -> Image:
+    """Build (or reuse from cache) the image ``recipe`` describes."""
+    recipe = recipe or ImageRecipe()
+    recipe.validate()
+    prereqs.require(*prereqs.IMAGE_TOOLS)
+    data.images.mkdir(parents=True, exist_ok=True)
+    key = recipe.key()
+    if not force:
+        try:
+            cached = load_image(data, recipe.name)
+            if cached.key == key:
+                progress("cached", 1.0)
+                return cached
+        except NotFound:
+            pass
+
+    started = time.monotonic()
+    cache = data.images / ".cache"
+    staging = data.images / f".{recipe.name}.build-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    log = staging / "build.log"
+    try:
+        progress("kernel", 0.02)
+        kfiles = _cached_kernel(cache, recipe.kernel_package)
+        progress("initramfs", 0.10)
+        modules = initramfs.build_initramfs(kfiles.modules, staging / "initramfs.img")
+        os.link(kfiles.vmlinux, staging / "vmlinux")
+
+        progress("root filesystem", 0.15)
+        if recipe.rootfs_source:
+            tree = staging / "tree"
+            tree.mkdir()
+            rootfs.unpack_user_rootfs(Path(recipe.rootfs_source), tree)
+            progress("installing packages", 0.4)
+            rootfs.install_packages(tree, list(recipe.extra_packages), log)
+        else:
+            tree = _cached_debootstrap(cache, recipe, log, progress)
+        rootfs.install_agent(tree)
+        progress("ext4 image", 0.85)
+        rootfs.make_ext4(tree, staging / "rootfs.ext4", recipe.size_mib)
+        if recipe.rootfs_source:
+            shutil.rmtree(tree)
+
+        meta = {
+            "name": recipe.name,
+            "key": key,
+            "recipe": asdict(recipe),
+            "kernel_version": kfiles.version,
+            "modules": modules,
+            "built_at_unix": int(time.time()),
+            "build_secs": round(time.monotonic() - started, 1),
+        }
+        (staging / "image.json").write_text(json.dumps(meta, indent=2))
+        final = data.images / recipe.name
+        old = data.images / f".{recipe.name}.old-{os.getpid()}"
+        if final.exists():
+            os.rename(final, old)
+        os.rename(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+        progress("done", 1.0)
+        return load_image(data, recipe.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
+    target = cache / f"kernel-{package}"
+    marker = target / "version"
+    if marker.exists():
+        version = marker.read_text().strip()
+        return kernel.KernelFiles(target / "vmlinux", target / "pkg/lib/modules" / version, version)
+    tmp = cache / f".kernel-{package}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        files = kernel.fetch_kernel(tmp, package)
+        (tmp / "version").write_text(files.version)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return kernel.KernelFiles(target / "vmlinux", target / "pkg/lib/modules" / files.version,
+                              files.version)
+
+
+def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
+    target = cache / f"rootfs-{recipe.base_key()}"
+    complete = cache / f"rootfs-{recipe.base_key()}.complete"
+    if complete.exists() and target.is_dir():
+        return target
+    tmp = cache / f".rootfs-{recipe.base_key()}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    progress("debootstrap (about a minute)", 0.2)
+    try:
+        rootfs.debootstrap(tmp, recipe.suite, recipe.mirror,
+                           [*recipe.packages, *recipe.extra_packages], log)
+        # Package caches only cost space in every snapshot's disk.
+        shutil.rmtree(tmp / "var/cache/apt/archives", ignore_errors=True)
+        (tmp / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        complete.write_text(recipe.suite + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not (target / "usr/bin/python3").exists():
+        raise ImageError("debootstrap finished but the tree has no python3")
+    return target
+
+
+__all__ = ["Image", "ImageRecipe", "build_image", "list_images", "load_image", "prereqs"]

@@ -1,0 +1,43 @@
+#!/bin/busybox sh
+# forkd initramfs /init: load the virtio modules (the Debian cloud kernel builds
+# them as modules), mount the root disk and hand PID 1 to the guest agent.
+# Everything here runs before the agent exists, so failures are printed to the
+# serial console (the host shows its tail in the error) and the VM powers off
+# instead of hanging until the host's boot timeout.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+die() {
+    echo "forkd-init: FATAL: $*"
+    echo o > /proc/sysrq-trigger 2>/dev/null
+    poweroff -f
+}
+
+for m in $(cat /modules.order); do
+    insmod "/modules/$m.ko" || echo "forkd-init: insmod $m failed"
+done
+
+opt() { sed -n "s/.*forkd\.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
+
+if grep -q 'forkd.probe=1' /proc/cmdline; then
+    echo "FORKD-PROBE-OK"
+    poweroff -f
+fi
+
+root=$(opt root); root=${root:-/dev/vda}
+i=0
+while [ ! -b "$root" ]; do
+    i=$((i + 1)); [ $i -gt 200 ] && die "root disk $root did not appear"
+    sleep 0.05
+done
+mkdir -p /newroot
+mount -t ext4 -o rw "$root" /newroot || die "cannot mount $root as ext4 (is the image an ext4 filesystem?)"
+[ -x /newroot/usr/bin/python3 ] || die "the root filesystem has no /usr/bin/python3"
+[ -f /newroot/opt/forkd/agent.py ] || die "the root filesystem has no forkd agent (/opt/forkd/agent.py)"
+mount --move /dev /newroot/dev
+mount --move /proc /newroot/proc
+mount --move /sys /newroot/sys
+exec switch_root /newroot /usr/bin/python3 -u /opt/forkd/agent.py

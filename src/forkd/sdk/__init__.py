@@ -1,0 +1,68 @@
+"""Python SDK for the forkd daemon's REST API.
+
+``Controller`` / ``AsyncController`` map one-to-one onto the REST routes and
+return the daemon's JSON; ``Sandbox`` / ``Snapshot`` (and their async twins)
+are the object-style layer on top::
+
+    from forkd import Controller, Sandbox
+
+    c = Controller()                      # FORKD_URL, FORKD_TOKEN / FORKD_TOKEN_FILE
+    parent = c.spawn_sandboxes("pyagent", n=1, live_fork=True)[0]
+    branch = c.branch_sandbox(parent["id"], mode="live", wait=False)
+    c.wait_snapshot_ready(branch["tag"])
+    kids = c.spawn_sandboxes(branch["tag"], n=5)
+
+    with Sandbox(tag="pyagent") as sb:
+        print(sb.commands.run("uname -a").stdout)
+"""
+
+from forkd.sdk.async_client import AsyncController
+from forkd.sdk.async_sandbox import (
+    AsyncCommands,
+    AsyncSandbox,
+    AsyncSnapshot,
+    default_async_controller,
+)
+from forkd.sdk.client import Controller
+from forkd.sdk.errors import (
+    BadRequest,
+    ConflictError,
+    ForkdAPIError,
+    ForkdConnectionError,
+    ForkdTimeoutError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailable,
+    SnapshotFailedError,
+    Unauthorized,
+)
+from forkd.sdk.sandbox import Commands, Sandbox, Snapshot, SnapshotView, default_controller
+from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo
+
+__all__ = [
+    "AsyncCommands",
+    "AsyncController",
+    "AsyncSandbox",
+    "AsyncSnapshot",
+    "BadRequest",
+    "CommandResult",
+    "Commands",
+    "ConflictError",
+    "Controller",
+    "EvalResult",
+    "ForkdAPIError",
+    "ForkdConnectionError",
+    "ForkdTimeoutError",
+    "NotFoundError",
+    "Sandbox",
+    "SandboxInfo",
+    "ServerError",
+    "ServiceUnavailable",
+    "Snapshot",
+    "SnapshotFailedError",
+    "SnapshotInfo",
+    "SnapshotView",
+    "Unauthorized",
+    "default_async_controller",
+    "default_controller",
+]

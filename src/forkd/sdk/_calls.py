@@ -1,0 +1,174 @@
+"""The REST v1 surface as request builders (see :class:`forkd.sdk._http.Call`).
+
+Optional fields are only put in a body when the caller set them, so the
+daemon's own defaults apply and older daemons are not sent fields they do not
+know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from forkd.sdk._http import Call
+
+# Extra seconds to wait for an exec reply beyond the command's own timeout: the
+# daemon needs time to kill the process group and ship the output back.
+EXEC_GRACE_SECS = 30.0
+
+
+def _seg(value: str) -> str:
+    """One URL path segment; ids and tags are never allowed to add path levels."""
+    return quote(str(value), safe="")
+
+
+def _put(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """Add only the fields that are not None."""
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return body
+
+
+def command_args(cmd: str | Sequence[str]) -> list[str]:
+    """A shell string runs via ``/bin/sh -c``; a sequence is the argv itself."""
+    if isinstance(cmd, str):
+        return ["/bin/sh", "-c", cmd]
+    args = [str(a) for a in cmd]
+    if not args:
+        raise ValueError("command must not be empty")
+    return args
+
+
+def healthz() -> Call:
+    return Call("GET", "/healthz")
+
+
+def version() -> Call:
+    return Call("GET", "/version")
+
+
+def metrics() -> Call:
+    return Call("GET", "/metrics", expect="text")
+
+
+def list_snapshots() -> Call:
+    return Call("GET", "/v1/snapshots")
+
+
+def get_snapshot(tag: str) -> Call:
+    return Call("GET", f"/v1/snapshots/{_seg(tag)}")
+
+
+def create_snapshot(
+    tag: str,
+    *,
+    kernel: str | None,
+    rootfs: str | None,
+    boot_wait_secs: float | None,
+    image: str | None,
+    mem_mib: int | None,
+    vcpus: int | None,
+    warm_imports: Sequence[str] | None,
+    setup: Sequence[str | Sequence[str]] | None,
+    extra: Mapping[str, Any],
+) -> Call:
+    body = _put(
+        {"tag": tag},
+        kernel=kernel,
+        rootfs=rootfs,
+        boot_wait_secs=boot_wait_secs,
+        image=image,
+        mem_mib=mem_mib,
+        vcpus=vcpus,
+        warm_imports=list(warm_imports) if warm_imports is not None else None,
+        # The daemon takes argv lists; a plain string is a shell command line.
+        setup=[command_args(step) for step in setup] if setup is not None else None,
+    )
+    _put(body, **extra)
+    return Call("POST", "/v1/snapshots", json=body, read_timeout=None)
+
+
+def delete_snapshot(tag: str, *, cascade: bool, force: bool) -> Call:
+    params = {name: "true" for name, on in (("cascade", cascade), ("force", force)) if on}
+    return Call("DELETE", f"/v1/snapshots/{_seg(tag)}", params=params)
+
+
+def spawn_sandboxes(
+    tag: str,
+    *,
+    n: int,
+    per_child_netns: bool,
+    memory_limit_mib: int | None,
+    live_fork: bool,
+) -> Call:
+    body: dict[str, Any] = {"snapshot_tag": tag, "n": n}
+    if per_child_netns:
+        body["per_child_netns"] = True
+    if memory_limit_mib is not None:
+        body["memory_limit_mib"] = memory_limit_mib
+    if live_fork:
+        body["live_fork"] = True
+    return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
+
+
+def list_sandboxes() -> Call:
+    return Call("GET", "/v1/sandboxes")
+
+
+def get_sandbox(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
+
+
+def kill_sandbox(sandbox_id: str) -> Call:
+    return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
+
+
+def ping(sandbox_id: str) -> Call:
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/ping")
+
+
+def exec_(
+    sandbox_id: str,
+    args: str | Sequence[str],
+    *,
+    timeout_secs: float,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    stdin: str | None,
+) -> Call:
+    body = _put(
+        {"args": command_args(args), "timeout_secs": timeout_secs},
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        stdin=stdin,
+    )
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{_seg(sandbox_id)}/exec",
+        json=body,
+        read_timeout=timeout_secs + EXEC_GRACE_SECS,
+    )
+
+
+def eval_(sandbox_id: str, code: str, *, timeout: float | None) -> Call:
+    # Evals run user code in PID 1 with no server-side limit (an agent turn can
+    # take minutes), so by default the client waits as long as the daemon does.
+    return Call(
+        "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/eval", json={"code": code}, read_timeout=timeout
+    )
+
+
+def branch_sandbox(
+    sandbox_id: str,
+    *,
+    tag: str | None,
+    mode: str | None,
+    wait: bool,
+    diff: bool | None,
+) -> Call:
+    body = _put({}, tag=tag, mode=mode, diff=diff)
+    if not wait:  # the daemon's default is true; only the opt-out is sent
+        body["wait"] = False
+    return Call(
+        "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/branch", json=body, read_timeout=None
+    )

@@ -1,0 +1,155 @@
+"""Transport-independent plumbing shared by the sync and async controllers.
+
+Each REST call is described once, as a :class:`Call` built by the functions in
+:mod:`forkd.sdk._calls`; :class:`~forkd.sdk.client.Controller` and
+:class:`~forkd.sdk.async_client.AsyncController` only differ in how they send
+it. Keeping request shapes in one place means the two clients cannot drift.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from forkd.config import VERSION
+from forkd.errors import ForkdError
+from forkd.sdk.errors import (
+    ForkdConnectionError,
+    ForkdTimeoutError,
+    ServerError,
+    SnapshotFailedError,
+    error_for_status,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8889"
+DEFAULT_TIMEOUT = 30.0
+USER_AGENT = f"forkd-sdk/{VERSION}"
+
+Default = Literal["default"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request to the daemon.
+
+    ``read_timeout`` overrides only the read timeout: ``"default"`` keeps the
+    client's, ``None`` waits forever (snapshot builds, spawns, branches and evals
+    legitimately take minutes under TCG), a number waits that many seconds.
+    """
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, str] = field(default_factory=dict)
+    read_timeout: float | Default | None = "default"
+    expect: Literal["json", "text"] = "json"
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, else ``$FORKD_URL``, else the default; ``host:port`` gets ``http://``."""
+    url = (url or os.environ.get("FORKD_URL") or DEFAULT_URL).strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    return url
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``token``, else ``$FORKD_TOKEN``, else the contents of ``$FORKD_TOKEN_FILE``."""
+    if token:
+        return token
+    if env := os.environ.get("FORKD_TOKEN"):
+        return env.strip()
+    if path := os.environ.get("FORKD_TOKEN_FILE"):
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            raise ForkdError(f"cannot read FORKD_TOKEN_FILE {path}: {exc.strerror or exc}") from None
+    return None
+
+
+def headers(token: str | None) -> dict[str, str]:
+    out = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if token:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def timeout_for(call: Call, base: float | None) -> httpx.Timeout:
+    if call.read_timeout == "default":
+        return httpx.Timeout(base)
+    return httpx.Timeout(base, read=call.read_timeout)
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's ``{"error": ...}`` text, or the best substitute available."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), str):
+            return body["error"]
+        detail = body.get("detail")
+        if isinstance(detail, str):
+            return detail
+        if isinstance(detail, list):  # pydantic validation errors
+            parts = []
+            for item in detail:
+                if isinstance(item, dict):
+                    loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+                    parts.append(f"{loc}: {item.get('msg')}" if loc else str(item.get("msg")))
+            if parts:
+                return "; ".join(parts)
+    text = response.text.strip()
+    if text:
+        return text[:500]
+    return f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
+
+def parse_response(call: Call, response: httpx.Response) -> Any:
+    """The decoded body of a successful response; raises the mapped error otherwise."""
+    if not response.is_success:
+        raise error_for_status(response.status_code, error_message(response))
+    if response.status_code == 204 or not response.content:
+        return None
+    if call.expect == "text":
+        return response.text
+    try:
+        return response.json()
+    except ValueError:
+        raise ServerError(
+            response.status_code,
+            f"daemon sent a non-JSON answer to {call.method} {call.path}: {response.text[:200]!r}",
+        ) from None
+
+
+def translate(exc: httpx.HTTPError, url: str, call: Call) -> ForkdError:
+    """Turn an httpx transport failure into the SDK's exceptions."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ForkdConnectionError(url, "connection timed out")
+    if isinstance(exc, httpx.ConnectError):
+        return ForkdConnectionError(url, str(exc) or "connection failed")
+    if isinstance(exc, httpx.TimeoutException):
+        return ForkdTimeoutError(
+            f"{call.method} {call.path}: the daemon at {url} did not answer in time "
+            "(raise the client timeout for slow operations)"
+        )
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return ForkdError(f"invalid forkd URL {url!r}: {exc}")
+    return ForkdError(f"{call.method} {call.path} to {url} failed: {exc or type(exc).__name__}")
+
+
+def snapshot_is_ready(info: dict[str, Any]) -> bool:
+    """True once a snapshot can be forked; raises if its background write failed.
+
+    ``status`` is omitted on snapshots that were written synchronously, which
+    are ready by construction.
+    """
+    status = info.get("status", "ready")
+    if status == "failed":
+        raise SnapshotFailedError(str(info.get("tag")), info.get("error"))
+    return status == "ready"

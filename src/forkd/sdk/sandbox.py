@@ -1,0 +1,322 @@
+"""Object-style SDK: :class:`Sandbox` (one child VM) and :class:`Snapshot` (a tag).
+
+::
+
+    from forkd import Sandbox
+
+    with Sandbox(tag="pyagent") as sb:          # spawns one child; killed on exit
+        sb.commands.run("apt install -y something-risky")
+        branch = sb.branch()                    # POST /v1/sandboxes/{sb.id}/branch
+        grandchildren = branch.fork(n=5)        # waits until ready, then spawns 5
+        for g in grandchildren:
+            print(g.commands.run(["python3", "-c", "print(2 + 2)"]).stdout)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from forkd.sdk._http import resolve_token, resolve_url, snapshot_is_ready
+from forkd.sdk.client import DEFAULT_WAIT_SECS, Controller
+from forkd.sdk.errors import NotFoundError
+from forkd.sdk.types import CommandResult, EvalResult, JSONDict, SandboxInfo, SnapshotInfo
+
+_defaults: dict[tuple[str, str | None], Controller] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_controller() -> Controller:
+    """A process-wide :class:`Controller` for the current ``FORKD_URL``/``FORKD_TOKEN``.
+
+    Sandboxes and snapshots made without an explicit controller share it, so a
+    :class:`Snapshot` returned by ``sb.branch()`` keeps working after the
+    sandbox's ``with`` block has closed.
+    """
+    key = (resolve_url(None), resolve_token(None))
+    with _defaults_lock:
+        controller = _defaults.get(key)
+        if controller is None:
+            controller = _defaults[key] = Controller(*key)
+        return controller
+
+
+class SnapshotView(Mapping[str, Any]):
+    """Read-only ``Mapping`` over a SnapshotInfo dict, with typed accessors.
+
+    ``snap["tag"]``, ``snap.get("pause_ms")`` and ``dict(snap)`` work as on the
+    dict the REST API returns.
+    """
+
+    def __init__(self, info: SnapshotInfo) -> None:
+        self._info: SnapshotInfo = dict(info)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._info[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._info)
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tag={self.tag!r}, status={self.status!r})"
+
+    @property
+    def info(self) -> SnapshotInfo:
+        """The SnapshotInfo dict as last seen from the daemon."""
+        return self._info
+
+    @property
+    def tag(self) -> str:
+        return str(self._info["tag"])
+
+    @property
+    def status(self) -> str:
+        """``"ready"``, ``"writing"`` or ``"failed"``; absent on the wire means ready."""
+        return str(self._info.get("status", "ready"))
+
+    @property
+    def branched_from(self) -> str | None:
+        return self._info.get("branched_from")
+
+    @property
+    def pause_ms(self) -> float | None:
+        return self._info.get("pause_ms")
+
+
+class Snapshot(SnapshotView):
+    """A registered snapshot tag, as returned by :meth:`Sandbox.branch`.
+
+    Behaves as its SnapshotInfo dict (``snap["tag"]``) and adds
+    :meth:`wait_ready`, :meth:`fork` and :meth:`delete`.
+    """
+
+    def __init__(self, info: SnapshotInfo, *, controller: Controller | None = None) -> None:
+        super().__init__(info)
+        self.controller = controller or default_controller()
+
+    @classmethod
+    def from_tag(cls, tag: str, *, controller: Controller | None = None) -> Snapshot:
+        """Look up an existing snapshot by tag."""
+        controller = controller or default_controller()
+        return cls(controller.get_snapshot(tag), controller=controller)
+
+    @classmethod
+    def create(cls, tag: str, *, controller: Controller | None = None, **kwargs: Any) -> Snapshot:
+        """Build a new snapshot; ``kwargs`` as for :meth:`Controller.create_snapshot`."""
+        controller = controller or default_controller()
+        return cls(controller.create_snapshot(tag, **kwargs), controller=controller)
+
+    def refresh(self) -> Snapshot:
+        """Re-read the SnapshotInfo from the daemon."""
+        self._info = self.controller.get_snapshot(self.tag)
+        return self
+
+    def wait_ready(
+        self, timeout: float | None = DEFAULT_WAIT_SECS, interval: float = 0.2
+    ) -> Snapshot:
+        """Block until the snapshot can be forked (a live ``wait=False`` branch is
+        still ``"writing"`` for a while). Returns immediately if it already is.
+
+        Raises :class:`~forkd.sdk.errors.SnapshotFailedError` or
+        :class:`~forkd.sdk.errors.ForkdTimeoutError`.
+        """
+        if not snapshot_is_ready(self._info):
+            self._info = self.controller.wait_snapshot_ready(self.tag, timeout, interval)
+        return self
+
+    def fork(
+        self,
+        n: int = 1,
+        *,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+        wait_timeout: float | None = DEFAULT_WAIT_SECS,
+    ) -> list[Sandbox]:
+        """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
+
+        The sandboxes are owned by the caller: each is killed when used as a
+        context manager and left, or explicitly via :meth:`Sandbox.kill`.
+        """
+        self.wait_ready(wait_timeout)
+        infos = self.controller.spawn_sandboxes(
+            self.tag,
+            n=n,
+            per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib,
+            live_fork=live_fork,
+        )
+        return [Sandbox._adopt(info, self.controller) for info in infos]
+
+    def delete(self, cascade: bool = False, force: bool = False) -> None:
+        """Unregister the tag and remove its files."""
+        self.controller.delete_snapshot(self.tag, cascade=cascade, force=force)
+
+
+class Commands:
+    """``sb.commands``: subprocesses inside the sandbox."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        timeout: float = 30,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+    ) -> CommandResult:
+        """Run ``cmd`` and wait for it. A string runs via ``/bin/sh -c``; a list is argv.
+
+        ``timeout`` is enforced in the guest (the process group is killed and
+        ``timed_out`` set). A non-zero exit is reported, not raised.
+        """
+        body = self._sandbox.controller.exec(
+            self._sandbox.id, cmd, timeout_secs=timeout, env=env, cwd=cwd, stdin=stdin
+        )
+        return CommandResult.from_json(body)
+
+
+class Sandbox:
+    """One running child VM.
+
+    ``Sandbox(tag="pyagent")`` spawns a new sandbox **immediately, at
+    construction** (so it also works without ``with``); leaving a ``with``
+    block, or :meth:`close`, kills it. ``Sandbox(sandbox_id="sb-...")`` attaches
+    to an existing sandbox without any request and never kills it on exit:
+    only sandboxes this object created are owned.
+
+    Args:
+        tag: snapshot to fork the new sandbox from (exclusive with ``sandbox_id``).
+        sandbox_id: attach to this live sandbox instead.
+        controller: the :class:`Controller` to use; default: one shared client
+            configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
+        per_child_netns, memory_limit_mib, live_fork: spawn options, see
+            :meth:`Controller.spawn_sandboxes`.
+    """
+
+    def __init__(
+        self,
+        tag: str | None = None,
+        *,
+        sandbox_id: str | None = None,
+        controller: Controller | None = None,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+    ) -> None:
+        if (tag is None) == (sandbox_id is None):
+            raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
+        self.controller = controller or default_controller()
+        self.commands = Commands(self)
+        self._info: SandboxInfo | None = None
+        self._killed = False
+        if sandbox_id is not None:
+            self.id = sandbox_id
+            self.owned = False
+        else:
+            assert tag is not None
+            info = self.controller.spawn_sandboxes(
+                tag,
+                n=1,
+                per_child_netns=per_child_netns,
+                memory_limit_mib=memory_limit_mib,
+                live_fork=live_fork,
+            )[0]
+            self.id = str(info["id"])
+            self._info = info
+            self.owned = True
+
+    @classmethod
+    def create(
+        cls,
+        tag: str,
+        *,
+        controller: Controller | None = None,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+    ) -> Sandbox:
+        """Spawn a new sandbox from snapshot ``tag`` (same as ``Sandbox(tag=...)``)."""
+        return cls(
+            tag,
+            controller=controller,
+            per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib,
+            live_fork=live_fork,
+        )
+
+    @classmethod
+    def _adopt(cls, info: SandboxInfo, controller: Controller) -> Sandbox:
+        """Wrap a sandbox that was just spawned on the caller's behalf (owned)."""
+        sb = cls(sandbox_id=str(info["id"]), controller=controller)
+        sb._info = info
+        sb.owned = True
+        return sb
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, owned={self.owned})"
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The SandboxInfo dict (fetched on first use when attached)."""
+        if self._info is None:
+            self._info = self.controller.get_sandbox(self.id)
+        return self._info
+
+    def refresh(self) -> SandboxInfo:
+        self._info = self.controller.get_sandbox(self.id)
+        return self._info
+
+    def ping(self) -> JSONDict:
+        """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""
+        return self.controller.ping(self.id)
+
+    def eval(self, code: str, timeout: float | None = None) -> EvalResult:
+        """Evaluate Python ``code`` in the warm PID 1 interpreter (state persists)."""
+        return EvalResult.from_json(self.controller.eval(self.id, code, timeout=timeout))
+
+    def branch(
+        self, tag: str | None = None, mode: str | None = None, wait: bool = True
+    ) -> Snapshot:
+        """Snapshot this running sandbox as a new tag; it pauses briefly and resumes.
+
+        ``mode``: ``"full"`` (default), ``"diff"`` or ``"live"`` (needs
+        ``live_fork=True`` at spawn). With ``wait=False`` (live only) the
+        snapshot is still writing; :meth:`Snapshot.fork` waits for it.
+        """
+        info = self.controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait)
+        return Snapshot(info, controller=self.controller)
+
+    def kill(self) -> None:
+        """Stop the VM now (whether or not this object created it)."""
+        self.controller.kill_sandbox(self.id)
+        self._killed = True
+
+    def close(self) -> None:
+        """Kill the sandbox if this object created it; a no-op for attached ones."""
+        if self.owned and not self._killed:
+            try:
+                self.kill()
+            except NotFoundError:  # already gone (killed elsewhere, daemon restarted)
+                self._killed = True
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+__all__ = ["Commands", "Sandbox", "Snapshot", "SnapshotView", "default_controller"]

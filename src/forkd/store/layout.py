@@ -1,0 +1,113 @@
+"""On-disk layout of a snapshot and of a sandbox's run directory.
+
+``<data>/snapshots/<tag>/``
+    ``mem``            guest RAM (children map it MAP_PRIVATE: copy-on-write)
+    ``state``          device + vCPU state (a QEMU migration stream without RAM)
+    ``disk.qcow2``     the guest disk, frozen at snapshot time (children get overlays on it)
+    ``snapshot.json``  metadata: VM config (accel, CPU model), image, lineage
+``<data>/sandboxes/<id>/``
+    ``disk.qcow2`` (overlay), ``qmp.sock``, ``agent.sock``, ``pid``, ``qemu.log``, ``console.log``
+
+Snapshots are written into ``.<tag>.tmp-*`` and renamed into place only when
+complete, so a crash never leaves a half-written snapshot that looks real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.errors import InvalidRequest
+
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{6}-[0-9]{4}$")
+
+
+def check_tag(tag: str) -> str:
+    if not isinstance(tag, str) or not TAG_RE.match(tag):
+        raise InvalidRequest(
+            f"invalid tag {tag!r}: must match {TAG_RE.pattern} "
+            "(letters, digits, '.', '_', '-'; at most 64; not starting with '.' or '-')"
+        )
+    return tag
+
+
+def check_sandbox_id(sandbox_id: str) -> str:
+    """Validated before any path is built from it: no traversal through an id."""
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: expected sb-<6 hex>-<4 digits>")
+    return sandbox_id
+
+
+def new_batch_prefix() -> str:
+    return f"sb-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class SnapshotDir:
+    path: Path
+
+    @property
+    def mem(self) -> Path:
+        return self.path / "mem"
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state"
+
+    @property
+    def disk(self) -> Path:
+        return self.path / "disk.qcow2"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "snapshot.json"
+
+    def read_meta(self) -> dict:
+        return json.loads(self.meta_path.read_text())
+
+    def write_meta(self, meta: dict) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, self.meta_path)
+
+    def complete(self) -> bool:
+        return all(p.exists() for p in (self.mem, self.state, self.disk, self.meta_path))
+
+    def disk_bytes(self) -> int:
+        """Space really used (the mem file is sparse)."""
+        total = 0
+        for p in self.path.iterdir():
+            try:
+                total += p.stat().st_blocks * 512
+            except OSError:
+                pass
+        return total
+
+
+def staging_dir(snapshots: Path, tag: str) -> SnapshotDir:
+    path = snapshots / f".{tag}.tmp-{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    return SnapshotDir(path)
+
+
+def publish(staging: SnapshotDir, snapshots: Path, tag: str) -> SnapshotDir:
+    final = snapshots / tag
+    os.rename(staging.path, final)  # fails if it exists: never overwrite a snapshot
+    return SnapshotDir(final)
+
+
+def remove_stale_staging(snapshots: Path) -> list[str]:
+    """Leftovers of snapshot writes interrupted by a crash."""
+    removed = []
+    if snapshots.is_dir():
+        for p in snapshots.iterdir():
+            if p.name.startswith(".") and ".tmp-" in p.name:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p.name)
+    return removed

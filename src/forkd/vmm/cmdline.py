@@ -1,0 +1,143 @@
+"""QEMU command lines for template (booting) and child (restoring) microVMs.
+
+A snapshot can only be restored by a QEMU with the *same* device configuration,
+flags included, so both command lines come from one function and differ only
+in how RAM is mapped and where the guest comes from (kernel vs. incoming state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
+# VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
+MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
+AGENT_PORT_NAME = "org.forkd.agent"
+RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixed
+
+
+@dataclass(frozen=True)
+class Accel:
+    """An accelerator and the CPU model that goes with it; snapshots record both."""
+
+    name: str  # "kvm" | "tcg"
+    cpu: str
+
+    @classmethod
+    def tcg(cls) -> Accel:
+        return cls("tcg", "max")
+
+    @classmethod
+    def kvm(cls) -> Accel:
+        # PVM-style nested KVM (as on our CI hosts) rejects arch-capabilities.
+        return cls("kvm", "host,-arch-capabilities")
+
+    def args(self) -> list[str]:
+        accel = "tcg,thread=multi" if self.name == "tcg" else self.name
+        return ["-accel", accel, "-cpu", self.cpu]
+
+
+@dataclass(frozen=True)
+class VMConfig:
+    """The parts of a VM's configuration a snapshot pins down."""
+
+    mem_mib: int
+    vcpus: int
+    accel: Accel
+
+    def to_json(self) -> dict:
+        return {"mem_mib": self.mem_mib, "vcpus": self.vcpus,
+                "accel": self.accel.name, "cpu": self.accel.cpu}
+
+    @classmethod
+    def from_json(cls, d: dict) -> VMConfig:
+        return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]))
+
+
+@dataclass
+class LaunchSpec:
+    """One QEMU invocation."""
+
+    config: VMConfig
+    mem_path: Path
+    share_ram: bool  # True: RAM *is* the file (template); False: private CoW mapping of it
+    disk: Path  # qcow2 overlay, always attached read-write
+    qmp_fd: int  # listening unix socket handed to QEMU (see process.py)
+    agent_fd: int
+    console_log: Path
+    kernel: Path | None = None
+    initrd: Path | None = None
+    append: str = ""
+    incoming: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
+    if spec.incoming and (spec.kernel or spec.initrd):
+        # QEMU would load them into guest RAM before the incoming state arrives,
+        # dirtying (CoW-copying) exactly the pages a child should share.
+        raise ValueError("a restored VM must not be given -kernel/-initrd")
+    cfg = spec.config
+    mem = (
+        f"memory-backend-file,id={RAM_ID},size={cfg.mem_mib}M,mem-path={spec.mem_path},"
+        f"share={'on' if spec.share_ram else 'off'}"
+    )
+    argv = [
+        qemu,
+        "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+        "-machine", MACHINE,
+        *cfg.accel.args(),
+        "-m", f"{cfg.mem_mib}M",
+        "-smp", str(cfg.vcpus),
+        "-object", mem,
+        "-blockdev",
+        f"node-name=disk0,driver=qcow2,file.driver=file,file.filename={spec.disk},"
+        "discard=unmap,cache.direct=off",
+        "-device", "virtio-blk-device,drive=disk0",
+        "-object", "rng-random,id=rng0,filename=/dev/urandom",
+        "-device", "virtio-rng-device,rng=rng0",
+        "-device", "virtio-serial-device,max_ports=2",
+        "-chardev", f"socket,id=agent,fd={spec.agent_fd},server=on,wait=off",
+        "-device", f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        "-chardev", f"socket,id=qmp,fd={spec.qmp_fd},server=on,wait=off",
+        "-mon", "chardev=qmp,mode=control",
+        "-serial", f"file:{spec.console_log}",
+    ]
+    if spec.kernel:
+        argv += ["-kernel", str(spec.kernel)]
+    if spec.initrd:
+        argv += ["-initrd", str(spec.initrd)]
+    if spec.append:
+        argv += ["-append", spec.append]
+    if spec.incoming:
+        argv += ["-incoming", "defer"]
+    return argv + spec.extra
+
+
+def host_tsc_khz() -> int | None:
+    """The host's TSC rate; under TCG the guest's TSC ticks at the host's rate."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return int(float(line.split(":")[1]) * 1000)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False) -> str:
+    # panic=-1 + -no-reboot: a guest that panics makes QEMU exit at once, so a
+    # broken image fails fast instead of running into the boot timeout.
+    words = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", f"forkd.port={AGENT_PORT_NAME}"]
+    if accel.name == "tcg" and (khz := host_tsc_khz()):
+        # Under TCG on a loaded host, calibrating the TSC against the PIT fails
+        # now and then ("Unable to calibrate against PIT"); the kernel then marks
+        # the TSC unstable and the boot hangs (1 boot in 4 here). Tell it the rate.
+        words.append(f"tsc_early_khz={khz}")
+    if warm_imports:
+        words.append("forkd.warm=" + ",".join(warm_imports))
+    if probe:
+        words.append("forkd.probe=1")
+    return " ".join(words)

@@ -1,0 +1,187 @@
+"""A running microVM: boot a template, snapshot it, restore children from it.
+
+The fork mechanism (FIELD-NOTES §5): the template's RAM *is* the snapshot's
+``mem`` file (``share=on``), so its snapshot is just the device state, written
+with ``x-ignore-shared`` (tens of KB, milliseconds). A child maps the same file
+``share=off`` (MAP_PRIVATE): the kernel shares every page until the child
+writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forkd.errors import BootTimeout, GuestError, VMError
+from forkd.guest.client import AgentClient
+from forkd.image import prereqs
+from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.vmm.process import QemuProcess, start_qemu
+from forkd.vmm.qmp import QMP
+
+
+def create_overlay(backing: Path, path: Path, backing_format: str) -> None:
+    """A qcow2 copy-on-write overlay over ``backing``: O(1) on any filesystem."""
+    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
+    proc = subprocess.run(
+        [qemu_img, "create", "-q", "-f", "qcow2", "-o", "cluster_size=65536",
+         "-b", str(backing), "-F", backing_format, str(path)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise VMError(f"qemu-img create {path} failed: {proc.stderr.strip()}")
+
+
+def exec_uri(command: str, path: Path) -> str:
+    return f"exec:{command} {shlex.quote(str(path))}"
+
+
+@dataclass
+class VM:
+    process: QemuProcess
+    config: VMConfig
+    qmp: QMP
+    agent: AgentClient
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def _launch(cls, run_dir: Path, config: VMConfig, make_spec) -> VM:
+        process = await start_qemu(run_dir, make_spec)
+        vm = cls(process, config, QMP(process.qmp_path, run_dir.name), AgentClient(process.agent_path))
+        try:
+            await vm._await_or_exit(vm.qmp.connect(), 15, "QMP")
+        except BaseException:
+            await vm.destroy()
+            raise
+        return vm
+
+    async def _await_or_exit(self, aw, timeout: float, what: str):
+        """Await ``aw`` but fail fast, with QEMU's last words, if QEMU exits meanwhile."""
+        task = asyncio.ensure_future(aw)
+        exit_task = asyncio.ensure_future(self.process.wait_exit())
+        try:
+            done, _ = await asyncio.wait({task, exit_task}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            if exit_task in done:
+                raise VMError(f"QEMU exited (code {exit_task.result()}) while waiting for {what}:\n"
+                              f"{self.process.tail()}")
+            raise BootTimeout(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.process.tail()}")
+        finally:
+            for t in (task, exit_task):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+
+    @classmethod
+    async def boot(
+        cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
+        kernel: Path, initrd: Path, append: str, timeout: float,
+    ) -> tuple[VM, dict]:
+        """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm."""
+        started = time.monotonic()
+        with open(mem_path, "wb") as f:
+            f.truncate(config.mem_mib << 20)  # sparse: only touched pages take disk space
+
+        def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
+            return LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=disk,
+                              qmp_fd=qmp_fd, agent_fd=agent_fd,
+                              console_log=run_dir / "console.log",
+                              kernel=kernel, initrd=initrd, append=append)
+
+        vm = await cls._launch(run_dir, config, spec)
+        try:
+            ping = await vm._await_or_exit(vm.agent.call("ping", timeout=None), timeout,
+                                           "the guest agent to boot and warm up")
+        except BaseException:
+            await vm.destroy()
+            raise
+        vm.timings["boot_s"] = time.monotonic() - started
+        return vm, ping
+
+    @classmethod
+    async def restore(
+        cls, run_dir: Path, config: VMConfig, *, mem_path: Path, state_path: Path, disk: Path,
+        share_ram: bool = False, timeout: float = 60,
+    ) -> VM:
+        """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state."""
+        started = time.monotonic()
+
+        def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
+            return LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
+                              qmp_fd=qmp_fd, agent_fd=agent_fd,
+                              console_log=run_dir / "console.log", incoming=True)
+
+        vm = await cls._launch(run_dir, config, spec)
+        try:
+            vm.timings["qemu_up_s"] = time.monotonic() - started
+            # The stream says whether RAM was skipped; both ends must agree.
+            await vm.qmp.set_capabilities(x_ignore_shared=True)
+            await vm.qmp.cmd("migrate-incoming", uri=exec_uri("cat", state_path))
+            await vm._await_or_exit(vm.qmp.wait_migration(timeout), timeout, "the incoming state")
+            if await vm.qmp.status() != "running":
+                await vm.qmp.cmd("cont")
+            vm.timings["restored_s"] = time.monotonic() - started
+            await vm._await_or_exit(vm.agent.restored(), timeout, "the restored guest agent")
+            vm.timings["ready_s"] = time.monotonic() - started
+        except BaseException:
+            await vm.destroy()
+            raise
+        return vm
+
+    @classmethod
+    async def attach(cls, process: QemuProcess, config: VMConfig) -> VM:
+        """Reconnect to a VM a previous daemon started (re-adoption)."""
+        vm = cls(process, config, QMP(process.qmp_path, process.dir.name), AgentClient(process.agent_path))
+        await vm.qmp.connect(timeout=5)
+        await vm.agent.connect()
+        return vm
+
+    # ------------------------------------------------------------- snapshot
+
+    async def save_template_state(self, state_path: Path, timeout: float = 60) -> float:
+        """Stop and write device state only (RAM already lives in the shared mem file).
+
+        The template must not run again afterwards: its RAM is the snapshot's memory.
+        Returns the time taken in ms.
+        """
+        started = time.monotonic()
+        await self.qmp.cmd("stop")
+        await self.qmp.set_capabilities(x_ignore_shared=True)
+        await self.qmp.cmd("migrate", uri=exec_uri("cat >", state_path))
+        await self.qmp.wait_migration(timeout)
+        return (time.monotonic() - started) * 1000
+
+    # ------------------------------------------------------------- teardown
+
+    async def shutdown(self, timeout: float = 10) -> None:
+        """Quit QEMU cleanly (flushes the disk), falling back to SIGKILL."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.qmp.cmd("quit"), 5)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.process.wait_exit(), timeout)
+        await self.destroy()
+
+    async def destroy(self) -> None:
+        """Kill QEMU and close our connections. Safe to call more than once."""
+        await self.agent.close()
+        await self.qmp.close()
+        await self.process.kill()
+
+    async def call(self, action: str, timeout: float | None = 60, **args) -> dict:
+        if not self.process.alive():
+            raise GuestError(f"sandbox VM (pid {self.pid}) is not running")
+        return await self.agent.call(action, timeout=timeout, **args)

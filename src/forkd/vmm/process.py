@@ -1,0 +1,160 @@
+"""QEMU process lifecycle: start, track, kill, reap, and re-adopt after a restart.
+
+The QMP and agent sockets are bound by us and handed to QEMU as listening file
+descriptors (as libvirt does). The socket therefore exists before QEMU starts,
+so connecting needs no polling, and it stays at its path for the VM's whole life,
+so a restarted daemon can reconnect to a VM it did not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.errors import VMError
+from forkd.image import prereqs
+from forkd.vmm.cmdline import LaunchSpec, build_argv
+
+UNIX_PATH_MAX = 107
+
+
+def listen_unix(path: Path) -> socket.socket:
+    if len(str(path)) > UNIX_PATH_MAX:
+        raise VMError(
+            f"socket path {path} is longer than {UNIX_PATH_MAX} bytes; use a shorter data dir"
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(4)
+    return sock
+
+
+@dataclass
+class QemuProcess:
+    """A running QEMU. ``proc`` is None for a process re-adopted after a daemon restart."""
+
+    pid: int
+    dir: Path
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def qmp_path(self) -> Path:
+        return self.dir / "qmp.sock"
+
+    @property
+    def agent_path(self) -> Path:
+        return self.dir / "agent.sock"
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.dir / "qemu.log"
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.returncode is None
+        return pid_is_qemu(self.pid, self.dir)
+
+    async def wait_exit(self) -> int | None:
+        if self.proc is not None:
+            return await self.proc.wait()
+        while pid_is_qemu(self.pid, self.dir):
+            await asyncio.sleep(0.05)
+        return None
+
+    async def kill(self, grace: float = 0.0) -> None:
+        """SIGTERM (if ``grace``), then SIGKILL; always reaps; never raises for a dead process."""
+        if grace > 0 and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wait_exit(), grace)
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wait_exit(), 10)
+
+    def tail(self, lines: int = 15) -> str:
+        """The end of the guest console and of QEMU's own stderr, for error messages."""
+        parts = []
+        for label, path in (("qemu", self.qemu_log), ("guest console", self.console_log)):
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace").strip()
+                if text:
+                    parts.append(f"--- {label} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(parts)
+
+
+def pid_is_qemu(pid: int, run_dir: Path) -> bool:
+    """True if ``pid`` is a live (not zombie) QEMU started for ``run_dir`` (guards pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and b"qemu-system" in cmdline and str(run_dir).encode() in cmdline
+
+
+async def start_qemu(run_dir: Path, spec_factory) -> QemuProcess:
+    """Start QEMU with fresh QMP/agent sockets in ``run_dir``.
+
+    ``spec_factory(qmp_fd, agent_fd) -> LaunchSpec`` builds the launch spec once
+    the sockets exist.
+    """
+    qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    qmp_sock = listen_unix(run_dir / "qmp.sock")
+    agent_sock = listen_unix(run_dir / "agent.sock")
+    try:
+        spec: LaunchSpec = spec_factory(qmp_sock.fileno(), agent_sock.fileno())
+        argv = build_argv(qemu, spec)
+        (run_dir / "cmdline").write_text(" ".join(argv) + "\n")
+        with open(run_dir / "qemu.log", "wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(qmp_sock.fileno(), agent_sock.fileno()),
+                # Own session: a Ctrl-C aimed at the daemon must not kill the VMs,
+                # which a restarted daemon re-adopts.
+                start_new_session=True,
+                cwd=run_dir,
+            )
+    finally:
+        # QEMU has its own copies of the listening fds now.
+        qmp_sock.close()
+        agent_sock.close()
+    (run_dir / "pid").write_text(f"{proc.pid}\n")
+    return QemuProcess(pid=proc.pid, dir=run_dir, proc=proc)
+
+
+def adopt(pid: int, run_dir: Path) -> QemuProcess | None:
+    """A QEMU left running by a previous daemon, if it is still alive."""
+    if pid and pid_is_qemu(pid, run_dir):
+        return QemuProcess(pid=pid, dir=run_dir)
+    return None
+
+
+def kill_pid_now(pid: int, run_dir: Path) -> None:
+    """Synchronous best-effort SIGKILL, for reaping a dead daemon's leftovers."""
+    if pid_is_qemu(pid, run_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while pid_is_qemu(pid, run_dir) and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -1,0 +1,846 @@
+"""Unit tests of the REST layer: validation, auth, error shapes, limits, metrics, audit.
+
+They run against ``FakeRuntime``, an in-memory stand-in for
+``forkd.controller.runtime.Runtime`` that boots nothing. Real-VM behaviour is
+covered by the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.app import create_app
+from forkd.api.auth import check_bind_safety, load_token, validate_token
+from forkd.api.server import validate_settings
+from forkd.api.settings import ConfigError, Settings, parse_bind
+from forkd.errors import Busy, Conflict, GuestError, NotFound
+
+TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SB = "sb-67a1b3-0000"
+
+
+# ----------------------------------------------------------------- fake runtime
+
+
+@dataclass
+class FakeRecord:
+    data: dict[str, Any]
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+@dataclass
+class FakeRuntime:
+    """Records every call; answers like the real Runtime without any VM."""
+
+    snapshots: dict[str, FakeRecord] = field(default_factory=dict)
+    sandboxes: dict[str, FakeRecord] = field(default_factory=dict)
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    branch_release: asyncio.Event | None = None  # when set, branch() waits for it
+    raise_on_ping: BaseException | None = None
+    closed_with: dict[str, Any] | None = None
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((name, args, kwargs))
+
+    def add_snapshot(self, tag: str, **extra: Any) -> None:
+        self.snapshots[tag] = FakeRecord(
+            {"tag": tag, "dir": f"/data/snapshots/{tag}", "created_at_unix": 1717000000, "status": "ready"}
+            | extra
+        )
+
+    def add_sandbox(self, sandbox_id: str, tag: str = "py") -> None:
+        self.sandboxes[sandbox_id] = FakeRecord(
+            {
+                "id": sandbox_id,
+                "snapshot_tag": tag,
+                "netns": None,
+                "guest_addr": f"unix:/data/sandboxes/{sandbox_id}/agent.sock",
+                "created_at_unix": 1717000123,
+                "pid": 4242,
+                "live_fork": False,
+            }
+        )
+
+    async def close(self, *, keep_sandboxes: bool = False) -> None:
+        self.closed_with = {"keep_sandboxes": keep_sandboxes}
+
+    async def create_snapshot(self, spec: Any, progress: Any = None) -> FakeRecord:
+        self._call("create_snapshot", spec)
+        if spec.tag in self.snapshots:
+            raise Conflict(f"snapshot {spec.tag!r} already exists; delete it first")
+        self.add_snapshot(spec.tag)
+        return self.snapshots[spec.tag]
+
+    def list_snapshots(self) -> list[FakeRecord]:
+        return list(self.snapshots.values())
+
+    def get_snapshot(self, tag: str) -> FakeRecord:
+        self._call("get_snapshot", tag)
+        if tag not in self.snapshots:
+            raise NotFound(f"snapshot {tag!r} is not registered")
+        return self.snapshots[tag]
+
+    def snapshot_lineage(self, tag: str) -> dict[str, Any]:
+        return {"tag": tag, "parent_tag": None, "ancestors": [], "dependents": ["child"], "sandboxes": []}
+
+    async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
+        self._call("delete_snapshot", tag, cascade=cascade, force=force)
+        if self.snapshots.pop(tag, None) is None:
+            raise NotFound(f"snapshot {tag!r} is not registered")
+
+    async def spawn(
+        self,
+        tag: str,
+        n: int = 1,
+        *,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+    ) -> list[FakeRecord]:
+        self._call("spawn", tag, n, per_child_netns=per_child_netns, live_fork=live_fork)
+        if tag not in self.snapshots:
+            raise NotFound(f"snapshot {tag!r} is not registered")
+        out = []
+        for i in range(n):
+            sid = f"sb-abcdef-{i:04d}"
+            self.add_sandbox(sid, tag)
+            out.append(self.sandboxes[sid])
+        return out
+
+    def list_sandboxes(self) -> list[FakeRecord]:
+        return list(self.sandboxes.values())
+
+    def _sandbox(self, sandbox_id: str) -> FakeRecord:
+        if sandbox_id not in self.sandboxes:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        return self.sandboxes[sandbox_id]
+
+    def get_sandbox(self, sandbox_id: str) -> FakeRecord:
+        self._call("get_sandbox", sandbox_id)
+        return self._sandbox(sandbox_id)
+
+    async def kill(self, sandbox_id: str) -> None:
+        self._call("kill", sandbox_id)
+        self._sandbox(sandbox_id)
+        del self.sandboxes[sandbox_id]
+
+    async def ping(self, sandbox_id: str) -> dict[str, Any]:
+        self._call("ping", sandbox_id)
+        self._sandbox(sandbox_id)
+        if self.raise_on_ping is not None:
+            raise self.raise_on_ping
+        return {"pong": True, "numpy_version": "1.24.2", "pid": 1, "uptime_s": 3.5}
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        args: list[str],
+        timeout_secs: float = 30,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+    ) -> dict[str, Any]:
+        self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin)
+        self._sandbox(sandbox_id)
+        return {"stdout": "4\n", "stderr": "", "exit_code": 0, "timed_out": False}
+
+    async def eval(self, sandbox_id: str, code: str) -> dict[str, Any]:
+        self._call("eval", sandbox_id, code)
+        self._sandbox(sandbox_id)
+        return {"result": "0.0", "error": None, "exit_code": 0}
+
+    async def branch(
+        self, sandbox_id: str, tag: str | None = None, mode: str = "full", wait: bool = True
+    ) -> FakeRecord:
+        self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait)
+        self._sandbox(sandbox_id)
+        if self.branch_release is not None:
+            await self.branch_release.wait()
+        tag = tag or f"branch-{sandbox_id}-1717000456"
+        if tag in self.snapshots:
+            raise Conflict(f"snapshot {tag!r} already exists; delete it first")
+        extra: dict[str, Any] = {"branched_from": sandbox_id, "pause_ms": 48}
+        if mode == "live" and not wait:
+            extra["status"] = "writing"
+        self.add_snapshot(tag, **extra)
+        return self.snapshots[tag]
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+# --------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def runtime_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    # POST /v1/snapshots imports SnapshotSpec from the controller at request time.
+    return _runtime_module(monkeypatch)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+@pytest.fixture
+def settings(tmp_path: Path, token_file: Path) -> Settings:
+    return Settings(token_file=token_file, data_dir=tmp_path / "data", audit_log=tmp_path / "audit.log")
+
+
+@pytest.fixture
+def fake() -> FakeRuntime:
+    rt = FakeRuntime()
+    rt.add_snapshot("py")
+    rt.add_sandbox(SB)
+    return rt
+
+
+@pytest.fixture
+def client(settings: Settings, fake: FakeRuntime) -> Iterator[TestClient]:
+    app = create_app(settings, runtime=fake)
+    with TestClient(app, raise_server_exceptions=False, headers=AUTH) as c:
+        yield c
+
+
+def assert_error(resp: httpx.Response, status: int, contains: str = "") -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"], str) and body["error"]
+    assert contains.lower() in body["error"].lower(), body["error"]
+    return body["error"]
+
+
+# ------------------------------------------------------------------------- auth
+
+
+def test_healthz_needs_no_token(settings: Settings, fake: FakeRuntime) -> None:
+    with TestClient(create_app(settings, runtime=fake)) as c:
+        resp = c.get("/healthz")
+    assert resp.status_code == 200
+    assert resp.json() == {"ok": True}
+
+
+@pytest.mark.parametrize("path", ["/version", "/metrics", "/v1/snapshots", "/openapi.json", "/no/such/route"])
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}", "Bearer", f"Bearer {TOKEN}x"]
+)
+def test_everything_else_needs_the_token(
+    settings: Settings, fake: FakeRuntime, path: str, header: str | None
+) -> None:
+    headers = {"Authorization": header} if header is not None else {}
+    with TestClient(create_app(settings, runtime=fake)) as c:
+        resp = c.get(path, headers=headers)
+    assert_error(resp, 401, "missing or invalid bearer token")
+    assert resp.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_valid_token_is_accepted(client: TestClient) -> None:
+    resp = client.get("/version")
+    assert resp.status_code == 200
+    assert resp.json() == {"version": "0.1.0", "api": "v1"}
+
+
+def test_no_token_file_means_no_auth(tmp_path: Path, fake: FakeRuntime) -> None:
+    app = create_app(Settings(audit_log=tmp_path / "a.log"), runtime=fake)
+    with TestClient(app) as c:
+        assert c.get("/v1/snapshots").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "",
+        "changeme",
+        "CHANGE_ME",
+        "token",
+        "secret",
+        "<token>",
+        "<your-token-here>",
+        "xxxxxxxxxxxxxxxxxxxxxxxx",
+        "0000000000000000",
+        "changemechangemechangeme",
+        "please-changeme-now-1234",
+        "secretsecretsecretsecret",
+        "tokentokentokentoken",
+        "a8Fk2pQz",  # random-looking but too short
+        "has space in the middle-12345678",
+    ],
+)
+def test_placeholder_and_weak_tokens_are_refused(tmp_path: Path, token: str) -> None:
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    with pytest.raises(ConfigError):
+        load_token(path)
+    with pytest.raises(ConfigError):
+        create_app(Settings(token_file=path, audit_log=tmp_path / "a.log"))
+
+
+def test_token_file_is_stripped_and_real_tokens_pass(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text(f"  {TOKEN}\n\n")
+    assert load_token(path) == TOKEN
+    assert validate_token("Zq8-r1_Vb3xK9mWc") == "Zq8-r1_Vb3xK9mWc"
+
+
+def test_missing_token_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_token(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "example.com"])
+def test_non_loopback_bind_without_token_is_refused(host: str, token_file: Path) -> None:
+    with pytest.raises(ConfigError, match="without a bearer token"):
+        check_bind_safety(Settings(host=host))
+    check_bind_safety(Settings(host=host, token_file=token_file))  # fine with a token
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost"])
+def test_loopback_bind_without_token_is_allowed(host: str) -> None:
+    check_bind_safety(Settings(host=host))
+
+
+def test_validate_settings_tls_both_or_neither(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not a cert")
+    with pytest.raises(ConfigError, match="both"):
+        validate_settings(Settings(tls_cert=cert))
+    with pytest.raises(ConfigError, match="does not exist"):
+        validate_settings(Settings(tls_cert=cert, tls_key=tmp_path / "missing.pem"))
+    key = tmp_path / "key.pem"
+    key.write_text("not a key")
+    with pytest.raises(ConfigError, match="cannot load TLS"):
+        validate_settings(Settings(tls_cert=cert, tls_key=key))
+    validate_settings(Settings())  # loopback, no TLS, no token: allowed
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FORKD_BIND", "0.0.0.0:9000")
+    monkeypatch.setenv("FORKD_TOKEN_FILE", str(tmp_path / "t"))
+    monkeypatch.setenv("FORKD_DATA_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("FORKD_KEEP_SANDBOXES", "yes")
+    monkeypatch.setenv("FORKD_BRANCH_CONCURRENCY", "7")
+    monkeypatch.delenv("FORKD_TLS_CERT", raising=False)
+    s = Settings.from_env()
+    assert (s.host, s.port, s.keep_sandboxes, s.branch_concurrency) == ("0.0.0.0", 9000, True, 7)
+    assert s.token_file == tmp_path / "t"
+    assert s.audit_log_path() == tmp_path / "d" / "audit.log"
+    assert s.max_body_bytes == 1024 * 1024
+    assert s.tls_cert is None and s.url == "http://0.0.0.0:9000"
+
+
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FORKD_BIND", "FORKD_TOKEN_FILE", "FORKD_KEEP_SANDBOXES", "FORKD_BRANCH_CONCURRENCY"):
+        monkeypatch.delenv(name, raising=False)
+    s = Settings.from_env()
+    assert (s.host, s.port, s.keep_sandboxes, s.branch_concurrency) == ("127.0.0.1", 8889, False, 4)
+
+
+def test_parse_bind() -> None:
+    assert parse_bind("[::1]:8889") == ("::1", 8889)
+    assert parse_bind("localhost:1") == ("localhost", 1)
+    for bad in ("8889", "host:", "host:x", ":80", "::1:8889", "h:70000"):
+        with pytest.raises(ConfigError):
+            parse_bind(bad)
+
+
+# ------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        ({"snapshot_tag": "py", "n": 0}, "n:"),
+        ({"snapshot_tag": "py", "n": 1001}, "n:"),
+        ({"snapshot_tag": "py", "n": "5"}, "n:"),
+        ({"snapshot_tag": "py", "n": 2.5}, "n:"),
+        ({"snapshot_tag": "py", "per_child_netns": "true"}, "per_child_netns"),
+        ({"snapshot_tag": "py", "memory_limit_mib": 0}, "memory_limit_mib"),
+        ({"n": 1}, "snapshot_tag"),
+        ({"snapshot_tag": ".hidden"}, "snapshot_tag"),
+        ({"snapshot_tag": "a" * 65}, "snapshot_tag"),
+        ({"snapshot_tag": "py", "snapshot-tag": "py"}, "unknown field 'snapshot-tag'"),
+        ([{"snapshot_tag": "py"}], "JSON object"),
+    ],
+)
+def test_spawn_validation_is_400(client: TestClient, fake: FakeRuntime, body: Any, contains: str) -> None:
+    assert_error(client.post("/v1/sandboxes", json=body), 400, contains)
+    assert "spawn" not in fake.names()
+
+
+def test_malformed_bodies_are_400(client: TestClient) -> None:
+    assert_error(
+        client.post("/v1/sandboxes", content=b"{nope", headers={"Content-Type": "application/json"}),
+        400,
+        "not valid JSON",
+    )
+    assert_error(client.post("/v1/sandboxes"), 400, "body is required")
+    # Without a JSON Content-Type the body is not parsed (CSRF protection).
+    assert_error(
+        client.post(
+            "/v1/sandboxes", content=b'{"snapshot_tag": "py"}', headers={"Content-Type": "text/plain"}
+        ),
+        400,
+        "application/json",
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        ({"args": []}, "args"),
+        ({"args": "ls"}, "args"),
+        ({"args": ["ls"], "timeout_secs": 0}, "timeout_secs"),
+        ({"args": ["ls"], "timeout_secs": -1}, "timeout_secs"),
+        ({"args": ["ls", "a\x00b"]}, "NUL"),
+        ({"args": [""]}, "args"),
+        ({"args": ["ls"], "env": {"A=B": "c"}}, "env"),
+        ({"args": ["ls"], "env": {"A": 1}}, "env"),
+        ({"args": ["ls"], "shell": True}, "unknown field 'shell'"),
+    ],
+)
+def test_exec_validation_is_400(client: TestClient, fake: FakeRuntime, body: Any, contains: str) -> None:
+    assert_error(client.post(f"/v1/sandboxes/{SB}/exec", json=body), 400, contains)
+    assert "exec" not in fake.names()
+
+
+def test_eval_validation_is_400(client: TestClient) -> None:
+    assert_error(client.post(f"/v1/sandboxes/{SB}/eval", json={}), 400, "code")
+    assert_error(client.post(f"/v1/sandboxes/{SB}/eval", json={"code": ""}), 400, "code")
+    assert_error(client.post(f"/v1/sandboxes/{SB}/eval", json={"code": "1", "x": 1}), 400, "unknown field")
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    ["sb-67A1B3-0000", "sb-67a1b3-000", "sb-67a1b3-0000x", "..%2F..%2Fetc", "sb-67a1b3-0000%0A", "x"],
+)
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [
+        ("GET", ""),
+        ("DELETE", ""),
+        ("POST", "/ping"),
+        ("POST", "/exec"),
+        ("POST", "/eval"),
+        ("POST", "/branch"),
+    ],
+)
+def test_bad_sandbox_ids_are_rejected_before_lookup(
+    client: TestClient, fake: FakeRuntime, bad_id: str, method: str, suffix: str
+) -> None:
+    body = {"args": ["ls"]} if suffix == "/exec" else {"code": "1"} if suffix == "/eval" else None
+    resp = client.request(method, f"/v1/sandboxes/{bad_id}{suffix}", json=body)
+    assert resp.status_code in (400, 404), resp.text
+    assert set(resp.json()) == {"error"}
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("bad_tag", [".hidden", "-x", "a" * 65, "py%0A", "a%20b", "a%2Fb"])
+def test_bad_tags_in_path_are_rejected_before_lookup(
+    client: TestClient, fake: FakeRuntime, bad_tag: str
+) -> None:
+    for method in ("GET", "DELETE"):
+        resp = client.request(method, f"/v1/snapshots/{bad_tag}")
+        assert resp.status_code in (400, 404), resp.text
+        assert set(resp.json()) == {"error"}
+    assert fake.calls == []
+
+
+def test_bad_query_parameter_is_400(client: TestClient) -> None:
+    assert_error(client.delete("/v1/snapshots/py?cascade=perhaps"), 400, "cascade")
+
+
+# --------------------------------------------------------------- snapshots
+
+
+def test_create_snapshot_passes_spec(client: TestClient, fake: FakeRuntime) -> None:
+    resp = client.post(
+        "/v1/snapshots",
+        json={"tag": "py2", "mem_mib": 256, "vcpus": 2, "boot_wait_secs": 10, "setup": [["true"]]},
+    )
+    assert resp.status_code == 201, resp.text
+    assert resp.json() == {
+        "tag": "py2",
+        "dir": "/data/snapshots/py2",
+        "created_at_unix": 1717000000,
+        "status": "ready",
+    }
+    spec = fake.calls[-1][1][0]
+    assert (spec.tag, spec.mem_mib, spec.vcpus, spec.boot_wait_secs, spec.setup) == (
+        "py2",
+        256,
+        2,
+        10,
+        [["true"]],
+    )
+    assert spec.image == "default" and spec.rw is True  # SnapshotSpec's own defaults
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        ({"tag": "x", "mem_mib": 64}, "mem_mib"),
+        ({"tag": "x", "mem_mib": 20000}, "mem_mib"),
+        ({"tag": "x", "vcpus": 9}, "vcpus"),
+        ({"tag": "x", "boot_wait_secs": 0}, "boot_wait_secs"),
+        ({"tag": "x", "setup": [[]]}, "setup"),
+        ({"tag": "x", "setup": ["ls"]}, "setup"),
+        ({"tag": "x", "warm_imports": ["os; rm -rf"]}, "warm_imports"),
+        ({"tag": "x", "tap": "a/b"}, "tap"),
+        ({"tag": "x", "rw": "yes"}, "rw"),
+        ({"tag": "x/y"}, "tag"),
+        ({"tag": "x", "firecracker": True}, "unknown field"),
+    ],
+)
+def test_create_snapshot_validation(client: TestClient, fake: FakeRuntime, body: Any, contains: str) -> None:
+    assert_error(client.post("/v1/snapshots", json=body), 400, contains)
+    assert fake.calls == []
+
+
+def test_conflicts_map_to_409(client: TestClient) -> None:
+    assert_error(client.post("/v1/snapshots", json={"tag": "py"}), 409, "already exists")
+
+
+def test_get_snapshot_includes_lineage(client: TestClient) -> None:
+    resp = client.get("/v1/snapshots/py")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["tag"] == "py" and body["ancestors"] == [] and body["dependents"] == ["child"]
+    assert "branched_from" not in body and "pause_ms" not in body  # omitted when unset
+
+
+def test_list_and_delete_snapshot(client: TestClient, fake: FakeRuntime) -> None:
+    assert [s["tag"] for s in client.get("/v1/snapshots").json()] == ["py"]
+    resp = client.delete("/v1/snapshots/py?cascade=true&force=1")
+    assert resp.status_code == 204 and resp.content == b""
+    assert fake.calls[-1] == ("delete_snapshot", ("py",), {"cascade": True, "force": True})
+    assert_error(client.delete("/v1/snapshots/py"), 404, "not registered")
+    assert_error(client.get("/v1/snapshots/py"), 404, "not registered")
+
+
+# --------------------------------------------------------------- sandboxes
+
+
+def test_spawn_list_get_kill(client: TestClient, fake: FakeRuntime) -> None:
+    resp = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "n": 2})
+    assert resp.status_code == 201, resp.text
+    infos = resp.json()
+    assert [i["id"] for i in infos] == ["sb-abcdef-0000", "sb-abcdef-0001"]
+    assert infos[0]["netns"] is None  # explicit null is kept
+    assert "memory_limit_mib" not in infos[0]  # absent stays absent
+    assert infos[0]["guest_addr"].startswith("unix:")
+    assert len(client.get("/v1/sandboxes").json()) == 3
+    assert client.get("/v1/sandboxes/sb-abcdef-0001").json()["snapshot_tag"] == "py"
+    assert client.delete("/v1/sandboxes/sb-abcdef-0001").status_code == 204
+    assert_error(client.get("/v1/sandboxes/sb-abcdef-0001"), 404, "not alive")
+    assert_error(client.post("/v1/sandboxes", json={"snapshot_tag": "nope"}), 404, "not registered")
+
+
+def test_ping_exec_eval(client: TestClient, fake: FakeRuntime) -> None:
+    ping = client.post(f"/v1/sandboxes/{SB}/ping")
+    assert ping.status_code == 200
+    assert ping.json() == {"pong": True, "numpy_version": "1.24.2", "pid": 1, "uptime_s": 3.5}
+    resp = client.post(
+        f"/v1/sandboxes/{SB}/exec",
+        json={"args": ["python3", "-c", "print(2+2)"], "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"},
+    )
+    assert resp.status_code == 200
+    assert resp.json() == {"stdout": "4\n", "stderr": "", "exit_code": 0, "timed_out": False}
+    assert fake.calls[-1][2] == {"timeout_secs": 30, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"}
+    resp = client.post(f"/v1/sandboxes/{SB}/eval", json={"code": "numpy.zeros(5).sum()"})
+    assert resp.json() == {"result": "0.0", "error": None, "exit_code": 0}
+    assert_error(client.post("/v1/sandboxes/sb-000000-0000/ping"), 404, "not alive")
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(GuestError("agent did not answer"), 502), (Busy("full"), 503), (Conflict("c"), 409)],
+)
+def test_forkd_errors_keep_their_status(
+    client: TestClient, fake: FakeRuntime, exc: Exception, status: int
+) -> None:
+    fake.raise_on_ping = exc
+    assert assert_error(client.post(f"/v1/sandboxes/{SB}/ping"), status) == str(exc)
+
+
+def test_unexpected_errors_are_500_with_error_body(client: TestClient, fake: FakeRuntime) -> None:
+    fake.raise_on_ping = RuntimeError("boom")
+    assert assert_error(client.post(f"/v1/sandboxes/{SB}/ping"), 500) == "internal error: RuntimeError: boom"
+
+
+def test_unknown_route_and_method(client: TestClient) -> None:
+    assert_error(client.get("/v2/snapshots"), 404, "no such route")
+    resp = client.put("/v1/snapshots")
+    assert_error(resp, 405, "not allowed")
+    assert "allow" in resp.headers
+
+
+# ------------------------------------------------------------------ branch
+
+
+@pytest.mark.parametrize(
+    ("body", "mode", "wait"),
+    [
+        (None, "full", True),
+        ({}, "full", True),
+        ({"diff": True}, "diff", True),
+        ({"diff": False}, "full", True),
+        ({"mode": "diff"}, "diff", True),
+        ({"mode": "live", "wait": False}, "live", False),
+        ({"mode": "live"}, "live", True),
+    ],
+)
+def test_branch_effective_mode(
+    client: TestClient, fake: FakeRuntime, body: dict[str, Any] | None, mode: str, wait: bool
+) -> None:
+    resp = client.post(f"/v1/sandboxes/{SB}/branch", json=body)
+    assert resp.status_code == 201, resp.text
+    assert fake.calls[-1] == ("branch", (SB,), {"tag": None, "mode": mode, "wait": wait})
+    info = resp.json()
+    assert info["branched_from"] == SB and info["pause_ms"] == 48
+    assert info["status"] == ("writing" if not wait else "ready")
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        ({"mode": "diff", "diff": True}, "mutually exclusive"),
+        ({"mode": "live", "diff": False}, "mutually exclusive"),
+        ({"wait": False}, "only meaningful with 'mode': 'live'"),
+        ({"mode": "diff", "wait": False}, "only meaningful"),
+        ({"diff": True, "wait": False}, "only meaningful"),
+        ({"mode": "fast"}, "mode"),
+        ({"tag": "bad tag"}, "tag"),
+        ({"tag": "ok", "extra": 1}, "unknown field"),
+    ],
+)
+def test_branch_rules_are_400(client: TestClient, fake: FakeRuntime, body: Any, contains: str) -> None:
+    assert_error(client.post(f"/v1/sandboxes/{SB}/branch", json=body), 400, contains)
+    assert "branch" not in fake.names()
+
+
+def test_branch_tag_exists_is_409(client: TestClient) -> None:
+    assert_error(client.post(f"/v1/sandboxes/{SB}/branch", json={"tag": "py"}), 409, "already exists")
+
+
+async def _concurrent_branches(
+    app: Any, fake: FakeRuntime, first: list[dict[str, Any]], probe: dict[str, Any]
+) -> tuple[list[httpx.Response], httpx.Response]:
+    fake.branch_release = asyncio.Event()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c:
+        url = f"/v1/sandboxes/{SB}/branch"
+        tasks = [asyncio.create_task(c.post(url, json=body)) for body in first]
+        # Let the first requests reach the runtime and block there.
+        for _ in range(100):
+            if fake.names().count("branch") == len(first):
+                break
+            await asyncio.sleep(0.01)
+        assert fake.names().count("branch") == len(first)
+        probe_resp = await c.post(url, json=probe)
+        fake.branch_release.set()
+        return list(await asyncio.gather(*tasks)), probe_resp
+
+
+def test_branch_concurrency_cap_is_503(tmp_path: Path, fake: FakeRuntime, token_file: Path) -> None:
+    settings = Settings(token_file=token_file, audit_log=tmp_path / "a.log", branch_concurrency=2)
+    app = create_app(settings, runtime=fake)
+    first, probe = asyncio.run(_concurrent_branches(app, fake, [{"tag": "a"}, {}], {"tag": "c"}))
+    assert [r.status_code for r in first] == [201, 201]
+    assert_error(probe, 503, "concurrency cap")
+    # The slots are released afterwards.
+    with TestClient(app, headers=AUTH) as c:
+        assert c.post(f"/v1/sandboxes/{SB}/branch", json={"tag": "c"}).status_code == 201
+
+
+def test_same_tag_in_flight_is_409(tmp_path: Path, fake: FakeRuntime, token_file: Path) -> None:
+    app = create_app(Settings(token_file=token_file, audit_log=tmp_path / "a.log"), runtime=fake)
+    first, probe = asyncio.run(_concurrent_branches(app, fake, [{"tag": "cp"}], {"tag": "cp"}))
+    assert first[0].status_code == 201
+    assert_error(probe, 409, "already in flight")
+
+
+# ------------------------------------------------------------------- limits
+
+
+def test_body_size_limit_is_413(tmp_path: Path, fake: FakeRuntime, token_file: Path) -> None:
+    settings = Settings(token_file=token_file, audit_log=tmp_path / "a.log", max_body_bytes=2048)
+    with TestClient(create_app(settings, runtime=fake), headers=AUTH) as c:
+        big = {"args": ["echo", "x" * 4096]}
+        assert_error(c.post(f"/v1/sandboxes/{SB}/exec", json=big), 413, "2048-byte limit")
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted while streaming
+            yield b'{"args": ["echo", "'
+            for _ in range(10):
+                yield b"y" * 512
+            yield b'"]}'
+
+        resp = c.post(
+            f"/v1/sandboxes/{SB}/exec", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+        assert_error(resp, 413)
+        assert c.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["echo", "small"]}).status_code == 200
+    assert "exec" in fake.names() and fake.names().count("exec") == 1
+
+
+# ------------------------------------------------------------- metrics, audit
+
+
+def test_metrics(client: TestClient) -> None:
+    client.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["true"]})
+    client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+    client.post(f"/v1/sandboxes/{SB}/branch", json={"tag": "b1"})
+    resp = client.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    assert "forkd_snapshots_total 2.0" in text
+    assert "forkd_sandboxes_active 2.0" in text
+    assert 'forkd_build_info{version="0.1.0"} 1.0' in text
+    assert "forkd_spawn_seconds_count 1.0" in text
+    assert "forkd_exec_seconds_count 1.0" in text
+    assert "forkd_branch_pause_ms_count 1.0" in text
+    assert "forkd_branch_pause_ms_sum 48.0" in text
+
+
+def test_two_apps_in_one_process_have_separate_metrics(tmp_path: Path) -> None:
+    a = create_app(Settings(audit_log=tmp_path / "a.log"), runtime=FakeRuntime())
+    b_rt = FakeRuntime()
+    b_rt.add_snapshot("only-in-b")
+    b = create_app(Settings(audit_log=tmp_path / "b.log"), runtime=b_rt)
+    with TestClient(a) as ca, TestClient(b) as cb:
+        assert "forkd_snapshots_total 0.0" in ca.get("/metrics").text
+        assert "forkd_snapshots_total 1.0" in cb.get("/metrics").text
+
+
+def test_audit_log_lines(settings: Settings, fake: FakeRuntime) -> None:
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False) as c:
+        c.get("/healthz")
+        c.get("/v1/snapshots", headers=AUTH)
+        c.get("/v1/snapshots", headers={"Authorization": "Bearer not-the-right-token"})
+        c.post(f"/v1/sandboxes/{SB}/exec", headers=AUTH, json={"args": ["echo", "SECRET-ARG"]})
+    assert settings.audit_log is not None
+    raw = settings.audit_log.read_text()
+    assert TOKEN not in raw and "not-the-right-token" not in raw and "SECRET-ARG" not in raw
+    lines = [json.loads(line) for line in raw.splitlines()]
+    assert [(r["method"], r["path"], r["status"]) for r in lines] == [
+        ("GET", "/healthz", 200),
+        ("GET", "/v1/snapshots", 200),
+        ("GET", "/v1/snapshots", 401),
+        ("POST", f"/v1/sandboxes/{SB}/exec", 200),
+    ]
+    for r in lines:
+        assert set(r) == {"ts", "method", "path", "status", "latency_ms", "client"}
+        assert r["latency_ms"] >= 0 and r["ts"] > 1.7e9
+    assert oct(settings.audit_log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_audit_logs_server_errors(settings: Settings, fake: FakeRuntime) -> None:
+    fake.raise_on_ping = RuntimeError("boom")
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False, headers=AUTH) as c:
+        assert c.post(f"/v1/sandboxes/{SB}/ping").status_code == 500
+    assert settings.audit_log is not None
+    assert json.loads(settings.audit_log.read_text().splitlines()[-1])["status"] == 500
+
+
+# ----------------------------------------------------------------- lifespan
+
+
+def test_lifespan_opens_and_closes_the_runtime(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, token_file: Path, runtime_module: types.ModuleType
+) -> None:
+    fake = FakeRuntime()
+    opened: list[Any] = []
+
+    async def fake_open(data: Any) -> FakeRuntime:
+        opened.append(data)
+        return fake
+
+    monkeypatch.setattr(runtime_module.Runtime, "open", staticmethod(fake_open))
+    settings = Settings(
+        token_file=token_file, data_dir=tmp_path / "d", audit_log=tmp_path / "a.log", keep_sandboxes=True
+    )
+    app = create_app(settings)
+    with TestClient(app, headers=AUTH) as c:
+        assert c.get("/v1/snapshots").json() == []
+    assert opened[0].root == tmp_path / "d"
+    assert fake.closed_with == {"keep_sandboxes": True}
+    assert app.state.runtime is None
+
+
+# ------------------------------------------------------------------ openapi
+
+
+def test_openapi_documents_errors_not_422(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            assert "422" not in op["responses"], (method, path)
+            if path == "/healthz":
+                assert op["security"] == []
+                continue
+            assert "401" in op["responses"] and "500" in op["responses"], (method, path)
+            if path.startswith("/v1/"):
+                ref = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+                assert ref == "#/components/schemas/ErrorBody"
+    ops = schema["paths"]
+    assert set(ops["/v1/sandboxes/{id}/branch"]["post"]["responses"]) >= {"201", "400", "404", "409", "503"}
+    assert "204" in ops["/v1/snapshots/{tag}"]["delete"]["responses"]
+
+
+# ------------------------------------------------------------ helpers
+
+
+def _runtime_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """The real runtime module, or a stand-in while it cannot be imported."""
+    try:
+        import forkd.controller.runtime as mod
+    except ImportError:
+        mod = types.ModuleType("forkd.controller.runtime")
+
+        class Runtime:
+            @classmethod
+            async def open(cls, data: Any) -> Any:
+                raise NotImplementedError
+
+        @dataclass
+        class SnapshotSpec:
+            tag: str
+            image: str = "default"
+            kernel: str | None = None
+            rootfs: str | None = None
+            mem_mib: int = 512
+            vcpus: int = 1
+            boot_wait_secs: float = 120
+            warm_imports: list[str] | None = None
+            setup: list[list[str]] = field(default_factory=list)
+            setup_timeout_secs: float = 600
+            rw: bool = True
+            tap: str | None = None
+
+        mod.Runtime = Runtime  # type: ignore[attr-defined]
+        mod.SnapshotSpec = SnapshotSpec  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "forkd.controller.runtime", mod)
+    return mod

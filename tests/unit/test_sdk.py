@@ -1,0 +1,596 @@
+"""Unit tests of the Python SDK against an in-process fake daemon (httpx.MockTransport).
+
+They pin the wire format the SDK produces (URLs, bodies with only the fields
+the caller set, auth header, timeouts) and how it maps answers back (error
+classes, waiting for a snapshot, sandbox ownership). No daemon, no VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import forkd
+from forkd.errors import ForkdError
+from forkd.sdk import (
+    AsyncController,
+    AsyncSandbox,
+    BadRequest,
+    CommandResult,
+    ConflictError,
+    Controller,
+    EvalResult,
+    ForkdAPIError,
+    ForkdConnectionError,
+    ForkdTimeoutError,
+    NotFoundError,
+    Sandbox,
+    ServerError,
+    ServiceUnavailable,
+    Snapshot,
+    SnapshotFailedError,
+    Unauthorized,
+)
+
+Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
+
+
+class FakeDaemon:
+    """Routes (method, path) to queued replies and records every request."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], list[Reply]] = {}
+        self.requests: list[httpx.Request] = []
+
+    def on(self, method: str, path: str, *replies: Reply) -> FakeDaemon:
+        self.routes.setdefault((method, path), []).extend(replies)
+        return self
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        queue = self.routes.get((request.method, request.url.path))
+        if not queue:
+            return httpx.Response(404, json={"error": f"no route {request.method} {request.url.path}"})
+        # The last reply repeats, so a route answers any number of polls.
+        reply = queue.pop(0) if len(queue) > 1 else queue[0]
+        return reply(request) if callable(reply) else reply
+
+    def bodies(self, method: str, path: str) -> list[Any]:
+        return [
+            json.loads(r.content) if r.content else None
+            for r in self.requests
+            if r.method == method and r.url.path == path
+        ]
+
+    def controller(self, **kwargs: Any) -> Controller:
+        return Controller(url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs)
+
+    def async_controller(self, **kwargs: Any) -> AsyncController:
+        return AsyncController(
+            url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs
+        )
+
+
+def sandbox_info(i: int = 0, tag: str = "py") -> dict[str, Any]:
+    return {
+        "id": f"sb-abcdef-{i:04d}",
+        "snapshot_tag": tag,
+        "netns": None,
+        "guest_addr": "unix:/x/agent.sock",
+        "created_at_unix": 1717000000,
+        "pid": 100 + i,
+    }
+
+
+def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
+    return {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, **extra}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def fake() -> FakeDaemon:
+    return FakeDaemon()
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch, fake: FakeDaemon) -> None:
+    assert Controller().url == "http://127.0.0.1:8889"
+    monkeypatch.setenv("FORKD_URL", "10.0.0.5:9000/")
+    assert Controller().url == "http://10.0.0.5:9000"
+    monkeypatch.setenv("FORKD_URL", "https://forkd.example:8889")
+    assert Controller().url == "https://forkd.example:8889"
+
+
+def test_token_from_env_and_file(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeDaemon, tmp_path: Path
+) -> None:
+    fake.on("GET", "/healthz", httpx.Response(200, json={"ok": True}))
+    fake.controller().healthz()
+    assert "authorization" not in fake.requests[-1].headers
+
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    monkeypatch.setenv("FORKD_TOKEN_FILE", str(token_file))
+    fake.controller().healthz()
+    assert fake.requests[-1].headers["authorization"] == "Bearer from-file"
+
+    monkeypatch.setenv("FORKD_TOKEN", "from-env")
+    fake.controller().healthz()
+    assert fake.requests[-1].headers["authorization"] == "Bearer from-env"
+
+    fake.controller(token="explicit").healthz()
+    assert fake.requests[-1].headers["authorization"] == "Bearer explicit"
+
+
+def test_unreadable_token_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKD_TOKEN_FILE", "/nonexistent/token")
+    with pytest.raises(ForkdError, match="FORKD_TOKEN_FILE"):
+        Controller()
+
+
+def test_top_level_exports() -> None:
+    assert forkd.Controller is Controller
+    assert forkd.Sandbox is Sandbox
+    assert forkd.NotFoundError is NotFoundError
+    assert isinstance(forkd.__version__, str)
+    with pytest.raises(AttributeError):
+        _ = forkd.NoSuchThing  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------- request shapes
+
+
+def test_spawn_sends_only_set_fields(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    c = fake.controller()
+    assert c.spawn_sandboxes("py")[0]["id"] == "sb-abcdef-0000"
+    c.spawn_sandboxes("py", n=3, per_child_netns=True, memory_limit_mib=256, live_fork=True)
+    assert fake.bodies("POST", "/v1/sandboxes") == [
+        {"snapshot_tag": "py", "n": 1},
+        {"snapshot_tag": "py", "n": 3, "per_child_netns": True, "memory_limit_mib": 256,
+         "live_fork": True},
+    ]
+
+
+def test_branch_body(fake: FakeDaemon) -> None:
+    path = "/v1/sandboxes/sb-abcdef-0000/branch"
+    fake.on("POST", path, httpx.Response(201, json=snap_info("b", branched_from="sb-abcdef-0000")))
+    c = fake.controller()
+    branch = c.branch_sandbox("sb-abcdef-0000")
+    assert branch["tag"] == "b"
+    c.branch_sandbox("sb-abcdef-0000", tag="checkpoint-1", mode="diff")
+    c.branch_sandbox("sb-abcdef-0000", mode="live", wait=False)
+    c.branch_sandbox("sb-abcdef-0000", mode="live", wait=True)
+    c.branch_sandbox("sb-abcdef-0000", diff=True)
+    assert fake.bodies("POST", path) == [
+        {},
+        {"tag": "checkpoint-1", "mode": "diff"},
+        {"mode": "live", "wait": False},
+        {"mode": "live"},  # wait is only sent when it departs from the default
+        {"diff": True},
+    ]
+
+
+def test_create_snapshot_body(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/snapshots", httpx.Response(201, json=snap_info()))
+    c = fake.controller()
+    assert c.create_snapshot("py")["tag"] == "py"
+    c.create_snapshot(
+        "ml", image="ml", mem_mib=1024, vcpus=2, boot_wait_secs=60,
+        warm_imports=["numpy", "json"], setup=["pip install x", ["touch", "/ok"]], rw=True,
+    )
+    assert fake.bodies("POST", "/v1/snapshots") == [
+        {"tag": "py"},
+        {
+            "tag": "ml", "image": "ml", "mem_mib": 1024, "vcpus": 2, "boot_wait_secs": 60,
+            "warm_imports": ["numpy", "json"],
+            "setup": [["/bin/sh", "-c", "pip install x"], ["touch", "/ok"]],
+            "rw": True,
+        },
+    ]
+
+
+def test_delete_snapshot_params(fake: FakeDaemon) -> None:
+    fake.on("DELETE", "/v1/snapshots/py", httpx.Response(204))
+    c = fake.controller()
+    assert c.delete_snapshot("py") is None
+    c.delete_snapshot("py", cascade=True, force=True)
+    assert [dict(r.url.params) for r in fake.requests] == [{}, {"cascade": "true", "force": "true"}]
+
+
+def test_exec_body_and_timeout(fake: FakeDaemon) -> None:
+    path = "/v1/sandboxes/sb-abcdef-0000/exec"
+    fake.on("POST", path, httpx.Response(200, json={"stdout": "4\n", "stderr": "", "exit_code": 0}))
+    c = fake.controller()
+    assert c.exec("sb-abcdef-0000", ["python3", "-c", "print(2+2)"])["stdout"] == "4\n"
+    c.exec("sb-abcdef-0000", "echo $HOME", timeout_secs=120, env={"A": "1"}, cwd="/tmp", stdin="x")
+    assert fake.bodies("POST", path) == [
+        {"args": ["python3", "-c", "print(2+2)"], "timeout_secs": 30},
+        {"args": ["/bin/sh", "-c", "echo $HOME"], "timeout_secs": 120, "env": {"A": "1"},
+         "cwd": "/tmp", "stdin": "x"},
+    ]
+    # The HTTP wait outlasts the command's own timeout.
+    assert fake.requests[-1].extensions["timeout"]["read"] > 120
+
+
+def test_long_operations_have_no_read_timeout(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/snapshots", httpx.Response(201, json=snap_info()))
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/branch", httpx.Response(201, json=snap_info("b")))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/eval",
+            httpx.Response(200, json={"result": "2", "error": None, "exit_code": 0}))
+    fake.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
+    c = fake.controller(timeout=5)
+    c.create_snapshot("py")
+    c.spawn_sandboxes("py", n=100)
+    c.branch_sandbox("sb-abcdef-0000")
+    c.eval("sb-abcdef-0000", "1+1")
+    c.list_sandboxes()
+    reads = [r.extensions["timeout"]["read"] for r in fake.requests]
+    assert reads == [None, None, None, None, 5]
+    assert all(r.extensions["timeout"]["connect"] == 5 for r in fake.requests)
+
+
+def test_simple_routes(fake: FakeDaemon) -> None:
+    fake.on("GET", "/version", httpx.Response(200, json={"version": "0.1.0", "api": "v1"}))
+    fake.on("GET", "/metrics", httpx.Response(200, text="forkd_sandboxes_active 0\n"))
+    fake.on("GET", "/v1/snapshots", httpx.Response(200, json=[snap_info()]))
+    fake.on("GET", "/v1/snapshots/py",
+            httpx.Response(200, json=snap_info(ancestors=[], dependents=["b"])))
+    fake.on("GET", "/v1/sandboxes/sb-abcdef-0000", httpx.Response(200, json=sandbox_info()))
+    fake.on("DELETE", "/v1/sandboxes/sb-abcdef-0000", httpx.Response(204))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/ping",
+            httpx.Response(200, json={"pong": True, "pid": 1}))
+    c = fake.controller()
+    assert c.version()["api"] == "v1"
+    assert "forkd_sandboxes_active" in c.metrics()
+    assert c.list_snapshots()[0]["tag"] == "py"
+    assert c.get_snapshot("py")["dependents"] == ["b"]
+    assert c.get_sandbox("sb-abcdef-0000")["pid"] == 100
+    assert c.kill_sandbox("sb-abcdef-0000") is None
+    assert c.ping("sb-abcdef-0000")["pong"] is True
+    assert fake.requests[-1].content == b""
+
+
+def test_path_segments_are_quoted(fake: FakeDaemon) -> None:
+    c = fake.controller()
+    with pytest.raises(NotFoundError):
+        c.get_sandbox("../snapshots")
+    assert fake.requests[-1].url.raw_path == b"/v1/sandboxes/..%2Fsnapshots"
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, BadRequest),
+        (401, Unauthorized),
+        (404, NotFoundError),
+        (409, ConflictError),
+        (422, BadRequest),
+        (500, ServerError),
+        (502, ServerError),
+        (503, ServiceUnavailable),
+        (504, ServerError),
+        (413, ForkdAPIError),
+    ],
+)
+def test_error_mapping(fake: FakeDaemon, status: int, cls: type[ForkdAPIError]) -> None:
+    fake.on("GET", "/v1/snapshots/x", httpx.Response(status, json={"error": "it went wrong"}))
+    with pytest.raises(cls) as info:
+        fake.controller().get_snapshot("x")
+    assert type(info.value) is cls
+    assert info.value.status == status
+    assert info.value.message == "it went wrong"
+    assert str(info.value) == "it went wrong"
+    assert isinstance(info.value, ForkdError)
+
+
+def test_service_unavailable_is_a_server_error() -> None:
+    assert issubclass(ServiceUnavailable, ServerError)
+
+
+def test_error_message_fallbacks(fake: FakeDaemon) -> None:
+    fake.on(
+        "GET", "/v1/snapshots/a",
+        httpx.Response(422, json={"detail": [{"loc": ["body", "n"], "msg": "too big"}]}),
+    )
+    fake.on("GET", "/v1/snapshots/b", httpx.Response(502, text="Bad Gateway from proxy"))
+    fake.on("GET", "/v1/snapshots/c", httpx.Response(500))
+    c = fake.controller()
+    with pytest.raises(BadRequest, match="n: too big"):
+        c.get_snapshot("a")
+    with pytest.raises(ServerError, match="Bad Gateway from proxy"):
+        c.get_snapshot("b")
+    with pytest.raises(ServerError, match="HTTP 500"):
+        c.get_snapshot("c")
+
+
+def test_connection_refused_says_how_to_start_the_daemon() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    c = Controller(url="http://127.0.0.1:8889", transport=httpx.MockTransport(refuse))
+    with pytest.raises(ForkdConnectionError) as info:
+        c.list_sandboxes()
+    message = str(info.value)
+    assert "not reachable at http://127.0.0.1:8889" in message
+    assert "forkd daemon" in message
+
+
+def test_read_timeout_is_a_timeout_error() -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    c = Controller(url="http://forkd.test", transport=httpx.MockTransport(slow))
+    with pytest.raises(ForkdTimeoutError) as info:
+        c.list_sandboxes()
+    assert isinstance(info.value, TimeoutError)
+
+
+def test_real_connection_refused() -> None:
+    # Port 9 (discard) on loopback is closed on any sane test host.
+    with pytest.raises(ForkdConnectionError):
+        Controller(url="http://127.0.0.1:9", timeout=2).healthz()
+
+
+# ------------------------------------------------------- waiting for ready
+
+
+def test_wait_snapshot_ready_polls(fake: FakeDaemon) -> None:
+    fake.on(
+        "GET", "/v1/snapshots/b",
+        httpx.Response(200, json=snap_info("b", status="writing")),
+        httpx.Response(200, json=snap_info("b", status="writing")),
+        httpx.Response(200, json=snap_info("b", status="ready")),
+    )
+    info = fake.controller().wait_snapshot_ready("b", interval=0.001)
+    assert info["status"] == "ready"
+    assert len(fake.requests) == 3
+
+
+def test_wait_snapshot_ready_without_status_is_ready(fake: FakeDaemon) -> None:
+    fake.on("GET", "/v1/snapshots/py", httpx.Response(200, json=snap_info()))
+    assert fake.controller().wait_snapshot_ready("py")["tag"] == "py"
+
+
+def test_wait_snapshot_ready_failed(fake: FakeDaemon) -> None:
+    fake.on(
+        "GET", "/v1/snapshots/b",
+        httpx.Response(200, json=snap_info("b", status="failed", error="disk full")),
+    )
+    with pytest.raises(SnapshotFailedError, match="disk full"):
+        fake.controller().wait_snapshot_ready("b", interval=0.001)
+
+
+def test_wait_snapshot_ready_timeout(fake: FakeDaemon) -> None:
+    fake.on("GET", "/v1/snapshots/b", httpx.Response(200, json=snap_info("b", status="writing")))
+    with pytest.raises(ForkdTimeoutError, match="still 'writing'"):
+        fake.controller().wait_snapshot_ready("b", timeout=0.05, interval=0.01)
+
+
+# ---------------------------------------------------- Sandbox and Snapshot
+
+
+def sandbox_routes(fake: FakeDaemon, n: int = 1, tag: str = "py") -> FakeDaemon:
+    fake.on("POST", "/v1/sandboxes",
+            lambda req: httpx.Response(
+                201, json=[sandbox_info(i, json.loads(req.content)["snapshot_tag"])
+                           for i in range(json.loads(req.content)["n"])]))
+    for i in range(max(n, 1)):
+        fake.on("DELETE", f"/v1/sandboxes/sb-abcdef-{i:04d}", httpx.Response(204))
+    return fake
+
+
+def test_sandbox_context_manager_spawns_and_kills(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/exec",
+            httpx.Response(200, json={"stdout": "hi\n", "stderr": "", "exit_code": 0,
+                                      "error": None, "timed_out": False}))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/eval",
+            httpx.Response(200, json={"result": "0.0", "error": None, "exit_code": 0}))
+    c = fake.controller()
+    with Sandbox(tag="py", controller=c) as sb:
+        # Spawned at construction, before any use.
+        assert [r.method for r in fake.requests] == ["POST"]
+        assert sb.id == "sb-abcdef-0000"
+        assert sb.info["snapshot_tag"] == "py"
+        result = sb.commands.run("echo hi")
+        assert result == CommandResult(stdout="hi\n", stderr="", exit_code=0)
+        assert result.ok
+        assert sb.eval("numpy.zeros(5).sum()") == EvalResult(result="0.0", error=None, exit_code=0)
+    assert fake.bodies("POST", "/v1/sandboxes/sb-abcdef-0000/exec") == [
+        {"args": ["/bin/sh", "-c", "echo hi"], "timeout_secs": 30}
+    ]
+    assert (fake.requests[-1].method, fake.requests[-1].url.path) == (
+        "DELETE", "/v1/sandboxes/sb-abcdef-0000"
+    )
+
+
+def test_sandbox_killed_even_when_the_block_raises(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    with pytest.raises(RuntimeError), Sandbox("py", controller=fake.controller()):
+        raise RuntimeError("boom")
+    assert fake.requests[-1].method == "DELETE"
+
+
+def test_attached_sandbox_is_not_killed(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0007/ping", httpx.Response(200, json={"pong": True}))
+    with Sandbox(sandbox_id="sb-abcdef-0007", controller=fake.controller()) as sb:
+        assert fake.requests == []  # attaching costs no request
+        assert sb.ping() == {"pong": True}
+        assert not sb.owned
+    assert [r.method for r in fake.requests] == ["POST"]
+
+
+def test_sandbox_close_tolerates_already_dead(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    fake.on("DELETE", "/v1/sandboxes/sb-abcdef-0000",
+            httpx.Response(404, json={"error": "sandbox 'sb-abcdef-0000' is not alive"}))
+    sb = Sandbox.create("py", controller=fake.controller())
+    sb.close()
+    sb.close()  # idempotent
+    assert [r.method for r in fake.requests] == ["POST", "DELETE"]
+
+
+def test_sandbox_needs_exactly_one_of_tag_or_id(fake: FakeDaemon) -> None:
+    with pytest.raises(ValueError):
+        Sandbox(controller=fake.controller())
+    with pytest.raises(ValueError):
+        Sandbox("py", sandbox_id="sb-abcdef-0000", controller=fake.controller())
+
+
+def test_commands_run_reports_timeouts_and_failures(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/exec", httpx.Response(200, json={
+        "stdout": "", "stderr": "", "exit_code": 124, "error": "timed out after 1s",
+        "timed_out": True, "stdout_truncated": False,
+    }))
+    sb = Sandbox(sandbox_id="sb-abcdef-0000", controller=fake.controller())
+    result = sb.commands.run(["sleep", "10"], timeout=1)
+    assert result.timed_out and result.exit_code == 124 and not result.ok
+    assert fake.bodies("POST", "/v1/sandboxes/sb-abcdef-0000/exec")[0]["timeout_secs"] == 1
+
+
+def test_branch_then_fork_waits_for_ready(fake: FakeDaemon) -> None:
+    sandbox_routes(fake, n=5)
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/branch",
+            httpx.Response(201, json=snap_info("b1", branched_from="sb-abcdef-0000",
+                                               pause_ms=48, status="writing")))
+    fake.on(
+        "GET", "/v1/snapshots/b1",
+        httpx.Response(200, json=snap_info("b1", status="writing")),
+        httpx.Response(200, json=snap_info("b1", status="ready")),
+    )
+    c = fake.controller()
+    with Sandbox(tag="py", controller=c, live_fork=True) as sb:
+        branch = sb.branch(mode="live", wait=False)
+        assert isinstance(branch, Snapshot)
+        assert branch["tag"] == branch.tag == "b1"
+        assert branch.status == "writing"
+        assert branch.branched_from == "sb-abcdef-0000"
+        kids = branch.fork(n=5)
+        assert branch.status == "ready"
+    calls = [(r.method, r.url.path) for r in fake.requests]
+    assert calls[:5] == [
+        ("POST", "/v1/sandboxes"),
+        ("POST", "/v1/sandboxes/sb-abcdef-0000/branch"),
+        ("GET", "/v1/snapshots/b1"),
+        ("GET", "/v1/snapshots/b1"),
+        ("POST", "/v1/sandboxes"),
+    ]
+    assert fake.bodies("POST", "/v1/sandboxes/sb-abcdef-0000/branch") == [
+        {"mode": "live", "wait": False}
+    ]
+    assert fake.bodies("POST", "/v1/sandboxes")[1] == {"snapshot_tag": "b1", "n": 5}
+    assert [k.id for k in kids] == [f"sb-abcdef-{i:04d}" for i in range(5)]
+    assert all(k.owned for k in kids)
+    assert kids[0].info["snapshot_tag"] == "b1"
+
+
+def test_fork_of_ready_snapshot_does_not_poll(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    snap = Snapshot(snap_info("py"), controller=fake.controller())
+    assert snap.status == "ready"  # omitted status means ready
+    snap.fork()
+    assert [(r.method, r.url.path) for r in fake.requests] == [("POST", "/v1/sandboxes")]
+
+
+def test_fork_of_failed_snapshot_raises(fake: FakeDaemon) -> None:
+    snap = Snapshot(snap_info("b", status="failed", error="boom"), controller=fake.controller())
+    with pytest.raises(SnapshotFailedError):
+        snap.fork()
+    assert fake.requests == []
+
+
+def test_snapshot_is_a_mapping(fake: FakeDaemon) -> None:
+    snap = Snapshot(snap_info("py", pause_ms=12.5), controller=fake.controller())
+    assert dict(snap) == snap_info("py", pause_ms=12.5)
+    assert snap.get("branched_from") is None
+    assert snap.pause_ms == 12.5
+    assert "tag" in snap
+    assert repr(snap) == "Snapshot(tag='py', status='ready')"
+
+
+def test_snapshot_from_tag_and_delete(fake: FakeDaemon) -> None:
+    fake.on("GET", "/v1/snapshots/py", httpx.Response(200, json=snap_info()))
+    fake.on("DELETE", "/v1/snapshots/py", httpx.Response(204))
+    c = fake.controller()
+    snap = Snapshot.from_tag("py", controller=c)
+    snap.delete(cascade=True)
+    assert dict(fake.requests[-1].url.params) == {"cascade": "true"}
+
+
+def test_default_controller_follows_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkd.sdk import default_controller
+
+    monkeypatch.setenv("FORKD_URL", "http://127.0.0.1:7001")
+    first = default_controller()
+    assert first is default_controller()
+    assert first.url == "http://127.0.0.1:7001"
+    monkeypatch.setenv("FORKD_URL", "http://127.0.0.1:7002")
+    assert default_controller().url == "http://127.0.0.1:7002"
+
+
+# -------------------------------------------------------------------- async
+
+
+def test_async_controller_same_shapes(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/branch",
+            httpx.Response(201, json=snap_info("b", status="writing")))
+    fake.on(
+        "GET", "/v1/snapshots/b",
+        httpx.Response(200, json=snap_info("b", status="writing")),
+        httpx.Response(200, json=snap_info("b", status="ready")),
+    )
+    fake.on("GET", "/v1/snapshots/nope", httpx.Response(404, json={"error": "no such tag"}))
+
+    async def main() -> None:
+        async with fake.async_controller() as c:
+            kids = await c.spawn_sandboxes("py", n=2, live_fork=True)
+            assert [k["id"] for k in kids] == ["sb-abcdef-0000", "sb-abcdef-0001"]
+            branch = await c.branch_sandbox(kids[0]["id"], mode="live", wait=False)
+            ready = await c.wait_snapshot_ready(branch["tag"], interval=0.001)
+            assert ready["status"] == "ready"
+            with pytest.raises(NotFoundError, match="no such tag"):
+                await c.get_snapshot("nope")
+
+    asyncio.run(main())
+    assert fake.bodies("POST", "/v1/sandboxes") == [{"snapshot_tag": "py", "n": 2, "live_fork": True}]
+    assert fake.bodies("POST", "/v1/sandboxes/sb-abcdef-0000/branch") == [
+        {"mode": "live", "wait": False}
+    ]
+
+
+def test_async_sandbox_lifecycle(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/exec",
+            httpx.Response(200, json={"stdout": "ok", "stderr": "", "exit_code": 0}))
+
+    async def main() -> None:
+        c = fake.async_controller()
+        sb = AsyncSandbox(tag="py", controller=c)
+        with pytest.raises(RuntimeError, match="not started"):
+            _ = sb.id
+        async with sb:
+            assert sb.id == "sb-abcdef-0000"
+            assert (await sb.commands.run("true")).stdout == "ok"
+        await c.aclose()
+
+    asyncio.run(main())
+    assert [r.method for r in fake.requests] == ["POST", "POST", "DELETE"]
