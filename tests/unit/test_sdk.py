@@ -94,7 +94,7 @@ def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE"):
+    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE", "FORKD_CA_CERT"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -138,6 +138,19 @@ def test_token_from_env_and_file(
 def test_unreadable_token_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKD_TOKEN_FILE", "/nonexistent/token")
     with pytest.raises(ForkdError, match="FORKD_TOKEN_FILE"):
+        Controller()
+
+
+def test_ca_cert(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ssl
+
+    from forkd.sdk._http import resolve_verify
+
+    assert resolve_verify(None) is True
+    assert resolve_verify(False) is False
+    assert isinstance(resolve_verify(str(tmp_path)), ssl.SSLContext)  # a CA directory
+    monkeypatch.setenv("FORKD_CA_CERT", str(tmp_path / "missing.pem"))
+    with pytest.raises(ForkdError, match="cannot load CA certificate"):
         Controller()
 
 

@@ -60,7 +60,8 @@ SandboxIdPath = Annotated[
 ]
 
 status_router = APIRouter(tags=["status"], responses=COMMON_ERRORS)
-v1 = APIRouter(prefix=f"/{API_VERSION}", responses={**COMMON_ERRORS, **BAD_REQUEST})
+STARTING = {503: _err("The daemon is still starting (or at capacity); retry shortly.")}
+v1 = APIRouter(prefix=f"/{API_VERSION}", responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
 
 # Keep optional fields the runtime left out absent in the JSON, as the seeds
 # specify (e.g. branched_from only on BRANCH snapshots), but keep explicit
@@ -199,6 +200,7 @@ async def delete_snapshot(
         404: _err("snapshot_tag is not registered."),
         409: _err("The snapshot is not ready or was made on an incompatible host."),
         503: _err("Not enough capacity right now."),
+        **GUEST_ERRORS,
     },
     **_AS_GIVEN,
 )
@@ -312,6 +314,7 @@ async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runti
             "cannot take this mode (live needs live_fork)."
         ),
         503: _err("The daemon is at its branch concurrency cap; retry shortly."),
+        **GUEST_ERRORS,
     },
     **_AS_GIVEN,
 )

@@ -1,0 +1,1 @@
+"""The ``forkd`` command line (entry point ``forkd.cli.main:app``)."""

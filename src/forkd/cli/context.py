@@ -23,9 +23,9 @@ JsonFlag = Annotated[
 ]
 
 
-def make_controller(url: str | None, token: str | None) -> Controller:
+def make_controller(url: str | None, token: str | None, ca_cert: str | None = None) -> Controller:
     """Build the SDK client; a seam that tests replace to use a mock transport."""
-    return Controller(url=url, token=token)
+    return Controller(url=url, token=token, verify=ca_cert)
 
 
 @dataclass
@@ -33,11 +33,12 @@ class CliState:
     url: str | None = None
     token: str | None = None
     json: bool = False
+    ca_cert: str | None = None
     _controller: Controller | None = field(default=None, repr=False)
 
     def controller(self) -> Controller:
         if self._controller is None:
-            self._controller = make_controller(self.url, self.token)
+            self._controller = make_controller(self.url, self.token, self.ca_cert)
         return self._controller
 
 

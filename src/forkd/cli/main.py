@@ -45,6 +45,13 @@ def main(
             help="Bearer token (else read from FORKD_TOKEN_FILE).",
         ),
     ] = None,
+    ca_cert: Annotated[
+        str | None,
+        typer.Option(
+            "--ca-cert", envvar="FORKD_CA_CERT", metavar="PEM",
+            help="CA certificate to trust for an https:// daemon with a self-signed --tls-cert.",
+        ),
+    ] = None,
     json_: Annotated[
         bool, typer.Option("--json", help="Print raw JSON for every command (for scripts).")
     ] = False,
@@ -62,7 +69,7 @@ def main(
       forkd exec SANDBOX_ID -- python3 -c 'print(2+2)'
       forkd snapshot --from-sandbox SANDBOX_ID --tag checkpoint-1 --diff
     """
-    ctx.obj = CliState(url=url, token=token, json=json_)
+    ctx.obj = CliState(url=url, token=token, json=json_, ca_cert=ca_cert)
 
 
 app.command("daemon")(daemon_cmd.daemon)

@@ -49,6 +49,17 @@ def fmt_time(unix: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
 
 
+def fmt_age(unix: Any, now: float | None = None) -> str:
+    """Compact age for tables: ``42s``, ``5m``, ``3h``, ``2d``."""
+    if not isinstance(unix, (int, float)):
+        return "-"
+    secs = max(0, int((time.time() if now is None else now) - unix))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
 def fmt(value: Any) -> str:
     """One cell: ``-`` for missing, lists comma-joined, everything escaped for rich."""
     if value is None or value == "" or value == []:
@@ -77,9 +88,9 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     table.add_column("SNAPSHOT", no_wrap=True)
     table.add_column("PID", justify="right")
     table.add_column("NETNS")
-    table.add_column("MEM LIMIT", justify="right")
-    table.add_column("LIVE FORK")
-    table.add_column("CREATED")
+    table.add_column("MEM", justify="right", no_wrap=True)
+    table.add_column("LIVE")
+    table.add_column("AGE", justify="right", no_wrap=True)
     for sb in sandboxes:
         limit = sb.get("memory_limit_mib")
         table.add_row(
@@ -89,7 +100,7 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
             fmt(sb.get("netns")),
             f"{limit} MiB" if limit is not None else "-",
             fmt(sb.get("live_fork")),
-            fmt_time(sb.get("created_at_unix")),
+            fmt_age(sb.get("created_at_unix")),
         )
     return table
 
@@ -99,8 +110,8 @@ def snapshots_table(snapshots: Iterable[Mapping[str, Any]], title: str | None = 
     table.add_column("TAG", style="cyan", no_wrap=True)
     table.add_column("STATUS")
     table.add_column("BRANCHED FROM")
-    table.add_column("PAUSE", justify="right")
-    table.add_column("CREATED")
+    table.add_column("PAUSE", justify="right", no_wrap=True)
+    table.add_column("AGE", justify="right", no_wrap=True)
     for snap in snapshots:
         pause = snap.get("pause_ms")
         table.add_row(
@@ -108,7 +119,7 @@ def snapshots_table(snapshots: Iterable[Mapping[str, Any]], title: str | None = 
             fmt_status(snap.get("status")),
             fmt(snap.get("branched_from")),
             f"{pause:.0f} ms" if isinstance(pause, (int, float)) else "-",
-            fmt_time(snap.get("created_at_unix")),
+            fmt_age(snap.get("created_at_unix")),
         )
     return table
 

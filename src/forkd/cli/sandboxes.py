@@ -13,8 +13,7 @@ from rich.markup import escape
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
 from forkd.cli.snapshots import branch_mode, print_branch
-from forkd.sdk import ForkdAPIError
-from forkd.sdk._http import snapshot_is_ready
+from forkd.sdk import ForkdAPIError, Snapshot
 
 N = Annotated[int, typer.Option("-n", "--n", min=1, max=1000, help="Number of sandboxes.")]
 PerChildNetns = Annotated[
@@ -107,9 +106,9 @@ def branch(
         snap = controller.branch_sandbox(from_sandbox, tag=tag, mode=mode)
     if not as_json:
         print_branch(snap, from_sandbox, started)
-    if not snapshot_is_ready(snap):
+    if snap.get("status", "ready") != "ready":  # a live branch may still be writing memory
         with output.spinner(f"waiting for {escape(snap['tag'])} to be written"):
-            snap = controller.wait_snapshot_ready(snap["tag"])
+            snap = Snapshot(snap, controller=controller).wait_ready().info
     started = time.monotonic()
     with output.spinner(f"forking {n} from {escape(snap['tag'])}"):
         sandboxes = controller.spawn_sandboxes(
@@ -298,10 +297,12 @@ def exec_(
     if want_json(ctx, json_):
         output.emit_json(result)
         raise typer.Exit(status)
-    if result.get("stdout"):
-        typer.echo(result["stdout"], nl=False)
-    if result.get("stderr"):
-        typer.echo(result["stderr"], nl=False, err=True)
+    # Written verbatim: click.echo would strip ANSI colours from the command's
+    # output whenever forkd's own stdout is not a terminal.
+    for text, stream in ((result.get("stdout"), sys.stdout), (result.get("stderr"), sys.stderr)):
+        if text:
+            stream.write(text)
+            stream.flush()
     for stream in ("stdout", "stderr"):
         if result.get(f"{stream}_truncated"):
             output.warn(f"{stream} was truncated by the guest agent")

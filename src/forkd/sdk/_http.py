@@ -9,6 +9,7 @@ it. Keeping request shapes in one place means the two clients cannot drift.
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -71,6 +72,25 @@ def resolve_token(token: str | None) -> str | None:
     return None
 
 
+def resolve_verify(verify: bool | str | ssl.SSLContext | None) -> bool | ssl.SSLContext:
+    """TLS verification for httpx.
+
+    ``None`` means ``$FORKD_CA_CERT`` if set (a daemon serving a self-signed
+    ``--tls-cert``), else the system/certifi roots. A path (file or directory of
+    CA certificates) becomes an SSLContext, as httpx 0.28 deprecates string paths.
+    """
+    if verify is None:
+        verify = os.environ.get("FORKD_CA_CERT") or True
+    if isinstance(verify, str):
+        try:
+            if os.path.isdir(verify):
+                return ssl.create_default_context(capath=verify)
+            return ssl.create_default_context(cafile=verify)
+        except (OSError, ssl.SSLError) as exc:
+            raise ForkdError(f"cannot load CA certificate {verify}: {exc}") from None
+    return verify
+
+
 def headers(token: str | None) -> dict[str, str]:
     out = {"User-Agent": USER_AGENT, "Accept": "application/json"}
     if token:
@@ -91,8 +111,9 @@ def error_message(response: httpx.Response) -> str:
     except ValueError:
         body = None
     if isinstance(body, dict):
-        if isinstance(body.get("error"), str):
-            return body["error"]
+        error = body.get("error")
+        if isinstance(error, str):
+            return error
         detail = body.get("detail")
         if isinstance(detail, str):
             return detail
@@ -152,4 +173,4 @@ def snapshot_is_ready(info: dict[str, Any]) -> bool:
     status = info.get("status", "ready")
     if status == "failed":
         raise SnapshotFailedError(str(info.get("tag")), info.get("error"))
-    return status == "ready"
+    return bool(status == "ready")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -18,6 +19,7 @@ from forkd.sdk._http import (
     parse_response,
     resolve_token,
     resolve_url,
+    resolve_verify,
     snapshot_is_ready,
     timeout_for,
     translate,
@@ -47,7 +49,7 @@ class AsyncController:
         token: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         *,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = resolve_url(url)
@@ -56,7 +58,7 @@ class AsyncController:
             base_url=self.url,
             headers=headers(resolve_token(token)),
             timeout=timeout,
-            verify=verify,
+            verify=resolve_verify(verify),
             transport=transport,
         )
 

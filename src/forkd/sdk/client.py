@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -17,6 +18,7 @@ from forkd.sdk._http import (
     parse_response,
     resolve_token,
     resolve_url,
+    resolve_verify,
     snapshot_is_ready,
     timeout_for,
     translate,
@@ -41,8 +43,9 @@ class Controller:
         timeout: seconds for ordinary requests. Snapshot builds, spawns,
             branches and evals wait without a read timeout, and exec waits for
             the command's own timeout plus a grace period.
-        verify: TLS verification: ``True``, ``False`` or a CA bundle path (for a
-            daemon started with a self-signed ``--tls-cert``).
+        verify: TLS verification: ``True``, ``False``, an ``ssl.SSLContext`` or
+            the path of a CA certificate (for a daemon serving a self-signed
+            ``--tls-cert``); default ``$FORKD_CA_CERT`` if set, else system roots.
         transport: a custom httpx transport (tests use ``httpx.MockTransport``).
 
     Example::
@@ -60,7 +63,7 @@ class Controller:
         token: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         *,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = resolve_url(url)
@@ -69,7 +72,7 @@ class Controller:
             base_url=self.url,
             headers=headers(resolve_token(token)),
             timeout=timeout,
-            verify=verify,
+            verify=resolve_verify(verify),
             transport=transport,
         )
 

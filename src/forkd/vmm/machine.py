@@ -74,6 +74,14 @@ class VM:
             done, _ = await asyncio.wait({task, exit_task}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             if task in done:
+                if task.exception() is None:
+                    return task.result()
+                # A failed wait (e.g. the agent socket reset) usually means QEMU is
+                # exiting: report its last words rather than the symptom.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    code = await asyncio.wait_for(asyncio.shield(exit_task), 2)
+                    raise VMError(f"QEMU exited (code {code}) while waiting for {what}:\n"
+                                  f"{self.process.tail()}") from task.exception()
                 return task.result()
             if exit_task in done:
                 raise VMError(f"QEMU exited (code {exit_task.result()}) while waiting for {what}:\n"

@@ -1,0 +1,51 @@
+# forkd: the two promised commands are `make demo` and `make test`; each does all set-up first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup deps venv image demo test test-unit test-integration bench lint clean help
+
+help:
+	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
+	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
+	@echo "make bench  - set up everything, then run the benchmarks in bench/"
+	@echo "make lint   - ruff"
+
+setup: deps venv image
+
+deps:
+	bash scripts/install-deps.sh
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# Cached under the data dir, keyed by its recipe: instant when nothing changed.
+image: venv
+	$(BIN)/forkd image build
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+test: setup
+	$(BIN)/pytest -ra $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/pytest -ra tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(BIN)/pytest -ra tests/integration $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python bench/fork_vs_boot.py
+
+lint: venv
+	$(BIN)/ruff check src tests bench examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

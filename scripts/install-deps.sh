@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Host packages forkd needs: QEMU (microvm + TCG/KVM), qemu-img, and what the guest
+# image builder uses (debootstrap, busybox-static for the initramfs, lz4 to unpack
+# the kernel, e2fsprogs for mkfs.ext4 -d). Idempotent: does nothing when all are present.
+set -euo pipefail
+PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "host packages: all present"
+    exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "installing host packages: ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "host packages: installed ${missing[*]}"

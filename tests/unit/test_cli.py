@@ -1,0 +1,558 @@
+"""Unit tests of the ``forkd`` CLI over a mock transport: flags, output, exit codes.
+
+The CLI builds its Controller through ``forkd.cli.context.make_controller``;
+the ``daemon`` fixture swaps that for one whose transport is a FakeDaemon.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from forkd.cli import context
+from forkd.cli.main import app
+from forkd.sdk import Controller
+
+Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
+SB = "sb-abcdef-0000"
+
+
+class FakeDaemon:
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], list[Reply]] = {}
+        self.requests: list[httpx.Request] = []
+
+    def on(self, method: str, path: str, *replies: Reply) -> FakeDaemon:
+        self.routes.setdefault((method, path), []).extend(replies)
+        return self
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        queue = self.routes.get((request.method, request.url.path))
+        if not queue:
+            return httpx.Response(404, json={"error": f"no route {request.url.path}"})
+        reply = queue.pop(0) if len(queue) > 1 else queue[0]
+        return reply(request) if callable(reply) else reply
+
+    def calls(self) -> list[tuple[str, str]]:
+        return [(r.method, r.url.path) for r in self.requests]
+
+    def body(self, index: int = -1) -> Any:
+        return json.loads(self.requests[index].content)
+
+
+def sandbox_info(i: int = 0, tag: str = "py") -> dict[str, Any]:
+    return {"id": f"sb-abcdef-{i:04d}", "snapshot_tag": tag, "netns": None,
+            "guest_addr": "unix:/x", "created_at_unix": 1717000000, "pid": 100 + i}
+
+
+def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
+    return {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, **extra}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE", "FORKD_CA_CERT", "FORKD_BIND",
+                 "FORKD_DATA_DIR",
+                 "FORKD_TLS_CERT", "FORKD_TLS_KEY", "FORKD_KEEP_SANDBOXES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
+    fake = FakeDaemon()
+    made: list[tuple[str | None, str | None]] = []
+
+    def make(url: str | None, token: str | None, ca_cert: str | None = None) -> Controller:
+        made.append((url, token))
+        return Controller(url=url or "http://forkd.test", token=token,
+                          transport=httpx.MockTransport(fake))
+
+    monkeypatch.setattr(context, "make_controller", make)
+    fake.made = made  # type: ignore[attr-defined]
+    return fake
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def run(runner: CliRunner, *args: str, input: str | None = None) -> Any:
+    return runner.invoke(app, list(args), input=input)
+
+
+# ---------------------------------------------------------- flag validation
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["snapshot", "--from-sandbox", SB, "--diff", "--live"], "mutually exclusive"),
+        (["snapshot", "--from-sandbox", SB, "--no-wait"], "--no-wait requires --live"),
+        (["snapshot", "--from-sandbox", SB, "--diff", "--no-wait"], "--no-wait requires --live"),
+        (["snapshot", "--tag", "py", "--diff"], "only apply with --from-sandbox"),
+        (["snapshot"], "--tag is required"),
+        (["snapshot", "--from-sandbox", SB, "--image", "x", "--warm", "numpy"],
+         "--image, --warm cannot be used with --from-sandbox"),
+        (["branch", "--from-sandbox", SB, "--diff", "--live"], "mutually exclusive"),
+        (["kill"], "give sandbox ID(s) or --all"),
+        (["kill", SB, "--all"], "give sandbox ID(s) or --all"),
+        (["exec", SB, "-e", "NOEQUALS", "--", "true"], "KEY=VALUE"),
+    ],
+)
+def test_usage_errors_exit_2_without_a_request(
+    runner: CliRunner, daemon: FakeDaemon, args: list[str], message: str
+) -> None:
+    result = run(runner, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Usage: forkd" in result.stderr
+    assert result.stdout == ""
+    assert daemon.requests == []
+
+
+def test_out_of_range_n_is_a_usage_error(runner: CliRunner, daemon: FakeDaemon) -> None:
+    result = run(runner, "fork", "--tag", "py", "-n", "0")
+    assert result.exit_code == 2
+    assert daemon.requests == []
+
+
+def test_no_args_shows_help(runner: CliRunner) -> None:
+    result = run(runner)
+    assert result.exit_code in (0, 2)
+    assert "snapshot" in result.output and "fork" in result.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["daemon", "snapshot", "fork", "branch", "ls", "snapshot-info", "kill", "rmi", "ping",
+     "exec", "eval", "version", "doctor", "image", "image build", "image ls"],
+)
+def test_every_command_has_help(runner: CliRunner, command: str) -> None:
+    result = run(runner, *command.split(), "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage: forkd" in result.stdout
+
+
+# ------------------------------------------------------------------ branch
+
+
+def test_snapshot_from_sandbox_live_no_wait_json(runner: CliRunner, daemon: FakeDaemon) -> None:
+    info = snap_info("checkpoint-1", branched_from=SB, pause_ms=48, status="writing")
+    daemon.on("POST", f"/v1/sandboxes/{SB}/branch", httpx.Response(201, json=info))
+    result = run(runner, "snapshot", "--from-sandbox", SB, "--tag", "checkpoint-1",
+                 "--live", "--no-wait", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == info
+    assert daemon.body() == {"tag": "checkpoint-1", "mode": "live", "wait": False}
+
+
+@pytest.mark.parametrize(
+    ("flags", "body"),
+    [([], {}), (["--diff"], {"mode": "diff"}), (["--live"], {"mode": "live"})],
+)
+def test_snapshot_from_sandbox_modes(
+    runner: CliRunner, daemon: FakeDaemon, flags: list[str], body: dict[str, Any]
+) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/branch",
+              httpx.Response(201, json=snap_info("b", branched_from=SB, pause_ms=120)))
+    result = run(runner, "snapshot", "--from-sandbox", SB, *flags)
+    assert result.exit_code == 0, result.output
+    assert daemon.body() == body
+    assert "branched" in result.stdout and "120 ms" in result.stdout
+
+
+def test_branch_one_shot_waits_then_forks(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/branch",
+              httpx.Response(201, json=snap_info("b", branched_from=SB, status="writing")))
+    daemon.on("GET", "/v1/snapshots/b",
+              httpx.Response(200, json=snap_info("b", status="writing")),
+              httpx.Response(200, json=snap_info("b", status="ready")))
+    daemon.on("POST", "/v1/sandboxes",
+              httpx.Response(201, json=[sandbox_info(i, "b") for i in range(1, 4)]))
+    result = run(runner, "branch", "--from-sandbox", SB, "-n", "3", "--live", "--json")
+    assert result.exit_code == 0, result.output
+    assert daemon.calls() == [
+        ("POST", f"/v1/sandboxes/{SB}/branch"),
+        ("GET", "/v1/snapshots/b"),
+        ("GET", "/v1/snapshots/b"),
+        ("POST", "/v1/sandboxes"),
+    ]
+    assert daemon.body(0) == {"mode": "live"}
+    assert daemon.body() == {"snapshot_tag": "b", "n": 3}
+    out = json.loads(result.stdout)
+    assert out["snapshot"]["status"] == "ready"
+    assert [s["id"] for s in out["sandboxes"]] == ["sb-abcdef-0001", "sb-abcdef-0002",
+                                                   "sb-abcdef-0003"]
+
+
+# ----------------------------------------------------------------- snapshots
+
+
+def test_snapshot_create_body(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/snapshots", httpx.Response(201, json=snap_info("ml")))
+    result = run(runner, "snapshot", "--tag", "ml", "--image", "ml", "--mem-mib", "1024",
+                 "--boot-wait-secs", "60", "--warm", "numpy,json", "--warm", "pandas",
+                 "--setup", "pip install x", "--setup", "touch /ok")
+    assert result.exit_code == 0, result.output
+    assert daemon.body() == {
+        "tag": "ml", "image": "ml", "mem_mib": 1024, "boot_wait_secs": 60.0,
+        "warm_imports": ["numpy", "json", "pandas"],
+        "setup": [["/bin/sh", "-c", "pip install x"], ["/bin/sh", "-c", "touch /ok"]],
+    }
+    assert "snapshot ml ready" in result.stdout
+
+
+def test_snapshot_create_minimal_and_empty_warm(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/snapshots", httpx.Response(201, json=snap_info()))
+    assert run(runner, "snapshot", "--tag", "py").exit_code == 0
+    assert daemon.body() == {"tag": "py"}
+    assert run(runner, "snapshot", "--tag", "py", "--warm", "").exit_code == 0
+    assert daemon.body() == {"tag": "py", "warm_imports": []}
+
+
+def test_snapshot_info_shows_lineage(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("GET", "/v1/snapshots/c2", httpx.Response(200, json=snap_info(
+        "c2", branched_from=SB, pause_ms=50, status="ready",
+        ancestors=["c1", "py"], dependents=["c3"])))
+    result = run(runner, "snapshot-info", "c2")
+    assert result.exit_code == 0, result.output
+    assert "c2 ← c1 ← py" in result.stdout
+    assert "c3" in result.stdout
+    assert SB in result.stdout
+
+
+def test_rmi_flags_and_partial_failure(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("DELETE", "/v1/snapshots/a", httpx.Response(204))
+    daemon.on("DELETE", "/v1/snapshots/b",
+              httpx.Response(409, json={"error": "sandboxes still run from 'b'"}))
+    result = run(runner, "rmi", "a", "b", "--cascade", "--force")
+    assert result.exit_code == 1
+    assert [dict(r.url.params) for r in daemon.requests] == [
+        {"cascade": "true", "force": "true"}] * 2
+    assert "deleted a" in result.stdout
+    assert "error: b: sandboxes still run from 'b'" in result.stderr
+
+
+# ----------------------------------------------------------------- sandboxes
+
+
+def test_fork_json_and_body(runner: CliRunner, daemon: FakeDaemon) -> None:
+    kids = [sandbox_info(i) for i in range(3)]
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=kids))
+    result = run(runner, "fork", "--tag", "py", "-n", "3", "--per-child-netns",
+                 "--memory-limit-mib", "256", "--live-fork", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == kids
+    assert daemon.body() == {"snapshot_tag": "py", "n": 3, "per_child_netns": True,
+                             "memory_limit_mib": 256, "live_fork": True}
+
+
+def test_fork_table(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0), sandbox_info(1)]))
+    result = run(runner, "fork", "--tag", "py", "-n", "2")
+    assert result.exit_code == 0, result.output
+    assert "sb-abcdef-0000" in result.stdout and "sb-abcdef-0001" in result.stdout
+    assert "forked 2" in result.stdout
+
+
+def test_ls_json_shapes(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[sandbox_info()]))
+    daemon.on("GET", "/v1/snapshots", httpx.Response(200, json=[snap_info()]))
+    both = run(runner, "ls", "--json")
+    assert json.loads(both.stdout) == {"sandboxes": [sandbox_info()], "snapshots": [snap_info()]}
+    only = run(runner, "--json", "ls", "--snapshots")  # the global spelling
+    assert json.loads(only.stdout) == [snap_info()]
+    assert daemon.calls()[-1] == ("GET", "/v1/snapshots")
+
+
+def test_ls_tables(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
+    daemon.on("GET", "/v1/snapshots",
+              httpx.Response(200, json=[snap_info(), snap_info("b", status="writing")]))
+    result = run(runner, "ls")
+    assert result.exit_code == 0, result.output
+    assert "no sandboxes running" in result.stdout
+    assert "writing" in result.stdout and "ready" in result.stdout
+
+
+def test_kill_continues_past_failures(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("DELETE", "/v1/sandboxes/sb-abcdef-0001", httpx.Response(204))
+    result = run(runner, "kill", "sb-abcdef-0009", "sb-abcdef-0001")
+    assert result.exit_code == 1
+    assert "killed sb-abcdef-0001" in result.stdout
+    assert "error: sb-abcdef-0009" in result.stderr
+
+
+def test_kill_all(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[sandbox_info(0), sandbox_info(1)]))
+    daemon.on("DELETE", "/v1/sandboxes/sb-abcdef-0000", httpx.Response(204))
+    daemon.on("DELETE", "/v1/sandboxes/sb-abcdef-0001", httpx.Response(204))
+    result = run(runner, "kill", "--all", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"killed": ["sb-abcdef-0000", "sb-abcdef-0001"],
+                                         "failed": {}}
+
+
+def test_ping(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/ping",
+              httpx.Response(200, json={"pong": True, "pid": 1, "numpy_version": "1.24.2"}))
+    result = run(runner, "ping", SB)
+    assert result.exit_code == 0
+    assert "pong" in result.stdout and "1.24.2" in result.stdout
+
+
+# -------------------------------------------------------------- exec / eval
+
+
+def exec_reply(**fields: Any) -> httpx.Response:
+    body = {"stdout": "", "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+    return httpx.Response(200, json=body | fields)
+
+
+def test_exec_passes_output_and_exit_code(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/exec",
+              exec_reply(stdout="out\n", stderr="\x1b[33mwarn\x1b[0m\n", exit_code=3))
+    result = run(runner, "exec", SB, "--timeout", "5", "-e", "A=1", "--cwd", "/tmp",
+                 "--", "sh", "-c", "echo out; exit 3")
+    assert result.exit_code == 3
+    assert result.stdout == "out\n"
+    assert result.stderr == "\x1b[33mwarn\x1b[0m\n"  # passed through untouched
+    assert daemon.body() == {"args": ["sh", "-c", "echo out; exit 3"], "timeout_secs": 5.0,
+                             "env": {"A": "1"}, "cwd": "/tmp"}
+
+
+def test_exec_stdin_from_own_stdin(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/exec", exec_reply(stdout="hello\n"))
+    result = run(runner, "exec", SB, "--stdin", "-", "--", "cat", input="hello\n")
+    assert result.exit_code == 0
+    assert daemon.body()["stdin"] == "hello\n"
+
+
+def test_exec_timeout_and_signal_statuses(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/exec",
+              exec_reply(exit_code=124, timed_out=True, error="timed out after 1s"),
+              exec_reply(exit_code=-9))
+    timed_out = run(runner, "exec", SB, "--timeout", "1", "--", "sleep", "5")
+    assert timed_out.exit_code == 124
+    assert "timed out" in timed_out.stderr
+    assert run(runner, "exec", SB, "--", "sleep", "5").exit_code == 137
+
+
+def test_exec_json_keeps_exit_code(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/exec", exec_reply(stdout="x", exit_code=2))
+    result = run(runner, "exec", SB, "--json", "--", "false")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["stdout"] == "x"
+
+
+def test_eval(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/eval",
+              httpx.Response(200, json={"result": "0.0", "error": None, "exit_code": 0}),
+              httpx.Response(200, json={"result": None, "error": "NameError: x", "exit_code": 1}))
+    ok = run(runner, "eval", SB, "numpy.zeros(5).sum()")
+    assert ok.exit_code == 0 and ok.stdout == "0.0\n"
+    assert daemon.body() == {"code": "numpy.zeros(5).sum()"}
+    bad = run(runner, "eval", SB, "x")
+    assert bad.exit_code == 1
+    assert "NameError: x" in bad.stderr
+
+
+# ------------------------------------------------------------ errors, config
+
+
+def test_api_error_is_printed_and_exits_1(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes",
+              httpx.Response(404, json={"error": "snapshot 'nope' is not registered"}))
+    result = run(runner, "fork", "--tag", "nope")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: snapshot 'nope' is not registered"
+    assert "Traceback" not in result.output
+
+
+def test_daemon_down_says_how_to_start_it(runner: CliRunner) -> None:
+    result = run(runner, "--url", "http://127.0.0.1:9", "ls")
+    assert result.exit_code == 1
+    assert "not reachable at http://127.0.0.1:9" in result.stderr
+    assert "forkd daemon" in result.stderr
+
+
+def test_url_and_token_options_reach_the_controller(
+    runner: CliRunner, daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
+    assert run(runner, "--url", "http://h:1", "--token", "t0k", "ls", "--sandboxes").exit_code == 0
+    monkeypatch.setenv("FORKD_URL", "http://env:2")
+    monkeypatch.setenv("FORKD_TOKEN", "envtok")
+    assert run(runner, "ls", "--sandboxes").exit_code == 0
+    assert daemon.made == [("http://h:1", "t0k"), ("http://env:2", "envtok")]  # type: ignore[attr-defined]
+    assert daemon.requests[0].headers["authorization"] == "Bearer t0k"
+
+
+def test_version_without_daemon_still_works(runner: CliRunner) -> None:
+    result = run(runner, "--url", "http://127.0.0.1:9", "version", "--json")
+    assert result.exit_code == 0
+    out = json.loads(result.stdout)
+    assert out["client"]["version"] and out["daemon"] is None
+
+
+# --------------------------------------------------------- local commands
+
+
+def test_daemon_builds_settings(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import forkd.api.server as server
+
+    seen: list[Any] = []
+    monkeypatch.setattr(server, "serve", lambda settings, log_level="info": seen.append(settings))
+    monkeypatch.setenv("FORKD_BRANCH_CONCURRENCY", "7")
+    result = run(runner, "daemon", "--bind", "0.0.0.0:9999", "--data-dir", str(tmp_path),
+                 "--keep-sandboxes")
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert (settings.host, settings.port) == ("0.0.0.0", 9999)
+    assert settings.data_dir == tmp_path
+    assert settings.keep_sandboxes is True
+    assert settings.branch_concurrency == 7  # env-only settings survive
+
+    monkeypatch.setenv("FORKD_BIND", "127.0.0.1:7777")
+    assert run(runner, "daemon").exit_code == 0
+    assert (seen[-1].host, seen[-1].port) == ("127.0.0.1", 7777)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key"),
+        (["--bind", "nonsense"], "bad bind address"),
+    ],
+)
+def test_daemon_usage_errors(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    import forkd.api.server as server
+
+    monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("must not serve"))
+    result = run(runner, "daemon", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+@dataclass
+class FakeCheck:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+    required: bool = True
+
+
+@pytest.mark.parametrize(
+    ("checks", "code"),
+    [
+        ([FakeCheck("qemu", True, "QEMU 7.2")], 0),
+        ([FakeCheck("qemu", True, "QEMU 7.2"),
+          FakeCheck("netns", False, "no ip", "apt-get install iproute2", required=False)], 0),
+        ([FakeCheck("qemu", False, "missing", "apt-get install qemu-system-x86")], 1),
+    ],
+)
+def test_doctor_exit_status(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    checks: list[FakeCheck], code: int,
+) -> None:
+    import forkd.doctor
+
+    seen: list[Any] = []
+
+    def run_checks(data_dir: Any = None) -> list[FakeCheck]:
+        seen.append(data_dir)
+        return checks
+
+    monkeypatch.setattr(forkd.doctor, "run_checks", run_checks)
+    result = run(runner, "doctor", "--data-dir", str(tmp_path))
+    assert result.exit_code == code, result.output
+    assert seen == [tmp_path]
+    for c in checks:
+        assert c.name in result.stdout
+        if not c.ok:
+            assert c.fix and c.fix in result.stdout
+    as_json = run(runner, "doctor", "--json")
+    assert as_json.exit_code == code
+    assert json.loads(as_json.stdout)["checks"][0]["name"] == "qemu"
+
+
+@dataclass
+class FakeImage:
+    name: str
+    dir: Path
+    meta: dict[str, Any]
+
+
+def test_image_build_recipe_and_progress(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import forkd.image.builder as builder
+
+    seen: dict[str, Any] = {}
+
+    def fake_build(data: Any, recipe: Any, *, force: bool, progress: Any) -> FakeImage:
+        seen.update(data=data, recipe=recipe, force=force)
+        progress("kernel", 0.1)
+        progress("done", 1.0)
+        meta = {"kernel_version": "6.1.0-x", "built_at_unix": 1717000000, "build_secs": 3.2,
+                "recipe": {"packages": ["python3"], "extra_packages": ["git"]}}
+        return FakeImage(recipe.name, tmp_path / recipe.name, meta)
+
+    monkeypatch.setattr(builder, "build_image", fake_build)
+    rootfs = tmp_path / "tree"
+    rootfs.mkdir()
+    result = run(runner, "image", "build", "--name", "ml", "--packages", "git,curl",
+                 "--packages", "jq", "--size-mib", "4096", "--rootfs", str(rootfs), "--force",
+                 "--data-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    recipe = seen["recipe"]
+    assert recipe.name == "ml"
+    assert recipe.extra_packages == ("git", "curl", "jq")
+    assert recipe.size_mib == 4096
+    assert recipe.rootfs_source == str(rootfs)
+    assert seen["force"] is True
+    assert seen["data"].root == tmp_path
+    assert "image ml ready" in result.stdout and "6.1.0-x" in result.stdout
+
+
+def test_image_errors_are_reported(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import forkd.image.builder as builder
+    from forkd.errors import PrerequisiteMissing
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise PrerequisiteMissing("debootstrap not found: apt-get install debootstrap")
+
+    monkeypatch.setattr(builder, "build_image", fail)
+    result = run(runner, "image", "build", "--data-dir", str(tmp_path))
+    assert result.exit_code == 1
+    assert "error: debootstrap not found" in result.stderr
+
+
+def test_image_ls(runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import forkd.image.builder as builder
+
+    images = [FakeImage("default", tmp_path / "default",
+                        {"kernel_version": "6.1.0-x", "built_at_unix": 1717000000,
+                         "recipe": {"packages": ["python3"], "size_mib": 2048}})]
+    monkeypatch.setattr(builder, "list_images", lambda data: images)
+    result = run(runner, "image", "ls")
+    assert result.exit_code == 0, result.output
+    assert "default" in result.stdout and "6.1.0-x" in result.stdout
+    out = json.loads(run(runner, "image", "ls", "--json").stdout)
+    assert out[0]["name"] == "default" and out[0]["kernel_version"] == "6.1.0-x"
