@@ -154,6 +154,7 @@ class Reaper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.owned: set[int] = set()
+        self.wake = threading.Event()  # set from the SIGCHLD handler
 
     def reap_orphans(self) -> int:
         reaped = 0
@@ -177,9 +178,12 @@ class Reaper:
                         reaped += 1
         return reaped
 
-    def run_forever(self, interval: float = 1.0) -> None:
+    def run_forever(self, fallback_interval: float = 30.0) -> None:
+        # Woken by SIGCHLD rather than polling: scanning /proc every second in
+        # every one of N idle children costs real CPU under TCG.
         while True:
-            time.sleep(interval)
+            self.wake.wait(fallback_interval)
+            self.wake.clear()
             with contextlib.suppress(Exception):
                 self.reap_orphans()
 
@@ -583,6 +587,7 @@ def main() -> None:
     warm = [m for m in opts.get("warm", "numpy").split(",") if m]
     agent = Agent(warm)
     if is_pid1:
+        signal.signal(signal.SIGCHLD, lambda _sig, _frame: agent.reaper.wake.set())
         threading.Thread(target=agent.reaper.run_forever, daemon=True).start()
     if "--stdio" in sys.argv:  # host-side tests drive the agent over pipes
         # The protocol gets private copies of fds 0/1; the standard fds then point

@@ -86,7 +86,7 @@ class AgentClient:
                 self._writer.write(data)
                 await self._writer.drain()
             reply = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise GuestError(f"guest agent did not answer {action} within {timeout:.0f}s") from None
         except OSError as exc:
             raise GuestError(f"guest agent connection failed: {exc}") from exc

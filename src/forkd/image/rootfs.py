@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -89,10 +90,8 @@ def tree_size_mib(root: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
     return total >> 20
 
 

@@ -14,6 +14,7 @@ complete, so a crash never leaves a half-written snapshot that looks real.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -83,10 +84,8 @@ class SnapshotDir:
         """Space really used (the mem file is sparse)."""
         total = 0
         for p in self.path.iterdir():
-            try:
+            with contextlib.suppress(OSError):
                 total += p.stat().st_blocks * 512
-            except OSError:
-                pass
         return total
 
 

@@ -32,7 +32,7 @@ class QMP:
     async def connect(self, timeout: float = 10.0) -> QMP:
         try:
             await asyncio.wait_for(self.client.connect(str(self.path)), timeout)
-        except (OSError, asyncio.TimeoutError, Exception) as exc:
+        except (TimeoutError, OSError, Exception) as exc:
             raise VMError(f"cannot connect to QMP at {self.path}: {exc}") from exc
         return self
 
