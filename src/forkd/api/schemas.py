@@ -90,6 +90,12 @@ class CreateSnapshotRequest(_Request):
         max_length=256,
         description="argv lists run in the guest, in order, before the snapshot is taken.",
     )
+    setup_eval: list[CString] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Python code run in the warm PID 1 interpreter before the snapshot "
+        "(e.g. load a dataset); children inherit the result in memory.",
+    )
     setup_timeout_secs: float = Field(
         600, gt=0, le=86400, description="Per-command timeout of the setup commands."
     )
