@@ -142,8 +142,8 @@ def main() -> int:
                     console.print(f"[red]kill {sb['id']}: {exc}")
             try:
                 c.delete_snapshot(tag)
-            except Exception:
-                pass
+            except Exception as exc:
+                console.print(f"[red]delete snapshot {tag}: {exc}")
             c.close()
             if daemon is not None:
                 daemon.stop()
