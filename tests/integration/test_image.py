@@ -1,0 +1,68 @@
+"""Images from a user's root filesystem, and snapshots that do not fit this host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from forkd.config import DataDir
+from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.errors import IncompatibleSnapshot, InvalidRequest
+from forkd.image.builder import ImageRecipe, build_image, load_image
+
+from .conftest import Loop
+
+pytestmark = pytest.mark.vm
+
+
+def test_custom_image_from_a_tarball_with_extra_packages(
+    loop: Loop, runtime: Runtime, tmp_path: Path
+) -> None:
+    """A `docker export`-style tarball plus an extra package boots and forks like ours."""
+    base = load_image(runtime.data)
+    tree = Path(base.dir).parent / ".cache" / f"rootfs-{ImageRecipe().base_key()}"
+    assert tree.is_dir(), "the default image's debootstrap tree is cached by `forkd image build`"
+    tarball = tmp_path / "rootfs.tar"
+    subprocess.run(["tar", "-cf", str(tarball), "-C", str(tree), "."], check=True)
+    images = DataDir(tmp_path / "data", tmp_path / "images")
+    recipe = ImageRecipe(name="custom", rootfs_source=str(tarball), extra_packages=("jq",))
+    image = build_image(images, recipe)
+    assert image.meta["recipe"]["extra_packages"] == ["jq"]
+    # Built once, then served from the cache.
+    assert build_image(images, recipe).meta["built_at_unix"] == image.meta["built_at_unix"]
+
+    spec = SnapshotSpec(tag="custom-img", kernel=str(image.kernel), rootfs=str(image.rootfs))
+    loop.run(runtime.create_snapshot(spec))
+    try:
+        sb = loop.run(runtime.spawn("custom-img", 1))[0]
+        res = loop.run(runtime.exec(sb.id, ["jq", "-n", "1+1"]))
+        assert res["stdout"].strip() == "2", res
+        loop.run(runtime.kill(sb.id))
+    finally:
+        loop.run(runtime.delete_snapshot("custom-img"))
+
+
+def test_rootfs_without_python_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tree" / "etc").mkdir(parents=True)
+    images = DataDir(tmp_path / "data", tmp_path / "images")
+    with pytest.raises(InvalidRequest, match="no python3"):
+        build_image(images, ImageRecipe(name="nopy", rootfs_source=str(tmp_path / "tree")))
+
+
+def test_snapshot_from_another_accelerator_is_refused(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    before = {sb.id for sb in runtime.list_sandboxes()}
+    meta_path = Path(runtime.get_snapshot(snapshot).dir) / "snapshot.json"
+    original = meta_path.read_text()
+    meta = json.loads(original)
+    other = "kvm" if meta["config"]["accel"] == "tcg" else "tcg"
+    meta["config"]["accel"] = other
+    meta_path.write_text(json.dumps(meta))
+    try:
+        with pytest.raises(IncompatibleSnapshot, match=f"taken under {other}"):
+            loop.run(runtime.spawn(snapshot, 1))
+    finally:
+        meta_path.write_text(original)
+    assert {sb.id for sb in runtime.list_sandboxes()} == before  # nothing half-spawned
