@@ -1,0 +1,222 @@
+"""Capture a *running* child's memory, device and disk state (BRANCH), FIELD-NOTES §6-7.
+
+A child's RAM is a private (copy-on-write) mapping, so unlike a template it
+cannot skip RAM with ``x-ignore-shared``: the capture is a migration stream that
+carries the child's RAM (zero pages as flags only). Three ways to take it:
+
+* ``full``  — ``stop``, stream everything, ``cont``: the state as of the request;
+  the pause grows with the memory the guest has touched.
+* ``diff``  — precopy live migration with ``pause-before-switchover``: RAM is
+  copied while the guest runs; the pause covers only what it dirtied meanwhile.
+  The state is the one at the end of the copy.
+* ``live``  — ``background-snapshot`` (userfaultfd write-protect): the guest is
+  paused only while the device state is saved; RAM pages are copied afterwards,
+  each before the guest first writes it. The state is as of the request. Needs
+  RAM on shared memory (a sandbox spawned with ``live_fork``).
+
+In every mode the disk is frozen while the vCPUs are stopped
+(``blockdev-snapshot-sync``): the frozen overlay becomes the branch's disk and
+the source carries on, on a new overlay.
+
+A stream is then turned into a forkable snapshot by a helper QEMU that loads it
+into RAM backed by the branch's new ``mem`` file (``share=on``) and writes the
+small device-state file with ``x-ignore-shared`` — no stream parsing of our own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.errors import VMError
+from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.vmm.machine import VM, create_overlay, exec_uri
+from forkd.vmm.qmp import UNTHROTTLED
+
+# diff mode: the final stop-and-copy may take at most this long.
+PRECOPY_DOWNTIME_MS = 20
+
+SpecFactory = Callable[[int, int], LaunchSpec]
+
+
+@dataclass
+class Capture:
+    """What the source's pause produced."""
+
+    pause_ms: float
+    frozen_disk: Path  # the overlay the source was writing until the pause
+    new_disk: Path  # the overlay it writes from now on
+    new_node: str
+    stream: Path
+    background: asyncio.Task | None = None  # live mode: RAM still being streamed
+
+
+def _stream_uri(stream: Path) -> str:
+    # cat's stderr goes next to the stream so that a failure (ENOSPC) can be named.
+    return f"exec:cat > {shlex.quote(str(stream))} 2> {shlex.quote(f'{stream}.err')}"
+
+
+def stream_error(stream: Path) -> str | None:
+    """Why writing the stream failed, in the writer's words (e.g. 'No space left on device')."""
+    with contextlib.suppress(OSError):
+        text = Path(f"{stream}.err").read_text().strip()
+        if text:
+            return text.splitlines()[-1]
+    return None
+
+
+async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str) -> None:
+    await vm.qmp.cmd(
+        "blockdev-snapshot-sync", **{"node-name": active_node, "snapshot-file": str(new_disk),
+                                     "snapshot-node-name": new_node, "format": "qcow2",
+                                     "mode": "absolute-paths"},
+    )
+
+
+async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool = False) -> None:
+    # The child's RAM is private, so x-ignore-shared would skip nothing; keep it
+    # off explicitly (a template-style capture would set it) for a full stream.
+    await vm.qmp.set_capabilities(x_ignore_shared=False, background_snapshot=background,
+                                  pause_before_switchover=precopy)
+    params: dict = {"max_bandwidth": UNTHROTTLED}
+    if precopy:
+        params["downtime_limit"] = PRECOPY_DOWNTIME_MS
+    await vm.qmp.set_parameters(**params)
+
+
+async def capture(
+    vm: VM, mode: str, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str,
+    stream: Path, timeout: float = 600,
+) -> Capture:
+    """Pause the source as briefly as ``mode`` allows; freeze its disk; stream its state.
+
+    On return the source runs again (unless this raised before resuming, in
+    which case the caller must try ``resume``). For ``live`` the RAM copy may
+    still be under way in ``Capture.background``.
+    """
+    if mode == "full":
+        await _prepare_migration(vm)
+        t0 = time.monotonic()
+        await vm.qmp.cmd("stop")
+        try:
+            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+            await vm.qmp.wait_migration(timeout)
+        finally:
+            await resume(vm)
+        return Capture((time.monotonic() - t0) * 1000, frozen_disk, new_disk, new_node, stream)
+
+    if mode == "diff":
+        await _prepare_migration(vm, precopy=True)
+        await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+        # Runs while the guest runs; QEMU stops the vCPUs for the final pass and
+        # waits for us: that is the instant the disk must be frozen.
+        await vm.qmp.wait_migration(timeout, poll=0.001, until=("pre-switchover",))
+        t0 = time.monotonic()
+        try:
+            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await vm.qmp.cmd("migrate-continue", state="pre-switchover")
+            info = await vm.qmp.wait_migration(timeout, poll=0.001)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await vm.qmp.cmd("migrate_cancel")
+            await resume(vm)
+            raise
+        await resume(vm)
+        # QEMU's downtime counts from its own stop, which came just before we
+        # noticed pre-switchover; take the larger of the two measurements.
+        ours = (time.monotonic() - t0) * 1000
+        pause = max(ours, float(info.get("downtime", 0)) + 0.0)
+        return Capture(pause, frozen_disk, new_disk, new_node, stream)
+
+    if mode == "live":
+        await _prepare_migration(vm, background=True)
+        t0 = time.monotonic()
+        await vm.qmp.cmd("stop")
+        try:
+            await _freeze_disk(vm, active_node, new_disk, new_node)
+            # With background-snapshot QEMU saves the device state, write-protects
+            # RAM with userfaultfd and then starts the vCPUs itself.
+            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+            deadline = time.monotonic() + 30
+            while await vm.qmp.status() != "running":
+                info = await vm.qmp.cmd("query-migrate")
+                if info.get("status") in ("failed", "cancelled"):
+                    raise VMError(f"live branch failed: {info.get('error-desc', 'no detail')}")
+                if time.monotonic() > deadline:
+                    raise VMError("the source did not resume after the live branch started")
+                await asyncio.sleep(0.0005)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await vm.qmp.cmd("migrate_cancel")
+            await resume(vm)
+            raise
+        pause = (time.monotonic() - t0) * 1000
+        task = asyncio.create_task(vm.qmp.wait_migration(timeout, poll=0.01))
+        return Capture(pause, frozen_disk, new_disk, new_node, stream, background=task)
+
+    raise VMError(f"unknown branch mode {mode!r}")
+
+
+async def resume(vm: VM) -> None:
+    """Run the source again whatever state the migration left it in."""
+    status = await vm.qmp.status()
+    if status != "running":
+        await vm.qmp.cmd("cont")
+
+
+async def relink_backing(vm: VM, node: str, backing: Path) -> None:
+    """Point the source's active overlay at the branch's copy of its backing layer.
+
+    The frozen overlay is hard-linked into the branch (same inode), so the
+    content is identical; recording the branch's path in the header keeps the
+    chain valid after the source's own directory is gone.
+    """
+    await vm.qmp.cmd("change-backing-file", device=node, **{"image-node-name": node,
+                                                              "backing-file": str(backing)})
+
+
+async def stream_to_snapshot(
+    run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
+    disk: Path, spec_factory: Callable[[Path, Path, Path], SpecFactory], timeout: float = 600,
+) -> float:
+    """Load ``stream`` into a fresh ``mem_path`` and save a forkable (RAM-less) state.
+
+    ``spec_factory(mem_path, disk, run_dir)`` returns the launch-spec builder for a
+    paused, incoming, ``share=on`` QEMU with the source's device configuration.
+    Returns the seconds it took.
+    """
+    started = time.monotonic()
+    with open(mem_path, "wb") as f:
+        f.truncate(config.mem_mib << 20)
+    scratch = run_dir / "scratch.qcow2"
+    # The helper must not write the branch's disk: give it a throwaway overlay.
+    create_overlay(disk, scratch, "qcow2")
+    vm = await VM._launch(run_dir, config, spec_factory(mem_path, scratch, run_dir))
+    try:
+        await vm.qmp.set_capabilities(x_ignore_shared=False)
+        await vm.qmp.cmd("migrate-incoming", uri=exec_uri("cat", stream))
+        await vm._await_or_exit(vm.qmp.wait_migration(timeout), timeout, "the branch stream to load")
+        # Now RAM lives in mem_path; write the state without it, as for a template.
+        await vm.qmp.set_capabilities(x_ignore_shared=True)
+        await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
+        await vm.qmp.cmd("migrate", uri=exec_uri("cat >", state_path))
+        await vm.qmp.wait_migration(timeout)
+    finally:
+        await vm.shutdown()
+        scratch.unlink(missing_ok=True)
+    return time.monotonic() - started
+
+
+def link_frozen_disk(frozen: Path, target: Path) -> None:
+    """Hard-link (O(1)); the frozen overlay is never written again."""
+    try:
+        os.link(frozen, target)
+    except OSError as exc:
+        raise VMError(f"cannot link {frozen} into the branch: {exc}") from exc
