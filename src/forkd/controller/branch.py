@@ -100,6 +100,9 @@ class Brancher:
                     )
                 except BaseException as exc:
                     raise await self._capture_failed(src, staging, exc) from exc
+                if cap.resume_error:
+                    log.warning("branch of %s captured, but the source did not resume: %s",
+                                sandbox_id, cap.resume_error)
                 # The source now writes new_disk; remember that before anything else can fail.
                 meta = {**src.record.meta, "disk_node": new_node, "disk_file": str(new_disk),
                         "disk_parent_tag": tag}
@@ -110,8 +113,13 @@ class Brancher:
             record = SnapshotRecord(
                 tag=tag, dir=str(final_dir), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.parent_tag, pause_ms=round(cap.pause_ms, 3),
-                meta={"config": src.config.to_json(), "mode": mode},
+                meta={"config": src.config.to_json(), "mode": mode, "tap": src.record.meta.get("tap")},
             )
+            if cap.resume_error:
+                record.meta["source_error"] = (
+                    f"the snapshot is valid, but source sandbox {sandbox_id} could not be resumed "
+                    f"and was removed: {cap.resume_error}"
+                )
             self.rt.registry.insert_snapshot(record)
             finish = self._finish(src, record, staging, cap, mode)
             staging = None  # owned by _finish from here on
@@ -158,7 +166,8 @@ class Brancher:
             convert_s = await branching.stream_to_snapshot(
                 helper_dir, src.config, stream=cap.stream, mem_path=staging.mem,
                 state_path=staging.state, disk=staging.disk,
-                spec_factory=lambda mem, disk, run: _helper_spec(src.config, mem, disk, run),
+                spec_factory=lambda mem, disk, run: _helper_spec(src.config, mem, disk, run,
+                                                                 src.record.meta.get("tap")),
             )
             cap.stream.unlink(missing_ok=True)
             shutil.rmtree(helper_dir, ignore_errors=True)
@@ -171,11 +180,16 @@ class Brancher:
                 "numpy_version": parent_meta.get("numpy_version"),
                 "parent_tag": src.parent_tag, "branched_from": src.record.id,
                 "mode": mode, "pause_ms": record.pause_ms, "convert_secs": round(convert_s, 3),
+                # Same device config as the source: a NIC on this tap, if it had one.
+                "tap": src.record.meta.get("tap"),
             })
             layout.publish(staging, self.rt.data.snapshots, tag)
             self.rt.registry.update_snapshot(tag, status="ready")
             record.status = "ready"
-            await self._relink(src, tag)
+            if cap.resume_error:
+                await self.rt.kill(src.record.id)  # reported dead: nothing usable is left
+            else:
+                await self._relink(src, tag)
             return record
         except BaseException as exc:
             shutil.rmtree(staging.path, ignore_errors=True)
@@ -207,10 +221,12 @@ class Brancher:
                 await asyncio.wait(set(self._background), timeout=timeout)
 
 
-def _helper_spec(config: VMConfig, mem: Path, disk: Path, run_dir: Path) -> branching.SpecFactory:
+def _helper_spec(config: VMConfig, mem: Path, disk: Path, run_dir: Path,
+                 tap: str | None) -> branching.SpecFactory:
     def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
         return LaunchSpec(config=config, mem_path=mem, share_ram=True, disk=disk, qmp_fd=qmp_fd,
                           agent_fd=agent_fd, console_log=run_dir / "console.log", incoming=True,
+                          tap=tap, nic_placeholder=True,
                           extra=["-S"])  # load the state, never run it
     return spec
 

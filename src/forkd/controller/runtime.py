@@ -17,15 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
+from forkd.controller import cgroups
+from forkd.controller.branch import Brancher
 from forkd.errors import Conflict, ForkdError, GuestError, InvalidRequest, NotFound, VMError
 from forkd.image.builder import Image, load_image
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id, check_tag
 from forkd.store.registry import Registry, SandboxRecord, SnapshotRecord, now_unix
+from forkd.store.shm import ShmMemory
 from forkd.vmm import accel as accel_mod
+from forkd.vmm import netns as netns_mod
 from forkd.vmm.cmdline import Accel, VMConfig, kernel_cmdline
 from forkd.vmm.machine import VM, create_overlay
-from forkd.vmm.process import adopt, kill_pid_now
+from forkd.vmm.process import adopt, kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.runtime")
 
@@ -67,7 +71,12 @@ class Runtime:
         self.vms: dict[str, VM] = {}
         self._accel: Accel | None = None
         self._tags_in_flight: set[str] = set()
+        # Claimed by spawns/templates in flight (not yet, or never, in the registry).
+        self._netns_reserved: set[int] = set()
+        self._host_taps_busy: set[str] = set()
         self._closed = False
+        self.brancher = Brancher(self)
+        self.shm = ShmMemory(data.root)
 
     # ---------------------------------------------------------------- open/close
 
@@ -99,6 +108,7 @@ class Runtime:
                 except (ForkdError, KeyError, OSError) as exc:
                     log.warning("cannot re-adopt %s (%s); killing it", sb.id, exc)
             kill_pid_now(sb.pid or 0, run_dir)
+            await self._remove_cgroup(sb.meta.get("cgroup"))
             shutil.rmtree(run_dir, ignore_errors=True)
             self.registry.delete_sandbox(sb.id)
             log.info("reaped dead sandbox %s", sb.id)
@@ -108,13 +118,17 @@ class Runtime:
             if d.is_dir() and d.name not in known:
                 with contextlib.suppress(OSError, ValueError):
                     kill_pid_now(int((d / "pid").read_text()), d)
+                with contextlib.suppress(OSError):
+                    await self._remove_cgroup((d / "cgroup").read_text().strip())
                 shutil.rmtree(d, ignore_errors=True)
+        self.shm.prune(keep={sb.snapshot_tag for sb in self.registry.list_sandboxes() if sb.live_fork})
 
     async def close(self, *, keep_sandboxes: bool = False) -> None:
         """Stop every sandbox (or, with ``keep_sandboxes``, leave them for the next daemon)."""
         if self._closed:
             return
         self._closed = True
+        await self.brancher.wait_background()
         if keep_sandboxes:
             for vm in self.vms.values():
                 await vm.agent.close()
@@ -122,6 +136,10 @@ class Runtime:
             self.vms.clear()
         else:
             await asyncio.gather(*(self.kill(i) for i in list(self.vms)), return_exceptions=True)
+            if not any(sb.meta.get("cgroup") for sb in self.registry.list_sandboxes()):
+                cgroups.remove_parent_if_empty()
+            # No sandbox left to need them: give the RAM back.
+            self.shm.prune(keep=set())
         self.registry.close()
 
     async def __aenter__(self) -> Runtime:
@@ -191,8 +209,8 @@ class Runtime:
             raise InvalidRequest("vcpus must be between 1 and 16")
         if not 1 <= spec.boot_wait_secs <= 3600:
             raise InvalidRequest("boot_wait_secs must be between 1 and 3600")
-        if spec.tap:
-            raise InvalidRequest("tap networking is not supported yet by forkd on QEMU; omit 'tap'")
+        if spec.tap is not None:
+            netns_mod.check_tap_name(spec.tap)
         warm = list(DEFAULT_WARM_IMPORTS if spec.warm_imports is None else spec.warm_imports)
         for mod in warm:
             if not mod.replace(".", "").replace("_", "").isalnum():
@@ -208,7 +226,11 @@ class Runtime:
         """Boot a template, wait until its agent is warm, run setup, snapshot it."""
         warm = self._validate_spec(spec)
         image, kernel, initrd, rootfs = self._resolve_boot_files(spec)
+        if spec.tap:
+            self._check_host_tap_free(spec.tap)
         self._reserve_tag(spec.tag)
+        if spec.tap:
+            self._host_taps_busy.add(spec.tap)
         staging: SnapshotDir | None = None
         vm: VM | None = None
         try:
@@ -221,7 +243,7 @@ class Runtime:
             vm, ping = await VM.boot(
                 staging.path, config, mem_path=staging.mem, disk=staging.disk,
                 kernel=kernel, initrd=initrd, append=kernel_cmdline(warm, accel=host),
-                timeout=spec.boot_wait_secs,
+                timeout=spec.boot_wait_secs, tap=spec.tap,
             )
             if ping.get("warm_errors"):
                 raise InvalidRequest(f"warm imports failed in the guest: {ping['warm_errors']}")
@@ -263,11 +285,13 @@ class Runtime:
                 "save_state_ms": round(save_ms, 1),
                 "parent_tag": None,
                 "branched_from": None,
+                # A NIC is part of the device config: children need a tap of this name.
+                "tap": spec.tap,
             })
             final = layout.publish(staging, self.data.snapshots, spec.tag)
             staging = None
             record = SnapshotRecord(tag=spec.tag, dir=str(final.path), created_at_unix=created,
-                                    meta={"config": config.to_json()})
+                                    meta={"config": config.to_json(), "tap": spec.tap})
             self.registry.insert_snapshot(record)
             progress("ready", 1.0)
             return record
@@ -277,6 +301,8 @@ class Runtime:
             if staging is not None:
                 shutil.rmtree(staging.path, ignore_errors=True)
             self._tags_in_flight.discard(spec.tag)
+            if spec.tap:
+                self._host_taps_busy.discard(spec.tap)
 
     def snapshot_lineage(self, tag: str) -> dict[str, Any]:
         snap = self.get_snapshot(tag)
@@ -321,7 +347,10 @@ class Runtime:
                 "or pass cascade=true to delete the subtree"
             )
         doomed = [*reversed(dependents), tag] if cascade else [tag]
-        users = [sb.id for sb in self.registry.list_sandboxes() if sb.snapshot_tag in doomed]
+        # A sandbox needs a snapshot it was forked from, and the last branch taken
+        # of it: its current disk overlay is layered on that branch's disk.
+        users = [sb.id for sb in self.registry.list_sandboxes()
+                 if sb.snapshot_tag in doomed or sb.meta.get("disk_parent_tag") in doomed]
         if users and not force:
             raise Conflict(
                 f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
@@ -331,6 +360,7 @@ class Runtime:
         for t in doomed:
             self.registry.delete_snapshot(t)
             shutil.rmtree(self.data.snapshots / t, ignore_errors=True)
+            self.shm.remove(t)
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -340,7 +370,9 @@ class Runtime:
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self.registry.get_sandbox(check_sandbox_id(sandbox_id))
 
-    def _snapshot_for_spawn(self, tag: str) -> tuple[SnapshotRecord, SnapshotDir, VMConfig]:
+    def _snapshot_for_spawn(
+        self, tag: str
+    ) -> tuple[SnapshotRecord, SnapshotDir, VMConfig, str | None]:
         snap = self.get_snapshot(tag)
         if snap.status == "writing":
             raise Conflict(f"snapshot {tag!r} is still being written (status 'writing'); "
@@ -350,34 +382,110 @@ class Runtime:
         sdir = SnapshotDir(Path(snap.dir))
         if not sdir.complete():
             raise VMError(f"snapshot {tag!r} is missing files under {sdir.path}")
-        return snap, sdir, VMConfig.from_json(sdir.read_meta()["config"])
+        meta = sdir.read_meta()
+        return snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap")
+
+    # ------------------------------------------------- isolation: netns, taps
+
+    def _check_host_tap_free(self, tap: str) -> None:
+        """A tap in the daemon's own namespace, not attached to another VM of ours."""
+        if not netns_mod.host_tap_exists(tap):
+            raise InvalidRequest(netns_mod.missing_tap_message(tap))
+        users = [sb.id for sb in self.registry.list_sandboxes()
+                 if sb.netns is None and sb.meta.get("tap") == tap]
+        if users or tap in self._host_taps_busy:
+            raise Conflict(
+                f"tap device {tap} is already in use by {users[0] if users else 'another VM'}; "
+                "a tap serves one VM at a time: fork with per_child_netns=true to give each "
+                "child its own namespace with its own tap"
+            )
+
+    def _reserve_netns(self, n: int) -> list[int]:
+        """The ``n`` lowest forkd-child indices no live or in-flight sandbox holds."""
+        used = {netns_mod.netns_index(sb.netns) for sb in self.registry.list_sandboxes()}
+        indices = netns_mod.lowest_free({i for i in used if i is not None} | self._netns_reserved, n)
+        self._netns_reserved.update(indices)
+        return indices
+
+    async def _check_netns(self, names: list[str], tap: str | None) -> None:
+        needed = max(netns_mod.netns_index(name) or 0 for name in names) + 1
+        setup = f"{netns_mod.SETUP_SCRIPT} {needed}" + (f" --tap {tap}" if tap else "")
+        missing = [name for name in names if not netns_mod.netns_exists(name)]
+        if missing:
+            raise InvalidRequest(
+                f"network namespace {missing[0]} does not exist ({len(missing)} of the "
+                f"{len(names)} needed are missing; per_child_netns puts child i in the "
+                f"pre-provisioned namespace forkd-child-<i>, here forkd-child-0..{needed - 1} are "
+                f"needed); create them as root with: {setup}"
+            )
+        if tap:
+            present = await asyncio.gather(
+                *(asyncio.to_thread(netns_mod.netns_tap_exists, name, tap) for name in names))
+            for name, ok in zip(names, present, strict=True):
+                if not ok:
+                    raise InvalidRequest(
+                        f"{netns_mod.missing_tap_message(tap, name, needed)} (snapshot was "
+                        f"taken with a NIC on tap {tap}, so every child needs a tap of that name)"
+                    )
+
+    async def _remove_cgroup(self, path: str | None) -> None:
+        if path:
+            await asyncio.to_thread(cgroups.handle_for(path).remove)
+
+    # ---------------------------------------------------------------- spawn
 
     async def spawn(
         self, tag: str, n: int = 1, *, per_child_netns: bool = False,
         memory_limit_mib: int | None = None, live_fork: bool = False,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
-        if not isinstance(n, int) or not 1 <= n <= 1000:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1000:
             raise InvalidRequest("n must be between 1 and 1000")
-        if per_child_netns:
-            raise InvalidRequest("per_child_netns is not supported yet by forkd on QEMU")
         if memory_limit_mib is not None:
-            raise InvalidRequest("memory_limit_mib is not supported yet by forkd on QEMU")
-        if live_fork:
-            raise InvalidRequest("live_fork is not supported yet by forkd on QEMU")
-        snap, sdir, config = self._snapshot_for_spawn(tag)
+            cgroups.validate_limit(memory_limit_mib)
+            if cgroups.detect() == "none":
+                raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
+        snap, sdir, config, tap = self._snapshot_for_spawn(tag)
+        if tap and not per_child_netns and n != 1:
+            raise InvalidRequest(
+                f"snapshot {tag!r} has a NIC on tap {tap}, and a tap serves one VM at a time: "
+                f"fork it with per_child_netns=true (each child gets forkd-child-<i> with its own "
+                f"{tap}; {netns_mod.SETUP_SCRIPT} N --tap {tap} creates them), or fork one child"
+            )
         host = await self._host_accel_for(sdir)
         accel_mod.check_compatible(config.accel, host, tag)
 
-        prefix = layout.new_batch_prefix()
-        ids = [f"{prefix}-{i:04d}" for i in range(n)]
-        gate = asyncio.Semaphore(SPAWN_PARALLELISM)
+        # Claim namespaces / the host tap with no await in between checks and claims.
+        netns_names: list[str | None] = [None] * n
+        reserved: list[int] = []
+        host_tap: str | None = None
+        if per_child_netns:
+            reserved = self._reserve_netns(n)
+            netns_names = [netns_mod.child_netns(i) for i in reserved]
+        elif tap:
+            self._check_host_tap_free(tap)
+            host_tap = tap
+            self._host_taps_busy.add(tap)
+        try:
+            if per_child_netns:
+                await self._check_netns([name for name in netns_names if name], tap)
+            mem = await self.shm.ensure(tag, sdir.mem) if live_fork else sdir.mem
+            prefix = layout.new_batch_prefix()
+            ids = [f"{prefix}-{i:04d}" for i in range(n)]
+            gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
-        async def one(sb_id: str) -> SandboxRecord:
-            async with gate:
-                return await self._restore_child(sb_id, snap, sdir, config)
+            async def one(sb_id: str, netns: str | None) -> SandboxRecord:
+                async with gate:
+                    return await self._restore_child(sb_id, snap, sdir, config, netns=netns,
+                                                      tap=tap, memory_limit_mib=memory_limit_mib,
+                                                      mem=mem, live_fork=live_fork)
 
-        results = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+            results = await asyncio.gather(*(one(i, ns) for i, ns in zip(ids, netns_names, strict=True)),
+                                           return_exceptions=True)
+        finally:
+            self._netns_reserved.difference_update(reserved)
+            if host_tap:
+                self._host_taps_busy.discard(host_tap)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             # All or nothing: a partial batch would leave the caller with ids it never saw.
@@ -390,20 +498,39 @@ class Runtime:
         return [r for r in results if isinstance(r, SandboxRecord)]
 
     async def _restore_child(
-        self, sb_id: str, snap: SnapshotRecord, sdir: SnapshotDir, config: VMConfig
+        self, sb_id: str, snap: SnapshotRecord, sdir: SnapshotDir, config: VMConfig, *,
+        netns: str | None = None, tap: str | None = None, memory_limit_mib: int | None = None,
+        mem: Path | None = None, live_fork: bool = False,
     ) -> SandboxRecord:
         run_dir = self.data.sandboxes / sb_id
         run_dir.mkdir(parents=True)
+        cgroup: cgroups.CgroupHandle | None = None
+        launcher: list[str] = []
         try:
+            if memory_limit_mib is not None:
+                cgroup = cgroups.create(sb_id, memory_limit_mib)
+                # Before QEMU exists: a daemon that dies now still finds it on restart.
+                (run_dir / "cgroup").write_text(f"{cgroup.path}\n")
+                launcher += cgroup.launcher()
+            if netns:
+                launcher += netns_mod.launcher(netns)
             create_overlay(sdir.disk, run_dir / "disk.qcow2", "qcow2")
-            vm = await VM.restore(run_dir, config, mem_path=sdir.mem, state_path=sdir.state,
-                                  disk=run_dir / "disk.qcow2")
+            vm = await VM.restore(run_dir, config, mem_path=mem or sdir.mem, state_path=sdir.state,
+                                  disk=run_dir / "disk.qcow2", tap=tap, launcher=launcher)
         except BaseException:
+            if cgroup is not None:
+                cgroup.remove()  # VM.restore killed and reaped QEMU before raising
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        meta: dict[str, Any] = {"config": config.to_json(), "timings": vm.timings}
+        if cgroup is not None:
+            meta["cgroup"] = str(cgroup.path)
+        if tap:
+            meta["tap"] = tap
         record = SandboxRecord(
             id=sb_id, snapshot_tag=snap.tag, dir=str(run_dir), created_at_unix=now_unix(),
-            pid=vm.pid, meta={"config": config.to_json(), "timings": vm.timings},
+            pid=vm.pid, netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            meta=meta,
         )
         self.vms[sb_id] = vm
         self.registry.insert_sandbox(record)
@@ -422,6 +549,8 @@ class Runtime:
             await vm.destroy()
         elif record is not None:
             kill_pid_now(record.pid or 0, Path(record.dir))
+        if record is not None:
+            await self._remove_cgroup(record.meta.get("cgroup"))
         self.registry.delete_sandbox(sandbox_id)
         run_dir = self.data.sandboxes / sandbox_id
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -435,8 +564,21 @@ class Runtime:
             raise GuestError(f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up")
         return vm
 
+    async def _call(self, sandbox_id: str, action: str, timeout: float, **args: Any) -> dict[str, Any]:
+        """One agent request. A QEMU that died before the event loop reaped it shows up
+        as a reset agent connection; report that as the sandbox's death, by id."""
+        vm = self._vm(sandbox_id)
+        try:
+            return await vm.call(action, timeout=timeout, **args)
+        except GuestError as exc:
+            if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
+                raise
+            raise GuestError(
+                f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up"
+            ) from exc
+
     async def ping(self, sandbox_id: str) -> dict[str, Any]:
-        return await self._vm(sandbox_id).call("ping", timeout=30)
+        return await self._call(sandbox_id, "ping", timeout=30)
 
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict | None = None,
@@ -452,14 +594,15 @@ class Runtime:
             if value is not None:
                 req[key] = value
         # The agent enforces the timeout; ours only catches a wedged guest.
-        return await self._vm(sandbox_id).call("exec", timeout=timeout_secs + 30, **req)
+        return await self._call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
 
     async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> dict[str, Any]:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
-        return await self._vm(sandbox_id).call("eval", timeout=timeout_secs, code=code)
+        return await self._call(sandbox_id, "eval", timeout=timeout_secs, code=code)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True) -> SnapshotRecord:
-        raise VMError("branch is not implemented yet")
+        """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
+        return await self.brancher.branch(sandbox_id, tag, mode, wait)
 

@@ -445,6 +445,52 @@ def _settime_fallback(time_ns: int) -> bool:
     return libc.clock_settime(0, ctypes.byref(ts)) == 0
 
 
+# ----------------------------------------------------------------- fs freeze
+
+
+class RootFreezer:
+    """FIFREEZE/FITHAW of the root filesystem, for crash-free disk snapshots.
+
+    A live branch freezes the filesystem (flushing it and holding new writes)
+    so that the disk can be snapshotted while the vCPUs keep running.
+    """
+
+    FIFREEZE = 0xC0045877
+    FITHAW = 0xC0045878
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.frozen = False
+
+    def freeze(self) -> bool:
+        with self.lock:
+            if self.frozen:
+                return True
+            fd = os.open("/", os.O_RDONLY)
+            try:
+                fcntl.ioctl(fd, self.FIFREEZE, 0)
+            except OSError as exc:
+                raise RequestError(f"cannot freeze the root filesystem: {exc.strerror}") from None
+            finally:
+                os.close(fd)
+            self.frozen = True
+            return True
+
+    def thaw(self) -> bool:
+        with self.lock:
+            if not self.frozen:
+                return False
+            fd = os.open("/", os.O_RDONLY)
+            try:
+                fcntl.ioctl(fd, self.FITHAW, 0)
+            except OSError:
+                pass  # already thawed (EINVAL): the goal is reached either way
+            finally:
+                os.close(fd)
+            self.frozen = False
+            return True
+
+
 # ----------------------------------------------------------------------- server
 
 
@@ -455,6 +501,7 @@ class Agent:
         self.warm = warm
         self.evaluator = Evaluator(self.namespace)
         self.reaper = Reaper()
+        self.fs = RootFreezer()
         self.write_lock = threading.Lock()
         self.out_fd = -1
 
@@ -480,10 +527,18 @@ class Agent:
         if action == "eval":
             return self.evaluator.evaluate(req.get("code"))
         if action == "restored":
-            return reseed_after_restore(req, self.namespace)
+            result = reseed_after_restore(req, self.namespace)
+            # A live branch froze the filesystem while its state was captured;
+            # children restored from that state must thaw their copy.
+            result["thawed"] = self.fs.thaw()
+            return result
         if action == "sync":
             os.sync()
             return {"synced": True}
+        if action == "fsfreeze":
+            return {"frozen": self.fs.freeze()}
+        if action == "fsthaw":
+            return {"thawed": self.fs.thaw()}
         raise RequestError(f"unknown action {action!r}")
 
     def respond(self, message: dict) -> None:

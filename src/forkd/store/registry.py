@@ -65,6 +65,8 @@ class SnapshotRecord:
         out["status"] = self.status
         if self.error:
             out["error"] = self.error
+        if self.meta.get("source_error"):
+            out["warning"] = self.meta["source_error"]
         return out
 
 

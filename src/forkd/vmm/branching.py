@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from qemu.qmp import EventListener
+
 from forkd.errors import VMError
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.machine import VM, create_overlay, exec_uri
@@ -55,6 +57,7 @@ class Capture:
     new_node: str
     stream: Path
     background: asyncio.Task | None = None  # live mode: RAM still being streamed
+    resume_error: str | None = None  # the state was captured but the source did not run again
 
 
 def _stream_uri(stream: Path) -> str:
@@ -108,9 +111,12 @@ async def capture(
             await _freeze_disk(vm, active_node, new_disk, new_node)
             await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
             await vm.qmp.wait_migration(timeout)
-        finally:
+        except BaseException:
             await resume(vm)
-        return Capture((time.monotonic() - t0) * 1000, frozen_disk, new_disk, new_node, stream)
+            raise
+        resume_error = await _try_resume(vm)
+        return Capture((time.monotonic() - t0) * 1000, frozen_disk, new_disk, new_node, stream,
+                       resume_error=resume_error)
 
     if mode == "diff":
         await _prepare_migration(vm, precopy=True)
@@ -128,40 +134,96 @@ async def capture(
                 await vm.qmp.cmd("migrate_cancel")
             await resume(vm)
             raise
-        await resume(vm)
+        resume_error = await _try_resume(vm)
         # QEMU's downtime counts from its own stop, which came just before we
         # noticed pre-switchover; take the larger of the two measurements.
         ours = (time.monotonic() - t0) * 1000
-        pause = max(ours, float(info.get("downtime", 0)) + 0.0)
-        return Capture(pause, frozen_disk, new_disk, new_node, stream)
+        pause = max(ours, float(info.get("downtime", 0)))
+        return Capture(pause, frozen_disk, new_disk, new_node, stream, resume_error=resume_error)
 
     if mode == "live":
-        await _prepare_migration(vm, background=True)
-        t0 = time.monotonic()
-        await vm.qmp.cmd("stop")
-        try:
-            await _freeze_disk(vm, active_node, new_disk, new_node)
-            # With background-snapshot QEMU saves the device state, write-protects
-            # RAM with userfaultfd and then starts the vCPUs itself.
-            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
-            deadline = time.monotonic() + 30
-            while await vm.qmp.status() != "running":
-                info = await vm.qmp.cmd("query-migrate")
-                if info.get("status") in ("failed", "cancelled"):
-                    raise VMError(f"live branch failed: {info.get('error-desc', 'no detail')}")
-                if time.monotonic() > deadline:
-                    raise VMError("the source did not resume after the live branch started")
-                await asyncio.sleep(0.0005)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await vm.qmp.cmd("migrate_cancel")
-            await resume(vm)
-            raise
-        pause = (time.monotonic() - t0) * 1000
-        task = asyncio.create_task(vm.qmp.wait_migration(timeout, poll=0.01))
-        return Capture(pause, frozen_disk, new_disk, new_node, stream, background=task)
+        return await _capture_live(vm, active_node=active_node, frozen_disk=frozen_disk,
+                                   new_disk=new_disk, new_node=new_node, stream=stream,
+                                   timeout=timeout)
 
     raise VMError(f"unknown branch mode {mode!r}")
+
+
+async def _capture_live(
+    vm: VM, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str, stream: Path,
+    timeout: float,
+) -> Capture:
+    """background-snapshot with the guest's root filesystem frozen around the disk cut.
+
+    QEMU's background snapshot stops the vCPUs only to save the device state and
+    arm userfaultfd write-protection, then restarts them itself; RAM pages are
+    copied afterwards, each before its first write. But it first spends a long
+    setup (populating all of RAM: ~0.4-2 s under TCG) with the guest running, so
+    the disk cannot be cut by pausing around it without paying that whole setup
+    as pause. Instead the guest agent freezes the root filesystem (FIFREEZE:
+    flushed, new writes held) while the overlay is switched and the state saved,
+    so disk and memory agree; CPU work goes on meanwhile. Children restored from
+    the branch thaw their copy when told they were restored.
+    """
+    await _prepare_migration(vm, background=True)
+    listener = EventListener(("STOP", "RESUME"))
+    vm.qmp.client.register_listener(listener)
+    fs_frozen_at = None
+    try:
+        await vm.call("fsfreeze", timeout=120)
+        fs_frozen_at = time.monotonic()
+        await _freeze_disk(vm, active_node, new_disk, new_node)
+        await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+        deadline = time.monotonic() + timeout
+        while True:
+            info = await vm.qmp.cmd("query-migrate")
+            status = info.get("status")
+            if status in ("failed", "cancelled"):
+                raise VMError(f"live branch failed: {info.get('error-desc', 'no detail from QEMU')}")
+            if status in ("active", "completed") and await vm.qmp.status() == "running":
+                break
+            if time.monotonic() > deadline:
+                raise VMError(f"the live branch did not get past setup within {timeout:.0f}s")
+            await asyncio.sleep(0.001)
+        pause_ms = await _paused_ms(listener)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await vm.qmp.cmd("migrate_cancel")
+        with contextlib.suppress(Exception):
+            await resume(vm)
+        raise
+    finally:
+        vm.qmp.client.remove_listener(listener)
+        if fs_frozen_at is not None:
+            with contextlib.suppress(Exception):
+                await vm.call("fsthaw", timeout=60)
+    task = asyncio.create_task(vm.qmp.wait_migration(timeout, poll=0.01))
+    return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task)
+
+
+async def _paused_ms(listener: EventListener) -> float:
+    """vCPU pause from QEMU's own STOP/RESUME event timestamps."""
+    stop = resume_ts = None
+    while not listener.empty():
+        event = await listener.get()  # only what has already arrived
+        ts = event["timestamp"]
+        t = ts["seconds"] + ts["microseconds"] / 1e6
+        if event["event"] == "STOP" and stop is None:
+            stop = t
+        elif event["event"] == "RESUME" and stop is not None:
+            resume_ts = t
+    if stop is None or resume_ts is None:
+        raise VMError("QEMU reported no STOP/RESUME pair for the live branch")
+    return (resume_ts - stop) * 1000
+
+
+async def _try_resume(vm: VM) -> str | None:
+    """Resume after a good capture; a failure here must not lose the snapshot."""
+    try:
+        await resume(vm)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 async def resume(vm: VM) -> None:

@@ -15,6 +15,9 @@ from pathlib import Path
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
 AGENT_PORT_NAME = "org.forkd.agent"
 RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixed
+# Every VM of a snapshot gets the same MAC: children are clones of the template, and
+# each runs in its own network namespace. Locally administered (0x02 bit set).
+GUEST_MAC = "52:54:00:66:6b:01"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class LaunchSpec:
     initrd: Path | None = None
     append: str = ""
     incoming: bool = False
+    tap: str | None = None  # host tap device for a virtio-net NIC (part of the snapshot's config)
+    nic_placeholder: bool = False  # same NIC, dummy backend: for a VM that never runs
     extra: list[str] = field(default_factory=list)
 
 
@@ -104,6 +109,17 @@ def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
         "-mon", "chardev=qmp,mode=control",
         "-serial", f"file:{spec.console_log}",
     ]
+    if spec.tap:
+        if "," in spec.tap or "=" in spec.tap:
+            raise ValueError(f"bad tap name {spec.tap!r}")
+        # A VM that only loads and re-saves state (the branch helper) never runs:
+        # it needs the same NIC for the device config, but no real tap behind it.
+        backend = ("hubport,id=net0,hubid=0" if spec.nic_placeholder
+                   else f"tap,id=net0,ifname={spec.tap},script=no,downscript=no")
+        argv += [
+            "-netdev", backend,
+            "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}",
+        ]
     if spec.kernel:
         argv += ["-kernel", str(spec.kernel)]
     if spec.initrd:

@@ -14,6 +14,7 @@ import contextlib
 import shlex
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,8 +57,9 @@ class VM:
     # ------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def _launch(cls, run_dir: Path, config: VMConfig, make_spec) -> VM:
-        process = await start_qemu(run_dir, make_spec)
+    async def _launch(cls, run_dir: Path, config: VMConfig, make_spec,
+                      launcher: Sequence[str] = ()) -> VM:
+        process = await start_qemu(run_dir, make_spec, launcher)
         vm = cls(process, config, QMP(process.qmp_path, run_dir.name), AgentClient(process.agent_path))
         try:
             await vm._await_or_exit(vm.qmp.connect(), 15, "QMP")
@@ -97,7 +99,7 @@ class VM:
     @classmethod
     async def boot(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
-        kernel: Path, initrd: Path, append: str, timeout: float,
+        kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
     ) -> tuple[VM, dict]:
         """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm."""
         started = time.monotonic()
@@ -108,7 +110,7 @@ class VM:
             return LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=disk,
                               qmp_fd=qmp_fd, agent_fd=agent_fd,
                               console_log=run_dir / "console.log",
-                              kernel=kernel, initrd=initrd, append=append)
+                              kernel=kernel, initrd=initrd, append=append, tap=tap)
 
         vm = await cls._launch(run_dir, config, spec)
         try:
@@ -123,17 +125,22 @@ class VM:
     @classmethod
     async def restore(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, state_path: Path, disk: Path,
-        share_ram: bool = False, timeout: float = 60,
+        share_ram: bool = False, timeout: float = 60, tap: str | None = None,
+        launcher: Sequence[str] = (),
     ) -> VM:
-        """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state."""
+        """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state.
+
+        ``tap`` must be the snapshot's (same devices); ``launcher`` is an argv prefix
+        that execs QEMU in the same process (cgroup, network namespace).
+        """
         started = time.monotonic()
 
         def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
             return LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
                               qmp_fd=qmp_fd, agent_fd=agent_fd,
-                              console_log=run_dir / "console.log", incoming=True)
+                              console_log=run_dir / "console.log", incoming=True, tap=tap)
 
-        vm = await cls._launch(run_dir, config, spec)
+        vm = await cls._launch(run_dir, config, spec, launcher)
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
             # The stream says whether RAM was skipped; both ends must agree.

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +110,13 @@ def pid_is_qemu(pid: int, run_dir: Path) -> bool:
     return state != "Z" and b"qemu-system" in cmdline and str(run_dir).encode() in cmdline
 
 
-async def start_qemu(run_dir: Path, spec_factory) -> QemuProcess:
+async def start_qemu(run_dir: Path, spec_factory, launcher: Sequence[str] = ()) -> QemuProcess:
     """Start QEMU with fresh QMP/agent sockets in ``run_dir``.
 
     ``spec_factory(qmp_fd, agent_fd) -> LaunchSpec`` builds the launch spec once
-    the sockets exist.
+    the sockets exist. ``launcher`` is an argv prefix that must end by exec'ing
+    the rest in the same process (joining a cgroup, entering a network namespace),
+    so that the pid recorded here is QEMU's own.
     """
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -122,10 +125,10 @@ async def start_qemu(run_dir: Path, spec_factory) -> QemuProcess:
     try:
         spec: LaunchSpec = spec_factory(qmp_sock.fileno(), agent_sock.fileno())
         argv = build_argv(qemu, spec)
-        (run_dir / "cmdline").write_text(" ".join(argv) + "\n")
+        (run_dir / "cmdline").write_text(" ".join([*launcher, *argv]) + "\n")
         with open(run_dir / "qemu.log", "wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
+                *launcher, *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -133,6 +136,10 @@ async def start_qemu(run_dir: Path, spec_factory) -> QemuProcess:
                 # Own session: a Ctrl-C aimed at the daemon must not kill the VMs,
                 # which a restarted daemon re-adopts.
                 start_new_session=True,
+                # Keep Python's SIG_IGN for SIGPIPE: QEMU writes migration streams
+                # into pipes (exec:cat), and a reader that dies (disk full) must
+                # fail the migration with EPIPE, not kill the VM with SIGPIPE.
+                restore_signals=False,
                 cwd=run_dir,
             )
     finally:

@@ -1,0 +1,102 @@
+"""Network namespaces and tap devices for sandboxes.
+
+With ``per_child_netns`` each child's QEMU runs inside a pre-provisioned network
+namespace ``forkd-child-<i>`` (``scripts/netns-setup.sh N`` makes them, each with a
+tap device inside). A snapshot taken with a NIC (``tap``) can only be restored by a
+QEMU with the same device configuration, so every child needs a tap of the *same
+name*: one per namespace is exactly that.
+
+QEMU is started through ``nsenter --net=/run/netns/<name>``, which joins the
+namespace and execs QEMU in the same process, so the pid forkd records is QEMU's
+own. (Unlike ``ip netns exec`` it does not remount ``/sys``, which QEMU does not
+need and which would hide ``/sys/fs/cgroup`` from the launcher.)
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from forkd.errors import InvalidRequest
+
+NETNS_DIR = Path("/run/netns")
+CHILD_PREFIX = "forkd-child-"
+SETUP_SCRIPT = "scripts/netns-setup.sh"
+# IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
+TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
+IFF_TAP = 0x0002
+
+
+def child_netns(index: int) -> str:
+    return f"{CHILD_PREFIX}{index}"
+
+
+def netns_index(name: str | None) -> int | None:
+    """``i`` for ``forkd-child-<i>``, else None."""
+    if name and name.startswith(CHILD_PREFIX) and name[len(CHILD_PREFIX):].isdigit():
+        return int(name[len(CHILD_PREFIX):])
+    return None
+
+
+def netns_path(name: str, netns_dir: Path = NETNS_DIR) -> Path:
+    return netns_dir / name
+
+
+def netns_exists(name: str, netns_dir: Path = NETNS_DIR) -> bool:
+    return netns_path(name, netns_dir).exists()
+
+
+def lowest_free(used: set[int], n: int) -> list[int]:
+    """The ``n`` lowest indices not in ``used``."""
+    out, i = [], 0
+    while len(out) < n:
+        if i not in used:
+            out.append(i)
+        i += 1
+    return out
+
+
+def check_tap_name(name: object) -> str:
+    if not isinstance(name, str) or not TAP_RE.match(name):
+        raise InvalidRequest(
+            f"tap {name!r} is not a valid interface name (1-15 characters: letters, digits, "
+            "'_', '.', '-')"
+        )
+    return name
+
+
+def _ip() -> str:
+    return shutil.which("ip") or "/usr/sbin/ip"
+
+
+def host_tap_exists(name: str, sys_class_net: Path = Path("/sys/class/net")) -> bool:
+    """True if ``name`` is a tap device in the daemon's own network namespace."""
+    try:
+        flags = int((sys_class_net / name / "tun_flags").read_text().strip(), 16)
+    except (OSError, ValueError):
+        return False
+    return bool(flags & IFF_TAP)
+
+
+def netns_tap_exists(netns: str, name: str) -> bool:
+    """True if ``name`` is a tap device inside network namespace ``netns``."""
+    proc = subprocess.run(
+        [_ip(), "-netns", netns, "-details", "-oneline", "link", "show", "dev", name],
+        capture_output=True, text=True,
+    )
+    return proc.returncode == 0 and " tun type tap " in f" {proc.stdout} "
+
+
+def missing_tap_message(name: str, netns: str | None = None, needed: int = 1) -> str:
+    if netns is None:
+        return f"tap device {name} does not exist; create it with: ip tuntap add {name} mode tap"
+    return (f"tap device {name} does not exist in network namespace {netns}; create the "
+            f"namespaces with their taps with: {SETUP_SCRIPT} {needed} --tap {name}")
+
+
+def launcher(netns: str, netns_dir: Path = NETNS_DIR) -> list[str]:
+    """An argv prefix that runs the rest of the argv inside ``netns`` (same pid)."""
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    return [nsenter, f"--net={netns_path(netns, netns_dir)}", "--"]

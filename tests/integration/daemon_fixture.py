@@ -1,0 +1,219 @@
+"""Run a real ``forkd daemon`` process for the daemon integration tests.
+
+The daemon is started exactly as a user would (``forkd daemon --bind ...
+--data-dir ... --token-file ...``) in its own process, with the shared guest
+image (``FORKD_IMAGES_DIR``) and the cached accelerator probe copied into a
+throwaway data dir, so only the template boot of the first snapshot costs VM
+time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from forkd.config import default_data_dir
+
+from .conftest import images_dir, qemu_processes_of
+
+FORKD = Path(sys.executable).with_name("forkd")
+START_TIMEOUT = 90.0  # the runtime opens (and re-adopts sandboxes) before /healthz answers
+STOP_TIMEOUT = 60.0  # SIGTERM: uvicorn drains, then the runtime kills every sandbox
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_data_dir(prefix: str = "fkd-") -> Path:
+    """A short (unix socket paths are limited to 107 bytes) throwaway data dir."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    # The accelerator probe costs ~20 s on hosts where KVM hangs: reuse the real one.
+    probe = default_data_dir() / "host-probe.json"
+    if probe.exists():
+        shutil.copy(probe, root / "host-probe.json")
+    return root
+
+
+def write_token(root: Path) -> tuple[str, Path]:
+    """A random 32-character token in ``<root>/token`` (mode 0600)."""
+    token = secrets.token_hex(16)
+    path = root / "token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token, path
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_qemus_of(root: Path) -> list[str]:
+    """SIGKILL every QEMU whose command line names ``root`` (test clean-up); returns them."""
+    leftover = qemu_processes_of(root)
+    for line in leftover:
+        pid = int(line.split()[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return leftover
+
+
+@dataclass
+class Daemon:
+    """One ``forkd daemon`` process (restartable on the same data dir, token and port)."""
+
+    root: Path
+    token: str
+    token_file: Path
+    port: int
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    # "cli": `forkd daemon ...`; "module": `python -m forkd.api ...` (docs/API.md's spelling).
+    entry: str = "cli"
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    # Sandboxes a test leaves running on purpose, for the SIGTERM shutdown to stop.
+    left_for_shutdown: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls_cert else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "daemon.log"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def argv(self) -> list[str]:
+        command = [str(FORKD), "daemon"] if self.entry == "cli" else [sys.executable, "-m", "forkd.api"]
+        argv = [
+            *command,
+            "--bind", f"127.0.0.1:{self.port}",
+            "--data-dir", str(self.root),
+            "--token-file", str(self.token_file),
+        ]
+        if self.tls_cert and self.tls_key:
+            argv += ["--tls-cert", str(self.tls_cert), "--tls-key", str(self.tls_key)]
+        return argv + self.extra_args
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+        env["FORKD_IMAGES_DIR"] = str(images_dir())
+        return env
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no daemon log)"
+
+    def client(self, token: str | None = "default", timeout: float = 120.0) -> httpx.Client:
+        """An httpx client for this daemon; ``token=None`` sends no Authorization header."""
+        headers = self.auth if token == "default" else (
+            {} if token is None else {"Authorization": f"Bearer {token}"}
+        )
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=self.verify())
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What a client must trust: the daemon's self-signed certificate when it serves TLS."""
+        return ssl.create_default_context(cafile=str(self.tls_cert)) if self.tls_cert else True
+
+    def start(self) -> Daemon:
+        assert self.proc is None or self.proc.poll() is not None, "daemon already running"
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start #{self.starts}: {' '.join(self.argv())}\n".encode())
+            log.flush()
+            # No shell, no wrapper: proc.pid is the daemon itself, so kill -9 hits it.
+            self.proc = subprocess.Popen(
+                self.argv(), env=self.env(), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+            )
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        verify = self.verify()
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"forkd daemon exited with {self.proc.returncode} during start-up:\n{self.log_tail()}"
+                )
+            try:
+                r = httpx.get(f"{self.url}/healthz", timeout=2, verify=verify)
+                if r.status_code == 200 and r.json() == {"ok": True}:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"forkd daemon did not answer /healthz within {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM and wait (SIGKILL if it hangs). Returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise RuntimeError(f"daemon ignored SIGTERM for {timeout}s:\n{self.log_tail()}") from None
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        """``kill -9`` the daemon process itself (its QEMUs run in their own sessions)."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def new_daemon(prefix: str = "fkd-", **kwargs: object) -> Daemon:
+    root = make_data_dir(prefix)
+    token, token_file = write_token(root)
+    return Daemon(root=root, token=token, token_file=token_file, port=free_port(), **kwargs)  # type: ignore[arg-type]
+
+
+def shutdown_and_check(daemon: Daemon) -> None:
+    """Stop the daemon with SIGTERM, then fail if any of its QEMUs is still running.
+
+    Leftovers are killed before the assertion so that a failing test never
+    leaves VMs behind.
+    """
+    running = qemu_processes_of(daemon.root)
+    try:
+        status = daemon.stop()
+    finally:
+        leftover = kill_qemus_of(daemon.root)
+    print(f"\nSIGTERM: daemon exited with {status}, stopping {len(running)} running QEMU(s)")
+    assert not leftover, f"QEMU processes left behind by the daemon: {leftover}"
+    # uvicorn finishes its graceful shutdown, then re-raises the signal it caught.
+    assert status in (0, -signal.SIGTERM), f"daemon exited with {status} on SIGTERM:\n{daemon.log_tail()}"
+    shutil.rmtree(daemon.root, ignore_errors=True)
