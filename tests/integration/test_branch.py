@@ -245,8 +245,12 @@ def small_fs_runtime(loop: Loop, data_dir):
     # A short path: QEMU's unix sockets live under it (108-byte limit).
     root = Path(tempfile.mkdtemp(prefix="fdfull-", dir="/tmp"))
     (root / "snapshots").mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m", "tmpfs", str(root / "snapshots")],
-                   check=True)
+    # ext4 on a loop device, like a real data disk. (Not tmpfs: on a full tmpfs a
+    # child reading a hole of its private mem mapping gets SIGBUS.)
+    image = root / "small.ext4"
+    subprocess.run(["truncate", "-s", "700M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(root / "snapshots")], check=True)
     probe = data_dir.root / "host-probe.json"
     if probe.exists():
         (root / "host-probe.json").write_bytes(probe.read_bytes())

@@ -170,6 +170,7 @@ class Brancher:
                                                                  src.record.meta.get("tap")),
             )
             cap.stream.unlink(missing_ok=True)
+            branching.clear_stream_error(cap.stream)
             shutil.rmtree(helper_dir, ignore_errors=True)
             parent = SnapshotDir(self.rt.data.snapshots / src.parent_tag)
             parent_meta = parent.read_meta() if parent.meta_path.exists() else {}

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,17 +61,35 @@ class Capture:
     resume_error: str | None = None  # the state was captured but the source did not run again
 
 
+def _err_path(stream: Path) -> Path:
+    # Not next to the stream: when that filesystem is full, the message would be lost too.
+    return Path(tempfile.gettempdir()) / f"forkd-{stream.parent.name}.err"
+
+
 def _stream_uri(stream: Path) -> str:
-    # cat's stderr goes next to the stream so that a failure (ENOSPC) can be named.
-    return f"exec:cat > {shlex.quote(str(stream))} 2> {shlex.quote(f'{stream}.err')}"
+    # cat's stderr is kept so that a failure (e.g. ENOSPC) can be named to the user.
+    return f"exec:cat > {shlex.quote(str(stream))} 2> {shlex.quote(str(_err_path(stream)))}"
+
+
+def clear_stream_error(stream: Path) -> None:
+    _err_path(stream).unlink(missing_ok=True)
 
 
 def stream_error(stream: Path) -> str | None:
     """Why writing the stream failed, in the writer's words (e.g. 'No space left on device')."""
+    err = _err_path(stream)
+    try:
+        text = err.read_text().strip()
+    except OSError:
+        text = ""
+    finally:
+        err.unlink(missing_ok=True)
+    if text:
+        return f"writing {stream.parent}: {text.splitlines()[-1]}"
     with contextlib.suppress(OSError):
-        text = Path(f"{stream}.err").read_text().strip()
-        if text:
-            return text.splitlines()[-1]
+        st = os.statvfs(stream.parent)
+        if st.f_bavail * st.f_frsize < (16 << 20):
+            return f"No space left on device for {stream.parent} ({st.f_bavail * st.f_frsize >> 20} MiB free)"
     return None
 
 
