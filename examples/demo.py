@@ -8,7 +8,10 @@
 3. forks 10 children from it and evaluates in each — the dataset is already
    there, shared copy-on-write, and every child has its own random stream;
 4. shows that the children are isolated VMs (a change in one is invisible to the others);
-5. cleans up everything it made.
+5. BRANCHes a running child mid-computation (its in-memory state and its disk),
+   forks three grandchildren from the branch that each try a different "fix",
+   keeps the winner — while the source child keeps running;
+6. cleans up everything it made.
 
 Run with `make demo` (does all set-up first) or `.venv/bin/python examples/demo.py`.
 """
@@ -33,6 +36,8 @@ from forkd import Controller
 from forkd.config import default_data_dir
 
 console = Console()
+STEP = "state['step']"
+RUN_BUGGY = "import sys; sys.path.insert(0, '/root'); import buggy; print(buggy.f(21))"
 
 
 def free_port() -> int:
@@ -133,6 +138,44 @@ def main() -> int:
         res = c.exec(b, ["python3", "-c", "print(2+2)"])
         console.print(f"[bold]exec[/] python3 -c 'print(2+2)' in {b}: stdout={res['stdout']!r} "
                       f"exit={res['exit_code']}")
+
+        # --- BRANCH: an agent mid-task, checkpointed while it runs -------------------
+        src = sandboxes[2]["id"]
+        c.eval(src, "import threading, time\n"
+                    "state = {'step': 0, 'notes': ['loaded data']}\n"
+                    "def _work():\n"
+                    "    while True:\n"
+                    "        state['step'] += 1; time.sleep(0.01)\n"
+                    "threading.Thread(target=_work, daemon=True).start()")
+        c.exec(src, ["sh", "-c", "echo 'def f(x): return x / 0' > /root/buggy.py"])
+        for mode in ("full", "diff"):
+            t0 = time.monotonic()
+            br = c.branch_sandbox(src, tag=f"{tag}-{mode}", mode=mode)
+            console.print(f"[bold]branch[/] ({mode}) of running {src} -> {br['tag']}: source paused "
+                          f"{br['pause_ms']:.0f} ms, snapshot ready in {time.monotonic() - t0:.1f} s")
+        step_now = c.eval(src, STEP)["result"]
+        time.sleep(0.5)
+        console.print(f"the source kept running: its step counter went {step_now} -> "
+                      f"{c.eval(src, STEP)['result']}")
+
+        fixes = {"return x / 1": "divide by one", "return x * 0": "multiply by zero",
+                 "return x": "identity"}
+        grandkids = c.spawn_sandboxes(f"{tag}-diff", n=len(fixes))
+        sandboxes += grandkids
+        table = Table("grandchild", "step (continued from the branch)", "fix tried", "f(21) ->", "exit")
+        winner = None
+        for g, (fix, label) in zip(grandkids, fixes.items(), strict=True):
+            inherited = c.eval(g["id"], STEP)["result"]
+            c.exec(g["id"], ["sh", "-c", f"sed -i 's|return x / 0|{fix}|' /root/buggy.py"])
+            out = c.exec(g["id"], ["python3", "-c", RUN_BUGGY])
+            table.add_row(g["id"], inherited, label, out["stdout"].strip() or out["stderr"].strip()[-40:],
+                          str(out["exit_code"]))
+            if out["exit_code"] == 0 and out["stdout"].strip() == "21.0":
+                winner = g["id"]
+        console.print(table)
+        console.print(f"[bold]winner[/]: {winner} (its siblings and the source are untouched: "
+                      f"source still has the bug: "
+                      f"{'x / 0' in c.exec(src, ['cat', '/root/buggy.py'])['stdout']})")
     finally:
         with console.status("cleaning up"):
             for sb in sandboxes:
@@ -141,7 +184,7 @@ def main() -> int:
                 except Exception as exc:  # keep cleaning up the rest
                     console.print(f"[red]kill {sb['id']}: {exc}")
             try:
-                c.delete_snapshot(tag)
+                c.delete_snapshot(tag, cascade=True)  # the branches are layered on it
             except Exception as exc:
                 console.print(f"[red]delete snapshot {tag}: {exc}")
             c.close()
