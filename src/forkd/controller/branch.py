@@ -121,7 +121,7 @@ class Brancher:
                     f"and was removed: {cap.resume_error}"
                 )
             self.rt.registry.insert_snapshot(record)
-            finish = self._finish(src, record, staging, cap, mode)
+            finish = self._finish(src, record, staging, cap, mode, keep_failed=not wait)
             staging = None  # owned by _finish from here on
             if wait:
                 return await finish
@@ -153,7 +153,7 @@ class Brancher:
                        "and nothing was registered")
 
     async def _finish(self, src: _Source, record: SnapshotRecord, staging: SnapshotDir,
-                      cap: branching.Capture, mode: str) -> SnapshotRecord:
+                      cap: branching.Capture, mode: str, *, keep_failed: bool) -> SnapshotRecord:
         tag = record.tag
         try:
             if cap.background is not None:
@@ -196,8 +196,11 @@ class Brancher:
             shutil.rmtree(staging.path, ignore_errors=True)
             message = exc if isinstance(exc, ForkdError) else f"{type(exc).__name__}: {exc}"
             if record.status == "writing":
-                # Nothing half-written stays registered: a failed branch is removed.
-                self.rt.registry.delete_snapshot(tag)
+                if keep_failed:
+                    # wait: false — whoever polls must see it fail; it holds no files.
+                    self.rt.registry.update_snapshot(tag, status="failed", error=str(message))
+                else:
+                    self.rt.registry.delete_snapshot(tag)  # the caller gets the error itself
             log.warning("branch %s failed: %s", tag, message)
             raise VMError(f"branch {tag} failed after the source resumed: {message}") from exc
         finally:
