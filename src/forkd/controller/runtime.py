@@ -28,7 +28,7 @@ from forkd.store.shm import ShmMemory
 from forkd.vmm import accel as accel_mod
 from forkd.vmm import netns as netns_mod
 from forkd.vmm.cmdline import Accel, VMConfig, kernel_cmdline
-from forkd.vmm.machine import VM, create_overlay
+from forkd.vmm.machine import VM, clone_overlay, create_overlay
 from forkd.vmm.process import adopt, kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.runtime")
@@ -514,7 +514,7 @@ class Runtime:
                 launcher += cgroup.launcher()
             if netns:
                 launcher += netns_mod.launcher(netns)
-            create_overlay(sdir.disk, run_dir / "disk.qcow2", "qcow2")
+            clone_overlay(sdir.disk, run_dir / "disk.qcow2", sdir.path / ".child-overlay.qcow2")
             vm = await VM.restore(run_dir, config, mem_path=mem or sdir.mem, state_path=sdir.state,
                                   disk=run_dir / "disk.qcow2", tap=tap, launcher=launcher)
         except BaseException:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -36,6 +38,20 @@ def create_overlay(backing: Path, path: Path, backing_format: str) -> None:
     )
     if proc.returncode != 0:
         raise VMError(f"qemu-img create {path} failed: {proc.stderr.strip()}")
+
+
+def clone_overlay(backing: Path, path: Path, template: Path) -> None:
+    """A fresh empty overlay over ``backing``, copied from a cached empty one.
+
+    Every child of a snapshot gets an identical empty overlay (same backing
+    path), so one ``qemu-img create`` per snapshot replaces one per child: a
+    few KB copied instead of a process spawned on the fork's critical path.
+    """
+    if not template.exists():
+        tmp = template.with_name(f"{template.name}.tmp-{os.getpid()}-{id(path)}")
+        create_overlay(backing, tmp, "qcow2")
+        os.replace(tmp, template)
+    shutil.copyfile(template, path)
 
 
 def exec_uri(command: str, path: Path) -> str:
