@@ -89,6 +89,8 @@ class Daemon:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    # FORKD_* settings for the daemon's environment (the caller's own FORKD_* are never passed on).
+    extra_env: dict[str, str] = field(default_factory=dict)
     # "cli": `forkd daemon ...`; "module": `python -m forkd.api ...` (docs/API.md's spelling).
     entry: str = "cli"
     proc: subprocess.Popen[bytes] | None = None
@@ -123,6 +125,7 @@ class Daemon:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
         env["FORKD_IMAGES_DIR"] = str(images_dir())
+        env.update(self.extra_env)
         return env
 
     def log_tail(self, lines: int = 40) -> str:

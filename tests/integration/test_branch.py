@@ -281,3 +281,31 @@ def test_disk_full_during_branch_resumes_source(loop: Loop, small_fs_runtime: Ru
         assert loop.run(rt.ping(sb.id))["pong"] is True
     finally:
         filler.unlink()
+
+
+def test_many_consecutive_branches_and_deleting_one_under_a_live_source(
+    loop: Loop, runtime: Runtime, snapshot: str
+) -> None:
+    """Ten branches of one source chain without limit, and a branch can be deleted
+    while its source lives: the next branch still carries the whole disk."""
+    src = loop.run(runtime.spawn(snapshot, 1))[0]
+    tags = []
+    try:
+        for i in range(10):
+            loop.run(runtime.exec(src.id, ["sh", "-c", f"echo {i} > /root/step-{i}; sync"]))
+            tags.append(loop.run(runtime.branch(src.id, mode="diff")).tag)
+        assert runtime.get_snapshot(tags[-1]).parent_tag == tags[-2]
+        # The newest branch is the base of the source's next one; delete it anyway.
+        loop.run(runtime.delete_snapshot(tags.pop()))
+        loop.run(runtime.exec(src.id, ["sh", "-c", "echo after > /root/after; sync"]))
+        last = loop.run(runtime.branch(src.id, tag="after-delete", mode="diff"))
+        assert last.parent_tag == tags[-1]
+        kid = loop.run(runtime.spawn("after-delete", 1))[0]
+        out = loop.run(runtime.exec(kid.id, ["sh", "-c", "cat /root/step-* /root/after"]))
+        assert out["stdout"].split() == [*map(str, range(10)), "after"]
+        loop.run(runtime.kill(kid.id))
+    finally:
+        loop.run(runtime.kill(src.id))
+    loop.run(runtime.delete_snapshot(tags[0], cascade=True))
+    for tag in (*tags, "after-delete"):
+        assert not (runtime.data.snapshots / tag).exists()

@@ -287,7 +287,7 @@ def test_build_argv_nic_only_with_tap() -> None:
     with_tap = build_argv("qemu", _spec(tap="forkd-tap0"))
     assert with_tap[: len(plain)] == plain
     assert with_tap[len(plain):] == [
-        "-netdev", "tap,id=net0,ifname=forkd-tap0,script=no,downscript=no",
+        "-netdev", "tap,id=net0,ifname=forkd-tap0,script=no,downscript=no,vnet_hdr=off",
         "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}",
     ]
     # Template (booting) and child (restoring) lines carry the same NIC.

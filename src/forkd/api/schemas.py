@@ -165,7 +165,7 @@ class BranchRequest(_Request):
     )
 
     tag: Tag | None = Field(
-        None, description="Tag of the new snapshot; default branch-<source-id>-<unix-ts>."
+        None, description="Tag of the new snapshot; default branch-<source-id>-<seq> (seq counts per source)."
     )
     mode: BranchMode | None = Field(None, description="full (default), diff or live.")
     diff: bool | None = Field(

@@ -47,7 +47,8 @@ class _Source:
     run_dir: Path
     active_node: str
     active_file: Path
-    parent_tag: str
+    parent_tag: str  # the newest published snapshot its disk chain sits on
+    pending_layers: list[Path]  # frozen overlays since then that no published snapshot holds
 
 
 class Brancher:
@@ -65,6 +66,7 @@ class Brancher:
             active_node=record.meta.get("disk_node", "disk0"),
             active_file=Path(record.meta.get("disk_file", run_dir / "disk.qcow2")),
             parent_tag=record.meta.get("disk_parent_tag", record.snapshot_tag),
+            pending_layers=[Path(p) for p in record.meta.get("pending_layers", [])],
         )
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
@@ -103,17 +105,30 @@ class Brancher:
                 if cap.resume_error:
                     log.warning("branch of %s captured, but the source did not resume: %s",
                                 sandbox_id, cap.resume_error)
-                # The source now writes new_disk; remember that before anything else can fail.
-                meta = {**src.record.meta, "disk_node": new_node, "disk_file": str(new_disk),
-                        "disk_parent_tag": tag}
-                self.rt.registry.update_sandbox(sandbox_id, meta=meta)
-                branching.link_frozen_disk(src.active_file, staging.disk)
+                # The source now writes new_disk and the frozen overlay joins its
+                # unpublished layers; record that before anything else can fail.
+                layers = [*src.pending_layers, src.active_file]
+                self.rt.registry.update_sandbox(sandbox_id, meta={
+                    **src.record.meta, "disk_node": new_node, "disk_file": str(new_disk),
+                    "disk_parent_tag": src.parent_tag, "pending_layers": [str(p) for p in layers]})
+                try:
+                    base = SnapshotDir(self.rt.data.snapshots / src.parent_tag).disk
+                    await asyncio.to_thread(branching.copy_layers, layers, base, staging.disk,
+                                            self.rt.data.snapshots / tag)
+                except BaseException as exc:
+                    if cap.background is not None:
+                        cap.background.cancel()
+                    raise VMError(f"branch of {sandbox_id} failed copying its disk: "
+                                  f"{branching.stream_error(cap.stream) or exc}") from exc
 
             final_dir = self.rt.data.snapshots / tag
             record = SnapshotRecord(
                 tag=tag, dir=str(final_dir), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.parent_tag, pause_ms=round(cap.pause_ms, 3),
-                meta={"config": src.config.to_json(), "mode": mode, "tap": src.record.meta.get("tap")},
+                meta={"config": src.config.to_json(), "mode": mode, "tap": src.record.meta.get("tap"),
+                      # The source's own copies of this branch's disk layers: if the
+                      # branch is deleted while the source lives, they are its base again.
+                      "source_layers": [str(p) for p in layers]},
             )
             if cap.resume_error:
                 record.meta["source_error"] = (
@@ -121,7 +136,7 @@ class Brancher:
                     f"and was removed: {cap.resume_error}"
                 )
             self.rt.registry.insert_snapshot(record)
-            finish = self._finish(src, record, staging, cap, mode, keep_failed=not wait)
+            finish = self._finish(src, record, staging, cap, mode, layers, keep_failed=not wait)
             staging = None  # owned by _finish from here on
             if wait:
                 return await finish
@@ -153,7 +168,8 @@ class Brancher:
                        "and nothing was registered")
 
     async def _finish(self, src: _Source, record: SnapshotRecord, staging: SnapshotDir,
-                      cap: branching.Capture, mode: str, *, keep_failed: bool) -> SnapshotRecord:
+                      cap: branching.Capture, mode: str, layers: list[Path], *,
+                      keep_failed: bool) -> SnapshotRecord:
         tag = record.tag
         try:
             if cap.background is not None:
@@ -190,8 +206,14 @@ class Brancher:
             if cap.resume_error:
                 await self.rt.kill(src.record.id)  # reported dead: nothing usable is left
             else:
-                await self._relink(src, tag)
+                await self._published(src.record.id, src.parent_tag, tag, layers)
             return record
+        except asyncio.CancelledError:
+            shutil.rmtree(staging.path, ignore_errors=True)
+            branching.clear_stream_error(cap.stream)
+            if record.status == "writing":
+                self.rt.registry.delete_snapshot(tag)
+            raise
         except BaseException as exc:
             shutil.rmtree(staging.path, ignore_errors=True)
             message = exc if isinstance(exc, ForkdError) else f"{type(exc).__name__}: {exc}"
@@ -206,17 +228,35 @@ class Brancher:
         finally:
             self.rt._tags_in_flight.discard(tag)
 
-    async def _relink(self, src: _Source, tag: str) -> None:
-        """Point the source's active overlay at the branch's disk (see branching.relink_backing)."""
-        vm = self.rt.vms.get(src.record.id)
-        if vm is None or not vm.process.alive():
-            return
+    async def _published(self, sandbox_id: str, old_parent: str, tag: str, layers: list[Path]) -> None:
+        """The source's disk now sits on ``tag``: later branches copy only newer layers."""
+        async with self._locks.setdefault(sandbox_id, asyncio.Lock()):
+            try:
+                meta = self.rt.registry.get_sandbox(sandbox_id).meta
+            except ForkdError:
+                return  # the source is gone; nothing to update
+            pending = meta.get("pending_layers", [])
+            done = [str(p) for p in layers]
+            if meta.get("disk_parent_tag", old_parent) == old_parent and pending[: len(done)] == done:
+                self.rt.registry.update_sandbox(sandbox_id, meta={
+                    **meta, "disk_parent_tag": tag, "pending_layers": pending[len(done):]})
+
+    def unpublish(self, tag: str) -> None:
+        """``tag`` is being deleted: sources layered on it fall back to its parent.
+
+        Their own frozen overlays (kept in their run directories) become
+        unpublished layers again, so their next branch copies them instead.
+        """
         try:
-            current = self.rt.registry.get_sandbox(src.record.id).meta
-            await branching.relink_backing(vm, current["disk_node"],
-                                           SnapshotDir(self.rt.data.snapshots / tag).disk)
-        except (ForkdError, KeyError) as exc:
-            log.warning("could not relink %s's disk to branch %s: %s", src.record.id, tag, exc)
+            snap = self.rt.registry.get_snapshot(tag)
+        except ForkdError:
+            return
+        for sb in self.rt.registry.list_sandboxes():
+            if sb.meta.get("disk_parent_tag") == tag:
+                self.rt.registry.update_sandbox(sb.id, meta={
+                    **sb.meta, "disk_parent_tag": snap.parent_tag,
+                    "pending_layers": [*snap.meta.get("source_layers", []),
+                                       *sb.meta.get("pending_layers", [])]})
 
     async def wait_background(self, timeout: float = 600) -> None:
         """Let in-flight live branches finish (daemon shutdown, tests)."""

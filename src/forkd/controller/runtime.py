@@ -347,10 +347,9 @@ class Runtime:
                 "or pass cascade=true to delete the subtree"
             )
         doomed = [*reversed(dependents), tag] if cascade else [tag]
-        # A sandbox needs a snapshot it was forked from, and the last branch taken
-        # of it: its current disk overlay is layered on that branch's disk.
-        users = [sb.id for sb in self.registry.list_sandboxes()
-                 if sb.snapshot_tag in doomed or sb.meta.get("disk_parent_tag") in doomed]
+        # A sandbox needs the snapshot it was forked from. (A branch's *source* does
+        # not: it keeps its own copies of the layers; see Brancher.unpublish.)
+        users = [sb.id for sb in self.registry.list_sandboxes() if sb.snapshot_tag in doomed]
         if users and not force:
             raise Conflict(
                 f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
@@ -358,6 +357,7 @@ class Runtime:
         for sb_id in users:
             await self.kill(sb_id)
         for t in doomed:
+            self.brancher.unpublish(t)
             self.registry.delete_snapshot(t)
             shutil.rmtree(self.data.snapshots / t, ignore_errors=True)
             self.shm.remove(t)

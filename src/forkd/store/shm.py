@@ -6,8 +6,13 @@ not on a private mapping of an ext4 file (QEMU: "Background-snapshot is not
 compatible with guest memory configuration"). A private mapping of a *tmpfs*
 file qualifies and keeps copy-on-write sharing, so each snapshot that has
 live_fork children gets one copy of its ``mem`` on /dev/shm, shared by all of
-them. Cost: the snapshot's touched memory, once, in RAM; a live branch makes
-QEMU populate the whole guest RAM size there.
+them. Cost: the guest RAM size, once per snapshot, in RAM.
+
+The copy is written in full, not sparse: a live branch makes QEMU populate the
+whole guest RAM, and a read fault on a hole of a tmpfs file allocates a page
+charged to the faulting QEMU's memory cgroup, which got children with a
+``memory_limit_mib`` below the guest RAM size OOM-killed mid-branch. Written
+in full, the pages are the daemon's, and children only map them.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ class ShmMemory:
                 return target
             if not SHM_ROOT.is_dir():
                 raise InvalidRequest(f"live_fork needs a tmpfs at {SHM_ROOT}; mount one or set FORKD_SHM_DIR")
-            need = os.stat(source).st_blocks * 512
+            need = os.stat(source).st_size
             st = os.statvfs(SHM_ROOT)
             if st.f_bavail * st.f_frsize < need + (64 << 20):
                 raise InvalidRequest(
@@ -52,7 +57,7 @@ class ShmMemory:
             self.dir.mkdir(mode=0o700, exist_ok=True)
             tmp = target.with_suffix(f".tmp-{os.getpid()}")
             proc = await asyncio.create_subprocess_exec(
-                "cp", "--sparse=always", str(source), str(tmp), stderr=subprocess.PIPE)
+                "cp", "--sparse=never", str(source), str(tmp), stderr=subprocess.PIPE)
             _, err = await proc.communicate()
             if proc.returncode != 0:
                 tmp.unlink(missing_ok=True)

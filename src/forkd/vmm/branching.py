@@ -14,9 +14,9 @@ carries the child's RAM (zero pages as flags only). Three ways to take it:
   each before the guest first writes it. The state is as of the request. Needs
   RAM on shared memory (a sandbox spawned with ``live_fork``).
 
-In every mode the disk is frozen while the vCPUs are stopped
-(``blockdev-snapshot-sync``): the frozen overlay becomes the branch's disk and
-the source carries on, on a new overlay.
+In every mode the disk is cut at the instant of the memory state
+(``blockdev-snapshot-sync``): the frozen overlay, copied, becomes the branch's
+disk and the source carries on, on a new overlay.
 
 A stream is then turned into a forkable snapshot by a helper QEMU that loads it
 into RAM backed by the branch's new ``mem`` file (``share=on``) and writes the
@@ -29,6 +29,8 @@ import asyncio
 import contextlib
 import os
 import shlex
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,8 +40,9 @@ from pathlib import Path
 from qemu.qmp import EventListener
 
 from forkd.errors import VMError
+from forkd.image import prereqs
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
-from forkd.vmm.machine import VM, create_overlay, exec_uri
+from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.qmp import UNTHROTTLED
 
 # diff mode: the final stop-and-copy may take at most this long.
@@ -252,17 +255,6 @@ async def resume(vm: VM) -> None:
         await vm.qmp.cmd("cont")
 
 
-async def relink_backing(vm: VM, node: str, backing: Path) -> None:
-    """Point the source's active overlay at the branch's copy of its backing layer.
-
-    The frozen overlay is hard-linked into the branch (same inode), so the
-    content is identical; recording the branch's path in the header keeps the
-    chain valid after the source's own directory is gone.
-    """
-    await vm.qmp.cmd("change-backing-file", device=node, **{"image-node-name": node,
-                                                              "backing-file": str(backing)})
-
-
 async def stream_to_snapshot(
     run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
     disk: Path, spec_factory: Callable[[Path, Path, Path], SpecFactory], timeout: float = 600,
@@ -277,8 +269,10 @@ async def stream_to_snapshot(
     with open(mem_path, "wb") as f:
         f.truncate(config.mem_mib << 20)
     scratch = run_dir / "scratch.qcow2"
-    # The helper must not write the branch's disk: give it a throwaway overlay.
-    create_overlay(disk, scratch, "qcow2")
+    # The helper never runs the guest, so it needs a virtio disk (device config),
+    # not the branch's content: a blank one of the same size, with no backing
+    # chain (the branch's chain names paths that exist only once published).
+    create_blank(scratch, qcow2_virtual_size(disk))
     vm = await VM._launch(run_dir, config, spec_factory(mem_path, scratch, run_dir))
     try:
         await vm.qmp.set_capabilities(x_ignore_shared=False)
@@ -295,9 +289,45 @@ async def stream_to_snapshot(
     return time.monotonic() - started
 
 
-def link_frozen_disk(frozen: Path, target: Path) -> None:
-    """Hard-link (O(1)); the frozen overlay is never written again."""
-    try:
-        os.link(frozen, target)
-    except OSError as exc:
-        raise VMError(f"cannot link {frozen} into the branch: {exc}") from exc
+def qcow2_virtual_size(path: Path) -> int:
+    """The disk size a qcow2 image presents (header: magic, version, …, size at byte 24)."""
+    with open(path, "rb") as f:
+        header = f.read(32)
+    if header[:4] != b"QFI\xfb":
+        raise VMError(f"{path} is not a qcow2 image")
+    return int.from_bytes(header[24:32], "big")
+
+
+def create_blank(path: Path, size: int) -> None:
+    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
+    proc = subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", str(path), str(size)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise VMError(f"qemu-img create {path} failed: {proc.stderr.strip()}")
+
+
+def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path) -> list[Path]:
+    """Copy frozen overlays (oldest first) into a branch, chained onto ``base``.
+
+    The newest becomes ``disk``; older ones (left by branches that failed after
+    their capture) become ``layer-<i>.qcow2`` beside it. Copies, not links: the
+    branch must not depend on the source's directory, and rewriting the backing
+    path of a file QEMU holds open as a backing image is not possible. A frozen
+    overlay holds only what the guest wrote since the previous branch, so the
+    copy is small, and it happens after the source has resumed. Backing paths
+    name ``final_dir``, where the staging directory will be renamed to.
+    """
+    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
+    written: list[Path] = []
+    prev = base
+    for i, layer in enumerate(layers):
+        target = disk if i == len(layers) - 1 else disk.with_name(f"layer-{i}.qcow2")
+        shutil.copyfile(layer, target)
+        written.append(target)
+        # -u: only the header's backing path changes; the content below is identical.
+        proc = subprocess.run([qemu_img, "rebase", "-u", "-f", "qcow2", "-b", str(prev), "-F", "qcow2",
+                               str(target)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VMError(f"qemu-img rebase {target} failed: {proc.stderr.strip()}")
+        prev = final_dir / target.name
+    return written

@@ -114,8 +114,10 @@ def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
             raise ValueError(f"bad tap name {spec.tap!r}")
         # A VM that only loads and re-saves state (the branch helper) never runs:
         # it needs the same NIC for the device config, but no real tap behind it.
+        # vnet_hdr=off: a saved virtio-net with vnet headers only loads into a
+        # backend that has them too, which the placeholder (a hub port) has not.
         backend = ("hubport,id=net0,hubid=0" if spec.nic_placeholder
-                   else f"tap,id=net0,ifname={spec.tap},script=no,downscript=no")
+                   else f"tap,id=net0,ifname={spec.tap},script=no,downscript=no,vnet_hdr=off")
         argv += [
             "-netdev", backend,
             "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}",

@@ -40,7 +40,7 @@ class QMP:
         try:
             return await self.client.execute(command, args or None)
         except ExecuteError as exc:
-            raise VMError(f"QMP {command} failed: {exc.error.desc}") from exc
+            raise VMError(f"QMP {command} failed: {exc.error.error.desc}") from exc
         except Exception as exc:
             raise VMError(f"QMP {command} failed: {type(exc).__name__}: {exc}") from exc
 
