@@ -43,6 +43,7 @@ test-integration: setup
 
 bench: setup
 	$(BIN)/python bench/fork_vs_boot.py
+	$(BIN)/python bench/branch.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

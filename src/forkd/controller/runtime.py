@@ -316,8 +316,8 @@ class Runtime:
                 break
         return {**snap.info(), "parent_tag": snap.parent_tag, "ancestors": ancestors,
                 "dependents": self._dependents(tag),
-                "sandboxes": [sb.id for sb in self.registry.list_sandboxes()
-                              if sb.snapshot_tag == tag]}
+                "sandboxes": sorted(sb.id for sb in self.registry.list_sandboxes()
+                                    if sb.snapshot_tag == tag)}
 
     def _dependents(self, tag: str) -> list[str]:
         """Snapshots whose disk chain runs through ``tag`` (all descendants)."""
