@@ -50,6 +50,13 @@ def daemon(
             help="Leave sandboxes running on shutdown; the next daemon re-adopts them.",
         ),
     ] = False,
+    branch_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--branch-concurrency", envvar="FORKD_BRANCH_CONCURRENCY", min=1, max=64,
+            help="BRANCH requests served at once; more get 503 (default 4).",
+        ),
+    ] = None,
     log_level: Annotated[
         str,
         typer.Option("--log-level", help="debug, info, warning or error."),
@@ -83,6 +90,7 @@ def daemon(
         "tls_cert": tls_cert,
         "tls_key": tls_key,
         "data_dir": data_dir,
+        "branch_concurrency": branch_concurrency,
     }
     if bind is not None:
         try:

@@ -116,8 +116,10 @@ class Brancher:
                     await asyncio.to_thread(branching.copy_layers, layers, base, staging.disk,
                                             self.rt.data.snapshots / tag)
                 except BaseException as exc:
-                    if cap.background is not None:
+                    if cap.background is not None:  # live: stop streaming RAM too
                         cap.background.cancel()
+                        with contextlib.suppress(Exception):
+                            await src.vm.qmp.cmd("migrate_cancel")
                     raise VMError(f"branch of {sandbox_id} failed copying its disk: "
                                   f"{branching.stream_error(cap.stream) or exc}") from exc
 
@@ -216,6 +218,7 @@ class Brancher:
             raise
         except BaseException as exc:
             shutil.rmtree(staging.path, ignore_errors=True)
+            branching.clear_stream_error(cap.stream)
             message = exc if isinstance(exc, ForkdError) else f"{type(exc).__name__}: {exc}"
             if record.status == "writing":
                 if keep_failed:
