@@ -171,6 +171,7 @@ def build_image(
         try:
             cached = load_image(data, recipe.name)
             if cached.key == key:
+                publish_seed_paths(data, cached)
                 progress("cached", 1.0)
                 return cached
         except NotFound:
@@ -221,10 +222,33 @@ def build_image(
         os.rename(staging, final)
         shutil.rmtree(old, ignore_errors=True)
         progress("done", 1.0)
-        return load_image(data, recipe.name)
+        image = load_image(data, recipe.name)
+        publish_seed_paths(data, image)
+        return image
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def seed_paths(data: DataDir, image: Image) -> tuple[Path, Path]:
+    """Where the seeds' examples expect the kernel and root filesystem.
+
+    The seeds run ``POST /v1/snapshots`` with ``kernel: /var/lib/forkd/kernels/
+    vmlinux-6.1`` and ``rootfs: /var/lib/forkd/rootfs/python.ext4``; with
+    ``--data-dir /var/lib/forkd`` those names point at this image.
+    """
+    major_minor = ".".join(image.meta.get("kernel_version", "0.0").split(".")[:2])
+    name = "python" if image.name == DEFAULT_IMAGE else image.name
+    return (data.root / "kernels" / f"vmlinux-{major_minor}", data.root / "rootfs" / f"{name}.ext4")
+
+
+def publish_seed_paths(data: DataDir, image: Image) -> None:
+    for link, target in zip(seed_paths(data, image), (image.kernel, image.rootfs), strict=True):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)
 
 
 def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
