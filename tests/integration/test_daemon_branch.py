@@ -220,11 +220,20 @@ def snapshot_mode(info: dict[str, Any]) -> str:
     return json.loads((Path(info["dir"]) / "snapshot.json").read_text())["mode"]
 
 
-def audited(daemon: Daemon, method: str, path: str) -> list[int]:
-    """Statuses the audit log recorded for ``method path``, oldest first."""
-    lines = (daemon.root / "audit.log").read_text().splitlines()
-    entries = [json.loads(line) for line in lines if line.strip()]
-    return [e["status"] for e in entries if e["method"] == method and e["path"] == path]
+def audited(daemon: Daemon, method: str, path: str, expect: int = 1) -> list[int]:
+    """Statuses the audit log recorded for ``method path``, oldest first.
+
+    The audit line is written once the response has been sent, so the client can
+    see the response a moment before the line exists: wait (bounded) for ``expect``.
+    """
+    deadline = time.monotonic() + 10
+    while True:
+        lines = (daemon.root / "audit.log").read_text().splitlines()
+        entries = [json.loads(line) for line in lines if line.strip()]
+        found = [e["status"] for e in entries if e["method"] == method and e["path"] == path]
+        if len(found) >= expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def concurrently(daemon: Daemon, requests: list[tuple[str, dict[str, Any]]]) -> list[httpx.Response]:
