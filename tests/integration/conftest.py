@@ -89,3 +89,16 @@ def snapshot(loop: Loop, runtime: Runtime) -> str:
 def qemu_processes_of(root: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", "qemu-system"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if str(root) in line]
+
+
+@pytest.fixture
+def sdk_env(daemon, monkeypatch: pytest.MonkeyPatch):
+    """FORKD_URL / FORKD_TOKEN for ``Controller()`` and ``Sandbox()`` without arguments.
+
+    ``daemon`` is the module's own daemon fixture (test_daemon*.py).
+    """
+    for name in ("FORKD_TOKEN_FILE", "FORKD_CA_CERT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FORKD_URL", daemon.url)
+    monkeypatch.setenv("FORKD_TOKEN", daemon.token)
+    return daemon

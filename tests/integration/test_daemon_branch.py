@@ -105,14 +105,6 @@ def py(http: httpx.Client) -> str:
     return "py"
 
 
-@pytest.fixture
-def sdk_env(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> Daemon:
-    """FORKD_URL / FORKD_TOKEN, so that ``Controller()`` and ``Sandbox(tag=...)`` find the daemon."""
-    for name in ("FORKD_TOKEN_FILE", "FORKD_CA_CERT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("FORKD_URL", daemon.url)
-    monkeypatch.setenv("FORKD_TOKEN", daemon.token)
-    return daemon
 
 
 @pytest.fixture(autouse=True)
