@@ -79,8 +79,6 @@ def snapshot(http: httpx.Client) -> str:
     return "py"
 
 
-
-
 @pytest.fixture(autouse=True)
 def no_sandboxes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test kills what it spawned, so the kill -9 test can count exactly."""

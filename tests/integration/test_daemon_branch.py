@@ -105,8 +105,6 @@ def py(http: httpx.Client) -> str:
     return "py"
 
 
-
-
 @pytest.fixture(autouse=True)
 def clean_between_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves sandboxes running; drop its snapshots so tags can be reused."""
