@@ -29,7 +29,8 @@ from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
 from forkd.store.layout import SnapshotDir
 from forkd.vmm.cmdline import VMConfig, kernel_cmdline
-from forkd.vmm.machine import VM, create_overlay
+from forkd.vmm.disk import create_overlay
+from forkd.vmm.machine import VM
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -28,6 +28,7 @@ from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
 from forkd.store.registry import SandboxRecord, SnapshotRecord, now_unix
 from forkd.vmm import branching
+from forkd.vmm import disk as disk_mod
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ class Brancher:
                     "disk_parent_tag": src.parent_tag, "pending_layers": [str(p) for p in layers]})
                 try:
                     base = SnapshotDir(self.rt.data.snapshots / src.parent_tag).disk
-                    await asyncio.to_thread(branching.copy_layers, layers, base, staging.disk,
+                    await asyncio.to_thread(disk_mod.copy_layers, layers, base, staging.disk,
                                             self.rt.data.snapshots / tag)
                 except BaseException as exc:
                     if cap.background is not None:  # live: stop streaming RAM too

@@ -28,7 +28,8 @@ from forkd.store.shm import ShmMemory
 from forkd.vmm import accel as accel_mod
 from forkd.vmm import netns as netns_mod
 from forkd.vmm.cmdline import Accel, VMConfig, kernel_cmdline
-from forkd.vmm.machine import VM, clone_overlay, create_overlay
+from forkd.vmm.disk import clone_overlay, create_overlay
+from forkd.vmm.machine import VM
 from forkd.vmm.process import adopt, kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.runtime")

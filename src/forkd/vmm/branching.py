@@ -29,8 +29,6 @@ import asyncio
 import contextlib
 import os
 import shlex
-import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,7 +38,7 @@ from pathlib import Path
 from qemu.qmp import EventListener
 
 from forkd.errors import VMError
-from forkd.image import prereqs
+from forkd.vmm import disk as disk_mod
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.qmp import UNTHROTTLED
@@ -272,7 +270,7 @@ async def stream_to_snapshot(
     # The helper never runs the guest, so it needs a virtio disk (device config),
     # not the branch's content: a blank one of the same size, with no backing
     # chain (the branch's chain names paths that exist only once published).
-    create_blank(scratch, qcow2_virtual_size(disk))
+    disk_mod.create_blank(scratch, disk_mod.qcow2_virtual_size(disk))
     vm = await VM._launch(run_dir, config, spec_factory(mem_path, scratch, run_dir))
     try:
         await vm.qmp.set_capabilities(x_ignore_shared=False)
@@ -289,45 +287,3 @@ async def stream_to_snapshot(
     return time.monotonic() - started
 
 
-def qcow2_virtual_size(path: Path) -> int:
-    """The disk size a qcow2 image presents (header: magic, version, …, size at byte 24)."""
-    with open(path, "rb") as f:
-        header = f.read(32)
-    if header[:4] != b"QFI\xfb":
-        raise VMError(f"{path} is not a qcow2 image")
-    return int.from_bytes(header[24:32], "big")
-
-
-def create_blank(path: Path, size: int) -> None:
-    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
-    proc = subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", str(path), str(size)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise VMError(f"qemu-img create {path} failed: {proc.stderr.strip()}")
-
-
-def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path) -> list[Path]:
-    """Copy frozen overlays (oldest first) into a branch, chained onto ``base``.
-
-    The newest becomes ``disk``; older ones (left by branches that failed after
-    their capture) become ``layer-<i>.qcow2`` beside it. Copies, not links: the
-    branch must not depend on the source's directory, and rewriting the backing
-    path of a file QEMU holds open as a backing image is not possible. A frozen
-    overlay holds only what the guest wrote since the previous branch, so the
-    copy is small, and it happens after the source has resumed. Backing paths
-    name ``final_dir``, where the staging directory will be renamed to.
-    """
-    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
-    written: list[Path] = []
-    prev = base
-    for i, layer in enumerate(layers):
-        target = disk if i == len(layers) - 1 else disk.with_name(f"layer-{i}.qcow2")
-        shutil.copyfile(layer, target)
-        written.append(target)
-        # -u: only the header's backing path changes; the content below is identical.
-        proc = subprocess.run([qemu_img, "rebase", "-u", "-f", "qcow2", "-b", str(prev), "-F", "qcow2",
-                               str(target)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise VMError(f"qemu-img rebase {target} failed: {proc.stderr.strip()}")
-        prev = final_dir / target.name
-    return written

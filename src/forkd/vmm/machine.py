@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
-import shutil
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,36 +19,9 @@ from pathlib import Path
 
 from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest.client import AgentClient
-from forkd.image import prereqs
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.process import QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP
-
-
-def create_overlay(backing: Path, path: Path, backing_format: str) -> None:
-    """A qcow2 copy-on-write overlay over ``backing``: O(1) on any filesystem."""
-    qemu_img = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
-    proc = subprocess.run(
-        [qemu_img, "create", "-q", "-f", "qcow2", "-o", "cluster_size=65536",
-         "-b", str(backing), "-F", backing_format, str(path)],
-        capture_output=True, text=True,
-    )
-    if proc.returncode != 0:
-        raise VMError(f"qemu-img create {path} failed: {proc.stderr.strip()}")
-
-
-def clone_overlay(backing: Path, path: Path, template: Path) -> None:
-    """A fresh empty overlay over ``backing``, copied from a cached empty one.
-
-    Every child of a snapshot gets an identical empty overlay (same backing
-    path), so one ``qemu-img create`` per snapshot replaces one per child: a
-    few KB copied instead of a process spawned on the fork's critical path.
-    """
-    if not template.exists():
-        tmp = template.with_name(f"{template.name}.tmp-{os.getpid()}-{id(path)}")
-        create_overlay(backing, tmp, "qcow2")
-        os.replace(tmp, template)
-    shutil.copyfile(template, path)
 
 
 def exec_uri(command: str, path: Path) -> str:
