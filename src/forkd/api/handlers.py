@@ -62,7 +62,7 @@ def _describe(error: dict[str, Any]) -> str:
     if kind == "string_pattern_mismatch" and pattern == ENV_NAME_PATTERN:
         return f"{where}: environment variable names must be non-empty, without '=' or NUL"
     if kind == "string_pattern_mismatch" and pattern == TAG_PATTERN:
-        return f"{where}: must match ^[A-Za-z0-9_][A-Za-z0-9._-]{{0,63}}$"
+        return f"{where}: must match {TAG_PATTERN}"
     if kind == "string_pattern_mismatch" and loc[:1] == ("path",) and where == "id":
         return "sandbox id must look like sb-<6 hex digits>-<4 digits>, e.g. sb-67a1b3-0000"
     return f"{where}: {msg}" if where else msg

@@ -14,9 +14,11 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
+from forkd.store.layout import SANDBOX_ID_RE, TAG_RE
 
-TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
-SANDBOX_ID_PATTERN = r"^sb-[0-9a-f]{6}-[0-9]{4}$"
+# One definition of what a tag / sandbox id is, shared with the runtime's checks.
+TAG_PATTERN = TAG_RE.pattern
+SANDBOX_ID_PATTERN = SANDBOX_ID_RE.pattern
 # Linux interface names: at most IFNAMSIZ-1 = 15 bytes, no '/' or whitespace.
 TAP_PATTERN = r"^[A-Za-z0-9_.-]{1,15}$"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"

@@ -21,6 +21,7 @@ from pathlib import Path
 from forkd.config import DEFAULT_IMAGE, DataDir
 from forkd.errors import ImageError, InvalidRequest, NotFound
 from forkd.image import initramfs, kernel, prereqs, rootfs
+from forkd.store.layout import TAG_RE
 
 BUILDER_VERSION = 1
 NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.'"
@@ -66,7 +67,7 @@ class ImageRecipe:
     def validate(self) -> None:
         import re
 
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", self.name):
+        if not TAG_RE.match(self.name):  # image names follow the snapshot tag rules
             raise InvalidRequest(f"invalid image name {self.name!r}: use {NAME_RE_HELP}")
         for pkg in (*self.packages, *self.extra_packages):
             if not re.fullmatch(r"[a-z0-9][a-z0-9+.:=~-]*", pkg):
