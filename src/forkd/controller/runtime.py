@@ -21,6 +21,7 @@ from forkd.controller import cgroups
 from forkd.controller.branch import Brancher
 from forkd.errors import Conflict, ForkdError, GuestError, InvalidRequest, NotFound, VMError
 from forkd.image.builder import Image, load_image
+from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id, check_tag
 from forkd.store.registry import Registry, SandboxRecord, SnapshotRecord, now_unix
@@ -192,7 +193,7 @@ class Runtime:
         kernel, rootfs = image.kernel, image.rootfs
         if spec.kernel:
             kernel = Path(spec.kernel)
-            if not kernel.is_file() or kernel.read_bytes()[:4] != b"\x7fELF":
+            if not is_elf(kernel):
                 raise InvalidRequest(
                     f"kernel {spec.kernel} is not an ELF vmlinux (microvm boots the uncompressed "
                     "kernel; forkd image build extracts one from Debian's package)"

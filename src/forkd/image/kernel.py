@@ -48,6 +48,15 @@ def resolve_kernel_package(meta_package: str = KERNEL_PACKAGE) -> str:
     )
 
 
+def is_elf(path: Path) -> bool:
+    """Whether ``path`` is an ELF file (a bootable vmlinux), reading 4 bytes, not 50 MB."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ELF_MAGIC
+    except OSError:
+        return False
+
+
 def extract_vmlinux(bzimage: Path, out: Path) -> None:
     data = bzimage.read_bytes()
     if data[:4] == ELF_MAGIC:
@@ -66,7 +75,7 @@ def extract_vmlinux(bzimage: Path, out: Path) -> None:
         proc = subprocess.run([lz4, "-d", "-f", "-q", str(payload), str(out)], capture_output=True)
     finally:
         payload.unlink(missing_ok=True)
-    if not out.exists() or out.read_bytes()[:4] != ELF_MAGIC:
+    if not is_elf(out):
         raise ImageError(f"decompressing {bzimage} did not give an ELF kernel: {proc.stderr!r}")
 
 

@@ -14,7 +14,6 @@ complete, so a crash never leaves a half-written snapshot that looks real.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -80,13 +79,6 @@ class SnapshotDir:
     def complete(self) -> bool:
         return all(p.exists() for p in (self.mem, self.state, self.disk, self.meta_path))
 
-    def disk_bytes(self) -> int:
-        """Space really used (the mem file is sparse)."""
-        total = 0
-        for p in self.path.iterdir():
-            with contextlib.suppress(OSError):
-                total += p.stat().st_blocks * 512
-        return total
 
 
 def staging_dir(snapshots: Path, tag: str) -> SnapshotDir:

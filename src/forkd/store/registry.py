@@ -214,11 +214,6 @@ class Registry:
             rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, id").fetchall()
         return [_row_to(SandboxRecord, r) for r in rows]
 
-    def count_sandboxes_of(self, tag: str) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT COUNT(*) FROM sandboxes WHERE snapshot_tag = ?", (tag,)).fetchone()
-        return int(row[0])
-
     def delete_sandbox(self, sandbox_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -32,6 +33,7 @@ KVM_PROBE_TIMEOUT = 20.0
 TCG_PROBE_TIMEOUT = 60.0
 
 
+@functools.cache
 def qemu_version() -> str:
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
     out = subprocess.run([qemu, "--version"], capture_output=True, text=True).stdout
