@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.config import DataDir, default_data_dir
+from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.store.layout import SnapshotDir
 from forkd.vmm import accel as accel_mod
@@ -309,11 +309,8 @@ async def main(args: argparse.Namespace) -> int:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
-    root = Path(tempfile.mkdtemp(prefix="forkd-bench-branch-"))
-    probe = default_data_dir() / "host-probe.json"
-    if probe.exists():
-        shutil.copy(probe, root / "host-probe.json")
-    images = Path(os.environ.get("FORKD_IMAGES_DIR") or default_data_dir() / "images")
+    data = DataDir.scratch("forkd-bench-branch-")
+    root = data.root
     started = datetime.datetime.now(datetime.UTC)
     env = {"host_cpus": os.cpu_count(), "host_kernel": platform.release(),
            "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"),
@@ -324,7 +321,7 @@ async def main(args: argparse.Namespace) -> int:
     rt: Runtime | None = None
     bench: Bench | None = None
     try:
-        rt = await Runtime.open(DataDir(root, images))
+        rt = await Runtime.open(data)
         bench = Bench(rt, args.writer_mib_s)
         templates = {}
         for mem in sorted(set(args.size_list)):

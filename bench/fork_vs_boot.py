@@ -20,11 +20,10 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from forkd.config import DataDir, default_data_dir
+from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
 from forkd.store.layout import SnapshotDir
@@ -87,12 +86,9 @@ async def main() -> int:
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
 
-    root = Path(tempfile.mkdtemp(prefix="forkd-bench-"))
-    probe = default_data_dir() / "host-probe.json"
-    if probe.exists():
-        shutil.copy(probe, root / "host-probe.json")
-    images = Path(os.environ.get("FORKD_IMAGES_DIR") or default_data_dir() / "images")
-    rt = await Runtime.open(DataDir(root, images))
+    data = DataDir.scratch("forkd-bench-")
+    root = data.root
+    rt = await Runtime.open(data)
     results: dict = {"host": {"cpus": os.cpu_count(), "kernel": platform.release()}}
     try:
         snap = await rt.create_snapshot(SnapshotSpec(tag="bench"))

@@ -24,16 +24,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
 from forkd import Controller
-from forkd.config import default_data_dir
+from forkd.config import DataDir
 
 console = Console()
 STEP = "state['step']"
@@ -50,18 +48,16 @@ class LocalDaemon:
     """`forkd daemon` in a subprocess, on loopback with a fresh token."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="forkd-demo-"))
+        # A throwaway data dir sharing the built guest image and the accelerator probe.
+        data = DataDir.scratch("forkd-demo-")
+        self.dir = data.root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_urlsafe(24)
         token_file = self.dir / "token"
         token_file.write_text(self.token)
         token_file.chmod(0o600)
-        # Share the built guest image and the accelerator probe with the real data dir.
-        env = dict(os.environ, FORKD_IMAGES_DIR=str(default_data_dir() / "images"))
-        probe = default_data_dir() / "host-probe.json"
-        if probe.exists():
-            shutil.copy(probe, self.dir / "host-probe.json")
+        env = dict(os.environ, FORKD_IMAGES_DIR=str(data.images))
         self.log = open(self.dir / "daemon.log", "wb")  # noqa: SIM115 (lives as long as the daemon)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "forkd.cli", "daemon", "--bind", f"127.0.0.1:{self.port}",

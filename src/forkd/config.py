@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +63,22 @@ class DataDir:
     @property
     def host_probe(self) -> Path:
         return self.root / "host-probe.json"
+
+    @classmethod
+    def scratch(cls, prefix: str = "forkd-") -> DataDir:
+        """A throwaway data dir (tests, benchmarks, the demo) that shares the real one's image.
+
+        It lives directly under /tmp because QEMU's unix sockets live under it
+        (108-byte limit). The accelerator probe result is copied from the real
+        data dir: re-probing costs ~20 s on hosts where KVM hangs.
+        """
+        real = default_data_dir()
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        probe = real / "host-probe.json"
+        if probe.exists():
+            shutil.copy(probe, root / "host-probe.json")
+        images = os.environ.get("FORKD_IMAGES_DIR")
+        return cls(root, Path(images) if images else real / "images")
 
     def ensure(self) -> DataDir:
         for path in (self.root, self.images, self.snapshots, self.sandboxes):

@@ -10,7 +10,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,13 +53,9 @@ def data_dir() -> Iterator[DataDir]:
         load_image(DataDir(Path("/nonexistent"), images_dir()))
     except Exception as exc:
         pytest.fail(f"no guest image ({exc}); run `make test`, which builds it first")
-    root = Path(tempfile.mkdtemp(prefix="forkd-test-"))
-    # The accelerator probe costs ~20 s on hosts where KVM hangs: reuse the real one.
-    probe = default_data_dir() / "host-probe.json"
-    if probe.exists():
-        shutil.copy(probe, root / "host-probe.json")
-    yield DataDir(root, images_dir())
-    shutil.rmtree(root, ignore_errors=True)
+    data = DataDir.scratch("forkd-test-")
+    yield DataDir(data.root, images_dir())
+    shutil.rmtree(data.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -18,14 +18,13 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from forkd.config import default_data_dir
+from forkd.config import DataDir
 
 from .conftest import images_dir, qemu_processes_of
 
@@ -42,12 +41,7 @@ def free_port() -> int:
 
 def make_data_dir(prefix: str = "fkd-") -> Path:
     """A short (unix socket paths are limited to 107 bytes) throwaway data dir."""
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    # The accelerator probe costs ~20 s on hosts where KVM hangs: reuse the real one.
-    probe = default_data_dir() / "host-probe.json"
-    if probe.exists():
-        shutil.copy(probe, root / "host-probe.json")
-    return root
+    return DataDir.scratch(prefix).root
 
 
 def write_token(root: Path) -> tuple[str, Path]:
