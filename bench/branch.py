@@ -45,8 +45,8 @@ from pathlib import Path
 
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
-from forkd.vmm import accel as accel_mod
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("full", "diff", "live", "diff-busy")

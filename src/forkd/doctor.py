@@ -25,7 +25,7 @@ from pathlib import Path
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 MIN_FREE_BYTES = 5 << 30  # a rootfs image, its debootstrap cache and a few snapshots
 APT_INSTALL = "apt-get install -y --no-install-recommends"
@@ -149,7 +149,7 @@ def check_accel(data: DataDir, qemu_detail: str | None = None) -> Check:
     forced = os.environ.get("FORKD_ACCEL", "auto").lower()
     try:
         # Imported lazily: the VMM layer is heavier and optional for the other checks.
-        accel = importlib.import_module("forkd.vmm.accel")
+        accel = importlib.import_module("forkd.host.probe")
         probe = accel.cached_probe(data)
     except Exception as exc:
         return Check(

@@ -160,7 +160,7 @@ def netns(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
 
 
 def shm_dir(daemon: Daemon) -> Path:
-    from forkd.store.shm import ShmMemory
+    from forkd.host.shm import ShmMemory
 
     return ShmMemory(daemon.root).dir
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from forkd.config import DataDir
-from forkd.controller import cgroups
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict, GuestError, InvalidRequest
+from forkd.host import cgroups
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import SandboxRecord
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forkd.controller import cgroups
 from forkd.errors import InvalidRequest
-from forkd.vmm import netns
+from forkd.host import cgroups, netns
 from forkd.vmm.cmdline import GUEST_MAC, Accel, LaunchSpec, VMConfig, build_argv
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from forkd import doctor
 from forkd.config import DataDir
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +24,9 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _stub_accel(monkeypatch: pytest.MonkeyPatch, cached_probe: object) -> None:
-    module = types.ModuleType("forkd.vmm.accel")
+    module = types.ModuleType("forkd.host.probe")
     module.cached_probe = cached_probe  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "forkd.vmm.accel", module)
+    monkeypatch.setitem(sys.modules, "forkd.host.probe", module)
 
 
 def test_run_checks_on_empty_data_dir(tmp_path: Path) -> None:

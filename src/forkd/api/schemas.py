@@ -13,15 +13,14 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
+from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
-from forkd.store.layout import SANDBOX_ID_RE, TAG_RE
 
-# One definition of what a tag / sandbox id is, shared with the runtime's checks.
-TAG_PATTERN = TAG_RE.pattern
-SANDBOX_ID_PATTERN = SANDBOX_ID_RE.pattern
-# Linux interface names: at most IFNAMSIZ-1 = 15 bytes, no '/' or whitespace.
-TAP_PATTERN = r"^[A-Za-z0-9_.-]{1,15}$"
-MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+# One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
+TAG_PATTERN = bounds.TAG_RE.pattern
+SANDBOX_ID_PATTERN = bounds.SANDBOX_ID_RE.pattern
+TAP_PATTERN = bounds.TAP_RE.pattern
+MODULE_PATTERN = bounds.MODULE_RE.pattern
 # execve() cannot carry NUL bytes. Saying so in the schema (rather than in a
 # validator) keeps the OpenAPI document honest about what is accepted.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -76,43 +75,48 @@ class CreateSnapshotRequest(_Request):
     )
     boot_wait_secs: float = Field(
         120,
-        ge=1,
-        le=3600,
+        **bounds.BOOT_WAIT_SECS.field_kwargs(),
         description="Upper bound on waiting for the warm guest agent to answer after boot.",
     )
-    mem_mib: JSONInt = Field(DEFAULT_MEM_MIB, ge=128, le=16384, description="Guest RAM in MiB.")
-    vcpus: JSONInt = Field(DEFAULT_VCPUS, ge=1, le=8, description="Guest vCPUs.")
+    mem_mib: JSONInt = Field(
+        DEFAULT_MEM_MIB, **bounds.MEM_MIB.field_kwargs(), description="Guest RAM in MiB."
+    )
+    vcpus: JSONInt = Field(DEFAULT_VCPUS, **bounds.VCPUS.field_kwargs(), description="Guest vCPUs.")
     warm_imports: list[Annotated[str, StringConstraints(pattern=MODULE_PATTERN)]] | None = Field(
         None,
-        max_length=256,
+        max_length=bounds.MAX_WARM_IMPORTS,
         description="Python modules PID 1 imports before the snapshot; default: numpy.",
     )
     setup: list[Annotated[list[CString], Field(min_length=1)]] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=bounds.MAX_SETUP_STEPS,
         description="argv lists run in the guest, in order, before the snapshot is taken.",
     )
     setup_eval: list[CString] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=bounds.MAX_SETUP_STEPS,
         description="Python code run in the warm PID 1 interpreter before the snapshot "
         "(e.g. load a dataset); children inherit the result in memory.",
     )
     setup_timeout_secs: float = Field(
-        600, gt=0, le=86400, description="Per-command timeout of the setup commands."
+        600, **bounds.SETUP_TIMEOUT_SECS.field_kwargs(),
+        description="Per-command timeout of the setup commands.",
     )
 
 
 class SpawnRequest(_Request):
     snapshot_tag: Tag = Field(description="Registered snapshot to fork from.", examples=["py"])
-    n: JSONInt = Field(1, ge=1, le=1000, description="Number of children to fork.")
+    n: JSONInt = Field(1, **bounds.SPAWN_N.field_kwargs(), description="Number of children to fork.")
     per_child_netns: bool = Field(
         False, description="Place child i in the pre-provisioned network namespace forkd-child-<i>."
     )
     # Bounds before the BeforeValidator: the other way round pydantic renders
     # them as unknown keywords ("ge") instead of minimum/maximum.
     memory_limit_mib: (
-        Annotated[int, Field(ge=1, le=1 << 20), BeforeValidator(_integral_float_to_int)] | None
+        Annotated[
+            int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+        ]
+        | None
     ) = Field(None, description="cgroup memory limit per child, in MiB.")
     live_fork: bool = Field(
         False, description="Boot children so that they can later take mode=live branches."
@@ -125,7 +129,9 @@ class ExecRequest(_Request):
         description="argv of the subprocess.",
         examples=[["python3", "-c", "print(2+2)"]],
     )
-    timeout_secs: float = Field(30, gt=0, le=86400, description="Kill the subprocess after this.")
+    timeout_secs: float = Field(
+        30, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(), description="Kill the subprocess after this."
+    )
     env: dict[EnvName, CString] | None = Field(
         None,
         description="Extra environment variables.",

@@ -116,13 +116,13 @@ def doctor(
 def _probe(data_dir: Path | None, quiet: bool) -> None:
     import asyncio
 
+    from forkd.host import probe as accel
     from forkd.image.builder import load_image
-    from forkd.vmm import accel
 
     data = DataDir.from_env(data_dir)
     image = load_image(data)
     with output.spinner("boot-probing the accelerator (KVM, then TCG)"):
-        result = asyncio.run(accel.probe(data, image, force=True))
+        result = asyncio.run(accel.probe(data, image.probe_guest(), force=True))
     if not quiet:
         detail = f"guests boot under {result.get('accel')} (cpu {result.get('cpu')})"
         if result.get("kvm_error"):

@@ -16,19 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
-from forkd.controller import cgroups
 from forkd.controller.branch import Brancher
 from forkd.errors import Conflict, ForkdError, GuestError, InvalidRequest, NotFound, VMError
+from forkd.host import cgroups
+from forkd.host import netns as netns_mod
+from forkd.host import probe as accel_mod
+from forkd.host.accel import Accel, check_compatible
+from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image, load_image
 from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id, check_tag
 from forkd.store.registry import Registry, SandboxRecord, SnapshotRecord, now_unix
-from forkd.store.shm import ShmMemory
-from forkd.vmm import accel as accel_mod
-from forkd.vmm import netns as netns_mod
-from forkd.vmm.cmdline import Accel, VMConfig, kernel_cmdline
+from forkd.vmm.cmdline import VMConfig, kernel_cmdline
 from forkd.vmm.disk import clone_overlay, create_overlay
 from forkd.vmm.machine import VM
 from forkd.vmm.process import adopt, kill_pid_now, pid_is_qemu
@@ -154,7 +156,7 @@ class Runtime:
 
     async def host_accel(self, image: Image) -> Accel:
         if self._accel is None:
-            self._accel = await accel_mod.select_accel(self.data, image)
+            self._accel = await accel_mod.select_accel(self.data, image.probe_guest())
         return self._accel
 
     async def _host_accel_for(self, sdir: SnapshotDir) -> Accel:
@@ -205,17 +207,15 @@ class Runtime:
         return image, kernel, image.initrd, rootfs
 
     def _validate_spec(self, spec: SnapshotSpec) -> list[str]:
-        if not 128 <= spec.mem_mib <= 65536:
-            raise InvalidRequest("mem_mib must be between 128 and 65536")
-        if not 1 <= spec.vcpus <= 16:
-            raise InvalidRequest("vcpus must be between 1 and 16")
-        if not 1 <= spec.boot_wait_secs <= 3600:
-            raise InvalidRequest("boot_wait_secs must be between 1 and 3600")
+        bounds.MEM_MIB.check(spec.mem_mib)
+        bounds.VCPUS.check(spec.vcpus)
+        bounds.BOOT_WAIT_SECS.check(spec.boot_wait_secs)
+        bounds.SETUP_TIMEOUT_SECS.check(spec.setup_timeout_secs)
         if spec.tap is not None:
             netns_mod.check_tap_name(spec.tap)
         warm = list(DEFAULT_WARM_IMPORTS if spec.warm_imports is None else spec.warm_imports)
         for mod in warm:
-            if not mod.replace(".", "").replace("_", "").isalnum():
+            if not bounds.MODULE_RE.match(mod):
                 raise InvalidRequest(f"warm import {mod!r} is not a module name")
         for argv in spec.setup:
             if not argv or not all(isinstance(a, str) for a in argv):
@@ -441,8 +441,7 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1000:
-            raise InvalidRequest("n must be between 1 and 1000")
+        bounds.SPAWN_N.check(n)
         if memory_limit_mib is not None:
             cgroups.validate_limit(memory_limit_mib)
             if cgroups.detect() == "none":
@@ -455,7 +454,7 @@ class Runtime:
                 f"{tap}; {netns_mod.SETUP_SCRIPT} N --tap {tap} creates them), or fork one child"
             )
         host = await self._host_accel_for(sdir)
-        accel_mod.check_compatible(config.accel, host, tag)
+        check_compatible(config.accel, host, tag)
 
         # Claim namespaces / the host tap with no await in between checks and claims.
         netns_names: list[str | None] = [None] * n
@@ -588,8 +587,7 @@ class Runtime:
     ) -> dict[str, Any]:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
-        if not 0 < timeout_secs <= 86400:
-            raise InvalidRequest("timeout_secs must be between 0 and 86400")
+        bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
         req: dict[str, Any] = {"args": args, "timeout_secs": timeout_secs}
         for key, value in (("env", env), ("cwd", cwd), ("stdin", stdin),
                            ("max_output_bytes", max_output_bytes)):

@@ -18,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from forkd.bounds import TAG_RE
 from forkd.config import DEFAULT_IMAGE, DataDir
 from forkd.errors import ImageError, InvalidRequest, NotFound
-from forkd.image import initramfs, kernel, prereqs, rootfs
-from forkd.store.layout import TAG_RE
+from forkd.host import prereqs
+from forkd.host.probe import ProbeGuest
+from forkd.image import initramfs, kernel, rootfs
 
 BUILDER_VERSION = 1
 NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.'"
@@ -125,6 +127,10 @@ class Image:
     @property
     def key(self) -> str:
         return self.meta.get("key", "")
+
+    def probe_guest(self) -> ProbeGuest:
+        """What the accelerator probe boots from this image."""
+        return ProbeGuest(self.kernel, self.initrd, self.meta.get("kernel_version", ""))
 
 
 def load_image(data: DataDir, name: str = DEFAULT_IMAGE) -> Image:

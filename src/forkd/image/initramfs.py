@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from forkd.errors import ImageError
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 # What the guest needs: the virtio-mmio transport, a disk, the agent's
 # virtio-serial port, an entropy source, and a NIC for later networking.

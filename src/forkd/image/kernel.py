@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import ImageError
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 KERNEL_PACKAGE = "linux-image-cloud-amd64"
 LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"

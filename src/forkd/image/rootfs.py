@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from forkd.errors import ImageError, InvalidRequest
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 AGENT_GUEST_PATH = "opt/forkd/agent.py"
 

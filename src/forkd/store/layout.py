@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.bounds import SANDBOX_ID_RE, TAG_RE
 from forkd.errors import InvalidRequest
-
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
-SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{6}-[0-9]{4}$")
 
 
 def check_tag(tag: str) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd.host.accel import Accel
+
 # microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
 # VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
@@ -18,27 +20,6 @@ RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixe
 # Every VM of a snapshot gets the same MAC: children are clones of the template, and
 # each runs in its own network namespace. Locally administered (0x02 bit set).
 GUEST_MAC = "52:54:00:66:6b:01"
-
-
-@dataclass(frozen=True)
-class Accel:
-    """An accelerator and the CPU model that goes with it; snapshots record both."""
-
-    name: str  # "kvm" | "tcg"
-    cpu: str
-
-    @classmethod
-    def tcg(cls) -> Accel:
-        return cls("tcg", "max")
-
-    @classmethod
-    def kvm(cls) -> Accel:
-        # PVM-style nested KVM (as on our CI hosts) rejects arch-capabilities.
-        return cls("kvm", "host,-arch-capabilities")
-
-    def args(self) -> list[str]:
-        accel = "tcg,thread=multi" if self.name == "tcg" else self.name
-        return ["-accel", accel, "-cpu", self.cpu]
 
 
 @dataclass(frozen=True)

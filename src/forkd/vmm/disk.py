@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from forkd.errors import VMError
-from forkd.image import prereqs
+from forkd.host import prereqs
 
 
 def qemu_img(*args: str) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import VMError
-from forkd.image import prereqs
+from forkd.host import prereqs
 from forkd.vmm.cmdline import LaunchSpec, build_argv
 
 UNIX_PATH_MAX = 107

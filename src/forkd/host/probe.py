@@ -20,13 +20,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.config import DataDir
-from forkd.errors import IncompatibleSnapshot, VMError
-from forkd.image import prereqs
-from forkd.image.builder import Image
-from forkd.vmm.cmdline import MACHINE, Accel, kernel_cmdline
+from forkd.errors import VMError
+from forkd.host import prereqs
+from forkd.host.accel import Accel
+from forkd.vmm.cmdline import MACHINE, kernel_cmdline
 
 PROBE_MARKER = b"FORKD-PROBE-OK"
 KVM_PROBE_TIMEOUT = 20.0
@@ -40,9 +41,18 @@ def qemu_version() -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def _probe_key(image: Image) -> dict:
+@dataclass(frozen=True)
+class ProbeGuest:
+    """What the probe boots: the image's kernel and initramfs (no root filesystem)."""
+
+    kernel: Path
+    initrd: Path
+    kernel_version: str
+
+
+def _probe_key(guest: ProbeGuest) -> dict:
     return {"qemu": qemu_version(), "host_kernel": platform.release(),
-            "guest_kernel": image.meta.get("kernel_version", "")}
+            "guest_kernel": guest.kernel_version}
 
 
 def cached_probe(data: DataDir) -> dict | None:
@@ -52,7 +62,7 @@ def cached_probe(data: DataDir) -> dict | None:
         return None
 
 
-async def boot_probe(image: Image, accel: Accel, timeout: float) -> tuple[bool, str]:
+async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float) -> tuple[bool, str]:
     """Boot kernel + initramfs only; True if init ran and printed the marker."""
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
     workdir = Path(tempfile.mkdtemp(prefix="forkd-probe-"))
@@ -60,7 +70,7 @@ async def boot_probe(image: Image, accel: Accel, timeout: float) -> tuple[bool, 
     argv = [
         qemu, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
         "-machine", MACHINE.replace(",memory-backend=mem", ""), *accel.args(), "-m", "256M",
-        "-kernel", str(image.kernel), "-initrd", str(image.initrd),
+        "-kernel", str(guest.kernel), "-initrd", str(guest.initrd),
         "-append", kernel_cmdline([], accel=accel, probe=True), "-serial", f"file:{console}",
     ]
     proc = await asyncio.create_subprocess_exec(
@@ -93,9 +103,9 @@ async def boot_probe(image: Image, accel: Accel, timeout: float) -> tuple[bool, 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def probe(data: DataDir, image: Image, *, force: bool = False) -> dict:
+async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dict:
     """The accelerator this host really boots guests with (cached)."""
-    key = _probe_key(image)
+    key = _probe_key(guest)
     cached = cached_probe(data)
     if cached and not force and cached.get("key") == key:
         return cached
@@ -103,13 +113,13 @@ async def probe(data: DataDir, image: Image, *, force: bool = False) -> dict:
     kvm_ok, kvm_error = False, "/dev/kvm is missing"
     if os.path.exists("/dev/kvm"):
         if os.access("/dev/kvm", os.R_OK | os.W_OK):
-            kvm_ok, kvm_error = await boot_probe(image, Accel.kvm(), KVM_PROBE_TIMEOUT)
+            kvm_ok, kvm_error = await boot_probe(guest, Accel.kvm(), KVM_PROBE_TIMEOUT)
         else:
             kvm_error = "/dev/kvm is not accessible to this user"
     if kvm_ok:
         accel = Accel.kvm()
     else:
-        tcg_ok, tcg_error = await boot_probe(image, Accel.tcg(), TCG_PROBE_TIMEOUT)
+        tcg_ok, tcg_error = await boot_probe(guest, Accel.tcg(), TCG_PROBE_TIMEOUT)
         if not tcg_ok:
             raise VMError(f"the guest kernel boots under neither KVM ({kvm_error}) nor TCG ({tcg_error})")
         accel = Accel.tcg()
@@ -121,7 +131,7 @@ async def probe(data: DataDir, image: Image, *, force: bool = False) -> dict:
     return result
 
 
-async def select_accel(data: DataDir, image: Image) -> Accel:
+async def select_accel(data: DataDir, guest: ProbeGuest) -> Accel:
     forced = os.environ.get("FORKD_ACCEL", "auto").lower()
     if forced == "tcg":
         return Accel.tcg()
@@ -129,15 +139,5 @@ async def select_accel(data: DataDir, image: Image) -> Accel:
         return Accel.kvm()
     if forced != "auto":
         raise VMError(f"FORKD_ACCEL must be kvm, tcg or auto, not {forced!r}")
-    result = await probe(data, image)
+    result = await probe(data, guest)
     return Accel(result["accel"], result["cpu"])
-
-
-def check_compatible(snapshot_accel: Accel, host_accel: Accel, tag: str) -> None:
-    """A snapshot taken under one accelerator/CPU model cannot be restored under another."""
-    if snapshot_accel != host_accel:
-        raise IncompatibleSnapshot(
-            f"snapshot {tag!r} was taken under {snapshot_accel.name} (cpu {snapshot_accel.cpu}) but "
-            f"this host runs guests under {host_accel.name} (cpu {host_accel.cpu}); CPU state "
-            "cannot move between them: re-create the snapshot on this host"
-        )

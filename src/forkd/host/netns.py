@@ -14,18 +14,16 @@ need and which would hide ``/sys/fs/cgroup`` from the launcher.)
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from forkd.bounds import TAP_RE
 from forkd.errors import InvalidRequest
 
 NETNS_DIR = Path("/run/netns")
 CHILD_PREFIX = "forkd-child-"
 SETUP_SCRIPT = "scripts/netns-setup.sh"
-# IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
-TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 IFF_TAP = 0x0002
 
 

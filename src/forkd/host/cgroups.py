@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.bounds import MEMORY_LIMIT_MIB
 from forkd.errors import InvalidRequest
 
 log = logging.getLogger("forkd.cgroups")
@@ -45,8 +46,6 @@ log = logging.getLogger("forkd.cgroups")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 PARENT = "forkd"
-MIN_LIMIT_MIB = 64
-MAX_LIMIT_MIB = 1 << 20
 
 # ``forkd`` parents this process created (and so may remove): one an operator made,
 # perhaps with an overall limit or delegated to forkd's user, is left alone.
@@ -64,13 +63,8 @@ NEEDS = (
 
 
 def validate_limit(limit_mib: object) -> int:
-    if isinstance(limit_mib, bool) or not isinstance(limit_mib, int):
-        raise InvalidRequest("memory_limit_mib must be an integer (MiB)")
-    if not MIN_LIMIT_MIB <= limit_mib <= MAX_LIMIT_MIB:
-        raise InvalidRequest(
-            f"memory_limit_mib must be between {MIN_LIMIT_MIB} and {MAX_LIMIT_MIB} "
-            f"(got {limit_mib}); QEMU alone needs tens of MiB"
-        )
+    MEMORY_LIMIT_MIB.check(limit_mib)
+    assert isinstance(limit_mib, int)
     return limit_mib
 
 

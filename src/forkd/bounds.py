@@ -1,0 +1,67 @@
+"""Every bound and name pattern of the API, defined once.
+
+The API's request schemas, the controller's own checks (for callers of the
+Python API that bypass HTTP) and the host code all read them from here, so the
+OpenAPI document, the error messages and the runtime can never disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from forkd.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class Range:
+    """An inclusive numeric range (``exclusive_min``: the lower end is excluded)."""
+
+    name: str
+    low: float
+    high: float
+    exclusive_min: bool = False
+    integer: bool = False
+
+    def check(self, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                self.integer and not isinstance(value, int)):
+            kind = "an integer" if self.integer else "a number"
+            raise InvalidRequest(f"{self.name} must be {kind}, not {value!r}")
+        below = value <= self.low if self.exclusive_min else value < self.low
+        if below or value > self.high:
+            lower = f"greater than {self._fmt(self.low)}" if self.exclusive_min else (
+                f"between {self._fmt(self.low)}")
+            upper = f"at most {self._fmt(self.high)}" if self.exclusive_min else f"and {self._fmt(self.high)}"
+            raise InvalidRequest(f"{self.name} must be {lower} {upper} (got {value!r})")
+
+    @staticmethod
+    def _fmt(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else str(x)
+
+    def field_kwargs(self) -> dict[str, float]:
+        """The pydantic ``Field`` constraints for this range."""
+        return {"gt" if self.exclusive_min else "ge": self.low, "le": self.high}
+
+
+# --- snapshots
+MEM_MIB = Range("mem_mib", 128, 16384, integer=True)
+VCPUS = Range("vcpus", 1, 8, integer=True)
+BOOT_WAIT_SECS = Range("boot_wait_secs", 1, 3600)
+SETUP_TIMEOUT_SECS = Range("setup_timeout_secs", 0, 86400, exclusive_min=True)
+MAX_SETUP_STEPS = 256
+MAX_WARM_IMPORTS = 256
+
+# --- sandboxes
+SPAWN_N = Range("n", 1, 1000, integer=True)
+# QEMU alone needs tens of MiB; below this a child is OOM-killed before it answers.
+MEMORY_LIMIT_MIB = Range("memory_limit_mib", 64, 1 << 20, integer=True)
+EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
+EVAL_TIMEOUT_SECS = 60.0  # the daemon's limit on one eval (see guest/agent eval)
+
+# --- names
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{6}-[0-9]{4}$")
+# IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
+TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

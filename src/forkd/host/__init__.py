@@ -1,0 +1,1 @@
+"""Host facilities: prerequisites, cgroups, network namespaces, shared memory, the accelerator."""
