@@ -36,7 +36,7 @@ def smaps_rollup(pid: int) -> dict[str, int]:
 def ten(loop: Loop, runtime: Runtime, snapshot: str):
     sbs = loop.run(runtime.spawn(snapshot, 10))
     yield sbs
-    loop.gather(*(runtime.kill(sb.id) for sb in sbs if sb.id in runtime.vms))
+    loop.gather(*(runtime.kill(sb.id) for sb in sbs if sb.id in runtime.sandboxes))
 
 
 def test_ten_children_answer_ping_with_numpy(loop: Loop, runtime: Runtime, ten) -> None:

@@ -20,8 +20,10 @@ from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.host import cgroups
+from forkd.host.accel import Accel
 from forkd.store.layout import SnapshotDir
-from forkd.store.registry import SandboxRecord
+from forkd.store.registry import DiskChain, SandboxRecord
+from forkd.vmm.cmdline import VMConfig
 
 from .conftest import Loop, images_dir
 
@@ -45,7 +47,7 @@ def netns_inode(path: str) -> int:
 
 
 def kill_all(loop: Loop, runtime: Runtime, sbs) -> None:
-    loop.gather(*(runtime.kill(sb.id) for sb in sbs if sb.id in runtime.vms))
+    loop.gather(*(runtime.kill(sb.id) for sb in sbs if sb.id in runtime.sandboxes))
 
 
 def forkd_netns() -> list[str]:
@@ -130,7 +132,7 @@ def test_memory_limit_puts_qemu_in_its_own_cgroup(loop: Loop, runtime: Runtime, 
     if cgroups.detect() == "none":
         pytest.skip("no cgroup memory controller on this host")
     [sb] = loop.run(runtime.spawn(snapshot, 1, memory_limit_mib=256))
-    path = Path(sb.meta["cgroup"])
+    path = Path(sb.cgroup)
     CGROUPS.append(path)
     try:
         assert sb.memory_limit_mib == 256
@@ -160,14 +162,14 @@ def test_child_over_its_memory_limit_is_oom_killed(loop: Loop, runtime: Runtime,
     if any(line.strip() for line in Path("/proc/swaps").read_text().splitlines()[1:]):
         pytest.skip("with swap the kernel swaps instead of OOM-killing")
     [limited, free] = [loop.run(runtime.spawn(snapshot, 1, memory_limit_mib=m))[0] for m in (160, 1024)]
-    path = Path(limited.meta["cgroup"])
-    CGROUPS.extend(Path(sb.meta["cgroup"]) for sb in (limited, free))
+    path = Path(limited.cgroup)
+    CGROUPS.extend(Path(sb.cgroup) for sb in (limited, free))
     try:
         code = "bytearray(300 << 20)[::4096].count(0)"  # writes 300 MiB of guest pages
         loop.run(runtime.exec(free.id, ["python3", "-c", f"print({code})"], timeout_secs=300))
         with pytest.raises(GuestError):
             loop.run(runtime.exec(limited.id, ["python3", "-c", f"print({code})"], timeout_secs=300))
-        rc = loop.run(runtime.vms[limited.id].process.wait_exit(), timeout=10)
+        rc = loop.run(runtime.sandboxes.vm(limited.id).process.wait_exit(), timeout=10)
         assert rc == -9  # SIGKILL
         # It was the cgroup's OOM killer (v1: memory.oom_control, v2: memory.events).
         events = path / ("memory.events" if (path / "memory.events").exists() else "memory.oom_control")
@@ -195,7 +197,8 @@ def test_restart_removes_the_cgroups_of_dead_sandboxes(loop: Loop, tmp_path: Pat
         (data.sandboxes / orphan / "cgroup").write_text(f"{handles[1].path}\n")
         rt.registry.insert_sandbox(SandboxRecord(
             id=dead, snapshot_tag="py", dir=str(data.sandboxes / dead), created_at_unix=0,
-            pid=None, memory_limit_mib=128, meta={"cgroup": str(handles[0].path)}))
+            config=VMConfig(512, 1, Accel.tcg()), disk=DiskChain.fresh(data.sandboxes / dead, "py"),
+            pid=None, memory_limit_mib=128, cgroup=str(handles[0].path)))
         loop.run(rt.close())
         rt = loop.run(Runtime.open(data))  # re-adopts the living, reaps the dead
         assert rt.list_sandboxes() == []
@@ -240,10 +243,10 @@ def test_per_child_netns_places_each_child_in_its_namespace(
         loop.run(runtime.kill(first.id))
         [again] = loop.run(runtime.spawn(snapshot, 1, per_child_netns=True, memory_limit_mib=512))
         sbs.append(again)
-        CGROUPS.append(Path(again.meta["cgroup"]))
+        CGROUPS.append(Path(again.cgroup))
         assert again.netns == "forkd-child-0"
         assert netns_inode(f"/proc/{again.pid}/ns/net") == netns_inode("/run/netns/forkd-child-0")
-        assert cgroups.handle_for(again.meta["cgroup"]).pids() == [again.pid]
+        assert cgroups.handle_for(again.cgroup).pids() == [again.pid]
         assert loop.run(runtime.ping(again.id))["pong"] is True
     finally:
         kill_all(loop, runtime, sbs)
@@ -254,7 +257,6 @@ def test_per_child_netns_places_each_child_in_its_namespace(
 
 def test_tap_snapshot_records_its_tap(runtime: Runtime, tap_snapshot: str) -> None:
     snap = runtime.get_snapshot(tap_snapshot)
-    assert snap.meta["tap"] == TAP
     meta = SnapshotDir(Path(snap.dir)).read_meta()
     assert meta["tap"] == TAP
     assert json.loads((Path(snap.dir) / "snapshot.json").read_text())["tap"] == TAP

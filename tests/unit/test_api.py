@@ -57,6 +57,10 @@ class FakeRuntime:
     # snapshot, so generated requests get past the lookups into the handlers.
     permissive: bool = False
     closed_with: dict[str, Any] | None = None
+    writing: set[str] = field(default_factory=set)  # tags of branches in flight
+
+    def tag_in_flight(self, tag: str) -> bool:
+        return tag in self.writing
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
@@ -179,9 +183,13 @@ class FakeRuntime:
     ) -> FakeRecord:
         self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait)
         self._sandbox(sandbox_id)
-        if self.branch_release is not None:
-            await self.branch_release.wait()
         tag = tag or f"branch-{sandbox_id}-1717000456"
+        if self.branch_release is not None:
+            self.writing.add(tag)
+            try:
+                await self.branch_release.wait()
+            finally:
+                self.writing.discard(tag)
         if tag in self.snapshots:
             raise Conflict(f"snapshot {tag!r} already exists; delete it first")
         extra: dict[str, Any] = {"branched_from": sandbox_id, "pause_ms": 48}

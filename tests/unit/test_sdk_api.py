@@ -49,6 +49,9 @@ class MiniRuntime:
     calls: list[tuple[str, Any]] = field(default_factory=list)
     polls: int = 0
 
+    def tag_in_flight(self, tag: str) -> bool:
+        return False
+
     def add_snapshot(self, tag: str, **extra: Any) -> Record:
         self.snapshots[tag] = Record(
             {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, "status": "ready"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -89,9 +89,11 @@ class BodySizeLimitMiddleware:
 class BranchGate:
     """At most ``limit`` BRANCH calls at once, and never two for the same tag.
 
-    Both checks and the bookkeeping happen without an ``await`` in between, so
-    on a single event loop they are atomic without a lock. A request that names
-    no tag counts towards the cap only (the runtime picks a unique tag).
+    Which tags are being written is the runtime's to know (one reservation set
+    for every writer); the gate asks it first, so a same-tag request gets 409
+    even when the daemon is also at its cap: retrying later will not help that
+    caller. Checks and bookkeeping happen with no ``await`` in between, so on a
+    single event loop they are atomic without a lock.
     """
 
     def __init__(self, limit: int) -> None:
@@ -99,22 +101,15 @@ class BranchGate:
             raise ValueError("branch concurrency must be at least 1")
         self.limit = limit
         self.active = 0
-        self.tags: set[str] = set()
 
     @contextmanager
-    def enter(self, tag: str | None) -> Iterator[None]:
-        # Same-tag first: retrying later will not help that caller, so 409 is
-        # the more useful answer even when the daemon is also at its cap.
-        if tag is not None and tag in self.tags:
+    def enter(self, tag: str | None, in_flight: Callable[[str], bool]) -> Iterator[None]:
+        if tag is not None and in_flight(tag):
             raise Conflict(f"a branch to tag {tag!r} is already in flight")
         if self.active >= self.limit:
             raise Busy(f"daemon is at its branch concurrency cap ({self.limit}); retry after a short delay")
         self.active += 1
-        if tag is not None:
-            self.tags.add(tag)
         try:
             yield
         finally:
             self.active -= 1
-            if tag is not None:
-                self.tags.discard(tag)

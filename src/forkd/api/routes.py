@@ -326,7 +326,7 @@ async def branch(
     req: Annotated[BranchRequest | None, Body()] = None,
 ) -> dict[str, Any]:
     req = req or BranchRequest()
-    with gate.enter(req.tag):
+    with gate.enter(req.tag, rt.tag_in_flight):
         record = await rt.branch(sandbox_id, tag=req.tag, mode=req.effective_mode, wait=req.wait)
     info = record.info()
     if isinstance(info.get("pause_ms"), int | float):

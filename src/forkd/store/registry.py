@@ -10,11 +10,12 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forkd.errors import Conflict, NotFound
+from forkd.vmm.cmdline import VMConfig
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -44,7 +45,30 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 
 
 @dataclass
+class DiskChain:
+    """Where a running sandbox's disk stands, for BRANCH.
+
+    The sandbox writes ``file`` (QEMU block node ``node``), which sits on a chain
+    of frozen overlays in its run directory (``pending_layers``, oldest first)
+    over the disk of ``parent_tag``, the newest published snapshot that holds
+    everything older. A branch copies the pending layers plus the frozen
+    ``file`` into the new snapshot, and the source moves on to a new overlay.
+    """
+
+    node: str
+    file: str
+    parent_tag: str
+    pending_layers: list[str] = field(default_factory=list)
+
+    @classmethod
+    def fresh(cls, run_dir: Path, snapshot_tag: str) -> DiskChain:
+        return cls(node="disk0", file=str(run_dir / "disk.qcow2"), parent_tag=snapshot_tag)
+
+
+@dataclass
 class SnapshotRecord:
+    """A registered snapshot. Its VM config lives in its ``snapshot.json`` only."""
+
     tag: str
     dir: str
     created_at_unix: int
@@ -53,7 +77,11 @@ class SnapshotRecord:
     parent_tag: str | None = None  # the snapshot the source sandbox was forked from
     pause_ms: float | None = None
     error: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None  # BRANCH mode: full | diff | live
+    # The source's own copies of this branch's disk layers: if the branch is
+    # deleted while the source lives, they are its base again.
+    source_layers: list[str] = field(default_factory=list)
+    warning: str | None = None  # e.g. the source could not be resumed after a good capture
 
     def info(self) -> dict[str, Any]:
         """SnapshotInfo as the seeds define it: optional fields omitted when unset."""
@@ -65,8 +93,8 @@ class SnapshotRecord:
         out["status"] = self.status
         if self.error:
             out["error"] = self.error
-        if self.meta.get("source_error"):
-            out["warning"] = self.meta["source_error"]
+        if self.warning:
+            out["warning"] = self.warning
         return out
 
 
@@ -76,12 +104,16 @@ class SandboxRecord:
     snapshot_tag: str
     dir: str
     created_at_unix: int
+    config: VMConfig
+    disk: DiskChain
     pid: int | None = None
     netns: str | None = None
     memory_limit_mib: int | None = None
     live_fork: bool = False
     branch_seq: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)
+    cgroup: str | None = None  # the cgroup directory holding its QEMU
+    tap: str | None = None  # the tap its NIC is attached to (in netns, or the host's)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def agent_socket(self) -> str:
@@ -106,13 +138,43 @@ class SandboxRecord:
         return out
 
 
-def _row_to(cls: type, row: sqlite3.Row) -> Any:
-    names = {f.name for f in fields(cls)}
-    values = {k: row[k] for k in row.keys() if k in names}  # noqa: SIM118 (Row has no __iter__ of keys)
-    values["meta"] = json.loads(values.get("meta") or "{}")
-    if "live_fork" in values:
-        values["live_fork"] = bool(values["live_fork"])
-    return cls(**values)
+# Typed fields kept in the ``meta`` JSON column (the SQL columns hold the rest).
+def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
+    return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning}
+
+
+def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
+    return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
+            "timings": s.timings}
+
+
+_SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
+                     "pause_ms", "error")
+_SANDBOX_COLUMNS = ("id", "snapshot_tag", "dir", "created_at_unix", "pid", "netns", "memory_limit_mib",
+                    "live_fork", "branch_seq")
+
+
+def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
+    meta = json.loads(row["meta"] or "{}")
+    return SnapshotRecord(
+        **{k: row[k] for k in _SNAPSHOT_COLUMNS}, mode=meta.get("mode"),
+        source_layers=list(meta.get("source_layers") or []),
+        warning=meta.get("warning") or meta.get("source_error"),
+    )
+
+
+def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
+    meta = json.loads(row["meta"] or "{}")
+    values = {k: row[k] for k in _SANDBOX_COLUMNS}
+    values["live_fork"] = bool(values["live_fork"])
+    disk = meta.get("disk") or {  # rows written before the disk chain was typed
+        "node": meta.get("disk_node", "disk0"),
+        "file": meta.get("disk_file", str(Path(row["dir"]) / "disk.qcow2")),
+        "parent_tag": meta.get("disk_parent_tag", row["snapshot_tag"]),
+        "pending_layers": meta.get("pending_layers", []),
+    }
+    return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
+                         cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {})
 
 
 class Registry:
@@ -136,8 +198,8 @@ class Registry:
     # --------------------------------------------------------------- snapshots
 
     def insert_snapshot(self, snap: SnapshotRecord) -> None:
-        row = asdict(snap)
-        row["meta"] = json.dumps(snap.meta)
+        row = {k: getattr(snap, k) for k in _SNAPSHOT_COLUMNS}
+        row["meta"] = json.dumps(_snapshot_meta(snap))
         with self._lock:
             try:
                 self._db.execute(
@@ -147,19 +209,24 @@ class Registry:
             except sqlite3.IntegrityError:
                 raise Conflict(f"snapshot {snap.tag!r} already exists; delete it first") from None
 
-    def update_snapshot(self, tag: str, **changes: Any) -> None:
-        if "meta" in changes:
-            changes["meta"] = json.dumps(changes["meta"])
-        sets = ", ".join(f"{k} = ?" for k in changes)
+    def save_snapshot(self, snap: SnapshotRecord) -> None:
+        """Write every field of an already registered snapshot."""
+        row = {k: getattr(snap, k) for k in _SNAPSHOT_COLUMNS if k != "tag"}
+        row["meta"] = json.dumps(_snapshot_meta(snap))
+        sets = ", ".join(f"{k} = ?" for k in row)
         with self._lock:
-            self._db.execute(f"UPDATE snapshots SET {sets} WHERE tag = ?", [*changes.values(), tag])
+            self._db.execute(f"UPDATE snapshots SET {sets} WHERE tag = ?", [*row.values(), snap.tag])
+
+    def set_snapshot_status(self, tag: str, status: str, error: str | None = None) -> None:
+        with self._lock:
+            self._db.execute("UPDATE snapshots SET status = ?, error = ? WHERE tag = ?", (status, error, tag))
 
     def get_snapshot(self, tag: str) -> SnapshotRecord:
         with self._lock:
             row = self._db.execute("SELECT * FROM snapshots WHERE tag = ?", (tag,)).fetchone()
         if row is None:
             raise NotFound(f"snapshot {tag!r} is not registered")
-        return _row_to(SnapshotRecord, row)
+        return _snapshot_from_row(row)
 
     def has_snapshot(self, tag: str) -> bool:
         with self._lock:
@@ -168,7 +235,7 @@ class Registry:
     def list_snapshots(self) -> list[SnapshotRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM snapshots ORDER BY created_at_unix, tag").fetchall()
-        return [_row_to(SnapshotRecord, r) for r in rows]
+        return [_snapshot_from_row(r) for r in rows]
 
     def delete_snapshot(self, tag: str) -> None:
         with self._lock:
@@ -177,8 +244,8 @@ class Registry:
     # --------------------------------------------------------------- sandboxes
 
     def insert_sandbox(self, sb: SandboxRecord) -> None:
-        row = asdict(sb)
-        row["meta"] = json.dumps(sb.meta)
+        row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS}
+        row["meta"] = json.dumps(_sandbox_meta(sb))
         row["live_fork"] = int(sb.live_fork)
         with self._lock:
             self._db.execute(
@@ -186,12 +253,15 @@ class Registry:
                 list(row.values()),
             )
 
-    def update_sandbox(self, sandbox_id: str, **changes: Any) -> None:
-        if "meta" in changes:
-            changes["meta"] = json.dumps(changes["meta"])
-        sets = ", ".join(f"{k} = ?" for k in changes)
+    def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
+        """Record where a sandbox's disk stands (the only sandbox field that changes)."""
         with self._lock:
-            self._db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", [*changes.values(), sandbox_id])
+            row = self._db.execute("SELECT meta FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+            if row is None:
+                return
+            meta = json.loads(row["meta"] or "{}")
+            meta["disk"] = asdict(disk)
+            self._db.execute("UPDATE sandboxes SET meta = ? WHERE id = ?", (json.dumps(meta), sandbox_id))
 
     def next_branch_seq(self, sandbox_id: str) -> int:
         """Monotonic per source sandbox, persisted so a daemon restart does not reuse one."""
@@ -202,17 +272,22 @@ class Registry:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         return int(row[0])
 
+    def has_sandbox(self, sandbox_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        return row is not None
+
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         with self._lock:
             row = self._db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
         if row is None:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-        return _row_to(SandboxRecord, row)
+        return _sandbox_from_row(row)
 
     def list_sandboxes(self) -> list[SandboxRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, id").fetchall()
-        return [_row_to(SandboxRecord, r) for r in rows]
+        return [_sandbox_from_row(r) for r in rows]
 
     def delete_sandbox(self, sandbox_id: str) -> None:
         with self._lock:

@@ -31,7 +31,6 @@ import os
 import shlex
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +40,11 @@ from forkd.errors import VMError
 from forkd.vmm import disk as disk_mod
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.machine import VM, exec_uri
-from forkd.vmm.qmp import UNTHROTTLED
+from forkd.vmm.process import AgentSockets
+from forkd.vmm.qmp import QMP, UNTHROTTLED
 
 # diff mode: the final stop-and-copy may take at most this long.
 PRECOPY_DOWNTIME_MS = 20
-
-SpecFactory = Callable[[int, int], LaunchSpec]
-
 
 @dataclass
 class Capture:
@@ -129,8 +126,7 @@ async def capture(
         await vm.qmp.cmd("stop")
         try:
             await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
-            await vm.qmp.wait_migration(timeout)
+            await vm.qmp.run_migration("migrate", timeout, uri=_stream_uri(stream))
         except BaseException:
             await resume(vm)
             raise
@@ -140,15 +136,13 @@ async def capture(
 
     if mode == "diff":
         await _prepare_migration(vm, precopy=True)
-        await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
         # Runs while the guest runs; QEMU stops the vCPUs for the final pass and
         # waits for us: that is the instant the disk must be frozen.
-        await vm.qmp.wait_migration(timeout, poll=0.001, until=("pre-switchover",))
+        await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=_stream_uri(stream))
         t0 = time.monotonic()
         try:
             await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.cmd("migrate-continue", state="pre-switchover")
-            info = await vm.qmp.wait_migration(timeout, poll=0.001)
+            info = await vm.qmp.run_migration("migrate-continue", timeout, state="pre-switchover")
         except BaseException:
             with contextlib.suppress(Exception):
                 await vm.qmp.cmd("migrate_cancel")
@@ -186,26 +180,15 @@ async def _capture_live(
     the branch thaw their copy when told they were restored.
     """
     await _prepare_migration(vm, background=True)
-    listener = EventListener(("STOP", "RESUME"))
-    vm.qmp.client.register_listener(listener)
+    listener = EventListener(("STOP", "RESUME", "MIGRATION"))
     fs_frozen_at = None
     try:
-        await vm.call("fsfreeze", timeout=120)
-        fs_frozen_at = time.monotonic()
-        await _freeze_disk(vm, active_node, new_disk, new_node)
-        await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
-        deadline = time.monotonic() + timeout
-        while True:
-            info = await vm.qmp.cmd("query-migrate")
-            status = info.get("status")
-            if status in ("failed", "cancelled"):
-                raise VMError(f"live branch failed: {info.get('error-desc', 'no detail from QEMU')}")
-            if status in ("active", "completed") and await vm.qmp.status() == "running":
-                break
-            if time.monotonic() > deadline:
-                raise VMError(f"the live branch did not get past setup within {timeout:.0f}s")
-            await asyncio.sleep(0.001)
-        pause_ms = await _paused_ms(listener)
+        with vm.qmp.client.listen(listener):
+            await vm.call("fsfreeze", timeout=120)
+            fs_frozen_at = time.monotonic()
+            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+            pause_ms = await await_live_pause(vm.qmp, listener, timeout)
     except BaseException:
         with contextlib.suppress(Exception):
             await vm.qmp.cmd("migrate_cancel")
@@ -213,28 +196,43 @@ async def _capture_live(
             await resume(vm)
         raise
     finally:
-        vm.qmp.client.remove_listener(listener)
         if fs_frozen_at is not None:
             with contextlib.suppress(Exception):
                 await vm.call("fsthaw", timeout=60)
-    task = asyncio.create_task(vm.qmp.wait_migration(timeout, poll=0.01))
+    task = asyncio.create_task(vm.qmp.wait_migration(timeout))
     return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task)
 
 
-async def _paused_ms(listener: EventListener) -> float:
-    """vCPU pause from QEMU's own STOP/RESUME event timestamps."""
-    stop = resume_ts = None
-    while not listener.empty():
-        event = await listener.get()  # only what has already arrived
-        ts = event["timestamp"]
-        t = ts["seconds"] + ts["microseconds"] / 1e6
-        if event["event"] == "STOP" and stop is None:
-            stop = t
-        elif event["event"] == "RESUME" and stop is not None:
-            resume_ts = t
-    if stop is None or resume_ts is None:
-        raise VMError("QEMU reported no STOP/RESUME pair for the live branch")
-    return (resume_ts - stop) * 1000
+def _event_time(event: dict) -> float:
+    ts = event["timestamp"]
+    return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
+
+
+async def await_live_pause(qmp: QMP, listener: EventListener, timeout: float) -> float:
+    """Wait for the background snapshot's STOP and RESUME events; the pause between them, in ms.
+
+    QEMU may answer ``query-status`` with "running" before its RESUME event has
+    reached us, so the events themselves are awaited (with a deadline) rather
+    than whatever happens to have arrived.
+    """
+    deadline = time.monotonic() + timeout
+    stopped: float | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise VMError(f"the live branch did not get past setup within {timeout:.0f}s")
+        try:
+            event = await asyncio.wait_for(listener.get(), remaining)
+        except TimeoutError:
+            continue
+        name = event["event"]
+        if name == "STOP" and stopped is None:
+            stopped = _event_time(event)
+        elif name == "RESUME" and stopped is not None:
+            return (_event_time(event) - stopped) * 1000
+        elif name == "MIGRATION" and event.get("data", {}).get("status") in ("failed", "cancelled"):
+            info = await qmp.cmd("query-migrate")
+            raise VMError(f"live branch failed: {info.get('error-desc', 'no detail from QEMU')}")
 
 
 async def _try_resume(vm: VM) -> str | None:
@@ -246,22 +244,32 @@ async def _try_resume(vm: VM) -> str | None:
     return None
 
 
-async def resume(vm: VM) -> None:
-    """Run the source again whatever state the migration left it in."""
+async def resume(vm: VM, settle: float = 10.0) -> None:
+    """Run the source again whatever state the migration left it in.
+
+    QEMU reports a migration "completed" (and emits its event) before its
+    clean-up has moved the VM out of "finish-migrate", and ``cont`` is refused
+    until then ("Migration is not finalized yet"). No event marks that step,
+    so wait for it here, briefly and bounded.
+    """
+    deadline = time.monotonic() + settle
     status = await vm.qmp.status()
+    while status == "finish-migrate" and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+        status = await vm.qmp.status()
     if status != "running":
         await vm.qmp.cmd("cont")
 
 
 async def stream_to_snapshot(
     run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
-    disk: Path, spec_factory: Callable[[Path, Path, Path], SpecFactory], timeout: float = 600,
+    disk: Path, tap: str | None, timeout: float = 600,
 ) -> float:
     """Load ``stream`` into a fresh ``mem_path`` and save a forkable (RAM-less) state.
 
-    ``spec_factory(mem_path, disk, run_dir)`` returns the launch-spec builder for a
-    paused, incoming, ``share=on`` QEMU with the source's device configuration.
-    Returns the seconds it took.
+    The helper QEMU has the source's device configuration (``config``, a NIC if
+    the source had one on ``tap``), RAM ``share=on`` on the new ``mem_path``,
+    and never runs the guest (``-S``). Returns the seconds it took.
     """
     started = time.monotonic()
     with open(mem_path, "wb") as f:
@@ -271,19 +279,22 @@ async def stream_to_snapshot(
     # not the branch's content: a blank one of the same size, with no backing
     # chain (the branch's chain names paths that exist only once published).
     disk_mod.create_blank(scratch, disk_mod.qcow2_virtual_size(disk))
-    vm = await VM._launch(run_dir, config, spec_factory(mem_path, scratch, run_dir))
+    sockets = AgentSockets.bind(run_dir)
+    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=scratch,
+                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                      console_log=run_dir / "console.log", incoming=True,
+                      tap=tap, nic_placeholder=True, extra=["-S"])  # load the state, never run it
+    vm = await VM.launch(run_dir, spec, sockets)
     try:
         await vm.qmp.set_capabilities(x_ignore_shared=False)
-        await vm.qmp.cmd("migrate-incoming", uri=exec_uri("cat", stream))
-        await vm._await_or_exit(vm.qmp.wait_migration(timeout), timeout, "the branch stream to load")
+        await vm.await_or_exit(
+            vm.qmp.run_migration("migrate-incoming", timeout, uri=exec_uri("cat", stream)),
+            timeout, "the branch stream to load")
         # Now RAM lives in mem_path; write the state without it, as for a template.
         await vm.qmp.set_capabilities(x_ignore_shared=True)
         await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
-        await vm.qmp.cmd("migrate", uri=exec_uri("cat >", state_path))
-        await vm.qmp.wait_migration(timeout)
+        await vm.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
     finally:
         await vm.shutdown()
         scratch.unlink(missing_ok=True)
     return time.monotonic() - started
-
-

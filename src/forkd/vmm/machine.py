@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -20,8 +21,13 @@ from pathlib import Path
 from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest.client import AgentClient
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
-from forkd.vmm.process import QemuProcess, start_qemu
+from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP
+
+# A restored guest answers its post-restore call in ~0.3 s under TCG; re-send it
+# after this long, and give up (the spawner then retries with a fresh QEMU) after that.
+POST_RESTORE_RESEND = 8.0
+POST_RESTORE_TIMEOUT = 30.0
 
 
 def exec_uri(command: str, path: Path) -> str:
@@ -43,18 +49,20 @@ class VM:
     # ------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def _launch(cls, run_dir: Path, config: VMConfig, make_spec,
-                      launcher: Sequence[str] = ()) -> VM:
-        process = await start_qemu(run_dir, make_spec, launcher)
+    async def launch(cls, run_dir: Path, spec: LaunchSpec, sockets: AgentSockets,
+                     launcher: Sequence[str] = ()) -> VM:
+        """Start QEMU for ``spec`` (whose fds are ``sockets``') and connect to its QMP."""
+        config = spec.config
+        process = await start_qemu(run_dir, spec, sockets, launcher)
         vm = cls(process, config, QMP(process.qmp_path, run_dir.name), AgentClient(process.agent_path))
         try:
-            await vm._await_or_exit(vm.qmp.connect(), 15, "QMP")
+            await vm.await_or_exit(vm.qmp.connect(), 15, "QMP")
         except BaseException:
             await vm.destroy()
             raise
         return vm
 
-    async def _await_or_exit(self, aw, timeout: float, what: str):
+    async def await_or_exit(self, aw, timeout: float, what: str):
         """Await ``aw`` but fail fast, with QEMU's last words, if QEMU exits meanwhile."""
         task = asyncio.ensure_future(aw)
         exit_task = asyncio.ensure_future(self.process.wait_exit())
@@ -92,15 +100,14 @@ class VM:
         with open(mem_path, "wb") as f:
             f.truncate(config.mem_mib << 20)  # sparse: only touched pages take disk space
 
-        def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
-            return LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=disk,
-                              qmp_fd=qmp_fd, agent_fd=agent_fd,
-                              console_log=run_dir / "console.log",
-                              kernel=kernel, initrd=initrd, append=append, tap=tap)
-
-        vm = await cls._launch(run_dir, config, spec)
+        sockets = AgentSockets.bind(run_dir)
+        spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=disk,
+                          qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                          console_log=run_dir / "console.log",
+                          kernel=kernel, initrd=initrd, append=append, tap=tap)
+        vm = await cls.launch(run_dir, spec, sockets)
         try:
-            ping = await vm._await_or_exit(vm.agent.call("ping", timeout=None), timeout,
+            ping = await vm.await_or_exit(vm.agent.call("ping", timeout=None), timeout,
                                            "the guest agent to boot and warm up")
         except BaseException:
             await vm.destroy()
@@ -121,27 +128,50 @@ class VM:
         """
         started = time.monotonic()
 
-        def spec(qmp_fd: int, agent_fd: int) -> LaunchSpec:
-            return LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
-                              qmp_fd=qmp_fd, agent_fd=agent_fd,
-                              console_log=run_dir / "console.log", incoming=True, tap=tap)
-
-        vm = await cls._launch(run_dir, config, spec, launcher)
+        sockets = AgentSockets.bind(run_dir)
+        spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
+                          qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                          console_log=run_dir / "console.log", incoming=True, tap=tap)
+        vm = await cls.launch(run_dir, spec, sockets, launcher)
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
             # The stream says whether RAM was skipped; both ends must agree.
             await vm.qmp.set_capabilities(x_ignore_shared=True)
-            await vm.qmp.cmd("migrate-incoming", uri=exec_uri("cat", state_path))
-            await vm._await_or_exit(vm.qmp.wait_migration(timeout), timeout, "the incoming state")
+            await vm.await_or_exit(
+                vm.qmp.run_migration("migrate-incoming", timeout, uri=exec_uri("cat", state_path)),
+                timeout, "the incoming state")
             if await vm.qmp.status() != "running":
                 await vm.qmp.cmd("cont")
             vm.timings["restored_s"] = time.monotonic() - started
-            await vm._await_or_exit(vm.agent.restored(), timeout, "the restored guest agent")
+            await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT), POST_RESTORE_TIMEOUT + 5,
+                                   "the restored guest agent (post-restore call)")
             vm.timings["ready_s"] = time.monotonic() - started
         except BaseException:
             await vm.destroy()
             raise
         return vm
+
+    async def post_restore(self, timeout: float) -> dict:
+        """Tell a freshly restored guest to reseed its RNGs, step its clock and thaw.
+
+        The call is idempotent, so it is sent again if unanswered after
+        ``POST_RESTORE_RESEND`` seconds: on a loaded host a restored child has
+        been seen to leave its first post-restore call unanswered.
+        """
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
+            try:
+                return await self.agent.call("restored", timeout=each, entropy=os.urandom(64).hex(),
+                                             time_ns=time.time_ns())
+            except GuestError as exc:
+                if not self.agent.connected or time.monotonic() >= deadline:
+                    raise BootTimeout(
+                        f"the restored guest agent did not answer its post-restore call "
+                        f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail()}"
+                    ) from exc
 
     @classmethod
     async def attach(cls, process: QemuProcess, config: VMConfig) -> VM:
@@ -162,8 +192,7 @@ class VM:
         started = time.monotonic()
         await self.qmp.cmd("stop")
         await self.qmp.set_capabilities(x_ignore_shared=True)
-        await self.qmp.cmd("migrate", uri=exec_uri("cat >", state_path))
-        await self.qmp.wait_migration(timeout)
+        await self.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
         return (time.monotonic() - started) * 1000
 
     # ------------------------------------------------------------- teardown
@@ -176,10 +205,14 @@ class VM:
             await asyncio.wait_for(self.process.wait_exit(), timeout)
         await self.destroy()
 
-    async def destroy(self) -> None:
-        """Kill QEMU and close our connections. Safe to call more than once."""
+    async def disconnect(self) -> None:
+        """Close our connections and leave QEMU running (a later daemon re-attaches)."""
         await self.agent.close()
         await self.qmp.close()
+
+    async def destroy(self) -> None:
+        """Kill QEMU and close our connections. Safe to call more than once."""
+        await self.disconnect()
         await self.process.kill()
 
     async def call(self, action: str, timeout: float | None = 60, **args) -> dict:

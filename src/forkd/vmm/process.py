@@ -110,20 +110,51 @@ def pid_is_qemu(pid: int, run_dir: Path) -> bool:
     return state != "Z" and b"qemu-system" in cmdline and str(run_dir).encode() in cmdline
 
 
-async def start_qemu(run_dir: Path, spec_factory, launcher: Sequence[str] = ()) -> QemuProcess:
-    """Start QEMU with fresh QMP/agent sockets in ``run_dir``.
+@dataclass
+class AgentSockets:
+    """The listening QMP and agent sockets of one VM, bound before QEMU starts.
 
-    ``spec_factory(qmp_fd, agent_fd) -> LaunchSpec`` builds the launch spec once
-    the sockets exist. ``launcher`` is an argv prefix that must end by exec'ing
-    the rest in the same process (joining a cgroup, entering a network namespace),
-    so that the pid recorded here is QEMU's own.
+    Bound first so that the launch spec can name their fds directly, and so
+    that connecting needs no polling: the socket exists before QEMU does.
     """
-    qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    qmp_sock = listen_unix(run_dir / "qmp.sock")
-    agent_sock = listen_unix(run_dir / "agent.sock")
+
+    qmp: socket.socket
+    agent: socket.socket
+
+    @classmethod
+    def bind(cls, run_dir: Path) -> AgentSockets:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        qmp = listen_unix(run_dir / "qmp.sock")
+        try:
+            agent = listen_unix(run_dir / "agent.sock")
+        except BaseException:
+            qmp.close()
+            raise
+        return cls(qmp, agent)
+
+    @property
+    def qmp_fd(self) -> int:
+        return self.qmp.fileno()
+
+    @property
+    def agent_fd(self) -> int:
+        return self.agent.fileno()
+
+    def close(self) -> None:
+        self.qmp.close()
+        self.agent.close()
+
+
+async def start_qemu(run_dir: Path, spec: LaunchSpec, sockets: AgentSockets,
+                     launcher: Sequence[str] = ()) -> QemuProcess:
+    """Start QEMU for ``spec``, handing it ``sockets`` (closed here once QEMU has them).
+
+    ``launcher`` is an argv prefix that must end by exec'ing the rest in the same
+    process (joining a cgroup, entering a network namespace), so that the pid
+    recorded here is QEMU's own.
+    """
     try:
-        spec: LaunchSpec = spec_factory(qmp_sock.fileno(), agent_sock.fileno())
+        qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
         argv = build_argv(qemu, spec)
         (run_dir / "cmdline").write_text(" ".join([*launcher, *argv]) + "\n")
         with open(run_dir / "qemu.log", "wb") as log:
@@ -132,7 +163,7 @@ async def start_qemu(run_dir: Path, spec_factory, launcher: Sequence[str] = ()) 
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                pass_fds=(qmp_sock.fileno(), agent_sock.fileno()),
+                pass_fds=(sockets.qmp_fd, sockets.agent_fd),
                 # Own session: a Ctrl-C aimed at the daemon must not kill the VMs,
                 # which a restarted daemon re-adopts.
                 start_new_session=True,
@@ -144,8 +175,7 @@ async def start_qemu(run_dir: Path, spec_factory, launcher: Sequence[str] = ()) 
             )
     finally:
         # QEMU has its own copies of the listening fds now.
-        qmp_sock.close()
-        agent_sock.close()
+        sockets.close()
     (run_dir / "pid").write_text(f"{proc.pid}\n")
     return QemuProcess(pid=proc.pid, dir=run_dir, proc=proc)
 

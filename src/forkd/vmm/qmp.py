@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qemu.qmp import ExecuteError, QMPClient
+from qemu.qmp import EventListener, ExecuteError, QMPClient
 
 from forkd.errors import VMError
 
@@ -49,6 +49,8 @@ class QMP:
             await self.client.disconnect()
 
     async def set_capabilities(self, **caps: bool) -> None:
+        """Set migration capabilities; ``events`` is always on (MIGRATION events wake waiters)."""
+        caps = {"events": True, **caps}
         await self.cmd(
             "migrate-set-capabilities",
             capabilities=[{"capability": k.replace("_", "-"), "state": v} for k, v in caps.items()],
@@ -57,10 +59,26 @@ class QMP:
     async def set_parameters(self, **params: Any) -> None:
         await self.cmd("migrate-set-parameters", **{k.replace("_", "-"): v for k, v in params.items()})
 
-    async def wait_migration(
-        self, timeout: float, *, poll: float = 0.002, until: tuple[str, ...] = ("completed",)
-    ) -> dict:
-        """Poll ``query-migrate`` until a terminal state; raise on failure."""
+    async def run_migration(self, command: str, timeout: float, *,
+                            until: tuple[str, ...] = ("completed",), **args: Any) -> dict:
+        """Issue ``migrate``/``migrate-incoming``/``migrate-continue`` and wait for its outcome.
+
+        The listener is registered before the command, so no MIGRATION event can
+        slip by; events only wake us, and ``query-migrate`` is the authority.
+        """
+        listener = EventListener(("MIGRATION",))
+        with self.client.listen(listener):
+            await self.cmd(command, **args)
+            return await self._await_migration(listener, timeout, until)
+
+    async def wait_migration(self, timeout: float, *, until: tuple[str, ...] = ("completed",)) -> dict:
+        """Wait for a migration already under way (no command issued here)."""
+        listener = EventListener(("MIGRATION",))
+        with self.client.listen(listener):
+            return await self._await_migration(listener, timeout, until)
+
+    async def _await_migration(self, listener: EventListener, timeout: float,
+                               until: tuple[str, ...]) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             info = await self.cmd("query-migrate")
@@ -69,9 +87,13 @@ class QMP:
                 return info
             if status in ("failed", "cancelled"):
                 raise VMError(f"migration {status}: {info.get('error-desc', 'no detail from QEMU')}")
-            if time.monotonic() > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise VMError(f"migration did not finish within {timeout:.0f}s (status {status})")
-            await asyncio.sleep(poll)
+            # A status change wakes us at once (capability "events"); the bound
+            # keeps us honest should an event ever be missed.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listener.get(), min(remaining, 0.5))
 
     async def status(self) -> str:
         return (await self.cmd("query-status")).get("status", "unknown")

@@ -1,0 +1,60 @@
+"""Start-up after a restart (or a crash): re-adopt what survived, reap the rest.
+
+Sandboxes whose QEMU is still alive are re-attached with their in-memory state
+intact; dead ones lose their row, run directory and cgroup. Interrupted
+snapshot writes and run directories no row points at are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+
+from forkd.config import DataDir
+from forkd.controller.sandboxes import SandboxTable, remove_cgroup
+from forkd.errors import ForkdError
+from forkd.host.shm import ShmMemory
+from forkd.store import layout
+from forkd.store.layout import SnapshotDir
+from forkd.store.registry import Registry
+from forkd.vmm.machine import VM
+from forkd.vmm.process import adopt, kill_pid_now
+
+log = logging.getLogger("forkd.recovery")
+
+
+async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: ShmMemory) -> None:
+    for name in layout.remove_stale_staging(data.snapshots):
+        log.warning("removed interrupted snapshot write %s", name)
+    for snap in registry.list_snapshots():
+        if snap.status == "writing" or not SnapshotDir(Path(snap.dir)).complete():
+            log.warning("snapshot %s was not complete at restart; removing it", snap.tag)
+            shutil.rmtree(snap.dir, ignore_errors=True)
+            registry.delete_snapshot(snap.tag)
+    for sb in registry.list_sandboxes():
+        run_dir = Path(sb.dir)
+        process = adopt(sb.pid or 0, run_dir)
+        if process is not None:
+            try:
+                table.adopt(sb.id, await VM.attach(process, sb.config))
+                log.info("re-adopted sandbox %s (pid %s)", sb.id, sb.pid)
+                continue
+            except (ForkdError, OSError) as exc:
+                log.warning("cannot re-adopt %s (%s); killing it", sb.id, exc)
+        kill_pid_now(sb.pid or 0, run_dir)
+        await remove_cgroup(sb.cgroup)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        registry.delete_sandbox(sb.id)
+        log.info("reaped dead sandbox %s", sb.id)
+    # Run dirs no row points at (a crash between mkdir and insert).
+    known = {sb.id for sb in registry.list_sandboxes()}
+    for d in data.sandboxes.iterdir():
+        if d.is_dir() and d.name not in known:
+            with contextlib.suppress(OSError, ValueError):
+                kill_pid_now(int((d / "pid").read_text()), d)
+            with contextlib.suppress(OSError):
+                await remove_cgroup((d / "cgroup").read_text().strip())
+            shutil.rmtree(d, ignore_errors=True)
+    shm.prune(keep={sb.snapshot_tag for sb in registry.list_sandboxes() if sb.live_fork})

@@ -1,0 +1,140 @@
+"""The live-sandbox table: every running VM this daemon drives, one lock each.
+
+It is the only owner of the ``sandbox id → VM`` map and of tearing a sandbox
+down. Each sandbox has one ``asyncio.Lock``:
+
+* BRANCH holds it for the source's pause window and disk cut;
+* kill holds it while it tears the sandbox down, so a kill that arrives
+  during a branch waits for the pause window to end and never leaves a paused
+  or orphaned QEMU behind;
+* exec/eval/ping take it only to look the VM up (``for_call``): they wait out
+  a pause or a kill in progress, but do not hold it while the guest works, so
+  a long exec never delays a branch or a kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from forkd.errors import GuestError, NotFound
+from forkd.host import cgroups
+from forkd.store.layout import check_sandbox_id
+from forkd.store.registry import Registry, SandboxRecord
+from forkd.vmm.machine import VM
+from forkd.vmm.process import kill_pid_now, pid_is_qemu
+
+log = logging.getLogger("forkd.sandboxes")
+
+
+async def remove_cgroup(path: str | None) -> None:
+    if path:
+        await asyncio.to_thread(cgroups.handle_for(path).remove)
+
+
+class SandboxTable:
+    def __init__(self, registry: Registry, sandboxes_dir: Path) -> None:
+        self._registry = registry
+        self._dir = sandboxes_dir
+        self._vms: dict[str, VM] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ----------------------------------------------------------------- lookups
+
+    def __contains__(self, sandbox_id: object) -> bool:
+        return sandbox_id in self._vms
+
+    def ids(self) -> list[str]:
+        return list(self._vms)
+
+    def items(self) -> Iterator[tuple[str, VM]]:
+        return iter(list(self._vms.items()))
+
+    def vm(self, sandbox_id: str) -> VM | None:
+        """The VM of ``sandbox_id`` as it is, alive or not (None if unknown)."""
+        return self._vms.get(sandbox_id)
+
+    def get(self, sandbox_id: str) -> VM:
+        """The live VM of ``sandbox_id``: 404 if unknown, 502 if its QEMU died."""
+        check_sandbox_id(sandbox_id)
+        vm = self._vms.get(sandbox_id)
+        if vm is None:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        if not vm.process.alive():
+            raise GuestError(f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up")
+        return vm
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def for_call(self, sandbox_id: str) -> VM:
+        """The VM, once no branch pause or kill of it is in progress."""
+        check_sandbox_id(sandbox_id)
+        if sandbox_id not in self._vms:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        async with self.lock(sandbox_id):
+            return self.get(sandbox_id)
+
+    # --------------------------------------------------------------- changes
+
+    def add(self, record: SandboxRecord, vm: VM) -> None:
+        """A restored child: in the table and the registry, in that order."""
+        self._vms[record.id] = vm
+        self._registry.insert_sandbox(record)
+
+    def adopt(self, sandbox_id: str, vm: VM) -> None:
+        """A VM a previous daemon left running (already in the registry)."""
+        self._vms[sandbox_id] = vm
+
+    async def detach_all(self) -> None:
+        """Forget every VM but leave it running, for the next daemon to re-adopt."""
+        for vm in self._vms.values():
+            await vm.disconnect()
+        self._vms.clear()
+
+    async def kill(self, sandbox_id: str) -> None:
+        """Tear a sandbox down; waits for a branch of it to finish its pause window."""
+        check_sandbox_id(sandbox_id)
+        if sandbox_id not in self._vms and not self._registry.has_sandbox(sandbox_id):
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        async with self.lock(sandbox_id):
+            await self.kill_locked(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    async def kill_locked(self, sandbox_id: str) -> None:
+        """Tear down a sandbox whose lock the caller holds (or that no one else knows)."""
+        vm = self._vms.pop(sandbox_id, None)
+        try:
+            record: SandboxRecord | None = self._registry.get_sandbox(sandbox_id)
+        except NotFound:
+            record = None
+        if vm is not None:
+            await vm.destroy()
+        elif record is not None:
+            kill_pid_now(record.pid or 0, Path(record.dir))
+        if record is not None:
+            await remove_cgroup(record.cgroup)
+        self._registry.delete_sandbox(sandbox_id)
+        shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
+
+    async def kill_all(self) -> None:
+        await asyncio.gather(*(self.kill(i) for i in self.ids()), return_exceptions=True)
+
+    # ----------------------------------------------------------------- calls
+
+    async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict:
+        """One agent request. A QEMU that died before the event loop reaped it shows up
+        as a reset agent connection; report that as the sandbox's death, by id."""
+        vm = await self.for_call(sandbox_id)
+        try:
+            return await vm.call(action, timeout=timeout, **args)
+        except GuestError as exc:
+            if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
+                raise
+            raise GuestError(
+                f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up"
+            ) from exc
+

@@ -1,0 +1,198 @@
+"""Forking children: claim their host resources, restore them, register them.
+
+All or nothing: a batch that cannot start in full is torn down, so the caller
+never holds ids it did not see. Per child the spawner claims a network
+namespace (``per_child_netns``) or the snapshot's host tap, makes a memory
+cgroup (``memory_limit_mib``), gives it a copy-on-write disk overlay and
+restores it with ``VM.restore``. A child that stays silent after its restore
+is retried once with a fresh QEMU: nothing has been handed out yet, so that is
+safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+
+from forkd import bounds
+from forkd.config import DataDir
+from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.host_taps import HostTaps
+from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshots import Forkable, SnapshotStore
+from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
+from forkd.host import cgroups
+from forkd.host import netns as netns_mod
+from forkd.host.accel import check_compatible
+from forkd.host.shm import ShmMemory
+from forkd.store import layout
+from forkd.store.registry import DiskChain, Registry, SandboxRecord, now_unix
+from forkd.vmm.disk import clone_overlay
+from forkd.vmm.machine import VM
+
+log = logging.getLogger("forkd.spawner")
+
+# Restoring is CPU-bound under TCG; more in flight than this only thrashes 2 cores.
+SPAWN_PARALLELISM = 8
+# Restore attempts per child when its guest stays silent after the restore.
+RESTORE_ATTEMPTS = 2
+
+
+class NetnsPool:
+    """The pre-provisioned ``forkd-child-<i>`` namespaces: which ones are free."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._claimed: set[int] = set()
+
+    def claim(self, n: int) -> list[int]:
+        """The ``n`` lowest indices no live or starting sandbox holds (no await: atomic)."""
+        used = {netns_mod.netns_index(sb.netns) for sb in self._registry.list_sandboxes()}
+        indices = netns_mod.lowest_free({i for i in used if i is not None} | self._claimed, n)
+        self._claimed.update(indices)
+        return indices
+
+    def release(self, indices: list[int]) -> None:
+        self._claimed.difference_update(indices)
+
+    @staticmethod
+    async def check(names: list[str], tap: str | None) -> None:
+        needed = max(netns_mod.netns_index(name) or 0 for name in names) + 1
+        setup = f"{netns_mod.SETUP_SCRIPT} {needed}" + (f" --tap {tap}" if tap else "")
+        missing = [name for name in names if not netns_mod.netns_exists(name)]
+        if missing:
+            raise InvalidRequest(
+                f"network namespace {missing[0]} does not exist ({len(missing)} of the "
+                f"{len(names)} needed are missing; per_child_netns puts child i in the "
+                f"pre-provisioned namespace forkd-child-<i>, here forkd-child-0..{needed - 1} are "
+                f"needed); create them as root with: {setup}"
+            )
+        if tap:
+            present = await asyncio.gather(
+                *(asyncio.to_thread(netns_mod.netns_tap_exists, name, tap) for name in names))
+            for name, ok in zip(names, present, strict=True):
+                if not ok:
+                    raise InvalidRequest(
+                        f"{netns_mod.missing_tap_message(tap, name, needed)} (snapshot was "
+                        f"taken with a NIC on tap {tap}, so every child needs a tap of that name)"
+                    )
+
+
+class Spawner:
+    def __init__(self, data: DataDir, registry: Registry, table: SandboxTable, store: SnapshotStore,
+                 accel: HostAccelerator, taps: HostTaps, shm: ShmMemory) -> None:
+        self._data = data
+        self._table = table
+        self._store = store
+        self._accel = accel
+        self._taps = taps
+        self._shm = shm
+        self._netns = NetnsPool(registry)
+
+    async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
+                    memory_limit_mib: int | None = None, live_fork: bool = False) -> list[SandboxRecord]:
+        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
+        bounds.SPAWN_N.check(n)
+        if memory_limit_mib is not None:
+            cgroups.validate_limit(memory_limit_mib)
+            if cgroups.detect() == "none":
+                raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
+        snap = self._store.forkable(tag)
+        if snap.tap and not per_child_netns and n != 1:
+            raise InvalidRequest(
+                f"snapshot {tag!r} has a NIC on tap {snap.tap}, and a tap serves one VM at a time: "
+                f"fork it with per_child_netns=true (each child gets forkd-child-<i> with its own "
+                f"{snap.tap}; {netns_mod.SETUP_SCRIPT} N --tap {snap.tap} creates them), or fork one child"
+            )
+        host = await self._accel.for_snapshot(snap.dir)
+        check_compatible(snap.config.accel, host, tag)
+
+        # Claim namespaces / the host tap with no await in between checks and claims.
+        netns_names: list[str | None] = [None] * n
+        claimed: list[int] = []
+        host_tap: str | None = None
+        if per_child_netns:
+            claimed = self._netns.claim(n)
+            netns_names = [netns_mod.child_netns(i) for i in claimed]
+        elif snap.tap:
+            self._taps.check_free(snap.tap)
+            host_tap = snap.tap
+        try:
+            with self._taps.claimed(host_tap):
+                if per_child_netns:
+                    await self._netns.check([name for name in netns_names if name], snap.tap)
+                results = await self._restore_all(snap, netns_names, memory_limit_mib, live_fork)
+        finally:
+            self._netns.release(claimed)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # All or nothing: a partial batch would leave the caller with ids it never saw.
+            await asyncio.gather(*(self._table.kill(r.id) for r in results
+                                   if isinstance(r, SandboxRecord)), return_exceptions=True)
+            first = failures[0]
+            if isinstance(first, ForkdError):
+                raise first
+            raise VMError(f"fork failed: {type(first).__name__}: {first}") from first
+        return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _restore_all(self, snap: Forkable, netns_names: list[str | None],
+                           memory_limit_mib: int | None,
+                           live_fork: bool) -> list[SandboxRecord | BaseException]:
+        mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
+        prefix = layout.new_batch_prefix()
+        gate = asyncio.Semaphore(SPAWN_PARALLELISM)
+
+        async def one(i: int, netns: str | None) -> SandboxRecord:
+            async with gate:
+                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, netns=netns,
+                                                 memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+
+        return list(await asyncio.gather(*(one(i, ns) for i, ns in enumerate(netns_names)),
+                                         return_exceptions=True))
+
+    async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, *, netns: str | None,
+                             memory_limit_mib: int | None, live_fork: bool) -> SandboxRecord:
+        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+            try:
+                return await self._restore_once(sb_id, snap, mem, netns=netns,
+                                                memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+            except BootTimeout as exc:
+                if attempt == RESTORE_ATTEMPTS:
+                    raise BootTimeout(f"child {sb_id} of {snap.record.tag!r} did not come up after "
+                                      f"{attempt} restores: {exc}") from exc
+                log.warning("child %s stayed silent after its restore (attempt %d), retrying: %s",
+                            sb_id, attempt, str(exc).splitlines()[0])
+        raise AssertionError("unreachable")
+
+    async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, *, netns: str | None,
+                            memory_limit_mib: int | None, live_fork: bool) -> SandboxRecord:
+        run_dir = self._data.sandboxes / sb_id
+        run_dir.mkdir(parents=True)
+        cgroup: cgroups.CgroupHandle | None = None
+        launcher: list[str] = []
+        try:
+            if memory_limit_mib is not None:
+                cgroup = cgroups.create(sb_id, memory_limit_mib)
+                # Before QEMU exists: a daemon that dies now still finds it on restart.
+                (run_dir / "cgroup").write_text(f"{cgroup.path}\n")
+                launcher += cgroup.launcher()
+            if netns:
+                launcher += netns_mod.launcher(netns)
+            clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
+            vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
+                                  disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()  # VM.restore killed and reaped QEMU before raising
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        record = SandboxRecord(
+            id=sb_id, snapshot_tag=snap.record.tag, dir=str(run_dir), created_at_unix=now_unix(),
+            config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
+            netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
+        )
+        self._table.add(record, vm)
+        return record

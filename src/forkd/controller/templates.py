@@ -1,0 +1,188 @@
+"""Creating a snapshot: boot a template VM, warm it, run setup, save it.
+
+The template's RAM *is* the snapshot's ``mem`` file (``share=on``), so saving
+it writes only the device state; afterwards the template must never run again.
+Everything is written into a staging directory that is renamed into place only
+when complete, and registered only after that.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forkd import bounds
+from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
+from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.host_taps import HostTaps
+from forkd.controller.tags import TagReservations
+from forkd.errors import InvalidRequest
+from forkd.host import netns as netns_mod
+from forkd.host import probe
+from forkd.image.builder import Image, load_image
+from forkd.image.kernel import is_elf
+from forkd.store import layout
+from forkd.store.layout import SnapshotDir
+from forkd.store.registry import Registry, SnapshotRecord, now_unix
+from forkd.vmm.cmdline import VMConfig, kernel_cmdline
+from forkd.vmm.disk import create_overlay
+from forkd.vmm.machine import VM
+
+Progress = Callable[[str, float], None]
+
+
+def no_progress(_step: str, _fraction: float) -> None:
+    pass
+
+
+@dataclass
+class SnapshotSpec:
+    """What POST /v1/snapshots asks for. Paths default to the built image."""
+
+    tag: str
+    image: str = DEFAULT_IMAGE
+    kernel: str | None = None
+    rootfs: str | None = None
+    mem_mib: int = DEFAULT_MEM_MIB
+    vcpus: int = DEFAULT_VCPUS
+    boot_wait_secs: float = 120.0
+    warm_imports: list[str] | None = None
+    setup: list[list[str]] = field(default_factory=list)
+    # Python run in the warm PID 1 interpreter before the snapshot (e.g. load a
+    # dataset): every child then starts with it in memory, shared copy-on-write.
+    setup_eval: list[str] = field(default_factory=list)
+    setup_timeout_secs: float = 600.0
+    # Accepted for the seeds' compatibility and ignored: the disk is always
+    # attached read-write (a child's overlay must be writable, and template and
+    # children must have the same device configuration).
+    rw: bool = True
+    tap: str | None = None
+
+    def validate(self) -> list[str]:
+        """Check every bound (callers of the Python API bypass the HTTP schema); the warm imports."""
+        bounds.MEM_MIB.check(self.mem_mib)
+        bounds.VCPUS.check(self.vcpus)
+        bounds.BOOT_WAIT_SECS.check(self.boot_wait_secs)
+        bounds.SETUP_TIMEOUT_SECS.check(self.setup_timeout_secs)
+        if self.tap is not None:
+            netns_mod.check_tap_name(self.tap)
+        warm = list(DEFAULT_WARM_IMPORTS if self.warm_imports is None else self.warm_imports)
+        for mod in warm:
+            if not isinstance(mod, str) or not bounds.MODULE_RE.match(mod):
+                raise InvalidRequest(f"warm import {mod!r} is not a module name")
+        for argv in self.setup:
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise InvalidRequest("each setup command must be a non-empty list of strings")
+        return warm
+
+
+class TemplateBuilder:
+    def __init__(self, data: DataDir, registry: Registry, tags: TagReservations,
+                 accel: HostAccelerator, taps: HostTaps) -> None:
+        self._data = data
+        self._registry = registry
+        self._tags = tags
+        self._accel = accel
+        self._taps = taps
+
+    def _boot_files(self, spec: SnapshotSpec) -> tuple[Image, Path, Path, Path]:
+        image = load_image(self._data, spec.image)
+        kernel, rootfs = image.kernel, image.rootfs
+        if spec.kernel:
+            kernel = Path(spec.kernel)
+            if not is_elf(kernel):
+                raise InvalidRequest(
+                    f"kernel {spec.kernel} is not an ELF vmlinux (microvm boots the uncompressed "
+                    "kernel; forkd image build extracts one from Debian's package)"
+                )
+        if spec.rootfs:
+            rootfs = Path(spec.rootfs)
+            if not rootfs.is_file():
+                raise InvalidRequest(f"rootfs {spec.rootfs} does not exist")
+        return image, kernel, image.initrd, rootfs
+
+    async def create(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
+        """Boot a template, wait until its agent is warm, run setup, snapshot it."""
+        warm = spec.validate()
+        image, kernel, initrd, rootfs = self._boot_files(spec)
+        if spec.tap:
+            self._taps.check_free(spec.tap)
+        with self._tags.reserved(spec.tag), self._taps.claimed(spec.tap):
+            return await self._create(spec, warm, image, kernel, initrd, rootfs, progress)
+
+    async def _create(self, spec: SnapshotSpec, warm: list[str], image: Image, kernel: Path,
+                      initrd: Path, rootfs: Path, progress: Progress) -> SnapshotRecord:
+        staging: SnapshotDir | None = None
+        vm: VM | None = None
+        try:
+            host = await self._accel.for_image(image)
+            config = VMConfig(spec.mem_mib, spec.vcpus, host)
+            staging = layout.staging_dir(self._data.snapshots, spec.tag)
+            backing_fmt = "qcow2" if rootfs.suffix == ".qcow2" else "raw"
+            create_overlay(rootfs.resolve(), staging.disk, backing_fmt)
+            progress("booting template", 0.05)
+            vm, ping = await VM.boot(
+                staging.path, config, mem_path=staging.mem, disk=staging.disk,
+                kernel=kernel, initrd=initrd, append=kernel_cmdline(warm, accel=host),
+                timeout=spec.boot_wait_secs, tap=spec.tap,
+            )
+            if ping.get("warm_errors"):
+                raise InvalidRequest(f"warm imports failed in the guest: {ping['warm_errors']}")
+            await self._run_setup(vm, spec, progress)
+            progress("snapshotting", 0.9)
+            save_ms = await vm.save_template_state(staging.state)
+            boot_s = vm.timings["boot_s"]
+            await vm.shutdown()  # its RAM is now the snapshot: it must never run again
+            vm = None
+            created = now_unix()
+            staging.write_meta({
+                "tag": spec.tag,
+                "created_at_unix": created,
+                "config": config.to_json(),
+                "image": {"name": image.name, "key": image.key,
+                          "kernel_version": image.meta.get("kernel_version")},
+                "kernel": str(kernel), "rootfs": str(rootfs),
+                "warm_imports": warm,
+                "setup": spec.setup,
+                "setup_eval": spec.setup_eval,
+                "numpy_version": ping.get("numpy_version"),
+                "python_version": ping.get("python_version"),
+                "qemu_version": probe.qemu_version(),
+                "boot_secs": round(boot_s, 3),
+                "save_state_ms": round(save_ms, 1),
+                "parent_tag": None,
+                "branched_from": None,
+                # A NIC is part of the device config: children need a tap of this name.
+                "tap": spec.tap,
+            })
+            final = layout.publish(staging, self._data.snapshots, spec.tag)
+            staging = None
+            record = SnapshotRecord(tag=spec.tag, dir=str(final.path), created_at_unix=created)
+            self._registry.insert_snapshot(record)
+            progress("ready", 1.0)
+            return record
+        finally:
+            if vm is not None:
+                await vm.destroy()
+            if staging is not None:
+                shutil.rmtree(staging.path, ignore_errors=True)
+
+    @staticmethod
+    async def _run_setup(vm: VM, spec: SnapshotSpec, progress: Progress) -> None:
+        for i, argv in enumerate(spec.setup):
+            progress(f"setup {i + 1}/{len(spec.setup)}: {' '.join(argv)[:60]}",
+                     0.5 + 0.4 * i / max(1, len(spec.setup)))
+            res = await vm.call("exec", timeout=spec.setup_timeout_secs + 30, args=argv,
+                                timeout_secs=spec.setup_timeout_secs)
+            if res["exit_code"] != 0:
+                raise InvalidRequest(
+                    f"setup command {argv} failed with exit code {res['exit_code']}: "
+                    f"{(res.get('error') or res['stderr'] or res['stdout'])[-2000:]}"
+                )
+        for code in spec.setup_eval:
+            progress(f"setup eval: {code[:60]}", 0.88)
+            res = await vm.call("eval", timeout=spec.setup_timeout_secs, code=code)
+            if res["exit_code"] != 0:
+                raise InvalidRequest(f"setup_eval {code[:200]!r} failed: {res['error']}")
