@@ -8,10 +8,7 @@ classes, waiting for a snapshot, sandbox ownership). No daemon, no VM.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +16,6 @@ import pytest
 import forkd
 from forkd.errors import ForkdError
 from forkd.sdk import (
-    AsyncController,
     AsyncSandbox,
     BadRequest,
     CommandResult,
@@ -37,65 +33,12 @@ from forkd.sdk import (
     SnapshotFailedError,
     Unauthorized,
 )
-
-Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
-
-
-class FakeDaemon:
-    """Routes (method, path) to queued replies and records every request."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], list[Reply]] = {}
-        self.requests: list[httpx.Request] = []
-
-    def on(self, method: str, path: str, *replies: Reply) -> FakeDaemon:
-        self.routes.setdefault((method, path), []).extend(replies)
-        return self
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        queue = self.routes.get((request.method, request.url.path))
-        if not queue:
-            return httpx.Response(404, json={"error": f"no route {request.method} {request.url.path}"})
-        # The last reply repeats, so a route answers any number of polls.
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(request) if callable(reply) else reply
-
-    def bodies(self, method: str, path: str) -> list[Any]:
-        return [
-            json.loads(r.content) if r.content else None
-            for r in self.requests
-            if r.method == method and r.url.path == path
-        ]
-
-    def controller(self, **kwargs: Any) -> Controller:
-        return Controller(url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs)
-
-    def async_controller(self, **kwargs: Any) -> AsyncController:
-        return AsyncController(
-            url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs
-        )
-
-
-def sandbox_info(i: int = 0, tag: str = "py") -> dict[str, Any]:
-    return {
-        "id": f"sb-abcdef-{i:04d}",
-        "snapshot_tag": tag,
-        "netns": None,
-        "guest_addr": "unix:/x/agent.sock",
-        "created_at_unix": 1717000000,
-        "pid": 100 + i,
-    }
-
-
-def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
-    return {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, **extra}
+from tests.fakes.daemon import FakeDaemon, clear_env, sandbox_info, sandbox_routes, snap_info
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE", "FORKD_CA_CERT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_env(monkeypatch)
 
 
 @pytest.fixture
@@ -398,16 +341,6 @@ def test_wait_snapshot_ready_timeout(fake: FakeDaemon) -> None:
 
 
 # ---------------------------------------------------- Sandbox and Snapshot
-
-
-def sandbox_routes(fake: FakeDaemon, n: int = 1, tag: str = "py") -> FakeDaemon:
-    fake.on("POST", "/v1/sandboxes",
-            lambda req: httpx.Response(
-                201, json=[sandbox_info(i, json.loads(req.content)["snapshot_tag"])
-                           for i in range(json.loads(req.content)["n"])]))
-    for i in range(max(n, 1)):
-        fake.on("DELETE", f"/v1/sandboxes/sb-abcdef-{i:04d}", httpx.Response(204))
-    return fake
 
 
 def test_sandbox_context_manager_spawns_and_kills(fake: FakeDaemon) -> None:
