@@ -38,8 +38,9 @@ class Call:
     """One HTTP request to the daemon.
 
     ``read_timeout`` overrides only the read timeout: ``"default"`` keeps the
-    client's, ``None`` waits forever (snapshot builds, spawns, branches and evals
-    legitimately take minutes under TCG), a number waits that many seconds.
+    client's, ``None`` waits as long as the daemon takes (snapshot builds, spawns
+    and branches legitimately take minutes under TCG; the daemon bounds an eval
+    itself, see :func:`forkd.sdk._calls.eval_`), a number waits that many seconds.
     """
 
     method: str

@@ -275,8 +275,12 @@ class Controller:
     def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
         """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
 
-        Returns ``{"result", "error", "exit_code"}``. ``timeout`` bounds the
-        wait for the reply (default: none, evals may run an agent turn).
+        Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
+        eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
+        interrupts it with a ``TimeoutError`` raised inside the evaluated code
+        (code blocked in a C call only once it returns to Python). ``timeout``
+        bounds the client's wait for the reply; by default it waits as long as
+        the daemon does.
         """
         return cast(JSONDict, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
 
