@@ -16,13 +16,9 @@ are the object-style layer on top::
         print(sb.commands.run("uname -a").stdout)
 """
 
+from forkd.sdk._defaults import default_async_controller, default_controller
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.async_sandbox import (
-    AsyncCommands,
-    AsyncSandbox,
-    AsyncSnapshot,
-    default_async_controller,
-)
+from forkd.sdk.async_sandbox import AsyncCommands, AsyncSandbox, AsyncSnapshot
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
@@ -36,8 +32,8 @@ from forkd.sdk.errors import (
     SnapshotFailedError,
     Unauthorized,
 )
-from forkd.sdk.sandbox import Commands, Sandbox, Snapshot, SnapshotView, default_controller
-from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo
+from forkd.sdk.sandbox import Commands, Sandbox, Snapshot
+from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo, SnapshotView
 
 __all__ = [
     "AsyncCommands",

@@ -28,6 +28,8 @@ from forkd.sdk.errors import (
 
 DEFAULT_URL = "http://127.0.0.1:8889"
 DEFAULT_TIMEOUT = 30.0
+# How long waiting for a snapshot to become ready may take by default.
+DEFAULT_WAIT_SECS = 600.0
 USER_AGENT = f"forkd-sdk/{VERSION}"
 
 Default = Literal["default"]

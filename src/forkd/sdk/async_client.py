@@ -14,6 +14,7 @@ import httpx
 from forkd.sdk import _calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_SECS,
     Call,
     headers,
     parse_response,
@@ -24,7 +25,6 @@ from forkd.sdk._http import (
     timeout_for,
     translate,
 )
-from forkd.sdk.client import DEFAULT_WAIT_SECS
 from forkd.sdk.errors import ForkdTimeoutError
 from forkd.sdk.types import JSONDict, SandboxInfo, SnapshotInfo
 
@@ -214,4 +214,4 @@ class AsyncController:
         return cast(SnapshotInfo, await self._send(call))
 
 
-__all__ = ["AsyncController"]
+__all__ = ["DEFAULT_WAIT_SECS", "AsyncController"]

@@ -11,34 +11,22 @@ spawns on ``async with`` entry (or use ``await AsyncSandbox.create(tag)``)::
 
 from __future__ import annotations
 
-import asyncio
-import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from forkd.sdk._http import resolve_token, resolve_url, snapshot_is_ready
+from forkd.sdk._defaults import default_async_controller
+from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.client import DEFAULT_WAIT_SECS
 from forkd.sdk.errors import NotFoundError
-from forkd.sdk.sandbox import SnapshotView
-from forkd.sdk.types import CommandResult, EvalResult, JSONDict, SandboxInfo, SnapshotInfo
-
-# An httpx.AsyncClient's connections belong to the event loop that opened them,
-# so the shared default client is per loop (and goes away with the loop).
-_defaults: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, str | None], AsyncController]
-] = weakref.WeakKeyDictionary()
-
-
-def default_async_controller() -> AsyncController:
-    """The shared :class:`AsyncController` of the running loop for the current env."""
-    loop = asyncio.get_running_loop()
-    key = (resolve_url(None), resolve_token(None))
-    per_loop = _defaults.setdefault(loop, {})
-    if key not in per_loop:
-        per_loop[key] = AsyncController(*key)
-    return per_loop[key]
+from forkd.sdk.types import (
+    CommandResult,
+    EvalResult,
+    JSONDict,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotView,
+)
 
 
 class AsyncSnapshot(SnapshotView):
@@ -238,4 +226,10 @@ class AsyncSandbox:
         await self.close()
 
 
-__all__ = ["AsyncCommands", "AsyncSandbox", "AsyncSnapshot", "default_async_controller"]
+__all__ = [
+    "AsyncCommands",
+    "AsyncSandbox",
+    "AsyncSnapshot",
+    "SnapshotView",
+    "default_async_controller",
+]

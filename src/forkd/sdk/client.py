@@ -13,6 +13,7 @@ import httpx
 from forkd.sdk import _calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_SECS,
     Call,
     headers,
     parse_response,
@@ -25,8 +26,6 @@ from forkd.sdk._http import (
 )
 from forkd.sdk.errors import ForkdTimeoutError
 from forkd.sdk.types import JSONDict, SandboxInfo, SnapshotInfo
-
-DEFAULT_WAIT_SECS = 600.0
 
 
 class Controller:

@@ -14,78 +14,22 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from forkd.sdk._http import resolve_token, resolve_url, snapshot_is_ready
-from forkd.sdk.client import DEFAULT_WAIT_SECS, Controller
+from forkd.sdk._defaults import default_controller
+from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
+from forkd.sdk.client import Controller
 from forkd.sdk.errors import NotFoundError
-from forkd.sdk.types import CommandResult, EvalResult, JSONDict, SandboxInfo, SnapshotInfo
-
-_defaults: dict[tuple[str, str | None], Controller] = {}
-_defaults_lock = threading.Lock()
-
-
-def default_controller() -> Controller:
-    """A process-wide :class:`Controller` for the current ``FORKD_URL``/``FORKD_TOKEN``.
-
-    Sandboxes and snapshots made without an explicit controller share it, so a
-    :class:`Snapshot` returned by ``sb.branch()`` keeps working after the
-    sandbox's ``with`` block has closed.
-    """
-    key = (resolve_url(None), resolve_token(None))
-    with _defaults_lock:
-        controller = _defaults.get(key)
-        if controller is None:
-            controller = _defaults[key] = Controller(*key)
-        return controller
-
-
-class SnapshotView(Mapping[str, Any]):
-    """Read-only ``Mapping`` over a SnapshotInfo dict, with typed accessors.
-
-    ``snap["tag"]``, ``snap.get("pause_ms")`` and ``dict(snap)`` work as on the
-    dict the REST API returns.
-    """
-
-    def __init__(self, info: SnapshotInfo) -> None:
-        self._info: SnapshotInfo = dict(info)
-
-    def __getitem__(self, key: str) -> Any:
-        return self._info[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._info)
-
-    def __len__(self) -> int:
-        return len(self._info)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(tag={self.tag!r}, status={self.status!r})"
-
-    @property
-    def info(self) -> SnapshotInfo:
-        """The SnapshotInfo dict as last seen from the daemon."""
-        return self._info
-
-    @property
-    def tag(self) -> str:
-        return str(self._info["tag"])
-
-    @property
-    def status(self) -> str:
-        """``"ready"``, ``"writing"`` or ``"failed"``; absent on the wire means ready."""
-        return str(self._info.get("status", "ready"))
-
-    @property
-    def branched_from(self) -> str | None:
-        return self._info.get("branched_from")
-
-    @property
-    def pause_ms(self) -> float | None:
-        return self._info.get("pause_ms")
+from forkd.sdk.types import (
+    CommandResult,
+    EvalResult,
+    JSONDict,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotView,
+)
 
 
 class Snapshot(SnapshotView):
