@@ -1,7 +1,7 @@
 """Asyncio twins of :class:`~forkd.sdk.sandbox.Sandbox` and ``Snapshot``.
 
-A constructor cannot await, so unlike the sync class ``AsyncSandbox(tag=...)``
-spawns on ``async with`` entry (or use ``await AsyncSandbox.create(tag)``)::
+As with the sync class, ``AsyncSandbox(tag=...)`` spawns on ``async with``
+entry (or use ``await AsyncSandbox.create(tag)``)::
 
     async with AsyncSandbox(tag="pyagent") as sb:
         result = await sb.commands.run("echo hi")
@@ -170,7 +170,8 @@ class AsyncSandbox:
     def id(self) -> str:
         if self._id is None:
             raise RuntimeError(
-                "sandbox not started: use `async with AsyncSandbox(...)` or AsyncSandbox.create()"
+                "sandbox not started: use `async with AsyncSandbox(tag=...)`, "
+                "await AsyncSandbox.create(tag) or await sb.start()"
             )
         return self._id
 
@@ -188,6 +189,11 @@ class AsyncSandbox:
         """The SandboxInfo dict (fetched on first use when attached)."""
         if self._info is None:
             self._info = await self.controller.get_sandbox(self.id)
+        return self._info
+
+    async def refresh(self) -> SandboxInfo:
+        """Re-read the SandboxInfo from the daemon."""
+        self._info = await self.controller.get_sandbox(self.id)
         return self._info
 
     async def ping(self) -> JSONDict:

@@ -4,7 +4,7 @@
 
     from forkd import Sandbox
 
-    with Sandbox(tag="pyagent") as sb:          # spawns one child; killed on exit
+    with Sandbox(tag="pyagent") as sb:          # spawns one child on entry; killed on exit
         sb.commands.run("apt install -y something-risky")
         branch = sb.branch()                    # POST /v1/sandboxes/{sb.id}/branch
         grandchildren = branch.fork(n=5)        # waits until ready, then spawns 5
@@ -128,13 +128,14 @@ class Commands:
 
 
 class Sandbox:
-    """One running child VM.
+    """One child VM.
 
-    ``Sandbox(tag="pyagent")`` spawns a new sandbox **immediately, at
-    construction** (so it also works without ``with``); leaving a ``with``
-    block, or :meth:`close`, kills it. ``Sandbox(sandbox_id="sb-...")`` attaches
-    to an existing sandbox without any request and never kills it on exit:
-    only sandboxes this object created are owned.
+    ``Sandbox(tag="pyagent")`` records what to spawn; the sandbox is spawned
+    when a ``with`` block is entered, by :meth:`create` or by :meth:`start`
+    (until then :attr:`id` raises ``RuntimeError``). A sandbox this object
+    spawned is owned: leaving the ``with`` block, or :meth:`close`, kills it.
+    ``Sandbox(sandbox_id="sb-...")`` attaches to an existing sandbox without
+    any request and never kills it on exit.
 
     Args:
         tag: snapshot to fork the new sandbox from (exclusive with ``sandbox_id``).
@@ -157,25 +158,18 @@ class Sandbox:
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
-        self.controller = controller or default_controller()
-        self.commands = Commands(self)
+        self._controller = controller
+        self._tag = tag
+        self._spawn_opts: dict[str, Any] = {
+            "per_child_netns": per_child_netns,
+            "memory_limit_mib": memory_limit_mib,
+            "live_fork": live_fork,
+        }
+        self._id = sandbox_id
         self._info: SandboxInfo | None = None
         self._killed = False
-        if sandbox_id is not None:
-            self.id = sandbox_id
-            self.owned = False
-        else:
-            assert tag is not None
-            info = self.controller.spawn_sandboxes(
-                tag,
-                n=1,
-                per_child_netns=per_child_netns,
-                memory_limit_mib=memory_limit_mib,
-                live_fork=live_fork,
-            )[0]
-            self.id = str(info["id"])
-            self._info = info
-            self.owned = True
+        self.owned = False
+        self.commands = Commands(self)
 
     @classmethod
     def create(
@@ -187,14 +181,16 @@ class Sandbox:
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
     ) -> Sandbox:
-        """Spawn a new sandbox from snapshot ``tag`` (same as ``Sandbox(tag=...)``)."""
-        return cls(
+        """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
+        sb = cls(
             tag,
             controller=controller,
             per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
         )
+        sb.start()
+        return sb
 
     @classmethod
     def _adopt(cls, info: SandboxInfo, controller: Controller) -> Sandbox:
@@ -205,7 +201,36 @@ class Sandbox:
         return sb
 
     def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, owned={self.owned})"
+        return f"Sandbox(id={self._id!r}, owned={self.owned})"
+
+    @property
+    def controller(self) -> Controller:
+        """The :class:`Controller` in use (the shared default unless one was given)."""
+        if self._controller is None:
+            self._controller = default_controller()
+        return self._controller
+
+    @property
+    def id(self) -> str:
+        """The sandbox id; ``RuntimeError`` if a ``tag=`` sandbox was not started yet."""
+        if self._id is None:
+            raise RuntimeError(
+                "sandbox not started: use `with Sandbox(tag=...)`, Sandbox.create(tag) or sb.start()"
+            )
+        return self._id
+
+    def start(self) -> Sandbox:
+        """Spawn the sandbox if this object was made with ``tag=`` and has not yet.
+
+        Returns ``self``; a no-op for an attached or already started sandbox.
+        """
+        if self._id is None:
+            assert self._tag is not None
+            spawned = self.controller.spawn_sandboxes(self._tag, n=1, **self._spawn_opts)
+            self._info = spawned[0]
+            self._id = str(self._info["id"])
+            self.owned = True
+        return self
 
     @property
     def info(self) -> SandboxInfo:
@@ -252,7 +277,7 @@ class Sandbox:
                 self._killed = True
 
     def __enter__(self) -> Sandbox:
-        return self
+        return self.start()
 
     def __exit__(
         self,
