@@ -12,8 +12,12 @@ are the object-style layer on top::
     c.wait_snapshot_ready(branch["tag"])
     kids = c.spawn_sandboxes(branch["tag"], n=5)
 
-    with Sandbox(tag="pyagent") as sb:
+    with Sandbox(tag="pyagent") as sb:   # spawns on entry, killed on exit
         print(sb.commands.run("uname -a").stdout)
+
+The async modules (``async_client``, ``async_sandbox``) are the source; their
+sync twins (``client``, ``sandbox``) are generated from them by
+``scripts/unasync_sdk.py``, and a unit test fails if they drift.
 """
 
 from forkd.sdk._defaults import default_async_controller, default_controller

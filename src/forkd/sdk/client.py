@@ -1,4 +1,6 @@
-"""The synchronous REST client: :class:`Controller`."""
+# GENERATED from src/forkd/sdk/async_client.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
+"""The REST client: :class:`Controller`, one method per route of the daemon's API (v1)."""
 
 from __future__ import annotations
 
@@ -47,13 +49,17 @@ class Controller:
             ``--tls-cert``); default ``$FORKD_CA_CERT`` if set, else system roots.
         transport: a custom httpx transport (tests use ``httpx.MockTransport``).
 
+    Use it as a context manager, or call :meth:`close`, to release its
+    connections.
+
     Example::
 
         from forkd import Controller
-        c = Controller()
-        parent = c.spawn_sandboxes("pyagent", n=1, live_fork=True)[0]
-        branch = c.branch_sandbox(parent["id"], tag="checkpoint", mode="diff")
-        kids = c.spawn_sandboxes(branch["tag"], n=5)
+
+        with Controller() as c:
+            [parent] = c.spawn_sandboxes("pyagent", n=1, live_fork=True)
+            branch = c.branch_sandbox(parent["id"], tag="checkpoint", mode="diff")
+            kids = c.spawn_sandboxes(branch["tag"], n=5)
     """
 
     def __init__(
@@ -148,7 +154,7 @@ class Controller:
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
 
-        Blocks until the snapshot is ready (tens of seconds under TCG). Only the
+        Returns once the snapshot is ready (tens of seconds under TCG). Only the
         arguments you set are sent; the daemon picks defaults for the rest.
 
         Args:

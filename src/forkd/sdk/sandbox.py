@@ -1,15 +1,18 @@
+# GENERATED from src/forkd/sdk/async_sandbox.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
 """Object-style SDK: :class:`Sandbox` (one child VM) and :class:`Snapshot` (a tag).
 
 ::
 
     from forkd import Sandbox
 
-    with Sandbox(tag="pyagent") as sb:          # spawns one child on entry; killed on exit
+    with Sandbox(tag="pyagent") as sb:  # spawns one child on entry, kills it on exit
         sb.commands.run("apt install -y something-risky")
-        branch = sb.branch()                    # POST /v1/sandboxes/{sb.id}/branch
-        grandchildren = branch.fork(n=5)        # waits until ready, then spawns 5
+        branch = sb.branch()  # POST /v1/sandboxes/{sb.id}/branch
+        grandchildren = branch.fork(n=5)  # waits until ready, then spawns 5
         for g in grandchildren:
-            print(g.commands.run(["python3", "-c", "print(2 + 2)"]).stdout)
+            result = g.commands.run(["python3", "-c", "print(2 + 2)"])
+            print(result.stdout)
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ class Snapshot(SnapshotView):
         return cls(controller.get_snapshot(tag), controller=controller)
 
     @classmethod
-    def create(cls, tag: str, *, controller: Controller | None = None, **kwargs: Any) -> Snapshot:
+    def create(
+        cls, tag: str, *, controller: Controller | None = None, **kwargs: Any
+    ) -> Snapshot:
         """Build a new snapshot; ``kwargs`` as for :meth:`Controller.create_snapshot`."""
         controller = controller or default_controller()
         return cls(controller.create_snapshot(tag, **kwargs), controller=controller)
@@ -63,7 +68,7 @@ class Snapshot(SnapshotView):
     def wait_ready(
         self, timeout: float | None = DEFAULT_WAIT_SECS, interval: float = 0.2
     ) -> Snapshot:
-        """Block until the snapshot can be forked (a live ``wait=False`` branch is
+        """Wait until the snapshot can be forked (a live ``wait=False`` branch is
         still ``"writing"`` for a while). Returns immediately if it already is.
 
         Raises :class:`~forkd.sdk.errors.SnapshotFailedError` or
@@ -130,10 +135,10 @@ class Commands:
 class Sandbox:
     """One child VM.
 
-    ``Sandbox(tag="pyagent")`` records what to spawn; the sandbox is spawned
-    when a ``with`` block is entered, by :meth:`create` or by :meth:`start`
-    (until then :attr:`id` raises ``RuntimeError``). A sandbox this object
-    spawned is owned: leaving the ``with`` block, or :meth:`close`, kills it.
+    ``Sandbox(tag="pyagent")`` records what to spawn; the sandbox is
+    spawned on entering its ``with`` block, by :meth:`create` or by
+    :meth:`start` (until then :attr:`id` raises ``RuntimeError``). A sandbox
+    this object spawned is owned: leaving the block, or :meth:`close`, kills it.
     ``Sandbox(sandbox_id="sb-...")`` attaches to an existing sandbox without
     any request and never kills it on exit.
 
@@ -205,7 +210,10 @@ class Sandbox:
 
     @property
     def controller(self) -> Controller:
-        """The :class:`Controller` in use (the shared default unless one was given)."""
+        """The :class:`Controller` in use.
+
+        The one given, else the shared default (resolved on first use).
+        """
         if self._controller is None:
             self._controller = default_controller()
         return self._controller
@@ -215,7 +223,8 @@ class Sandbox:
         """The sandbox id; ``RuntimeError`` if a ``tag=`` sandbox was not started yet."""
         if self._id is None:
             raise RuntimeError(
-                "sandbox not started: use `with Sandbox(tag=...)`, Sandbox.create(tag) or sb.start()"
+                "sandbox not started: use `with Sandbox(tag=...)`, "
+                "Sandbox.create(tag) or sb.start()"
             )
         return self._id
 
@@ -240,6 +249,7 @@ class Sandbox:
         return self._info
 
     def refresh(self) -> SandboxInfo:
+        """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
 
@@ -254,7 +264,7 @@ class Sandbox:
     def branch(
         self, tag: str | None = None, mode: str | None = None, wait: bool = True
     ) -> Snapshot:
-        """Snapshot this running sandbox as a new tag; it pauses briefly and resumes.
+        """Branch this running sandbox into a new snapshot tag; it pauses briefly and resumes.
 
         ``mode``: ``"full"`` (default), ``"diff"`` or ``"live"`` (needs
         ``live_fork=True`` at spawn). With ``wait=False`` (live only) the
@@ -288,4 +298,10 @@ class Sandbox:
         self.close()
 
 
-__all__ = ["Commands", "Sandbox", "Snapshot", "SnapshotView", "default_controller"]
+__all__ = [
+    "Commands",
+    "Sandbox",
+    "Snapshot",
+    "SnapshotView",
+    "default_controller",
+]
