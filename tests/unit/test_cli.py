@@ -7,7 +7,6 @@ the ``daemon`` fixture swaps that for one whose transport is a FakeDaemon.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,64 +18,24 @@ from typer.testing import CliRunner
 from forkd.cli import context
 from forkd.cli.main import app
 from forkd.sdk import Controller
-
-Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
-SB = "sb-abcdef-0000"
-
-
-class FakeDaemon:
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], list[Reply]] = {}
-        self.requests: list[httpx.Request] = []
-
-    def on(self, method: str, path: str, *replies: Reply) -> FakeDaemon:
-        self.routes.setdefault((method, path), []).extend(replies)
-        return self
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        queue = self.routes.get((request.method, request.url.path))
-        if not queue:
-            return httpx.Response(404, json={"error": f"no route {request.url.path}"})
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(request) if callable(reply) else reply
-
-    def calls(self) -> list[tuple[str, str]]:
-        return [(r.method, r.url.path) for r in self.requests]
-
-    def body(self, index: int = -1) -> Any:
-        return json.loads(self.requests[index].content)
-
-
-def sandbox_info(i: int = 0, tag: str = "py") -> dict[str, Any]:
-    return {"id": f"sb-abcdef-{i:04d}", "snapshot_tag": tag, "netns": None,
-            "guest_addr": "unix:/x", "created_at_unix": 1717000000, "pid": 100 + i}
-
-
-def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
-    return {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, **extra}
+from tests.fakes.daemon import SB, FakeDaemon, clear_env, sandbox_info, snap_info
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE", "FORKD_CA_CERT", "FORKD_BIND",
-                 "FORKD_DATA_DIR",
-                 "FORKD_TLS_CERT", "FORKD_TLS_KEY", "FORKD_KEEP_SANDBOXES"):
-        monkeypatch.delenv(name, raising=False)
+    clear_env(monkeypatch, "FORKD_BIND", "FORKD_DATA_DIR", "FORKD_TLS_CERT", "FORKD_TLS_KEY",
+              "FORKD_KEEP_SANDBOXES")
 
 
 @pytest.fixture
 def daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
+    """A FakeDaemon that every controller the CLI builds talks to."""
     fake = FakeDaemon()
-    made: list[tuple[str | None, str | None]] = []
 
     def make(url: str | None, token: str | None, ca_cert: str | None = None) -> Controller:
-        made.append((url, token))
-        return Controller(url=url or "http://forkd.test", token=token,
-                          transport=httpx.MockTransport(fake))
+        return fake.controller(url, token)
 
     monkeypatch.setattr(context, "make_controller", make)
-    fake.made = made  # type: ignore[attr-defined]
     return fake
 
 
@@ -393,7 +352,7 @@ def test_url_and_token_options_reach_the_controller(
     monkeypatch.setenv("FORKD_URL", "http://env:2")
     monkeypatch.setenv("FORKD_TOKEN", "envtok")
     assert run(runner, "ls", "--sandboxes").exit_code == 0
-    assert daemon.made == [("http://h:1", "t0k"), ("http://env:2", "envtok")]  # type: ignore[attr-defined]
+    assert daemon.made == [("http://h:1", "t0k"), ("http://env:2", "envtok")]
     assert daemon.requests[0].headers["authorization"] == "Bearer t0k"
 
 

@@ -8,10 +8,7 @@ classes, waiting for a snapshot, sandbox ownership). No daemon, no VM.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +18,7 @@ from forkd.errors import ForkdError
 from forkd.sdk import (
     AsyncController,
     AsyncSandbox,
+    AsyncSnapshot,
     BadRequest,
     CommandResult,
     ConflictError,
@@ -37,65 +35,12 @@ from forkd.sdk import (
     SnapshotFailedError,
     Unauthorized,
 )
-
-Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
-
-
-class FakeDaemon:
-    """Routes (method, path) to queued replies and records every request."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], list[Reply]] = {}
-        self.requests: list[httpx.Request] = []
-
-    def on(self, method: str, path: str, *replies: Reply) -> FakeDaemon:
-        self.routes.setdefault((method, path), []).extend(replies)
-        return self
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        queue = self.routes.get((request.method, request.url.path))
-        if not queue:
-            return httpx.Response(404, json={"error": f"no route {request.method} {request.url.path}"})
-        # The last reply repeats, so a route answers any number of polls.
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(request) if callable(reply) else reply
-
-    def bodies(self, method: str, path: str) -> list[Any]:
-        return [
-            json.loads(r.content) if r.content else None
-            for r in self.requests
-            if r.method == method and r.url.path == path
-        ]
-
-    def controller(self, **kwargs: Any) -> Controller:
-        return Controller(url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs)
-
-    def async_controller(self, **kwargs: Any) -> AsyncController:
-        return AsyncController(
-            url="http://forkd.test", transport=httpx.MockTransport(self), **kwargs
-        )
-
-
-def sandbox_info(i: int = 0, tag: str = "py") -> dict[str, Any]:
-    return {
-        "id": f"sb-abcdef-{i:04d}",
-        "snapshot_tag": tag,
-        "netns": None,
-        "guest_addr": "unix:/x/agent.sock",
-        "created_at_unix": 1717000000,
-        "pid": 100 + i,
-    }
-
-
-def snap_info(tag: str = "py", **extra: Any) -> dict[str, Any]:
-    return {"tag": tag, "dir": f"/d/{tag}", "created_at_unix": 1717000000, **extra}
+from tests.fakes.daemon import FakeDaemon, clear_env, sandbox_info, sandbox_routes, snap_info
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORKD_URL", "FORKD_TOKEN", "FORKD_TOKEN_FILE", "FORKD_CA_CERT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_env(monkeypatch)
 
 
 @pytest.fixture
@@ -400,16 +345,6 @@ def test_wait_snapshot_ready_timeout(fake: FakeDaemon) -> None:
 # ---------------------------------------------------- Sandbox and Snapshot
 
 
-def sandbox_routes(fake: FakeDaemon, n: int = 1, tag: str = "py") -> FakeDaemon:
-    fake.on("POST", "/v1/sandboxes",
-            lambda req: httpx.Response(
-                201, json=[sandbox_info(i, json.loads(req.content)["snapshot_tag"])
-                           for i in range(json.loads(req.content)["n"])]))
-    for i in range(max(n, 1)):
-        fake.on("DELETE", f"/v1/sandboxes/sb-abcdef-{i:04d}", httpx.Response(204))
-    return fake
-
-
 def test_sandbox_context_manager_spawns_and_kills(fake: FakeDaemon) -> None:
     sandbox_routes(fake)
     fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/exec",
@@ -419,7 +354,7 @@ def test_sandbox_context_manager_spawns_and_kills(fake: FakeDaemon) -> None:
             httpx.Response(200, json={"result": "0.0", "error": None, "exit_code": 0}))
     c = fake.controller()
     with Sandbox(tag="py", controller=c) as sb:
-        # Spawned at construction, before any use.
+        # Spawned on entry, before any use.
         assert [r.method for r in fake.requests] == ["POST"]
         assert sb.id == "sb-abcdef-0000"
         assert sb.info["snapshot_tag"] == "py"
@@ -433,6 +368,54 @@ def test_sandbox_context_manager_spawns_and_kills(fake: FakeDaemon) -> None:
     assert (fake.requests[-1].method, fake.requests[-1].url.path) == (
         "DELETE", "/v1/sandboxes/sb-abcdef-0000"
     )
+
+
+def test_sandbox_spawns_on_entry_not_at_construction(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    sb = Sandbox(tag="py", controller=fake.controller(), memory_limit_mib=256)
+    assert fake.requests == []
+    assert repr(sb) == "Sandbox(id=None, owned=False)"
+    with pytest.raises(RuntimeError, match=r"not started: use `with Sandbox\(tag=...\)`"):
+        _ = sb.id
+    with pytest.raises(RuntimeError, match="not started"):
+        sb.commands.run("true")
+    sb.close()  # nothing spawned, nothing to kill
+    assert fake.requests == []
+    with sb:
+        assert sb.owned and sb.id == "sb-abcdef-0000"
+        assert fake.bodies("POST", "/v1/sandboxes") == [
+            {"snapshot_tag": "py", "n": 1, "memory_limit_mib": 256}
+        ]
+    assert fake.calls() == [("POST", "/v1/sandboxes"), ("DELETE", "/v1/sandboxes/sb-abcdef-0000")]
+
+
+def test_sandbox_start_outside_with(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    fake.on("GET", "/v1/sandboxes/sb-abcdef-0000",
+            httpx.Response(200, json=sandbox_info() | {"memory_limit_mib": 128}))
+    sb = Sandbox(tag="py", controller=fake.controller())
+    assert sb.start() is sb
+    assert sb.start() is sb  # once only
+    assert repr(sb) == "Sandbox(id='sb-abcdef-0000', owned=True)"
+    assert sb.info["snapshot_tag"] == "py"  # from the spawn answer, no request
+    assert "memory_limit_mib" not in sb.info
+    assert sb.refresh()["memory_limit_mib"] == 128
+    assert sb.info["memory_limit_mib"] == 128
+    with sb:  # entering a started sandbox spawns nothing more
+        pass
+    sb.close()
+    assert fake.calls() == [
+        ("POST", "/v1/sandboxes"),
+        ("GET", "/v1/sandboxes/sb-abcdef-0000"),
+        ("DELETE", "/v1/sandboxes/sb-abcdef-0000"),
+    ]
+
+
+def test_sandbox_uses_the_default_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKD_URL", "http://127.0.0.1:7003")
+    sb = Sandbox(sandbox_id="sb-abcdef-0000")
+    assert sb.controller.url == "http://127.0.0.1:7003"
+    assert sb.controller is Sandbox(sandbox_id="sb-abcdef-0001").controller
 
 
 def test_sandbox_killed_even_when_the_block_raises(fake: FakeDaemon) -> None:
@@ -607,3 +590,69 @@ def test_async_sandbox_lifecycle(fake: FakeDaemon) -> None:
 
     asyncio.run(main())
     assert [r.method for r in fake.requests] == ["POST", "POST", "DELETE"]
+
+
+def test_async_sandbox_create_info_refresh_branch(fake: FakeDaemon) -> None:
+    sandbox_routes(fake, n=2)
+    fake.on("GET", "/v1/sandboxes/sb-abcdef-0000",
+            httpx.Response(200, json=sandbox_info() | {"pid": 7}))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/eval",
+            httpx.Response(200, json={"result": "2", "error": None, "exit_code": 0}))
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0000/branch",
+            httpx.Response(201, json=snap_info("b", status="writing")))
+    fake.on("GET", "/v1/snapshots/b", httpx.Response(200, json=snap_info("b", status="ready")))
+
+    async def main() -> None:
+        c = fake.async_controller()
+        sb = await AsyncSandbox.create("py", controller=c, live_fork=True)
+        assert sb.owned and repr(sb) == "AsyncSandbox(id='sb-abcdef-0000', owned=True)"
+        assert (await sb.info())["pid"] == 100  # from the spawn answer
+        assert (await sb.refresh())["pid"] == 7
+        assert await sb.eval("1 + 1") == EvalResult(result="2", error=None, exit_code=0)
+        snap = await sb.branch(mode="live", wait=False)
+        assert isinstance(snap, AsyncSnapshot) and snap.status == "writing"
+        [kid] = await snap.fork(wait_timeout=1)
+        assert snap.status == "ready"
+        assert isinstance(kid, AsyncSandbox) and kid.owned and kid.id == "sb-abcdef-0000"
+        await sb.close()
+        await sb.close()  # once only
+        await c.aclose()
+
+    asyncio.run(main())
+    assert fake.calls() == [
+        ("POST", "/v1/sandboxes"),
+        ("GET", "/v1/sandboxes/sb-abcdef-0000"),
+        ("POST", "/v1/sandboxes/sb-abcdef-0000/eval"),
+        ("POST", "/v1/sandboxes/sb-abcdef-0000/branch"),
+        ("GET", "/v1/snapshots/b"),
+        ("POST", "/v1/sandboxes"),
+        ("DELETE", "/v1/sandboxes/sb-abcdef-0000"),
+    ]
+    assert fake.bodies("POST", "/v1/sandboxes") == [
+        {"snapshot_tag": "py", "n": 1, "live_fork": True},
+        {"snapshot_tag": "b", "n": 1},
+    ]
+
+
+def test_async_sandbox_default_controller_is_per_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkd.sdk import default_async_controller
+
+    monkeypatch.setenv("FORKD_URL", "http://127.0.0.1:7004")
+    sb = AsyncSandbox(sandbox_id="sb-abcdef-0000")  # constructing needs no running loop
+    with pytest.raises(RuntimeError):
+        default_async_controller()
+
+    async def shared() -> AsyncController:
+        assert sb.controller is AsyncSandbox(sandbox_id="sb-abcdef-0001").controller
+        assert sb.controller is default_async_controller()
+        return sb.controller
+
+    first = asyncio.run(shared())
+    assert first.url == "http://127.0.0.1:7004"
+    assert asyncio.run(_default_in_a_new_loop()) is not first  # one per event loop
+
+
+async def _default_in_a_new_loop() -> AsyncController:
+    from forkd.sdk import default_async_controller
+
+    return default_async_controller()

@@ -12,17 +12,17 @@ are the object-style layer on top::
     c.wait_snapshot_ready(branch["tag"])
     kids = c.spawn_sandboxes(branch["tag"], n=5)
 
-    with Sandbox(tag="pyagent") as sb:
+    with Sandbox(tag="pyagent") as sb:   # spawns on entry, killed on exit
         print(sb.commands.run("uname -a").stdout)
+
+The async modules (``async_client``, ``async_sandbox``) are the source; their
+sync twins (``client``, ``sandbox``) are generated from them by
+``scripts/unasync_sdk.py``, and a unit test fails if they drift.
 """
 
+from forkd.sdk._defaults import default_async_controller, default_controller
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.async_sandbox import (
-    AsyncCommands,
-    AsyncSandbox,
-    AsyncSnapshot,
-    default_async_controller,
-)
+from forkd.sdk.async_sandbox import AsyncCommands, AsyncSandbox, AsyncSnapshot
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
@@ -36,8 +36,8 @@ from forkd.sdk.errors import (
     SnapshotFailedError,
     Unauthorized,
 )
-from forkd.sdk.sandbox import Commands, Sandbox, Snapshot, SnapshotView, default_controller
-from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo
+from forkd.sdk.sandbox import Commands, Sandbox, Snapshot
+from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo, SnapshotView
 
 __all__ = [
     "AsyncCommands",

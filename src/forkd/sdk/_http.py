@@ -3,7 +3,9 @@
 Each REST call is described once, as a :class:`Call` built by the functions in
 :mod:`forkd.sdk._calls`; :class:`~forkd.sdk.client.Controller` and
 :class:`~forkd.sdk.async_client.AsyncController` only differ in how they send
-it. Keeping request shapes in one place means the two clients cannot drift.
+it. Keeping request shapes in one place means the two clients cannot drift,
+and ``client.py`` itself is generated from ``async_client.py`` by
+``scripts/unasync_sdk.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from forkd.sdk.errors import (
 
 DEFAULT_URL = "http://127.0.0.1:8889"
 DEFAULT_TIMEOUT = 30.0
+# How long waiting for a snapshot to become ready may take by default.
+DEFAULT_WAIT_SECS = 600.0
 USER_AGENT = f"forkd-sdk/{VERSION}"
 
 Default = Literal["default"]
@@ -38,8 +42,9 @@ class Call:
     """One HTTP request to the daemon.
 
     ``read_timeout`` overrides only the read timeout: ``"default"`` keeps the
-    client's, ``None`` waits forever (snapshot builds, spawns, branches and evals
-    legitimately take minutes under TCG), a number waits that many seconds.
+    client's, ``None`` waits as long as the daemon takes (snapshot builds, spawns
+    and branches legitimately take minutes under TCG; the daemon bounds an eval
+    itself, see :func:`forkd.sdk._calls.eval_`), a number waits that many seconds.
     """
 
     method: str

@@ -1,4 +1,4 @@
-"""The asyncio REST client: :class:`AsyncController` (same methods as coroutines)."""
+"""The REST client: :class:`AsyncController`, one method per route of the daemon's API (v1)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import httpx
 from forkd.sdk import _calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_SECS,
     Call,
     headers,
     parse_response,
@@ -24,23 +25,40 @@ from forkd.sdk._http import (
     timeout_for,
     translate,
 )
-from forkd.sdk.client import DEFAULT_WAIT_SECS
 from forkd.sdk.errors import ForkdTimeoutError
 from forkd.sdk.types import JSONDict, SandboxInfo, SnapshotInfo
 
 
 class AsyncController:
-    """Asyncio twin of :class:`~forkd.sdk.client.Controller`.
+    """Talks to a forkd daemon over its REST API (v1).
 
-    Same constructor arguments, same methods, each a coroutine; see
-    ``Controller`` for their documentation. Use ``async with`` or
-    :meth:`aclose` to release connections.
+    Every method returns the daemon's JSON as plain ``dict``/``list`` and raises
+    a :class:`~forkd.sdk.errors.ForkdAPIError` subclass on an error status, or
+    :class:`~forkd.sdk.errors.ForkdConnectionError` if the daemon is not running.
+
+    Args:
+        url: daemon address; default ``$FORKD_URL``, else ``http://127.0.0.1:8889``.
+        token: bearer token; default ``$FORKD_TOKEN``, else the contents of
+            ``$FORKD_TOKEN_FILE``, else none (a daemon without ``--token-file``).
+        timeout: seconds for ordinary requests. Snapshot builds, spawns,
+            branches and evals wait without a read timeout, and exec waits for
+            the command's own timeout plus a grace period.
+        verify: TLS verification: ``True``, ``False``, an ``ssl.SSLContext`` or
+            the path of a CA certificate (for a daemon serving a self-signed
+            ``--tls-cert``); default ``$FORKD_CA_CERT`` if set, else system roots.
+        transport: a custom httpx transport (tests use ``httpx.MockTransport``).
+
+    Use it as a context manager, or call :meth:`aclose`, to release its
+    connections.
 
     Example::
 
+        from forkd import AsyncController
+
         async with AsyncController() as c:
-            kids = await c.spawn_sandboxes("pyagent", n=10)
-            results = await asyncio.gather(*(c.eval(k["id"], "1 + 1") for k in kids))
+            [parent] = await c.spawn_sandboxes("pyagent", n=1, live_fork=True)
+            branch = await c.branch_sandbox(parent["id"], tag="checkpoint", mode="diff")
+            kids = await c.spawn_sandboxes(branch["tag"], n=5)
     """
 
     def __init__(
@@ -65,7 +83,10 @@ class AsyncController:
     def __repr__(self) -> str:
         return f"AsyncController(url={self.url!r})"
 
+    # ----------------------------------------------------------------- plumbing
+
     async def aclose(self) -> None:
+        """Close the connection pool. The controller is unusable afterwards."""
         await self._client.aclose()
 
     async def __aenter__(self) -> AsyncController:
@@ -92,19 +113,28 @@ class AsyncController:
             raise translate(exc, self.url, call) from exc
         return parse_response(call, response)
 
+    # ------------------------------------------------------------------- status
+
     async def healthz(self) -> JSONDict:
+        """``GET /healthz`` → ``{"ok": true}``. Needs no token."""
         return cast(JSONDict, await self._send(_calls.healthz()))
 
     async def version(self) -> JSONDict:
+        """``GET /version`` → ``{"version": "0.1.0", "api": "v1"}``."""
         return cast(JSONDict, await self._send(_calls.version()))
 
     async def metrics(self) -> str:
+        """``GET /metrics``: Prometheus text exposition."""
         return cast(str, await self._send(_calls.metrics()))
 
+    # ---------------------------------------------------------------- snapshots
+
     async def list_snapshots(self) -> list[SnapshotInfo]:
+        """``GET /v1/snapshots``: every registered snapshot."""
         return cast(list[SnapshotInfo], await self._send(_calls.list_snapshots()))
 
     async def get_snapshot(self, tag: str) -> SnapshotInfo:
+        """``GET /v1/snapshots/{tag}``: one snapshot, including its lineage."""
         return cast(SnapshotInfo, await self._send(_calls.get_snapshot(tag)))
 
     async def create_snapshot(
@@ -121,6 +151,20 @@ class AsyncController:
         setup: Sequence[str | Sequence[str]] | None = None,
         **extra: Any,
     ) -> SnapshotInfo:
+        """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
+
+        Returns once the snapshot is ready (tens of seconds under TCG). Only the
+        arguments you set are sent; the daemon picks defaults for the rest.
+
+        Args:
+            image: guest image name (``forkd image build --name``).
+            warm_imports: Python modules PID 1 imports before the snapshot,
+                e.g. ``["numpy", "json"]``.
+            setup: commands run in the guest, in order, before the snapshot: a
+                string runs via ``/bin/sh -c`` (``"pip install requests"``), a
+                list is an argv.
+            **extra: further body fields for newer daemons.
+        """
         call = _calls.create_snapshot(
             tag,
             kernel=kernel,
@@ -136,11 +180,24 @@ class AsyncController:
         return cast(SnapshotInfo, await self._send(call))
 
     async def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
+        """``DELETE /v1/snapshots/{tag}``.
+
+        Args:
+            cascade: also delete snapshots branched from this one.
+            force: delete even if live sandboxes were forked from it.
+        """
         await self._send(_calls.delete_snapshot(tag, cascade=cascade, force=force))
 
     async def wait_snapshot_ready(
         self, tag: str, timeout: float | None = DEFAULT_WAIT_SECS, interval: float = 0.2
     ) -> SnapshotInfo:
+        """Poll ``GET /v1/snapshots/{tag}`` until its ``status`` is ``"ready"``.
+
+        Returns the final SnapshotInfo. Raises
+        :class:`~forkd.sdk.errors.SnapshotFailedError` if the background write
+        failed and :class:`~forkd.sdk.errors.ForkdTimeoutError` after ``timeout``
+        seconds (``None`` waits forever).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             info = await self.get_snapshot(tag)
@@ -156,6 +213,8 @@ class AsyncController:
             else:
                 await asyncio.sleep(interval)
 
+    # ---------------------------------------------------------------- sandboxes
+
     async def spawn_sandboxes(
         self,
         tag: str,
@@ -164,6 +223,14 @@ class AsyncController:
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
     ) -> list[SandboxInfo]:
+        """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
+
+        Args:
+            per_child_netns: put each child in its own ``forkd-child-<i>`` netns.
+            memory_limit_mib: cgroup ``memory.max`` per child.
+            live_fork: shmem-backed RAM so the child can later take
+                ``mode="live"`` branches.
+        """
         call = _calls.spawn_sandboxes(
             tag,
             n=n,
@@ -174,15 +241,19 @@ class AsyncController:
         return cast(list[SandboxInfo], await self._send(call))
 
     async def list_sandboxes(self) -> list[SandboxInfo]:
+        """``GET /v1/sandboxes``: every live sandbox."""
         return cast(list[SandboxInfo], await self._send(_calls.list_sandboxes()))
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        """``GET /v1/sandboxes/{id}``."""
         return cast(SandboxInfo, await self._send(_calls.get_sandbox(sandbox_id)))
 
     async def kill_sandbox(self, sandbox_id: str) -> None:
+        """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""
         await self._send(_calls.kill_sandbox(sandbox_id))
 
     async def ping(self, sandbox_id: str) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/ping`` → ``{"pong": true, "pid": 1, ...}``."""
         return cast(JSONDict, await self._send(_calls.ping(sandbox_id)))
 
     async def exec(
@@ -194,12 +265,27 @@ class AsyncController:
         cwd: str | None = None,
         stdin: str | None = None,
     ) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/exec``: run a subprocess in the guest.
+
+        ``args`` is an argv list; a plain string is run via ``/bin/sh -c``.
+        Returns ``{"stdout", "stderr", "exit_code", "error", "timed_out", ...}``;
+        a failing command is not an exception.
+        """
         call = _calls.exec_(
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin
         )
         return cast(JSONDict, await self._send(call))
 
     async def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
+
+        Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
+        eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
+        interrupts it with a ``TimeoutError`` raised inside the evaluated code
+        (code blocked in a C call only once it returns to Python). ``timeout``
+        bounds the client's wait for the reply; by default it waits as long as
+        the daemon does.
+        """
         return cast(JSONDict, await self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
 
     async def branch_sandbox(
@@ -210,8 +296,16 @@ class AsyncController:
         wait: bool = True,
         diff: bool | None = None,
     ) -> SnapshotInfo:
+        """``POST /v1/sandboxes/{id}/branch``: snapshot a running sandbox as a new tag.
+
+        The source pauses briefly and resumes; the new snapshot is independent
+        of it. ``mode`` is ``"full"`` (daemon default), ``"diff"`` or ``"live"``
+        (source spawned with ``live_fork=True``). ``wait=False`` (live only)
+        returns with ``status: "writing"``; use :meth:`wait_snapshot_ready`.
+        ``diff=True`` is the legacy spelling of ``mode="diff"``.
+        """
         call = _calls.branch_sandbox(sandbox_id, tag=tag, mode=mode, wait=wait, diff=diff)
         return cast(SnapshotInfo, await self._send(call))
 
 
-__all__ = ["AsyncController"]
+__all__ = ["DEFAULT_WAIT_SECS", "AsyncController"]

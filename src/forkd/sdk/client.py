@@ -1,4 +1,6 @@
-"""The synchronous REST client: :class:`Controller`."""
+# GENERATED from src/forkd/sdk/async_client.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
+"""The REST client: :class:`Controller`, one method per route of the daemon's API (v1)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import httpx
 from forkd.sdk import _calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
+    DEFAULT_WAIT_SECS,
     Call,
     headers,
     parse_response,
@@ -25,8 +28,6 @@ from forkd.sdk._http import (
 )
 from forkd.sdk.errors import ForkdTimeoutError
 from forkd.sdk.types import JSONDict, SandboxInfo, SnapshotInfo
-
-DEFAULT_WAIT_SECS = 600.0
 
 
 class Controller:
@@ -48,13 +49,17 @@ class Controller:
             ``--tls-cert``); default ``$FORKD_CA_CERT`` if set, else system roots.
         transport: a custom httpx transport (tests use ``httpx.MockTransport``).
 
+    Use it as a context manager, or call :meth:`close`, to release its
+    connections.
+
     Example::
 
         from forkd import Controller
-        c = Controller()
-        parent = c.spawn_sandboxes("pyagent", n=1, live_fork=True)[0]
-        branch = c.branch_sandbox(parent["id"], tag="checkpoint", mode="diff")
-        kids = c.spawn_sandboxes(branch["tag"], n=5)
+
+        with Controller() as c:
+            [parent] = c.spawn_sandboxes("pyagent", n=1, live_fork=True)
+            branch = c.branch_sandbox(parent["id"], tag="checkpoint", mode="diff")
+            kids = c.spawn_sandboxes(branch["tag"], n=5)
     """
 
     def __init__(
@@ -149,7 +154,7 @@ class Controller:
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
 
-        Blocks until the snapshot is ready (tens of seconds under TCG). Only the
+        Returns once the snapshot is ready (tens of seconds under TCG). Only the
         arguments you set are sent; the daemon picks defaults for the rest.
 
         Args:
@@ -275,8 +280,12 @@ class Controller:
     def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
         """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
 
-        Returns ``{"result", "error", "exit_code"}``. ``timeout`` bounds the
-        wait for the reply (default: none, evals may run an agent turn).
+        Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
+        eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
+        interrupts it with a ``TimeoutError`` raised inside the evaluated code
+        (code blocked in a C call only once it returns to Python). ``timeout``
+        bounds the client's wait for the reply; by default it waits as long as
+        the daemon does.
         """
         return cast(JSONDict, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
 

@@ -1,91 +1,38 @@
+# GENERATED from src/forkd/sdk/async_sandbox.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
 """Object-style SDK: :class:`Sandbox` (one child VM) and :class:`Snapshot` (a tag).
 
 ::
 
     from forkd import Sandbox
 
-    with Sandbox(tag="pyagent") as sb:          # spawns one child; killed on exit
+    with Sandbox(tag="pyagent") as sb:  # spawns one child on entry, kills it on exit
         sb.commands.run("apt install -y something-risky")
-        branch = sb.branch()                    # POST /v1/sandboxes/{sb.id}/branch
-        grandchildren = branch.fork(n=5)        # waits until ready, then spawns 5
+        branch = sb.branch()  # POST /v1/sandboxes/{sb.id}/branch
+        grandchildren = branch.fork(n=5)  # waits until ready, then spawns 5
         for g in grandchildren:
-            print(g.commands.run(["python3", "-c", "print(2 + 2)"]).stdout)
+            result = g.commands.run(["python3", "-c", "print(2 + 2)"])
+            print(result.stdout)
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from forkd.sdk._http import resolve_token, resolve_url, snapshot_is_ready
-from forkd.sdk.client import DEFAULT_WAIT_SECS, Controller
+from forkd.sdk._defaults import default_controller
+from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
+from forkd.sdk.client import Controller
 from forkd.sdk.errors import NotFoundError
-from forkd.sdk.types import CommandResult, EvalResult, JSONDict, SandboxInfo, SnapshotInfo
-
-_defaults: dict[tuple[str, str | None], Controller] = {}
-_defaults_lock = threading.Lock()
-
-
-def default_controller() -> Controller:
-    """A process-wide :class:`Controller` for the current ``FORKD_URL``/``FORKD_TOKEN``.
-
-    Sandboxes and snapshots made without an explicit controller share it, so a
-    :class:`Snapshot` returned by ``sb.branch()`` keeps working after the
-    sandbox's ``with`` block has closed.
-    """
-    key = (resolve_url(None), resolve_token(None))
-    with _defaults_lock:
-        controller = _defaults.get(key)
-        if controller is None:
-            controller = _defaults[key] = Controller(*key)
-        return controller
-
-
-class SnapshotView(Mapping[str, Any]):
-    """Read-only ``Mapping`` over a SnapshotInfo dict, with typed accessors.
-
-    ``snap["tag"]``, ``snap.get("pause_ms")`` and ``dict(snap)`` work as on the
-    dict the REST API returns.
-    """
-
-    def __init__(self, info: SnapshotInfo) -> None:
-        self._info: SnapshotInfo = dict(info)
-
-    def __getitem__(self, key: str) -> Any:
-        return self._info[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._info)
-
-    def __len__(self) -> int:
-        return len(self._info)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(tag={self.tag!r}, status={self.status!r})"
-
-    @property
-    def info(self) -> SnapshotInfo:
-        """The SnapshotInfo dict as last seen from the daemon."""
-        return self._info
-
-    @property
-    def tag(self) -> str:
-        return str(self._info["tag"])
-
-    @property
-    def status(self) -> str:
-        """``"ready"``, ``"writing"`` or ``"failed"``; absent on the wire means ready."""
-        return str(self._info.get("status", "ready"))
-
-    @property
-    def branched_from(self) -> str | None:
-        return self._info.get("branched_from")
-
-    @property
-    def pause_ms(self) -> float | None:
-        return self._info.get("pause_ms")
+from forkd.sdk.types import (
+    CommandResult,
+    EvalResult,
+    JSONDict,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotView,
+)
 
 
 class Snapshot(SnapshotView):
@@ -106,7 +53,9 @@ class Snapshot(SnapshotView):
         return cls(controller.get_snapshot(tag), controller=controller)
 
     @classmethod
-    def create(cls, tag: str, *, controller: Controller | None = None, **kwargs: Any) -> Snapshot:
+    def create(
+        cls, tag: str, *, controller: Controller | None = None, **kwargs: Any
+    ) -> Snapshot:
         """Build a new snapshot; ``kwargs`` as for :meth:`Controller.create_snapshot`."""
         controller = controller or default_controller()
         return cls(controller.create_snapshot(tag, **kwargs), controller=controller)
@@ -119,7 +68,7 @@ class Snapshot(SnapshotView):
     def wait_ready(
         self, timeout: float | None = DEFAULT_WAIT_SECS, interval: float = 0.2
     ) -> Snapshot:
-        """Block until the snapshot can be forked (a live ``wait=False`` branch is
+        """Wait until the snapshot can be forked (a live ``wait=False`` branch is
         still ``"writing"`` for a while). Returns immediately if it already is.
 
         Raises :class:`~forkd.sdk.errors.SnapshotFailedError` or
@@ -184,13 +133,14 @@ class Commands:
 
 
 class Sandbox:
-    """One running child VM.
+    """One child VM.
 
-    ``Sandbox(tag="pyagent")`` spawns a new sandbox **immediately, at
-    construction** (so it also works without ``with``); leaving a ``with``
-    block, or :meth:`close`, kills it. ``Sandbox(sandbox_id="sb-...")`` attaches
-    to an existing sandbox without any request and never kills it on exit:
-    only sandboxes this object created are owned.
+    ``Sandbox(tag="pyagent")`` records what to spawn; the sandbox is
+    spawned on entering its ``with`` block, by :meth:`create` or by
+    :meth:`start` (until then :attr:`id` raises ``RuntimeError``). A sandbox
+    this object spawned is owned: leaving the block, or :meth:`close`, kills it.
+    ``Sandbox(sandbox_id="sb-...")`` attaches to an existing sandbox without
+    any request and never kills it on exit.
 
     Args:
         tag: snapshot to fork the new sandbox from (exclusive with ``sandbox_id``).
@@ -213,25 +163,18 @@ class Sandbox:
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
-        self.controller = controller or default_controller()
-        self.commands = Commands(self)
+        self._controller = controller
+        self._tag = tag
+        self._spawn_opts: dict[str, Any] = {
+            "per_child_netns": per_child_netns,
+            "memory_limit_mib": memory_limit_mib,
+            "live_fork": live_fork,
+        }
+        self._id = sandbox_id
         self._info: SandboxInfo | None = None
         self._killed = False
-        if sandbox_id is not None:
-            self.id = sandbox_id
-            self.owned = False
-        else:
-            assert tag is not None
-            info = self.controller.spawn_sandboxes(
-                tag,
-                n=1,
-                per_child_netns=per_child_netns,
-                memory_limit_mib=memory_limit_mib,
-                live_fork=live_fork,
-            )[0]
-            self.id = str(info["id"])
-            self._info = info
-            self.owned = True
+        self.owned = False
+        self.commands = Commands(self)
 
     @classmethod
     def create(
@@ -243,14 +186,16 @@ class Sandbox:
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
     ) -> Sandbox:
-        """Spawn a new sandbox from snapshot ``tag`` (same as ``Sandbox(tag=...)``)."""
-        return cls(
+        """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
+        sb = cls(
             tag,
             controller=controller,
             per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
         )
+        sb.start()
+        return sb
 
     @classmethod
     def _adopt(cls, info: SandboxInfo, controller: Controller) -> Sandbox:
@@ -261,7 +206,40 @@ class Sandbox:
         return sb
 
     def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, owned={self.owned})"
+        return f"Sandbox(id={self._id!r}, owned={self.owned})"
+
+    @property
+    def controller(self) -> Controller:
+        """The :class:`Controller` in use.
+
+        The one given, else the shared default (resolved on first use).
+        """
+        if self._controller is None:
+            self._controller = default_controller()
+        return self._controller
+
+    @property
+    def id(self) -> str:
+        """The sandbox id; ``RuntimeError`` if a ``tag=`` sandbox was not started yet."""
+        if self._id is None:
+            raise RuntimeError(
+                "sandbox not started: use `with Sandbox(tag=...)`, "
+                "Sandbox.create(tag) or sb.start()"
+            )
+        return self._id
+
+    def start(self) -> Sandbox:
+        """Spawn the sandbox if this object was made with ``tag=`` and has not yet.
+
+        Returns ``self``; a no-op for an attached or already started sandbox.
+        """
+        if self._id is None:
+            assert self._tag is not None
+            spawned = self.controller.spawn_sandboxes(self._tag, n=1, **self._spawn_opts)
+            self._info = spawned[0]
+            self._id = str(self._info["id"])
+            self.owned = True
+        return self
 
     @property
     def info(self) -> SandboxInfo:
@@ -271,6 +249,7 @@ class Sandbox:
         return self._info
 
     def refresh(self) -> SandboxInfo:
+        """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
 
@@ -285,7 +264,7 @@ class Sandbox:
     def branch(
         self, tag: str | None = None, mode: str | None = None, wait: bool = True
     ) -> Snapshot:
-        """Snapshot this running sandbox as a new tag; it pauses briefly and resumes.
+        """Branch this running sandbox into a new snapshot tag; it pauses briefly and resumes.
 
         ``mode``: ``"full"`` (default), ``"diff"`` or ``"live"`` (needs
         ``live_fork=True`` at spawn). With ``wait=False`` (live only) the
@@ -308,7 +287,7 @@ class Sandbox:
                 self._killed = True
 
     def __enter__(self) -> Sandbox:
-        return self
+        return self.start()
 
     def __exit__(
         self,
@@ -319,4 +298,10 @@ class Sandbox:
         self.close()
 
 
-__all__ = ["Commands", "Sandbox", "Snapshot", "SnapshotView", "default_controller"]
+__all__ = [
+    "Commands",
+    "Sandbox",
+    "Snapshot",
+    "SnapshotView",
+    "default_controller",
+]

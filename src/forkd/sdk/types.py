@@ -3,11 +3,13 @@
 The controllers hand back the daemon's JSON unchanged (``dict`` / ``list``), as
 the seed examples index it (``parent["id"]``, ``branch["tag"]``). The aliases
 below only name those dicts; :class:`CommandResult` and :class:`EvalResult`
-are the typed views :class:`~forkd.sdk.sandbox.Sandbox` returns.
+are the typed views :class:`~forkd.sdk.sandbox.Sandbox` returns, and
+:class:`SnapshotView` the read-only mapping that ``Snapshot`` objects are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,4 +84,49 @@ class EvalResult:
         )
 
 
-__all__ = ["CommandResult", "EvalResult", "JSONDict", "SandboxInfo", "SnapshotInfo"]
+class SnapshotView(Mapping[str, Any]):
+    """Read-only ``Mapping`` over a SnapshotInfo dict, with typed accessors.
+
+    ``snap["tag"]``, ``snap.get("pause_ms")`` and ``dict(snap)`` work as on the
+    dict the REST API returns.
+    """
+
+    def __init__(self, info: SnapshotInfo) -> None:
+        self._info: SnapshotInfo = dict(info)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._info[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._info)
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tag={self.tag!r}, status={self.status!r})"
+
+    @property
+    def info(self) -> SnapshotInfo:
+        """The SnapshotInfo dict as last seen from the daemon."""
+        return self._info
+
+    @property
+    def tag(self) -> str:
+        return str(self._info["tag"])
+
+    @property
+    def status(self) -> str:
+        """``"ready"``, ``"writing"`` or ``"failed"``; absent on the wire means ready."""
+        return str(self._info.get("status", "ready"))
+
+    @property
+    def branched_from(self) -> str | None:
+        return self._info.get("branched_from")
+
+    @property
+    def pause_ms(self) -> float | None:
+        return self._info.get("pause_ms")
+
+
+__all__ = ["CommandResult", "EvalResult", "JSONDict", "SandboxInfo", "SnapshotInfo", "SnapshotView"]

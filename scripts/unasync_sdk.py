@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Write the sync SDK modules from their async sources (an unasync-style generator).
+
+The async modules are the source of truth; their sync twins are generated:
+
+    src/forkd/sdk/async_client.py   ->  src/forkd/sdk/client.py
+    src/forkd/sdk/async_sandbox.py  ->  src/forkd/sdk/sandbox.py
+
+Each source is rewritten by the explicit table of substitutions in ``RULES``,
+applied in order to the whole text, and the result gets a ``GENERATED`` header.
+A source may use only names the table knows: any ``async``, ``await``,
+``asyncio`` or ``Async*`` token left in the output is an error, so a new async
+construct has to be added to the table rather than slip through unconverted.
+Where the sync API must differ in shape, the source carries a marker from
+``forkd.sdk._twins`` that the table rewrites (``@sync_property``).
+
+Usage::
+
+    python scripts/unasync_sdk.py           # rewrite the sync modules
+    python scripts/unasync_sdk.py --check   # exit 1 and show a diff if they are stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SDK = Path("src/forkd/sdk")
+
+# (async source, generated sync module), relative to the repository root.
+TWINS: tuple[tuple[Path, Path], ...] = (
+    (SDK / "async_client.py", SDK / "client.py"),
+    (SDK / "async_sandbox.py", SDK / "sandbox.py"),
+)
+
+# (pattern, replacement), applied in this order with re.MULTILINE. Identifiers
+# are matched as whole words.
+RULES: tuple[tuple[str, str], ...] = (
+    # Imports that only the async flavour needs.
+    (r"^import asyncio\n", ""),
+    (r"^from forkd\.sdk\._twins import sync_property\n", ""),
+    # Markers for the places where the two APIs differ in shape.
+    (r"^(\s*)@sync_property$", r"\1@property"),
+    # Syntax.
+    (r"\basync def\b", "def"),
+    (r"\basync with\b", "with"),
+    (r"\basync for\b", "for"),
+    (r"\bawait ", ""),
+    (r"\b__aenter__\b", "__enter__"),
+    (r"\b__aexit__\b", "__exit__"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
+    # httpx.
+    (r"\bhttpx\.AsyncClient\b", "httpx.Client"),
+    (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
+    (r"\baclose\b", "close"),
+    # The SDK's own names and modules.
+    (r"\bforkd\.sdk\.async_client\b", "forkd.sdk.client"),
+    (r"\bforkd\.sdk\.async_sandbox\b", "forkd.sdk.sandbox"),
+    (r"\bAsyncController\b", "Controller"),
+    (r"\bAsyncSandbox\b", "Sandbox"),
+    (r"\bAsyncSnapshot\b", "Snapshot"),
+    (r"\bAsyncCommands\b", "Commands"),
+    (r"\bdefault_async_controller\b", "default_controller"),
+)
+
+# Tokens that must not survive into a sync module.
+LEFTOVER = re.compile(r"\b(async|await|asyncio|aclose|__aenter__|__aexit__|Async\w*|\w*_async\w*)\b")
+
+HEADER = (
+    "# GENERATED from {source} by scripts/unasync_sdk.py — do not edit.\n"
+    "# Edit the async source, then run: python scripts/unasync_sdk.py\n"
+)
+
+
+class UnasyncError(Exception):
+    """The rule table does not cover something in an async source."""
+
+
+def unasync(text: str) -> str:
+    """The sync twin of one async module's text, without the header."""
+    for pattern, replacement in RULES:
+        text = re.sub(pattern, replacement, text, flags=re.MULTILINE)
+    return text
+
+
+def generate(text: str, source: Path) -> str:
+    """The complete sync module for the async module ``source`` whose text is ``text``."""
+    body = unasync(text)
+    leftovers = [
+        f"{source}:{number}: {line.strip()}"
+        for number, line in enumerate(body.splitlines(), 1)
+        if LEFTOVER.search(line)
+    ]
+    if leftovers:
+        raise UnasyncError(
+            "async tokens left after the substitutions; extend RULES in scripts/unasync_sdk.py:\n  "
+            + "\n  ".join(leftovers)
+        )
+    return HEADER.format(source=source.as_posix()) + body
+
+
+def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a sync module is stale"
+    )
+    args = parser.parse_args(argv)
+    stale = []
+    for source, target in TWINS:
+        try:
+            wanted = generate((root / source).read_text(encoding="utf-8"), source)
+        except UnasyncError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        path = root / target
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current == wanted:
+            continue
+        stale.append(target)
+        if args.check:
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True),
+                    wanted.splitlines(keepends=True),
+                    fromfile=f"{target} (on disk)",
+                    tofile=f"{target} (generated from {source})",
+                )
+            )
+        else:
+            path.write_text(wanted, encoding="utf-8")
+            print(f"wrote {target}")
+    if args.check and stale:
+        names = ", ".join(str(t) for t in stale)
+        print(
+            f"\n{names}: out of date with the async source; run python scripts/unasync_sdk.py",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
