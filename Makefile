@@ -10,7 +10,7 @@ help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
 	@echo "make bench  - set up everything, then run the benchmarks in bench/"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
 
 setup: deps venv image
 
@@ -46,7 +46,10 @@ bench: setup
 	$(BIN)/python bench/branch.py
 
 lint: venv
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples scripts
+	$(BIN)/ruff check --select SLF001 src
+	$(BIN)/mypy
+	$(BIN)/python scripts/unasync_sdk.py --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

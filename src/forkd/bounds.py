@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypedDict
 
 from forkd.errors import InvalidRequest
+
+
+class FieldBounds(TypedDict, total=False):
+    """pydantic ``Field`` keyword arguments for a range."""
+
+    gt: float
+    ge: float
+    le: float
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,11 @@ class Range:
     def _fmt(x: float) -> str:
         return str(int(x)) if float(x).is_integer() else str(x)
 
-    def field_kwargs(self) -> dict[str, float]:
+    def field_kwargs(self) -> FieldBounds:
         """The pydantic ``Field`` constraints for this range."""
-        return {"gt" if self.exclusive_min else "ge": self.low, "le": self.high}
+        if self.exclusive_min:
+            return FieldBounds(gt=self.low, le=self.high)
+        return FieldBounds(ge=self.low, le=self.high)
 
 
 # --- snapshots

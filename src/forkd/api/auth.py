@@ -125,7 +125,8 @@ def _bearer_from_scope(scope: Scope) -> bytes | None:
         if name == b"authorization":
             scheme, _, credential = value.partition(b" ")
             if scheme.lower() == b"bearer" and credential.strip():
-                return credential.strip()
+                token: bytes = credential.strip()
+                return token
             return None
     return None
 

@@ -42,11 +42,12 @@ def _err(description: str) -> dict[str, Any]:
 
 
 # Documented on every operation; the OpenAPI post-processing in app.py adds 401.
-COMMON_ERRORS: dict[int | str, dict[str, Any]] = {500: _err("Internal error (see daemon logs).")}
-BAD_REQUEST = {400: _err("Malformed request: invalid field, unknown field or bad path parameter.")}
-TOO_LARGE = {413: _err("Request body larger than the daemon's limit (default 1 MiB).")}
-NO_SANDBOX = {404: _err("No sandbox with that id is alive.")}
-GUEST_ERRORS = {
+Responses = dict[int | str, dict[str, Any]]
+COMMON_ERRORS: Responses = {500: _err("Internal error (see daemon logs).")}
+BAD_REQUEST: Responses = {400: _err("Malformed request: invalid field, unknown field or bad path parameter.")}
+TOO_LARGE: Responses = {413: _err("Request body larger than the daemon's limit (default 1 MiB).")}
+NO_SANDBOX: Responses = {404: _err("No sandbox with that id is alive.")}
+GUEST_ERRORS: Responses = {
     502: _err("The guest agent could not be reached or failed."),
     504: _err("The guest did not answer in time."),
 }
@@ -60,7 +61,7 @@ SandboxIdPath = Annotated[
 ]
 
 status_router = APIRouter(tags=["status"], responses=COMMON_ERRORS)
-STARTING = {503: _err("The daemon is still starting (or at capacity); retry shortly.")}
+STARTING: Responses = {503: _err("The daemon is still starting (or at capacity); retry shortly.")}
 v1 = APIRouter(prefix=f"/{API_VERSION}", responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
 
 # Keep optional fields the runtime left out absent in the JSON, as the seeds

@@ -64,7 +64,7 @@ class Brancher:
         self._table = table
         self._store = store
         self._tags = tags
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[SnapshotRecord]] = set()
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks

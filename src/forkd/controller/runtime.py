@@ -93,7 +93,7 @@ class Runtime:
     # ---------------------------------------------------------------- snapshots
 
     def list_snapshots(self) -> list[SnapshotRecord]:
-        return self.snapshots.list()
+        return self.snapshots.all()
 
     def get_snapshot(self, tag: str) -> SnapshotRecord:
         return self.snapshots.get(tag)
@@ -146,7 +146,7 @@ class Runtime:
         return await self.sandboxes.call(sandbox_id, "ping", timeout=30)
 
     async def exec(
-        self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict | None = None,
+        self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: str | None = None, max_output_bytes: int | None = None,
     ) -> dict[str, Any]:
         if not args or not all(isinstance(a, str) for a in args):

@@ -19,6 +19,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from forkd.errors import GuestError, NotFound
 from forkd.host import cgroups
@@ -125,7 +126,7 @@ class SandboxTable:
 
     # ----------------------------------------------------------------- calls
 
-    async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict:
+    async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
         """One agent request. A QEMU that died before the event loop reaped it shows up
         as a reset agent connection; report that as the sandbox's death, by id."""
         vm = await self.for_call(sandbox_id)

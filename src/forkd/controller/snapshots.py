@@ -42,7 +42,7 @@ class SnapshotStore:
         """Registered, or its directory is on disk (a leftover we must not overwrite)."""
         return self._registry.has_snapshot(tag) or (self._dir / tag).exists()
 
-    def list(self) -> list[SnapshotRecord]:
+    def all(self) -> list[SnapshotRecord]:
         return self._registry.list_snapshots()
 
     def get(self, tag: str) -> SnapshotRecord:

@@ -48,7 +48,8 @@ def netns_exists(name: str, netns_dir: Path = NETNS_DIR) -> bool:
 
 def lowest_free(used: set[int], n: int) -> list[int]:
     """The ``n`` lowest indices not in ``used``."""
-    out, i = [], 0
+    out: list[int] = []
+    i = 0
     while len(out) < n:
         if i not in used:
             out.append(i)

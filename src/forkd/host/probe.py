@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forkd.config import DataDir
 from forkd.errors import VMError
@@ -50,14 +51,15 @@ class ProbeGuest:
     kernel_version: str
 
 
-def _probe_key(guest: ProbeGuest) -> dict:
+def _probe_key(guest: ProbeGuest) -> dict[str, str]:
     return {"qemu": qemu_version(), "host_kernel": platform.release(),
             "guest_kernel": guest.kernel_version}
 
 
-def cached_probe(data: DataDir) -> dict | None:
+def cached_probe(data: DataDir) -> dict[str, Any] | None:
     try:
-        return json.loads(data.host_probe.read_text())
+        cached: dict[str, Any] = json.loads(data.host_probe.read_text())
+        return cached
     except (OSError, ValueError):
         return None
 
@@ -103,13 +105,13 @@ async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float) -> tuple[b
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dict:
+async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dict[str, Any]:
     """The accelerator this host really boots guests with (cached)."""
     key = _probe_key(guest)
     cached = cached_probe(data)
     if cached and not force and cached.get("key") == key:
         return cached
-    result: dict = {"key": key, "probed_at_unix": int(time.time())}
+    result: dict[str, Any] = {"key": key, "probed_at_unix": int(time.time())}
     kvm_ok, kvm_error = False, "/dev/kvm is missing"
     if os.path.exists("/dev/kvm"):
         if os.access("/dev/kvm", os.R_OK | os.W_OK):

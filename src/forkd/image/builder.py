@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forkd.bounds import TAG_RE
 from forkd.config import DEFAULT_IMAGE, DataDir
@@ -110,7 +111,7 @@ class Image:
 
     name: str
     dir: Path
-    meta: dict
+    meta: dict[str, Any]
 
     @property
     def kernel(self) -> Path:
@@ -126,7 +127,7 @@ class Image:
 
     @property
     def key(self) -> str:
-        return self.meta.get("key", "")
+        return str(self.meta.get("key", ""))
 
     def probe_guest(self) -> ProbeGuest:
         """What the accelerator probe boots from this image."""

@@ -99,7 +99,7 @@ class AsyncSnapshot(SnapshotView):
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
         )
-        return [AsyncSandbox._adopt(info, self.controller) for info in infos]
+        return [AsyncSandbox.from_info(info, self.controller) for info in infos]
 
     async def delete(self, cascade: bool = False, force: bool = False) -> None:
         """Unregister the tag and remove its files."""
@@ -197,7 +197,7 @@ class AsyncSandbox:
         return sb
 
     @classmethod
-    def _adopt(cls, info: SandboxInfo, controller: AsyncController) -> AsyncSandbox:
+    def from_info(cls, info: SandboxInfo, controller: AsyncController) -> AsyncSandbox:
         """Wrap a sandbox that was just spawned on the caller's behalf (owned)."""
         sb = cls(sandbox_id=str(info["id"]), controller=controller)
         sb._info = info

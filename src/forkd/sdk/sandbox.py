@@ -100,7 +100,7 @@ class Snapshot(SnapshotView):
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
         )
-        return [Sandbox._adopt(info, self.controller) for info in infos]
+        return [Sandbox.from_info(info, self.controller) for info in infos]
 
     def delete(self, cascade: bool = False, force: bool = False) -> None:
         """Unregister the tag and remove its files."""
@@ -198,7 +198,7 @@ class Sandbox:
         return sb
 
     @classmethod
-    def _adopt(cls, info: SandboxInfo, controller: Controller) -> Sandbox:
+    def from_info(cls, info: SandboxInfo, controller: Controller) -> Sandbox:
         """Wrap a sandbox that was just spawned on the caller's behalf (owned)."""
         sb = cls(sandbox_id=str(info["id"]), controller=controller)
         sb._info = info

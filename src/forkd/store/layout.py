@@ -20,6 +20,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forkd.bounds import SANDBOX_ID_RE, TAG_RE
 from forkd.errors import InvalidRequest
@@ -65,10 +66,11 @@ class SnapshotDir:
     def meta_path(self) -> Path:
         return self.path / "snapshot.json"
 
-    def read_meta(self) -> dict:
-        return json.loads(self.meta_path.read_text())
+    def read_meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = json.loads(self.meta_path.read_text())
+        return meta
 
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: dict[str, Any]) -> None:
         tmp = self.meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2))
         os.replace(tmp, self.meta_path)

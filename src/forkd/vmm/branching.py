@@ -33,8 +33,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
-from qemu.qmp import EventListener
+from qemu.qmp import EventListener, Message
 
 from forkd.errors import VMError
 from forkd.vmm import disk as disk_mod
@@ -55,7 +56,7 @@ class Capture:
     new_disk: Path  # the overlay it writes from now on
     new_node: str
     stream: Path
-    background: asyncio.Task | None = None  # live mode: RAM still being streamed
+    background: asyncio.Task[dict[str, Any]] | None = None  # live mode: RAM still being streamed
     resume_error: str | None = None  # the state was captured but the source did not run again
 
 
@@ -104,7 +105,7 @@ async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool 
     # off explicitly (a template-style capture would set it) for a full stream.
     await vm.qmp.set_capabilities(x_ignore_shared=False, background_snapshot=background,
                                   pause_before_switchover=precopy)
-    params: dict = {"max_bandwidth": UNTHROTTLED}
+    params: dict[str, Any] = {"max_bandwidth": UNTHROTTLED}
     if precopy:
         params["downtime_limit"] = PRECOPY_DOWNTIME_MS
     await vm.qmp.set_parameters(**params)
@@ -203,9 +204,13 @@ async def _capture_live(
     return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task)
 
 
-def _event_time(event: dict) -> float:
-    ts = event["timestamp"]
-    return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
+def _event_time(event: Message) -> float:
+    ts = cast(dict[str, int], event["timestamp"])
+    return ts["seconds"] + ts["microseconds"] / 1e6
+
+
+def _event_data(event: Message) -> dict[str, Any]:
+    return cast(dict[str, Any], event.get("data") or {})
 
 
 async def await_live_pause(qmp: QMP, listener: EventListener, timeout: float) -> float:
@@ -230,7 +235,7 @@ async def await_live_pause(qmp: QMP, listener: EventListener, timeout: float) ->
             stopped = _event_time(event)
         elif name == "RESUME" and stopped is not None:
             return (_event_time(event) - stopped) * 1000
-        elif name == "MIGRATION" and event.get("data", {}).get("status") in ("failed", "cancelled"):
+        elif name == "MIGRATION" and _event_data(event).get("status") in ("failed", "cancelled"):
             info = await qmp.cmd("query-migrate")
             raise VMError(f"live branch failed: {info.get('error-desc', 'no detail from QEMU')}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forkd.host.accel import Accel
 
@@ -30,12 +31,12 @@ class VMConfig:
     vcpus: int
     accel: Accel
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"mem_mib": self.mem_mib, "vcpus": self.vcpus,
                 "accel": self.accel.name, "cpu": self.accel.cpu}
 
     @classmethod
-    def from_json(cls, d: dict) -> VMConfig:
+    def from_json(cls, d: dict[str, Any]) -> VMConfig:
         return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]))
 
 

@@ -14,15 +14,18 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest.client import AgentClient
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP
+
+T = TypeVar("T")
 
 # A restored guest answers its post-restore call in ~0.3 s under TCG; re-send it
 # after this long, and give up (the spawner then retries with a fresh QEMU) after that.
@@ -62,7 +65,7 @@ class VM:
             raise
         return vm
 
-    async def await_or_exit(self, aw, timeout: float, what: str):
+    async def await_or_exit(self, aw: Awaitable[T], timeout: float, what: str) -> T:
         """Await ``aw`` but fail fast, with QEMU's last words, if QEMU exits meanwhile."""
         task = asyncio.ensure_future(aw)
         exit_task = asyncio.ensure_future(self.process.wait_exit())
@@ -94,7 +97,7 @@ class VM:
     async def boot(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
         kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
-    ) -> tuple[VM, dict]:
+    ) -> tuple[VM, dict[str, Any]]:
         """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm."""
         started = time.monotonic()
         with open(mem_path, "wb") as f:
@@ -151,7 +154,7 @@ class VM:
             raise
         return vm
 
-    async def post_restore(self, timeout: float) -> dict:
+    async def post_restore(self, timeout: float) -> dict[str, Any]:
         """Tell a freshly restored guest to reseed its RNGs, step its clock and thaw.
 
         The call is idempotent, so it is sent again if unanswered after
@@ -215,7 +218,7 @@ class VM:
         await self.disconnect()
         await self.process.kill()
 
-    async def call(self, action: str, timeout: float | None = 60, **args) -> dict:
+    async def call(self, action: str, timeout: float | None = 60, **args: Any) -> dict[str, Any]:
         if not self.process.alive():
             raise GuestError(f"sandbox VM (pid {self.pid}) is not running")
         return await self.agent.call(action, timeout=timeout, **args)

@@ -60,7 +60,7 @@ class QMP:
         await self.cmd("migrate-set-parameters", **{k.replace("_", "-"): v for k, v in params.items()})
 
     async def run_migration(self, command: str, timeout: float, *,
-                            until: tuple[str, ...] = ("completed",), **args: Any) -> dict:
+                            until: tuple[str, ...] = ("completed",), **args: Any) -> dict[str, Any]:
         """Issue ``migrate``/``migrate-incoming``/``migrate-continue`` and wait for its outcome.
 
         The listener is registered before the command, so no MIGRATION event can
@@ -71,17 +71,18 @@ class QMP:
             await self.cmd(command, **args)
             return await self._await_migration(listener, timeout, until)
 
-    async def wait_migration(self, timeout: float, *, until: tuple[str, ...] = ("completed",)) -> dict:
+    async def wait_migration(self, timeout: float, *,
+                             until: tuple[str, ...] = ("completed",)) -> dict[str, Any]:
         """Wait for a migration already under way (no command issued here)."""
         listener = EventListener(("MIGRATION",))
         with self.client.listen(listener):
             return await self._await_migration(listener, timeout, until)
 
     async def _await_migration(self, listener: EventListener, timeout: float,
-                               until: tuple[str, ...]) -> dict:
+                               until: tuple[str, ...]) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
-            info = await self.cmd("query-migrate")
+            info: dict[str, Any] = await self.cmd("query-migrate")
             status = info.get("status")
             if status in until:
                 return info
@@ -96,4 +97,5 @@ class QMP:
                 await asyncio.wait_for(listener.get(), min(remaining, 0.5))
 
     async def status(self) -> str:
-        return (await self.cmd("query-status")).get("status", "unknown")
+        status: str = (await self.cmd("query-status")).get("status", "unknown")
+        return status
