@@ -4,12 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv image demo test test-unit test-integration bench lint clean help
+.PHONY: setup deps venv image demo test test-unit test-integration stress bench lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
 	@echo "make bench  - set up everything, then run the benchmarks in bench/"
+	@echo "make stress - opt-in: branch and restore many times under CPU load"
 	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
 
 setup: deps venv image
@@ -40,6 +41,10 @@ test-unit: venv
 
 test-integration: setup
 	$(BIN)/pytest -ra tests/integration $(PYTEST_ARGS)
+
+# Opt-in: branch and restore many times under CPU load (minutes).
+stress: setup
+	$(BIN)/pytest -ra -s -m stress tests/stress $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python bench/fork_vs_boot.py
