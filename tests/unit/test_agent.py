@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from forkd.guest import protocol
 from forkd.guest.agent import evaluator, reaper, server
 from forkd.guest.agent import exec as agent_exec
 from forkd.guest.protocol import RequestError
@@ -356,6 +357,107 @@ def test_eval_print_does_not_corrupt_protocol(agent: AgentProcess) -> None:
     assert result["result"] == "7"
     assert agent.result("eval", code="input()")["error"].startswith("EOFError")
     assert agent.result("ping")["pong"] is True
+
+
+# ----------------------------------------------------------------- eval timeout
+
+
+def test_eval_timeout_interrupts_and_the_next_eval_runs(agent: AgentProcess) -> None:
+    agent.result("eval", code="counter = 0")
+    started = time.monotonic()
+    result = agent.result("eval", code="while True:\n    counter += 1", timeout_secs=0.5)
+    elapsed = time.monotonic() - started
+    assert result == {"result": None, "error": "TimeoutError: eval exceeded 0.5 s", "exit_code": 1}
+    assert elapsed < 5, f"a 0.5 s eval timeout took {elapsed:.1f}s"
+    # The evaluator is free again, and the namespace kept what the loop did.
+    assert int(agent.result("eval", code="counter", timeout_secs=5)["result"]) > 0
+    assert agent.result("ping")["agent_version"] == "2"
+
+
+@pytest.mark.parametrize("value", [0, -1, "10", True, None, [1]])
+def test_eval_rejects_bad_timeouts(agent: AgentProcess, value: object) -> None:
+    reply = agent.request("eval", code="1", timeout_secs=value)
+    assert reply["ok"] is False
+    assert "'timeout_secs' must be a positive number" in reply["error"]
+
+
+def test_eval_rejects_non_finite_timeouts(agent: AgentProcess) -> None:
+    for literal in (b"NaN", b"Infinity"):  # what json.dumps writes for float('nan'), float('inf')
+        agent.send_raw(b'{"id": "t", "action": "eval", "code": "1", "timeout_secs": ' + literal + b"}\n")
+        reply = agent.wait("t")
+        assert reply["ok"] is False and "timeout_secs" in reply["error"]
+
+
+def test_module_eval_timeout_releases_the_lock() -> None:
+    ev = evaluator.Evaluator({})
+    result = ev.evaluate("while True: pass", timeout_secs=0.2)
+    assert result == {"result": None, "error": "TimeoutError: eval exceeded 0.2 s", "exit_code": 1}
+    deadline = time.monotonic() + 5
+    while ev.lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ev.lock.locked()
+    assert ev.evaluate("1 + 1")["result"] == "2"
+    assert not any(t.name == "forkd-eval" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # catches the interruption and carries on: it is raised again
+        "while True:\n    try:\n        while True: pass\n    except BaseException:\n        pass",
+        # `except Exception` does not see it at all
+        "while True:\n    try:\n        while True: pass\n    except Exception:\n        pass",
+        # user code runs in repr() too
+        "class Loop:\n    def __repr__(self):\n        while True: pass\nLoop()",
+    ],
+    ids=["bare-except", "except-exception", "repr"],
+)
+def test_module_eval_timeout_cannot_be_swallowed(code: str) -> None:
+    ev = evaluator.Evaluator({})
+    assert ev.evaluate(code, timeout_secs=0.2)["error"] == "TimeoutError: eval exceeded 0.2 s"
+    assert ev.evaluate("'free'", timeout_secs=5)["result"] == "'free'"
+
+
+def test_module_eval_blocked_in_c_answers_on_time() -> None:
+    """A C call cannot be interrupted: the answer still comes on time, and the
+    evaluator is busy until the call returns; later evals wait within their own limit."""
+    ev = evaluator.Evaluator({}, interrupt_grace=0.2)
+    started = time.monotonic()
+    result = ev.evaluate("import time\ntime.sleep(1.5)\nfinished = True", timeout_secs=0.2)
+    assert time.monotonic() - started < 1.2
+    assert result["exit_code"] == 1
+    assert result["error"].startswith("TimeoutError: eval exceeded 0.2 s; it is inside a call")
+    busy = ev.evaluate("1", timeout_secs=0.1)
+    assert busy["error"] == (
+        "TimeoutError: eval exceeded 0.1 s waiting for an earlier eval that is still running"
+    )
+    # Once sleep() returns, the pending interruption stops the rest of that eval.
+    assert ev.evaluate("2", timeout_secs=10)["result"] == "2"
+    assert "time" in ev.namespace and "finished" not in ev.namespace
+
+
+def test_module_eval_results_unchanged_by_the_timeout_machinery() -> None:
+    ev = evaluator.Evaluator({})
+    for _ in range(50):  # a fast eval never sees an interruption meant for a slow one
+        assert ev.evaluate("sum(range(100))", timeout_secs=5)["result"] == "4950"
+    assert ev.evaluate("raise KeyboardInterrupt", timeout_secs=5)["error"] == "KeyboardInterrupt: "
+    assert ev.evaluate("return 1")["error"].endswith("SyntaxError: 'return' outside function")
+
+
+def test_eval_defaults_to_the_protocol_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that sends no timeout_secs still gets a bounded eval."""
+    agent_obj = server.Agent([])
+    seen: list[float] = []
+
+    def spy(code: object, timeout_secs: float = -1.0) -> dict[str, Any]:
+        seen.append(timeout_secs)
+        return evaluator.eval_result("None", None)
+
+    monkeypatch.setattr(agent_obj.evaluator, "evaluate", spy)
+    agent_obj.handle({"action": "eval", "code": "1"})
+    agent_obj.handle({"action": "eval", "code": "1", "timeout_secs": 7})
+    assert seen == [protocol.EVAL_DEFAULT_TIMEOUT_SECS, 7]
+    assert evaluator.Evaluator.evaluate.__defaults__ == (protocol.EVAL_DEFAULT_TIMEOUT_SECS,)
 
 
 # -------------------------------------------------------------------- protocol

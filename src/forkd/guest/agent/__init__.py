@@ -17,7 +17,7 @@ One module per job:
 - ``warm``: the warm imports into the eval namespace
 - ``reaper``: reaping orphans re-parented to PID 1
 - ``exec``: running a subprocess and capturing its output
-- ``evaluator``: eval in the persistent namespace
+- ``evaluator``: eval in the persistent namespace, with a timeout
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``server``: the request dispatch and the serve loop
@@ -32,5 +32,5 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 # (forkd.image.rootfs), and the agent refuses to start on one at boot.
 MIN_GUEST_PYTHON = (3, 11)
 
-# Bumped when the agent's protocol grows.
-AGENT_VERSION = "1"
+# Bumped when the agent's protocol grows: "2" honours timeout_secs on eval.
+AGENT_VERSION = "2"

@@ -67,7 +67,8 @@ class Agent:
         }
 
     def eval(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self.evaluator.evaluate(req.get("code"))
+        timeout = protocol.request_timeout(req, protocol.EVAL_DEFAULT_TIMEOUT_SECS)
+        return self.evaluator.evaluate(req.get("code"), timeout)
 
     def restored(self, req: dict[str, Any]) -> dict[str, Any]:
         result = reseed_after_restore(req, self.namespace)
