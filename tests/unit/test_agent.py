@@ -1,8 +1,11 @@
 """Unit tests of the in-guest agent, run on the host over pipes (``--stdio``).
 
-The agent is a stdlib-only script that normally runs as PID 1 in a microVM; its
+The agent is a stdlib-only package that normally runs as PID 1 in a microVM; its
 ``--stdio`` mode serves the very same protocol on stdin/stdout, so everything
 but the virtio-serial port and the PID-1 set-up is exercised here without QEMU.
+The process tests run it as the guest does: installed by ``rootfs.install_agent``
+into a tree, started by the path that init.sh uses. The module tests call the
+package's modules directly.
 
 Never send the ``restored`` action with ``time_ns`` from these tests: the agent
 runs as root on the host and would step the host's clock.
@@ -10,7 +13,6 @@ runs as root on the host and would step the host's clock.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,14 +21,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-import forkd.guest
+from forkd.guest import protocol
+from forkd.guest.agent import evaluator, reaper, server
+from forkd.guest.agent import exec as agent_exec
+from forkd.guest.protocol import RequestError
+from forkd.image import rootfs
 
-AGENT_PATH = Path(forkd.guest.__file__).with_name("agent.py")
 REPLY_TIMEOUT = 15.0  # generous: the host is a noisy 2-core machine
 
 
@@ -35,7 +39,7 @@ class AgentProcess:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.replies: dict[Any, list[dict]] = {}
+        self.replies: dict[Any, list[dict[str, Any]]] = {}
         self.cond = threading.Condition()
         self.next_id = 0
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -61,7 +65,7 @@ class AgentProcess:
         self.send_raw(json.dumps({"id": self.next_id, "action": action, **fields}).encode() + b"\n")
         return self.next_id
 
-    def wait(self, req_id: Any, timeout: float = REPLY_TIMEOUT) -> dict:
+    def wait(self, req_id: Any, timeout: float = REPLY_TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         with self.cond:
             while not self.replies.get(req_id):
@@ -73,20 +77,29 @@ class AgentProcess:
                 self.cond.wait(remaining)
             return self.replies[req_id].pop(0)
 
-    def request(self, action: str, **fields: Any) -> dict:
+    def request(self, action: str, **fields: Any) -> dict[str, Any]:
         reply = self.wait(self.send(action, **fields))
         assert set(reply) >= {"id", "ok"}
         return reply
 
-    def result(self, action: str, **fields: Any) -> dict:
+    def result(self, action: str, **fields: Any) -> dict[str, Any]:
         reply = self.request(action, **fields)
         assert reply["ok"] is True, reply
-        return reply["result"]
+        result: dict[str, Any] = reply["result"]
+        return result
 
 
-def _start_agent() -> subprocess.Popen[bytes]:
+@pytest.fixture(scope="module")
+def guest_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree with the agent installed as the image builder installs it."""
+    root = tmp_path_factory.mktemp("guest-root")
+    rootfs.install_agent(root)
+    return root
+
+
+def _start_agent(root: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-u", str(AGENT_PATH), "--stdio"],
+        [sys.executable, "-u", str(root / rootfs.AGENT_ENTRY), "--stdio"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -94,8 +107,8 @@ def _start_agent() -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture
-def agent() -> Iterator[AgentProcess]:
-    proc = _start_agent()
+def agent(guest_root: Path) -> Iterator[AgentProcess]:
+    proc = _start_agent(guest_root)
     try:
         yield AgentProcess(proc)
     finally:
@@ -105,16 +118,6 @@ def agent() -> Iterator[AgentProcess]:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
-
-
-@pytest.fixture(scope="module")
-def agent_module() -> ModuleType:
-    """The agent imported from its path, as the guest runs it (not as forkd.guest.agent)."""
-    spec = importlib.util.spec_from_file_location("forkd_agent_under_test", AGENT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _proc_state(pid: int) -> str | None:
@@ -234,7 +237,7 @@ def test_exec_nonzero_exit(agent: AgentProcess) -> None:
         ({"args": ["true"], "stdin": 5}, "'stdin'"),
     ],
 )
-def test_exec_rejects_bad_requests(agent: AgentProcess, fields: dict, message: str) -> None:
+def test_exec_rejects_bad_requests(agent: AgentProcess, fields: dict[str, Any], message: str) -> None:
     reply = agent.request("exec", **fields)
     assert reply["ok"] is False
     assert message in reply["error"]
@@ -356,6 +359,107 @@ def test_eval_print_does_not_corrupt_protocol(agent: AgentProcess) -> None:
     assert agent.result("ping")["pong"] is True
 
 
+# ----------------------------------------------------------------- eval timeout
+
+
+def test_eval_timeout_interrupts_and_the_next_eval_runs(agent: AgentProcess) -> None:
+    agent.result("eval", code="counter = 0")
+    started = time.monotonic()
+    result = agent.result("eval", code="while True:\n    counter += 1", timeout_secs=0.5)
+    elapsed = time.monotonic() - started
+    assert result == {"result": None, "error": "TimeoutError: eval exceeded 0.5 s", "exit_code": 1}
+    assert elapsed < 5, f"a 0.5 s eval timeout took {elapsed:.1f}s"
+    # The evaluator is free again, and the namespace kept what the loop did.
+    assert int(agent.result("eval", code="counter", timeout_secs=5)["result"]) > 0
+    assert agent.result("ping")["agent_version"] == "2"
+
+
+@pytest.mark.parametrize("value", [0, -1, "10", True, None, [1]])
+def test_eval_rejects_bad_timeouts(agent: AgentProcess, value: object) -> None:
+    reply = agent.request("eval", code="1", timeout_secs=value)
+    assert reply["ok"] is False
+    assert "'timeout_secs' must be a positive number" in reply["error"]
+
+
+def test_eval_rejects_non_finite_timeouts(agent: AgentProcess) -> None:
+    for literal in (b"NaN", b"Infinity"):  # what json.dumps writes for float('nan'), float('inf')
+        agent.send_raw(b'{"id": "t", "action": "eval", "code": "1", "timeout_secs": ' + literal + b"}\n")
+        reply = agent.wait("t")
+        assert reply["ok"] is False and "timeout_secs" in reply["error"]
+
+
+def test_module_eval_timeout_releases_the_lock() -> None:
+    ev = evaluator.Evaluator({})
+    result = ev.evaluate("while True: pass", timeout_secs=0.2)
+    assert result == {"result": None, "error": "TimeoutError: eval exceeded 0.2 s", "exit_code": 1}
+    deadline = time.monotonic() + 5
+    while ev.lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ev.lock.locked()
+    assert ev.evaluate("1 + 1")["result"] == "2"
+    assert not any(t.name == "forkd-eval" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # catches the interruption and carries on: it is raised again
+        "while True:\n    try:\n        while True: pass\n    except BaseException:\n        pass",
+        # `except Exception` does not see it at all
+        "while True:\n    try:\n        while True: pass\n    except Exception:\n        pass",
+        # user code runs in repr() too
+        "class Loop:\n    def __repr__(self):\n        while True: pass\nLoop()",
+    ],
+    ids=["bare-except", "except-exception", "repr"],
+)
+def test_module_eval_timeout_cannot_be_swallowed(code: str) -> None:
+    ev = evaluator.Evaluator({})
+    assert ev.evaluate(code, timeout_secs=0.2)["error"] == "TimeoutError: eval exceeded 0.2 s"
+    assert ev.evaluate("'free'", timeout_secs=5)["result"] == "'free'"
+
+
+def test_module_eval_blocked_in_c_answers_on_time() -> None:
+    """A C call cannot be interrupted: the answer still comes on time, and the
+    evaluator is busy until the call returns; later evals wait within their own limit."""
+    ev = evaluator.Evaluator({}, interrupt_grace=0.2)
+    started = time.monotonic()
+    result = ev.evaluate("import time\ntime.sleep(1.5)\nfinished = True", timeout_secs=0.2)
+    assert time.monotonic() - started < 1.2
+    assert result["exit_code"] == 1
+    assert result["error"].startswith("TimeoutError: eval exceeded 0.2 s; it is inside a call")
+    busy = ev.evaluate("1", timeout_secs=0.1)
+    assert busy["error"] == (
+        "TimeoutError: eval exceeded 0.1 s waiting for an earlier eval that is still running"
+    )
+    # Once sleep() returns, the pending interruption stops the rest of that eval.
+    assert ev.evaluate("2", timeout_secs=10)["result"] == "2"
+    assert "time" in ev.namespace and "finished" not in ev.namespace
+
+
+def test_module_eval_results_unchanged_by_the_timeout_machinery() -> None:
+    ev = evaluator.Evaluator({})
+    for _ in range(50):  # a fast eval never sees an interruption meant for a slow one
+        assert ev.evaluate("sum(range(100))", timeout_secs=5)["result"] == "4950"
+    assert ev.evaluate("raise KeyboardInterrupt", timeout_secs=5)["error"] == "KeyboardInterrupt: "
+    assert ev.evaluate("return 1")["error"].endswith("SyntaxError: 'return' outside function")
+
+
+def test_eval_defaults_to_the_protocol_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that sends no timeout_secs still gets a bounded eval."""
+    agent_obj = server.Agent([])
+    seen: list[float] = []
+
+    def spy(code: object, timeout_secs: float = -1.0) -> dict[str, Any]:
+        seen.append(timeout_secs)
+        return evaluator.eval_result("None", None)
+
+    monkeypatch.setattr(agent_obj.evaluator, "evaluate", spy)
+    agent_obj.handle({"action": "eval", "code": "1"})
+    agent_obj.handle({"action": "eval", "code": "1", "timeout_secs": 7})
+    assert seen == [protocol.EVAL_DEFAULT_TIMEOUT_SECS, 7]
+    assert evaluator.Evaluator.evaluate.__defaults__ == (protocol.EVAL_DEFAULT_TIMEOUT_SECS,)
+
+
 # -------------------------------------------------------------------- protocol
 
 
@@ -409,14 +513,14 @@ def test_restored_rejects_bad_entropy(agent: AgentProcess) -> None:
     assert agent.result("ping")["restores"] == 0
 
 
-def test_eof_answers_requests_in_flight() -> None:
-    # `echo request | agent.py --stdio` must answer before exiting at EOF.
+def test_eof_answers_requests_in_flight(guest_root: Path) -> None:
+    # `echo request | __main__.py --stdio` must answer before exiting at EOF.
     lines = [
         {"id": 1, "action": "exec", "args": ["sh", "-c", "sleep 0.3; echo late"]},
         {"id": 2, "action": "eval", "code": "40 + 2"},
     ]
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    proc = _start_agent()
+    proc = _start_agent(guest_root)
     try:
         out, _ = proc.communicate(data, timeout=REPLY_TIMEOUT)
     finally:
@@ -431,61 +535,59 @@ def test_eof_answers_requests_in_flight() -> None:
 # --------------------------------------------------- the module, used directly
 
 
-def test_module_evaluator(agent_module: ModuleType) -> None:
-    ev = agent_module.Evaluator({})
+def test_module_evaluator() -> None:
+    ev = evaluator.Evaluator({})
     assert ev.evaluate("a = [1, 2]\na.append(3)\na")["result"] == "[1, 2, 3]"
     assert ev.evaluate("len(a)")["result"] == "3"
     assert ev.evaluate("a = 1")["exit_code"] == 0
     assert ev.evaluate("undefined_name")["error"].startswith("NameError")
-    with pytest.raises(agent_module.RequestError):
+    with pytest.raises(RequestError):
         ev.evaluate(None)
 
 
-def test_module_run_exec(agent_module: ModuleType) -> None:
-    reaper = agent_module.Reaper()
-    result = agent_module.run_exec({"args": ["echo", "hi"]}, reaper)
+def test_module_run_exec() -> None:
+    reaper_ = reaper.Reaper()
+    result = agent_exec.run_exec({"args": ["echo", "hi"]}, reaper_)
     assert result["stdout"] == "hi\n" and result["exit_code"] == 0
-    assert reaper.owned == set()  # the pid is forgotten once waited for
-    with pytest.raises(agent_module.RequestError):
-        agent_module.run_exec({"args": "echo hi"}, reaper)
+    assert reaper_.owned == set()  # the pid is forgotten once waited for
+    with pytest.raises(RequestError):
+        agent_exec.run_exec({"args": "echo hi"}, reaper_)
 
 
-def test_module_reaper(agent_module: ModuleType) -> None:
+def test_module_reaper() -> None:
     """The reaper waits for zombie children it does not own, and leaves owned ones."""
-    reaper = agent_module.Reaper()
+    reaper_ = reaper.Reaper()
     orphan = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
     owned = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
-    reaper.owned.add(owned)
+    reaper_.owned.add(owned)
     try:
         assert _wait_dead(orphan) == "Z" and _wait_dead(owned) == "Z"
-        assert reaper.reap_orphans() >= 1
+        assert reaper_.reap_orphans() >= 1
         assert _proc_state(orphan) is None  # reaped
         with pytest.raises(ChildProcessError):
             os.waitpid(orphan, os.WNOHANG)
         assert _proc_state(owned) == "Z"  # exec's own child: left for Popen.wait
     finally:
-        reaper.owned.discard(owned)
+        reaper_.owned.discard(owned)
         os.waitpid(owned, 0)
 
 
-def test_module_serve_discards_oversized_line(
-    agent_module: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A line over MAX_LINE is refused once, and its tail is not taken for a request."""
-    monkeypatch.setattr(agent_module, "MAX_LINE", 16)
-    agent_obj = agent_module.Agent([])
+def test_module_serve_discards_oversized_line() -> None:
+    """A line over the limit is refused once, and its tail is not taken for a request."""
+    agent_obj = server.Agent([])
+    agent_obj.max_line = 16
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    server = threading.Thread(target=agent_obj.serve, args=(req_r, rep_w, True), daemon=True)
-    server.start()
+    serving = threading.Thread(target=agent_obj.serve, args=(req_r, rep_w, True), daemon=True)
+    serving.start()
     try:
         # Two writes, so the agent sees the oversized line before its newline.
         os.write(req_w, b'{"id": 1, "action": "ping", "pad": "' + b"x" * 64)
         time.sleep(0.2)
         os.write(req_w, b'"}\n{"id":2,"action":"ping"}\n')
         os.close(req_w)
-        server.join(timeout=REPLY_TIMEOUT)
-        assert not server.is_alive()
+        serving.join(timeout=REPLY_TIMEOUT)
+        assert not serving.is_alive()
         os.close(rep_w)
         with os.fdopen(rep_r, "rb") as f:
             replies = [json.loads(line) for line in f]

@@ -1,4 +1,4 @@
-"""Host side of the guest agent protocol (see ``agent.py``), over the VM's agent socket.
+"""Host side of the guest agent protocol (``forkd.guest.protocol``), over the VM's agent socket.
 
 One connection per VM, multiplexed: every request carries an id and its reply
 may come back in any order, so exec and eval calls to one sandbox run concurrently.
@@ -9,26 +9,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from forkd.errors import GuestError
+from forkd.guest import protocol
 
-# exec output is capped in the guest at 1 MiB per stream, JSON-escaped; leave headroom.
-READ_LIMIT = 64 << 20
+# Any reply line the agent can send fits (see protocol.READ_LIMIT): a longer one
+# would break the connection, and every call in flight on it.
+READ_LIMIT = protocol.READ_LIMIT
 
 
 class AgentClient:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
 
@@ -54,11 +55,10 @@ class AgentClient:
                 line = await self._reader.readline()
                 if not line:
                     break
-                try:
-                    msg = json.loads(line)
-                except ValueError:
+                msg = protocol.decode_reply(line)
+                if msg is None:
                     continue  # stray bytes (e.g. left from before a restore) are not replies
-                fut = self._pending.pop(msg.get("id"), None) if isinstance(msg, dict) else None
+                fut = self._pending.pop(msg["id"], None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
         except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
@@ -70,16 +70,21 @@ class AgentClient:
                     fut.set_exception(GuestError(reason))
             self._pending.clear()
 
-    async def call(self, action: str, timeout: float | None = 60.0, **args: Any) -> dict:
-        """Send one request; return its ``result`` or raise GuestError with the agent's message."""
+    async def call(self, action: str, timeout: float | None = 60.0, **args: Any) -> dict[str, Any]:
+        """Send one request; return its ``result`` or raise GuestError with the agent's message.
+
+        ``timeout`` is how long the host waits for the answer (None: for ever). The
+        agent enforces exec's and eval's own ``timeout_secs`` argument; wait
+        ``protocol.REPLY_GRACE_SECS`` longer than that, to hear it do so.
+        """
         if self._writer is None:
             await self.connect()
         if self._closed_reason:
             raise GuestError(self._closed_reason)
         req_id = next(self._ids)
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        data = protocol.encode(protocol.request(req_id, action, args))
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
-        data = (json.dumps({"id": req_id, "action": action, **args}) + "\n").encode()
         try:
             async with self._write_lock:
                 assert self._writer is not None
@@ -87,19 +92,20 @@ class AgentClient:
                 await self._writer.drain()
             reply = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise GuestError(f"guest agent did not answer {action} within {timeout:.0f}s") from None
+            raise GuestError(f"guest agent did not answer {action} within {timeout:g}s") from None
         except OSError as exc:
             raise GuestError(f"guest agent connection failed: {exc}") from exc
         finally:
             self._pending.pop(req_id, None)
         if not reply.get("ok"):
             raise GuestError(f"guest agent: {reply.get('error', 'unknown error')}")
-        return reply["result"]
+        result: dict[str, Any] = reply["result"]
+        return result
 
-    async def restored(self) -> dict:
+    async def restored(self) -> dict[str, Any]:
         """Tell a freshly restored child to reseed its RNGs and step its clock."""
         return await self.call(
-            "restored", timeout=30, entropy=os.urandom(64).hex(), time_ns=time.time_ns()
+            protocol.RESTORED, timeout=30, entropy=os.urandom(64).hex(), time_ns=time.time_ns()
         )
 
     async def close(self) -> None:

@@ -95,7 +95,7 @@ class ImageRecipe:
             "builder": BUILDER_VERSION,
             "recipe": asdict(self),
             "source": source_stamp,
-            "agent": hashlib.sha256(rootfs.agent_source()).hexdigest(),
+            "agent": rootfs.agent_digest(),  # every file of the agent package and its protocol
             "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
         }
         return _digest(parts)[:16]

@@ -3,21 +3,98 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tarfile
 from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 
 from forkd.errors import ImageError, InvalidRequest
+from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.host import prereqs
 
-AGENT_GUEST_PATH = "opt/forkd/agent.py"
+# The agent package and its protocol module live under this directory in the guest,
+# as forkd/guest/agent/ and forkd/guest/protocol.py; init.sh runs AGENT_ENTRY by path.
+AGENT_GUEST_ROOT = "opt/forkd"
+AGENT_ENTRY = f"{AGENT_GUEST_ROOT}/forkd/guest/agent/__main__.py"
+# The guest's forkd and forkd.guest packages hold nothing but the agent and its
+# protocol: the host's forkd/__init__.py imports modules the guest does not have.
+GUEST_PACKAGE_STUB = b'"""forkd\'s guest side: the agent and its protocol only (see forkd.image.rootfs)."""\n'
 
 
-def agent_source() -> bytes:
-    return resources.files("forkd.guest").joinpath("agent.py").read_bytes()
+def _walk(folder: Traversable, prefix: str) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for entry in folder.iterdir():
+        if entry.name == "__pycache__" or entry.name.endswith((".pyc", ".pyo")):
+            continue
+        if entry.is_dir():
+            files.update(_walk(entry, f"{prefix}{entry.name}/"))
+        else:
+            files[f"{prefix}{entry.name}"] = entry.read_bytes()
+    return files
+
+
+def agent_files() -> dict[str, bytes]:
+    """What the guest gets, by path under ``AGENT_GUEST_ROOT``, sorted by path.
+
+    Every file of the ``forkd.guest.agent`` package, ``forkd/guest/protocol.py``
+    and the two stub ``__init__.py`` files that make them importable.
+    """
+    guest = resources.files("forkd.guest")
+    files = {
+        "forkd/__init__.py": GUEST_PACKAGE_STUB,
+        "forkd/guest/__init__.py": GUEST_PACKAGE_STUB,
+        "forkd/guest/protocol.py": guest.joinpath("protocol.py").read_bytes(),
+        **_walk(guest.joinpath("agent"), "forkd/guest/agent/"),
+    }
+    return dict(sorted(files.items()))
+
+
+def agent_digest(files: dict[str, bytes] | None = None) -> str:
+    """sha256 over every agent file's path and content, in path order: the image key's part."""
+    h = hashlib.sha256()
+    for path, data in sorted((agent_files() if files is None else files).items()):
+        h.update(b"%s\0%d\0" % (path.encode(), len(data)))
+        h.update(data)
+    return h.hexdigest()
+
+
+def guest_python_version(root: Path) -> tuple[int, int] | None:
+    """The version of a tree's python3, from the name it links to or its stdlib folder.
+
+    None when neither tells (then the agent itself refuses an old one at boot).
+    """
+    for start in ("usr/bin/python3", "bin/python3"):
+        rel = start
+        for _hop in range(16):  # follow symlinks inside the tree, not on the host
+            path = root / rel
+            if not path.is_symlink():
+                break
+            target = os.readlink(path)
+            rel = target.lstrip("/") if target.startswith("/") else os.path.normpath(
+                os.path.join(os.path.dirname(rel), target))
+        match = re.fullmatch(r"python(\d+)\.(\d+)", os.path.basename(rel))
+        if match and (root / rel).exists():
+            return int(match[1]), int(match[2])
+    versions = []
+    for lib in (root / "usr" / "lib").glob("python3.*/os.py"):
+        match = re.fullmatch(r"python(\d+)\.(\d+)", lib.parent.name)
+        if match:
+            versions.append((int(match[1]), int(match[2])))
+    return max(versions) if versions else None
+
+
+def check_guest_python(root: Path) -> None:
+    version = guest_python_version(root)
+    if version is not None and version < MIN_GUEST_PYTHON:
+        have, need = ".".join(map(str, version)), ".".join(map(str, MIN_GUEST_PYTHON))
+        raise InvalidRequest(
+            f"the root filesystem's python3 is {have}; the forkd agent needs Python {need} or newer"
+        )
 
 
 def _run(args: list[str], what: str, log: Path | None = None) -> None:
@@ -78,10 +155,16 @@ def install_packages(root: Path, packages: list[str], log: Path) -> None:
 
 
 def install_agent(root: Path) -> None:
-    agent = root / AGENT_GUEST_PATH
-    agent.parent.mkdir(parents=True, exist_ok=True)
-    agent.write_bytes(agent_source())
-    agent.chmod(0o755)
+    """Put the agent into a root filesystem tree, replacing any agent already there."""
+    check_guest_python(root)
+    base = root / AGENT_GUEST_ROOT
+    # The debootstrap tree is cached and reused: no module of an older agent may linger.
+    shutil.rmtree(base, ignore_errors=True)
+    for rel, data in agent_files().items():
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o644)
     (root / "etc").mkdir(exist_ok=True)
     (root / "etc" / "hostname").write_text("forkd\n")
 

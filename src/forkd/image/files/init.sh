@@ -36,8 +36,9 @@ done
 mkdir -p /newroot
 mount -t ext4 -o rw "$root" /newroot || die "cannot mount $root as ext4 (is the image an ext4 filesystem?)"
 [ -x /newroot/usr/bin/python3 ] || die "the root filesystem has no /usr/bin/python3"
-[ -f /newroot/opt/forkd/agent.py ] || die "the root filesystem has no forkd agent (/opt/forkd/agent.py)"
+agent=/opt/forkd/forkd/guest/agent/__main__.py  # rootfs.AGENT_ENTRY
+[ -f "/newroot$agent" ] || die "the root filesystem has no forkd agent ($agent)"
 mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
-exec switch_root /newroot /usr/bin/python3 -u /opt/forkd/agent.py
+exec switch_root /newroot /usr/bin/python3 -u "$agent"
