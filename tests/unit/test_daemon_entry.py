@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import forkd.api.server as server
 from forkd.api.app import create_app
-from forkd.api.settings import Settings
+from forkd.api.settings import ConfigError, Settings
 from forkd.cli import daemon as daemon_cmd
 from forkd.cli.main import app as forkd_app
 from tests.fakes.runtime import FakeRuntime
@@ -240,6 +240,7 @@ def test_global_json_flag_works_for_the_daemon_too(served: list[dict[str, Any]])
         (["--bind", "0.0.0.0:9005"], "without a bearer token"),
         (["--max-body-bytes", "100"], "--max-body-bytes"),
         (["--branch-concurrency", "0"], "--branch-concurrency"),
+        (["--branch-concurrency", "65"], "--branch-concurrency"),
         (["--log-level", "loud"], "--log-level"),
         (["--tls-key", "k.pem"], "--tls-cert and --tls-key"),
         (["--bind", "nonsense"], "bad bind address"),
@@ -259,6 +260,16 @@ def test_placeholder_token_exits_2(entry: Any, tmp_path: Path, capsys: pytest.Ca
     bad.write_text("changeme\n")
     code, _, err = entry(["--token-file", str(bad), "--data-dir", str(tmp_path)], capsys)
     assert code == 2 and "placeholder" in err
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [(Settings(branch_concurrency=65), "between 1 and 64"), (Settings(max_body_bytes=1023), "1024 bytes")],
+)
+def test_embedders_get_the_same_bounds(settings: Settings, message: str) -> None:
+    """Settings built in code (or by Settings.from_env) are held to the command line's bounds."""
+    with pytest.raises(ConfigError, match=message):
+        server.validate_settings(settings)
 
 
 # ------------------------------------------------- ready only once listening

@@ -12,7 +12,7 @@ import uvicorn
 
 from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token
-from forkd.api.settings import MIN_MAX_BODY_BYTES, ConfigError, Settings
+from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def validate_settings(settings: Settings) -> None:
             raise ConfigError(
                 f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: {exc}"
             ) from None
-    if settings.branch_concurrency < 1:
-        raise ConfigError("branch concurrency must be at least 1")
+    if not 1 <= settings.branch_concurrency <= MAX_BRANCH_CONCURRENCY:
+        raise ConfigError(f"branch concurrency must be between 1 and {MAX_BRANCH_CONCURRENCY}")
     if settings.max_body_bytes < MIN_MAX_BODY_BYTES:
         raise ConfigError(f"max body size must be at least {MIN_MAX_BODY_BYTES} bytes")
     if not 0 < settings.port <= 65535:

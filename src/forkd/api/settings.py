@@ -19,6 +19,7 @@ from forkd.errors import ForkdError
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MIN_MAX_BODY_BYTES = 1024  # below this even a spawn request does not fit
 DEFAULT_BRANCH_CONCURRENCY = 4
+MAX_BRANCH_CONCURRENCY = 64
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

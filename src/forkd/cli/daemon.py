@@ -19,6 +19,7 @@ import typer
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
     DEFAULT_MAX_BODY_BYTES,
+    MAX_BRANCH_CONCURRENCY,
     MIN_MAX_BODY_BYTES,
     ConfigError,
     Settings,
@@ -92,7 +93,8 @@ def daemon(
     branch_concurrency: Annotated[
         int,
         typer.Option(
-            "--branch-concurrency", envvar="FORKD_BRANCH_CONCURRENCY", min=1, max=64, metavar="N",
+            "--branch-concurrency", envvar="FORKD_BRANCH_CONCURRENCY", min=1,
+            max=MAX_BRANCH_CONCURRENCY, metavar="N",
             help="BRANCH requests served at once; more get 503.",
         ),
     ] = DEFAULT_BRANCH_CONCURRENCY,
