@@ -702,7 +702,8 @@ def api_schema(settings: Settings, fake: FakeRuntime) -> Any:
     # Negative mode sends schema-invalid data and expects a 4xx; positive mode
     # expects schema-valid data to be accepted, which holds the OpenAPI
     # document to the validation the app really does.
-    schema.config.generation.update(modes=["positive", "negative"], max_examples=FUZZ_EXAMPLES)
+    modes = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
+    schema.config.generation.update(modes=modes, max_examples=FUZZ_EXAMPLES)
     return schema
 
 

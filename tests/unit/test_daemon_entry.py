@@ -114,8 +114,9 @@ def test_both_entry_points_have_exactly_the_same_options() -> None:
     assert describe_params(cli_command()) == describe_params(module_command())
     # ... because they are the same function.
     the_daemon = inspect.unwrap(daemon_cmd.daemon)
-    assert inspect.unwrap(cli_command().callback) is the_daemon
-    assert inspect.unwrap(module_command().callback) is the_daemon
+    for command in (cli_command(), module_command()):
+        assert command.callback is not None
+        assert inspect.unwrap(command.callback) is the_daemon
 
 
 def test_the_daemon_has_every_option_the_old_module_had() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import forkd.api.routes
+from forkd.api.deps import RuntimeLike
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import FakeRuntime
@@ -43,6 +44,21 @@ def test_fake_has_the_runtime_signature(name: str) -> None:
     fake = getattr(FakeRuntime, name)
     assert shape(fake) == shape(real), f"FakeRuntime.{name} drifted from Runtime.{name}"
     assert inspect.iscoroutinefunction(fake) == inspect.iscoroutinefunction(real), name
+
+
+@pytest.mark.parametrize("name", sorted(methods_the_routes_call()))
+def test_the_routes_protocol_has_the_runtime_signature(name: str) -> None:
+    """``RuntimeLike`` (what the routes type-check against) names the same parameters."""
+    def names_and_kinds(fn: Any) -> list[tuple[str, Any, bool]]:
+        return [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(fn).parameters.values()]
+
+    real, protocol = getattr(Runtime, name), getattr(RuntimeLike, name)
+    assert names_and_kinds(protocol) == names_and_kinds(real), f"RuntimeLike.{name} drifted"
+    assert inspect.iscoroutinefunction(protocol) == inspect.iscoroutinefunction(real), name
+
+
+def test_the_routes_only_call_what_the_protocol_declares() -> None:
+    assert methods_the_routes_call() <= {n for n in dir(RuntimeLike) if not n.startswith("_")}
 
 
 def test_lineage_delete_and_live_branches_behave_like_the_runtime() -> None:
