@@ -12,7 +12,8 @@ field, bound or default fails here until API.md describes it:
   (``128-16384`` with an en dash, ``> 0, ≤ 86400``, ``≥ 1024``, ``≤ 256 items``, ``non-empty``);
   the row names what its string pattern allows (``tag pattern``, ``no NUL``, …);
   the default cell states the schema's default (``required`` for required fields);
-* query parameters appear with their defaults in the heading (``?cascade=false``);
+* query parameters appear with their defaults in the heading (``?cascade=false``),
+  and path parameters' patterns are spelled out;
 * an optional request body is said to be optional.
 """
 
@@ -198,6 +199,17 @@ def test_query_parameters_are_in_the_heading_with_their_defaults(method: str, pa
             schema, _ = resolve(param["schema"])
             expected = f"{param['name']}={json.dumps(schema['default'])}"
             assert expected in heading, f"{method} {path}: heading should show ?{expected}"
+
+
+def test_path_parameter_patterns_are_spelled_out() -> None:
+    patterns = {
+        param["schema"]["pattern"]
+        for ops in spec()["paths"].values() for op in ops.values()
+        for param in op.get("parameters", []) if param["in"] == "path"
+    }
+    assert patterns, "no path parameter has a pattern"
+    for pattern in patterns:
+        assert f"`{pattern}`" in doc(), f"docs/API.md should give the path parameter pattern {pattern}"
 
 
 # ----------------------------------------------------------- request bodies
