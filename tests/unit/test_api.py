@@ -1,18 +1,16 @@
 """Unit tests of the REST layer: validation, auth, error shapes, limits, metrics, audit.
 
-They run against ``FakeRuntime``, an in-memory stand-in for
-``forkd.controller.runtime.Runtime`` that boots nothing. Real-VM behaviour is
-covered by the integration tests.
+They run against ``FakeRuntime`` (tests/fakes/runtime.py), an in-memory
+stand-in for ``forkd.controller.runtime.Runtime`` that boots nothing. Real-VM
+behaviour is covered by the integration tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,189 +24,23 @@ from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token, validate_token
 from forkd.api.server import validate_settings
 from forkd.api.settings import ConfigError, Settings, parse_bind
-from forkd.errors import Busy, Conflict, GuestError, NotFound
+from forkd.errors import Busy, Conflict, GuestError
+from tests.fakes.runtime import FakeRuntime
 
 TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SB = "sb-67a1b3-0000"
 
 
-# ----------------------------------------------------------------- fake runtime
-
-
-@dataclass
-class FakeRecord:
-    data: dict[str, Any]
-
-    def info(self) -> dict[str, Any]:
-        return dict(self.data)
-
-
-@dataclass
-class FakeRuntime:
-    """Records every call; answers like the real Runtime without any VM."""
-
-    snapshots: dict[str, FakeRecord] = field(default_factory=dict)
-    sandboxes: dict[str, FakeRecord] = field(default_factory=dict)
-    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
-    branch_release: asyncio.Event | None = None  # when set, branch() waits for it
-    raise_on_ping: BaseException | None = None
-    # For fuzzing: any well-formed sandbox id is alive and any tag is a
-    # snapshot, so generated requests get past the lookups into the handlers.
-    permissive: bool = False
-    closed_with: dict[str, Any] | None = None
-    writing: set[str] = field(default_factory=set)  # tags of branches in flight
-
-    def tag_in_flight(self, tag: str) -> bool:
-        return tag in self.writing
-
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, args, kwargs))
-
-    def add_snapshot(self, tag: str, **extra: Any) -> None:
-        self.snapshots[tag] = FakeRecord(
-            {"tag": tag, "dir": f"/data/snapshots/{tag}", "created_at_unix": 1717000000, "status": "ready"}
-            | extra
-        )
-
-    def add_sandbox(self, sandbox_id: str, tag: str = "py") -> None:
-        self.sandboxes[sandbox_id] = FakeRecord(
-            {
-                "id": sandbox_id,
-                "snapshot_tag": tag,
-                "netns": None,
-                "guest_addr": f"unix:/data/sandboxes/{sandbox_id}/agent.sock",
-                "created_at_unix": 1717000123,
-                "pid": 4242,
-                "live_fork": False,
-            }
-        )
-
-    async def close(self, *, keep_sandboxes: bool = False) -> None:
-        self.closed_with = {"keep_sandboxes": keep_sandboxes}
-
-    async def create_snapshot(self, spec: Any, progress: Any = None) -> FakeRecord:
-        self._call("create_snapshot", spec)
-        if spec.tag in self.snapshots:
-            raise Conflict(f"snapshot {spec.tag!r} already exists; delete it first")
-        self.add_snapshot(spec.tag)
-        return self.snapshots[spec.tag]
-
-    def list_snapshots(self) -> list[FakeRecord]:
-        return list(self.snapshots.values())
-
-    def get_snapshot(self, tag: str) -> FakeRecord:
-        self._call("get_snapshot", tag)
-        if self.permissive and tag not in self.snapshots:
-            self.add_snapshot(tag)
-        if tag not in self.snapshots:
-            raise NotFound(f"snapshot {tag!r} is not registered")
-        return self.snapshots[tag]
-
-    def snapshot_lineage(self, tag: str) -> dict[str, Any]:
-        return {"tag": tag, "parent_tag": None, "ancestors": [], "dependents": ["child"], "sandboxes": []}
-
-    async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
-        self._call("delete_snapshot", tag, cascade=cascade, force=force)
-        if self.snapshots.pop(tag, None) is None:
-            raise NotFound(f"snapshot {tag!r} is not registered")
-
-    async def spawn(
-        self,
-        tag: str,
-        n: int = 1,
-        *,
-        per_child_netns: bool = False,
-        memory_limit_mib: int | None = None,
-        live_fork: bool = False,
-    ) -> list[FakeRecord]:
-        self._call("spawn", tag, n, per_child_netns=per_child_netns, live_fork=live_fork)
-        if self.permissive and tag not in self.snapshots:
-            self.add_snapshot(tag)
-        if tag not in self.snapshots:
-            raise NotFound(f"snapshot {tag!r} is not registered")
-        out = []
-        for i in range(n):
-            sid = f"sb-abcdef-{i:04d}"
-            self.add_sandbox(sid, tag)
-            out.append(self.sandboxes[sid])
-        return out
-
-    def list_sandboxes(self) -> list[FakeRecord]:
-        return list(self.sandboxes.values())
-
-    def _sandbox(self, sandbox_id: str) -> FakeRecord:
-        if self.permissive and sandbox_id not in self.sandboxes:
-            self.add_sandbox(sandbox_id)
-        if sandbox_id not in self.sandboxes:
-            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-        return self.sandboxes[sandbox_id]
-
-    def get_sandbox(self, sandbox_id: str) -> FakeRecord:
-        self._call("get_sandbox", sandbox_id)
-        return self._sandbox(sandbox_id)
-
-    async def kill(self, sandbox_id: str) -> None:
-        self._call("kill", sandbox_id)
-        self._sandbox(sandbox_id)
-        del self.sandboxes[sandbox_id]
-
-    async def ping(self, sandbox_id: str) -> dict[str, Any]:
-        self._call("ping", sandbox_id)
-        self._sandbox(sandbox_id)
-        if self.raise_on_ping is not None:
-            raise self.raise_on_ping
-        return {"pong": True, "numpy_version": "1.24.2", "pid": 1, "uptime_s": 3.5}
-
-    async def exec(
-        self,
-        sandbox_id: str,
-        args: list[str],
-        timeout_secs: float = 30,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: str | None = None,
-    ) -> dict[str, Any]:
-        self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin)
-        self._sandbox(sandbox_id)
-        return {"stdout": "4\n", "stderr": "", "exit_code": 0, "timed_out": False}
-
-    async def eval(self, sandbox_id: str, code: str) -> dict[str, Any]:
-        self._call("eval", sandbox_id, code)
-        self._sandbox(sandbox_id)
-        return {"result": "0.0", "error": None, "exit_code": 0}
-
-    async def branch(
-        self, sandbox_id: str, tag: str | None = None, mode: str = "full", wait: bool = True
-    ) -> FakeRecord:
-        self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait)
-        self._sandbox(sandbox_id)
-        tag = tag or f"branch-{sandbox_id}-1717000456"
-        if self.branch_release is not None:
-            self.writing.add(tag)
-            try:
-                await self.branch_release.wait()
-            finally:
-                self.writing.discard(tag)
-        if tag in self.snapshots:
-            raise Conflict(f"snapshot {tag!r} already exists; delete it first")
-        extra: dict[str, Any] = {"branched_from": sandbox_id, "pause_ms": 48}
-        if mode == "live" and not wait:
-            extra["status"] = "writing"
-        self.add_snapshot(tag, **extra)
-        return self.snapshots[tag]
-
-    def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
-
-
 # --------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(autouse=True)
-def runtime_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    # POST /v1/snapshots imports SnapshotSpec from the controller at request time.
-    return _runtime_module(monkeypatch)
+@pytest.fixture
+def runtime_module() -> types.ModuleType:
+    """The real controller module (POST /v1/snapshots imports its SnapshotSpec at request time)."""
+    import forkd.controller.runtime as mod
+
+    return mod
 
 
 @pytest.fixture
@@ -227,7 +59,7 @@ def settings(tmp_path: Path, token_file: Path) -> Settings:
 def fake() -> FakeRuntime:
     rt = FakeRuntime()
     rt.add_snapshot("py")
-    rt.add_sandbox(SB)
+    rt.add_sandbox(SB, live_fork=True)
     return rt
 
 
@@ -539,11 +371,14 @@ def test_conflicts_map_to_409(client: TestClient) -> None:
     assert_error(client.post("/v1/snapshots", json={"tag": "py"}), 409, "already exists")
 
 
-def test_get_snapshot_includes_lineage(client: TestClient) -> None:
+def test_get_snapshot_includes_lineage(client: TestClient, fake: FakeRuntime) -> None:
+    fake.add_snapshot("child", parent_tag="py")
     resp = client.get("/v1/snapshots/py")
     assert resp.status_code == 200
     body = resp.json()
     assert body["tag"] == "py" and body["ancestors"] == [] and body["dependents"] == ["child"]
+    assert body["sandboxes"] == [SB]
+    assert client.get("/v1/snapshots/child").json()["ancestors"] == ["py"]
     assert "branched_from" not in body and "pause_ms" not in body  # omitted when unset
 
 
@@ -583,7 +418,8 @@ def test_ping_exec_eval(client: TestClient, fake: FakeRuntime) -> None:
         json={"args": ["python3", "-c", "print(2+2)"], "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"},
     )
     assert resp.status_code == 200
-    assert resp.json() == {"stdout": "4\n", "stderr": "", "exit_code": 0, "timed_out": False}
+    assert resp.json() == {"stdout": "python3 -c print(2+2)", "stderr": "", "exit_code": 0, "error": None,
+                           "timed_out": False}
     assert fake.calls[-1][2] == {"timeout_secs": 30, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"}
     resp = client.post(f"/v1/sandboxes/{SB}/eval", json={"code": "numpy.zeros(5).sum()"})
     assert resp.json() == {"result": "0.0", "error": None, "exit_code": 0}
@@ -866,7 +702,8 @@ def api_schema(settings: Settings, fake: FakeRuntime) -> Any:
     # Negative mode sends schema-invalid data and expects a 4xx; positive mode
     # expects schema-valid data to be accepted, which holds the OpenAPI
     # document to the validation the app really does.
-    schema.config.generation.update(modes=["positive", "negative"], max_examples=FUZZ_EXAMPLES)
+    modes = [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
+    schema.config.generation.update(modes=modes, max_examples=FUZZ_EXAMPLES)
     return schema
 
 
@@ -885,39 +722,3 @@ def test_openapi_fuzz(case: Any) -> None:
     """All default schemathesis checks, among them: no 5xx, documented status codes,
     responses matching their schemas, schema-valid requests accepted, invalid ones 4xx."""
     case.call_and_validate(headers=AUTH)
-
-
-# ------------------------------------------------------------ helpers
-
-
-def _runtime_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """The real runtime module, or a stand-in while it cannot be imported."""
-    try:
-        import forkd.controller.runtime as mod
-    except ImportError:
-        mod = types.ModuleType("forkd.controller.runtime")
-
-        class Runtime:
-            @classmethod
-            async def open(cls, data: Any) -> Any:
-                raise NotImplementedError
-
-        @dataclass
-        class SnapshotSpec:
-            tag: str
-            image: str = "default"
-            kernel: str | None = None
-            rootfs: str | None = None
-            mem_mib: int = 512
-            vcpus: int = 1
-            boot_wait_secs: float = 120
-            warm_imports: list[str] | None = None
-            setup: list[list[str]] = field(default_factory=list)
-            setup_timeout_secs: float = 600
-            rw: bool = True
-            tap: str | None = None
-
-        mod.Runtime = Runtime  # type: ignore[attr-defined]
-        mod.SnapshotSpec = SnapshotSpec  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "forkd.controller.runtime", mod)
-    return mod

@@ -372,7 +372,7 @@ def test_daemon_builds_settings(
     import forkd.api.server as server
 
     seen: list[Any] = []
-    monkeypatch.setattr(server, "serve", lambda settings, log_level="info": seen.append(settings))
+    monkeypatch.setattr(server, "serve", lambda settings, **_: seen.append(settings))
     monkeypatch.setenv("FORKD_BRANCH_CONCURRENCY", "7")
     result = run(runner, "daemon", "--bind", "0.0.0.0:9999", "--data-dir", str(tmp_path),
                  "--keep-sandboxes")

@@ -123,7 +123,7 @@ def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
     summary="Boot a template VM, warm it up and register its snapshot",
     responses={
         **TOO_LARGE,
-        404: _err("Unknown image recipe, kernel or rootfs."),
+        404: _err("The guest image is not built (forkd image build)."),
         409: _err("A snapshot with this tag already exists."),
         504: _err("The guest agent did not come up within boot_wait_secs."),
     },

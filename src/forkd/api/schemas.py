@@ -61,7 +61,7 @@ class _Response(BaseModel):
 class CreateSnapshotRequest(_Request):
     tag: Tag = Field(description="Name of the new snapshot.", examples=["py"])
     image: Tag = Field(
-        DEFAULT_IMAGE, description="Guest image recipe to boot (built and cached on first use)."
+        DEFAULT_IMAGE, description="Guest image to boot; build it first with `forkd image build`."
     )
     kernel: NonEmptyCString | None = Field(
         None, description="Host path of an uncompressed ELF vmlinux; default: the image's."
@@ -69,7 +69,11 @@ class CreateSnapshotRequest(_Request):
     rootfs: NonEmptyCString | None = Field(
         None, description="Host path of an ext4 root filesystem; default: the image's."
     )
-    rw: bool = Field(True, description="Attach the root disk read-write.")
+    rw: bool = Field(
+        True,
+        description="Accepted for compatibility with the seeds and ignored: the root disk is always "
+        "attached read-write (children's overlays must be writable and their device config must match).",
+    )
     tap: Annotated[str, StringConstraints(pattern=TAP_PATTERN)] | None = Field(
         None, description="Host tap device for the template's network interface."
     )
@@ -100,7 +104,7 @@ class CreateSnapshotRequest(_Request):
     )
     setup_timeout_secs: float = Field(
         600, **bounds.SETUP_TIMEOUT_SECS.field_kwargs(),
-        description="Per-command timeout of the setup commands.",
+        description="Timeout of each setup command and each setup_eval step.",
     )
 
 
@@ -146,7 +150,8 @@ class ExecRequest(_Request):
 class EvalRequest(_Request):
     code: str = Field(
         min_length=1,
-        description="Python expression evaluated in the warm PID 1 interpreter.",
+        description="Python code run in the warm PID 1 interpreter, like the REPL: the value of a "
+        "trailing expression is the result.",
         examples=["numpy.zeros(5).sum()"],
     )
 

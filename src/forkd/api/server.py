@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
 
 from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token
-from forkd.api.settings import ConfigError, Settings
+from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +51,34 @@ def validate_settings(settings: Settings) -> None:
             raise ConfigError(
                 f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: {exc}"
             ) from None
-    if settings.branch_concurrency < 1:
-        raise ConfigError("branch concurrency must be at least 1")
-    if settings.max_body_bytes < 1024:
-        raise ConfigError("max body size must be at least 1024 bytes")
+    if not 1 <= settings.branch_concurrency <= MAX_BRANCH_CONCURRENCY:
+        raise ConfigError(f"branch concurrency must be between 1 and {MAX_BRANCH_CONCURRENCY}")
+    if settings.max_body_bytes < MIN_MAX_BODY_BYTES:
+        raise ConfigError(f"max body size must be at least {MIN_MAX_BODY_BYTES} bytes")
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
 
 
-def serve(settings: Settings, log_level: str = "info") -> None:
+class _Server(uvicorn.Server):
+    """A uvicorn server that says when it is ready: runtime open and socket bound."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+
+def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], None] | None = None) -> None:
     """Validate ``settings`` and serve until SIGINT/SIGTERM (uvicorn handles both).
 
-    Raises ConfigError for unsafe or broken settings and SystemExit(3) if the
-    runtime fails to open during start-up.
+    ``on_ready`` is called once the runtime is open and the socket listens
+    (``forkd daemon --json`` prints its line then). Raises ConfigError for
+    unsafe or broken settings and SystemExit(3) if the runtime fails to open
+    or the address cannot be bound during start-up.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     validate_settings(settings)
@@ -80,7 +97,7 @@ def serve(settings: Settings, log_level: str = "info") -> None:
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, on_ready)
     log.info(
         "forkd API serving on %s (auth: %s, audit log: %s)",
         settings.url,

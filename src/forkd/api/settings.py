@@ -1,4 +1,10 @@
-"""Daemon settings: one dataclass, filled from flags or ``FORKD_*`` environment variables."""
+"""Daemon settings: one dataclass, filled from flags or ``FORKD_*`` environment variables.
+
+The command line (``forkd daemon`` = ``python -m forkd.api``, in
+``forkd.cli.daemon``) reads each option from its flag or variable;
+:meth:`Settings.from_env` reads the same variables for programs that embed
+the daemon, and a unit test checks that both read them alike.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,9 @@ from forkd.config import DEFAULT_BIND, DataDir
 from forkd.errors import ForkdError
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+MIN_MAX_BODY_BYTES = 1024  # below this even a spawn request does not fit
 DEFAULT_BRANCH_CONCURRENCY = 4
+MAX_BRANCH_CONCURRENCY = 64
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -121,6 +129,8 @@ class Settings:
             tls_key=_env_path("FORKD_TLS_KEY"),
             data_dir=_env_path("FORKD_DATA_DIR"),
             keep_sandboxes=_env_bool("FORKD_KEEP_SANDBOXES", False),
+            audit_log=_env_path("FORKD_AUDIT_LOG"),
+            max_body_bytes=_env_int("FORKD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             branch_concurrency=_env_int("FORKD_BRANCH_CONCURRENCY", DEFAULT_BRANCH_CONCURRENCY),
         )
 

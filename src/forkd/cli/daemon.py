@@ -1,31 +1,57 @@
-"""``forkd daemon``: run the REST API in the foreground."""
+"""``forkd daemon`` (also ``python -m forkd.api``): run the REST API in the foreground.
+
+The daemon has one command line, defined here: ``forkd daemon`` is this
+command inside the ``forkd`` CLI, and ``python -m forkd.api`` runs the very
+same command on its own (:func:`main`). Every option is also read from its
+``FORKD_*`` environment variable; a flag wins over the variable.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import os
+import sys
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from forkd.cli.context import handle_errors, usage_error
+from forkd.api.settings import (
+    DEFAULT_BRANCH_CONCURRENCY,
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_BRANCH_CONCURRENCY,
+    MIN_MAX_BODY_BYTES,
+    ConfigError,
+    Settings,
+    parse_bind,
+)
+from forkd.cli import output
+from forkd.cli.context import handle_errors, usage_error, want_json
+from forkd.config import API_VERSION, DEFAULT_BIND, VERSION
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 @handle_errors
 def daemon(
     ctx: typer.Context,
     bind: Annotated[
-        str | None,
+        str,
         typer.Option(
             "--bind", envvar="FORKD_BIND", metavar="HOST:PORT",
-            help="Address to listen on (default 127.0.0.1:8889). Non-loopback needs --token-file.",
+            help="Address to listen on (\\[v6addr]:PORT for IPv6). Non-loopback needs --token-file.",
         ),
-    ] = None,
+    ] = DEFAULT_BIND,
     token_file: Annotated[
         Path | None,
         typer.Option(
             "--token-file", envvar="FORKD_TOKEN_FILE",
-            help="File holding the bearer token clients must send.",
+            help="File holding the bearer token clients must send. Without it: no auth, loopback only.",
         ),
     ] = None,
     tls_cert: Annotated[
@@ -40,66 +66,132 @@ def daemon(
         Path | None,
         typer.Option(
             "--data-dir", envvar="FORKD_DATA_DIR",
-            help="State directory (default ~/.local/share/forkd).",
+            help="State directory: snapshots, sandboxes, registry (default ~/.local/share/forkd).",
         ),
     ] = None,
     keep_sandboxes: Annotated[
         bool,
         typer.Option(
-            "--keep-sandboxes", envvar="FORKD_KEEP_SANDBOXES",
+            "--keep-sandboxes/--no-keep-sandboxes", envvar="FORKD_KEEP_SANDBOXES",
             help="Leave sandboxes running on shutdown; the next daemon re-adopts them.",
         ),
     ] = False,
-    branch_concurrency: Annotated[
-        int | None,
+    audit_log: Annotated[
+        Path | None,
         typer.Option(
-            "--branch-concurrency", envvar="FORKD_BRANCH_CONCURRENCY", min=1, max=64,
-            help="BRANCH requests served at once; more get 503 (default 4).",
+            "--audit-log", envvar="FORKD_AUDIT_LOG",
+            help="Append one JSON line per request here (default <data-dir>/audit.log).",
         ),
     ] = None,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-body-bytes", envvar="FORKD_MAX_BODY_BYTES", min=MIN_MAX_BODY_BYTES, metavar="BYTES",
+            help="Largest request body accepted; bigger ones get 413.",
+        ),
+    ] = DEFAULT_MAX_BODY_BYTES,
+    branch_concurrency: Annotated[
+        int,
+        typer.Option(
+            "--branch-concurrency", envvar="FORKD_BRANCH_CONCURRENCY", min=1,
+            max=MAX_BRANCH_CONCURRENCY, metavar="N",
+            help="BRANCH requests served at once; more get 503.",
+        ),
+    ] = DEFAULT_BRANCH_CONCURRENCY,
     log_level: Annotated[
-        str,
-        typer.Option("--log-level", help="debug, info, warning or error."),
-    ] = "info",
+        LogLevel,
+        typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
+                     help="Daemon log verbosity (the log goes to stderr)."),
+    ] = LogLevel.info,
+    json_: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Once listening, print one JSON object on stdout: url, pid, version, data_dir, "
+            "audit_log and the other settings (never the token). For scripts that start the daemon.",
+        ),
+    ] = False,
 ) -> None:
     """Run the forkd daemon (REST API v1) in the foreground until Ctrl-C / SIGTERM.
 
-    Every option can also be set through its FORKD_* environment variable.
+    Also runs as `python -m forkd.api` with the same options. Every option can
+    also be set through its FORKD_* environment variable; a flag wins.
+    Exit status: 2 for unsafe or unusable settings (the message says which),
+    3 if the address cannot be bound or the state directory cannot be opened.
 
     Examples:
-      forkd daemon
+      forkd daemon                                   # http://127.0.0.1:8889, no auth
       forkd daemon --data-dir /var/lib/forkd --keep-sandboxes
       forkd daemon --bind 0.0.0.0:8889 --token-file /etc/forkd/token \\
                    --tls-cert cert.pem --tls-key key.pem
+      FORKD_BRANCH_CONCURRENCY=8 forkd daemon --audit-log /var/log/forkd-audit.log
+      forkd daemon --json > daemon.json &             # one JSON line once it listens
     """
     if (tls_cert is None) != (tls_key is None):
         usage_error(ctx, "--tls-cert and --tls-key must be given together")
-    if log_level.lower() not in {"debug", "info", "warning", "error"}:
-        usage_error(ctx, f"--log-level must be debug, info, warning or error, not {log_level!r}")
-
+    try:
+        host, port = parse_bind(bind)
+    except ConfigError as exc:
+        usage_error(ctx, str(exc))
+    settings = Settings(
+        host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
+        data_dir=data_dir, keep_sandboxes=keep_sandboxes, audit_log=audit_log,
+        max_body_bytes=max_body_bytes, branch_concurrency=branch_concurrency,
+    )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
     # which no other command needs.
     from forkd.api.server import serve
-    from forkd.api.settings import Settings, parse_bind
 
-    # Start from the environment (it also carries settings without a flag, such
-    # as FORKD_BRANCH_CONCURRENCY) and apply what was given on the command line.
-    settings = Settings.from_env()
-    overrides: dict[str, Any] = {
-        "token_file": token_file,
-        "tls_cert": tls_cert,
-        "tls_key": tls_key,
-        "data_dir": data_dir,
-        "branch_concurrency": branch_concurrency,
+    def announce() -> None:
+        output.emit_json_line(describe(settings))
+
+    try:
+        serve(settings, log_level=log_level.value, on_ready=announce if want_json(ctx, json_) else None)
+    except ConfigError as exc:
+        output.fail(str(exc), code=2)
+
+
+def describe(settings: Settings) -> dict[str, object]:
+    """What ``forkd daemon --json`` prints once the daemon listens."""
+    return {
+        "listening": True,
+        "url": settings.url,
+        "bind": settings.bind,
+        "pid": os.getpid(),
+        "version": VERSION,
+        "api": API_VERSION,
+        "auth": "bearer" if settings.token_file is not None else "none",
+        "tls": settings.tls,
+        "data_dir": str(settings.data().root),
+        "audit_log": str(settings.audit_log_path()),
+        "keep_sandboxes": settings.keep_sandboxes,
+        "branch_concurrency": settings.branch_concurrency,
+        "max_body_bytes": settings.max_body_bytes,
     }
-    if bind is not None:
-        try:
-            overrides["host"], overrides["port"] = parse_bind(bind)
-        except ValueError as exc:
-            usage_error(ctx, str(exc))
-    if keep_sandboxes:
-        overrides["keep_sandboxes"] = True
-    settings = dataclasses.replace(
-        settings, **{k: v for k, v in overrides.items() if v is not None}
+
+
+def standalone() -> typer.Typer:
+    """The daemon command as a program of its own (``python -m forkd.api``)."""
+    app = typer.Typer(
+        add_completion=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        pretty_exceptions_show_locals=False,
     )
-    serve(settings, log_level=log_level.lower())
+    app.command()(daemon)
+    return app
+
+
+def main(argv: list[str] | None = None, prog_name: str = "python -m forkd.api") -> int:
+    """Run :func:`daemon` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    command = typer.main.get_command(standalone())
+    try:
+        command.main(args=argv if argv is not None else sys.argv[1:], prog_name=prog_name)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["daemon", "describe", "main", "standalone"]

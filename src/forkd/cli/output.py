@@ -7,6 +7,7 @@ Human-facing progress goes to stderr so that stdout stays parseable
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +29,12 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 def emit_json(data: Any) -> None:
     """Raw JSON on stdout, no colour or wrapping (rich would add both on a tty)."""
     typer.echo(json.dumps(data, indent=2))
+
+
+def emit_json_line(data: Any) -> None:
+    """One compact JSON object on its own line, flushed at once (for long-running commands)."""
+    typer.echo(json.dumps(data, separators=(",", ":")))
+    sys.stdout.flush()
 
 
 def error(message: str) -> None:

@@ -10,12 +10,17 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from forkd import bounds
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
 
-N = Annotated[int, typer.Option("-n", "--n", min=1, max=1000, help="Number of sandboxes.")]
+N = Annotated[
+    int,
+    typer.Option("-n", "--n", min=int(bounds.SPAWN_N.low), max=int(bounds.SPAWN_N.high),
+                 help="Number of sandboxes."),
+]
 PerChildNetns = Annotated[
     bool,
     typer.Option(
@@ -25,7 +30,8 @@ PerChildNetns = Annotated[
 ]
 MemoryLimit = Annotated[
     int | None,
-    typer.Option("--memory-limit-mib", metavar="MIB", min=1, help="cgroup memory limit per child."),
+    typer.Option("--memory-limit-mib", metavar="MIB", min=int(bounds.MEMORY_LIMIT_MIB.low),
+                 max=int(bounds.MEMORY_LIMIT_MIB.high), help="cgroup memory limit per child."),
 ]
 LiveFork = Annotated[
     bool,

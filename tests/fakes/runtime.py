@@ -1,0 +1,293 @@
+"""``FakeRuntime``: the controller's ``Runtime`` in memory, for tests of the REST layer.
+
+The daemon's routes (``forkd.api.routes``) call a handful of ``Runtime``
+methods; this fake has the same methods with the same signatures (a unit test
+compares them), keeps the same records (``forkd.store.registry``'s
+``SnapshotRecord`` and ``SandboxRecord``, so ``info()`` is the real one), and
+raises the same errors for the same mistakes, without booting anything.
+
+What it models: the snapshot and sandbox tables, lineage (a branch's parent is
+the snapshot its source was forked from, then the source's previous branch),
+409 for taken tags and for deleting what others depend on, live branches that
+need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls.
+What it does not: VMs, host prerequisites, timeouts, guest output (``exec``
+echoes its argv; ``eval`` knows arithmetic and the answers in
+``eval_answers``).
+
+Knobs for tests: ``calls`` records every call as (name, args, kwargs);
+``branch_release`` makes ``branch`` wait for an event; ``raise_on_ping``;
+``permissive`` makes any well-formed id alive and any tag a ready snapshot (so
+that fuzzed requests get past the lookups into the handlers).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.host.accel import Accel
+from forkd.store.registry import DiskChain, SandboxRecord, SnapshotRecord
+from forkd.vmm.cmdline import VMConfig
+
+CREATED = 1717000000
+MODES = ("full", "diff", "live")
+
+
+class Call(NamedTuple):
+    """One call to the fake, as the caller made it."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _no_progress(_step: str, _fraction: float) -> None:
+    pass
+
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _arithmetic(node: ast.AST) -> Any:
+    """The value of an expression made of number literals and + - * / // %; else ValueError."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(
+            node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_arithmetic(node.left), _arithmetic(node.right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_arithmetic(node.operand))
+    raise ValueError(f"the fake runtime cannot evaluate {ast.dump(node)[:60]}")
+
+
+@dataclass
+class FakeRuntime:
+    """Answers like ``forkd.controller.runtime.Runtime`` without any VM."""
+
+    snapshots: dict[str, SnapshotRecord] = field(default_factory=dict)
+    sandboxes: dict[str, SandboxRecord] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    branch_release: asyncio.Event | None = None  # when set, branch() waits for it
+    raise_on_ping: BaseException | None = None
+    permissive: bool = False
+    # A live wait=False branch reads "writing" this many times, then "ready".
+    polls_while_writing: int = 1
+    eval_answers: dict[str, str] = field(default_factory=lambda: {"numpy.zeros(5).sum()": "0.0"})
+    closed_with: dict[str, Any] | None = None
+    _spawned: int = field(default=0, init=False)
+    _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
+    _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
+    _disk_parent: dict[str, str] = field(default_factory=dict, init=False)  # source id -> its newest branch
+    _in_flight: set[str] = field(default_factory=set, init=False)  # tags of branches not yet returned
+
+    # ---------------------------------------------------------------- set-up
+
+    def add_snapshot(self, tag: str, *, parent_tag: str | None = None, **fields: Any) -> SnapshotRecord:
+        """Register ``tag`` (ready unless ``status`` says otherwise), as if built or branched."""
+        record = SnapshotRecord(tag=tag, dir=f"/data/snapshots/{tag}", created_at_unix=CREATED,
+                                parent_tag=parent_tag, **fields)
+        self.snapshots[tag] = record
+        return record
+
+    def add_sandbox(self, sandbox_id: str, tag: str = "py", *, live_fork: bool = False,
+                    memory_limit_mib: int | None = None, netns: str | None = None) -> SandboxRecord:
+        record = SandboxRecord(
+            id=sandbox_id, snapshot_tag=tag, dir=f"/data/sandboxes/{sandbox_id}",
+            created_at_unix=CREATED + 123, config=VMConfig(512, 1, Accel.tcg()),
+            disk=DiskChain.fresh(Path(f"/data/sandboxes/{sandbox_id}"), tag), pid=4242, netns=netns,
+            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+        )
+        self.sandboxes[sandbox_id] = record
+        return record
+
+    def tag_in_flight(self, tag: str) -> bool:
+        """A branch to ``tag`` is still running (the routes' same-tag check asks this)."""
+        return tag in self._in_flight
+
+    def names(self) -> list[str]:
+        """The names of the calls so far, in order."""
+        return [c.name for c in self.calls]
+
+    # ------------------------------------------------------------- internals
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(Call(name, args, kwargs))
+
+    def _snapshot(self, tag: str) -> SnapshotRecord:
+        if tag not in self.snapshots and self.permissive:
+            self.add_snapshot(tag)
+        if tag not in self.snapshots:
+            raise NotFound(f"snapshot {tag!r} is not registered")
+        return self.snapshots[tag]
+
+    def _sandbox(self, sandbox_id: str) -> SandboxRecord:
+        if sandbox_id not in self.sandboxes and self.permissive:
+            self.add_sandbox(sandbox_id, live_fork=True)
+        if sandbox_id not in self.sandboxes:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        return self.sandboxes[sandbox_id]
+
+    def _dependents(self, tag: str) -> list[str]:
+        out: list[str] = []
+        todo = [tag]
+        while todo:
+            parent = todo.pop(0)
+            children = [s.tag for s in self.snapshots.values() if s.parent_tag == parent]
+            out += children
+            todo += children
+        return out
+
+    # --------------------------------------------------------------- runtime
+
+    async def close(self, *, keep_sandboxes: bool = False) -> None:
+        self.closed_with = {"keep_sandboxes": keep_sandboxes}
+
+    async def create_snapshot(self, spec: Any, progress: Callable[[str, float], None] = _no_progress
+                              ) -> SnapshotRecord:
+        self._call("create_snapshot", spec)
+        if spec.tag in self.snapshots:
+            raise Conflict(f"snapshot {spec.tag!r} already exists; delete it first (forkd rmi {spec.tag})")
+        progress("ready", 1.0)
+        return self.add_snapshot(spec.tag)
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return list(self.snapshots.values())
+
+    def get_snapshot(self, tag: str) -> SnapshotRecord:
+        self._call("get_snapshot", tag)
+        record = self._snapshot(tag)
+        if record.status == "writing" and tag in self._writing:
+            self._writing[tag] -= 1
+            if self._writing[tag] < 0:
+                del self._writing[tag]
+                record.status = "ready"
+        return record
+
+    def snapshot_lineage(self, tag: str) -> dict[str, Any]:
+        snap = self._snapshot(tag)
+        ancestors: list[str] = []
+        parent = snap.parent_tag
+        while parent and parent in self.snapshots:
+            ancestors.append(parent)
+            parent = self.snapshots[parent].parent_tag
+        return {**snap.info(), "parent_tag": snap.parent_tag, "ancestors": ancestors,
+                "dependents": self._dependents(tag),
+                "sandboxes": sorted(s.id for s in self.sandboxes.values() if s.snapshot_tag == tag)}
+
+    async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
+        self._call("delete_snapshot", tag, cascade=cascade, force=force)
+        if tag not in self.snapshots:
+            raise NotFound(f"snapshot {tag!r} is not registered")
+        dependents = self._dependents(tag)
+        if dependents and not (cascade or force):
+            raise Conflict(f"snapshot {tag!r} has dependent snapshots {dependents}: delete them first, "
+                           "or pass cascade=true to delete the subtree")
+        doomed = [*reversed(dependents), tag] if cascade else [tag]
+        users = [s.id for s in self.sandboxes.values() if s.snapshot_tag in doomed]
+        if users and not force:
+            raise Conflict(f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true")
+        for sandbox_id in users:
+            del self.sandboxes[sandbox_id]
+        for t in doomed:
+            del self.snapshots[t]
+
+    async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
+                    memory_limit_mib: int | None = None, live_fork: bool = False) -> list[SandboxRecord]:
+        self._call("spawn", tag, n, per_child_netns=per_child_netns,
+                   memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+        snap = self._snapshot(tag)
+        if snap.status == "writing":
+            raise Conflict(f"snapshot {tag!r} is still being written (status 'writing'); "
+                           "wait until its status is 'ready'")
+        if snap.status != "ready":
+            raise Conflict(f"snapshot {tag!r} failed and cannot be forked: {snap.error}")
+        out = []
+        for i in range(n):
+            sandbox_id = f"sb-abcdef-{self._spawned:04d}"
+            self._spawned += 1
+            out.append(self.add_sandbox(
+                sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
+                netns=f"forkd-child-{i}" if per_child_netns else None))
+        return out
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        return list(self.sandboxes.values())
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        self._call("get_sandbox", sandbox_id)
+        return self._sandbox(sandbox_id)
+
+    async def kill(self, sandbox_id: str) -> None:
+        self._call("kill", sandbox_id)
+        self._sandbox(sandbox_id)
+        del self.sandboxes[sandbox_id]
+
+    async def ping(self, sandbox_id: str) -> dict[str, Any]:
+        self._call("ping", sandbox_id)
+        self._sandbox(sandbox_id)
+        if self.raise_on_ping is not None:
+            raise self.raise_on_ping
+        return {"pong": True, "numpy_version": "1.24.2", "pid": 1, "uptime_s": 3.5}
+
+    async def exec(self, sandbox_id: str, args: list[str], timeout_secs: float = 30,
+                   env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
+                   max_output_bytes: int | None = None) -> dict[str, Any]:
+        """Echoes its argv on stdout (joined by spaces), like ``echo``."""
+        self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin)
+        self._sandbox(sandbox_id)
+        return {"stdout": " ".join(args), "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+
+    async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> dict[str, Any]:
+        """Arithmetic and ``eval_answers``; anything else fails the way the guest agent reports it."""
+        self._call("eval", sandbox_id, code)
+        self._sandbox(sandbox_id)
+        if code in self.eval_answers:
+            return {"result": self.eval_answers[code], "error": None, "exit_code": 0}
+        try:
+            value = _arithmetic(ast.parse(code, mode="eval").body)
+        except (SyntaxError, ValueError, ArithmeticError) as exc:
+            return {"result": None, "error": f"{type(exc).__name__}: {exc}", "exit_code": 1}
+        return {"result": repr(value), "error": None, "exit_code": 0}
+
+    async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
+                     wait: bool = True) -> SnapshotRecord:
+        self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait)
+        if mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if not wait and mode != "live":
+            raise InvalidRequest("wait: false is only meaningful with mode: \"live\"")
+        source = self._sandbox(sandbox_id)
+        if mode == "live" and not source.live_fork:
+            raise Conflict(f"sandbox {sandbox_id} was not spawned with live_fork: true, which mode "
+                           "\"live\" needs")
+        self._branch_seq[sandbox_id] = seq = self._branch_seq.get(sandbox_id, 0) + 1
+        tag = tag or f"branch-{sandbox_id}-{seq}"
+        if tag in self.snapshots:
+            raise Conflict(f"snapshot {tag!r} already exists; delete it first (forkd rmi {tag})")
+        if self.branch_release is not None:
+            self._in_flight.add(tag)
+            try:
+                await self.branch_release.wait()
+            finally:
+                self._in_flight.discard(tag)
+        parent = self._disk_parent.get(sandbox_id, source.snapshot_tag)
+        record = self.add_snapshot(tag, parent_tag=parent if parent in self.snapshots else None,
+                                   branched_from=sandbox_id, pause_ms=48,
+                                   status="ready" if wait else "writing")
+        if not wait:
+            self._writing[tag] = self.polls_while_writing
+        self._disk_parent[sandbox_id] = tag
+        return record
+
+
+__all__ = ["Call", "FakeRuntime"]

@@ -1,0 +1,99 @@
+"""tests/fakes/runtime.py stays a faithful stand-in for the controller's Runtime."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import forkd.api.routes
+from forkd.api.deps import RuntimeLike
+from forkd.controller.runtime import Runtime
+from forkd.errors import Conflict, NotFound
+from tests.fakes.runtime import FakeRuntime
+
+
+def methods_the_routes_call() -> set[str]:
+    """Every ``rt.<name>`` in forkd/api/routes.py (``rt`` is the injected Runtime)."""
+    tree = ast.parse(Path(inspect.getfile(forkd.api.routes)).read_text())
+    return {
+        node.attr for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "rt"
+    }
+
+
+def shape(fn: Any) -> list[tuple[str, Any, Any]]:
+    """Parameter names, kinds and defaults (a callable default counts as 'a callable')."""
+    return [
+        (p.name, p.kind, "<callable>" if callable(p.default) else p.default)
+        for p in inspect.signature(fn).parameters.values()
+    ]
+
+
+def test_the_routes_call_something() -> None:
+    assert {"spawn", "branch", "exec", "eval", "create_snapshot"} <= methods_the_routes_call()
+
+
+@pytest.mark.parametrize("name", sorted(methods_the_routes_call()))
+def test_fake_has_the_runtime_signature(name: str) -> None:
+    real = getattr(Runtime, name)
+    fake = getattr(FakeRuntime, name)
+    assert shape(fake) == shape(real), f"FakeRuntime.{name} drifted from Runtime.{name}"
+    assert inspect.iscoroutinefunction(fake) == inspect.iscoroutinefunction(real), name
+
+
+@pytest.mark.parametrize("name", sorted(methods_the_routes_call()))
+def test_the_routes_protocol_has_the_runtime_signature(name: str) -> None:
+    """``RuntimeLike`` (what the routes type-check against) names the same parameters."""
+    def names_and_kinds(fn: Any) -> list[tuple[str, Any, bool]]:
+        return [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(fn).parameters.values()]
+
+    real, protocol = getattr(Runtime, name), getattr(RuntimeLike, name)
+    assert names_and_kinds(protocol) == names_and_kinds(real), f"RuntimeLike.{name} drifted"
+    assert inspect.iscoroutinefunction(protocol) == inspect.iscoroutinefunction(real), name
+
+
+def test_the_routes_only_call_what_the_protocol_declares() -> None:
+    assert methods_the_routes_call() <= {n for n in dir(RuntimeLike) if not n.startswith("_")}
+
+
+def test_lineage_delete_and_live_branches_behave_like_the_runtime() -> None:
+    async def main() -> None:
+        rt = FakeRuntime()
+        rt.add_snapshot("py")
+        [src] = await rt.spawn("py", live_fork=True)
+        first = await rt.branch(src.id, mode="diff")
+        assert (first.tag, first.parent_tag, first.status) == (f"branch-{src.id}-1", "py", "ready")
+        live = await rt.branch(src.id, tag="cp", mode="live", wait=False)
+        assert live.parent_tag == first.tag  # consecutive branches chain
+        with pytest.raises(Conflict, match="still being written"):
+            await rt.spawn("cp")
+        assert [rt.get_snapshot("cp").status for _ in range(2)] == ["writing", "ready"]
+        assert rt.snapshot_lineage("cp")["ancestors"] == [first.tag, "py"]
+        with pytest.raises(Conflict, match="dependent snapshots"):
+            await rt.delete_snapshot("py")
+        with pytest.raises(Conflict, match="running from"):
+            await rt.delete_snapshot("py", cascade=True)
+        await rt.delete_snapshot("py", cascade=True, force=True)
+        assert rt.snapshots == {} and rt.sandboxes == {}
+        with pytest.raises(NotFound):
+            await rt.kill(src.id)
+
+    asyncio.run(main())
+
+
+def test_eval_answers_arithmetic_and_reports_the_rest_as_the_agent_does() -> None:
+    async def main() -> None:
+        rt = FakeRuntime()
+        rt.add_sandbox("sb-abcdef-0000")
+        assert (await rt.eval("sb-abcdef-0000", "2 * (3 + 4)"))["result"] == "14"
+        assert (await rt.eval("sb-abcdef-0000", "numpy.zeros(5).sum()"))["result"] == "0.0"
+        for code in ("1 / 0", "import os", "open('/etc/passwd')"):
+            res = await rt.eval("sb-abcdef-0000", code)
+            assert res["result"] is None and res["exit_code"] == 1 and res["error"], code
+
+    asyncio.run(main())
