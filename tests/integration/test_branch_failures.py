@@ -122,6 +122,7 @@ def test_conversion_failure_registers_nothing_and_the_source_carries_on(
         message = str(failure.value)
         # The phase: after the capture, while the helper QEMU loaded the stream.
         assert "branch convert-fails failed after the source resumed" in message, message
+        assert "converting the stream into a snapshot failed" in message, message
         assert loading_the_stream(message), message
         with pytest.raises(NotFound):
             runtime.get_snapshot("convert-fails")
@@ -155,6 +156,7 @@ def test_live_no_wait_conversion_failure_leaves_a_failed_entry(
         info = failed.info()
         assert info["status"] == "failed"
         assert loading_the_stream(info["error"]), info
+        assert "converting the stream into a snapshot failed" in info["error"], info
         assert "live-convert-fails" in {s.tag for s in runtime.list_snapshots()}
         with pytest.raises(Conflict, match="failed and cannot be forked"):
             loop.run(runtime.spawn("live-convert-fails", 1))

@@ -113,7 +113,7 @@ class Brancher:
                 return await finish
             task = asyncio.create_task(finish, name=f"branch:{tag}")
             self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            task.add_done_callback(self._background_done)
             reserved = False  # the background task releases the tag
             return record
         finally:
@@ -173,6 +173,12 @@ class Brancher:
         return VMError(f"branch of {src.id} failed: {detail}; the source was resumed "
                        "and nothing was registered")
 
+    def _background_done(self, task: asyncio.Task[SnapshotRecord]) -> None:
+        """A wait:false branch ended; its failure is already recorded on the snapshot."""
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: asyncio must not report it as never retrieved
+
     async def _finish(self, src: _Source, record: SnapshotRecord, staging: SnapshotDir,
                       cap: branching.Capture, layers: list[Path], *, keep_failed: bool) -> SnapshotRecord:
         tag = record.tag
@@ -181,13 +187,17 @@ class Brancher:
                 try:
                     await cap.background
                 except ForkdError as exc:
-                    raise VMError(branching.stream_error(cap.stream) or str(exc)) from exc
+                    detail = branching.stream_error(cap.stream) or str(exc)
+                    raise VMError(f"copying the RAM in the background failed: {detail}") from exc
             helper_dir = staging.path / "helper"
             helper_dir.mkdir()
-            convert_s = await branching.stream_to_snapshot(
-                helper_dir, src.record.config, stream=cap.stream, mem_path=staging.mem,
-                state_path=staging.state, disk=staging.disk, tap=src.record.tap,
-            )
+            try:
+                convert_s = await branching.stream_to_snapshot(
+                    helper_dir, src.record.config, stream=cap.stream, mem_path=staging.mem,
+                    state_path=staging.state, disk=staging.disk, tap=src.record.tap,
+                )
+            except ForkdError as exc:
+                raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
             cap.stream.unlink(missing_ok=True)
             branching.clear_stream_error(cap.stream)
             shutil.rmtree(helper_dir, ignore_errors=True)
@@ -220,6 +230,9 @@ class Brancher:
         except BaseException as exc:
             shutil.rmtree(staging.path, ignore_errors=True)
             branching.clear_stream_error(cap.stream)
+            if cap.resume_error:  # the source never ran again: nothing usable is left of it
+                with contextlib.suppress(ForkdError):
+                    await self._table.kill(src.id)
             message = exc if isinstance(exc, ForkdError) else f"{type(exc).__name__}: {exc}"
             if record.status == "writing":
                 if keep_failed:

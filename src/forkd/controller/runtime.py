@@ -30,6 +30,7 @@ from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.errors import Conflict, InvalidRequest
+from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
@@ -164,7 +165,11 @@ class Runtime:
                    timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> dict[str, Any]:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
-        return await self.sandboxes.call(sandbox_id, "eval", timeout=timeout_secs, code=code)
+        # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
+        # the grace only catches a wedged guest.
+        return await self.sandboxes.call(sandbox_id, protocol.EVAL,
+                                         timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
+                                         code=code, timeout_secs=timeout_secs)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True) -> SnapshotRecord:

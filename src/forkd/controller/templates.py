@@ -19,6 +19,7 @@ from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
 from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
+from forkd.guest import protocol
 from forkd.host import netns as netns_mod
 from forkd.host import probe
 from forkd.image.builder import Image, load_image
@@ -183,6 +184,7 @@ class TemplateBuilder:
                 )
         for code in spec.setup_eval:
             progress(f"setup eval: {code[:60]}", 0.88)
-            res = await vm.call("eval", timeout=spec.setup_timeout_secs, code=code)
+            res = await vm.call(protocol.EVAL, timeout=spec.setup_timeout_secs + protocol.REPLY_GRACE_SECS,
+                                code=code, timeout_secs=spec.setup_timeout_secs)
             if res["exit_code"] != 0:
                 raise InvalidRequest(f"setup_eval {code[:200]!r} failed: {res['error']}")

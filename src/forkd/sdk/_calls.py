@@ -152,11 +152,13 @@ def exec_(
 
 def eval_(sandbox_id: str, code: str, *, timeout: float | None) -> Call:
     # The daemon bounds one eval at forkd.bounds.EVAL_TIMEOUT_SECS (60 s). When
-    # that expires the guest agent interrupts the evaluation (TimeoutError is
-    # raised inside the evaluated code), so the evaluator is free for the next
-    # eval; code stuck inside a C call is only interrupted once it returns to
-    # Python. Either way the daemon answers within about that bound, so by
-    # default the client sets no read timeout of its own.
+    # that expires the guest agent interrupts the evaluation (an EvalTimeout,
+    # a BaseException like KeyboardInterrupt, is raised inside the evaluated
+    # code) and answers {"result": null, "error": "TimeoutError: ...",
+    # "exit_code": 1}; code stuck inside a C call is interrupted once it
+    # returns to Python, and later evals wait for it. Either way the daemon
+    # answers within about that bound, so by default the client sets no read
+    # timeout of its own.
     return Call(
         "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/eval", json={"code": code}, read_timeout=timeout
     )

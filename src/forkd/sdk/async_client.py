@@ -281,8 +281,9 @@ class AsyncController:
 
         Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
         eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
-        interrupts it with a ``TimeoutError`` raised inside the evaluated code
-        (code blocked in a C call only once it returns to Python). ``timeout``
+        interrupts the evaluated code (code blocked in a C call only once it
+        returns to Python) and the reply says ``"TimeoutError: eval exceeded
+        60 s"`` with ``exit_code`` 1. ``timeout``
         bounds the client's wait for the reply; by default it waits as long as
         the daemon does.
         """

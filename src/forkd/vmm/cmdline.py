@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forkd.guest import protocol
 from forkd.host.accel import Accel
 
 # microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
 # VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
-AGENT_PORT_NAME = "org.forkd.agent"
+AGENT_PORT_NAME = protocol.PORT_NAME
 RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixed
 # Every VM of a snapshot gets the same MAC: children are clones of the template, and
 # each runs in its own network namespace. Locally administered (0x02 bit set).
@@ -136,8 +137,9 @@ def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False
         # now and then ("Unable to calibrate against PIT"); the kernel then marks
         # the TSC unstable and the boot hangs (1 boot in 4 here). Tell it the rate.
         words.append(f"tsc_early_khz={khz}")
-    if warm_imports:
-        words.append("forkd.warm=" + ",".join(warm_imports))
+    # Always said, even when empty: without it the agent warms its default (numpy),
+    # and warm_imports=[] must mean none.
+    words.append("forkd.warm=" + ",".join(warm_imports))
     if probe:
         words.append("forkd.probe=1")
     return " ".join(words)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from forkd.errors import BootTimeout, GuestError, VMError
+from forkd.guest import protocol
 from forkd.guest.client import AgentClient
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
@@ -167,7 +168,7 @@ class VM:
             attempt += 1
             each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
             try:
-                return await self.agent.call("restored", timeout=each, entropy=os.urandom(64).hex(),
+                return await self.agent.call(protocol.RESTORED, timeout=each, entropy=os.urandom(64).hex(),
                                              time_ns=time.time_ns())
             except GuestError as exc:
                 if not self.agent.connected or time.monotonic() >= deadline:
