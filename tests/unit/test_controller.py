@@ -76,29 +76,6 @@ def _sandbox(tmp_path: Path, sb_id: str = SB, tag: str = "py") -> SandboxRecord:
                          disk=DiskChain.fresh(run_dir, tag), pid=4242)
 
 
-# ------------------------------------------------------------------ registry
-
-
-def test_registry_round_trips_typed_records(registry: Registry, tmp_path: Path) -> None:
-    sb = _sandbox(tmp_path)
-    sb.cgroup, sb.tap, sb.timings = "/sys/fs/cgroup/forkd/x", "tap0", {"ready_s": 0.2}
-    registry.insert_sandbox(sb)
-    assert registry.get_sandbox(SB) == sb
-    chain = DiskChain(node="disk1", file="/x/disk-1.qcow2", parent_tag="b1",
-                      pending_layers=["/x/disk.qcow2"])
-    registry.set_disk_chain(SB, chain)
-    assert registry.get_sandbox(SB).disk == chain
-    snap = SnapshotRecord(tag="b1", dir="/d/b1", created_at_unix=2, status="writing", mode="live",
-                          source_layers=["/x/disk.qcow2"], parent_tag="py")
-    registry.insert_snapshot(snap)
-    assert registry.get_snapshot("b1") == snap
-    registry.set_snapshot_status("b1", "failed", error="boom")
-    got = registry.get_snapshot("b1")
-    assert (got.status, got.error) == ("failed", "boom")
-    with pytest.raises(Conflict):
-        registry.insert_snapshot(snap)
-
-
 # ------------------------------------------------------------------ tags
 
 

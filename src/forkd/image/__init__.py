@@ -1,0 +1,1 @@
+"""Guest images: kernel, initramfs and root filesystem, built and cached by recipe."""

@@ -1,0 +1,1 @@
+"""Persistent state: the SQLite registry and the on-disk layout of snapshots and sandboxes."""

@@ -1,0 +1,1 @@
+"""The QEMU driver: command lines, processes, QMP, disks, and the fork and branch mechanics."""
