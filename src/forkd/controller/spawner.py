@@ -162,8 +162,9 @@ class Spawner:
                 if attempt == RESTORE_ATTEMPTS:
                     raise BootTimeout(f"child {sb_id} of {snap.record.tag!r} did not come up after "
                                       f"{attempt} restores: {exc}") from exc
+                # The whole message: it carries the guest console's last lines.
                 log.warning("child %s stayed silent after its restore (attempt %d), retrying: %s",
-                            sb_id, attempt, str(exc).splitlines()[0])
+                            sb_id, attempt, exc)
         raise AssertionError("unreachable")
 
     async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, *, netns: str | None,

@@ -174,7 +174,7 @@ class VM:
                 if not self.agent.connected or time.monotonic() >= deadline:
                     raise BootTimeout(
                         f"the restored guest agent did not answer its post-restore call "
-                        f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail()}"
+                        f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
 
     @classmethod
