@@ -26,7 +26,22 @@ from tests.integration.conftest import Loop
 
 pytestmark = pytest.mark.stress
 
-ROUNDS = int(os.environ.get("FORKD_STRESS_ROUNDS", "12"))
+ROUNDS = int(os.environ.get("FORKD_STRESS_ROUNDS", "20"))
+# The source's load, as in test_branch.py: a 50 MiB blob in PID 1's memory and on
+# disk, and a thread that keeps the guest busy through every branch.
+LOAD = """
+import os, threading, time
+blob = os.urandom(50 << 20)
+with open('/root/blob.bin', 'wb') as f:
+    f.write(blob)
+os.sync()
+counter = [0]
+def _tick():
+    while True:
+        counter[0] += 1
+        time.sleep(0.005)
+threading.Thread(target=_tick, daemon=True).start()
+"""
 HOG_SECONDS = 3600  # the hogs stop by themselves even if the run is killed
 
 
@@ -53,7 +68,8 @@ def test_branch_and_restore_under_load(loop: Loop, runtime: Runtime, snapshot: s
     for i in range(ROUNDS):
         src = loop.run(runtime.spawn(snapshot, 1))[0]
         restores += 1
-        loop.run(runtime.eval(src.id, f"marker = 'round {i}'; data = bytes(8 << 20)"))
+        loaded = loop.run(runtime.eval(src.id, LOAD + f"marker = 'round {i}'", timeout_secs=300))
+        assert loaded["exit_code"] == 0, loaded
         b1 = loop.run(runtime.branch(src.id, tag=f"stress-{i}-a", mode="diff"))
         g = loop.run(runtime.spawn(b1.tag, 1))[0]
         restores += 1
@@ -61,6 +77,7 @@ def test_branch_and_restore_under_load(loop: Loop, runtime: Runtime, snapshot: s
         gg = loop.run(runtime.spawn(b2.tag, 1))[0]
         restores += 1
         assert loop.run(runtime.eval(gg.id, "marker"))["result"] == f"'round {i}'"
+        assert int(loop.run(runtime.eval(gg.id, "counter[0]"))["result"]) > 0
         for sb in (gg, g, src):
             loop.run(runtime.kill(sb.id))
         loop.run(runtime.delete_snapshot(b1.tag, cascade=True))

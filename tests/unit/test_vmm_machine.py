@@ -1,0 +1,76 @@
+"""VM.post_restore against a scripted agent: re-sent when unanswered, a clear error when silent."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forkd.errors import BootTimeout
+from forkd.guest import protocol
+from forkd.guest.client import AgentClient
+from forkd.host.accel import Accel
+from forkd.vmm import machine
+from forkd.vmm.cmdline import VMConfig
+from forkd.vmm.machine import VM
+from forkd.vmm.qmp import QMP
+from tests.fakes.agent_peer import AgentPeer
+
+
+@dataclass
+class FakeProcess:
+    pid: int = 4242
+
+    def alive(self) -> bool:
+        return True
+
+    def tail(self, lines: int = 15) -> str:
+        return "--- guest console ---\nKernel panic - not syncing: (as the console would say)"
+
+
+def _vm(path: Path) -> VM:
+    return VM(FakeProcess(), VMConfig(512, 1, Accel.tcg()), QMP(path.parent / "qmp.sock", "t"),  # type: ignore[arg-type]
+              AgentClient(path))
+
+
+def test_an_unanswered_post_restore_call_is_sent_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "POST_RESTORE_RESEND", 0.3)
+
+    def first_one_lost(peer: AgentPeer, req: dict[str, Any]) -> None:
+        if len([r for r in peer.requests if r["action"] == protocol.RESTORED]) > 1:
+            peer.reply(req, {"reseeded": True})
+
+    async def main(path: Path) -> dict[str, Any]:
+        vm = _vm(path)
+        try:
+            return await vm.post_restore(timeout=10)
+        finally:
+            await vm.agent.close()
+
+    with AgentPeer(tmp_path / "agent.sock", first_one_lost) as peer:
+        assert asyncio.run(main(tmp_path / "agent.sock")) == {"reseeded": True}
+    restored = [r for r in peer.requests if r["action"] == protocol.RESTORED]
+    assert len(restored) == 2
+    assert restored[0]["entropy"] != restored[1]["entropy"]  # each carries fresh entropy
+
+
+def test_a_silent_guest_is_a_boot_timeout_naming_the_phase(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "POST_RESTORE_RESEND", 0.2)
+
+    async def main(path: Path) -> None:
+        vm = _vm(path)
+        try:
+            await vm.post_restore(timeout=1)
+        finally:
+            await vm.agent.close()
+
+    with AgentPeer(tmp_path / "agent.sock", lambda peer, req: None) as peer, \
+            pytest.raises(BootTimeout, match="did not answer its post-restore call") as failure:
+        asyncio.run(main(tmp_path / "agent.sock"))
+    assert "Kernel panic" in str(failure.value)  # the console's last words come with it
+    assert len(peer.requests) >= 2
