@@ -83,4 +83,9 @@ class DataDir:
     def ensure(self) -> DataDir:
         for path in (self.root, self.images, self.snapshots, self.sandboxes):
             path.mkdir(parents=True, exist_ok=True)
+        # Guest memory (a warm parent's secrets), disks, sockets and logs live
+        # below these two: private to the daemon's user whatever the umask. The
+        # root itself may be shared (e.g. a FORKD_DATA_DIR of /tmp): left alone.
+        for path in (self.snapshots, self.sandboxes):
+            path.chmod(0o700)
         return self

@@ -8,7 +8,8 @@ state and is the only code that changes it:
 * ``SandboxTable`` (sandboxes.py): live VMs, one lock per sandbox, teardown;
 * ``HostTaps`` (host_taps.py), ``HostAccelerator`` (host_accel.py): host facts;
 * ``TemplateBuilder`` (templates.py): creating snapshots from a booted template;
-* ``Spawner`` (spawner.py): forking children; ``Brancher`` (branch.py): BRANCH.
+* ``Spawner`` (spawner.py): forking children; ``Brancher`` (branch.py): BRANCH;
+* ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -21,6 +22,7 @@ from typing import Any
 from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.branch import Brancher
+from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
 from forkd.controller.recovery import recover
@@ -56,6 +58,7 @@ class Runtime:
         self.spawner = Spawner(data, registry, self.sandboxes, self.snapshots, self.accel, self.taps,
                                self.shm)
         self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
+        self.console_warden = ConsoleWarden(data)
 
     # ---------------------------------------------------------------- open/close
 
@@ -64,6 +67,7 @@ class Runtime:
         data = (data or DataDir.from_env()).ensure()
         rt = cls(data, Registry(data.registry))
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
+        rt.console_warden.start()
         return rt
 
     async def close(self, *, keep_sandboxes: bool = False) -> None:
@@ -72,6 +76,7 @@ class Runtime:
             return
         self._closed = True
         await self.brancher.wait_background()
+        await self.console_warden.stop()
         if keep_sandboxes:
             await self.sandboxes.detach_all()
         else:

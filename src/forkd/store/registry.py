@@ -182,6 +182,9 @@ class Registry:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Private whatever the umask: it names every sandbox, snapshot and path.
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
         self.path = path
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)

@@ -90,7 +90,9 @@ def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
         "-device", f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
         "-chardev", f"socket,id=qmp,fd={spec.qmp_fd},server=on,wait=off",
         "-mon", "chardev=qmp,mode=control",
-        "-serial", f"file:{spec.console_log}",
+        # Append mode: the daemon caps the log by cutting it (see vmm/console.py).
+        "-chardev", f"file,id=console,path={spec.console_log},append=on",
+        "-serial", "chardev:console",
     ]
     if spec.tap:
         if "," in spec.tap or "=" in spec.tap:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from forkd.errors import VMError
 from forkd.host import prereqs
+from forkd.vmm import console
 from forkd.vmm.cmdline import LaunchSpec, build_argv
 
 UNIX_PATH_MAX = 107
@@ -90,11 +91,13 @@ class QemuProcess:
     def tail(self, lines: int = 15) -> str:
         """The end of the guest console and of QEMU's own stderr, for error messages."""
         parts = []
-        for label, path in (("qemu", self.qemu_log), ("guest console", self.console_log)):
-            with contextlib.suppress(OSError):
-                text = path.read_text(errors="replace").strip()
-                if text:
-                    parts.append(f"--- {label} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        with contextlib.suppress(OSError):
+            text = self.qemu_log.read_text(errors="replace").strip()
+            if text:
+                parts.append("--- qemu ---\n" + "\n".join(text.splitlines()[-lines:]))
+        text = console.read_tail(self.console_log, lines)
+        if text:
+            parts.append("--- guest console ---\n" + text)
         return "\n".join(parts)
 
 
