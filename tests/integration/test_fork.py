@@ -48,6 +48,10 @@ def test_ten_children_answer_ping_with_numpy(loop: Loop, runtime: Runtime, ten) 
         assert ping["pid"] == 1
         assert ping["numpy_version"] and ping["numpy_version"][0].isdigit()
         assert ping["restores"] == 1  # the host told it about its restore
+    for sb in ten:  # where each fork's time went, phase by phase
+        t = sb.info()["timings"]
+        assert 0 < t["qemu_up_s"] <= t["restored_s"] <= t["ready_s"], t
+        assert runtime.get_sandbox(sb.id).timings == sb.timings  # kept in the registry
 
 
 def test_children_share_memory(runtime: Runtime, ten) -> None:

@@ -60,6 +60,14 @@ class Metrics:
             buckets=_SPAWN_BUCKETS,
             registry=self.registry,
         )
+        self.restore_phase_seconds = Histogram(
+            "forkd_restore_phase_seconds",
+            "Per child: seconds from the start of its restore until each phase ended "
+            "(qemu_up, restored: running from the loaded state, ready: its agent answered).",
+            ["phase"],
+            buckets=_SPAWN_BUCKETS,
+            registry=self.registry,
+        )
         self.exec_seconds = Histogram(
             "forkd_exec_seconds",
             "Wall time of one exec in a sandbox, round trip.",

@@ -215,6 +215,9 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         live_fork=req.live_fork,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
+    for record in records:
+        for phase, secs in record.timings.items():
+            m.restore_phase_seconds.labels(phase=phase.removesuffix("_s")).observe(secs)
     return [r.info() for r in records]
 
 

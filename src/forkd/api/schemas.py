@@ -244,6 +244,11 @@ class SandboxInfo(_Response):
     pid: int | None = Field(None, description="Host PID of the sandbox's QEMU process.")
     memory_limit_mib: int | None = None
     live_fork: bool | None = None
+    timings: dict[str, float] | None = Field(
+        None,
+        description="Where the fork's time went: seconds from the start of the restore until QEMU was up "
+        "(qemu_up_s), the guest ran from the loaded state (restored_s) and its agent answered (ready_s).",
+    )
 
 
 class PingResponse(_Response):

@@ -135,6 +135,9 @@ class SandboxRecord:
         if self.memory_limit_mib is not None:
             out["memory_limit_mib"] = self.memory_limit_mib
         out["live_fork"] = self.live_fork
+        if self.timings:
+            # Where its fork's time went, seconds since the restore began.
+            out["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         return out
 
 

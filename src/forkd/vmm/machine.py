@@ -54,10 +54,10 @@ class VM:
 
     @classmethod
     async def launch(cls, run_dir: Path, spec: LaunchSpec, sockets: AgentSockets,
-                     launcher: Sequence[str] = ()) -> VM:
+                     launcher: Sequence[str] = (), inherit_fds: Sequence[int] = ()) -> VM:
         """Start QEMU for ``spec`` (whose fds are ``sockets``') and connect to its QMP."""
         config = spec.config
-        process = await start_qemu(run_dir, spec, sockets, launcher)
+        process = await start_qemu(run_dir, spec, sockets, launcher, inherit_fds)
         vm = cls(process, config, QMP(process.qmp_path, run_dir.name), AgentClient(process.agent_path))
         try:
             await vm.await_or_exit(vm.qmp.connect(), 15, "QMP")
@@ -136,13 +136,19 @@ class VM:
         spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
                           qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                           console_log=run_dir / "console.log", incoming=True, tap=tap)
-        vm = await cls.launch(run_dir, spec, sockets, launcher)
+        # QEMU reads the device state from an fd it inherits: no shell and no
+        # `cat` per child (exec:cat cost two processes and a pipe each).
+        state_fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            vm = await cls.launch(run_dir, spec, sockets, launcher, inherit_fds=(state_fd,))
+        finally:
+            os.close(state_fd)  # QEMU has its own copy
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
             # The stream says whether RAM was skipped; both ends must agree.
             await vm.qmp.set_capabilities(x_ignore_shared=True)
             await vm.await_or_exit(
-                vm.qmp.run_migration("migrate-incoming", timeout, uri=exec_uri("cat", state_path)),
+                vm.qmp.run_migration("migrate-incoming", timeout, uri=f"fd:{state_fd}"),
                 timeout, "the incoming state")
             if await vm.qmp.status() != "running":
                 await vm.qmp.cmd("cont")

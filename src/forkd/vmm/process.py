@@ -149,12 +149,13 @@ class AgentSockets:
 
 
 async def start_qemu(run_dir: Path, spec: LaunchSpec, sockets: AgentSockets,
-                     launcher: Sequence[str] = ()) -> QemuProcess:
+                     launcher: Sequence[str] = (), inherit_fds: Sequence[int] = ()) -> QemuProcess:
     """Start QEMU for ``spec``, handing it ``sockets`` (closed here once QEMU has them).
 
     ``launcher`` is an argv prefix that must end by exec'ing the rest in the same
     process (joining a cgroup, entering a network namespace), so that the pid
-    recorded here is QEMU's own.
+    recorded here is QEMU's own. ``inherit_fds`` are handed to QEMU under the same
+    numbers (e.g. the device state it reads with ``migrate-incoming fd:N``).
     """
     try:
         qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
@@ -166,7 +167,7 @@ async def start_qemu(run_dir: Path, spec: LaunchSpec, sockets: AgentSockets,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                pass_fds=(sockets.qmp_fd, sockets.agent_fd),
+                pass_fds=(sockets.qmp_fd, sockets.agent_fd, *inherit_fds),
                 # Own session: a Ctrl-C aimed at the daemon must not kill the VMs,
                 # which a restarted daemon re-adopts.
                 start_new_session=True,
