@@ -103,7 +103,6 @@ class SandboxTable:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         async with self.lock(sandbox_id):
             await self.kill_locked(sandbox_id)
-        self._locks.pop(sandbox_id, None)
 
     async def kill_locked(self, sandbox_id: str) -> None:
         """Tear down a sandbox whose lock the caller holds (or that no one else knows)."""
@@ -120,6 +119,9 @@ class SandboxTable:
             await remove_cgroup(record.cgroup)
         self._registry.delete_sandbox(sandbox_id)
         shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
+        # Whoever holds or waits for the lock keeps their reference; a later
+        # lookup finds no sandbox, so no new lock is ever needed for this id.
+        self._locks.pop(sandbox_id, None)
 
     async def kill_all(self) -> None:
         await asyncio.gather(*(self.kill(i) for i in self.ids()), return_exceptions=True)
