@@ -347,8 +347,9 @@ def test_seed004_spawn_body_netns_memory_limit_live_fork(daemon: Daemon, http: h
         assert len(sbs) == 10
         assert sorted(sb["netns"] for sb in sbs) == sorted(names)
         for sb in sbs:
+            # The seeds' fields, plus forkd's per-phase restore timings.
             assert set(sb) == {"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid",
-                               "memory_limit_mib", "live_fork"}, sb
+                               "memory_limit_mib", "live_fork", "timings"}, sb
             assert sb["snapshot_tag"] == "py"
             assert sb["memory_limit_mib"] == 256
             assert sb["live_fork"] is True
