@@ -205,12 +205,7 @@ class FakeRuntime:
                     memory_limit_mib: int | None = None, live_fork: bool = False) -> list[SandboxRecord]:
         self._call("spawn", tag, n, per_child_netns=per_child_netns,
                    memory_limit_mib=memory_limit_mib, live_fork=live_fork)
-        snap = self._snapshot(tag)
-        if snap.status == "writing":
-            raise Conflict(f"snapshot {tag!r} is still being written (status 'writing'); "
-                           "wait until its status is 'ready'")
-        if snap.status != "ready":
-            raise Conflict(f"snapshot {tag!r} failed and cannot be forked: {snap.error}")
+        self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
         out = []
         for i in range(n):
             sandbox_id = f"sb-abcdef-{self._spawned:04d}"

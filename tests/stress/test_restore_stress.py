@@ -23,25 +23,11 @@ import pytest
 
 from forkd.controller.runtime import Runtime
 from tests.integration.conftest import Loop
+from tests.integration.test_branch import LOAD  # 50 MiB in memory and on disk, a ticking thread
 
 pytestmark = pytest.mark.stress
 
 ROUNDS = int(os.environ.get("FORKD_STRESS_ROUNDS", "20"))
-# The source's load, as in test_branch.py: a 50 MiB blob in PID 1's memory and on
-# disk, and a thread that keeps the guest busy through every branch.
-LOAD = """
-import os, threading, time
-blob = os.urandom(50 << 20)
-with open('/root/blob.bin', 'wb') as f:
-    f.write(blob)
-os.sync()
-counter = [0]
-def _tick():
-    while True:
-        counter[0] += 1
-        time.sleep(0.005)
-threading.Thread(target=_tick, daemon=True).start()
-"""
 HOG_SECONDS = 3600  # the hogs stop by themselves even if the run is killed
 
 
@@ -68,7 +54,7 @@ def test_branch_and_restore_under_load(loop: Loop, runtime: Runtime, snapshot: s
     for i in range(ROUNDS):
         src = loop.run(runtime.spawn(snapshot, 1))[0]
         restores += 1
-        loaded = loop.run(runtime.eval(src.id, LOAD + f"marker = 'round {i}'", timeout_secs=300))
+        loaded = loop.run(runtime.eval(src.id, LOAD + f"\nmarker = 'round {i}'", timeout_secs=300))
         assert loaded["exit_code"] == 0, loaded
         b1 = loop.run(runtime.branch(src.id, tag=f"stress-{i}-a", mode="diff"))
         g = loop.run(runtime.spawn(b1.tag, 1))[0]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +49,6 @@ class SandboxTable:
 
     def ids(self) -> list[str]:
         return list(self._vms)
-
-    def items(self) -> Iterator[tuple[str, VM]]:
-        return iter(list(self._vms.items()))
 
     def vm(self, sandbox_id: str) -> VM | None:
         """The VM of ``sandbox_id`` as it is, alive or not (None if unknown)."""

@@ -53,11 +53,7 @@ class SnapshotStore:
 
     def forkable(self, tag: str) -> Forkable:
         snap = self.get(tag)
-        if snap.status == "writing":
-            raise Conflict(f"snapshot {tag!r} is still being written (status 'writing'); "
-                           "wait until its status is 'ready'")
-        if snap.status != "ready":
-            raise Conflict(f"snapshot {tag!r} failed and cannot be forked: {snap.error}")
+        snap.check_forkable()
         sdir = SnapshotDir(Path(snap.dir))
         if not sdir.complete():
             raise VMError(f"snapshot {tag!r} is missing files under {sdir.path}")

@@ -83,6 +83,14 @@ class SnapshotRecord:
     source_layers: list[str] = field(default_factory=list)
     warning: str | None = None  # e.g. the source could not be resumed after a good capture
 
+    def check_forkable(self) -> None:
+        """409 unless children can be forked from it (status "ready")."""
+        if self.status == "writing":
+            raise Conflict(f"snapshot {self.tag!r} is still being written (status 'writing'); "
+                           "wait until its status is 'ready'")
+        if self.status != "ready":
+            raise Conflict(f"snapshot {self.tag!r} failed and cannot be forked: {self.error}")
+
     def info(self) -> dict[str, Any]:
         """SnapshotInfo as the seeds define it: optional fields omitted when unset."""
         out: dict[str, Any] = {"tag": self.tag, "dir": self.dir, "created_at_unix": self.created_at_unix}

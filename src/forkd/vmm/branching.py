@@ -47,6 +47,7 @@ from forkd.vmm.qmp import QMP, UNTHROTTLED
 # diff mode: the final stop-and-copy may take at most this long.
 PRECOPY_DOWNTIME_MS = 20
 
+
 @dataclass
 class Capture:
     """What the source's pause produced."""
@@ -289,11 +290,11 @@ async def stream_to_snapshot(
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                       console_log=run_dir / "console.log", incoming=True,
                       tap=tap, nic_placeholder=True, extra=["-S"])  # load the state, never run it
-    vm = await VM.launch(run_dir, spec, sockets)
+    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, stream)
     try:
         await vm.qmp.set_capabilities(x_ignore_shared=False)
         await vm.await_or_exit(
-            vm.qmp.run_migration("migrate-incoming", timeout, uri=exec_uri("cat", stream)),
+            vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
             timeout, "the branch stream to load")
         # Now RAM lives in mem_path; write the state without it, as for a template.
         await vm.qmp.set_capabilities(x_ignore_shared=True)

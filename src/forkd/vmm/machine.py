@@ -66,6 +66,21 @@ class VM:
             raise
         return vm
 
+    @classmethod
+    async def launch_incoming(cls, run_dir: Path, spec: LaunchSpec, sockets: AgentSockets, source: Path,
+                              launcher: Sequence[str] = ()) -> tuple[VM, str]:
+        """Start a QEMU that will load ``source`` (``-incoming defer``); its ``migrate-incoming`` URI.
+
+        QEMU reads the file through a descriptor it inherits (``fd:N``): no shell
+        and no ``cat`` per VM, as ``exec:cat`` needed.
+        """
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            vm = await cls.launch(run_dir, spec, sockets, launcher, inherit_fds=(fd,))
+        finally:
+            os.close(fd)  # QEMU has its own copy
+        return vm, f"fd:{fd}"
+
     async def await_or_exit(self, aw: Awaitable[T], timeout: float, what: str) -> T:
         """Await ``aw`` but fail fast, with QEMU's last words, if QEMU exits meanwhile."""
         task = asyncio.ensure_future(aw)
@@ -136,19 +151,13 @@ class VM:
         spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
                           qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                           console_log=run_dir / "console.log", incoming=True, tap=tap)
-        # QEMU reads the device state from an fd it inherits: no shell and no
-        # `cat` per child (exec:cat cost two processes and a pipe each).
-        state_fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            vm = await cls.launch(run_dir, spec, sockets, launcher, inherit_fds=(state_fd,))
-        finally:
-            os.close(state_fd)  # QEMU has its own copy
+        vm, incoming = await cls.launch_incoming(run_dir, spec, sockets, state_path, launcher)
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
             # The stream says whether RAM was skipped; both ends must agree.
             await vm.qmp.set_capabilities(x_ignore_shared=True)
             await vm.await_or_exit(
-                vm.qmp.run_migration("migrate-incoming", timeout, uri=f"fd:{state_fd}"),
+                vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
                 timeout, "the incoming state")
             if await vm.qmp.status() != "running":
                 await vm.qmp.cmd("cont")
