@@ -55,6 +55,29 @@ class Range:
         return FieldBounds(ge=self.low, le=self.high)
 
 
+@dataclass(frozen=True)
+class StringMap:
+    """A map of short strings to strings (labels, environments): how many, how long."""
+
+    name: str
+    max_entries: int
+    max_key: int
+    max_value: int
+
+    def check_map(self, value: dict[str, str]) -> None:
+        if len(value) > self.max_entries:
+            raise InvalidRequest(
+                f"{self.name} may have at most {self.max_entries} entries (got {len(value)})")
+        for k, v in value.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidRequest(f"{self.name} must map strings to strings")
+            if not k or len(k) > self.max_key:
+                raise InvalidRequest(
+                    f"{self.name} keys must be 1 to {self.max_key} characters (got {k[:80]!r})")
+            if len(v) > self.max_value:
+                raise InvalidRequest(f"{self.name}[{k!r}] is longer than {self.max_value} characters")
+
+
 # --- snapshots
 MEM_MIB = Range("mem_mib", 128, 16384, integer=True)
 VCPUS = Range("vcpus", 1, 8, integer=True)
@@ -70,6 +93,13 @@ MEMORY_LIMIT_MIB = Range("memory_limit_mib", 64, 1 << 20, integer=True)
 EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 # The daemon's limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
+METADATA = StringMap("metadata", 64, 128, 1024)
+# Per-child environments travel in the post-restore call: keep that line small.
+ENV = StringMap("env", 256, 256, 16384)
+
+# --- fork of a running sandbox, checkpoints
+CHECKPOINT_EVERY = Range("every", 1, 100000, integer=True)
+CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)
 
 # --- names
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")

@@ -30,13 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from forkd.controller.forks import ForkResult
+from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.host.accel import Accel
-from forkd.store.registry import DiskChain, SandboxRecord, SnapshotRecord
+from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
 
 CREATED = 1717000000
 MODES = ("full", "diff", "live")
+FAKE_MIN_CHILD_MIB = 128  # a fork child with a smaller limit "fails at restore"
 
 
 class Call(NamedTuple):
@@ -84,6 +87,7 @@ class FakeRuntime:
     polls_while_writing: int = 1
     eval_answers: dict[str, str] = field(default_factory=lambda: {"numpy.zeros(5).sum()": "0.0"})
     closed_with: dict[str, Any] | None = None
+    aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
     _spawned: int = field(default=0, init=False)
     _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
@@ -202,25 +206,122 @@ class FakeRuntime:
             del self.snapshots[t]
 
     async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-                    memory_limit_mib: int | None = None, live_fork: bool = False) -> list[SandboxRecord]:
-        self._call("spawn", tag, n, per_child_netns=per_child_netns,
-                   memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+                    memory_limit_mib: int | None = None, live_fork: bool = False,
+                    env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
+                    metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
+        self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
+                   live_fork=live_fork, env=env, child_env=child_env, metadata=metadata)
+        self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
+                          metadata=metadata)
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
         out = []
         for i in range(n):
-            sandbox_id = f"sb-abcdef-{self._spawned:04d}"
-            self._spawned += 1
-            out.append(self.add_sandbox(
-                sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
-                netns=f"forkd-child-{i}" if per_child_netns else None))
+            out.append(self._new_child(tag, i, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
+                                       per_child_netns=per_child_netns, metadata=metadata or {}))
         return out
+
+    def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
+                   per_child_netns: bool, metadata: dict[str, str]) -> SandboxRecord:
+        sandbox_id = f"sb-abcdef-{self._spawned:04d}"
+        self._spawned += 1
+        record = self.add_sandbox(sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
+                                  netns=f"forkd-child-{i}" if per_child_netns else None)
+        record.metadata = dict(metadata)
+        return record
+
+    async def fork(
+        self, sandbox_id: str, count: int = 1, *, tree: bool = False, per_child_netns: bool = False,
+        memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
+        child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
+        metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
+    ) -> ForkResult:
+        """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
+        ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot)
+        source_id = self._resolve(sandbox_id)
+        source = self._sandbox(source_id)
+        specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
+                                  metadata=metadata, child_memory_limit_mib=child_memory_limit_mib)
+        snap = await self.branch(source_id, None, "live" if source.live_fork else "diff")
+        snap.auto_delete = not keep_snapshot
+        tree_id = "ft-00000000000" + str(len(self.calls) % 10) if tree else None
+        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+                            pause_ms=snap.pause_ms)
+        for i, spec in enumerate(specs):
+            if spec.memory_limit_mib is not None and spec.memory_limit_mib < FAKE_MIN_CHILD_MIB:
+                result.errors.append({"index": i, "error": f"child {i} was OOM-killed at restore"})
+                continue
+            labels = dict(spec.metadata)
+            if tree_id:
+                labels.update(fork_tree_id=tree_id, fork_parent_id=source_id, fork_index=str(i))
+            result.children.append(self._new_child(
+                snap.tag, i, live_fork=live_fork, memory_limit_mib=spec.memory_limit_mib,
+                per_child_netns=per_child_netns, metadata=labels))
+        return result
+
+    async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
+                      replace_parent: bool = False) -> dict[str, Any]:
+        self._call("promote", sandbox_id, tree_id=tree_id, cleanup_siblings=cleanup_siblings,
+                   replace_parent=replace_parent)
+        winner = self._sandbox(self._resolve(sandbox_id))
+        tree = tree_id or winner.metadata.get("fork_tree_id")
+        if tree is None or winner.metadata.get("fork_tree_id") != tree:
+            raise Conflict(f"sandbox {winner.id} is not a child of fork-tree {tree!r}")
+        deleted = []
+        if cleanup_siblings:
+            for sb in [s for s in self.sandboxes.values()
+                       if s.metadata.get("fork_tree_id") == tree and s.id != winner.id]:
+                del self.sandboxes[sb.id]
+                deleted.append({"id": sb.id, "deleted": True})
+        parent = winner.metadata.get("fork_parent_id") if replace_parent else None
+        if parent:
+            if parent in self.sandboxes:
+                del self.sandboxes[parent]
+                deleted.append({"id": parent, "deleted": True})
+            self.aliases[parent] = winner.id
+        return {"winner": winner.info(), "tree_id": tree, "deleted": deleted, "replaced_parent": parent}
+
+    def set_checkpoints(
+        self, sandbox_id: str, *, every: int, keep: int, mode: str = "diff"
+    ) -> dict[str, Any]:
+        self._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
+        record = self._sandbox(self._resolve(sandbox_id))
+        record.checkpoints = CheckpointPolicy(every=every, keep=keep, mode=mode)
+        return self.get_checkpoints(sandbox_id)
+
+    def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._sandbox(self._resolve(sandbox_id))
+        kept = [s.info() for s in self.snapshots.values() if s.checkpoint_of == record.id]
+        return {"sandbox_id": record.id, "policy": record.checkpoints.info() if record.checkpoints else None,
+                "calls": 0, "checkpoints": kept}
+
+    def delete_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._sandbox(self._resolve(sandbox_id))
+        record.checkpoints = None
+        return self.get_checkpoints(sandbox_id)
+
+    def _child_specs(self, n: int, *, child_env: list[dict[str, str]] | None = None,
+                     child_memory_limit_mib: list[int | None] | None = None,
+                     **common: Any) -> list[ChildSpec]:
+        """The real per-child checks and their 400 messages. ``permissive`` (the fuzzer) drops the
+        one rule JSON Schema cannot state, one ``child_*`` entry per child, by trimming/padding."""
+        if self.permissive:
+            child_env = None if child_env is None else (child_env + [{}] * n)[:n]
+            if child_memory_limit_mib is not None:
+                child_memory_limit_mib = (child_memory_limit_mib + [None] * n)[:n]
+        return child_specs(n, child_env=child_env, child_memory_limit_mib=child_memory_limit_mib, **common)
+
+    def _resolve(self, sandbox_id: str) -> str:
+        while sandbox_id in self.aliases:
+            sandbox_id = self.aliases[sandbox_id]
+        return sandbox_id
 
     def list_sandboxes(self) -> list[SandboxRecord]:
         return list(self.sandboxes.values())
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         self._call("get_sandbox", sandbox_id)
-        return self._sandbox(sandbox_id)
+        return self._sandbox(self._resolve(sandbox_id))
 
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from forkd.api import fork_routes
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     )
     app.include_router(status_router)
     app.include_router(v1)
+    app.include_router(fork_routes.router)
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is

@@ -42,7 +42,38 @@ class RuntimeLike(Protocol):
         per_child_netns: bool = False,
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
+        env: dict[str, str] | None = None,
+        child_env: list[dict[str, str]] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> list[Any]: ...
+    async def fork(
+        self,
+        sandbox_id: str,
+        count: int = 1,
+        *,
+        tree: bool = False,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        live_fork: bool = False,
+        env: dict[str, str] | None = None,
+        child_env: list[dict[str, str]] | None = None,
+        child_memory_limit_mib: list[int | None] | None = None,
+        metadata: dict[str, str] | None = None,
+        keep_snapshot: bool = False,
+    ) -> Any: ...
+    async def promote(
+        self,
+        sandbox_id: str,
+        *,
+        tree_id: str | None = None,
+        cleanup_siblings: bool = True,
+        replace_parent: bool = False,
+    ) -> dict[str, Any]: ...
+    def set_checkpoints(
+        self, sandbox_id: str, *, every: int, keep: int, mode: str = "diff"
+    ) -> dict[str, Any]: ...
+    def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]: ...
+    def delete_checkpoints(self, sandbox_id: str) -> dict[str, Any]: ...
     def list_sandboxes(self) -> list[Any]: ...
     def get_sandbox(self, sandbox_id: str) -> Record: ...
     async def kill(self, sandbox_id: str) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -80,6 +81,20 @@ class Metrics:
             buckets=_PAUSE_MS_BUCKETS,
             registry=self.registry,
         )
+
+        self.fork_seconds = Histogram(
+            "forkd_fork_seconds",
+            "Wall time of one fork of a running sandbox (POST /v1/sandboxes/{id}/fork or fork-tree): "
+            "the branch plus every child answering.",
+            buckets=_SPAWN_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_restores(self, records: list[Any]) -> None:
+        """Per-phase restore timings of freshly forked children."""
+        for record in records:
+            for phase, secs in record.timings.items():
+                self.restore_phase_seconds.labels(phase=phase.removesuffix("_s")).observe(secs)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,6 +11,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
+from pydantic import StringConstraints
 
 from forkd.api.deps import RuntimeLike, get_branch_gate, get_metrics, get_runtime
 from forkd.api.limits import BranchGate
@@ -213,11 +214,12 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         per_child_netns=req.per_child_netns,
         memory_limit_mib=req.memory_limit_mib,
         live_fork=req.live_fork,
+        env=req.env,
+        child_env=req.child_env,
+        metadata=req.metadata,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
-    for record in records:
-        for phase, secs in record.timings.items():
-            m.restore_phase_seconds.labels(phase=phase.removesuffix("_s")).observe(secs)
+    m.observe_restores(records)
     return [r.info() for r in records]
 
 
@@ -228,8 +230,23 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
     summary="List alive sandboxes",
     **_AS_GIVEN,
 )
-async def list_sandboxes(rt: Runtime) -> list[dict[str, Any]]:
-    return [s.info() for s in rt.list_sandboxes()]
+async def list_sandboxes(
+    rt: Runtime,
+    snapshot_tag: Annotated[str | None, Query(pattern=TAG_PATTERN,
+                                              description="Only children of this snapshot.")] = None,
+    metadata: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[^=]+=")]] | None, Query(
+        description="Only sandboxes whose metadata has this key=value (repeatable: all must match).",
+        examples=["fork_tree_id=ft-0123456789ab"])] = None,
+) -> list[dict[str, Any]]:
+    wanted: dict[str, str] = {}
+    for item in metadata or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"metadata filter {item!r} must be key=value")
+        wanted[key] = value
+    return [s.info() for s in rt.list_sandboxes()
+            if (snapshot_tag is None or s.snapshot_tag == snapshot_tag)
+            and all(s.metadata.get(k) == v for k, v in wanted.items())]
 
 
 @v1.get(

@@ -45,6 +45,24 @@ def _integral_float_to_int(value: Any) -> Any:
 
 
 JSONInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+# pydantic renders key constraints as patternProperties, which leaves
+# non-matching names unconstrained; propertyNames states the real rule.
+EnvMap = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=bounds.ENV.max_key)],
+         Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN, max_length=bounds.ENV.max_value)]],
+    Field(max_length=bounds.ENV.max_entries, json_schema_extra={
+        "propertyNames": {"pattern": ENV_NAME_PATTERN, "maxLength": bounds.ENV.max_key}}),
+]
+Labels = Annotated[
+    dict[Annotated[str, StringConstraints(min_length=1, max_length=bounds.METADATA.max_key)],
+         Annotated[str, StringConstraints(max_length=bounds.METADATA.max_value)]],
+    Field(max_length=bounds.METADATA.max_entries),
+]
+# Bounds before the BeforeValidator: the other way round pydantic renders
+# them as unknown keywords ("ge") instead of minimum/maximum.
+MemoryLimitMib = Annotated[
+    int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
 
 
 class _Request(BaseModel):
@@ -114,16 +132,20 @@ class SpawnRequest(_Request):
     per_child_netns: bool = Field(
         False, description="Place child i in the pre-provisioned network namespace forkd-child-<i>."
     )
-    # Bounds before the BeforeValidator: the other way round pydantic renders
-    # them as unknown keywords ("ge") instead of minimum/maximum.
-    memory_limit_mib: (
-        Annotated[
-            int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
-        ]
-        | None
-    ) = Field(None, description="cgroup memory limit per child, in MiB.")
+    memory_limit_mib: MemoryLimitMib | None = Field(None, description="cgroup memory limit per child (MiB).")
     live_fork: bool = Field(
         False, description="Boot children so that they can later take mode=live branches."
+    )
+    env: EnvMap | None = Field(
+        None, description="Environment given to every child right after its restore: it shows in "
+        "os.environ of the warm interpreter (eval) and in every exec.",
+    )
+    child_env: list[EnvMap] | None = Field(
+        None, description="One environment per child (length n), applied over env.",
+    )
+    metadata: Labels | None = Field(
+        None, description="Labels stored with every child, returned in SandboxInfo and usable as a "
+        "list filter (GET /v1/sandboxes?metadata=key=value).",
     )
 
 
@@ -201,6 +223,41 @@ class BranchRequest(_Request):
         return "diff" if self.diff else "full"
 
 
+class ForkRequest(_Request):
+    count: JSONInt = Field(1, **bounds.SPAWN_N.field_kwargs(), description="Number of children.")
+    per_child_netns: bool = Field(False, description="As in POST /v1/sandboxes.")
+    memory_limit_mib: MemoryLimitMib | None = Field(None, description="cgroup memory limit per child (MiB).")
+    child_memory_limit_mib: list[MemoryLimitMib | None] | None = Field(
+        None, description="One memory limit per child (length count); null entries use memory_limit_mib.",
+    )
+    live_fork: bool = Field(False, description="Children can later take mode=live branches.")
+    env: EnvMap | None = Field(None, description="Environment for every child (see POST /v1/sandboxes).")
+    child_env: list[EnvMap] | None = Field(None, description="One environment per child, over env.")
+    metadata: Labels | None = Field(None, description="Labels for every child.")
+    keep_snapshot: bool = Field(
+        False, description="Keep the intermediate snapshot. Default: it is deleted once its last child "
+        "is gone (and no snapshot depends on it).",
+    )
+
+
+class PromoteRequest(_Request):
+    tree_id: Annotated[str, StringConstraints(pattern=r"^ft-[0-9a-f]{12}$")] | None = Field(
+        None, description="The fork-tree; default: the winner's metadata fork_tree_id.",
+    )
+    cleanup_siblings: bool = Field(True, description="Kill every other live child of the tree.")
+    replace_parent: bool = Field(
+        False, description="Also kill the tree's source; its id then names the winner in every endpoint.",
+    )
+
+
+class CheckpointPolicyRequest(_Request):
+    every: JSONInt = Field(**bounds.CHECKPOINT_EVERY.field_kwargs(),
+                           description="Branch after every N exec/eval calls.")
+    keep: JSONInt = Field(3, **bounds.CHECKPOINT_KEEP.field_kwargs(),
+                          description="How many of the newest checkpoints to keep; older ones are deleted.")
+    mode: Literal["diff", "live"] = Field("diff", description="Branch mode (live needs live_fork).")
+
+
 # -------------------------------------------------------------------- responses
 
 
@@ -218,6 +275,11 @@ class SnapshotInfo(_Response):
         None, description="writing while a live no-wait branch copies memory; then ready or failed."
     )
     error: str | None = Field(None, description="Why the snapshot failed (status=failed).")
+    auto_delete: bool | None = Field(
+        None, description="Present (true) on a fork's intermediate snapshot: deleted once no sandbox "
+        "runs from it and no snapshot depends on it.",
+    )
+    checkpoint_of: str | None = Field(None, description="The sandbox whose checkpoint policy made it.")
 
 
 class SnapshotDetail(SnapshotInfo):
@@ -249,6 +311,51 @@ class SandboxInfo(_Response):
         description="Where the fork's time went: seconds from the start of the restore until QEMU was up "
         "(qemu_up_s), the guest ran from the loaded state (restored_s) and its agent answered (ready_s).",
     )
+    metadata: dict[str, str] | None = Field(
+        None, description="Labels given at spawn; fork-tree children also carry fork_tree_id, "
+        "fork_parent_id and fork_index.",
+    )
+
+
+class ForkError(_Response):
+    index: int = Field(description="Which child (0-based) failed.")
+    error: str
+
+
+class ForkResponse(_Response):
+    parent_id: str = Field(description="The source sandbox (it keeps running).")
+    snapshot_tag: str = Field(description="The intermediate snapshot the children were forked from.")
+    children: list[SandboxInfo]
+    errors: list[ForkError] = Field(description="One entry per child that failed; it left nothing behind.")
+    pause_ms: int | float | None = Field(None, description="How long the source was paused.")
+    tree_id: str | None = Field(None, description="fork-tree only: the id stamped on every child.")
+
+
+class Deletion(_Response):
+    id: str
+    deleted: bool
+    error: str | None = None
+
+
+class PromoteResponse(_Response):
+    winner: SandboxInfo
+    tree_id: str
+    deleted: list[Deletion] = Field(description="Each sibling (and the parent, with replace_parent) killed.")
+    replaced_parent: str | None = Field(None, description="The source id that now names the winner.")
+
+
+class CheckpointPolicy(_Response):
+    every: int
+    keep: int
+    mode: str
+
+
+class CheckpointList(_Response):
+    sandbox_id: str
+    policy: CheckpointPolicy | None = Field(description="null once the policy was deleted (or never set).")
+    calls: int = Field(description="exec/eval calls counted since the policy was set.")
+    checkpoints: list[SnapshotInfo] = Field(description="The kept checkpoints, oldest first.")
+    last_error: str | None = Field(None, description="Why the latest checkpoint attempt failed, if it did.")
 
 
 class PingResponse(_Response):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class Brancher:
         self._table = table
         self._store = store
         self._tags = tags
-        self._background: set[asyncio.Task[SnapshotRecord]] = set()
+        self._background: dict[str, asyncio.Task[SnapshotRecord]] = {}  # tag -> its finish
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -77,6 +78,19 @@ class Brancher:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if not wait and mode != "live":
             raise InvalidRequest("wait: false is only meaningful with mode: \"live\"")
+        return await self._branch(sandbox_id, tag, mode, wait)
+
+    async def checkpoint(self, sandbox_id: str, tag: str, mode: str) -> SnapshotRecord:
+        """A standalone branch for an auto-checkpoint policy, finished in the background.
+
+        Standalone: its disk is one layer on the source's published base, not on
+        earlier branches, so the policy can delete old checkpoints in any order.
+        The caller gets it back once the source runs again (status "writing").
+        """
+        return await self._branch(sandbox_id, tag, mode, wait=False, checkpoint=True)
+
+    async def _branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool, *,
+                      checkpoint: bool = False) -> SnapshotRecord:
         src = self._source(sandbox_id)
         if mode == "live" and not src.record.live_fork:
             raise Conflict(
@@ -94,12 +108,13 @@ class Brancher:
                 # Re-read under the lock: a previous branch moved its disk, a kill removed it.
                 src = self._source(sandbox_id)
                 staging = layout.staging_dir(self._snapshots, tag)
-                cap, layers = await self._capture(src, seq, mode, staging, tag)
+                cap, layers = await self._capture(src, seq, mode, staging, tag, standalone=checkpoint)
 
             record = SnapshotRecord(
                 tag=tag, dir=str(self._snapshots / tag), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.disk.parent_tag, pause_ms=round(cap.pause_ms, 3),
-                mode=mode, source_layers=[str(p) for p in layers],
+                mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
+                checkpoint_of=sandbox_id if checkpoint else None,
             )
             if cap.resume_error:
                 record.warning = (
@@ -107,13 +122,14 @@ class Brancher:
                     f"and was removed: {cap.resume_error}"
                 )
             self._registry.insert_snapshot(record)
-            finish = self._finish(src, record, staging, cap, layers, keep_failed=not wait)
+            finish = self._finish(src, record, staging, cap, [] if checkpoint else layers,
+                                  keep_failed=not wait)
             staging = None  # owned by _finish from here on
             if wait:
                 return await finish
             task = asyncio.create_task(finish, name=f"branch:{tag}")
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
+            self._background[tag] = task
+            task.add_done_callback(functools.partial(self._background_done, tag))
             reserved = False  # the background task releases the tag
             return record
         finally:
@@ -123,7 +139,7 @@ class Brancher:
                 self._tags.release(tag)
 
     async def _capture(self, src: _Source, seq: int, mode: str, staging: SnapshotDir,
-                       tag: str) -> tuple[branching.Capture, list[Path]]:
+                       tag: str, *, standalone: bool) -> tuple[branching.Capture, list[Path]]:
         """The pause window and the disk cut; the caller holds the source's lock."""
         new_node = f"disk{seq}"
         new_disk = src.run_dir / f"disk-{seq}.qcow2"
@@ -146,8 +162,11 @@ class Brancher:
             pending_layers=[str(p) for p in layers]))
         try:
             base = SnapshotDir(self._snapshots / src.disk.parent_tag).disk
-            await asyncio.to_thread(disk_mod.copy_layers, layers, base, staging.disk,
-                                    self._snapshots / tag)
+            if standalone:
+                await asyncio.to_thread(disk_mod.flatten_onto, frozen, base, staging.disk)
+            else:
+                await asyncio.to_thread(disk_mod.copy_layers, layers, base, staging.disk,
+                                        self._snapshots / tag)
         except BaseException as exc:
             if cap.background is not None:  # live: stop streaming RAM too
                 cap.background.cancel()
@@ -173,9 +192,9 @@ class Brancher:
         return VMError(f"branch of {src.id} failed: {detail}; the source was resumed "
                        "and nothing was registered")
 
-    def _background_done(self, task: asyncio.Task[SnapshotRecord]) -> None:
+    def _background_done(self, tag: str, task: asyncio.Task[SnapshotRecord]) -> None:
         """A wait:false branch ended; its failure is already recorded on the snapshot."""
-        self._background.discard(task)
+        self._background.pop(tag, None)
         if not task.cancelled():
             task.exception()  # retrieved: asyncio must not report it as never retrieved
 
@@ -218,7 +237,7 @@ class Brancher:
             record.status = "ready"
             if cap.resume_error:
                 await self._table.kill(src.id)  # reported dead: nothing usable is left
-            else:
+            elif record.checkpoint_of is None:  # a standalone checkpoint is no one's base
                 await self._published(src.id, src.disk.parent_tag, tag, layers)
             return record
         except asyncio.CancelledError:
@@ -278,7 +297,13 @@ class Brancher:
         """Let in-flight live branches finish (daemon shutdown, tests)."""
         if self._background:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait(set(self._background), timeout=timeout)
+                await asyncio.wait(set(self._background.values()), timeout=timeout)
+
+    async def finished(self, tag: str) -> None:
+        """Return once a background branch of ``tag`` (if any) has ended, well or not."""
+        task = self._background.get(tag)
+        if task is not None:
+            await asyncio.wait({task})
 
 
 __all__ = ["MODES", "Brancher"]

@@ -9,6 +9,9 @@ state and is the only code that changes it:
 * ``HostTaps`` (host_taps.py), ``HostAccelerator`` (host_accel.py): host facts;
 * ``TemplateBuilder`` (templates.py): creating snapshots from a booted template;
 * ``Spawner`` (spawner.py): forking children; ``Brancher`` (branch.py): BRANCH;
+* ``Forker`` (forks.py): fork / fork-tree / promote of a running sandbox, and
+  dropping fork snapshots nobody needs; ``Checkpointer`` (checkpoints.py):
+  auto-checkpoint policies;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped.
 
 Tags and ids are validated before any path is built from them, nothing
@@ -22,7 +25,9 @@ from typing import Any
 from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.branch import Brancher
+from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
 from forkd.controller.recovery import recover
@@ -40,7 +45,7 @@ from forkd.image.builder import Image
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import Registry, SandboxRecord, SnapshotRecord
 
-__all__ = ["Runtime", "SnapshotSpec"]
+__all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
 
 
 class Runtime:
@@ -58,6 +63,10 @@ class Runtime:
         self.spawner = Spawner(data, registry, self.sandboxes, self.snapshots, self.accel, self.taps,
                                self.shm)
         self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
+        self.forker = Forker(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots, self.tags)
+        self.checkpoints = Checkpointer(registry, self.sandboxes, self.brancher, self.snapshots, self.forker)
+        self.sandboxes.on_removed(self.forker.after_removed)
+        self.sandboxes.on_removed(self.checkpoints.after_removed)
         self.console_warden = ConsoleWarden(data)
 
     # ---------------------------------------------------------------- open/close
@@ -67,6 +76,7 @@ class Runtime:
         data = (data or DataDir.from_env()).ensure()
         rt = cls(data, Registry(data.registry))
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
+        await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         rt.console_warden.start()
         return rt
 
@@ -76,6 +86,7 @@ class Runtime:
             return
         self._closed = True
         await self.brancher.wait_background()
+        await self.checkpoints.wait_background()
         await self.console_warden.stop()
         if keep_sandboxes:
             await self.sandboxes.detach_all()
@@ -128,6 +139,7 @@ class Runtime:
         for t in doomed:
             self.brancher.unpublish(t)
             self.snapshots.remove(t)
+        await self.forker.collect()  # it may have been the last dependent of a fork snapshot
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -135,15 +147,47 @@ class Runtime:
         return self.registry.list_sandboxes()
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        return self.registry.get_sandbox(check_sandbox_id(sandbox_id))
+        return self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
 
     async def spawn(
         self, tag: str, n: int = 1, *, per_child_netns: bool = False,
         memory_limit_mib: int | None = None, live_fork: bool = False,
+        env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
         return await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
-                                        memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+                                        memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+                                        env=env, child_env=child_env, metadata=metadata)
+
+    async def fork(
+        self, sandbox_id: str, count: int = 1, *, tree: bool = False, per_child_netns: bool = False,
+        memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
+        child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
+        metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
+    ) -> ForkResult:
+        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py)."""
+        options = ForkOptions(per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
+                              live_fork=live_fork, env=env, child_env=child_env,
+                              child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
+                              keep_snapshot=keep_snapshot)
+        return await self.forker.fork(sandbox_id, count, options, tree=tree)
+
+    async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
+                      replace_parent: bool = False) -> dict[str, Any]:
+        return await self.forker.promote(sandbox_id, tree_id=tree_id, cleanup_siblings=cleanup_siblings,
+                                         replace_parent=replace_parent)
+
+    def set_checkpoints(
+        self, sandbox_id: str, *, every: int, keep: int, mode: str = "diff"
+    ) -> dict[str, Any]:
+        return self.checkpoints.set(sandbox_id, every, keep, mode)
+
+    def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
+        return self.checkpoints.get(sandbox_id)
+
+    def delete_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
+        return self.checkpoints.delete(sandbox_id)
 
     async def kill(self, sandbox_id: str) -> None:
         await self.sandboxes.kill(sandbox_id)
@@ -164,7 +208,9 @@ class Runtime:
             if value is not None:
                 req[key] = value
         # The agent enforces the timeout; ours only catches a wedged guest.
-        return await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
+        result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
+        await self.checkpoints.after_call(sandbox_id)
+        return result
 
     async def eval(self, sandbox_id: str, code: str,
                    timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> dict[str, Any]:
@@ -172,11 +218,13 @@ class Runtime:
             raise InvalidRequest("code must be a string")
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
-        return await self.sandboxes.call(sandbox_id, protocol.EVAL,
-                                         timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
-                                         code=code, timeout_secs=timeout_secs)
+        result = await self.sandboxes.call(sandbox_id, protocol.EVAL,
+                                           timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
+                                           code=code, timeout_secs=timeout_secs)
+        await self.checkpoints.after_call(sandbox_id)
+        return result
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
-        return await self.brancher.branch(sandbox_id, tag, mode, wait)
+        return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)

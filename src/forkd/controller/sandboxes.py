@@ -10,6 +10,10 @@ down. Each sandbox has one ``asyncio.Lock``:
 * exec/eval/ping take it only to look the VM up (``for_call``): they wait out
   a pause or a kill in progress, but do not hold it while the guest works, so
   a long exec never delays a branch or a kill.
+
+Ids go through ``resolve`` first: after a promote with ``replace_parent`` the
+source's id names the winner in every lookup. Whoever must react to a sandbox
+going away (the fork collector) registers with ``on_removed``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +46,23 @@ class SandboxTable:
         self._dir = sandboxes_dir
         self._vms: dict[str, VM] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
+
+    def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
+        """Call ``hook`` with the record of every sandbox torn down from now on."""
+        self._removed_hooks.append(hook)
 
     # ----------------------------------------------------------------- lookups
 
     def __contains__(self, sandbox_id: object) -> bool:
         return sandbox_id in self._vms
+
+    def resolve(self, sandbox_id: str) -> str:
+        """The id ``sandbox_id`` stands for now (itself unless a promote replaced it)."""
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self._vms:
+            return sandbox_id
+        return self._registry.resolve_alias(sandbox_id)
 
     def ids(self) -> list[str]:
         return list(self._vms)
@@ -56,7 +73,7 @@ class SandboxTable:
 
     def get(self, sandbox_id: str) -> VM:
         """The live VM of ``sandbox_id``: 404 if unknown, 502 if its QEMU died."""
-        check_sandbox_id(sandbox_id)
+        sandbox_id = self.resolve(sandbox_id)
         vm = self._vms.get(sandbox_id)
         if vm is None:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
@@ -69,7 +86,7 @@ class SandboxTable:
 
     async def for_call(self, sandbox_id: str) -> VM:
         """The VM, once no branch pause or kill of it is in progress."""
-        check_sandbox_id(sandbox_id)
+        sandbox_id = self.resolve(sandbox_id)
         if sandbox_id not in self._vms:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         async with self.lock(sandbox_id):
@@ -94,7 +111,7 @@ class SandboxTable:
 
     async def kill(self, sandbox_id: str) -> None:
         """Tear a sandbox down; waits for a branch of it to finish its pause window."""
-        check_sandbox_id(sandbox_id)
+        sandbox_id = self.resolve(sandbox_id)
         if sandbox_id not in self._vms and not self._registry.has_sandbox(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         async with self.lock(sandbox_id):
@@ -118,6 +135,12 @@ class SandboxTable:
         # Whoever holds or waits for the lock keeps their reference; a later
         # lookup finds no sandbox, so no new lock is ever needed for this id.
         self._locks.pop(sandbox_id, None)
+        if record is not None:
+            for hook in self._removed_hooks:
+                try:
+                    await hook(record)
+                except Exception:  # a hook's failure must not fail the kill that already happened
+                    log.exception("after removing %s", sandbox_id)
 
     async def kill_all(self) -> None:
         await asyncio.gather(*(self.kill(i) for i in self.ids()), return_exceptions=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd import bounds
@@ -23,6 +24,7 @@ from forkd.controller.host_taps import HostTaps
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
+from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
@@ -38,6 +40,37 @@ log = logging.getLogger("forkd.spawner")
 SPAWN_PARALLELISM = 8
 # Restore attempts per child when its guest stays silent after the restore.
 RESTORE_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What one child gets besides the snapshot: its limit, environment and labels."""
+
+    memory_limit_mib: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, str] | None = None,
+                child_env: list[dict[str, str]] | None = None, metadata: dict[str, str] | None = None,
+                child_memory_limit_mib: list[int | None] | None = None) -> list[ChildSpec]:
+    """One spec per child: ``env`` for all, then ``child_env[i]`` over it for child i."""
+    bounds.SPAWN_N.check(n)
+    for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
+        if per_child is not None and len(per_child) != n:
+            raise InvalidRequest(f"{name} has {len(per_child)} entries but {n} children were asked for; "
+                                 "give one entry per child")
+    try:
+        common = protocol.check_env(env)
+        own = [protocol.check_env(e) for e in child_env] if child_env is not None else [{}] * n
+    except protocol.RequestError as exc:
+        raise InvalidRequest(str(exc)) from None
+    for e in (common, *own):
+        bounds.ENV.check_map(e)
+    bounds.METADATA.check_map(metadata or {})
+    limits = child_memory_limit_mib or [None] * n
+    return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else memory_limit_mib,
+                      env={**common, **own[i]}, metadata=dict(metadata or {})) for i in range(n)]
 
 
 class NetnsPool:
@@ -90,15 +123,44 @@ class Spawner:
         self._taps = taps
         self._shm = shm
         self._netns = NetnsPool(registry)
+        self._busy: dict[str, int] = {}  # tag -> spawns of it in progress
+
+    def spawning(self, tag: str) -> bool:
+        """Whether children of ``tag`` are being restored right now (not yet registered)."""
+        return self._busy.get(tag, 0) > 0
 
     async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-                    memory_limit_mib: int | None = None, live_fork: bool = False) -> list[SandboxRecord]:
+                    memory_limit_mib: int | None = None, live_fork: bool = False,
+                    env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
+                    metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
+        children = child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
+                               metadata=metadata)
+        results = await self.spawn_each(tag, children, per_child_netns=per_child_netns,
+                                        live_fork=live_fork)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # All or nothing: a partial batch would leave the caller with ids it never saw.
+            await asyncio.gather(*(self._table.kill(r.id) for r in results
+                                   if isinstance(r, SandboxRecord)), return_exceptions=True)
+            raise failures[0]
+        return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
+                         live_fork: bool = False) -> list[SandboxRecord | ForkdError]:
+        """Fork one child per spec; each succeeds or fails on its own.
+
+        Request-wide problems (bad tag, bad options, a missing namespace) raise
+        before any VM starts. A child that fails leaves nothing behind, and its
+        error takes its place in the result.
+        """
+        n = len(children)
         bounds.SPAWN_N.check(n)
-        if memory_limit_mib is not None:
-            cgroups.validate_limit(memory_limit_mib)
-            if cgroups.detect() == "none":
-                raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
+        for child in children:
+            if child.memory_limit_mib is not None:
+                cgroups.validate_limit(child.memory_limit_mib)
+                if cgroups.detect() == "none":
+                    raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
         snap = self._store.forkable(tag)
         if snap.tap and not per_child_netns and n != 1:
             raise InvalidRequest(
@@ -119,45 +181,40 @@ class Spawner:
         elif snap.tap:
             self._taps.check_free(snap.tap)
             host_tap = snap.tap
+        self._busy[tag] = self._busy.get(tag, 0) + 1
         try:
             with self._taps.claimed(host_tap):
                 if per_child_netns:
                     await self._netns.check([name for name in netns_names if name], snap.tap)
-                results = await self._restore_all(snap, netns_names, memory_limit_mib, live_fork)
+                results = await self._restore_all(snap, children, netns_names, live_fork)
         finally:
             self._netns.release(claimed)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            # All or nothing: a partial batch would leave the caller with ids it never saw.
-            await asyncio.gather(*(self._table.kill(r.id) for r in results
-                                   if isinstance(r, SandboxRecord)), return_exceptions=True)
-            first = failures[0]
-            if isinstance(first, ForkdError):
-                raise first
-            raise VMError(f"fork failed: {type(first).__name__}: {first}") from first
-        return [r for r in results if isinstance(r, SandboxRecord)]
+            self._busy[tag] -= 1
+            if not self._busy[tag]:
+                del self._busy[tag]
+        return [r if isinstance(r, SandboxRecord | ForkdError)
+                else VMError(f"fork failed: {type(r).__name__}: {r}") for r in results]
 
-    async def _restore_all(self, snap: Forkable, netns_names: list[str | None],
-                           memory_limit_mib: int | None,
+    async def _restore_all(self, snap: Forkable, children: list[ChildSpec], netns_names: list[str | None],
                            live_fork: bool) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
         prefix = layout.new_batch_prefix()
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
-        async def one(i: int, netns: str | None) -> SandboxRecord:
+        async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:
             async with gate:
-                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, netns=netns,
-                                                 memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, child, netns=netns,
+                                                 live_fork=live_fork)
 
-        return list(await asyncio.gather(*(one(i, ns) for i, ns in enumerate(netns_names)),
-                                         return_exceptions=True))
+        return list(await asyncio.gather(
+            *(one(i, child, ns) for i, (child, ns) in enumerate(zip(children, netns_names, strict=True))),
+            return_exceptions=True))
 
-    async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, *, netns: str | None,
-                             memory_limit_mib: int | None, live_fork: bool) -> SandboxRecord:
+    async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
+                             netns: str | None, live_fork: bool) -> SandboxRecord:
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:
-                return await self._restore_once(sb_id, snap, mem, netns=netns,
-                                                memory_limit_mib=memory_limit_mib, live_fork=live_fork)
+                return await self._restore_once(sb_id, snap, mem, child, netns=netns, live_fork=live_fork)
             except BootTimeout as exc:
                 if attempt == RESTORE_ATTEMPTS:
                     raise BootTimeout(f"child {sb_id} of {snap.record.tag!r} did not come up after "
@@ -167,8 +224,9 @@ class Spawner:
                             sb_id, attempt, exc)
         raise AssertionError("unreachable")
 
-    async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, *, netns: str | None,
-                            memory_limit_mib: int | None, live_fork: bool) -> SandboxRecord:
+    async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
+                            netns: str | None, live_fork: bool) -> SandboxRecord:
+        memory_limit_mib = child.memory_limit_mib
         run_dir = self._data.sandboxes / sb_id
         run_dir.mkdir(parents=True)
         cgroup: cgroups.CgroupHandle | None = None
@@ -183,7 +241,8 @@ class Spawner:
                 launcher += netns_mod.launcher(netns)
             clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
-                                  disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher)
+                                  disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
+                                  env=child.env)
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()  # VM.restore killed and reaped QEMU before raising
@@ -194,6 +253,7 @@ class Spawner:
             config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
             netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
+            metadata=dict(child.metadata),
         )
         self._table.add(record, vm)
         return record

@@ -33,7 +33,7 @@ PORT_NAME = "org.forkd.agent"
 PING = "ping"  # -> {"pong": true, "pid", "agent_version", "python_version", "warm", ...}
 EXEC = "exec"  # args, timeout_secs, env, cwd, stdin, max_output_bytes -> {"stdout", "stderr", ...}
 EVAL = "eval"  # code, timeout_secs -> {"result", "error", "exit_code"}
-RESTORED = "restored"  # entropy (hex), time_ns -> {"reseeded", "clock_stepped", "thawed", ...}
+RESTORED = "restored"  # entropy (hex), time_ns, env? -> {"reseeded", "clock_stepped", "thawed", ...}
 SYNC = "sync"  # -> {"synced": true}
 FSFREEZE = "fsfreeze"  # -> {"frozen": true}
 FSTHAW = "fsthaw"  # -> {"thawed": bool}
@@ -76,6 +76,21 @@ READ_LIMIT = max_exec_reply_bytes(EXEC_MAX_OUTPUT_CAP)
 
 class RequestError(Exception):
     """A request the agent refuses; its message goes back as ``{"ok": false, "error": ...}``."""
+
+
+def check_env(env: object) -> dict[str, str]:
+    """A per-child environment (the ``restored`` action's ``env``), validated; None is empty.
+
+    Checked by the daemon before any VM starts, and again by the agent.
+    """
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+        for k, v in env.items()
+    ):
+        raise RequestError("env must map variable names (non-empty, no '=' or NUL) to strings without NUL")
+    return env
 
 
 def request(req_id: int, action: str, fields: dict[str, Any]) -> dict[str, Any]:

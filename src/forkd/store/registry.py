@@ -41,7 +41,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     branch_seq INTEGER NOT NULL DEFAULT 0,
     meta TEXT NOT NULL DEFAULT '{}'
 );
+CREATE TABLE IF NOT EXISTS sandbox_aliases (
+    alias TEXT PRIMARY KEY,
+    target TEXT NOT NULL
+);
 """
+
+# Alias hops followed before giving up: promote(replace_parent) chains are short,
+# and a loop (which promote never makes) must not hang a lookup.
+MAX_ALIAS_HOPS = 32
 
 
 @dataclass
@@ -65,6 +73,18 @@ class DiskChain:
         return cls(node="disk0", file=str(run_dir / "disk.qcow2"), parent_tag=snapshot_tag)
 
 
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Branch a sandbox after every ``every`` exec/eval calls; keep the newest ``keep``."""
+
+    every: int
+    keep: int
+    mode: str = "diff"
+
+    def info(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class SnapshotRecord:
     """A registered snapshot. Its VM config lives in its ``snapshot.json`` only."""
@@ -82,6 +102,10 @@ class SnapshotRecord:
     # deleted while the source lives, they are its base again.
     source_layers: list[str] = field(default_factory=list)
     warning: str | None = None  # e.g. the source could not be resumed after a good capture
+    # Made by a fork of a running sandbox with keep_snapshot false: removed once
+    # no sandbox runs from it and no snapshot depends on it.
+    auto_delete: bool = False
+    checkpoint_of: str | None = None  # the sandbox whose auto-checkpoint policy made it
 
     def check_forkable(self) -> None:
         """409 unless children can be forked from it (status "ready")."""
@@ -103,6 +127,10 @@ class SnapshotRecord:
             out["error"] = self.error
         if self.warning:
             out["warning"] = self.warning
+        if self.auto_delete:
+            out["auto_delete"] = True
+        if self.checkpoint_of:
+            out["checkpoint_of"] = self.checkpoint_of
         return out
 
 
@@ -122,6 +150,8 @@ class SandboxRecord:
     cgroup: str | None = None  # the cgroup directory holding its QEMU
     tap: str | None = None  # the tap its NIC is attached to (in netns, or the host's)
     timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)  # user labels; fork-tree stamps
+    checkpoints: CheckpointPolicy | None = None
 
     @property
     def agent_socket(self) -> str:
@@ -146,17 +176,21 @@ class SandboxRecord:
         if self.timings:
             # Where its fork's time went, seconds since the restore began.
             out["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
         return out
 
 
 # Typed fields kept in the ``meta`` JSON column (the SQL columns hold the rest).
 def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
-    return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning}
+    return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning,
+            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of}
 
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
     return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
-            "timings": s.timings}
+            "timings": s.timings, "metadata": s.metadata,
+            "checkpoints": s.checkpoints.info() if s.checkpoints else None}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -171,6 +205,7 @@ def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
         **{k: row[k] for k in _SNAPSHOT_COLUMNS}, mode=meta.get("mode"),
         source_layers=list(meta.get("source_layers") or []),
         warning=meta.get("warning") or meta.get("source_error"),
+        auto_delete=bool(meta.get("auto_delete")), checkpoint_of=meta.get("checkpoint_of"),
     )
 
 
@@ -184,8 +219,11 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
         "parent_tag": meta.get("disk_parent_tag", row["snapshot_tag"]),
         "pending_layers": meta.get("pending_layers", []),
     }
+    policy = meta.get("checkpoints")
     return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
-                         cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {})
+                         cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
+                         metadata=dict(meta.get("metadata") or {}),
+                         checkpoints=CheckpointPolicy(**policy) if policy else None)
 
 
 class Registry:
@@ -231,6 +269,18 @@ class Registry:
         with self._lock:
             self._db.execute(f"UPDATE snapshots SET {sets} WHERE tag = ?", [*row.values(), snap.tag])
 
+    def set_auto_delete(self, tag: str, auto_delete: bool) -> None:
+        snap = self.get_snapshot(tag)
+        snap.auto_delete = auto_delete
+        self.save_snapshot(snap)
+
+    def retire_checkpoint(self, tag: str) -> None:
+        """Out of its policy's window but still needed: dropped with its last user."""
+        snap = self.get_snapshot(tag)
+        snap.auto_delete = True
+        snap.checkpoint_of = None
+        self.save_snapshot(snap)
+
     def set_snapshot_status(self, tag: str, status: str, error: str | None = None) -> None:
         with self._lock:
             self._db.execute("UPDATE snapshots SET status = ?, error = ? WHERE tag = ?", (status, error, tag))
@@ -268,13 +318,19 @@ class Registry:
             )
 
     def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
-        """Record where a sandbox's disk stands (the only sandbox field that changes)."""
+        """Record where a sandbox's disk stands (it moves with every branch)."""
+        self._update_sandbox_meta(sandbox_id, "disk", asdict(disk))
+
+    def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
+        self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
+
+    def _update_sandbox_meta(self, sandbox_id: str, key: str, value: Any) -> None:
         with self._lock:
             row = self._db.execute("SELECT meta FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
             if row is None:
                 return
             meta = json.loads(row["meta"] or "{}")
-            meta["disk"] = asdict(disk)
+            meta[key] = value
             self._db.execute("UPDATE sandboxes SET meta = ? WHERE id = ?", (json.dumps(meta), sandbox_id))
 
     def next_branch_seq(self, sandbox_id: str) -> int:
@@ -306,6 +362,32 @@ class Registry:
     def delete_sandbox(self, sandbox_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    # --------------------------------------------------------------- aliases
+
+    def set_alias(self, alias: str, target: str) -> None:
+        """From now on ``alias`` names ``target`` (promote with replace_parent)."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sandbox_aliases (alias, target) VALUES (?, ?)",
+                             (alias, target))
+
+    def resolve_alias(self, sandbox_id: str) -> str:
+        """The sandbox ``sandbox_id`` names now: itself, or where its aliases lead."""
+        current = sandbox_id
+        with self._lock:
+            for _ in range(MAX_ALIAS_HOPS):
+                row = self._db.execute("SELECT target FROM sandbox_aliases WHERE alias = ?",
+                                       (current,)).fetchone()
+                if row is None:
+                    return current
+                current = str(row[0])
+        return current
+
+    def aliases_of(self, target: str) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT alias FROM sandbox_aliases WHERE target = ? ORDER BY alias",
+                                    (target,)).fetchall()
+        return [str(r[0]) for r in rows]
 
 
 def now_unix() -> int:

@@ -77,3 +77,23 @@ def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path) -> 
         qemu_img("rebase", "-u", "-f", "qcow2", "-b", str(prev), "-F", "qcow2", str(target))
         prev = final_dir / target.name
     return written
+
+
+def flatten_onto(top: Path, base: Path, out: Path) -> None:
+    """``out``: one overlay on ``base`` with the content of ``top``'s whole chain.
+
+    For a branch that must not depend on any other branch (an auto-checkpoint,
+    deleted when it falls out of its window): ``top`` and its older layers are
+    the source's frozen overlays, and ``base`` is a published disk holding the
+    same content as the bottom of that chain. A copy of ``top`` is rebased in
+    safe mode, which writes into it every cluster the layers between ``top``
+    and ``base`` changed; when ``base`` is in ``top``'s chain (the usual case)
+    only those clusters are compared. ``-U``: the source's QEMU still holds the
+    old layers open (read-only for it; they are frozen).
+    """
+    shutil.copyfile(top, out)
+    try:
+        qemu_img("rebase", "-q", "-U", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(out))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise

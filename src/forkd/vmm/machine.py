@@ -138,12 +138,13 @@ class VM:
     async def restore(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, state_path: Path, disk: Path,
         share_ram: bool = False, timeout: float = 60, tap: str | None = None,
-        launcher: Sequence[str] = (),
+        launcher: Sequence[str] = (), env: dict[str, str] | None = None,
     ) -> VM:
         """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state.
 
         ``tap`` must be the snapshot's (same devices); ``launcher`` is an argv prefix
-        that execs QEMU in the same process (cgroup, network namespace).
+        that execs QEMU in the same process (cgroup, network namespace); ``env``
+        goes into the guest agent's environment with the post-restore call.
         """
         started = time.monotonic()
 
@@ -162,7 +163,7 @@ class VM:
             if await vm.qmp.status() != "running":
                 await vm.qmp.cmd("cont")
             vm.timings["restored_s"] = time.monotonic() - started
-            await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT), POST_RESTORE_TIMEOUT + 5,
+            await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT, env), POST_RESTORE_TIMEOUT + 5,
                                    "the restored guest agent (post-restore call)")
             vm.timings["ready_s"] = time.monotonic() - started
         except BaseException:
@@ -170,7 +171,7 @@ class VM:
             raise
         return vm
 
-    async def post_restore(self, timeout: float) -> dict[str, Any]:
+    async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
         """Tell a freshly restored guest to reseed its RNGs, step its clock and thaw.
 
         The call is idempotent, so it is sent again if unanswered after
@@ -179,12 +180,13 @@ class VM:
         """
         deadline = time.monotonic() + timeout
         attempt = 0
+        extra: dict[str, Any] = {"env": env} if env else {}
         while True:
             attempt += 1
             each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
             try:
                 return await self.agent.call(protocol.RESTORED, timeout=each, entropy=os.urandom(64).hex(),
-                                             time_ns=time.time_ns())
+                                             time_ns=time.time_ns(), **extra)
             except GuestError as exc:
                 if not self.agent.connected or time.monotonic() >= deadline:
                     raise BootTimeout(

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from forkd.guest.protocol import RequestError
+from forkd.guest.protocol import RequestError, check_env
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -32,6 +32,7 @@ RESTORES_KEY = "__forkd_restores__"  # in the eval namespace: [count of restores
 
 def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
     """Give this child its own randomness and the host's clock."""
+    env = check_env(req.get("env"))  # refuse a bad map before touching the CRNG or the clock
     entropy_hex = req.get("entropy")
     if not isinstance(entropy_hex, str) or len(entropy_hex) < MIN_ENTROPY_HEX:
         raise RequestError("'entropy' must be at least 16 bytes of hex")
@@ -65,9 +66,12 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
             clock_stepped = True
         except (OSError, AttributeError):
             clock_stepped = settime_fallback(time_ns)
+    # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
+    os.environ.update(env)
     # setdefault: eval'd code may have deleted the counter from its namespace.
     namespace.setdefault(RESTORES_KEY, [0])[0] += 1
-    return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns()}
+    return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
+            "env_set": len(env)}
 
 
 class _Timespec(ctypes.Structure):

@@ -1,0 +1,145 @@
+"""REST routes for forking a running sandbox: fork, fork-tree, promote, checkpoints.
+
+Semantics live in ``forkd.controller.forks`` and ``forkd.controller.checkpoints``;
+these handlers validate, call one runtime method and shape the answer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, status
+
+from forkd.api.deps import get_branch_gate
+from forkd.api.limits import BranchGate
+from forkd.api.routes import (
+    BAD_REQUEST,
+    COMMON_ERRORS,
+    GUEST_ERRORS,
+    NO_SANDBOX,
+    STARTING,
+    TOO_LARGE,
+    MetricsDep,
+    Runtime,
+    SandboxIdPath,
+)
+from forkd.api.schemas import (
+    CheckpointList,
+    CheckpointPolicyRequest,
+    ErrorBody,
+    ForkRequest,
+    ForkResponse,
+    PromoteRequest,
+    PromoteResponse,
+)
+from forkd.config import API_VERSION
+
+router = APIRouter(prefix=f"/{API_VERSION}", tags=["fork"],
+                   responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
+
+FORK_ERRORS: dict[int | str, dict[str, Any]] = {
+    **NO_SANDBOX, **TOO_LARGE, **GUEST_ERRORS,
+    409: {"model": ErrorBody, "description": "The source cannot be branched right now."},
+    503: {"model": ErrorBody, "description": "The daemon is at its branch concurrency cap; retry shortly."},
+}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "The request does not fit the sandbox's state."},
+}
+
+
+async def _fork(sandbox_id: str, req: ForkRequest, rt: Runtime, m: MetricsDep, gate: BranchGate,
+                *, tree: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    with gate.enter(None, rt.tag_in_flight):
+        result = await rt.fork(
+            sandbox_id, req.count, tree=tree, per_child_netns=req.per_child_netns,
+            memory_limit_mib=req.memory_limit_mib, live_fork=req.live_fork, env=req.env,
+            child_env=req.child_env, child_memory_limit_mib=req.child_memory_limit_mib,
+            metadata=req.metadata, keep_snapshot=req.keep_snapshot,
+        )
+    m.fork_seconds.observe(time.perf_counter() - started)
+    if result.pause_ms is not None:
+        m.branch_pause_ms.observe(result.pause_ms)
+    m.observe_restores(result.children)
+    info: dict[str, Any] = result.info()
+    return info
+
+
+@router.post(
+    "/sandboxes/{id}/fork",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ForkResponse,
+    summary="Fork a running sandbox into count children (the source keeps running)",
+    responses=FORK_ERRORS,
+    response_model_exclude_unset=True,
+)
+async def fork(
+    sandbox_id: SandboxIdPath, rt: Runtime, m: MetricsDep,
+    gate: Annotated[BranchGate, Depends(get_branch_gate)],
+    req: Annotated[ForkRequest | None, Body()] = None,
+) -> dict[str, Any]:
+    return await _fork(sandbox_id, req or ForkRequest(), rt, m, gate, tree=False)
+
+
+@router.post(
+    "/sandboxes/{id}/fork-tree",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ForkResponse,
+    summary="Fork a running sandbox and stamp the children as one fork-tree",
+    responses=FORK_ERRORS,
+    response_model_exclude_unset=True,
+)
+async def fork_tree(
+    sandbox_id: SandboxIdPath, rt: Runtime, m: MetricsDep,
+    gate: Annotated[BranchGate, Depends(get_branch_gate)],
+    req: Annotated[ForkRequest | None, Body()] = None,
+) -> dict[str, Any]:
+    return await _fork(sandbox_id, req or ForkRequest(), rt, m, gate, tree=True)
+
+
+@router.post(
+    "/sandboxes/{id}/promote",
+    response_model=PromoteResponse,
+    summary="Keep this fork-tree child: kill its siblings, optionally take the source's place",
+    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT},
+    response_model_exclude_unset=True,
+)
+async def promote(
+    sandbox_id: SandboxIdPath, rt: Runtime, req: Annotated[PromoteRequest | None, Body()] = None,
+) -> dict[str, Any]:
+    req = req or PromoteRequest()
+    return await rt.promote(sandbox_id, tree_id=req.tree_id, cleanup_siblings=req.cleanup_siblings,
+                            replace_parent=req.replace_parent)
+
+
+@router.post(
+    "/sandboxes/{id}/checkpoints",
+    response_model=CheckpointList,
+    summary="Set the auto-checkpoint policy: branch after every N exec/eval calls, keep K",
+    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT},
+)
+async def set_checkpoints(
+    sandbox_id: SandboxIdPath, req: CheckpointPolicyRequest, rt: Runtime,
+) -> dict[str, Any]:
+    return rt.set_checkpoints(sandbox_id, every=req.every, keep=req.keep, mode=req.mode)
+
+
+@router.get(
+    "/sandboxes/{id}/checkpoints",
+    response_model=CheckpointList,
+    summary="The auto-checkpoint policy and the kept checkpoints (oldest first)",
+    responses=NO_SANDBOX,
+)
+async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return rt.get_checkpoints(sandbox_id)
+
+
+@router.delete(
+    "/sandboxes/{id}/checkpoints",
+    response_model=CheckpointList,
+    summary="Stop the auto-checkpoint policy (the checkpoints taken stay)",
+    responses=NO_SANDBOX,
+)
+async def delete_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return rt.delete_checkpoints(sandbox_id)

@@ -1,0 +1,159 @@
+"""Auto-checkpoints: branch a sandbox after every N exec/eval calls, keep the newest K.
+
+Seed 000's conversation checkpointing: an agent that calls its sandbox once per
+turn gets a snapshot every N turns and can fork any of the last K. Each
+checkpoint is a *standalone* branch (its disk is one layer on the source's
+published base, see ``Brancher.checkpoint``), so dropping the oldest never
+breaks a newer one. The capture (the source's pause) happens before the N-th
+call answers, so the checkpoint holds exactly the state that call left; the
+copy into a snapshot finishes in the background (status ``writing``, then
+``ready``), and old checkpoints are pruned once it has.
+
+A checkpoint that falls out of the window while sandboxes run from it, or
+snapshots depend on it, leaves the list and becomes ``auto_delete``: it is
+dropped when the last of those is gone, like an intermediate fork snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from forkd import bounds
+from forkd.controller.branch import Brancher
+from forkd.controller.forks import Forker
+from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshots import SnapshotStore
+from forkd.errors import Conflict, ForkdError, InvalidRequest
+from forkd.store.registry import CheckpointPolicy, Registry, SandboxRecord, SnapshotRecord
+
+log = logging.getLogger("forkd.checkpoints")
+
+MODES = ("diff", "live")
+
+
+class Checkpointer:
+    def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, store: SnapshotStore,
+                 forker: Forker) -> None:
+        self._registry = registry
+        self._table = table
+        self._brancher = brancher
+        self._store = store
+        self._forker = forker
+        self._calls: dict[str, int] = {}  # sandbox id -> exec/eval calls counted since the policy began
+        self._errors: dict[str, str] = {}  # sandbox id -> why its last checkpoint failed
+        self._prune_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ policy
+
+    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> dict[str, Any]:
+        sandbox_id = self._table.resolve(sandbox_id)
+        self._table.get(sandbox_id)
+        bounds.CHECKPOINT_EVERY.check(every)
+        bounds.CHECKPOINT_KEEP.check(keep)
+        if mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if mode == "live" and not self._registry.get_sandbox(sandbox_id).live_fork:
+            raise Conflict(f"sandbox {sandbox_id} was not spawned with live_fork: true, which "
+                           "mode \"live\" needs; use mode \"diff\"")
+        self._registry.set_checkpoint_policy(sandbox_id, CheckpointPolicy(every=every, keep=keep, mode=mode))
+        self._calls[sandbox_id] = 0
+        self._errors.pop(sandbox_id, None)
+        return self.get(sandbox_id)
+
+    def get(self, sandbox_id: str) -> dict[str, Any]:
+        sandbox_id = self._table.resolve(sandbox_id)
+        record = self._registry.get_sandbox(sandbox_id)
+        out: dict[str, Any] = {
+            "sandbox_id": sandbox_id,
+            "policy": record.checkpoints.info() if record.checkpoints else None,
+            "calls": self._calls.get(sandbox_id, 0),
+            "checkpoints": [s.info() for s in self._kept(sandbox_id)],
+        }
+        if sandbox_id in self._errors:
+            out["last_error"] = self._errors[sandbox_id]
+        return out
+
+    def delete(self, sandbox_id: str) -> dict[str, Any]:
+        """Stop the policy; the checkpoints already taken stay."""
+        sandbox_id = self._table.resolve(sandbox_id)
+        self._registry.get_sandbox(sandbox_id)
+        self._registry.set_checkpoint_policy(sandbox_id, None)
+        self._calls.pop(sandbox_id, None)
+        return self.get(sandbox_id)
+
+    def _kept(self, sandbox_id: str) -> list[SnapshotRecord]:
+        """This sandbox's checkpoints, oldest first (tags carry a zero-padded call count)."""
+        return sorted((s for s in self._store.all() if s.checkpoint_of == sandbox_id), key=lambda s: s.tag)
+
+    # ------------------------------------------------------------------ calls
+
+    async def after_call(self, sandbox_id: str) -> None:
+        """Count one exec/eval; on every N-th, capture a checkpoint before the call answers."""
+        sandbox_id = self._table.resolve(sandbox_id)
+        try:
+            record = self._registry.get_sandbox(sandbox_id)
+        except ForkdError:
+            return  # killed meanwhile
+        policy = record.checkpoints
+        if policy is None:
+            return
+        calls = self._calls.get(sandbox_id, 0) + 1
+        self._calls[sandbox_id] = calls
+        if calls % policy.every:
+            return
+        tag = self._tag(record, calls)
+        try:
+            snap = await self._brancher.checkpoint(sandbox_id, tag, policy.mode)
+        except ForkdError as exc:
+            # The call itself succeeded: report the failure in GET …/checkpoints, not here.
+            self._errors[sandbox_id] = f"checkpoint after call {calls} failed: {exc}"
+            log.warning("sandbox %s: %s", sandbox_id, self._errors[sandbox_id])
+            return
+        self._errors.pop(sandbox_id, None)
+        task = asyncio.create_task(self._prune(sandbox_id, snap.tag, policy.keep), name=f"prune:{tag}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _tag(self, record: SandboxRecord, calls: int) -> str:
+        tag = f"ckpt-{record.id}-{calls:06d}"
+        if self._store.exists(tag):  # the count restarted (policy reset, daemon restart)
+            tag = f"ckpt-{record.id}-{calls:06d}-{self._registry.next_branch_seq(record.id)}"
+        return tag
+
+    async def _prune(self, sandbox_id: str, newest: str, keep: int) -> None:
+        await self._brancher.finished(newest)
+        async with self._prune_locks.setdefault(sandbox_id, asyncio.Lock()):
+            kept = [s for s in self._kept(sandbox_id) if s.status != "failed"]
+            for snap in [s for s in self._kept(sandbox_id) if s.status == "failed"]:
+                self._drop(snap.tag)  # a failed checkpoint holds no files; its error is in last_error
+            for snap in kept[: max(0, len(kept) - keep)]:
+                await self._brancher.finished(snap.tag)
+                self._drop(snap.tag)
+        await self._forker.collect()
+
+    def _drop(self, tag: str) -> None:
+        users = [sb.id for sb in self._registry.list_sandboxes() if sb.snapshot_tag == tag]
+        if users or self._store.dependents(tag):
+            # Someone forked it: it leaves the list now and goes with its last user.
+            self._registry.retire_checkpoint(tag)
+            return
+        self._brancher.unpublish(tag)
+        self._store.remove(tag)
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """SandboxTable hook: forget the call count of a sandbox that is gone."""
+        self._calls.pop(record.id, None)
+        self._errors.pop(record.id, None)
+        self._prune_locks.pop(record.id, None)
+
+    async def wait_background(self, timeout: float = 600) -> None:
+        if self._tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+__all__ = ["MODES", "Checkpointer"]

@@ -1,0 +1,197 @@
+"""Forking a running sandbox: fork, fork-tree, promote, and dropping the
+intermediate snapshots nobody needs any more.
+
+A fork is BRANCH + spawn: the source is branched once, with the shortest pause
+it supports (``live`` when it was spawned with ``live_fork``, else ``diff``),
+and ``count`` children are restored from that branch. The source keeps running.
+Unlike ``POST /v1/sandboxes``, each child succeeds or fails on its own (as
+E2B's fork does): the answer lists the children that came up and an error per
+child that did not, and a failed child leaves nothing behind.
+
+The intermediate snapshot is, by default, *dropped once its last child is gone*
+(``keep_snapshot: false``): it is marked ``auto_delete`` and collected when no
+sandbox runs from it and no snapshot depends on it. ``keep_snapshot: true``
+keeps it like any other branch.
+
+A fork-tree stamps each child's ``metadata`` with ``fork_tree_id``,
+``fork_parent_id`` and ``fork_index``. ``promote`` keeps one child of a tree:
+it kills the others and, with ``replace_parent``, kills the source too and
+makes the source's id an alias of the winner (see docs/FORKING.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from forkd.controller.branch import Brancher
+from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshots import SnapshotStore
+from forkd.controller.spawner import Spawner, child_specs
+from forkd.controller.tags import TagReservations
+from forkd.errors import Conflict, ForkdError, InvalidRequest
+from forkd.store.registry import Registry, SandboxRecord
+
+log = logging.getLogger("forkd.forks")
+
+TREE_ID_KEY = "fork_tree_id"
+PARENT_ID_KEY = "fork_parent_id"
+INDEX_KEY = "fork_index"
+FORK_KEYS = (TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY)
+
+
+@dataclass(frozen=True)
+class ForkOptions:
+    """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
+
+    per_child_netns: bool = False
+    memory_limit_mib: int | None = None
+    live_fork: bool = False
+    env: dict[str, str] | None = None
+    child_env: list[dict[str, str]] | None = None
+    child_memory_limit_mib: list[int | None] | None = None
+    metadata: dict[str, str] | None = None
+    keep_snapshot: bool = False
+
+
+@dataclass
+class ForkResult:
+    parent_id: str
+    snapshot_tag: str
+    children: list[SandboxRecord] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # {"index", "error"}
+    tree_id: str | None = None
+    pause_ms: float | None = None
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "parent_id": self.parent_id, "snapshot_tag": self.snapshot_tag,
+            "children": [c.info() for c in self.children], "errors": self.errors,
+        }
+        if self.pause_ms is not None:
+            out["pause_ms"] = self.pause_ms
+        if self.tree_id is not None:
+            out["tree_id"] = self.tree_id
+        return out
+
+
+class Forker:
+    def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, spawner: Spawner,
+                 store: SnapshotStore, tags: TagReservations) -> None:
+        self._registry = registry
+        self._table = table
+        self._brancher = brancher
+        self._spawner = spawner
+        self._store = store
+        self._tags = tags
+
+    async def fork(self, sandbox_id: str, count: int, options: ForkOptions | None = None, *,
+                   tree: bool = False) -> ForkResult:
+        options = options or ForkOptions()
+        source_id = self._table.resolve(sandbox_id)
+        self._table.get(source_id)  # 404 / died, before anything is paused
+        source = self._registry.get_sandbox(source_id)
+        metadata = dict(options.metadata or {})
+        if tree and any(k in metadata for k in FORK_KEYS):
+            raise InvalidRequest(f"metadata keys {', '.join(FORK_KEYS)} are set by the fork-tree itself")
+        # Every per-child input is checked before the source is paused.
+        specs = child_specs(count, memory_limit_mib=options.memory_limit_mib, env=options.env,
+                            child_env=options.child_env, metadata=metadata,
+                            child_memory_limit_mib=options.child_memory_limit_mib)
+        tree_id = f"ft-{secrets.token_hex(6)}" if tree else None
+        if tree_id is not None:
+            specs = [dataclasses.replace(spec, metadata={
+                **spec.metadata, TREE_ID_KEY: tree_id, PARENT_ID_KEY: source_id, INDEX_KEY: str(i)})
+                for i, spec in enumerate(specs)]
+        mode = "live" if source.live_fork else "diff"
+        snap = await self._brancher.branch(source_id, None, mode, wait=True)
+        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+                            pause_ms=snap.pause_ms)
+        try:
+            outcomes = await self._spawner.spawn_each(
+                snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork)
+        except ForkdError as exc:
+            # A request-wide refusal (e.g. a missing namespace): no child started.
+            outcomes = [exc] * count
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, SandboxRecord):
+                result.children.append(outcome)
+            else:
+                result.errors.append({"index": i, "error": str(outcome)})
+        if not options.keep_snapshot:
+            # Only now: while its children were being restored it had to stay.
+            self._registry.set_auto_delete(snap.tag, True)
+            await self.collect()
+        return result
+
+    async def promote(self, winner_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
+                      replace_parent: bool = False) -> dict[str, Any]:
+        winner = self._table.resolve(winner_id)
+        self._table.get(winner)  # 404 / died
+        record = self._registry.get_sandbox(winner)
+        own_tree = record.metadata.get(TREE_ID_KEY)
+        if tree_id is None:
+            if own_tree is None:
+                raise Conflict(f"sandbox {winner} was not made by a fork-tree (its metadata has no "
+                               f"{TREE_ID_KEY}); pass tree_id, or fork it with fork-tree")
+            tree_id = own_tree
+        elif own_tree != tree_id:
+            raise Conflict(f"sandbox {winner} is not a child of fork-tree {tree_id!r} "
+                           f"(its {TREE_ID_KEY} is {own_tree!r})")
+        deleted: list[dict[str, Any]] = []
+        if cleanup_siblings:
+            siblings = [sb.id for sb in self._registry.list_sandboxes()
+                        if sb.metadata.get(TREE_ID_KEY) == tree_id and sb.id != winner]
+            for sb_id in siblings:
+                deleted.append(await self._kill_reported(sb_id))
+        out: dict[str, Any] = {"winner": record.info(), "tree_id": tree_id, "deleted": deleted,
+                               "replaced_parent": None}
+        if replace_parent:
+            parent = record.metadata.get(PARENT_ID_KEY)
+            if not parent:
+                raise Conflict(f"sandbox {winner} has no {PARENT_ID_KEY} in its metadata to replace")
+            if parent in self._table or self._registry.has_sandbox(parent):
+                report = await self._kill_reported(parent)
+                if not report["deleted"]:
+                    raise Conflict(f"the parent {parent} could not be killed, so it was not replaced: "
+                                   f"{report['error']}")
+            self._registry.set_alias(parent, winner)
+            out["replaced_parent"] = parent
+        return out
+
+    async def _kill_reported(self, sb_id: str) -> dict[str, Any]:
+        try:
+            await self._table.kill(sb_id)
+        except ForkdError as exc:
+            return {"id": sb_id, "deleted": False, "error": str(exc)}
+        return {"id": sb_id, "deleted": True}
+
+    async def collect(self) -> list[str]:
+        """Delete every ``auto_delete`` snapshot that no sandbox or snapshot needs now."""
+        users = {sb.snapshot_tag for sb in self._registry.list_sandboxes()}
+        dropped: list[str] = []
+        for snap in self._store.all():
+            tag = snap.tag
+            if (not snap.auto_delete or snap.status == "writing" or tag in users
+                    or self._spawner.spawning(tag) or self._tags.in_flight(tag)
+                    or self._store.dependents(tag)):
+                continue
+            self._brancher.unpublish(tag)
+            self._store.remove(tag)
+            dropped.append(tag)
+            log.info("dropped fork snapshot %s: its last child is gone", tag)
+        if dropped:
+            # A dropped snapshot may have been the last dependent of an older one.
+            dropped += await self.collect()
+        return dropped
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """SandboxTable hook: a child is gone, so its fork snapshot may be too."""
+        if record.snapshot_tag:
+            await self.collect()
+
+
+__all__ = ["FORK_KEYS", "ForkOptions", "ForkResult", "Forker"]
