@@ -43,6 +43,12 @@ INDEX_KEY = "fork_index"
 FORK_KEYS = (TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY)
 
 
+def check_tree_metadata(metadata: dict[str, str]) -> None:
+    """400 if a fork-tree's user labels would overwrite its own stamps."""
+    if any(k in metadata for k in FORK_KEYS):
+        raise InvalidRequest(f"metadata keys {', '.join(FORK_KEYS)} are set by the fork-tree itself")
+
+
 @dataclass(frozen=True)
 class ForkOptions:
     """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
@@ -95,8 +101,8 @@ class Forker:
         self._table.get(source_id)  # 404 / died, before anything is paused
         source = self._registry.get_sandbox(source_id)
         metadata = dict(options.metadata or {})
-        if tree and any(k in metadata for k in FORK_KEYS):
-            raise InvalidRequest(f"metadata keys {', '.join(FORK_KEYS)} are set by the fork-tree itself")
+        if tree:
+            check_tree_metadata(metadata)
         # Every per-child input is checked before the source is paused.
         specs = child_specs(count, memory_limit_mib=options.memory_limit_mib, env=options.env,
                             child_env=options.child_env, metadata=metadata,
@@ -155,6 +161,7 @@ class Forker:
                 raise Conflict(f"sandbox {winner} has no {PARENT_ID_KEY} in its metadata to replace")
             if parent in self._table or self._registry.has_sandbox(parent):
                 report = await self._kill_reported(parent)
+                deleted.append(report)
                 if not report["deleted"]:
                     raise Conflict(f"the parent {parent} could not be killed, so it was not replaced: "
                                    f"{report['error']}")
@@ -194,4 +201,4 @@ class Forker:
             await self.collect()
 
 
-__all__ = ["FORK_KEYS", "ForkOptions", "ForkResult", "Forker"]
+__all__ = ["FORK_KEYS", "ForkOptions", "ForkResult", "Forker", "check_tree_metadata"]

@@ -243,10 +243,17 @@ class Spawner:
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
                                   disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
                                   env=child.env)
-        except BaseException:
+        except BaseException as exc:
+            oom_killed = cgroup is not None and cgroup.oom_kills() > 0
             if cgroup is not None:
                 cgroup.remove()  # VM.restore killed and reaped QEMU before raising
             shutil.rmtree(run_dir, ignore_errors=True)
+            if oom_killed and isinstance(exc, Exception):
+                # Say why, rather than leave "QEMU exited (code -9)" a mystery.
+                raise VMError(
+                    f"child {sb_id} was OOM-killed while restoring: its memory limit of {memory_limit_mib} "
+                    "MiB (or a limit on forkd's parent cgroup) is below what a restored child needs; "
+                    f"raise memory_limit_mib ({exc})") from exc
             raise
         record = SandboxRecord(
             id=sb_id, snapshot_tag=snap.record.tag, dir=str(run_dir), created_at_unix=now_unix(),

@@ -175,6 +175,20 @@ class CgroupHandle:
         except OSError as exc:
             raise _explain(exc, self.path) from exc
 
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel's OOM killer took (0 if unreadable).
+
+        Counted in the cgroup itself whichever limit was hit, its own or an
+        ancestor's (v2 ``memory.events``, v1 ``memory.oom_control``).
+        """
+        name = "memory.events" if self.version == "v2" else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
     def launcher(self) -> list[str]:
         """An argv prefix that joins this cgroup and then execs the rest of the argv.
 

@@ -1,0 +1,254 @@
+"""Fork of a running sandbox: per-child specs, id aliases, the fork-snapshot collector,
+promote's rules, and the REST routes (against the FakeRuntime). Real VMs: integration/."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from forkd.controller.branch import Brancher
+from forkd.controller.forks import Forker
+from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshots import SnapshotStore
+from forkd.controller.spawner import child_specs
+from forkd.controller.tags import TagReservations
+from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
+from tests.fakes.runtime import FakeRuntime
+from tests.unit.test_controller import CONFIG, FakeVM, _store
+
+TOKEN = "t0ken-" + "x" * 40
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SRC = "sb-abcdef-9999"
+
+
+# ------------------------------------------------------------------ child specs
+
+def test_child_env_applies_over_env_one_per_child() -> None:
+    specs = child_specs(3, env={"A": "all", "B": "all"}, child_env=[{"B": "0"}, {}, {"A": "2"}],
+                        metadata={"task": "t"}, memory_limit_mib=256,
+                        child_memory_limit_mib=[None, 512, None])
+    assert [s.env for s in specs] == [{"A": "all", "B": "0"}, {"A": "all", "B": "all"},
+                                      {"A": "2", "B": "all"}]
+    assert [s.memory_limit_mib for s in specs] == [256, 512, 256]
+    assert all(s.metadata == {"task": "t"} for s in specs)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"child_env": [{}]}, "child_env has 1 entries but 2 children"),
+    ({"child_memory_limit_mib": [None, None, None]}, "child_memory_limit_mib has 3 entries"),
+    ({"env": {"A=B": "x"}}, "env must map variable names"),
+    ({"env": {"": "x"}}, "env must map variable names"),
+    ({"child_env": [{"A": "nul\0"}, {}]}, "without NUL"),
+    ({"env": {f"V{i}": "x" for i in range(257)}}, "env may have at most 256 entries"),
+    ({"metadata": {"k" * 129: "v"}}, "metadata keys must be 1 to 128"),
+])
+def test_bad_per_child_inputs_are_400_before_any_vm(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        child_specs(2, **kwargs)
+
+
+# ------------------------------------------------------------------ aliases
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "forkd.db")
+    yield reg
+    reg.close()
+
+
+def test_aliases_follow_chains_and_survive_reopening(registry: Registry, tmp_path: Path) -> None:
+    registry.set_alias("sb-000000-0000", "sb-111111-0000")
+    registry.set_alias("sb-111111-0000", "sb-222222-0000")  # the winner was itself replaced later
+    assert registry.resolve_alias("sb-000000-0000") == "sb-222222-0000"
+    assert registry.resolve_alias("sb-333333-0000") == "sb-333333-0000"
+    assert registry.aliases_of("sb-222222-0000") == ["sb-111111-0000"]
+    registry.close()
+    again = Registry(tmp_path / "forkd.db")
+    try:
+        assert again.resolve_alias("sb-000000-0000") == "sb-222222-0000"
+    finally:
+        again.close()
+
+
+def test_an_alias_loop_does_not_hang(registry: Registry) -> None:
+    registry.set_alias("sb-000000-0000", "sb-111111-0000")
+    registry.set_alias("sb-111111-0000", "sb-000000-0000")
+    assert registry.resolve_alias("sb-000000-0000") in {"sb-000000-0000", "sb-111111-0000"}
+    assert MAX_ALIAS_HOPS >= 2
+
+
+# ------------------------------------------------------------------ collector and promote
+
+class _NoSpawns:
+    def spawning(self, _tag: str) -> bool:
+        return False
+
+
+def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, SnapshotStore]:
+    table = SandboxTable(registry, tmp_path / "sandboxes")
+    tags = TagReservations(registry.has_snapshot)
+    store = _store(registry, tmp_path, tags)
+    brancher = Brancher(registry, tmp_path / "snapshots", table, store, tags)
+    forker = Forker(registry, table, brancher, _NoSpawns(), store, tags)  # type: ignore[arg-type]
+    table.on_removed(forker.after_removed)
+    return forker, table, store
+
+
+def _snap(registry: Registry, tmp_path: Path, tag: str, **fields: Any) -> None:
+    path = tmp_path / "snapshots" / tag
+    path.mkdir(parents=True)
+    registry.insert_snapshot(SnapshotRecord(tag=tag, dir=str(path), created_at_unix=1, **fields))
+
+
+def _child(registry: Registry, table: SandboxTable, tmp_path: Path, sb_id: str, tag: str,
+           **metadata: str) -> None:
+    run_dir = tmp_path / "sandboxes" / sb_id
+    run_dir.mkdir(parents=True)
+    table.add(SandboxRecord(id=sb_id, snapshot_tag=tag, dir=str(run_dir), created_at_unix=1, config=CONFIG,
+                            disk=DiskChain.fresh(run_dir, tag), pid=1, metadata=metadata),
+              FakeVM([]))  # type: ignore[arg-type]
+
+
+def test_a_fork_snapshot_goes_with_its_last_child(registry: Registry, tmp_path: Path) -> None:
+    forker, table, _store = _forker(registry, tmp_path)
+    _snap(registry, tmp_path, "py")
+    _snap(registry, tmp_path, "fork-1", parent_tag="py", auto_delete=True)
+    _snap(registry, tmp_path, "kept", parent_tag="py")
+    _child(registry, table, tmp_path, "sb-aaaaaa-0000", "fork-1")
+    _child(registry, table, tmp_path, "sb-aaaaaa-0001", "fork-1")
+    assert asyncio.run(forker.collect()) == []
+    asyncio.run(table.kill("sb-aaaaaa-0000"))
+    assert registry.has_snapshot("fork-1")  # one child still runs from it
+    asyncio.run(table.kill("sb-aaaaaa-0001"))
+    assert not registry.has_snapshot("fork-1")
+    assert not (tmp_path / "snapshots" / "fork-1").exists()
+    assert registry.has_snapshot("kept") and registry.has_snapshot("py")
+
+
+def test_a_fork_snapshot_with_dependents_stays_until_they_go(registry: Registry, tmp_path: Path) -> None:
+    forker, _table, store = _forker(registry, tmp_path)
+    _snap(registry, tmp_path, "py")
+    _snap(registry, tmp_path, "fork-1", parent_tag="py", auto_delete=True)
+    _snap(registry, tmp_path, "grandchild", parent_tag="fork-1", auto_delete=True, status="writing")
+    assert asyncio.run(forker.collect()) == []  # still being written
+    registry.set_snapshot_status("grandchild", "ready")
+    # Both go, the dependent first, in one collection.
+    assert asyncio.run(forker.collect()) == ["grandchild", "fork-1"]
+    assert [s.tag for s in store.all()] == ["py"]
+
+
+def test_promote_refuses_what_is_not_a_fork_tree_child(registry: Registry, tmp_path: Path) -> None:
+    forker, table, _store = _forker(registry, tmp_path)
+    _snap(registry, tmp_path, "py")
+    _child(registry, table, tmp_path, "sb-aaaaaa-0000", "py")
+    _child(registry, table, tmp_path, "sb-bbbbbb-0000", "py", fork_tree_id="ft-0123456789ab",
+           fork_parent_id=SRC, fork_index="0")
+    with pytest.raises(Conflict, match="not made by a fork-tree"):
+        asyncio.run(forker.promote("sb-aaaaaa-0000"))
+    with pytest.raises(Conflict, match="is not a child of fork-tree 'ft-ffffffffffff'"):
+        asyncio.run(forker.promote("sb-bbbbbb-0000", tree_id="ft-ffffffffffff"))
+    with pytest.raises(NotFound):
+        asyncio.run(forker.promote("sb-cccccc-0000"))
+    assert {sb.id for sb in registry.list_sandboxes()} == {"sb-aaaaaa-0000", "sb-bbbbbb-0000"}
+
+
+def test_promote_replace_parent_makes_the_source_id_an_alias(registry: Registry, tmp_path: Path) -> None:
+    forker, table, _store = _forker(registry, tmp_path)
+    _snap(registry, tmp_path, "py")
+    _child(registry, table, tmp_path, SRC, "py")
+    tree = {"fork_tree_id": "ft-0123456789ab", "fork_parent_id": SRC}
+    _child(registry, table, tmp_path, "sb-bbbbbb-0000", "py", **tree, fork_index="0")
+    _child(registry, table, tmp_path, "sb-bbbbbb-0001", "py", **tree, fork_index="1")
+    report = asyncio.run(forker.promote("sb-bbbbbb-0001", replace_parent=True))
+    assert report["deleted"] == [{"id": "sb-bbbbbb-0000", "deleted": True}, {"id": SRC, "deleted": True}]
+    assert report["replaced_parent"] == SRC
+    assert table.resolve(SRC) == "sb-bbbbbb-0001"
+    assert table.get(SRC) is table.get("sb-bbbbbb-0001")
+    asyncio.run(table.kill(SRC))  # the winner, under the source's name
+    assert registry.list_sandboxes() == []
+
+
+# ------------------------------------------------------------------ REST routes (FakeRuntime)
+
+@pytest.fixture
+def fake() -> FakeRuntime:
+    rt = FakeRuntime()
+    rt.add_snapshot("py")
+    rt.add_sandbox(SRC)
+    return rt
+
+
+@pytest.fixture
+def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
+    (tmp_path / "token").write_text(TOKEN)
+    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data")
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False, headers=AUTH) as c:
+        yield c
+
+
+def _error(resp: httpx.Response, status: int, contains: str) -> None:
+    assert resp.status_code == status, resp.text
+    assert set(resp.json()) == {"error"}
+    assert contains in resp.json()["error"], resp.json()
+
+
+def test_fork_route_answers_children_and_errors(client: TestClient) -> None:
+    resp = client.post(f"/v1/sandboxes/{SRC}/fork",
+                       json={"count": 3, "child_memory_limit_mib": [None, 64, None]})
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert body["parent_id"] == SRC
+    assert len(body["children"]) == 2
+    assert body["errors"] == [{"index": 1, "error": "child 1 was OOM-killed at restore"}]
+    assert "tree_id" not in body
+
+
+def test_fork_tree_promote_and_alias_over_http(client: TestClient) -> None:
+    tree = client.post(f"/v1/sandboxes/{SRC}/fork-tree", json={"count": 3}).json()
+    kids = [c["id"] for c in tree["children"]]
+    assert all(c["metadata"]["fork_tree_id"] == tree["tree_id"] for c in tree["children"])
+    listed = client.get("/v1/sandboxes", params={"metadata": f"fork_tree_id={tree['tree_id']}"}).json()
+    assert sorted(s["id"] for s in listed) == sorted(kids)
+    resp = client.post(f"/v1/sandboxes/{kids[2]}/promote", json={"replace_parent": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["replaced_parent"] == SRC
+    assert client.get(f"/v1/sandboxes/{SRC}").json()["id"] == kids[2]
+    assert [s["id"] for s in client.get("/v1/sandboxes").json()] == [kids[2]]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "contains"), [
+    ("fork", {"count": 0}, 400, "count"),
+    ("fork", {"count": 2, "child_env": [{}]}, 400, "child_env has 1 entries but 2 children"),
+    ("fork", {"count": 1, "env": {"A=B": "x"}}, 400, "env"),
+    ("fork", {"count": 1, "prewarm": True}, 400, "unknown field 'prewarm'"),
+    ("fork-tree", {"count": 1, "metadata": {"fork_tree_id": "x"}}, 400, "set by the fork-tree itself"),
+    ("promote", {"tree_id": "nope"}, 400, "tree_id"),
+    ("promote", {}, 409, "not a child of fork-tree"),
+    ("checkpoints", {"every": 0}, 400, "every"),
+    ("checkpoints", {"every": 2, "mode": "full"}, 400, "mode"),
+])
+def test_fork_routes_refuse_bad_input(client: TestClient, fake: FakeRuntime, path: str, body: Any,
+                                      status: int, contains: str) -> None:
+    _error(client.post(f"/v1/sandboxes/{SRC}/{path}", json=body), status, contains)
+    assert "branch" not in fake.names()  # the source was never paused
+
+
+def test_fork_of_an_unknown_sandbox_is_404(client: TestClient) -> None:
+    _error(client.post("/v1/sandboxes/sb-000000-0001/fork", json={"count": 1}), 404, "sb-000000-0001")
+
+
+def test_checkpoint_policy_round_trip(client: TestClient) -> None:
+    resp = client.post(f"/v1/sandboxes/{SRC}/checkpoints", json={"every": 2, "keep": 3})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["policy"] == {"every": 2, "keep": 3, "mode": "diff"}
+    assert client.get(f"/v1/sandboxes/{SRC}/checkpoints").json()["policy"]["every"] == 2
+    assert client.delete(f"/v1/sandboxes/{SRC}/checkpoints").json()["policy"] is None
