@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from forkd.controller.forks import ForkResult, check_tree_metadata
+from forkd.controller.forks import ForkResult
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.host.accel import Accel
@@ -241,8 +241,6 @@ class FakeRuntime:
         self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot)
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
-        if tree:
-            check_tree_metadata(metadata or {})
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                                   metadata=metadata, child_memory_limit_mib=child_memory_limit_mib)
         snap = await self.branch(source_id, None, "live" if source.live_fork else "diff")

@@ -70,7 +70,6 @@ def test_aliases_follow_chains_and_survive_reopening(registry: Registry, tmp_pat
     registry.set_alias("sb-111111-0000", "sb-222222-0000")  # the winner was itself replaced later
     assert registry.resolve_alias("sb-000000-0000") == "sb-222222-0000"
     assert registry.resolve_alias("sb-333333-0000") == "sb-333333-0000"
-    assert registry.aliases_of("sb-222222-0000") == ["sb-111111-0000"]
     registry.close()
     again = Registry(tmp_path / "forkd.db")
     try:
@@ -230,7 +229,8 @@ def test_fork_tree_promote_and_alias_over_http(client: TestClient) -> None:
     ("fork", {"count": 2, "child_env": [{}]}, 400, "child_env has 1 entries but 2 children"),
     ("fork", {"count": 1, "env": {"A=B": "x"}}, 400, "env"),
     ("fork", {"count": 1, "prewarm": True}, 400, "unknown field 'prewarm'"),
-    ("fork-tree", {"count": 1, "metadata": {"fork_tree_id": "x"}}, 400, "set by the fork-tree itself"),
+    ("fork-tree", {"count": 1, "metadata": {"fork_tree_id": "x"}}, 400, "set by fork-tree itself"),
+    ("fork", {"count": 1, "metadata": {"fork_parent_id": SRC}}, 400, "set by fork-tree itself"),
     ("promote", {"tree_id": "nope"}, 400, "tree_id"),
     ("promote", {}, 409, "not a child of fork-tree"),
     ("checkpoints", {"every": 0}, 400, "every"),
@@ -240,6 +240,12 @@ def test_fork_routes_refuse_bad_input(client: TestClient, fake: FakeRuntime, pat
                                       status: int, contains: str) -> None:
     _error(client.post(f"/v1/sandboxes/{SRC}/{path}", json=body), status, contains)
     assert "branch" not in fake.names()  # the source was never paused
+
+
+def test_spawn_cannot_forge_fork_tree_labels(client: TestClient) -> None:
+    # promote(replace_parent) kills whatever fork_parent_id names: only a fork-tree may set it.
+    _error(client.post("/v1/sandboxes", json={"snapshot_tag": "py", "metadata": {"fork_parent_id": SRC}}),
+           400, "fork_parent_id are set by fork-tree itself")
 
 
 def test_fork_of_an_unknown_sandbox_is_404(client: TestClient) -> None:

@@ -43,6 +43,8 @@ FORK_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "The source cannot be branched right now."},
     503: {"model": ErrorBody, "description": "The daemon is at its branch concurrency cap; retry shortly."},
 }
+# Only a sandbox whose QEMU died: these routes make no guest call that could time out.
+DEAD_GUEST: dict[int | str, dict[str, Any]] = {502: GUEST_ERRORS[502]}
 CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "The request does not fit the sandbox's state."},
 }
@@ -102,7 +104,7 @@ async def fork_tree(
     "/sandboxes/{id}/promote",
     response_model=PromoteResponse,
     summary="Keep this fork-tree child: kill its siblings, optionally take the source's place",
-    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT},
+    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT, **DEAD_GUEST},
     response_model_exclude_unset=True,
 )
 async def promote(
@@ -117,7 +119,7 @@ async def promote(
     "/sandboxes/{id}/checkpoints",
     response_model=CheckpointList,
     summary="Set the auto-checkpoint policy: branch after every N exec/eval calls, keep K",
-    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT},
+    responses={**NO_SANDBOX, **TOO_LARGE, **CONFLICT, **DEAD_GUEST},
 )
 async def set_checkpoints(
     sandbox_id: SandboxIdPath, req: CheckpointPolicyRequest, rt: Runtime,

@@ -18,6 +18,7 @@ from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
+TREE_ID_PATTERN = r"^ft-[0-9a-f]{12}$"  # controller/forks.py: f"ft-{secrets.token_hex(6)}"
 SANDBOX_ID_PATTERN = bounds.SANDBOX_ID_RE.pattern
 TAP_PATTERN = bounds.TAP_RE.pattern
 MODULE_PATTERN = bounds.MODULE_RE.pattern
@@ -241,7 +242,7 @@ class ForkRequest(_Request):
 
 
 class PromoteRequest(_Request):
-    tree_id: Annotated[str, StringConstraints(pattern=r"^ft-[0-9a-f]{12}$")] | None = Field(
+    tree_id: Annotated[str, StringConstraints(pattern=TREE_ID_PATTERN)] | None = Field(
         None, description="The fork-tree; default: the winner's metadata fork_tree_id.",
     )
     cleanup_siblings: bool = Field(True, description="Kill every other live child of the tree.")

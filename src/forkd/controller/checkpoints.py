@@ -86,7 +86,7 @@ class Checkpointer:
         return self.get(sandbox_id)
 
     def _kept(self, sandbox_id: str) -> list[SnapshotRecord]:
-        """This sandbox's checkpoints, oldest first (tags carry a zero-padded call count)."""
+        """This sandbox's checkpoints, oldest first (tags carry a zero-padded, ever-growing sequence)."""
         return sorted((s for s in self._store.all() if s.checkpoint_of == sandbox_id), key=lambda s: s.tag)
 
     # ------------------------------------------------------------------ calls
@@ -105,7 +105,7 @@ class Checkpointer:
         self._calls[sandbox_id] = calls
         if calls % policy.every:
             return
-        tag = self._tag(record, calls)
+        tag = self._tag(record)
         try:
             snap = await self._brancher.checkpoint(sandbox_id, tag, policy.mode)
         except ForkdError as exc:
@@ -118,14 +118,18 @@ class Checkpointer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _tag(self, record: SandboxRecord, calls: int) -> str:
-        tag = f"ckpt-{record.id}-{calls:06d}"
-        if self._store.exists(tag):  # the count restarted (policy reset, daemon restart)
-            tag = f"ckpt-{record.id}-{calls:06d}-{self._registry.next_branch_seq(record.id)}"
-        return tag
+    def _tag(self, record: SandboxRecord) -> str:
+        # The sandbox's branch sequence, kept in the registry: it only grows, across policy
+        # resets and daemon restarts, so tag order is age order (the call count restarts).
+        return f"ckpt-{record.id}-{self._registry.next_branch_seq(record.id):06d}"
 
     async def _prune(self, sandbox_id: str, newest: str, keep: int) -> None:
         await self._brancher.finished(newest)
+        with contextlib.suppress(ForkdError):
+            done = self._store.get(newest)
+            if done.status == "failed":
+                self._errors[sandbox_id] = f"checkpoint {newest} failed while it was written: {done.error}"
+                log.warning("sandbox %s: %s", sandbox_id, self._errors[sandbox_id])
         async with self._prune_locks.setdefault(sandbox_id, asyncio.Lock()):
             kept = [s for s in self._kept(sandbox_id) if s.status != "failed"]
             for snap in [s for s in self._kept(sandbox_id) if s.status == "failed"]:

@@ -16,7 +16,7 @@ keeps it like any other branch.
 A fork-tree stamps each child's ``metadata`` with ``fork_tree_id``,
 ``fork_parent_id`` and ``fork_index``. ``promote`` keeps one child of a tree:
 it kills the others and, with ``replace_parent``, kills the source too and
-makes the source's id an alias of the winner (see docs/FORKING.md).
+makes the source's id an alias of the winner (see docs/BRANCHING.md).
 """
 
 from __future__ import annotations
@@ -30,23 +30,14 @@ from typing import Any
 from forkd.controller.branch import Brancher
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import Spawner, child_specs
+from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, ForkdError, InvalidRequest
+from forkd.errors import Conflict, ForkdError
 from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
 
-TREE_ID_KEY = "fork_tree_id"
-PARENT_ID_KEY = "fork_parent_id"
-INDEX_KEY = "fork_index"
-FORK_KEYS = (TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY)
-
-
-def check_tree_metadata(metadata: dict[str, str]) -> None:
-    """400 if a fork-tree's user labels would overwrite its own stamps."""
-    if any(k in metadata for k in FORK_KEYS):
-        raise InvalidRequest(f"metadata keys {', '.join(FORK_KEYS)} are set by the fork-tree itself")
+TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = FORK_LABELS  # stamped on every fork-tree child
 
 
 @dataclass(frozen=True)
@@ -101,8 +92,6 @@ class Forker:
         self._table.get(source_id)  # 404 / died, before anything is paused
         source = self._registry.get_sandbox(source_id)
         metadata = dict(options.metadata or {})
-        if tree:
-            check_tree_metadata(metadata)
         # Every per-child input is checked before the source is paused.
         specs = child_specs(count, memory_limit_mib=options.memory_limit_mib, env=options.env,
                             child_env=options.child_env, metadata=metadata,
@@ -122,15 +111,16 @@ class Forker:
         except ForkdError as exc:
             # A request-wide refusal (e.g. a missing namespace): no child started.
             outcomes = [exc] * count
+        finally:
+            if not options.keep_snapshot:
+                # Only now: while its children were being restored it had to stay.
+                self._registry.set_auto_delete(snap.tag, True)
+                await self.collect()
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, SandboxRecord):
                 result.children.append(outcome)
             else:
                 result.errors.append({"index": i, "error": str(outcome)})
-        if not options.keep_snapshot:
-            # Only now: while its children were being restored it had to stay.
-            self._registry.set_auto_delete(snap.tag, True)
-            await self.collect()
         return result
 
     async def promote(self, winner_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
@@ -147,6 +137,15 @@ class Forker:
         elif own_tree != tree_id:
             raise Conflict(f"sandbox {winner} is not a child of fork-tree {tree_id!r} "
                            f"(its {TREE_ID_KEY} is {own_tree!r})")
+        parent = record.metadata.get(PARENT_ID_KEY)
+        if replace_parent:
+            # Refuse before anything is killed, so a 409 never follows half the work.
+            if not parent:
+                raise Conflict(f"sandbox {winner} has no {PARENT_ID_KEY} in its metadata to replace")
+            taken = self._registry.resolve_alias(parent)
+            if taken != parent:
+                raise Conflict(f"the parent {parent} was already replaced by {taken}; "
+                               "a sandbox id can be replaced once")
         deleted: list[dict[str, Any]] = []
         if cleanup_siblings:
             siblings = [sb.id for sb in self._registry.list_sandboxes()
@@ -155,18 +154,15 @@ class Forker:
                 deleted.append(await self._kill_reported(sb_id))
         out: dict[str, Any] = {"winner": record.info(), "tree_id": tree_id, "deleted": deleted,
                                "replaced_parent": None}
-        if replace_parent:
-            parent = record.metadata.get(PARENT_ID_KEY)
-            if not parent:
-                raise Conflict(f"sandbox {winner} has no {PARENT_ID_KEY} in its metadata to replace")
+        if replace_parent and parent:
+            report: dict[str, Any] = {"id": parent, "deleted": True}
             if parent in self._table or self._registry.has_sandbox(parent):
                 report = await self._kill_reported(parent)
                 deleted.append(report)
-                if not report["deleted"]:
-                    raise Conflict(f"the parent {parent} could not be killed, so it was not replaced: "
-                                   f"{report['error']}")
-            self._registry.set_alias(parent, winner)
-            out["replaced_parent"] = parent
+            # A parent that could not be killed keeps its id: the report says why.
+            if report["deleted"]:
+                self._registry.set_alias(parent, winner)
+                out["replaced_parent"] = parent
         return out
 
     async def _kill_reported(self, sb_id: str) -> dict[str, Any]:
@@ -201,4 +197,4 @@ class Forker:
             await self.collect()
 
 
-__all__ = ["FORK_KEYS", "ForkOptions", "ForkResult", "Forker", "check_tree_metadata"]
+__all__ = ["ForkOptions", "ForkResult", "Forker"]

@@ -383,12 +383,6 @@ class Registry:
                 current = str(row[0])
         return current
 
-    def aliases_of(self, target: str) -> list[str]:
-        with self._lock:
-            rows = self._db.execute("SELECT alias FROM sandbox_aliases WHERE target = ? ORDER BY alias",
-                                    (target,)).fetchall()
-        return [str(r[0]) for r in rows]
-
 
 def now_unix() -> int:
     return int(time.time())
