@@ -200,7 +200,8 @@ def test_kill9_with_a_full_pool_leaves_no_orphan(pool_daemon: Daemon) -> None:
         assert r.status_code == 201, r.text
         [child] = r.json()
         assert child["pid"] in pooled and "claimed_s" in child["timings"]
-        res = c.post(f"/v1/sandboxes/{child['id']}/eval", json={"code": "__import__('os').environ['K']"}).json()
+        code = "__import__('os').environ['K']"
+        res = c.post(f"/v1/sandboxes/{child['id']}/eval", json={"code": code}).json()
         assert res["result"] == repr("v")
         # Drain: only the claimed child's QEMU is left.
         r = c.put("/v1/snapshots/py/pool", json={"size": 0})
