@@ -288,6 +288,28 @@ def test_resize_option_change_drop_and_backoff(tmp_path: Path, fast_refill: None
     asyncio.run(main())
 
 
+def test_refill_waits_for_foreground_spawns(tmp_path: Path, fast_refill: None) -> None:
+    async def main() -> None:
+        h = harness(tmp_path)
+        idle = asyncio.Event()  # a foreground spawn is in progress until this is set
+
+        async def wait_idle() -> None:
+            await idle.wait()
+
+        h.spawner.wait_idle = wait_idle  # type: ignore[method-assign]
+        await h.keeper.start()
+        try:
+            await h.keeper.set(PoolConfig(PoolKey("py"), 2))
+            await asyncio.sleep(0.1)
+            assert h.spawner.restored == [] and h.keeper.info("py")["ready"] == 0
+            idle.set()
+            await h.filled("py", 2)
+        finally:
+            await h.keeper.stop()
+
+    asyncio.run(main())
+
+
 def test_a_pool_of_a_missing_snapshot_waits(tmp_path: Path, fast_refill: None) -> None:
     async def main() -> None:
         h = harness(tmp_path)
