@@ -113,27 +113,33 @@ async def trial_template(rt: Runtime, count: int) -> Trial:
     return None, elapsed, None
 
 
-async def measure(rt: Runtime, name: str, count: int, repeat: int,
-                  trial: Callable[[], Awaitable[Trial]]) -> dict[str, Any]:
-    pauses: list[float] = []
-    walls: list[float] = []
+async def measure(rt: Runtime, count: int, repeat: int,
+                  methods: list[tuple[str, Callable[[], Awaitable[Trial]]]]) -> list[dict[str, Any]]:
+    """Run the methods round-robin, ``repeat`` rounds, so that a busy moment of the
+    host falls on every method alike rather than on whichever ran then."""
+    pauses: dict[str, list[float]] = {name: [] for name, _ in methods}
+    walls: dict[str, list[float]] = {name: [] for name, _ in methods}
     for _ in range(repeat):
-        pause, wall, tag = await trial()
-        if pause is not None:
-            pauses.append(pause)
-        walls.append(wall)
-        if tag is not None:
-            await rt.delete_snapshot(tag)
-    row: dict[str, Any] = {"method": name, "count": count, "runs": repeat,
-                           "all_answer_s_p50": p50(walls), "all_answer_s_max": round(max(walls), 3),
-                           "all_answer_s": [round(w, 3) for w in walls]}
-    if pauses:
-        row.update(pause_ms_p50=p50(pauses), pause_ms_max=round(max(pauses), 3),
-                   pause_ms=[round(p, 3) for p in pauses])
-    pause_txt = f"pause p50 {row['pause_ms_p50']:8.1f} ms" if pauses else f"{'(no source)':>22}"
-    print(f"{name:18s} count {count:3d}  {pause_txt}  all answer p50 {row['all_answer_s_p50']:7.3f} s "
-          f"(max {row['all_answer_s_max']:.3f})", flush=True)
-    return row
+        for name, trial in methods:
+            pause, wall, tag = await trial()
+            if pause is not None:
+                pauses[name].append(pause)
+            walls[name].append(wall)
+            if tag is not None:
+                await rt.delete_snapshot(tag)
+    rows = []
+    for name, _ in methods:
+        w, p = walls[name], pauses[name]
+        row: dict[str, Any] = {"method": name, "count": count, "runs": repeat,
+                               "all_answer_s_p50": p50(w), "all_answer_s_max": round(max(w), 3),
+                               "all_answer_s": [round(x, 3) for x in w]}
+        if p:
+            row.update(pause_ms_p50=p50(p), pause_ms_max=round(max(p), 3), pause_ms=[round(x, 3) for x in p])
+        pause_txt = f"pause p50 {row['pause_ms_p50']:8.1f} ms" if p else f"{'(no source)':>22}"
+        print(f"{name:18s} count {count:3d}  {pause_txt}  all answer p50 {row['all_answer_s_p50']:7.3f} s "
+              f"(max {row['all_answer_s_max']:.3f})", flush=True)
+        rows.append(row)
+    return rows
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -176,8 +182,7 @@ async def main() -> int:
                 ("branch + spawn", lambda c=count: trial_branch_then_spawn(rt, c)),
                 ("spawn (template)", lambda c=count: trial_template(rt, c)),
             ]
-            for name, trial in methods:
-                results["rows"].append(await measure(rt, name, count, args.repeat, trial))
+            results["rows"] += await measure(rt, count, args.repeat, methods)
     finally:
         await rt.close()
         shutil.rmtree(data.root, ignore_errors=True)

@@ -9,9 +9,11 @@
    there, shared copy-on-write, and every child has its own random stream;
 4. shows that the children are isolated VMs (a change in one is invisible to the others);
 5. BRANCHes a running child mid-computation (its in-memory state and its disk),
-   forks three grandchildren from the branch that each try a different "fix",
-   keeps the winner — while the source child keeps running;
-6. cleans up everything it made.
+   while it keeps running;
+6. forks that running child into a fork-tree of three, one "fix" per child
+   (handed to each through its environment), tries them in parallel, keeps the
+   best child and kills the others (``Sandbox.explore``);
+7. cleans up everything it made.
 
 Run with `make demo` (does all set-up first) or `.venv/bin/python examples/demo.py`.
 """
@@ -30,7 +32,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from forkd import Controller
+from forkd import Controller, Sandbox
 from forkd.config import DataDir
 
 console = Console()
@@ -154,24 +156,38 @@ def main() -> int:
         console.print(f"the source kept running: its step counter went {step_now} -> "
                       f"{c.eval(src, STEP)['result']}")
 
+        # --- best of N: fork the running source into a tree, one fix per child --------
         fixes = {"return x / 1": "divide by one", "return x * 0": "multiply by zero",
                  "return x": "identity"}
-        grandkids = c.spawn_sandboxes(f"{tag}-diff", n=len(fixes))
-        sandboxes += grandkids
-        table = Table("grandchild", "step (continued from the branch)", "fix tried", "f(21) ->", "exit")
-        winner = None
-        for g, (fix, label) in zip(grandkids, fixes.items(), strict=True):
-            inherited = c.eval(g["id"], STEP)["result"]
-            c.exec(g["id"], ["sh", "-c", f"sed -i 's|return x / 0|{fix}|' /root/buggy.py"])
-            out = c.exec(g["id"], ["python3", "-c", RUN_BUGGY])
-            table.add_row(g["id"], inherited, label, out["stdout"].strip() or out["stderr"].strip()[-40:],
-                          str(out["exit_code"]))
-            if out["exit_code"] == 0 and out["stdout"].strip() == "21.0":
-                winner = g["id"]
+
+        def try_fix(child: Sandbox, fix: str) -> str:
+            # The fix arrives as the child's own environment (child_env), not as a request.
+            c.exec(child.id, ["sh", "-c", 'sed -i "s|return x / 0|$FIX|" /root/buggy.py'])
+            out = c.exec(child.id, ["python3", "-c", RUN_BUGGY])
+            if out["exit_code"] != 0:
+                raise RuntimeError(out["stderr"].strip().splitlines()[-1])
+            return out["stdout"].strip()
+
+        source = Sandbox(sandbox_id=src, controller=c)  # attached: this object never kills it
+        t0 = time.monotonic()
+        best = source.explore(list(fixes), try_fix,
+                              lambda _child, _fix, out: 1.0 if float(out) == 21.0 else 0.0,
+                              child_env=[{"FIX": fix} for fix in fixes])
+        explore_s = time.monotonic() - t0
+        table = Table("child (fork-tree)", "step (continued from the source)", "fix tried", "f(21) ->",
+                      "score")
+        for o in best.outcomes:
+            step = c.eval(o.sandbox_id, STEP)["result"] if o.sandbox_id and o is best.best else "(killed)"
+            table.add_row(o.sandbox_id or "-", step, fixes[o.candidate], str(o.result or o.error),
+                          "-" if o.score is None else f"{o.score:g}")
         console.print(table)
-        console.print(f"[bold]winner[/]: {winner} (its siblings and the source are untouched: "
-                      f"source still has the bug: "
-                      f"{'x / 0' in c.exec(src, ['cat', '/root/buggy.py'])['stdout']})")
+        winner = best.winner
+        assert winner is not None
+        sandboxes.append(winner.info)
+        console.print(f"[bold]explore[/]: forked {len(fixes)} children of running {src} in one call "
+                      f"(fork-tree {best.tree_id}), tried the fixes in parallel, kept {winner.id} and "
+                      f"killed the rest, in {explore_s:.1f} s; the source still has the bug: "
+                      f"{'x / 0' in c.exec(src, ['cat', '/root/buggy.py'])['stdout']}")
     finally:
         with console.status("cleaning up"):
             for sb in sandboxes:

@@ -138,6 +138,7 @@ class FakeRuntime:
         return self.snapshots[tag]
 
     def _sandbox(self, sandbox_id: str) -> SandboxRecord:
+        sandbox_id = self._resolve(sandbox_id)  # after promote(replace_parent), as the real table does
         if sandbox_id not in self.sandboxes and self.permissive:
             self.add_sandbox(sandbox_id, live_fork=True)
         if sandbox_id not in self.sandboxes:
@@ -330,8 +331,7 @@ class FakeRuntime:
 
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
-        self._sandbox(sandbox_id)
-        del self.sandboxes[sandbox_id]
+        del self.sandboxes[self._sandbox(sandbox_id).id]
 
     async def ping(self, sandbox_id: str) -> dict[str, Any]:
         self._call("ping", sandbox_id)

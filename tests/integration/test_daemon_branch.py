@@ -752,3 +752,73 @@ def test_snapshot_list_fields_for_branches_and_builds(http: httpx.Client, py: st
     assert entry == made
     assert entry["branched_from"] == src["id"] and entry["status"] == "ready"
     assert isinstance(entry["pause_ms"], int | float) and entry["pause_ms"] > 0
+
+
+# ---------------------------------------------------------------- fork of a running sandbox
+
+
+def test_sdk_explore_best_of_n_through_the_daemon(sdk_env: Daemon, py: str) -> None:
+    """sb.explore: a fork-tree, one candidate fix per child (its hint in child_env), run in
+    parallel, scored, the winner promoted and the losers gone, through a real daemon."""
+    fixes = ["return x / 0", "return x * 2", "return x + 1"]
+    with Sandbox(tag="py") as sb:
+        sb.eval("attempts = []")
+        assert sb.commands.run("echo 'def f(x): return x / 0' > /root/buggy.py").ok
+
+        def run(child: Sandbox, fix: str) -> str:
+            hint = child.eval("__import__('os').environ['FIX']").result
+            assert hint == repr(fix)
+            child.commands.run(f"sed -i 's|return x / 0|{fix}|' /root/buggy.py")
+            out = child.commands.run("python3 -c 'import sys; sys.path.insert(0, \"/root\"); "
+                                     "import buggy; print(buggy.f(20))'")
+            if not out.ok:
+                raise RuntimeError(out.stderr.strip().splitlines()[-1])
+            return out.stdout.strip()
+
+        result = sb.explore(fixes, run, lambda _c, _f, out: float(out),
+                            child_env=[{"FIX": f} for f in fixes])
+        assert [o.ok for o in result.outcomes] == [False, True, True]
+        assert "ZeroDivisionError" in (result.outcomes[0].error or "")
+        assert result.best is not None and result.best.candidate == "return x * 2"
+        winner = result.winner
+        assert winner is not None
+        with Controller() as c:
+            alive = {s["id"] for s in c.list_sandboxes()}
+            assert alive == {sb.id, winner.id}  # the losers were killed by promote
+        assert winner.eval("attempts").result == "[]"  # it started from the source's state
+        winner.close()
+        # The source still has the bug.
+        assert "x / 0" in sb.commands.run("cat /root/buggy.py").stdout
+
+
+def test_cli_fork_from_sandbox_promote_and_checkpoints(daemon: Daemon, http: httpx.Client, py: str) -> None:
+    [src] = http.post("/v1/sandboxes", json={"snapshot_tag": "py", "n": 1}).json()
+    out = run_cli(daemon, "--json", "fork", "--from-sandbox", src["id"], "-n", "2", "--tree",
+                  "-e", "ROLE=explorer")
+    assert out.returncode == 0, out.stderr
+    forked = json.loads(out.stdout)
+    kids = [c["id"] for c in forked["children"]]
+    assert len(kids) == 2 and forked["tree_id"].startswith("ft-")
+    env = http.post(f"/v1/sandboxes/{kids[1]}/exec", json={"args": ["sh", "-c", "echo $ROLE"]}).json()
+    assert env["stdout"] == "explorer\n"
+    out = run_cli(daemon, "--json", "promote", kids[1], "--replace-parent")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["replaced_parent"] == src["id"]
+    assert [s["id"] for s in http.get("/v1/sandboxes").json()] == [kids[1]]
+    assert http.get(f"/v1/sandboxes/{src['id']}").json()["id"] == kids[1]  # the alias
+
+    out = run_cli(daemon, "--json", "checkpoints", kids[1], "--every", "1", "--keep", "1")
+    assert out.returncode == 0, out.stderr
+    for i in range(2):
+        http.post(f"/v1/sandboxes/{kids[1]}/eval", json={"code": f"turn = {i}"})
+    deadline = time.monotonic() + 180
+    while True:
+        listed = json.loads(run_cli(daemon, "--json", "checkpoints", kids[1]).stdout)["checkpoints"]
+        if len(listed) == 1 and listed[0]["status"] == "ready":
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.5)
+    [child] = http.post("/v1/sandboxes", json={"snapshot_tag": listed[0]["tag"], "n": 1}).json()
+    assert http.post(f"/v1/sandboxes/{child['id']}/eval", json={"code": "turn"}).json()["result"] == "1"
+    for sb_id in (child["id"], kids[1]):
+        assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204

@@ -65,6 +65,18 @@ def run(runner: CliRunner, *args: str, input: str | None = None) -> Any:
         (["kill"], "give sandbox ID(s) or --all"),
         (["kill", SB, "--all"], "give sandbox ID(s) or --all"),
         (["exec", SB, "-e", "NOEQUALS", "--", "true"], "KEY=VALUE"),
+        (["fork"], "give --tag (fork a snapshot) or --from-sandbox"),
+        (["fork", "--tag", "py", "--from-sandbox", SB], "give --tag (fork a snapshot) or --from-sandbox"),
+        (["fork", "--tag", "py", "--tree"], "--tree only applies with --from-sandbox"),
+        (["fork", "--tag", "py", "--tree", "--keep-snapshot"],
+         "--tree, --keep-snapshot only apply with --from-sandbox"),
+        (["fork", "--tag", "py", "--env", "A"], "--env expects KEY=VALUE"),
+        (["fork", "--from-sandbox", SB, "--label", "=x"], "--label expects KEY=VALUE"),
+        (["ls", "--snapshots", "--label", "a=b"], "cannot be used with --snapshots"),
+        (["ls", "--label", "novalue"], "--label expects KEY=VALUE"),
+        (["checkpoints", SB, "--keep", "3"], "--keep and --mode need --every"),
+        (["checkpoints", SB, "--mode", "live"], "--keep and --mode need --every"),
+        (["checkpoints", SB, "--every", "3", "--off"], "--off and --every are mutually exclusive"),
     ],
 )
 def test_usage_errors_exit_2_without_a_request(
@@ -93,7 +105,8 @@ def test_no_args_shows_help(runner: CliRunner) -> None:
 @pytest.mark.parametrize(
     "command",
     ["daemon", "snapshot", "fork", "branch", "ls", "snapshot-info", "kill", "rmi", "ping",
-     "exec", "eval", "version", "doctor", "image", "image build", "image ls"],
+     "exec", "eval", "version", "doctor", "image", "image build", "image ls", "promote",
+     "checkpoints"],
 )
 def test_every_command_has_help(runner: CliRunner, command: str) -> None:
     result = run(runner, *command.split(), "--help")
@@ -213,6 +226,38 @@ def test_fork_json_and_body(runner: CliRunner, daemon: FakeDaemon) -> None:
     assert json.loads(result.stdout) == kids
     assert daemon.body() == {"snapshot_tag": "py", "n": 3, "per_child_netns": True,
                              "memory_limit_mib": 256, "live_fork": True}
+
+
+def test_fork_env_and_labels(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    result = run(runner, "fork", "--tag", "py", "-e", "A=1", "--env", "B=x=y", "-l", "team=ml")
+    assert result.exit_code == 0, result.output
+    assert daemon.body() == {"snapshot_tag": "py", "n": 1, "env": {"A": "1", "B": "x=y"},
+                             "metadata": {"team": "ml"}}
+
+
+def test_fork_from_sandbox_body(runner: CliRunner, daemon: FakeDaemon) -> None:
+    answer = {"parent_id": SB, "snapshot_tag": "b", "children": [sandbox_info(1, "b")],
+              "errors": [], "pause_ms": 48, "tree_id": "ft-0123456789ab"}
+    daemon.on("POST", f"/v1/sandboxes/{SB}/fork-tree", httpx.Response(201, json=answer))
+    result = run(runner, "fork", "--from-sandbox", SB, "-n", "1", "--tree", "--keep-snapshot",
+                 "-e", "SEED=7", "-l", "job=x", "--memory-limit-mib", "256", "--live-fork",
+                 "--per-child-netns", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == answer
+    assert daemon.body() == {"count": 1, "per_child_netns": True, "memory_limit_mib": 256,
+                             "live_fork": True, "env": {"SEED": "7"}, "metadata": {"job": "x"},
+                             "keep_snapshot": True}
+
+
+def test_ls_filters(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
+    result = run(runner, "ls", "--tag", "py", "-l", "a=1", "-l", "b=2")
+    assert result.exit_code == 0, result.output
+    assert "no sandboxes match" in result.stdout
+    assert daemon.calls() == [("GET", "/v1/sandboxes")]  # a filter lists sandboxes only
+    assert daemon.requests[0].url.params.multi_items() == [
+        ("snapshot_tag", "py"), ("metadata", "a=1"), ("metadata", "b=2")]
 
 
 def test_fork_table(runner: CliRunner, daemon: FakeDaemon) -> None:

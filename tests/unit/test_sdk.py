@@ -8,7 +8,10 @@ classes, waiting for a snapshot, sandbox ownership). No daemon, no VM.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,14 +23,20 @@ from forkd.sdk import (
     AsyncSandbox,
     AsyncSnapshot,
     BadRequest,
+    CheckpointPolicy,
+    Checkpoints,
     CommandResult,
     ConflictError,
     Controller,
+    Deletion,
     EvalResult,
     ForkdAPIError,
     ForkdConnectionError,
     ForkdTimeoutError,
+    ForkFailure,
+    ForkResult,
     NotFoundError,
+    PromoteResult,
     Sandbox,
     ServerError,
     ServiceUnavailable,
@@ -35,7 +44,7 @@ from forkd.sdk import (
     SnapshotFailedError,
     Unauthorized,
 )
-from tests.fakes.daemon import FakeDaemon, clear_env, sandbox_info, sandbox_routes, snap_info
+from tests.fakes.daemon import SB, FakeDaemon, clear_env, sandbox_info, sandbox_routes, snap_info
 
 
 @pytest.fixture(autouse=True)
@@ -656,3 +665,213 @@ async def _default_in_a_new_loop() -> AsyncController:
     from forkd.sdk import default_async_controller
 
     return default_async_controller()
+
+
+# --------------------------------------------------- forking a running sandbox
+
+
+def fork_info(count: int = 2, tree_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A ForkResponse whose children are sb-abcdef-0001.. (0000 is the source)."""
+    children = [sandbox_info(i + 1, "branch-sb-abcdef-0000-1") for i in range(count)]
+    if tree_id is not None:
+        for i, child in enumerate(children):
+            child["metadata"] = {"fork_tree_id": tree_id, "fork_parent_id": SB, "fork_index": str(i)}
+    body: dict[str, Any] = {"parent_id": SB, "snapshot_tag": "branch-sb-abcdef-0000-1",
+                            "children": children, "errors": [], "pause_ms": 48, **extra}
+    if tree_id is not None:
+        body["tree_id"] = tree_id
+    return body
+
+
+def test_spawn_sends_env_child_env_and_metadata(fake: FakeDaemon) -> None:
+    sandbox_routes(fake)
+    c = fake.controller()
+    c.spawn_sandboxes("py", n=2, env={"A": "1"}, child_env=[{"I": "0"}, {"I": "1"}],
+                      metadata={"team": "ml"})
+    Sandbox.create("py", controller=c, env={"B": "2"}, metadata={"run": "7"})
+    Snapshot(snap_info("py"), controller=c).fork(n=1, child_env=[{"C": "3"}])
+    assert fake.bodies("POST", "/v1/sandboxes") == [
+        {"snapshot_tag": "py", "n": 2, "env": {"A": "1"}, "child_env": [{"I": "0"}, {"I": "1"}],
+         "metadata": {"team": "ml"}},
+        {"snapshot_tag": "py", "n": 1, "env": {"B": "2"}, "metadata": {"run": "7"}},
+        {"snapshot_tag": "py", "n": 1, "child_env": [{"C": "3"}]},
+    ]
+
+
+def test_list_sandboxes_filters_are_query_parameters(fake: FakeDaemon) -> None:
+    fake.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
+    c = fake.controller()
+    c.list_sandboxes()
+    c.list_sandboxes(snapshot_tag="py", metadata={"fork_tree_id": "ft-0123456789ab", "team": "ml"})
+    assert fake.requests[0].url.query == b""
+    assert fake.requests[1].url.params.multi_items() == [
+        ("snapshot_tag", "py"), ("metadata", "fork_tree_id=ft-0123456789ab"), ("metadata", "team=ml"),
+    ]
+
+
+def test_fork_bodies_send_only_what_was_set(fake: FakeDaemon) -> None:
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork", httpx.Response(201, json=fork_info()))
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork-tree",
+            httpx.Response(201, json=fork_info(tree_id="ft-0123456789ab")))
+    c = fake.controller(timeout=5)
+    assert c.fork_sandbox(SB)["parent_id"] == SB
+    c.fork_sandbox(SB, 2, per_child_netns=True, memory_limit_mib=256,
+                   child_memory_limit_mib=[None, 512], live_fork=True, env={"A": "1"},
+                   child_env=[{"I": "0"}, {"I": "1"}], metadata={"team": "ml"}, keep_snapshot=True)
+    assert c.fork_tree(SB, 3)["tree_id"] == "ft-0123456789ab"
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/fork") == [
+        {"count": 1},
+        {"count": 2, "per_child_netns": True, "memory_limit_mib": 256,
+         "child_memory_limit_mib": [None, 512], "live_fork": True, "env": {"A": "1"},
+         "child_env": [{"I": "0"}, {"I": "1"}], "metadata": {"team": "ml"}, "keep_snapshot": True},
+    ]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/fork-tree") == [{"count": 3}]
+    # A fork is a branch plus count restores: no read timeout, like a spawn.
+    assert [r.extensions["timeout"]["read"] for r in fake.requests] == [None, None, None]
+
+
+def test_promote_and_checkpoint_bodies(fake: FakeDaemon) -> None:
+    promoted = {"winner": sandbox_info(1), "tree_id": "ft-0123456789ab", "deleted": [],
+                "replaced_parent": None}
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0001/promote", httpx.Response(200, json=promoted))
+    listing = {"sandbox_id": SB, "policy": {"every": 5, "keep": 3, "mode": "diff"}, "calls": 2,
+               "checkpoints": [snap_info("ckpt-1", checkpoint_of=SB)]}
+    fake.on("POST", f"/v1/sandboxes/{SB}/checkpoints", httpx.Response(200, json=listing))
+    fake.on("GET", f"/v1/sandboxes/{SB}/checkpoints", httpx.Response(200, json=listing))
+    fake.on("DELETE", f"/v1/sandboxes/{SB}/checkpoints",
+            httpx.Response(200, json=listing | {"policy": None}))
+    c = fake.controller()
+    c.promote_sandbox("sb-abcdef-0001")
+    c.promote_sandbox("sb-abcdef-0001", tree_id="ft-0123456789ab", cleanup_siblings=False,
+                      replace_parent=True)
+    assert fake.bodies("POST", "/v1/sandboxes/sb-abcdef-0001/promote") == [
+        {},  # cleanup_siblings is only sent when it departs from the default
+        {"tree_id": "ft-0123456789ab", "cleanup_siblings": False, "replace_parent": True},
+    ]
+    assert c.set_checkpoints(SB, 5) == listing
+    c.set_checkpoints(SB, 1, keep=10, mode="live")
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/checkpoints") == [
+        {"every": 5}, {"every": 1, "keep": 10, "mode": "live"}]
+    assert c.get_checkpoints(SB)["calls"] == 2
+    assert c.delete_checkpoints(SB)["policy"] is None
+    assert fake.calls()[-2:] == [("GET", f"/v1/sandboxes/{SB}/checkpoints"),
+                                 ("DELETE", f"/v1/sandboxes/{SB}/checkpoints")]
+
+
+def test_sandbox_fork_result_holds_owned_children(fake: FakeDaemon) -> None:
+    body = fork_info(3, errors=[{"index": 1, "error": "child 1 was OOM-killed at restore"}])
+    body["children"] = [body["children"][0], body["children"][2]]  # child 1 failed
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork", httpx.Response(201, json=body))
+    for i in (1, 3):
+        fake.on("DELETE", f"/v1/sandboxes/sb-abcdef-{i:04d}", httpx.Response(204))
+    sb = Sandbox(sandbox_id=SB, controller=fake.controller())
+    result = sb.fork(3, child_env=[{"I": str(i)} for i in range(3)])
+    assert isinstance(result, ForkResult)
+    assert (result.parent_id, result.snapshot_tag, result.pause_ms, result.tree_id) == (
+        SB, "branch-sb-abcdef-0000-1", 48, None)
+    assert [k.id for k in result.children] == ["sb-abcdef-0001", "sb-abcdef-0003"]
+    assert all(isinstance(k, Sandbox) and k.owned for k in result.children)
+    assert result.errors == [ForkFailure(1, "child 1 was OOM-killed at restore")]
+    assert not result.ok
+    assert {i: k.id for i, k in result.by_index().items()} == {0: "sb-abcdef-0001", 2: "sb-abcdef-0003"}
+    assert result.children[0].info["snapshot_tag"] == "branch-sb-abcdef-0000-1"  # no request
+    for kid in result.children:
+        kid.close()
+    assert not sb.owned  # attached: the source is not the caller's to kill
+    assert fake.calls() == [("POST", f"/v1/sandboxes/{SB}/fork"),
+                            ("DELETE", "/v1/sandboxes/sb-abcdef-0001"),
+                            ("DELETE", "/v1/sandboxes/sb-abcdef-0003")]
+
+
+def test_fork_tree_indexes_come_from_metadata(fake: FakeDaemon) -> None:
+    body = fork_info(2, tree_id="ft-0123456789ab")
+    body["children"].reverse()  # the stamped fork_index wins over the listing order
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork-tree", httpx.Response(201, json=body))
+    result = Sandbox(sandbox_id=SB, controller=fake.controller()).fork_tree(2)
+    assert result.tree_id == "ft-0123456789ab" and result.ok
+    assert {i: k.id for i, k in result.by_index().items()} == {0: "sb-abcdef-0001", 1: "sb-abcdef-0002"}
+
+
+def test_promote_result(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes/sb-abcdef-0001/promote", httpx.Response(200, json={
+        "winner": sandbox_info(1) | {"pid": 9}, "tree_id": "ft-0123456789ab",
+        "deleted": [{"id": "sb-abcdef-0002", "deleted": True},
+                    {"id": SB, "deleted": False, "error": "busy"}],
+        "replaced_parent": None,
+    }))
+    kid = Sandbox(sandbox_id="sb-abcdef-0001", controller=fake.controller())
+    result = kid.promote(replace_parent=True)
+    assert isinstance(result, PromoteResult)
+    assert result.winner is kid and kid.info["pid"] == 9  # refreshed from the answer
+    assert result.deleted == [Deletion("sb-abcdef-0002", True), Deletion(SB, False, "busy")]
+    assert not result.ok
+    assert fake.body() == {"replace_parent": True}
+
+
+def test_sandbox_checkpoints_are_snapshots(fake: FakeDaemon) -> None:
+    listing = {"sandbox_id": SB, "policy": {"every": 2, "keep": 1, "mode": "diff"}, "calls": 3,
+               "checkpoints": [snap_info("ckpt-1", checkpoint_of=SB)], "last_error": "disk full"}
+    fake.on("POST", f"/v1/sandboxes/{SB}/checkpoints", httpx.Response(200, json=listing))
+    fake.on("DELETE", f"/v1/sandboxes/{SB}/checkpoints",
+            httpx.Response(200, json=listing | {"policy": None, "last_error": None}))
+    sandbox_routes(fake)
+    c = fake.controller()
+    sb = Sandbox(sandbox_id=SB, controller=c)
+    kept = sb.set_checkpoints(2, keep=1)
+    assert isinstance(kept, Checkpoints)
+    assert kept.policy == CheckpointPolicy(every=2, keep=1, mode="diff")
+    assert (kept.sandbox_id, kept.calls, kept.last_error) == (SB, 3, "disk full")
+    [snap] = kept.snapshots
+    assert isinstance(snap, Snapshot) and snap.tag == "ckpt-1" and snap.controller is c
+    [back] = snap.fork()  # going back to the checkpoint
+    assert fake.body() == {"snapshot_tag": "ckpt-1", "n": 1}
+    assert back.owned
+    assert sb.delete_checkpoints().policy is None
+
+
+def test_twins_concurrently() -> None:
+    from forkd.sdk._twins import concurrently
+
+    assert concurrently(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+    assert concurrently(lambda x: x, []) == []
+    with pytest.raises(ValueError, match="limit"):
+        concurrently(lambda x: x, [1], limit=0)
+
+    async def double(x: int) -> int:
+        await asyncio.sleep(0)
+        return x * 2
+
+    assert asyncio.run(concurrently(double, [1, 2, 3], limit=2)) == [2, 4, 6]
+    assert asyncio.run(concurrently(double, [])) == []
+
+
+def test_twins_concurrently_bounds_the_calls_in_flight() -> None:
+    from forkd.sdk._twins import concurrently
+
+    in_flight = peak = 0
+    lock = threading.Lock()
+
+    def work(x: int) -> int:
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        time.sleep(0.05)  # long enough for the second thread to start under load
+        with lock:
+            in_flight -= 1
+        return x
+
+    assert concurrently(work, list(range(6)), limit=2) == list(range(6))
+    assert peak == 2
+
+    async def awork(x: int) -> int:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return x
+
+    peak = 0
+    assert asyncio.run(concurrently(awork, list(range(6)), limit=3)) == list(range(6))
+    assert peak == 3

@@ -8,8 +8,10 @@ what the daemon answers, including its error bodies.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,8 +21,15 @@ from forkd.api.app import create_app
 from forkd.api.settings import Settings
 from forkd.sdk import (
     AsyncController,
+    AsyncSandbox,
     BadRequest,
+    CheckpointPolicy,
+    ConflictError,
     Controller,
+    EvalResult,
+    ExploreError,
+    ExploreResult,
+    ForkFailure,
     NotFoundError,
     Sandbox,
     Unauthorized,
@@ -154,3 +163,258 @@ def test_async_controller_against_the_app(settings: Settings, runtime: FakeRunti
             assert (await c.version())["api"] == "v1"
 
     asyncio.run(main())
+
+
+# --------------------------------------------------- forking a running sandbox
+
+
+def test_spawn_env_and_metadata_and_list_filters(controller: Controller, runtime: FakeRuntime) -> None:
+    runtime.add_snapshot("other")
+    kids = controller.spawn_sandboxes("py", n=2, env={"A": "1"}, child_env=[{"I": "0"}, {"I": "1"}],
+                                      metadata={"team": "ml"})
+    assert runtime.calls[-1].kwargs["child_env"] == [{"I": "0"}, {"I": "1"}]
+    assert runtime.calls[-1].kwargs["env"] == {"A": "1"}
+    assert all(k["metadata"] == {"team": "ml"} for k in kids)
+    controller.spawn_sandboxes("other", metadata={"team": "ml", "run": "2"})
+    controller.spawn_sandboxes("py")
+    assert len(controller.list_sandboxes()) == 4
+    assert [s["id"] for s in controller.list_sandboxes(metadata={"team": "ml"})] == [
+        "sb-abcdef-0000", "sb-abcdef-0001", "sb-abcdef-0002"]
+    assert [s["id"] for s in controller.list_sandboxes(snapshot_tag="py", metadata={"team": "ml"})] == [
+        "sb-abcdef-0000", "sb-abcdef-0001"]
+    assert [s["id"] for s in controller.list_sandboxes(metadata={"team": "ml", "run": "2"})] == [
+        "sb-abcdef-0002"]
+    with pytest.raises(BadRequest, match="child_env"):
+        controller.spawn_sandboxes("py", n=2, child_env=[{}])  # one entry per child
+
+
+def test_fork_partial_failure_and_killing_the_children(
+    controller: Controller, runtime: FakeRuntime
+) -> None:
+    with Sandbox(tag="py", controller=controller) as sb:
+        result = sb.fork(3, env={"A": "1"}, child_env=[{"I": str(i)} for i in range(3)],
+                         child_memory_limit_mib=[256, 64, None], metadata={"team": "ml"},
+                         keep_snapshot=True)
+        assert result.parent_id == sb.id
+        assert result.errors == [ForkFailure(1, "child 1 was OOM-killed at restore")]
+        assert sorted(result.by_index()) == [0, 2]
+        assert [k.info["metadata"] for k in result.children] == [{"team": "ml"}] * 2
+        assert runtime.snapshots[result.snapshot_tag].auto_delete is False  # keep_snapshot
+        assert ("fork", (sb.id, 3), {"tree": False, "keep_snapshot": True}) in runtime.calls
+        assert set(runtime.sandboxes) == {sb.id, *(k.id for k in result.children)}
+        for kid in result.children:
+            kid.close()
+        assert set(runtime.sandboxes) == {sb.id}  # the source keeps running
+    assert runtime.sandboxes == {}
+
+
+def test_fork_tree_then_promote(controller: Controller, runtime: FakeRuntime) -> None:
+    parent = Sandbox.create("py", controller=controller)
+    tree = parent.fork_tree(3)
+    assert tree.tree_id is not None and tree.ok
+    members = controller.list_sandboxes(metadata={"fork_tree_id": tree.tree_id})
+    assert [m["id"] for m in members] == [k.id for k in tree.children]
+    assert [m["metadata"]["fork_index"] for m in members] == ["0", "1", "2"]
+    winner = tree.children[1]
+    promoted = winner.promote(replace_parent=True)
+    assert promoted.winner is winner and promoted.tree_id == tree.tree_id
+    assert promoted.ok
+    assert [d.id for d in promoted.deleted] == [tree.children[0].id, tree.children[2].id, parent.id]
+    assert promoted.replaced_parent == parent.id
+    assert runtime.aliases == {parent.id: winner.id}
+    assert set(runtime.sandboxes) == {winner.id}
+    for kid in tree.children:  # the losers are gone already; closing them is harmless
+        kid.close()
+    assert set(runtime.sandboxes) == set()
+
+
+def test_promote_outside_a_tree_is_a_conflict(controller: Controller) -> None:
+    sb = Sandbox.create("py", controller=controller)
+    [plain] = sb.fork(1).children
+    with pytest.raises(ConflictError, match="fork-tree"):
+        plain.promote()
+
+
+def test_checkpoint_policy_round_trip(controller: Controller, runtime: FakeRuntime) -> None:
+    sb = Sandbox.create("py", controller=controller)
+    assert sb.get_checkpoints().policy is None
+    kept = sb.set_checkpoints(5, keep=2, mode="diff")
+    assert kept.policy == CheckpointPolicy(every=5, keep=2, mode="diff")
+    assert runtime.calls[-1] == ("set_checkpoints", (sb.id,), {"every": 5, "keep": 2, "mode": "diff"})
+    assert controller.set_checkpoints(sb.id, 3)["policy"] == {"every": 3, "keep": 3, "mode": "diff"}
+    runtime.add_snapshot("ckpt-a", checkpoint_of=sb.id)
+    [snap] = sb.get_checkpoints().snapshots
+    assert snap.tag == "ckpt-a"
+    assert [k.info["snapshot_tag"] for k in snap.fork(n=2)] == ["ckpt-a", "ckpt-a"]
+    assert sb.delete_checkpoints().policy is None
+    with pytest.raises(BadRequest):
+        sb.set_checkpoints(0)
+    with pytest.raises(BadRequest):
+        sb.set_checkpoints(1, mode="full")
+
+
+# ----------------------------------------------------------------- explore
+
+
+def _double(child: Sandbox, candidate: str) -> str:
+    """run: the fake runtime evaluates arithmetic, so a candidate's score is known."""
+    if candidate == "boom":
+        raise RuntimeError("the agent crashed")
+    result = child.eval(f"{candidate} * 2")
+    if not result.ok:
+        raise ValueError(result.error)
+    return str(result.result)
+
+
+def _as_score(child: Sandbox, candidate: str, result: str) -> float:
+    if candidate == "3":
+        raise KeyError("judge unavailable")
+    return float(result)
+
+
+def test_explore_promotes_the_best_and_reports_every_outcome(
+    controller: Controller, runtime: FakeRuntime
+) -> None:
+    with Sandbox(tag="py", controller=controller) as sb:
+        candidates = ["1", "boom", "7", "3", "5", "4"]
+        # Child 5 cannot come up (the fake fails limits below 128 MiB).
+        limits: list[int | None] = [None] * 5 + [64]
+        result = sb.explore(candidates, _double, _as_score, child_memory_limit_mib=limits,
+                            metadata={"job": "x"})
+        assert isinstance(result, ExploreResult)
+        assert [o.candidate for o in result.outcomes] == candidates
+        assert [o.score for o in result.outcomes] == [2.0, None, 14.0, None, 10.0, None]
+        assert [o.error for o in result.outcomes] == [
+            None, "run: RuntimeError: the agent crashed", None, "score: KeyError: 'judge unavailable'",
+            None, "spawn: child 5 was OOM-killed at restore"]
+        assert isinstance(result.outcomes[1].exception, RuntimeError)
+        assert result.outcomes[3].result == "6"  # run's result is kept when score fails
+        assert result.outcomes[5].sandbox is None and result.outcomes[5].sandbox_id is None
+        assert [f.index for f in result.failures] == [1, 3, 5]
+        assert result.fork.errors == [ForkFailure(5, "child 5 was OOM-killed at restore")]
+
+        best = result.outcomes[2]
+        assert result.best is best and result.winner is best.sandbox
+        assert result.winner.owned
+        assert result.tree_id == result.fork.tree_id
+        # Promoted with cleanup: only the source and the winner are left.
+        assert set(runtime.sandboxes) == {sb.id, result.winner.id}
+        assert sorted(d.id for d in result.promotion.deleted) == sorted(
+            o.sandbox_id for o in result.outcomes if o.sandbox_id and o is not best)
+        losers = [o.sandbox for o in result.outcomes if o.sandbox is not None and o is not best]
+        assert losers and not any(s.owned for s in losers)  # their close() sends nothing
+        assert result.winner.info["metadata"]["job"] == "x"
+        assert result.winner.eval("1 + 1").result == "2"
+        result.winner.close()
+        assert set(runtime.sandboxes) == {sb.id}
+    assert runtime.sandboxes == {}
+
+
+def test_explore_without_score_uses_the_result(controller: Controller, runtime: FakeRuntime) -> None:
+    sb = Sandbox.create("py", controller=controller)
+    result = sb.explore([3, 9, 9, 1], lambda child, n: float(n))
+    assert result.best.index == 1  # equal scores: the lowest index wins
+    assert set(runtime.sandboxes) == {sb.id, result.winner.id}
+
+
+def explore_scores(result: ExploreResult[Sandbox, Any]) -> list[float | None]:
+    return [o.score for o in result.outcomes]
+
+
+def test_explore_runs_the_children_at_the_same_time(controller: Controller) -> None:
+    sb = Sandbox.create("py", controller=controller)
+    barrier = threading.Barrier(3, timeout=10)  # only passes if all three run at once
+
+    def run(child: Sandbox, candidate: int) -> int:
+        barrier.wait()
+        return candidate
+
+    assert explore_scores(sb.explore([1, 2, 3], run)) == [1.0, 2.0, 3.0]
+
+
+def test_explore_where_everything_fails_kills_every_child(
+    controller: Controller, runtime: FakeRuntime
+) -> None:
+    sb = Sandbox.create("py", controller=controller)
+
+    def run(child: Sandbox, candidate: str) -> float:
+        if candidate == "nan":
+            return float("nan")
+        raise ValueError(f"bad {candidate}")
+
+    with pytest.raises(ExploreError, match="every candidate of explore failed") as info:
+        sb.explore(["a", "nan", "c"], run, child_memory_limit_mib=[None, None, 64])
+    assert [o.error for o in info.value.outcomes] == [
+        "run: ValueError: bad a", "score: ValueError: the score is NaN",
+        "spawn: child 2 was OOM-killed at restore"]
+    assert "every child was killed" in str(info.value)
+    assert info.value.fork is not None and info.value.fork.tree_id
+    assert set(runtime.sandboxes) == {sb.id}
+    assert "promote" not in runtime.names()
+
+
+def test_explore_interrupted_kills_every_child(controller: Controller, runtime: FakeRuntime) -> None:
+    sb = Sandbox.create("py", controller=controller)
+
+    def run(child: Sandbox, candidate: int) -> int:
+        if candidate == 1:
+            raise KeyboardInterrupt  # not a candidate's failure: explore stops
+        return candidate
+
+    with pytest.raises(KeyboardInterrupt):
+        sb.explore([0, 1], run, concurrency=1)
+    assert set(runtime.sandboxes) == {sb.id}
+
+
+def test_explore_replace_parent(controller: Controller, runtime: FakeRuntime) -> None:
+    sb = Sandbox.create("py", controller=controller)
+    result = sb.explore([1, 2], lambda child, n: n, replace_parent=True)
+    assert result.promotion.replaced_parent == sb.id
+    assert runtime.aliases == {sb.id: result.winner.id}
+    assert set(runtime.sandboxes) == {result.winner.id}
+    assert sb.info["id"] == result.winner.id  # the source's id now names the winner
+    with pytest.raises(ValueError, match="at least one candidate"):
+        result.winner.explore([], lambda child, n: n)
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        result.winner.explore([1], lambda child, n: n, concurrency=0)
+    assert runtime.names().count("fork") == 1  # neither mistake forked anything
+
+
+def test_async_explore_against_the_app(settings: Settings, runtime: FakeRuntime) -> None:
+    app = create_app(settings, runtime=runtime)
+    in_flight = peak = 0
+
+    async def run(child: AsyncSandbox, candidate: str) -> EvalResult:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            if candidate == "oops":
+                raise RuntimeError("no")
+            return await child.eval(f"{candidate} + 0")
+        finally:
+            in_flight -= 1
+
+    async def score(child: AsyncSandbox, candidate: str, result: EvalResult) -> float:
+        return float(result.result or "nan")
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncController(url="http://forkd.test", token=TOKEN, transport=transport) as c:
+            async with AsyncSandbox(tag="py", controller=c) as sb:
+                forked = await sb.fork(2)
+                assert all(isinstance(k, AsyncSandbox) and k.owned for k in forked.children)
+                for kid in forked.children:
+                    await kid.close()
+                result = await sb.explore(["4", "oops", "8", "6"], run, score, concurrency=2)
+                assert result.best.candidate == "8"
+                assert [o.error is None for o in result.outcomes] == [True, False, True, True]
+                assert set(runtime.sandboxes) == {sb.id, result.winner.id}
+                checkpoints = await sb.set_checkpoints(4)
+                assert checkpoints.policy is not None and checkpoints.policy.every == 4
+                await result.winner.close()
+            assert runtime.sandboxes == {}
+
+    asyncio.run(main())
+    assert peak == 2

@@ -62,6 +62,19 @@ def usage_error(ctx: typer.Context, message: str) -> NoReturn:
     output.fail(message, code=2)
 
 
+def parse_pairs(ctx: typer.Context, pairs: list[str] | None, flag: str) -> dict[str, str] | None:
+    """``KEY=VALUE`` options (``--env``, ``--label``) as a dict; None when none was given."""
+    if not pairs:
+        return None
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            usage_error(ctx, f"{flag} expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn SDK/core errors into ``error: <message>`` on stderr and exit status 1.
 

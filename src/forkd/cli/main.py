@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import info, pools, sandboxes, snapshots
+from forkd.cli import forks, info, pools, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 
@@ -68,6 +68,7 @@ def main(
       forkd fork --tag py -n 5       # fork 5 sandboxes from it
       forkd exec SANDBOX_ID -- python3 -c 'print(2+2)'
       forkd snapshot --from-sandbox SANDBOX_ID --tag checkpoint-1 --diff
+      forkd fork --from-sandbox SANDBOX_ID -n 3 --tree   # then: forkd promote CHILD_ID
     """
     ctx.obj = CliState(url=url, token=token, json=json_, ca_cert=ca_cert)
 
@@ -79,6 +80,8 @@ app.command("snapshot-info")(snapshots.snapshot_info)
 app.command("rmi")(snapshots.rmi)
 app.command("fork")(sandboxes.fork)
 app.command("branch")(sandboxes.branch)
+app.command("promote")(forks.promote)
+app.command("checkpoints")(forks.checkpoints)
 app.command("ls")(sandboxes.ls)
 app.command("kill")(sandboxes.kill)
 app.command("ping")(sandboxes.ping)

@@ -89,7 +89,15 @@ def fmt_status(status: Any) -> str:
     return f"[{style}]{escape(str(status))}[/]" if style else escape(str(status))
 
 
+LABELS_MIN_WIDTH = 120
+
+
 def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = None) -> Table:
+    rows = list(sandboxes)
+    # Labels (fork-trees, --label) get a column only when some sandbox has them
+    # and the terminal is wide: at 80 columns it would only squeeze the others
+    # (--json always has them).
+    labelled = console.width >= LABELS_MIN_WIDTH and any(sb.get("metadata") for sb in rows)
     table = Table(title=title, title_justify="left")
     table.add_column("ID", style="cyan", no_wrap=True)
     table.add_column("SNAPSHOT", no_wrap=True)
@@ -98,9 +106,11 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     table.add_column("MEM", justify="right", no_wrap=True)
     table.add_column("LIVE")
     table.add_column("AGE", justify="right", no_wrap=True)
-    for sb in sandboxes:
+    if labelled:
+        table.add_column("LABELS", overflow="fold")  # one per line
+    for sb in rows:
         limit = sb.get("memory_limit_mib")
-        table.add_row(
+        cells = [
             fmt(sb.get("id")),
             fmt(sb.get("snapshot_tag")),
             fmt(sb.get("pid")),
@@ -108,7 +118,11 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
             f"{limit} MiB" if limit is not None else "-",
             fmt(sb.get("live_fork")),
             fmt_age(sb.get("created_at_unix")),
-        )
+        ]
+        if labelled:
+            labels = sb.get("metadata") or {}
+            cells.append("\n".join(escape(f"{k}={v}") for k, v in labels.items()) or "-")
+        table.add_row(*cells)
     return table
 
 

@@ -1,4 +1,4 @@
-"""Sandbox commands: fork, branch, ls, kill, ping, exec, eval."""
+"""Sandbox commands: fork, branch, ls, kill, ping, exec, eval (promote and checkpoints: forks.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import typer
 from rich.markup import escape
 
 from forkd import bounds
-from forkd.cli import output
-from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
+from forkd.cli import forks, output
+from forkd.cli.context import JsonFlag, handle_errors, parse_pairs, state, usage_error, want_json
 from forkd.cli.pools import active_pools, pools_table
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
@@ -41,33 +41,95 @@ LiveFork = Annotated[
 SandboxId = Annotated[str, typer.Argument(metavar="ID", help="Sandbox id, e.g. sb-67a1b3-0000.")]
 
 
+EnvPairs = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", metavar="KEY=VALUE",
+                 help="Environment variable every child gets (repeatable)."),
+]
+LabelPairs = Annotated[
+    list[str] | None,
+    typer.Option("--label", "-l", metavar="KEY=VALUE",
+                 help="Label stored with every child; filter with forkd ls --label (repeatable)."),
+]
+
+
 @handle_errors
 def fork(
     ctx: typer.Context,
-    tag: Annotated[str, typer.Option("--tag", "-t", help="Snapshot to fork from.")],
+    tag: Annotated[
+        str | None, typer.Option("--tag", "-t", help="Snapshot to fork from.")
+    ] = None,
+    from_sandbox: Annotated[
+        str | None,
+        typer.Option("--from-sandbox", metavar="ID",
+                     help="Fork this running sandbox instead (it pauses briefly and keeps running)."),
+    ] = None,
     n: N = 1,
+    tree: Annotated[
+        bool,
+        typer.Option("--tree", help="With --from-sandbox: make the children one fork-tree "
+                     "(forkd promote keeps one of them)."),
+    ] = False,
+    env: EnvPairs = None,
+    label: LabelPairs = None,
+    keep_snapshot: Annotated[
+        bool,
+        typer.Option("--keep-snapshot", help="With --from-sandbox: keep the intermediate snapshot "
+                     "(by default it is deleted with its last child)."),
+    ] = False,
     per_child_netns: PerChildNetns = False,
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
     json_: JsonFlag = False,
 ) -> None:
-    """Fork N sandboxes copy-on-write from a snapshot.
+    """Fork N sandboxes copy-on-write from a snapshot, or from a running sandbox.
 
-    Each child resumes the snapshot's warm state (processes, memory, disk) and
-    diverges privately from there.
+    Each child resumes the warm state (processes, memory, disk) and diverges
+    privately from there. With --from-sandbox the source is branched once and
+    keeps running; each child comes up or fails on its own, and a partial fork
+    lists the failures and exits 1.
 
     Examples:
       forkd fork --tag py -n 10
       forkd fork --tag checkpoint-1 -n 5 --per-child-netns --memory-limit-mib 256
-      forkd fork --tag py --live-fork
+      forkd fork --tag py --live-fork -e MODE=test --label team=ml
+      forkd fork --from-sandbox sb-67a1b3-0042 -n 3
+      forkd fork --from-sandbox sb-67a1b3-0042 -n 4 --tree -e SEED=7
     """
+    if (tag is None) == (from_sandbox is None):
+        usage_error(ctx, "give --tag (fork a snapshot) or --from-sandbox (fork a running sandbox)")
+    if from_sandbox is None:
+        extras = [flag for flag, on in (("--tree", tree), ("--keep-snapshot", keep_snapshot)) if on]
+        if extras:
+            verb = "apply" if len(extras) > 1 else "applies"
+            usage_error(ctx, f"{', '.join(extras)} only {verb} with --from-sandbox")
+    env_map = parse_pairs(ctx, env, "--env")
+    labels = parse_pairs(ctx, label, "--label")
+    controller = state(ctx).controller()
+    as_json = want_json(ctx, json_)
     started = time.monotonic()
+    plural = "ren" if n != 1 else ""
+    if from_sandbox is not None:
+        fork_call = controller.fork_tree if tree else controller.fork_sandbox
+        with output.spinner(f"forking {escape(from_sandbox)} into {n} child{plural}"):
+            result = fork_call(
+                from_sandbox, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
+                live_fork=live_fork, env=env_map, metadata=labels, keep_snapshot=keep_snapshot,
+            )
+        if as_json:
+            output.emit_json(result)
+        else:
+            forks.print_fork(result, n, started)
+        if result.get("errors"):
+            raise typer.Exit(1)
+        return
+    assert tag is not None
     with output.spinner(f"forking {n} sandbox{'es' if n != 1 else ''} from {escape(tag)}"):
-        sandboxes = state(ctx).controller().spawn_sandboxes(
+        sandboxes = controller.spawn_sandboxes(
             tag, n=n, per_child_netns=per_child_netns,
-            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
         )
-    if want_json(ctx, json_):
+    if as_json:
         output.emit_json(sandboxes)
         return
     output.console.print(output.sandboxes_table(sandboxes))
@@ -137,6 +199,16 @@ def ls(
     ctx: typer.Context,
     snapshots: Annotated[bool, typer.Option("--snapshots", help="Only list snapshots.")] = False,
     sandboxes: Annotated[bool, typer.Option("--sandboxes", help="Only list sandboxes.")] = False,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", "-t", help="Only sandboxes forked from this snapshot (implies --sandboxes)."),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", "-l", metavar="KEY=VALUE",
+                     help="Only sandboxes with this label (repeatable, all must match; implies "
+                     "--sandboxes)."),
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """List sandboxes and snapshots.
@@ -147,12 +219,18 @@ def ls(
     Examples:
       forkd ls
       forkd ls --sandboxes --json
+      forkd ls --label fork_tree_id=ft-0123456789ab
     """
+    labels = parse_pairs(ctx, label, "--label")
+    if tag is not None or labels:
+        if snapshots:
+            usage_error(ctx, "--tag and --label filter sandboxes; they cannot be used with --snapshots")
+        sandboxes = True
     both = snapshots == sandboxes  # neither flag (or both) shows everything
     controller = state(ctx).controller()
     result: dict[str, list[dict[str, Any]]] = {}
     if sandboxes or both:
-        result["sandboxes"] = controller.list_sandboxes()
+        result["sandboxes"] = controller.list_sandboxes(snapshot_tag=tag, metadata=labels)
     if snapshots or both:
         result["snapshots"] = controller.list_snapshots()
     if both and (pools := active_pools(controller)):
@@ -164,7 +242,8 @@ def ls(
         if result["sandboxes"]:
             output.console.print(output.sandboxes_table(result["sandboxes"], title="sandboxes"))
         else:
-            output.console.print("no sandboxes running")
+            filtered = tag is not None or labels
+            output.console.print("no sandboxes match" if filtered else "no sandboxes running")
     if "snapshots" in result:
         if result["snapshots"]:
             output.console.print(output.snapshots_table(result["snapshots"], title="snapshots"))
@@ -247,18 +326,6 @@ def _exit_status(code: Any) -> int:
     return min(code, 255)
 
 
-def _parse_env(ctx: typer.Context, pairs: list[str] | None) -> dict[str, str] | None:
-    if not pairs:
-        return None
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            usage_error(ctx, f"--env expects KEY=VALUE, got {pair!r}")
-        env[key] = value
-    return env
-
-
 def _read_input(ctx: typer.Context, source: str) -> str:
     if source == "-":
         return sys.stdin.read()
@@ -302,7 +369,7 @@ def exec_(
     stdin_text = _read_input(ctx, stdin) if stdin is not None else None
     result = state(ctx).controller().exec(
         sandbox_id, command, timeout_secs=timeout,
-        env=_parse_env(ctx, env), cwd=cwd, stdin=stdin_text,
+        env=parse_pairs(ctx, env, "--env"), cwd=cwd, stdin=stdin_text,
     )
     status = _exit_status(result.get("exit_code"))
     if want_json(ctx, json_):

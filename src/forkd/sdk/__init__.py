@@ -14,6 +14,8 @@ are the object-style layer on top::
 
     with Sandbox(tag="pyagent") as sb:   # spawns on entry, killed on exit
         print(sb.commands.run("uname -a").stdout)
+        forked = sb.fork(3, env={"TRY": "1"})  # sb keeps running; 3 owned children
+        best = sb.explore(["a", "b"], run=try_it, score=judge)  # best of N, losers killed
 
 The async modules (``async_client``, ``async_sandbox``) are the source; their
 sync twins (``client``, ``sandbox``) are generated from them by
@@ -27,6 +29,7 @@ from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
     ConflictError,
+    ExploreError,
     ForkdAPIError,
     ForkdConnectionError,
     ForkdTimeoutError,
@@ -37,7 +40,21 @@ from forkd.sdk.errors import (
     Unauthorized,
 )
 from forkd.sdk.sandbox import Commands, Sandbox, Snapshot
-from forkd.sdk.types import CommandResult, EvalResult, SandboxInfo, SnapshotInfo, SnapshotView
+from forkd.sdk.types import (
+    CheckpointPolicy,
+    Checkpoints,
+    CommandResult,
+    Deletion,
+    EvalResult,
+    ExploreResult,
+    ForkFailure,
+    ForkResult,
+    Outcome,
+    PromoteResult,
+    SandboxInfo,
+    SnapshotInfo,
+    SnapshotView,
+)
 
 __all__ = [
     "AsyncCommands",
@@ -45,15 +62,24 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSnapshot",
     "BadRequest",
+    "CheckpointPolicy",
+    "Checkpoints",
     "CommandResult",
     "Commands",
     "ConflictError",
     "Controller",
+    "Deletion",
     "EvalResult",
+    "ExploreError",
+    "ExploreResult",
+    "ForkFailure",
+    "ForkResult",
     "ForkdAPIError",
     "ForkdConnectionError",
     "ForkdTimeoutError",
     "NotFoundError",
+    "Outcome",
+    "PromoteResult",
     "Sandbox",
     "SandboxInfo",
     "ServerError",

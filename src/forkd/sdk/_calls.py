@@ -93,6 +93,31 @@ def delete_snapshot(tag: str, *, cascade: bool, force: bool) -> Call:
     return Call("DELETE", f"/v1/snapshots/{_seg(tag)}", params=params)
 
 
+def _child_options(
+    body: dict[str, Any],
+    *,
+    per_child_netns: bool,
+    memory_limit_mib: int | None,
+    live_fork: bool,
+    env: Mapping[str, str] | None,
+    child_env: Sequence[Mapping[str, str]] | None,
+    metadata: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """The spawn options that POST /v1/sandboxes and the fork routes share."""
+    if per_child_netns:
+        body["per_child_netns"] = True
+    if memory_limit_mib is not None:
+        body["memory_limit_mib"] = memory_limit_mib
+    if live_fork:
+        body["live_fork"] = True
+    return _put(
+        body,
+        env=dict(env) if env is not None else None,
+        child_env=[dict(e) for e in child_env] if child_env is not None else None,
+        metadata=dict(metadata) if metadata is not None else None,
+    )
+
+
 def spawn_sandboxes(
     tag: str,
     *,
@@ -100,19 +125,32 @@ def spawn_sandboxes(
     per_child_netns: bool,
     memory_limit_mib: int | None,
     live_fork: bool,
+    env: Mapping[str, str] | None = None,
+    child_env: Sequence[Mapping[str, str]] | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> Call:
-    body: dict[str, Any] = {"snapshot_tag": tag, "n": n}
-    if per_child_netns:
-        body["per_child_netns"] = True
-    if memory_limit_mib is not None:
-        body["memory_limit_mib"] = memory_limit_mib
-    if live_fork:
-        body["live_fork"] = True
+    body = _child_options(
+        {"snapshot_tag": tag, "n": n},
+        per_child_netns=per_child_netns,
+        memory_limit_mib=memory_limit_mib,
+        live_fork=live_fork,
+        env=env,
+        child_env=child_env,
+        metadata=metadata,
+    )
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
 
-def list_sandboxes() -> Call:
-    return Call("GET", "/v1/sandboxes")
+def list_sandboxes(
+    *, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None
+) -> Call:
+    params: dict[str, str | list[str]] = {}
+    if snapshot_tag is not None:
+        params["snapshot_tag"] = snapshot_tag
+    if metadata:
+        # Repeated, one key=value each; the daemon keeps sandboxes matching all.
+        params["metadata"] = [f"{key}={value}" for key, value in metadata.items()]
+    return Call("GET", "/v1/sandboxes", params=params)
 
 
 def get_sandbox(sandbox_id: str) -> Call:
@@ -178,6 +216,63 @@ def branch_sandbox(
     return Call(
         "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/branch", json=body, read_timeout=None
     )
+
+
+def fork_sandbox(
+    sandbox_id: str,
+    *,
+    tree: bool,
+    count: int,
+    per_child_netns: bool,
+    memory_limit_mib: int | None,
+    child_memory_limit_mib: Sequence[int | None] | None,
+    live_fork: bool,
+    env: Mapping[str, str] | None,
+    child_env: Sequence[Mapping[str, str]] | None,
+    metadata: Mapping[str, str] | None,
+    keep_snapshot: bool,
+) -> Call:
+    body = _child_options(
+        {"count": count},
+        per_child_netns=per_child_netns,
+        memory_limit_mib=memory_limit_mib,
+        live_fork=live_fork,
+        env=env,
+        child_env=child_env,
+        metadata=metadata,
+    )
+    if child_memory_limit_mib is not None:
+        body["child_memory_limit_mib"] = list(child_memory_limit_mib)
+    if keep_snapshot:
+        body["keep_snapshot"] = True
+    route = "fork-tree" if tree else "fork"
+    # A branch plus count restores: as long as a spawn, so no read timeout.
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/{route}", json=body, read_timeout=None)
+
+
+def promote_sandbox(
+    sandbox_id: str, *, tree_id: str | None, cleanup_siblings: bool, replace_parent: bool
+) -> Call:
+    body = _put({}, tree_id=tree_id)
+    if not cleanup_siblings:  # the daemon's default is true; only the opt-out is sent
+        body["cleanup_siblings"] = False
+    if replace_parent:
+        body["replace_parent"] = True
+    # Killing many siblings takes a while; the daemon answers once they are gone.
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/promote", json=body, read_timeout=None)
+
+
+def set_checkpoints(sandbox_id: str, *, every: int, keep: int | None, mode: str | None) -> Call:
+    body = _put({"every": every}, keep=keep, mode=mode)
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/checkpoints", json=body)
+
+
+def get_checkpoints(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/checkpoints")
+
+
+def delete_checkpoints(sandbox_id: str) -> Call:
+    return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}/checkpoints")
 
 
 def set_pool(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +51,8 @@ class Call:
     method: str
     path: str
     json: Any = None
-    params: dict[str, str] = field(default_factory=dict)
+    # A list value repeats the parameter (``?metadata=a=1&metadata=b=2``).
+    params: Mapping[str, str | list[str]] = field(default_factory=dict)
     read_timeout: float | Default | None = "default"
     expect: Literal["json", "text"] = "json"
 

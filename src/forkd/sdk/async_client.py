@@ -26,7 +26,14 @@ from forkd.sdk._http import (
     translate,
 )
 from forkd.sdk.errors import ForkdTimeoutError
-from forkd.sdk.types import JSONDict, SandboxInfo, SnapshotInfo
+from forkd.sdk.types import (
+    CheckpointInfo,
+    ForkInfo,
+    JSONDict,
+    PromoteInfo,
+    SandboxInfo,
+    SnapshotInfo,
+)
 
 
 class AsyncController:
@@ -222,6 +229,10 @@ class AsyncController:
         per_child_netns: bool = False,
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
+        *,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -230,6 +241,11 @@ class AsyncController:
             memory_limit_mib: cgroup ``memory.max`` per child.
             live_fork: shmem-backed RAM so the child can later take
                 ``mode="live"`` branches.
+            env: environment every child gets right after its restore (in
+                ``os.environ`` of the warm interpreter and in every exec).
+            child_env: one environment per child (length ``n``), over ``env``.
+            metadata: labels stored with every child, returned in its
+                SandboxInfo and usable as a :meth:`list_sandboxes` filter.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -237,12 +253,24 @@ class AsyncController:
             per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
         )
         return cast(list[SandboxInfo], await self._send(call))
 
-    async def list_sandboxes(self) -> list[SandboxInfo]:
-        """``GET /v1/sandboxes``: every live sandbox."""
-        return cast(list[SandboxInfo], await self._send(_calls.list_sandboxes()))
+    async def list_sandboxes(
+        self, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> list[SandboxInfo]:
+        """``GET /v1/sandboxes``: every live sandbox, or those matching the filters.
+
+        Args:
+            snapshot_tag: only children of this snapshot.
+            metadata: only sandboxes whose metadata has every one of these
+                key/value pairs, e.g. ``{"fork_tree_id": tree_id}``.
+        """
+        call = _calls.list_sandboxes(snapshot_tag=snapshot_tag, metadata=metadata)
+        return cast(list[SandboxInfo], await self._send(call))
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         """``GET /v1/sandboxes/{id}``."""
@@ -307,6 +335,139 @@ class AsyncController:
         """
         call = _calls.branch_sandbox(sandbox_id, tag=tag, mode=mode, wait=wait, diff=diff)
         return cast(SnapshotInfo, await self._send(call))
+
+    # ------------------------------------------------------ forking a running sandbox
+
+    async def fork_sandbox(
+        self,
+        sandbox_id: str,
+        count: int = 1,
+        *,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        child_memory_limit_mib: Sequence[int | None] | None = None,
+        live_fork: bool = False,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        keep_snapshot: bool = False,
+    ) -> ForkInfo:
+        """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
+
+        The source is branched once (``live`` if it was spawned with
+        ``live_fork``, else ``diff``), keeps running, and each child is
+        restored from that branch. Children succeed or fail one by one: the
+        answer is ``{"parent_id", "snapshot_tag", "children": [SandboxInfo],
+        "errors": [{"index", "error"}], "pause_ms"}``, and a failed child leaves
+        nothing behind.
+
+        Args:
+            count: number of children.
+            child_memory_limit_mib: one limit per child (``None`` entries use
+                ``memory_limit_mib``).
+            env, child_env, metadata, per_child_netns, memory_limit_mib,
+                live_fork: as for :meth:`spawn_sandboxes`.
+            keep_snapshot: keep the intermediate snapshot; by default it is
+                deleted once its last child is gone.
+        """
+        return cast(ForkInfo, await self._send(_calls.fork_sandbox(
+            sandbox_id,
+            tree=False,
+            count=count,
+            per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib,
+            live_fork=live_fork,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
+            keep_snapshot=keep_snapshot,
+        )))
+
+    async def fork_tree(
+        self,
+        sandbox_id: str,
+        count: int = 1,
+        *,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+        child_memory_limit_mib: Sequence[int | None] | None = None,
+        live_fork: bool = False,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        keep_snapshot: bool = False,
+    ) -> ForkInfo:
+        """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
+
+        The answer adds ``"tree_id"``; every child's metadata carries
+        ``fork_tree_id``, ``fork_parent_id`` and ``fork_index``, so one of them
+        can later be kept with :meth:`promote_sandbox`. ``metadata`` must not
+        set those three keys itself.
+        """
+        return cast(ForkInfo, await self._send(_calls.fork_sandbox(
+            sandbox_id,
+            tree=True,
+            count=count,
+            per_child_netns=per_child_netns,
+            memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib,
+            live_fork=live_fork,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
+            keep_snapshot=keep_snapshot,
+        )))
+
+    async def promote_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        tree_id: str | None = None,
+        cleanup_siblings: bool = True,
+        replace_parent: bool = False,
+    ) -> PromoteInfo:
+        """``POST /v1/sandboxes/{id}/promote``: keep this fork-tree child.
+
+        Returns ``{"winner": SandboxInfo, "tree_id", "deleted": [{"id",
+        "deleted", "error"?}], "replaced_parent"}``.
+
+        Args:
+            tree_id: the fork-tree; default: the child's own ``fork_tree_id``.
+            cleanup_siblings: kill every other live child of the tree.
+            replace_parent: also kill the tree's source; its id then names the
+                winner in every endpoint (so killing the old id kills the winner).
+        """
+        call = _calls.promote_sandbox(
+            sandbox_id,
+            tree_id=tree_id,
+            cleanup_siblings=cleanup_siblings,
+            replace_parent=replace_parent,
+        )
+        return cast(PromoteInfo, await self._send(call))
+
+    async def set_checkpoints(
+        self, sandbox_id: str, every: int, keep: int | None = None, mode: str | None = None
+    ) -> CheckpointInfo:
+        """``POST /v1/sandboxes/{id}/checkpoints``: branch after every ``every`` exec/eval calls.
+
+        Keeps the newest ``keep`` checkpoints (daemon default 3) and deletes
+        older ones; ``mode`` is ``"diff"`` (default) or ``"live"`` (sandbox
+        spawned with ``live_fork``). Replaces any earlier policy. Returns
+        ``{"sandbox_id", "policy", "calls", "checkpoints": [SnapshotInfo],
+        "last_error"?}``.
+        """
+        call = _calls.set_checkpoints(sandbox_id, every=every, keep=keep, mode=mode)
+        return cast(CheckpointInfo, await self._send(call))
+
+    async def get_checkpoints(self, sandbox_id: str) -> CheckpointInfo:
+        """``GET /v1/sandboxes/{id}/checkpoints``: the policy and the kept checkpoints, oldest first."""
+        return cast(CheckpointInfo, await self._send(_calls.get_checkpoints(sandbox_id)))
+
+    async def delete_checkpoints(self, sandbox_id: str) -> CheckpointInfo:
+        """``DELETE /v1/sandboxes/{id}/checkpoints``: stop the policy; the checkpoints taken stay."""
+        return cast(CheckpointInfo, await self._send(_calls.delete_checkpoints(sandbox_id)))
+
 
     async def set_pool(
         self,

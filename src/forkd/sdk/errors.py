@@ -8,7 +8,13 @@ catches the core library's errors also catches the SDK's. HTTP failures are
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from forkd.errors import ForkdError
+
+if TYPE_CHECKING:
+    from forkd.sdk.types import ForkResult, Outcome
 
 
 class ForkdAPIError(ForkdError):
@@ -76,6 +82,25 @@ class SnapshotFailedError(ForkdError):
         self.reason = reason
 
 
+class ExploreError(ForkdError):
+    """No candidate of :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>` succeeded.
+
+    Every child failed to spawn, run or be scored; explore killed the children
+    that had come up. ``outcomes`` says how each candidate failed (``error``,
+    ``exception``), ``fork`` is the fork-tree they came from.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        outcomes: Sequence[Outcome[Any, Any]],
+        fork: ForkResult[Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.outcomes = list(outcomes)
+        self.fork = fork
+
+
 _BY_STATUS: dict[int, type[ForkdAPIError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -99,6 +124,7 @@ def error_for_status(status: int, message: str) -> ForkdAPIError:
 __all__ = [
     "BadRequest",
     "ConflictError",
+    "ExploreError",
     "ForkdAPIError",
     "ForkdConnectionError",
     "ForkdTimeoutError",

@@ -13,25 +13,39 @@
         for g in grandchildren:
             result = g.commands.run(["python3", "-c", "print(2 + 2)"])
             print(result.stdout)
+
+        forked = sb.fork(3, child_env=[{"SEED": str(i)} for i in range(3)])
+        for kid in forked.children:  # sb keeps running; the children are the caller's
+            kid.close()
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from forkd.errors import ForkdError
+from forkd.sdk import _twins
 from forkd.sdk._defaults import default_controller
 from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk.client import Controller
-from forkd.sdk.errors import NotFoundError
+from forkd.sdk.errors import ExploreError, NotFoundError
 from forkd.sdk.types import (
+    CandidateT,
+    Checkpoints,
     CommandResult,
     EvalResult,
+    ExploreResult,
+    ForkResult,
     JSONDict,
+    Outcome,
+    PromoteResult,
     SandboxInfo,
     SnapshotInfo,
     SnapshotView,
+    best_outcome,
 )
 
 
@@ -86,11 +100,16 @@ class Snapshot(SnapshotView):
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
         wait_timeout: float | None = DEFAULT_WAIT_SECS,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`Sandbox.kill`.
+        ``env``, ``child_env`` (one per sandbox) and ``metadata`` as for
+        :meth:`Controller.spawn_sandboxes`.
         """
         self.wait_ready(wait_timeout)
         infos = self.controller.spawn_sandboxes(
@@ -99,6 +118,9 @@ class Snapshot(SnapshotView):
             per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
         )
         return [Sandbox.from_info(info, self.controller) for info in infos]
 
@@ -147,8 +169,8 @@ class Sandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`Controller` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork: spawn options, see
-            :meth:`Controller.spawn_sandboxes`.
+        per_child_netns, memory_limit_mib, live_fork, env, metadata: spawn
+            options, see :meth:`Controller.spawn_sandboxes`.
     """
 
     def __init__(
@@ -160,6 +182,8 @@ class Sandbox:
         per_child_netns: bool = False,
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -169,6 +193,8 @@ class Sandbox:
             "per_child_netns": per_child_netns,
             "memory_limit_mib": memory_limit_mib,
             "live_fork": live_fork,
+            "env": env,
+            "metadata": metadata,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -185,6 +211,8 @@ class Sandbox:
         per_child_netns: bool = False,
         memory_limit_mib: int | None = None,
         live_fork: bool = False,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -193,6 +221,8 @@ class Sandbox:
             per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,
+            env=env,
+            metadata=metadata,
         )
         sb.start()
         return sb
@@ -273,6 +303,251 @@ class Sandbox:
         info = self.controller.branch_sandbox(self.id, tag=tag, mode=mode, wait=wait)
         return Snapshot(info, controller=self.controller)
 
+    # ---------------------------------------------------------------- forking
+
+    def fork(
+        self,
+        count: int = 1,
+        *,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        memory_limit_mib: int | None = None,
+        child_memory_limit_mib: Sequence[int | None] | None = None,
+        per_child_netns: bool = False,
+        live_fork: bool = False,
+        keep_snapshot: bool = False,
+    ) -> ForkResult[Sandbox]:
+        """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
+
+        Each child succeeds or fails on its own: the result lists the
+        children that came up (owned by the caller: :meth:`close` or
+        :meth:`kill` each) and an error per child that did not. The options
+        are those of :meth:`Controller.fork_sandbox`; ``child_env`` and
+        ``child_memory_limit_mib`` give each child its own (length ``count``).
+
+        Example::
+
+            forked = sb.fork(3, child_env=[{"TRY": str(i)} for i in range(3)])
+            for failure in forked.errors:
+                print(f"child {failure.index} failed: {failure.error}")
+        """
+        body = self.controller.fork_sandbox(
+            self.id,
+            count,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
+            memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib,
+            per_child_netns=per_child_netns,
+            live_fork=live_fork,
+            keep_snapshot=keep_snapshot,
+        )
+        return ForkResult.from_json(body, self._child)
+
+    def fork_tree(
+        self,
+        count: int = 1,
+        *,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        memory_limit_mib: int | None = None,
+        child_memory_limit_mib: Sequence[int | None] | None = None,
+        per_child_netns: bool = False,
+        live_fork: bool = False,
+        keep_snapshot: bool = False,
+    ) -> ForkResult[Sandbox]:
+        """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
+        can :meth:`promote` itself (keep it, kill its siblings).
+        """
+        body = self.controller.fork_tree(
+            self.id,
+            count,
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
+            memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib,
+            per_child_netns=per_child_netns,
+            live_fork=live_fork,
+            keep_snapshot=keep_snapshot,
+        )
+        return ForkResult.from_json(body, self._child)
+
+    def _child(self, info: SandboxInfo) -> Sandbox:
+        """A forked child: owned by the caller, on this sandbox's controller."""
+        return Sandbox.from_info(info, self.controller)
+
+    def promote(
+        self,
+        *,
+        tree_id: str | None = None,
+        cleanup_siblings: bool = True,
+        replace_parent: bool = False,
+    ) -> PromoteResult[Sandbox]:
+        """Keep this fork-tree child: kill its siblings (``cleanup_siblings``).
+
+        With ``replace_parent`` the tree's source is killed too and its id
+        names this sandbox from then on, so killing the source's id (for
+        instance leaving the source's own ``with`` block) kills this one.
+        ``tree_id`` defaults to this sandbox's own ``fork_tree_id``. The
+        result's ``winner`` is ``self``; ``deleted`` says what was killed.
+        """
+        body = self.controller.promote_sandbox(
+            self.id,
+            tree_id=tree_id,
+            cleanup_siblings=cleanup_siblings,
+            replace_parent=replace_parent,
+        )
+        self._info = body["winner"]
+        return PromoteResult.from_json(body, self)
+
+    def explore(
+        self,
+        candidates: Iterable[CandidateT],
+        run: Callable[[Sandbox, CandidateT], Any],
+        score: Callable[[Sandbox, CandidateT, Any], Any] | None = None,
+        *,
+        replace_parent: bool = False,
+        concurrency: int | None = None,
+        env: Mapping[str, str] | None = None,
+        child_env: Sequence[Mapping[str, str]] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        memory_limit_mib: int | None = None,
+        child_memory_limit_mib: Sequence[int | None] | None = None,
+        per_child_netns: bool = False,
+        live_fork: bool = False,
+        keep_snapshot: bool = False,
+    ) -> ExploreResult[Sandbox, CandidateT]:
+        """Best of N: try each candidate in a child of its own and keep the best child.
+
+        Forks a tree with one child per candidate (child ``i`` gets
+        ``child_env[i]``), calls ``run(child, candidate)`` for all children at
+        the same time (a thread each for the blocking
+        :class:`forkd.sdk.sandbox.Sandbox`), then ``score(child, candidate,
+        result)`` with what ``run`` returned; higher is better. Without
+        ``score`` the result of ``run`` is the score. ``run`` and ``score`` are
+        called like this class's methods (awaited where those are).
+
+        The best child (the lowest index among equal scores) is promoted: its
+        siblings are killed and it keeps running, owned by the caller
+        (``result.winner.close()``). A candidate whose child failed to spawn,
+        or whose ``run`` or ``score`` raised or gave no number, is an outcome
+        with its ``error``; it never stops the others. If no candidate
+        succeeded, every child is killed and :class:`~forkd.sdk.errors.ExploreError`
+        (with all the outcomes) is raised.
+
+        Args:
+            candidates: what to try, one child each (at least one).
+            replace_parent: also kill this sandbox; its id then names the
+                winner (this object and ``result.winner`` are one VM).
+            concurrency: at most this many ``run``/``score`` calls at once
+                (default: all).
+            env, child_env, metadata, memory_limit_mib,
+                child_memory_limit_mib, per_child_netns, live_fork,
+                keep_snapshot: fork options, see :meth:`fork`.
+
+        Example::
+
+            def attempt(child: Sandbox, lr: float) -> CommandResult:
+                return child.commands.run(f"python3 train.py --lr {lr}")
+
+            def accuracy(child: Sandbox, lr: float, out: CommandResult) -> float:
+                return float(out.stdout.split()[-1])
+
+            best = sb.explore([0.1, 0.01, 0.001], attempt, accuracy)
+            print(best.best.candidate, best.best.score, best.winner.id)
+        """
+        tried = list(candidates)
+        if not tried:
+            raise ValueError("explore needs at least one candidate")
+        if concurrency is not None and concurrency < 1:  # checked before any child exists
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        tree = self.fork_tree(
+            len(tried),
+            env=env,
+            child_env=child_env,
+            metadata=metadata,
+            memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib,
+            per_child_netns=per_child_netns,
+            live_fork=live_fork,
+            keep_snapshot=keep_snapshot,
+        )
+        children = tree.by_index()
+
+        def attempt(index: int) -> Outcome[Sandbox, CandidateT]:
+            child, candidate = children[index], tried[index]
+            stage, result = "run", None
+            try:
+                result = run(child, candidate)
+                stage = "score"
+                value = result if score is None else score(child, candidate, result)
+                points = float(value)
+                if math.isnan(points):
+                    raise ValueError("the score is NaN")
+            except Exception as exc:  # one candidate's failure is its outcome, not explore's
+                return Outcome(index, candidate, child, child.id, result=result,
+                               error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc)
+            return Outcome(index, candidate, child, child.id, result=result, score=points)
+
+        try:
+            ran = _twins.concurrently(attempt, sorted(children), limit=concurrency)
+        except BaseException:  # interrupted: no child may outlive explore unowned
+            _close_all(tree.children)
+            raise
+        spawn_failures = [Outcome[Sandbox, CandidateT](
+            f.index, tried[f.index], None, None, error=f"spawn: {f.error}") for f in tree.errors]
+        outcomes = sorted([*ran, *spawn_failures], key=lambda o: o.index)
+        best = best_outcome(outcomes)
+        if best is None or best.sandbox is None:
+            leftovers = _close_all(tree.children)
+            raise ExploreError(_all_failed(outcomes, leftovers), outcomes, tree)
+        try:
+            promotion = best.sandbox.promote(
+                tree_id=tree.tree_id, cleanup_siblings=True, replace_parent=replace_parent
+            )
+        except BaseException:
+            _close_all(tree.children)
+            raise
+        # The daemon killed the losers: their objects must not try again on close().
+        gone = {d.id for d in promotion.deleted if d.deleted}
+        for child in tree.children:
+            if child.id in gone:
+                child.owned = False
+        if promotion.replaced_parent is not None:
+            self._info = None  # this id names the winner now
+        return ExploreResult(best.sandbox, best, outcomes, tree, promotion)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def set_checkpoints(
+        self, every: int, keep: int | None = None, mode: str | None = None
+    ) -> Checkpoints[Snapshot]:
+        """Branch this sandbox automatically after every ``every`` exec/eval calls.
+
+        Keeps the newest ``keep`` checkpoints (daemon default 3); ``mode`` is
+        ``"diff"`` (default) or ``"live"`` (needs ``live_fork``). Replaces any
+        earlier policy. Fork a checkpoint (``.snapshots[-1].fork()``) to go
+        back to it.
+        """
+        body = self.controller.set_checkpoints(self.id, every, keep=keep, mode=mode)
+        return Checkpoints.from_json(body, self._snapshot)
+
+    def get_checkpoints(self) -> Checkpoints[Snapshot]:
+        """The checkpoint policy (``None`` if unset) and the kept checkpoints, oldest first."""
+        return Checkpoints.from_json(self.controller.get_checkpoints(self.id), self._snapshot)
+
+    def delete_checkpoints(self) -> Checkpoints[Snapshot]:
+        """Stop checkpointing; the checkpoints already taken stay."""
+        body = self.controller.delete_checkpoints(self.id)
+        return Checkpoints.from_json(body, self._snapshot)
+
+    def _snapshot(self, info: SnapshotInfo) -> Snapshot:
+        return Snapshot(info, controller=self.controller)
+
     def kill(self) -> None:
         """Stop the VM now (whether or not this object created it)."""
         self.controller.kill_sandbox(self.id)
@@ -296,6 +571,33 @@ class Sandbox:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _close_all(sandboxes: Sequence[Sandbox]) -> list[str]:
+    """Close every sandbox (killing the owned ones); what could not be killed, as messages.
+
+    Used while explore is already failing, so a failure here is reported, not raised.
+    """
+
+    def close(sb: Sandbox) -> str | None:
+        try:
+            sb.close()
+        except (ForkdError, OSError) as exc:
+            return f"{sb.id}: {exc}"
+        return None
+
+    closed = _twins.concurrently(close, list(sandboxes))
+    return [problem for problem in closed if problem is not None]
+
+
+def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str]) -> str:
+    lines = [f"every candidate of explore failed ({len(outcomes)}):"]
+    lines += [f"  #{o.index} {o.sandbox_id or '(not spawned)'}: {o.error}" for o in outcomes]
+    if leftovers:
+        lines.append("and these children could not be killed: " + "; ".join(leftovers))
+    else:
+        lines.append("every child was killed")
+    return "\n".join(lines)
 
 
 __all__ = [
