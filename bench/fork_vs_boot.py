@@ -6,8 +6,11 @@ Prints, and writes to bench/results/fork_vs_boot.json:
   * fork of 1 child to agent-ready
   * fork of N=10 and N=50 children to all-ready
   * per-child PSS vs RSS of the N=10 batch (how much memory forks really share)
+  * fork of 1 and of 10 children from a full warm pool (restored, reseeded, paused
+    children claimed and resumed), beside the unpooled figures
 
-Usage: .venv/bin/python bench/fork_vs_boot.py [--repeat 3] [--sizes 10,50]
+Usage: .venv/bin/python bench/fork_vs_boot.py [--repeat 3] [--sizes 10,50] [--pooled-sizes 1,10]
+       [--no-cold-boot]
 """
 
 from __future__ import annotations
@@ -78,13 +81,35 @@ async def fork_batch(rt: Runtime, tag: str, n: int, measure_memory: bool = False
     return elapsed, mem
 
 
+async def pooled_batch(rt: Runtime, tag: str, n: int) -> float:
+    """Fill a pool of ``n``, wait until it is full, then fork ``n`` children (all claimed)."""
+    await rt.set_pool(tag, n)
+    deadline = time.monotonic() + 600
+    while rt.get_pool(tag)["ready"] < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pool did not fill: {rt.get_pool(tag)}")
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1)  # let the last member's restore settle, as an idle pool would
+    claims = rt.get_pool(tag)["claims"]
+    started = time.monotonic()
+    sbs = await rt.spawn(tag, n)
+    elapsed = time.monotonic() - started
+    await rt.set_pool(tag, 0)  # no refill competes with the kills or the next run
+    assert rt.get_pool(tag)["claims"] == claims + n, "not every child came from the pool"
+    await asyncio.gather(*(rt.kill(sb.id) for sb in sbs))
+    return elapsed
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement (default 3)")
     ap.add_argument("--sizes", default="10,50", help="batch sizes to fork (default 10,50)")
+    ap.add_argument("--pooled-sizes", default="1,10", help="batch sizes forked from a full warm pool")
+    ap.add_argument("--no-cold-boot", action="store_true", help="skip the cold boots")
     ap.add_argument("--out", default=str(RESULTS / "fork_vs_boot.json"))
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
+    pooled_sizes = [int(x) for x in args.pooled_sizes.split(",") if x]
 
     data = DataDir.scratch("forkd-bench-")
     root = data.root
@@ -97,9 +122,10 @@ async def main() -> int:
         results["guest"] = {"mem_mib": meta["config"]["mem_mib"], "numpy": meta["numpy_version"]}
         print(f"accelerator: {results['accel']}  guest: 512 MiB, numpy {meta['numpy_version']}", flush=True)
 
-        boots = [await cold_boot(rt, root) for _ in range(args.repeat)]
-        results["cold_boot_s"] = summary(boots)
-        print(f"cold boot -> agent ready      p50 {statistics.median(boots):7.3f} s", flush=True)
+        if not args.no_cold_boot:
+            boots = [await cold_boot(rt, root) for _ in range(args.repeat)]
+            results["cold_boot_s"] = summary(boots)
+            print(f"cold boot -> agent ready      p50 {statistics.median(boots):7.3f} s", flush=True)
 
         ones = [(await fork_batch(rt, "bench", 1))[0] for _ in range(max(args.repeat, 5))]
         results["fork_1_s"] = summary(ones)
@@ -117,9 +143,15 @@ async def main() -> int:
             print(f"fork {n:3d} children -> all ready p50 {statistics.median(runs):7.3f} s"
                   f"  ({statistics.median(runs) / n * 1000:.0f} ms/child; PSS {mem.get('pss_mib_per_child')} "
                   f"MiB vs RSS {mem.get('rss_mib_per_child')} MiB per child)", flush=True)
-        speedup = results["cold_boot_s"]["p50"] / results["fork_1_s"]["p50"]
-        results["speedup_fork1_vs_cold_boot"] = round(speedup, 1)
-        print(f"fork of one child is {speedup:.0f}x faster than a cold boot", flush=True)
+        for n in pooled_sizes:
+            runs = [await pooled_batch(rt, "bench", n) for _ in range(args.repeat)]
+            results[f"pooled_fork_{n}_s"] = summary(runs)
+            print(f"fork {n:3d} from a full pool      p50 {statistics.median(runs):7.3f} s"
+                  f"  ({statistics.median(runs) / n * 1000:.0f} ms/child)", flush=True)
+        if "cold_boot_s" in results:
+            speedup = results["cold_boot_s"]["p50"] / results["fork_1_s"]["p50"]
+            results["speedup_fork1_vs_cold_boot"] = round(speedup, 1)
+            print(f"fork of one child is {speedup:.0f}x faster than a cold boot", flush=True)
     finally:
         await rt.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -97,6 +97,9 @@ METADATA = StringMap("metadata", 64, 128, 1024)
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 
+# --- warm pools: paused children per snapshot (each holds a QEMU process and its memory)
+POOL_SIZE = Range("size", 0, 100, integer=True)
+
 # --- fork of a running sandbox, checkpoints
 CHECKPOINT_EVERY = Range("every", 1, 100000, integer=True)
 CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from forkd import bounds
 from forkd.controller.forks import ForkResult
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound
@@ -88,6 +89,8 @@ class FakeRuntime:
     eval_answers: dict[str, str] = field(default_factory=lambda: {"numpy.zeros(5).sum()": "0.0"})
     closed_with: dict[str, Any] | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
+    refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
     _spawned: int = field(default=0, init=False)
     _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
@@ -384,6 +387,37 @@ class FakeRuntime:
             self._writing[tag] = self.polls_while_writing
         self._disk_parent[sandbox_id] = tag
         return record
+
+    # ------------------------------------------------------------ warm pools
+    # Pools fill at once (no VMs); spawns do not draw from them here.
+
+    async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
+                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+        self._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
+                   per_child_netns=per_child_netns, live_fork=live_fork)
+        bounds.POOL_SIZE.check(size)
+        if size:
+            self._snapshot(tag).check_forkable()  # 404, then the real 409 messages
+        elif tag not in self.pools:
+            self._snapshot(tag)
+        self.pools[tag] = {"tag": tag, "size": size, "ready": size, "memory_limit_mib": memory_limit_mib,
+                           "per_child_netns": per_child_netns, "live_fork": live_fork,
+                           "claims": 0, "misses": 0}
+        return dict(self.pools[tag])
+
+    def get_pool(self, tag: str) -> dict[str, Any]:
+        if tag not in self.pools:
+            self._snapshot(tag)
+        return dict(self.pools.get(tag) or {"tag": tag, "size": 0, "ready": 0, "memory_limit_mib": None,
+                                             "per_child_netns": False, "live_fork": False,
+                                             "claims": 0, "misses": 0})
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        return [dict(self.pools[t]) for t in sorted(self.pools)]
+
+    def take_pool_refill_times(self) -> list[tuple[str, float]]:
+        out, self.refill_times = self.refill_times, []
+        return out
 
 
 __all__ = ["Call", "FakeRuntime"]

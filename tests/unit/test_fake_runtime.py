@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import forkd.api.pool_routes
 import forkd.api.routes
 from forkd.api.deps import RuntimeLike
 from forkd.controller.runtime import Runtime
@@ -18,12 +19,15 @@ from tests.fakes.runtime import FakeRuntime
 
 
 def methods_the_routes_call() -> set[str]:
-    """Every ``rt.<name>`` in forkd/api/routes.py (``rt`` is the injected Runtime)."""
-    tree = ast.parse(Path(inspect.getfile(forkd.api.routes)).read_text())
-    return {
-        node.attr for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "rt"
-    }
+    """Every ``rt.<name>`` in forkd/api/routes.py and pool_routes.py (``rt`` is the injected Runtime)."""
+    names: set[str] = set()
+    for module in (forkd.api.routes, forkd.api.pool_routes):
+        tree = ast.parse(Path(inspect.getfile(module)).read_text())
+        names |= {
+            node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "rt"
+        }
+    return names | {"take_pool_refill_times"}  # app.py's metrics scrape
 
 
 def shape(fn: Any) -> list[tuple[str, Any, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from forkd.api import fork_routes
+from forkd.api import fork_routes, pool_routes
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike
@@ -35,6 +35,16 @@ def _count(app: FastAPI, what: str) -> int:
     if runtime is None:
         return 0
     return len(getattr(runtime, what)())
+
+
+def _pools(app: FastAPI) -> list[dict[str, Any]]:
+    runtime: RuntimeLike | None = app.state.runtime
+    return runtime.list_pools() if runtime is not None else []
+
+
+def _refill_times(app: FastAPI) -> list[tuple[str, float]]:
+    runtime: RuntimeLike | None = app.state.runtime
+    return runtime.take_pool_refill_times() if runtime is not None else []
 
 
 def _openapi_factory(app: FastAPI, auth: bool) -> Any:
@@ -96,7 +106,10 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
-            app.state.runtime = await Runtime.open(data)
+            rt = await Runtime.open(data)
+            if settings.pools:
+                await rt.preset_pools(settings.pools)
+            app.state.runtime = rt
         try:
             yield
         finally:
@@ -121,10 +134,13 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.state.metrics = Metrics(
         count_snapshots=lambda: _count(app, "list_snapshots"),
         count_sandboxes=lambda: _count(app, "list_sandboxes"),
+        pools=lambda: _pools(app),
+        refill_times=lambda: _refill_times(app),
     )
     app.include_router(status_router)
     app.include_router(v1)
     app.include_router(fork_routes.router)
+    app.include_router(pool_routes.router)
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is

@@ -92,6 +92,18 @@ class RuntimeLike(Protocol):
     async def branch(
         self, sandbox_id: str, tag: str | None = None, mode: str = "full", wait: bool = True
     ) -> Record: ...
+    async def set_pool(
+        self,
+        tag: str,
+        size: int,
+        *,
+        memory_limit_mib: int | None = None,
+        per_child_netns: bool = False,
+        live_fork: bool = False,
+    ) -> dict[str, Any]: ...
+    def get_pool(self, tag: str) -> dict[str, Any]: ...
+    def list_pools(self) -> list[dict[str, Any]]: ...
+    def take_pool_refill_times(self) -> list[tuple[str, float]]: ...
 
 
 def get_runtime(request: Request) -> RuntimeLike:

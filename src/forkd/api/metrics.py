@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from forkd.config import VERSION
 
@@ -39,8 +41,42 @@ def _safe_count(count: Callable[[], int]) -> Callable[[], float]:
     return sample
 
 
+PoolsSource = Callable[[], list[dict[str, Any]]]
+RefillSource = Callable[[], list[tuple[str, float]]]
+
+
+class _PoolCollector(Collector):
+    """Per-pool gauges and counters, read from the runtime at scrape time (its PoolInfo dicts)."""
+
+    def __init__(self, pools: PoolsSource) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        target = GaugeMetricFamily("forkd_pool_target", "Warm pool target size.", labels=["tag"])
+        ready = GaugeMetricFamily("forkd_pool_ready", "Warm pool members restored and paused.",
+                                  labels=["tag"])
+        claims = CounterMetricFamily("forkd_pool_claims", "Children handed out from a warm pool.",
+                                     labels=["tag"])
+        misses = CounterMetricFamily("forkd_pool_misses", "Children of a pooled snapshot restored fresh "
+                                     "(pool empty, options differed, or a member failed its claim).",
+                                     labels=["tag"])
+        try:
+            pools = self._pools()
+        except Exception as exc:  # a scrape must not fail because the runtime is busy
+            log.warning("metrics: cannot list pools: %s", exc)
+            pools = []
+        for pool in pools:
+            tag = [str(pool["tag"])]
+            target.add_metric(tag, pool["size"])
+            ready.add_metric(tag, pool["ready"])
+            claims.add_metric(tag, pool["claims"])
+            misses.add_metric(tag, pool["misses"])
+        yield from (target, ready, claims, misses)
+
+
 class Metrics:
-    def __init__(self, count_snapshots: Callable[[], int], count_sandboxes: Callable[[], int]) -> None:
+    def __init__(self, count_snapshots: Callable[[], int], count_sandboxes: Callable[[], int],
+                 pools: PoolsSource | None = None, refill_times: RefillSource | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Gauges are computed at scrape time from the runtime, so they can never
         # drift from what the registry says (e.g. sandboxes reaped on restart).
@@ -90,6 +126,17 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.pool_refill_seconds = Histogram(
+            "forkd_pool_refill_seconds",
+            "Time to restore, reseed and pause one warm pool member.",
+            ["tag"],
+            buckets=_SPAWN_BUCKETS,
+            registry=self.registry,
+        )
+        self._refill_times = refill_times
+        if pools is not None:
+            self.registry.register(_PoolCollector(pools))
+
     def observe_restores(self, records: list[Any]) -> None:
         """Per-phase restore timings of freshly forked children."""
         for record in records:
@@ -97,4 +144,11 @@ class Metrics:
                 self.restore_phase_seconds.labels(phase=phase.removesuffix("_s")).observe(secs)
 
     def render(self) -> bytes:
+        # Refills happen in the runtime's background task; their times are collected here.
+        if self._refill_times is not None:
+            try:
+                for tag, secs in self._refill_times():
+                    self.pool_refill_seconds.labels(tag=tag).observe(secs)
+            except Exception as exc:
+                log.warning("metrics: cannot read pool refill times: %s", exc)
         return generate_latest(self.registry)

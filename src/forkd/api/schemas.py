@@ -259,6 +259,20 @@ class CheckpointPolicyRequest(_Request):
     mode: Literal["diff", "live"] = Field("diff", description="Branch mode (live needs live_fork).")
 
 
+class PoolRequest(_Request):
+    size: JSONInt = Field(**bounds.POOL_SIZE.field_kwargs(),
+                          description="Paused children to keep ready; 0 drains the pool.")
+    memory_limit_mib: MemoryLimitMib | None = Field(
+        None, description="Members get this cgroup memory limit; only spawns asking for it draw from "
+        "the pool.",
+    )
+    per_child_netns: bool = Field(
+        False, description="Members run in forkd-child-<i> namespaces; only such spawns draw from the pool.",
+    )
+    live_fork: bool = Field(False, description="Members can take mode=live branches; only live_fork spawns "
+                            "draw from the pool.")
+
+
 # -------------------------------------------------------------------- responses
 
 
@@ -357,6 +371,20 @@ class CheckpointList(_Response):
     calls: int = Field(description="exec/eval calls counted since the policy was set.")
     checkpoints: list[SnapshotInfo] = Field(description="The kept checkpoints, oldest first.")
     last_error: str | None = Field(None, description="Why the latest checkpoint attempt failed, if it did.")
+
+
+class PoolInfo(_Response):
+    tag: str
+    size: int = Field(description="Target: paused children kept ready (0: no pool).")
+    ready: int = Field(description="Members restored, reseeded and paused right now.")
+    memory_limit_mib: int | None = Field(None, description="The spawn options a spawn must match to draw "
+                                         "from the pool: memory limit, per_child_netns, live_fork.")
+    per_child_netns: bool = False
+    live_fork: bool = False
+    claims: int = Field(0, description="Children handed out from the pool since the daemon started.")
+    misses: int = Field(0, description="Children of this snapshot restored fresh instead (pool empty, "
+                        "options differed, or a member failed its claim).")
+    last_error: str | None = Field(None, description="Why the latest refill failed (retried with back-off).")
 
 
 class PingResponse(_Response):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd import bounds
 from forkd.config import DEFAULT_BIND, DataDir
 from forkd.errors import ForkdError
 
@@ -93,6 +94,31 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw!r}: expected an integer") from None
 
 
+def parse_pools(items: list[str] | str | None) -> dict[str, int]:
+    """``--pool TAG=N`` (repeatable) or ``FORKD_POOLS="a=2,b=3"`` -> ``{"a": 2, "b": 3}``."""
+    if items is None:
+        return {}
+    parts = [p for item in ([items] if isinstance(items, str) else items) for p in item.split(",")]
+    out: dict[str, int] = {}
+    for raw in parts:
+        item = raw.strip()
+        if not item:
+            continue
+        tag, sep, size = item.partition("=")
+        tag = tag.strip()
+        if not sep or not bounds.TAG_RE.match(tag):
+            raise ConfigError(f"pool {item!r}: expected TAG=N with a snapshot tag")
+        try:
+            n = int(size)
+        except ValueError:
+            raise ConfigError(f"pool {item!r}: {size.strip()!r} is not a whole number") from None
+        if not bounds.POOL_SIZE.low <= n <= bounds.POOL_SIZE.high:
+            raise ConfigError(f"pool {item!r}: size must be between {bounds.POOL_SIZE.low:.0f} and "
+                              f"{bounds.POOL_SIZE.high:.0f}")
+        out[tag] = n
+    return out
+
+
 def _env_path(name: str) -> Path | None:
     raw = os.environ.get(name)
     return Path(raw) if raw else None
@@ -110,6 +136,8 @@ class Settings:
     audit_log: Path | None = None  # None -> <data_dir>/audit.log
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     branch_concurrency: int = DEFAULT_BRANCH_CONCURRENCY
+    # Warm pool targets applied at start-up (snapshot tag -> size); see controller/pools.py.
+    pools: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
@@ -132,6 +160,7 @@ class Settings:
             audit_log=_env_path("FORKD_AUDIT_LOG"),
             max_body_bytes=_env_int("FORKD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             branch_concurrency=_env_int("FORKD_BRANCH_CONCURRENCY", DEFAULT_BRANCH_CONCURRENCY),
+            pools=parse_pools(os.environ.get("FORKD_POOLS")),
         )
 
     @property

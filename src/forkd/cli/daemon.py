@@ -24,6 +24,7 @@ from forkd.api.settings import (
     ConfigError,
     Settings,
     parse_bind,
+    parse_pools,
 )
 from forkd.cli import output
 from forkd.cli.context import handle_errors, usage_error, want_json
@@ -98,6 +99,14 @@ def daemon(
             help="BRANCH requests served at once; more get 503.",
         ),
     ] = DEFAULT_BRANCH_CONCURRENCY,
+    pools: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pools", "--pool", envvar="FORKD_POOLS", metavar="TAG=N[,TAG=N]",
+            help="Warm pool of N paused children for snapshot TAG, set at start-up (repeatable; a "
+            "tag with no snapshot yet fills once it exists). Variable: FORKD_POOLS=\"a=2,b=3\".",
+        ),
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -126,17 +135,19 @@ def daemon(
                    --tls-cert cert.pem --tls-key key.pem
       FORKD_BRANCH_CONCURRENCY=8 forkd daemon --audit-log /var/log/forkd-audit.log
       forkd daemon --json > daemon.json &             # one JSON line once it listens
+      forkd daemon --pool py=4                        # keep 4 children of py restored and paused
     """
     if (tls_cert is None) != (tls_key is None):
         usage_error(ctx, "--tls-cert and --tls-key must be given together")
     try:
         host, port = parse_bind(bind)
+        pool_sizes = parse_pools(pools)
     except ConfigError as exc:
         usage_error(ctx, str(exc))
     settings = Settings(
         host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
         data_dir=data_dir, keep_sandboxes=keep_sandboxes, audit_log=audit_log,
-        max_body_bytes=max_body_bytes, branch_concurrency=branch_concurrency,
+        max_body_bytes=max_body_bytes, branch_concurrency=branch_concurrency, pools=pool_sizes,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
     # which no other command needs.
@@ -167,6 +178,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "keep_sandboxes": settings.keep_sandboxes,
         "branch_concurrency": settings.branch_concurrency,
         "max_body_bytes": settings.max_body_bytes,
+        "pools": settings.pools,
     }
 
 

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import forks, info, sandboxes, snapshots
+from forkd.cli import forks, info, pools, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 
@@ -87,6 +87,7 @@ app.command("kill")(sandboxes.kill)
 app.command("ping")(sandboxes.ping)
 app.command("exec")(sandboxes.exec_)
 app.command("eval")(sandboxes.eval_)
+app.command("pool")(pools.pool)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
 

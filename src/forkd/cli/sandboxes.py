@@ -13,6 +13,7 @@ from rich.markup import escape
 from forkd import bounds
 from forkd.cli import forks, output
 from forkd.cli.context import JsonFlag, handle_errors, parse_pairs, state, usage_error, want_json
+from forkd.cli.pools import active_pools, pools_table
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
 
@@ -212,8 +213,8 @@ def ls(
 ) -> None:
     """List sandboxes and snapshots.
 
-    With --json and neither filter, prints {"sandboxes": [...], "snapshots": [...]};
-    with one filter, just that list.
+    With --json and neither filter, prints {"sandboxes": [...], "snapshots": [...]}
+    (plus "pools" when a snapshot has a warm pool); with one filter, just that list.
 
     Examples:
       forkd ls
@@ -232,6 +233,8 @@ def ls(
         result["sandboxes"] = controller.list_sandboxes(snapshot_tag=tag, metadata=labels)
     if snapshots or both:
         result["snapshots"] = controller.list_snapshots()
+    if both and (pools := active_pools(controller)):
+        result["pools"] = pools
     if want_json(ctx, json_):
         output.emit_json(result if both else next(iter(result.values())))
         return
@@ -246,6 +249,8 @@ def ls(
             output.console.print(output.snapshots_table(result["snapshots"], title="snapshots"))
         else:
             output.console.print("no snapshots; create one with: forkd snapshot --tag NAME")
+    if "pools" in result:
+        output.console.print(pools_table(result["pools"], title="warm pools"))
 
 
 @handle_errors

@@ -38,7 +38,8 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
         process = adopt(sb.pid or 0, run_dir)
         if process is not None:
             try:
-                table.adopt(sb.id, await VM.attach(process, sb.config))
+                # A pool member stays hidden; the pool keeper decides whether it goes back in.
+                table.adopt(sb.id, await VM.attach(process, sb.config), pooled=sb.pooled)
                 log.info("re-adopted sandbox %s (pid %s)", sb.id, sb.pid)
                 continue
             except (ForkdError, OSError) as exc:

@@ -12,6 +12,7 @@ state and is the only code that changes it:
 * ``Forker`` (forks.py): fork / fork-tree / promote of a running sandbox, and
   dropping fork snapshots nobody needs; ``Checkpointer`` (checkpoints.py):
   auto-checkpoint policies;
+* ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped.
 
 Tags and ids are validated before any path is built from them, nothing
@@ -20,6 +21,7 @@ half-made is ever registered, and no QEMU process outlives a failure.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from forkd import bounds
@@ -30,22 +32,25 @@ from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
+from forkd.controller.pools import PoolKeeper
 from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
-from forkd.errors import Conflict, InvalidRequest
+from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
-from forkd.store.layout import check_sandbox_id
-from forkd.store.registry import Registry, SandboxRecord, SnapshotRecord
+from forkd.store.layout import check_sandbox_id, check_tag
+from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 
 __all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
+
+log = logging.getLogger("forkd.runtime")
 
 
 class Runtime:
@@ -65,8 +70,11 @@ class Runtime:
         self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots, self.tags)
         self.checkpoints = Checkpointer(registry, self.sandboxes, self.brancher, self.snapshots, self.forker)
+        self.pools = PoolKeeper(registry, self.sandboxes, self.spawner, self.snapshots)
+        self.spawner.draw_from(self.pools)
         self.sandboxes.on_removed(self.forker.after_removed)
         self.sandboxes.on_removed(self.checkpoints.after_removed)
+        self.sandboxes.on_removed(self.pools.after_removed)
         self.console_warden = ConsoleWarden(data)
 
     # ---------------------------------------------------------------- open/close
@@ -77,6 +85,7 @@ class Runtime:
         rt = cls(data, Registry(data.registry))
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
+        await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
         rt.console_warden.start()
         return rt
 
@@ -85,6 +94,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        await self.pools.stop()  # first: no refill may start a VM after the others are gone
         await self.brancher.wait_background()
         await self.checkpoints.wait_background()
         await self.console_warden.stop()
@@ -122,18 +132,20 @@ class Runtime:
         return await self.templates.create(spec, progress)
 
     def snapshot_lineage(self, tag: str) -> dict[str, Any]:
-        users = [sb.id for sb in self.registry.list_sandboxes() if sb.snapshot_tag == tag]
+        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag == tag]
         return self.snapshots.lineage(tag, users)
 
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
         doomed = self.snapshots.deletion_plan(tag, cascade=cascade, force=force)
         # A sandbox needs the snapshot it was forked from. (A branch's *source* does
         # not: it keeps its own copies of the layers; see Brancher.unpublish.)
-        users = [sb.id for sb in self.registry.list_sandboxes() if sb.snapshot_tag in doomed]
+        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag in doomed]
         if users and not force:
             raise Conflict(
                 f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
             )
+        for t in doomed:
+            await self.pools.drop(t)  # a pool holds no one's work: it just drains
         for sb_id in users:
             await self.sandboxes.kill(sb_id)
         for t in doomed:
@@ -144,7 +156,7 @@ class Runtime:
     # ---------------------------------------------------------------- sandboxes
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return self.registry.list_sandboxes()
+        return [sb for sb in self.registry.list_sandboxes() if not sb.pooled]
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
@@ -228,3 +240,48 @@ class Runtime:
                      wait: bool = True) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
         return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)
+
+    # ---------------------------------------------------------------- warm pools
+
+    async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
+                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+        """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
+        bounds.POOL_SIZE.check(size)
+        if size or not self.pools.has(tag):
+            self.snapshots.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
+        if size:
+            # The checks a spawn of that many children would meet (409 not ready, 400 options),
+            # now rather than at every refill.
+            await self.spawner.check_request(tag, size, [memory_limit_mib], per_child_netns=per_child_netns)
+        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork)
+        return await self.pools.set(PoolConfig(key, size))
+
+    def get_pool(self, tag: str) -> dict[str, Any]:
+        check_tag(tag)
+        if not self.pools.has(tag):
+            self.snapshots.get(tag)  # 404 unless the snapshot exists
+        return self.pools.info(tag)
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        return self.pools.all()
+
+    def take_pool_refill_times(self) -> list[tuple[str, float]]:
+        return self.pools.take_refill_times()
+
+    async def preset_pools(self, sizes: dict[str, int]) -> None:
+        """The daemon's ``--pool TAG=N``: set at start-up, options kept from an earlier PUT.
+
+        A tag that has no snapshot yet keeps its target, with a warning: its pool
+        fills once a snapshot of that tag is ready.
+        """
+        for tag, size in sizes.items():
+            current = self.pools.info(tag)
+            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"])
+            try:
+                await self.set_pool(tag, size, memory_limit_mib=key.memory_limit_mib,
+                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork)
+            except NotFound:
+                log.warning("pool %s=%d: no snapshot %r yet; the pool fills once it exists", tag, size, tag)
+                await self.pools.set(PoolConfig(key, size))
+            except ForkdError as exc:
+                log.warning("pool %s=%d not set: %s", tag, size, exc)

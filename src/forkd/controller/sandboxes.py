@@ -13,7 +13,12 @@ down. Each sandbox has one ``asyncio.Lock``:
 
 Ids go through ``resolve`` first: after a promote with ``replace_parent`` the
 source's id names the winner in every lookup. Whoever must react to a sandbox
-going away (the fork collector) registers with ``on_removed``.
+going away (the fork collector, the pool keeper) registers with ``on_removed``.
+
+Warm-pool members (``SandboxRecord.pooled``) are live VMs like any other, so
+teardown, shutdown and recovery treat them alike, but they are *hidden*: every
+lookup by id (``resolve``) says 404 for them until the pool keeper ``reveal``s
+one to the spawn that claimed it. Only the keeper tears them down (``discard``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class SandboxTable:
         self._dir = sandboxes_dir
         self._vms: dict[str, VM] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._hidden: set[str] = set()  # pool members nobody has claimed yet
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
 
     def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
@@ -60,9 +66,15 @@ class SandboxTable:
     def resolve(self, sandbox_id: str) -> str:
         """The id ``sandbox_id`` stands for now (itself unless a promote replaced it)."""
         check_sandbox_id(sandbox_id)
+        if sandbox_id in self._hidden:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         if sandbox_id in self._vms:
             return sandbox_id
         return self._registry.resolve_alias(sandbox_id)
+
+    def hidden(self, sandbox_id: str) -> bool:
+        """Whether ``sandbox_id`` is an unclaimed pool member."""
+        return sandbox_id in self._hidden
 
     def ids(self) -> list[str]:
         return list(self._vms)
@@ -95,19 +107,30 @@ class SandboxTable:
     # --------------------------------------------------------------- changes
 
     def add(self, record: SandboxRecord, vm: VM) -> None:
-        """A restored child: in the table and the registry, in that order."""
+        """A restored child: in the table and the registry, in that order (hidden if pooled)."""
+        if record.pooled:
+            self._hidden.add(record.id)
         self._vms[record.id] = vm
         self._registry.insert_sandbox(record)
 
-    def adopt(self, sandbox_id: str, vm: VM) -> None:
+    def adopt(self, sandbox_id: str, vm: VM, *, pooled: bool = False) -> None:
         """A VM a previous daemon left running (already in the registry)."""
+        if pooled:
+            self._hidden.add(sandbox_id)
         self._vms[sandbox_id] = vm
+
+    def reveal(self, record: SandboxRecord) -> None:
+        """A claimed pool member becomes an ordinary sandbox: its row rewritten, then visible."""
+        record.pooled = False
+        self._registry.save_sandbox(record)
+        self._hidden.discard(record.id)
 
     async def detach_all(self) -> None:
         """Forget every VM but leave it running, for the next daemon to re-adopt."""
         for vm in self._vms.values():
             await vm.disconnect()
         self._vms.clear()
+        self._hidden.clear()
 
     async def kill(self, sandbox_id: str) -> None:
         """Tear a sandbox down; waits for a branch of it to finish its pause window."""
@@ -117,9 +140,15 @@ class SandboxTable:
         async with self.lock(sandbox_id):
             await self.kill_locked(sandbox_id)
 
+    async def discard(self, sandbox_id: str) -> None:
+        """Tear down a pool member (hidden, so ``kill``'s lookup would not find it)."""
+        async with self.lock(sandbox_id):
+            await self.kill_locked(sandbox_id)
+
     async def kill_locked(self, sandbox_id: str) -> None:
         """Tear down a sandbox whose lock the caller holds (or that no one else knows)."""
         vm = self._vms.pop(sandbox_id, None)
+        self._hidden.discard(sandbox_id)
         try:
             record: SandboxRecord | None = self._registry.get_sandbox(sandbox_id)
         except NotFound:
@@ -143,7 +172,8 @@ class SandboxTable:
                     log.exception("after removing %s", sandbox_id)
 
     async def kill_all(self) -> None:
-        await asyncio.gather(*(self.kill(i) for i in self.ids()), return_exceptions=True)
+        # discard, not kill: pool members are hidden from kill's lookup but must go too.
+        await asyncio.gather(*(self.discard(i) for i in self.ids()), return_exceptions=True)
 
     # ----------------------------------------------------------------- calls
 

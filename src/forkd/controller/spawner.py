@@ -7,6 +7,11 @@ cgroup (``memory_limit_mib``), gives it a copy-on-write disk overlay and
 restores it with ``VM.restore``. A child that stays silent after its restore
 is retried once with a fresh QEMU: nothing has been handed out yet, so that is
 safe.
+
+Before restoring, a spawn claims what a warm pool (``PoolSource``, i.e.
+controller/pools.py) holds for the same snapshot and options; the pool keeper
+in turn restores its members here (``restore_member``) and waits for
+foreground spawns to end first (``wait_idle``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
@@ -30,7 +36,7 @@ from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
 from forkd.host.shm import ShmMemory
 from forkd.store import layout
-from forkd.store.registry import DiskChain, Registry, SandboxRecord, now_unix
+from forkd.store.registry import DiskChain, PoolKey, Registry, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
 
@@ -121,6 +127,15 @@ class NetnsPool:
                     )
 
 
+class PoolSource(Protocol):
+    """Where a spawn looks first for children already restored (controller/pools.py)."""
+
+    async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
+                    live_fork: bool) -> list[SandboxRecord | None]:
+        """A claimed, resumed, reseeded child per spec a pool could serve; None for the rest."""
+        ...
+
+
 class Spawner:
     def __init__(self, data: DataDir, registry: Registry, table: SandboxTable, store: SnapshotStore,
                  accel: HostAccelerator, taps: HostTaps, shm: ShmMemory) -> None:
@@ -131,11 +146,25 @@ class Spawner:
         self._taps = taps
         self._shm = shm
         self._netns = NetnsPool(registry)
-        self._busy: dict[str, int] = {}  # tag -> spawns of it in progress
+        self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
+        self._pool: PoolSource | None = None
+        # Foreground spawns in progress: pool refills wait until there are none.
+        self._foreground = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def draw_from(self, pool: PoolSource) -> None:
+        """From now on spawns claim matching children from ``pool`` before restoring."""
+        self._pool = pool
 
     def spawning(self, tag: str) -> bool:
         """Whether children of ``tag`` are being restored right now (not yet registered)."""
         return self._busy.get(tag, 0) > 0
+
+    async def wait_idle(self) -> None:
+        """Return once no foreground spawn (or fork) is in progress."""
+        while self._foreground:
+            await self._idle.wait()
 
     async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
                     memory_limit_mib: int | None = None, live_fork: bool = False,
@@ -154,19 +183,12 @@ class Spawner:
             raise failures[0]
         return [r for r in results if isinstance(r, SandboxRecord)]
 
-    async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
-                         live_fork: bool = False) -> list[SandboxRecord | ForkdError]:
-        """Fork one child per spec; each succeeds or fails on its own.
-
-        Request-wide problems (bad tag, bad options, a missing namespace) raise
-        before any VM starts. A child that fails leaves nothing behind, and its
-        error takes its place in the result.
-        """
-        n = len(children)
-        bounds.SPAWN_N.check(n)
-        for child in children:
-            if child.memory_limit_mib is not None:
-                cgroups.validate_limit(child.memory_limit_mib)
+    async def check_request(self, tag: str, n: int, memory_limits: list[int | None], *,
+                            per_child_netns: bool) -> Forkable:
+        """The request-wide checks of a spawn of ``n`` children (400/404/409 before any VM starts)."""
+        for limit in memory_limits:
+            if limit is not None:
+                cgroups.validate_limit(limit)
                 if cgroups.detect() == "none":
                     raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
         snap = self._store.forkable(tag)
@@ -178,7 +200,75 @@ class Spawner:
             )
         host = await self._accel.for_snapshot(snap.dir)
         check_compatible(snap.config.accel, host, tag)
+        return snap
 
+    async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
+                         live_fork: bool = False) -> list[SandboxRecord | ForkdError]:
+        """Fork one child per spec; each succeeds or fails on its own.
+
+        Request-wide problems (bad tag, bad options, a missing namespace) raise
+        before any VM starts. A child that fails leaves nothing behind, and its
+        error takes its place in the result. Children a warm pool can serve
+        (same snapshot and options) are claimed from it; the rest are restored.
+        """
+        n = len(children)
+        bounds.SPAWN_N.check(n)
+        self._foreground += 1
+        self._idle.clear()
+        self._busy[tag] = self._busy.get(tag, 0) + 1
+        try:
+            snap = await self.check_request(tag, n, [c.memory_limit_mib for c in children],
+                                            per_child_netns=per_child_netns)
+            claimed: list[SandboxRecord | None] = [None] * n
+            if self._pool is not None:
+                claimed = await self._pool.claim(tag, children, per_child_netns=per_child_netns,
+                                                 live_fork=live_fork)
+            misses = [i for i, c in enumerate(claimed) if c is None]
+            results: list[SandboxRecord | ForkdError] = [c for c in claimed if c is not None]
+            if not misses:
+                return results
+            try:
+                fresh = await self._restore_batch(snap, [children[i] for i in misses],
+                                                  per_child_netns=per_child_netns, live_fork=live_fork)
+            except BaseException:
+                # A request-wide refusal after the claims: the claimed children go too.
+                await asyncio.gather(*(self._table.kill(c.id) for c in claimed if c is not None),
+                                     return_exceptions=True)
+                raise
+            merged: list[SandboxRecord | ForkdError] = []
+            fresh_iter = iter(fresh)
+            for c in claimed:
+                merged.append(c if c is not None else next(fresh_iter))
+            return merged
+        finally:
+            self._busy[tag] -= 1
+            if not self._busy[tag]:
+                del self._busy[tag]
+            self._foreground -= 1
+            if not self._foreground:
+                self._idle.set()
+
+    async def restore_member(self, key: PoolKey) -> SandboxRecord:
+        """Restore one warm-pool member for ``key``: registered hidden (``pooled``), left running."""
+        self._busy[key.tag] = self._busy.get(key.tag, 0) + 1
+        try:
+            snap = await self.check_request(key.tag, 1, [key.memory_limit_mib],
+                                            per_child_netns=key.per_child_netns)
+            [result] = await self._restore_batch(snap, [ChildSpec(memory_limit_mib=key.memory_limit_mib)],
+                                                 per_child_netns=key.per_child_netns,
+                                                 live_fork=key.live_fork, pooled=True)
+        finally:
+            self._busy[key.tag] -= 1
+            if not self._busy[key.tag]:
+                del self._busy[key.tag]
+        if isinstance(result, ForkdError):
+            raise result
+        return result
+
+    async def _restore_batch(self, snap: Forkable, children: list[ChildSpec], *, per_child_netns: bool,
+                             live_fork: bool, pooled: bool = False) -> list[SandboxRecord | ForkdError]:
+        """Claim namespaces or the host tap for ``children`` and restore them."""
+        n = len(children)
         # Claim namespaces / the host tap with no await in between checks and claims.
         netns_names: list[str | None] = [None] * n
         claimed: list[int] = []
@@ -189,22 +279,18 @@ class Spawner:
         elif snap.tap:
             self._taps.check_free(snap.tap)
             host_tap = snap.tap
-        self._busy[tag] = self._busy.get(tag, 0) + 1
         try:
             with self._taps.claimed(host_tap):
                 if per_child_netns:
                     await self._netns.check([name for name in netns_names if name], snap.tap)
-                results = await self._restore_all(snap, children, netns_names, live_fork)
+                results = await self._restore_all(snap, children, netns_names, live_fork, pooled)
         finally:
             self._netns.release(claimed)
-            self._busy[tag] -= 1
-            if not self._busy[tag]:
-                del self._busy[tag]
         return [r if isinstance(r, SandboxRecord | ForkdError)
                 else VMError(f"fork failed: {type(r).__name__}: {r}") for r in results]
 
     async def _restore_all(self, snap: Forkable, children: list[ChildSpec], netns_names: list[str | None],
-                           live_fork: bool) -> list[SandboxRecord | BaseException]:
+                           live_fork: bool, pooled: bool) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
         prefix = layout.new_batch_prefix()
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
@@ -212,17 +298,18 @@ class Spawner:
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:
             async with gate:
                 return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, child, netns=netns,
-                                                 live_fork=live_fork)
+                                                 live_fork=live_fork, pooled=pooled)
 
         return list(await asyncio.gather(
             *(one(i, child, ns) for i, (child, ns) in enumerate(zip(children, netns_names, strict=True))),
             return_exceptions=True))
 
     async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
-                             netns: str | None, live_fork: bool) -> SandboxRecord:
+                             netns: str | None, live_fork: bool, pooled: bool) -> SandboxRecord:
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:
-                return await self._restore_once(sb_id, snap, mem, child, netns=netns, live_fork=live_fork)
+                return await self._restore_once(sb_id, snap, mem, child, netns=netns, live_fork=live_fork,
+                                                pooled=pooled)
             except BootTimeout as exc:
                 if attempt == RESTORE_ATTEMPTS:
                     raise BootTimeout(f"child {sb_id} of {snap.record.tag!r} did not come up after "
@@ -233,7 +320,7 @@ class Spawner:
         raise AssertionError("unreachable")
 
     async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
-                            netns: str | None, live_fork: bool) -> SandboxRecord:
+                            netns: str | None, live_fork: bool, pooled: bool) -> SandboxRecord:
         memory_limit_mib = child.memory_limit_mib
         run_dir = self._data.sandboxes / sb_id
         run_dir.mkdir(parents=True)
@@ -268,7 +355,7 @@ class Spawner:
             config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
             netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
-            metadata=dict(child.metadata),
+            metadata=dict(child.metadata), pooled=pooled,
         )
         self._table.add(record, vm)
         return record

@@ -273,3 +273,28 @@ def get_checkpoints(sandbox_id: str) -> Call:
 
 def delete_checkpoints(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}/checkpoints")
+
+
+def set_pool(
+    tag: str,
+    size: int,
+    *,
+    memory_limit_mib: int | None,
+    per_child_netns: bool,
+    live_fork: bool,
+) -> Call:
+    body = _put({"size": size}, memory_limit_mib=memory_limit_mib)
+    if per_child_netns:
+        body["per_child_netns"] = True
+    if live_fork:
+        body["live_fork"] = True
+    # Shrinking or draining waits for members to be torn down: no read timeout.
+    return Call("PUT", f"/v1/snapshots/{_seg(tag)}/pool", json=body, read_timeout=None)
+
+
+def get_pool(tag: str) -> Call:
+    return Call("GET", f"/v1/snapshots/{_seg(tag)}/pool")
+
+
+def list_pools() -> Call:
+    return Call("GET", "/v1/pools")

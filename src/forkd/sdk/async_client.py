@@ -469,4 +469,37 @@ class AsyncController:
         return cast(CheckpointInfo, await self._send(_calls.delete_checkpoints(sandbox_id)))
 
 
+    async def set_pool(
+        self,
+        tag: str,
+        size: int,
+        *,
+        memory_limit_mib: int | None = None,
+        per_child_netns: bool = False,
+        live_fork: bool = False,
+    ) -> JSONDict:
+        """``PUT /v1/snapshots/{tag}/pool``: keep ``size`` children restored and paused.
+
+        Spawns of ``tag`` with the same options (``memory_limit_mib``,
+        ``per_child_netns``, ``live_fork``) are served from the pool first;
+        ``size=0`` drains it. Returns ``{"size", "ready", ...}``.
+        """
+        call = _calls.set_pool(
+            tag,
+            size,
+            memory_limit_mib=memory_limit_mib,
+            per_child_netns=per_child_netns,
+            live_fork=live_fork,
+        )
+        return cast(JSONDict, await self._send(call))
+
+    async def get_pool(self, tag: str) -> JSONDict:
+        """``GET /v1/snapshots/{tag}/pool`` → ``{"size", "ready", "claims", "misses", ...}``."""
+        return cast(JSONDict, await self._send(_calls.get_pool(tag)))
+
+    async def list_pools(self) -> list[JSONDict]:
+        """``GET /v1/pools``: every warm pool of the daemon."""
+        return cast(list[JSONDict], await self._send(_calls.list_pools()))
+
+
 __all__ = ["DEFAULT_WAIT_SECS", "AsyncController"]

@@ -45,6 +45,13 @@ CREATE TABLE IF NOT EXISTS sandbox_aliases (
     alias TEXT PRIMARY KEY,
     target TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pools (
+    tag TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    memory_limit_mib INTEGER,
+    per_child_netns INTEGER NOT NULL DEFAULT 0,
+    live_fork INTEGER NOT NULL DEFAULT 0
+);
 """
 
 # Alias hops followed before giving up: promote(replace_parent) chains are short,
@@ -83,6 +90,29 @@ class CheckpointPolicy:
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What a spawn must ask for to be served from a pool: the snapshot and the spawn options
+    that shape a child at restore time (its cgroup, its namespace, its RAM's backing)."""
+
+    tag: str
+    memory_limit_mib: int | None = None
+    per_child_netns: bool = False
+    live_fork: bool = False
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A warm pool's target: keep ``size`` paused children matching ``key`` ready."""
+
+    key: PoolKey
+    size: int
+
+    @property
+    def tag(self) -> str:
+        return self.key.tag
 
 
 @dataclass
@@ -152,6 +182,14 @@ class SandboxRecord:
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # user labels; fork-tree stamps
     checkpoints: CheckpointPolicy | None = None
+    # A warm-pool member: restored, reseeded and paused, hidden from every
+    # per-sandbox endpoint until a spawn claims it (controller/pools.py).
+    pooled: bool = False
+
+    @property
+    def pool_key(self) -> PoolKey:
+        """The spawn options this child was restored with, as a pool matches them."""
+        return PoolKey(self.snapshot_tag, self.memory_limit_mib, self.netns is not None, self.live_fork)
 
     @property
     def agent_socket(self) -> str:
@@ -190,7 +228,7 @@ def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
     return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
             "timings": s.timings, "metadata": s.metadata,
-            "checkpoints": s.checkpoints.info() if s.checkpoints else None}
+            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -223,7 +261,8 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
     return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
                          cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
                          metadata=dict(meta.get("metadata") or {}),
-                         checkpoints=CheckpointPolicy(**policy) if policy else None)
+                         checkpoints=CheckpointPolicy(**policy) if policy else None,
+                         pooled=bool(meta.get("pooled")))
 
 
 class Registry:
@@ -317,6 +356,15 @@ class Registry:
                 list(row.values()),
             )
 
+    def save_sandbox(self, sb: SandboxRecord) -> None:
+        """Write every field of an already registered sandbox (a pool member being claimed)."""
+        row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS if k != "id"}
+        row["meta"] = json.dumps(_sandbox_meta(sb))
+        row["live_fork"] = int(sb.live_fork)
+        sets = ", ".join(f"{k} = ?" for k in row)
+        with self._lock:
+            self._db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", [*row.values(), sb.id])
+
     def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
         """Record where a sandbox's disk stands (it moves with every branch)."""
         self._update_sandbox_meta(sandbox_id, "disk", asdict(disk))
@@ -382,6 +430,27 @@ class Registry:
                     return current
                 current = str(row[0])
         return current
+
+    # --------------------------------------------------------------- pools
+
+    def set_pool(self, pool: PoolConfig) -> None:
+        """Keep (or replace) the pool target of ``pool.tag``; one pool per tag."""
+        k = pool.key
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO pools (tag, size, memory_limit_mib, per_child_netns, live_fork) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (k.tag, pool.size, k.memory_limit_mib, int(k.per_child_netns), int(k.live_fork)))
+
+    def delete_pool(self, tag: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM pools WHERE tag = ?", (tag,))
+
+    def list_pools(self) -> list[PoolConfig]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM pools ORDER BY tag").fetchall()
+        return [PoolConfig(PoolKey(r["tag"], r["memory_limit_mib"], bool(r["per_child_netns"]),
+                                   bool(r["live_fork"])), int(r["size"])) for r in rows]
 
 
 def now_unix() -> int:
