@@ -101,6 +101,14 @@ class Forker:
             specs = [dataclasses.replace(spec, metadata={
                 **spec.metadata, TREE_ID_KEY: tree_id, PARENT_ID_KEY: source_id, INDEX_KEY: str(i)})
                 for i, spec in enumerate(specs)]
+        # Refuse what the spawn would refuse before the source is paused, not after.
+        if source.tap and not options.per_child_netns:
+            raise InvalidRequest(f"sandbox {source_id} has a NIC on tap {source.tap}, which it holds: "
+                                 "fork it with per_child_netns=true (each child gets its own tap in "
+                                 "forkd-child-<i>)")
+        self._spawner.check_options(count, [s.memory_limit_mib for s in specs],
+                                    per_child_netns=options.per_child_netns, tap=source.tap,
+                                    what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
         result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,

@@ -186,21 +186,28 @@ class Spawner:
     async def check_request(self, tag: str, n: int, memory_limits: list[int | None], *,
                             per_child_netns: bool) -> Forkable:
         """The request-wide checks of a spawn of ``n`` children (400/404/409 before any VM starts)."""
+        snap = self._store.forkable(tag)
+        self.check_options(n, memory_limits, per_child_netns=per_child_netns, tap=snap.tap,
+                           what=f"snapshot {tag!r}")
+        host = await self._accel.for_snapshot(snap.dir)
+        check_compatible(snap.config.accel, host, tag)
+        return snap
+
+    @staticmethod
+    def check_options(n: int, memory_limits: list[int | None], *, per_child_netns: bool, tap: str | None,
+                      what: str) -> None:
+        """The checks that need no snapshot: a fork runs them before it pauses its source."""
         for limit in memory_limits:
             if limit is not None:
                 cgroups.validate_limit(limit)
                 if cgroups.detect() == "none":
                     raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
-        snap = self._store.forkable(tag)
-        if snap.tap and not per_child_netns and n != 1:
+        if tap and not per_child_netns and n != 1:
             raise InvalidRequest(
-                f"snapshot {tag!r} has a NIC on tap {snap.tap}, and a tap serves one VM at a time: "
+                f"{what} has a NIC on tap {tap}, and a tap serves one VM at a time: "
                 f"fork it with per_child_netns=true (each child gets forkd-child-<i> with its own "
-                f"{snap.tap}; {netns_mod.SETUP_SCRIPT} N --tap {snap.tap} creates them), or fork one child"
+                f"{tap}; {netns_mod.SETUP_SCRIPT} N --tap {tap} creates them), or fork one child"
             )
-        host = await self._accel.for_snapshot(snap.dir)
-        check_compatible(snap.config.accel, host, tag)
-        return snap
 
     async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
                          live_fork: bool = False) -> list[SandboxRecord | ForkdError]:
