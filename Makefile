@@ -49,6 +49,7 @@ stress: setup
 bench: setup
 	$(BIN)/python bench/fork_vs_boot.py
 	$(BIN)/python bench/branch.py
+	$(BIN)/python bench/fork_running.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples scripts
