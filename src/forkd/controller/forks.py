@@ -32,7 +32,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, ForkdError
+from forkd.errors import Conflict, ForkdError, InvalidRequest
 from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
