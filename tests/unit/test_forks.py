@@ -18,7 +18,7 @@ from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import child_specs
+from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
@@ -88,6 +88,8 @@ def test_an_alias_loop_does_not_hang(registry: Registry) -> None:
 # ------------------------------------------------------------------ collector and promote
 
 class _NoSpawns:
+    check_options = staticmethod(Spawner.check_options)
+
     def spawning(self, _tag: str) -> bool:
         return False
 
@@ -143,6 +145,21 @@ def test_a_fork_snapshot_with_dependents_stays_until_they_go(registry: Registry,
     # Both go, the dependent first, in one collection.
     assert asyncio.run(forker.collect()) == ["grandchild", "fork-1"]
     assert [s.tag for s in store.all()] == ["py"]
+
+
+def test_a_tapped_source_without_per_child_netns_is_refused_before_its_pause(
+        registry: Registry, tmp_path: Path) -> None:
+    forker, table, _store = _forker(registry, tmp_path)
+    _snap(registry, tmp_path, "py")
+    _child(registry, table, tmp_path, SRC, "py")
+    registry.delete_sandbox(SRC)  # re-register it with a NIC on a host tap
+    run_dir = tmp_path / "sandboxes" / SRC
+    registry.insert_sandbox(SandboxRecord(id=SRC, snapshot_tag="py", dir=str(run_dir), created_at_unix=1,
+                                          config=CONFIG, disk=DiskChain.fresh(run_dir, "py"), pid=1,
+                                          tap="forkd-tap0"))
+    with pytest.raises(InvalidRequest, match="per_child_netns=true"):
+        asyncio.run(forker.fork(SRC, 1))
+    assert registry.list_snapshots()[0].tag == "py" and len(registry.list_snapshots()) == 1  # no branch
 
 
 def test_promote_refuses_what_is_not_a_fork_tree_child(registry: Registry, tmp_path: Path) -> None:
