@@ -88,7 +88,7 @@ def test_an_alias_loop_does_not_hang(registry: Registry) -> None:
 # ------------------------------------------------------------------ collector and promote
 
 class _NoSpawns:
-    check_options = staticmethod(Spawner.check_options)
+    check_limits = staticmethod(Spawner.check_limits)
 
     def spawning(self, _tag: str) -> bool:
         return False

@@ -106,9 +106,7 @@ class Forker:
             raise InvalidRequest(f"sandbox {source_id} has a NIC on tap {source.tap}, which it holds: "
                                  "fork it with per_child_netns=true (each child gets its own tap in "
                                  "forkd-child-<i>)")
-        self._spawner.check_options(count, [s.memory_limit_mib for s in specs],
-                                    per_child_netns=options.per_child_netns, tap=source.tap,
-                                    what=f"sandbox {source_id}")
+        self._spawner.check_limits([s.memory_limit_mib for s in specs])
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
         result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,

@@ -186,22 +186,23 @@ class Spawner:
     async def check_request(self, tag: str, n: int, memory_limits: list[int | None], *,
                             per_child_netns: bool) -> Forkable:
         """The request-wide checks of a spawn of ``n`` children (400/404/409 before any VM starts)."""
+        self.check_limits(memory_limits)  # a bad body is 400 whether or not the tag exists
         snap = self._store.forkable(tag)
-        self.check_options(n, memory_limits, per_child_netns=per_child_netns, tap=snap.tap,
-                           what=f"snapshot {tag!r}")
+        self.check_tap(n, per_child_netns=per_child_netns, tap=snap.tap, what=f"snapshot {tag!r}")
         host = await self._accel.for_snapshot(snap.dir)
         check_compatible(snap.config.accel, host, tag)
         return snap
 
     @staticmethod
-    def check_options(n: int, memory_limits: list[int | None], *, per_child_netns: bool, tap: str | None,
-                      what: str) -> None:
-        """The checks that need no snapshot: a fork runs them before it pauses its source."""
+    def check_limits(memory_limits: list[int | None]) -> None:
         for limit in memory_limits:
             if limit is not None:
                 cgroups.validate_limit(limit)
                 if cgroups.detect() == "none":
                     raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
+
+    @staticmethod
+    def check_tap(n: int, *, per_child_netns: bool, tap: str | None, what: str) -> None:
         if tap and not per_child_netns and n != 1:
             raise InvalidRequest(
                 f"{what} has a NIC on tap {tap}, and a tap serves one VM at a time: "
