@@ -364,7 +364,8 @@ class FakeRuntime:
 
     @staticmethod
     def _info(path: str, data: bytes | None) -> dict[str, Any]:
-        return {"path": path, "name": posixpath.basename(path) or "/", "type": "dir" if data is None else "file",
+        return {"path": path, "name": posixpath.basename(path) or "/",
+                "type": "dir" if data is None else "file",
                 "size": 0 if data is None else len(data), "mode": 0o755 if data is None else 0o644,
                 "mtime": time.time()}
 
@@ -389,7 +390,8 @@ class FakeRuntime:
             raise NotFound(f"{path}: No such file or directory")
         if fs[norm] is not None:
             raise Conflict(f"{path}: Not a directory")
-        entries = [self._info(p, d) for p, d in sorted(fs.items()) if p != norm and posixpath.dirname(p) == norm]
+        entries = [self._info(p, d) for p, d in sorted(fs.items())
+                   if p != norm and posixpath.dirname(p) == norm]
         return {"path": path, "entries": entries, "truncated": False}
 
     async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tests.fakes.runtime import FakeRuntime
 
 
 def methods_the_routes_call() -> set[str]:
-    """Every ``rt.<name>`` in forkd/api/routes.py, pool_routes.py and file_routes.py (``rt`` is the injected Runtime)."""
+    """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
     names: set[str] = set()
     for module in (forkd.api.routes, forkd.api.pool_routes, forkd.api.file_routes):
         tree = ast.parse(Path(inspect.getfile(module)).read_text())

@@ -34,6 +34,7 @@ from forkd.config import API_VERSION
 from forkd.errors import InvalidRequest, TooLarge
 from forkd.guest.protocol import FILE_PATH_MAX
 
+
 def _err(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 

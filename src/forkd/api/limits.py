@@ -8,11 +8,11 @@ from contextlib import contextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from forkd.errors import Busy, Conflict
+
 # Requests the middleware lets through unread: a route that streams its body and
 # applies its own limit (file uploads).
 Exempt = Callable[[Scope], bool]
-
-from forkd.errors import Busy, Conflict
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

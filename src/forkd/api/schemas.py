@@ -181,8 +181,8 @@ class EvalRequest(_Request):
 
 
 class MkdirRequest(_Request):
-    path: NonEmptyCString = Field(max_length=FILE_PATH_MAX, description="Absolute guest path of the directory.",
-                                  examples=["/work/data"])
+    path: NonEmptyCString = Field(max_length=FILE_PATH_MAX, examples=["/work/data"],
+                                  description="Absolute guest path of the directory.")
     parents: bool = Field(False, description="Also create missing parents; an existing directory is fine.")
 
 

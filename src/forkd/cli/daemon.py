@@ -155,7 +155,8 @@ def daemon(
     settings = Settings(
         host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
         data_dir=data_dir, keep_sandboxes=keep_sandboxes, audit_log=audit_log,
-        max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes, branch_concurrency=branch_concurrency, pools=pool_sizes,
+        max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
+        branch_concurrency=branch_concurrency, pools=pool_sizes,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
     # which no other command needs.

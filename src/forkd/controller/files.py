@@ -130,8 +130,7 @@ class SandboxFiles:
                 in_flight.add(asyncio.create_task(self._call(
                     sandbox_id, protocol.FILE_WRITE, handle=handle, offset=offset, data=data)))
                 offset += len(piece)
-            for task in asyncio.as_completed(list(in_flight)):
-                await task
+            await asyncio.gather(*in_flight)  # a failure cancels the rest below
             in_flight.clear()
             return _info(await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True))
         except BaseException:
@@ -143,7 +142,8 @@ class SandboxFiles:
             abort.add_done_callback(self._aborts.discard)
             raise
 
-    async def _abort(self, sandbox_id: str, handle: str, in_flight: set[asyncio.Task[dict[str, Any]]]) -> None:
+    async def _abort(self, sandbox_id: str, handle: str,
+                     in_flight: set[asyncio.Task[dict[str, Any]]]) -> None:
         await asyncio.gather(*in_flight, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=False)

@@ -19,7 +19,8 @@ One module per job:
 - ``exec``: running a subprocess and capturing its output
 - ``evaluator``: eval in the persistent namespace, with a timeout
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
-- ``files``: stat, list, mkdir, remove and chunked reads and writes of files
+- ``files``: stat, list, mkdir, remove and chunked reads of files
+- ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``server``: the request dispatch and the serve loop
 - ``__main__``: the entry point (PID 1, or ``--stdio`` for tests)

@@ -23,6 +23,7 @@ from forkd.guest.agent.files import Files
 from forkd.guest.agent.freeze import RootFreezer
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
+from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.protocol import RequestError
 
@@ -40,6 +41,7 @@ class Agent:
         self.reaper = Reaper()
         self.fs = RootFreezer()
         self.files = Files()
+        self.uploads = Uploads()
         self.write_lock = threading.Lock()
         self.out_fd = -1
         self.max_line = protocol.MAX_REQUEST_LINE
@@ -56,9 +58,9 @@ class Agent:
             protocol.FILE_MKDIR: self.files.mkdir,
             protocol.FILE_REMOVE: self.files.remove,
             protocol.FILE_READ: self.files.read,
-            protocol.FILE_WRITE_OPEN: self.files.write_open,
-            protocol.FILE_WRITE: self.files.write,
-            protocol.FILE_WRITE_CLOSE: self.files.write_close,
+            protocol.FILE_WRITE_OPEN: self.uploads.write_open,
+            protocol.FILE_WRITE: self.uploads.write,
+            protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
         }
 
     # ------------------------------------------------------------- actions
