@@ -55,7 +55,8 @@ def test_write_read_stat_list_mkdir_remove(loop: Loop, runtime: Runtime, sandbox
     out = loop.run(runtime.exec(sandbox, ["sha256sum", "/tmp/ft/a/b/data.bin"]))
     assert out["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
     listing = loop.run(runtime.file_list(sandbox, "/tmp/ft/a/b"))
-    assert [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [("data.bin", "file", len(data))]
+    entries = [(e["name"], e["type"], e["size"]) for e in listing["entries"]]
+    assert entries == [("data.bin", "file", len(data))]
     assert loop.run(runtime.file_stat(sandbox, "/tmp/ft/a"))["type"] == "dir"
     # Overwrite: replaced atomically; no temp file left beside it.
     loop.run(runtime.file_write(sandbox, "/tmp/ft/a/b/data.bin", pieces(b"short"), max_bytes=64))

@@ -126,8 +126,8 @@ def request_models() -> list[tuple[str, str, str, dict[str, Any], bool]]:
     for path, ops in spec()["paths"].items():
         for method, op in ops.items():
             body = op.get("requestBody")
-            if body is None:
-                continue
+            if body is None or "application/json" not in body["content"]:
+                continue  # a raw upload (PUT .../files) has no fields to document
             raw = body["content"]["application/json"]["schema"]
             ref = raw.get("$ref") or next(s["$ref"] for s in raw["anyOf"] if "$ref" in s)
             model, _ = resolve(raw)

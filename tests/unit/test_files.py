@@ -154,10 +154,10 @@ def test_the_agent_serves_file_actions_with_error_kinds(tmp_path: Path) -> None:
 def test_host_refuses_a_read_piece_longer_than_asked() -> None:
     long = base64.b64encode(b"x" * 20).decode()
     with pytest.raises(GuestError):
-        controller_files._piece({"data": long, "eof": True}, 10)  # noqa: SLF001 (the check itself)
+        controller_files._piece({"data": long, "eof": True}, 10)
     with pytest.raises(GuestError):
-        controller_files._piece({"data": "!!", "eof": True}, 10)  # noqa: SLF001
-    assert controller_files._piece({"data": base64.b64encode(b"ok").decode(), "eof": False}, 10) == (  # noqa: SLF001
+        controller_files._piece({"data": "!!", "eof": True}, 10)
+    assert controller_files._piece({"data": base64.b64encode(b"ok").decode(), "eof": False}, 10) == (
         b"ok", False)
 
 
@@ -243,7 +243,7 @@ def test_bad_paths_are_400(client: TestClient, path: str) -> None:
 def test_missing_is_404_and_directories_are_409(client: TestClient) -> None:
     assert client.get(files_url(), params={"path": "/nope"}).status_code == 404
     assert client.get(files_url(), params={"path": "/nope"}).json()["error"]
-    assert client.get(f"/v1/sandboxes/sb-000000-0000/files", params={"path": "/x"}).status_code == 404
+    assert client.get("/v1/sandboxes/sb-000000-0000/files", params={"path": "/x"}).status_code == 404
     assert client.post(files_url("/mkdir"), json={"path": "/d"}).json() == {"path": "/d", "created": True}
     assert client.get(files_url(), params={"path": "/d"}).status_code == 409
     assert client.put(files_url(), params={"path": "/d"}, content=b"x").status_code == 409
