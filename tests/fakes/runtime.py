@@ -413,7 +413,7 @@ class FakeRuntime:
         self._call("file_remove", sandbox_id, path, recursive=recursive)
         fs, norm = self._fs(sandbox_id, path)
         if norm == "/":
-            raise InvalidRequest("refusing to remove /")
+            raise Conflict("refusing to remove /")
         if norm not in fs:
             raise NotFound(f"{path}: No such file or directory")
         inside = [p for p in fs if p.startswith(norm + "/")]

@@ -211,6 +211,8 @@ def test_100_mib_round_trip_through_the_daemon_in_bounded_memory(daemon: Daemon,
             head = (f"PUT /v1/sandboxes/{sb}/files?path=/tmp/huge HTTP/1.1\r\nHost: x\r\n"
                     f"Authorization: Bearer {daemon.token}\r\nContent-Length: {201 * MIB}\r\n\r\n")
             conn.sendall(head.encode())
-            answer = conn.recv(65536).decode(errors="replace")
+            answer = ""
+            while '"error"' not in answer and (more := conn.recv(65536)):
+                answer += more.decode(errors="replace")
         assert answer.startswith("HTTP/1.1 413") and '"error"' in answer, answer
         http.delete(f"/v1/sandboxes/{sb}")

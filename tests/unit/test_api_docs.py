@@ -47,6 +47,7 @@ PATTERN_WORDS = {
     schemas.NON_EMPTY_NO_NUL_PATTERN: "non-empty, no NUL",
     schemas.ENV_NAME_PATTERN: "no `=`, no NUL",
     schemas.TREE_ID_PATTERN: "fork-tree id",
+    schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
 }
 EN_DASH = "\N{EN DASH}"  # ranges read 128–16384 in API.md  # noqa: RUF003
 JSON_TYPE_WORDS = {

@@ -28,7 +28,7 @@ from forkd.api.routes import (
     Runtime,
     SandboxIdPath,
 )
-from forkd.api.schemas import ErrorBody, FileInfo, FileList, MkdirRequest, MkdirResponse
+from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, FileInfo, FileList, MkdirRequest, MkdirResponse
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION
 from forkd.errors import InvalidRequest, TooLarge
@@ -52,7 +52,7 @@ NOT_A_FILE: dict[int | str, dict[str, Any]] = {
               "directory to remove is not empty without recursive=true."),
 }
 
-PathQuery = Annotated[str, Query(min_length=1, max_length=FILE_PATH_MAX,
+PathQuery = Annotated[str, Query(min_length=1, max_length=FILE_PATH_MAX, pattern=GUEST_PATH_PATTERN,
                                  description="Absolute path in the guest (no NUL, at most 4096 bytes).")]
 
 

@@ -28,6 +28,7 @@ MODULE_PATTERN = bounds.MODULE_RE.pattern
 NO_NUL_PATTERN = r"^[^\x00]*$"
 NON_EMPTY_NO_NUL_PATTERN = r"^[^\x00]+$"
 ENV_NAME_PATTERN = r"^[^=\x00]+$"
+GUEST_PATH_PATTERN = r"^/[^\x00]*$"  # absolute, no NUL (forkd.guest.protocol.check_path)
 
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
 SandboxId = Annotated[str, StringConstraints(pattern=SANDBOX_ID_PATTERN)]
@@ -181,7 +182,8 @@ class EvalRequest(_Request):
 
 
 class MkdirRequest(_Request):
-    path: NonEmptyCString = Field(max_length=FILE_PATH_MAX, examples=["/work/data"],
+    path: Annotated[str, StringConstraints(pattern=GUEST_PATH_PATTERN)] = Field(
+        max_length=FILE_PATH_MAX, examples=["/work/data"],
                                   description="Absolute guest path of the directory.")
     parents: bool = Field(False, description="Also create missing parents; an existing directory is fine.")
 

@@ -122,11 +122,11 @@ def check_path(path: object) -> str:
     if not path.startswith("/"):
         raise RequestError(f"path must be absolute (start with /): {path[:200]!r}", INVALID)
     try:
-        size = len(path.encode("utf-8", "surrogateescape"))
+        path.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         raise RequestError("path is not valid UTF-8", INVALID) from None
-    if size > FILE_PATH_MAX:
-        raise RequestError(f"path is longer than {FILE_PATH_MAX} bytes", INVALID)
+    if len(path) > FILE_PATH_MAX:  # characters, as the API's schema counts them
+        raise RequestError(f"path is longer than {FILE_PATH_MAX} characters", INVALID)
     return path
 
 

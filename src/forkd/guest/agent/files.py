@@ -127,7 +127,7 @@ class Files:
     def remove(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         if os.path.normpath(path) == "/":
-            raise RequestError("refusing to remove /", INVALID)
+            raise RequestError("refusing to remove /", CONFLICT)  # a valid path, in a state that forbids it
         recursive = bool(req.get("recursive", False))
         try:
             st = os.lstat(path)
