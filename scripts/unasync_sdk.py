@@ -57,6 +57,9 @@ RULES: tuple[tuple[str, str], ...] = (
     # httpx.
     (r"\bhttpx\.AsyncClient\b", "httpx.Client"),
     (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
+    (r"\baiter_bytes\b", "iter_bytes"),
+    (r"\baread\b", "read"),
+    (r"\bAsyncIterator\b", "Iterator"),
     (r"\baclose\b", "close"),
     # The SDK's own names and modules.
     (r"\bforkd\.sdk\.async_client\b", "forkd.sdk.client"),
@@ -65,6 +68,7 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bAsyncSandbox\b", "Sandbox"),
     (r"\bAsyncSnapshot\b", "Snapshot"),
     (r"\bAsyncCommands\b", "Commands"),
+    (r"\bAsyncFiles\b", "Files"),
     (r"\bdefault_async_controller\b", "default_controller"),
 )
 

@@ -21,6 +21,12 @@ class Conflict(ForkdError):
     status = 409
 
 
+class TooLarge(ForkdError):
+    """A request body (or an uploaded file) larger than the daemon accepts."""
+
+    status = 413
+
+
 class Busy(ForkdError):
     status = 503
 

@@ -25,15 +25,18 @@ from __future__ import annotations
 import ast
 import asyncio
 import operator
-from collections.abc import Callable
+import posixpath
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from forkd import bounds
+from forkd.controller.files import check_path
 from forkd.controller.forks import ForkResult
 from forkd.controller.spawner import ChildSpec, child_specs
-from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel
 from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
@@ -91,6 +94,11 @@ class FakeRuntime:
     aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
     refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
+    # Every sandbox's files: path -> contents (bytes) or None for a directory.
+    files: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    # Sizes of the body pieces file_write received, to show that uploads stream.
+    upload_pieces: list[int] = field(default_factory=list)
+    download_piece: int = 1 << 20  # file_read yields pieces of this size
     _spawned: int = field(default=0, init=False)
     _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
@@ -345,6 +353,104 @@ class FakeRuntime:
         self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin)
         self._sandbox(sandbox_id)
         return {"stdout": " ".join(args), "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+
+    # ------------------------------------------------------------------ files
+
+    def _fs(self, sandbox_id: str, path: str) -> tuple[dict[str, bytes | None], str]:
+        self._sandbox(sandbox_id)
+        check_path(path)
+        fs = self.files.setdefault(self._resolve(sandbox_id), {"/": None})
+        return fs, posixpath.normpath(path).replace("//", "/")
+
+    @staticmethod
+    def _info(path: str, data: bytes | None) -> dict[str, Any]:
+        return {"path": path, "name": posixpath.basename(path) or "/",
+                "type": "dir" if data is None else "file",
+                "size": 0 if data is None else len(data), "mode": 0o755 if data is None else 0o644,
+                "mtime": time.time()}
+
+    def _parent_dir(self, fs: dict[str, bytes | None], path: str) -> None:
+        parent = posixpath.dirname(path)
+        if parent not in fs:
+            raise NotFound(f"{parent}: No such file or directory")
+        if fs[parent] is not None:
+            raise Conflict(f"{parent}: Not a directory")
+
+    async def file_stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        self._call("file_stat", sandbox_id, path)
+        fs, norm = self._fs(sandbox_id, path)
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        return self._info(norm, fs[norm])
+
+    async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        self._call("file_list", sandbox_id, path)
+        fs, norm = self._fs(sandbox_id, path)
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        if fs[norm] is not None:
+            raise Conflict(f"{path}: Not a directory")
+        entries = [self._info(p, d) for p, d in sorted(fs.items())
+                   if p != norm and posixpath.dirname(p) == norm]
+        return {"path": path, "entries": entries, "truncated": False}
+
+    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:
+        self._call("file_mkdir", sandbox_id, path, parents=parents)
+        fs, norm = self._fs(sandbox_id, path)
+        if norm in fs:
+            if parents and fs[norm] is None:
+                return {"path": path, "created": False}
+            raise Conflict(f"{path}: File exists")
+        if parents:
+            parts = norm.strip("/").split("/")
+            for i in range(1, len(parts)):
+                fs.setdefault("/" + "/".join(parts[:i]), None)
+        self._parent_dir(fs, norm)
+        fs[norm] = None
+        return {"path": path, "created": True}
+
+    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        self._call("file_remove", sandbox_id, path, recursive=recursive)
+        fs, norm = self._fs(sandbox_id, path)
+        if norm == "/":
+            raise Conflict("refusing to remove /")
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        inside = [p for p in fs if p.startswith(norm + "/")]
+        if inside and not recursive:
+            raise Conflict(f"{path}: directory not empty (use recursive)")
+        for p in [*inside, norm]:
+            del fs[p]
+
+    async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
+                         max_bytes: int, mode: int | None = None) -> dict[str, Any]:
+        self._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode)
+        fs, norm = self._fs(sandbox_id, path)
+        if fs.get(norm, b"") is None:
+            raise Conflict(f"{path}: is a directory")
+        self._parent_dir(fs, norm)
+        data = bytearray()
+        async for chunk in chunks:
+            self.upload_pieces.append(len(chunk))
+            data += chunk
+            if len(data) > max_bytes:
+                raise TooLarge(f"file exceeds the daemon's {max_bytes}-byte limit")
+        fs[norm] = bytes(data)
+        return self._info(norm, fs[norm])
+
+    async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        self._call("file_read", sandbox_id, path)
+        info = await self.file_stat(sandbox_id, path)
+        if info["type"] != "file":
+            raise Conflict(f"{path}: a directory")
+        fs, norm = self._fs(sandbox_id, path)
+        data = fs[norm] or b""
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for i in range(0, len(data), self.download_piece):
+                yield data[i:i + self.download_piece]
+
+        return info, pieces()
 
     async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> dict[str, Any]:
         """Arithmetic and ``eval_answers``; anything else fails the way the guest agent reports it."""

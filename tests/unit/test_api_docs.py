@@ -47,6 +47,7 @@ PATTERN_WORDS = {
     schemas.NON_EMPTY_NO_NUL_PATTERN: "non-empty, no NUL",
     schemas.ENV_NAME_PATTERN: "no `=`, no NUL",
     schemas.TREE_ID_PATTERN: "fork-tree id",
+    schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
 }
 EN_DASH = "\N{EN DASH}"  # ranges read 128–16384 in API.md  # noqa: RUF003
 JSON_TYPE_WORDS = {
@@ -126,8 +127,8 @@ def request_models() -> list[tuple[str, str, str, dict[str, Any], bool]]:
     for path, ops in spec()["paths"].items():
         for method, op in ops.items():
             body = op.get("requestBody")
-            if body is None:
-                continue
+            if body is None or "application/json" not in body["content"]:
+                continue  # a raw upload (PUT .../files) has no fields to document
             raw = body["content"]["application/json"]["schema"]
             ref = raw.get("$ref") or next(s["$ref"] for s in raw["anyOf"] if "$ref" in s)
             model, _ = resolve(raw)

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from forkd.api import fork_routes, pool_routes
+from forkd.api import file_routes, fork_routes, pool_routes
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike
@@ -141,12 +141,14 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(v1)
     app.include_router(fork_routes.router)
     app.include_router(pool_routes.router)
+    app.include_router(file_routes.router)
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is
     # audit -> auth -> body limit -> routes, so rejected requests are still
     # audited and unauthenticated callers never get their bodies read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       exempt=file_routes.streams_body)
     if token is not None:
         app.add_middleware(BearerAuthMiddleware, token=token)
     app.add_middleware(AuditMiddleware, audit=audit)

@@ -10,6 +10,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkd.errors import Busy, Conflict
 
+# Requests the middleware lets through unread: a route that streams its body and
+# applies its own limit (file uploads).
+Exempt = Callable[[Scope], bool]
+
 
 async def _send_error(send: Send, status: int, message: str) -> None:
     body = json.dumps({"error": message}).encode()
@@ -33,18 +37,20 @@ class BodySizeLimitMiddleware:
     Every forkd request body is a small JSON document, so the body is read in
     full here (up to the limit) and replayed to the app. That way the limit
     also holds for chunked uploads without Content-Length, and the 413 is sent
-    before any route code runs.
+    before any route code runs. Requests for which ``exempt`` says so (file
+    uploads, which stream under their own limit) pass through unread.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: Exempt | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     def _too_large(self) -> str:
         return f"request body exceeds the {self.max_bytes}-byte limit"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.exempt is not None and self.exempt(scope)):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):

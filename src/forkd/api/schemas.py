@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
+from forkd.guest.protocol import FILE_PATH_MAX
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
@@ -27,6 +28,7 @@ MODULE_PATTERN = bounds.MODULE_RE.pattern
 NO_NUL_PATTERN = r"^[^\x00]*$"
 NON_EMPTY_NO_NUL_PATTERN = r"^[^\x00]+$"
 ENV_NAME_PATTERN = r"^[^=\x00]+$"
+GUEST_PATH_PATTERN = r"^/[^\x00]*$"  # absolute, no NUL (forkd.guest.protocol.check_path)
 
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
 SandboxId = Annotated[str, StringConstraints(pattern=SANDBOX_ID_PATTERN)]
@@ -177,6 +179,13 @@ class EvalRequest(_Request):
         "trailing expression is the result.",
         examples=["numpy.zeros(5).sum()"],
     )
+
+
+class MkdirRequest(_Request):
+    path: Annotated[str, StringConstraints(pattern=GUEST_PATH_PATTERN)] = Field(
+        max_length=FILE_PATH_MAX, examples=["/work/data"],
+                                  description="Absolute guest path of the directory.")
+    parents: bool = Field(False, description="Also create missing parents; an existing directory is fine.")
 
 
 class BranchRequest(_Request):
@@ -385,6 +394,27 @@ class PoolInfo(_Response):
     misses: int = Field(0, description="Children of this snapshot restored fresh instead (pool empty, "
                         "options differed, or a member failed its claim).")
     last_error: str | None = Field(None, description="Why the latest refill failed (retried with back-off).")
+
+
+class FileInfo(_Response):
+    path: str = Field(examples=["/work/data.csv"])
+    name: str = Field(description="The last component of path.")
+    type: Literal["file", "dir", "symlink", "other"] = Field(
+        description="symlink only for a dangling link (stat follows links).")
+    size: int = Field(description="Bytes.")
+    mode: int = Field(description="Permission bits (e.g. 420 = 0o644).")
+    mtime: float = Field(description="Last modification, seconds since the epoch (guest clock).")
+
+
+class FileList(_Response):
+    path: str
+    entries: list[FileInfo] = Field(description="Sorted by name; symlinks are not followed.")
+    truncated: bool = Field(description="True when the directory had more entries than the cap (10000).")
+
+
+class MkdirResponse(_Response):
+    path: str
+    created: bool = Field(description="False when parents=true and the directory already existed.")
 
 
 class PingResponse(_Response):

@@ -55,6 +55,8 @@ def validate_settings(settings: Settings) -> None:
         raise ConfigError(f"branch concurrency must be between 1 and {MAX_BRANCH_CONCURRENCY}")
     if settings.max_body_bytes < MIN_MAX_BODY_BYTES:
         raise ConfigError(f"max body size must be at least {MIN_MAX_BODY_BYTES} bytes")
+    if settings.max_file_bytes < 0:
+        raise ConfigError("max file size must not be negative")
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
 

@@ -19,6 +19,8 @@ from forkd.errors import ForkdError
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MIN_MAX_BODY_BYTES = 1024  # below this even a spawn request does not fit
+# Uploaded files (PUT /v1/sandboxes/{id}/files) stream past the body limit, under their own.
+DEFAULT_MAX_FILE_BYTES = 1 << 30
 DEFAULT_BRANCH_CONCURRENCY = 4
 MAX_BRANCH_CONCURRENCY = 64
 _TRUE = {"1", "true", "yes", "on"}
@@ -135,6 +137,7 @@ class Settings:
     keep_sandboxes: bool = False  # on shutdown, leave child VMs running for the next daemon
     audit_log: Path | None = None  # None -> <data_dir>/audit.log
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     branch_concurrency: int = DEFAULT_BRANCH_CONCURRENCY
     # Warm pool targets applied at start-up (snapshot tag -> size); see controller/pools.py.
     pools: dict[str, int] = field(default_factory=dict)
@@ -159,6 +162,7 @@ class Settings:
             keep_sandboxes=_env_bool("FORKD_KEEP_SANDBOXES", False),
             audit_log=_env_path("FORKD_AUDIT_LOG"),
             max_body_bytes=_env_int("FORKD_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            max_file_bytes=_env_int("FORKD_MAX_FILE_BYTES", DEFAULT_MAX_FILE_BYTES),
             branch_concurrency=_env_int("FORKD_BRANCH_CONCURRENCY", DEFAULT_BRANCH_CONCURRENCY),
             pools=parse_pools(os.environ.get("FORKD_POOLS")),
         )

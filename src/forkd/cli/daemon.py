@@ -19,6 +19,7 @@ import typer
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_FILE_BYTES,
     MAX_BRANCH_CONCURRENCY,
     MIN_MAX_BODY_BYTES,
     ConfigError,
@@ -91,6 +92,13 @@ def daemon(
             help="Largest request body accepted; bigger ones get 413.",
         ),
     ] = DEFAULT_MAX_BODY_BYTES,
+    max_file_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-file-bytes", envvar="FORKD_MAX_FILE_BYTES", min=0, metavar="BYTES",
+            help="Largest file accepted by PUT /v1/sandboxes/{id}/files (streamed); bigger ones get 413.",
+        ),
+    ] = DEFAULT_MAX_FILE_BYTES,
     branch_concurrency: Annotated[
         int,
         typer.Option(
@@ -147,7 +155,8 @@ def daemon(
     settings = Settings(
         host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
         data_dir=data_dir, keep_sandboxes=keep_sandboxes, audit_log=audit_log,
-        max_body_bytes=max_body_bytes, branch_concurrency=branch_concurrency, pools=pool_sizes,
+        max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
+        branch_concurrency=branch_concurrency, pools=pool_sizes,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
     # which no other command needs.
@@ -178,6 +187,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "keep_sandboxes": settings.keep_sandboxes,
         "branch_concurrency": settings.branch_concurrency,
         "max_body_bytes": settings.max_body_bytes,
+        "max_file_bytes": settings.max_file_bytes,
         "pools": settings.pools,
     }
 

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import forks, info, pools, sandboxes, snapshots
+from forkd.cli import files, forks, info, pools, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 
@@ -81,6 +81,7 @@ app.command("rmi")(snapshots.rmi)
 app.command("fork")(sandboxes.fork)
 app.command("branch")(sandboxes.branch)
 app.command("promote")(forks.promote)
+app.command("cp")(files.cp)
 app.command("checkpoints")(forks.checkpoints)
 app.command("ls")(sandboxes.ls)
 app.command("kill")(sandboxes.kill)

@@ -9,14 +9,23 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 # Console() resolves sys.stdout/sys.stderr at print time, so test runners that
@@ -176,6 +185,24 @@ def spinner(message: str) -> Iterator[None]:
     with progress:
         progress.add_task(message, total=None)
         yield
+
+
+@contextmanager
+def transfer_bar(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """A byte progress bar on stderr (only on a terminal); yields ``advance(bytes_so_far)``."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task(description, total=total)
+        yield lambda done: progress.update(task, completed=done)
 
 
 def elapsed(started: float) -> str:

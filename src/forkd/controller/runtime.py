@@ -22,6 +22,7 @@ half-made is ever registered, and no QEMU process outlives a failure.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from forkd import bounds
@@ -29,6 +30,7 @@ from forkd.config import DataDir
 from forkd.controller.branch import Brancher
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
@@ -60,6 +62,7 @@ class Runtime:
         self._closed = False
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
+        self.files = SandboxFiles(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
@@ -235,6 +238,27 @@ class Runtime:
                                            code=code, timeout_secs=timeout_secs)
         await self.checkpoints.after_call(sandbox_id)
         return result
+
+    # Files (controller/files.py): paths are checked (400) before the guest is asked.
+
+    async def file_stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self.files.stat(sandbox_id, path)
+
+    async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        return await self.files.list(sandbox_id, path)
+
+    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:
+        return await self.files.mkdir(sandbox_id, path, parents=parents)
+
+    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        await self.files.remove(sandbox_id, path, recursive=recursive)
+
+    async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
+                         max_bytes: int, mode: int | None = None) -> dict[str, Any]:
+        return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode)
+
+    async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        return await self.files.open_read(sandbox_id, path)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True) -> SnapshotRecord:

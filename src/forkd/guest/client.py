@@ -14,12 +14,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forkd.errors import GuestError
+from forkd.errors import Conflict, ForkdError, GuestError, InvalidRequest, NotFound
 from forkd.guest import protocol
 
 # Any reply line the agent can send fits (see protocol.READ_LIMIT): a longer one
 # would break the connection, and every call in flight on it.
 READ_LIMIT = protocol.READ_LIMIT
+# The guest's error text goes into API answers and logs: keep only this much of it.
+MAX_ERROR_TEXT = 2000
+
+# Refusals the agent marks with a kind are the caller's mistake, not the guest's failure.
+_ERROR_OF_KIND: dict[str, type[ForkdError]] = {
+    protocol.NOT_FOUND: NotFound,
+    protocol.INVALID: InvalidRequest,
+    protocol.CONFLICT: Conflict,
+}
 
 
 class AgentClient:
@@ -98,7 +107,12 @@ class AgentClient:
         finally:
             self._pending.pop(req_id, None)
         if not reply.get("ok"):
-            raise GuestError(f"guest agent: {reply.get('error', 'unknown error')}")
+            text = str(reply.get("error", "unknown error"))[:MAX_ERROR_TEXT]
+            kind = reply.get("kind")
+            error = _ERROR_OF_KIND.get(kind) if isinstance(kind, str) else None
+            if error is not None:
+                raise error(text)
+            raise GuestError(f"guest agent: {text}")
         result: dict[str, Any] = reply["result"]
         return result
 

@@ -37,7 +37,18 @@ RESTORED = "restored"  # entropy (hex), time_ns, env? -> {"reseeded", "clock_ste
 SYNC = "sync"  # -> {"synced": true}
 FSFREEZE = "fsfreeze"  # -> {"frozen": true}
 FSTHAW = "fsthaw"  # -> {"thawed": bool}
-ACTIONS = (PING, EXEC, EVAL, RESTORED, SYNC, FSFREEZE, FSTHAW)
+# Files (forkd.guest.agent.files). Transfers go in FILE_CHUNK pieces, base64 in
+# the JSON line, so no line grows past ~1.4 MiB and other requests keep flowing.
+FILE_STAT = "file_stat"  # path -> FileInfo {"path", "name", "type", "size", "mode", "mtime"}
+FILE_LIST = "file_list"  # path -> {"entries": [FileInfo...], "truncated": bool}
+FILE_MKDIR = "file_mkdir"  # path, parents -> {"created": bool}
+FILE_REMOVE = "file_remove"  # path, recursive -> {"removed": true}
+FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
+FILE_WRITE_OPEN = "file_write_open"  # path, mode? -> {"handle": str} (a temp file beside path)
+FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
+FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
+ACTIONS = (PING, EXEC, EVAL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST, FILE_MKDIR,
+           FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE)
 
 # ---------------------------------------------------------------------- limits
 
@@ -71,11 +82,52 @@ def max_exec_reply_bytes(cap: int) -> int:
 READ_LIMIT = max_exec_reply_bytes(EXEC_MAX_OUTPUT_CAP)
 
 
+# Files: one transfer piece, the longest path, the most entries a listing returns.
+FILE_CHUNK = 1 << 20
+FILE_PATH_MAX = 4096
+FILE_LIST_MAX = 10_000
+FILE_NAME_MAX = 255  # bytes of one name, as Linux allows (longer names are bounded anyway)
+
+# Error kinds an error reply may carry ("kind"), so the host can answer with the
+# right status instead of a generic guest failure.
+NOT_FOUND = "not_found"  # 404
+INVALID = "invalid"  # 400: a bad path or argument
+CONFLICT = "conflict"  # 409: a directory where a file is expected, a non-empty directory, ...
+ERROR_KINDS = (NOT_FOUND, INVALID, CONFLICT)
+
+
 # ------------------------------------------------------------------- requests
 
 
 class RequestError(Exception):
-    """A request the agent refuses; its message goes back as ``{"ok": false, "error": ...}``."""
+    """A request the agent refuses; its message goes back as ``{"ok": false, "error": ...}``.
+
+    ``kind`` (one of ``ERROR_KINDS``, or None) goes back as the reply's ``"kind"``.
+    """
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_path(path: object) -> str:
+    """A guest path for the file actions: an absolute string without NUL, length-bounded.
+
+    Checked by the daemon before it calls the guest, and again by the agent.
+    """
+    if not isinstance(path, str) or not path:
+        raise RequestError("path must be a non-empty string", INVALID)
+    if "\0" in path:
+        raise RequestError("path must not contain NUL characters", INVALID)
+    if not path.startswith("/"):
+        raise RequestError(f"path must be absolute (start with /): {path[:200]!r}", INVALID)
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise RequestError("path is not valid UTF-8", INVALID) from None
+    if len(path) > FILE_PATH_MAX:  # characters, as the API's schema counts them
+        raise RequestError(f"path is longer than {FILE_PATH_MAX} characters", INVALID)
+    return path
 
 
 def check_env(env: object) -> dict[str, str]:
@@ -121,8 +173,11 @@ def ok_reply(req_id: Any, result: Any) -> dict[str, Any]:
     return {"id": req_id, "ok": True, "result": result}
 
 
-def error_reply(req_id: Any, error: str) -> dict[str, Any]:
-    return {"id": req_id, "ok": False, "error": error}
+def error_reply(req_id: Any, error: str, kind: str | None = None) -> dict[str, Any]:
+    reply = {"id": req_id, "ok": False, "error": error}
+    if kind is not None:
+        reply["kind"] = kind
+    return reply
 
 
 # -------------------------------------------------------------------- framing

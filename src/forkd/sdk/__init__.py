@@ -24,7 +24,7 @@ sync twins (``client``, ``sandbox``) are generated from them by
 
 from forkd.sdk._defaults import default_async_controller, default_controller
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.async_sandbox import AsyncCommands, AsyncSandbox, AsyncSnapshot
+from forkd.sdk.async_sandbox import AsyncCommands, AsyncFiles, AsyncSandbox, AsyncSnapshot
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
@@ -39,7 +39,7 @@ from forkd.sdk.errors import (
     SnapshotFailedError,
     Unauthorized,
 )
-from forkd.sdk.sandbox import Commands, Sandbox, Snapshot
+from forkd.sdk.sandbox import Commands, Files, Sandbox, Snapshot
 from forkd.sdk.types import (
     CheckpointPolicy,
     Checkpoints,
@@ -59,6 +59,7 @@ from forkd.sdk.types import (
 __all__ = [
     "AsyncCommands",
     "AsyncController",
+    "AsyncFiles",
     "AsyncSandbox",
     "AsyncSnapshot",
     "BadRequest",
@@ -72,6 +73,7 @@ __all__ = [
     "EvalResult",
     "ExploreError",
     "ExploreResult",
+    "Files",
     "ForkFailure",
     "ForkResult",
     "ForkdAPIError",

@@ -298,3 +298,36 @@ def get_pool(tag: str) -> Call:
 
 def list_pools() -> Call:
     return Call("GET", "/v1/pools")
+
+
+# ------------------------------------------------------------------- files
+
+# Transfers wait as long as the daemon takes (it bounds each piece it moves).
+def _files(sandbox_id: str, what: str = "") -> str:
+    return f"/v1/sandboxes/{_seg(sandbox_id)}/files{what}"
+
+
+def file_stat(sandbox_id: str, path: str) -> Call:
+    return Call("GET", _files(sandbox_id, "/stat"), params={"path": path})
+
+
+def file_list(sandbox_id: str, path: str) -> Call:
+    return Call("GET", _files(sandbox_id, "/list"), params={"path": path})
+
+
+def file_mkdir(sandbox_id: str, path: str, *, parents: bool) -> Call:
+    return Call("POST", _files(sandbox_id, "/mkdir"), json={"path": path, "parents": parents})
+
+
+def file_remove(sandbox_id: str, path: str, *, recursive: bool) -> Call:
+    params = {"path": path, **({"recursive": "true"} if recursive else {})}
+    return Call("DELETE", _files(sandbox_id), params=params)
+
+
+def file_write(sandbox_id: str, path: str, *, mode: int | None) -> Call:
+    params = {"path": path, **({"mode": str(mode)} if mode is not None else {})}
+    return Call("PUT", _files(sandbox_id), params=params, read_timeout=None)
+
+
+def file_read(sandbox_id: str, path: str) -> Call:
+    return Call("GET", _files(sandbox_id), params={"path": path}, read_timeout=None)

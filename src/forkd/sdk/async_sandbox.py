@@ -19,10 +19,12 @@
 
 from __future__ import annotations
 
+import io
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -153,6 +155,56 @@ class AsyncCommands:
         return CommandResult.from_json(body)
 
 
+class AsyncFiles:
+    """``sb.files``: files inside the sandbox, moved as streams (never held whole)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    async def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> JSONDict:
+        """Write ``data`` (bytes, text or a binary file object, streamed) to ``path``.
+
+        Returns the new file's FileInfo."""
+        return await self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode)
+
+    async def upload(self, local_path: str | os.PathLike[str], path: str) -> JSONDict:
+        """Copy the local file ``local_path`` to ``path`` in the sandbox, streamed."""
+        with open(local_path, "rb") as source:
+            return await self.write(path, source)
+
+    async def read(self, path: str) -> bytes:
+        """The whole contents of ``path`` (use :meth:`download` for large files)."""
+        sink = io.BytesIO()
+        await self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+        return sink.getvalue()
+
+    async def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Stream ``path`` into the local file ``local_path``; returns its size."""
+        with open(local_path, "wb") as sink:
+            return await self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+
+    async def list(self, path: str) -> list[JSONDict]:
+        """The entries (FileInfo dicts, sorted by name) of the directory ``path``."""
+        listing = await self._sandbox.controller.file_list(self._sandbox.id, path)
+        return list(listing["entries"])
+
+    async def stat(self, path: str) -> JSONDict:
+        """``{"path", "name", "type", "size", "mode", "mtime"}`` of ``path``."""
+        return await self._sandbox.controller.file_stat(self._sandbox.id, path)
+
+    async def exists(self, path: str) -> bool:
+        return await self._sandbox.controller.file_exists(self._sandbox.id, path)
+
+    async def mkdir(self, path: str, parents: bool = False) -> bool:
+        """Create the directory ``path``; False if ``parents`` and it already existed."""
+        made = await self._sandbox.controller.file_mkdir(self._sandbox.id, path, parents=parents)
+        return bool(made["created"])
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, or a directory (``recursive=True`` for a non-empty one)."""
+        await self._sandbox.controller.file_remove(self._sandbox.id, path, recursive=recursive)
+
+
 class AsyncSandbox:
     """One child VM.
 
@@ -200,6 +252,7 @@ class AsyncSandbox:
         self._killed = False
         self.owned = False
         self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
 
     @classmethod
     async def create(

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import collections.abc
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import httpx
 
@@ -26,7 +27,7 @@ from forkd.sdk._http import (
     timeout_for,
     translate,
 )
-from forkd.sdk.errors import ForkdTimeoutError
+from forkd.sdk.errors import ForkdTimeoutError, NotFoundError
 from forkd.sdk.types import (
     CheckpointInfo,
     ForkInfo,
@@ -35,6 +36,11 @@ from forkd.sdk.types import (
     SandboxInfo,
     SnapshotInfo,
 )
+
+# Bytes read from a file object per piece of an upload.
+UPLOAD_PIECE = 1 << 20
+# Called with the bytes moved so far during an upload or a download.
+Progress = Callable[[int], None]
 
 
 class Controller:
@@ -120,6 +126,17 @@ class Controller:
         except httpx.HTTPError as exc:
             raise translate(exc, self.url, call) from exc
         return parse_response(call, response)
+
+    def _pieces(
+        self, source: IO[bytes], progress: Progress | None
+    ) -> collections.abc.Iterator[bytes]:
+        """An upload body read from ``source`` a piece at a time, never whole."""
+        done = 0
+        while chunk := source.read(UPLOAD_PIECE):
+            done += len(chunk)
+            if progress is not None:
+                progress(done)
+            yield chunk
 
     # ------------------------------------------------------------------- status
 
@@ -317,6 +334,88 @@ class Controller:
         the daemon does.
         """
         return cast(JSONDict, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
+
+    # -------------------------------------------------------------------- files
+
+    def file_stat(self, sandbox_id: str, path: str) -> JSONDict:
+        """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime"}``."""
+        return cast(JSONDict, self._send(_calls.file_stat(sandbox_id, path)))
+
+    def file_list(self, sandbox_id: str, path: str) -> JSONDict:
+        """``GET /v1/sandboxes/{id}/files/list`` → ``{"path", "entries": [FileInfo...], "truncated"}``."""
+        return cast(JSONDict, self._send(_calls.file_list(sandbox_id, path)))
+
+    def file_mkdir(self, sandbox_id: str, path: str, parents: bool = False) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/files/mkdir`` → ``{"path", "created"}``."""
+        return cast(JSONDict, self._send(_calls.file_mkdir(sandbox_id, path, parents=parents)))
+
+    def file_remove(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
+        """``DELETE /v1/sandboxes/{id}/files``: a file, or a directory (``recursive`` if not empty)."""
+        self._send(_calls.file_remove(sandbox_id, path, recursive=recursive))
+
+    def file_exists(self, sandbox_id: str, path: str) -> bool:
+        """Whether ``path`` exists in the sandbox."""
+        try:
+            self.file_stat(sandbox_id, path)
+        except NotFoundError:
+            return False
+        return True
+
+    def write_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes | str | IO[bytes],
+        mode: int | None = None,
+        progress: Progress | None = None,
+    ) -> JSONDict:
+        """``PUT /v1/sandboxes/{id}/files``: write ``data`` to ``path``, replacing it atomically.
+
+        ``data`` is bytes, text (UTF-8) or a binary file object, which is
+        streamed a piece at a time, never read whole. Returns the FileInfo.
+        """
+        call = _calls.file_write(sandbox_id, path, mode=mode)
+        content: bytes | collections.abc.Iterator[bytes]
+        if isinstance(data, str):
+            content = data.encode()
+        elif isinstance(data, bytes | bytearray | memoryview):
+            content = bytes(data)
+        else:
+            content = self._pieces(data, progress)
+        try:
+            response = self._client.request(
+                call.method, call.path, params=call.params, content=content,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=timeout_for(call, self.timeout),
+            )
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+        return cast(JSONDict, parse_response(call, response))
+
+    def read_file_into(
+        self, sandbox_id: str, path: str, sink: IO[bytes], progress: Progress | None = None
+    ) -> int:
+        """``GET /v1/sandboxes/{id}/files``: stream ``path`` into ``sink``; returns the bytes written.
+
+        An interrupted download raises (the body is chunked, so a cut is seen).
+        """
+        call = _calls.file_read(sandbox_id, path)
+        done = 0
+        try:
+            with self._client.stream(
+                call.method, call.path, params=call.params, timeout=timeout_for(call, self.timeout)
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    parse_response(call, response)  # raises the mapped error
+                for chunk in response.iter_bytes():
+                    sink.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done)
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+        return done
 
     def branch_sandbox(
         self,

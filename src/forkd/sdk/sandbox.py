@@ -21,10 +21,12 @@
 
 from __future__ import annotations
 
+import io
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -154,6 +156,56 @@ class Commands:
         return CommandResult.from_json(body)
 
 
+class Files:
+    """``sb.files``: files inside the sandbox, moved as streams (never held whole)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> JSONDict:
+        """Write ``data`` (bytes, text or a binary file object, streamed) to ``path``.
+
+        Returns the new file's FileInfo."""
+        return self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode)
+
+    def upload(self, local_path: str | os.PathLike[str], path: str) -> JSONDict:
+        """Copy the local file ``local_path`` to ``path`` in the sandbox, streamed."""
+        with open(local_path, "rb") as source:
+            return self.write(path, source)
+
+    def read(self, path: str) -> bytes:
+        """The whole contents of ``path`` (use :meth:`download` for large files)."""
+        sink = io.BytesIO()
+        self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+        return sink.getvalue()
+
+    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Stream ``path`` into the local file ``local_path``; returns its size."""
+        with open(local_path, "wb") as sink:
+            return self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+
+    def list(self, path: str) -> list[JSONDict]:
+        """The entries (FileInfo dicts, sorted by name) of the directory ``path``."""
+        listing = self._sandbox.controller.file_list(self._sandbox.id, path)
+        return list(listing["entries"])
+
+    def stat(self, path: str) -> JSONDict:
+        """``{"path", "name", "type", "size", "mode", "mtime"}`` of ``path``."""
+        return self._sandbox.controller.file_stat(self._sandbox.id, path)
+
+    def exists(self, path: str) -> bool:
+        return self._sandbox.controller.file_exists(self._sandbox.id, path)
+
+    def mkdir(self, path: str, parents: bool = False) -> bool:
+        """Create the directory ``path``; False if ``parents`` and it already existed."""
+        made = self._sandbox.controller.file_mkdir(self._sandbox.id, path, parents=parents)
+        return bool(made["created"])
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, or a directory (``recursive=True`` for a non-empty one)."""
+        self._sandbox.controller.file_remove(self._sandbox.id, path, recursive=recursive)
+
+
 class Sandbox:
     """One child VM.
 
@@ -201,6 +253,7 @@ class Sandbox:
         self._killed = False
         self.owned = False
         self.commands = Commands(self)
+        self.files = Files(self)
 
     @classmethod
     def create(

@@ -19,6 +19,8 @@ One module per job:
 - ``exec``: running a subprocess and capturing its output
 - ``evaluator``: eval in the persistent namespace, with a timeout
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
+- ``files``: stat, list, mkdir, remove and chunked reads of files
+- ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``server``: the request dispatch and the serve loop
 - ``__main__``: the entry point (PID 1, or ``--stdio`` for tests)
@@ -32,5 +34,6 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 # (forkd.image.rootfs), and the agent refuses to start on one at boot.
 MIN_GUEST_PYTHON = (3, 11)
 
-# Bumped when the agent's protocol grows: "2" honours timeout_secs on eval.
-AGENT_VERSION = "2"
+# Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
+# "3" serves the file actions.
+AGENT_VERSION = "3"

@@ -19,9 +19,11 @@ from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
 from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.exec import run_exec
+from forkd.guest.agent.files import Files
 from forkd.guest.agent.freeze import RootFreezer
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
+from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.protocol import RequestError
 
@@ -38,6 +40,8 @@ class Agent:
         self.evaluator = Evaluator(self.namespace)
         self.reaper = Reaper()
         self.fs = RootFreezer()
+        self.files = Files()
+        self.uploads = Uploads()
         self.write_lock = threading.Lock()
         self.out_fd = -1
         self.max_line = protocol.MAX_REQUEST_LINE
@@ -49,6 +53,14 @@ class Agent:
             protocol.SYNC: lambda _req: self.sync(),
             protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
+            protocol.FILE_STAT: self.files.stat,
+            protocol.FILE_LIST: self.files.list,
+            protocol.FILE_MKDIR: self.files.mkdir,
+            protocol.FILE_REMOVE: self.files.remove,
+            protocol.FILE_READ: self.files.read,
+            protocol.FILE_WRITE_OPEN: self.uploads.write_open,
+            protocol.FILE_WRITE: self.uploads.write,
+            protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
         }
 
     # ------------------------------------------------------------- actions
@@ -119,7 +131,7 @@ class Agent:
                 raise RequestError("a request must be a JSON object")
             reply = protocol.ok_reply(req_id, self.handle(req))
         except RequestError as exc:
-            reply = protocol.error_reply(req_id, str(exc))
+            reply = protocol.error_reply(req_id, str(exc), exc.kind)
         except Exception as exc:  # the agent must outlive any bug in one request
             reply = protocol.error_reply(req_id, f"agent error: {type(exc).__name__}: {exc}")
         self.respond(reply)
@@ -149,9 +161,11 @@ class Agent:
                     return
                 time.sleep(0.005)
                 continue
+            scanned = len(buf)  # bytes already known to hold no newline
             buf += chunk
             while True:
-                nl = buf.find(b"\n")
+                nl = buf.find(b"\n", scanned)
+                scanned = 0
                 if nl < 0:
                     if len(buf) > self.max_line and not discarding:
                         discarding = True

@@ -1,0 +1,162 @@
+"""REST routes for files in a sandbox: upload, download, stat, list, mkdir, remove.
+
+Uploads and downloads stream: ``PUT`` forwards the request body to the guest
+piece by piece as it arrives (under its own size limit, ``max_file_bytes``,
+not the JSON body limit), and ``GET`` answers with a stream read from the guest
+a few pieces ahead. The daemon never holds a whole file. Semantics live in
+``forkd.controller.files``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import Scope
+
+from forkd.api.routes import (
+    BAD_REQUEST,
+    COMMON_ERRORS,
+    GUEST_ERRORS,
+    NO_SANDBOX,
+    STARTING,
+    TOO_LARGE,
+    Runtime,
+    SandboxIdPath,
+)
+from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, FileInfo, FileList, MkdirRequest, MkdirResponse
+from forkd.api.settings import Settings
+from forkd.config import API_VERSION
+from forkd.errors import InvalidRequest, TooLarge
+from forkd.guest.protocol import FILE_PATH_MAX
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+router = APIRouter(prefix=f"/{API_VERSION}", tags=["files"],
+                   responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING, **NO_SANDBOX, **GUEST_ERRORS})
+
+# The one route whose body is not a small JSON document: the body-size
+# middleware lets it through, and the route applies max_file_bytes itself.
+_UPLOAD_PATH = re.compile(rf"^/{API_VERSION}/sandboxes/[^/]+/files$")
+
+MISSING: dict[int | str, dict[str, Any]] = {404: _err("No sandbox with that id is alive, or no such path.")}
+NOT_A_FILE: dict[int | str, dict[str, Any]] = {
+    409: _err("The path is a directory where a file is expected (or not a regular file), or a "
+              "directory to remove is not empty without recursive=true."),
+}
+
+PathQuery = Annotated[str, Query(min_length=1, max_length=FILE_PATH_MAX, pattern=GUEST_PATH_PATTERN,
+                                 description="Absolute path in the guest (no NUL, at most 4096 bytes).")]
+
+
+def streams_body(scope: Scope) -> bool:
+    """Whether a request is a file upload, which the JSON body limit must not buffer."""
+    return scope.get("method") == "PUT" and bool(_UPLOAD_PATH.match(str(scope.get("path", ""))))
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+@router.put(
+    "/sandboxes/{id}/files",
+    response_model=FileInfo,
+    summary="Upload a file (the raw request body), streamed; it replaces path atomically",
+    responses={**MISSING, **NOT_A_FILE,
+               413: _err("The file is larger than the daemon's --max-file-bytes (default 1 GiB).")},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+)
+async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request, rt: Runtime,
+                   mode: Annotated[int | None, Query(ge=0, le=0o7777, description=(
+                       "Permission bits of the file (default: keep an existing file's, else 0644)."))] = None,
+                   ) -> dict[str, Any]:
+    limit = _settings(request).max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest("invalid Content-Length header")
+        if int(declared) > limit:
+            raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in request.stream():
+                yield chunk
+        except ClientDisconnect:
+            raise InvalidRequest("the client went away before the whole file arrived") from None
+
+    return await rt.file_write(sandbox_id, path, body(), max_bytes=limit, mode=mode)
+
+
+@router.get(
+    "/sandboxes/{id}/files",
+    response_class=StreamingResponse,
+    summary="Download a file, streamed",
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+              "description": "The file's bytes (chunked; X-Forkd-File-Size gives its size when the "
+                             "download started)."},
+        **MISSING, **NOT_A_FILE,
+    },
+)
+async def get_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> StreamingResponse:
+    info, pieces = await rt.file_read(sandbox_id, path)
+    # No Content-Length: the file may change while it streams. A failure midway
+    # aborts the chunked response, which clients see as an incomplete body.
+    return StreamingResponse(pieces, media_type="application/octet-stream",
+                             headers={"X-Forkd-File-Size": str(info["size"])})
+
+
+@router.delete(
+    "/sandboxes/{id}/files",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Remove a file, or a directory (recursive=true for a non-empty one)",
+    responses={**MISSING, **NOT_A_FILE},
+)
+async def remove_file(
+    sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
+    recursive: Annotated[bool, Query(description="Remove a directory and everything in it.")] = False,
+) -> Response:
+    await rt.file_remove(sandbox_id, path, recursive=recursive)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get(
+    "/sandboxes/{id}/files/stat",
+    response_model=FileInfo,
+    summary="Type, size, mode and mtime of a path (following symlinks)",
+    responses=MISSING,
+)
+async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> dict[str, Any]:
+    return await rt.file_stat(sandbox_id, path)
+
+
+@router.get(
+    "/sandboxes/{id}/files/list",
+    response_model=FileList,
+    summary="The entries of a directory (at most 10000)",
+    responses={**MISSING, 409: _err("The path is not a directory.")},
+)
+async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> dict[str, Any]:
+    return await rt.file_list(sandbox_id, path)
+
+
+@router.post(
+    "/sandboxes/{id}/files/mkdir",
+    response_model=MkdirResponse,
+    summary="Create a directory",
+    responses={**MISSING, **TOO_LARGE, 409: _err("The path exists (without parents=true), or a parent "
+                                                  "is not a directory.")},
+)
+async def mkdir(sandbox_id: SandboxIdPath, req: MkdirRequest, rt: Runtime) -> dict[str, Any]:
+    return await rt.file_mkdir(sandbox_id, req.path, parents=req.parents)

@@ -1,0 +1,167 @@
+"""The file actions: stat, list, mkdir, remove, and chunked reads (writes: ``uploads``).
+
+Its own job because a file transfer must never hold the channel: the host moves
+a file in ``FILE_CHUNK`` pieces, one request each, so exec and eval requests
+interleave with a transfer and no line ever grows past about 1.4 MiB. Reads are
+stateless (``pread`` at an offset), so the host may keep a few in flight.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import shutil
+import stat
+from typing import Any
+
+from forkd.guest.protocol import (
+    CONFLICT,
+    FILE_CHUNK,
+    FILE_LIST_MAX,
+    INVALID,
+    NOT_FOUND,
+    RequestError,
+    check_path,
+)
+
+_KIND_OF_ERRNO = {
+    errno.ENOENT: NOT_FOUND,
+    errno.ENOTDIR: CONFLICT,
+    errno.EISDIR: CONFLICT,
+    errno.ENOTEMPTY: CONFLICT,
+    errno.EEXIST: CONFLICT,
+    errno.ENAMETOOLONG: INVALID,
+    errno.EINVAL: INVALID,
+    errno.ELOOP: INVALID,
+}
+
+
+def os_error(path: str, exc: OSError) -> RequestError:
+    """An OSError as a refusal whose kind the host maps to a status (others are 502s)."""
+    return RequestError(f"{path}: {exc.strerror or exc}", _KIND_OF_ERRNO.get(exc.errno or 0))
+
+
+def file_type(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def info(path: str, st: os.stat_result) -> dict[str, Any]:
+    return {
+        "path": path,
+        "name": os.path.basename(path.rstrip("/")) or "/",
+        "type": file_type(st.st_mode),
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
+
+
+def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = req.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(f"{name!r} must be an integer in {low}..{high}", INVALID)
+    return value
+
+
+class Files:
+    """The stateless file actions."""
+
+    # --------------------------------------------------------------- metadata
+
+    @staticmethod
+    def stat(req: dict[str, Any]) -> dict[str, Any]:
+        path = check_path(req.get("path"))
+        try:
+            return info(path, os.stat(path))
+        except FileNotFoundError:
+            try:  # a dangling symlink is still there
+                return info(path, os.lstat(path))
+            except OSError as exc:
+                raise os_error(path, exc) from None
+        except OSError as exc:
+            raise os_error(path, exc) from None
+
+    @staticmethod
+    def list(req: dict[str, Any]) -> dict[str, Any]:
+        path = check_path(req.get("path"))
+        entries: list[dict[str, Any]] = []
+        truncated = False
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if len(entries) >= FILE_LIST_MAX:
+                        truncated = True
+                        break
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # removed while listing
+                    entries.append(info(os.path.join(path, entry.name), st))
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        entries.sort(key=lambda e: str(e["name"]))
+        return {"path": path, "entries": entries, "truncated": truncated}
+
+    @staticmethod
+    def mkdir(req: dict[str, Any]) -> dict[str, Any]:
+        path = check_path(req.get("path"))
+        parents = bool(req.get("parents", False))
+        try:
+            if parents:
+                existed = os.path.isdir(path)
+                os.makedirs(path, exist_ok=True)
+                return {"created": not existed}
+            os.mkdir(path)
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        return {"created": True}
+
+    @staticmethod
+    def remove(req: dict[str, Any]) -> dict[str, Any]:
+        path = check_path(req.get("path"))
+        if os.path.normpath(path) == "/":
+            raise RequestError("refusing to remove /", CONFLICT)  # a valid path, in a state that forbids it
+        recursive = bool(req.get("recursive", False))
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                if recursive:
+                    shutil.rmtree(path)
+                else:
+                    os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                raise RequestError(f"{path}: directory not empty (use recursive)", CONFLICT) from None
+            raise os_error(path, exc) from None
+        return {"removed": True}
+
+    # ------------------------------------------------------------------ reads
+
+    @staticmethod
+    def read(req: dict[str, Any]) -> dict[str, Any]:
+        path = check_path(req.get("path"))
+        offset = int_arg(req, "offset", 0, 1 << 62)
+        length = int_arg(req, "length", 1, FILE_CHUNK)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                # A device (/dev/zero) would never end; a directory cannot be read.
+                raise RequestError(f"{path}: not a regular file", CONFLICT)
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        finally:
+            os.close(fd)
+        return {"data": base64.b64encode(data).decode("ascii"), "eof": len(data) < length}

@@ -1,0 +1,294 @@
+"""Files in a sandbox without a VM: the agent's file actions in-process, the
+daemon's bounds on what the guest sends back, the routes against FakeRuntime
+(path checks, 404/409/413, streaming), and the SDK over the ASGI app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.app import create_app
+from forkd.api.file_routes import streams_body
+from forkd.api.settings import Settings
+from forkd.controller import files as controller_files
+from forkd.errors import GuestError, InvalidRequest
+from forkd.guest import protocol
+from forkd.guest.agent.files import Files
+from forkd.guest.agent.uploads import Uploads
+from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError
+from forkd.sdk import AsyncController, AsyncSandbox
+from forkd.sdk.errors import NotFoundError
+from tests.fakes.runtime import FakeRuntime
+
+SB = "sb-67a1b3-0000"
+MIB = 1 << 20
+
+
+# ------------------------------------------------------------- path checks
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("", "non-empty"), ("relative", "absolute"), ("/a\0b", "NUL"), ("/" + "a" * 5000, "longer"),
+    (None, "non-empty"), ("/\ud800", "UTF-8"),
+])
+def test_bad_paths_are_refused_as_invalid(path: Any, why: str) -> None:
+    with pytest.raises(RequestError, match=why) as info:
+        protocol.check_path(path)
+    assert info.value.kind == INVALID
+    with pytest.raises(InvalidRequest):
+        controller_files.check_path(path)
+
+
+def test_good_paths_pass() -> None:
+    assert protocol.check_path("/tmp/x y/ü.txt") == "/tmp/x y/ü.txt"
+
+
+# ------------------------------------------------------------- agent, in-process
+
+
+def test_agent_upload_is_atomic_and_pieces_may_come_in_any_order(tmp_path: Path) -> None:
+    up = Uploads()
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    handle = up.write_open({"path": str(target)})["handle"]
+    data = os.urandom(2500)
+    for offset in (2000, 0, 1000):  # out of order
+        up.write({"handle": handle, "offset": offset,
+                  "data": base64.b64encode(data[offset:offset + 1000]).decode()})
+    assert target.read_bytes() == b"old"  # nothing replaced before the close
+    info = up.write_close({"handle": handle, "commit": True})
+    assert target.read_bytes() == data and info["size"] == 2500
+    assert info["mode"] == 0o600  # an overwrite keeps the permissions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+
+
+def test_agent_aborted_upload_leaves_nothing(tmp_path: Path) -> None:
+    up = Uploads()
+    handle = up.write_open({"path": str(tmp_path / "x")})["handle"]
+    up.write({"handle": handle, "offset": 0, "data": base64.b64encode(b"half").decode()})
+    assert up.write_close({"handle": handle, "commit": False}) == {"aborted": True}
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RequestError) as info:
+        up.write({"handle": handle, "offset": 0, "data": ""})
+    assert info.value.kind == NOT_FOUND
+
+
+@pytest.mark.parametrize(("req", "kind"), [
+    ({"path": "/nonexistent-dir/f"}, NOT_FOUND),
+    ({"path": "/tmp"}, CONFLICT),
+    ({"path": "/tmp/"}, INVALID),
+    ({"path": "tmp/x"}, INVALID),
+])
+def test_agent_refuses_bad_upload_targets(req: dict[str, Any], kind: str) -> None:
+    with pytest.raises(RequestError) as info:
+        Uploads().write_open(req)
+    assert info.value.kind == kind
+
+
+def test_agent_refuses_oversized_or_bad_pieces(tmp_path: Path) -> None:
+    up = Uploads()
+    handle = up.write_open({"path": str(tmp_path / "x")})["handle"]
+    too_long = base64.b64encode(b"\0" * (protocol.FILE_CHUNK + 3)).decode()
+    for data in (too_long, "not base64!", 7):
+        with pytest.raises(RequestError) as info:
+            up.write({"handle": handle, "offset": 0, "data": data})
+        assert info.value.kind == INVALID
+    up.write_close({"handle": handle, "commit": False})
+
+
+def test_agent_reads_stat_list_mkdir_remove(tmp_path: Path) -> None:
+    fs = Files()
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    piece = fs.read({"path": str(tmp_path / "f"), "offset": 4, "length": 100})
+    assert base64.b64decode(piece["data"]) == b"x" * 6 and piece["eof"] is True
+    assert fs.stat({"path": str(tmp_path / "f")})["type"] == "file"
+    assert fs.mkdir({"path": str(tmp_path / "d" / "e"), "parents": True}) == {"created": True}
+    assert fs.mkdir({"path": str(tmp_path / "d" / "e"), "parents": True}) == {"created": False}
+    listing = fs.list({"path": str(tmp_path)})
+    assert [(e["name"], e["type"]) for e in listing["entries"]] == [("d", "dir"), ("f", "file")]
+    for req, kind in (
+        (lambda: fs.read({"path": str(tmp_path / "d"), "offset": 0, "length": 1}), CONFLICT),
+        (lambda: fs.read({"path": str(tmp_path / "f"), "offset": 0, "length": protocol.FILE_CHUNK + 1}),
+         INVALID),
+        (lambda: fs.stat({"path": str(tmp_path / "missing")}), NOT_FOUND),
+        (lambda: fs.list({"path": str(tmp_path / "f")}), CONFLICT),
+        (lambda: fs.mkdir({"path": str(tmp_path / "d")}), CONFLICT),
+        (lambda: fs.remove({"path": str(tmp_path / "d")}), CONFLICT),
+        (lambda: fs.remove({"path": "/"}), CONFLICT),
+        (lambda: fs.read({"path": "/dev/zero", "offset": 0, "length": 1}), CONFLICT),
+    ):
+        with pytest.raises(RequestError) as info:
+            req()
+        assert info.value.kind == kind
+    fs.remove({"path": str(tmp_path / "d"), "recursive": True})
+    fs.remove({"path": str(tmp_path / "f")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_agent_serves_file_actions_with_error_kinds(tmp_path: Path) -> None:
+    """Through the real dispatch: a refusal's kind goes back in the reply."""
+    from forkd.guest.agent.server import Agent
+
+    agent = Agent(warm=[])
+    with pytest.raises(RequestError) as info:
+        agent.handle({"action": protocol.FILE_STAT, "path": str(tmp_path / "nope")})
+    reply = protocol.error_reply(1, str(info.value), info.value.kind)
+    assert reply["kind"] == NOT_FOUND
+    assert agent.handle({"action": protocol.FILE_STAT, "path": str(tmp_path)})["type"] == "dir"
+
+
+# ------------------------------------------------------ host bounds on the guest
+
+
+def test_host_refuses_a_read_piece_longer_than_asked() -> None:
+    long = base64.b64encode(b"x" * 20).decode()
+    with pytest.raises(GuestError):
+        controller_files._piece({"data": long, "eof": True}, 10)
+    with pytest.raises(GuestError):
+        controller_files._piece({"data": "!!", "eof": True}, 10)
+    assert controller_files._piece({"data": base64.b64encode(b"ok").decode(), "eof": False}, 10) == (
+        b"ok", False)
+
+
+def test_rechunk_cuts_a_stream_into_fixed_pieces() -> None:
+    async def source() -> AsyncIterator[bytes]:
+        for size in (3, 10, 1, 0, 7):
+            yield b"a" * size
+
+    async def collect() -> list[int]:
+        return [len(p) async for p in controller_files.rechunk(source(), 4)]
+
+    assert asyncio.run(collect()) == [4, 4, 4, 4, 4, 1]
+
+
+# ---------------------------------------------------------------- the routes
+
+
+@pytest.fixture
+def fake() -> FakeRuntime:
+    rt = FakeRuntime()
+    rt.add_snapshot("py")
+    rt.add_sandbox(SB)
+    return rt
+
+
+@pytest.fixture
+def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
+    settings = Settings(data_dir=tmp_path / "data", audit_log=tmp_path / "audit.log",
+                        max_body_bytes=8192, max_file_bytes=3 * MIB)
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False) as c:
+        yield c
+
+
+def files_url(what: str = "") -> str:
+    return f"/v1/sandboxes/{SB}/files{what}"
+
+
+def test_upload_passes_the_body_limit_and_streams(client: TestClient, fake: FakeRuntime) -> None:
+    data = os.urandom(2 * MIB)  # far above max_body_bytes (8192), under max_file_bytes
+
+    def body() -> Iterator[bytes]:
+        for i in range(0, len(data), 256 * 1024):
+            yield data[i:i + 256 * 1024]
+
+    r = client.put(files_url(), params={"path": "/f.bin"}, content=body())
+    assert r.status_code == 200, r.text
+    assert r.json()["size"] == len(data)
+    assert len(fake.upload_pieces) > 1  # the route forwarded pieces, not one buffered body
+    r = client.get(files_url(), params={"path": "/f.bin"})
+    assert r.status_code == 200 and r.content == data
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert r.headers["x-forkd-file-size"] == str(len(data))
+    # Other routes keep the small JSON limit.
+    r = client.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["x" * 10000]})
+    assert r.status_code == 413
+
+
+def test_too_large_is_413_by_header_and_by_stream(client: TestClient) -> None:
+    r = client.put(files_url(), params={"path": "/big"}, content=b"x" * (3 * MIB + 1))
+    assert r.status_code == 413 and "3145728-byte limit" in r.json()["error"]
+
+    def body() -> Iterator[bytes]:  # chunked: no Content-Length to refuse up front
+        for _ in range(4):
+            yield b"x" * MIB
+
+    r = client.put(files_url(), params={"path": "/big"}, content=body())
+    assert r.status_code == 413 and "error" in r.json()
+    assert client.get(files_url("/stat"), params={"path": "/big"}).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["relative", "/a\0b", "/" + "a" * 5000, ""])
+def test_bad_paths_are_400(client: TestClient, path: str) -> None:
+    for r in (client.get(files_url(), params={"path": path}),
+              client.put(files_url(), params={"path": path}, content=b"x"),
+              client.get(files_url("/stat"), params={"path": path}),
+              client.get(files_url("/list"), params={"path": path}),
+              client.delete(files_url(), params={"path": path}),
+              client.post(files_url("/mkdir"), json={"path": path})):
+        assert r.status_code == 400, (r.request.method, r.request.url, r.text)
+        assert r.json()["error"]
+
+
+def test_missing_is_404_and_directories_are_409(client: TestClient) -> None:
+    assert client.get(files_url(), params={"path": "/nope"}).status_code == 404
+    assert client.get(files_url(), params={"path": "/nope"}).json()["error"]
+    assert client.get("/v1/sandboxes/sb-000000-0000/files", params={"path": "/x"}).status_code == 404
+    assert client.post(files_url("/mkdir"), json={"path": "/d"}).json() == {"path": "/d", "created": True}
+    assert client.get(files_url(), params={"path": "/d"}).status_code == 409
+    assert client.put(files_url(), params={"path": "/d"}, content=b"x").status_code == 409
+    assert client.put(files_url(), params={"path": "/d/f"}, content=b"x").status_code == 200
+    assert client.delete(files_url(), params={"path": "/d"}).status_code == 409
+    listing = client.get(files_url("/list"), params={"path": "/d"}).json()
+    assert [e["name"] for e in listing["entries"]] == ["f"] and listing["truncated"] is False
+    assert client.delete(files_url(), params={"path": "/d", "recursive": "true"}).status_code == 204
+    assert client.get(files_url("/stat"), params={"path": "/d"}).status_code == 404
+
+
+def test_only_file_uploads_skip_the_body_limit() -> None:
+    assert streams_body({"method": "PUT", "path": f"/v1/sandboxes/{SB}/files"})
+    assert not streams_body({"method": "POST", "path": f"/v1/sandboxes/{SB}/files/mkdir"})
+    assert not streams_body({"method": "PUT", "path": "/v1/snapshots/py/pool"})
+
+
+# ------------------------------------------------------------------- the SDK
+
+
+def test_sdk_files_round_trip(tmp_path: Path, fake: FakeRuntime) -> None:
+    settings = Settings(data_dir=tmp_path / "data", audit_log=tmp_path / "audit.log")
+    app = create_app(settings, runtime=fake)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncController("http://forkd", transport=transport) as c:
+            sb = AsyncSandbox(sandbox_id=SB, controller=c)
+            assert await sb.files.mkdir("/w") is True
+            info = await sb.files.write("/w/a.txt", "hello")
+            assert info["size"] == 5
+            seen: list[int] = []
+            data = os.urandom(3 * MIB + 5)
+            await c.write_file(SB, "/w/b.bin", io.BytesIO(data), progress=seen.append)
+            assert seen[-1] == len(data) and len(seen) == 4  # read a piece at a time
+            assert await sb.files.read("/w/a.txt") == b"hello"
+            assert await sb.files.read("/w/b.bin") == data
+            local = tmp_path / "b.bin"
+            assert await sb.files.download("/w/b.bin", local) == len(data)
+            assert local.read_bytes() == data
+            assert [e["name"] for e in await sb.files.list("/w")] == ["a.txt", "b.bin"]
+            assert (await sb.files.stat("/w"))["type"] == "dir"
+            await sb.files.remove("/w/a.txt")
+            assert await sb.files.exists("/w/a.txt") is False
+            with pytest.raises(NotFoundError):
+                await sb.files.read("/w/a.txt")
+
+    asyncio.run(scenario())
