@@ -722,3 +722,12 @@ def test_openapi_fuzz(case: Any) -> None:
     """All default schemathesis checks, among them: no 5xx, documented status codes,
     responses matching their schemas, schema-valid requests accepted, invalid ones 4xx."""
     case.call_and_validate(headers=AUTH)
+
+
+def test_unknown_query_parameters_are_400(client: TestClient, fake: FakeRuntime) -> None:
+    # A misspelt filter or flag must not be silently ignored (it would list or delete too much).
+    assert_error(client.get("/v1/sandboxes", params={"snapshot-tag": "py"}), 400,
+                 "unknown query parameter 'snapshot-tag'; this route takes: metadata, snapshot_tag")
+    assert_error(client.delete("/v1/snapshots/py", params={"cascde": "true"}), 400, "'cascde'")
+    assert "delete_snapshot" not in fake.names()
+    assert client.get("/v1/sandboxes", params={"snapshot_tag": "py"}).status_code == 200

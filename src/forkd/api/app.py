@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from forkd.api import file_routes, fork_routes, pool_routes
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
-from forkd.api.deps import RuntimeLike
+from forkd.api.deps import RuntimeLike, reject_unknown_query
 from forkd.api.handlers import install_exception_handlers
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
 from forkd.api.metrics import Metrics
@@ -127,6 +127,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
             'running ones. Every 4xx/5xx body is `{"error": "<message>"}`.'
         ),
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query)],
     )
     app.state.settings = settings
     app.state.runtime = runtime

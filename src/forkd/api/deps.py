@@ -11,10 +11,12 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol
 
 from fastapi import Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
-from forkd.errors import Busy
+from forkd.errors import Busy, InvalidRequest
 
 
 class Record(Protocol):
@@ -132,3 +134,24 @@ def get_metrics(request: Request) -> Metrics:
 def get_branch_gate(request: Request) -> BranchGate:
     gate: BranchGate = request.app.state.branch_gate
     return gate
+
+
+async def reject_unknown_query(request: Request) -> None:
+    """400 for a query parameter the route does not take (a typo must not be silently ignored,
+    e.g. ``?cascde=true`` on a DELETE, or a misspelt list filter that would list everything)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    allowed = _query_names(route.dependant)
+    unknown = sorted(set(request.query_params.keys()) - allowed)
+    if unknown:
+        takes = ", ".join(sorted(allowed)) or "none"
+        raise InvalidRequest(f"unknown query parameter {unknown[0]!r}; this route takes: {takes}")
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
