@@ -45,6 +45,7 @@ class RuntimeLike(Protocol):
         env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> list[Any]: ...
     async def fork(
         self,
@@ -60,6 +61,7 @@ class RuntimeLike(Protocol):
         child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> Any: ...
     async def promote(
         self,
@@ -77,6 +79,7 @@ class RuntimeLike(Protocol):
     def list_sandboxes(self) -> list[Any]: ...
     def get_sandbox(self, sandbox_id: str) -> Record: ...
     async def kill(self, sandbox_id: str) -> None: ...
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> Record: ...
     async def ping(self, sandbox_id: str) -> dict[str, Any]: ...
     async def exec(
         self,

@@ -185,6 +185,8 @@ class SandboxRecord:
     # A warm-pool member: restored, reseeded and paused, hidden from every
     # per-sandbox endpoint until a spawn claims it (controller/pools.py).
     pooled: bool = False
+    # When the reaper kills it (unix seconds; controller/lifetimes.py); None: never.
+    expires_at_unix: float | None = None
 
     @property
     def pool_key(self) -> PoolKey:
@@ -216,6 +218,8 @@ class SandboxRecord:
             out["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         if self.metadata:
             out["metadata"] = dict(self.metadata)
+        if self.expires_at_unix is not None:
+            out["expires_at_unix"] = round(self.expires_at_unix, 3)
         return out
 
 
@@ -228,7 +232,8 @@ def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
     return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
             "timings": s.timings, "metadata": s.metadata,
-            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled}
+            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
+            "expires_at_unix": s.expires_at_unix}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -262,7 +267,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
                          metadata=dict(meta.get("metadata") or {}),
                          checkpoints=CheckpointPolicy(**policy) if policy else None,
-                         pooled=bool(meta.get("pooled")))
+                         pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"))
 
 
 class Registry:
@@ -368,6 +373,10 @@ class Registry:
     def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
         """Record where a sandbox's disk stands (it moves with every branch)."""
         self._update_sandbox_meta(sandbox_id, "disk", asdict(disk))
+
+    def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None:
+        """When the reaper kills the sandbox (None: never)."""
+        self._update_sandbox_meta(sandbox_id, "expires_at_unix", expires_at_unix)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
