@@ -250,8 +250,8 @@ class FakeRuntime:
     ) -> ForkResult:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
-        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot,
-                   timeout_secs=timeout_secs)
+        extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra)
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,

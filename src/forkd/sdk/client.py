@@ -234,6 +234,7 @@ class Controller:
         env: Mapping[str, str] | None = None,
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -247,6 +248,9 @@ class Controller:
             child_env: one environment per child (length ``n``), over ``env``.
             metadata: labels stored with every child, returned in its
                 SandboxInfo and usable as a :meth:`list_sandboxes` filter.
+            timeout_secs: each child is killed this many seconds after the
+                spawn returns (its SandboxInfo has ``expires_at_unix``);
+                :meth:`set_timeout` moves the deadline. Default: none.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -257,6 +261,7 @@ class Controller:
             env=env,
             child_env=child_env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         return cast(list[SandboxInfo], self._send(call))
 
@@ -280,6 +285,13 @@ class Controller:
     def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""
         self._send(_calls.kill_sandbox(sandbox_id))
+
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxInfo:
+        """``POST /v1/sandboxes/{id}/timeout``: kill the sandbox ``timeout_secs`` from now.
+
+        Sooner or later than its previous deadline, like E2B's ``set_timeout``.
+        """
+        return cast(SandboxInfo, self._send(_calls.set_timeout(sandbox_id, timeout_secs)))
 
     def ping(self, sandbox_id: str) -> JSONDict:
         """``POST /v1/sandboxes/{id}/ping`` → ``{"pong": true, "pid": 1, ...}``."""
@@ -352,6 +364,7 @@ class Controller:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
 
@@ -370,6 +383,8 @@ class Controller:
                 live_fork: as for :meth:`spawn_sandboxes`.
             keep_snapshot: keep the intermediate snapshot; by default it is
                 deleted once its last child is gone.
+            timeout_secs: each child is killed this many seconds after the
+                fork returns (the source keeps its own deadline).
         """
         return cast(ForkInfo, self._send(_calls.fork_sandbox(
             sandbox_id,
@@ -383,6 +398,7 @@ class Controller:
             child_env=child_env,
             metadata=metadata,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )))
 
     def fork_tree(
@@ -398,6 +414,7 @@ class Controller:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
 
@@ -418,6 +435,7 @@ class Controller:
             child_env=child_env,
             metadata=metadata,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )))
 
     def promote_sandbox(
