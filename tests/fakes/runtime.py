@@ -213,12 +213,14 @@ class FakeRuntime:
                     memory_limit_mib: int | None = None, live_fork: bool = False,
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None,
-                    timeout_secs: float | None = None) -> list[SandboxRecord]:
+                    timeout_secs: float | None = None, cpu_limit: float | None = None,
+                    pids_limit: int | None = None) -> list[SandboxRecord]:
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
-                   timeout_secs=timeout_secs)
+                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit)
         self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                           metadata=metadata)
+        child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
@@ -227,6 +229,7 @@ class FakeRuntime:
             out.append(self._new_child(tag, i, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
                                        per_child_netns=per_child_netns, metadata=metadata or {},
                                        timeout_secs=timeout_secs))
+            out[-1].cpu_limit, out[-1].pids_limit = cpu_limit, pids_limit
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,

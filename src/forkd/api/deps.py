@@ -46,6 +46,8 @@ class RuntimeLike(Protocol):
         child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None,
         timeout_secs: float | None = None,
+        cpu_limit: float | None = None,
+        pids_limit: int | None = None,
     ) -> list[Any]: ...
     async def fork(
         self,

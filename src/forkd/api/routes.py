@@ -219,6 +219,8 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         child_env=req.child_env,
         metadata=req.metadata,
         timeout_secs=req.timeout_secs,
+        cpu_limit=req.cpu_limit,
+        pids_limit=req.pids_limit,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)

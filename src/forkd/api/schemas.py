@@ -65,6 +65,8 @@ MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]
 SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
+CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
+PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
 
 
 class _Request(BaseModel):
@@ -148,6 +150,14 @@ class SpawnRequest(_Request):
     metadata: Labels | None = Field(
         None, description="Labels stored with every child, returned in SandboxInfo and usable as a "
         "list filter (GET /v1/sandboxes?metadata=key=value).",
+    )
+    cpu_limit: CpuLimit | None = Field(
+        None, description="CPU bandwidth per child in cores (0.5: half "
+        "a core), a cgroup cpu quota on its QEMU.",
+    )
+    pids_limit: PidsLimit | None = Field(
+        None, description="Most tasks (threads) of each child's QEMU "
+        "(cgroup pids.max); guest processes are not host tasks.",
     )
     timeout_secs: SandboxTimeout | None = Field(
         None, description="Kill each child (and free its resources) this many seconds after the spawn "
@@ -336,6 +346,8 @@ class SandboxInfo(_Response):
     created_at_unix: int
     pid: int | None = Field(None, description="Host PID of the sandbox's QEMU process.")
     memory_limit_mib: int | None = None
+    cpu_limit: float | None = Field(None, description="CPU bandwidth limit in cores, if one was set.")
+    pids_limit: int | None = Field(None, description="Task limit of its QEMU's cgroup, if one was set.")
     live_fork: bool | None = None
     timings: dict[str, float] | None = Field(
         None,

@@ -108,7 +108,7 @@ class Runtime:
             await self.sandboxes.detach_all()
         else:
             await self.sandboxes.kill_all()
-            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):
+            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
                 cgroups.remove_parent_if_empty()
             # No sandbox left to need them: give the RAM back.
             self.shm.prune(keep=set())
@@ -172,17 +172,20 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False,
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
+        cpu_limit: float | None = None, pids_limit: int | None = None,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
         ``timeout_secs``: each child is killed that long after the spawn returns
-        (a claimed warm-pool member's clock starts at its claim).
+        (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
+        (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
-                                           env=env, child_env=child_env, metadata=metadata)
+                                           env=env, child_env=child_env, metadata=metadata,
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit)
         self.reaper.apply(records, timeout_secs)
         return records
 

@@ -151,6 +151,14 @@ def detect(root: Path = CGROUP_ROOT, proc_self_cgroup: Path = PROC_SELF_CGROUP) 
     return h.version if h else "none"
 
 
+def detect_controller(
+    controller: str, root: Path = CGROUP_ROOT, proc_self_cgroup: Path = PROC_SELF_CGROUP
+) -> str:
+    """``"v2"``, ``"v1"`` or ``"none"``: where the host offers ``controller``."""
+    h = find_controller(controller, root, proc_self_cgroup)
+    return h.version if h else "none"
+
+
 def _write(path: Path, text: str) -> None:
     # One write(2) per value: cgroup files parse each write separately.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
