@@ -90,7 +90,13 @@ MAX_WARM_IMPORTS = 256
 SPAWN_N = Range("n", 1, 1000, integer=True)
 # QEMU alone needs tens of MiB; below this a child is OOM-killed before it answers.
 MEMORY_LIMIT_MIB = Range("memory_limit_mib", 64, 1 << 20, integer=True)
+# CPU bandwidth per child, in cores (cgroup cpu.max / cpu.cfs_quota_us).
+CPU_LIMIT = Range("cpu_limit", 0.01, 64)
+# Tasks (QEMU's threads) per child: QEMU needs a dozen or so; below this it cannot start.
+PIDS_LIMIT = Range("pids_limit", 32, 1 << 22, integer=True)
 EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
+# A sandbox's lifetime (spawn/fork ``timeout_secs``, POST .../timeout): up to 30 days.
+SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
 # The daemon's limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
 METADATA = StringMap("metadata", 64, 128, 1024)

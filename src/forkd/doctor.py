@@ -310,6 +310,24 @@ def check_shm() -> Check:
 # ---------------------------------------------------------------- isolation
 
 
+def check_cpu_pids_cgroups() -> Check:
+    """cpu_limit and pids_limit: which hierarchy serves each (v2, or v1 on hybrid hosts)."""
+    from forkd.host import cgroups
+
+    where = {c: cgroups.detect_controller(c) for c in ("cpu", "pids")}
+    detail = ", ".join(f"{c}: {v}" for c, v in where.items())
+    missing = [c for c, v in where.items() if v == "none"]
+    if not missing:
+        return Check("cgroup cpu/pids", True, f"{detail} (cpu_limit, pids_limit available)", required=False)
+    return Check(
+        "cgroup cpu/pids", False, f"{detail}: {', '.join(m + '_limit' for m in missing)} unavailable",
+        f"on cgroup v2: `echo {' '.join('+' + m for m in missing)} > /sys/fs/cgroup/cgroup.subtree_control`; "
+        f"on v1: mount the hierarchy, e.g. "
+        f"`mount -t cgroup -o {missing[0]} cgroup /sys/fs/cgroup/{missing[0]}`",
+        required=False,
+    )
+
+
 def check_cgroups() -> Check:
     # Only needed for memory_limit_mib; v2 is preferred, v1 is the fallback.
     v2 = Path("/sys/fs/cgroup/cgroup.controllers")
@@ -398,6 +416,7 @@ def run_checks(data_dir: str | Path | None = None) -> list[Check]:
         _guarded("memfd", check_memfd),
         _guarded("/dev/shm", check_shm),
         _guarded("cgroups", check_cgroups),
+        _guarded("cgroup cpu/pids", check_cpu_pids_cgroups),
         _guarded("netns", check_netns),
         _guarded("/dev/net/tun", check_tun),
         _guarded("vhost-vsock", check_vsock),

@@ -220,25 +220,36 @@ class FakeRuntime:
     async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
                     memory_limit_mib: int | None = None, live_fork: bool = False,
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-                    metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
+                    metadata: dict[str, str] | None = None,
+                    timeout_secs: float | None = None, cpu_limit: float | None = None,
+                    pids_limit: int | None = None) -> list[SandboxRecord]:
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
-                   live_fork=live_fork, env=env, child_env=child_env, metadata=metadata)
+                   live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
+                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit)
         self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                           metadata=metadata)
+        child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
         out = []
         for i in range(n):
             out.append(self._new_child(tag, i, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
-                                       per_child_netns=per_child_netns, metadata=metadata or {}))
+                                       per_child_netns=per_child_netns, metadata=metadata or {},
+                                       timeout_secs=timeout_secs))
+            out[-1].cpu_limit, out[-1].pids_limit = cpu_limit, pids_limit
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
-                   per_child_netns: bool, metadata: dict[str, str]) -> SandboxRecord:
+                   per_child_netns: bool, metadata: dict[str, str],
+                   timeout_secs: float | None = None) -> SandboxRecord:
         sandbox_id = f"sb-abcdef-{self._spawned:04d}"
         self._spawned += 1
         record = self.add_sandbox(sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
                                   netns=f"forkd-child-{i}" if per_child_netns else None)
         record.metadata = dict(metadata)
+        if timeout_secs is not None:  # the fake never kills it: it has no clock of its own
+            record.expires_at_unix = CREATED + timeout_secs
         return record
 
     async def fork(
@@ -246,10 +257,12 @@ class FakeRuntime:
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
-        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot)
+        extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra)
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
@@ -268,7 +281,7 @@ class FakeRuntime:
                 labels.update(fork_tree_id=tree_id, fork_parent_id=source_id, fork_index=str(i))
             result.children.append(self._new_child(
                 snap.tag, i, live_fork=live_fork, memory_limit_mib=spec.memory_limit_mib,
-                per_child_netns=per_child_netns, metadata=labels))
+                per_child_netns=per_child_netns, metadata=labels, timeout_secs=timeout_secs))
         return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
@@ -338,6 +351,13 @@ class FakeRuntime:
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
         del self.sandboxes[self._sandbox(sandbox_id).id]
+
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
+        self._call("set_timeout", sandbox_id, timeout_secs)
+        bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        record = self._sandbox(self._resolve(sandbox_id))
+        record.expires_at_unix = CREATED + timeout_secs
+        return record
 
     async def ping(self, sandbox_id: str) -> dict[str, Any]:
         self._call("ping", sandbox_id)

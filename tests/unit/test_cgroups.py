@@ -294,3 +294,79 @@ def test_build_argv_nic_only_with_tap() -> None:
     assert template.count("-netdev") == 1 and "ifname=forkd-tap0" in " ".join(template)
     with pytest.raises(ValueError):
         build_argv("qemu", _spec(tap="x,script=/evil"))
+
+
+# ------------------------------------------------------------- cpu and pids limits
+
+
+def fake_v1_all(root: Path) -> dict[str, Path]:
+    """A hybrid host: v1 memory, cpu and pids hierarchies; the unified tree has none."""
+    fake_v2(root / "unified", controllers="hugetlb")
+    mounts = {"memory": fake_v1(root)}
+    for c in ("cpu", "pids"):
+        mounts[c] = root / c
+        mounts[c].mkdir()
+        (mounts[c] / "cgroup.procs").write_text("")
+    return mounts
+
+
+def test_create_v2_cpu_and_pids_in_one_directory(tmp_path: Path) -> None:
+    root = fake_v2(tmp_path / "cg")
+    h = cgroups.create("sb-1", None, cpu=0.5, pids=64, root=root)
+    assert h.path == root / "forkd" / "sb-1" and h.extra == ()
+    assert (h.path / "cpu.max").read_text() == "50000 100000"
+    assert (h.path / "pids.max").read_text() == "64"
+    assert not (h.path / "memory.max").exists()  # no memory limit asked for
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu +pids"
+    assert h.cpu_limit() == 0.5 and h.pids_limit() == 64
+
+
+def test_create_v1_one_directory_per_hierarchy(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    mounts = fake_v1_all(root)
+    proc = self_cgroup(tmp_path, "/")
+    h = cgroups.create("sb-1", 256, cpu=1.5, pids=100, root=root, proc_self_cgroup=proc)
+    assert h.path == mounts["memory"] / "forkd" / "sb-1" and h.version == "v1"
+    assert h.extra == (mounts["cpu"] / "forkd" / "sb-1", mounts["pids"] / "forkd" / "sb-1")
+    assert (h.extra[0] / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (h.extra[0] / "cpu.cfs_period_us").read_text() == "100000"
+    assert (h.extra[1] / "pids.max").read_text() == "100"
+    assert h.limit_mib() == 256 and h.cpu_limit() == 1.5 and h.pids_limit() == 100
+    # Recorded paths give back the same handle; remove takes every directory.
+    assert cgroups.handle_for(h.path, h.extra) == h
+    for d in h.paths:
+        for f in d.iterdir():
+            f.unlink()  # a fake tree: files would stop rmdir (the kernel's do not)
+    assert h.remove(wait=0) and not any(d.exists() for d in h.paths)
+
+
+def test_create_v1_missing_controller_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    fake_v1(root)  # memory only: no cpu hierarchy
+    with pytest.raises(InvalidRequest, match="cpu limit needs"):
+        cgroups.create("sb-1", 256, cpu=0.5, root=root, proc_self_cgroup=self_cgroup(tmp_path, "/"))
+    assert not (root / "memory" / "forkd" / "sb-1").exists()
+
+
+@pytest.mark.parametrize(("cpu", "pids", "match"), [(0, None, "cpu_limit"), (65, None, "cpu_limit"),
+                                                   (None, 8, "pids_limit"), (None, 64.0, "pids_limit"),
+                                                   (None, None, "at least one")])
+def test_cpu_and_pids_bounds(tmp_path: Path, cpu: float | None, pids: int | None, match: str) -> None:
+    root = fake_v2(tmp_path / "cg")
+    with pytest.raises(InvalidRequest, match=match):
+        cgroups.create("sb-1", None, cpu=cpu, pids=pids, root=root)
+    assert not (root / "forkd" / "sb-1").exists()
+
+
+def test_launcher_joins_every_hierarchy(tmp_path: Path) -> None:
+    dirs = [tmp_path / c for c in ("memory", "cpu", "pids")]
+    for d in dirs:
+        d.mkdir()
+    h = cgroups.CgroupHandle(dirs[0], "v1", tuple(dirs[1:]))
+    proc = subprocess.run([*h.launcher(), "/bin/sh", "-c", "echo $$"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    pid = proc.stdout.strip()
+    assert [(d / "cgroup.procs").read_text().strip() for d in dirs] == [pid] * 3
+    dirs[2].joinpath("cgroup.procs").unlink()
+    dirs[2].rmdir()
+    assert subprocess.run([*h.launcher(), "/bin/true"], capture_output=True).returncode != 0

@@ -106,7 +106,7 @@ def test_no_args_shows_help(runner: CliRunner) -> None:
     "command",
     ["daemon", "snapshot", "fork", "branch", "ls", "snapshot-info", "kill", "rmi", "ping",
      "exec", "eval", "version", "doctor", "image", "image build", "image ls", "promote",
-     "checkpoints"],
+     "checkpoints", "timeout"],
 )
 def test_every_command_has_help(runner: CliRunner, command: str) -> None:
     result = run(runner, *command.split(), "--help")
@@ -294,6 +294,20 @@ def test_kill_continues_past_failures(runner: CliRunner, daemon: FakeDaemon) -> 
     assert result.exit_code == 1
     assert "killed sb-abcdef-0001" in result.stdout
     assert "error: sb-abcdef-0009" in result.stderr
+
+
+def test_timeout_and_fork_timeout(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes/sb-abcdef-0001/timeout",
+              httpx.Response(200, json={**sandbox_info(1), "expires_at_unix": 1717000600.0}))
+    result = run(runner, "timeout", "sb-abcdef-0001", "600")
+    assert result.exit_code == 0, result.output
+    assert "expires at" in result.stdout
+    assert json.loads(daemon.requests[-1].content) == {"timeout_secs": 600.0}
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0)]))
+    result = run(runner, "fork", "--tag", "py", "--timeout", "5", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(daemon.requests[-1].content)["timeout_secs"] == 5.0
+    assert run(runner, "timeout", "sb-abcdef-0001", "0").exit_code == 2
 
 
 def test_kill_all(runner: CliRunner, daemon: FakeDaemon) -> None:

@@ -48,6 +48,9 @@ class RuntimeLike(Protocol):
         env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None,
+        timeout_secs: float | None = None,
+        cpu_limit: float | None = None,
+        pids_limit: int | None = None,
     ) -> list[Any]: ...
     async def fork(
         self,
@@ -63,6 +66,7 @@ class RuntimeLike(Protocol):
         child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> Any: ...
     async def promote(
         self,
@@ -80,6 +84,7 @@ class RuntimeLike(Protocol):
     def list_sandboxes(self) -> list[Any]: ...
     def get_sandbox(self, sandbox_id: str) -> Record: ...
     async def kill(self, sandbox_id: str) -> None: ...
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> Record: ...
     async def ping(self, sandbox_id: str) -> dict[str, Any]: ...
     async def exec(
         self,

@@ -58,7 +58,7 @@ async def _fork(sandbox_id: str, req: ForkRequest, rt: Runtime, m: MetricsDep, g
             sandbox_id, req.count, tree=tree, per_child_netns=req.per_child_netns,
             memory_limit_mib=req.memory_limit_mib, live_fork=req.live_fork, env=req.env,
             child_env=req.child_env, child_memory_limit_mib=req.child_memory_limit_mib,
-            metadata=req.metadata, keep_snapshot=req.keep_snapshot,
+            metadata=req.metadata, keep_snapshot=req.keep_snapshot, timeout_secs=req.timeout_secs,
         )
     m.fork_seconds.observe(time.perf_counter() - started)
     if result.pause_ms is not None:

@@ -32,6 +32,7 @@ from forkd.api.schemas import (
     SnapshotDetail,
     SnapshotInfo,
     SpawnRequest,
+    TimeoutRequest,
     Version,
 )
 from forkd.config import API_VERSION, VERSION
@@ -217,6 +218,9 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         env=req.env,
         child_env=req.child_env,
         metadata=req.metadata,
+        timeout_secs=req.timeout_secs,
+        cpu_limit=req.cpu_limit,
+        pids_limit=req.pids_limit,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)
@@ -272,6 +276,18 @@ async def get_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
 async def kill_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> Response:
     await rt.kill(sandbox_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@v1.post(
+    "/sandboxes/{id}/timeout",
+    response_model=SandboxInfo,
+    tags=["sandboxes"],
+    summary="Kill the sandbox timeout_secs from now (sets, extends or shortens its deadline)",
+    responses={**NO_SANDBOX, **TOO_LARGE},
+    **_AS_GIVEN,
+)
+async def set_timeout(sandbox_id: SandboxIdPath, req: TimeoutRequest, rt: Runtime) -> dict[str, Any]:
+    return rt.set_timeout(sandbox_id, req.timeout_secs).info()
 
 
 @v1.post(

@@ -66,6 +66,9 @@ Labels = Annotated[
 MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]
+SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
+CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
+PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
 
 
 class _Request(BaseModel):
@@ -149,6 +152,18 @@ class SpawnRequest(_Request):
     metadata: Labels | None = Field(
         None, description="Labels stored with every child, returned in SandboxInfo and usable as a "
         "list filter (GET /v1/sandboxes?metadata=key=value).",
+    )
+    cpu_limit: CpuLimit | None = Field(
+        None, description="CPU bandwidth per child in cores (0.5: half "
+        "a core), a cgroup cpu quota on its QEMU.",
+    )
+    pids_limit: PidsLimit | None = Field(
+        None, description="Most tasks (threads) of each child's QEMU "
+        "(cgroup pids.max); guest processes are not host tasks.",
+    )
+    timeout_secs: SandboxTimeout | None = Field(
+        None, description="Kill each child (and free its resources) this many seconds after the spawn "
+        "returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.",
     )
 
 
@@ -244,9 +259,20 @@ class ForkRequest(_Request):
     env: EnvMap | None = Field(None, description="Environment for every child (see POST /v1/sandboxes).")
     child_env: list[EnvMap] | None = Field(None, description="One environment per child, over env.")
     metadata: Labels | None = Field(None, description="Labels for every child.")
+    timeout_secs: SandboxTimeout | None = Field(
+        None, description="Kill each child this many seconds after the fork returns (the source keeps "
+        "its own deadline). Default: no deadline.",
+    )
     keep_snapshot: bool = Field(
         False, description="Keep the intermediate snapshot. Default: it is deleted once its last child "
         "is gone (and no snapshot depends on it).",
+    )
+
+
+class TimeoutRequest(_Request):
+    timeout_secs: SandboxTimeout = Field(
+        description="The sandbox is killed this many seconds from now, whether that is sooner or later "
+        "than its previous deadline (E2B's set_timeout).",
     )
 
 
@@ -329,6 +355,8 @@ class SandboxInfo(_Response):
     created_at_unix: int
     pid: int | None = Field(None, description="Host PID of the sandbox's QEMU process.")
     memory_limit_mib: int | None = None
+    cpu_limit: float | None = Field(None, description="CPU bandwidth limit in cores, if one was set.")
+    pids_limit: int | None = Field(None, description="Task limit of its QEMU's cgroup, if one was set.")
     live_fork: bool | None = None
     timings: dict[str, float] | None = Field(
         None,
@@ -338,6 +366,9 @@ class SandboxInfo(_Response):
     metadata: dict[str, str] | None = Field(
         None, description="Labels given at spawn; fork-tree children also carry fork_tree_id, "
         "fork_parent_id and fork_index.",
+    )
+    expires_at_unix: float | None = Field(
+        None, description="When the sandbox is killed (unix seconds); absent without a timeout_secs.",
     )
 
 

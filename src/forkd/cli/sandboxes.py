@@ -1,4 +1,4 @@
-"""Sandbox commands: fork, branch, ls, kill, ping, exec, eval (promote and checkpoints: forks.py)."""
+"""Sandbox commands: fork, branch, ls, kill, timeout, ping, exec, eval (promote and checkpoints: forks.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,11 @@ LiveFork = Annotated[
     typer.Option("--live-fork", help="Spawn so that the sandboxes can later take --live branches."),
 ]
 SandboxId = Annotated[str, typer.Argument(metavar="ID", help="Sandbox id, e.g. sb-67a1b3-0000.")]
+Lifetime = Annotated[
+    float | None,
+    typer.Option("--timeout", metavar="SECS", min=0.001, max=bounds.SANDBOX_TIMEOUT_SECS.high,
+                 help="Kill each child this many seconds after the fork (forkd timeout ID SECS moves it)."),
+]
 
 
 EnvPairs = Annotated[
@@ -80,6 +85,7 @@ def fork(
     per_child_netns: PerChildNetns = False,
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
+    timeout: Lifetime = None,
     json_: JsonFlag = False,
 ) -> None:
     """Fork N sandboxes copy-on-write from a snapshot, or from a running sandbox.
@@ -93,6 +99,7 @@ def fork(
       forkd fork --tag py -n 10
       forkd fork --tag checkpoint-1 -n 5 --per-child-netns --memory-limit-mib 256
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
+      forkd fork --tag py --timeout 300
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
       forkd fork --from-sandbox sb-67a1b3-0042 -n 4 --tree -e SEED=7
     """
@@ -115,6 +122,7 @@ def fork(
             result = fork_call(
                 from_sandbox, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                 live_fork=live_fork, env=env_map, metadata=labels, keep_snapshot=keep_snapshot,
+                timeout_secs=timeout,
             )
         if as_json:
             output.emit_json(result)
@@ -128,6 +136,7 @@ def fork(
         sandboxes = controller.spawn_sandboxes(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
+            timeout_secs=timeout,
         )
     if as_json:
         output.emit_json(sandboxes)
@@ -294,6 +303,27 @@ def kill(
         output.console.print("no sandboxes running")
     if failed:
         raise typer.Exit(1)
+
+
+@handle_errors
+def timeout(
+    ctx: typer.Context,
+    sandbox_id: SandboxId,
+    secs: Annotated[float, typer.Argument(metavar="SECS", min=0.001, max=bounds.SANDBOX_TIMEOUT_SECS.high,
+                                          help="Kill it this many seconds from now.")],
+    json_: JsonFlag = False,
+) -> None:
+    """Kill a sandbox SECS seconds from now (sooner or later than its previous deadline).
+
+    Example:
+      forkd timeout sb-67a1b3-0000 600
+    """
+    info = state(ctx).controller().set_timeout(sandbox_id, secs)
+    if want_json(ctx, json_):
+        output.emit_json(info)
+        return
+    at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"])))
+    output.console.print(f"{escape(sandbox_id)} expires at {at} (in {secs:g} s)")
 
 
 @handle_errors

@@ -45,7 +45,7 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
             except (ForkdError, OSError) as exc:
                 log.warning("cannot re-adopt %s (%s); killing it", sb.id, exc)
         kill_pid_now(sb.pid or 0, run_dir)
-        await remove_cgroup(sb.cgroup)
+        await remove_cgroup(sb.cgroup, sb.cgroup_extra)
         shutil.rmtree(run_dir, ignore_errors=True)
         registry.delete_sandbox(sb.id)
         log.info("reaped dead sandbox %s", sb.id)
@@ -56,6 +56,9 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
             with contextlib.suppress(OSError, ValueError):
                 kill_pid_now(int((d / "pid").read_text()), d)
             with contextlib.suppress(OSError):
-                await remove_cgroup((d / "cgroup").read_text().strip())
+                # One path per line (v1: one per hierarchy); older daemons wrote one.
+                paths = (d / "cgroup").read_text().split()
+                if paths:
+                    await remove_cgroup(paths[0], paths[1:])
             shutil.rmtree(d, ignore_errors=True)
     shm.prune(keep={sb.snapshot_tag for sb in registry.list_sandboxes() if sb.live_fork})

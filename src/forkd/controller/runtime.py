@@ -13,7 +13,8 @@ state and is the only code that changes it:
   dropping fork snapshots nobody needs; ``Checkpointer`` (checkpoints.py):
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
-* ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped.
+* ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
+* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -34,6 +35,7 @@ from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
+from forkd.controller.lifetimes import Reaper
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
@@ -79,6 +81,8 @@ class Runtime:
         self.sandboxes.on_removed(self.checkpoints.after_removed)
         self.sandboxes.on_removed(self.pools.after_removed)
         self.console_warden = ConsoleWarden(data)
+        self.reaper = Reaper(registry, self.sandboxes)
+        self.sandboxes.on_removed(self.reaper.after_removed)
 
     # ---------------------------------------------------------------- open/close
 
@@ -89,6 +93,7 @@ class Runtime:
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
+        await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
         rt.console_warden.start()
         return rt
 
@@ -98,6 +103,7 @@ class Runtime:
             return
         self._closed = True
         await self.pools.stop()  # first: no refill may start a VM after the others are gone
+        await self.reaper.stop()
         await self.brancher.wait_background()
         await self.checkpoints.wait_background()
         await self.console_warden.stop()
@@ -105,7 +111,7 @@ class Runtime:
             await self.sandboxes.detach_all()
         else:
             await self.sandboxes.kill_all()
-            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):
+            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
                 cgroups.remove_parent_if_empty()
             # No sandbox left to need them: give the RAM back.
             self.shm.prune(keep=set())
@@ -168,25 +174,44 @@ class Runtime:
         self, tag: str, n: int = 1, *, per_child_netns: bool = False,
         memory_limit_mib: int | None = None, live_fork: bool = False,
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-        metadata: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
+        cpu_limit: float | None = None, pids_limit: int | None = None,
     ) -> list[SandboxRecord]:
-        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
-        return await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
-                                        memory_limit_mib=memory_limit_mib, live_fork=live_fork,
-                                        env=env, child_env=child_env, metadata=metadata)
+        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
+
+        ``timeout_secs``: each child is killed that long after the spawn returns
+        (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
+        (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
+        """
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
+        records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
+                                           memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+                                           env=env, child_env=child_env, metadata=metadata,
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit)
+        self.reaper.apply(records, timeout_secs)
+        return records
 
     async def fork(
         self, sandbox_id: str, count: int = 1, *, tree: bool = False, per_child_netns: bool = False,
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult:
-        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py)."""
+        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
+
+        ``timeout_secs`` applies to the children (the source keeps its own deadline).
+        """
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before the source is paused
         options = ForkOptions(per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                               live_fork=live_fork, env=env, child_env=child_env,
                               child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
                               keep_snapshot=keep_snapshot)
-        return await self.forker.fork(sandbox_id, count, options, tree=tree)
+        result = await self.forker.fork(sandbox_id, count, options, tree=tree)
+        self.reaper.apply(result.children, timeout_secs)
+        return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
                       replace_parent: bool = False) -> dict[str, Any]:
@@ -206,6 +231,12 @@ class Runtime:
 
     async def kill(self, sandbox_id: str) -> None:
         await self.sandboxes.kill(sandbox_id)
+
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
+        """The sandbox is killed ``timeout_secs`` from now (E2B's ``set_timeout``: sooner or later)."""
+        check_sandbox_id(sandbox_id)
+        self.reaper.set_timeout(sandbox_id, timeout_secs)
+        return self.get_sandbox(sandbox_id)
 
     async def ping(self, sandbox_id: str) -> dict[str, Any]:
         return await self.sandboxes.call(sandbox_id, "ping", timeout=30)

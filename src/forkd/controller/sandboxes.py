@@ -40,9 +40,10 @@ from forkd.vmm.process import kill_pid_now, pid_is_qemu
 log = logging.getLogger("forkd.sandboxes")
 
 
-async def remove_cgroup(path: str | None) -> None:
+async def remove_cgroup(path: str | None, extra: list[str] | None = None) -> None:
+    """Remove a sandbox's cgroup: ``path`` and, on v1, its other hierarchies' directories."""
     if path:
-        await asyncio.to_thread(cgroups.handle_for(path).remove)
+        await asyncio.to_thread(cgroups.handle_for(path, tuple(extra or ())).remove)
 
 
 class SandboxTable:
@@ -90,8 +91,23 @@ class SandboxTable:
         if vm is None:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         if not vm.process.alive():
-            raise GuestError(f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up")
+            raise GuestError(f"sandbox {sandbox_id!r} has died ({self.death_cause(sandbox_id)}); "
+                             "kill it to clean up")
         return vm
+
+    def death_cause(self, sandbox_id: str) -> str:
+        """Why a dead sandbox's QEMU exited, as far as its cgroup tells (it still exists:
+        only teardown removes it)."""
+        try:
+            record = self._registry.get_sandbox(sandbox_id)
+        except NotFound:
+            record = None
+        if record is not None and record.cgroup:
+            handle = cgroups.handle_for(record.cgroup, tuple(record.cgroup_extra))
+            if handle.oom_kills() > 0:
+                return (f"killed by its memory limit (OOM) of {record.memory_limit_mib} MiB"
+                        if record.memory_limit_mib else "killed by a memory limit (OOM)")
+        return "its QEMU exited"
 
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
@@ -158,7 +174,7 @@ class SandboxTable:
         elif record is not None:
             kill_pid_now(record.pid or 0, Path(record.dir))
         if record is not None:
-            await remove_cgroup(record.cgroup)
+            await remove_cgroup(record.cgroup, record.cgroup_extra)
         self._registry.delete_sandbox(sandbox_id)
         shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
         # Whoever holds or waits for the lock keeps their reference; a later
@@ -187,6 +203,7 @@ class SandboxTable:
             if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
                 raise
             raise GuestError(
-                f"sandbox {sandbox_id!r} has died (its QEMU exited); kill it to clean up"
+                f"sandbox {sandbox_id!r} has died ({self.death_cause(vm.process.dir.name)}); "
+                "kill it to clean up"
             ) from exc
 

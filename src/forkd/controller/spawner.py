@@ -59,11 +59,19 @@ class ChildSpec:
     memory_limit_mib: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    cpu_limit: float | None = None
+    pids_limit: int | None = None
+
+    @property
+    def cgroup_limits(self) -> bool:
+        """Whether the child needs a cgroup of its own."""
+        return any(v is not None for v in (self.memory_limit_mib, self.cpu_limit, self.pids_limit))
 
 
 def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, str] | None = None,
                 child_env: list[dict[str, str]] | None = None, metadata: dict[str, str] | None = None,
-                child_memory_limit_mib: list[int | None] | None = None) -> list[ChildSpec]:
+                child_memory_limit_mib: list[int | None] | None = None, cpu_limit: float | None = None,
+                pids_limit: int | None = None) -> list[ChildSpec]:
     """One spec per child: ``env`` for all, then ``child_env[i]`` over it for child i."""
     bounds.SPAWN_N.check(n)
     for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
@@ -82,9 +90,14 @@ def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, s
     if reserved:
         # promote trusts these labels (replace_parent kills fork_parent_id): only a fork-tree sets them.
         raise InvalidRequest(f"metadata keys {', '.join(reserved)} are set by fork-tree itself")
+    if cpu_limit is not None:
+        bounds.CPU_LIMIT.check(cpu_limit)
+    if pids_limit is not None:
+        bounds.PIDS_LIMIT.check(pids_limit)
     limits = child_memory_limit_mib or [None] * n
     return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else memory_limit_mib,
-                      env={**common, **own[i]}, metadata=dict(metadata or {})) for i in range(n)]
+                      env={**common, **own[i]}, metadata=dict(metadata or {}), cpu_limit=cpu_limit,
+                      pids_limit=pids_limit) for i in range(n)]
 
 
 class NetnsPool:
@@ -169,10 +182,11 @@ class Spawner:
     async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
                     memory_limit_mib: int | None = None, live_fork: bool = False,
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-                    metadata: dict[str, str] | None = None) -> list[SandboxRecord]:
+                    metadata: dict[str, str] | None = None, cpu_limit: float | None = None,
+                    pids_limit: int | None = None) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
         children = child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
-                               metadata=metadata)
+                               metadata=metadata, cpu_limit=cpu_limit, pids_limit=pids_limit)
         results = await self.spawn_each(tag, children, per_child_netns=per_child_netns,
                                         live_fork=live_fork)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -228,7 +242,13 @@ class Spawner:
             snap = await self.check_request(tag, n, [c.memory_limit_mib for c in children],
                                             per_child_netns=per_child_netns)
             claimed: list[SandboxRecord | None] = [None] * n
-            if self._pool is not None:
+            if any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
+                for name, asked in (("cpu", any(c.cpu_limit is not None for c in children)),
+                                    ("pids", any(c.pids_limit is not None for c in children))):
+                    if asked and cgroups.detect_controller(name) == "none":  # 400 before any VM starts
+                        raise InvalidRequest(f"{cgroups.needs(name)}; this host has neither")
+            elif self._pool is not None:
+                # Pool members have no cpu or pids limit: only spawns without one draw from a pool.
                 claimed = await self._pool.claim(tag, children, per_child_netns=per_child_netns,
                                                  live_fork=live_fork)
             misses = [i for i, c in enumerate(claimed) if c is None]
@@ -335,10 +355,10 @@ class Spawner:
         cgroup: cgroups.CgroupHandle | None = None
         launcher: list[str] = []
         try:
-            if memory_limit_mib is not None:
-                cgroup = cgroups.create(sb_id, memory_limit_mib)
+            if child.cgroup_limits:
+                cgroup = cgroups.create(sb_id, memory_limit_mib, cpu=child.cpu_limit, pids=child.pids_limit)
                 # Before QEMU exists: a daemon that dies now still finds it on restart.
-                (run_dir / "cgroup").write_text(f"{cgroup.path}\n")
+                (run_dir / "cgroup").write_text("".join(f"{p}\n" for p in cgroup.paths))
                 launcher += cgroup.launcher()
             if netns:
                 launcher += netns_mod.launcher(netns)
@@ -363,7 +383,8 @@ class Spawner:
             config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
             netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
-            metadata=dict(child.metadata), pooled=pooled,
+            metadata=dict(child.metadata), pooled=pooled, cpu_limit=child.cpu_limit,
+            pids_limit=child.pids_limit, cgroup_extra=[str(p) for p in cgroup.extra] if cgroup else [],
         )
         self._table.add(record, vm)
         return record

@@ -102,6 +102,7 @@ def _child_options(
     env: Mapping[str, str] | None,
     child_env: Sequence[Mapping[str, str]] | None,
     metadata: Mapping[str, str] | None,
+    timeout_secs: float | None = None,
 ) -> dict[str, Any]:
     """The spawn options that POST /v1/sandboxes and the fork routes share."""
     if per_child_netns:
@@ -115,6 +116,7 @@ def _child_options(
         env=dict(env) if env is not None else None,
         child_env=[dict(e) for e in child_env] if child_env is not None else None,
         metadata=dict(metadata) if metadata is not None else None,
+        timeout_secs=timeout_secs,
     )
 
 
@@ -128,6 +130,7 @@ def spawn_sandboxes(
     env: Mapping[str, str] | None = None,
     child_env: Sequence[Mapping[str, str]] | None = None,
     metadata: Mapping[str, str] | None = None,
+    timeout_secs: float | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
@@ -137,6 +140,7 @@ def spawn_sandboxes(
         env=env,
         child_env=child_env,
         metadata=metadata,
+        timeout_secs=timeout_secs,
     )
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
@@ -159,6 +163,10 @@ def get_sandbox(sandbox_id: str) -> Call:
 
 def kill_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
+
+
+def set_timeout(sandbox_id: str, timeout_secs: float) -> Call:
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/timeout", json={"timeout_secs": timeout_secs})
 
 
 def ping(sandbox_id: str) -> Call:
@@ -231,6 +239,7 @@ def fork_sandbox(
     child_env: Sequence[Mapping[str, str]] | None,
     metadata: Mapping[str, str] | None,
     keep_snapshot: bool,
+    timeout_secs: float | None = None,
 ) -> Call:
     body = _child_options(
         {"count": count},
@@ -240,6 +249,7 @@ def fork_sandbox(
         env=env,
         child_env=child_env,
         metadata=metadata,
+        timeout_secs=timeout_secs,
     )
     if child_memory_limit_mib is not None:
         body["child_memory_limit_mib"] = list(child_memory_limit_mib)

@@ -250,6 +250,7 @@ class AsyncController:
         env: Mapping[str, str] | None = None,
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -263,6 +264,9 @@ class AsyncController:
             child_env: one environment per child (length ``n``), over ``env``.
             metadata: labels stored with every child, returned in its
                 SandboxInfo and usable as a :meth:`list_sandboxes` filter.
+            timeout_secs: each child is killed this many seconds after the
+                spawn returns (its SandboxInfo has ``expires_at_unix``);
+                :meth:`set_timeout` moves the deadline. Default: none.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -273,6 +277,7 @@ class AsyncController:
             env=env,
             child_env=child_env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         return cast(list[SandboxInfo], await self._send(call))
 
@@ -296,6 +301,13 @@ class AsyncController:
     async def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""
         await self._send(_calls.kill_sandbox(sandbox_id))
+
+    async def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxInfo:
+        """``POST /v1/sandboxes/{id}/timeout``: kill the sandbox ``timeout_secs`` from now.
+
+        Sooner or later than its previous deadline, like E2B's ``set_timeout``.
+        """
+        return cast(SandboxInfo, await self._send(_calls.set_timeout(sandbox_id, timeout_secs)))
 
     async def ping(self, sandbox_id: str) -> JSONDict:
         """``POST /v1/sandboxes/{id}/ping`` → ``{"pong": true, "pid": 1, ...}``."""
@@ -450,6 +462,7 @@ class AsyncController:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
 
@@ -468,6 +481,8 @@ class AsyncController:
                 live_fork: as for :meth:`spawn_sandboxes`.
             keep_snapshot: keep the intermediate snapshot; by default it is
                 deleted once its last child is gone.
+            timeout_secs: each child is killed this many seconds after the
+                fork returns (the source keeps its own deadline).
         """
         return cast(ForkInfo, await self._send(_calls.fork_sandbox(
             sandbox_id,
@@ -481,6 +496,7 @@ class AsyncController:
             child_env=child_env,
             metadata=metadata,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )))
 
     async def fork_tree(
@@ -496,6 +512,7 @@ class AsyncController:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
 
@@ -516,6 +533,7 @@ class AsyncController:
             child_env=child_env,
             metadata=metadata,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )))
 
     async def promote_sandbox(

@@ -104,13 +104,14 @@ class AsyncSnapshot(SnapshotView):
         env: Mapping[str, str] | None = None,
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> list[AsyncSandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`AsyncSandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox) and ``metadata`` as for
-        :meth:`AsyncController.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
+        ``timeout_secs`` as for :meth:`AsyncController.spawn_sandboxes`.
         """
         await self.wait_ready(wait_timeout)
         infos = await self.controller.spawn_sandboxes(
@@ -122,6 +123,7 @@ class AsyncSnapshot(SnapshotView):
             env=env,
             child_env=child_env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         return [AsyncSandbox.from_info(info, self.controller) for info in infos]
 
@@ -220,8 +222,8 @@ class AsyncSandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`AsyncController` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata: spawn
-            options, see :meth:`AsyncController.spawn_sandboxes`.
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
+            spawn options, see :meth:`AsyncController.spawn_sandboxes`.
     """
 
     def __init__(
@@ -235,6 +237,7 @@ class AsyncSandbox:
         live_fork: bool = False,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -246,6 +249,7 @@ class AsyncSandbox:
             "live_fork": live_fork,
             "env": env,
             "metadata": metadata,
+            "timeout_secs": timeout_secs,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -265,6 +269,7 @@ class AsyncSandbox:
         live_fork: bool = False,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -275,6 +280,7 @@ class AsyncSandbox:
             live_fork=live_fork,
             env=env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         await sb.start()
         return sb
@@ -369,6 +375,7 @@ class AsyncSandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -395,6 +402,7 @@ class AsyncSandbox:
             per_child_netns=per_child_netns,
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -410,6 +418,7 @@ class AsyncSandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -425,6 +434,7 @@ class AsyncSandbox:
             per_child_netns=per_child_netns,
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -599,6 +609,12 @@ class AsyncSandbox:
 
     def _snapshot(self, info: SnapshotInfo) -> AsyncSnapshot:
         return AsyncSnapshot(info, controller=self.controller)
+
+    async def set_timeout(self, timeout_secs: float) -> SandboxInfo:
+        """Kill this sandbox ``timeout_secs`` from now (sooner or later than before)."""
+        info = await self.controller.set_timeout(self.id, timeout_secs)
+        self._info = info
+        return info
 
     async def kill(self) -> None:
         """Stop the VM now (whether or not this object created it)."""

@@ -105,13 +105,14 @@ class Snapshot(SnapshotView):
         env: Mapping[str, str] | None = None,
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`Sandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox) and ``metadata`` as for
-        :meth:`Controller.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
+        ``timeout_secs`` as for :meth:`Controller.spawn_sandboxes`.
         """
         self.wait_ready(wait_timeout)
         infos = self.controller.spawn_sandboxes(
@@ -123,6 +124,7 @@ class Snapshot(SnapshotView):
             env=env,
             child_env=child_env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         return [Sandbox.from_info(info, self.controller) for info in infos]
 
@@ -221,8 +223,8 @@ class Sandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`Controller` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata: spawn
-            options, see :meth:`Controller.spawn_sandboxes`.
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
+            spawn options, see :meth:`Controller.spawn_sandboxes`.
     """
 
     def __init__(
@@ -236,6 +238,7 @@ class Sandbox:
         live_fork: bool = False,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -247,6 +250,7 @@ class Sandbox:
             "live_fork": live_fork,
             "env": env,
             "metadata": metadata,
+            "timeout_secs": timeout_secs,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -266,6 +270,7 @@ class Sandbox:
         live_fork: bool = False,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timeout_secs: float | None = None,
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -276,6 +281,7 @@ class Sandbox:
             live_fork=live_fork,
             env=env,
             metadata=metadata,
+            timeout_secs=timeout_secs,
         )
         sb.start()
         return sb
@@ -370,6 +376,7 @@ class Sandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult[Sandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -396,6 +403,7 @@ class Sandbox:
             per_child_netns=per_child_netns,
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -411,6 +419,7 @@ class Sandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        timeout_secs: float | None = None,
     ) -> ForkResult[Sandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -426,6 +435,7 @@ class Sandbox:
             per_child_netns=per_child_netns,
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
+            timeout_secs=timeout_secs,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -600,6 +610,12 @@ class Sandbox:
 
     def _snapshot(self, info: SnapshotInfo) -> Snapshot:
         return Snapshot(info, controller=self.controller)
+
+    def set_timeout(self, timeout_secs: float) -> SandboxInfo:
+        """Kill this sandbox ``timeout_secs`` from now (sooner or later than before)."""
+        info = self.controller.set_timeout(self.id, timeout_secs)
+        self._info = info
+        return info
 
     def kill(self) -> None:
         """Stop the VM now (whether or not this object created it)."""

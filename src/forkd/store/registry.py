@@ -185,6 +185,12 @@ class SandboxRecord:
     # A warm-pool member: restored, reseeded and paused, hidden from every
     # per-sandbox endpoint until a spawn claims it (controller/pools.py).
     pooled: bool = False
+    # When the reaper kills it (unix seconds; controller/lifetimes.py); None: never.
+    expires_at_unix: float | None = None
+    cpu_limit: float | None = None  # cores (cgroup CPU bandwidth)
+    pids_limit: int | None = None  # tasks in its QEMU's cgroup
+    # v1 hosts: its cpu and pids cgroups, one per hierarchy (``cgroup`` holds the first).
+    cgroup_extra: list[str] = field(default_factory=list)
 
     @property
     def pool_key(self) -> PoolKey:
@@ -210,12 +216,18 @@ class SandboxRecord:
             out["pid"] = self.pid
         if self.memory_limit_mib is not None:
             out["memory_limit_mib"] = self.memory_limit_mib
+        if self.cpu_limit is not None:
+            out["cpu_limit"] = self.cpu_limit
+        if self.pids_limit is not None:
+            out["pids_limit"] = self.pids_limit
         out["live_fork"] = self.live_fork
         if self.timings:
             # Where its fork's time went, seconds since the restore began.
             out["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         if self.metadata:
             out["metadata"] = dict(self.metadata)
+        if self.expires_at_unix is not None:
+            out["expires_at_unix"] = round(self.expires_at_unix, 3)
         return out
 
 
@@ -228,7 +240,9 @@ def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
     return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
             "timings": s.timings, "metadata": s.metadata,
-            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled}
+            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
+            "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
+            "cgroup_extra": s.cgroup_extra}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -262,7 +276,9 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
                          metadata=dict(meta.get("metadata") or {}),
                          checkpoints=CheckpointPolicy(**policy) if policy else None,
-                         pooled=bool(meta.get("pooled")))
+                         pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
+                         cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
+                         cgroup_extra=list(meta.get("cgroup_extra") or []))
 
 
 class Registry:
@@ -368,6 +384,10 @@ class Registry:
     def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
         """Record where a sandbox's disk stands (it moves with every branch)."""
         self._update_sandbox_meta(sandbox_id, "disk", asdict(disk))
+
+    def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None:
+        """When the reaper kills the sandbox (None: never)."""
+        self._update_sandbox_meta(sandbox_id, "expires_at_unix", expires_at_unix)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)

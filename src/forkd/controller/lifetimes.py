@@ -1,0 +1,130 @@
+"""Sandbox lifetimes: ``timeout_secs`` at spawn or fork, extended by ``POST .../timeout``.
+
+The ``Reaper`` owns every sandbox's deadline. A deadline is an absolute wall
+clock time (``expires_at_unix``) kept in the sandbox's registry row, so it
+survives a daemon restart: ``start`` (run by ``Runtime.open`` after recovery)
+kills the sandboxes that expired while no daemon ran before the API serves
+anything, and schedules the rest.
+
+One background task sleeps until the earliest deadline (or until a deadline
+changes, which wakes it) and kills what is due through ``SandboxTable.kill``,
+i.e. with the sandbox's lock, as ``DELETE`` would: QEMU, cgroup, run directory
+and row all go. It never polls: with no deadline it sleeps until woken. The
+sleep is capped (``MAX_SLEEP_SECS``) only so that a wall-clock step (NTP)
+cannot postpone a kill by more than that.
+
+Warm-pool members never expire: they get a deadline only when a spawn claims
+them (the spawn's own ``timeout_secs``, counted from the claim).
+``set_timeout`` follows E2B's ``set_timeout``: the new deadline is
+now + ``timeout_secs``, whether that is sooner or later than the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from forkd import bounds
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import NotFound
+from forkd.store.registry import Registry, SandboxRecord
+
+log = logging.getLogger("forkd.lifetimes")
+
+# Upper bound on one sleep, so a wall-clock step cannot delay a kill by more.
+MAX_SLEEP_SECS = 60.0
+
+
+class Reaper:
+    def __init__(self, registry: Registry, table: SandboxTable,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._registry = registry
+        self._table = table
+        self._clock = clock
+        self._deadlines: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- life
+
+    async def start(self) -> None:
+        """Adopt the deadlines in the registry; kill what already expired; start the task."""
+        for sb in self._registry.list_sandboxes():
+            if sb.expires_at_unix is not None and not sb.pooled:
+                self._deadlines[sb.id] = sb.expires_at_unix
+        await self._reap_due()  # before the API serves: an expired sandbox is never seen alive
+        self._task = asyncio.create_task(self._run(), name="forkd-reaper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -------------------------------------------------------------- deadlines
+
+    def apply(self, records: Iterable[SandboxRecord], timeout_secs: float | None) -> None:
+        """Give freshly spawned (or claimed, or forked) sandboxes ``timeout_secs`` to live."""
+        if timeout_secs is None:
+            return
+        bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        expires = self._clock() + timeout_secs
+        for record in records:
+            record.expires_at_unix = expires
+            self._set(record.id, expires)
+
+    def set_timeout(self, sandbox_id: str, timeout_secs: float) -> float:
+        """The sandbox now expires ``timeout_secs`` from now (sooner or later than before)."""
+        bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        sandbox_id = self._table.resolve(sandbox_id)
+        if not self._registry.has_sandbox(sandbox_id):
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        expires = self._clock() + timeout_secs
+        self._set(sandbox_id, expires)
+        return expires
+
+    def deadline(self, sandbox_id: str) -> float | None:
+        return self._deadlines.get(sandbox_id)
+
+    def _set(self, sandbox_id: str, expires: float) -> None:
+        self._registry.set_expiry(sandbox_id, expires)
+        self._deadlines[sandbox_id] = expires
+        self._wake.set()
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """``SandboxTable.on_removed`` hook: a killed sandbox has no deadline any more."""
+        self._deadlines.pop(record.id, None)
+
+    # ------------------------------------------------------------------ task
+
+    def next_sleep(self) -> float:
+        """Seconds until the earliest deadline (capped), 0 if one is due."""
+        if not self._deadlines:
+            return MAX_SLEEP_SECS
+        return max(0.0, min(MAX_SLEEP_SECS, min(self._deadlines.values()) - self._clock()))
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.next_sleep())
+            await self._reap_due()
+
+    async def _reap_due(self) -> None:
+        now = self._clock()
+        due = [sb_id for sb_id, t in self._deadlines.items() if t <= now]
+        for sb_id in due:
+            del self._deadlines[sb_id]
+        # Concurrently: one sandbox whose kill waits out a branch must not delay the others.
+        results = await asyncio.gather(*(self._kill(sb_id) for sb_id in due), return_exceptions=True)
+        for sb_id, result in zip(due, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, NotFound):
+                log.error("could not reap expired sandbox %s: %s", sb_id, result)
+
+    async def _kill(self, sandbox_id: str) -> None:
+        log.info("sandbox %s expired; killing it", sandbox_id)
+        await self._table.kill(sandbox_id)

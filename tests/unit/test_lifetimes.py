@@ -1,0 +1,214 @@
+"""Sandbox lifetimes (controller/lifetimes.py): deadlines, the reaper task, restarts, the API.
+
+Real VMs expiring (QEMU and cgroup gone, also across a restart) are in
+tests/integration/test_lifetimes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from forkd.controller.lifetimes import MAX_SLEEP_SECS, Reaper
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import InvalidRequest, NotFound
+from forkd.store.registry import Registry
+from forkd.vmm.machine import VM
+from tests.fakes.daemon import clear_env
+from tests.fakes.runtime import FakeRuntime
+from tests.unit.test_pools import record
+
+
+@dataclass
+class StubProcess:
+    dir: Path = Path("/nonexistent")
+
+
+class StubVM:
+    """What the table's teardown uses of a VM."""
+
+    def __init__(self) -> None:
+        self.destroyed = False
+        self.process = StubProcess()
+
+    async def destroy(self) -> None:
+        self.destroyed = True
+
+    async def disconnect(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Setup = tuple[Registry, SandboxTable, Reaper, dict[str, StubVM]]
+
+
+def setup(tmp_path: Path, clock: Callable[[], float] | None = None) -> Setup:
+    registry = Registry(tmp_path / "registry.db")
+    table = SandboxTable(registry, tmp_path / "sandboxes")
+    reaper = Reaper(registry, table, clock or Clock())
+    table.on_removed(reaper.after_removed)
+    vms: dict[str, StubVM] = {}
+    for i in range(3):
+        sb_id = f"sb-aaaaaa-000{i}"
+        vms[sb_id] = StubVM()
+        table.add(record(sb_id), cast(VM, vms[sb_id]))
+    return registry, table, reaper, vms
+
+
+def test_apply_records_the_deadline_in_the_row_and_the_info(tmp_path: Path) -> None:
+    registry, _, reaper, _ = setup(tmp_path)
+    rec = registry.get_sandbox("sb-aaaaaa-0000")
+    reaper.apply([rec], 5)
+    assert rec.expires_at_unix == 1005.0 and rec.info()["expires_at_unix"] == 1005.0
+    assert registry.get_sandbox("sb-aaaaaa-0000").expires_at_unix == 1005.0
+    assert "expires_at_unix" not in registry.get_sandbox("sb-aaaaaa-0001").info()
+    reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], None)  # no timeout: no deadline
+    assert registry.get_sandbox("sb-aaaaaa-0001").expires_at_unix is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 30 * 86400 + 1, True, "5"])
+def test_bad_timeouts_are_refused(tmp_path: Path, bad: object) -> None:
+    registry, _, reaper, _ = setup(tmp_path)
+    with pytest.raises(InvalidRequest, match="timeout_secs"):
+        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="timeout_secs"):
+        reaper.set_timeout("sb-aaaaaa-0000", bad)  # type: ignore[arg-type]
+
+
+def test_next_sleep_is_until_the_earliest_deadline(tmp_path: Path) -> None:
+    clock = Clock()
+    registry, _, reaper, _ = setup(tmp_path, clock)
+    assert reaper.next_sleep() == MAX_SLEEP_SECS  # nothing to wait for: no busy loop
+    reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 30)
+    reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 10)
+    assert reaper.next_sleep() == 10
+    clock.now += 11
+    assert reaper.next_sleep() == 0
+    reaper.apply([registry.get_sandbox("sb-aaaaaa-0002")], 3600)
+    clock.now = 0
+    assert reaper.next_sleep() == MAX_SLEEP_SECS  # capped: a clock step cannot postpone for long
+
+
+def test_set_timeout_moves_the_deadline_either_way(tmp_path: Path) -> None:
+    clock = Clock()
+    registry, _, reaper, _ = setup(tmp_path, clock)
+    assert reaper.set_timeout("sb-aaaaaa-0000", 100) == 1100  # a sandbox without one gets one
+    clock.now += 50
+    assert reaper.set_timeout("sb-aaaaaa-0000", 10) == 1060  # sooner than before: E2B semantics
+    assert registry.get_sandbox("sb-aaaaaa-0000").expires_at_unix == 1060
+    with pytest.raises(NotFound):
+        reaper.set_timeout("sb-aaaaaa-0009", 10)
+
+
+def test_the_task_kills_what_expires_and_only_that(tmp_path: Path) -> None:
+    async def main() -> None:
+        registry, table, reaper, vms = setup(tmp_path, time.time)  # real time, short sleeps
+        await reaper.start()
+        try:
+            reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 0.2)
+            reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 0.4)
+            reaper.set_timeout("sb-aaaaaa-0001", 60)  # extended before it was due
+            await asyncio.sleep(0.6)
+            assert vms["sb-aaaaaa-0000"].destroyed and "sb-aaaaaa-0000" not in table
+            assert not registry.has_sandbox("sb-aaaaaa-0000")
+            assert not vms["sb-aaaaaa-0001"].destroyed and "sb-aaaaaa-0001" in table
+            assert reaper.deadline("sb-aaaaaa-0000") is None
+            # A kill by hand drops the deadline (the on_removed hook).
+            await table.kill("sb-aaaaaa-0001")
+            assert reaper.deadline("sb-aaaaaa-0001") is None
+        finally:
+            await reaper.stop()
+
+    asyncio.run(main())
+
+
+def test_start_kills_the_expired_at_once_and_schedules_the_rest(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = Clock()
+        registry, table, reaper, vms = setup(tmp_path, clock)
+        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 5)
+        reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 500)
+        # A pool member never expires, whatever its row says.
+        pooled = registry.get_sandbox("sb-aaaaaa-0002")
+        pooled.pooled, pooled.expires_at_unix = True, 1.0
+        registry.save_sandbox(pooled)
+        # "Restart": a new reaper reads the rows, later on the clock.
+        clock.now += 10
+        fresh = Reaper(registry, table, clock)
+        table.on_removed(fresh.after_removed)
+        await fresh.start()
+        try:
+            assert vms["sb-aaaaaa-0000"].destroyed and not registry.has_sandbox("sb-aaaaaa-0000")
+            assert fresh.deadline("sb-aaaaaa-0001") == 1500
+            assert fresh.deadline("sb-aaaaaa-0002") is None and registry.has_sandbox("sb-aaaaaa-0002")
+        finally:
+            await fresh.stop()
+
+    asyncio.run(main())
+
+
+def test_an_already_gone_sandbox_is_not_an_error(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = Clock()
+        registry, table, reaper, _ = setup(tmp_path, clock)
+        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 1)
+        registry.delete_sandbox("sb-aaaaaa-0000")
+        table._vms.pop("sb-aaaaaa-0000")
+        clock.now += 2
+        await reaper.start()
+        await reaper.stop()
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------- the API
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, FakeRuntime]:
+    clear_env(monkeypatch)
+    fake = FakeRuntime()
+    fake.add_snapshot("py")
+    app = create_app(Settings(), runtime=fake)
+    return TestClient(app), fake
+
+
+def test_api_timeout_at_spawn_fork_and_after(client: tuple[TestClient, FakeRuntime]) -> None:
+    http, fake = client
+    r = http.post("/v1/sandboxes", json={"snapshot_tag": "py", "timeout_secs": 5})
+    assert r.status_code == 201, r.text
+    child: dict[str, Any] = r.json()[0]
+    assert child["expires_at_unix"] == 1717000005
+    assert fake.calls[-1].kwargs["timeout_secs"] == 5
+    r = http.post(f"/v1/sandboxes/{child['id']}/timeout", json={"timeout_secs": 60})
+    assert r.status_code == 200 and r.json()["expires_at_unix"] == 1717000060
+    r = http.post(f"/v1/sandboxes/{child['id']}/fork", json={"timeout_secs": 7.5})
+    assert r.status_code == 201 and r.json()["children"][0]["expires_at_unix"] == 1717000007.5
+    assert http.post("/v1/sandboxes/sb-abcdef-0099/timeout", json={"timeout_secs": 5}).status_code == 404
+
+
+@pytest.mark.parametrize("body", [{"timeout_secs": 0}, {"timeout_secs": -1}, {"timeout_secs": "5"},
+                                  {"timeout_secs": 2592001}, {}])
+def test_api_refuses_bad_timeouts(client: tuple[TestClient, FakeRuntime], body: dict[str, Any]) -> None:
+    http, fake = client
+    fake.add_sandbox("sb-abcdef-0050")
+    assert http.post("/v1/sandboxes/sb-abcdef-0050/timeout", json=body).status_code == 400
+    if body:
+        spawn = {"snapshot_tag": "py", **body}
+        assert http.post("/v1/sandboxes", json=spawn).status_code == 400
