@@ -9,11 +9,11 @@ the host at most about a second of its output beyond the cap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
 from forkd.config import DataDir
+from forkd.controller.background import cancel_and_wait
 from forkd.vmm import console
 
 log = logging.getLogger("forkd.console")
@@ -38,11 +38,8 @@ class ConsoleWarden:
             self._task = asyncio.create_task(self._run(), name="console-warden")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def sweep(self) -> int:
         """Cap every log once; how many were cut."""

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from forkd import bounds
+from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import NotFound
 from forkd.store.registry import Registry, SandboxRecord
@@ -59,11 +60,8 @@ class Reaper:
         self._task = asyncio.create_task(self._run(), name="forkd-reaper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     # -------------------------------------------------------------- deadlines
 

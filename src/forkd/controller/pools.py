@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd import bounds
+from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -131,11 +132,8 @@ class PoolKeeper:
 
     async def stop(self) -> None:
         """Stop refilling (the members stay: the runtime kills or detaches them with the rest)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     # ---------------------------------------------------------------- targets
 
