@@ -42,12 +42,19 @@ class Checkpointer:
         self._brancher = brancher
         self._store = store
         self._forker = forker
-        self._calls: dict[str, int] = {}  # sandbox id -> exec/eval calls counted since the policy began
+        # sandbox id -> exec/eval calls counted since its policy began; only sandboxes with a policy
+        self._calls: dict[str, int] = {}
         self._errors: dict[str, str] = {}  # sandbox id -> why its last checkpoint failed
         self._prune_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ policy
+
+    def start(self) -> None:
+        """After a restart: count calls again for the sandboxes whose policy survived."""
+        for sb in self._registry.list_sandboxes():
+            if sb.checkpoints is not None:
+                self._calls.setdefault(sb.id, 0)
 
     def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> dict[str, Any]:
         sandbox_id = self._table.resolve(sandbox_id)
@@ -94,6 +101,8 @@ class Checkpointer:
     async def after_call(self, sandbox_id: str) -> None:
         """Count one exec/eval; on every N-th, capture a checkpoint before the call answers."""
         sandbox_id = self._table.resolve(sandbox_id)
+        if sandbox_id not in self._calls:
+            return  # no policy: every exec/eval passes here, so no registry read
         try:
             record = self._registry.get_sandbox(sandbox_id)
         except ForkdError:

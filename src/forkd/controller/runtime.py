@@ -92,6 +92,7 @@ class Runtime:
         rt = cls(data, Registry(data.registry))
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
+        rt.checkpoints.start()  # policies kept in the registry count calls again
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
         await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
         rt.console_warden.start()
