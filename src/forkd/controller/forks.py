@@ -198,8 +198,13 @@ class Forker:
         return dropped
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: a child is gone, so its fork snapshot may be too."""
-        if record.snapshot_tag:
+        """SandboxTable hook: a child is gone, so its fork snapshot may be too.
+
+        Only a child of an ``auto_delete`` snapshot can free one (collect walks every
+        snapshot), so killing the children of ordinary snapshots costs no scan.
+        """
+        tag = record.snapshot_tag
+        if tag and self._store.exists(tag) and self._store.get(tag).auto_delete:
             await self.collect()
 
 
