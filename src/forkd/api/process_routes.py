@@ -232,8 +232,7 @@ async def write_stdin(sandbox_id: SandboxIdPath, pid: PidPath, req: StdinRequest
 )
 async def signal_process(sandbox_id: SandboxIdPath, pid: PidPath, req: SignalRequest,
                          rt: Runtime) -> dict[str, Any]:
-    signal: int | str = int(req.signal) if req.signal.isdigit() else req.signal
-    return await rt.process_signal(sandbox_id, pid, signal, group=req.group)
+    return await rt.process_signal(sandbox_id, pid, req.signal, group=req.group)
 
 
 @router.delete(

@@ -195,7 +195,7 @@ class EvalRequest(_Request):
         examples=["numpy.zeros(5).sum()"],
     )
     timeout_secs: float = Field(
-        bounds.EVAL_TIMEOUT_SECS, **bounds.EVAL_TIMEOUT.field_kwargs(),
+        int(bounds.EVAL_TIMEOUT_SECS), **bounds.EVAL_TIMEOUT.field_kwargs(),
         description="Interrupt the evaluation after this long (it answers TimeoutError).",
     )
 
@@ -245,9 +245,13 @@ class StdinRequest(_Request):
     eof: bool = Field(False, description="Close standard input after data.")
 
 
+# The signals a process may be sent (by name, as E2B's SDK sends them).
+SignalName = Literal["SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTERM",
+                     "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGWINCH"]
+
+
 class SignalRequest(_Request):
-    signal: str = Field(min_length=1, max_length=16, description="A name (SIGTERM, TERM, SIGINT, ...) "
-                        "or a number as text (\"15\").", examples=["SIGTERM"])
+    signal: SignalName = Field(description="The signal, by name.", examples=["SIGTERM"])
     group: bool = Field(True, description="Signal the process's whole process group (it is a session "
                         "leader); false: the process alone.")
 

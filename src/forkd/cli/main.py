@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import files, forks, info, pools, sandboxes, snapshots
+from forkd.cli import files, forks, info, pools, processes, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 
@@ -89,6 +89,11 @@ app.command("timeout")(sandboxes.timeout)
 app.command("ping")(sandboxes.ping)
 app.command("exec")(sandboxes.exec_)
 app.command("eval")(sandboxes.eval_)
+app.command("cancel-eval")(processes.cancel_eval)
+app.command("ps")(processes.ps)
+app.command("attach")(processes.attach)
+app.command("send-stdin")(processes.send_stdin)
+app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
