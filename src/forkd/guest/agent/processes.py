@@ -77,7 +77,8 @@ class Processes:
             if len(proc.watches) >= protocol.MAX_STREAMS_PER_PROCESS:
                 raise RequestError(f"process {pid} already has {len(proc.watches)} watchers", CONFLICT)
             self.channel.event(req_id, {"type": protocol.EV_START, "pid": proc.pid})
-            self._watch(proc, Watch(req_id, proc.ring.start if from_start else proc.ring.end, False))
+            # From the start: offset 0, so that output the ring no longer holds is reported (dropped).
+            self._watch(proc, Watch(req_id, 0 if from_start else proc.ring.end, False))
 
     def detach(self, stream_id: Any) -> dict[str, Any]:
         """The host stops watching (usually a notification: the stream ends without a reply)."""
