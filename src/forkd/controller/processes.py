@@ -28,6 +28,8 @@ from forkd.guest.client import AgentStream
 # Process streams a sandbox may have open at once (each holds up to a window).
 MAX_STREAMS_PER_SANDBOX = 32
 CALL_TIMEOUT_SECS = 30.0
+# A kill answers once the process has ended (it leaves the list), or after this long.
+KILL_WAIT_MS = 5000
 
 EventType = Literal["start", "stdout", "stderr", "dropped", "exit"]
 
@@ -290,8 +292,10 @@ class SandboxProcesses:
         return {"pid": pid, "signal": number, "signalled": True}
 
     async def kill(self, sandbox_id: str, pid: int) -> None:
-        """SIGKILL the process's group (404 if it is not running)."""
-        await self.signal(sandbox_id, pid, signals.SIGKILL)
+        """SIGKILL the process's group and wait (a few seconds at most) until it has ended, so
+        that it has left the process list (404 if it was not running)."""
+        await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL), group=True,
+                         wait_ms=KILL_WAIT_MS)
 
     def kill_now(self, sandbox_id: str, pid: int) -> None:
         """SIGKILL a process's group without waiting (a foreground run whose client left)."""

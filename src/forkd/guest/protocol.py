@@ -75,7 +75,8 @@ PROC_ACK = "proc_ack"  # stream, bytes: output bytes the host has consumed; a no
 PROC_LIST = "proc_list"  # -> {"processes": [ProcessInfo...]} (the running ones)
 PROC_INFO = "proc_info"  # pid -> ProcessInfo (running or recently exited)
 PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
-PROC_SIGNAL = "proc_signal"  # pid, signal (a number), group -> {"signalled": true}
+# pid, signal (a number), group, wait_ms? (answer once it ended) -> {"signalled": true, "ended": bool}
+PROC_SIGNAL = "proc_signal"
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
            FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE,
            PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,

@@ -40,6 +40,7 @@ class Processes:
         self.running: dict[int, Process] = {}
         self.exited: OrderedDict[int, Process] = OrderedDict()
         self.watched: dict[Any, Process] = {}  # stream id -> the process it watches
+        self.ended_cond = threading.Condition(self.lock)  # notified when a process ends
         self._io: ProcessIO | None = None
 
     # ------------------------------------------------------------ requests
@@ -138,7 +139,8 @@ class Processes:
             self._wake()
             return {"written": len(data)}
 
-    def send_signal(self, pid: int, signum: object, group: bool) -> dict[str, Any]:
+    def send_signal(self, pid: int, signum: object, group: bool, wait: float = 0) -> dict[str, Any]:
+        """Signal a running process; with ``wait``, answer once it has ended (or ``wait`` s passed)."""
         if isinstance(signum, bool) or not isinstance(signum, int) or signum not in signal.valid_signals():
             raise RequestError(f"'signal' must be a signal number, not {signum!r}", INVALID)
         with self.lock:
@@ -152,7 +154,8 @@ class Processes:
                     os.kill(pid, signum)
             except ProcessLookupError:
                 raise RequestError(f"process {pid} is not running", NOT_FOUND) from None
-        return {"signalled": True}
+            ended = self.ended_cond.wait_for(lambda: proc.ended, wait) if wait > 0 else proc.ended
+        return {"signalled": True, "ended": ended}
 
     # ----------------------------------------------- for the I/O thread
 
@@ -163,6 +166,7 @@ class Processes:
         proc.ended = True
         proc.ended_at = time.time()
         proc.grace_until = None
+        self.ended_cond.notify_all()
         self.running.pop(proc.pid, None)
         if proc.retain:
             self.exited[proc.pid] = proc

@@ -42,15 +42,17 @@ from forkd.guest.agent.workers import Workers
 from forkd.guest.protocol import RequestError
 
 READ_CHUNK = 1 << 16
+# A signal request waits at most this long for the process to end (``wait_ms``).
+MAX_SIGNAL_WAIT_SECS = 10.0
 
 # A handler answers with a result, or None when the answer comes later (a stream,
 # an eval, an exec), through the channel.
 Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
-# Requests answered on the serve loop: none of them blocks.
+# Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
 INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
                     protocol.PROC_DETACH, protocol.PROC_ACK, protocol.PROC_LIST, protocol.PROC_INFO,
-                    protocol.PROC_INPUT, protocol.PROC_SIGNAL})
+                    protocol.PROC_INPUT})
 
 
 class Agent:
@@ -97,7 +99,9 @@ class Agent:
                 int_field(req, "pid"), decode_b64(req.get("data", ""), "data"),
                 bool_field(req, "eof", False)),
             protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
-                int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True)),
+                int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
+                wait=min(max(0.0, float(int_field(req, "wait_ms"))) / 1000, MAX_SIGNAL_WAIT_SECS)
+                if "wait_ms" in req else 0),
         }
 
     # ------------------------------------------------------------- actions
