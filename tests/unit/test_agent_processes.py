@@ -135,11 +135,12 @@ def test_attach_replays_earlier_output_and_kill_removes_it(guest: AgentProcess) 
     now = guest.send("proc_attach", pid=pid, from_start=False)
     assert wait_events(guest, now, lambda ev: bool(ev)) == [{"type": "start", "pid": pid}]
 
-    assert guest.result("proc_signal", pid=pid, signal=9, group=True) == {"signalled": True}
+    killed = guest.result("proc_signal", pid=pid, signal=9, group=True, wait_ms=5000)
+    assert killed == {"signalled": True, "ended": True}
     for stream in (watch, now):
         end = guest.wait(stream)["result"]
         assert end["exit_code"] == -9 and end["signal"] == 9
-    assert guest.result("proc_list")["processes"] == []
+    assert guest.result("proc_list")["processes"] == []  # gone once the kill answered
     ended = guest.result("proc_info", pid=pid)  # kept a while for its exit code
     assert ended["running"] is False and ended["exit_code"] == -9
     gone = guest.request("proc_signal", pid=pid, signal=15)

@@ -31,6 +31,7 @@ import math
 import threading
 import time
 from collections import deque
+from types import CodeType
 from typing import Any
 
 from forkd.guest.agent.eval_run import (
@@ -134,12 +135,17 @@ class Evaluator:
 
     def _run(self, run: EvalRun) -> dict[str, Any]:
         try:
-            tree = ast.parse(run.code, mode="exec")
-        except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes before 3.12
-            return eval_result(None, f"{type(exc).__name__}: {exc}")
+            # A lone expression (the common case) compiles directly, at a third of the
+            # cost of parsing to a tree and compiling that (measured under TCG).
+            compiled: CodeType | ast.Module = compile(run.code, "<eval>", "eval")
+        except (SyntaxError, ValueError):
+            try:
+                compiled = ast.parse(run.code, mode="exec")
+            except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes before 3.12
+                return eval_result(None, f"{type(exc).__name__}: {exc}")
         try:
             run.start()
-            result = self._user_code(tree)
+            result = self._user_code(compiled)
             run.running = False
             set_async_exc(*run.withdraw_args)
         except BaseException as exc:  # an EvalTimeout, or one that describing an error raised
@@ -149,12 +155,14 @@ class Evaluator:
         # No exception can reach this thread any more.
         return result
 
-    def _user_code(self, tree: ast.Module) -> dict[str, Any]:
+    def _user_code(self, compiled: CodeType | ast.Module) -> dict[str, Any]:
         """Everything that may run user code (or fail on it): compiling, the statements,
         the value, its repr, the error's str."""
         try:
+            if isinstance(compiled, CodeType):
+                return bounded(repr(eval(compiled, self.namespace)))
             # Like the REPL: statements run, the value of a trailing expression is the result.
-            tail = None
+            tree, tail = compiled, None
             if tree.body and isinstance(last := tree.body[-1], ast.Expr):
                 tree.body.pop()
                 tail = ast.Expression(last.value)
