@@ -41,7 +41,7 @@ from typing import Any
 from forkd.config import VERSION, DataDir
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, InvalidRequest, NotFound, VMError
+from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
 from forkd.host import probe
 from forkd.host.accel import Accel, check_compatible
 from forkd.image.builder import list_images
@@ -124,7 +124,7 @@ class SnapshotTravel:
 
     def _require_store(self) -> ObjectStore:
         if self.store is None:
-            raise InvalidRequest("no object store is configured: start the daemon with --store "
+            raise Conflict("no object store is configured: start the daemon with --store "
                                  "s3://bucket/prefix (or FORKD_STORE), with AWS_ENDPOINT_URL and "
                                  "credentials for non-AWS stores")
         return self.store
