@@ -90,6 +90,7 @@ async def _join_fleet(rt: Any, settings: Settings) -> Any:
     from forkd.fleet.member import FleetMember, host_record
 
     assert settings.host_id is not None
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per etcd keepalive
     host_id, url = settings.host_id, settings.reachable_url
     member = FleetMember(EtcdClient(settings.etcd),
                          lambda: host_record(rt, host_id, url, settings.capacity), settings.lease_ttl)

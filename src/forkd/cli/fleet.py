@@ -102,6 +102,7 @@ def gateway(
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per proxied call and etcd read
     config = uvicorn.Config(create_gateway_app(settings), host=host, port=port, log_level=log_level,
                             lifespan="on", proxy_headers=False, server_header=False,
                             timeout_graceful_shutdown=10)

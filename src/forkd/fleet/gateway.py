@@ -248,7 +248,8 @@ class Gateway:
     async def _merged(self, request: Request, key: str) -> Response:
         """Every host's list, merged (by ``key``, first host wins); unreachable hosts are named."""
         hosts = self._alive()
-        results = await asyncio.gather(*(self._forward(h, request, None, timeout=self.settings.list_timeout)
+        body = await request.body()  # read once: every host gets the same
+        results = await asyncio.gather(*(self._forward(h, request, body, timeout=self.settings.list_timeout)
                                          for h in hosts), return_exceptions=True)
         merged: dict[str, Any] = {}
         unreachable = []
