@@ -100,6 +100,7 @@ class FakeRuntime:
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
     store_url: str | None = None  # the object store push/pull use (None: not configured)
+    host_id: str | None = None  # a fleet host's id: children are sb-<host>-abcdef-<n>
     stored: dict[str, list[str]] = field(default_factory=dict)  # tag in the store -> its lineage
     _spawned: int = field(default=0, init=False)
     _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
@@ -245,7 +246,8 @@ class FakeRuntime:
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
                    per_child_netns: bool, metadata: dict[str, str],
                    timeout_secs: float | None = None) -> SandboxRecord:
-        sandbox_id = f"sb-abcdef-{self._spawned:04d}"
+        prefix = f"sb-{self.host_id}-abcdef" if self.host_id else "sb-abcdef"
+        sandbox_id = f"{prefix}-{self._spawned:04d}"
         self._spawned += 1
         record = self.add_sandbox(sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
                                   netns=f"forkd-child-{i}" if per_child_netns else None)
