@@ -32,7 +32,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +109,7 @@ class SnapshotTravel:
         self._accel = accel
         self.store = store
         self._digests = DigestCache(data.travel / "digests.json")
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
 
     @property
@@ -478,8 +478,20 @@ class SnapshotTravel:
         return {"tag": manifest.tag, "created": [r.tag for r in created], "reused": plan.reuse,
                 "bytes_downloaded": got}
 
-    def _lock(self, tag: str) -> asyncio.Lock:
-        return self._locks.setdefault(tag, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, tag: str) -> AsyncIterator[None]:
+        """One pull of ``tag`` at a time on this host; the lock goes once nobody holds or awaits it."""
+        lock, users = self._locks.get(tag, (asyncio.Lock(), 0))
+        self._locks[tag] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[tag]
+            if users == 1:
+                del self._locks[tag]
+            else:
+                self._locks[tag] = (lock, users - 1)
 
     def stats(self) -> dict[str, int]:
         out = {"pulls": self.pulls}

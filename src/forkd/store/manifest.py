@@ -233,6 +233,11 @@ def _parse_snapshot(raw: Any, earlier: list[SnapshotEntry]) -> SnapshotEntry:
                          tuple(files), meta, record)
 
 
+def _layer_rank(name: str) -> int:
+    """disk.qcow2 is the newest layer of a snapshot; layer-<i> are older, lower i older still."""
+    return 1 << 20 if name == "disk.qcow2" else int(name.removeprefix("layer-").removesuffix(".qcow2"))
+
+
 def _parse_backing(b: Any, tag: str, name: str, earlier: list[SnapshotEntry],
                    own: set[str]) -> Backing | None:
     if b is None:
@@ -250,8 +255,10 @@ def _parse_backing(b: Any, tag: str, name: str, earlier: list[SnapshotEntry],
     if not isinstance(file, str) or not FILE_RE.match(file) or not file.endswith(".qcow2"):
         raise BadManifest(f"snapshot {tag!r}: {name} is backed by {file!r}, which is not a disk layer")
     if target == tag:
-        if file == name or file not in own:
-            raise BadManifest(f"snapshot {tag!r}: {name} is backed by its own missing or same file")
+        # Within a snapshot layers stack downwards: disk.qcow2 on layer-N, layer-N on layer-M<N.
+        if file not in own or _layer_rank(file) >= _layer_rank(name):
+            raise BadManifest(f"snapshot {tag!r}: {name} is backed by {file}, which is missing or not "
+                              "an older layer")
     elif not any(s.tag == target and any(f.name == file for f in s.files) for s in earlier):
         raise BadManifest(f"snapshot {tag!r}: {name} is backed by {target}/{file}, "
                           "which is not earlier in the chain")
