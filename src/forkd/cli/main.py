@@ -16,9 +16,9 @@ import typer
 
 from forkd.cli import daemon as daemon_cmd
 from forkd.cli import files, forks, info, pools, sandboxes, snapshots
-from forkd.cli.mcp import mcp as mcp_cmd
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
+from forkd.cli.mcp import mcp as mcp_cmd
 
 app = typer.Typer(
     name="forkd",

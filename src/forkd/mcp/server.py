@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
+import httpx
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
@@ -123,13 +124,20 @@ async def _call(ctx: Context[Any, Any], op: Callable[[AsyncController], Awaitabl
         raise ToolError(str(exc)) from exc
 
 
-def build_server(address: DaemonAddress | None = None) -> MCPServer[AsyncController]:
-    """The MCP server with every forkd tool, talking to the daemon at ``address``."""
+def build_server(
+    address: DaemonAddress | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+) -> MCPServer[AsyncController]:
+    """The MCP server with every forkd tool, talking to the daemon at ``address``.
+
+    ``transport`` replaces the HTTP transport (unit tests use ``httpx.MockTransport``).
+    """
     address = address or DaemonAddress()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AsyncController]) -> AsyncIterator[AsyncController]:
-        async with AsyncController(url=address.url, token=address.token, verify=address.ca_cert) as c:
+        async with AsyncController(
+            url=address.url, token=address.token, verify=address.ca_cert, transport=transport
+        ) as c:
             yield c
 
     server: MCPServer[AsyncController] = MCPServer(
@@ -138,6 +146,8 @@ def build_server(address: DaemonAddress | None = None) -> MCPServer[AsyncControl
         instructions=INSTRUCTIONS,
         version=VERSION,
         lifespan=lifespan,
+        # stderr is the MCP client's log: warnings only, not a line per HTTP request to the daemon.
+        log_level="WARNING",
     )
     _snapshot_tools(server)
     _sandbox_tools(server)
