@@ -11,13 +11,13 @@ help:
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
 	@echo "make bench  - set up everything, then run the benchmarks in bench/"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
-	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
+	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
 setup: deps venv node-deps image
 
 # The TypeScript SDK's and the browser test's npm packages, exactly as locked.
 NODE_DIRS := sdk/typescript tests/browser
-node-deps: $(addsuffix /node_modules/.installed,$(NODE_DIRS))
+node-deps: deps $(addsuffix /node_modules/.installed,$(NODE_DIRS))
 
 %/node_modules/.installed: %/package-lock.json %/package.json
 	cd $* && npm ci --no-audit --no-fund --loglevel=error
