@@ -28,7 +28,15 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from .daemon_fixture import FORKD, Daemon, free_port, kill_qemus_of, new_daemon, shutdown_and_check
+from .daemon_fixture import (
+    FORKD,
+    Daemon,
+    free_port,
+    kill_leftover_sandboxes,
+    new_daemon,
+    shutdown_and_check,
+    start_or_clean_up,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -41,12 +49,7 @@ TAG = "pyagent"  # seed 002's snapshot tag, used verbatim by its TypeScript snip
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     d = new_daemon("fkw-")
-    try:
-        d.start()
-    except BaseException:
-        d.stop()
-        kill_qemus_of(d.root)
-        raise
+    start_or_clean_up(d)
     yield d
     shutdown_and_check(d)
 
@@ -72,11 +75,7 @@ def no_sandboxes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "daemon" not in request.fixturenames:
         return
-    d: Daemon = request.getfixturevalue("daemon")
-    with d.client() as c:
-        left = [sb["id"] for sb in c.get("/v1/sandboxes").json()]
-        for sb_id in left:
-            c.delete(f"/v1/sandboxes/{sb_id}")
+    left = kill_leftover_sandboxes(request.getfixturevalue("daemon"))
     assert not left, f"test left sandboxes running: {left}"
 
 

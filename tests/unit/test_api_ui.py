@@ -53,6 +53,10 @@ def test_unknown_console_files_are_404_and_the_api_stays_closed(client: TestClie
     assert r.status_code == 404 and "no console file" in r.json()["error"]
     for path in ("/v1/snapshots", "/metrics", "/uix", "/openapi.json"):
         assert client.get(path).status_code == 401, path
+    # An encoded path under /ui skips the token check but reaches no API route.
+    for path in ("/ui/..%2Fv1%2Fsnapshots", "/ui/%2E%2E/v1/snapshots"):
+        r = client.get(path)
+        assert r.status_code in (401, 404) and '"tag"' not in r.text, (path, r.status_code, r.text)
     assert client.get("/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
