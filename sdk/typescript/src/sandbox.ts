@@ -346,11 +346,18 @@ export class Sandbox {
       const lines = outcomes.map((o) => `  #${o.index} ${o.sandbox?.id ?? "(not spawned)"}: ${o.error}`);
       throw new ExploreError(`every candidate of explore failed:\n${lines.join("\n")}`, outcomes);
     }
-    const promotion = await best.sandbox.promote({
-      treeId: tree.treeId ?? undefined,
-      cleanupSiblings: true,
-      replaceParent: replaceParent ?? false,
-    });
+    let promotion: PromoteResponse;
+    try {
+      promotion = await best.sandbox.promote({
+        treeId: tree.treeId ?? undefined,
+        cleanupSiblings: true,
+        replaceParent: replaceParent ?? false,
+      });
+    } catch (err) {
+      // No child may outlive a failed explore unowned.
+      await Promise.allSettled(tree.children.map((c) => c.close()));
+      throw err;
+    }
     const gone = new Set(promotion.deleted.filter((d) => d.deleted).map((d) => d.id));
     for (const child of tree.children) if (gone.has(child.id)) child.owned = false;
     return { winner: best.sandbox, best, outcomes, promotion };
