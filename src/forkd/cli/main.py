@@ -19,6 +19,7 @@ from forkd.cli import daemon as daemon_cmd
 from forkd.cli import files, fleet, forks, info, pools, sandboxes, snapshots, travel
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
+from forkd.cli.mcp import mcp as mcp_cmd
 
 app = typer.Typer(
     name="forkd",
@@ -96,6 +97,7 @@ app.command("unpack")(travel.unpack)
 app.command("push")(travel.push)
 app.command("pull")(travel.pull)
 app.command("gateway")(fleet.gateway)
+app.command("mcp")(mcp_cmd)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
 
