@@ -8,6 +8,7 @@ booted (on h1); the other hosts get snapshots through the object store.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -123,6 +124,8 @@ def fleet() -> Iterator[Fleet]:
                     shutdown_and_check(daemon)
                 else:
                     kill_qemus_of(daemon.root)  # the killed host's VMs
+                    shutil.rmtree(daemon.root, ignore_errors=True)
+            shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_a_spawn_lands_on_the_host_holding_the_snapshot(fleet: Fleet) -> None:
