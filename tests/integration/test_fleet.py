@@ -196,8 +196,10 @@ def test_a_dead_host_is_reported_gone_and_new_spawns_go_elsewhere(fleet: Fleet) 
         print(f"\nh2 killed: its sandbox reported gone after {gone_after:.1f}s (lease TTL {LEASE_TTL}s, "
               f"gateway poll {POLL}s); slowest answer meanwhile {slowest * 1000:.0f} ms")
         assert "left the fleet" in r.json()["error"]
-        # etcd expires leases on a ~0.5 s tick and the gateway re-reads every POLL seconds.
-        assert gone_after <= LEASE_TTL + 2 * POLL + 1
+        # The lease ends at most LEASE_TTL after the kill (its last refresh was before it); etcd
+        # expires leases on a ~0.5 s tick and the gateway re-reads every POLL s. A liveness bound
+        # with slack for a busy machine, not a speed figure.
+        assert gone_after <= LEASE_TTL + 2 * POLL + 2
         assert slowest < 5, "a request to the dead host hung"
         assert victim not in {sb["id"] for sb in c.get("/v1/sandboxes").json()}
         assert "h2" not in fleet.hosts()

@@ -124,7 +124,7 @@ def test_a_host_that_stops_refreshing_leaves_when_its_lease_ends(etcd: Etcd) -> 
         await client.close()
         return time.monotonic() - started
 
-    assert asyncio.run(scenario()) < 2 + 1.5
+    assert asyncio.run(scenario()) < 2 + 3  # the 2 s lease, etcd's expiry tick, slack for a busy host
 
 
 def test_an_unreachable_etcd_is_an_error_not_a_hang() -> None:
@@ -278,4 +278,4 @@ def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], e
         r = c.get("/v1/sandboxes/sb-gd-abcdef-0000")
         took = time.monotonic() - started
     assert r.status_code == 502 and "left the fleet while serving" in r.json()["error"]
-    assert took < 2 + 2, took
+    assert took < 2 + 3, took  # cut short when the 2 s lease ends, not after the 60 s request timeout
