@@ -91,7 +91,9 @@ def start_gateway(etcd_url: str, token_file: Path, root: Path) -> GatewayProc:
                 return gw
         except httpx.HTTPError:
             pass
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        if proc.poll() is not None or time.monotonic() > deadline:
+            gw.stop()
+            raise AssertionError(f"the gateway did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
 
 
@@ -104,13 +106,14 @@ def fleet() -> Iterator[Fleet]:
         gateway: GatewayProc | None = None
         try:
             for host in HOSTS:
-                root = make_data_dir(f"fk{host}-")
+                # In the dict before it starts: a start that times out is still cleaned up.
                 daemons[host] = Daemon(
-                    root=root, token=token, token_file=token_file, port=free_port(),
+                    root=make_data_dir(f"fk{host}-"), token=token, token_file=token_file, port=free_port(),
                     extra_args=["--host-id", host, "--etcd", etcd.url, "--store", s3.url("fleet"),
                                 "--lease-ttl", str(LEASE_TTL)],
                     extra_env={"FORKD_ACCEL": os.environ.get("FORKD_ACCEL", "auto"), **s3.env},
-                ).start()
+                )
+                daemons[host].start()
             gateway = start_gateway(etcd.url, token_file, shared)
             fl = Fleet(gateway, daemons, token)
             fl.wait("three hosts in the fleet", lambda: set(fl.hosts()) == set(HOSTS))
@@ -119,13 +122,19 @@ def fleet() -> Iterator[Fleet]:
             if gateway is not None:
                 gateway.stop()
                 print(f"\ngateway log tail:\n{gateway.log.read_text()[-1500:]}")
+            problems = []
             for daemon in daemons.values():
-                if daemon.proc is not None and daemon.proc.poll() is None:
-                    shutdown_and_check(daemon)
-                else:
-                    kill_qemus_of(daemon.root)  # the killed host's VMs
-                    shutil.rmtree(daemon.root, ignore_errors=True)
+                try:
+                    if daemon.proc is not None and daemon.proc.poll() is None:
+                        shutdown_and_check(daemon)
+                    else:
+                        kill_qemus_of(daemon.root)  # the killed host's VMs
+                        shutil.rmtree(daemon.root, ignore_errors=True)
+                except Exception as exc:  # stop the others all the same
+                    problems.append(exc)
             shutil.rmtree(shared, ignore_errors=True)
+            if problems:
+                raise problems[0]
 
 
 def test_a_spawn_lands_on_the_host_holding_the_snapshot(fleet: Fleet) -> None:
