@@ -14,6 +14,7 @@ runs as root on the host and would step the host's clock.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -132,18 +133,25 @@ def _start_agent(root: Path) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.fixture
-def agent(guest_root: Path) -> Iterator[AgentProcess]:
-    proc = _start_agent(guest_root)
+@contextlib.contextmanager
+def running_agent(root: Path) -> Iterator[AgentProcess]:
+    """The installed agent under ``root``, over pipes; always killed at the end (a failed
+    assertion must not leave an agent running)."""
+    proc = _start_agent(root)
     try:
         yield AgentProcess(proc)
     finally:
-        # Always kill it: a failed assertion must not leave an agent running.
         proc.kill()
         proc.wait(timeout=10)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture
+def agent(guest_root: Path) -> Iterator[AgentProcess]:
+    with running_agent(guest_root) as running:
+        yield running
 
 
 def _proc_state(pid: int) -> str | None:

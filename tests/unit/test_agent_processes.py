@@ -26,7 +26,7 @@ from forkd.guest.agent.ring import Ring
 from forkd.guest.agent.spawn import ProcessSpec
 from forkd.guest.protocol import RequestError
 from forkd.image import rootfs
-from tests.unit.test_agent import REPLY_TIMEOUT, AgentProcess, _start_agent
+from tests.unit.test_agent import REPLY_TIMEOUT, AgentProcess, running_agent
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def guest(installed: Path) -> Iterator[AgentProcess]:
-    proc = _start_agent(installed)
-    try:
-        yield AgentProcess(proc)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+    with running_agent(installed) as running:
+        yield running
 
 
 def wait_events(guest: AgentProcess, req_id: Any, predicate: Any,

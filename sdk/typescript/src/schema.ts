@@ -815,7 +815,10 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
-        /** ExecStreamRequest */
+        /**
+         * ExecStreamRequest
+         * @description A process started and streamed at once; a client that leaves kills it.
+         */
         ExecStreamRequest: {
             /**
              * Args
@@ -864,7 +867,7 @@ export interface components {
             tag?: string | null;
             /**
              * Timeout Secs
-             * @description Kill the process group after this long; default: no limit (it is killed anyway when the client goes away before it ends).
+             * @description Kill the process group after this long; default: no limit.
              */
             timeout_secs?: number | null;
         };

@@ -210,22 +210,6 @@ ProcessTag = Annotated[str | None, Field(None, max_length=TAG_MAX,
                                          description="Any label of yours, shown in the process list.")]
 
 
-class ExecStreamRequest(_Request):
-    args: ProcessArgs
-    timeout_secs: float | None = Field(
-        None, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
-        description="Kill the process group after this long; default: no limit (it is killed anyway "
-        "when the client goes away before it ends).")
-    env: ProcessEnv = None
-    cwd: NonEmptyCString | None = Field(None, description="Working directory in the guest.")
-    stdin: str | None = Field(None, description="Text written to standard input first.")
-    stdin_open: bool = Field(False, description="Keep standard input open after stdin, for "
-                             "POST .../processes/{pid}/stdin; else it is closed.")
-    tag: ProcessTag = None
-    encoding: OutputEncoding = Field("text", description="How output events carry the bytes: text "
-                                     "(UTF-8, invalid bytes as U+FFFD) or base64 (exact).")
-
-
 class ProcessStartRequest(_Request):
     args: ProcessArgs
     timeout_secs: float | None = Field(
@@ -237,6 +221,13 @@ class ProcessStartRequest(_Request):
     stdin_open: bool = Field(False, description="Keep standard input open after stdin, for "
                              "POST .../processes/{pid}/stdin; else it is closed.")
     tag: ProcessTag = None
+
+
+class ExecStreamRequest(ProcessStartRequest):
+    """A process started and streamed at once; a client that leaves kills it."""
+
+    encoding: OutputEncoding = Field("text", description="How output events carry the bytes: text "
+                                     "(UTF-8, invalid bytes as U+FFFD) or base64 (exact).")
 
 
 class StdinRequest(_Request):
