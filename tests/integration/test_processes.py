@@ -227,3 +227,20 @@ def test_the_sdk_and_cli_against_the_daemon(daemon: Daemon, sandbox: str) -> Non
         assert sb.commands.list() == []
         timed = sb.eval("while True: pass", timeout=2)
         assert timed.error == "TimeoutError: eval exceeded 2 s"
+
+
+def test_a_background_process_outlives_a_daemon_restart(daemon: Daemon, sandbox: str) -> None:
+    """kill -9 the daemon, start it again: it re-adopts the sandbox, whose agent (told by the
+    port's SIGIO that a host is back) answers at once, its background process still running."""
+    with daemon.client() as http:
+        pid = http.post(f"/v1/sandboxes/{sandbox}/processes", json={"args": ["sleep", "300"]}).json()["pid"]
+    daemon.kill9()
+    time.sleep(2)  # the guest sees no host for a while
+    daemon.start()
+    with daemon.client() as http:
+        started = time.monotonic()
+        assert http.post(f"/v1/sandboxes/{sandbox}/ping").json()["pong"] is True
+        answered = time.monotonic() - started
+        print(f"\nfirst ping after the restart: {answered * 1000:.1f} ms")
+        assert pid in listed(http, sandbox)
+        assert http.delete(f"/v1/sandboxes/{sandbox}/processes/{pid}").status_code == 204
