@@ -198,7 +198,9 @@ def measure_latency(samples: int = 200, warmup: int = 20) -> dict[str, Any]:
     return {
         "benchmark": "latency",
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "accel": os.environ.get("FORKD_ACCEL", "auto"), "python": platform.python_version()},
+                 "accel": os.environ.get("FORKD_ACCEL", "auto"), "python": platform.python_version(),
+                 # Other work on the host skews the figures: say how busy it was.
+                 "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
         "samples": samples,
         "warmup": warmup,
         "in_process": in_process,
