@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from forkd.guest import protocol
 from forkd.guest.agent.channel import Channel
+from forkd.guest.agent.hostwait import HostWait
 from forkd.guest.agent.processes import Processes
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.ring import Ring
@@ -307,3 +309,18 @@ def test_the_channel_never_sends_a_line_over_its_limit(tmp_path: Path) -> None:
         lines = [json.loads(line) for line in f]
     assert lines[0] == {"id": 5, "ok": False, "error": "the reply is larger than the agent's 1000-byte limit"}
     assert lines[1] == {"id": 6, "ok": True, "result": {"result": "fits"}}
+
+
+def test_host_wait_tells_a_gone_host_from_a_quiet_one() -> None:
+    """POLLHUP means no host (a read would return at once); a quiet host is not 'gone'."""
+    agent_end, host_end = socket.socketpair()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK)
+    try:
+        waiter = HostWait(agent_end.fileno(), wake_r)
+        assert waiter._host_gone() is False  # connected, nothing to read: the read would block
+        host_end.close()
+        assert waiter._host_gone() is True
+    finally:
+        agent_end.close()
+        os.close(wake_r)
+        os.close(wake_w)
