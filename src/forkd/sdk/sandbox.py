@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -244,6 +244,22 @@ class Commands:
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
 
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[False] = False,
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[True],
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> CommandHandle: ...
+
     def run(
         self,
         cmd: str | Sequence[str],
@@ -257,7 +273,7 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         stdin_open: bool = False,
         tag: str | None = None,
-    ) -> Any:
+    ) -> CommandResult | CommandHandle:
         """Run ``cmd``: a string runs via ``/bin/sh -c``, a list is argv.
 
         Without ``background`` it waits and returns a
