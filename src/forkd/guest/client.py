@@ -378,10 +378,10 @@ class AgentClient:
             self._can_write.set()
 
     async def _send(self, message: dict[str, Any]) -> None:
+        if self._closed_reason:  # closed (or lost): a closed client does not reconnect
+            raise GuestError(self._closed_reason)
         if self._transport is None:
             await self.connect()
-        if self._closed_reason:
-            raise GuestError(self._closed_reason)
         assert self._transport is not None and self._can_write is not None
         self._transport.write(protocol.encode(message))
         if not self._can_write.is_set():  # a large upload piece: wait for the socket to drain
