@@ -57,12 +57,18 @@ def lowest_free(used: set[int], n: int) -> list[int]:
     return out
 
 
+# Interface names a sandbox's namespace already uses (host/netplan.py's UPLINK).
+RESERVED_TAPS = ("lo", "uplink0")
+
+
 def check_tap_name(name: object) -> str:
     if not isinstance(name, str) or not TAP_RE.match(name):
         raise InvalidRequest(
             f"tap {name!r} is not a valid interface name (1-15 characters: letters, digits, "
             "'_', '.', '-')"
         )
+    if name in RESERVED_TAPS:
+        raise InvalidRequest(f"tap {name!r} is taken inside every sandbox's namespace; pick another name")
     return name
 
 
