@@ -34,7 +34,6 @@ if not __package__:  # run by path: the agent's root replaces this file's direct
 from forkd.guest.agent import MIN_GUEST_PYTHON
 
 if TYPE_CHECKING:
-    from forkd.guest.agent.network import configure_at_boot as configure_network
     from forkd.guest.agent.server import Agent
 
 
