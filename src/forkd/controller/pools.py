@@ -207,7 +207,7 @@ class PoolKeeper:
     # ---------------------------------------------------------------- claims
 
     async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool, egress: EgressPolicy) -> list[SandboxRecord | None]:
+                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
         """Serve what the pool of ``tag`` can: a resumed, reseeded child per matching spec."""
         out: list[SandboxRecord | None] = [None] * len(children)
         pool = self._pools.get(tag)
@@ -215,7 +215,7 @@ class PoolKeeper:
             return out
         taken: list[tuple[int, str]] = []
         for i, child in enumerate(children):
-            key = PoolKey(tag, child.memory_limit_mib, per_child_netns, live_fork, egress)
+            key = PoolKey(tag, child.memory_limit_mib, per_child_netns, live_fork, egress or EgressPolicy())
             if key == pool.config.key and pool.ready:
                 taken.append((i, pool.ready.popleft()))  # no await since the check: nobody else gets it
             else:

@@ -107,7 +107,7 @@ class PoolSource(Protocol):
     """Where a spawn looks first for children already restored (controller/pools.py)."""
 
     async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool, egress: EgressPolicy) -> list[SandboxRecord | None]:
+                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
         """A claimed, resumed, reseeded child per spec a pool could serve; None for the rest."""
         ...
 
