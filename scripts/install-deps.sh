@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Host packages forkd needs: QEMU (microvm + TCG/KVM), qemu-img, and what the guest
 # image builder uses (debootstrap, busybox-static for the initramfs, lz4 to unpack
-# the kernel, e2fsprogs for mkfs.ext4 -d). Idempotent: does nothing when all are present.
+# the kernel, e2fsprogs for mkfs.ext4 -d), and sandbox networking (iproute2 for namespaces,
+# veths and taps; nftables for each sandbox's NAT and egress rules; util-linux's nsenter).
+# Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv)
+PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv
+      iproute2 nftables util-linux)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

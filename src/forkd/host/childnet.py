@@ -44,7 +44,8 @@ def _path(tool: Tool) -> str:
     return tool.path() or tool.command
 
 
-def _has_caps(*caps: int, status: Path = Path("/proc/self/status")) -> bool:
+def has_caps(*caps: int, status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process has every capability in ``caps`` (effective set)."""
     try:
         for line in status.read_text().splitlines():
             if line.startswith("CapEff:"):
@@ -64,7 +65,7 @@ def missing_prerequisites() -> list[str]:
                    f"apt-get install -y {' '.join(sorted({t.package for t in tools}))}")
     if not TUN.exists():
         out.append(f"{TUN} (tap devices): load the tun module with modprobe tun")
-    if not _has_caps(CAP_NET_ADMIN, CAP_SYS_ADMIN):
+    if not has_caps(CAP_NET_ADMIN, CAP_SYS_ADMIN):
         out.append("CAP_NET_ADMIN and CAP_SYS_ADMIN (network namespaces, veth pairs, nftables): "
                    "run the daemon as root")
     return out
