@@ -13,6 +13,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv4Network
@@ -116,7 +117,8 @@ def test_policy_from_request_validates_and_canonicalises() -> None:
 def test_what_needs_the_host_to_forward() -> None:
     local = [IPv4Address("10.201.0.1"), IPv4Address("192.0.2.2")]
     assert not EgressPolicy().leaves_host(local)
-    assert not EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080", "192.0.2.2"]}).leaves_host(local)
+    to_host = EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080", "192.0.2.2"]})
+    assert not to_host.leaves_host(local)
     assert EgressPolicy.from_request(None, {"allow_out": ["192.0.2.0/24"]}).leaves_host(local)
     assert EgressPolicy.from_request(True).leaves_host(local)
     # deny_out alone opens nothing
@@ -295,9 +297,10 @@ def test_the_guest_ioctls_configure_an_interface(scratch_netns: str, tmp_path: P
                    check=True)
     resolv = tmp_path / "resolv.conf"
     resolv.symlink_to("/nonexistent")  # a dangling link, as some images ship: replaced, not followed
+    spec = "172.16.0.2/30,172.16.0.1,10.255.255.53"
     code = ("import sys; from forkd.guest.agent import network as n; "
-            f"sys.exit(n.configure('172.16.0.2/30,172.16.0.1,10.255.255.53', resolv_conf={str(resolv)!r}) or 0)")
-    proc = subprocess.run(["ip", "netns", "exec", scratch_netns, os.sys.executable, "-c", code],
+            f"sys.exit(n.configure({spec!r}, resolv_conf={str(resolv)!r}) or 0)")
+    proc = subprocess.run(["ip", "netns", "exec", scratch_netns, sys.executable, "-c", code],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     addr = subprocess.run(["ip", "-n", scratch_netns, "-4", "addr", "show", "eth0"], capture_output=True,
@@ -314,7 +317,8 @@ def test_the_guest_ioctls_configure_an_interface(scratch_netns: str, tmp_path: P
 def test_resolvers_skip_loopback_stubs(tmp_path: Path) -> None:
     stub, upstream = tmp_path / "stub", tmp_path / "upstream"
     stub.write_text("nameserver 127.0.0.53\noptions edns0\n")
-    upstream.write_text("# x\nnameserver 10.0.0.2\nnameserver ::1\nnameserver 10.0.0.3\nnameserver 10.0.0.2\n")
+    upstream.write_text("# x\nnameserver 10.0.0.2\nnameserver ::1\n"
+                        "nameserver 10.0.0.3\nnameserver 10.0.0.2\n")
     assert childnet.host_resolvers((stub, upstream)) == ("10.0.0.2", "10.0.0.3")
     assert childnet.host_resolvers((stub,)) == netplan.FALLBACK_DNS
     assert childnet.host_resolvers((tmp_path / "missing",)) == netplan.FALLBACK_DNS
@@ -372,14 +376,6 @@ def test_egress_needs_a_nic_and_forwarding_beyond_the_host(tmp_path: Path,
         prepare(egress=EgressPolicy.from_request(True))
     monkeypatch.setattr(childnet, "forwarding_enabled", lambda path=None: True)
     assert prepare(egress=EgressPolicy.from_request(True)).nat
-
-
-def test_indices_skip_other_daemons_devices_and_leases_survive(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    networks = _networks(tmp_path)
-    monkeypatch.setattr(childnet, "veths_in_use", lambda: {0, 2})
-    assert networks._claim_index() == 1  # noqa: SLF001  (the allocation rule itself)
-    assert networks._claim_index() == 3  # noqa: SLF001  (1 is being made)
 
 
 def test_pool_targets_keep_their_egress_and_old_registries_migrate(tmp_path: Path) -> None:
