@@ -50,6 +50,7 @@ bench: setup
 	$(BIN)/python bench/fork_vs_boot.py
 	$(BIN)/python bench/branch.py
 	$(BIN)/python bench/fork_running.py
+	$(BIN)/python bench/network_setup.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples scripts
