@@ -1,6 +1,6 @@
 """``forkd doctor``: can this host run forkd, and if not, what exactly to do about it.
 
-One module over 400 lines on purpose: a flat list of small, independent checks,
+One module of about 500 lines on purpose: a flat list of small, independent checks,
 each with its own fix text, reads best in one place.
 
 Every check is cheap and side-effect free (nothing is booted, installed or

@@ -332,26 +332,44 @@ def test_per_child_netns_makes_missing_namespaces_and_removes_them(env: Env) -> 
     assert not list(Path("/run/netns").glob("forkd-child-*"))
 
 
-def test_a_failed_network_set_up_leaves_nothing_behind(env: Env) -> None:
-    """forkd-child-0 provisioned with an interface in the way: the spawn fails as a whole, forkd's
-    own namespace for the other child is removed, the provisioned one is left as it was."""
+def test_failed_spawns_leave_nothing_behind(env: Env) -> None:
+    """A provisioned forkd-child-0 that gets in the way, twice: an interface named like forkd's
+    uplink (refused before anything is made), then a "tap" that is not a tap (QEMU cannot
+    attach, after the whole network was made). Each spawn fails as a whole; forkd's own
+    namespace for the other child goes, the provisioned one is left as it was."""
     existing = sorted(p.name for p in Path("/run/netns").glob("forkd-child-*"))
     if existing:
         pytest.skip(f"forkd-child-* namespaces already exist on this host: {existing}")
     veths_before = childnet.veths_in_use()
-    subprocess.run(["ip", "netns", "add", "forkd-child-0"], check=True)
-    try:
-        subprocess.run(["ip", "-n", "forkd-child-0", "link", "add", netplan.UPLINK, "type", "veth",
-                        "peer", "name", "blocker"], check=True)
-        with pytest.raises(Exception, match="forkd-child-0"):
-            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+    ns = "forkd-child-0"
+
+    def nothing_of_ours_left() -> None:
         assert env.rt.networks.owners() == [] and childnet.veths_in_use() == veths_before
         assert not Path("/run/netns/forkd-child-1").exists()
-        assert netplan.UPLINK in _sh("ip", "-n", "forkd-child-0", "-o", "link")  # theirs, untouched
         assert not [sb for sb in env.rt.list_sandboxes() if sb.per_child_netns]
         assert not list((env.data.root / "net").glob("*.json"))
+        assert _sh("ip", "netns", "exec", ns, "nft", "list", "ruleset").strip() == ""
+        addrs = _sh("ip", "-n", ns, "-4", "addr")
+        assert str(netplan.TAP_IP) not in addrs and "10.201." not in addrs
+
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", netplan.UPLINK, "type", "veth", "peer", "name", "x0"],
+                       check=True)
+        with pytest.raises(Exception, match=f"{ns} already has an interface {netplan.UPLINK}"):
+            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+        nothing_of_ours_left()
+        assert netplan.UPLINK in _sh("ip", "-n", ns, "-o", "link")  # theirs, untouched
+        subprocess.run(["ip", "-n", ns, "link", "del", netplan.UPLINK], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "add", netplan.DEFAULT_TAP, "type", "veth", "peer",
+                        "name", "x1"], check=True)
+        with pytest.raises(Exception, match=netplan.DEFAULT_TAP):
+            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+        nothing_of_ours_left()
+        assert netplan.DEFAULT_TAP in _sh("ip", "-n", ns, "-o", "link")  # theirs, still there
+        assert netplan.UPLINK not in _sh("ip", "-n", ns, "-o", "link")  # ours, gone
     finally:
-        subprocess.run(["ip", "netns", "del", "forkd-child-0"], check=False)
+        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def test_a_restarted_daemon_keeps_live_networks_and_reaps_dead_ones(env: Env) -> None:

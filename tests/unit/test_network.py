@@ -176,7 +176,6 @@ def _net(**kw: Any) -> ChildNet:
 def test_link_commands() -> None:
     net = _net()
     assert netplan.host_batch(net).splitlines() == [
-        "netns add forkd-sb-abcdef-0001",
         "link add fkn5 type veth peer name uplink0 netns forkd-sb-abcdef-0001",
         "addr add 10.201.0.1/32 peer 10.201.0.7/32 dev fkn5",
         "link set dev fkn5 up",
@@ -188,11 +187,10 @@ def test_link_commands() -> None:
     assert inside[-1] == "route add default via 10.201.0.1 dev uplink0"
     # A provisioned namespace with its tap: nothing of theirs is re-created.
     provisioned = _net(netns="forkd-child-0", owns_netns=False, owns_tap=False)
-    assert "netns add" not in netplan.host_batch(provisioned)
     assert "tuntap add" not in netplan.netns_batch(provisioned)
     # A namespace only (per_child_netns for a snapshot without a NIC).
     bare = ChildNet(owner="sb-abcdef-0002", netns="forkd-child-1", owns_netns=True)
-    assert netplan.host_batch(bare) == "netns add forkd-child-1\n"
+    assert netplan.host_batch(bare) == ""
     assert netplan.netns_batch(bare) == "link set dev lo up\n"
 
 

@@ -29,7 +29,7 @@ from forkd.errors import InvalidRequest, VMError
 from forkd.host import childnet
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
-from forkd.host.netplan import NETNS_PREFIX, AddressPlan, ChildNet
+from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
 from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.network")
@@ -130,8 +130,15 @@ class Networks:
         """Make ``owner``'s network: in ``netns`` (a ``forkd-child-<i>``) or its own namespace."""
         name = netns or f"{NETNS_PREFIX}{owner}"
         owns = not netns_mod.netns_exists(name)
-        owns_tap = req.tap is not None and (
-            owns or not await asyncio.to_thread(netns_mod.netns_tap_exists, name, req.tap))
+        owns_tap = req.tap is not None and owns
+        if req.tap is not None and not owns:
+            # Provisioned (scripts/netns-setup.sh): use its tap if it has one; never touch a link
+            # that is not ours.
+            links = await asyncio.to_thread(childnet.netns_links, name)
+            if UPLINK in links:
+                raise VMError(f"network namespace {name} already has an interface {UPLINK}, which is "
+                              f"not forkd's: delete it (ip -n {name} link del {UPLINK}) or the namespace")
+            owns_tap = req.tap not in links
         index = self._claim_index() if req.tap is not None else None
         try:
             net = ChildNet(owner=owner, netns=name, owns_netns=owns, tap=req.tap, owns_tap=owns_tap,

@@ -144,12 +144,29 @@ def _in_netns(netns: str, script: str) -> list[str]:
     return [*netns_mod.launcher(netns), "/bin/sh", "-c", script]
 
 
+def netns_links(netns: str) -> set[str]:
+    """The interface names inside ``netns``."""
+    proc = subprocess.run([_path(IP), "-netns", netns, "-oneline", "link", "show"], capture_output=True,
+                          text=True, timeout=COMMAND_TIMEOUT_SECS)
+    if proc.returncode != 0:
+        raise VMError(f"listing the links of {netns} failed: {proc.stderr.strip()}")
+    # "3: uplink0@if19: <BROADCAST,...": the name, without the peer's "@ifN"
+    return {line.split(":")[1].strip().split("@")[0] for line in proc.stdout.splitlines() if ":" in line}
+
+
 async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
-    """Make ``net``; on any failure remove what was made and raise ``VMError``."""
+    """Make ``net``; on any failure remove what was made and raise ``VMError``.
+
+    Only what this call made is removed on a failure: a namespace that turns out
+    to exist already (another daemon's, made a moment ago) is left alone, and the
+    veth pair is deleted by its end inside the namespace, which exists only if
+    this call made the pair.
+    """
+    if net.owns_netns:
+        await _run([_path(IP), "netns", "add", net.netns], what=f"creating network namespace {net.netns}")
     try:
-        if net.owns_netns and netns_mod.netns_exists(net.netns):
-            raise VMError(f"network namespace {net.netns} already exists")
-        await _run([_path(IP), "-batch", "-"], netplan.host_batch(net), what=f"creating {net.netns}")
+        if host := netplan.host_batch(net):
+            await _run([_path(IP), "-batch", "-"], host, what=f"creating the veth pair of {net.netns}")
         await _run([_path(IP), "-netns", net.netns, "-batch", "-"], netplan.netns_batch(net),
                    what=f"setting up the links of {net.netns}")
         if net.tap is not None:
@@ -175,22 +192,22 @@ async def remove(net: ChildNet) -> list[str]:
 
     if net.nat and net.ip:
         await step([_path(NFT), "-f", "-"], netplan.host_nat_remove(net.ip), "leaving the masquerade set")
-    veth = net.veth
-    if veth and Path("/sys/class/net", veth).exists():
-        # Deleting one end of a veth pair deletes both.
-        await step([_path(IP), "link", "del", "dev", veth], "", f"deleting {veth}")
-    if net.owns_netns:
-        if netns_mod.netns_exists(net.netns):
-            # Its tap, rules and sysctls go with it (once no QEMU holds it any more).
-            await step([_path(IP), "netns", "del", net.netns], "", f"deleting {net.netns}")
-    elif net.tap is not None and netns_mod.netns_exists(net.netns):
+    if not netns_mod.netns_exists(net.netns):
+        return errors
+    # Deleting the namespace's end of the veth pair deletes both, at once (the namespace's own
+    # clean-up would do it too, but later). ``-force``: what was never made is no error.
+    inside = [f"link del dev {netplan.UPLINK}"] if net.tap is not None else []
+    if not net.owns_netns and net.tap is not None:
         # A namespace someone else provisioned: take back what we added, leave the rest.
+        inside.append(f"link del dev {net.tap}" if net.owns_tap else f"addr flush dev {net.tap}")
         undo = f"{_path(NFT)} delete table inet {netplan.NFT_TABLE} 2>/dev/null; echo 0 > {IP_FORWARD}"
         await step(_in_netns(net.netns, undo), "", f"removing forkd's rules from {net.netns}")
-        tap_undo = (f"link del dev {net.tap}\n" if net.owns_tap
-                    else f"addr flush dev {net.tap}\n")
-        await step([_path(IP), "-netns", net.netns, "-force", "-batch", "-"], tap_undo,
-                   f"restoring {net.tap} in {net.netns}")
+    if inside:
+        await step([_path(IP), "-netns", net.netns, "-force", "-batch", "-"],
+                   "".join(f"{line}\n" for line in inside), f"removing forkd's links from {net.netns}")
+    if net.owns_netns:
+        # Its tap, rules and sysctls go with it (once no QEMU holds it any more).
+        await step([_path(IP), "netns", "del", net.netns], "", f"deleting {net.netns}")
     return errors
 
 

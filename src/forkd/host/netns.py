@@ -15,7 +15,6 @@ need and which would hide ``/sys/fs/cgroup`` from the launcher.)
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from forkd.bounds import TAP_RE
@@ -72,15 +71,6 @@ def check_tap_name(name: object) -> str:
 
 def _ip() -> str:
     return shutil.which("ip") or "/usr/sbin/ip"
-
-
-def netns_tap_exists(netns: str, name: str) -> bool:
-    """True if ``name`` is a tap device inside network namespace ``netns``."""
-    proc = subprocess.run(
-        [_ip(), "-netns", netns, "-details", "-oneline", "link", "show", "dev", name],
-        capture_output=True, text=True,
-    )
-    return proc.returncode == 0 and " tun type tap " in f" {proc.stdout} "
 
 
 def launcher(netns: str, netns_dir: Path = NETNS_DIR) -> list[str]:

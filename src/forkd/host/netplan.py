@@ -154,8 +154,12 @@ class ChildNet:
 
 
 def host_batch(net: ChildNet) -> str:
-    """``ip -batch`` lines run in the host's namespace: the namespace (if ours), the veth, its address."""
-    lines = [f"netns add {net.netns}"] if net.owns_netns else []
+    """``ip -batch`` lines run in the host's namespace: the veth pair, the host end's address.
+
+    (The namespace itself is made by a call of its own, so that a failure tells
+    whether it was ours to remove.)
+    """
+    lines: list[str] = []
     if net.tap is not None:
         lines += [
             f"link add {net.veth} type veth peer name {UPLINK} netns {net.netns}",
