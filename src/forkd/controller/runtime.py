@@ -15,7 +15,9 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired.
+* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``SnapshotTravel`` (travel.py): pack/unpack, push/pull to an object store, and
+  fetching a tag this host lacks before a spawn of it.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -44,6 +46,7 @@ from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
+from forkd.controller.travel import SnapshotTravel
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
@@ -51,7 +54,8 @@ from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
-from forkd.store.layout import check_sandbox_id, check_tag
+from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
+from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 
 __all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
@@ -85,13 +89,23 @@ class Runtime:
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
+        self.travel = SnapshotTravel(data, registry, self.tags, self.accel)
+        self.spawner.fetch_missing_from(self.travel)
 
     # ---------------------------------------------------------------- open/close
 
     @classmethod
-    async def open(cls, data: DataDir | None = None) -> Runtime:
+    async def open(cls, data: DataDir | None = None, *, store: str | None = None,
+                   host_id: str | None = None) -> Runtime:
+        """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
+        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
         data = (data or DataDir.from_env()).ensure()
+        object_store = ObjectStore(store) if store else None
+        if host_id is not None:
+            check_host_id(host_id)
         rt = cls(data, Registry(data.registry))
+        rt.travel.store = object_store
+        rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.
         await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
@@ -308,6 +322,23 @@ class Runtime:
                      wait: bool = True) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
         return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)
+
+    # ---------------------------------------------------------------- travel (controller/travel.py)
+
+    @property
+    def host_id(self) -> str | None:
+        return self.spawner.host_id
+
+    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        """Publish ``tag`` and the chain it needs to the object store (blobs it lacks, then manifests)."""
+        return await self.travel.push(tag, force=force)
+
+    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
+        """Fetch ``tag`` (and the ancestors this host lacks) from the object store and register it."""
+        return await self.travel.pull(tag)
+
+    def travel_stats(self) -> dict[str, int]:
+        return self.travel.stats()
 
     # ---------------------------------------------------------------- warm pools
 
