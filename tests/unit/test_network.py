@@ -484,3 +484,14 @@ def test_cli_flags_become_the_network_body(monkeypatch: pytest.MonkeyPatch) -> N
     result = CliRunner().invoke(cli_app, ["snapshot", "--tag", "py-net", "--nic", "--json"])
     assert result.exit_code == 0, result.output
     assert fake.body() == {"tag": "py-net", "nic": True}
+
+
+def test_the_daemon_refuses_a_bad_address_plan_before_it_starts(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from forkd.api.__main__ import main
+
+    for name in ("FORKD_BIND", "FORKD_TOKEN_FILE", "FORKD_TLS_CERT", "FORKD_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(netplan.CIDR_ENV, "10.0.0.0/31")
+    assert main(["--data-dir", str(tmp_path)]) == 2
+    assert "FORKD_NET_CIDR '10.0.0.0/31' is too small" in capsys.readouterr().err
