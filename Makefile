@@ -59,6 +59,7 @@ bench: setup
 	$(BIN)/python bench/branch.py
 	$(BIN)/python bench/fork_running.py
 	$(BIN)/python bench/travel.py
+	$(BIN)/python bench/network_setup.py
 	$(BIN)/python bench/latency.py
 
 lint: venv node-deps
