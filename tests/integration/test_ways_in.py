@@ -384,9 +384,10 @@ def metric_counts(http: httpx.Client) -> dict[str, int]:
 
 
 def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, pyagent: str,
-                                          tmp_path: Path) -> None:
+                                          pynet: str, tmp_path: Path) -> None:
     """After a fork-tree and a branch made through the API, the console shows them (tables,
-    lineage picture, pool level, latency), and its buttons kill, fork and branch."""
+    lineage picture, pool level, latency, each sandbox's ip and egress), and its buttons
+    kill, fork and branch."""
     assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
     assert (BROWSER_TEST / "node_modules" / "playwright-core").is_dir(), "run `make node-deps` first"
     before = metric_counts(http)
@@ -402,11 +403,16 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         assert r.status_code == 201, r.text
         r = http.put(f"/v1/snapshots/{TAG}/pool", json={"size": 1}, timeout=300)
         assert r.status_code == 200, r.text
+        r = http.post("/v1/sandboxes", json={"snapshot_tag": pynet, "allow_internet_access": False,
+                                             "network": {"allow_out": ["10.201.0.1:8080"],
+                                                         "deny_out": ["192.0.2.0/24"]}})
+        assert r.status_code == 201, r.text
+        net = r.json()[0]
         children = [c["id"] for c in tree["children"]]
         expect = {
             "sandboxes": [source, *children], "snapshots": [TAG, "ui-branch", tree["snapshot_tag"]],
             "tree": children, "kill": children[0], "fork_tag": "ui-branch", "branch_from": source,
-            "pool": TAG,
+            "pool": TAG, "net": net["id"],
         }
         env = node_env(daemon) | {"OUT_DIR": str(tmp_path), "EXPECT": json.dumps(expect),
                                   "CHROMIUM": str(CHROMIUM)}
@@ -421,7 +427,7 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         for sb in http.get("/v1/sandboxes").json():
             http.delete(f"/v1/sandboxes/{sb['id']}", timeout=120)
         for snap in http.get("/v1/snapshots").json():
-            if snap["tag"] != TAG:
+            if snap["tag"] not in (TAG, NET_TAG):
                 http.delete(f"/v1/snapshots/{snap['tag']}", params={"cascade": "true", "force": "true"})
 
     assert seen["loginShown"] and seen["wrongTokenRefused"]
@@ -438,6 +444,10 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
     assert int(latency["branch pause of the source"][1]) == before["forkd_branch_pause_ms"] + 2, latency
     assert latency["branch pause of the source"][2].endswith("ms")
     assert "/ 1" in seen["pool"], seen["pool"]
+    assert seen["net"]["text"] == f"{net['ip']} 1 allowed · 1 denied", seen["net"]
+    guest = f"guest {net['network']['guest_ip']}, host {net['network']['host_gateway']}"
+    assert seen["net"]["title"].splitlines() == [guest, "allow 10.201.0.1:8080", "deny 192.0.2.0/24"], seen
+    assert seen["noNic"] == "no NIC"
     assert seen["killed"] == children[0] and seen["forkedThroughPage"] == 2 and seen["branchedThroughPage"]
     assert seen["actionError"] == "", seen["actionError"]
     assert seen["signedOut"]
