@@ -22,7 +22,7 @@ from pydantic import Field
 
 from forkd.api.schemas import CancelEvalResponse, SignalName, SignalResponse, StdinResponse
 from forkd.mcp.models import ProcessList, ProcessOutput
-from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Env, SandboxId, call
+from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
 
 DEFAULT_OUTPUT_BYTES = 32 * 1024
@@ -125,8 +125,7 @@ def process_tools(server: MCPServer[AsyncController]) -> None:
     async def start_process(
         ctx: Context[Any, Any],
         sandbox_id: SandboxId,
-        command: Annotated[str | list[str], Field(
-            description="A shell command line (run with /bin/sh -c), or an argv list.")],
+        command: Command,
         wait_secs: Annotated[float, Field(ge=0, le=MAX_WAIT_SECS, description=(
             "Wait this long for it (0: return at once). If it ends sooner, the reply has its whole "
             "output and exit_code."))] = 2,
@@ -134,8 +133,8 @@ def process_tools(server: MCPServer[AsyncController]) -> None:
             "Kill it after this long (default: it runs until it exits or is killed)."))] = None,
         stdin_open: Annotated[bool, Field(description=(
             "Keep its standard input open, to feed it with send_process_input."))] = False,
-        cwd: Annotated[str | None, Field(description="Working directory.")] = None,
-        env: Annotated[Env | None, Field(description="Extra environment variables.")] = None,
+        cwd: Cwd = None,
+        env: ExtraEnv = None,
         tag: Annotated[str | None, Field(max_length=256, description=(
             "A label shown by list_processes, e.g. 'web-server'."))] = None,
         max_bytes: MaxBytes = DEFAULT_OUTPUT_BYTES,

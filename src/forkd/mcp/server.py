@@ -34,7 +34,7 @@ from forkd.api.schemas import (
 from forkd.config import VERSION
 from forkd.mcp.models import Deleted, FileContent, SandboxList, SnapshotList
 from forkd.mcp.processes import process_tools
-from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Env, SandboxId, call
+from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
 
 if TYPE_CHECKING:
@@ -261,11 +261,10 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
     async def exec_command(
         ctx: Context[Any, Any],
         sandbox_id: SandboxId,
-        command: Annotated[str | list[str], Field(
-            description="A shell command line (run with /bin/sh -c), or an argv list.")],
+        command: Command,
         timeout_secs: Annotated[float, Field(gt=0, le=86400, description="Kill it after this long.")] = 30,
-        cwd: Annotated[str | None, Field(description="Working directory.")] = None,
-        env: Annotated[Env | None, Field(description="Extra environment variables.")] = None,
+        cwd: Cwd = None,
+        env: ExtraEnv = None,
         stdin: Annotated[str | None, Field(description="Text fed to standard input.")] = None,
     ) -> ExecResponse:
         """Run a command (a new process) in a sandbox, wait for it, and return its stdout,

@@ -19,6 +19,10 @@ T = TypeVar("T")
 
 SandboxId = Annotated[str, Field(description="Sandbox id, e.g. sb-67a1b3-0000.")]
 Env = dict[str, str]
+Command = Annotated[str | list[str], Field(
+    description="A shell command line (run with /bin/sh -c), or an argv list.")]
+Cwd = Annotated[str | None, Field(description="Working directory.")]
+ExtraEnv = Annotated[Env | None, Field(description="Extra environment variables.")]
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 CREATES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
