@@ -14,7 +14,10 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired.
+* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
+  ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
+  copies of branch chains.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -30,6 +33,7 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.branch import Brancher
 from forkd.controller.checkpoints import Checkpointer
+from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
@@ -41,8 +45,10 @@ from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
+from forkd.controller.suspend import Suspender
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
+from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
@@ -50,7 +56,14 @@ from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
 from forkd.store.layout import check_sandbox_id, check_tag
-from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
+from forkd.store.registry import (
+    PausedRecord,
+    PoolConfig,
+    PoolKey,
+    Registry,
+    SandboxRecord,
+    SnapshotRecord,
+)
 
 __all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
 
@@ -83,6 +96,9 @@ class Runtime:
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
+        self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots)
+        self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
+        self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
 
     # ---------------------------------------------------------------- open/close
 
@@ -154,6 +170,12 @@ class Runtime:
             raise Conflict(
                 f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
             )
+        paused = self.suspender.holding(doomed)
+        if paused and not force:
+            raise Conflict(f"paused sandboxes {paused} resume from {tag!r}; kill them first or pass "
+                           "force=true")
+        for sb_id in paused:
+            self.suspender.discard(sb_id)
         for t in doomed:
             await self.pools.drop(t)  # a pool holds no one's work: it just drains
         for sb_id in users:
@@ -176,20 +198,21 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False,
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
-        cpu_limit: float | None = None, pids_limit: int | None = None,
+        cpu_limit: float | None = None, pids_limit: int | None = None, prewarm: bool = False,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
         ``timeout_secs``: each child is killed that long after the spawn returns
         (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
         (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
+        ``prewarm``: read the snapshot's memory into the page cache first.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
                                            env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit)
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit, prewarm=prewarm)
         self.reaper.apply(records, timeout_secs)
         return records
 
@@ -231,6 +254,12 @@ class Runtime:
         return self.checkpoints.delete(sandbox_id)
 
     async def kill(self, sandbox_id: str) -> None:
+        """Stop a sandbox; a paused one is forgotten, and its state snapshot dropped."""
+        check_sandbox_id(sandbox_id)
+        if self.sandboxes.resolve(sandbox_id) not in self.sandboxes and self.registry.has_paused(sandbox_id):
+            self.suspender.discard(sandbox_id)
+            await self.forker.collect()
+            return
         await self.sandboxes.kill(sandbox_id)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
@@ -293,9 +322,63 @@ class Runtime:
         return await self.files.open_read(sandbox_id, path)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
-                     wait: bool = True) -> SnapshotRecord:
+                     wait: bool = True, *, measure_diff: bool = False,
+                     parent_tag: str | None = None) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
-        return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)
+        return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait,
+                                          measure_diff=measure_diff, parent_tag=parent_tag)
+
+    async def compact_snapshot(self, tag: str, to: str) -> SnapshotRecord:
+        """A standalone copy of snapshot ``tag`` (its disk chain flattened) as ``to``."""
+        return await self.compactor.compact(tag, to)
+
+    # ---------------------------------------------------------------- pause / resume
+
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
+        """Branch the sandbox's state, then stop it (controller/suspend.py)."""
+        return await self.suspender.pause(sandbox_id, mode=mode)
+
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> SandboxRecord:
+        """Start a paused sandbox again under its id; killed ``timeout_secs`` later, if given."""
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        record = await self.suspender.resume(sandbox_id)
+        self.reaper.apply([record], timeout_secs)
+        return record
+
+    def get_paused(self, sandbox_id: str) -> PausedRecord:
+        return self.suspender.get(sandbox_id)
+
+    def list_paused(self) -> list[PausedRecord]:
+        return self.suspender.all()
+
+    def template_of(self, sandbox_id: str) -> str:
+        """The snapshot a sandbox was first forked from, through its pauses and forks."""
+        return self.suspender.template_of(self.get_sandbox(sandbox_id))
+
+    # ---------------------------------------------------------------- workspaces
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        return [self.workspaces.info(ws) for ws in self.workspaces.all()]
+
+    def get_workspace(self, name: str) -> dict[str, Any]:
+        return self.workspaces.info(self.workspaces.get(name))
+
+    async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
+                               memory_limit_mib: int | None = None) -> dict[str, Any]:
+        ws = await self.workspaces.create(name, snapshot_tag, per_child_netns=per_child_netns,
+                                          memory_limit_mib=memory_limit_mib)
+        return self.workspaces.info(ws)
+
+    async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
+        return self.workspaces.info(await self.workspaces.suspend(name, mode=mode))
+
+    async def resume_workspace(self, name: str) -> dict[str, Any]:
+        return self.workspaces.info(await self.workspaces.resume(name))
+
+    async def delete_workspace(self, name: str) -> None:
+        await self.workspaces.delete(name)
+        await self.forker.collect()  # a suspended one leaves its state snapshot to collect
 
     # ---------------------------------------------------------------- warm pools
 
