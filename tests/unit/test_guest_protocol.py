@@ -68,7 +68,7 @@ def test_request_timeout() -> None:
 
 
 def test_actions_are_distinct() -> None:
-    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 15  # 7 + the 8 file actions
+    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 17  # 7 + 9 file actions + context
 
 
 def test_the_host_reads_any_reply_the_agent_can_send() -> None:

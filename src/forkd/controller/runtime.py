@@ -33,6 +33,7 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.branch import Brancher
 from forkd.controller.checkpoints import Checkpointer
+from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
@@ -78,6 +79,7 @@ class Runtime:
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
+        self.code = CodeRunner(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
@@ -314,12 +316,34 @@ class Runtime:
     async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
         await self.files.remove(sandbox_id, path, recursive=recursive)
 
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+        return await self.files.move(sandbox_id, source, destination)
+
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                          max_bytes: int, mode: int | None = None) -> dict[str, Any]:
         return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode)
 
     async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
         return await self.files.open_read(sandbox_id, path)
+
+    # Code contexts (controller/code_contexts.py): cells in PID 1's warm interpreter.
+
+    async def run_code(self, sandbox_id: str, code: str, *, context: str | None = None,
+                       timeout_secs: float = bounds.EVAL_TIMEOUT_SECS,
+                       env: dict[str, str] | None = None) -> dict[str, Any]:
+        result = await self.code.run(sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env)
+        await self.checkpoints.after_call(sandbox_id)
+        return result
+
+    async def create_code_context(self, sandbox_id: str, *, language: str | None = None,
+                                  cwd: str | None = None) -> dict[str, str]:
+        return await self.code.create(sandbox_id, language=language, cwd=cwd)
+
+    async def list_code_contexts(self, sandbox_id: str) -> list[dict[str, str]]:
+        return await self.code.list(sandbox_id)
+
+    async def remove_code_context(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
+        await self.code.remove(sandbox_id, context, restart=restart)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,

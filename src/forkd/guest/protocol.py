@@ -47,8 +47,11 @@ FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
 FILE_WRITE_OPEN = "file_write_open"  # path, mode? -> {"handle": str} (a temp file beside path)
 FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
 FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
+FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
+# Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
+CONTEXT = "context"
 ACTIONS = (PING, EXEC, EVAL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST, FILE_MKDIR,
-           FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE)
+           FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE, CONTEXT)
 
 # ---------------------------------------------------------------------- limits
 

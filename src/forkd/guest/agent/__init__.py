@@ -19,7 +19,8 @@ One module per job:
 - ``exec``: running a subprocess and capturing its output
 - ``evaluator``: eval in the persistent namespace, with a timeout
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
-- ``files``: stat, list, mkdir, remove and chunked reads of files
+- ``files``: stat, list, mkdir, remove, move and chunked reads of files
+- ``contexts``: named code contexts for the code interpreter (runs like notebook cells)
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``server``: the request dispatch and the serve loop
@@ -35,5 +36,5 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 MIN_GUEST_PYTHON = (3, 11)
 
 # Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
-# "3" serves the file actions.
-AGENT_VERSION = "3"
+# "3" serves the file actions, "4" file_move and code contexts.
+AGENT_VERSION = "4"

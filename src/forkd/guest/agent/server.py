@@ -17,6 +17,7 @@ from typing import Any
 
 from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.exec import run_exec
 from forkd.guest.agent.files import Files
@@ -38,6 +39,7 @@ class Agent:
         self.warm_errors = warm_up(warm, self.namespace)
         self.warm = warm
         self.evaluator = Evaluator(self.namespace)
+        self.contexts = CodeContexts(self.namespace, self.evaluator)
         self.reaper = Reaper()
         self.fs = RootFreezer()
         self.files = Files()
@@ -61,6 +63,8 @@ class Agent:
             protocol.FILE_WRITE_OPEN: self.uploads.write_open,
             protocol.FILE_WRITE: self.uploads.write,
             protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
+            protocol.FILE_MOVE: self.files.move,
+            protocol.CONTEXT: self.contexts.handle,
         }
 
     # ------------------------------------------------------------- actions
