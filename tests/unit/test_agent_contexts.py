@@ -47,6 +47,7 @@ def test_errors_carry_name_value_and_traceback(contexts: CodeContexts) -> None:
     assert res["error"]["name"] == "ZeroDivisionError"
     assert res["error"]["value"] == "division by zero"
     assert "Traceback" in res["error"]["traceback"] and "in f" in res["error"]["traceback"]
+    assert "contexts.py" not in res["error"]["traceback"]  # it starts at the cell
     syntax = run(contexts, "def (")["error"]
     assert syntax["name"] == "SyntaxError"
     # A failing cell keeps what ran before the error.

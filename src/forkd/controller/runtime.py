@@ -47,6 +47,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
+from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.workspaces import Workspaces
@@ -376,9 +377,23 @@ class Runtime:
     def list_paused(self) -> list[PausedRecord]:
         return self.suspender.all()
 
-    def template_of(self, sandbox_id: str) -> str:
-        """The snapshot a sandbox was first forked from, through its pauses and forks."""
-        return self.suspender.template_of(self.get_sandbox(sandbox_id))
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``):
+        id, template (the snapshot it was first forked from), state, started, ends, vcpus,
+        mem_mib, disk_mb, metadata. 404 if it is neither."""
+        check_sandbox_id(sandbox_id)
+        resolved = self.sandboxes.resolve(sandbox_id)
+        if resolved in self.sandboxes and not self.sandboxes.hidden(resolved):
+            record = self.registry.get_sandbox(resolved)
+            return suspend_view(record, self.suspender.template_of(record))
+        paused = self.suspender.get(sandbox_id)
+        return suspend_view(paused, paused.template)
+
+    def describe_sandboxes(self) -> list[dict[str, Any]]:
+        """Every running and every paused sandbox (``describe_sandbox``), oldest first."""
+        out = [suspend_view(sb, self.suspender.template_of(sb)) for sb in self.list_sandboxes()]
+        out += [suspend_view(p, p.template) for p in self.suspender.all()]
+        return sorted(out, key=lambda v: (v["started"], v["id"]))
 
     # ---------------------------------------------------------------- workspaces
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 from forkd.controller.branch import Brancher
 from forkd.controller.sandboxes import SandboxTable
@@ -33,10 +35,30 @@ from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import Conflict, ForkdError, NotFound
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import PausedRecord, Registry, SandboxRecord, now_unix
+from forkd.vmm import disk as disk_mod
 
 log = logging.getLogger("forkd.suspend")
 
 STATE_PREFIX = "paused-"
+
+
+def disk_mib(record: SandboxRecord) -> int:
+    """The size of a sandbox's guest disk, from its overlay's qcow2 header (0 if unreadable)."""
+    try:
+        return disk_mod.qcow2_virtual_size(Path(record.disk.file)) >> 20
+    except (OSError, ForkdError):
+        return 0
+
+
+def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
+    """A sandbox, running or paused, as the E2B layer describes it."""
+    if isinstance(record, PausedRecord):
+        return {"id": record.id, "template": template, "state": "paused", "started": record.created_at_unix,
+                "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
+                "metadata": dict(record.metadata)}
+    return {"id": record.id, "template": template, "state": "running", "started": record.created_at_unix,
+            "ends": record.expires_at_unix, "vcpus": record.config.vcpus, "mem_mib": record.config.mem_mib,
+            "disk_mb": disk_mib(record), "metadata": dict(record.metadata)}
 
 
 class Suspender:
@@ -96,7 +118,8 @@ class Suspender:
                 created_at_unix=record.created_at_unix, paused_at_unix=now_unix(),
                 metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
-                per_child_netns=record.netns is not None, live_fork=record.live_fork)
+                per_child_netns=record.netns is not None, live_fork=record.live_fork,
+                vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record))
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._registry.insert_paused(paused)
@@ -151,4 +174,4 @@ class Suspender:
         return [p.id for p in self._registry.list_paused() if p.state_tag in wanted]
 
 
-__all__ = ["STATE_PREFIX", "Suspender"]
+__all__ = ["STATE_PREFIX", "Suspender", "view"]

@@ -145,6 +145,9 @@ class PausedRecord:
     pids_limit: int | None = None
     per_child_netns: bool = False
     live_fork: bool = False
+    vcpus: int = 1
+    mem_mib: int = 0
+    disk_mib: int = 0  # the guest disk's size
 
     def info(self) -> dict[str, Any]:
         return asdict(self)

@@ -60,9 +60,17 @@ class _Capped(io.StringIO):
         return self.getvalue() + tail
 
 
+CELL = "<cell>"  # the file name a cell's code is compiled under
+
+
 def _error(exc: BaseException) -> dict[str, str]:
+    """Name, value and traceback of a cell's exception; the traceback starts at the cell
+    (the agent's own frames above it are nobody's business)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != CELL:
+        tb = tb.tb_next
     return {"name": type(exc).__name__, "value": str(exc),
-            "traceback": "".join(traceback.format_exception(exc))}
+            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
 
 
 class _Context:
@@ -191,8 +199,8 @@ class CodeContexts:
                 tail = ast.Expression(last.value)
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 if tree.body:
-                    exec(compile(tree, "<cell>", "exec"), context.namespace)
-                value = eval(compile(tail, "<cell>", "eval"), context.namespace) if tail else None
+                    exec(compile(tree, CELL, "exec"), context.namespace)
+                value = eval(compile(tail, CELL, "eval"), context.namespace) if tail else None
             if value is not None:
                 text = repr(value)
         except EvalTimeout:
