@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv image demo test test-unit test-integration stress bench lint clean help
+.PHONY: setup deps venv clients image demo test test-unit test-integration stress bench lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
@@ -13,7 +13,7 @@ help:
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
 	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
 
-setup: deps venv image
+setup: deps venv clients image
 
 deps:
 	bash scripts/install-deps.sh
@@ -25,6 +25,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+# The published clients the compatibility tests drive (forkd 0.5.3, forkd-mcp 0.2.1, the E2B
+# SDKs), pinned in tests/clients/requirements.txt, in a virtualenv of their own.
+clients:
+	PYTHON=$(PYTHON) bash scripts/clients-venv.sh
 
 # Cached under the data dir, keyed by its recipe: instant when nothing changed.
 image: venv
@@ -58,4 +63,4 @@ lint: venv
 	$(BIN)/python scripts/unasync_sdk.py --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-clients .pytest_cache .ruff_cache
