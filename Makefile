@@ -4,16 +4,24 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv clients image demo test test-unit test-integration stress bench lint clean help
+.PHONY: setup deps venv clients node-deps image demo test test-unit test-integration stress bench lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
 	@echo "make bench  - set up everything, then run the benchmarks in bench/"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
-	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
+	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
-setup: deps venv clients image
+setup: deps venv clients node-deps image
+
+# The TypeScript SDK's and the browser test's npm packages, exactly as locked.
+NODE_DIRS := sdk/typescript tests/browser
+node-deps: deps $(addsuffix /node_modules/.installed,$(NODE_DIRS))
+
+%/node_modules/.installed: %/package-lock.json %/package.json
+	cd $* && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 deps:
 	bash scripts/install-deps.sh
@@ -41,7 +49,7 @@ demo: setup
 test: setup
 	$(BIN)/pytest -ra $(PYTEST_ARGS)
 
-test-unit: venv
+test-unit: venv node-deps
 	$(BIN)/pytest -ra tests/unit $(PYTEST_ARGS)
 
 test-integration: setup
@@ -56,11 +64,13 @@ bench: setup
 	$(BIN)/python bench/branch.py
 	$(BIN)/python bench/fork_running.py
 
-lint: venv
+lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts
 	$(BIN)/ruff check --select SLF001 src
 	$(BIN)/mypy
 	$(BIN)/python scripts/unasync_sdk.py --check
+	$(BIN)/python scripts/gen_ts_types.py --check
+	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit
 
 clean:
-	rm -rf $(VENV) .venv-clients .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-clients .pytest_cache .ruff_cache $(addsuffix /node_modules,$(NODE_DIRS)) sdk/typescript/dist sdk/typescript/build

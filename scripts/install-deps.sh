@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Host packages forkd needs: QEMU (microvm + TCG/KVM), qemu-img, and what the guest
 # image builder uses (debootstrap, busybox-static for the initramfs, lz4 to unpack
-# the kernel, e2fsprogs for mkfs.ext4 -d). Idempotent: does nothing when all are present.
+# the kernel, e2fsprogs for mkfs.ext4 -d); Node.js and npm for the TypeScript SDK and
+# the browser test, which drives Debian's chromium (never a downloaded browser).
+# Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv)
+PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv chromium)
+# A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
+command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

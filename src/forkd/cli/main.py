@@ -18,6 +18,7 @@ from forkd.cli import daemon as daemon_cmd
 from forkd.cli import files, forks, info, pools, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
+from forkd.cli.mcp import mcp as mcp_cmd
 
 app = typer.Typer(
     name="forkd",
@@ -90,6 +91,7 @@ app.command("ping")(sandboxes.ping)
 app.command("exec")(sandboxes.exec_)
 app.command("eval")(sandboxes.eval_)
 app.command("pool")(pools.pool)
+app.command("mcp")(mcp_cmd)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
 
