@@ -112,7 +112,8 @@ def test_published_forkd_sdk_drives_every_controller_method(clients_python: Path
 def test_forkd_mcp_spawns_execs_evals_branches_and_kills(clients_python: Path, clean: Daemon) -> None:
     out: dict[str, Any] = json.loads(run_program(clients_python, CLIENTS / "forkd05" / "mcp_session.py",
                                                  forkd_env(clean), "base"))
-    assert {"spawn_sandboxes", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox"} <= set(out["tools"])
+    wanted = {"spawn_sandboxes", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox"}
+    assert wanted <= set(out["tools"])
     [child] = out["spawned"]
     # forkd-mcp always sends prewarm and a 256 MiB limit: the limit is applied.
     assert child["memory_limit_mib"] == 256
@@ -173,7 +174,8 @@ def test_workspace_suspends_and_resumes_under_the_same_id(clean: Daemon) -> None
         made = c.post("/v1/workspaces", json={"name": "ws1", "snapshot_tag": "base"})
         assert made.status_code == 201, made.text
         sb = made.json()["live_sandbox_id"]
-        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "kept = 'in memory'"}).json()["exit_code"] == 0
+        kept = c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "kept = 'in memory'"}).json()
+        assert kept["exit_code"] == 0
         c.post(f"/v1/sandboxes/{sb}/exec", json={"args": ["sh", "-c", "echo on disk > /root/kept"]})
 
         suspended = c.post("/v1/workspaces/ws1/suspend").json()

@@ -89,7 +89,7 @@ class SandboxTraffic:
                        "envdAccessToken its create, connect or fork answered with")
             return
         if port not in (ENVD_PORT, INTERPRETER_PORT):
-            await fail(502, f"The sandbox {sandbox_id} is running but port {port[:8]} is not open: "
+            await fail(502, f"The sandbox {sandbox_id} is running but the port is not open ({port[:8]}): "
                        "forkd sandboxes have no network, only envd (49983) and the code interpreter "
                        "(49999) are served")
             return
