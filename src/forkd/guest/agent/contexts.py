@@ -7,11 +7,13 @@ cell: the statements run, the value of a trailing expression is the result
 (its ``repr``), and stdout/stderr written meanwhile are captured; an exception
 comes back as its name, value and traceback.
 
-Runs go through an ``Evaluator`` (``evaluate`` is its only entry used) that
-holds the agent's evaluator lock, so they take turns with ``eval`` and are
-interrupted at their time limit by the same watchdog. It runs a one-line call
-in a private namespace of this module's, which runs the user's code in the
-context's namespace: no helper name ever appears among the user's variables.
+Runs go through the agent's one ``Evaluator`` (its ``evaluate`` is the only
+entry used), so they take turns with ``eval`` and are interrupted at their time
+limit by the same watchdog. What it evaluates is a one-line call back into this
+module (``run_cell``), which runs the user's code in the context's namespace
+and leaves the cell's result beside the call, by a token, rather than as the
+call's value: no helper name ever appears among the user's variables, and the
+evaluator's own bound on a value's length never cuts a cell's output.
 
 Captured output is bounded (``OUTPUT_CAP`` per stream; the rest is dropped and
 said so), and so is the number of contexts.
@@ -84,15 +86,24 @@ class _Context:
         return {"id": self.id, "language": LANGUAGE, "cwd": self.cwd}
 
 
+# The agent's CodeContexts by key, for run_cell: the one-line call names its instance.
+_INSTANCES: dict[int, CodeContexts] = {}
+
+
+def run_cell(instance: int, token: str, context_id: str, code: str, env: dict[str, str]) -> None:
+    """What the evaluator runs (in its own thread): one cell, its result filed under ``token``."""
+    _INSTANCES[instance].run_in(token, context_id, code, env)
+
+
 class CodeContexts:
     def __init__(self, warm_namespace: dict[str, Any], evaluator: Evaluator) -> None:
         self._warm = warm_namespace
-        self._lock = threading.Lock()  # the table of contexts
+        self._evaluator = evaluator
+        self._lock = threading.Lock()  # the table of contexts and the results
         self._contexts: dict[str, _Context] = {DEFAULT: _Context(DEFAULT, warm_namespace, "/")}
-        # The one-line call runs in a namespace of its own, so the user's code never sees it,
-        # under the agent's evaluator lock, so runs and evals take turns.
-        self._runner = Evaluator({"__builtins__": builtins, "__forkd_run__": self._run_in})
-        self._runner.lock = evaluator.lock
+        self._results: dict[str, dict[str, Any]] = {}
+        self._abandoned: set[str] = set()  # tokens whose caller stopped waiting
+        _INSTANCES[id(self)] = self
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -171,17 +182,33 @@ class CodeContexts:
             raise RequestError("env must map variable names to strings", INVALID)
         context = self._get(req)
         timeout = request_timeout(req, EVAL_DEFAULT_TIMEOUT_SECS)
-        answer = self._runner.evaluate(f"__forkd_run__({context.id!r}, {code!r}, {env!r})", timeout)
-        if answer.get("error"):  # the time limit (or the call itself) failed
-            name, _, value = str(answer["error"]).partition(": ")
+        token = uuid.uuid4().hex
+        answer = self._evaluator.evaluate(
+            f"__import__({__name__!r}, fromlist=['run_cell']).run_cell("
+            f"{id(self)}, {token!r}, {context.id!r}, {code!r}, {env!r})", timeout)
+        with self._lock:
+            result = self._results.pop(token, None)
+            if result is None:  # a cell stuck in a C call may still finish: drop its result then
+                self._abandoned.add(token)
+        if result is None:  # the time limit (or the call itself) failed before the cell ended
+            error = str(answer.get("error") or "RuntimeError: the cell did not run")
+            name, _, value = error.partition(": ")
             return {"text": None, "stdout": "", "stderr": "", "execution_count": context.executions,
-                    "error": {"name": name, "value": value, "traceback": str(answer["error"])}}
-        result: dict[str, Any] = ast.literal_eval(str(answer["result"]))
+                    "error": {"name": name, "value": value, "traceback": error}}
         return result
 
-    def _run_in(self, context_id: str, code: str, env: dict[str, str]) -> dict[str, Any]:
-        """In the evaluator's thread: one cell in the context's namespace."""
-        context = self._contexts.get(context_id)
+    def run_in(self, token: str, context_id: str, code: str, env: dict[str, str]) -> None:
+        """In the evaluator's thread: one cell in the context's namespace; its result kept."""
+        result = self._cell(context_id, code, env)
+        with self._lock:
+            if token in self._abandoned:
+                self._abandoned.discard(token)
+            else:
+                self._results[token] = result
+
+    def _cell(self, context_id: str, code: str, env: dict[str, str]) -> dict[str, Any]:
+        with self._lock:
+            context = self._contexts.get(context_id)
         if context is None:  # removed since the request was checked
             missing = {"name": "KeyError", "value": f"no code context {context_id!r}", "traceback": ""}
             return {"text": None, "stdout": "", "stderr": "", "execution_count": 0, "error": missing}
