@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_ru
 from forkd.api.e2b.filesystem import filesystem_app, guest_path
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.file_routes import streamed_body
 from forkd.bounds import SANDBOX_ID_RE
 from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
 
@@ -148,13 +149,6 @@ class SandboxTraffic:
         content_type = request.headers.get("content-type", "")
         default_path = request.query_params.get("path") or None
 
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in request.stream():
-                    yield chunk
-            except ClientDisconnect:
-                raise InvalidRequest("the client went away before the whole file arrived") from None
-
         async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
             full = guest_path(target)
             parent = posixpath.dirname(full)
@@ -164,10 +158,10 @@ class SandboxTraffic:
             return {"name": info["name"], "type": "file", "path": info["path"]}
 
         if content_type.startswith("multipart/form-data"):
-            return await uploads.multipart(body(), content_type, default_path, write)
+            return await uploads.multipart(streamed_body(request), content_type, default_path, write)
         if not default_path:
             raise InvalidRequest("an octet-stream upload needs the path query parameter")
-        stream = body()
+        stream = streamed_body(request)
         if request.headers.get("content-encoding", "").lower() == "gzip":
             stream = uploads.inflate(stream, limit)
         return [await write(default_path, stream)]

@@ -12,9 +12,10 @@ runs everything as root, so here they resolve against ``/root``.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
@@ -60,6 +61,15 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
     )
 
 
+@contextlib.contextmanager
+def connect_errors() -> Iterator[None]:
+    """forkd's errors (404, 409, ...) as the Connect codes the SDK maps to its exceptions."""
+    try:
+        yield
+    except ForkdError as exc:
+        raise as_connect(exc) from None
+
+
 class FilesystemService(filesystem_connect.Filesystem):
     """Everything not defined here answers ``unimplemented`` (the generated base's default)."""
 
@@ -76,10 +86,8 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def stat(self, request: filesystem_pb.StatRequest,
                    ctx: RequestContext[filesystem_pb.StatRequest, filesystem_pb.StatResponse], /,
                    ) -> filesystem_pb.StatResponse:
-        try:
+        with connect_errors():
             info = await self._runtime().file_stat(self._sandbox(ctx), guest_path(request.path))
-        except ForkdError as exc:
-            raise as_connect(exc) from None
         return filesystem_pb.StatResponse(entry=entry(info))
 
     async def list_dir(self, request: filesystem_pb.ListDirRequest,
@@ -89,7 +97,7 @@ class FilesystemService(filesystem_connect.Filesystem):
         depth = min(max(request.depth, 1), MAX_DEPTH)
         out: list[filesystem_pb.EntryInfo] = []
         todo = [(guest_path(request.path), 1)]
-        try:
+        with connect_errors():
             while todo and len(out) < MAX_ENTRIES:
                 path, level = todo.pop(0)
                 listing = await self._runtime().file_list(sandbox, path)
@@ -97,40 +105,32 @@ class FilesystemService(filesystem_connect.Filesystem):
                     out.append(entry(info))
                     if info["type"] == "dir" and level < depth:
                         todo.append((info["path"], level + 1))
-        except ForkdError as exc:
-            raise as_connect(exc) from None
         return filesystem_pb.ListDirResponse(entries=out[:MAX_ENTRIES])
 
     async def make_dir(self, request: filesystem_pb.MakeDirRequest,
                        ctx: RequestContext[filesystem_pb.MakeDirRequest, filesystem_pb.MakeDirResponse], /,
                        ) -> filesystem_pb.MakeDirResponse:
         sandbox, path = self._sandbox(ctx), guest_path(request.path)
-        try:
+        with connect_errors():
             made = await self._runtime().file_mkdir(sandbox, path, parents=True)
             if not made["created"]:
                 raise ConnectError(Code.ALREADY_EXISTS, f"directory {path} already exists")
             info = await self._runtime().file_stat(sandbox, path)
-        except ForkdError as exc:
-            raise as_connect(exc) from None
         return filesystem_pb.MakeDirResponse(entry=entry(info))
 
     async def remove(self, request: filesystem_pb.RemoveRequest,
                      ctx: RequestContext[filesystem_pb.RemoveRequest, filesystem_pb.RemoveResponse], /,
                      ) -> filesystem_pb.RemoveResponse:
-        try:
+        with connect_errors():
             await self._runtime().file_remove(self._sandbox(ctx), guest_path(request.path), recursive=True)
-        except ForkdError as exc:
-            raise as_connect(exc) from None
         return filesystem_pb.RemoveResponse()
 
     async def move(self, request: filesystem_pb.MoveRequest,
                    ctx: RequestContext[filesystem_pb.MoveRequest, filesystem_pb.MoveResponse], /,
                    ) -> filesystem_pb.MoveResponse:
-        try:
+        with connect_errors():
             info = await self._runtime().file_move(self._sandbox(ctx), guest_path(request.source),
                                                    guest_path(request.destination))
-        except ForkdError as exc:
-            raise as_connect(exc) from None
         return filesystem_pb.MoveResponse(entry=entry(info))
 
 
