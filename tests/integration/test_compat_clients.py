@@ -197,3 +197,26 @@ def test_workspace_suspends_and_resumes_under_the_same_id(clean: Daemon) -> None
         while [s["tag"] for s in c.get("/v1/snapshots").json()] != ["base", "code-interpreter-v1"]:
             assert time.monotonic() < deadline, c.get("/v1/snapshots").json()
             time.sleep(0.2)
+
+
+def test_a_paused_sandbox_outlives_a_daemon_restart(clients_python: Path, clean: Daemon) -> None:
+    """Last in the module: it restarts the shared daemon. A pause holds no VM, only a state
+    snapshot and a registry row, so a new daemon resumes it (E2B's connect) under its id."""
+    with clean.client(timeout=600) as c:
+        made = c.post("/v2/sandboxes", json={"templateID": "base", "metadata": {"k": "v"}},
+                      headers={"X-API-KEY": clean.token})
+        assert made.status_code == 201, made.text
+        sb = made.json()["sandboxID"]
+        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "survivor = 7"}).json()["exit_code"] == 0
+        assert c.post(f"/sandboxes/{sb}/pause", headers={"X-API-KEY": clean.token}).status_code == 204
+    clean.stop()
+    clean.start()
+    with clean.client(timeout=600) as c:
+        key = {"X-API-KEY": clean.token}
+        info = c.get(f"/sandboxes/{sb}", headers=key).json()
+        assert info["state"] == "paused" and info["metadata"] == {"k": "v"}, info
+        resumed = c.post(f"/v2/sandboxes/{sb}/connect", json={"timeout": 120}, headers=key)
+        assert resumed.status_code == 201 and resumed.json()["sandboxID"] == sb, resumed.text
+        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "survivor"}).json()["result"] == "7"
+        assert c.delete(f"/sandboxes/{sb}", headers=key).status_code == 204
+        assert c.delete(f"/sandboxes/{sb}", headers=key).status_code == 404

@@ -4207,7 +4207,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            /** @description The daemon is at its branch concurrency cap. */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -160,7 +160,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
         app.add_middleware(BearerAuthMiddleware, token=token)
     secret = token.encode() if token is not None else (lambda: load_or_make_key(settings.data().root))
     app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=AccessTokens(secret),
-                       api_key=token, max_body_bytes=settings.max_body_bytes,
+                       api_key=token, gate=app.state.branch_gate, max_body_bytes=settings.max_body_bytes,
                        max_file_bytes=settings.max_file_bytes)
     app.add_middleware(AuditMiddleware, audit=audit)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Response, status
 
+from forkd.api.deps import get_branch_gate
+from forkd.api.limits import BranchGate
 from forkd.api.routes import (
     BAD_REQUEST,
     COMMON_ERRORS,
@@ -81,14 +83,17 @@ async def delete_workspace(name: NamePath, rt: Runtime) -> Response:
     response_model=WorkspaceInfo,
     summary="Branch its running sandbox to a state snapshot, then stop it",
     responses={**NO_WORKSPACE, **TOO_LARGE, **GUEST_ERRORS,
-               409: {"model": ErrorBody, "description": "It is not running."}},
+               409: {"model": ErrorBody, "description": "It is not running."},
+               503: {"model": ErrorBody, "description": "The daemon is at its branch concurrency cap."}},
     **_AS_GIVEN,
 )
 async def suspend_workspace(
-    name: NamePath, rt: Runtime, req: Annotated[SuspendWorkspaceRequest | None, Body()] = None,
+    name: NamePath, rt: Runtime, gate: Annotated[BranchGate, Depends(get_branch_gate)],
+    req: Annotated[SuspendWorkspaceRequest | None, Body()] = None,
 ) -> dict[str, Any]:
     mode = "diff" if req is not None and req.diff else "full"
-    return await rt.suspend_workspace(name, mode=mode)
+    with gate.enter(None, rt.tag_in_flight):  # a suspend is a branch: it counts against the cap
+        return await rt.suspend_workspace(name, mode=mode)
 
 
 @router.post(

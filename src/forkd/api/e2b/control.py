@@ -30,6 +30,7 @@ from forkd import bounds
 from forkd.api.e2b import shapes
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.limits import BranchGate
 from forkd.errors import Busy, ForkdError
 
 if TYPE_CHECKING:
@@ -99,7 +100,10 @@ def _set(value: object) -> bool:
     return not isinstance(value, Unset) and value is not None
 
 
-def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: str | None) -> FastAPI:
+def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: str | None,
+                       gate: BranchGate) -> FastAPI:
+    """``gate``: the daemon's BRANCH concurrency gate, which a pause and a fork enter as forkd's
+    own branch and fork routes do (503 at the cap)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     def rt() -> Runtime:
@@ -217,7 +221,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
                            "a pause keeps the memory state")
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
-        await rt().pause(sandbox_id)
+        with gate.enter(None, rt().tag_in_flight):
+            await rt().pause(sandbox_id)
         return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/fork", status_code=201)
@@ -234,7 +239,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
         # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
         labels = {k: v for k, v in view["metadata"].items() if k not in FORK_LABELS}
-        result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout)
+        with gate.enter(None, rt().tag_in_flight):
+            result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout)
         entries: list[dict[str, Any] | None] = [None] * count
         for child, index in zip(result.children, _indices(count, result.errors), strict=True):
             entries[index] = {"sandbox": shapes.created(child.id, view["template"], tokens)}

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from forkd.api.e2b.control import PREFIXES, create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic, is_sandbox_request
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.limits import BodySizeLimitMiddleware
+from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -43,10 +43,10 @@ class E2BDispatch:
     """ASGI middleware: E2B's requests to the E2B apps, the rest to ``app``."""
 
     def __init__(self, app: ASGIApp, runtime: Callable[[], Runtime | None], tokens: AccessTokens,
-                 api_key: str | None, max_body_bytes: int, max_file_bytes: int) -> None:
+                 api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int) -> None:
         self.app = app
-        self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key), max_body_bytes,
-                                               shape=_rest_shape)
+        self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
+                                               max_body_bytes, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
                            process_app=None),
