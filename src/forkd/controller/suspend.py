@@ -108,7 +108,9 @@ class Suspender:
         check_sandbox_id(sandbox_id)
         sandbox_id = self._table.resolve(sandbox_id)
         if self._registry.has_paused(sandbox_id):
-            raise Conflict(f"sandbox {sandbox_id} is already paused")
+            if sandbox_id not in self._table:
+                raise Conflict(f"sandbox {sandbox_id} is already paused")
+            self.discard(sandbox_id)  # a daemon died mid-pause: the live sandbox wins
         async with self._exclusive(sandbox_id):
             self._table.get(sandbox_id)  # 404 / died, before anything is written
             record = self._registry.get_sandbox(sandbox_id)
