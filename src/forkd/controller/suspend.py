@@ -141,7 +141,7 @@ class Suspender:
             paused = self._registry.get_paused(sandbox_id)
             if sandbox_id in self._table:
                 # It was never killed (a daemon died mid-pause): the live one wins.
-                self.discard(sandbox_id)
+                self._forget(paused)
                 return self._registry.get_sandbox(sandbox_id)
             spec = ChildSpec(memory_limit_mib=paused.memory_limit_mib, metadata=dict(paused.metadata),
                              cpu_limit=paused.cpu_limit, pids_limit=paused.pids_limit, sandbox_id=sandbox_id)
@@ -160,7 +160,10 @@ class Suspender:
         paused = self._registry.get_paused(sandbox_id)
         if sandbox_id in self._busy:
             raise Conflict(f"sandbox {sandbox_id} is being resumed; retry shortly")
-        self._registry.delete_paused(sandbox_id)
+        self._forget(paused)
+
+    def _forget(self, paused: PausedRecord) -> None:
+        self._registry.delete_paused(paused.id)
         if self._store.exists(paused.state_tag):
             self._registry.set_auto_delete(paused.state_tag, True)
 
