@@ -63,6 +63,7 @@ bench: setup
 	$(BIN)/python bench/fork_vs_boot.py
 	$(BIN)/python bench/branch.py
 	$(BIN)/python bench/fork_running.py
+	$(BIN)/python bench/travel.py
 
 lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts

@@ -121,6 +121,10 @@ SANDBOX_ID_MAX = 48
 SANDBOX_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{SANDBOX_ID_MAX - 1}}}$")
 SANDBOX_ID_RULE = (f"ids are 1 to {SANDBOX_ID_MAX} letters, digits, '.', '_' or '-', starting with a "
                    "letter or digit, e.g. sb-67a1b3-0000")
+# A fleet host (``forkd daemon --host-id``) puts its id in every sandbox id it makes:
+# sb-<host>-<6 hex>-<4 digits> (within SANDBOX_ID_RE); the gateway routes per-sandbox calls by it.
+HOST_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
+HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

@@ -39,6 +39,8 @@ import type {
   PromoteOptions,
   PromoteRequest,
   PromoteResponse,
+  PullResult,
+  PushResult,
   SandboxInfo,
   SnapshotDetail,
   SnapshotInfo,
@@ -394,6 +396,23 @@ export class Controller {
   /** `GET /v1/pools`: every warm pool. */
   listPools(): Promise<PoolInfo[]> {
     return this.#http.json({ method: "GET", path: "/v1/pools" });
+  }
+
+  // ------------------------------------------------------- the object store
+
+  /** `POST /v1/snapshots/{tag}/push`: publish it (and the chain its disk needs) to the object store. */
+  pushSnapshot(tag: string, options: { force?: boolean } = {}): Promise<PushResult> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/snapshots/${seg(tag)}/push`,
+      json: options.force ? { force: true } : undefined,
+      wait: "unbounded",
+    });
+  }
+
+  /** `POST /v1/snapshots/{tag}/pull`: fetch it from the object store onto the daemon's host. */
+  pullSnapshot(tag: string): Promise<PullResult> {
+    return this.#http.json({ method: "POST", path: `/v1/snapshots/${seg(tag)}/pull`, wait: "unbounded" });
   }
 
   // ------------------------------------------------------------------- files

@@ -387,6 +387,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/snapshots/{tag}/pull": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Fetch the snapshot (and the ancestors this host lacks) from the object store */
+        post: operations["pull_v1_snapshots__tag__pull_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots/{tag}/push": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Publish the snapshot, with the chain its disk needs, to the object store */
+        post: operations["push_v1_snapshots__tag__push_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces": {
         parameters: {
             query?: never;
@@ -1094,6 +1128,69 @@ export interface components {
             /** Tree Id */
             tree_id: string;
             winner: components["schemas"]["SandboxInfo"];
+        } & {
+            [key: string]: unknown;
+        };
+        /** PullResult */
+        PullResult: {
+            /**
+             * Bytes Downloaded
+             * @description Compressed bytes fetched.
+             */
+            bytes_downloaded: number;
+            /**
+             * Created
+             * @description Snapshots registered here by this pull, oldest first.
+             */
+            created: string[];
+            /**
+             * Reused
+             * @description Snapshots of the chain this host already held (same content).
+             */
+            reused: string[];
+            /** Tag */
+            tag: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** PushRequest */
+        PushRequest: {
+            /**
+             * Force
+             * @description Replace a different snapshot of the same tag in the store.
+             * @default false
+             */
+            force?: boolean;
+        };
+        /** PushResult */
+        PushResult: {
+            /**
+             * Blobs
+             * @description Distinct files the chain is made of (base image included).
+             */
+            blobs: number;
+            /**
+             * Blobs Uploaded
+             * @description Those the store lacked (content-addressed: the rest were there).
+             */
+            blobs_uploaded: number;
+            /**
+             * Bytes Uploaded
+             * @description Compressed bytes sent.
+             */
+            bytes_uploaded: number;
+            /**
+             * Lineage
+             * @description The snapshots pushed, oldest first: the chain its disk needs.
+             */
+            lineage: string[];
+            /**
+             * Store
+             * @description The object store, s3://bucket/prefix.
+             */
+            store: string;
+            /** Tag */
+            tag: string;
         } & {
             [key: string]: unknown;
         };
@@ -3765,6 +3862,173 @@ export interface operations {
             };
             /** @description Internal error (see daemon logs). */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pull_v1_snapshots__tag__pull_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Snapshot tag. */
+                tag: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PullResult"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The store does not hold this tag. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No object store is configured (--store), this host cannot restore it (accelerator, CPU model or QEMU release differ), or it holds a different snapshot of a tag in its chain. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The object store failed, refused the request or served a corrupt blob. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    push_v1_snapshots__tag__push_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Snapshot tag. */
+                tag: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PushRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PushResult"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such snapshot. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No object store is configured (--store), the snapshot is not ready, or the store holds a different snapshot of this tag. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The object store failed or refused the request. */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };

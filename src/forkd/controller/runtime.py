@@ -18,6 +18,8 @@ state and is the only code that changes it:
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
   copies of branch chains.
+* ``SnapshotTravel`` (travel.py): pack/unpack, push/pull to an object store, and
+  fetching a tag this host lacks before a spawn of it.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -50,6 +52,7 @@ from forkd.controller.suspend import Suspender
 from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
+from forkd.controller.travel import SnapshotTravel
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
@@ -57,7 +60,8 @@ from forkd.host import cgroups
 from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
-from forkd.store.layout import check_sandbox_id, check_tag
+from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
+from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import (
     PausedRecord,
     PoolConfig,
@@ -102,13 +106,23 @@ class Runtime:
         self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots)
         self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
         self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
+        self.travel = SnapshotTravel(data, registry, self.tags, self.accel)
+        self.spawner.fetch_missing_from(self.travel)
 
     # ---------------------------------------------------------------- open/close
 
     @classmethod
-    async def open(cls, data: DataDir | None = None) -> Runtime:
+    async def open(cls, data: DataDir | None = None, *, store: str | None = None,
+                   host_id: str | None = None) -> Runtime:
+        """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
+        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
         data = (data or DataDir.from_env()).ensure()
+        object_store = ObjectStore(store) if store else None
+        if host_id is not None:
+            check_host_id(host_id)
         rt = cls(data, Registry(data.registry))
+        rt.travel.store = object_store
+        rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         rt.checkpoints.start()  # policies kept in the registry count calls again
@@ -418,6 +432,23 @@ class Runtime:
     async def delete_workspace(self, name: str) -> None:
         await self.workspaces.delete(name)
         await self.forker.collect()  # a suspended one leaves its state snapshot to collect
+
+    # ---------------------------------------------------------------- travel (controller/travel.py)
+
+    @property
+    def host_id(self) -> str | None:
+        return self.spawner.host_id
+
+    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        """Publish ``tag`` and the chain it needs to the object store (blobs it lacks, then manifests)."""
+        return await self.travel.push(tag, force=force)
+
+    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
+        """Fetch ``tag`` (and the ancestors this host lacks) from the object store and register it."""
+        return await self.travel.pull(tag)
+
+    def travel_stats(self) -> dict[str, int]:
+        return self.travel.stats()
 
     # ---------------------------------------------------------------- warm pools
 
