@@ -12,7 +12,9 @@ turns into ``SandboxNotRunningException`` (and ``is_running()`` into False).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -50,6 +52,15 @@ def connect_body(code: Code, message: str) -> bytes:
 def as_connect(exc: ForkdError) -> ConnectError:
     status = exc.status if 400 <= exc.status <= 599 else 500
     return ConnectError(CONNECT_CODE.get(status, Code.INTERNAL), str(exc) or type(exc).__name__)
+
+
+@contextlib.contextmanager
+def connect_errors() -> Iterator[None]:
+    """Inside a Connect service: forkd's errors (404, 409, ...) as the codes the SDK maps."""
+    try:
+        yield
+    except ForkdError as exc:
+        raise as_connect(exc) from None
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,

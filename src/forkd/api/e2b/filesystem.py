@@ -12,10 +12,9 @@ runs everything as root, so here they resolve against ``/root``.
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
@@ -24,8 +23,7 @@ from connectrpc.request import RequestContext
 from e2b.envd.filesystem import filesystem_connect, filesystem_pb
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
-from forkd.api.e2b.errors import as_connect
-from forkd.errors import ForkdError
+from forkd.api.e2b.errors import connect_errors
 from forkd.guest import protocol
 
 if TYPE_CHECKING:
@@ -61,13 +59,12 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
     )
 
 
-@contextlib.contextmanager
-def connect_errors() -> Iterator[None]:
-    """forkd's errors (404, 409, ...) as the Connect codes the SDK maps to its exceptions."""
-    try:
-        yield
-    except ForkdError as exc:
-        raise as_connect(exc) from None
+def sandbox_of(ctx: RequestContext[Any, Any]) -> str:
+    """The sandbox a Connect call is for (the dispatcher checked its id and token)."""
+    sandbox_id = ctx.request_headers.get(SANDBOX_HEADER)
+    if not sandbox_id:
+        raise ConnectError(Code.INVALID_ARGUMENT, "missing E2b-Sandbox-Id header")
+    return sandbox_id
 
 
 class FilesystemService(filesystem_connect.Filesystem):
@@ -76,24 +73,17 @@ class FilesystemService(filesystem_connect.Filesystem):
     def __init__(self, runtime: Callable[[], Runtime]) -> None:
         self._runtime = runtime
 
-    @staticmethod
-    def _sandbox(ctx: RequestContext[Any, Any]) -> str:
-        sandbox_id = ctx.request_headers.get(SANDBOX_HEADER)
-        if not sandbox_id:
-            raise ConnectError(Code.INVALID_ARGUMENT, "missing E2b-Sandbox-Id header")
-        return sandbox_id
-
     async def stat(self, request: filesystem_pb.StatRequest,
                    ctx: RequestContext[filesystem_pb.StatRequest, filesystem_pb.StatResponse], /,
                    ) -> filesystem_pb.StatResponse:
         with connect_errors():
-            info = await self._runtime().file_stat(self._sandbox(ctx), guest_path(request.path))
+            info = await self._runtime().file_stat(sandbox_of(ctx), guest_path(request.path))
         return filesystem_pb.StatResponse(entry=entry(info))
 
     async def list_dir(self, request: filesystem_pb.ListDirRequest,
                        ctx: RequestContext[filesystem_pb.ListDirRequest, filesystem_pb.ListDirResponse], /,
                        ) -> filesystem_pb.ListDirResponse:
-        sandbox = self._sandbox(ctx)
+        sandbox = sandbox_of(ctx)
         depth = min(max(request.depth, 1), MAX_DEPTH)
         out: list[filesystem_pb.EntryInfo] = []
         todo = [(guest_path(request.path), 1)]
@@ -110,7 +100,7 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def make_dir(self, request: filesystem_pb.MakeDirRequest,
                        ctx: RequestContext[filesystem_pb.MakeDirRequest, filesystem_pb.MakeDirResponse], /,
                        ) -> filesystem_pb.MakeDirResponse:
-        sandbox, path = self._sandbox(ctx), guest_path(request.path)
+        sandbox, path = sandbox_of(ctx), guest_path(request.path)
         with connect_errors():
             made = await self._runtime().file_mkdir(sandbox, path, parents=True)
             if not made["created"]:
@@ -122,14 +112,14 @@ class FilesystemService(filesystem_connect.Filesystem):
                      ctx: RequestContext[filesystem_pb.RemoveRequest, filesystem_pb.RemoveResponse], /,
                      ) -> filesystem_pb.RemoveResponse:
         with connect_errors():
-            await self._runtime().file_remove(self._sandbox(ctx), guest_path(request.path), recursive=True)
+            await self._runtime().file_remove(sandbox_of(ctx), guest_path(request.path), recursive=True)
         return filesystem_pb.RemoveResponse()
 
     async def move(self, request: filesystem_pb.MoveRequest,
                    ctx: RequestContext[filesystem_pb.MoveRequest, filesystem_pb.MoveResponse], /,
                    ) -> filesystem_pb.MoveResponse:
         with connect_errors():
-            info = await self._runtime().file_move(self._sandbox(ctx), guest_path(request.source),
+            info = await self._runtime().file_move(sandbox_of(ctx), guest_path(request.source),
                                                    guest_path(request.destination))
         return filesystem_pb.MoveResponse(entry=entry(info))
 
