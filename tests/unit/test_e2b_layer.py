@@ -99,6 +99,11 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     assert call.kwargs["timeout_secs"] == 60
 
 
+def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
+    resp = client.post("/v2/sandboxes", json={"templateID": "nope"}, headers={"X-API-KEY": TOKEN})
+    assert "forkd snapshot --tag nope" in rest_error(resp, 404)
+
+
 def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
     for method, path in (("GET", f"/sandboxes/{SB}/metrics"), ("POST", f"/sandboxes/{SB}/snapshots"),
                          ("DELETE", "/templates/t1"), ("GET", "/volumes")):

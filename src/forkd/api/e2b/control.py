@@ -31,7 +31,7 @@ from forkd.api.e2b import shapes
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
-from forkd.errors import Busy, ForkdError
+from forkd.errors import Busy, ForkdError, NotFound
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -166,8 +166,17 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         for name in ("network", "mcp", "iam", "volumeMounts", "autoResume"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
-        [record] = await rt().spawn(req.template_id, 1, env=env or None, metadata=metadata or None,
-                                    timeout_secs=timeout)
+        try:
+            [record] = await rt().spawn(req.template_id, 1, env=env or None, metadata=metadata or None,
+                                        timeout_secs=timeout)
+        except NotFound:
+            try:
+                rt().get_snapshot(req.template_id)
+            except NotFound as missing:  # the template itself (not something the spawn needed)
+                raise E2BError(404, f"template {req.template_id!r} is not a snapshot on this daemon: make "
+                               f"one with `forkd snapshot --tag {req.template_id}` (a template is a forkd "
+                               "snapshot tag; see docs/E2B.md)") from missing
+            raise
         return shapes.created(record.id, req.template_id, tokens)
 
     @app.post("/v2/sandboxes/{sandbox_id}/connect")
