@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from forkd.api.app import create_app
 from forkd.api.e2b import uploads
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
-from forkd.api.settings import Settings
 from forkd.errors import InvalidRequest, TooLarge
+from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
-TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 SB = "sb-67a1b3-0000"
 OTHER = "sb-67a1b3-0001"
 
@@ -40,10 +38,7 @@ def fake() -> FakeRuntime:
 
 @pytest.fixture
 def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    (tmp_path / "token").write_text(TOKEN)
-    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
-                        audit_log=tmp_path / "audit.log", max_file_bytes=1 << 20)
-    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False) as c:
+    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
         yield c
 
 

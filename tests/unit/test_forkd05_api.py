@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from forkd.api.app import create_app
-from forkd.api.settings import Settings
 from forkd.errors import VMError
 from forkd.host import pagecache, procmem
+from tests.fakes.app import AUTH, app_client
 from tests.fakes.runtime import FakeRuntime
 
-TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 SB = "sb-67a1b3-0000"
 
 
@@ -32,11 +30,7 @@ def fake() -> FakeRuntime:
 
 @pytest.fixture
 def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    (tmp_path / "token").write_text(TOKEN)
-    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
-                        audit_log=tmp_path / "audit.log")
-    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False,
-                    headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+    with app_client(tmp_path, fake, headers=AUTH) as c:
         yield c
 
 
