@@ -64,6 +64,7 @@ bench: setup
 	$(BIN)/python bench/branch.py
 	$(BIN)/python bench/fork_running.py
 	$(BIN)/python bench/travel.py
+	$(BIN)/python bench/network_setup.py
 
 lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts

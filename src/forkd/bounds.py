@@ -103,6 +103,10 @@ METADATA = StringMap("metadata", 64, 128, 1024)
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 
+# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child)
+MAX_EGRESS_ENTRIES = 256
+MAX_EGRESS_ENTRY_CHARS = 64
+
 # --- warm pools: paused children per snapshot (each holds a QEMU process and its memory)
 POOL_SIZE = Range("size", 0, 100, integer=True)
 

@@ -38,8 +38,20 @@ from forkd.controller.forks import ForkResult
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
+
+
+def _egress_kwargs(allow_internet_access: bool | None, network: dict[str, Any] | None) -> dict[str, Any]:
+    """The egress arguments of a call, checked by the real rule; recorded only when given."""
+    EgressPolicy.from_request(allow_internet_access, network)
+    out: dict[str, Any] = {}
+    if allow_internet_access:
+        out["allow_internet_access"] = True
+    if network is not None:
+        out["network"] = network
+    return out
 
 CREATED = 1717000000
 MODES = ("full", "diff", "live")
@@ -227,11 +239,13 @@ class FakeRuntime:
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None,
                     timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, prewarm: bool = False) -> list[SandboxRecord]:
+                    pids_limit: int | None = None, allow_internet_access: bool | None = None,
+                    network: dict[str, Any] | None = None, prewarm: bool = False) -> list[SandboxRecord]:
         extra = {"prewarm": True} if prewarm else {}
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
-                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit, **extra)
+                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
+                   **_egress_kwargs(allow_internet_access, network), **extra)
         self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                           metadata=metadata)
         child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
@@ -264,12 +278,14 @@ class FakeRuntime:
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None,
+        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> ForkResult:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
         extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
-        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra)
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra,
+                   **_egress_kwargs(allow_internet_access, network))
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
@@ -604,9 +620,12 @@ class FakeRuntime:
     # Pools fill at once (no VMs); spawns do not draw from them here.
 
     async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+                       per_child_netns: bool = False, live_fork: bool = False,
+                       allow_internet_access: bool | None = None,
+                       network: dict[str, Any] | None = None) -> dict[str, Any]:
         self._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
-                   per_child_netns=per_child_netns, live_fork=live_fork)
+                   per_child_netns=per_child_netns, live_fork=live_fork,
+                   **_egress_kwargs(allow_internet_access, network))
         bounds.POOL_SIZE.check(size)
         if size:
             self._snapshot(tag).check_forkable()  # 404, then the real 409 messages

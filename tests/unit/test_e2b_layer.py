@@ -67,7 +67,8 @@ def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient)
 @pytest.mark.parametrize(("body", "why"), [
     ({}, "templateID"),
     ({"templateID": "base", "autoPause": True}, "autoPause"),
-    ({"templateID": "base", "allow_internet_access": True}, "allow_internet_access"),
+    ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
+    ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
     ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
     ({"templateID": "base", "timeout": "300"}, "timeout"),
     ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
@@ -92,6 +93,16 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
     assert call.kwargs["timeout_secs"] == 60
+
+
+def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "allow_internet_access": True,
+                             "network": {"allowOut": ["192.0.2.7:443"], "denyOut": [], "rules": {}}})
+    assert resp.status_code == 201, resp.text
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["allow_internet_access"] is True
+    assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
 
 
 def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:

@@ -47,7 +47,7 @@ class StubSpawner:
         self.specs: list[tuple[str, ChildSpec]] = []
 
     async def spawn_each(self, tag: str, specs: list[ChildSpec], *, per_child_netns: bool = False,
-                         live_fork: bool = False) -> list[Any]:
+                         live_fork: bool = False, egress: Any = None) -> list[Any]:
         self.specs += [(tag, s) for s in specs]
         if self.fail is not None:
             return [self.fail]

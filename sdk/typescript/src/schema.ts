@@ -620,6 +620,12 @@ export interface components {
         /** CreateSnapshotRequest */
         CreateSnapshotRequest: {
             /**
+             * Allow Internet Access
+             * @description The template's own egress while it boots and runs setup (e.g. pip install). Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Boot Wait Secs
              * @description Upper bound on waiting for the warm guest agent to answer after boot.
              * @default 120
@@ -642,6 +648,14 @@ export interface components {
              * @default 512
              */
             mem_mib?: number;
+            /** @description The template's own egress. Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
+            /**
+             * Nic
+             * @description Give the template, and so every child, a network device (eth0 with an address, a route and DNS). The daemon makes the namespace and tap: no host set-up.
+             * @default false
+             */
+            nic?: boolean;
             /**
              * Rootfs
              * @description Host path of an ext4 root filesystem; default: the image's.
@@ -677,7 +691,7 @@ export interface components {
             tag: string;
             /**
              * Tap
-             * @description Host tap device for the template's network interface.
+             * @description Name of the NIC's tap device inside each sandbox's namespace (default forkd-tap0); giving it implies nic.
              */
             tap?: string | null;
             /**
@@ -884,6 +898,12 @@ export interface components {
         /** ForkRequest */
         ForkRequest: {
             /**
+             * Allow Internet Access
+             * @description The children's egress (the source keeps its own). Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Child Env
              * @description One environment per child, over env.
              */
@@ -932,6 +952,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             } | null;
+            /** @description The children's egress. Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
              * @description As in POST /v1/sandboxes.
@@ -1008,6 +1030,22 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * NetworkPolicy
+         * @description Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations.
+         */
+        NetworkPolicy: {
+            /**
+             * Allow Out
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             */
+            allow_out?: string[];
+            /**
+             * Deny Out
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             */
+            deny_out?: string[];
+        };
         /** PingResponse */
         PingResponse: {
             /** Numpy Version */
@@ -1021,6 +1059,11 @@ export interface components {
         };
         /** PoolInfo */
         PoolInfo: {
+            /**
+             * Allow Internet Access
+             * @default false
+             */
+            allow_internet_access?: boolean;
             /**
              * Claims
              * @description Children handed out from the pool since the daemon started.
@@ -1049,6 +1092,13 @@ export interface components {
              */
             misses?: number;
             /**
+             * Network
+             * @description allow_out / deny_out of the members.
+             */
+            network?: {
+                [key: string]: string[];
+            } | null;
+            /**
              * Per Child Netns
              * @default false
              */
@@ -1071,6 +1121,12 @@ export interface components {
         /** PoolRequest */
         PoolRequest: {
             /**
+             * Allow Internet Access
+             * @description Members' egress; only spawns asking for the same egress draw from the pool.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Live Fork
              * @description Members can take mode=live branches; only live_fork spawns draw from the pool.
              * @default false
@@ -1081,6 +1137,8 @@ export interface components {
              * @description Members get this cgroup memory limit; only spawns asking for it draw from the pool.
              */
             memory_limit_mib?: number | null;
+            /** @description Members' egress lists; only spawns asking for the same draw from the pool. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
              * @description Members run in forkd-child-<i> namespaces; only such spawns draw from the pool.
@@ -1219,6 +1277,12 @@ export interface components {
              * @example sb-67a1b3-0000
              */
             id: string;
+            /**
+             * Ip
+             * @description Where the host reaches this sandbox: every port of this address is forwarded to the guest. Present for snapshots with a NIC.
+             * @example 10.201.0.7
+             */
+            ip?: string | null;
             /** Live Fork */
             live_fork?: boolean | null;
             /** Memory Limit Mib */
@@ -1232,9 +1296,11 @@ export interface components {
             } | null;
             /**
              * Netns
-             * @description Network namespace; null without per_child_netns.
+             * @description The network namespace its QEMU runs in: forkd-child-<i> (per_child_netns), forkd-<id> (a snapshot with a NIC), else null.
              */
             netns?: string | null;
+            /** @description Its network: the guest's view and its egress policy. Present for snapshots with a NIC. */
+            network?: components["schemas"]["SandboxNetwork"] | null;
             /**
              * Pid
              * @description Host PID of the sandbox's QEMU process.
@@ -1254,6 +1320,34 @@ export interface components {
             timings?: {
                 [key: string]: number;
             } | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** SandboxNetwork */
+        SandboxNetwork: {
+            /** Allow Internet Access */
+            allow_internet_access: boolean;
+            /** Allow Out */
+            allow_out: string[];
+            /** Deny Out */
+            deny_out: string[];
+            /**
+             * Dns
+             * @description The resolvers in the guest's /etc/resolv.conf.
+             */
+            dns: string[];
+            /**
+             * Guest Ip
+             * @description eth0's address inside the guest: the same in every sandbox.
+             * @example 172.16.0.2
+             */
+            guest_ip: string;
+            /**
+             * Host Gateway
+             * @description The host as the guest sees it (its default gateway).
+             * @example 10.201.0.1
+             */
+            host_gateway: string;
         } & {
             [key: string]: unknown;
         };
@@ -1402,6 +1496,12 @@ export interface components {
         /** SpawnRequest */
         SpawnRequest: {
             /**
+             * Allow Internet Access
+             * @description Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Child Env
              * @description One environment per child (length n), applied over env.
              */
@@ -1450,9 +1550,11 @@ export interface components {
              * @default 1
              */
             n?: number;
+            /** @description Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
-             * @description Place child i in the pre-provisioned network namespace forkd-child-<i>.
+             * @description Place each child in the namespace forkd-child-<i> (lowest free i): one scripts/netns-setup.sh provisioned is used as it is; a missing one is made and removed with the child. Without it, children of a snapshot with a NIC get a namespace forkd-<id> of their own.
              * @default false
              */
             per_child_netns?: boolean;

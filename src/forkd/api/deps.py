@@ -51,6 +51,8 @@ class RuntimeLike(Protocol):
         timeout_secs: float | None = None,
         cpu_limit: float | None = None,
         pids_limit: int | None = None,
+        allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
         prewarm: bool = False,
     ) -> list[Any]: ...
     async def fork(
@@ -68,6 +70,8 @@ class RuntimeLike(Protocol):
         metadata: dict[str, str] | None = None,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> Any: ...
     async def promote(
         self,
@@ -127,6 +131,8 @@ class RuntimeLike(Protocol):
         memory_limit_mib: int | None = None,
         per_child_netns: bool = False,
         live_fork: bool = False,
+        allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> dict[str, Any]: ...
     def get_pool(self, tag: str) -> dict[str, Any]: ...
     def list_pools(self) -> list[dict[str, Any]]: ...

@@ -110,6 +110,11 @@ def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
     from forkd.controller.runtime import SnapshotSpec
 
     given = req.model_dump(exclude_unset=True)
+    if "allow_internet_access" in given or "network" in given:
+        from forkd.host.egress import EgressPolicy
+
+        given["egress"] = EgressPolicy.from_request(given.pop("allow_internet_access", None),
+                                                    given.pop("network", None))
     supported = {f.name for f in dataclasses.fields(SnapshotSpec)}
     unsupported = sorted(set(given) - supported)
     if unsupported:
@@ -239,6 +244,8 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         timeout_secs=req.timeout_secs,
         cpu_limit=req.cpu_limit,
         pids_limit=req.pids_limit,
+        allow_internet_access=req.allow_internet_access,
+        network=req.network.model_dump() if req.network else None,
         prewarm=req.prewarm,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)

@@ -13,6 +13,7 @@ from rich.markup import escape
 from forkd import bounds
 from forkd.cli import forks, output
 from forkd.cli.context import JsonFlag, handle_errors, parse_pairs, state, usage_error, want_json
+from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.cli.pools import active_pools, pools_table
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
@@ -26,7 +27,7 @@ PerChildNetns = Annotated[
     bool,
     typer.Option(
         "--per-child-netns",
-        help="Put child i in network namespace forkd-child-<i> (scripts/netns-setup.sh N first).",
+        help="Put child i in network namespace forkd-child-<i> (made if missing, removed with it).",
     ),
 ]
 MemoryLimit = Annotated[
@@ -86,6 +87,9 @@ def fork(
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
     timeout: Lifetime = None,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     json_: JsonFlag = False,
 ) -> None:
     """Fork N sandboxes copy-on-write from a snapshot, or from a running sandbox.
@@ -100,6 +104,8 @@ def fork(
       forkd fork --tag checkpoint-1 -n 5 --per-child-netns --memory-limit-mib 256
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
       forkd fork --tag py --timeout 300
+      forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
+      forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
       forkd fork --from-sandbox sb-67a1b3-0042 -n 4 --tree -e SEED=7
     """
@@ -112,6 +118,7 @@ def fork(
             usage_error(ctx, f"{', '.join(extras)} only {verb} with --from-sandbox")
     env_map = parse_pairs(ctx, env, "--env")
     labels = parse_pairs(ctx, label, "--label")
+    network = network_policy(allow_out, deny_out)
     controller = state(ctx).controller()
     as_json = want_json(ctx, json_)
     started = time.monotonic()
@@ -122,7 +129,7 @@ def fork(
             result = fork_call(
                 from_sandbox, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                 live_fork=live_fork, env=env_map, metadata=labels, keep_snapshot=keep_snapshot,
-                timeout_secs=timeout,
+                timeout_secs=timeout, allow_internet_access=allow_internet_access, network=network,
             )
         if as_json:
             output.emit_json(result)
@@ -136,7 +143,7 @@ def fork(
         sandboxes = controller.spawn_sandboxes(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
-            timeout_secs=timeout,
+            timeout_secs=timeout, allow_internet_access=allow_internet_access, network=network,
         )
     if as_json:
         output.emit_json(sandboxes)
@@ -165,6 +172,9 @@ def branch(
     per_child_netns: PerChildNetns = False,
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     json_: JsonFlag = False,
 ) -> None:
     """Branch a running sandbox and fork N sandboxes from the branch, in one go.
@@ -192,6 +202,7 @@ def branch(
         sandboxes = controller.spawn_sandboxes(
             snap["tag"], n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            allow_internet_access=allow_internet_access, network=network_policy(allow_out, deny_out),
         )
     if as_json:
         output.emit_json({"snapshot": snap, "sandboxes": sandboxes})

@@ -6,7 +6,8 @@ state and is the only code that changes it:
 * ``TagReservations`` (tags.py): snapshot tags being written right now;
 * ``SnapshotStore`` (snapshots.py): registered snapshots, lineage, deletion;
 * ``SandboxTable`` (sandboxes.py): live VMs, one lock per sandbox, teardown;
-* ``HostTaps`` (host_taps.py), ``HostAccelerator`` (host_accel.py): host facts;
+* ``Networks`` (network.py): sandbox namespaces, addresses, links and egress rules;
+* ``HostAccelerator`` (host_accel.py): the host's accelerator;
 * ``TemplateBuilder`` (templates.py): creating snapshots from a booted template;
 * ``Spawner`` (spawner.py): forking children; ``Brancher`` (branch.py): BRANCH;
 * ``Forker`` (forks.py): fork / fork-tree / promote of a running sandbox, and
@@ -41,8 +42,8 @@ from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
-from forkd.controller.host_taps import HostTaps
 from forkd.controller.lifetimes import Reaper
+from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
@@ -58,6 +59,7 @@ from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
@@ -88,10 +90,9 @@ class Runtime:
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
-        self.taps = HostTaps(registry)
-        self.templates = TemplateBuilder(data, registry, self.tags, self.accel, self.taps)
-        self.spawner = Spawner(data, registry, self.sandboxes, self.snapshots, self.accel, self.taps,
-                               self.shm)
+        self.networks = Networks(data.root, registry)
+        self.templates = TemplateBuilder(data, registry, self.tags, self.accel, self.networks)
+        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm)
         self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots, self.tags)
         self.checkpoints = Checkpointer(registry, self.sandboxes, self.brancher, self.snapshots, self.forker)
@@ -100,6 +101,7 @@ class Runtime:
         self.sandboxes.on_removed(self.forker.after_removed)
         self.sandboxes.on_removed(self.checkpoints.after_removed)
         self.sandboxes.on_removed(self.pools.after_removed)
+        self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
@@ -124,6 +126,8 @@ class Runtime:
         rt.travel.store = object_store
         rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
+        # Networks of sandboxes that did not survive (and of interrupted templates) go.
+        await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         rt.checkpoints.start()  # policies kept in the registry count calls again
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
@@ -149,6 +153,7 @@ class Runtime:
                 cgroups.remove_parent_if_empty()
             # No sandbox left to need them: give the RAM back.
             self.shm.prune(keep=set())
+            await self.networks.close()
         self.registry.close()
 
     async def __aenter__(self) -> Runtime:
@@ -215,21 +220,28 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False,
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
-        cpu_limit: float | None = None, pids_limit: int | None = None, prewarm: bool = False,
+        cpu_limit: float | None = None, pids_limit: int | None = None,
+        allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
+        prewarm: bool = False,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
         ``timeout_secs``: each child is killed that long after the spawn returns
         (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
         (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
+        ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
+        "deny_out": [...]}``) open the children's egress, denied by default
+        (host/egress.py); they need a snapshot with a NIC.
         ``prewarm``: read the snapshot's memory into the page cache first.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
+        egress = EgressPolicy.from_request(allow_internet_access, network)
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
                                            env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit, prewarm=prewarm)
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress,
+                                           prewarm=prewarm)
         self.reaper.apply(records, timeout_secs)
         return records
 
@@ -238,7 +250,8 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None,
+        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> ForkResult:
         """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
 
@@ -249,7 +262,8 @@ class Runtime:
         options = ForkOptions(per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                               live_fork=live_fork, env=env, child_env=child_env,
                               child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
-                              keep_snapshot=keep_snapshot)
+                              keep_snapshot=keep_snapshot,
+                              egress=EgressPolicy.from_request(allow_internet_access, network))
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
         self.reaper.apply(result.children, timeout_secs)
         return result
@@ -394,7 +408,7 @@ class Runtime:
     def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
         """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``):
         id, template (the snapshot it was first forked from), state, started, ends, vcpus,
-        mem_mib, disk_mb, metadata. 404 if it is neither."""
+        mem_mib, disk_mb, metadata, egress. 404 if it is neither."""
         check_sandbox_id(sandbox_id)
         resolved = self.sandboxes.resolve(sandbox_id)
         if resolved in self.sandboxes and not self.sandboxes.hidden(resolved):
@@ -453,16 +467,20 @@ class Runtime:
     # ---------------------------------------------------------------- warm pools
 
     async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+                       per_child_netns: bool = False, live_fork: bool = False,
+                       allow_internet_access: bool | None = None,
+                       network: dict[str, Any] | None = None) -> dict[str, Any]:
         """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
         bounds.POOL_SIZE.check(size)
+        egress = EgressPolicy.from_request(allow_internet_access, network)
         if size or not self.pools.has(tag):
             self.snapshots.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
         if size:
             # The checks a spawn of that many children would meet (409 not ready, 400 options),
             # now rather than at every refill.
-            await self.spawner.check_request(tag, size, [memory_limit_mib], per_child_netns=per_child_netns)
-        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork)
+            await self.spawner.check_request(tag, [memory_limit_mib], per_child_netns=per_child_netns,
+                                             egress=egress)
+        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork, egress)
         return await self.pools.set(PoolConfig(key, size))
 
     def get_pool(self, tag: str) -> dict[str, Any]:
@@ -485,10 +503,14 @@ class Runtime:
         """
         for tag, size in sizes.items():
             current = self.pools.info(tag)
-            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"])
+            egress = EgressPolicy.from_request(current["allow_internet_access"], current["network"])
+            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"],
+                          egress)
             try:
                 await self.set_pool(tag, size, memory_limit_mib=key.memory_limit_mib,
-                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork)
+                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork,
+                                    allow_internet_access=egress.allow_internet_access,
+                                    network=current["network"])
             except NotFound:
                 log.warning("pool %s=%d: no snapshot %r yet; the pool fills once it exists", tag, size, tag)
                 await self.pools.set(PoolConfig(key, size))

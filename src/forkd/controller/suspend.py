@@ -8,7 +8,7 @@ workspace ``suspend`` / ``resume``:
   ``PausedRecord`` (its spawn options and labels), then kill it. Its id is free,
   its memory and CPU given back; only the snapshot's files remain.
 * resume: restore one child from the state snapshot *under the same id*, with
-  the recorded options and labels, and forget the record. The state snapshot
+  the recorded options, labels and egress policy, and forget the record. The state snapshot
   becomes ``auto_delete``: the resumed child runs from it, and it goes once no
   sandbox runs from it and no snapshot depends on it (the next pause's state
   does, while that one is kept).
@@ -33,6 +33,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import Conflict, ForkdError, NotFound
+from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import PausedRecord, Registry, SandboxRecord, now_unix
 from forkd.vmm import disk as disk_mod
@@ -55,10 +56,10 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
     if isinstance(record, PausedRecord):
         return {"id": record.id, "template": template, "state": "paused", "started": record.created_at_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
-                "metadata": dict(record.metadata)}
+                "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info()}
     return {"id": record.id, "template": template, "state": "running", "started": record.created_at_unix,
             "ends": record.expires_at_unix, "vcpus": record.config.vcpus, "mem_mib": record.config.mem_mib,
-            "disk_mb": disk_mib(record), "metadata": dict(record.metadata)}
+            "disk_mb": disk_mib(record), "metadata": dict(record.metadata), "egress": record.egress.info()}
 
 
 class Suspender:
@@ -121,7 +122,8 @@ class Suspender:
                 metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
                 per_child_netns=record.netns is not None, live_fork=record.live_fork,
-                vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record))
+                vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record),
+                egress=record.egress.info())
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._registry.insert_paused(paused)
@@ -147,7 +149,8 @@ class Suspender:
                              cpu_limit=paused.cpu_limit, pids_limit=paused.pids_limit, sandbox_id=sandbox_id)
             [outcome] = await self._spawner.spawn_each(paused.state_tag, [spec],
                                                        per_child_netns=paused.per_child_netns,
-                                                       live_fork=paused.live_fork)
+                                                       live_fork=paused.live_fork,
+                                                       egress=EgressPolicy.from_info(paused.egress))
             if isinstance(outcome, ForkdError):
                 raise outcome
             self._registry.delete_paused(sandbox_id)

@@ -59,6 +59,17 @@ def get_snapshot(tag: str) -> Call:
     return Call("GET", f"/v1/snapshots/{_seg(tag)}")
 
 
+def _egress(
+    body: dict[str, Any], allow_internet_access: bool, network: Mapping[str, Sequence[str]] | None
+) -> dict[str, Any]:
+    """The egress fields (E2B's names); sent only when they open something."""
+    if allow_internet_access:
+        body["allow_internet_access"] = True
+    if network is not None:
+        body["network"] = {key: list(value) for key, value in network.items()}
+    return body
+
+
 def create_snapshot(
     tag: str,
     *,
@@ -71,6 +82,9 @@ def create_snapshot(
     warm_imports: Sequence[str] | None,
     setup: Sequence[str | Sequence[str]] | None,
     extra: Mapping[str, Any],
+    nic: bool = False,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _put(
         {"tag": tag},
@@ -84,6 +98,9 @@ def create_snapshot(
         # The daemon takes argv lists; a plain string is a shell command line.
         setup=[command_args(step) for step in setup] if setup is not None else None,
     )
+    if nic:
+        body["nic"] = True
+    _egress(body, allow_internet_access, network)
     _put(body, **extra)
     return Call("POST", "/v1/snapshots", json=body, read_timeout=None)
 
@@ -103,8 +120,11 @@ def _child_options(
     child_env: Sequence[Mapping[str, str]] | None,
     metadata: Mapping[str, str] | None,
     timeout_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The spawn options that POST /v1/sandboxes and the fork routes share."""
+    _egress(body, allow_internet_access, network)
     if per_child_netns:
         body["per_child_netns"] = True
     if memory_limit_mib is not None:
@@ -131,9 +151,13 @@ def spawn_sandboxes(
     child_env: Sequence[Mapping[str, str]] | None = None,
     metadata: Mapping[str, str] | None = None,
     timeout_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
+        allow_internet_access=allow_internet_access,
+        network=network,
         per_child_netns=per_child_netns,
         memory_limit_mib=memory_limit_mib,
         live_fork=live_fork,
@@ -240,9 +264,13 @@ def fork_sandbox(
     metadata: Mapping[str, str] | None,
     keep_snapshot: bool,
     timeout_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _child_options(
         {"count": count},
+        allow_internet_access=allow_internet_access,
+        network=network,
         per_child_netns=per_child_netns,
         memory_limit_mib=memory_limit_mib,
         live_fork=live_fork,
@@ -292,8 +320,10 @@ def set_pool(
     memory_limit_mib: int | None,
     per_child_netns: bool,
     live_fork: bool,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
-    body = _put({"size": size}, memory_limit_mib=memory_limit_mib)
+    body = _egress(_put({"size": size}, memory_limit_mib=memory_limit_mib), allow_internet_access, network)
     if per_child_netns:
         body["per_child_netns"] = True
     if live_fork:

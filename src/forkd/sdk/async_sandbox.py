@@ -105,13 +105,16 @@ class AsyncSnapshot(SnapshotView):
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[AsyncSandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`AsyncSandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
-        ``timeout_secs`` as for :meth:`AsyncController.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata``,
+        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
+        :meth:`AsyncController.spawn_sandboxes`.
         """
         await self.wait_ready(wait_timeout)
         infos = await self.controller.spawn_sandboxes(
@@ -124,6 +127,8 @@ class AsyncSnapshot(SnapshotView):
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return [AsyncSandbox.from_info(info, self.controller) for info in infos]
 
@@ -222,7 +227,8 @@ class AsyncSandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`AsyncController` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        allow_internet_access, network:
             spawn options, see :meth:`AsyncController.spawn_sandboxes`.
     """
 
@@ -238,6 +244,8 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -250,6 +258,8 @@ class AsyncSandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "allow_internet_access": allow_internet_access,
+            "network": network,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -270,6 +280,8 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -281,6 +293,8 @@ class AsyncSandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         await sb.start()
         return sb
@@ -336,6 +350,19 @@ class AsyncSandbox:
             self._info = await self.controller.get_sandbox(self.id)
         return self._info
 
+    async def get_host(self, port: int) -> str:
+        """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).
+
+        Every port of the sandbox's SandboxInfo ``ip`` is forwarded to the guest;
+        it needs a snapshot made with ``nic=True`` (``ValueError`` otherwise).
+        """
+        info = self._info or await self.refresh()
+        ip = info.get("ip")
+        if not ip:
+            raise ValueError(f"sandbox {self.id} has no network address: fork it from a snapshot "
+                             "made with nic=True")
+        return f"{ip}:{int(port)}"
+
     async def refresh(self) -> SandboxInfo:
         """Re-read the SandboxInfo from the daemon."""
         self._info = await self.controller.get_sandbox(self.id)
@@ -376,6 +403,8 @@ class AsyncSandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -403,6 +432,8 @@ class AsyncSandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -419,6 +450,8 @@ class AsyncSandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -435,6 +468,8 @@ class AsyncSandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 

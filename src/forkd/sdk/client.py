@@ -174,6 +174,9 @@ class Controller:
         vcpus: int | None = None,
         warm_imports: Sequence[str] | None = None,
         setup: Sequence[str | Sequence[str]] | None = None,
+        nic: bool = False,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
         **extra: Any,
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
@@ -188,6 +191,11 @@ class Controller:
             setup: commands run in the guest, in order, before the snapshot: a
                 string runs via ``/bin/sh -c`` (``"pip install requests"``), a
                 list is an argv.
+            nic: give the template, and so every child, a network device (eth0
+                with an address, a route and DNS); children are then reachable
+                from the host at their SandboxInfo ``ip``.
+            allow_internet_access, network: the template's own egress while it
+                boots and runs ``setup`` (as for :meth:`spawn_sandboxes`).
             **extra: further body fields for newer daemons.
         """
         call = _calls.create_snapshot(
@@ -201,6 +209,9 @@ class Controller:
             warm_imports=warm_imports,
             setup=setup,
             extra=extra,
+            nic=nic,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(SnapshotInfo, self._send(call))
 
@@ -252,6 +263,8 @@ class Controller:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -268,6 +281,12 @@ class Controller:
             timeout_secs: each child is killed this many seconds after the
                 spawn returns (its SandboxInfo has ``expires_at_unix``);
                 :meth:`set_timeout` moves the deadline. Default: none.
+            allow_internet_access: open the children's outbound traffic to the
+                public internet (denied by default; needs a snapshot made with
+                ``nic=True`` and IP forwarding on the host).
+            network: finer egress, E2B's shape: ``{"allow_out": ["10.0.0.0/8",
+                "192.0.2.7:443"], "deny_out": [...]}`` (IPv4 addresses or CIDRs,
+                optionally ``:PORT`` or ``:FIRST-LAST``); allow wins over deny.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -279,6 +298,8 @@ class Controller:
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(list[SandboxInfo], self._send(call))
 
@@ -464,6 +485,8 @@ class Controller:
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
 
@@ -479,7 +502,9 @@ class Controller:
             child_memory_limit_mib: one limit per child (``None`` entries use
                 ``memory_limit_mib``).
             env, child_env, metadata, per_child_netns, memory_limit_mib,
-                live_fork: as for :meth:`spawn_sandboxes`.
+                live_fork, allow_internet_access, network: as for
+                :meth:`spawn_sandboxes` (the egress is the children's; the
+                source keeps its own).
             keep_snapshot: keep the intermediate snapshot; by default it is
                 deleted once its last child is gone.
             timeout_secs: each child is killed this many seconds after the
@@ -498,6 +523,8 @@ class Controller:
             metadata=metadata,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )))
 
     def fork_tree(
@@ -514,6 +541,8 @@ class Controller:
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
 
@@ -535,6 +564,8 @@ class Controller:
             metadata=metadata,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )))
 
     def promote_sandbox(
@@ -595,11 +626,14 @@ class Controller:
         memory_limit_mib: int | None = None,
         per_child_netns: bool = False,
         live_fork: bool = False,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> JSONDict:
         """``PUT /v1/snapshots/{tag}/pool``: keep ``size`` children restored and paused.
 
         Spawns of ``tag`` with the same options (``memory_limit_mib``,
-        ``per_child_netns``, ``live_fork``) are served from the pool first;
+        ``per_child_netns``, ``live_fork``, ``allow_internet_access``,
+        ``network``) are served from the pool first;
         ``size=0`` drains it. Returns ``{"size", "ready", ...}``.
         """
         call = _calls.set_pool(
@@ -608,6 +642,8 @@ class Controller:
             memory_limit_mib=memory_limit_mib,
             per_child_netns=per_child_netns,
             live_fork=live_fork,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(JSONDict, self._send(call))
 

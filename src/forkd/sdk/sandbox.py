@@ -106,13 +106,16 @@ class Snapshot(SnapshotView):
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`Sandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
-        ``timeout_secs`` as for :meth:`Controller.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata``,
+        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
+        :meth:`Controller.spawn_sandboxes`.
         """
         self.wait_ready(wait_timeout)
         infos = self.controller.spawn_sandboxes(
@@ -125,6 +128,8 @@ class Snapshot(SnapshotView):
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return [Sandbox.from_info(info, self.controller) for info in infos]
 
@@ -223,7 +228,8 @@ class Sandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`Controller` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        allow_internet_access, network:
             spawn options, see :meth:`Controller.spawn_sandboxes`.
     """
 
@@ -239,6 +245,8 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -251,6 +259,8 @@ class Sandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "allow_internet_access": allow_internet_access,
+            "network": network,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -271,6 +281,8 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -282,6 +294,8 @@ class Sandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         sb.start()
         return sb
@@ -337,6 +351,19 @@ class Sandbox:
             self._info = self.controller.get_sandbox(self.id)
         return self._info
 
+    def get_host(self, port: int) -> str:
+        """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).
+
+        Every port of the sandbox's SandboxInfo ``ip`` is forwarded to the guest;
+        it needs a snapshot made with ``nic=True`` (``ValueError`` otherwise).
+        """
+        info = self._info or self.refresh()
+        ip = info.get("ip")
+        if not ip:
+            raise ValueError(f"sandbox {self.id} has no network address: fork it from a snapshot "
+                             "made with nic=True")
+        return f"{ip}:{int(port)}"
+
     def refresh(self) -> SandboxInfo:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
@@ -377,6 +404,8 @@ class Sandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[Sandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -404,6 +433,8 @@ class Sandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -420,6 +451,8 @@ class Sandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[Sandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -436,6 +469,8 @@ class Sandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 

@@ -24,7 +24,8 @@ JSONDict = dict[str, Any]
 SnapshotInfo = dict[str, Any]
 """``{"tag", "dir", "created_at_unix", "branched_from"?, "pause_ms"?, "status"?, ...}``"""
 SandboxInfo = dict[str, Any]
-"""``{"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid"?, "metadata"?, ...}``"""
+"""``{"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid"?, "ip"?, "network"?,
+"metadata"?, ...}``"""
 ForkInfo = dict[str, Any]
 """``{"parent_id", "snapshot_tag", "children": [SandboxInfo], "errors": [{"index", "error"}],
 "pause_ms"?, "tree_id"?}``"""

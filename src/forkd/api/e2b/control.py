@@ -159,16 +159,18 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
         metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
-        for name, value, default in (("autoPause", req.auto_pause, False),
-                                     ("allow_internet_access", req.allow_internet_access, False)):
-            if _set(value) and value != default:
-                raise E2BError(400, f"{name}={value} is not supported by forkd ({UNSUPPORTED})")
-        for name in ("network", "mcp", "iam", "volumeMounts", "autoResume"):
+        if _set(req.auto_pause) and req.auto_pause:
+            raise E2BError(400, f"autoPause is not supported by forkd ({UNSUPPORTED})")
+        for name in ("mcp", "iam", "volumeMounts", "autoResume"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+        allow = body.get("allow_internet_access")
+        if allow is not None and not isinstance(allow, bool):
+            raise E2BError(400, "allow_internet_access must be true or false")
         try:
             [record] = await rt().spawn(req.template_id, 1, env=env or None, metadata=metadata or None,
-                                        timeout_secs=timeout)
+                                        timeout_secs=timeout, allow_internet_access=allow,
+                                        network=_network(body.get("network")))
         except NotFound:
             try:
                 rt().get_snapshot(req.template_id)
@@ -248,8 +250,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
         # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
         labels = {k: v for k, v in view["metadata"].items() if k not in FORK_LABELS}
+        egress = view["egress"]  # the forks get the source's, as copies of it
         with gate.enter(None, rt().tag_in_flight):
-            result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout)
+            result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,
+                                     allow_internet_access=egress["allow_internet_access"],
+                                     network={k: egress[k] for k in ("allow_out", "deny_out")})
         entries: list[dict[str, Any] | None] = [None] * count
         for child, index in zip(result.children, _indices(count, result.errors), strict=True):
             entries[index] = {"sandbox": shapes.created(child.id, view["template"], tokens)}
@@ -290,6 +295,20 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app
+
+
+def _network(raw: object) -> dict[str, Any] | None:
+    """E2B's ``network`` (``allowOut``/``denyOut``) as forkd's egress lists; 400 for the rest."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise E2BError(400, "network must be an object")
+    served = {"allowOut": "allow_out", "denyOut": "deny_out"}
+    other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
+    if other:
+        raise E2BError(400, f"network.{other[0]} is not supported by forkd (only allowOut and denyOut, "
+                       f"as IPv4 networks with optional ports; {UNSUPPORTED})")
+    return {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs)}
 
 
 def _indices(count: int, errors: list[dict[str, Any]]) -> list[int]:

@@ -43,6 +43,7 @@ def detail(info: dict[str, Any], tokens: AccessTokens) -> dict[str, Any]:
         cpu_count=info["vcpus"], memory_mb=info["mem_mib"], disk_size_mb=info["disk_mb"],
         state=SandboxState(info["state"]), metadata=info["metadata"],
         envd_access_token=tokens.envd(info["id"]),
+        allow_internet_access=info["egress"]["allow_internet_access"],
     ).to_dict()
     return body
 
