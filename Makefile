@@ -65,6 +65,7 @@ bench: setup
 	$(BIN)/python bench/fork_running.py
 	$(BIN)/python bench/travel.py
 	$(BIN)/python bench/network_setup.py
+	$(BIN)/python bench/latency.py
 
 lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts

@@ -97,8 +97,10 @@ PIDS_LIMIT = Range("pids_limit", 32, 1 << 22, integer=True)
 EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 # A sandbox's lifetime (spawn/fork ``timeout_secs``, POST .../timeout): up to 30 days.
 SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
-# The daemon's limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
+# The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
+# What a caller may ask for instead (an eval's timeout_secs).
+EVAL_TIMEOUT = Range("timeout_secs", 0, 86400, exclusive_min=True)
 METADATA = StringMap("metadata", 64, 128, 1024)
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)

@@ -144,6 +144,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/eval/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Interrupt the sandbox's running eval (it answers CancelledError) */
+        post: operations["cancel_eval_v1_sandboxes__id__eval_cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -155,6 +172,23 @@ export interface paths {
         put?: never;
         /** Run a subprocess in the sandbox */
         post: operations["exec_in_sandbox_v1_sandboxes__id__exec_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/exec/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Run a process and stream its output (NDJSON) until it exits */
+        post: operations["exec_stream_v1_sandboxes__id__exec_stream_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -276,6 +310,93 @@ export interface paths {
         put?: never;
         /** Round trip to the guest agent */
         post: operations["ping_v1_sandboxes__id__ping_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The running processes that forkd started in the sandbox */
+        get: operations["list_processes_v1_sandboxes__id__processes_get"];
+        put?: never;
+        /** Start a background process */
+        post: operations["start_process_v1_sandboxes__id__processes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One process, running or recently exited */
+        get: operations["get_process_v1_sandboxes__id__processes__pid__get"];
+        put?: never;
+        post?: never;
+        /** Kill a process (SIGKILL to its process group) */
+        delete: operations["kill_process_v1_sandboxes__id__processes__pid__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/signal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send a signal to a process (its process group by default) */
+        post: operations["signal_process_v1_sandboxes__id__processes__pid__signal_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/stdin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Write to a process's standard input (and/or close it) */
+        post: operations["write_stdin_v1_sandboxes__id__processes__pid__stdin_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Stream a process's output (NDJSON): what its ring still holds, then live, then its exit */
+        get: operations["stream_process_v1_sandboxes__id__processes__pid__stream_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -552,6 +673,16 @@ export interface components {
              */
             wait?: boolean;
         } & (unknown & unknown & unknown & unknown & unknown);
+        /** CancelEvalResponse */
+        CancelEvalResponse: {
+            /**
+             * Cancelled
+             * @description False when no eval was running.
+             */
+            cancelled: boolean;
+        } & {
+            [key: string]: unknown;
+        };
         /** CheckpointList */
         CheckpointList: {
             /**
@@ -760,6 +891,12 @@ export interface components {
              * @example numpy.zeros(5).sum()
              */
             code: string;
+            /**
+             * Timeout Secs
+             * @description Interrupt the evaluation after this long (it answers TimeoutError).
+             * @default 60
+             */
+            timeout_secs?: number;
         };
         /** EvalResponse */
         EvalResponse: {
@@ -829,6 +966,62 @@ export interface components {
             timed_out?: boolean | null;
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * ExecStreamRequest
+         * @description A process started and streamed at once; a client that leaves kills it.
+         */
+        ExecStreamRequest: {
+            /**
+             * Args
+             * @description argv of the process.
+             * @example [
+             *       "python3",
+             *       "-u",
+             *       "train.py"
+             *     ]
+             */
+            args: string[];
+            /**
+             * Cwd
+             * @description Working directory in the guest.
+             */
+            cwd?: string | null;
+            /**
+             * Encoding
+             * @description How output events carry the bytes: text (UTF-8, invalid bytes as U+FFFD) or base64 (exact).
+             * @default text
+             * @enum {string}
+             */
+            encoding?: "text" | "base64";
+            /**
+             * Env
+             * @description Extra environment variables.
+             */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Stdin
+             * @description Text written to standard input first.
+             */
+            stdin?: string | null;
+            /**
+             * Stdin Open
+             * @description Keep standard input open after stdin, for POST .../processes/{pid}/stdin; else it is closed.
+             * @default false
+             */
+            stdin_open?: boolean;
+            /**
+             * Tag
+             * @description Any label of yours, shown in the process list.
+             */
+            tag?: string | null;
+            /**
+             * Timeout Secs
+             * @description Kill the process group after this long; default: no limit.
+             */
+            timeout_secs?: number | null;
         };
         /** FileInfo */
         FileInfo: {
@@ -1151,6 +1344,98 @@ export interface components {
              */
             size: number;
         };
+        /** ProcessInfo */
+        ProcessInfo: {
+            /** Args */
+            args: string[];
+            /** Cwd */
+            cwd?: string | null;
+            /** Ended At */
+            ended_at?: number | null;
+            /**
+             * Env
+             * @description The extra environment it was started with.
+             */
+            env: {
+                [key: string]: string;
+            };
+            /**
+             * Exit Code
+             * @description Once ended: its status (negative: killed by that signal; 124: timed out).
+             */
+            exit_code: number | null;
+            /**
+             * Pid
+             * @description Its pid in the guest: how every process route names it.
+             */
+            pid: number;
+            /** Running */
+            running: boolean;
+            /**
+             * Signal
+             * @description The signal that ended it, if one did.
+             */
+            signal: number | null;
+            /**
+             * Started At
+             * @description Seconds since the epoch (guest clock).
+             */
+            started_at: number | null;
+            /** Stdin Open */
+            stdin_open: boolean;
+            /** Tag */
+            tag?: string | null;
+            /** Timed Out */
+            timed_out: boolean;
+        } & {
+            [key: string]: unknown;
+        };
+        /** ProcessStartRequest */
+        ProcessStartRequest: {
+            /**
+             * Args
+             * @description argv of the process.
+             * @example [
+             *       "python3",
+             *       "-u",
+             *       "train.py"
+             *     ]
+             */
+            args: string[];
+            /**
+             * Cwd
+             * @description Working directory in the guest.
+             */
+            cwd?: string | null;
+            /**
+             * Env
+             * @description Extra environment variables.
+             */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Stdin
+             * @description Text written to standard input first.
+             */
+            stdin?: string | null;
+            /**
+             * Stdin Open
+             * @description Keep standard input open after stdin, for POST .../processes/{pid}/stdin; else it is closed.
+             * @default false
+             */
+            stdin_open?: boolean;
+            /**
+             * Tag
+             * @description Any label of yours, shown in the process list.
+             */
+            tag?: string | null;
+            /**
+             * Timeout Secs
+             * @description Kill the process group after this long; default: no limit.
+             */
+            timeout_secs?: number | null;
+        };
         /** PromoteRequest */
         PromoteRequest: {
             /**
@@ -1348,6 +1633,33 @@ export interface components {
              * @example 10.201.0.1
              */
             host_gateway: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** SignalRequest */
+        SignalRequest: {
+            /**
+             * Group
+             * @description Signal the process's whole process group (it is a session leader); false: the process alone.
+             * @default true
+             */
+            group?: boolean;
+            /**
+             * Signal
+             * @description The signal, by name.
+             * @example SIGTERM
+             * @enum {string}
+             */
+            signal: "SIGHUP" | "SIGINT" | "SIGQUIT" | "SIGKILL" | "SIGUSR1" | "SIGUSR2" | "SIGALRM" | "SIGTERM" | "SIGCONT" | "SIGSTOP" | "SIGTSTP" | "SIGWINCH";
+        };
+        /** SignalResponse */
+        SignalResponse: {
+            /** Pid */
+            pid: number;
+            /** Signal */
+            signal: number;
+            /** Signalled */
+            signalled: boolean;
         } & {
             [key: string]: unknown;
         };
@@ -1580,6 +1892,42 @@ export interface components {
              * @description Kill each child (and free its resources) this many seconds after the spawn returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.
              */
             timeout_secs?: number | null;
+        };
+        /** StdinRequest */
+        StdinRequest: {
+            /**
+             * Data
+             * @description What to write (text, or base64 with encoding=base64).
+             * @default
+             */
+            data?: string;
+            /**
+             * Encoding
+             * @description How data is given: text (UTF-8) or base64.
+             * @default text
+             * @enum {string}
+             */
+            encoding?: "text" | "base64";
+            /**
+             * Eof
+             * @description Close standard input after data.
+             * @default false
+             */
+            eof?: boolean;
+        } & unknown;
+        /** StdinResponse */
+        StdinResponse: {
+            /** Pid */
+            pid: number;
+            /** Stdin Open */
+            stdin_open: boolean;
+            /**
+             * Written
+             * @description Bytes queued for the process (it reads them at its pace).
+             */
+            written: number;
+        } & {
+            [key: string]: unknown;
         };
         /** SuspendWorkspaceRequest */
         SuspendWorkspaceRequest: {
@@ -2420,6 +2768,83 @@ export interface operations {
             };
         };
     };
+    cancel_eval_v1_sandboxes__id__eval_cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CancelEvalResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     exec_in_sandbox_v1_sandboxes__id__exec_post: {
         parameters: {
             query?: never;
@@ -2491,6 +2916,105 @@ export interface operations {
                 };
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    exec_stream_v1_sandboxes__id__exec_stream_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExecStreamRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: start, stdout/stderr (data), dropped, then exit; or an error line if the stream broke (see docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The process already has 8 watchers. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already has 32 process streams open (or the daemon is starting). */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3316,6 +3840,624 @@ export interface operations {
                 };
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_processes_v1_sandboxes__id__processes_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    start_process_v1_sandboxes__id__processes_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessStartRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already runs 64 processes that forkd started. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_process_v1_sandboxes__id__processes__pid__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    kill_process_v1_sandboxes__id__processes__pid__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or no such process is running. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    signal_process_v1_sandboxes__id__processes__pid__signal_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SignalRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SignalResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or no such process is running. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    write_stdin_v1_sandboxes__id__processes__pid__stdin_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StdinRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StdinResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Its stdin is closed (start it with stdin_open), or 1 MiB it has not read yet is pending. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    stream_process_v1_sandboxes__id__processes__pid__stream_get: {
+        parameters: {
+            query?: {
+                /** @description start: the oldest output the guest still keeps (up to 1 MiB); now: only what comes next. */
+                from?: "start" | "now";
+                /** @description text (UTF-8) or base64. */
+                encoding?: "text" | "base64";
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description NDJSON, one event a line: start, stdout/stderr (data), dropped, then exit; or an error line if the stream broke (see docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The process already has 8 watchers. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already has 32 process streams open (or the daemon is starting). */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -360,7 +360,7 @@ async def exec_in_sandbox(
     responses={**NO_SANDBOX, **GUEST_ERRORS, **TOO_LARGE},
 )
 async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.eval(sandbox_id, req.code)
+    return await rt.eval(sandbox_id, req.code, timeout_secs=req.timeout_secs)
 
 
 @v1.post(

@@ -24,7 +24,7 @@ from pydantic import (
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.errors import InvalidRequest
-from forkd.guest.protocol import FILE_PATH_MAX
+from forkd.guest.protocol import FILE_PATH_MAX, TAG_MAX
 from forkd.host.egress import ENTRY_PATTERN, Destination
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
@@ -263,6 +263,67 @@ class EvalRequest(_Request):
         "trailing expression is the result.",
         examples=["numpy.zeros(5).sum()"],
     )
+    timeout_secs: float = Field(
+        int(bounds.EVAL_TIMEOUT_SECS), **bounds.EVAL_TIMEOUT.field_kwargs(),
+        description="Interrupt the evaluation after this long (it answers TimeoutError).",
+    )
+
+
+OutputEncoding = Literal["text", "base64"]
+ProcessArgs = Annotated[list[CString], Field(min_length=1, description="argv of the process.",
+                                             examples=[["python3", "-u", "train.py"]])]
+ProcessEnv = Annotated[dict[EnvName, CString] | None, Field(
+    None, description="Extra environment variables.",
+    json_schema_extra={"propertyNames": {"pattern": ENV_NAME_PATTERN}})]
+ProcessTag = Annotated[str | None, Field(None, max_length=TAG_MAX,
+                                         description="Any label of yours, shown in the process list.")]
+
+
+class ProcessStartRequest(_Request):
+    args: ProcessArgs
+    timeout_secs: float | None = Field(
+        None, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
+        description="Kill the process group after this long; default: no limit.")
+    env: ProcessEnv = None
+    cwd: NonEmptyCString | None = Field(None, description="Working directory in the guest.")
+    stdin: str | None = Field(None, description="Text written to standard input first.")
+    stdin_open: bool = Field(False, description="Keep standard input open after stdin, for "
+                             "POST .../processes/{pid}/stdin; else it is closed.")
+    tag: ProcessTag = None
+
+
+class ExecStreamRequest(ProcessStartRequest):
+    """A process started and streamed at once; a client that leaves kills it."""
+
+    encoding: OutputEncoding = Field("text", description="How output events carry the bytes: text "
+                                     "(UTF-8, invalid bytes as U+FFFD) or base64 (exact).")
+
+
+# What base64.b64decode(..., validate=True) accepts.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+class StdinRequest(_Request):
+    # Stated in the JSON Schema too: with encoding=base64, data must be base64.
+    model_config = ConfigDict(json_schema_extra={"allOf": [{
+        "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+        "then": {"properties": {"data": {"pattern": BASE64_PATTERN}}},
+    }]})
+
+    data: str = Field("", description="What to write (text, or base64 with encoding=base64).")
+    encoding: OutputEncoding = Field("text", description="How data is given: text (UTF-8) or base64.")
+    eof: bool = Field(False, description="Close standard input after data.")
+
+
+# The signals a process may be sent (by name, as E2B's SDK sends them).
+SignalName = Literal["SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTERM",
+                     "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGWINCH"]
+
+
+class SignalRequest(_Request):
+    signal: SignalName = Field(description="The signal, by name.", examples=["SIGTERM"])
+    group: bool = Field(True, description="Signal the process's whole process group (it is a session "
+                        "leader); false: the process alone.")
 
 
 class MkdirRequest(_Request):
@@ -618,6 +679,38 @@ class PingResponse(_Response):
     pong: bool
     numpy_version: str | None = None
     pid: int | None = None
+
+
+class ProcessInfo(_Response):
+    pid: int = Field(description="Its pid in the guest: how every process route names it.")
+    tag: str | None = None
+    args: list[str]
+    env: dict[str, str] = Field(description="The extra environment it was started with.")
+    cwd: str | None = None
+    running: bool
+    exit_code: int | None = Field(description="Once ended: its status (negative: killed by that signal; "
+                                  "124: timed out).")
+    signal: int | None = Field(description="The signal that ended it, if one did.")
+    timed_out: bool
+    stdin_open: bool
+    started_at: float | None = Field(description="Seconds since the epoch (guest clock).")
+    ended_at: float | None = None
+
+
+class StdinResponse(_Response):
+    pid: int
+    written: int = Field(description="Bytes queued for the process (it reads them at its pace).")
+    stdin_open: bool
+
+
+class SignalResponse(_Response):
+    pid: int
+    signal: int
+    signalled: bool
+
+
+class CancelEvalResponse(_Response):
+    cancelled: bool = Field(description="False when no eval was running.")
 
 
 class ExecResponse(_Response):

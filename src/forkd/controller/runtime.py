@@ -6,6 +6,8 @@ state and is the only code that changes it:
 * ``TagReservations`` (tags.py): snapshot tags being written right now;
 * ``SnapshotStore`` (snapshots.py): registered snapshots, lineage, deletion;
 * ``SandboxTable`` (sandboxes.py): live VMs, one lock per sandbox, teardown;
+* ``SandboxFiles`` (files.py), ``SandboxProcesses`` (processes.py): files and
+  processes in a sandbox, through its agent, in bounded pieces and streams;
 * ``Networks`` (network.py): sandbox namespaces, addresses, links and egress rules;
 * ``HostAccelerator`` (host_accel.py): the host's accelerator;
 * ``TemplateBuilder`` (templates.py): creating snapshots from a booted template;
@@ -45,6 +47,7 @@ from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.lifetimes import Reaper
 from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
+from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
 from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -73,7 +76,7 @@ from forkd.store.registry import (
     SnapshotRecord,
 )
 
-__all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
+__all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
 
 log = logging.getLogger("forkd.runtime")
 
@@ -87,6 +90,7 @@ class Runtime:
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
         self.code = CodeRunner(self.sandboxes)
+        self.processes = SandboxProcesses(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
@@ -323,6 +327,7 @@ class Runtime:
                    timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> dict[str, Any]:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
+        bounds.EVAL_TIMEOUT.check(timeout_secs)
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, protocol.EVAL,
@@ -330,6 +335,68 @@ class Runtime:
                                            code=code, timeout_secs=timeout_secs)
         await self.checkpoints.after_call(sandbox_id)
         return result
+
+    async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
+        """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
+        result = await self.sandboxes.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
+        return {"cancelled": bool(result.get("cancelled"))}
+
+    # Processes (controller/processes.py), addressed by their pid in the guest. Streams carry
+    # raw bytes (ProcessEvent) and are flow-controlled: a caller that stops reading stops them.
+
+    async def exec_stream(
+        self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
+        env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
+        stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
+    ) -> ProcessEvents:
+        """Start a process and stream it losslessly from its first byte: ``start``, output, ``exit``.
+
+        ``stdin`` is written first; with ``stdin_open`` it stays open for
+        ``process_write_stdin``. ``kill_on_close``: closing the stream before the
+        exit kills the process's group. Counts as a call for auto-checkpoints.
+        """
+        events = await self.processes.run(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
+                                          kill_on_close=kill_on_close)
+        await self.checkpoints.after_call(sandbox_id)
+        return events
+
+    async def process_start(
+        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+        tag: str | None = None, timeout_secs: float | None = None,
+    ) -> dict[str, Any]:
+        """Start a background process (it runs until it exits or is killed); its ProcessInfo."""
+        info = await self.processes.start(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs)
+        await self.checkpoints.after_call(sandbox_id)
+        return info
+
+    async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
+        """Watch a process: its output from the oldest its ring holds (or from now), then its exit."""
+        return await self.processes.attach(sandbox_id, pid, from_start=from_start)
+
+    async def process_list(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The running processes that forkd started in the sandbox (ProcessInfo each)."""
+        return await self.processes.list(sandbox_id)
+
+    async def process_get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        """One process, running or recently exited (404 once forgotten)."""
+        return await self.processes.get(sandbox_id, pid)
+
+    async def process_write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
+                                  eof: bool = False) -> dict[str, Any]:
+        return await self.processes.write_stdin(sandbox_id, pid, data, eof=eof)
+
+    async def process_close_stdin(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        return await self.processes.write_stdin(sandbox_id, pid, b"", eof=True)
+
+    async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
+                             group: bool = True) -> dict[str, Any]:
+        return await self.processes.signal(sandbox_id, pid, signal, group=group)
+
+    async def process_kill(self, sandbox_id: str, pid: int) -> None:
+        await self.processes.kill(sandbox_id, pid)
 
     # Files (controller/files.py): paths are checked (400) before the guest is asked.
 

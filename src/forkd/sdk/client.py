@@ -24,6 +24,7 @@ from forkd.sdk._http import (
     resolve_url,
     resolve_verify,
     snapshot_is_ready,
+    stream_event,
     timeout_for,
     translate,
 )
@@ -32,6 +33,7 @@ from forkd.sdk.types import (
     CheckpointInfo,
     ForkInfo,
     JSONDict,
+    ProcessInfo,
     PromoteInfo,
     SandboxInfo,
     SnapshotInfo,
@@ -358,15 +360,132 @@ class Controller:
     def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
         """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
 
-        Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
-        eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
+        Returns ``{"result", "error", "exit_code"}``. One eval runs for at most
+        ``timeout`` seconds (default: the daemon's, 60 s): the guest then
         interrupts the evaluated code (code blocked in a C call only once it
         returns to Python) and the reply says ``"TimeoutError: eval exceeded
-        60 s"`` with ``exit_code`` 1. ``timeout``
-        bounds the client's wait for the reply; by default it waits as long as
-        the daemon does.
+        60 s"`` with ``exit_code`` 1; the next eval runs normally.
+        :meth:`cancel_eval` interrupts it sooner.
         """
         return cast(JSONDict, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
+
+    def cancel_eval(self, sandbox_id: str) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/eval/cancel``: interrupt the running eval → ``{"cancelled": bool}``.
+
+        The eval answers ``"CancelledError: eval cancelled"``; ``cancelled`` is
+        False when none was running.
+        """
+        return cast(JSONDict, self._send(_calls.cancel_eval(sandbox_id)))
+
+    # ---------------------------------------------------------------- processes
+
+    def _stream(self, call: Call) -> collections.abc.Generator[JSONDict, None, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them.
+
+        An ``{"type": "error"}`` line (the stream broke after it had begun)
+        raises :class:`~forkd.sdk.errors.ServerError`.
+        """
+        try:
+            with self._client.stream(
+                call.method, call.path, json=call.json, params=call.params or None,
+                timeout=timeout_for(call, self.timeout),
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    parse_response(call, response)  # raises the mapped error
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield stream_event(call, line)
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+
+    def exec_stream(
+        self,
+        sandbox_id: str,
+        args: str | Sequence[str],
+        timeout_secs: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        *,
+        stdin_open: bool = False,
+        tag: str | None = None,
+        encoding: str = "text",
+    ) -> collections.abc.Generator[JSONDict, None, None]:
+        """``POST /v1/sandboxes/{id}/exec/stream``: run a command and stream its events.
+
+        Yields ``{"type": "start", "pid"}``, then ``{"type": "stdout"|"stderr",
+        "data"}`` as the command writes (``data`` is text, or base64 with
+        ``encoding="base64"``), and last ``{"type": "exit", "exit_code",
+        "signal", "timed_out", "error"}``. Leaving the iteration early (close
+        it: ``contextlib.closing``) kills the command. With ``stdin_open``,
+        write to it with :meth:`send_stdin` (the pid is in the start event).
+        """
+        return self._stream(_calls.exec_stream(
+            sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
+            stdin_open=stdin_open, tag=tag, encoding=encoding))
+
+    def start_process(
+        self,
+        sandbox_id: str,
+        args: str | Sequence[str],
+        timeout_secs: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        *,
+        stdin_open: bool = False,
+        tag: str | None = None,
+    ) -> ProcessInfo:
+        """``POST /v1/sandboxes/{id}/processes``: start a background process → its ProcessInfo.
+
+        It runs until it exits, is killed, or ``timeout_secs`` pass (default:
+        no limit). Watch it with :meth:`stream_process`.
+        """
+        call = _calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+                                    stdin=stdin, stdin_open=stdin_open, tag=tag)
+        return cast(ProcessInfo, self._send(call))
+
+    def list_processes(self, sandbox_id: str) -> list[ProcessInfo]:
+        """``GET /v1/sandboxes/{id}/processes``: the running processes forkd started there."""
+        return cast(list[ProcessInfo], self._send(_calls.list_processes(sandbox_id)))
+
+    def get_process(self, sandbox_id: str, pid: int) -> ProcessInfo:
+        """``GET /v1/sandboxes/{id}/processes/{pid}``: running or recently exited."""
+        return cast(ProcessInfo, self._send(_calls.get_process(sandbox_id, pid)))
+
+    def stream_process(
+        self, sandbox_id: str, pid: int, from_start: bool = True, encoding: str = "text"
+    ) -> collections.abc.Generator[JSONDict, None, None]:
+        """``GET /v1/sandboxes/{id}/processes/{pid}/stream``: a process's events, as for
+        :meth:`exec_stream`; from the oldest output the guest still keeps (up to
+        1 MiB, ``from_start``) or from now. A ``{"type": "dropped", "bytes"}``
+        event says output was lost before it could be sent. Leaving the
+        iteration leaves the process running."""
+        return self._stream(_calls.stream_process(sandbox_id, pid, from_start=from_start,
+                                                  encoding=encoding))
+
+    def send_stdin(self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/stdin``: write ``data`` (and close with ``eof``)."""
+        return cast(JSONDict, self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
+
+    def close_stdin(self, sandbox_id: str, pid: int) -> JSONDict:
+        """Close a process's stdin (it reads end-of-file)."""
+        return self.send_stdin(sandbox_id, pid, "", eof=True)
+
+    def signal_process(
+        self, sandbox_id: str, pid: int, signal: str | int = "SIGTERM", group: bool = True
+    ) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
+        return cast(JSONDict, self._send(_calls.signal_process(sandbox_id, pid, signal, group=group)))
+
+    def kill_process(self, sandbox_id: str, pid: int) -> bool:
+        """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""
+        try:
+            self._send(_calls.kill_process(sandbox_id, pid))
+        except NotFoundError:
+            return False
+        return True
 
     # -------------------------------------------------------------------- files
 

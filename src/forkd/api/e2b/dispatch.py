@@ -48,8 +48,7 @@ class E2BDispatch:
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
                                                max_body_bytes, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
-            SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
-                           process_app=None),
+            SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 from connectrpc.code import Code
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from forkd.api.e2b import uploads
 from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_running, rest_body, send_json
 from forkd.api.e2b.filesystem import filesystem_app, guest_path
 from forkd.api.e2b.interpreter import Interpreter
+from forkd.api.e2b.process import process_app
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.file_routes import streamed_body
 from forkd.bounds import SANDBOX_ID_RE
@@ -52,12 +53,12 @@ class SandboxTraffic:
     """The ASGI app for every request that carries ``E2b-Sandbox-Id``."""
 
     def __init__(self, runtime: Callable[[], Runtime | None], tokens: AccessTokens, *,
-                 max_body_bytes: int, max_file_bytes: int, process_app: ASGIApp | None) -> None:
+                 max_body_bytes: int, max_file_bytes: int) -> None:
         self._runtime_source = runtime
         self._tokens = tokens
         self._max_file_bytes = max_file_bytes
         self._filesystem = filesystem_app(self._runtime, max_body_bytes)
-        self._process = process_app
+        self._process = process_app(self._runtime, max_body_bytes)
         self._interpreter = Interpreter(self._runtime)
 
     def _runtime(self) -> Runtime:
@@ -104,10 +105,6 @@ class SandboxTraffic:
             return
         if connect and port == ENVD_PORT:
             app = self._filesystem if path.startswith("/filesystem.") else self._process
-            if app is None:
-                await fail(501, "the process service (commands) is not served by this daemon yet "
-                           "(see docs/E2B.md)")
-                return
             await app(scope, receive, send)
             return
         request = Request(scope, receive)
