@@ -2,7 +2,8 @@
 // browser) for tests/integration/test_ways_in.py. Input (environment):
 //   FORKD_URL, FORKD_TOKEN   the daemon
 //   OUT_DIR                  where the screenshots go
-//   EXPECT                   JSON: {sandboxes: [ids], snapshots: [tags], tree: [ids], kill: id, fork_tag: tag, pool: tag}
+//   EXPECT                   JSON: {sandboxes: [ids], snapshots: [tags], tree: [ids], kill: id, fork_tag: tag, pool: tag,
+//                                  net: id of a sandbox with a NIC}
 // Prints one JSON line of what the page showed; exits non-zero if a wait failed.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -62,6 +63,10 @@ try {
   seen.latency = await page.$$eval("#latency tbody tr", (rows) =>
     rows.map((r) => [...r.children].map((td) => td.textContent)));
   seen.pool = await page.locator(`#pools tr[data-pool="${expect.pool}"]`).innerText();
+  // Each sandbox's address and egress: the whole policy in the cell's title.
+  const netCell = page.locator(`#sandboxes tr[data-sandbox="${expect.net}"] td.net`);
+  seen.net = { text: await netCell.innerText(), title: await netCell.getAttribute("title") };
+  seen.noNic = await page.locator(`#sandboxes tr[data-sandbox="${expect.sandboxes[0]}"] td.net`).innerText();
   seen.status = await page.locator("#status").innerText();
   seen.tokenInUrl = page.url().includes(token);
   seen.cookies = (await context.cookies()).length;

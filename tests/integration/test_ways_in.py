@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TS_SDK = ROOT / "sdk" / "typescript"
 NETNS_SETUP = ROOT / "scripts" / "netns-setup.sh"
 TAG = "pyagent"  # seed 002's snapshot tag, used verbatim by its TypeScript snippet
+NET_TAG = "pynet"  # a snapshot with a NIC: its children have an ip and an egress policy
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,18 @@ def pyagent(http: httpx.Client) -> str:
     assert r.status_code == 201, r.text
     print(f"\ntemplate boot + snapshot '{TAG}': {time.monotonic() - started:.1f} s")
     return TAG
+
+
+@pytest.fixture(scope="module")
+def pynet(http: httpx.Client, pyagent: str) -> str:
+    """A second template boot, with a NIC (after ``pyagent``: one boot at a time)."""
+    if os.geteuid() != 0:
+        pytest.skip("a snapshot with a NIC needs root (network namespaces, nftables)")
+    started = time.monotonic()
+    r = http.post("/v1/snapshots", json={"tag": NET_TAG, "nic": True}, timeout=600)
+    assert r.status_code == 201, r.text
+    print(f"\ntemplate boot + snapshot '{NET_TAG}' (NIC): {time.monotonic() - started:.1f} s")
+    return NET_TAG
 
 
 @pytest.fixture(autouse=True)
@@ -100,16 +113,18 @@ def netns_zero() -> Iterator[str]:
 
 def node_env(daemon: Daemon) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    env.update(FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_TAG=TAG)
+    env.update(FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_TAG=TAG,
+               FORKD_TEST_NET_TAG=NET_TAG)
     return env
 
 
 # ------------------------------------------------------------ TypeScript SDK
 
 
-def test_typescript_sdk(daemon: Daemon, pyagent: str, netns_zero: str) -> None:
+def test_typescript_sdk(daemon: Daemon, pyagent: str, pynet: str, netns_zero: str) -> None:
     """``npm test`` in sdk/typescript: tsc (strict) builds the SDK and its tests,
-    then node's test runner runs seed 002's snippet and the SDK's surface."""
+    then node's test runner runs seed 002's snippet, the SDK's surface, processes
+    (streamed, background, stdin, signals), evals and networking."""
     assert (TS_SDK / "node_modules").is_dir(), "run `make node-deps` (npm ci) first; `make test` does"
     npm = shutil.which("npm")
     assert npm, "npm is not installed; scripts/install-deps.sh installs it"
@@ -124,7 +139,7 @@ def test_typescript_sdk(daemon: Daemon, pyagent: str, netns_zero: str) -> None:
     # The runner's closing lines: every test passed, and there were some.
     assert "# fail 0" in report
     passed = int(report.rsplit("# pass ", 1)[1].split()[0])
-    assert passed >= 15, report[-3000:]
+    assert passed >= 25, report[-3000:]
 
 
 # ---------------------------------------------------------------- MCP server
@@ -133,7 +148,8 @@ MCP_TOOLS = {
     "list_snapshots", "get_snapshot", "create_snapshot", "delete_snapshot",
     "spawn_sandboxes", "list_sandboxes", "kill_sandbox", "exec_command", "eval_python",
     "read_file", "write_file", "list_files", "branch_sandbox", "fork_sandbox", "fork_tree",
-    "promote_sandbox",
+    "promote_sandbox", "start_process", "read_process_output", "send_process_input", "list_processes",
+    "kill_process", "cancel_eval",
 }
 
 
@@ -145,8 +161,46 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     return result.structured_content
 
 
-async def mcp_scenario(client: Client) -> None:
-    """What an agent does through MCP: spawn, run, files, branch, fork-tree, promote, kill."""
+async def process_scenario(client: Client, sb: str) -> None:
+    """Long-running work through MCP: a timed-out exec keeps its output, a background
+    process is read in stretches, fed, signalled; an eval times out and is cancelled."""
+    cut = await call(client, "exec_command", sandbox_id=sb, command="echo partial; sleep 60", timeout_secs=2)
+    assert (cut["stdout"], cut["timed_out"]) == ("partial\n", True)
+
+    # Its first line comes back while it still runs (it waits for its input); then the rest.
+    started = await call(client, "start_process", sandbox_id=sb, stdin_open=True, tag="mcp-bg",
+                         command="echo ready; echo warn >&2; read x; echo got $x; exit 3", wait_secs=30,
+                         max_bytes=11)
+    pid = started["pid"]
+    assert (started["running"], started["stdout"], started["stderr"]) == (True, "ready\n", "warn\n")
+    assert started["next_offset"] == 11 and not started["more"]
+    listed = await call(client, "list_processes", sandbox_id=sb)
+    assert [p["tag"] for p in listed["processes"] if p["pid"] == pid] == ["mcp-bg"]
+    fed = await call(client, "send_process_input", sandbox_id=sb, pid=pid, data="42\n")
+    assert fed["written"] == 3
+    rest = await call(client, "read_process_output", sandbox_id=sb, pid=pid,
+                      offset=started["next_offset"], wait_secs=60)
+    assert (rest["stdout"], rest["running"], rest["exit_code"]) == ("got 42\n", False, 3)
+    assert rest["next_offset"] == 18
+
+    # A server that cleans up on SIGTERM: started, seen ready (its trap is set), stopped.
+    server = await call(client, "start_process", sandbox_id=sb, wait_secs=60, max_bytes=6,
+                        command="trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.1; done")
+    assert (server["running"], server["stdout"]) == (True, "ready\n")
+    stopped = await call(client, "kill_process", sandbox_id=sb, pid=server["pid"], signal="SIGTERM")
+    assert stopped == {"pid": server["pid"], "signal": 15, "signalled": True}
+    end = await call(client, "read_process_output", sandbox_id=sb, pid=server["pid"],
+                     offset=server["next_offset"], wait_secs=60)
+    assert (end["stdout"], end["running"], end["exit_code"]) == ("bye\n", False, 0)
+
+    slow = await call(client, "eval_python", sandbox_id=sb, code="while True: pass", timeout_secs=1)
+    assert "TimeoutError" in (slow["error"] or "")
+    assert (await call(client, "cancel_eval", sandbox_id=sb)) == {"cancelled": False}
+
+
+async def mcp_scenario(client: Client, net_tag: str) -> None:
+    """What an agent does through MCP: spawn, run, processes, files, branch, fork-tree, promote,
+    kill; and a sandbox with egress on a snapshot with a NIC."""
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert set(tools) >= MCP_TOOLS, sorted(MCP_TOOLS - set(tools))
     for tool in tools.values():
@@ -167,6 +221,7 @@ async def mcp_scenario(client: Client) -> None:
     assert (ran["stdout"], ran["exit_code"]) == ("mcp\n", 4)
     argv = await call(client, "exec_command", sandbox_id=sb, command=["python3", "-c", "print(6*7)"])
     assert argv["stdout"] == "42\n"
+    await process_scenario(client, sb)
     await call(client, "eval_python", sandbox_id=sb, code="x = 41")
     assert (await call(client, "eval_python", sandbox_id=sb, code="x + 1"))["result"] == "42"
 
@@ -206,6 +261,14 @@ async def mcp_scenario(client: Client) -> None:
         assert (await call(client, "kill_sandbox", sandbox_id=sandbox_id)) == {"deleted": sandbox_id}
     assert (await call(client, "delete_snapshot", tag=branch["tag"])) == {"deleted": branch["tag"]}
 
+    netted = await call(client, "spawn_sandboxes", snapshot_tag=net_tag, allow_out=["10.201.0.1:8080"])
+    [net] = netted["sandboxes"]
+    assert net["ip"] and net["network"]["allow_out"] == ["10.201.0.1:8080"], net
+    assert net["network"]["allow_internet_access"] is False
+    await call(client, "kill_sandbox", sandbox_id=net["id"])
+    refused = await client.call_tool("spawn_sandboxes", {"snapshot_tag": TAG, "allow_internet_access": True})
+    assert refused.is_error and '"nic": true' in refused.content[0].text  # type: ignore[union-attr]
+
     # A daemon error is a tool error carrying its status and message.
     missing = await client.call_tool("kill_sandbox", {"sandbox_id": sb})
     assert missing.is_error
@@ -213,19 +276,19 @@ async def mcp_scenario(client: Client) -> None:
     assert "404" in text and sb in text, text
 
 
-def test_mcp_over_stdio(daemon: Daemon, pyagent: str) -> None:
+def test_mcp_over_stdio(daemon: Daemon, pyagent: str, pynet: str) -> None:
     """An MCP client starts `forkd mcp` as its subprocess and talks over stdin/stdout."""
     env = {k: v for k, v in node_env(daemon).items() if k != "FORKD_TEST_TAG"}
     params = StdioServerParameters(command=str(FORKD), args=["mcp"], env=env)
 
     async def run() -> None:
         async with Client(params) as client:
-            await mcp_scenario(client)
+            await mcp_scenario(client, pynet)
 
     asyncio.run(asyncio.wait_for(run(), 600))
 
 
-def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, tmp_path: Path) -> None:
+def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, pynet: str, tmp_path: Path) -> None:
     """`forkd mcp --transport http` with a token: the client must send it."""
     token = secrets.token_hex(16)
     token_file = tmp_path / "mcp-token"
@@ -248,7 +311,7 @@ def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, tmp_path: Path) 
             headers = {"Authorization": f"Bearer {token}"}
             async with create_mcp_http_client(headers=headers) as http_client, \
                     Client(streamable_http_client(url, http_client=http_client)) as client:
-                await mcp_scenario(client)
+                await mcp_scenario(client, pynet)
 
         asyncio.run(asyncio.wait_for(run(), 600))
     finally:
@@ -321,9 +384,10 @@ def metric_counts(http: httpx.Client) -> dict[str, int]:
 
 
 def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, pyagent: str,
-                                          tmp_path: Path) -> None:
+                                          pynet: str, tmp_path: Path) -> None:
     """After a fork-tree and a branch made through the API, the console shows them (tables,
-    lineage picture, pool level, latency), and its buttons kill, fork and branch."""
+    lineage picture, pool level, latency, each sandbox's ip and egress), and its buttons
+    kill, fork and branch."""
     assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
     assert (BROWSER_TEST / "node_modules" / "playwright-core").is_dir(), "run `make node-deps` first"
     before = metric_counts(http)
@@ -339,11 +403,16 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         assert r.status_code == 201, r.text
         r = http.put(f"/v1/snapshots/{TAG}/pool", json={"size": 1}, timeout=300)
         assert r.status_code == 200, r.text
+        r = http.post("/v1/sandboxes", json={"snapshot_tag": pynet, "allow_internet_access": False,
+                                             "network": {"allow_out": ["10.201.0.1:8080"],
+                                                         "deny_out": ["192.0.2.0/24"]}})
+        assert r.status_code == 201, r.text
+        net = r.json()[0]
         children = [c["id"] for c in tree["children"]]
         expect = {
             "sandboxes": [source, *children], "snapshots": [TAG, "ui-branch", tree["snapshot_tag"]],
             "tree": children, "kill": children[0], "fork_tag": "ui-branch", "branch_from": source,
-            "pool": TAG,
+            "pool": TAG, "net": net["id"],
         }
         env = node_env(daemon) | {"OUT_DIR": str(tmp_path), "EXPECT": json.dumps(expect),
                                   "CHROMIUM": str(CHROMIUM)}
@@ -358,7 +427,7 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         for sb in http.get("/v1/sandboxes").json():
             http.delete(f"/v1/sandboxes/{sb['id']}", timeout=120)
         for snap in http.get("/v1/snapshots").json():
-            if snap["tag"] != TAG:
+            if snap["tag"] not in (TAG, NET_TAG):
                 http.delete(f"/v1/snapshots/{snap['tag']}", params={"cascade": "true", "force": "true"})
 
     assert seen["loginShown"] and seen["wrongTokenRefused"]
@@ -375,6 +444,10 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
     assert int(latency["branch pause of the source"][1]) == before["forkd_branch_pause_ms"] + 2, latency
     assert latency["branch pause of the source"][2].endswith("ms")
     assert "/ 1" in seen["pool"], seen["pool"]
+    assert seen["net"]["text"] == f"{net['ip']} 1 allowed · 1 denied", seen["net"]
+    guest = f"guest {net['network']['guest_ip']}, host {net['network']['host_gateway']}"
+    assert seen["net"]["title"].splitlines() == [guest, "allow 10.201.0.1:8080", "deny 192.0.2.0/24"], seen
+    assert seen["noNic"] == "no NIC"
     assert seen["killed"] == children[0] and seen["forkedThroughPage"] == 2 and seen["branchedThroughPage"]
     assert seen["actionError"] == "", seen["actionError"]
     assert seen["signedOut"]

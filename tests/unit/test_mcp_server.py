@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from mcp import Client
 
+from forkd.mcp.processes import OutputWindow, char_boundary
 from forkd.mcp.server import DaemonAddress, build_server
 from tests.fakes.daemon import SB, URL, FakeDaemon, sandbox_info, snap_info
 
@@ -23,6 +25,8 @@ EXPECTED_TOOLS = {
     "list_snapshots", "get_snapshot", "create_snapshot", "delete_snapshot", "spawn_sandboxes",
     "list_sandboxes", "kill_sandbox", "exec_command", "eval_python", "read_file", "write_file",
     "list_files", "branch_sandbox", "fork_sandbox", "fork_tree", "promote_sandbox",
+    "start_process", "read_process_output", "send_process_input", "list_processes", "kill_process",
+    "cancel_eval",
 }
 
 
@@ -51,7 +55,7 @@ def test_every_tool_is_described_and_structured(fake: FakeDaemon) -> None:
         readonly = tool.name.startswith(("list_", "get_", "read_"))
         assert tool.annotations.read_only_hint is readonly, tool.name
     destructive = {t.name for t in tools if t.annotations and t.annotations.destructive_hint}
-    assert destructive == {"delete_snapshot", "kill_sandbox", "promote_sandbox"}
+    assert destructive == {"delete_snapshot", "kill_sandbox", "promote_sandbox", "kill_process"}
     exec_tool = next(t for t in tools if t.name == "exec_command")
     assert exec_tool.input_schema["required"] == ["sandbox_id", "command"]
     assert "ctx" not in exec_tool.input_schema["properties"]
@@ -156,3 +160,135 @@ def test_forkd_mcp_refuses_an_open_http_bind_without_a_token() -> None:
     stdio_token = runner.invoke(app, ["mcp", "--token-file", "/nonexistent"])
     assert stdio_token.exit_code == 2
     assert "--transport http only" in stdio_token.output
+
+
+# ------------------------------------------------------------------ processes
+
+def ndjson(*events: dict[str, Any]) -> httpx.Response:
+    body = "".join(json.dumps(e) + "\n" for e in events).encode()
+    return httpx.Response(200, content=body, headers={"Content-Type": "application/x-ndjson"})
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def process_info(pid: int, running: bool = True, **extra: Any) -> dict[str, Any]:
+    return {"pid": pid, "tag": None, "args": ["/bin/sh", "-c", "x"], "env": {}, "cwd": None,
+            "running": running, "exit_code": None, "signal": None, "timed_out": False,
+            "stdin_open": False, "started_at": 1.0, "ended_at": None, **extra}
+
+
+def feed(window: OutputWindow, *events: dict[str, Any]) -> bool:
+    done = False
+    for event in events:
+        done = window.take(event)
+        if done:
+            break
+    return done
+
+
+def test_an_output_window_counts_offsets_over_both_streams_and_what_was_dropped() -> None:
+    events = [{"type": "start", "pid": 7}, {"type": "dropped", "bytes": 10},
+              {"type": "stdout", "data": b64(b"abcd")}, {"type": "stderr", "data": b64(b"EF")},
+              {"type": "stdout", "data": b64(b"gh")}]
+    whole = OutputWindow(offset=0, limit=100)
+    assert not feed(whole, *events)
+    assert (bytes(whole.out["stdout"]), bytes(whole.out["stderr"])) == (b"abcdgh", b"EF")
+    assert (whole.cursor, whole.lost) == (18, 10)
+    # From inside the first piece: what came before is skipped, nothing counts as lost.
+    later = OutputWindow(offset=12, limit=100)
+    feed(later, *events)
+    assert (later.text("stdout"), later.text("stderr"), later.cursor, later.lost) == ("cdgh", "EF", 18, 0)
+    # Cut at the limit: `more`, and the next read starts right after what was returned.
+    cut = OutputWindow(offset=0, limit=5)
+    assert feed(cut, *events)
+    assert (cut.text("stdout"), cut.text("stderr"), cut.more, cut.cursor) == ("abcd", "E", True, 15)
+    rest = OutputWindow(offset=cut.cursor, limit=100)
+    feed(rest, *events)
+    assert (rest.text("stdout"), rest.text("stderr"), rest.lost) == ("gh", "F", 0)
+    assert feed(OutputWindow(offset=0, limit=100), {"type": "exit", "exit_code": 0})
+    # Exactly full: the read is complete (whether more follows is not known yet).
+    full = OutputWindow(offset=0, limit=4)
+    assert feed(full, *events)
+    assert (full.text("stdout"), full.more) == ("abcd", False)
+
+
+def test_an_output_window_never_splits_a_character() -> None:
+    data = "aé€".encode()  # 1 + 2 + 3 bytes
+    assert [char_boundary(data, n) for n in range(7)] == [0, 1, 1, 3, 3, 3, 6]
+    window = OutputWindow(offset=0, limit=4)
+    assert feed(window, {"type": "stdout", "data": b64(data)})
+    assert (window.text("stdout"), window.cursor) == ("aé", 3)
+    # A limit smaller than the first character still makes progress (its bytes, replaced).
+    tiny = OutputWindow(offset=1, limit=1)
+    feed(tiny, {"type": "stdout", "data": b64(data)})
+    assert (tiny.cursor, tiny.more) == (2, True)
+
+
+def test_start_process_starts_it_and_returns_its_output_and_end(fake: FakeDaemon) -> None:
+    fake.on("POST", f"/v1/sandboxes/{SB}/processes", httpx.Response(201, json=process_info(42)))
+    fake.on("GET", f"/v1/sandboxes/{SB}/processes/42/stream", ndjson(
+        {"type": "start", "pid": 42}, {"type": "stdout", "data": b64(b"hi\n")},
+        {"type": "exit", "pid": 42, "exit_code": 3, "signal": None, "timed_out": False, "error": None}))
+    result = run(fake, lambda c: c.call_tool("start_process", {
+        "sandbox_id": SB, "command": "echo hi; exit 3", "stdin_open": True, "tag": "t", "wait_secs": 5}))
+    assert not result.is_error, result.content
+    out = result.structured_content
+    assert (out["pid"], out["running"], out["stdout"], out["exit_code"]) == (42, False, "hi\n", 3)
+    assert out["next_offset"] == 3
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/processes") == [
+        {"args": ["/bin/sh", "-c", "echo hi; exit 3"], "stdin_open": True, "tag": "t"}]
+    stream = next(r for r in fake.requests if r.url.path.endswith("/stream"))
+    assert dict(stream.url.params) == {"from": "start", "encoding": "base64"}
+
+
+def test_read_process_output_asks_how_it_stands_when_the_wait_ends_first(fake: FakeDaemon) -> None:
+    # The stream shows output but no exit (the process keeps running): the reply asks the daemon.
+    fake.on("GET", f"/v1/sandboxes/{SB}/processes/9/stream",
+            ndjson({"type": "start", "pid": 9}, {"type": "stderr", "data": b64(b"warn\n")}))
+    fake.on("GET", f"/v1/sandboxes/{SB}/processes/9", httpx.Response(200, json=process_info(9)))
+    result = run(fake, lambda c: c.call_tool("read_process_output",
+                                             {"sandbox_id": SB, "pid": 9, "offset": 2}))
+    out = result.structured_content
+    assert (out["running"], out["stderr"], out["offset"], out["next_offset"]) == (True, "rn\n", 2, 5)
+
+
+def test_process_input_signals_and_eval_cancel_send_the_rest_bodies(fake: FakeDaemon) -> None:
+    fake.on("POST", f"/v1/sandboxes/{SB}/processes/5/stdin",
+            httpx.Response(200, json={"pid": 5, "written": 3, "stdin_open": False}))
+    fake.on("POST", f"/v1/sandboxes/{SB}/processes/5/signal",
+            httpx.Response(200, json={"pid": 5, "signal": 15, "signalled": True}))
+    fake.on("POST", f"/v1/sandboxes/{SB}/eval/cancel", httpx.Response(200, json={"cancelled": True}))
+    fake.on("GET", f"/v1/sandboxes/{SB}/processes", httpx.Response(200, json=[process_info(5)]))
+
+    async def scenario(c: Client) -> list[Any]:
+        return [(await c.call_tool(tool, args)).structured_content for tool, args in [
+            ("send_process_input", {"sandbox_id": SB, "pid": 5, "data": "hi\n", "eof": True}),
+            ("kill_process", {"sandbox_id": SB, "pid": 5, "signal": "SIGTERM"}),
+            ("cancel_eval", {"sandbox_id": SB}),
+            ("list_processes", {"sandbox_id": SB}),
+        ]]
+
+    wrote, signalled, cancelled, listed = run(fake, scenario)
+    assert wrote["written"] == 3 and signalled["signalled"] and cancelled == {"cancelled": True}
+    assert [p["pid"] for p in listed["processes"]] == [5]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/processes/5/stdin") == [{"data": "hi\n", "eof": True}]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/processes/5/signal") == [{"signal": "SIGTERM"}]
+
+
+def test_spawn_sends_egress_and_eval_its_timeout(fake: FakeDaemon) -> None:
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0)]))
+    fake.on("POST", f"/v1/sandboxes/{SB}/eval",
+            httpx.Response(200, json={"result": "1", "error": None, "exit_code": 0}))
+
+    async def scenario(c: Client) -> None:
+        await c.call_tool("spawn_sandboxes", {"snapshot_tag": "net", "allow_internet_access": True,
+                                              "deny_out": ["192.0.2.0/24"]})
+        await c.call_tool("eval_python", {"sandbox_id": SB, "code": "1", "timeout_secs": 5})
+
+    run(fake, scenario)
+    assert fake.bodies("POST", "/v1/sandboxes") == [{
+        "snapshot_tag": "net", "n": 1, "allow_internet_access": True,
+        "network": {"allow_out": [], "deny_out": ["192.0.2.0/24"]}}]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/eval") == [{"code": "1", "timeout_secs": 5}]

@@ -4,14 +4,30 @@
  */
 
 import { createReadStream, createWriteStream } from "node:fs";
+import { constants as osConstants } from "node:os";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 
 import { ForkdTimeoutError, NotFoundError, SnapshotFailedError } from "./errors.js";
-import { type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
+import { type Call, type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
+import { ProcessEventStream } from "./stream.js";
 import type {
   BranchOptions,
+  CancelEvalResponse,
+  EvalOptions,
+  EvalRequest,
+  ExecStreamOptions,
+  ExecStreamRequest,
+  ProcessInfo,
+  ProcessOptions,
+  ProcessStartRequest,
+  SignalName,
+  SignalRequest,
+  SignalResponse,
+  StdinRequest,
+  StdinResponse,
+  StreamProcessOptions,
   BranchRequest,
   CheckpointList,
   CheckpointOptions,
@@ -83,6 +99,39 @@ function childFields(o: ChildOptions) {
     metadata: o.metadata,
     timeout_secs: o.timeoutSecs,
   };
+}
+
+/** The request fields of a process started by `execStream` or `startProcess`. */
+function processFields(cmd: string | readonly string[], o: ProcessOptions) {
+  return {
+    args: commandArgs(cmd),
+    timeout_secs: o.timeoutSecs,
+    env: o.env,
+    cwd: o.cwd,
+    stdin: o.stdin,
+    stdin_open: o.stdinOpen || undefined,
+    tag: o.tag,
+  };
+}
+
+/** A pid as a path segment: a positive integer, never anything that adds a path level. */
+function pidSegment(pid: number): string {
+  if (!Number.isInteger(pid) || pid < 1) throw new TypeError(`a pid is a positive integer, not ${pid}`);
+  return String(pid);
+}
+
+const SIGNAL_NUMBERS: Readonly<Record<string, number>> = osConstants.signals;
+
+/** `15`, `"TERM"`, `"sigterm"` or `"SIGTERM"` → `"SIGTERM"` (the API's spelling; Linux numbers). */
+export function signalName(signal: SignalName | string | number): SignalName {
+  if (typeof signal === "number" || /^\d+$/.test(signal)) {
+    const number = Number(signal);
+    const name = Object.keys(SIGNAL_NUMBERS).find((n) => SIGNAL_NUMBERS[n] === number);
+    if (!name) throw new TypeError(`no signal number ${signal}`);
+    return name as SignalName;
+  }
+  const name = signal.toUpperCase();
+  return (name.startsWith("SIG") ? name : `SIG${name}`) as SignalName;
 }
 
 /** True once a snapshot can be forked; throws if its background write failed. */
@@ -285,16 +334,135 @@ export class Controller {
 
   /**
    * `POST /v1/sandboxes/{id}/eval`: run Python in the warm PID 1 interpreter;
-   * the value of a trailing expression is `result` (its repr). The daemon
-   * bounds one eval at 60 s.
+   * the value of a trailing expression is `result` (its repr). One eval runs
+   * at most `timeoutSecs` (daemon default 60 s): it then answers
+   * `"TimeoutError: ..."`; {@link cancelEval} interrupts it sooner.
    */
-  eval(id: string, code: string): Promise<EvalResponse> {
+  eval(id: string, code: string, options: EvalOptions = {}): Promise<EvalResponse> {
+    const body: EvalRequest = defined({ code, timeout_secs: options.timeoutSecs });
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/eval`,
-      json: { code },
-      wait: "unbounded",
+      json: body,
+      // The daemon answers within the eval's limit; wait that long plus a grace.
+      wait: options.timeoutSecs === undefined ? "unbounded" : (options.timeoutSecs + EXEC_GRACE_SECS) * 1000,
     });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/eval/cancel`: interrupt the running eval (it
+   * answers `"CancelledError: eval cancelled"`) → `{cancelled}`, false when
+   * none was running.
+   */
+  cancelEval(id: string): Promise<CancelEvalResponse> {
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/eval/cancel` });
+  }
+
+  // --------------------------------------------------------------- processes
+
+  #processes(id: string, what = ""): string {
+    return `/v1/sandboxes/${seg(id)}/processes${what}`;
+  }
+
+  /** Open an NDJSON stream: resolves once the daemon answered 200 (errors before that reject). */
+  async #stream(call: Call): Promise<ProcessEventStream> {
+    const abort = new AbortController();
+    const response = await this.#http.send({ ...call, wait: "unbounded", signal: abort.signal });
+    return new ProcessEventStream(response.body, abort, `${call.method} ${call.path}`);
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/exec/stream`: start a command and stream its
+   * events as it runs. Resolves once it has started (a command that cannot
+   * start rejects); then `for await (const ev of stream)` yields `start`,
+   * `stdout`/`stderr` (`data`), last `exit`. Leaving the loop early (or
+   * `stream.close()`) kills the command.
+   */
+  execStream(id: string, cmd: string | readonly string[], options: ExecStreamOptions = {}): Promise<ProcessEventStream> {
+    const body: ExecStreamRequest = defined({
+      ...processFields(cmd, options),
+      encoding: options.encoding === "base64" ? "base64" : undefined,
+    });
+    return this.#stream({ method: "POST", path: `/v1/sandboxes/${seg(id)}/exec/stream`, json: body });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/processes`: start a background process → its
+   * ProcessInfo (`pid`). It runs until it exits, is killed or its
+   * `timeoutSecs` pass; watch it with {@link streamProcess}.
+   */
+  startProcess(id: string, cmd: string | readonly string[], options: ProcessOptions = {}): Promise<ProcessInfo> {
+    const body: ProcessStartRequest = defined(processFields(cmd, options));
+    return this.#http.json({ method: "POST", path: this.#processes(id), json: body });
+  }
+
+  /** `GET /v1/sandboxes/{id}/processes`: the running processes forkd started there. */
+  listProcesses(id: string): Promise<ProcessInfo[]> {
+    return this.#http.json({ method: "GET", path: this.#processes(id) });
+  }
+
+  /** `GET /v1/sandboxes/{id}/processes/{pid}`: running, or among the 16 that ended last. */
+  getProcess(id: string, pid: number): Promise<ProcessInfo> {
+    return this.#http.json({ method: "GET", path: this.#processes(id, `/${pidSegment(pid)}`) });
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/processes/{pid}/stream`: a process's events, as
+   * for {@link execStream}: from the oldest output the guest still keeps
+   * (`from: "start"`, up to 1 MiB; a `dropped` event says how much it no
+   * longer had) or from now. Leaving the loop leaves the process running.
+   */
+  streamProcess(id: string, pid: number, options: StreamProcessOptions = {}): Promise<ProcessEventStream> {
+    return this.#stream({
+      method: "GET",
+      path: this.#processes(id, `/${pidSegment(pid)}/stream`),
+      query: { from: options.from ?? "start", encoding: options.encoding === "base64" ? "base64" : undefined },
+    });
+  }
+
+  /**
+   * `POST .../processes/{pid}/stdin`: write to its standard input (it must
+   * have been started with `stdinOpen`). A string is sent as UTF-8, bytes
+   * exactly; `eof` closes it afterwards.
+   */
+  sendStdin(id: string, pid: number, data: string | Uint8Array, options: { eof?: boolean } = {}): Promise<StdinResponse> {
+    const body: StdinRequest =
+      typeof data === "string"
+        ? { data }
+        : { data: Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64"), encoding: "base64" };
+    if (options.eof) body.eof = true;
+    return this.#http.json({ method: "POST", path: this.#processes(id, `/${pidSegment(pid)}/stdin`), json: body });
+  }
+
+  /** Close a process's standard input (it reads end-of-file). */
+  closeStdin(id: string, pid: number): Promise<StdinResponse> {
+    return this.sendStdin(id, pid, "", { eof: true });
+  }
+
+  /**
+   * `POST .../processes/{pid}/signal`: `"SIGTERM"` (default), `"INT"`, `9`, ...
+   * to its whole process group, or (`group: false`) the process alone.
+   */
+  signalProcess(
+    id: string,
+    pid: number,
+    signal: SignalName | string | number = "SIGTERM",
+    options: { group?: boolean } = {},
+  ): Promise<SignalResponse> {
+    const body: SignalRequest = { signal: signalName(signal) };
+    if (options.group === false) body.group = false;
+    return this.#http.json({ method: "POST", path: this.#processes(id, `/${pidSegment(pid)}/signal`), json: body });
+  }
+
+  /** `DELETE .../processes/{pid}`: SIGKILL its process group; false if it was not running. */
+  async killProcess(id: string, pid: number): Promise<boolean> {
+    try {
+      await this.#http.json({ method: "DELETE", path: this.#processes(id, `/${pidSegment(pid)}`) });
+      return true;
+    } catch (err) {
+      if (err instanceof NotFoundError) return false;
+      throw err;
+    }
   }
 
   /**

@@ -50,6 +50,8 @@ export interface Call {
   contentType?: string;
   query?: Record<string, string | string[] | undefined>;
   wait?: Wait;
+  /** Ends the request when aborted (a stream the caller closed); the call then has no timeout of its own. */
+  signal?: AbortSignal;
 }
 
 export function resolveUrl(url?: string): string {
@@ -135,7 +137,7 @@ export class Transport {
       method: call.method,
       headers,
       body,
-      signal: ms === undefined ? null : AbortSignal.timeout(ms),
+      signal: call.signal ?? (ms === undefined ? null : AbortSignal.timeout(ms)),
     };
     // A stream body must be sent half-duplex (fetch's rule for request streams).
     if (body instanceof ReadableStream) init.duplex = "half";

@@ -10,7 +10,9 @@
  * ```
  */
 
-export { Controller, commandArgs, snapshotIsReady } from "./controller.js";
+export { Controller, commandArgs, signalName, snapshotIsReady } from "./controller.js";
+export { CommandHandle, Commands, type OutputCallbacks, type OutputChunk } from "./commands.js";
+export { ProcessEventStream } from "./stream.js";
 export { DEFAULT_URL, type ClientOptions } from "./http.js";
 export * from "./errors.js";
 export * from "./types.js";

@@ -14,6 +14,7 @@
  * ```
  */
 
+import { Commands } from "./commands.js";
 import { Controller } from "./controller.js";
 import { ExploreError, ForkdError, NotFoundError } from "./errors.js";
 import type {
@@ -21,9 +22,8 @@ import type {
   ChildOptions,
   CheckpointList,
   CheckpointOptions,
+  EvalOptions,
   EvalResponse,
-  ExecOptions,
-  ExecResponse,
   FileData,
   FileInfo,
   ForkError,
@@ -127,20 +127,6 @@ export class Snapshot {
   /** Unregister the tag and remove its files. */
   delete(options: { cascade?: boolean; force?: boolean } = {}): Promise<void> {
     return this.controller.deleteSnapshot(this.tag, options);
-  }
-}
-
-/** `sandbox.commands`: subprocesses in the sandbox. */
-export class Commands {
-  readonly #sandbox: Sandbox;
-
-  constructor(sandbox: Sandbox) {
-    this.#sandbox = sandbox;
-  }
-
-  /** Run `cmd` and wait (a string via `/bin/sh -c`, an array as argv); a non-zero exit is reported, not thrown. */
-  run(cmd: string | readonly string[], options: ExecOptions = {}): Promise<ExecResponse> {
-    return this.#sandbox.controller.exec(this.#sandbox.id, cmd, options);
   }
 }
 
@@ -258,9 +244,30 @@ export class Sandbox {
     return this.controller.ping(this.id);
   }
 
-  /** Evaluate Python in the warm PID 1 interpreter (state persists between calls). */
-  eval(code: string): Promise<EvalResponse> {
-    return this.controller.eval(this.id, code);
+  /**
+   * Evaluate Python in the warm PID 1 interpreter (state persists between
+   * calls); `timeoutSecs` interrupts it after that long (daemon default 60).
+   */
+  eval(code: string, options: EvalOptions = {}): Promise<EvalResponse> {
+    return this.controller.eval(this.id, code, options);
+  }
+
+  /** Interrupt the eval running in this sandbox (it answers `CancelledError`); false if none was running. */
+  async cancelEval(): Promise<boolean> {
+    return (await this.controller.cancelEval(this.id)).cancelled;
+  }
+
+  /**
+   * `"<ip>:<port>"`: where the host reaches `port` in the guest (E2B's
+   * `getHost`). Every port of the sandbox's `ip` is forwarded to the guest;
+   * it needs a snapshot made with `nic: true`.
+   */
+  async getHost(port: number): Promise<string> {
+    const info = this.#info?.ip ? this.#info : await this.refresh();
+    if (!info.ip) {
+      throw new ForkdError(`sandbox ${this.id} has no network address: fork it from a snapshot made with nic: true`);
+    }
+    return `${info.ip}:${Math.trunc(port)}`;
   }
 
   /** Branch this running sandbox into a new snapshot; it pauses briefly and resumes. */

@@ -28,6 +28,11 @@ export type FileList = Schemas["FileList"];
 export type MkdirResponse = Schemas["MkdirResponse"];
 export type Health = Schemas["Health"];
 export type Version = Schemas["Version"];
+export type SandboxNetwork = Schemas["SandboxNetwork"];
+export type ProcessInfo = Schemas["ProcessInfo"];
+export type StdinResponse = Schemas["StdinResponse"];
+export type SignalResponse = Schemas["SignalResponse"];
+export type CancelEvalResponse = Schemas["CancelEvalResponse"];
 
 /** Request bodies, exactly as the daemon validates them. */
 export type SpawnRequest = Schemas["SpawnRequest"];
@@ -38,6 +43,16 @@ export type ExecRequest = Schemas["ExecRequest"];
 export type PromoteRequest = Schemas["PromoteRequest"];
 export type PoolRequest = Schemas["PoolRequest"];
 export type CheckpointPolicyRequest = Schemas["CheckpointPolicyRequest"];
+export type EvalRequest = Schemas["EvalRequest"];
+export type ExecStreamRequest = Schemas["ExecStreamRequest"];
+export type ProcessStartRequest = Schemas["ProcessStartRequest"];
+export type StdinRequest = Schemas["StdinRequest"];
+export type SignalRequest = Schemas["SignalRequest"];
+
+/** The signals a process may be sent, by name. */
+export type SignalName = SignalRequest["signal"];
+/** How output `data` is carried: UTF-8 text, or base64 of the exact bytes. */
+export type OutputEncoding = NonNullable<ExecStreamRequest["encoding"]>;
 
 export type BranchMode = NonNullable<BranchRequest["mode"]>;
 export type Env = Record<string, string>;
@@ -138,6 +153,90 @@ export interface ExecOptions {
   cwd?: string;
   /** Text fed to standard input. */
   stdin?: string;
+}
+
+/** `POST /v1/sandboxes/{id}/eval`. */
+export interface EvalOptions {
+  /** Interrupt the evaluation after this many seconds (daemon default 60); it answers `TimeoutError`. */
+  timeoutSecs?: number;
+}
+
+/** How a process is started (`POST .../exec/stream` and `.../processes`). */
+export interface ProcessOptions {
+  /** Kill its process group after this many seconds (default: no limit). */
+  timeoutSecs?: number;
+  env?: Env;
+  cwd?: string;
+  /** Text written to standard input first. */
+  stdin?: string;
+  /** Keep standard input open (after `stdin`) for `sendStdin`; else it is closed. */
+  stdinOpen?: boolean;
+  /** A label of yours, shown in the process list. */
+  tag?: string;
+}
+
+/** `POST /v1/sandboxes/{id}/exec/stream`. */
+export interface ExecStreamOptions extends ProcessOptions {
+  /** `"text"` (default: UTF-8, invalid bytes as U+FFFD) or `"base64"` (the exact bytes). */
+  encoding?: OutputEncoding;
+}
+
+/** `GET /v1/sandboxes/{id}/processes/{pid}/stream`. */
+export interface StreamProcessOptions {
+  /** `"start"` (default): the oldest output the guest still keeps (up to 1 MiB); `"now"`: only what comes next. */
+  from?: "start" | "now";
+  encoding?: OutputEncoding;
+}
+
+/** The first event of a process stream. */
+export interface StartEvent {
+  type: "start";
+  /** The process's pid in the guest. */
+  pid: number;
+}
+
+/** A piece of output, as the process wrote it (text, or base64 with `encoding: "base64"`). */
+export interface OutputEvent {
+  type: "stdout" | "stderr";
+  data: string;
+}
+
+/** Output the guest no longer kept when this stream came to read it (`streamProcess` only). */
+export interface DroppedEvent {
+  type: "dropped";
+  bytes: number;
+}
+
+/** The last event: how the process ended. */
+export interface ExitEvent {
+  type: "exit";
+  pid: number;
+  /** Negative: killed by that signal (also in `signal`); 124 after its `timeoutSecs`. */
+  exit_code: number | null;
+  signal: number | null;
+  timed_out: boolean;
+  error: string | null;
+}
+
+/** One line of a process stream (NDJSON); see docs/API.md "Processes in a sandbox". */
+export type ProcessEvent = StartEvent | OutputEvent | DroppedEvent | ExitEvent;
+
+/** Called with each piece of output text; a returned promise is awaited before the next. */
+export type OutputCallback = (data: string) => void | Promise<void>;
+
+/** `sandbox.commands.run` (and `connect`): E2B's options, with forkd's names for the rest. */
+export interface RunOptions extends Omit<ProcessOptions, "timeoutSecs"> {
+  /**
+   * Kill the process group after this many seconds (default 30); `null` or 0:
+   * no limit (then the command is streamed rather than run with a blocking exec).
+   */
+  timeoutSecs?: number | null;
+  /** Resolve as soon as the process has started, to a `CommandHandle` (wait, kill, stdin, signals). */
+  background?: boolean;
+  /** Called with each piece of stdout as the command writes it. */
+  onStdout?: OutputCallback;
+  /** Called with each piece of stderr as the command writes it. */
+  onStderr?: OutputCallback;
 }
 
 /** `POST /v1/sandboxes/{id}/promote`. */

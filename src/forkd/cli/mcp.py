@@ -52,8 +52,8 @@ def mcp(
         bool, typer.Option("--json", help="http only: print one JSON line once listening.")
     ] = False,
 ) -> None:
-    """Serve forkd's sandboxes as MCP tools (snapshots, spawn, exec, eval, files, branch,
-    fork, fork-tree, promote, kill), talking to the daemon at --url.
+    """Serve forkd's sandboxes as MCP tools (snapshots, spawn, exec, eval, background
+    processes, files, branch, fork, fork-tree, promote, kill), talking to the daemon at --url.
 
     \b
     Claude Desktop / any stdio MCP client:

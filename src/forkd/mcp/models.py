@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from forkd.api.schemas import SandboxInfo, SnapshotInfo
+from forkd.api.schemas import ProcessInfo, SandboxInfo, SnapshotInfo
 
 
 class SnapshotList(BaseModel):
@@ -30,3 +30,26 @@ class FileContent(BaseModel):
     returned: int = Field(description="Bytes in `content` (decoded).")
     truncated: bool = Field(
         description="True if the file is larger than max_bytes and only its start is here.")
+
+
+class ProcessList(BaseModel):
+    processes: list[ProcessInfo] = Field(
+        description="The running processes forkd started, each with its pid.")
+
+
+class ProcessOutput(BaseModel):
+    """A stretch of a process's output (stdout and stderr kept apart), and how it stands."""
+
+    pid: int = Field(description="The process's pid in the sandbox: what the other process tools take.")
+    running: bool = Field(description="False once it has ended (then exit_code says how).")
+    stdout: str = Field(description="Its standard output from `offset` on (UTF-8; invalid bytes as U+FFFD).")
+    stderr: str = Field(description="Its standard error from `offset` on.")
+    offset: int = Field(description="Where this output starts, in bytes of stdout and stderr together.")
+    next_offset: int = Field(description="Pass this as `offset` to read_process_output for what comes next.")
+    lost_bytes: int = Field(description="Output after `offset` the sandbox no longer kept (it keeps "
+                            "the newest 1 MiB of each process), skipped here.")
+    more: bool = Field(description="True if max_bytes cut this reply short: more output is already there.")
+    exit_code: int | None = Field(None, description="Once ended: its exit status (negative: killed by that "
+                                  "signal; 124: its timeout_secs passed).")
+    timed_out: bool = Field(False, description="True if it was killed because its timeout_secs passed.")
+    error: str | None = Field(None, description="Why it failed, when the sandbox says.")

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from forkd.api.schemas import (
@@ -33,15 +32,13 @@ from forkd.api.schemas import (
     SnapshotInfo,
 )
 from forkd.config import VERSION
-from forkd.errors import ForkdError
 from forkd.mcp.models import Deleted, FileContent, SandboxList, SnapshotList
+from forkd.mcp.processes import process_tools
+from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
-from forkd.sdk.errors import ForkdAPIError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
-
-T = TypeVar("T")
 
 # What one read_file may hand to a model: a guest can write files of any size.
 DEFAULT_READ_BYTES = 64 * 1024
@@ -51,19 +48,14 @@ INSTRUCTIONS = """\
 forkd runs sandboxes: QEMU microVMs forked copy-on-write from snapshots of a warm
 VM (Python with numpy already imported). Typical flow: list_snapshots (or
 create_snapshot once), spawn_sandboxes, then exec_command / eval_python /
-read_file / write_file in a sandbox. To try several ideas from one state, use
+read_file / write_file in a sandbox. For anything that runs long (a server, a
+build, training), start_process, then read_process_output / send_process_input /
+kill_process. Sandboxes reach no network unless their snapshot has a NIC and
+spawn_sandboxes opens egress. To try several ideas from one state, use
 fork_tree on a running sandbox, work in each child, then promote_sandbox the best
 one (its siblings are killed). branch_sandbox saves a running sandbox as a new
 snapshot to spawn from later. kill_sandbox when done: sandboxes keep running
 (and using memory) until killed."""
-
-SandboxId = Annotated[str, Field(description="Sandbox id, e.g. sb-67a1b3-0000.")]
-Env = dict[str, str]
-
-READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
-CREATES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
-DESTROYS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
-
 
 @dataclass(frozen=True)
 class DaemonAddress:
@@ -113,17 +105,6 @@ def _text_or_base64(data: bytes, truncated: bool) -> tuple[str, str, int]:
     return base64.b64encode(data).decode("ascii"), "base64", len(data)
 
 
-async def _call(ctx: Context[Any, Any], op: Callable[[AsyncController], Awaitable[T]]) -> T:
-    """Run ``op`` against the daemon; its errors become tool errors the model can read."""
-    controller: AsyncController = ctx.request_context.lifespan_context
-    try:
-        return await op(controller)
-    except ForkdAPIError as exc:
-        raise ToolError(f"forkd daemon answered {exc.status}: {exc.message}") from exc
-    except ForkdError as exc:
-        raise ToolError(str(exc)) from exc
-
-
 def build_server(
     address: DaemonAddress | None = None, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> MCPServer[AsyncController]:
@@ -153,6 +134,7 @@ def build_server(
     _sandbox_tools(server)
     _file_tools(server)
     _fork_tools(server)
+    process_tools(server)
     return server
 
 
@@ -164,7 +146,7 @@ def _snapshot_tools(server: MCPServer[AsyncController]) -> None:
         Each has a `status` ("ready" can be spawned; "writing" is a branch still
         being saved); branches also have `branched_from` (the source sandbox).
         """
-        infos = await _call(ctx, lambda c: c.list_snapshots())
+        infos = await call(ctx, lambda c: c.list_snapshots())
         return SnapshotList(snapshots=[SnapshotInfo.model_validate(i) for i in infos])
 
     @server.tool(annotations=READ_ONLY)
@@ -173,7 +155,7 @@ def _snapshot_tools(server: MCPServer[AsyncController]) -> None:
     ) -> SnapshotDetail:
         """One snapshot with its lineage: `ancestors` (nearest first), `dependents`
         (snapshots branched from it) and `sandboxes` (live ones spawned from it)."""
-        return SnapshotDetail.model_validate(await _call(ctx, lambda c: c.get_snapshot(tag)))
+        return SnapshotDetail.model_validate(await call(ctx, lambda c: c.get_snapshot(tag)))
 
     @server.tool(annotations=CREATES)
     async def create_snapshot(
@@ -188,6 +170,9 @@ def _snapshot_tools(server: MCPServer[AsyncController]) -> None:
         warm_imports: Annotated[list[str] | None, Field(
             description="Python modules imported before the snapshot (default ['numpy']).")] = None,
         mem_mib: Annotated[int | None, Field(description="Guest RAM in MiB (default 512).")] = None,
+        nic: Annotated[bool, Field(description=(
+            "Give the VM, and every sandbox spawned from it, a network device: each sandbox gets "
+            "its own ip (reachable from the host) and may be allowed egress at spawn."))] = False,
     ) -> SnapshotInfo:
         """Boot a fresh template VM, warm it up, run `setup`, and save it as snapshot `tag`.
 
@@ -196,8 +181,8 @@ def _snapshot_tools(server: MCPServer[AsyncController]) -> None:
         running, use branch_sandbox instead.
         """
         extra: dict[str, Any] = {"setup_eval": setup_eval} if setup_eval else {}
-        info = await _call(ctx, lambda c: c.create_snapshot(
-            tag, setup=setup, warm_imports=warm_imports, mem_mib=mem_mib, **extra))
+        info = await call(ctx, lambda c: c.create_snapshot(
+            tag, setup=setup, warm_imports=warm_imports, mem_mib=mem_mib, nic=nic, **extra))
         return SnapshotInfo.model_validate(info)
 
     @server.tool(annotations=DESTROYS)
@@ -209,7 +194,7 @@ def _snapshot_tools(server: MCPServer[AsyncController]) -> None:
     ) -> Deleted:
         """Delete a snapshot and its files. Refused (409) while sandboxes run from it or
         snapshots depend on it, unless `force` / `cascade`."""
-        await _call(ctx, lambda c: c.delete_snapshot(tag, cascade=cascade, force=force))
+        await call(ctx, lambda c: c.delete_snapshot(tag, cascade=cascade, force=force))
         return Deleted(deleted=tag)
 
 
@@ -228,16 +213,29 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
             gt=0, description="Kill each sandbox this many seconds from now (default: never).")] = None,
         live_fork: Annotated[bool, Field(
             description="Allow mode='live' branches of these sandboxes later.")] = False,
+        allow_internet_access: Annotated[bool, Field(description=(
+            "Let the sandboxes reach the public internet (denied by default). Needs a snapshot "
+            "made with nic=true."))] = False,
+        allow_out: Annotated[list[str] | None, Field(description=(
+            "Destinations always open, even private ones: IPv4 addresses or CIDRs, optionally "
+            "with :PORT or :FIRST-LAST, e.g. ['10.201.0.1:8080']. Needs nic=true."))] = None,
+        deny_out: Annotated[list[str] | None, Field(description=(
+            "Destinations closed even with allow_internet_access (same form as allow_out)."))] = None,
     ) -> SandboxList:
         """Start `n` new sandboxes from a snapshot, each a separate microVM that begins
         in the snapshot's exact state (copy-on-write, milliseconds each).
 
         Use this to get a fresh sandbox. To copy a sandbox that is already running
-        (with everything it has done since), use fork_sandbox or fork_tree.
+        (with everything it has done since), use fork_sandbox or fork_tree. Outbound
+        network traffic is denied unless allow_internet_access or allow_out open it;
+        each sandbox's `ip` and `network` (its egress policy) are in the reply.
         """
-        infos = await _call(ctx, lambda c: c.spawn_sandboxes(
+        network = ({"allow_out": allow_out or [], "deny_out": deny_out or []}
+                   if allow_out or deny_out else None)
+        infos = await call(ctx, lambda c: c.spawn_sandboxes(
             snapshot_tag, n=n, live_fork=live_fork, env=env, child_env=child_env,
-            metadata=metadata, timeout_secs=timeout_secs))
+            metadata=metadata, timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access, network=network))
         return SandboxList.model_validate({"sandboxes": infos})
 
     @server.tool(annotations=READ_ONLY)
@@ -250,32 +248,35 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
             "e.g. {'fork_tree_id': 'ft-...'} for one fork-tree.")] = None,
     ) -> SandboxList:
         """List the running sandboxes (optionally filtered)."""
-        infos = await _call(ctx, lambda c: c.list_sandboxes(snapshot_tag=snapshot_tag, metadata=metadata))
+        infos = await call(ctx, lambda c: c.list_sandboxes(snapshot_tag=snapshot_tag, metadata=metadata))
         return SandboxList.model_validate({"sandboxes": infos})
 
     @server.tool(annotations=DESTROYS)
     async def kill_sandbox(ctx: Context[Any, Any], sandbox_id: SandboxId) -> Deleted:
         """Stop a sandbox for good and free its memory. Snapshots branched from it stay."""
-        await _call(ctx, lambda c: c.kill_sandbox(sandbox_id))
+        await call(ctx, lambda c: c.kill_sandbox(sandbox_id))
         return Deleted(deleted=sandbox_id)
 
     @server.tool(annotations=CREATES)
     async def exec_command(
         ctx: Context[Any, Any],
         sandbox_id: SandboxId,
-        command: Annotated[str | list[str], Field(
-            description="A shell command line (run with /bin/sh -c), or an argv list.")],
+        command: Command,
         timeout_secs: Annotated[float, Field(gt=0, le=86400, description="Kill it after this long.")] = 30,
-        cwd: Annotated[str | None, Field(description="Working directory.")] = None,
-        env: Annotated[Env | None, Field(description="Extra environment variables.")] = None,
+        cwd: Cwd = None,
+        env: ExtraEnv = None,
         stdin: Annotated[str | None, Field(description="Text fed to standard input.")] = None,
     ) -> ExecResponse:
-        """Run a command (a new process) in a sandbox and return its stdout, stderr and
-        exit_code. A failing command is a normal result: check exit_code and timed_out.
+        """Run a command (a new process) in a sandbox, wait for it, and return its stdout,
+        stderr and exit_code. A failing command is a normal result: check exit_code. After
+        timeout_secs it is killed and you get the output it wrote until then, with
+        timed_out=true.
 
-        For Python, eval_python is faster and keeps variables between calls.
+        For a command that may run long or must keep running (a server, a build), use
+        start_process instead. For Python, eval_python is faster and keeps variables
+        between calls.
         """
-        body = await _call(ctx, lambda c: c.exec(
+        body = await call(ctx, lambda c: c.exec(
             sandbox_id, command, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin))
         return ExecResponse.model_validate(body)
 
@@ -284,12 +285,16 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
         ctx: Context[Any, Any],
         sandbox_id: SandboxId,
         code: Annotated[str, Field(description="Python statements; a trailing expression is the result.")],
+        timeout_secs: Annotated[float, Field(gt=0, le=86400, description=(
+            "Interrupt the code after this long (it then answers TimeoutError)."))] = 60,
     ) -> EvalResponse:
         """Run Python code in the sandbox's already-running interpreter (numpy imported),
         like a REPL: variables persist between calls, the value of a trailing
         expression comes back as `result` (its repr), an exception as `error`.
-        Each call may run at most 60 s."""
-        return EvalResponse.model_validate(await _call(ctx, lambda c: c.eval(sandbox_id, code)))
+        Code still running after timeout_secs is interrupted (its variables stay);
+        cancel_eval interrupts an eval whose caller gave up."""
+        return EvalResponse.model_validate(
+            await call(ctx, lambda c: c.eval(sandbox_id, code, timeout=timeout_secs)))
 
 
 def _file_tools(server: MCPServer[AsyncController]) -> None:
@@ -312,7 +317,7 @@ def _file_tools(server: MCPServer[AsyncController]) -> None:
                 await c.read_file_into(sandbox_id, path, sink)
             return int(info["size"])
 
-        size = await _call(ctx, read)
+        size = await call(ctx, read)
         truncated = size > len(sink.data)
         text, encoding, returned = _text_or_base64(bytes(sink.getvalue()), truncated)
         return FileContent(path=path, size=size, encoding=encoding, content=text,
@@ -336,7 +341,7 @@ def _file_tools(server: MCPServer[AsyncController]) -> None:
             data = base64.b64decode(content, validate=True) if encoding == "base64" else content.encode()
         except ValueError as exc:
             raise ToolError(f"content is not valid base64: {exc}") from exc
-        info = await _call(ctx, lambda c: c.write_file(sandbox_id, path, data, mode=mode))
+        info = await call(ctx, lambda c: c.write_file(sandbox_id, path, data, mode=mode))
         return FileInfo.model_validate(info)
 
     @server.tool(annotations=READ_ONLY)
@@ -346,7 +351,7 @@ def _file_tools(server: MCPServer[AsyncController]) -> None:
         path: Annotated[str, Field(description="Absolute directory path in the sandbox.")] = "/",
     ) -> FileList:
         """List a directory in a sandbox: name, type (file/dir/symlink/other), size, mode, mtime."""
-        return FileList.model_validate(await _call(ctx, lambda c: c.file_list(sandbox_id, path)))
+        return FileList.model_validate(await call(ctx, lambda c: c.file_list(sandbox_id, path)))
 
 
 def _fork_tools(server: MCPServer[AsyncController]) -> None:
@@ -363,7 +368,7 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
         pausing it only briefly; it keeps running. spawn_sandboxes from the returned
         tag later to go back to this point. To get running copies right away, use
         fork_sandbox or fork_tree."""
-        info = await _call(ctx, lambda c: c.branch_sandbox(sandbox_id, tag=tag, mode=mode))
+        info = await call(ctx, lambda c: c.branch_sandbox(sandbox_id, tag=tag, mode=mode))
         return SnapshotInfo.model_validate(info)
 
     @server.tool(annotations=CREATES)
@@ -379,7 +384,7 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
         state (variables, files, processes); the source keeps running. Each copy
         succeeds or fails alone (`children`, `errors`). To later keep only the best
         copy, use fork_tree instead."""
-        body = await _call(ctx, lambda c: c.fork_sandbox(sandbox_id, count, env=env, child_env=child_env))
+        body = await call(ctx, lambda c: c.fork_sandbox(sandbox_id, count, env=env, child_env=child_env))
         return ForkResponse.model_validate(body)
 
     @server.tool(annotations=CREATES)
@@ -394,7 +399,7 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
     ) -> ForkResponse:
         """Like fork_sandbox, but the copies form a fork-tree (`tree_id`): try a different
         idea in each, then call promote_sandbox on the best one to keep it and kill the rest."""
-        body = await _call(ctx, lambda c: c.fork_tree(sandbox_id, count, env=env, child_env=child_env))
+        body = await call(ctx, lambda c: c.fork_tree(sandbox_id, count, env=env, child_env=child_env))
         return ForkResponse.model_validate(body)
 
     @server.tool(annotations=DESTROYS)
@@ -407,6 +412,6 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
     ) -> PromoteResponse:
         """Keep one child of a fork_tree as the winner: kill its siblings (and with
         replace_parent the source too). Returns what was killed."""
-        body = await _call(ctx, lambda c: c.promote_sandbox(
+        body = await call(ctx, lambda c: c.promote_sandbox(
             sandbox_id, cleanup_siblings=cleanup_siblings, replace_parent=replace_parent))
         return PromoteResponse.model_validate(body)

@@ -76,6 +76,27 @@ function renderSnapshots(snapshots) {
   $("snapshots").tBodies[0].replaceChildren(...rows);
 }
 
+/** "no egress", or what its policy opens: "internet", "2 allowed", "1 denied". */
+function egressSummary(net) {
+  const parts = [];
+  if (net.allow_internet_access) parts.push("internet");
+  if (net.allow_out.length) parts.push(`${net.allow_out.length} allowed`);
+  if (net.deny_out.length) parts.push(`${net.deny_out.length} denied`);
+  return parts.length ? parts.join(" · ") : "no egress";
+}
+
+/** Its address from the host and its egress policy; the whole policy on hover. */
+function networkCell(sb) {
+  const net = sb.network;
+  if (!net) return h("td", { class: "net muted" }, "no NIC");
+  const title = [`guest ${net.guest_ip}, host ${net.host_gateway}`,
+    ...net.allow_out.map((d) => `allow ${d}`), ...net.deny_out.map((d) => `deny ${d}`)].join("\n");
+  const open = net.allow_internet_access || net.allow_out.length > 0;
+  return h("td", { class: "net", title },
+    h("span", { class: "mono" }, sb.ip ?? ""), " ",
+    h("span", { class: `egress ${open ? "open" : "closed"}` }, egressSummary(net)));
+}
+
 function renderSandboxes(sandboxes) {
   const rows = sandboxes.map((sb) => {
     const n = countInput(`children of ${sb.id}`);
@@ -83,6 +104,7 @@ function renderSandboxes(sandboxes) {
     return h("tr", { dataset: { sandbox: sb.id } },
       h("td", { class: "mono" }, sb.id),
       h("td", { class: "mono" }, sb.snapshot_tag),
+      networkCell(sb),
       h("td", {}, ...labels),
       h("td", {}, age(sb.created_at_unix)),
       h("td", { class: "actions" },
