@@ -59,7 +59,7 @@ async def cold_boot(rt: Runtime, workdir: Path) -> float:
     run.mkdir()
     create_overlay(image.rootfs, run / "disk.qcow2", "raw")
     started = time.monotonic()
-    vm, _ = await VM.boot(run, VMConfig(512, 1, accel), mem_path=run / "mem", disk=run / "disk.qcow2",
+    vm, _ = await VM.boot(run, VMConfig.new(512, 1, accel), mem_path=run / "mem", disk=run / "disk.qcow2",
                           kernel=image.kernel, initrd=image.initrd,
                           append=kernel_cmdline(["numpy"], accel=accel), timeout=300)
     elapsed = time.monotonic() - started

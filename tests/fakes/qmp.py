@@ -24,6 +24,7 @@ class FakeQMP:
         self.path = path
         self.handlers: dict[str, Handler] = {}
         self.commands: list[tuple[str, dict[str, Any]]] = []
+        self.arrivals: list[tuple[str, float]] = []  # (command, when its bytes were read)
         self._writer: asyncio.StreamWriter | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -76,6 +77,7 @@ class FakeQMP:
         # Like QEMU, parse a stream of JSON objects: qemu.qmp sends no newlines.
         decoder, buf = json.JSONDecoder(), ""
         while chunk := await reader.read(65536):
+            arrived = time.monotonic()
             buf += chunk.decode()
             while buf.strip():
                 try:
@@ -83,6 +85,7 @@ class FakeQMP:
                 except ValueError:
                     break  # incomplete: wait for more
                 buf = buf.lstrip()[end:]
+                self.arrivals.append((msg.get("execute"), arrived))
                 await self._answer(msg)
 
     async def _answer(self, msg: dict[str, Any]) -> None:
