@@ -221,6 +221,7 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         timeout_secs=req.timeout_secs,
         cpu_limit=req.cpu_limit,
         pids_limit=req.pids_limit,
+        idle_pause_secs=req.idle_pause_secs,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)

@@ -67,6 +67,7 @@ MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]
 SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
+IdlePause = Annotated[float, Field(**bounds.IDLE_PAUSE_SECS.field_kwargs())]
 CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
 PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
 
@@ -164,6 +165,11 @@ class SpawnRequest(_Request):
     timeout_secs: SandboxTimeout | None = Field(
         None, description="Kill each child (and free its resources) this many seconds after the spawn "
         "returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.",
+    )
+    idle_pause_secs: IdlePause | None = Field(
+        None, description="Pause each child (QMP stop: it costs no CPU) once it has had no request for "
+        "this many seconds; its next request of any kind resumes it and steps its clock first. "
+        "Default: never, since a child with background work must not be paused behind its user's back.",
     )
 
 
@@ -369,6 +375,13 @@ class SandboxInfo(_Response):
     )
     expires_at_unix: float | None = Field(
         None, description="When the sandbox is killed (unix seconds); absent without a timeout_secs.",
+    )
+    idle_pause_secs: float | None = Field(
+        None, description="Paused after this many idle seconds; absent without idle_pause_secs.",
+    )
+    state: Literal["running", "paused"] = Field(
+        "running", description="paused: stopped after idle_pause_secs without a request; the next "
+        "request resumes it.",
     )
 
 

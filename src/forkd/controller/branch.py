@@ -107,6 +107,7 @@ class Brancher:
             async with self._table.lock(sandbox_id):
                 # Re-read under the lock: a previous branch moved its disk, a kill removed it.
                 src = self._source(sandbox_id)
+                await self._table.wake_locked(sandbox_id)  # one paused for being idle runs again
                 staging = layout.staging_dir(self._snapshots, tag)
                 cap, layers = await self._capture(src, seq, mode, staging, tag, standalone=checkpoint)
 

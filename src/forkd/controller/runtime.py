@@ -14,7 +14,8 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired.
+* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -35,6 +36,7 @@ from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.host_taps import HostTaps
+from forkd.controller.idle import IdlePauser
 from forkd.controller.lifetimes import Reaper
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.recovery import recover
@@ -83,6 +85,9 @@ class Runtime:
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
+        self.idle = IdlePauser(registry, self.sandboxes)
+        self.sandboxes.watch_activity(self.idle)
+        self.sandboxes.on_removed(self.idle.after_removed)
 
     # ---------------------------------------------------------------- open/close
 
@@ -95,6 +100,7 @@ class Runtime:
         rt.checkpoints.start()  # policies kept in the registry count calls again
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
         await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
+        await rt.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
         rt.console_warden.start()
         return rt
 
@@ -105,6 +111,7 @@ class Runtime:
         self._closed = True
         await self.pools.stop()  # first: no refill may start a VM after the others are gone
         await self.reaper.stop()
+        await self.idle.stop()
         await self.brancher.wait_background()
         await self.checkpoints.wait_background()
         await self.console_warden.stop()
@@ -166,10 +173,15 @@ class Runtime:
     # ---------------------------------------------------------------- sandboxes
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return [sb for sb in self.registry.list_sandboxes() if not sb.pooled]
+        return [self._with_state(sb) for sb in self.registry.list_sandboxes() if not sb.pooled]
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        return self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
+        return self._with_state(
+            self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id))))
+
+    def _with_state(self, record: SandboxRecord) -> SandboxRecord:
+        record.paused = self.idle.paused(record.id)
+        return record
 
     async def spawn(
         self, tag: str, n: int = 1, *, per_child_netns: bool = False,
@@ -177,20 +189,26 @@ class Runtime:
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
         cpu_limit: float | None = None, pids_limit: int | None = None,
+        idle_pause_secs: float | None = None,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
         ``timeout_secs``: each child is killed that long after the spawn returns
         (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
         (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
+        ``idle_pause_secs``: a child that long without a request is paused, and
+        resumed by its next one (controller/idle.py); default never.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
+        if idle_pause_secs is not None:
+            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
                                            env=env, child_env=child_env, metadata=metadata,
                                            cpu_limit=cpu_limit, pids_limit=pids_limit)
         self.reaper.apply(records, timeout_secs)
+        self.idle.apply(records, idle_pause_secs)
         return records
 
     async def fork(

@@ -131,6 +131,7 @@ def spawn_sandboxes(
     child_env: Sequence[Mapping[str, str]] | None = None,
     metadata: Mapping[str, str] | None = None,
     timeout_secs: float | None = None,
+    idle_pause_secs: float | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
@@ -142,6 +143,8 @@ def spawn_sandboxes(
         metadata=metadata,
         timeout_secs=timeout_secs,
     )
+    if idle_pause_secs is not None:
+        body["idle_pause_secs"] = idle_pause_secs
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
 

@@ -251,6 +251,7 @@ class AsyncController:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -267,6 +268,11 @@ class AsyncController:
             timeout_secs: each child is killed this many seconds after the
                 spawn returns (its SandboxInfo has ``expires_at_unix``);
                 :meth:`set_timeout` moves the deadline. Default: none.
+            idle_pause_secs: pause each child once it has had no request for
+                this many seconds (it then costs no CPU); its next request
+                resumes it and steps its clock. SandboxInfo ``state`` says
+                ``"running"`` or ``"paused"``. Default: never (a child with
+                background work must not be paused).
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -278,6 +284,7 @@ class AsyncController:
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
         )
         return cast(list[SandboxInfo], await self._send(call))
 

@@ -222,8 +222,8 @@ class AsyncSandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`AsyncController` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
-            spawn options, see :meth:`AsyncController.spawn_sandboxes`.
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        idle_pause_secs: spawn options, see :meth:`AsyncController.spawn_sandboxes`.
     """
 
     def __init__(
@@ -238,6 +238,7 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -250,6 +251,7 @@ class AsyncSandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "idle_pause_secs": idle_pause_secs,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -270,6 +272,7 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -281,6 +284,7 @@ class AsyncSandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
         )
         await sb.start()
         return sb

@@ -223,8 +223,8 @@ class Sandbox:
         sandbox_id: attach to this live sandbox instead.
         controller: the :class:`Controller` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
-        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs:
-            spawn options, see :meth:`Controller.spawn_sandboxes`.
+        per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        idle_pause_secs: spawn options, see :meth:`Controller.spawn_sandboxes`.
     """
 
     def __init__(
@@ -239,6 +239,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -251,6 +252,7 @@ class Sandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "idle_pause_secs": idle_pause_secs,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -271,6 +273,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -282,6 +285,7 @@ class Sandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
         )
         sb.start()
         return sb

@@ -191,6 +191,10 @@ class SandboxRecord:
     pids_limit: int | None = None  # tasks in its QEMU's cgroup
     # v1 hosts: its cpu and pids cgroups, one per hierarchy (``cgroup`` holds the first).
     cgroup_extra: list[str] = field(default_factory=list)
+    # Paused after this many idle seconds (controller/idle.py); None: never.
+    idle_pause_secs: float | None = None
+    # Not stored: whether it is paused right now, set by the runtime from the IdlePauser.
+    paused: bool = False
 
     @property
     def pool_key(self) -> PoolKey:
@@ -228,6 +232,9 @@ class SandboxRecord:
             out["metadata"] = dict(self.metadata)
         if self.expires_at_unix is not None:
             out["expires_at_unix"] = round(self.expires_at_unix, 3)
+        if self.idle_pause_secs is not None:
+            out["idle_pause_secs"] = self.idle_pause_secs
+        out["state"] = "paused" if self.paused else "running"
         return out
 
 
@@ -242,7 +249,7 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "timings": s.timings, "metadata": s.metadata,
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
-            "cgroup_extra": s.cgroup_extra}
+            "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -278,7 +285,8 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          checkpoints=CheckpointPolicy(**policy) if policy else None,
                          pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
-                         cgroup_extra=list(meta.get("cgroup_extra") or []))
+                         cgroup_extra=list(meta.get("cgroup_extra") or []),
+                         idle_pause_secs=meta.get("idle_pause_secs"))
 
 
 class Registry:
@@ -388,6 +396,10 @@ class Registry:
     def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None:
         """When the reaper kills the sandbox (None: never)."""
         self._update_sandbox_meta(sandbox_id, "expires_at_unix", expires_at_unix)
+
+    def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None:
+        """After how many idle seconds the sandbox is paused (None: never)."""
+        self._update_sandbox_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)

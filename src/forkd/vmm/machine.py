@@ -212,6 +212,15 @@ class VM:
                         f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
 
+    async def step_clock(self, timeout: float) -> dict[str, Any]:
+        """Step the guest's clock to the host's, after a pause (nothing was cloned: no reseed).
+
+        Fresh entropy goes along only so that an agent older than ``clock_only``
+        still accepts the call (it then reseeds too, which is harmless).
+        """
+        return await self.agent.call(protocol.RESTORED, timeout=timeout, clock_only=True,
+                                     time_ns=time.time_ns(), entropy=os.urandom(32).hex())
+
     @classmethod
     async def attach(cls, process: QemuProcess, config: VMConfig) -> VM:
         """Reconnect to a VM a previous daemon started (re-adoption)."""
