@@ -23,7 +23,7 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 # Cached under the data dir, keyed by its recipe: instant when nothing changed.

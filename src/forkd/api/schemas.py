@@ -327,6 +327,10 @@ class SnapshotInfo(_Response):
     pause_ms: int | float | None = Field(
         None, description="Measured source pause window in ms; present only for BRANCH snapshots."
     )
+    fs_freeze_ms: int | float | None = Field(
+        None, description="Live BRANCH only: how long the source's root filesystem was frozen (its "
+        "disk writes waited; its CPU work went on), in ms.",
+    )
     status: Literal["ready", "writing", "failed"] | None = Field(
         None, description="writing while a live no-wait branch copies memory; then ready or failed."
     )

@@ -114,6 +114,7 @@ class Brancher:
             record = SnapshotRecord(
                 tag=tag, dir=str(self._snapshots / tag), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.disk.parent_tag, pause_ms=round(cap.pause_ms, 3),
+                fs_freeze_ms=round(cap.fs_freeze_ms, 3) if cap.fs_freeze_ms is not None else None,
                 mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
                 checkpoint_of=sandbox_id if checkpoint else None,
             )

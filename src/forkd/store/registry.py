@@ -136,6 +136,7 @@ class SnapshotRecord:
     # no sandbox runs from it and no snapshot depends on it.
     auto_delete: bool = False
     checkpoint_of: str | None = None  # the sandbox whose auto-checkpoint policy made it
+    fs_freeze_ms: float | None = None  # live BRANCH: how long the guest's disk writes waited
 
     def check_forkable(self) -> None:
         """409 unless children can be forked from it (status "ready")."""
@@ -152,6 +153,8 @@ class SnapshotRecord:
             out["branched_from"] = self.branched_from
         if self.pause_ms is not None:
             out["pause_ms"] = self.pause_ms
+        if self.fs_freeze_ms is not None:
+            out["fs_freeze_ms"] = self.fs_freeze_ms
         out["status"] = self.status
         if self.error:
             out["error"] = self.error
@@ -241,7 +244,7 @@ class SandboxRecord:
 # Typed fields kept in the ``meta`` JSON column (the SQL columns hold the rest).
 def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
     return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning,
-            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of}
+            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of, "fs_freeze_ms": s.fs_freeze_ms}
 
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
@@ -265,6 +268,7 @@ def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
         source_layers=list(meta.get("source_layers") or []),
         warning=meta.get("warning") or meta.get("source_error"),
         auto_delete=bool(meta.get("auto_delete")), checkpoint_of=meta.get("checkpoint_of"),
+        fs_freeze_ms=meta.get("fs_freeze_ms"),
     )
 
 
