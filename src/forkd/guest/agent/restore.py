@@ -98,7 +98,8 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
         clock_stepped = step_clock(time_ns)
     marks.append(time.perf_counter_ns())
     # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
-    os.environ.update(env)
+    if env:
+        os.environ.update(env)
     # setdefault: eval'd code may have deleted the counter from its namespace.
     namespace.setdefault(RESTORES_KEY, [0])[0] += 1
     marks.append(time.perf_counter_ns())
