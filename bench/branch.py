@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.config import DataDir
+from common import scratch_data
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
@@ -317,7 +317,7 @@ async def main(args: argparse.Namespace) -> int:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
-    data = DataDir.scratch("forkd-bench-branch-")
+    data = scratch_data("forkd-bench-branch-")
     root = data.root
     started = datetime.datetime.now(datetime.UTC)
     env = {"host_cpus": os.cpu_count(), "host_kernel": platform.release(),

@@ -4,6 +4,8 @@
 # the kernel, e2fsprogs for mkfs.ext4 -d). Idempotent: does nothing when all are present.
 set -euo pipefail
 PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv)
+# --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).
+[ "${1:-}" = "--bench" ] && PKGS+=(python3-numpy)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

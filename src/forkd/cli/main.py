@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
+from forkd.cli import bench, files, forks, info, pools, sandboxes, snapshots
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import files, forks, info, pools, sandboxes, snapshots
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 
@@ -92,6 +92,7 @@ app.command("eval")(sandboxes.eval_)
 app.command("pool")(pools.pool)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
+app.command("bench")(bench.bench)
 
 
 if __name__ == "__main__":
