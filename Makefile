@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv image demo test test-unit test-integration stress bench bench-capacity lint clean help
+.PHONY: setup deps venv node-deps image demo test test-unit test-integration stress bench bench-capacity lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
@@ -12,9 +12,17 @@ help:
 	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
 	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000)"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
-	@echo "make lint   - ruff, mypy (strict) and the SDK twin check"
+	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
-setup: deps venv image
+setup: deps venv node-deps image
+
+# The TypeScript SDK's and the browser test's npm packages, exactly as locked.
+NODE_DIRS := sdk/typescript tests/browser
+node-deps: deps $(addsuffix /node_modules/.installed,$(NODE_DIRS))
+
+%/node_modules/.installed: %/package-lock.json %/package.json
+	cd $* && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 deps:
 	bash scripts/install-deps.sh
@@ -37,7 +45,7 @@ demo: setup
 test: setup
 	$(BIN)/pytest -ra $(PYTEST_ARGS)
 
-test-unit: venv
+test-unit: venv node-deps
 	$(BIN)/pytest -ra tests/unit $(PYTEST_ARGS)
 
 test-integration: setup
@@ -56,11 +64,13 @@ bench: setup
 bench-capacity: setup
 	$(BIN)/python bench/run_all.py --capacity
 
-lint: venv
+lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts
 	$(BIN)/ruff check --select SLF001 src
 	$(BIN)/mypy
 	$(BIN)/python scripts/unasync_sdk.py --check
+	$(BIN)/python scripts/gen_ts_types.py --check
+	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(addsuffix /node_modules,$(NODE_DIRS)) sdk/typescript/dist sdk/typescript/build

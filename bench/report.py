@@ -436,11 +436,44 @@ def branch_section(doc: Doc, br: Result | None, fr: Result | None) -> None:
     doc.chart(fig, "fork_running.png", "fork of a running sandbox")
 
 
+def travel_section(doc: Doc, tr: Result | None) -> None:
+    doc.add("## Snapshots that travel", "")
+    if tr is None:
+        doc.add("Not measured yet: `.venv/bin/python bench/travel.py`.", "")
+        return
+    doc.add(f"`bench/travel.py` → `bench/results/travel.json` (measured {tr.get('when', '?')}): a "
+            f"{tr['mem_mib']} MiB template and {tr['depth']} diff branches on top of it (each branch's "
+            f"`mem`: {tr['mem_logical_mib']} MiB logical, {tr['mem_data_mib']} MiB of data), moto's S3 "
+            "server on loopback, so the figures are this host's CPU, disk and loopback HTTP, not a "
+            "network.", "",
+            "| step | time | bytes |", "|---|---:|---|")
+    rows = [
+        ("pack the newest branch with its chain and base image", tr["pack_s"],
+         f"{tr['archive_mib']} MiB archive; {tr['pack_read_mib']} MiB read (data extents only)"),
+        ("unpack into a fresh data dir", tr["unpack_s"], ""),
+        ("push into an empty store", tr["push_s"], f"{tr['push_mib']} MiB uploaded"),
+        ("push the same chain again", tr["push_again_s"],
+         f"{tr['push_again_blobs']} blobs uploaded (content-addressed)"),
+        ("pull into a fresh data dir", tr["pull_s"], f"{tr['pull_mib']} MiB downloaded"),
+        ("spawn of a tag only in the store, until it answers", tr["spawn_from_store_s"],
+         "the pull, then the fork"),
+        ("the next spawn of it there", tr["spawn_after_s"], ""),
+    ]
+    for what, secs, size in rows:
+        doc.add(f"| {what} | {sec(secs)} | {size} |")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+    ax.set_xlabel("seconds")
+    ax.set_title("Snapshot travel")
+    plt.setp(ax.get_yticklabels(), fontsize=7)
+    doc.chart(fig, "travel.png", "snapshot travel steps")
+
+
 STATIC_TAIL = (Path(__file__).resolve().parent / "performance_notes.md")
 
 
 def render(results: Path, doc_path: Path) -> None:
-    names = ("fanout", "density", "capacity", "roundtrip", "branch", "fork_running", "run")
+    names = ("fanout", "density", "capacity", "roundtrip", "branch", "fork_running", "travel", "run")
     rs = {n: load(results, n) for n in names}
     doc = Doc(doc_path.parent / "perf")
     doc.add("# Performance", "",
@@ -460,6 +493,7 @@ def render(results: Path, doc_path: Path) -> None:
     density_section(doc, rs.get("density"), rs.get("capacity"))
     latency_section(doc, rs.get("roundtrip"))
     branch_section(doc, rs.get("branch"), rs.get("fork_running"))
+    travel_section(doc, rs.get("travel"))
     if STATIC_TAIL.exists():
         doc.add(STATIC_TAIL.read_text().rstrip(), "")
     doc_path.write_text("\n".join(doc.lines).rstrip() + "\n")

@@ -37,6 +37,7 @@ PARTS: list[tuple[str, list[str], float]] = [
     ("roundtrip", [], 150),
     ("branch", ["--repeat", "3", "--dirty", "0,30,200", "--consecutive", "4"], 240),
     ("fork_running", ["--repeat", "2"], 150),
+    ("travel", [], 150),
 ]
 CAPACITY = ("density", ["--sizes", "10", "--no-knobs", "--capacity", "--capacity-minutes", "10",
                         "--out", str(RESULTS / "density_capacity_run.json")], 720)

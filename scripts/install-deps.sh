@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Host packages forkd needs: QEMU (microvm + TCG/KVM), qemu-img, and what the guest
 # image builder uses (debootstrap, busybox-static for the initramfs, lz4 to unpack
-# the kernel, e2fsprogs for mkfs.ext4 -d). Idempotent: does nothing when all are present.
+# the kernel, e2fsprogs for mkfs.ext4 -d); Node.js and npm for the TypeScript SDK and
+# the browser test, which drives Debian's chromium (never a downloaded browser); etcd
+# (etcd-server 3.4), which a fleet of hosts registers in and the fleet tests start.
+# Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv)
+PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv chromium etcd-server)
+# A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
+command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 # --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).
 [ "${1:-}" = "--bench" ] && PKGS+=(python3-numpy)
 missing=()

@@ -114,7 +114,11 @@ CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)
 
 # --- names
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
-SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{6}-[0-9]{4}$")
+# A fleet host (``forkd daemon --host-id``) puts its id in every sandbox id it makes:
+# sb-<host>-<6 hex>-<4 digits>; the gateway routes per-sandbox calls by it.
+HOST_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
+SANDBOX_ID_RE = re.compile(r"^sb-(?:[a-z0-9]{1,16}-)?[0-9a-f]{6}-[0-9]{4}$")
+HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

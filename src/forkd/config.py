@@ -61,6 +61,11 @@ class DataDir:
         return self.root / "forkd.db"
 
     @property
+    def travel(self) -> Path:
+        """Snapshots on the move (controller/travel.py): imported base images, digests, staging."""
+        return self.root / "travel"
+
+    @property
     def host_probe(self) -> Path:
         return self.root / "host-probe.json"
 

@@ -99,6 +99,9 @@ class FakeRuntime:
     # Sizes of the body pieces file_write received, to show that uploads stream.
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
+    store_url: str | None = None  # the object store push/pull use (None: not configured)
+    host_id: str | None = None  # a fleet host's id: children are sb-<host>-abcdef-<n>
+    stored: dict[str, list[str]] = field(default_factory=dict)  # tag in the store -> its lineage
     _spawned: int = field(default=0, init=False)
     _writing: dict[str, int] = field(default_factory=dict, init=False)  # tag -> polls left while writing
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
@@ -248,7 +251,8 @@ class FakeRuntime:
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
                    per_child_netns: bool, metadata: dict[str, str],
                    timeout_secs: float | None = None) -> SandboxRecord:
-        sandbox_id = f"sb-abcdef-{self._spawned:04d}"
+        prefix = f"sb-{self.host_id}-abcdef" if self.host_id else "sb-abcdef"
+        sandbox_id = f"{prefix}-{self._spawned:04d}"
         self._spawned += 1
         record = self.add_sandbox(sandbox_id, tag, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
                                   netns=f"forkd-child-{i}" if per_child_netns else None)
@@ -549,6 +553,48 @@ class FakeRuntime:
     def take_pool_refill_times(self) -> list[tuple[str, float]]:
         out, self.refill_times = self.refill_times, []
         return out
+
+    # ---------------------------------------------------------------- travel
+
+    def _lineage(self, tag: str) -> list[str]:
+        chain = [tag]
+        while (parent := self._snapshot(chain[-1]).parent_tag) is not None and parent in self.snapshots:
+            chain.append(parent)
+        return list(reversed(chain))
+
+    def _need_store(self) -> str:
+        if self.store_url is None:
+            raise Conflict("no object store is configured: start the daemon with --store "
+                                 "s3://bucket/prefix (or FORKD_STORE)")
+        return self.store_url
+
+    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        self._call("push_snapshot", tag, force=force)
+        url = self._need_store()
+        self._snapshot(tag).check_forkable()
+        lineage = self._lineage(tag)
+        fresh = [t for t in lineage if t not in self.stored]
+        for i, t in enumerate(lineage):
+            self.stored[t] = lineage[: i + 1]
+        return {"tag": tag, "store": url, "lineage": lineage, "blobs": 3 * len(lineage) + 1,
+                "blobs_uploaded": 3 * len(fresh), "bytes_uploaded": 1000 * len(fresh)}
+
+    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
+        self._call("pull_snapshot", tag)
+        url = self._need_store()
+        if tag in self.snapshots:
+            return {"tag": tag, "created": [], "reused": [tag], "bytes_downloaded": 0}
+        if tag not in self.stored:
+            raise NotFound(f"snapshot {tag!r} is neither on this host nor in store {url}")
+        created, reused, parent = [], [], None
+        for t in self.stored[tag]:
+            if t in self.snapshots:
+                reused.append(t)
+            else:
+                self.add_snapshot(t, parent_tag=parent)
+                created.append(t)
+            parent = t
+        return {"tag": tag, "created": created, "reused": reused, "bytes_downloaded": 1000 * len(created)}
 
 
 __all__ = ["Call", "FakeRuntime"]

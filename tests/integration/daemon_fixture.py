@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,6 +197,28 @@ def new_daemon(prefix: str = "fkd-", **kwargs: object) -> Daemon:
     root = make_data_dir(prefix)
     token, token_file = write_token(root)
     return Daemon(root=root, token=token, token_file=token_file, port=free_port(), **kwargs)  # type: ignore[arg-type]
+
+
+def start_or_clean_up(daemon: Daemon) -> Daemon:
+    """Start ``daemon``; if it does not come up, stop it and its QEMUs before re-raising."""
+    try:
+        return daemon.start()
+    except BaseException:
+        daemon.stop()
+        kill_qemus_of(daemon.root)
+        raise
+
+
+def kill_leftover_sandboxes(daemon: Daemon, keep: Iterable[str] = ()) -> list[str]:
+    """Kill every sandbox of a running ``daemon`` but ``keep``; returns the ids it killed."""
+    if daemon.proc is None or daemon.proc.poll() is not None:
+        return []
+    kept = set(keep)
+    with daemon.client() as c:
+        left = [sb["id"] for sb in c.get("/v1/sandboxes").json() if sb["id"] not in kept]
+        for sb_id in left:
+            c.delete(f"/v1/sandboxes/{sb_id}")
+    return left
 
 
 def shutdown_and_check(daemon: Daemon) -> None:

@@ -28,7 +28,15 @@ from forkd.config import VERSION
 from forkd.sdk import ConflictError, NotFoundError, Unauthorized
 
 from .conftest import qemu_processes_of
-from .daemon_fixture import FORKD, Daemon, kill_qemus_of, new_daemon, pid_alive, shutdown_and_check
+from .daemon_fixture import (
+    FORKD,
+    Daemon,
+    kill_leftover_sandboxes,
+    new_daemon,
+    pid_alive,
+    shutdown_and_check,
+    start_or_clean_up,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -47,12 +55,7 @@ SNAPSHOT_BODY = {"tag": "py", "mem_mib": 512, "setup": [["python3", "-c", "impor
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     d = new_daemon()
-    try:
-        d.start()
-    except BaseException:
-        d.stop()
-        kill_qemus_of(d.root)
-        raise
+    start_or_clean_up(d)
     yield d
     shutdown_and_check(d)
 
@@ -86,12 +89,7 @@ def no_sandboxes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     if "daemon" not in request.fixturenames:
         return
     d: Daemon = request.getfixturevalue("daemon")
-    if d.proc is None or d.proc.poll() is not None:
-        return
-    with d.client() as c:
-        left = [sb["id"] for sb in c.get("/v1/sandboxes").json() if sb["id"] not in d.left_for_shutdown]
-        for sb_id in left:
-            c.delete(f"/v1/sandboxes/{sb_id}")
+    left = kill_leftover_sandboxes(d, keep=d.left_for_shutdown)
     assert not left, f"test left sandboxes running: {left}"
 
 

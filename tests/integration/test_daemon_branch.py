@@ -31,7 +31,7 @@ import pytest
 from forkd import Controller, Sandbox, Snapshot
 from forkd.sdk import NotFoundError
 
-from .daemon_fixture import Daemon, kill_qemus_of, new_daemon, pid_alive, shutdown_and_check
+from .daemon_fixture import Daemon, new_daemon, pid_alive, shutdown_and_check, start_or_clean_up
 from .test_daemon import assert_error, run_cli, run_seed_shell
 
 pytestmark = pytest.mark.vm
@@ -75,12 +75,7 @@ SEED_004_SPAWN_BODY = (
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     d = new_daemon(prefix="fkd-br-")
-    try:
-        d.start()
-    except BaseException:
-        d.stop()
-        kill_qemus_of(d.root)
-        raise
+    start_or_clean_up(d)
     yield d
     shm = shm_dir(d)
     shutdown_and_check(d)

@@ -21,7 +21,7 @@ from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
 
 from .conftest import Loop, qemu_processes_of
-from .daemon_fixture import Daemon, kill_qemus_of, new_daemon, pid_alive, shutdown_and_check
+from .daemon_fixture import Daemon, new_daemon, pid_alive, shutdown_and_check, start_or_clean_up
 
 pytestmark = pytest.mark.vm
 
@@ -158,12 +158,7 @@ def test_resizing_and_deleting_leave_no_qemu_behind(loop: Loop, runtime: Runtime
 def pool_daemon() -> Iterator[Daemon]:
     # The start-up option names a tag that does not exist yet: it fills once it does.
     d = new_daemon("fkp-", extra_env={"FORKD_POOLS": "py=2"})
-    try:
-        d.start()
-    except BaseException:
-        d.stop()
-        kill_qemus_of(d.root)
-        raise
+    start_or_clean_up(d)
     yield d
     shutdown_and_check(d)
 

@@ -634,7 +634,7 @@ def test_lifespan_opens_and_closes_the_runtime(
     fake = FakeRuntime()
     opened: list[Any] = []
 
-    async def fake_open(data: Any) -> FakeRuntime:
+    async def fake_open(data: Any, *, store: str | None = None, host_id: str | None = None) -> FakeRuntime:
         opened.append(data)
         return fake
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from forkd.api import file_routes, fork_routes, pool_routes
+from forkd.api import file_routes, fork_routes, pool_routes, travel_routes, ui
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike, reject_unknown_query
@@ -91,6 +91,20 @@ def _openapi_factory(app: FastAPI, auth: bool) -> Any:
     return openapi
 
 
+async def _join_fleet(rt: Any, settings: Settings) -> Any:
+    """Register this daemon in the fleet (etcd) and keep its record current (fleet/member.py)."""
+    from forkd.fleet.etcd import EtcdClient
+    from forkd.fleet.member import FleetMember, host_record
+
+    assert settings.host_id is not None
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per etcd keepalive
+    host_id, url = settings.host_id, settings.reachable_url
+    member = FleetMember(EtcdClient(settings.etcd),
+                         lambda: host_record(rt, host_id, url, settings.capacity), settings.lease_ttl)
+    await member.start()
+    return member
+
+
 def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = None) -> FastAPI:
     """Build the daemon's ASGI app.
 
@@ -113,13 +127,17 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
-            rt = await Runtime.open(data)
+            rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id)
             if settings.pools:
                 await rt.preset_pools(settings.pools)
             app.state.runtime = rt
+            if settings.etcd and settings.host_id:
+                app.state.fleet_member = await _join_fleet(rt, settings)
         try:
             yield
         finally:
+            if app.state.fleet_member is not None:
+                await app.state.fleet_member.stop()  # leave the fleet before the sandboxes go
             if owned and app.state.runtime is not None:
                 log.info("closing runtime (keep_sandboxes=%s)", settings.keep_sandboxes)
                 await app.state.runtime.close(keep_sandboxes=settings.keep_sandboxes)
@@ -138,6 +156,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     )
     app.state.settings = settings
     app.state.runtime = runtime
+    app.state.fleet_member = None
     app.state.branch_gate = BranchGate(settings.branch_concurrency)
     app.state.metrics = Metrics(
         count_snapshots=lambda: _count(app, "list_snapshots"),
@@ -151,6 +170,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(fork_routes.router)
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
+    app.include_router(travel_routes.router)
+    app.include_router(ui.make_router())
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is

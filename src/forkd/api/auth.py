@@ -1,4 +1,4 @@
-"""Bearer-token authentication for every route except ``/healthz``.
+"""Bearer-token authentication for every route except ``/healthz`` and the console's files (``/ui``).
 
 Enforced as ASGI middleware rather than a FastAPI dependency so that nothing
 escapes it: unknown paths, ``/openapi.json``, ``/docs`` and ``/metrics`` are all
@@ -18,6 +18,15 @@ from forkd.api.settings import ConfigError, Settings, is_loopback
 
 MIN_TOKEN_CHARS = 16
 UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+# The web console's static files (forkd.api.ui): no data, no secret; the API they call needs the token.
+UNAUTHENTICATED_PREFIX = "/ui"
+
+
+def is_public(path: str) -> bool:
+    """Routes anyone may fetch: ``/healthz`` and the console's own files."""
+    return path in UNAUTHENTICATED_PATHS or path == UNAUTHENTICATED_PREFIX or path.startswith(
+        UNAUTHENTICATED_PREFIX + "/"
+    )
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
 
 # Values people paste from examples. Compared after lower-casing and dropping
@@ -139,7 +148,7 @@ class BearerAuthMiddleware:
         self._token = token.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
+        if scope["type"] != "http" or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return
         presented = _bearer_from_scope(scope)

@@ -487,6 +487,27 @@ class EvalResponse(_Response):
     exit_code: int
 
 
+class PushRequest(_Request):
+    force: bool = Field(False, description="Replace a different snapshot of the same tag in the store.")
+
+
+class PushResult(_Response):
+    tag: str
+    store: str = Field(description="The object store, s3://bucket/prefix.")
+    lineage: list[str] = Field(description="The snapshots pushed, oldest first: the chain its disk needs.")
+    blobs: int = Field(description="Distinct files the chain is made of (base image included).")
+    blobs_uploaded: int = Field(description="Those the store lacked (content-addressed: the rest were "
+                                "there).")
+    bytes_uploaded: int = Field(description="Compressed bytes sent.")
+
+
+class PullResult(_Response):
+    tag: str
+    created: list[str] = Field(description="Snapshots registered here by this pull, oldest first.")
+    reused: list[str] = Field(description="Snapshots of the chain this host already held (same content).")
+    bytes_downloaded: int = Field(description="Compressed bytes fetched.")
+
+
 class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import uvicorn
 
+from forkd import bounds
 from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token
 from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
+from forkd.errors import InvalidRequest
+from forkd.store.objectstore import StoreURL
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,27 @@ def validate_settings(settings: Settings) -> None:
         raise ConfigError("max file size must not be negative")
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
+    validate_fleet_settings(settings)
+
+
+def validate_fleet_settings(settings: Settings) -> None:
+    """--store, --host-id, --etcd and friends: each checked, and the combinations that need each other."""
+    if settings.store is not None:
+        try:
+            StoreURL.parse(settings.store)
+        except InvalidRequest as exc:
+            raise ConfigError(f"--store: {exc}") from None
+    if settings.host_id is not None and not bounds.HOST_ID_RE.match(settings.host_id):
+        raise ConfigError(f"--host-id {settings.host_id!r}: use 1 to 16 lower-case letters and digits")
+    if settings.etcd and settings.host_id is None:
+        raise ConfigError("--etcd needs --host-id: a fleet host names itself in every sandbox id it makes")
+    if settings.etcd and settings.advertise_url is None and settings.host in ("0.0.0.0", "::"):
+        raise ConfigError("--etcd with a wildcard --bind needs --advertise-url: the URL the gateway "
+                          "reaches this host at, e.g. http://10.0.0.5:8889")
+    if not 2 <= settings.lease_ttl <= 3600:
+        raise ConfigError("--lease-ttl must be between 2 and 3600 seconds")
+    if settings.capacity is not None and settings.capacity < 1:
+        raise ConfigError("--capacity must be at least 1")
 
 
 class _Server(uvicorn.Server):

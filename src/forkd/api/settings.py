@@ -22,6 +22,7 @@ MIN_MAX_BODY_BYTES = 1024  # below this even a spawn request does not fit
 # Uploaded files (PUT /v1/sandboxes/{id}/files) stream past the body limit, under their own.
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 DEFAULT_BRANCH_CONCURRENCY = 4
+DEFAULT_LEASE_TTL = 10  # seconds a fleet host stays listed after its last keepalive
 MAX_BRANCH_CONCURRENCY = 64
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -121,6 +122,18 @@ def parse_pools(items: list[str] | str | None) -> dict[str, int]:
     return out
 
 
+def parse_endpoints(items: list[str] | str | None) -> list[str]:
+    """``--etcd URL`` (repeatable) or ``FORKD_ETCD="http://a:2379,http://b:2379"`` -> a list of URLs."""
+    if items is None:
+        return []
+    parts = [p.strip() for item in ([items] if isinstance(items, str) else items) for p in item.split(",")]
+    urls = [p for p in parts if p]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"etcd endpoint {url!r} must be an http:// or https:// URL")
+    return urls
+
+
 def _env_path(name: str) -> Path | None:
     raw = os.environ.get(name)
     return Path(raw) if raw else None
@@ -141,6 +154,14 @@ class Settings:
     branch_concurrency: int = DEFAULT_BRANCH_CONCURRENCY
     # Warm pool targets applied at start-up (snapshot tag -> size); see controller/pools.py.
     pools: dict[str, int] = field(default_factory=dict)
+    # Object store for push/pull and for fetching tags a spawn lacks (controller/travel.py).
+    store: str | None = None
+    # Fleet (forkd/fleet): this host's id (in every sandbox id), etcd, and what it tells the gateway.
+    host_id: str | None = None
+    etcd: list[str] = field(default_factory=list)
+    advertise_url: str | None = None
+    lease_ttl: int = DEFAULT_LEASE_TTL
+    capacity: int | None = None  # sandboxes this host is planned for (None: one per 512 MiB of RAM)
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
@@ -165,6 +186,12 @@ class Settings:
             max_file_bytes=_env_int("FORKD_MAX_FILE_BYTES", DEFAULT_MAX_FILE_BYTES),
             branch_concurrency=_env_int("FORKD_BRANCH_CONCURRENCY", DEFAULT_BRANCH_CONCURRENCY),
             pools=parse_pools(os.environ.get("FORKD_POOLS")),
+            store=os.environ.get("FORKD_STORE") or None,
+            host_id=os.environ.get("FORKD_HOST_ID") or None,
+            etcd=parse_endpoints(os.environ.get("FORKD_ETCD")),
+            advertise_url=os.environ.get("FORKD_ADVERTISE_URL") or None,
+            lease_ttl=_env_int("FORKD_LEASE_TTL", DEFAULT_LEASE_TTL),
+            capacity=_env_int("FORKD_CAPACITY", 0) or None,
         )
 
     @property
@@ -179,6 +206,11 @@ class Settings:
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.bind}"
+
+    @property
+    def reachable_url(self) -> str:
+        """Where other hosts and the gateway reach this daemon (``--advertise-url``, else its bind)."""
+        return self.advertise_url or self.url
 
     def data(self) -> DataDir:
         return DataDir.from_env(self.data_dir)

@@ -18,6 +18,7 @@ import typer
 
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
+    DEFAULT_LEASE_TTL,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_FILE_BYTES,
     MAX_BRANCH_CONCURRENCY,
@@ -25,6 +26,7 @@ from forkd.api.settings import (
     ConfigError,
     Settings,
     parse_bind,
+    parse_endpoints,
     parse_pools,
 )
 from forkd.cli import output
@@ -115,6 +117,50 @@ def daemon(
             "tag with no snapshot yet fills once it exists). Variable: FORKD_POOLS=\"a=2,b=3\".",
         ),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="FORKD_STORE", metavar="s3://BUCKET/PREFIX",
+            help="Object store for push/pull; a spawn of a tag this host lacks fetches it from there. "
+            "Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+            "AWS_REGION.",
+        ),
+    ] = None,
+    host_id: Annotated[
+        str | None,
+        typer.Option(
+            "--host-id", envvar="FORKD_HOST_ID", metavar="ID",
+            help="This host's name in a fleet (1-16 of a-z0-9); sandbox ids become sb-ID-<hex>-<n>.",
+        ),
+    ] = None,
+    etcd: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--etcd", envvar="FORKD_ETCD", metavar="URL[,URL]",
+            help="Join a fleet: register this host in etcd under a lease (needs --host-id).",
+        ),
+    ] = None,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise-url", envvar="FORKD_ADVERTISE_URL", metavar="URL",
+            help="Where the fleet gateway reaches this daemon (default: its --bind address).",
+        ),
+    ] = None,
+    lease_ttl: Annotated[
+        int,
+        typer.Option(
+            "--lease-ttl", envvar="FORKD_LEASE_TTL", min=2, max=3600, metavar="SECS",
+            help="Seconds this host stays in the fleet after its last keepalive (if it dies).",
+        ),
+    ] = DEFAULT_LEASE_TTL,
+    capacity: Annotated[
+        int | None,
+        typer.Option(
+            "--capacity", envvar="FORKD_CAPACITY", min=1, metavar="N",
+            help="Sandboxes this host is planned for, for fleet placement (default: one per 512 MiB RAM).",
+        ),
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -144,19 +190,22 @@ def daemon(
       FORKD_BRANCH_CONCURRENCY=8 forkd daemon --audit-log /var/log/forkd-audit.log
       forkd daemon --json > daemon.json &             # one JSON line once it listens
       forkd daemon --pool py=4                        # keep 4 children of py restored and paused
+      forkd daemon --store s3://snaps/forkd --host-id h1 --etcd http://etcd:2379   # a fleet host
     """
     if (tls_cert is None) != (tls_key is None):
         usage_error(ctx, "--tls-cert and --tls-key must be given together")
     try:
         host, port = parse_bind(bind)
         pool_sizes = parse_pools(pools)
+        etcd_urls = parse_endpoints(etcd)
     except ConfigError as exc:
         usage_error(ctx, str(exc))
     settings = Settings(
         host=host, port=port, token_file=token_file, tls_cert=tls_cert, tls_key=tls_key,
         data_dir=data_dir, keep_sandboxes=keep_sandboxes, audit_log=audit_log,
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
-        branch_concurrency=branch_concurrency, pools=pool_sizes,
+        branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
+        etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
     # which no other command needs.
@@ -189,6 +238,10 @@ def describe(settings: Settings) -> dict[str, object]:
         "max_body_bytes": settings.max_body_bytes,
         "max_file_bytes": settings.max_file_bytes,
         "pools": settings.pools,
+        "store": settings.store,
+        "host_id": settings.host_id,
+        "etcd": settings.etcd,
+        "advertise_url": settings.reachable_url if settings.etcd else None,
     }
 
 

@@ -2,7 +2,8 @@
 
 Commands that talk to the daemon build a :class:`forkd.sdk.Controller` from
 ``--url``/``--token`` (or ``FORKD_URL``/``FORKD_TOKEN``/``FORKD_TOKEN_FILE``).
-``forkd daemon``, ``forkd image`` and ``forkd doctor`` run locally.
+``forkd daemon``, ``forkd gateway``, ``forkd image``, ``forkd pack``/``unpack`` and ``forkd doctor``
+run locally.
 
 Exit status: 0 success, 1 an error (printed as ``error: ...`` on stderr),
 2 a usage error; ``forkd exec`` exits with the command's own status.
@@ -14,10 +15,11 @@ from typing import Annotated
 
 import typer
 
-from forkd.cli import bench, files, forks, info, pools, sandboxes, snapshots
+from forkd.cli import bench, files, fleet, forks, info, pools, sandboxes, snapshots, travel
 from forkd.cli import daemon as daemon_cmd
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
+from forkd.cli.mcp import mcp as mcp_cmd
 
 app = typer.Typer(
     name="forkd",
@@ -90,6 +92,12 @@ app.command("ping")(sandboxes.ping)
 app.command("exec")(sandboxes.exec_)
 app.command("eval")(sandboxes.eval_)
 app.command("pool")(pools.pool)
+app.command("pack")(travel.pack)
+app.command("unpack")(travel.unpack)
+app.command("push")(travel.push)
+app.command("pull")(travel.pull)
+app.command("gateway")(fleet.gateway)
+app.command("mcp")(mcp_cmd)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
 app.command("bench")(bench.bench)

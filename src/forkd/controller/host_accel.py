@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from forkd.config import DataDir
 from forkd.errors import NotFound
 from forkd.host import probe
@@ -32,5 +34,24 @@ class HostAccelerator:
                 self._accel = Accel(cached["accel"], cached["cpu"])
             else:
                 await self.for_image(image)
+        assert self._accel is not None
+        return self._accel
+
+    async def current(self) -> Accel:
+        """The host's accelerator for a snapshot that arrives from elsewhere (no local image needed
+        when ``FORKD_ACCEL`` forces one or an earlier probe is cached)."""
+        if self._accel is None:
+            forced = os.environ.get("FORKD_ACCEL", "auto").lower()
+            cached = probe.cached_probe(self._data)
+            if forced in ("kvm", "tcg"):
+                self._accel = Accel.kvm() if forced == "kvm" else Accel.tcg()
+            elif cached and cached.get("accel"):
+                self._accel = Accel(cached["accel"], cached["cpu"])
+            else:
+                try:
+                    await self.for_image(load_image(self._data))
+                except NotFound as exc:
+                    raise NotFound(f"cannot tell which accelerator this host runs guests with: {exc} "
+                                   "(or set FORKD_ACCEL=kvm|tcg)") from None
         assert self._accel is not None
         return self._accel

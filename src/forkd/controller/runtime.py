@@ -16,6 +16,8 @@ state and is the only code that changes it:
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
 * ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
+* ``SnapshotTravel`` (travel.py): pack/unpack, push/pull to an object store, and
+  fetching a tag this host lacks before a spawn of it.
 
 Tags and ids are validated before any path is built from them, nothing
 half-made is ever registered, and no QEMU process outlives a failure.
@@ -45,13 +47,15 @@ from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
+from forkd.controller.travel import SnapshotTravel
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
-from forkd.store.layout import check_sandbox_id, check_tag
+from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
+from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 
 __all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
@@ -88,13 +92,23 @@ class Runtime:
         self.idle = IdlePauser(registry, self.sandboxes)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
+        self.travel = SnapshotTravel(data, registry, self.tags, self.accel)
+        self.spawner.fetch_missing_from(self.travel)
 
     # ---------------------------------------------------------------- open/close
 
     @classmethod
-    async def open(cls, data: DataDir | None = None) -> Runtime:
+    async def open(cls, data: DataDir | None = None, *, store: str | None = None,
+                   host_id: str | None = None) -> Runtime:
+        """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
+        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
         data = (data or DataDir.from_env()).ensure()
+        object_store = ObjectStore(store) if store else None
+        if host_id is not None:
+            check_host_id(host_id)
         rt = cls(data, Registry(data.registry))
+        rt.travel.store = object_store
+        rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         rt.checkpoints.start()  # policies kept in the registry count calls again
@@ -314,6 +328,23 @@ class Runtime:
                      wait: bool = True) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
         return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)
+
+    # ---------------------------------------------------------------- travel (controller/travel.py)
+
+    @property
+    def host_id(self) -> str | None:
+        return self.spawner.host_id
+
+    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        """Publish ``tag`` and the chain it needs to the object store (blobs it lacks, then manifests)."""
+        return await self.travel.push(tag, force=force)
+
+    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
+        """Fetch ``tag`` (and the ancestors this host lacks) from the object store and register it."""
+        return await self.travel.pull(tag)
+
+    def travel_stats(self) -> dict[str, int]:
+        return self.travel.stats()
 
     # ---------------------------------------------------------------- warm pools
 

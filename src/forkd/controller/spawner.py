@@ -149,6 +149,14 @@ class PoolSource(Protocol):
         ...
 
 
+class MissingSnapshots(Protocol):
+    """Where a spawn of a tag this host lacks looks for it (controller/travel.py: the object store)."""
+
+    async def ensure_local(self, tag: str) -> None:
+        """Bring ``tag`` here if it can be had; return quietly if not (the spawn then says 404)."""
+        ...
+
+
 class Spawner:
     def __init__(self, data: DataDir, registry: Registry, table: SandboxTable, store: SnapshotStore,
                  accel: HostAccelerator, taps: HostTaps, shm: ShmMemory) -> None:
@@ -161,6 +169,9 @@ class Spawner:
         self._netns = NetnsPool(registry)
         self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
         self._pool: PoolSource | None = None
+        self._missing: MissingSnapshots | None = None
+        # Names the host in every sandbox id (sb-<host>-<hex>-<n>), so a fleet gateway can route by id.
+        self.host_id: str | None = None
         # Foreground spawns in progress: pool refills wait until there are none.
         self._foreground = 0
         self._idle = asyncio.Event()
@@ -169,6 +180,10 @@ class Spawner:
     def draw_from(self, pool: PoolSource) -> None:
         """From now on spawns claim matching children from ``pool`` before restoring."""
         self._pool = pool
+
+    def fetch_missing_from(self, source: MissingSnapshots) -> None:
+        """From now on a spawn of a tag this host lacks asks ``source`` for it first."""
+        self._missing = source
 
     def spawning(self, tag: str) -> bool:
         """Whether children of ``tag`` are being restored right now (not yet registered)."""
@@ -239,6 +254,8 @@ class Spawner:
         self._idle.clear()
         self._busy[tag] = self._busy.get(tag, 0) + 1
         try:
+            if self._missing is not None:
+                await self._missing.ensure_local(tag)
             snap = await self.check_request(tag, n, [c.memory_limit_mib for c in children],
                                             per_child_netns=per_child_netns)
             claimed: list[SandboxRecord | None] = [None] * n
@@ -320,7 +337,7 @@ class Spawner:
     async def _restore_all(self, snap: Forkable, children: list[ChildSpec], netns_names: list[str | None],
                            live_fork: bool, pooled: bool) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
-        prefix = layout.new_batch_prefix()
+        prefix = layout.new_batch_prefix(self.host_id)
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:

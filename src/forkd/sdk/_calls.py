@@ -313,6 +313,16 @@ def list_pools() -> Call:
     return Call("GET", "/v1/pools")
 
 
+# Moving a snapshot's files to or from the object store takes as long as it takes.
+def push_snapshot(tag: str, *, force: bool) -> Call:
+    return Call("POST", f"/v1/snapshots/{_seg(tag)}/push", json={"force": True} if force else None,
+                read_timeout=None)
+
+
+def pull_snapshot(tag: str) -> Call:
+    return Call("POST", f"/v1/snapshots/{_seg(tag)}/pull", read_timeout=None)
+
+
 # ------------------------------------------------------------------- files
 
 # Transfers wait as long as the daemon takes (it bounds each piece it moves).

@@ -625,5 +625,21 @@ class AsyncController:
         """``GET /v1/pools``: every warm pool of the daemon."""
         return cast(list[JSONDict], await self._send(_calls.list_pools()))
 
+    async def push_snapshot(self, tag: str, *, force: bool = False) -> JSONDict:
+        """``POST /v1/snapshots/{tag}/push``: publish it (and the chain its disk needs) to the object store.
+
+        Content-addressed: only blobs the store lacks are sent. ``force`` replaces a
+        different snapshot of the same tag there. Returns ``{"lineage", "blobs_uploaded", ...}``.
+        """
+        return cast(JSONDict, await self._send(_calls.push_snapshot(tag, force=force)))
+
+    async def pull_snapshot(self, tag: str) -> JSONDict:
+        """``POST /v1/snapshots/{tag}/pull``: fetch it from the object store onto the daemon's host.
+
+        Ancestors the host already holds are reused. Returns ``{"created", "reused",
+        "bytes_downloaded"}``. (A spawn of a tag the host lacks pulls it by itself.)
+        """
+        return cast(JSONDict, await self._send(_calls.pull_snapshot(tag)))
+
 
 __all__ = ["DEFAULT_WAIT_SECS", "AsyncController"]

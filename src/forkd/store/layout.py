@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forkd.bounds import SANDBOX_ID_RE, TAG_RE
+from forkd.bounds import HOST_ID_RE, HOSTED_SANDBOX_ID_RE, SANDBOX_ID_RE, TAG_RE
 from forkd.errors import InvalidRequest
 
 
@@ -38,12 +38,26 @@ def check_tag(tag: str) -> str:
 def check_sandbox_id(sandbox_id: str) -> str:
     """Validated before any path is built from it: no traversal through an id."""
     if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
-        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: expected sb-<6 hex>-<4 digits>")
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: expected sb-<6 hex>-<4 digits> "
+                             "(sb-<host>-<6 hex>-<4 digits> on a daemon started with --host-id)")
     return sandbox_id
 
 
-def new_batch_prefix() -> str:
-    return f"sb-{secrets.token_hex(3)}"
+def check_host_id(host_id: str) -> str:
+    if not isinstance(host_id, str) or not HOST_ID_RE.match(host_id):
+        raise InvalidRequest(f"invalid host id {host_id!r}: 1 to 16 lower-case letters and digits")
+    return host_id
+
+
+def new_batch_prefix(host_id: str | None = None) -> str:
+    """``sb-<6 hex>``, or ``sb-<host>-<6 hex>`` on a fleet host; children append ``-<4 digits>``."""
+    return f"sb-{check_host_id(host_id)}-{secrets.token_hex(3)}" if host_id else f"sb-{secrets.token_hex(3)}"
+
+
+def host_of(sandbox_id: str) -> str | None:
+    """The host a sandbox id names (``sb-<host>-…``), or None for an id without one."""
+    m = HOSTED_SANDBOX_ID_RE.match(sandbox_id)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ failed call reads the same wherever it happens.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,11 +16,23 @@ from forkd.errors import VMError
 from forkd.host import prereqs
 
 
-def qemu_img(*args: str) -> None:
+def qemu_img(*args: str) -> str:
     tool = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
     proc = subprocess.run([tool, *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise VMError(f"qemu-img {args[0]} {args[-1]} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def backing_chain(path: Path) -> list[tuple[Path, str]]:
+    """``path`` and every image below it, top first, with its format (``-U``: children may hold them)."""
+    chain = json.loads(qemu_img("info", "-U", "--backing-chain", "--output=json", str(path)))
+    return [(Path(link["filename"]), str(link["format"])) for link in chain]
+
+
+def set_backing(path: Path, backing: str, backing_format: str) -> None:
+    """Rewrite only the header's backing name of ``path`` (the data below is the same)."""
+    qemu_img("rebase", "-u", "-f", "qcow2", "-b", backing, "-F", backing_format, str(path))
 
 
 def create_overlay(backing: Path, path: Path, backing_format: str) -> None:

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""How long a snapshot takes to travel: pack, unpack, push, pull, and a fork from the store.
+
+One template (``--mem-mib``) and a chain of ``--depth`` branches on top of it are
+made in a scratch data dir whose runtime has an object store: moto's S3 server
+on loopback (the same one the tests use), so the figures are this host's CPU,
+disk and loopback HTTP, not a network. Recorded:
+
+* pack of the newest branch (with its base image) and unpack into a fresh data
+  dir: seconds, archive size, and bytes read by this process while packing
+  (holes are never read);
+* push of the chain into an empty store, then a second push of the same chain
+  (content-addressed: nothing to send);
+* pull into a fresh data dir, and a spawn there of a tag that is only in the
+  store (fetched by the spawn itself) until its child answers.
+
+Prints, and writes bench/results/travel.json. Timings from a shared, busy
+machine are noisy: run it a few times.
+
+Usage: .venv/bin/python bench/travel.py [--mem-mib 512] [--depth 2] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+from common import scratch_data
+from forkd.config import DataDir
+from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.host import probe
+from forkd.store import sparse
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def scratch(tag: str) -> DataDir:
+    data = scratch_data(f"fkb-{tag}-")
+    return DataDir(data.root, data.images)
+
+
+async def timed(coro: Any) -> tuple[Any, float]:
+    started = time.perf_counter()
+    result = await coro
+    return result, round(time.perf_counter() - started, 3)
+
+
+async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    src = await Runtime.open(scratch("src"), store=store)
+    roots = [src.data.root]
+    try:
+        await src.create_snapshot(SnapshotSpec(tag="bt-py", mem_mib=mem_mib, boot_wait_secs=300))
+        tag = "bt-py"
+        for i in range(depth):
+            [sb] = await src.spawn(tag)
+            await src.eval(sb.id, "exec('import os; ballast = os.urandom(32 << 20)')")
+            await src.branch(sb.id, f"bt-b{i + 1}", mode="diff")
+            await src.kill(sb.id)
+            tag = f"bt-b{i + 1}"
+        out["chain"] = [*(["bt-py"]), *[f"bt-b{i + 1}" for i in range(depth)]]
+        mem = src.snapshots.dir(tag).mem
+        out["mem_logical_mib"] = mem.stat().st_size >> 20
+        out["mem_data_mib"] = sparse.inspect(mem).data_bytes >> 20
+
+        archive = workdir / "chain.forkd"
+        before = rchar()
+        packed, out["pack_s"] = await timed(src.travel.pack(tag, archive))
+        out["pack_read_mib"] = (rchar() - before) >> 20
+        out["archive_mib"] = round(packed["bytes"] / 2**20, 1)
+        dest = await Runtime.open(scratch("unpack"))
+        roots.append(dest.data.root)
+        _, out["unpack_s"] = await timed(dest.travel.unpack(archive))
+        await dest.close()
+
+        pushed, out["push_s"] = await timed(src.push_snapshot(tag))
+        out["push_mib"] = round(pushed["bytes_uploaded"] / 2**20, 1)
+        again, out["push_again_s"] = await timed(src.push_snapshot(tag))
+        out["push_again_blobs"] = again["blobs_uploaded"]
+
+        pull_rt = await Runtime.open(scratch("pull"), store=store)
+        roots.append(pull_rt.data.root)
+        pulled, out["pull_s"] = await timed(pull_rt.pull_snapshot(tag))
+        out["pull_mib"] = round(pulled["bytes_downloaded"] / 2**20, 1)
+        await pull_rt.close()
+
+        fresh = await Runtime.open(scratch("spawn"), store=store)
+        roots.append(fresh.data.root)
+        [child], out["spawn_from_store_s"] = await timed(fresh.spawn(tag))
+        await fresh.ping(child.id)
+        [_again], out["spawn_after_s"] = await timed(fresh.spawn(tag))
+        await fresh.close()
+    finally:
+        await src.close()
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mem-mib", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS / "travel.json")
+    args = parser.parse_args()
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    boto3.client("s3").create_bucket(Bucket="bench")
+    try:
+        with tempfile.TemporaryDirectory(prefix="fkb-") as tmp:
+            figures = asyncio.run(run(args.mem_mib, args.depth, "s3://bench/travel", Path(tmp)))
+    finally:
+        server.stop()
+    result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "host": platform.node(), "cpus": os.cpu_count(), "qemu": probe.qemu_version(),
+              "accel": os.environ.get("FORKD_ACCEL", "auto"), "mem_mib": args.mem_mib, "depth": args.depth,
+              "note": "moto S3 server on loopback; a shared, busy 2-core machine: noisy", **figures}
+    print(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,519 @@
+/**
+ * `Controller`: one method per route of the daemon's REST API (v1), the
+ * TypeScript twin of the Python SDK's `forkd.Controller`.
+ */
+
+import { createReadStream, createWriteStream } from "node:fs";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import type { ReadableStream as NodeReadableStream } from "node:stream/web";
+
+import { ForkdTimeoutError, NotFoundError, SnapshotFailedError } from "./errors.js";
+import { type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
+import type {
+  BranchOptions,
+  BranchRequest,
+  CheckpointList,
+  CheckpointOptions,
+  CheckpointPolicyRequest,
+  ChildOptions,
+  CreateSnapshotOptions,
+  CreateSnapshotRequest,
+  EvalResponse,
+  ExecOptions,
+  ExecRequest,
+  ExecResponse,
+  FileData,
+  FileInfo,
+  FileList,
+  ForkOptions,
+  ForkRequest,
+  ForkResponse,
+  Health,
+  ListSandboxesOptions,
+  MkdirResponse,
+  PingResponse,
+  PoolInfo,
+  PoolOptions,
+  PoolRequest,
+  PromoteOptions,
+  PromoteRequest,
+  PromoteResponse,
+  PullResult,
+  PushResult,
+  SandboxInfo,
+  SnapshotDetail,
+  SnapshotInfo,
+  SpawnOptions,
+  SpawnRequest,
+  Version,
+  WaitOptions,
+} from "./types.js";
+
+/** A shell string runs via `/bin/sh -c`; an array is the argv itself. */
+export function commandArgs(cmd: string | readonly string[]): string[] {
+  if (typeof cmd === "string") return ["/bin/sh", "-c", cmd];
+  if (cmd.length === 0) throw new TypeError("command must not be empty");
+  return [...cmd];
+}
+
+/** Drop the keys whose value is undefined, so the daemon's defaults apply. */
+function defined<T extends object>(body: T): T {
+  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined)) as T;
+}
+
+function childFields(o: ChildOptions) {
+  return {
+    per_child_netns: o.perChildNetns || undefined,
+    memory_limit_mib: o.memoryLimitMib,
+    live_fork: o.liveFork || undefined,
+    env: o.env,
+    child_env: o.childEnv,
+    metadata: o.metadata,
+    timeout_secs: o.timeoutSecs,
+  };
+}
+
+/** True once a snapshot can be forked; throws if its background write failed. */
+export function snapshotIsReady(info: SnapshotInfo): boolean {
+  const status = info.status ?? "ready";
+  if (status === "failed") throw new SnapshotFailedError(info.tag, info.error);
+  return status === "ready";
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Talks to a forkd daemon over its REST API. `new Controller()` reads
+ * `FORKD_URL` and `FORKD_TOKEN` (or `FORKD_TOKEN_FILE`) from the environment.
+ *
+ * Every method resolves to the daemon's JSON answer, typed from its OpenAPI
+ * document, and rejects with a `ForkdAPIError` subclass (`status`, `message`)
+ * on an error status or a `ForkdConnectionError` if the daemon is not running.
+ *
+ * ```ts
+ * const ctrl = new Controller();
+ * const [parent] = await ctrl.spawnSandboxes({ snapshotTag: "py", n: 1, liveFork: true });
+ * const branch = await ctrl.branchSandbox(parent.id, { mode: "diff" });
+ * const kids = await ctrl.spawnSandboxes({ snapshotTag: branch.tag, n: 5 });
+ * ```
+ */
+export class Controller {
+  readonly #http: Transport;
+
+  constructor(options: ClientOptions = {}) {
+    this.#http = new Transport(options);
+  }
+
+  /** The daemon address in use. */
+  get url(): string {
+    return this.#http.url;
+  }
+
+  // ------------------------------------------------------------------ status
+
+  /** `GET /healthz` → `{ok: true}` (needs no token). */
+  healthz(): Promise<Health> {
+    return this.#http.json({ method: "GET", path: "/healthz" });
+  }
+
+  /** `GET /version` → `{version, api}`. */
+  version(): Promise<Version> {
+    return this.#http.json({ method: "GET", path: "/version" });
+  }
+
+  /** `GET /metrics`: Prometheus text exposition. */
+  async metrics(): Promise<string> {
+    return (await this.#http.send({ method: "GET", path: "/metrics" })).text();
+  }
+
+  // --------------------------------------------------------------- snapshots
+
+  /** `GET /v1/snapshots`: every registered snapshot. */
+  listSnapshots(): Promise<SnapshotInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/snapshots" });
+  }
+
+  /** `GET /v1/snapshots/{tag}`: one snapshot with its lineage (ancestors, dependents, sandboxes). */
+  getSnapshot(tag: string): Promise<SnapshotDetail> {
+    return this.#http.json({ method: "GET", path: `/v1/snapshots/${seg(tag)}` });
+  }
+
+  /** `POST /v1/snapshots`: boot a template VM, warm it up, snapshot it. Resolves once it is ready. */
+  createSnapshot(options: CreateSnapshotOptions): Promise<SnapshotInfo> {
+    const body: CreateSnapshotRequest = defined({
+      tag: options.tag,
+      image: options.image,
+      kernel: options.kernel,
+      rootfs: options.rootfs,
+      tap: options.tap,
+      boot_wait_secs: options.bootWaitSecs,
+      mem_mib: options.memMib,
+      vcpus: options.vcpus,
+      warm_imports: options.warmImports,
+      setup: options.setup?.map((step) => commandArgs(step)),
+      setup_eval: options.setupEval,
+      setup_timeout_secs: options.setupTimeoutSecs,
+    });
+    return this.#http.json({ method: "POST", path: "/v1/snapshots", json: body, wait: "unbounded" });
+  }
+
+  /**
+   * `DELETE /v1/snapshots/{tag}`. `cascade` also deletes the snapshots that
+   * depend on it; `force` also kills the sandboxes running from it.
+   */
+  async deleteSnapshot(tag: string, options: { cascade?: boolean; force?: boolean } = {}): Promise<void> {
+    await this.#http.json({
+      method: "DELETE",
+      path: `/v1/snapshots/${seg(tag)}`,
+      query: { cascade: options.cascade ? "true" : undefined, force: options.force ? "true" : undefined },
+      wait: "unbounded",
+    });
+  }
+
+  /**
+   * Poll `GET /v1/snapshots/{tag}` until it is `"ready"` (a live `wait: false`
+   * branch is `"writing"` for a while). Rejects with `SnapshotFailedError` or
+   * `ForkdTimeoutError`.
+   */
+  async waitSnapshotReady(tag: string, options: WaitOptions = {}): Promise<SnapshotDetail> {
+    const timeoutMs = options.timeoutMs === undefined ? 600_000 : options.timeoutMs;
+    const interval = options.intervalMs ?? 200;
+    const deadline = timeoutMs === null ? Infinity : Date.now() + timeoutMs;
+    for (;;) {
+      const info = await this.getSnapshot(tag);
+      if (snapshotIsReady(info)) return info;
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        throw new ForkdTimeoutError(`snapshot '${tag}' is still '${info.status}' after ${timeoutMs} ms`);
+      }
+      await sleep(Math.min(interval, left));
+    }
+  }
+
+  // --------------------------------------------------------------- sandboxes
+
+  /**
+   * `POST /v1/sandboxes`: fork `n` children of a snapshot, copy-on-write.
+   * `spawnSandboxes({snapshotTag: "py", n: 5})` or `spawnSandboxes("py", {n: 5})`.
+   */
+  spawnSandboxes(options: SpawnOptions): Promise<SandboxInfo[]>;
+  spawnSandboxes(snapshotTag: string, options?: Omit<SpawnOptions, "snapshotTag">): Promise<SandboxInfo[]>;
+  spawnSandboxes(
+    first: SpawnOptions | string,
+    rest: Omit<SpawnOptions, "snapshotTag"> = {},
+  ): Promise<SandboxInfo[]> {
+    const o: SpawnOptions = typeof first === "string" ? { ...rest, snapshotTag: first } : first;
+    const body: SpawnRequest = defined({
+      snapshot_tag: o.snapshotTag,
+      n: o.n ?? 1,
+      ...childFields(o),
+      cpu_limit: o.cpuLimit,
+      pids_limit: o.pidsLimit,
+    });
+    return this.#http.json({ method: "POST", path: "/v1/sandboxes", json: body, wait: "unbounded" });
+  }
+
+  /** `GET /v1/sandboxes`: every live sandbox, or those matching the filters. */
+  listSandboxes(options: ListSandboxesOptions = {}): Promise<SandboxInfo[]> {
+    const metadata = Object.entries(options.metadata ?? {}).map(([k, v]) => `${k}=${v}`);
+    return this.#http.json({
+      method: "GET",
+      path: "/v1/sandboxes",
+      query: { snapshot_tag: options.snapshotTag, metadata: metadata.length ? metadata : undefined },
+    });
+  }
+
+  /** `GET /v1/sandboxes/{id}`. */
+  getSandbox(id: string): Promise<SandboxInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}` });
+  }
+
+  /** `DELETE /v1/sandboxes/{id}`: stop the VM. Snapshots branched from it stay. */
+  async killSandbox(id: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/sandboxes/${seg(id)}`, wait: "unbounded" });
+  }
+
+  /** `POST /v1/sandboxes/{id}/timeout`: kill the sandbox `timeoutSecs` from now. */
+  setSandboxTimeout(id: string, timeoutSecs: number): Promise<SandboxInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/timeout`,
+      json: { timeout_secs: timeoutSecs },
+    });
+  }
+
+  /** `POST /v1/sandboxes/{id}/ping` → `{pong: true, pid: 1, ...}`. */
+  ping(id: string): Promise<PingResponse> {
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/ping`, wait: 60_000 });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/exec`: run a subprocess and capture its output.
+   * An array is the argv; a string runs via `/bin/sh -c`. A failing command
+   * is an answer (`exit_code`, `timed_out`), not a rejection.
+   */
+  exec(id: string, cmd: string | readonly string[], options: ExecOptions = {}): Promise<ExecResponse> {
+    const timeoutSecs = options.timeoutSecs ?? 30;
+    const body: ExecRequest = defined({
+      args: commandArgs(cmd),
+      timeout_secs: timeoutSecs,
+      env: options.env,
+      cwd: options.cwd,
+      stdin: options.stdin,
+    });
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/exec`,
+      json: body,
+      wait: (timeoutSecs + EXEC_GRACE_SECS) * 1000,
+    });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/eval`: run Python in the warm PID 1 interpreter;
+   * the value of a trailing expression is `result` (its repr). The daemon
+   * bounds one eval at 60 s.
+   */
+  eval(id: string, code: string): Promise<EvalResponse> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/eval`,
+      json: { code },
+      wait: "unbounded",
+    });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/branch`: snapshot a running sandbox into a new tag;
+   * it pauses briefly and resumes. With `{mode: "live", wait: false}` the
+   * answer comes while the memory is still copied (`status: "writing"`).
+   */
+  branchSandbox(id: string, options: BranchOptions = {}): Promise<SnapshotInfo> {
+    const body: BranchRequest = defined({
+      tag: options.tag,
+      mode: options.mode,
+      diff: options.diff,
+      // The daemon's default is true: only the opt-out is sent.
+      wait: options.wait === false ? false : undefined,
+    });
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/branch`,
+      json: body,
+      wait: "unbounded",
+    });
+  }
+
+  // ------------------------------------------------- forking a running sandbox
+
+  /**
+   * `POST /v1/sandboxes/{id}/fork`: fork a running sandbox into `count`
+   * children that start from its state now; it keeps running. Each child
+   * succeeds or fails on its own (`children`, `errors`).
+   */
+  forkSandbox(id: string, options: ForkOptions = {}): Promise<ForkResponse> {
+    return this.#fork(id, "fork", options);
+  }
+
+  /** `POST /v1/sandboxes/{id}/fork-tree`: {@link forkSandbox} as one fork-tree (`tree_id`), for {@link promoteSandbox}. */
+  forkTree(id: string, options: ForkOptions = {}): Promise<ForkResponse> {
+    return this.#fork(id, "fork-tree", options);
+  }
+
+  #fork(id: string, route: "fork" | "fork-tree", o: ForkOptions): Promise<ForkResponse> {
+    const body: ForkRequest = defined({
+      count: o.count ?? 1,
+      ...childFields(o),
+      child_memory_limit_mib: o.childMemoryLimitMib,
+      keep_snapshot: o.keepSnapshot || undefined,
+    });
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/${route}`,
+      json: body,
+      wait: "unbounded",
+    });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/promote`: keep this fork-tree child, kill its
+   * siblings; with `replaceParent` the source goes too and its id names the winner.
+   */
+  promoteSandbox(id: string, options: PromoteOptions = {}): Promise<PromoteResponse> {
+    const body: PromoteRequest = defined({
+      tree_id: options.treeId,
+      cleanup_siblings: options.cleanupSiblings === false ? false : undefined,
+      replace_parent: options.replaceParent || undefined,
+    });
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/promote`,
+      json: body,
+      wait: "unbounded",
+    });
+  }
+
+  /** `POST /v1/sandboxes/{id}/checkpoints`: branch after every `every`-th exec/eval call, keep the newest `keep`. */
+  setCheckpoints(id: string, every: number, options: CheckpointOptions = {}): Promise<CheckpointList> {
+    const body: CheckpointPolicyRequest = defined({ every, keep: options.keep, mode: options.mode });
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/checkpoints`, json: body });
+  }
+
+  /** `GET /v1/sandboxes/{id}/checkpoints`: the policy and the kept checkpoints, oldest first. */
+  getCheckpoints(id: string): Promise<CheckpointList> {
+    return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}/checkpoints` });
+  }
+
+  /** `DELETE /v1/sandboxes/{id}/checkpoints`: stop the policy; the checkpoints taken stay. */
+  deleteCheckpoints(id: string): Promise<CheckpointList> {
+    return this.#http.json({ method: "DELETE", path: `/v1/sandboxes/${seg(id)}/checkpoints` });
+  }
+
+  // -------------------------------------------------------------- warm pools
+
+  /** `PUT /v1/snapshots/{tag}/pool`: keep `size` children restored and paused (0 drains). */
+  setPool(tag: string, size: number, options: PoolOptions = {}): Promise<PoolInfo> {
+    const body: PoolRequest = defined({
+      size,
+      memory_limit_mib: options.memoryLimitMib,
+      per_child_netns: options.perChildNetns || undefined,
+      live_fork: options.liveFork || undefined,
+    });
+    return this.#http.json({
+      method: "PUT",
+      path: `/v1/snapshots/${seg(tag)}/pool`,
+      json: body,
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET /v1/snapshots/{tag}/pool` → `{size, ready, claims, misses, ...}`. */
+  getPool(tag: string): Promise<PoolInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/snapshots/${seg(tag)}/pool` });
+  }
+
+  /** `GET /v1/pools`: every warm pool. */
+  listPools(): Promise<PoolInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/pools" });
+  }
+
+  // ------------------------------------------------------- the object store
+
+  /** `POST /v1/snapshots/{tag}/push`: publish it (and the chain its disk needs) to the object store. */
+  pushSnapshot(tag: string, options: { force?: boolean } = {}): Promise<PushResult> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/snapshots/${seg(tag)}/push`,
+      json: options.force ? { force: true } : undefined,
+      wait: "unbounded",
+    });
+  }
+
+  /** `POST /v1/snapshots/{tag}/pull`: fetch it from the object store onto the daemon's host. */
+  pullSnapshot(tag: string): Promise<PullResult> {
+    return this.#http.json({ method: "POST", path: `/v1/snapshots/${seg(tag)}/pull`, wait: "unbounded" });
+  }
+
+  // ------------------------------------------------------------------- files
+
+  #files(id: string, what = ""): string {
+    return `/v1/sandboxes/${seg(id)}/files${what}`;
+  }
+
+  /** `GET .../files/stat` → `{path, name, type, size, mode, mtime}`. */
+  fileStat(id: string, path: string): Promise<FileInfo> {
+    return this.#http.json({ method: "GET", path: this.#files(id, "/stat"), query: { path } });
+  }
+
+  /** `GET .../files/list` → `{path, entries, truncated}`. */
+  fileList(id: string, path: string): Promise<FileList> {
+    return this.#http.json({ method: "GET", path: this.#files(id, "/list"), query: { path } });
+  }
+
+  /** `POST .../files/mkdir` → `{path, created}`. */
+  fileMkdir(id: string, path: string, options: { parents?: boolean } = {}): Promise<MkdirResponse> {
+    return this.#http.json({
+      method: "POST",
+      path: this.#files(id, "/mkdir"),
+      json: { path, parents: options.parents ?? false },
+    });
+  }
+
+  /** `DELETE .../files`: a file, or a directory (`recursive` if not empty). */
+  async fileRemove(id: string, path: string, options: { recursive?: boolean } = {}): Promise<void> {
+    await this.#http.json({
+      method: "DELETE",
+      path: this.#files(id),
+      query: { path, recursive: options.recursive ? "true" : undefined },
+    });
+  }
+
+  /** Whether `path` exists in the sandbox. */
+  async fileExists(id: string, path: string): Promise<boolean> {
+    try {
+      await this.fileStat(id, path);
+      return true;
+    } catch (err) {
+      if (err instanceof NotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * `PUT .../files`: write `data` to `path`, replacing it atomically. A
+   * string is written as UTF-8; a ReadableStream is streamed, never held whole.
+   */
+  writeFile(id: string, path: string, data: FileData, options: { mode?: number } = {}): Promise<FileInfo> {
+    const body: RequestBody = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    return this.#http.json({
+      method: "PUT",
+      path: this.#files(id),
+      query: { path, mode: options.mode === undefined ? undefined : String(options.mode) },
+      body,
+      contentType: "application/octet-stream",
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET .../files` as a stream of bytes (for large files). */
+  async readFileStream(id: string, path: string): Promise<ReadableStream<Uint8Array>> {
+    const response = await this.#http.send({
+      method: "GET",
+      path: this.#files(id),
+      query: { path },
+      wait: "unbounded",
+    });
+    if (!response.body) return new Blob([]).stream();
+    return response.body;
+  }
+
+  /** The whole contents of `path`. */
+  async readFile(id: string, path: string): Promise<Uint8Array> {
+    const response = await this.#http.send({
+      method: "GET",
+      path: this.#files(id),
+      query: { path },
+      wait: "unbounded",
+    });
+    return new Uint8Array(await response.arrayBuffer());
+  }
+
+  /** Stream the local file `localPath` to `path` in the sandbox. */
+  uploadFile(id: string, localPath: string, path: string, options: { mode?: number } = {}): Promise<FileInfo> {
+    const stream = Readable.toWeb(createReadStream(localPath)) as unknown as ReadableStream<Uint8Array>;
+    return this.writeFile(id, path, stream, options);
+  }
+
+  /** Stream `path` in the sandbox into the local file `localPath`; resolves to its size. */
+  async downloadFile(id: string, path: string, localPath: string): Promise<number> {
+    const stream = await this.readFileStream(id, path);
+    let size = 0;
+    const counted = Readable.fromWeb(stream as unknown as NodeReadableStream<Uint8Array>);
+    counted.on("data", (chunk: Uint8Array) => {
+      size += chunk.byteLength;
+    });
+    await pipeline(counted, createWriteStream(localPath));
+    return size;
+  }
+}

@@ -1,0 +1,25 @@
+/**
+ * The forkd TypeScript SDK.
+ *
+ * ```ts
+ * import { Controller, Sandbox } from "@deeplethe/forkd";
+ * const ctrl = new Controller();            // FORKD_URL, FORKD_TOKEN
+ * const sb = await Sandbox.create("py");    // one child of snapshot "py"
+ * console.log((await sb.commands.run("echo hi")).stdout);
+ * await sb.close();
+ * ```
+ */
+
+export { Controller, commandArgs, snapshotIsReady } from "./controller.js";
+export { DEFAULT_URL, type ClientOptions } from "./http.js";
+export * from "./errors.js";
+export * from "./types.js";
+export {
+  Sandbox,
+  Snapshot,
+  type ExploreOutcome,
+  type ExploreResult,
+  type ForkResult,
+  type SandboxCreateOptions,
+} from "./sandbox.js";
+export type { components, paths } from "./schema.js";

@@ -1,0 +1,507 @@
+"""Snapshots that travel: describe one with its disk chain, and bring one in from elsewhere.
+
+``SnapshotTravel`` owns moving snapshots between hosts, by pack archive
+(store/archive.py) or object store (store/objectstore.py):
+
+* **export** follows the snapshot's disk chain (``qemu-img info
+  --backing-chain``) down to the base image, so the snapshot travels with every
+  ancestor its disk needs (whole: they arrive forkable, and the lineage with
+  them). Disk layers travel in a canonical form (backing names relative, not
+  this host's absolute paths) so that the same disk hashes the same on every
+  host and is stored once.
+* **import** checks the host can restore it (accelerator and CPU model, QEMU
+  version), reuses ancestors this host already holds (same content), finds the
+  base image locally by digest or brings it along, writes each new snapshot
+  into a staging directory, points its layers at this host's paths, publishes
+  it and registers it, oldest first. A failure unregisters and removes what
+  this import added and nothing else.
+* **ensure_local** is the spawner's hook: a spawn of a tag this host lacks but
+  the store holds pulls it first, once per host (a lock per tag), however many
+  spawns ask at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forkd.config import VERSION, DataDir
+from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.tags import TagReservations
+from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
+from forkd.host import probe
+from forkd.host.accel import Accel, check_compatible
+from forkd.image.builder import list_images
+from forkd.store import archive, layout, sparse
+from forkd.store.digests import DigestCache
+from forkd.store.layout import SnapshotDir, check_tag
+from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
+from forkd.store.objectstore import ObjectStore
+from forkd.store.registry import Registry, SnapshotRecord, now_unix
+from forkd.vmm import disk as disk_mod
+
+log = logging.getLogger("forkd.travel")
+
+UPLOAD_THREADS = 4
+_QEMU_VERSION_RE = re.compile(r"version (\d+)\.(\d+)")
+
+# Puts one blob (sha256, logical size) into a new file.
+Fetch = Callable[[str, int, Path], None]
+
+
+def qemu_release(version: str) -> str:
+    """``"QEMU emulator version 7.2.19 (Debian …)"`` -> ``"7.2"``: the part migration state depends on."""
+    m = _QEMU_VERSION_RE.search(version)
+    return f"{m.group(1)}.{m.group(2)}" if m else version
+
+
+@dataclass
+class Export:
+    """A snapshot described for travel: its manifest and where each blob's bytes are."""
+
+    manifest: Manifest
+    blobs: dict[str, Path]
+    workdir: Path  # canonical copies of disk layers live here until cleanup()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass
+class ImportPlan:
+    manifest: Manifest
+    reuse: list[str] = field(default_factory=list)  # tags already here with the same content
+    new: list[SnapshotEntry] = field(default_factory=list)  # oldest first
+    base_path: Path | None = None  # the base image, when this host has it
+
+    @property
+    def needs_base(self) -> bool:
+        return self.base_path is None and any(
+            f.backing is not None and f.backing.tag is None for s in self.new for f in s.files)
+
+    def blobs(self) -> set[str]:
+        """What must be fetched: the new snapshots' files, and the base if this host lacks it."""
+        out = {f.sha256 for s in self.new for f in s.files}
+        if self.needs_base:
+            out.add(self.manifest.base.sha256)
+        return out
+
+
+class SnapshotTravel:
+    def __init__(self, data: DataDir, registry: Registry, tags: TagReservations, accel: HostAccelerator,
+                 store: ObjectStore | None = None) -> None:
+        self._data = data
+        self._registry = registry
+        self._tags = tags
+        self._accel = accel
+        self.store = store
+        self._digests = DigestCache(data.travel / "digests.json")
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
+        self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
+
+    @property
+    def bases(self) -> Path:
+        return self._data.travel / "bases"
+
+    def _workdir(self, what: str) -> Path:
+        self._data.travel.mkdir(parents=True, exist_ok=True)
+        path = self._data.travel / f".{what}-{secrets.token_hex(4)}"
+        path.mkdir()
+        return path
+
+    def _require_store(self) -> ObjectStore:
+        if self.store is None:
+            raise Conflict("no object store is configured: start the daemon with --store "
+                                 "s3://bucket/prefix (or FORKD_STORE), with AWS_ENDPOINT_URL and "
+                                 "credentials for non-AWS stores")
+        return self.store
+
+    # ================================================================ export
+
+    def export(self, tag: str) -> Export:
+        """Describe ``tag`` and its disk chain for travel (blocking: digests, disk copies)."""
+        check_tag(tag)
+        snap = self._registry.get_snapshot(tag)
+        snap.check_forkable()
+        workdir = self._workdir(f"export-{tag}")
+        try:
+            return self._export(tag, workdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+
+    def _export(self, tag: str, workdir: Path) -> Export:
+        chain = disk_mod.backing_chain(SnapshotDir(self._data.snapshots / tag).disk)
+        links = [self._classify(path, fmt, last=i == len(chain) - 1) for i, (path, fmt) in enumerate(chain)]
+        base_path, base_fmt = chain[-1]
+        base_sha = self._digests.sha256(base_path)
+        base = BaseEntry(base_sha, base_path.stat().st_size, base_fmt, self._image_info(base_path, base_sha))
+        lineage: list[str] = []
+        for owner, _ in links[:-1]:
+            if owner not in lineage:
+                lineage.append(owner)
+        if not lineage or lineage[0] != tag:
+            raise VMError(f"cannot pack {tag!r}: its disk is not its own ({chain[0][0]})")
+        lineage.reverse()
+        blobs: dict[str, Path] = {base_sha: base_path}
+        entries = []
+        for t in lineage:
+            record = self._registry.get_snapshot(t)
+            record.check_forkable()
+            sdir = SnapshotDir(self._data.snapshots / t)
+            files = [self._plain_file(sdir.mem, blobs), self._plain_file(sdir.state, blobs)]
+            for i, (owner, _) in enumerate(links[:-1]):
+                if owner == t:
+                    below, fmt = links[i + 1], chain[i + 1][1]
+                    bottom = i + 1 == len(links) - 1
+                    backing = Backing(None, "", fmt) if bottom else Backing(below[0], below[1], fmt)
+                    files.append(self._canonical_layer(chain[i][0], workdir / t, backing, base_sha, blobs))
+            meta = sdir.read_meta()
+            accel = Accel(meta["config"]["accel"], meta["config"]["cpu"])
+            entries.append(SnapshotEntry(
+                t, record.parent_tag, record.created_at_unix, tuple(files), meta,
+                {"branched_from": record.branched_from, "pause_ms": record.pause_ms, "mode": record.mode}))
+        accels = {(Accel(e.meta["config"]["accel"], e.meta["config"]["cpu"])) for e in entries}
+        if len(accels) != 1:
+            raise VMError(f"cannot pack {tag!r}: its chain mixes accelerators {sorted(map(str, accels))}")
+        manifest = Manifest(tag, now_unix(), VERSION, probe.qemu_version(), accel, base, tuple(entries))
+        return Export(manifest, blobs, workdir)
+
+    def _classify(self, path: Path, fmt: str, *, last: bool) -> tuple[str, str]:
+        """(tag, file) for a layer in a snapshot directory; ("", "") for the base at the bottom."""
+        resolved = path.resolve()
+        if resolved.parent.parent == self._data.snapshots.resolve() and not last:
+            tag, name = resolved.parent.name, resolved.name
+            if not FILE_RE.match(name) or fmt != "qcow2" or not self._registry.has_snapshot(tag):
+                raise VMError(f"cannot pack: disk layer {resolved} is not a registered snapshot's layer")
+            return tag, name
+        if not last:
+            raise VMError(f"cannot pack: the disk chain runs through {resolved}, which is neither a "
+                          "snapshot's layer nor a base image")
+        return "", ""
+
+    def _plain_file(self, path: Path, blobs: dict[str, Path]) -> FileEntry:
+        sha = self._digests.sha256(path)
+        blobs.setdefault(sha, path)
+        return FileEntry(path.name, sha, path.stat().st_size)
+
+    def _canonical_layer(self, path: Path, into: Path, backing: Backing, base_sha: str,
+                         blobs: dict[str, Path]) -> FileEntry:
+        """A copy of a layer whose backing name does not depend on this host's paths."""
+        into.mkdir(parents=True, exist_ok=True)
+        copy = into / path.name
+        sparse.copy(path, copy)
+        name = (f"../../bases/{base_sha}.{backing.format}" if backing.tag is None
+                else f"../{backing.tag}/{backing.file}")
+        disk_mod.set_backing(copy, name, backing.format)
+        sha, _ = sparse.digest(copy)
+        blobs.setdefault(sha, copy)
+        return FileEntry(path.name, sha, copy.stat().st_size, backing)
+
+    def _image_info(self, base_path: Path, sha: str) -> dict[str, Any]:
+        """What is known of the image a base came from (image.json, or the travelled base's record)."""
+        sidecar = self.bases / f"{sha}.json"
+        if sidecar.exists():
+            with contextlib.suppress(OSError, ValueError):
+                info: dict[str, Any] = json.loads(sidecar.read_text())
+                return info
+        for image in list_images(self._data):
+            if image.rootfs.resolve() == base_path.resolve():
+                return {"name": image.name, "key": image.key,
+                        "kernel_version": image.meta.get("kernel_version"),
+                        "recipe": image.meta.get("recipe")}
+        return {}
+
+    # ================================================================ import
+
+    async def plan(self, manifest: Manifest) -> ImportPlan:
+        """What importing ``manifest`` takes here; raises if this host cannot restore it."""
+        host = await self._accel.current()
+        check_compatible(manifest.accel, host, manifest.tag)
+        ours = probe.qemu_version()
+        if qemu_release(manifest.qemu_version) != qemu_release(ours):
+            raise IncompatibleSnapshot(
+                f"snapshot {manifest.tag!r} was made with {manifest.qemu_version} but this host runs "
+                f"{ours}; device state does not move between QEMU releases: install QEMU "
+                f"{qemu_release(manifest.qemu_version)} here, or re-create the snapshot on this host")
+        return await asyncio.to_thread(self._plan, manifest)
+
+    def _plan(self, manifest: Manifest) -> ImportPlan:
+        plan = ImportPlan(manifest)
+        for entry in manifest.snapshots:
+            if self._registry.has_snapshot(entry.tag) or (self._data.snapshots / entry.tag).exists():
+                self._check_same(entry, manifest)
+                plan.reuse.append(entry.tag)
+            else:
+                plan.new.append(entry)
+        if any(f.backing is not None and f.backing.tag is None for s in plan.new for f in s.files):
+            plan.base_path = self._find_base(manifest.base)
+        return plan
+
+    def _check_same(self, entry: SnapshotEntry, manifest: Manifest) -> None:
+        """``entry.tag`` exists here: fine if it is the very same snapshot, 409 otherwise."""
+        try:
+            local = self.export(entry.tag)
+        except ForkdError as exc:
+            raise Conflict(f"snapshot {entry.tag!r} (in the chain of {manifest.tag!r}) already exists "
+                           f"here and cannot be compared ({exc}); delete it first (forkd rmi {entry.tag})"
+                           ) from None
+        try:
+            mine = {f.name: f.sha256 for f in local.manifest.snapshot(entry.tag).files}
+            theirs = {f.name: f.sha256 for f in entry.files}
+            same_base = local.manifest.base.sha256 == manifest.base.sha256
+        finally:
+            local.cleanup()
+        if mine != theirs or not same_base:
+            raise Conflict(f"this host already has a different snapshot tagged {entry.tag!r} (in the chain "
+                           f"of {manifest.tag!r}); delete it first (forkd rmi {entry.tag} --cascade) or "
+                           "import on another host")
+
+    def _find_base(self, base: BaseEntry) -> Path | None:
+        """This host's copy of the base image, found by digest (a guest image, or one that travelled)."""
+        travelled = self.bases / f"{base.sha256}.{base.format}"
+        if travelled.exists():
+            return travelled
+        if base.format != "raw":
+            return None
+        images = sorted(list_images(self._data), key=lambda i: i.key != base.image.get("key"))
+        for image in images:
+            if image.rootfs.exists() and image.rootfs.stat().st_size == base.size and \
+                    self._digests.sha256(image.rootfs) == base.sha256:
+                return image.rootfs
+        return None
+
+    def apply(self, plan: ImportPlan, fetch: Fetch, origin: str) -> list[SnapshotRecord]:
+        """Bring the plan's new snapshots in (blocking); the caller has reserved their tags."""
+        created: list[SnapshotRecord] = []
+        staging: SnapshotDir | None = None
+        try:
+            base_path = plan.base_path
+            if plan.needs_base:
+                base_path = self._install_base(plan.manifest.base, fetch)
+            for entry in plan.new:
+                staging = layout.staging_dir(self._data.snapshots, entry.tag)
+                for f in entry.files:
+                    fetch(f.sha256, f.size, staging.path / f.name)
+                    if f.backing is not None:
+                        target = (str(base_path) if f.backing.tag is None
+                                  else str(self._data.snapshots / f.backing.tag / f.backing.file))
+                        disk_mod.set_backing(staging.path / f.name, target, f.backing.format)
+                meta = dict(entry.meta)
+                if "rootfs" in meta and base_path is not None:
+                    meta["rootfs"] = str(base_path)
+                meta["imported"] = {"from": origin, "at_unix": now_unix(), "chain_of": plan.manifest.tag}
+                staging.write_meta(meta)
+                final = layout.publish(staging, self._data.snapshots, entry.tag)
+                staging = None
+                record = SnapshotRecord(
+                    tag=entry.tag, dir=str(final.path), created_at_unix=entry.created_at_unix,
+                    parent_tag=entry.parent_tag, branched_from=entry.record.get("branched_from"),
+                    pause_ms=entry.record.get("pause_ms"), mode=entry.record.get("mode"))
+                try:
+                    self._registry.insert_snapshot(record)
+                except BaseException:
+                    shutil.rmtree(final.path, ignore_errors=True)
+                    raise
+                created.append(record)
+            return created
+        except BaseException as exc:
+            if staging is not None:
+                shutil.rmtree(staging.path, ignore_errors=True)
+            for record in reversed(created):
+                self._registry.delete_snapshot(record.tag)
+                shutil.rmtree(record.dir, ignore_errors=True)
+            if isinstance(exc, OSError):
+                space = " (free some disk space)" if exc.errno == errno.ENOSPC else ""
+                raise VMError(f"importing {plan.manifest.tag!r} failed: {exc}{space}; nothing was "
+                              "registered") from exc
+            raise
+
+    def _install_base(self, base: BaseEntry, fetch: Fetch) -> Path:
+        self.bases.mkdir(parents=True, exist_ok=True)
+        final = self.bases / f"{base.sha256}.{base.format}"
+        tmp = self.bases / f".{base.sha256}.tmp-{secrets.token_hex(4)}"
+        try:
+            fetch(base.sha256, base.size, tmp)
+            (self.bases / f"{base.sha256}.json").write_text(json.dumps(base.image))
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return final
+
+    @contextlib.contextmanager
+    def _reserved(self, plan: ImportPlan) -> Iterator[None]:
+        """Reserve every tag the import creates (409 if one is being written meanwhile)."""
+        done: list[str] = []
+        try:
+            for entry in plan.new:
+                self._tags.reserve(entry.tag)
+                done.append(entry.tag)
+            yield
+        finally:
+            for tag in done:
+                self._tags.release(tag)
+
+    # ================================================================ archives
+
+    async def pack(self, tag: str, out: Path, *, include_base: bool = True,
+                   progress: archive.Progress | None = None) -> dict[str, Any]:
+        if out.exists():
+            raise Conflict(f"{out} already exists; pick another file or remove it")
+        exp = await asyncio.to_thread(self.export, tag)
+        try:
+            omit = set() if include_base else {exp.manifest.base.sha256}
+            size = await asyncio.to_thread(archive.write, out, exp.manifest, exp.blobs, progress, omit)
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
+        finally:
+            exp.cleanup()
+        return {"tag": tag, "archive": str(out), "bytes": size, "lineage": exp.manifest.lineage,
+                "base_included": include_base, "base_sha256": exp.manifest.base.sha256}
+
+    async def unpack(self, path: Path, progress: archive.Progress | None = None) -> dict[str, Any]:
+        if not path.is_file():
+            raise NotFound(f"archive {path} does not exist")
+        workdir = self._workdir("unpack")
+        loop = asyncio.get_running_loop()
+        plans: list[ImportPlan] = []
+
+        def want(manifest: Manifest, omitted: set[str]) -> set[str]:
+            plan = asyncio.run_coroutine_threadsafe(self.plan(manifest), loop).result()
+            if plan.needs_base and manifest.base.sha256 in omitted:
+                image = manifest.base.image
+                raise IncompatibleSnapshot(
+                    f"snapshot {manifest.tag!r} sits on base image {manifest.base.sha256[:12]}… "
+                    f"({image.get('name')!r}, key {image.get('key')}), which this host lacks and the "
+                    "archive was packed without (--no-base): pack it again with its base")
+            plans.append(plan)
+            return plan.blobs()
+
+        try:
+            manifest, extracted = await asyncio.to_thread(archive.read, path, workdir, want, progress)
+            plan = plans[0]
+            uses: dict[str, int] = {}
+            for s in plan.new:
+                for f in s.files:
+                    uses[f.sha256] = uses.get(f.sha256, 0) + 1
+
+            def fetch(sha: str, _size: int, dest: Path) -> None:
+                uses[sha] = uses.get(sha, 1) - 1
+                if uses[sha] > 0:  # another file needs the same bytes: copy, keep the extracted one
+                    sparse.copy(extracted[sha], dest)
+                else:
+                    os.rename(extracted[sha], dest)
+
+            with self._reserved(plan):
+                created = await asyncio.to_thread(self.apply, plan, fetch, f"archive {path.name}")
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return {"tag": manifest.tag, "lineage": manifest.lineage, "created": [r.tag for r in created],
+                "reused": plan.reuse, "base": "installed" if plan.needs_base else "found on this host"}
+
+    # ================================================================ object store
+
+    async def push(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        store = self._require_store()
+        exp = await asyncio.to_thread(self.export, tag)
+        try:
+            return await asyncio.to_thread(self._push, store, exp, force)
+        finally:
+            exp.cleanup()
+
+    def _push(self, store: ObjectStore, exp: Export, force: bool) -> dict[str, Any]:
+        manifest = exp.manifest
+        if not force:
+            for t in manifest.lineage:
+                held = store.get_manifest(t)
+                if held is not None and _files(held, t) != _files(manifest, t):
+                    raise Conflict(f"store {store.url} already holds a different snapshot tagged {t!r}; "
+                                   "push with force to replace it, or push under another tag")
+        missing = [sha for sha in sorted(exp.blobs) if not store.has_blob(sha)]
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            sent = list(pool.map(lambda sha: store.put_blob(sha, exp.blobs[sha]), missing))
+        for t in manifest.lineage:  # after every blob: a manifest never names a missing one
+            store.put_manifest(manifest.upto(t))
+        return {"tag": manifest.tag, "store": str(store.url), "lineage": manifest.lineage,
+                "blobs": len(exp.blobs), "blobs_uploaded": len(missing), "bytes_uploaded": sum(sent)}
+
+    async def pull(self, tag: str) -> dict[str, Any]:
+        """Fetch ``tag`` (and the ancestors it needs) from the store; a no-op if it is here already."""
+        store = self._require_store()
+        check_tag(tag)
+        async with self._lock(tag):
+            if self._registry.has_snapshot(tag):
+                return {"tag": tag, "created": [], "reused": [tag], "bytes_downloaded": 0}
+            manifest = await asyncio.to_thread(store.get_manifest, tag)
+            if manifest is None:
+                raise NotFound(f"snapshot {tag!r} is neither on this host nor in store {store.url}")
+            return await self._import_from_store(store, manifest)
+
+    async def ensure_local(self, tag: str) -> None:
+        """The spawner's hook: pull ``tag`` if this host lacks it and the store holds it."""
+        if self.store is None or self._registry.has_snapshot(tag):
+            return
+        with contextlib.suppress(NotFound):
+            await self.pull(tag)
+
+    async def _import_from_store(self, store: ObjectStore, manifest: Manifest) -> dict[str, Any]:
+        started = time.monotonic()
+        before = store.stats.snapshot()["bytes_downloaded"]
+        plan = await self.plan(manifest)
+        workdir = self._workdir(f"pull-{manifest.tag}")
+        try:
+            def fetch(sha: str, size: int, dest: Path) -> None:
+                store.get_blob(sha, dest, size)
+
+            with self._reserved(plan):
+                created = await asyncio.to_thread(self.apply, plan, fetch, f"store {store.url}")
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self.pulls += 1
+        got = store.stats.snapshot()["bytes_downloaded"] - before
+        log.info("pulled %s from %s: %d snapshot(s), %d bytes in %.1fs", manifest.tag, store.url,
+                 len(created), got, time.monotonic() - started)
+        return {"tag": manifest.tag, "created": [r.tag for r in created], "reused": plan.reuse,
+                "bytes_downloaded": got}
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, tag: str) -> AsyncIterator[None]:
+        """One pull of ``tag`` at a time on this host; the lock goes once nobody holds or awaits it."""
+        lock, users = self._locks.get(tag, (asyncio.Lock(), 0))
+        self._locks[tag] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[tag]
+            if users == 1:
+                del self._locks[tag]
+            else:
+                self._locks[tag] = (lock, users - 1)
+
+    def stats(self) -> dict[str, int]:
+        out = {"pulls": self.pulls}
+        if self.store is not None:
+            out.update(self.store.stats.snapshot())
+        return out
+
+
+def _files(manifest: Manifest, tag: str) -> dict[str, str]:
+    return {f.name: f.sha256 for f in manifest.snapshot(tag).files}
+
+
+__all__ = ["Export", "ImportPlan", "SnapshotTravel", "qemu_release"]

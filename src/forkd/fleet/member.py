@@ -1,0 +1,109 @@
+"""A daemon's membership in the fleet: its host record in etcd, under a lease it keeps alive.
+
+While the daemon runs, :class:`FleetMember` keeps ``forkd/hosts/<host-id>``
+current (what it holds changes as snapshots and sandboxes come and go) and
+refreshes its lease every third of the TTL. If the daemon dies, nobody
+refreshes the lease, etcd deletes the key once the TTL runs out, and the
+gateway stops placing work there and reports its sandboxes gone. A lease that
+expired anyway (etcd unreachable for longer than the TTL) is granted anew.
+On a clean stop the lease is revoked at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from forkd.controller.background import cancel_and_wait
+from forkd.controller.runtime import Runtime
+from forkd.fleet.etcd import EtcdClient, EtcdError
+from forkd.fleet.hosts import MAX_TAGS, HostRecord, default_capacity, mem_available_mib
+
+log = logging.getLogger("forkd.fleet")
+
+MIN_TTL = 2  # etcd refuses shorter leases than about 1.5 s
+
+
+class FleetMember:
+    def __init__(self, etcd: EtcdClient, describe: Callable[[], HostRecord], ttl: int) -> None:
+        if ttl < MIN_TTL:
+            raise ValueError(f"lease TTL must be at least {MIN_TTL} s")
+        self._etcd = etcd
+        self._describe = describe
+        self._ttl = ttl
+        self._lease: int | None = None
+        self._published: HostRecord | None = None
+        self._refreshed = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+
+    @property
+    def tick(self) -> float:
+        """How often it looks for changes; keepalives go every third of the TTL."""
+        return min(1.0, self._ttl / 3)
+
+    async def start(self) -> None:
+        """Register now (a failure is logged and retried in the background) and keep it current."""
+        await self.step()
+        self._task = asyncio.create_task(self._run(), name="fleet-member")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+        if self._lease is not None:
+            with contextlib.suppress(EtcdError):
+                await self._etcd.revoke(self._lease)  # gone from the fleet now, not in TTL seconds
+            self._lease = None
+        await self._etcd.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            await self.step()
+
+    async def step(self) -> None:
+        """One round: register if needed, publish changes, refresh the lease when due."""
+        record = self._describe()
+        try:
+            if self._lease is None:
+                self._lease = await self._etcd.grant(self._ttl)
+                self._refreshed = time.monotonic()
+                self._published = None
+                log.info("fleet: registered as %s (%s) under lease %x, TTL %ds",
+                         record.host_id, record.url, self._lease, self._ttl)
+            if self._published is None or _content(record) != _content(self._published):
+                await self._etcd.put(record.key(), record.to_json(), lease=self._lease)
+                self._published = record
+            if time.monotonic() - self._refreshed >= self._ttl / 3:
+                if await self._etcd.keepalive(self._lease) <= 0:
+                    log.warning("fleet: lease %x expired; registering again", self._lease)
+                    self._lease = None
+                    return
+                self._refreshed = time.monotonic()
+            self.last_error = None
+        except EtcdError as exc:
+            if self.last_error is None:
+                log.warning("fleet: cannot reach etcd: %s (retrying every %.1fs)", exc, self.tick)
+            self.last_error = str(exc)
+
+
+def host_record(rt: Runtime, host_id: str, url: str, capacity: int | None) -> HostRecord:
+    """What this daemon tells the fleet now: what it holds and how busy it is."""
+    ready = [s.tag for s in rt.list_snapshots() if s.status == "ready"]
+    return HostRecord(
+        host_id=host_id, url=url, capacity=capacity or default_capacity(),
+        sandboxes=len(rt.list_sandboxes()), snapshots=ready[-MAX_TAGS:],
+        pools={p["tag"]: int(p["ready"]) for p in rt.list_pools() if p.get("size")},
+        mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
+        updated_at_unix=time.time())
+
+
+def _content(record: HostRecord) -> HostRecord:
+    return dataclasses.replace(record, updated_at_unix=0.0, mem_available_mib=record.mem_available_mib // 256)
+
+
+__all__ = ["FleetMember", "host_record"]

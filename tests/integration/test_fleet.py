@@ -1,0 +1,220 @@
+"""A fleet on one machine: etcd, an S3 server, three forkd daemons and one gateway, all real.
+
+The daemons have separate data directories and ports and register in etcd
+under a short lease; clients talk only to the gateway. Only one template is
+booted (on h1); the other hosts get snapshots through the object store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .daemon_fixture import (
+    FORKD,
+    Daemon,
+    free_port,
+    kill_qemus_of,
+    make_data_dir,
+    shutdown_and_check,
+    write_token,
+)
+from .services import etcd_server, s3_server
+
+pytestmark = pytest.mark.vm
+
+LEASE_TTL = 4
+POLL = 0.5
+HOSTS = ("h1", "h2", "h3")
+
+
+@dataclass
+class GatewayProc:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@dataclass
+class Fleet:
+    gateway: GatewayProc
+    daemons: dict[str, Daemon]
+    token: str
+
+    def client(self, timeout: float = 300) -> httpx.Client:
+        return httpx.Client(base_url=self.gateway.url, timeout=timeout,
+                            headers={"Authorization": f"Bearer {self.token}"})
+
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        with self.client() as c:
+            return {h["host_id"]: h for h in c.get("/v1/fleet").json()}
+
+    def wait(self, what: str, check: Any, timeout: float = 30) -> float:
+        started = time.monotonic()
+        while not check():
+            assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+
+def start_gateway(etcd_url: str, token_file: Path, root: Path) -> GatewayProc:
+    port = free_port()
+    log = root / "gateway.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(FORKD), "gateway", "--etcd", etcd_url, "--bind", f"127.0.0.1:{port}",
+             "--token-file", str(token_file), "--poll-interval", str(POLL)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    gw = GatewayProc(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200:
+                return gw
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            gw.stop()
+            raise AssertionError(f"the gateway did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with etcd_server() as etcd, s3_server() as s3:
+        shared = make_data_dir("fkg-")
+        token, token_file = write_token(shared)
+        daemons: dict[str, Daemon] = {}
+        gateway: GatewayProc | None = None
+        try:
+            for host in HOSTS:
+                # In the dict before it starts: a start that times out is still cleaned up.
+                daemons[host] = Daemon(
+                    root=make_data_dir(f"fk{host}-"), token=token, token_file=token_file, port=free_port(),
+                    extra_args=["--host-id", host, "--etcd", etcd.url, "--store", s3.url("fleet"),
+                                "--lease-ttl", str(LEASE_TTL)],
+                    extra_env={"FORKD_ACCEL": os.environ.get("FORKD_ACCEL", "auto"), **s3.env},
+                )
+                daemons[host].start()
+            gateway = start_gateway(etcd.url, token_file, shared)
+            fl = Fleet(gateway, daemons, token)
+            fl.wait("three hosts in the fleet", lambda: set(fl.hosts()) == set(HOSTS))
+            yield fl
+        finally:
+            if gateway is not None:
+                gateway.stop()
+                print(f"\ngateway log tail:\n{gateway.log.read_text()[-1500:]}")
+            problems = []
+            for daemon in daemons.values():
+                try:
+                    if daemon.proc is not None and daemon.proc.poll() is None:
+                        shutdown_and_check(daemon)
+                    else:
+                        kill_qemus_of(daemon.root)  # the killed host's VMs
+                        shutil.rmtree(daemon.root, ignore_errors=True)
+                except Exception as exc:  # stop the others all the same
+                    problems.append(exc)
+            shutil.rmtree(shared, ignore_errors=True)
+            if problems:
+                raise problems[0]
+
+
+def test_a_spawn_lands_on_the_host_holding_the_snapshot(fleet: Fleet) -> None:
+    with fleet.client() as c:
+        r = c.post("/v1/snapshots", json={"tag": "fl-py", "boot_wait_secs": 300},
+                   headers={"X-Forkd-Host": "h1"})
+        assert r.status_code == 201, r.text
+        assert r.headers["x-forkd-host"] == "h1" and "warning" not in r.json(), r.json()  # published
+        fleet.wait("h1 to list fl-py", lambda: "fl-py" in fleet.hosts()["h1"]["snapshots"])
+        r = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"})
+        assert r.status_code == 201, r.text
+        [child] = r.json()
+        assert child["id"].startswith("sb-h1-") and r.headers["x-forkd-host"] == "h1"
+        # No other host needed it, so none downloaded it.
+        for host in ("h2", "h3"):
+            with fleet.daemons[host].client() as direct:
+                assert direct.get("/v1/snapshots").json() == []
+        ping = c.post(f"/v1/sandboxes/{child['id']}/ping")
+        assert ping.status_code == 200 and ping.json()["pong"] is True
+
+
+def test_branch_on_host_a_then_fork_on_host_b(fleet: Fleet) -> None:
+    with fleet.client() as c:
+        [source] = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"}).json()
+        assert source["id"].startswith("sb-h1-")
+        c.post(f"/v1/sandboxes/{source['id']}/exec",
+               json={"args": ["sh", "-c", "echo time-travel > /root/marker && sync"]}).raise_for_status()
+        remember = c.post(f"/v1/sandboxes/{source['id']}/eval", json={"code": "exec('answer = 6 * 7')"})
+        remember.raise_for_status()
+        r = c.post(f"/v1/sandboxes/{source['id']}/branch", json={"tag": "fl-branch", "mode": "diff"})
+        assert r.status_code == 201 and r.json()["status"] == "ready", r.text
+        assert "warning" not in r.json(), r.json()  # the gateway had h1 push it to the store
+        # The source moves on; the branch keeps the past.
+        c.post(f"/v1/sandboxes/{source['id']}/exec",
+               json={"args": ["sh", "-c", "echo later > /root/marker"]}).raise_for_status()
+
+        r = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-branch"}, headers={"X-Forkd-Host": "h2"})
+        assert r.status_code == 201, r.text
+        [child] = r.json()
+        assert child["id"].startswith("sb-h2-") and r.headers["x-forkd-host"] == "h2"
+        seen = c.post(f"/v1/sandboxes/{child['id']}/exec", json={"args": ["cat", "/root/marker"]}).json()
+        assert seen["stdout"] == "time-travel\n", seen
+        assert c.post(f"/v1/sandboxes/{child['id']}/eval", json={"code": "answer"}).json()["result"] == "42"
+        listed = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+        assert {source["id"], child["id"]} <= listed
+        tags = {s["tag"] for s in c.get("/v1/snapshots").json()}
+        assert {"fl-py", "fl-branch"} <= tags
+
+
+def test_a_dead_host_is_reported_gone_and_new_spawns_go_elsewhere(fleet: Fleet) -> None:
+    with fleet.client(timeout=30) as c:
+        on_h2 = [sb for sb in c.get("/v1/sandboxes").json() if sb["id"].startswith("sb-h2-")]
+        assert on_h2, "the previous test left a sandbox on h2"
+        victim = on_h2[0]["id"]
+        fleet.daemons["h2"].kill9()
+        killed = time.monotonic()
+        slowest = 0.0
+        while True:
+            asked = time.monotonic()
+            r = c.get(f"/v1/sandboxes/{victim}")
+            slowest = max(slowest, time.monotonic() - asked)
+            if r.status_code == 404:
+                break
+            assert r.status_code == 502, r.text  # until the lease ends: unreachable, at once
+            assert time.monotonic() - killed < LEASE_TTL + 10, "h2 was never reported gone"
+            time.sleep(0.1)
+        gone_after = time.monotonic() - killed
+        print(f"\nh2 killed: its sandbox reported gone after {gone_after:.1f}s (lease TTL {LEASE_TTL}s, "
+              f"gateway poll {POLL}s); slowest answer meanwhile {slowest * 1000:.0f} ms")
+        assert "left the fleet" in r.json()["error"]
+        # The lease ends at most LEASE_TTL after the kill (its last refresh was before it); etcd
+        # expires leases on a ~0.5 s tick and the gateway re-reads every POLL s. A liveness bound
+        # with slack for a busy machine, not a speed figure.
+        assert gone_after <= LEASE_TTL + 2 * POLL + 2
+        assert slowest < 5, "a request to the dead host hung"
+        assert victim not in {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+        assert "h2" not in fleet.hosts()
+
+        r = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-branch"})
+        assert r.status_code == 201, r.text
+        assert r.headers["x-forkd-host"] != "h2" and not r.json()[0]["id"].startswith("sb-h2-")
+        pinned = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"}, headers={"X-Forkd-Host": "h2"})
+        assert pinned.status_code == 404 and "not in the fleet" in pinned.json()["error"]

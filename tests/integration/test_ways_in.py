@@ -1,0 +1,392 @@
+"""The other ways in, against one real daemon with real VMs: the TypeScript SDK
+(node's test runner), the MCP server (the ``mcp`` package's client, over stdio and
+streamable HTTP) and the web console (headless Chromium driven by Playwright).
+
+One daemon and one template boot (the seed's ``pyagent`` snapshot) serve the whole
+module; every test kills what it made, and the module teardown stops the daemon
+with SIGTERM and checks that none of its QEMUs is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from .daemon_fixture import (
+    FORKD,
+    Daemon,
+    free_port,
+    kill_leftover_sandboxes,
+    new_daemon,
+    shutdown_and_check,
+    start_or_clean_up,
+)
+
+pytestmark = pytest.mark.vm
+
+ROOT = Path(__file__).resolve().parents[2]
+TS_SDK = ROOT / "sdk" / "typescript"
+NETNS_SETUP = ROOT / "scripts" / "netns-setup.sh"
+TAG = "pyagent"  # seed 002's snapshot tag, used verbatim by its TypeScript snippet
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = new_daemon("fkw-")
+    start_or_clean_up(d)
+    yield d
+    shutdown_and_check(d)
+
+
+@pytest.fixture(scope="module")
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    with daemon.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def pyagent(http: httpx.Client) -> str:
+    """The module's one template boot."""
+    started = time.monotonic()
+    r = http.post("/v1/snapshots", json={"tag": TAG}, timeout=600)
+    assert r.status_code == 201, r.text
+    print(f"\ntemplate boot + snapshot '{TAG}': {time.monotonic() - started:.1f} s")
+    return TAG
+
+
+@pytest.fixture(autouse=True)
+def no_sandboxes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "daemon" not in request.fixturenames:
+        return
+    left = kill_leftover_sandboxes(request.getfixturevalue("daemon"))
+    assert not left, f"test left sandboxes running: {left}"
+
+
+@pytest.fixture(scope="module")
+def netns_zero() -> Iterator[str]:
+    """The namespace ``forkd-child-0`` seed 002's ``perChildNetns: true`` child runs in.
+
+    Made with ``scripts/netns-setup.sh 1`` if the host lacks it, and removed
+    afterwards only then (another test run may be using an existing one).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("per_child_netns needs root (network namespaces)")
+    existing = Path("/run/netns/forkd-child-0").exists()
+    if not existing:
+        out = subprocess.run([str(NETNS_SETUP), "1"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    yield "forkd-child-0"
+    if not existing:
+        out = subprocess.run([str(NETNS_SETUP), "1", "--teardown"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+
+
+def node_env(daemon: Daemon) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    env.update(FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_TAG=TAG)
+    return env
+
+
+# ------------------------------------------------------------ TypeScript SDK
+
+
+def test_typescript_sdk(daemon: Daemon, pyagent: str, netns_zero: str) -> None:
+    """``npm test`` in sdk/typescript: tsc (strict) builds the SDK and its tests,
+    then node's test runner runs seed 002's snippet and the SDK's surface."""
+    assert (TS_SDK / "node_modules").is_dir(), "run `make node-deps` (npm ci) first; `make test` does"
+    npm = shutil.which("npm")
+    assert npm, "npm is not installed; scripts/install-deps.sh installs it"
+    started = time.monotonic()
+    out = subprocess.run(
+        [npm, "test", "--silent"], cwd=TS_SDK, env=node_env(daemon),
+        capture_output=True, text=True, timeout=900,
+    )
+    report = out.stdout + out.stderr
+    print(f"\nnode --test against the daemon: {time.monotonic() - started:.1f} s\n{report[-3000:]}")
+    assert out.returncode == 0, report[-12000:] + "\n" + daemon.log_tail()
+    # The runner's closing lines: every test passed, and there were some.
+    assert "# fail 0" in report
+    passed = int(report.rsplit("# pass ", 1)[1].split()[0])
+    assert passed >= 15, report[-3000:]
+
+
+# ---------------------------------------------------------------- MCP server
+
+MCP_TOOLS = {
+    "list_snapshots", "get_snapshot", "create_snapshot", "delete_snapshot",
+    "spawn_sandboxes", "list_sandboxes", "kill_sandbox", "exec_command", "eval_python",
+    "read_file", "write_file", "list_files", "branch_sandbox", "fork_sandbox", "fork_tree",
+    "promote_sandbox",
+}
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured output; the call must have succeeded."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, f"{tool}: {result.content}"
+    assert result.structured_content is not None, f"{tool} returned no structured content"
+    return result.structured_content
+
+
+async def mcp_scenario(client: Client) -> None:
+    """What an agent does through MCP: spawn, run, files, branch, fork-tree, promote, kill."""
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) >= MCP_TOOLS, sorted(MCP_TOOLS - set(tools))
+    for tool in tools.values():
+        assert tool.description and len(tool.description) >= 40, tool.name
+        assert tool.output_schema and tool.output_schema.get("type") == "object", tool.name
+
+    snapshots = await call(client, "list_snapshots")
+    assert TAG in [s["tag"] for s in snapshots["snapshots"]]
+    spawned = await call(client, "spawn_sandboxes", snapshot_tag=TAG, env={"WHO": "mcp"},
+                         metadata={"via": "mcp"})
+    [sandbox] = spawned["sandboxes"]
+    sb = sandbox["id"]
+    assert sandbox["metadata"] == {"via": "mcp"}
+    listed = await call(client, "list_sandboxes", metadata={"via": "mcp"})
+    assert [s["id"] for s in listed["sandboxes"]] == [sb]
+
+    ran = await call(client, "exec_command", sandbox_id=sb, command="echo $WHO; exit 4")
+    assert (ran["stdout"], ran["exit_code"]) == ("mcp\n", 4)
+    argv = await call(client, "exec_command", sandbox_id=sb, command=["python3", "-c", "print(6*7)"])
+    assert argv["stdout"] == "42\n"
+    await call(client, "eval_python", sandbox_id=sb, code="x = 41")
+    assert (await call(client, "eval_python", sandbox_id=sb, code="x + 1"))["result"] == "42"
+
+    written = await call(client, "write_file", sandbox_id=sb, path="/tmp/notes.txt", content="héllo " * 100)
+    assert written["size"] == len(("héllo " * 100).encode())
+    whole = await call(client, "read_file", sandbox_id=sb, path="/tmp/notes.txt")
+    assert (whole["content"], whole["encoding"], whole["truncated"]) == ("héllo " * 100, "utf-8", False)
+    cut = await call(client, "read_file", sandbox_id=sb, path="/tmp/notes.txt", max_bytes=8)
+    # "héllo " is 7 bytes; the 8th is "h". Cut at 9 bytes ends inside "é": that byte is dropped.
+    assert (cut["content"], cut["returned"], cut["truncated"]) == ("héllo h", 8, True)
+    split = await call(client, "read_file", sandbox_id=sb, path="/tmp/notes.txt", max_bytes=9)
+    assert (split["content"], split["returned"], split["encoding"]) == ("héllo h", 8, "utf-8")
+    binary = await call(client, "write_file", sandbox_id=sb, path="/tmp/b.bin", content="AAEC/w==",
+                        encoding="base64")
+    assert binary["size"] == 4
+    assert (await call(client, "read_file", sandbox_id=sb, path="/tmp/b.bin"))["encoding"] == "base64"
+    entries = await call(client, "list_files", sandbox_id=sb, path="/tmp")
+    assert {"notes.txt", "b.bin"} <= {e["name"] for e in entries["entries"]}
+
+    branch = await call(client, "branch_sandbox", sandbox_id=sb, mode="diff")
+    assert branch["branched_from"] == sb and branch["status"] == "ready"
+    lineage = await call(client, "get_snapshot", tag=branch["tag"])
+    assert lineage["ancestors"] == [TAG]
+
+    tree = await call(client, "fork_tree", sandbox_id=sb, count=2,
+                      child_env=[{"IDEA": "a"}, {"IDEA": "b"}])
+    assert tree["errors"] == [] and len(tree["children"]) == 2
+    read_idea = "import os; os.environ['IDEA'] + str(x)"
+    ideas = [await call(client, "eval_python", sandbox_id=c["id"], code=read_idea) for c in tree["children"]]
+    assert sorted(i["result"] for i in ideas) == ["'a41'", "'b41'"]
+    keep, drop = tree["children"][1]["id"], tree["children"][0]["id"]
+    promoted = await call(client, "promote_sandbox", sandbox_id=keep)
+    assert promoted["winner"]["id"] == keep
+    assert [(d["id"], d["deleted"]) for d in promoted["deleted"]] == [(drop, True)]
+
+    for sandbox_id in (keep, sb):
+        assert (await call(client, "kill_sandbox", sandbox_id=sandbox_id)) == {"deleted": sandbox_id}
+    assert (await call(client, "delete_snapshot", tag=branch["tag"])) == {"deleted": branch["tag"]}
+
+    # A daemon error is a tool error carrying its status and message.
+    missing = await client.call_tool("kill_sandbox", {"sandbox_id": sb})
+    assert missing.is_error
+    text = missing.content[0].text  # type: ignore[union-attr]
+    assert "404" in text and sb in text, text
+
+
+def test_mcp_over_stdio(daemon: Daemon, pyagent: str) -> None:
+    """An MCP client starts `forkd mcp` as its subprocess and talks over stdin/stdout."""
+    env = {k: v for k, v in node_env(daemon).items() if k != "FORKD_TEST_TAG"}
+    params = StdioServerParameters(command=str(FORKD), args=["mcp"], env=env)
+
+    async def run() -> None:
+        async with Client(params) as client:
+            await mcp_scenario(client)
+
+    asyncio.run(asyncio.wait_for(run(), 600))
+
+
+def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, tmp_path: Path) -> None:
+    """`forkd mcp --transport http` with a token: the client must send it."""
+    token = secrets.token_hex(16)
+    token_file = tmp_path / "mcp-token"
+    token_file.write_text(token)
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(FORKD), "mcp", "--transport", "http", "--bind", f"127.0.0.1:{port}",
+         "--token-file", str(token_file), "--json"],
+        env=node_env(daemon), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        announced = json.loads(proc.stdout.readline() or "{}")
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert announced == {"listening": True, "url": url, "auth": "bearer"}, proc.stderr.read()  # type: ignore[union-attr]
+        refused = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert refused.status_code == 401
+
+        async def run() -> None:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with create_mcp_http_client(headers=headers) as http_client, \
+                    Client(streamable_http_client(url, http_client=http_client)) as client:
+                await mcp_scenario(client)
+
+        asyncio.run(asyncio.wait_for(run(), 600))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# ---------------------------------------------------------------- web console
+
+BROWSER_TEST = ROOT / "tests" / "browser"
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS_SCREENSHOT = ROOT / "docs" / "console.png"
+
+
+def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
+    """Width, height and the RGB(A) rows of an 8-bit, non-interlaced PNG (what Chromium writes)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, chunks, header = 8, [], b""
+    while pos < len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = body
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
+    depth, color, interlace = header[8], header[9], header[12]
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = zlib.decompress(b"".join(chunks))
+    stride = width * bpp
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - bpp] if i >= bpp else 0
+            up, corner = prev[i], (prev[i - bpp] if i >= bpp else 0)
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return width, height, rows
+
+
+def distinct_colours(path: Path) -> int:
+    width, _height, rows = png_pixels(path)
+    bpp = len(rows[0]) // width
+    return len({row[i:i + 3] for row in rows[::4] for i in range(0, len(row), bpp * 4)})
+
+
+def metric_counts(http: httpx.Client) -> dict[str, int]:
+    """``{histogram: observations}`` from /metrics, for the ones the console shows."""
+    counts: dict[str, int] = {}
+    for line in http.get("/metrics").text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("forkd_fork_seconds_count", "forkd_branch_pause_ms_count"):
+            counts[name.removesuffix("_count")] = int(float(value))
+    return counts
+
+
+def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, pyagent: str,
+                                          tmp_path: Path) -> None:
+    """After a fork-tree and a branch made through the API, the console shows them (tables,
+    lineage picture, pool level, latency), and its buttons kill, fork and branch."""
+    assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
+    assert (BROWSER_TEST / "node_modules" / "playwright-core").is_dir(), "run `make node-deps` first"
+    before = metric_counts(http)
+    try:
+        r = http.post("/v1/sandboxes", json={"snapshot_tag": TAG, "n": 1, "metadata": {"role": "source"}})
+        assert r.status_code == 201, r.text
+        source = r.json()[0]["id"]
+        r = http.post(f"/v1/sandboxes/{source}/fork-tree", json={"count": 2}, timeout=300)
+        assert r.status_code == 201, r.text
+        tree = r.json()
+        branch_body = {"tag": "ui-branch", "mode": "diff"}
+        r = http.post(f"/v1/sandboxes/{source}/branch", json=branch_body, timeout=300)
+        assert r.status_code == 201, r.text
+        r = http.put(f"/v1/snapshots/{TAG}/pool", json={"size": 1}, timeout=300)
+        assert r.status_code == 200, r.text
+        children = [c["id"] for c in tree["children"]]
+        expect = {
+            "sandboxes": [source, *children], "snapshots": [TAG, "ui-branch", tree["snapshot_tag"]],
+            "tree": children, "kill": children[0], "fork_tag": "ui-branch", "branch_from": source,
+            "pool": TAG,
+        }
+        env = node_env(daemon) | {"OUT_DIR": str(tmp_path), "EXPECT": json.dumps(expect),
+                                  "CHROMIUM": str(CHROMIUM)}
+        started = time.monotonic()
+        out = subprocess.run(["node", "console.mjs"], cwd=BROWSER_TEST, env=env,
+                             capture_output=True, text=True, timeout=600)
+        print(f"\nheadless chromium session: {time.monotonic() - started:.1f} s")
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-8000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        http.put(f"/v1/snapshots/{TAG}/pool", json={"size": 0}, timeout=300)
+        for sb in http.get("/v1/sandboxes").json():
+            http.delete(f"/v1/sandboxes/{sb['id']}", timeout=120)
+        for snap in http.get("/v1/snapshots").json():
+            if snap["tag"] != TAG:
+                http.delete(f"/v1/snapshots/{snap['tag']}", params={"cascade": "true", "force": "true"})
+
+    assert seen["loginShown"] and seen["wrongTokenRefused"]
+    assert seen["sessionHasToken"] and not seen["tokenInUrl"] and seen["cookies"] == 0
+    # The picture: the source under its snapshot, the two tree children under the fork's
+    # snapshot, which hangs from the source (a branch edge), as does ui-branch.
+    assert seen["treeNodes"] == 2
+    assert seen["edges"]["branch"] >= 2 and seen["edges"]["fork"] >= 3, seen["edges"]
+    assert any(f"child 1 of fork-tree {tree['tree_id']}" in t for t in seen["nodeTitles"]), seen["nodeTitles"]
+    # The page's counts are the daemon's (earlier tests of the module forked and branched too):
+    # this test's fork-tree added one fork, and its branch and the fork's branch two pauses.
+    latency = {row[0]: row for row in seen["latency"]}
+    assert int(latency["fork of a running sandbox"][1]) == before["forkd_fork_seconds"] + 1, latency
+    assert int(latency["branch pause of the source"][1]) == before["forkd_branch_pause_ms"] + 2, latency
+    assert latency["branch pause of the source"][2].endswith("ms")
+    assert "/ 1" in seen["pool"], seen["pool"]
+    assert seen["killed"] == children[0] and seen["forkedThroughPage"] == 2 and seen["branchedThroughPage"]
+    assert seen["actionError"] == "", seen["actionError"]
+    assert seen["signedOut"]
+    # The browser logs each refused fetch; the wrong-token sign-in above is the only one expected.
+    errors = [line for line in seen["console"] if line.startswith("error") and "status of 401" not in line]
+    assert not errors, seen["console"]
+    assert all(u.startswith(daemon.url) for u in seen["requests"]), "the console fetched from elsewhere"
+
+    for name in ("console.png", "lineage.png", "console-after-actions.png"):
+        width, height, _ = png_pixels(tmp_path / name)
+        colours = distinct_colours(tmp_path / name)
+        print(f"{name}: {width}x{height}, {colours} distinct colours (sampled)")
+        assert width >= 300 and height >= 100 and colours >= 8, (name, width, height, colours)
+    if os.environ.get("FORKD_UPDATE_DOCS_SCREENSHOT"):
+        shutil.copyfile(tmp_path / "console.png", DOCS_SCREENSHOT)

@@ -1,0 +1,281 @@
+"""The fleet without VMs: placement, host records, ids that name hosts, and a real etcd with
+real HTTP hosts (the daemon's app over a fake runtime) behind a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from forkd.errors import InvalidRequest
+from forkd.fleet.etcd import EtcdClient, prefix_end
+from forkd.fleet.gateway import GatewaySettings, create_gateway_app
+from forkd.fleet.hosts import KEY_PREFIX, HostRecord
+from forkd.fleet.member import FleetMember
+from forkd.fleet.membership import Membership
+from forkd.fleet.placement import by_load, holders, spawn_candidates
+from forkd.store import layout
+from tests.fakes.runtime import FakeRuntime
+from tests.integration.services import Etcd, etcd_server
+
+
+def host(host_id: str, *, load: int = 0, capacity: int = 10, tags: tuple[str, ...] = (),
+         pools: dict[str, int] | None = None, store: bool = True, mem: int = 1000) -> HostRecord:
+    return HostRecord(host_id, f"http://127.0.0.1:1/{host_id}", capacity, load, list(tags), pools or {}, mem,
+                      store)
+
+
+# ------------------------------------------------------------------ placement and records
+
+
+def test_a_spawn_goes_to_a_holder_first_then_the_least_loaded_that_can_pull() -> None:
+    hosts = [host("a", load=5), host("b", load=1), host("c", load=9, tags=("py",)),
+             host("d", load=0, store=False), host("e", load=2, tags=("py",), pools={"py": 2})]
+    assert [h.host_id for h in spawn_candidates(hosts, "py")] == ["e", "c", "b", "a"]
+    assert [h.host_id for h in spawn_candidates(hosts, "other")] == ["b", "e", "a", "c"]  # d has no store
+    assert [h.host_id for h in spawn_candidates(hosts, "py", pinned="d")] == ["d"]
+    assert [h.host_id for h in holders(hosts, "py")] == ["e", "c"]
+    assert [h.host_id for h in by_load([host("x", load=1, capacity=2), host("y", load=3, capacity=100)])] == \
+        ["y", "x"]
+
+
+def test_a_host_record_round_trips_and_a_bad_one_is_refused() -> None:
+    record = host("h1", load=3, tags=("py", "b1"), pools={"py": 1})
+    assert HostRecord.from_json(record.to_json()) == record
+    assert record.key() == KEY_PREFIX + "h1" and record.load == 0.3
+    for bad in ('{"host_id": "H1!", "url": "http://x", "capacity": 1}', '{"host_id": "h1"}',
+                '{"host_id": "h1", "url": "file:///etc", "capacity": 1}', "not json"):
+        with pytest.raises(InvalidRequest):
+            HostRecord.from_json(bad)
+
+
+def test_sandbox_ids_name_their_host() -> None:
+    prefix = layout.new_batch_prefix("h7")
+    assert prefix.startswith("sb-h7-") and len(prefix) == len("sb-h7-") + 6
+    assert layout.host_of(f"{prefix}-0003") == "h7"
+    assert layout.host_of("sb-abcdef-0000") is None
+    for ok in ("sb-abcdef-0000", "sb-h1-abcdef-0000", "sb-0123456789abcdef-abcdef-0000"):
+        layout.check_sandbox_id(ok)
+    for bad in ("sb-H1-abcdef-0000", "sb-h_1-abcdef-0000", "sb-0123456789abcdefg-abcdef-0000", "sb-h1--0000"):
+        with pytest.raises(InvalidRequest):
+            layout.check_sandbox_id(bad)
+    with pytest.raises(InvalidRequest):
+        layout.new_batch_prefix("Bad-Host")
+
+
+def test_prefix_end() -> None:
+    assert prefix_end("forkd/hosts/") == "forkd/hosts0"
+
+
+# ------------------------------------------------------------------ a real etcd
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[Etcd]:
+    with etcd_server() as server:
+        yield server
+
+
+def test_a_member_registers_updates_and_leaves(etcd: Etcd) -> None:
+    async def scenario() -> None:
+        state = {"tags": ["py"]}
+        member = FleetMember(EtcdClient([etcd.url]), lambda: host("m1", tags=tuple(state["tags"])), ttl=2)
+        view = Membership(EtcdClient([etcd.url]), interval=0.1)
+        await member.start()
+        await view.refresh()
+        assert view.get("m1") is not None and view.get("m1").snapshots == ["py"]  # type: ignore[union-attr]
+        state["tags"] = ["py", "b1"]
+        await asyncio.sleep(3)  # past the TTL: kept alive by the member all along
+        await view.refresh()
+        assert view.get("m1").snapshots == ["py", "b1"]  # type: ignore[union-attr]
+        gone = view.gone("m1")
+        assert not gone.is_set()
+        await member.stop()  # revokes the lease: gone at once, not after the TTL
+        await view.refresh()
+        assert view.get("m1") is None and gone.is_set()
+        await view.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_host_that_stops_refreshing_leaves_when_its_lease_ends(etcd: Etcd) -> None:
+    async def scenario() -> float:
+        client = EtcdClient([etcd.url])
+        lease = await client.grant(2)
+        await client.put(host("dead").key(), host("dead").to_json(), lease=lease)
+        started = time.monotonic()
+        view = Membership(EtcdClient([etcd.url]), interval=0.1)
+        await view.start()
+        assert view.get("dead") is not None
+        await asyncio.wait_for(view.gone("dead").wait(), timeout=10)
+        await view.stop()
+        assert await client.keepalive(lease) == 0  # expired: a member would register anew
+        await client.close()
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 2 + 3  # the 2 s lease, etcd's expiry tick, slack for a busy host
+
+
+def test_an_unreachable_etcd_is_an_error_not_a_hang() -> None:
+    async def scenario() -> None:
+        client = EtcdClient([f"http://127.0.0.1:{free_port()}"], timeout=1)
+        with pytest.raises(Exception, match="no etcd endpoint answered"):
+            await client.get_prefix(KEY_PREFIX)
+        await client.close()
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert time.monotonic() - started < 5
+
+
+# ------------------------------------------------------------------ a real gateway
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve(app: Any) -> Iterator[str]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """Accepts connections and never answers: a host that hangs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+TOKEN = "c3f1a9e2b7d44e0f8a6b5c2d1e0f9a8b"
+
+
+def put_host(etcd: Etcd, record: HostRecord, ttl: int = 30) -> None:
+    async def go() -> None:
+        client = EtcdClient([etcd.url])
+        lease = await client.grant(ttl)
+        await client.put(record.key(), record.to_json(), lease=lease)
+        await client.close()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def gateway(etcd: Etcd, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    fakes = {"ga": FakeRuntime(host_id="ga"), "gb": FakeRuntime(host_id="gb")}
+    fakes["gb"].add_snapshot("py")
+    fakes["ga"].add_sandbox("sb-ga-abcdef-0000")
+    fakes["gb"].add_sandbox("sb-gb-fedcba-0000")
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(serve(create_app(
+            Settings(token_file=token_file, audit_log=tmp_path / f"{name}.log"), runtime=fake)))
+            for name, fake in fakes.items()}
+        for name, url in urls.items():
+            put_host(etcd, HostRecord(name, url, 10, len(fakes[name].sandboxes),
+                                      list(fakes[name].snapshots), {}, 1000, False))
+        settings = GatewaySettings(etcd=[etcd.url], token_file=token_file, poll_interval=0.1,
+                                   request_timeout=60, publish=False)
+        url = stack.enter_context(serve(create_gateway_app(settings)))
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=30,
+                                                  headers={"Authorization": f"Bearer {TOKEN}"}))
+        yield {"client": client, "fakes": fakes, "urls": urls}
+        asyncio.run(_clear(etcd))
+
+
+async def _clear(etcd: Etcd) -> None:
+    client = EtcdClient([etcd.url])
+    for kv in await client.get_prefix(KEY_PREFIX):
+        await client.delete(kv.key)
+    await client.close()
+
+
+def test_the_gateway_routes_like_one_daemon(gateway: dict[str, Any]) -> None:
+    c: httpx.Client = gateway["client"]
+    assert c.get("/healthz").json() == {"ok": True}
+    assert httpx.get(str(c.base_url) + "/v1/sandboxes").status_code == 401  # the gateway checks the token
+    assert {h["host_id"] for h in c.get("/v1/fleet").json()} == {"ga", "gb"}
+    # The holder of py gets the spawn; its id names it.
+    r = c.post("/v1/sandboxes", json={"snapshot_tag": "py", "n": 2})
+    assert r.status_code == 201 and r.headers["x-forkd-host"] == "gb"
+    assert all(sb["id"].startswith("sb-gb-") for sb in r.json())
+    # Per-sandbox calls go to the owner.
+    assert c.get("/v1/sandboxes/sb-ga-abcdef-0000").headers["x-forkd-host"] == "ga"
+    assert c.post("/v1/sandboxes/sb-gb-fedcba-0000/ping").json()["pong"] is True
+    # Lists merge every host.
+    ids = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+    assert {"sb-ga-abcdef-0000", "sb-gb-fedcba-0000"} <= ids and len(ids) == 4
+    assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["py"]
+    # A bad query is the hosts' usual 400.
+    bad = c.get("/v1/sandboxes", params={"nope": "1"})
+    assert bad.status_code == 400 and "unknown query parameter" in bad.json()["error"]
+
+
+def test_the_gateway_explains_ids_it_cannot_route(gateway: dict[str, Any]) -> None:
+    c: httpx.Client = gateway["client"]
+    r = c.get("/v1/sandboxes/sb-zz-abcdef-0000")
+    assert r.status_code == 404 and "left the fleet" in r.json()["error"]
+    r = c.get("/v1/sandboxes/sb-abcdef-0000")
+    assert r.status_code == 404 and "names no host" in r.json()["error"]
+    r = c.get("/v1/sandboxes/not-an-id")
+    assert r.status_code == 400 and "sandbox id must look like" in r.json()["error"]
+    r = c.post("/v1/sandboxes", json={"snapshot_tag": "py"}, headers={"X-Forkd-Host": "zz"})
+    assert r.status_code == 404 and "not in the fleet" in r.json()["error"]
+    # A tag nobody holds, and no host can pull: a host answers its 404.
+    r = c.post("/v1/sandboxes", json={"snapshot_tag": "nowhere"})
+    assert r.status_code == 404 and "nowhere" in r.json()["error"]
+
+
+def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
+    c: httpx.Client = gateway["client"]
+    # A host whose address refuses connections is skipped when placing a spawn.
+    put_host(etcd, HostRecord("gc", f"http://127.0.0.1:{free_port()}", 1000, 0, ["py"], {"py": 5}, 9999,
+                              True))
+    deadline = time.monotonic() + 5
+    while "gc" not in {h["host_id"] for h in c.get("/v1/fleet").json()}:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = c.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+    assert r.status_code == 201 and r.headers["x-forkd-host"] == "gb"
+    # A host that accepts and never answers, whose lease then ends: the request is cut short.
+    with silent_server() as url:
+        put_host(etcd, HostRecord("gd", url, 10, 0, [], {}, 0, False), ttl=2)
+        while "gd" not in {h["host_id"] for h in c.get("/v1/fleet").json()}:
+            time.sleep(0.05)
+        started = time.monotonic()
+        r = c.get("/v1/sandboxes/sb-gd-abcdef-0000")
+        took = time.monotonic() - started
+    assert r.status_code == 502 and "left the fleet while serving" in r.json()["error"]
+    assert took < 2 + 3, took  # cut short when the 2 s lease ends, not after the 60 s request timeout

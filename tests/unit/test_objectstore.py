@@ -1,0 +1,118 @@
+"""The object store against a real S3-compatible server (moto's), and the import's host checks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from forkd.config import DataDir
+from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.tags import TagReservations
+from forkd.controller.travel import SnapshotTravel, qemu_release
+from forkd.errors import IncompatibleSnapshot, InvalidRequest, NotFound
+from forkd.host.accel import Accel
+from forkd.store import sparse
+from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
+from forkd.store.objectstore import ObjectStore, StoreError, StoreURL
+from forkd.store.registry import Registry
+from tests.integration.services import S3Server, s3_server
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    return s3
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def manifest(tag: str = "t", accel: Accel | None = None,
+             qemu: str = "QEMU emulator version 7.2.19") -> Manifest:
+    files = (FileEntry("mem", sha("m"), 10), FileEntry("state", sha("s"), 10),
+             FileEntry("disk.qcow2", sha("d"), 10, Backing(None, "", "raw")))
+    return Manifest(tag, 1, "0.1.0", qemu, accel or Accel.tcg(), BaseEntry(sha("b"), 10, "raw"),
+                    (SnapshotEntry(tag, None, 1, files),))
+
+
+def test_store_urls() -> None:
+    assert StoreURL.parse("s3://bucket/a/b/") == StoreURL("bucket", "a/b/")
+    assert str(StoreURL.parse("s3://bucket")) == "s3://bucket"
+    for bad in ("http://bucket/x", "s3:///x", "s3://b/../x"):
+        with pytest.raises(InvalidRequest):
+            StoreURL.parse(bad)
+
+
+def test_blobs_go_up_once_and_come_back_sparse_and_verified(s3_env: S3Server, tmp_path: Path) -> None:
+    store = ObjectStore(s3_env.url("unit"))
+    src = tmp_path / "mem"
+    with open(src, "wb") as f:
+        f.truncate(64 * MIB)
+        f.seek(10 * MIB)
+        f.write(os.urandom(MIB))
+    digest, info = sparse.digest(src)
+    assert not store.has_blob(digest)
+    sent = store.put_blob(digest, src)
+    assert store.has_blob(digest) and sent < 2 * MIB  # the holes never went over the wire
+    dest = tmp_path / "back"
+    store.get_blob(digest, dest, info.size)
+    assert sparse.digest(dest)[0] == digest
+    assert sparse.allocated_bytes(dest) <= 2 * MIB
+    # A blob damaged in the store is caught, and leaves no file behind.
+    key = f"unit/blobs/{digest}"
+    raw = boto3.client("s3").get_object(Bucket=s3_env.bucket, Key=key)["Body"].read()
+    boto3.client("s3").put_object(Bucket=s3_env.bucket, Key=key, Body=raw[:-20] + b"x" * 20)
+    with pytest.raises(StoreError, match="corrupt"):
+        store.get_blob(digest, tmp_path / "bad", info.size)
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(NotFound, match="lacks blob"):
+        store.get_blob(sha("nothing"), tmp_path / "none", 10)
+
+
+def test_manifests_by_tag(s3_env: S3Server) -> None:
+    store = ObjectStore(s3_env.url("unit-m"))
+    assert store.get_manifest("t") is None
+    store.put_manifest(manifest("t"))
+    assert store.get_manifest("t") == manifest("t")
+    assert store.list_tags() == ["t"]
+    boto3.client("s3").put_object(Bucket=s3_env.bucket, Key="unit-m/snapshots/u.json", Body=b"{not json")
+    with pytest.raises(StoreError, match="not valid"):
+        store.get_manifest("u")
+
+
+def test_a_missing_bucket_says_so(s3_env: S3Server) -> None:
+    store = ObjectStore("s3://no-such-bucket/x")
+    with pytest.raises(StoreError, match="does not exist"):
+        store.put_manifest(manifest())
+
+
+def test_a_host_that_cannot_restore_refuses_before_fetching_anything(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKD_ACCEL", "tcg")
+    data = DataDir(tmp_path / "data", tmp_path / "images").ensure()
+    registry = Registry(data.registry)
+    travel = SnapshotTravel(data, registry, TagReservations(registry.has_snapshot), HostAccelerator(data))
+    try:
+        with pytest.raises(IncompatibleSnapshot, match="taken under kvm"):
+            asyncio.run(travel.plan(manifest(accel=Accel.kvm())))
+        with pytest.raises(IncompatibleSnapshot, match=r"QEMU 1\.0 here"):
+            asyncio.run(travel.plan(manifest(qemu="QEMU emulator version 1.0.1")))
+    finally:
+        registry.close()
+    assert qemu_release("QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)") == "7.2"

@@ -1,0 +1,238 @@
+"""Sparse streams, manifests and pack archives: the file-level parts of snapshot travel (no VM)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from forkd.host.accel import Accel
+from forkd.store import archive, sparse
+from forkd.store.manifest import BadManifest, BaseEntry, FileEntry, Manifest, SnapshotEntry
+
+MIB = 1 << 20
+
+
+def holey(path: Path, size: int, pieces: dict[int, bytes]) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset, data in pieces.items():
+            f.seek(offset)
+            f.write(data)
+    return path
+
+
+def full_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------ sparse
+
+
+def test_extents_skip_holes_and_the_digest_is_the_plain_sha256(tmp_path: Path) -> None:
+    f = holey(tmp_path / "mem", 64 * MIB, {0: os.urandom(100_000), 40 * MIB: b"x" * 5000})
+    sha, info = sparse.digest(f)
+    assert sha == full_sha(f)
+    assert info.size == 64 * MIB
+    assert info.data_bytes < 2 * MIB  # filesystem blocks around the two pieces, not 64 MiB
+    assert sparse.inspect(f) == info
+
+
+def test_a_stream_round_trip_restores_content_and_holes(tmp_path: Path) -> None:
+    src = holey(tmp_path / "src", 32 * MIB, {MIB: os.urandom(3 * MIB), 20 * MIB: bytes(2 * MIB)})
+    dest = tmp_path / "dest"
+    with sparse.StreamReader(src) as reader:
+        info = sparse.write(reader, dest, expect_sha256=full_sha(src), max_size=src.stat().st_size)
+    assert dest.read_bytes() == src.read_bytes()
+    assert info.size == 32 * MIB
+    # The explicit zeros at 20 MiB came back as a hole: only the random 3 MiB are allocated.
+    assert sparse.allocated_bytes(dest) <= 3 * MIB + 256 * 1024
+
+
+def test_a_tampered_or_truncated_stream_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    src = holey(tmp_path / "src", 4 * MIB, {0: os.urandom(MIB)})
+    with sparse.StreamReader(src) as reader:
+        stream = reader.read()
+    bad = bytearray(stream)
+    bad[-10] ^= 1
+    for data, words in ((bytes(bad), "sha256"), (stream[:-100], "truncated"), (stream + b"x", "after"),
+                        (b"NOT A STREAM\n", "magic")):
+        dest = tmp_path / "out"
+        with pytest.raises(sparse.CorruptStream, match=words):
+            sparse.write(io.BytesIO(data), dest, expect_sha256=full_sha(src), max_size=4 * MIB)
+        assert not dest.exists()
+
+
+def test_a_stream_cannot_claim_more_than_allowed_or_overlap(tmp_path: Path) -> None:
+    for header in ({"size": 10 * MIB, "extents": []}, {"size": 100, "extents": [[0, 50], [40, 10]]},
+                   {"size": 100, "extents": [[90, 20]]}):
+        data = sparse.MAGIC + json.dumps(header).encode() + b"\n"
+        with pytest.raises(sparse.CorruptStream):
+            sparse.write(io.BytesIO(data), tmp_path / "x", expect_sha256=None, max_size=MIB)
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def entry(tag: str, shas: dict[str, str], backing: tuple[str | None, str] | None = ("", ""),
+          size: int = 10) -> SnapshotEntry:
+    from forkd.store.manifest import Backing
+
+    disk_backing = Backing(None, "", "raw") if backing == ("", "") else (
+        Backing(backing[0], backing[1], "qcow2") if backing else None)
+    return SnapshotEntry(tag, None, 1, (FileEntry("mem", shas["mem"], size),
+                                        FileEntry("state", shas["state"], size),
+                                        FileEntry("disk.qcow2", shas["disk"], size, disk_backing)))
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def manifest(*snaps: SnapshotEntry) -> Manifest:
+    return Manifest(snaps[-1].tag, 1, "0.1.0", "QEMU emulator version 7.2.19", Accel.tcg(),
+                    BaseEntry(sha("base"), 100, "raw", {"name": "default"}), snaps)
+
+
+def test_a_manifest_survives_json() -> None:
+    m = manifest(entry("a", {"mem": sha("1"), "state": sha("2"), "disk": sha("3")}),
+                 entry("b", {"mem": sha("4"), "state": sha("5"), "disk": sha("6")}, ("a", "disk.qcow2")))
+    again = Manifest.from_json(json.loads(json.dumps(m.to_json())))
+    assert again == m
+    assert again.lineage == ["a", "b"] and again.upto("a").lineage == ["a"]
+    assert set(again.blobs()) == {sha(str(i)) for i in range(1, 7)} | {sha("base")}
+
+
+@pytest.mark.parametrize("mutate,words", [
+    (lambda d: d["snapshots"][0]["files"].update({"../../etc/passwd": d["snapshots"][0]["files"]["mem"]}),
+     "not allowed"),
+    (lambda d: d["snapshots"][0]["files"]["disk.qcow2"].update(backing={"tag": "zz", "file": "disk.qcow2",
+                                                                        "format": "qcow2"}),
+     "not earlier in the chain"),
+    (lambda d: d["snapshots"][0]["files"]["disk.qcow2"].update(backing={"tag": "a", "file": "disk.qcow2",
+                                                                        "format": "qcow2"}),
+     "not an older layer"),
+    (lambda d: d["snapshots"][0].update(tag="../x"), "not a valid snapshot tag"),
+    (lambda d: d["snapshots"][0]["files"]["mem"].update(sha256="abc"), "sha256"),
+    (lambda d: d.update(version=99), "version"),
+    (lambda d: d["snapshots"][0]["files"].pop("state"), "lacks state"),
+    (lambda d: d.update(tag="other"), "not the last snapshot"),
+])
+def test_a_bad_manifest_is_refused_with_the_reason(mutate: Any, words: str) -> None:
+    d = manifest(entry("a", {"mem": sha("1"), "state": sha("2"), "disk": sha("3")})).to_json()
+    mutate(d)
+    with pytest.raises(BadManifest, match=words):
+        Manifest.from_json(d)
+
+
+# ------------------------------------------------------------------ archives
+
+
+def packed(tmp_path: Path) -> tuple[Manifest, dict[str, Path]]:
+    files = {n: holey(tmp_path / n, 8 * MIB, {0: os.urandom(20_000)})
+             for n in ("mem", "state", "disk", "base")}
+    shas = {n: full_sha(p) for n, p in files.items()}
+    m = Manifest("a", 1, "0.1.0", "QEMU emulator version 7.2.19", Accel.tcg(),
+                 BaseEntry(shas["base"], 8 * MIB, "raw"), (entry("a", shas, size=8 * MIB),))
+    return m, {shas[n]: p for n, p in files.items()}
+
+
+def test_an_archive_round_trip_extracts_what_is_wanted(tmp_path: Path) -> None:
+    m, blobs = packed(tmp_path)
+    out = tmp_path / "a.forkd"
+    archive.write(out, m, blobs)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    base = m.base.sha256
+    got, extracted = archive.read(out, staging, lambda manifest, omitted: set(manifest.blobs()) - {base})
+    assert got == m
+    assert set(extracted) == set(m.blobs()) - {base}
+    for digest, path in extracted.items():
+        assert path.read_bytes() == blobs[digest].read_bytes()
+
+
+def test_an_archive_without_its_base_says_so(tmp_path: Path) -> None:
+    m, blobs = packed(tmp_path)
+    out = tmp_path / "a.forkd"
+    archive.write(out, m, {k: v for k, v in blobs.items() if k != m.base.sha256}, omit={m.base.sha256})
+    seen: list[set[str]] = []
+    archive.read(out, tmp_path, lambda manifest, omitted: seen.append(omitted) or set())
+    assert seen == [{m.base.sha256}]
+
+
+def craft(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    out = tmp_path / "crafted.forkd"
+    out.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    return out
+
+
+def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,
+           link: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    info.linkname = link
+    return info, data
+
+
+@pytest.mark.parametrize("bad,kind,words", [
+    (member("../../etc/cron.d/x", b"evil"), "unsafe", "unsafe path"),
+    (member("/etc/passwd", b"evil"), "unsafe", "unsafe path"),
+    (member("blobs/x", kind=tarfile.SYMTYPE, link="/etc/shadow"), "unsafe", "link"),
+    (member("blobs/y", kind=tarfile.LNKTYPE, link="manifest.json"), "unsafe", "link"),
+    (member("dev", kind=tarfile.CHRTYPE), "unsafe", "device"),
+    (member("fifo", kind=tarfile.FIFOTYPE), "unsafe", "device or FIFO"),
+    (member("notes.txt", b"hi"), "unsafe", "not blobs/<sha256>"),
+    (member("blobs/" + "0" * 64, b"x"), "corrupt", "not named by the manifest"),
+])
+def test_unsafe_or_foreign_members_are_refused(tmp_path: Path, bad: tuple[tarfile.TarInfo, bytes], kind: str,
+                                               words: str) -> None:
+    m, _ = packed(tmp_path)
+    body = json.dumps(m.to_json()).encode()
+    path = craft(tmp_path, [member("manifest.json", body), bad])
+    with pytest.raises(archive.ArchiveError) as err:
+        archive.read(path, tmp_path, lambda manifest, omitted: set())
+    assert err.value.kind == kind and words in str(err.value)
+    assert not list((tmp_path).glob("../../etc/cron.d/x"))
+
+
+def test_the_manifest_must_come_first_and_every_blob_must_be_there(tmp_path: Path) -> None:
+    m, _ = packed(tmp_path)
+    body = json.dumps(m.to_json()).encode()
+    first = craft(tmp_path, [member("blobs/" + m.base.sha256, b"x"), member("manifest.json", body)])
+    with pytest.raises(archive.ArchiveError, match="first member"):
+        archive.read(first, tmp_path, lambda manifest, omitted: set())
+    only = craft(tmp_path, [member("manifest.json", body)])
+    with pytest.raises(archive.ArchiveError, match="missing"):
+        archive.read(only, tmp_path, lambda manifest, omitted: set())
+    garbage = tmp_path / "garbage.forkd"
+    garbage.write_bytes(os.urandom(4096))
+    with pytest.raises(archive.ArchiveError) as err:
+        archive.read(garbage, tmp_path, lambda manifest, omitted: set())
+    assert err.value.kind == "corrupt"
+
+
+def test_a_refusal_from_want_stops_before_any_blob_is_written(tmp_path: Path) -> None:
+    m, blobs = packed(tmp_path)
+    out = tmp_path / "a.forkd"
+    archive.write(out, m, blobs)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+
+    def refuse(manifest: Manifest, omitted: set[str]) -> set[str]:
+        raise archive.ArchiveError("unsupported", "this host cannot restore it")
+
+    with pytest.raises(archive.ArchiveError, match="cannot restore"):
+        archive.read(out, staging, refuse)
+    assert list(staging.iterdir()) == []
