@@ -1081,6 +1081,11 @@ export interface components {
              * @example sb-67a1b3-0000
              */
             id: string;
+            /**
+             * Idle Pause Secs
+             * @description Paused after this many idle seconds; absent without idle_pause_secs.
+             */
+            idle_pause_secs?: number | null;
             /** Live Fork */
             live_fork?: boolean | null;
             /** Memory Limit Mib */
@@ -1109,6 +1114,13 @@ export interface components {
             pids_limit?: number | null;
             /** Snapshot Tag */
             snapshot_tag: string;
+            /**
+             * State
+             * @description paused: stopped after idle_pause_secs without a request; the next request resumes it.
+             * @default running
+             * @enum {string}
+             */
+            state?: "running" | "paused";
             /**
              * Timings
              * @description Where the fork's time went: seconds from the start of the restore until QEMU was up (qemu_up_s), the guest ran from the loaded state (restored_s) and its agent answered (ready_s).
@@ -1155,6 +1167,11 @@ export interface components {
              * @description Why the snapshot failed (status=failed).
              */
             error?: string | null;
+            /**
+             * Fs Freeze Ms
+             * @description Live BRANCH only: how long the source's root filesystem was frozen (its disk writes waited; its CPU work went on), in ms.
+             */
+            fs_freeze_ms?: number | null;
             /**
              * Parent Tag
              * @description The snapshot this one was branched from, if any.
@@ -1207,6 +1224,11 @@ export interface components {
              */
             error?: string | null;
             /**
+             * Fs Freeze Ms
+             * @description Live BRANCH only: how long the source's root filesystem was frozen (its disk writes waited; its CPU work went on), in ms.
+             */
+            fs_freeze_ms?: number | null;
+            /**
              * Pause Ms
              * @description Measured source pause window in ms; present only for BRANCH snapshots.
              */
@@ -1242,6 +1264,11 @@ export interface components {
             env?: {
                 [key: string]: string;
             } | null;
+            /**
+             * Idle Pause Secs
+             * @description Pause each child (QMP stop: it costs no CPU) once it has had no request for this many seconds; its next request of any kind resumes it and steps its clock first. Default: never, since a child with background work must not be paused behind its user's back.
+             */
+            idle_pause_secs?: number | null;
             /**
              * Live Fork
              * @description Boot children so that they can later take mode=live branches.
