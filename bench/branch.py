@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import shutil
@@ -43,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import scratch_data
+from common import percentile, qemu_pids, scratch_data
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
@@ -93,16 +92,6 @@ MEM_AVAILABLE = (
 # ---------------------------------------------------------------- statistics
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    s = sorted(samples)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def summary(samples: list[float], digits: int = 3) -> dict:
     return {"n": len(samples), "min": round(min(samples), digits),
             "p50": round(statistics.median(samples), digits),
@@ -122,21 +111,6 @@ def rss_mib(pid: int | None) -> float | None:
     except OSError:
         return None
     return None
-
-
-def qemu_pids(marker: str | None = None) -> list[int]:
-    """PIDs of qemu-system processes (whose command line mentions ``marker``, if given)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and b"qemu-system" in argv[0] and (marker is None or marker.encode() in b" ".join(argv)):
-            pids.append(int(d.name))
-    return pids
 
 
 def alloc_mib(path: Path) -> float | None:

@@ -1,4 +1,4 @@
-"""A QMP peer that speaks the real wire protocol on a unix socket.
+"""A QMP peer that speaks the real wire protocol on a unix socket; and ``StubQMP``.
 
 ``forkd.vmm.qmp.QMP`` (QEMU's own ``qemu.qmp`` client underneath) connects to
 it as to a QEMU. Tests script what each command returns and which events
@@ -13,8 +13,11 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from forkd.errors import VMError
 
 Handler = Callable[["FakeQMP", dict[str, Any]], Awaitable[Any] | Any]
 
@@ -112,3 +115,29 @@ class FakeQMP:
 
 class QMPError(Exception):
     """Raise from a handler to answer the command with a QMP error."""
+
+
+@dataclass
+class StubQMP:
+    """A VM's QMP for owners that only send commands and ask the status (no protocol).
+
+    ``stop``/``cont`` change the status as QEMU's do; ``query-migrate`` answers
+    ``migration``; with ``fail`` every command fails as a dead QEMU's would.
+    """
+
+    status_: str = "running"
+    commands: list[str] = field(default_factory=list)
+    fail: bool = False
+    migration: str = "none"
+
+    async def cmd(self, command: str, **_: Any) -> Any:
+        if self.fail:
+            raise VMError(f"QMP {command} failed: stub")
+        self.commands.append(command)
+        if command == "query-migrate":
+            return {"status": self.migration}
+        self.status_ = {"stop": "paused", "cont": "running"}.get(command, self.status_)
+        return {}
+
+    async def status(self) -> str:
+        return self.status_

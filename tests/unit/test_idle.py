@@ -27,6 +27,7 @@ from forkd.host.accel import Accel
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
 from tests.fakes.daemon import FakeDaemon, clear_env
+from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
 
 T = TypeVar("T")
@@ -41,23 +42,6 @@ class Process:
 
 
 @dataclass
-class StubQMP:
-    log: list[str]
-    migration: str = "none"
-    status_: str = "running"
-
-    async def cmd(self, command: str, **_: Any) -> Any:
-        self.log.append(command)
-        if command == "query-migrate":
-            return {"status": self.migration}
-        self.status_ = {"stop": "paused", "cont": "running"}.get(command, self.status_)
-        return {}
-
-    async def status(self) -> str:
-        return self.status_
-
-
-@dataclass
 class StubVM:
     """What the table and the pauser use of a VM: QMP, agent calls, the clock step."""
 
@@ -66,7 +50,7 @@ class StubVM:
     gate: asyncio.Event | None = None  # when set, agent calls wait for it
 
     def __post_init__(self) -> None:
-        self.qmp = StubQMP(self.log)
+        self.qmp = StubQMP(commands=self.log)
         self.process = Process(self.dir)
         self.pid = 0
 

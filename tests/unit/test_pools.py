@@ -23,12 +23,13 @@ from forkd.cli.main import app as cli_app
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
-from forkd.errors import InvalidRequest, NotFound, VMError
+from forkd.errors import InvalidRequest, NotFound
 from forkd.host.accel import Accel
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
 from tests.fakes.daemon import FakeDaemon, clear_env
+from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
 
 T = TypeVar("T")
@@ -78,23 +79,6 @@ def test_the_match_key_is_the_snapshot_and_the_restore_options() -> None:
 
 
 # ------------------------------------------------- the keeper, with stand-ins for VMs
-
-
-@dataclass
-class StubQMP:
-    status_: str = "running"
-    commands: list[str] = field(default_factory=list)
-    fail: bool = False
-
-    async def cmd(self, command: str, **_: Any) -> Any:
-        if self.fail:
-            raise VMError(f"QMP {command} failed: stub")
-        self.commands.append(command)
-        self.status_ = {"stop": "paused", "cont": "running"}.get(command, self.status_)
-        return {}
-
-    async def status(self) -> str:
-        return self.status_
 
 
 @dataclass
