@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from forkd import bounds
 from forkd.api.app import create_app
-from forkd.cli import context
 from forkd.cli.main import app as cli_app
 from forkd.controller.idle import IdlePauser
 from forkd.controller.sandboxes import SandboxTable
@@ -26,7 +25,7 @@ from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.daemon import FakeDaemon, clear_env
+from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
 
@@ -236,10 +235,7 @@ def test_spawn_route_takes_idle_pause_secs_and_info_shows_the_state() -> None:
 
 @pytest.fixture
 def cli_daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
-    clear_env(monkeypatch)
-    d = FakeDaemon()
-    monkeypatch.setattr(context, "make_controller", lambda url, token, ca=None: d.controller(url, token))
-    return d
+    return serve_cli(monkeypatch)
 
 
 SB = {"id": "sb-000000-0000", "snapshot_tag": "py", "netns": None, "guest_addr": "unix:/x",

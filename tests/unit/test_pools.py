@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings, parse_pools
-from forkd.cli import context
 from forkd.cli.main import app as cli_app
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
@@ -28,7 +27,7 @@ from forkd.host.accel import Accel
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.daemon import FakeDaemon, clear_env
+from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
 
@@ -447,10 +446,7 @@ def test_sdk_pool_methods(client: TestClient, fake: FakeRuntime) -> None:
 
 @pytest.fixture
 def cli_daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
-    clear_env(monkeypatch)
-    d = FakeDaemon()
-    monkeypatch.setattr(context, "make_controller", lambda url, token, ca=None: d.controller(url, token))
-    return d
+    return serve_cli(monkeypatch)
 
 
 POOL = {"tag": "py", "size": 2, "ready": 1, "memory_limit_mib": 256, "per_child_netns": False,
