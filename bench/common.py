@@ -150,7 +150,8 @@ def scratch_data(prefix: str) -> DataDir:
     parent = os.environ.get("FORKD_BENCH_SCRATCH")
     if not parent:
         return DataDir.scratch(prefix)
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    # No prefix under the runner's directory: QEMU's socket paths must stay under 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="", dir=parent))
     real = default_data_dir()
     probe_file = real / "host-probe.json"
     if probe_file.exists():

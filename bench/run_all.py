@@ -104,7 +104,7 @@ def main() -> int:
     parts = [CAPACITY] if args.capacity else [p for p in PARTS if not only or p[0] in only]
     budget = args.budget_minutes * 60 if not args.capacity else CAPACITY[2] + REPORT_S
     deadline = time.monotonic() + budget
-    scratch = Path(tempfile.mkdtemp(prefix="forkd-bench-run-", dir="/tmp"))
+    scratch = Path(tempfile.mkdtemp(prefix="fkb-", dir="/tmp"))  # short: QEMU's socket paths
     record: list[dict[str, object]] = []
     try:
         for name, part_args, limit in parts:
@@ -114,6 +114,7 @@ def main() -> int:
                 continue
             record.append(run_part(name, part_args, min(limit, left), scratch))
     finally:
+        ran = list(record)
         clean(scratch)
         shutil.rmtree(scratch, ignore_errors=True)
         if args.capacity:
@@ -121,10 +122,15 @@ def main() -> int:
                 (RESULTS / "density_capacity_run.json").unlink()
         else:
             RESULTS.mkdir(parents=True, exist_ok=True)
+            # A partial run (--only) keeps the earlier run's record of the other parts.
+            with contextlib.suppress(OSError, ValueError):
+                done = {r["part"] for r in record}
+                earlier = json.loads((RESULTS / "run.json").read_text()).get("parts", [])
+                record = [r for r in earlier if r["part"] not in done] + record
             run = {"parts": record, "budget_s": budget, "measured_at_unix": int(time.time())}
             (RESULTS / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     report = subprocess.run([sys.executable, str(HERE / "report.py")], cwd=HERE.parent)
-    failed = [r for r in record if r["status"] != "ok"]
+    failed = [r for r in ran if r["status"] != "ok"]
     for r in failed:
         print(f"part {r['part']}: {r['status']}", file=sys.stderr)
     return 1 if failed or report.returncode else 0
