@@ -35,7 +35,7 @@ PARTS: list[tuple[str, list[str], float]] = [
     ("fanout", [], 330),
     ("density", [], 240),
     ("roundtrip", [], 150),
-    ("branch", ["--repeat", "3", "--dirty", "0,30,200", "--consecutive", "4"], 240),
+    ("branch", ["--repeat", "3", "--dirty", "0,200", "--consecutive", "4"], 240),
     ("fork_running", ["--repeat", "2"], 150),
     ("travel", [], 150),
 ]
