@@ -86,11 +86,16 @@ class StubVM:
 
     qmp: StubQMP = field(default_factory=StubQMP)
     post_restores: list[dict[str, str] | None] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # agent calls besides the post-restore one
     destroyed: bool = False
 
     async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
         self.post_restores.append(env)
         return {"reseeded": True}
+
+    async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
+        self.calls.append(action)
+        return {}
 
     async def await_or_exit(self, aw: Awaitable[T], timeout: float, what: str) -> T:
         return await aw
@@ -180,6 +185,8 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             assert len(members) == 2
             for m in members:
                 assert h.spawner.vms[m.id].qmp.commands == ["stop"]
+                # Its first ping and eval paths ran before the pause (translated at refill, not claim).
+                assert h.spawner.vms[m.id].calls == ["ping", "eval"]
                 with pytest.raises(NotFound):  # hidden from every lookup by id
                     h.table.resolve(m.id)
             # Options differ (no memory limit; other tag): no draw, counted as misses for py.
