@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -173,7 +174,7 @@ async def main() -> int:
     ways: dict[str, dict[str, Any]] = {w: {} for w in ("unpooled", "pooled", "cold boot", "floor")}
     results["ways"] = ways
     argv = floor_python()
-    results["floor_command"] = " ".join(argv) if argv else None
+    results["floor_command"] = shlex.join(argv) if argv else None
 
     async with scratch_runtime("forkd-bench-fanout-") as rt:
         snap = await rt.create_snapshot(SnapshotSpec(tag="fan"))
