@@ -317,6 +317,20 @@ def density_section(doc: Doc, den: Result | None, cap: Result | None) -> None:
             f"the end); the probe stopped on: **{cap['stopped_by']}**. The daemon's file-descriptor "
             f"limit was {cap['fd_limit']} (hard {cap['fd_limit_hard']}).", "")
     steps = cap.get("steps") or []
+    if len(steps) >= 2:
+        first, last = steps[0], steps[-1]
+        per_child = (first["mem_available_mib"] - last["mem_available_mib"]) / max(
+            1, last["children"] - first["children"])
+        fds = (last["daemon_fds"] - first["daemon_fds"]) / max(1, last["children"] - first["children"])
+        if per_child > 0:
+            most = last["children"] + int((last["mem_available_mib"] - 1024) / per_child)
+            idle = (den or {}).get("batches", [{}])[-1].get("idle_cpu_ms_per_s_per_child")
+            cpu = f"; idle, that many would take ~{most * idle / 10:.0f} % of one core" if idle else ""
+            doc.add(f"Each child took ~{per_child:.0f} MiB of the host's MemAvailable and {fds:.1f} of the "
+                    f"runtime's file descriptors. At that rate **memory runs out first**: ~{most} children "
+                    f"would leave the host 1 GiB{cpu}; the descriptors they need (~{int(most * fds)}) are "
+                    "far below the limit, which the runtime raises to the hard limit at start (a soft "
+                    "limit of 1024 would have stopped it near 500).", "")
     if steps:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         ax.plot([s["children"] for s in steps], [s["mem_available_mib"] for s in steps], "o-",
