@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate docs/PERFORMANCE.md and its charts (docs/perf/*.png) from bench/results/.
 
-Reads whatever results exist (fanout, density, capacity, roundtrip, branch,
-fork_running, run); a missing one leaves its section saying how to produce it.
+Reads whatever results exist (fanout, density, capacity, latency, branch,
+fork_running, travel, network_setup, run); a missing one leaves its section saying how to produce it.
 Every section states when, on what host and under what load its figures were
 taken, and what bounds them.
 
@@ -107,7 +107,7 @@ def host_section(doc: Doc, rs: dict[str, Result | None]) -> None:
 
 
 def targets_section(doc: Doc, rs: dict[str, Result | None]) -> None:
-    fan, den, rt = rs.get("fanout"), rs.get("density"), rs.get("roundtrip")
+    fan, den, lat = rs.get("fanout"), rs.get("density"), rs.get("latency")
 
     def fanout(way: str, n: int) -> float | None:
         cell = ((fan or {}).get("ways") or {}).get(way, {}).get(str(n))
@@ -123,9 +123,9 @@ def targets_section(doc: Doc, rs: dict[str, Result | None]) -> None:
                 return float(b["pss_mib_per_child"])
         return None
 
-    def lat(path: str, op: str) -> float | None:
-        cell = ((rt or {}).get("paths") or {}).get(path, {}).get(op)
-        return None if cell is None else cell["p50"]
+    def eval_p50(path: str) -> float | None:
+        cell = ((lat or {}).get(path) or {}).get("eval 1+1")
+        return None if cell is None else float(cell["p50_ms"])
 
     pooled1, cold1 = fanout("pooled", 1), fanout("cold boot", 1)
     single = (fan or {}).get("single_child") or {}
@@ -150,11 +150,11 @@ def targets_section(doc: Doc, rs: dict[str, Result | None]) -> None:
          lambda v: "-" if v is None else f"{v:.2f} ms/s", "guest timer ticks left after the idle options"),
         ("pooled member", "≈ 0 CPU", knob("warm pool members (paused)"), 0.2,
          lambda v: "-" if v is None else f"{v:.2f} ms/s", "paused: QEMU's main loop only"),
-        ("warm eval round trip, in-process", "p50 ≤ 2 ms", lat("in-process", "eval"), 2.0,
+        ("warm eval round trip, in-process", "p50 ≤ 2 ms", eval_p50("in_process"), 2.0,
          lambda v: "-" if v is None else f"{v:.2f} ms",
-         "the agent starts a thread per request and the virtio-serial hop; issue 8 item 4 (agent's "
-         "serve loop) cuts this"),
-        ("warm eval round trip, HTTP", "p50 ≤ 4 ms", lat("HTTP", "eval"), 4.0,
+         "the agent's serve loop, JSON and the virtio-serial hop, each a few hundred µs of emulated "
+         "guest code under TCG (issue 8 item 4)"),
+        ("warm eval round trip, HTTP", "p50 ≤ 4 ms", eval_p50("over_http"), 4.0,
          lambda v: "-" if v is None else f"{v:.2f} ms", "the in-process figure plus uvicorn, auth and JSON"),
         ("PSS per child at N = 50", "≤ 30 MiB", pss(50), 30.0,
          lambda v: "-" if v is None else f"{v:.1f} MiB",
@@ -241,10 +241,10 @@ def restore_section(doc: Doc, fan: Result | None) -> None:
     for k, v in steps.items():
         doc.add(f"| {k} | {v:,} |")
     doc.add("", "The rest of the time to `ready` is the guest's first request as such: the kernel's "
-            "virtio-console and scheduler paths, CPython's read loop, the thread the agent starts per "
-            "request (`copy_process`, a stack `mmap`, page faults), JSON, the reply. Each runs for the "
-            "first time in this QEMU process, so TCG translates it first; the translation, not the work, "
-            "is what costs (a second call of the same kind takes 1-3 ms).", "")
+            "virtio-console and scheduler paths, CPython's read loop, the agent's dispatch to a worker "
+            "thread, JSON, the reply. Each runs for the first time in this QEMU process, so TCG "
+            "translates it first; the translation, not the work, is what costs (a second call of the "
+            "same kind takes 1-3 ms).", "")
     labels = [("qemu_up_s", "QEMU up"), ("restored_s", "state loaded"), ("running_s", "running"),
               ("ready_s", "post-restore answered")]
     fig, ax = plt.subplots(figsize=(7, 1.9))
@@ -346,39 +346,83 @@ def density_section(doc: Doc, den: Result | None, cap: Result | None) -> None:
         doc.chart(fig, "capacity.png", "memory and fds as children are added")
 
 
-def latency_section(doc: Doc, rt: Result | None) -> None:
+def latency_section(doc: Doc, lat: Result | None) -> None:
     doc.add("## Latency: a warm child's round trip", "")
-    if rt is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/roundtrip.py`.", "")
+    if lat is None:
+        doc.add("Not measured yet: `.venv/bin/python bench/latency.py`.", "")
         return
-    doc.add(f"`bench/roundtrip.py` → `bench/results/roundtrip.json` ({load_note(rt)}). Sequential calls to "
-            "one warm child after a warm-up: in-process through the Runtime, and over HTTP to a real "
-            "`forkd daemon` through the Python SDK (token auth, JSON). `exec python3 -c` starts a new "
-            "interpreter in the guest, which is what `eval` avoids.", "",
+    host = lat.get("host") or {}
+    doc.add(f"`bench/latency.py` → `bench/results/latency.json` (measured {when(lat)}; load average "
+            f"{host.get('load_average_1m_at_end', '?')} (1 min) at the end). One warm child, "
+            f"{lat.get('samples')} calls of each after {lat.get('warmup')} unmeasured ones: in-process "
+            "through the Runtime, and over HTTP to a real `forkd daemon` (one keep-alive connection, "
+            "bearer token) on the very same VM. `exec python3 -c` starts a new interpreter in the guest, "
+            "which is what `eval` avoids.", "",
             "| call | in-process p50 | p99 | HTTP p50 | p99 |", "|---|---:|---:|---:|---:|")
-    paths = rt["paths"]
-    ops = list(paths.get("in-process") or paths.get("HTTP") or {})
+    paths = {"in-process": lat.get("in_process") or {}, "HTTP": lat.get("over_http") or {}}
+    ops = list(paths["in-process"] or paths["HTTP"])
     for op in ops:
         cells = []
-        for path in ("in-process", "HTTP"):
-            c = paths.get(path, {}).get(op)
-            cells += [f"{c['p50']:.2f} ms", f"{c['p99']:.2f} ms"] if c else ["-", "-"]
+        for path in paths.values():
+            c = path.get(op)
+            cells += [f"{c['p50_ms']:.2f} ms", f"{c['p99_ms']:.2f} ms"] if c else ["-", "-"]
         doc.add(f"| {op} | " + " | ".join(cells) + " |")
-    doc.add("", "The agent's per-request cost (a thread per request, JSON, the serve loop) is issue 8 "
-            "item 4's, done separately; this benchmark measures whatever the agent in the image does.", "")
+    doc.add("")
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.2
-    series = (("in-process", "p50"), ("in-process", "p99"), ("HTTP", "p50"), ("HTTP", "p99"))
+    series = (("in-process", "p50_ms"), ("in-process", "p99_ms"), ("HTTP", "p50_ms"), ("HTTP", "p99_ms"))
     for i, (path, q) in enumerate(series):
-        vals = [paths.get(path, {}).get(op, {}).get(q, 0) for op in ops]
-        ax.bar([x + (i - 1.5) * width for x in range(len(ops))], vals, width, label=f"{path} {q}")
+        vals = [paths[path].get(op, {}).get(q, 0) for op in ops]
+        ax.bar([x + (i - 1.5) * width for x in range(len(ops))], vals, width,
+               label=f"{path} {q.removesuffix('_ms')}")
     ax.set_xticks(range(len(ops)))
-    ax.set_xticklabels(ops)
+    ax.set_xticklabels(ops, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.set_title("Round trip to a warm child")
     ax.legend(fontsize=8)
     doc.chart(fig, "latency.png", "round-trip latency by call")
+
+
+def network_section(doc: Doc, net: Result | None) -> None:
+    doc.add("## A sandbox's network", "")
+    if net is None:
+        doc.add("Not measured yet: `sudo .venv/bin/python bench/network_setup.py` (needs root).", "")
+        return
+    doc.add(f"`bench/network_setup.py` → `bench/results/network_setup.json` (measured {when(net)}), as root. "
+            "First the network alone, without VMs: making and removing each child's namespace, tap, veth "
+            "pair, addresses, route and nftables table, one at a time and as many at once as a spawn "
+            "restores:", "",
+            "| policy | at once | set-up p50 / p95 | teardown p50 | wall time per child |",
+            "|---|---:|---|---:|---:|")
+    for row in net.get("setup_alone", []):
+        doc.add(f"| {row['policy']} | {row['parallel']} | {row['setup']['p50_ms']:.1f} / "
+                f"{row['setup']['p95_ms']:.1f} ms | {row['teardown']['p50_ms']:.1f} ms "
+                f"| {row['setup_per_child_wall_ms']:.1f} ms |")
+    forks = [f for f in net.get("forks") or [] if "spawn" in f]
+    diff = next((f for f in net.get("forks") or [] if f.get("snapshot") == "difference"), None)
+    if forks:
+        doc.add("", "What a NIC adds to a fork (`spawn(n=1)` from a snapshot without and with a NIC):", "",
+                "| snapshot | spawn p50 | of which the restore (`ready_s`) p50 |", "|---|---:|---:|")
+        for f in forks:
+            doc.add(f"| {'NIC' if f['nic'] else 'no NIC'} | {f['spawn']['p50_ms']:.0f} ms "
+                    f"| {f['restore_ready']['p50_ms']:.0f} ms |")
+        if diff:
+            doc.add("", f"A NIC adds ~{diff['spawn_p50_added_ms']:.0f} ms to a fork here, "
+                    f"~{diff['outside_restore_p50_added_ms']:.0f} ms of it outside the restore (the network "
+                    "set-up above); the rest is QEMU's virtio-net device and the guest's network stack "
+                    "under TCG.")
+    rows = net.get("setup_alone", [])
+    if rows:
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        labels = [f"{r['policy']}\n{r['parallel']} at once" for r in rows]
+        ax.bar(labels, [r["setup"]["p50_ms"] for r in rows], label="set-up p50")
+        ax.bar(labels, [r["teardown"]["p50_ms"] for r in rows], alpha=0.4, label="teardown p50")
+        ax.set_ylabel("ms per child")
+        ax.set_title("Per-child network set-up")
+        ax.legend(fontsize=8)
+        plt.setp(ax.get_xticklabels(), fontsize=7)
+        doc.chart(fig, "network.png", "per-child network set-up")
 
 
 def branch_section(doc: Doc, br: Result | None, fr: Result | None) -> None:
@@ -492,7 +536,8 @@ STATIC_TAIL = (Path(__file__).resolve().parent / "performance_notes.md")
 
 
 def render(results: Path, doc_path: Path) -> None:
-    names = ("fanout", "density", "capacity", "roundtrip", "branch", "fork_running", "travel", "run")
+    names = ("fanout", "density", "capacity", "latency", "branch", "fork_running", "travel", "network_setup",
+             "run")
     rs = {n: load(results, n) for n in names}
     doc = Doc(doc_path.parent / "perf")
     doc.add("# Performance", "",
@@ -510,9 +555,10 @@ def render(results: Path, doc_path: Path) -> None:
     fanout_section(doc, rs.get("fanout"))
     restore_section(doc, rs.get("fanout"))
     density_section(doc, rs.get("density"), rs.get("capacity"))
-    latency_section(doc, rs.get("roundtrip"))
+    latency_section(doc, rs.get("latency"))
     branch_section(doc, rs.get("branch"), rs.get("fork_running"))
     travel_section(doc, rs.get("travel"))
+    network_section(doc, rs.get("network_setup"))
     if STATIC_TAIL.exists():
         doc.add(STATIC_TAIL.read_text().rstrip(), "")
     doc_path.write_text("\n".join(doc.lines).rstrip() + "\n")

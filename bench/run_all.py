@@ -34,10 +34,11 @@ HERE = Path(__file__).resolve().parent
 PARTS: list[tuple[str, list[str], float]] = [
     ("fanout", [], 330),
     ("density", [], 240),
-    ("roundtrip", [], 150),
+    ("latency", [], 150),
     ("branch", ["--repeat", "3", "--dirty", "0,200", "--consecutive", "4"], 240),
     ("fork_running", ["--repeat", "2"], 150),
     ("travel", [], 150),
+    ("network_setup", ["--children", "100"], 150),
 ]
 # The reserve leaves other users of a shared host room; on a dedicated host lower it
 # (bench/density.py --capacity --reserve-mib 1024).

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Host packages forkd needs: QEMU (microvm + TCG/KVM), qemu-img, and what the guest
 # image builder uses (debootstrap, busybox-static for the initramfs, lz4 to unpack
-# the kernel, e2fsprogs for mkfs.ext4 -d); Node.js and npm for the TypeScript SDK and
-# the browser test, which drives Debian's chromium (never a downloaded browser); etcd
-# (etcd-server 3.4), which a fleet of hosts registers in and the fleet tests start.
+# the kernel, e2fsprogs for mkfs.ext4 -d); sandbox networking (iproute2 for namespaces,
+# veths and taps; nftables for each sandbox's NAT and egress rules; util-linux's nsenter);
+# Node.js and npm for the TypeScript SDK and the browser test, which drives Debian's
+# chromium (never a downloaded browser); etcd (etcd-server 3.4), which a fleet of hosts
+# registers in and the fleet tests start.
 # Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv chromium etcd-server)
+PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv
+      iproute2 nftables util-linux chromium etcd-server)
 # A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 # --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).

@@ -54,12 +54,17 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\basyncio\.sleep\b", "time.sleep"),
+    (r"\b__aiter__\b", "__iter__"),
+    (r"\b_twins\.asettle\b", "_twins.settle"),
+    (r"\bcontextlib\.aclosing\b", "contextlib.closing"),
     # httpx.
     (r"\bhttpx\.AsyncClient\b", "httpx.Client"),
     (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
     (r"\baiter_bytes\b", "iter_bytes"),
+    (r"\baiter_lines\b", "iter_lines"),
     (r"\baread\b", "read"),
     (r"\bAsyncIterator\b", "Iterator"),
+    (r"\bAsyncGenerator\[([^\]]*), None\]", r"Generator[\1, None, None]"),
     (r"\baclose\b", "close"),
     # The SDK's own names and modules.
     (r"\bforkd\.sdk\.async_client\b", "forkd.sdk.client"),
@@ -68,6 +73,7 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bAsyncSandbox\b", "Sandbox"),
     (r"\bAsyncSnapshot\b", "Snapshot"),
     (r"\bAsyncCommands\b", "Commands"),
+    (r"\bAsyncCommandHandle\b", "CommandHandle"),
     (r"\bAsyncFiles\b", "Files"),
     (r"\bdefault_async_controller\b", "default_controller"),
 )

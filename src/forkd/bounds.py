@@ -99,11 +99,17 @@ EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
 # A sandbox idle this long is paused (controller/idle.py); under a second would pause between calls.
 IDLE_PAUSE_SECS = Range("idle_pause_secs", 1, 30 * 86400)
-# The daemon's limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
+# The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
+# What a caller may ask for instead (an eval's timeout_secs).
+EVAL_TIMEOUT = Range("timeout_secs", 0, 86400, exclusive_min=True)
 METADATA = StringMap("metadata", 64, 128, 1024)
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
+
+# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child)
+MAX_EGRESS_ENTRIES = 256
+MAX_EGRESS_ENTRY_CHARS = 64
 
 # --- warm pools: paused children per snapshot (each holds a QEMU process and its memory)
 POOL_SIZE = Range("size", 0, 100, integer=True)

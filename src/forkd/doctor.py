@@ -1,6 +1,6 @@
 """``forkd doctor``: can this host run forkd, and if not, what exactly to do about it.
 
-One module over 400 lines on purpose: a flat list of small, independent checks,
+One module of about 500 lines on purpose: a flat list of small, independent checks,
 each with its own fix text, reads best in one place.
 
 Every check is cheap and side-effect free (nothing is booted, installed or
@@ -28,7 +28,8 @@ from pathlib import Path
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError
-from forkd.host import prereqs
+from forkd.host import childnet, prereqs
+from forkd.host.netplan import AddressPlan
 
 MIN_FREE_BYTES = 5 << 30  # a rootfs image, its debootstrap cache and a few snapshots
 APT_INSTALL = "apt-get install -y --no-install-recommends"
@@ -352,11 +353,69 @@ def check_cgroups() -> Check:
     )
 
 
+NETWORK_NEEDS = "snapshots with a NIC (nic, tap) and per_child_netns"
+
+
+def check_network_tools() -> Check:
+    missing = [t for t in childnet.NET_TOOLS if t.path() is None]
+    if missing:
+        names = ", ".join(f"{t.command} ({t.purpose})" for t in missing)
+        return Check("network tools", False, f"missing {names}: {NETWORK_NEEDS} are unavailable",
+                     f"{APT_INSTALL} {' '.join(sorted({t.package for t in missing}))}", required=False)
+    return Check("network tools", True, ", ".join(str(t.path()) for t in childnet.NET_TOOLS), required=False)
+
+
+def check_network_privileges() -> Check:
+    if childnet.has_caps(childnet.CAP_NET_ADMIN, childnet.CAP_SYS_ADMIN):
+        return Check("network privileges", True, "CAP_NET_ADMIN and CAP_SYS_ADMIN", required=False)
+    return Check("network privileges", False, f"no CAP_NET_ADMIN/CAP_SYS_ADMIN: {NETWORK_NEEDS} are "
+                 "unavailable", "run the daemon as root", required=False)
+
+
+def check_nftables() -> Check:
+    nft = childnet.NFT.path()
+    if not nft:
+        return Check("nftables", False, "nft not found: sandboxes cannot get NAT or egress rules",
+                     f"{APT_INSTALL} nftables", required=False)
+    try:
+        proc = _run([nft, "list", "tables"], timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("nftables", False, f"`nft list tables` failed: {exc}", "run as root", required=False)
+    if proc.returncode != 0:
+        return Check("nftables", False, f"`nft list tables` failed: {proc.stderr.strip()}",
+                     "run as root on a kernel with nf_tables (modprobe nf_tables)", required=False)
+    return Check("nftables", True, f"nf_tables works ({nft})", required=False)
+
+
+def check_ip_forward() -> Check:
+    if childnet.forwarding_enabled():
+        return Check("ip_forward", True, "net.ipv4.ip_forward=1: sandboxes can reach beyond the host when "
+                     "their egress allows it", required=False)
+    return Check("ip_forward", False, "net.ipv4.ip_forward=0: sandboxes reach the host when allowed, but "
+                 "allow_internet_access (or an allow_out beyond the host) is refused with 400",
+                 childnet.FORWARDING_FIX, required=False)
+
+
+def check_net_cidr() -> Check:
+    try:
+        plan = AddressPlan.from_env()
+    except ForkdError as exc:
+        return Check("sandbox network", False, str(exc), "set FORKD_NET_CIDR to an unused IPv4 /16 (or "
+                     "another size down to /29)", required=False)
+    taken = [str(a) for a in childnet.host_addresses()
+             if a in plan.network and a != plan.gateway]
+    if taken:
+        return Check("sandbox network", False, f"{plan.network} overlaps this host's addresses {taken}",
+                     "set FORKD_NET_CIDR to an unused range, e.g. 10.202.0.0/16", required=False)
+    return Check("sandbox network", True, f"{plan.network} (host side {plan.gateway}, room for "
+                 f"{plan.capacity} sandboxes; FORKD_NET_CIDR changes it)", required=False)
+
+
 def check_netns() -> Check:
     fix = f"{APT_INSTALL} iproute2"
     ip = prereqs.Tool("ip", "iproute2", "network namespaces").path()
     if not ip:
-        return Check("netns", False, "ip (iproute2) not found: per_child_netns is unavailable",
+        return Check("netns", False, f"ip (iproute2) not found: {NETWORK_NEEDS} are unavailable",
                      fix, required=False)
     try:
         proc = _run([ip, "netns", "list"], timeout=5)
@@ -372,7 +431,7 @@ def check_tun() -> Check:
     if os.path.exists("/dev/net/tun"):
         return Check("/dev/net/tun", True, "present (tap devices for guest networking)",
                      required=False)
-    return Check("/dev/net/tun", False, "absent: guests cannot get tap network devices",
+    return Check("/dev/net/tun", False, f"absent: {NETWORK_NEEDS} are unavailable",
                  "modprobe tun", required=False)
 
 
@@ -417,8 +476,13 @@ def run_checks(data_dir: str | Path | None = None) -> list[Check]:
         _guarded("/dev/shm", check_shm),
         _guarded("cgroups", check_cgroups),
         _guarded("cgroup cpu/pids", check_cpu_pids_cgroups),
+        _guarded("network tools", check_network_tools),
+        _guarded("network privileges", check_network_privileges),
         _guarded("netns", check_netns),
         _guarded("/dev/net/tun", check_tun),
+        _guarded("nftables", check_nftables),
+        _guarded("ip_forward", check_ip_forward),
+        _guarded("sandbox network", check_net_cidr),
         _guarded("vhost-vsock", check_vsock),
     ]
     return checks

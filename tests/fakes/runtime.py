@@ -12,7 +12,11 @@ the snapshot its source was forked from, then the source's previous branch),
 need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls.
 What it does not: VMs, host prerequisites, timeouts, guest output (``exec``
 echoes its argv; ``eval`` knows arithmetic and the answers in
-``eval_answers``).
+``eval_answers``). Its processes (``FakeProcess``) play a few commands:
+``echo`` (prints its words and exits 0), ``cat`` (echoes stdin until it is
+closed), ``err`` (prints its words on stderr, exits 1), ``sleep`` (runs until
+signalled), ``bytes`` (prints ``\xff\xfe`` and a split "é"); anything else prints
+its argv and exits 0.
 
 Knobs for tests: ``calls`` records every call as (name, args, kwargs);
 ``branch_release`` makes ``branch`` wait for an event; ``raise_on_ping``;
@@ -35,11 +39,24 @@ from typing import Any, NamedTuple
 from forkd import bounds
 from forkd.controller.files import check_path
 from forkd.controller.forks import ForkResult
+from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
+
+
+def _egress_kwargs(allow_internet_access: bool | None, network: dict[str, Any] | None) -> dict[str, Any]:
+    """The egress arguments of a call, checked by the real rule; recorded only when given."""
+    EgressPolicy.from_request(allow_internet_access, network)
+    out: dict[str, Any] = {}
+    if allow_internet_access:
+        out["allow_internet_access"] = True
+    if network is not None:
+        out["network"] = network
+    return out
 
 CREATED = 1717000000
 MODES = ("full", "diff", "live")
@@ -77,6 +94,88 @@ def _arithmetic(node: ast.AST) -> Any:
     raise ValueError(f"the fake runtime cannot evaluate {ast.dump(node)[:60]}")
 
 
+class FakeProcess:
+    """A scripted process: its events so far, and queues of the streams that watch it."""
+
+    def __init__(self, pid: int, args: list[str], env: dict[str, str] | None, cwd: str | None,
+                 tag: str | None, stdin: bytes | None, stdin_open: bool) -> None:
+        self.pid, self.args, self.env, self.cwd, self.tag = pid, args, env or {}, cwd, tag
+        self.stdin_open = stdin_open
+        self.events: list[ProcessEvent] = [ProcessEvent("start", pid)]
+        self.watchers: list[asyncio.Queue[ProcessEvent]] = []
+        self.exit: ProcessEvent | None = None
+        cmd, words = args[0], " ".join(args[1:])
+        if cmd == "echo":
+            self.emit("stdout", f"{words}\n".encode())
+            self.finish(0)
+        elif cmd == "err":
+            self.emit("stderr", f"{words}\n".encode())
+            self.finish(1)
+        elif cmd == "bytes":
+            self.emit("stdout", b"\xff\xfe caf\xc3")
+            self.emit("stdout", b"\xa9\n")
+            self.finish(0)
+        elif cmd == "cat":
+            if stdin:
+                self.emit("stdout", stdin)
+            if not self.stdin_open:
+                self.finish(0)
+        elif cmd != "sleep":
+            self.emit("stdout", " ".join(args).encode())
+            self.finish(0)
+
+    def emit(self, kind: str, data: bytes) -> None:
+        self.publish(ProcessEvent(kind, self.pid, data=data))  # type: ignore[arg-type]
+
+    def publish(self, event: ProcessEvent) -> None:
+        self.events.append(event)
+        for queue in self.watchers:
+            queue.put_nowait(event)
+
+    def finish(self, exit_code: int, signal: int | None = None) -> None:
+        self.exit = ProcessEvent("exit", self.pid, exit_code=exit_code, signal=signal)
+        self.stdin_open = False
+        self.publish(self.exit)
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": self.pid, "tag": self.tag, "args": self.args, "env": self.env, "cwd": self.cwd,
+                "running": self.exit is None, "exit_code": self.exit.exit_code if self.exit else None,
+                "signal": self.exit.signal if self.exit else None, "timed_out": False,
+                "stdin_open": self.stdin_open, "started_at": float(CREATED), "ended_at": None}
+
+
+class FakeEvents:
+    """A fake process stream (``ProcessEvents``' interface)."""
+
+    def __init__(self, proc: FakeProcess, from_start: bool, on_close: Callable[[FakeProcess], None]) -> None:
+        self.pid = proc.pid
+        self._proc = proc
+        self._queue: asyncio.Queue[ProcessEvent] = asyncio.Queue()
+        for event in proc.events if from_start else [proc.events[0]]:
+            self._queue.put_nowait(event)
+        proc.watchers.append(self._queue)
+        self._on_close = on_close
+        self._done = False
+
+    def __aiter__(self) -> FakeEvents:
+        return self
+
+    async def __anext__(self) -> ProcessEvent:
+        if self._done:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.type == "exit":
+            self._done = True
+        return event
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._on_close(self._proc)
+        if self._queue in self._proc.watchers:
+            self._proc.watchers.remove(self._queue)
+
+
 @dataclass
 class FakeRuntime:
     """Answers like ``forkd.controller.runtime.Runtime`` without any VM."""
@@ -99,6 +198,9 @@ class FakeRuntime:
     # Sizes of the body pieces file_write received, to show that uploads stream.
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
+    processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)  # sandbox -> pid -> process
+    cancelled_evals: int = 0
+    _next_pid: int = field(default=100, init=False)
     store_url: str | None = None  # the object store push/pull use (None: not configured)
     host_id: str | None = None  # a fleet host's id: children are sb-<host>-abcdef-<n>
     stored: dict[str, list[str]] = field(default_factory=dict)  # tag in the store -> its lineage
@@ -225,11 +327,13 @@ class FakeRuntime:
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None,
                     timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None,
+                    pids_limit: int | None = None, allow_internet_access: bool | None = None,
+                    network: dict[str, Any] | None = None,
                     idle_pause_secs: float | None = None) -> list[SandboxRecord]:
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
                    timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
+                   **_egress_kwargs(allow_internet_access, network),
                    **({"idle_pause_secs": idle_pause_secs} if idle_pause_secs is not None else {}))
         self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                           metadata=metadata)
@@ -266,12 +370,14 @@ class FakeRuntime:
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None,
+        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> ForkResult:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
         extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
-        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra)
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra,
+                   **_egress_kwargs(allow_internet_access, network))
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
@@ -481,6 +587,100 @@ class FakeRuntime:
 
         return info, pieces()
 
+    # -------------------------------------------------------------- processes
+
+    def _procs(self, sandbox_id: str) -> dict[int, FakeProcess]:
+        self._sandbox(self._resolve(sandbox_id))
+        return self.processes.setdefault(self._resolve(sandbox_id), {})
+
+    def _proc(self, sandbox_id: str, pid: int) -> FakeProcess:
+        proc = self._procs(sandbox_id).get(pid)
+        if proc is None:
+            raise NotFound(f"no process {pid} (it may have ended long ago)")
+        return proc
+
+    def _new_process(self, sandbox_id: str, args: list[str], env: dict[str, str] | None, cwd: str | None,
+                     stdin: bytes | None, stdin_open: bool, tag: str | None) -> FakeProcess:
+        procs = self._procs(sandbox_id)
+        if args[0] == "missing":
+            raise InvalidRequest(f"executable not found: {args[0]}")
+        self._next_pid += 1
+        proc = FakeProcess(self._next_pid, args, env, cwd, tag, stdin, stdin_open)
+        procs[proc.pid] = proc
+        return proc
+
+    def _kill_on_close(self, proc: FakeProcess) -> None:
+        if proc.exit is None:
+            proc.finish(-9, 9)
+
+    async def exec_stream(
+        self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
+        env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
+        stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
+    ) -> FakeEvents:
+        self._call("exec_stream", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+                   stdin=stdin, stdin_open=stdin_open, tag=tag)
+        proc = self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
+        return FakeEvents(proc, True, self._kill_on_close if kill_on_close else lambda _p: None)
+
+    async def process_start(
+        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+        tag: str | None = None, timeout_secs: float | None = None,
+    ) -> dict[str, Any]:
+        self._call("process_start", sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                   stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs)
+        return self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag).info()
+
+    async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> FakeEvents:
+        self._call("process_stream", sandbox_id, pid, from_start=from_start)
+        return FakeEvents(self._proc(sandbox_id, pid), from_start, lambda _p: None)
+
+    async def process_list(self, sandbox_id: str) -> list[dict[str, Any]]:
+        self._call("process_list", sandbox_id)
+        return [p.info() for p in self._procs(sandbox_id).values() if p.exit is None]
+
+    async def process_get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        self._call("process_get", sandbox_id, pid)
+        return self._proc(sandbox_id, pid).info()
+
+    async def process_write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
+                                  eof: bool = False) -> dict[str, Any]:
+        self._call("process_write_stdin", sandbox_id, pid, data, eof=eof)
+        proc = self._proc(sandbox_id, pid)
+        if not proc.stdin_open:
+            raise Conflict(f"process {pid} has no open stdin (start it with stdin open)")
+        if data and proc.args[0] == "cat":
+            proc.emit("stdout", data)
+        if eof:
+            proc.stdin_open = False
+            if proc.args[0] == "cat":
+                proc.finish(0)
+        return {"pid": pid, "written": len(data), "stdin_open": not eof}
+
+    async def process_close_stdin(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        return await self.process_write_stdin(sandbox_id, pid, b"", eof=True)
+
+    async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
+                             group: bool = True) -> dict[str, Any]:
+        self._call("process_signal", sandbox_id, pid, signal, group=group)
+        number = signal_number(signal)
+        proc = self._proc(sandbox_id, pid)
+        if proc.exit is not None:
+            raise NotFound(f"process {pid} is not running")
+        if number in (2, 9, 15):  # what ends a fake process
+            proc.finish(-number, number)
+        return {"pid": pid, "signal": number, "signalled": True}
+
+    async def process_kill(self, sandbox_id: str, pid: int) -> None:
+        await self.process_signal(sandbox_id, pid, 9)
+
+    async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
+        self._call("cancel_eval", sandbox_id)
+        self._sandbox(self._resolve(sandbox_id))
+        self.cancelled_evals += 1
+        return {"cancelled": False}
+
     async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> dict[str, Any]:
         """Arithmetic and ``eval_answers``; anything else fails the way the guest agent reports it."""
         self._call("eval", sandbox_id, code)
@@ -527,9 +727,12 @@ class FakeRuntime:
     # Pools fill at once (no VMs); spawns do not draw from them here.
 
     async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+                       per_child_netns: bool = False, live_fork: bool = False,
+                       allow_internet_access: bool | None = None,
+                       network: dict[str, Any] | None = None) -> dict[str, Any]:
         self._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
-                   per_child_netns=per_child_netns, live_fork=live_fork)
+                   per_child_netns=per_child_netns, live_fork=live_fork,
+                   **_egress_kwargs(allow_internet_access, network))
         bounds.POOL_SIZE.check(size)
         if size:
             self._snapshot(tag).check_forkable()  # 404, then the real 409 messages

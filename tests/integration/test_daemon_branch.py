@@ -388,23 +388,16 @@ def test_seed004_spawn_body_netns_memory_limit_live_fork(daemon: Daemon, http: h
 TAP = "fkd-br-tap0"
 
 
-@pytest.fixture
-def host_tap() -> Iterator[str]:
-    if os.geteuid() != 0:
-        pytest.skip("a tap device needs root")
-    if Path(f"/sys/class/net/{TAP}").exists():
-        pytest.skip(f"{TAP} already exists on this host")
-    subprocess.run(["ip", "tuntap", "add", TAP, "mode", "tap"], check=True, capture_output=True)
-    try:
-        yield TAP
-    finally:
-        subprocess.run(["ip", "link", "del", TAP], capture_output=True)
-    assert not Path(f"/sys/class/net/{TAP}").exists()
-
-
-def test_branch_of_a_sandbox_with_a_nic(daemon: Daemon, http: httpx.Client, py: str, host_tap: str,
+def test_branch_of_a_sandbox_with_a_nic(daemon: Daemon, http: httpx.Client, py: str,
                                         netns: Callable[..., list[str]]) -> None:
-    """Seed 004's snapshot body (rw, tap) + seed 002's TypeScript flow (perChildNetns, liveFork, live)."""
+    """Seed 004's snapshot body (rw, tap) + seed 002's TypeScript flow (perChildNetns, liveFork, live).
+
+    No host tap exists: the template boots in a namespace the daemon makes with one. The children
+    use the namespaces the seeds' script provisioned (with that tap), as they are."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    host_tap = TAP
+    assert not Path(f"/sys/class/net/{TAP}").exists()
     # The seed's kernel/rootfs are Firecracker host paths; forkd boots its own image.
     r = http.post("/v1/snapshots", json={"tag": "py-nic", "rw": True, "tap": host_tap,
                                          "boot_wait_secs": 180})
@@ -422,6 +415,7 @@ def test_branch_of_a_sandbox_with_a_nic(daemon: Daemon, http: httpx.Client, py: 
         sbs += kids
         assert sorted(k["netns"] for k in kids) == names[1:]
         for kid in kids:
+            assert kid["ip"] and kid["network"]["guest_ip"] == "172.16.0.2"  # the branch keeps eth0's set-up
             assert evaluate(http, kid["id"], "state") == "'parent state'"
             r = http.post(f"/v1/sandboxes/{kid['id']}/exec", json={"args": ["cat", "/proc/net/dev"]})
             assert "eth0:" in r.json()["stdout"], r.json()

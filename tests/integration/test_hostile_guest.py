@@ -1,9 +1,14 @@
-"""What a tenant (root in its guest) writes cannot exhaust the host: the console is capped."""
+"""What a tenant (root in its guest) writes cannot exhaust the host: the console is capped, and a
+flood on the agent channel is dropped as it comes, without disturbing the daemon or other sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +18,8 @@ from forkd.vmm import console
 from .conftest import Loop
 
 pytestmark = pytest.mark.vm
+
+MIB = 1 << 20
 
 
 def test_a_flooded_console_stays_capped(loop: Loop, runtime: Runtime, snapshot: str) -> None:
@@ -26,9 +33,141 @@ def test_a_flooded_console_stays_capped(loop: Loop, runtime: Runtime, snapshot: 
         deadline = time.monotonic() + 30
         while log.stat().st_size > console.MAX_BYTES:  # the warden sweeps once a second
             assert time.monotonic() < deadline, "the console log was never cut"
-            time.sleep(0.2)
+            loop.run(asyncio.sleep(0.2))  # the warden runs on the runtime's loop: let it
         prev = console.previous(log)
         assert prev.exists() and prev.stat().st_size <= console.KEEP_BYTES
         assert loop.run(runtime.ping(sb.id))["pong"] is True  # the guest is unharmed
     finally:
         loop.run(runtime.kill(sb.id))
+
+
+def _console_bytes(sandbox_dir: Path) -> int:
+    """What the console takes on the host's disk: the log and its kept tail (allocated blocks)."""
+    total = 0
+    for path in (sandbox_dir / "console.log", console.previous(sandbox_dir / "console.log")):
+        with contextlib.suppress(OSError):
+            total += path.stat().st_blocks * 512
+    return total
+
+
+def test_a_minute_of_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    """The guest writes as fast as its UART goes for a minute (it tries for 1 GB)."""
+    sb = loop.run(runtime.spawn(snapshot, 1))[0]
+    sandbox_dir = Path(sb.dir)
+    try:
+        flood = "head -c 1073741824 /dev/zero | tr '\\0' x > /dev/ttyS0"
+        info = loop.run(runtime.process_start(sb.id, ["sh", "-c", flood], timeout_secs=60))
+
+        async def watch_disk() -> int:  # the runtime's loop runs meanwhile: its console warden too
+            largest = 0
+            deadline = time.monotonic() + 62
+            while time.monotonic() < deadline:
+                largest = max(largest, _console_bytes(sandbox_dir))
+                await asyncio.sleep(0.25)
+            return largest
+
+        largest = loop.run(watch_disk())
+        written = 0
+        ended = loop.run(runtime.process_get(sb.id, info["pid"]))
+        assert ended["timed_out"] is True, ended  # it was still writing when its minute was up
+        # What went through the UART, from the guest's own counter of bytes sent on ttyS0.
+        stats = loop.run(runtime.exec(sb.id, ["cat", "/proc/tty/driver/serial"]))["stdout"]
+        for line in stats.splitlines():
+            if line.startswith("0:") and "tx:" in line:
+                written = int(line.split("tx:")[1].split()[0])
+        print(f"\nthe guest wrote {written / MIB:.1f} MiB to its console in a minute; the host kept at "
+              f"most {largest / MIB:.2f} MiB of it on disk")
+        assert written > 4 * console.MAX_BYTES  # the cap was really exercised
+        assert largest <= console.MAX_BYTES + console.KEEP_BYTES + 2 * MIB  # two sweeps' worth of slack
+        assert loop.run(runtime.ping(sb.id))["pong"] is True
+    finally:
+        loop.run(runtime.kill(sb.id))
+
+
+# Run in the guest: take PID 1's agent port (pidfd_getfd, as root may) and write to it for
+# FLOOD_SECS: garbage lines, lines with no newline far past any limit, replies for no one.
+AGENT_PORT_FLOOD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+port = next(int(n) for n in os.listdir("/proc/1/fd")
+            if os.readlink(f"/proc/1/fd/{n}").startswith("/dev/vport"))
+fd = libc.syscall(438, os.pidfd_open(1), port, 0)  # pidfd_getfd
+if fd < 0:
+    sys.exit(f"pidfd_getfd: errno {ctypes.get_errno()}")
+garbage = b"\xff\xfe not json at all " * 4000 + b"\n"
+endless = b"x" * 65536
+ghosts = b'{"id": 987654321, "ok": true, "result": {}}\n' * 500
+end = time.time() + float(sys.argv[1])
+sent = 0
+while time.time() < end:
+    for chunk in (garbage, endless * 40, b"\n", ghosts):
+        sent += os.write(fd, chunk)
+os.write(fd, b"\n")
+print(sent)
+"""
+FLOOD_SECS = 20
+
+
+def _rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandboxes(
+        loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    flooder, bystander = loop.run(runtime.spawn(snapshot, 2))
+    try:
+        async def pings(sandbox_id: str, seconds: float) -> list[float]:
+            out = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                started = time.perf_counter()
+                assert (await runtime.ping(sandbox_id))["pong"] is True
+                out.append((time.perf_counter() - started) * 1000)
+                await asyncio.sleep(0.05)
+            return out
+
+        before = loop.run(pings(bystander.id, 3))
+        rss_before = _rss_kib()
+
+        async def flood_and_watch() -> tuple[dict[str, Any], list[float], int]:
+            started = await runtime.process_start(flooder.id, ["python3", "-c", AGENT_PORT_FLOOD,
+                                                               str(FLOOD_SECS)], timeout_secs=120)
+            peak = rss_before
+            during: list[float] = []
+            end = time.monotonic() + FLOOD_SECS
+            while time.monotonic() < end:
+                during += await pings(bystander.id, 1)
+                peak = max(peak, _rss_kib())
+            return started, during, peak
+
+        started, during, peak = loop.run(flood_and_watch())
+        # The flooded sandbox itself answers again once its guest stops.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                info = loop.run(runtime.process_get(flooder.id, started["pid"]), timeout=60)
+                if not info["running"]:
+                    break
+            except Exception:  # its channel may still be throttled: only its own calls wait
+                pass
+            assert time.monotonic() < deadline, "the flooded sandbox never answered again"
+            time.sleep(1)
+        assert info["exit_code"] == 0, info
+        assert loop.run(runtime.ping(flooder.id))["pong"] is True
+        vm = runtime.sandboxes.vm(flooder.id)
+        assert vm is not None
+        dropped = vm.agent.garbage_bytes
+        p50 = statistics.median
+        print(f"\nthe guest flooded its agent port for {FLOOD_SECS} s; the host dropped "
+              f"{dropped / MIB:.1f} MiB ({vm.agent.garbage_lines} lines) of it; host RSS "
+              f"{rss_before / 1024:.1f} -> at most {peak / 1024:.1f} MiB; another sandbox's ping "
+              f"p50 {p50(before):.2f} ms before, {p50(during):.2f} ms (max {max(during):.1f}) during")
+        assert dropped > 8 * MIB  # the flood reached the host and was thrown away
+        assert peak - rss_before < 48 * 1024
+        assert len(during) >= FLOOD_SECS  # the other sandbox answered all along
+    finally:
+        loop.run(runtime.kill(flooder.id))
+        loop.run(runtime.kill(bystander.id))

@@ -2,7 +2,9 @@
 
 Needs root (cgroups, network namespaces, tap devices). Every namespace, tap and
 cgroup made here is removed again, also when a test fails. Two template boots at
-most: the session's ``py`` snapshot and ``py-tap`` (a NIC on a tap).
+most: the session's ``py`` snapshot and ``py-tap`` (a NIC on a tap of that name,
+which the daemon makes inside each sandbox's namespace: no host set-up). The
+network itself (addresses, egress) is tests/integration/test_network.py's.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pytest
 
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
-from forkd.errors import Conflict, GuestError, InvalidRequest
+from forkd.errors import GuestError, InvalidRequest
 from forkd.host import cgroups
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import DiskChain, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
@@ -74,20 +77,10 @@ def netns(loop: Loop, runtime: Runtime) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def host_tap() -> Iterator[str]:
-    if Path(f"/sys/class/net/{TAP}").exists():
-        pytest.skip(f"{TAP} already exists on this host")
-    try:
-        sh("ip", "tuntap", "add", TAP, "mode", "tap")
-        yield TAP
-    finally:
-        sh("ip", "link", "del", TAP, check=False)
+def tap_snapshot(loop: Loop, runtime: Runtime) -> Iterator[str]:
+    # No host tap exists: the template boots in a namespace the daemon makes with one.
     assert not Path(f"/sys/class/net/{TAP}").exists()
-
-
-@pytest.fixture(scope="module")
-def tap_snapshot(loop: Loop, runtime: Runtime, host_tap: str) -> Iterator[str]:
-    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py-tap", tap=host_tap, boot_wait_secs=180)))
+    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py-tap", tap=TAP, boot_wait_secs=180)))
     try:
         yield "py-tap"
     finally:
@@ -108,21 +101,27 @@ def test_bad_tap_name_is_400(loop: Loop, runtime: Runtime) -> None:
         loop.run(runtime.create_snapshot(SnapshotSpec(tag="bad-tap", tap="tap0,script=/bin/x")))
 
 
-def test_missing_host_tap_is_400_before_booting(loop: Loop, runtime: Runtime) -> None:
-    with pytest.raises(InvalidRequest) as err:
-        loop.run(runtime.create_snapshot(SnapshotSpec(tag="no-tap", tap="forkd-nope0")))
-    assert "ip tuntap add forkd-nope0 mode tap" in str(err.value)
-    assert "no-tap" not in {s.tag for s in runtime.list_snapshots()}
+def test_egress_without_a_nic_is_400_before_booting(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    with pytest.raises(InvalidRequest, match="need a network device"):
+        loop.run(runtime.create_snapshot(SnapshotSpec(tag="no-nic", egress=EgressPolicy.from_request(True))))
+    assert "no-nic" not in {s.tag for s in runtime.list_snapshots()}
+    with pytest.raises(InvalidRequest, match="has no network device"):
+        loop.run(runtime.spawn(snapshot, 1, network={"allow_out": ["192.0.2.7"]}))
 
 
-def test_missing_netns_is_a_clear_error(loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    # Runs before the netns fixture creates any namespace.
+def test_missing_netns_are_made_and_removed(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    # Runs before the netns fixture provisions any namespace.
     if forkd_netns():
         pytest.skip("forkd-child-* namespaces exist")
-    with pytest.raises(InvalidRequest) as err:
-        loop.run(runtime.spawn(snapshot, 2, per_child_netns=True))
-    assert "forkd-child-0 does not exist" in str(err.value)
-    assert "scripts/netns-setup.sh 2" in str(err.value)
+    sbs = loop.run(runtime.spawn(snapshot, 2, per_child_netns=True))
+    try:
+        assert sorted(sb.netns for sb in sbs) == ["forkd-child-0", "forkd-child-1"] == forkd_netns()
+        for sb in sbs:
+            assert netns_inode(f"/proc/{sb.pid}/ns/net") == netns_inode(f"/run/netns/{sb.netns}")
+            assert sb.info().get("ip") is None  # no NIC: a namespace of its own, no network
+    finally:
+        kill_all(loop, runtime, sbs)
+    assert forkd_netns() == []
 
 
 # ------------------------------------------------------------- memory cgroup
@@ -230,13 +229,12 @@ def test_per_child_netns_places_each_child_in_its_namespace(
         for ping in loop.gather(*(runtime.ping(sb.id) for sb in sbs)):
             assert ping["pong"] is True
 
-        # All namespaces taken: the next child needs forkd-child-2, which is missing.
-        before = {sb.id for sb in runtime.list_sandboxes()}
-        with pytest.raises(InvalidRequest) as err:
-            loop.run(runtime.spawn(snapshot, 1, per_child_netns=True))
-        msg = str(err.value)
-        assert "forkd-child-2 does not exist" in msg and "scripts/netns-setup.sh 3" in msg
-        assert {sb.id for sb in runtime.list_sandboxes()} == before
+        # All provisioned namespaces taken: the next child gets forkd-child-2, made for it and
+        # removed with it (the provisioned ones stay).
+        [third] = loop.run(runtime.spawn(snapshot, 1, per_child_netns=True))
+        assert third.netns == "forkd-child-2" and Path("/run/netns/forkd-child-2").exists()
+        loop.run(runtime.kill(third.id))
+        assert not Path("/run/netns/forkd-child-2").exists() and forkd_netns() == netns
 
         # Indices are allocated across live sandboxes: a freed one is reused first.
         first = next(sb for sb in sbs if sb.netns == "forkd-child-0")
@@ -281,36 +279,40 @@ def test_tap_snapshot_forks_into_namespaces_with_a_nic(
         kill_all(loop, runtime, sbs)
 
 
-def test_tap_snapshot_needs_the_tap_in_every_namespace(
+def test_a_provisioned_namespace_without_the_tap_gets_one_for_the_child(
     loop: Loop, runtime: Runtime, tap_snapshot: str, netns: list[str]
 ) -> None:
-    sh("ip", "netns", "add", "forkd-child-2")  # no tap inside; the fixture deletes it
-    with pytest.raises(InvalidRequest) as err:
-        loop.run(runtime.spawn(tap_snapshot, 3, per_child_netns=True))
-    msg = str(err.value)
-    assert f"tap device {TAP} does not exist in network namespace forkd-child-2" in msg
-    assert f"scripts/netns-setup.sh 3 --tap {TAP}" in msg
-    assert all(sb.snapshot_tag != tap_snapshot for sb in runtime.list_sandboxes())
+    sh("ip", "netns", "add", "forkd-child-2")  # provisioned without a tap; the fixture deletes it
+    sbs = loop.run(runtime.spawn(tap_snapshot, 3, per_child_netns=True))
+    try:
+        third = next(sb for sb in sbs if sb.netns == "forkd-child-2")
+        assert third.network is not None and not third.network.owns_netns and third.network.owns_tap
+        assert "eth0:" in loop.run(runtime.exec(third.id, ["cat", "/proc/net/dev"]))["stdout"]
+    finally:
+        kill_all(loop, runtime, sbs)
+    # Ours went (the tap forkd added, its rules); the namespace someone provisioned stays.
+    assert Path("/run/netns/forkd-child-2").exists()
+    assert TAP not in sh("ip", "-n", "forkd-child-2", "-o", "link").stdout
+    assert sh("ip", "netns", "exec", "forkd-child-2", "nft", "list", "ruleset").stdout.strip() == ""
     sh("ip", "netns", "del", "forkd-child-2")
 
 
-def test_tap_snapshot_without_netns_gets_the_host_tap_once(
+def test_tap_snapshot_without_per_child_netns_gives_each_child_a_namespace(
     loop: Loop, runtime: Runtime, tap_snapshot: str
 ) -> None:
-    with pytest.raises(InvalidRequest, match="per_child_netns"):
-        loop.run(runtime.spawn(tap_snapshot, 2))
-    [sb] = loop.run(runtime.spawn(tap_snapshot, 1))
+    sbs = loop.run(runtime.spawn(tap_snapshot, 2))  # once refused: a host tap serves one VM
     try:
-        assert sb.netns is None
-        res = loop.run(runtime.exec(sb.id, ["cat", "/proc/net/dev"]))
-        assert "eth0:" in res["stdout"]
-        with pytest.raises(Conflict, match="per_child_netns"):
-            loop.run(runtime.spawn(tap_snapshot, 1))
-        # The template cannot take a tap a child holds either.
-        with pytest.raises(Conflict):
-            loop.run(runtime.create_snapshot(SnapshotSpec(tag="py-tap2", tap=TAP)))
+        for sb in sbs:
+            assert sb.netns == f"forkd-{sb.id}"
+            assert netns_inode(f"/proc/{sb.pid}/ns/net") == netns_inode(f"/run/netns/{sb.netns}")
+            res = loop.run(runtime.exec(sb.id, ["cat", "/proc/net/dev"]))
+            assert "eth0:" in res["stdout"]
+            link = sh("ip", "-netns", sb.netns, "-oneline", "link", "show", "dev", TAP).stdout
+            assert "LOWER_UP" in link, link
+        assert not Path(f"/sys/class/net/{TAP}").exists()  # nothing on the host's side but veths
     finally:
-        loop.run(runtime.kill(sb.id))
+        kill_all(loop, runtime, sbs)
+    assert not any(Path(f"/run/netns/{sb.netns}").exists() for sb in sbs)
 
 
 def test_nothing_left_behind(runtime: Runtime) -> None:

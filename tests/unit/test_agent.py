@@ -13,6 +13,8 @@ runs as root on the host and would step the host's clock.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +29,7 @@ import pytest
 
 from forkd.guest import protocol
 from forkd.guest.agent import evaluator, reaper, server
-from forkd.guest.agent import exec as agent_exec
+from forkd.guest.agent import spawn as agent_spawn
 from forkd.guest.protocol import RequestError
 from forkd.image import rootfs
 
@@ -35,11 +37,16 @@ REPLY_TIMEOUT = 15.0  # generous: the host is a noisy 2-core machine
 
 
 class AgentProcess:
-    """A ``--stdio`` agent plus a reader thread that files replies by id."""
+    """A ``--stdio`` agent plus a reader thread that files replies and events by id.
+
+    As the host client does, ``request`` puts an exec's output (streamed as events
+    ahead of its reply) back into the result as ``stdout``/``stderr`` text.
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self.replies: dict[Any, list[dict[str, Any]]] = {}
+        self.events: dict[Any, list[dict[str, Any]]] = {}
         self.cond = threading.Condition()
         self.next_id = 0
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -50,7 +57,10 @@ class AgentProcess:
         for raw in self.proc.stdout:
             reply = json.loads(raw)  # a non-JSON line here is a test failure
             with self.cond:
-                self.replies.setdefault(reply.get("id"), []).append(reply)
+                if "event" in reply:
+                    self.events.setdefault(reply["id"], []).append(reply["event"])
+                else:
+                    self.replies.setdefault(reply.get("id"), []).append(reply)
                 self.cond.notify_all()
         with self.cond:  # EOF: wake waiters so they fail fast instead of timing out
             self.cond.notify_all()
@@ -78,15 +88,32 @@ class AgentProcess:
             return self.replies[req_id].pop(0)
 
     def request(self, action: str, **fields: Any) -> dict[str, Any]:
-        reply = self.wait(self.send(action, **fields))
+        req_id = self.send(action, **fields)
+        reply = self.wait(req_id)
         assert set(reply) >= {"id", "ok"}
+        if action == "exec" and reply["ok"]:
+            with_output(reply["result"], self.events.pop(req_id, []))
         return reply
+
+    def output(self, req_id: Any) -> dict[str, bytes]:
+        """The stdout and stderr events received so far for ``req_id``, joined."""
+        with self.cond:
+            events = list(self.events.get(req_id, []))
+        return {name: b"".join(base64.b64decode(e["data"]) for e in events if e["type"] == name)
+                for name in ("stdout", "stderr")}
 
     def result(self, action: str, **fields: Any) -> dict[str, Any]:
         reply = self.request(action, **fields)
         assert reply["ok"] is True, reply
         result: dict[str, Any] = reply["result"]
         return result
+
+
+def with_output(result: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
+    for name in ("stdout", "stderr"):
+        data = b"".join(base64.b64decode(e["data"]) for e in events if e["type"] == name)
+        result[name] = data.decode("utf-8", "replace")
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -106,18 +133,25 @@ def _start_agent(root: Path) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.fixture
-def agent(guest_root: Path) -> Iterator[AgentProcess]:
-    proc = _start_agent(guest_root)
+@contextlib.contextmanager
+def running_agent(root: Path) -> Iterator[AgentProcess]:
+    """The installed agent under ``root``, over pipes; always killed at the end (a failed
+    assertion must not leave an agent running)."""
+    proc = _start_agent(root)
     try:
         yield AgentProcess(proc)
     finally:
-        # Always kill it: a failed assertion must not leave an agent running.
         proc.kill()
         proc.wait(timeout=10)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture
+def agent(guest_root: Path) -> Iterator[AgentProcess]:
+    with running_agent(guest_root) as running:
+        yield running
 
 
 def _proc_state(pid: int) -> str | None:
@@ -388,16 +422,21 @@ def test_eval_rejects_non_finite_timeouts(agent: AgentProcess) -> None:
         assert reply["ok"] is False and "timeout_secs" in reply["error"]
 
 
-def test_module_eval_timeout_releases_the_lock() -> None:
+def test_module_eval_timeout_frees_the_evaluator() -> None:
     ev = evaluator.Evaluator({})
     result = ev.evaluate("while True: pass", timeout_secs=0.2)
     assert result == {"result": None, "error": "TimeoutError: eval exceeded 0.2 s", "exit_code": 1}
     deadline = time.monotonic() + 5
-    while ev.lock.locked() and time.monotonic() < deadline:
+    while ev.busy and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not ev.lock.locked()
+    assert not ev.busy
     assert ev.evaluate("1 + 1")["result"] == "2"
-    assert not any(t.name == "forkd-eval" for t in threading.enumerate())
+    # Two threads for all evals, kept (no thread per eval), and idle now.
+    assert sorted(t.name for t in ev._threads) == ["forkd-eval", "forkd-eval-watchdog"]
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(20):
+        assert ev.evaluate("2 * 2")["result"] == "4"
+    assert {t.ident for t in threading.enumerate()} == before
 
 
 @pytest.mark.parametrize(
@@ -449,11 +488,10 @@ def test_eval_defaults_to_the_protocol_timeout(monkeypatch: pytest.MonkeyPatch) 
     agent_obj = server.Agent([])
     seen: list[float] = []
 
-    def spy(code: object, timeout_secs: float = -1.0) -> dict[str, Any]:
+    def spy(code: object, timeout_secs: float, reply: Any) -> None:
         seen.append(timeout_secs)
-        return evaluator.eval_result("None", None)
 
-    monkeypatch.setattr(agent_obj.evaluator, "evaluate", spy)
+    monkeypatch.setattr(agent_obj.evaluator, "submit", spy)
     agent_obj.handle({"action": "eval", "code": "1"})
     agent_obj.handle({"action": "eval", "code": "1", "timeout_secs": 7})
     assert seen == [protocol.EVAL_DEFAULT_TIMEOUT_SECS, 7]
@@ -473,6 +511,8 @@ def test_concurrent_requests(agent: AgentProcess) -> None:
         reply = agent.wait(req_id)
         assert reply["id"] == req_id and reply["ok"] is True
         result = reply["result"]
+        if "result" not in result:  # an exec: its output came ahead as events
+            result = with_output(result, agent.events.pop(req_id, []))
         assert result.get("stdout", result.get("result")) == expected
     elapsed = time.monotonic() - started
     assert elapsed < 3.0, f"20 requests took {elapsed:.2f}s; serially they take over 5s"
@@ -526,8 +566,10 @@ def test_eof_answers_requests_in_flight(guest_root: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
-    replies = {r["id"]: r for r in map(json.loads, out.splitlines())}
-    assert replies[1]["result"]["stdout"] == "late\n"
+    messages = list(map(json.loads, out.splitlines()))
+    replies = {r["id"]: r for r in messages if "event" not in r}
+    events = [m["event"] for m in messages if "event" in m and m["id"] == 1]
+    assert with_output(replies[1]["result"], events)["stdout"] == "late\n"
     assert replies[2]["result"]["result"] == "42"
     assert proc.returncode == 0
 
@@ -545,13 +587,17 @@ def test_module_evaluator() -> None:
         ev.evaluate(None)
 
 
-def test_module_run_exec() -> None:
-    reaper_ = reaper.Reaper()
-    result = agent_exec.run_exec({"args": ["echo", "hi"]}, reaper_)
-    assert result["stdout"] == "hi\n" and result["exit_code"] == 0
-    assert reaper_.owned == set()  # the pid is forgotten once waited for
+def test_module_parse_exec() -> None:
+    spec, cap = agent_spawn.parse_exec({"args": ["echo", "hi"], "stdin": "x", "env": {"A": "1"}})
+    assert spec.args == ["echo", "hi"] and spec.stdin == b"x" and spec.env == {"A": "1"}
+    assert spec.timeout_secs == protocol.EXEC_DEFAULT_TIMEOUT_SECS and cap == protocol.EXEC_OUTPUT_CAP
     with pytest.raises(RequestError):
-        agent_exec.run_exec({"args": "echo hi"}, reaper_)
+        agent_spawn.parse_exec({"args": "echo hi"})
+    start = agent_spawn.parse_start({"args": ["cat"], "stdin": True, "tag": "t", "input": "aGk="})
+    assert start.keep_stdin_open and start.stdin == b"hi" and start.timeout_secs is None
+    for bad in ({"stdin": "yes"}, {"tag": 5}, {"input": "***"}):
+        with pytest.raises(RequestError):
+            agent_spawn.parse_start({"args": ["cat"], **bad})
 
 
 def test_module_reaper() -> None:

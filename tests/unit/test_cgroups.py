@@ -256,21 +256,10 @@ def test_tap_names_rejected(name: object) -> None:
         netns.check_tap_name(name)
 
 
-def test_host_tap_detection(tmp_path: Path) -> None:
-    for name, flags in (("tap0", "0x1002"), ("tun0", "0x1001")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "tun_flags").write_text(flags + "\n")
-    (tmp_path / "eth0").mkdir()
-    assert netns.host_tap_exists("tap0", tmp_path)
-    assert not netns.host_tap_exists("tun0", tmp_path)
-    assert not netns.host_tap_exists("eth0", tmp_path)
-    assert not netns.host_tap_exists("nope", tmp_path)
-
-
-def test_missing_tap_messages() -> None:
-    assert "ip tuntap add t0 mode tap" in netns.missing_tap_message("t0")
-    msg = netns.missing_tap_message("t0", "forkd-child-2", 3)
-    assert "forkd-child-2" in msg and "scripts/netns-setup.sh 3 --tap t0" in msg
+@pytest.mark.parametrize("name", ["lo", "uplink0"])
+def test_tap_names_taken_inside_every_namespace_are_rejected(name: str) -> None:
+    with pytest.raises(InvalidRequest, match="taken inside every sandbox's namespace"):
+        netns.check_tap_name(name)
 
 
 def _spec(**kw) -> LaunchSpec:

@@ -12,6 +12,7 @@ import pytest
 
 import forkd.api.file_routes
 import forkd.api.pool_routes
+import forkd.api.process_routes
 import forkd.api.routes
 import forkd.api.travel_routes
 from forkd.api.deps import RuntimeLike
@@ -23,7 +24,8 @@ from tests.fakes.runtime import FakeRuntime
 def methods_the_routes_call() -> set[str]:
     """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
     names: set[str] = set()
-    for module in (forkd.api.routes, forkd.api.pool_routes, forkd.api.file_routes, forkd.api.travel_routes):
+    for module in (forkd.api.routes, forkd.api.pool_routes, forkd.api.file_routes, forkd.api.travel_routes,
+                   forkd.api.process_routes):
         tree = ast.parse(Path(inspect.getfile(module)).read_text())
         names |= {
             node.attr for node in ast.walk(tree)

@@ -15,12 +15,14 @@ from fastapi.testclient import TestClient
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
 from forkd.controller.branch import Brancher
-from forkd.controller.forks import Forker
+from forkd.controller.forks import Forker, ForkOptions
+from forkd.controller.network import Networks
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
 from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_controller import CONFIG, FakeVM, _store
@@ -88,7 +90,17 @@ def test_an_alias_loop_does_not_hang(registry: Registry) -> None:
 # ------------------------------------------------------------------ collector and promote
 
 class _NoSpawns:
+    """A spawner that restores nothing: the real request checks, a real network owner."""
+
     check_limits = staticmethod(Spawner.check_limits)
+
+    def __init__(self, networks: Networks) -> None:
+        self._networks = networks
+
+    async def check_network(self, *, tap: str | None, dns: tuple[str, ...], egress: EgressPolicy | None,
+                            per_child_netns: bool, what: str) -> None:
+        await self._networks.prepare(tap=tap, dns=dns, egress=egress or EgressPolicy(),
+                                     per_child_netns=per_child_netns, what=what)
 
     def spawning(self, _tag: str) -> bool:
         return False
@@ -99,7 +111,8 @@ def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, S
     tags = TagReservations(registry.has_snapshot)
     store = _store(registry, tmp_path, tags)
     brancher = Brancher(registry, tmp_path / "snapshots", table, store, tags)
-    forker = Forker(registry, table, brancher, _NoSpawns(), store, tags)  # type: ignore[arg-type]
+    spawner = _NoSpawns(Networks(tmp_path, registry))
+    forker = Forker(registry, table, brancher, spawner, store, tags)  # type: ignore[arg-type]
     table.on_removed(forker.after_removed)
     return forker, table, store
 
@@ -147,18 +160,14 @@ def test_a_fork_snapshot_with_dependents_stays_until_they_go(registry: Registry,
     assert [s.tag for s in store.all()] == ["py"]
 
 
-def test_a_tapped_source_without_per_child_netns_is_refused_before_its_pause(
+def test_egress_for_a_source_without_a_nic_is_refused_before_its_pause(
         registry: Registry, tmp_path: Path) -> None:
     forker, table, _store = _forker(registry, tmp_path)
     _snap(registry, tmp_path, "py")
     _child(registry, table, tmp_path, SRC, "py")
-    registry.delete_sandbox(SRC)  # re-register it with a NIC on a host tap
-    run_dir = tmp_path / "sandboxes" / SRC
-    registry.insert_sandbox(SandboxRecord(id=SRC, snapshot_tag="py", dir=str(run_dir), created_at_unix=1,
-                                          config=CONFIG, disk=DiskChain.fresh(run_dir, "py"), pid=1,
-                                          tap="forkd-tap0"))
-    with pytest.raises(InvalidRequest, match="per_child_netns=true"):
-        asyncio.run(forker.fork(SRC, 1))
+    options = ForkOptions(egress=EgressPolicy.from_request(True))
+    with pytest.raises(InvalidRequest, match="has no network device"):
+        asyncio.run(forker.fork(SRC, 1, options))
     assert registry.list_snapshots()[0].tag == "py" and len(registry.list_snapshots()) == 1  # no branch
 
 

@@ -9,6 +9,7 @@ agent never does on purpose (stray bytes, a dropped connection, a chosen order).
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from forkd.errors import GuestError
+from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.agent.server import Agent
 from forkd.guest.client import AgentClient
@@ -142,9 +143,11 @@ def test_error_reply_raises_guest_error(sock: Path) -> None:
     async def scenario() -> None:
         client = await AgentClient(sock).connect()
         try:
-            with pytest.raises(GuestError, match=r"^guest agent: unknown action 'teleport'$"):
+            # An action the agent does not know: most likely an agent older than the daemon.
+            with pytest.raises(GuestError, match=r"^guest agent: unknown action 'teleport' \(the "
+                               r"sandbox's guest agent predates 'teleport': create its snapshot again"):
                 await client.call("teleport")
-            with pytest.raises(GuestError, match="'args'"):
+            with pytest.raises(InvalidRequest, match="'args'"):  # the agent says: the caller's mistake
                 await client.call(protocol.EXEC, args=[])
             with pytest.raises(GuestError, match="timeout_secs"):
                 await client.call(protocol.EVAL, code="1", timeout_secs=-1)
@@ -316,3 +319,119 @@ def test_restored_sends_entropy_and_time(sock: Path) -> None:
     assert req["action"] == protocol.RESTORED == peer.requests[0]["action"]
     assert len(bytes.fromhex(req["entropy"])) == 64
     assert before <= req["time_ns"] <= time.time_ns()
+
+
+# ------------------------------------------------------- a hostile guest
+
+
+def test_a_flood_of_garbage_is_dropped_counted_and_never_buffered(sock: Path) -> None:
+    """Garbage lines, an endless line without a newline, replies for no one: the client drops
+    them as they come (its buffer stays under the line limit) and keeps answering calls."""
+    sizes: list[int] = []
+
+    def flood(peer: AgentPeer, req: Request) -> None:
+        if req.get("action") == "flood":
+            peer.send_raw(b"garbage that is not json\n" * 20000)  # ~0.5 MB of lines
+            peer.send_raw(b"x" * (3 << 20))  # 3 MiB without a newline: past the line limit
+            peer.send_raw(b"\n")
+            peer.send_raw(b'{"id": 424242, "ok": true, "result": {}}\n' * 1000)  # replies for no one
+        peer.reply(req, {"pong": True})
+
+    async def scenario() -> AgentClient:
+        client = await AgentClient(sock).connect()
+        try:
+            assert await client.call("flood") == {"pong": True}
+            sizes.append(len(client._buf))
+            started = time.monotonic()
+            assert await client.call("ping", timeout=20) == {"pong": True}
+            sizes.append(int((time.monotonic() - started) * 1000))
+            return client
+        finally:
+            await client.close()
+
+    with AgentPeer(sock, flood):
+        client = run(scenario())
+    assert client.garbage_lines >= 21000
+    assert client.garbage_bytes >= (3 << 20) + 20000 * 25
+    assert sizes[0] <= protocol.MAX_REPLY_LINE
+
+
+def test_a_reply_too_long_fails_its_call_at_once(sock: Path) -> None:
+    def too_long(peer: AgentPeer, req: Request) -> None:
+        if req.get("action") == "huge":
+            peer.send_raw(b'{"id":' + str(req["id"]).encode() + b',"ok":true,"result":{"x":"'
+                          + b"y" * (protocol.MAX_REPLY_LINE + 10) + b'"}}\n')
+        else:
+            peer.reply(req, {"pong": True})
+
+    async def scenario() -> None:
+        client = await AgentClient(sock).connect()
+        try:
+            started = time.monotonic()
+            with pytest.raises(GuestError, match="reply longer than"):
+                await client.call("huge", timeout=30)
+            assert time.monotonic() - started < 10, "the call waited for its timeout"
+            assert await client.call("ping") == {"pong": True}
+        finally:
+            await client.close()
+
+    with AgentPeer(sock, too_long):
+        run(scenario())
+
+
+def test_a_stream_that_overruns_its_window_is_failed_not_buffered(sock: Path) -> None:
+    piece = base64.b64encode(b"z" * protocol.OUTPUT_CHUNK).decode()
+
+    def overrun(peer: AgentPeer, req: Request) -> None:
+        if req.get("action") == protocol.PROC_ATTACH:
+            peer.send_raw(protocol.encode(protocol.event(req["id"], {"type": "start", "pid": 5})))
+            for _ in range(2 * protocol.STREAM_WINDOW // protocol.OUTPUT_CHUNK):  # twice the window
+                peer.send_raw(protocol.encode(protocol.event(req["id"], {"type": "stdout", "data": piece})))
+        elif "id" in req:
+            peer.reply(req, {"pong": True})
+
+    async def scenario() -> list[str]:
+        client = await AgentClient(sock).connect()
+        try:
+            stream = await client.stream(protocol.PROC_ATTACH, pid=5)
+            seen = []
+            with pytest.raises(GuestError, match="more than the stream's window"):
+                await asyncio.sleep(0.5)  # everything has arrived before anyone reads
+                async for event in stream:
+                    seen.append(event["type"])
+            assert await client.call("ping") == {"pong": True}  # the connection lives on
+            return seen
+        finally:
+            await client.close()
+
+    with AgentPeer(sock, overrun) as peer:
+        seen = run(scenario())
+        detach = [r for r in peer.wait_for_requests(3) if r.get("action") == protocol.PROC_DETACH]
+    # What fit in the window was kept (and is read); then the stream fails, the rest never held.
+    assert seen[0] == "start" and seen.count("stdout") <= protocol.STREAM_WINDOW // protocol.OUTPUT_CHUNK
+    assert detach and "id" not in detach[0]
+
+
+def test_a_stream_from_the_real_agent_is_acknowledged_as_it_is_read(sock: Path) -> None:
+    total = 3 * protocol.STREAM_WINDOW
+
+    async def scenario() -> tuple[bytes, dict[str, Any]]:
+        client = await AgentClient(sock).connect()
+        try:
+            stream = await client.stream(protocol.PROC_START, args=["head", "-c", str(total), "/dev/zero"],
+                                         stream=True)
+            data = b""
+            last: dict[str, Any] = {}
+            async for event in stream:
+                if event["type"] == "stdout":
+                    data += event["data"]
+                    await asyncio.sleep(0.01)  # a slow reader: the window holds the agent back
+                last = event
+            return data, last
+        finally:
+            await client.close()
+
+    with real_agent(sock):
+        data, last = run(scenario(), timeout=60)
+    assert data == b"\0" * total
+    assert last["type"] == "exit" and last["exit_code"] == 0

@@ -9,6 +9,7 @@ site-packages, no environment, no script directory), on the files exactly as
 from __future__ import annotations
 
 import ast
+import base64
 import glob
 import json
 import os
@@ -117,9 +118,12 @@ def _check_serves(python: str, guest_root: Path, version: tuple[int, int]) -> No
     proc = subprocess.run([python, "-I", "-S", "-u", str(guest_root / rootfs.AGENT_ENTRY), "--stdio"],
                           input=data, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
-    replies = {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    messages = list(map(json.loads, proc.stdout.splitlines()))
+    replies = {r["id"]: r for r in messages if "event" not in r}
     assert replies[1]["result"]["python_version"].startswith(f"{version[0]}.{version[1]}.")
-    assert replies[2]["result"]["stdout"] == "hi\n"
+    output = [m["event"] for m in messages if "event" in m and m["id"] == 2]
+    assert output == [{"type": "stdout", "data": base64.b64encode(b"hi\n").decode()}]
+    assert replies[2]["result"]["exit_code"] == 0
     assert replies[3]["result"]["error"] == "TimeoutError: eval exceeded 0.3 s"
     assert replies[4]["result"]["result"] == "42"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
+import base64
 import math
+from pathlib import Path
 
 import pytest
 
@@ -68,27 +69,43 @@ def test_request_timeout() -> None:
 
 
 def test_actions_are_distinct() -> None:
-    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 15  # 7 + the 8 file actions
+    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 24  # 8 + 8 file + 8 process actions
 
 
-def test_the_host_reads_any_reply_the_agent_can_send() -> None:
-    assert client.READ_LIMIT == protocol.READ_LIMIT
-    assert protocol.max_exec_reply_bytes(protocol.EXEC_MAX_OUTPUT_CAP) <= protocol.READ_LIMIT
-    assert protocol.MAX_REQUEST_LINE <= protocol.READ_LIMIT
+def _worst_line(result: dict[str, object]) -> int:
+    return len(protocol.encode(protocol.ok_reply(2**53, result)))
+
+
+def test_every_reply_the_agent_sends_fits_the_host_line_limit() -> None:
+    """The host drops longer lines: each reply the agent can send must fit, with room."""
+    assert client.AgentClient(Path("/nonexistent")).max_line == protocol.MAX_REPLY_LINE
+    # A file piece, base64.
+    piece = base64.b64encode(b"\xff" * protocol.FILE_CHUNK).decode()
+    assert _worst_line({"data": piece, "eof": True}) < protocol.MAX_REPLY_LINE
+    # An output event, base64.
+    out = base64.b64encode(b"\x00" * protocol.OUTPUT_CHUNK).decode()
+    event = protocol.encode(protocol.event(2**53, {"type": "stdout", "data": out}))
+    assert len(event) < protocol.MAX_REPLY_LINE // 16
+    # An eval result of the most characters, each escaped to 6 bytes.
+    text = "\x00" * protocol.EVAL_RESULT_MAX_CHARS
+    assert _worst_line({"result": text, "error": None, "exit_code": 0}) < protocol.MAX_REPLY_LINE
     assert protocol.EXEC_OUTPUT_CAP <= protocol.EXEC_MAX_OUTPUT_CAP
 
 
-@pytest.mark.parametrize("worst", [b"\x00", b"\xff", b"\x1f", b'"', b"\\"])
-def test_max_exec_reply_bytes_bounds_the_worst_output(worst: bytes) -> None:
-    """Each output byte costs at most JSON_BYTES_PER_OUTPUT_BYTE on the wire, as the agent encodes it."""
-    cap = 4096
-    text = (worst * cap).decode("utf-8", "replace")  # what exec does with the bytes it kept
-    result = {"stdout": text, "stderr": text, "exit_code": 0, "error": None, "timed_out": False,
-              "duration_ms": 1e9, "stdout_bytes": 2**62, "stderr_bytes": 2**62,
-              "stdout_truncated": True, "stderr_truncated": True, "signal": 9}
-    line = protocol.encode(protocol.ok_reply(2**53, result))
-    assert len(line) <= protocol.max_exec_reply_bytes(cap)
-    assert json.loads(line)["result"]["stdout"] == text
+def test_a_window_bounds_bytes_and_events() -> None:
+    assert protocol.event_cost(0) == protocol.EVENT_COST_MIN
+    assert protocol.event_cost(protocol.OUTPUT_CHUNK) == protocol.OUTPUT_CHUNK
+    assert protocol.STREAM_WINDOW // protocol.EVENT_COST_MIN <= 1024  # events in flight per stream
+    assert protocol.OUTPUT_CHUNK <= protocol.STREAM_WINDOW <= protocol.PROCESS_RING_BYTES
+
+
+def test_notification_has_no_id() -> None:
+    note = protocol.notification(protocol.PROC_ACK, {"stream": 3, "bytes": 10})
+    assert note == {"action": "proc_ack", "stream": 3, "bytes": 10}
+    with pytest.raises(ValueError):
+        protocol.notification(protocol.PROC_ACK, {"id": 1})
+    assert protocol.decode_reply(protocol.encode(protocol.event(7, {"type": "start", "pid": 1}))) == {
+        "id": 7, "event": {"type": "start", "pid": 1}}
 
 
 def test_constants_agree_with_the_host_side() -> None:

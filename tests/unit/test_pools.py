@@ -24,6 +24,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
 from forkd.errors import InvalidRequest, NotFound
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
@@ -192,6 +193,11 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             # Options differ (no memory limit; other tag): no draw, counted as misses for py.
             miss = await h.keeper.claim("py", [ChildSpec()], per_child_netns=False, live_fork=False)
             assert miss == [None] and h.keeper.info("py")["misses"] == 1
+            # Same limit, other egress: members have the pool's rules, so no draw either.
+            opened = EgressPolicy.from_request(None, {"allow_out": ["192.0.2.7:443"]})
+            assert await h.keeper.claim("py", [ChildSpec(memory_limit_mib=256)], per_child_netns=False,
+                                        live_fork=False, egress=opened) == [None]
+            assert h.keeper.info("py")["misses"] == 2
             assert await h.keeper.claim("other", [ChildSpec()], per_child_netns=False,
                                         live_fork=False) == [None]
             # Three matching children, two members: two claims, one miss.
@@ -207,7 +213,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
                 assert h.table.resolve(g.id) == g.id  # visible now
                 assert not h.registry.get_sandbox(g.id).pooled
             info = h.keeper.info("py")
-            assert (info["claims"], info["misses"]) == (2, 2)
+            assert (info["claims"], info["misses"]) == (2, 3)
             await h.filled("py", 2)  # refilled in the background
         finally:
             await h.keeper.stop()

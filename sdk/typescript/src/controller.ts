@@ -18,6 +18,7 @@ import type {
   CheckpointPolicyRequest,
   ChildOptions,
   CreateSnapshotOptions,
+  EgressOptions,
   CreateSnapshotRequest,
   EvalResponse,
   ExecOptions,
@@ -62,8 +63,18 @@ function defined<T extends object>(body: T): T {
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined)) as T;
 }
 
+/** The egress fields (sent only when they open something). */
+function egressFields(o: EgressOptions) {
+  const network = o.network && {
+    allow_out: o.network.allowOut ?? [],
+    deny_out: o.network.denyOut ?? [],
+  };
+  return { allow_internet_access: o.allowInternetAccess || undefined, network };
+}
+
 function childFields(o: ChildOptions) {
   return {
+    ...egressFields(o),
     per_child_netns: o.perChildNetns || undefined,
     memory_limit_mib: o.memoryLimitMib,
     live_fork: o.liveFork || undefined,
@@ -146,7 +157,9 @@ export class Controller {
       image: options.image,
       kernel: options.kernel,
       rootfs: options.rootfs,
+      nic: options.nic || undefined,
       tap: options.tap,
+      ...egressFields(options),
       boot_wait_secs: options.bootWaitSecs,
       mem_mib: options.memMib,
       vcpus: options.vcpus,
@@ -380,6 +393,7 @@ export class Controller {
       memory_limit_mib: options.memoryLimitMib,
       per_child_netns: options.perChildNetns || undefined,
       live_fork: options.liveFork || undefined,
+      ...egressFields(options),
     });
     return this.#http.json({
       method: "PUT",

@@ -144,6 +144,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/eval/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Interrupt the sandbox's running eval (it answers CancelledError) */
+        post: operations["cancel_eval_v1_sandboxes__id__eval_cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -155,6 +172,23 @@ export interface paths {
         put?: never;
         /** Run a subprocess in the sandbox */
         post: operations["exec_in_sandbox_v1_sandboxes__id__exec_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/exec/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Run a process and stream its output (NDJSON) until it exits */
+        post: operations["exec_stream_v1_sandboxes__id__exec_stream_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -276,6 +310,93 @@ export interface paths {
         put?: never;
         /** Round trip to the guest agent */
         post: operations["ping_v1_sandboxes__id__ping_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The running processes that forkd started in the sandbox */
+        get: operations["list_processes_v1_sandboxes__id__processes_get"];
+        put?: never;
+        /** Start a background process */
+        post: operations["start_process_v1_sandboxes__id__processes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One process, running or recently exited */
+        get: operations["get_process_v1_sandboxes__id__processes__pid__get"];
+        put?: never;
+        post?: never;
+        /** Kill a process (SIGKILL to its process group) */
+        delete: operations["kill_process_v1_sandboxes__id__processes__pid__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/signal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send a signal to a process (its process group by default) */
+        post: operations["signal_process_v1_sandboxes__id__processes__pid__signal_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/stdin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Write to a process's standard input (and/or close it) */
+        post: operations["write_stdin_v1_sandboxes__id__processes__pid__stdin_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/processes/{pid}/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Stream a process's output (NDJSON): what its ring still holds, then live, then its exit */
+        get: operations["stream_process_v1_sandboxes__id__processes__pid__stream_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -449,6 +570,16 @@ export interface components {
              */
             wait?: boolean;
         } & (unknown & unknown);
+        /** CancelEvalResponse */
+        CancelEvalResponse: {
+            /**
+             * Cancelled
+             * @description False when no eval was running.
+             */
+            cancelled: boolean;
+        } & {
+            [key: string]: unknown;
+        };
         /** CheckpointList */
         CheckpointList: {
             /**
@@ -508,6 +639,12 @@ export interface components {
         /** CreateSnapshotRequest */
         CreateSnapshotRequest: {
             /**
+             * Allow Internet Access
+             * @description The template's own egress while it boots and runs setup (e.g. pip install). Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Boot Wait Secs
              * @description Upper bound on waiting for the warm guest agent to answer after boot.
              * @default 120
@@ -530,6 +667,14 @@ export interface components {
              * @default 512
              */
             mem_mib?: number;
+            /** @description The template's own egress. Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
+            /**
+             * Nic
+             * @description Give the template, and so every child, a network device (eth0 with an address, a route and DNS). The daemon makes the namespace and tap: no host set-up.
+             * @default false
+             */
+            nic?: boolean;
             /**
              * Rootfs
              * @description Host path of an ext4 root filesystem; default: the image's.
@@ -565,7 +710,7 @@ export interface components {
             tag: string;
             /**
              * Tap
-             * @description Host tap device for the template's network interface.
+             * @description Name of the NIC's tap device inside each sandbox's namespace (default forkd-tap0); giving it implies nic.
              */
             tap?: string | null;
             /**
@@ -608,6 +753,12 @@ export interface components {
              * @example numpy.zeros(5).sum()
              */
             code: string;
+            /**
+             * Timeout Secs
+             * @description Interrupt the evaluation after this long (it answers TimeoutError).
+             * @default 60
+             */
+            timeout_secs?: number;
         };
         /** EvalResponse */
         EvalResponse: {
@@ -678,6 +829,62 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * ExecStreamRequest
+         * @description A process started and streamed at once; a client that leaves kills it.
+         */
+        ExecStreamRequest: {
+            /**
+             * Args
+             * @description argv of the process.
+             * @example [
+             *       "python3",
+             *       "-u",
+             *       "train.py"
+             *     ]
+             */
+            args: string[];
+            /**
+             * Cwd
+             * @description Working directory in the guest.
+             */
+            cwd?: string | null;
+            /**
+             * Encoding
+             * @description How output events carry the bytes: text (UTF-8, invalid bytes as U+FFFD) or base64 (exact).
+             * @default text
+             * @enum {string}
+             */
+            encoding?: "text" | "base64";
+            /**
+             * Env
+             * @description Extra environment variables.
+             */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Stdin
+             * @description Text written to standard input first.
+             */
+            stdin?: string | null;
+            /**
+             * Stdin Open
+             * @description Keep standard input open after stdin, for POST .../processes/{pid}/stdin; else it is closed.
+             * @default false
+             */
+            stdin_open?: boolean;
+            /**
+             * Tag
+             * @description Any label of yours, shown in the process list.
+             */
+            tag?: string | null;
+            /**
+             * Timeout Secs
+             * @description Kill the process group after this long; default: no limit.
+             */
+            timeout_secs?: number | null;
+        };
         /** FileInfo */
         FileInfo: {
             /**
@@ -746,6 +953,12 @@ export interface components {
         /** ForkRequest */
         ForkRequest: {
             /**
+             * Allow Internet Access
+             * @description The children's egress (the source keeps its own). Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Child Env
              * @description One environment per child, over env.
              */
@@ -794,6 +1007,8 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             } | null;
+            /** @description The children's egress. Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
              * @description As in POST /v1/sandboxes.
@@ -870,6 +1085,22 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * NetworkPolicy
+         * @description Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations.
+         */
+        NetworkPolicy: {
+            /**
+             * Allow Out
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             */
+            allow_out?: string[];
+            /**
+             * Deny Out
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             */
+            deny_out?: string[];
+        };
         /** PingResponse */
         PingResponse: {
             /** Numpy Version */
@@ -883,6 +1114,11 @@ export interface components {
         };
         /** PoolInfo */
         PoolInfo: {
+            /**
+             * Allow Internet Access
+             * @default false
+             */
+            allow_internet_access?: boolean;
             /**
              * Claims
              * @description Children handed out from the pool since the daemon started.
@@ -911,6 +1147,13 @@ export interface components {
              */
             misses?: number;
             /**
+             * Network
+             * @description allow_out / deny_out of the members.
+             */
+            network?: {
+                [key: string]: string[];
+            } | null;
+            /**
              * Per Child Netns
              * @default false
              */
@@ -933,6 +1176,12 @@ export interface components {
         /** PoolRequest */
         PoolRequest: {
             /**
+             * Allow Internet Access
+             * @description Members' egress; only spawns asking for the same egress draw from the pool.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Live Fork
              * @description Members can take mode=live branches; only live_fork spawns draw from the pool.
              * @default false
@@ -943,6 +1192,8 @@ export interface components {
              * @description Members get this cgroup memory limit; only spawns asking for it draw from the pool.
              */
             memory_limit_mib?: number | null;
+            /** @description Members' egress lists; only spawns asking for the same draw from the pool. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
              * @description Members run in forkd-child-<i> namespaces; only such spawns draw from the pool.
@@ -954,6 +1205,98 @@ export interface components {
              * @description Paused children to keep ready; 0 drains the pool.
              */
             size: number;
+        };
+        /** ProcessInfo */
+        ProcessInfo: {
+            /** Args */
+            args: string[];
+            /** Cwd */
+            cwd?: string | null;
+            /** Ended At */
+            ended_at?: number | null;
+            /**
+             * Env
+             * @description The extra environment it was started with.
+             */
+            env: {
+                [key: string]: string;
+            };
+            /**
+             * Exit Code
+             * @description Once ended: its status (negative: killed by that signal; 124: timed out).
+             */
+            exit_code: number | null;
+            /**
+             * Pid
+             * @description Its pid in the guest: how every process route names it.
+             */
+            pid: number;
+            /** Running */
+            running: boolean;
+            /**
+             * Signal
+             * @description The signal that ended it, if one did.
+             */
+            signal: number | null;
+            /**
+             * Started At
+             * @description Seconds since the epoch (guest clock).
+             */
+            started_at: number | null;
+            /** Stdin Open */
+            stdin_open: boolean;
+            /** Tag */
+            tag?: string | null;
+            /** Timed Out */
+            timed_out: boolean;
+        } & {
+            [key: string]: unknown;
+        };
+        /** ProcessStartRequest */
+        ProcessStartRequest: {
+            /**
+             * Args
+             * @description argv of the process.
+             * @example [
+             *       "python3",
+             *       "-u",
+             *       "train.py"
+             *     ]
+             */
+            args: string[];
+            /**
+             * Cwd
+             * @description Working directory in the guest.
+             */
+            cwd?: string | null;
+            /**
+             * Env
+             * @description Extra environment variables.
+             */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Stdin
+             * @description Text written to standard input first.
+             */
+            stdin?: string | null;
+            /**
+             * Stdin Open
+             * @description Keep standard input open after stdin, for POST .../processes/{pid}/stdin; else it is closed.
+             * @default false
+             */
+            stdin_open?: boolean;
+            /**
+             * Tag
+             * @description Any label of yours, shown in the process list.
+             */
+            tag?: string | null;
+            /**
+             * Timeout Secs
+             * @description Kill the process group after this long; default: no limit.
+             */
+            timeout_secs?: number | null;
         };
         /** PromoteRequest */
         PromoteRequest: {
@@ -1086,6 +1429,12 @@ export interface components {
              * @description Paused after this many idle seconds; absent without idle_pause_secs.
              */
             idle_pause_secs?: number | null;
+            /**
+             * Ip
+             * @description Where the host reaches this sandbox: every port of this address is forwarded to the guest. Present for snapshots with a NIC.
+             * @example 10.201.0.7
+             */
+            ip?: string | null;
             /** Live Fork */
             live_fork?: boolean | null;
             /** Memory Limit Mib */
@@ -1099,9 +1448,11 @@ export interface components {
             } | null;
             /**
              * Netns
-             * @description Network namespace; null without per_child_netns.
+             * @description The network namespace its QEMU runs in: forkd-child-<i> (per_child_netns), forkd-<id> (a snapshot with a NIC), else null.
              */
             netns?: string | null;
+            /** @description Its network: the guest's view and its egress policy. Present for snapshots with a NIC. */
+            network?: components["schemas"]["SandboxNetwork"] | null;
             /**
              * Pid
              * @description Host PID of the sandbox's QEMU process.
@@ -1128,6 +1479,61 @@ export interface components {
             timings?: {
                 [key: string]: number;
             } | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** SandboxNetwork */
+        SandboxNetwork: {
+            /** Allow Internet Access */
+            allow_internet_access: boolean;
+            /** Allow Out */
+            allow_out: string[];
+            /** Deny Out */
+            deny_out: string[];
+            /**
+             * Dns
+             * @description The resolvers in the guest's /etc/resolv.conf.
+             */
+            dns: string[];
+            /**
+             * Guest Ip
+             * @description eth0's address inside the guest: the same in every sandbox.
+             * @example 172.16.0.2
+             */
+            guest_ip: string;
+            /**
+             * Host Gateway
+             * @description The host as the guest sees it (its default gateway).
+             * @example 10.201.0.1
+             */
+            host_gateway: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** SignalRequest */
+        SignalRequest: {
+            /**
+             * Group
+             * @description Signal the process's whole process group (it is a session leader); false: the process alone.
+             * @default true
+             */
+            group?: boolean;
+            /**
+             * Signal
+             * @description The signal, by name.
+             * @example SIGTERM
+             * @enum {string}
+             */
+            signal: "SIGHUP" | "SIGINT" | "SIGQUIT" | "SIGKILL" | "SIGUSR1" | "SIGUSR2" | "SIGALRM" | "SIGTERM" | "SIGCONT" | "SIGSTOP" | "SIGTSTP" | "SIGWINCH";
+        };
+        /** SignalResponse */
+        SignalResponse: {
+            /** Pid */
+            pid: number;
+            /** Signal */
+            signal: number;
+            /** Signalled */
+            signalled: boolean;
         } & {
             [key: string]: unknown;
         };
@@ -1246,6 +1652,12 @@ export interface components {
         /** SpawnRequest */
         SpawnRequest: {
             /**
+             * Allow Internet Access
+             * @description Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
              * Child Env
              * @description One environment per child (length n), applied over env.
              */
@@ -1293,9 +1705,11 @@ export interface components {
              * @default 1
              */
             n?: number;
+            /** @description Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
             /**
              * Per Child Netns
-             * @description Place child i in the pre-provisioned network namespace forkd-child-<i>.
+             * @description Place each child in the namespace forkd-child-<i> (lowest free i): one scripts/netns-setup.sh provisioned is used as it is; a missing one is made and removed with the child. Without it, children of a snapshot with a NIC get a namespace forkd-<id> of their own.
              * @default false
              */
             per_child_netns?: boolean;
@@ -1315,6 +1729,42 @@ export interface components {
              * @description Kill each child (and free its resources) this many seconds after the spawn returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.
              */
             timeout_secs?: number | null;
+        };
+        /** StdinRequest */
+        StdinRequest: {
+            /**
+             * Data
+             * @description What to write (text, or base64 with encoding=base64).
+             * @default
+             */
+            data?: string;
+            /**
+             * Encoding
+             * @description How data is given: text (UTF-8) or base64.
+             * @default text
+             * @enum {string}
+             */
+            encoding?: "text" | "base64";
+            /**
+             * Eof
+             * @description Close standard input after data.
+             * @default false
+             */
+            eof?: boolean;
+        };
+        /** StdinResponse */
+        StdinResponse: {
+            /** Pid */
+            pid: number;
+            /** Stdin Open */
+            stdin_open: boolean;
+            /**
+             * Written
+             * @description Bytes queued for the process (it reads them at its pace).
+             */
+            written: number;
+        } & {
+            [key: string]: unknown;
         };
         /** TimeoutRequest */
         TimeoutRequest: {
@@ -2112,6 +2562,83 @@ export interface operations {
             };
         };
     };
+    cancel_eval_v1_sandboxes__id__eval_cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CancelEvalResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     exec_in_sandbox_v1_sandboxes__id__exec_post: {
         parameters: {
             query?: never;
@@ -2183,6 +2710,105 @@ export interface operations {
                 };
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    exec_stream_v1_sandboxes__id__exec_stream_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExecStreamRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: start, stdout/stderr (data), dropped, then exit; or an error line if the stream broke (see docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The process already has 8 watchers. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already has 32 process streams open (or the daemon is starting). */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3008,6 +3634,624 @@ export interface operations {
                 };
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_processes_v1_sandboxes__id__processes_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    start_process_v1_sandboxes__id__processes_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessStartRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already runs 64 processes that forkd started. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_process_v1_sandboxes__id__processes__pid__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    kill_process_v1_sandboxes__id__processes__pid__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or no such process is running. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    signal_process_v1_sandboxes__id__processes__pid__signal_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SignalRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SignalResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or no such process is running. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    write_stdin_v1_sandboxes__id__processes__pid__stdin_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StdinRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StdinResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Its stdin is closed (start it with stdin_open), or 1 MiB it has not read yet is pending. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    stream_process_v1_sandboxes__id__processes__pid__stream_get: {
+        parameters: {
+            query?: {
+                /** @description start: the oldest output the guest still keeps (up to 1 MiB); now: only what comes next. */
+                from?: "start" | "now";
+                /** @description text (UTF-8) or base64. */
+                encoding?: "text" | "base64";
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+                /** @description The process's pid in the guest. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description NDJSON, one event a line: start, stdout/stderr (data), dropped, then exit; or an error line if the stream broke (see docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive, or it has no such process (or not any more). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The process already has 8 watchers. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already has 32 process streams open (or the daemon is starting). */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -42,9 +42,24 @@ export type CheckpointPolicyRequest = Schemas["CheckpointPolicyRequest"];
 export type BranchMode = NonNullable<BranchRequest["mode"]>;
 export type Env = Record<string, string>;
 
+/** Outbound traffic a sandbox may send (E2B's `network`): denied by default. */
+export interface NetworkOptions {
+  /** Destinations always open: IPv4 addresses or CIDRs, optionally `:PORT` or `:FIRST-LAST`. */
+  allowOut?: string[];
+  /** Destinations closed even with `allowInternetAccess`. */
+  denyOut?: string[];
+}
+
+/** The egress options of a spawn, fork, pool or template (they need a snapshot with a NIC). */
+export interface EgressOptions {
+  /** Open the public internet (denied by default; the host needs IP forwarding). */
+  allowInternetAccess?: boolean;
+  network?: NetworkOptions;
+}
+
 /** Options every way of making children shares (spawn and fork). */
-export interface ChildOptions {
-  /** Run each child in its own `forkd-child-<i>` network namespace (`scripts/netns-setup.sh N`). */
+export interface ChildOptions extends EgressOptions {
+  /** Run each child in the network namespace `forkd-child-<i>` (made if missing). */
   perChildNetns?: boolean;
   /** cgroup memory limit per child, in MiB. */
   memoryLimitMib?: number;
@@ -97,11 +112,13 @@ export interface BranchOptions {
 }
 
 /** `POST /v1/snapshots`: boot a template VM, warm it, snapshot it. */
-export interface CreateSnapshotOptions {
+export interface CreateSnapshotOptions extends EgressOptions {
   tag: string;
   image?: string;
   kernel?: string;
   rootfs?: string;
+  /** A network device for the template and every child (each child reachable at its own `ip`). */
+  nic?: boolean;
   tap?: string;
   bootWaitSecs?: number;
   memMib?: number;
@@ -136,7 +153,7 @@ export interface PromoteOptions {
 }
 
 /** `PUT /v1/snapshots/{tag}/pool`. */
-export interface PoolOptions {
+export interface PoolOptions extends EgressOptions {
   memoryLimitMib?: number;
   perChildNetns?: boolean;
   liveFork?: boolean;

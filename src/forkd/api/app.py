@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from forkd.api import file_routes, fork_routes, pool_routes, travel_routes, ui
+from forkd.api import file_routes, fork_routes, pool_routes, process_routes, travel_routes, ui
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike, reject_unknown_query
@@ -170,6 +170,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(fork_routes.router)
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
+    app.include_router(process_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(ui.make_router())
     install_exception_handlers(app)

@@ -32,7 +32,9 @@ NO_SNAPSHOT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "descr
 )
 async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> dict[str, Any]:
     return await rt.set_pool(tag, req.size, memory_limit_mib=req.memory_limit_mib,
-                             per_child_netns=req.per_child_netns, live_fork=req.live_fork)
+                             per_child_netns=req.per_child_netns, live_fork=req.live_fork,
+                             allow_internet_access=req.allow_internet_access,
+                             network=req.network.model_dump() if req.network else None)
 
 
 @router.get(

@@ -109,6 +109,11 @@ def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
     from forkd.controller.runtime import SnapshotSpec
 
     given = req.model_dump(exclude_unset=True)
+    if "allow_internet_access" in given or "network" in given:
+        from forkd.host.egress import EgressPolicy
+
+        given["egress"] = EgressPolicy.from_request(given.pop("allow_internet_access", None),
+                                                    given.pop("network", None))
     supported = {f.name for f in dataclasses.fields(SnapshotSpec)}
     unsupported = sorted(set(given) - supported)
     if unsupported:
@@ -222,6 +227,8 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         cpu_limit=req.cpu_limit,
         pids_limit=req.pids_limit,
         idle_pause_secs=req.idle_pause_secs,
+        allow_internet_access=req.allow_internet_access,
+        network=req.network.model_dump() if req.network else None,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)
@@ -335,7 +342,7 @@ async def exec_in_sandbox(
     responses={**NO_SANDBOX, **GUEST_ERRORS, **TOO_LARGE},
 )
 async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.eval(sandbox_id, req.code)
+    return await rt.eval(sandbox_id, req.code, timeout_secs=req.timeout_secs)
 
 
 @v1.post(

@@ -11,11 +11,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
-from forkd.guest.protocol import FILE_PATH_MAX
+from forkd.errors import InvalidRequest
+from forkd.guest.protocol import FILE_PATH_MAX, TAG_MAX
+from forkd.host.egress import ENTRY_PATTERN, Destination
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
@@ -80,6 +90,42 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _egress_entry(value: str) -> str:
+    """The entry's own 400 message (domain names, IPv6, ports) rather than a bare pattern mismatch."""
+    try:
+        Destination.parse(value, "entry")
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+# The pattern is documented, not enforced by pydantic: _egress_entry says what is wrong.
+EgressEntry = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS),
+                        AfterValidator(_egress_entry), Field(json_schema_extra={"pattern": ENTRY_PATTERN})]
+EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), "
+                     "e.g. \"10.0.0.0/8\", \"192.0.2.7:443\", \"198.51.100.0/24:8000-8100\"")
+
+
+class NetworkPolicy(_Request):
+    """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
+
+    allow_out: list[EgressEntry] = Field(
+        default_factory=list, max_length=bounds.MAX_EGRESS_ENTRIES,
+        description=f"Destinations always open (allow wins over deny); each {EGRESS_ENTRY_HELP}. "
+        "Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).",
+    )
+    deny_out: list[EgressEntry] = Field(
+        default_factory=list, max_length=bounds.MAX_EGRESS_ENTRIES,
+        description=f"Destinations closed even with allow_internet_access; each {EGRESS_ENTRY_HELP}.",
+    )
+
+
+INTERNET_HELP = ("Open outbound traffic to the public internet (denied by default): every destination "
+                 "but private, link-local, loopback and multicast ranges, the host and other sandboxes. "
+                 "Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.")
+NETWORK_HELP = "Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC."
+
+
 # --------------------------------------------------------------------- requests
 
 
@@ -99,9 +145,17 @@ class CreateSnapshotRequest(_Request):
         description="Accepted for compatibility with the seeds and ignored: the root disk is always "
         "attached read-write (children's overlays must be writable and their device config must match).",
     )
-    tap: Annotated[str, StringConstraints(pattern=TAP_PATTERN)] | None = Field(
-        None, description="Host tap device for the template's network interface."
+    nic: bool = Field(
+        False, description="Give the template, and so every child, a network device (eth0 with an "
+        "address, a route and DNS). The daemon makes the namespace and tap: no host set-up.",
     )
+    tap: Annotated[str, StringConstraints(pattern=TAP_PATTERN)] | None = Field(
+        None, description="Name of the NIC's tap device inside each sandbox's namespace (default "
+        "forkd-tap0); giving it implies nic.",
+    )
+    allow_internet_access: bool = Field(False, description="The template's own egress while it boots "
+                                        "and runs setup (e.g. pip install). " + INTERNET_HELP)
+    network: NetworkPolicy | None = Field(None, description="The template's own egress. " + NETWORK_HELP)
     boot_wait_secs: float = Field(
         120,
         **bounds.BOOT_WAIT_SECS.field_kwargs(),
@@ -137,8 +191,12 @@ class SpawnRequest(_Request):
     snapshot_tag: Tag = Field(description="Registered snapshot to fork from.", examples=["py"])
     n: JSONInt = Field(1, **bounds.SPAWN_N.field_kwargs(), description="Number of children to fork.")
     per_child_netns: bool = Field(
-        False, description="Place child i in the pre-provisioned network namespace forkd-child-<i>."
+        False, description="Place each child in the namespace forkd-child-<i> (lowest free i): one "
+        "scripts/netns-setup.sh provisioned is used as it is; a missing one is made and removed with the "
+        "child. Without it, children of a snapshot with a NIC get a namespace forkd-<id> of their own.",
     )
+    allow_internet_access: bool = Field(False, description=INTERNET_HELP)
+    network: NetworkPolicy | None = Field(None, description=NETWORK_HELP)
     memory_limit_mib: MemoryLimitMib | None = Field(None, description="cgroup memory limit per child (MiB).")
     live_fork: bool = Field(
         False, description="Boot children so that they can later take mode=live branches."
@@ -200,6 +258,57 @@ class EvalRequest(_Request):
         "trailing expression is the result.",
         examples=["numpy.zeros(5).sum()"],
     )
+    timeout_secs: float = Field(
+        int(bounds.EVAL_TIMEOUT_SECS), **bounds.EVAL_TIMEOUT.field_kwargs(),
+        description="Interrupt the evaluation after this long (it answers TimeoutError).",
+    )
+
+
+OutputEncoding = Literal["text", "base64"]
+ProcessArgs = Annotated[list[CString], Field(min_length=1, description="argv of the process.",
+                                             examples=[["python3", "-u", "train.py"]])]
+ProcessEnv = Annotated[dict[EnvName, CString] | None, Field(
+    None, description="Extra environment variables.",
+    json_schema_extra={"propertyNames": {"pattern": ENV_NAME_PATTERN}})]
+ProcessTag = Annotated[str | None, Field(None, max_length=TAG_MAX,
+                                         description="Any label of yours, shown in the process list.")]
+
+
+class ProcessStartRequest(_Request):
+    args: ProcessArgs
+    timeout_secs: float | None = Field(
+        None, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
+        description="Kill the process group after this long; default: no limit.")
+    env: ProcessEnv = None
+    cwd: NonEmptyCString | None = Field(None, description="Working directory in the guest.")
+    stdin: str | None = Field(None, description="Text written to standard input first.")
+    stdin_open: bool = Field(False, description="Keep standard input open after stdin, for "
+                             "POST .../processes/{pid}/stdin; else it is closed.")
+    tag: ProcessTag = None
+
+
+class ExecStreamRequest(ProcessStartRequest):
+    """A process started and streamed at once; a client that leaves kills it."""
+
+    encoding: OutputEncoding = Field("text", description="How output events carry the bytes: text "
+                                     "(UTF-8, invalid bytes as U+FFFD) or base64 (exact).")
+
+
+class StdinRequest(_Request):
+    data: str = Field("", description="What to write (text, or base64 with encoding=base64).")
+    encoding: OutputEncoding = Field("text", description="How data is given: text (UTF-8) or base64.")
+    eof: bool = Field(False, description="Close standard input after data.")
+
+
+# The signals a process may be sent (by name, as E2B's SDK sends them).
+SignalName = Literal["SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTERM",
+                     "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGWINCH"]
+
+
+class SignalRequest(_Request):
+    signal: SignalName = Field(description="The signal, by name.", examples=["SIGTERM"])
+    group: bool = Field(True, description="Signal the process's whole process group (it is a session "
+                        "leader); false: the process alone.")
 
 
 class MkdirRequest(_Request):
@@ -257,6 +366,9 @@ class BranchRequest(_Request):
 class ForkRequest(_Request):
     count: JSONInt = Field(1, **bounds.SPAWN_N.field_kwargs(), description="Number of children.")
     per_child_netns: bool = Field(False, description="As in POST /v1/sandboxes.")
+    allow_internet_access: bool = Field(False, description="The children's egress (the source keeps "
+                                        "its own). " + INTERNET_HELP)
+    network: NetworkPolicy | None = Field(None, description="The children's egress. " + NETWORK_HELP)
     memory_limit_mib: MemoryLimitMib | None = Field(None, description="cgroup memory limit per child (MiB).")
     child_memory_limit_mib: list[MemoryLimitMib | None] | None = Field(
         None, description="One memory limit per child (length count); null entries use memory_limit_mib.",
@@ -312,6 +424,10 @@ class PoolRequest(_Request):
     )
     live_fork: bool = Field(False, description="Members can take mode=live branches; only live_fork spawns "
                             "draw from the pool.")
+    allow_internet_access: bool = Field(False, description="Members' egress; only spawns asking for the "
+                                        "same egress draw from the pool.")
+    network: NetworkPolicy | None = Field(None, description="Members' egress lists; only spawns asking for "
+                                          "the same draw from the pool.")
 
 
 # -------------------------------------------------------------------- responses
@@ -354,10 +470,27 @@ class SnapshotDetail(SnapshotInfo):
     sandboxes: list[str] = Field(default_factory=list, description="Ids of alive sandboxes forked from it.")
 
 
+class SandboxNetwork(_Response):
+    guest_ip: str = Field(description="eth0's address inside the guest: the same in every sandbox.",
+                          examples=["172.16.0.2"])
+    host_gateway: str = Field(description="The host as the guest sees it (its default gateway).",
+                              examples=["10.201.0.1"])
+    dns: list[str] = Field(description="The resolvers in the guest's /etc/resolv.conf.")
+    allow_internet_access: bool
+    allow_out: list[str]
+    deny_out: list[str]
+
+
 class SandboxInfo(_Response):
     id: str = Field(examples=["sb-67a1b3-0000"])
     snapshot_tag: str
-    netns: str | None = Field(None, description="Network namespace; null without per_child_netns.")
+    netns: str | None = Field(None, description="The network namespace its QEMU runs in: forkd-child-<i> "
+                              "(per_child_netns), forkd-<id> (a snapshot with a NIC), else null.")
+    ip: str | None = Field(None, description="Where the host reaches this sandbox: every port of this "
+                           "address is forwarded to the guest. Present for snapshots with a NIC.",
+                           examples=["10.201.0.7"])
+    network: SandboxNetwork | None = Field(None, description="Its network: the guest's view and its egress "
+                                           "policy. Present for snapshots with a NIC.")
     guest_addr: str = Field(
         description="How the host reaches the guest agent; here unix:<path> (virtio-serial).",
         examples=["unix:/var/lib/forkd/sandboxes/sb-67a1b3-0000/agent.sock"],
@@ -438,6 +571,8 @@ class PoolInfo(_Response):
                                          "from the pool: memory limit, per_child_netns, live_fork.")
     per_child_netns: bool = False
     live_fork: bool = False
+    allow_internet_access: bool = False
+    network: dict[str, list[str]] | None = Field(None, description="allow_out / deny_out of the members.")
     claims: int = Field(0, description="Children handed out from the pool since the daemon started.")
     misses: int = Field(0, description="Children of this snapshot restored fresh instead (pool empty, "
                         "options differed, or a member failed its claim).")
@@ -469,6 +604,38 @@ class PingResponse(_Response):
     pong: bool
     numpy_version: str | None = None
     pid: int | None = None
+
+
+class ProcessInfo(_Response):
+    pid: int = Field(description="Its pid in the guest: how every process route names it.")
+    tag: str | None = None
+    args: list[str]
+    env: dict[str, str] = Field(description="The extra environment it was started with.")
+    cwd: str | None = None
+    running: bool
+    exit_code: int | None = Field(description="Once ended: its status (negative: killed by that signal; "
+                                  "124: timed out).")
+    signal: int | None = Field(description="The signal that ended it, if one did.")
+    timed_out: bool
+    stdin_open: bool
+    started_at: float | None = Field(description="Seconds since the epoch (guest clock).")
+    ended_at: float | None = None
+
+
+class StdinResponse(_Response):
+    pid: int
+    written: int = Field(description="Bytes queued for the process (it reads them at its pace).")
+    stdin_open: bool
+
+
+class SignalResponse(_Response):
+    pid: int
+    signal: int
+    signalled: bool
+
+
+class CancelEvalResponse(_Response):
+    cancelled: bool = Field(description="False when no eval was running.")
 
 
 class ExecResponse(_Response):

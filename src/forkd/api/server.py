@@ -15,6 +15,7 @@ from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token
 from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 from forkd.errors import InvalidRequest
+from forkd.host.netplan import AddressPlan
 from forkd.store.objectstore import StoreURL
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ def validate_settings(settings: Settings) -> None:
         raise ConfigError("max file size must not be negative")
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
+    try:
+        AddressPlan.from_env()  # FORKD_NET_CIDR: the sandboxes' address plan
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
     validate_fleet_settings(settings)
 
 

@@ -17,6 +17,7 @@ import typer
 
 from forkd.cli import bench, files, fleet, forks, info, pools, sandboxes, snapshots, travel
 from forkd.cli import daemon as daemon_cmd
+from forkd.cli import bench, files, fleet, forks, info, pools, processes, sandboxes, snapshots, travel
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
@@ -91,6 +92,11 @@ app.command("timeout")(sandboxes.timeout)
 app.command("ping")(sandboxes.ping)
 app.command("exec")(sandboxes.exec_)
 app.command("eval")(sandboxes.eval_)
+app.command("cancel-eval")(processes.cancel_eval)
+app.command("ps")(processes.ps)
+app.command("attach")(processes.attach)
+app.command("send-stdin")(processes.send_stdin)
+app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
 app.command("pack")(travel.pack)
 app.command("unpack")(travel.unpack)

@@ -114,6 +114,7 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     table.add_column("SNAPSHOT", no_wrap=True)
     table.add_column("PID", justify="right")
     table.add_column("NETNS")
+    table.add_column("IP", no_wrap=True)
     table.add_column("MEM", justify="right", no_wrap=True)
     table.add_column("LIVE")
     table.add_column("AGE", justify="right", no_wrap=True)
@@ -128,6 +129,7 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
             fmt(sb.get("snapshot_tag")),
             fmt(sb.get("pid")),
             fmt(sb.get("netns")),
+            fmt(sb.get("ip")),
             f"{limit} MiB" if limit is not None else "-",
             fmt(sb.get("live_fork")),
             fmt_age(sb.get("created_at_unix")),

@@ -12,6 +12,7 @@ from rich.table import Table
 from forkd import bounds
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, want_json
+from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import Controller, NotFoundError
 
 
@@ -36,6 +37,9 @@ def pool(
     live_fork: Annotated[
         bool, typer.Option("--live-fork", help="Members can take --live branches.")
     ] = False,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     json_: JsonFlag = False,
 ) -> None:
     """Show or set the warm pool of a snapshot: children restored, reseeded and paused.
@@ -56,7 +60,9 @@ def pool(
     else:
         with output.spinner(f"setting the pool of {escape(tag)} to {size}"):
             info = controller.set_pool(tag, size, memory_limit_mib=memory_limit_mib,
-                                       per_child_netns=per_child_netns, live_fork=live_fork)
+                                       per_child_netns=per_child_netns, live_fork=live_fork,
+                                       allow_internet_access=allow_internet_access,
+                                       network=network_policy(allow_out, deny_out))
     if want_json(ctx, json_):
         output.emit_json(info)
         return

@@ -1,4 +1,5 @@
-"""Sandbox commands: fork, branch, ls, kill, timeout, ping, exec, eval (promote and checkpoints: forks.py)."""
+"""Sandbox commands: fork, branch, ls, kill, timeout, ping, exec, eval (promote and checkpoints: forks.py;
+streamed and background processes: processes.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import typer
 from rich.markup import escape
 
 from forkd import bounds
-from forkd.cli import forks, output
+from forkd.cli import forks, output, processes
 from forkd.cli.context import JsonFlag, handle_errors, parse_pairs, state, usage_error, want_json
+from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.cli.pools import active_pools, pools_table
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
@@ -26,7 +28,7 @@ PerChildNetns = Annotated[
     bool,
     typer.Option(
         "--per-child-netns",
-        help="Put child i in network namespace forkd-child-<i> (scripts/netns-setup.sh N first).",
+        help="Put child i in network namespace forkd-child-<i> (made if missing, removed with it).",
     ),
 ]
 MemoryLimit = Annotated[
@@ -94,6 +96,9 @@ def fork(
     live_fork: LiveFork = False,
     timeout: Lifetime = None,
     idle_pause: IdlePause = None,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     json_: JsonFlag = False,
 ) -> None:
     """Fork N sandboxes copy-on-write from a snapshot, or from a running sandbox.
@@ -109,6 +114,8 @@ def fork(
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
       forkd fork --tag py --timeout 300
       forkd fork --tag py -n 50 --idle-pause 30
+      forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
+      forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
       forkd fork --from-sandbox sb-67a1b3-0042 -n 4 --tree -e SEED=7
     """
@@ -123,6 +130,7 @@ def fork(
             usage_error(ctx, f"{', '.join(extras)} only {verb} with --from-sandbox")
     env_map = parse_pairs(ctx, env, "--env")
     labels = parse_pairs(ctx, label, "--label")
+    network = network_policy(allow_out, deny_out)
     controller = state(ctx).controller()
     as_json = want_json(ctx, json_)
     started = time.monotonic()
@@ -133,7 +141,7 @@ def fork(
             result = fork_call(
                 from_sandbox, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                 live_fork=live_fork, env=env_map, metadata=labels, keep_snapshot=keep_snapshot,
-                timeout_secs=timeout,
+                timeout_secs=timeout, allow_internet_access=allow_internet_access, network=network,
             )
         if as_json:
             output.emit_json(result)
@@ -147,7 +155,8 @@ def fork(
         sandboxes = controller.spawn_sandboxes(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
-            timeout_secs=timeout, idle_pause_secs=idle_pause,
+            timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
+            network=network,
         )
     if as_json:
         output.emit_json(sandboxes)
@@ -176,6 +185,9 @@ def branch(
     per_child_netns: PerChildNetns = False,
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     json_: JsonFlag = False,
 ) -> None:
     """Branch a running sandbox and fork N sandboxes from the branch, in one go.
@@ -203,6 +215,7 @@ def branch(
         sandboxes = controller.spawn_sandboxes(
             snap["tag"], n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            allow_internet_access=allow_internet_access, network=network_policy(allow_out, deny_out),
         )
     if as_json:
         output.emit_json({"snapshot": snap, "sandboxes": sandboxes})
@@ -358,15 +371,6 @@ def ping(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> 
     )
 
 
-def _exit_status(code: Any) -> int:
-    """A shell-style exit status: signals as 128+N, unknown as 1."""
-    if not isinstance(code, int):
-        return 1
-    if code < 0:
-        return 128 - code
-    return min(code, 255)
-
-
 def _read_input(ctx: typer.Context, source: str) -> str:
     if source == "-":
         return sys.stdin.read()
@@ -384,8 +388,9 @@ def exec_(
         list[str], typer.Argument(metavar="CMD", help="Command and its arguments (after --).")
     ],
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.001, help="Kill the command after this many seconds.")
-    ] = 30,
+        float | None, typer.Option("--timeout", min=0.001, help="Kill the command after this many "
+                                   "seconds (default 30; with --stream or --detach: no limit).")
+    ] = None,
     env: Annotated[
         list[str] | None,
         typer.Option("--env", "-e", metavar="KEY=VALUE", help="Environment variable (repeatable)."),
@@ -395,38 +400,67 @@ def exec_(
         str | None,
         typer.Option("--stdin", metavar="FILE", help="Feed FILE to the command's stdin ('-': own stdin)."),
     ] = None,
+    stream: Annotated[bool, typer.Option("--stream", help="Show the output as it is produced "
+                                         "(Ctrl-C kills the command).")] = False,
+    interactive: Annotated[bool, typer.Option("--interactive", "-i", help="With --stream: copy forkd's "
+                                              "own stdin to the command while it runs.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Start it in the background and print "
+                                         "its pid (see forkd ps, attach, kill-proc).")] = False,
+    tag: Annotated[str | None, typer.Option("--tag", help="With --detach or --stream: a label shown "
+                                            "by forkd ps.")] = None,
     json_: JsonFlag = False,
 ) -> None:
     """Run a command in a sandbox; prints its output and exits with its exit code.
 
     Put -- before the command so that its own options are not read as forkd's.
     A timed-out command exits 124; one killed by signal N exits 128+N.
+    --stream shows output as it comes (--json: one event per line);
+    --detach leaves it running in the background.
 
     Examples:
       forkd exec sb-67a1b3-0000 -- python3 -c "print(2+2)"
       forkd exec sb-67a1b3-0000 --timeout 120 -e DEBUG=1 -- sh -c "make test"
       echo hello | forkd exec sb-67a1b3-0000 --stdin - -- cat
+      forkd exec sb-67a1b3-0000 --stream -- sh -c "for i in 1 2 3; do echo $i; sleep 1; done"
+      forkd exec sb-67a1b3-0000 --stream -i -- python3 -i
+      forkd exec sb-67a1b3-0000 --detach --tag server -- python3 -m http.server
     """
+    if stream and detach:
+        usage_error(ctx, "--stream and --detach exclude each other (forkd attach watches a detached one)")
+    if interactive and not stream:
+        usage_error(ctx, "--interactive needs --stream")
+    if tag is not None and not (stream or detach):
+        usage_error(ctx, "--tag needs --stream or --detach")
     stdin_text = _read_input(ctx, stdin) if stdin is not None else None
+    env_map = parse_pairs(ctx, env, "--env")
+    as_json = want_json(ctx, json_)
+    if stream:
+        processes.run_streamed(ctx, sandbox_id, command, timeout=timeout, env=env_map, cwd=cwd,
+                               stdin_text=stdin_text, interactive=interactive, as_json=as_json)
+        return
+    if detach:
+        processes.start_detached(ctx, sandbox_id, command, timeout=timeout, env=env_map, cwd=cwd,
+                                 stdin_text=stdin_text, tag=tag, as_json=as_json)
+        return
+    limit = timeout if timeout is not None else 30
     result = state(ctx).controller().exec(
-        sandbox_id, command, timeout_secs=timeout,
-        env=parse_pairs(ctx, env, "--env"), cwd=cwd, stdin=stdin_text,
+        sandbox_id, command, timeout_secs=limit, env=env_map, cwd=cwd, stdin=stdin_text,
     )
-    status = _exit_status(result.get("exit_code"))
-    if want_json(ctx, json_):
+    status = processes.exit_status(result.get("exit_code"))
+    if as_json:
         output.emit_json(result)
         raise typer.Exit(status)
     # Written verbatim: click.echo would strip ANSI colours from the command's
     # output whenever forkd's own stdout is not a terminal.
-    for text, stream in ((result.get("stdout"), sys.stdout), (result.get("stderr"), sys.stderr)):
+    for text, out in ((result.get("stdout"), sys.stdout), (result.get("stderr"), sys.stderr)):
         if text:
-            stream.write(text)
-            stream.flush()
-    for stream in ("stdout", "stderr"):
-        if result.get(f"{stream}_truncated"):
-            output.warn(f"{stream} was truncated by the guest agent")
+            out.write(text)
+            out.flush()
+    for name in ("stdout", "stderr"):
+        if result.get(f"{name}_truncated"):
+            output.warn(f"{name} was truncated by the guest agent")
     if result.get("timed_out"):
-        output.error(f"command timed out after {timeout:g}s")
+        output.error(f"command timed out after {limit:g}s")
     elif result.get("error") and result.get("exit_code") in (None, 0):
         output.error(str(result["error"]))
     raise typer.Exit(status)
@@ -439,22 +473,27 @@ def eval_(
     code: Annotated[
         str, typer.Argument(help="Python expression or statements; '-' reads them from stdin.")
     ],
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", min=0.001, max=bounds.EVAL_TIMEOUT.high,
+                                   help="Interrupt it after this many seconds (default 60).")
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """Evaluate Python in a sandbox's warm PID 1 interpreter and print the result.
 
     State persists between evals in the same sandbox. Exits non-zero if the
-    code raised.
+    code raised or was interrupted (forkd cancel-eval interrupts it early).
 
     Examples:
       forkd eval sb-67a1b3-0000 "numpy.zeros(5).sum()"
       forkd eval sb-67a1b3-0000 - < script.py
+      forkd eval sb-67a1b3-0000 --timeout 5 "slow()"
     """
     if code == "-":
         code = sys.stdin.read()
-    reply = state(ctx).controller().eval(sandbox_id, code)
+    reply = state(ctx).controller().eval(sandbox_id, code, timeout=timeout)
     exit_code = reply.get("exit_code")
-    status = _exit_status(exit_code) if exit_code else (1 if reply.get("error") else 0)
+    status = processes.exit_status(exit_code) if exit_code else (1 if reply.get("error") else 0)
     if want_json(ctx, json_):
         output.emit_json(reply)
         raise typer.Exit(status)

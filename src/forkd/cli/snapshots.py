@@ -11,6 +11,7 @@ from rich.markup import escape
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
 from forkd.cli.image import split_csv
+from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import ForkdAPIError
 
 
@@ -68,6 +69,14 @@ def snapshot(
     rootfs: Annotated[
         str | None, typer.Option("--rootfs", help="Host path of an ext4 rootfs instead of the image's.")
     ] = None,
+    nic: Annotated[
+        bool,
+        typer.Option("--nic", help="Give the template, and every child, a network device (eth0 with an "
+                     "address, route and DNS; each child reachable from the host at its own ip)."),
+    ] = False,
+    allow_internet_access: AllowInternet = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     from_sandbox: Annotated[
         str | None,
         typer.Option("--from-sandbox", metavar="ID", help="Branch this running sandbox instead."),
@@ -96,6 +105,8 @@ def snapshot(
       forkd snapshot --tag py
       forkd snapshot --tag ml --image ml --mem-mib 1024 --warm numpy,pandas
       forkd snapshot --tag web --setup "pip install requests" --setup "mkdir /work"
+      forkd snapshot --tag py-net --nic
+      forkd snapshot --tag web-net --nic --allow-internet-access --setup "pip install requests"
       forkd snapshot --from-sandbox sb-67a1b3-0000 --tag checkpoint-1 --diff
       forkd snapshot --from-sandbox sb-67a1b3-0000 --live --no-wait
     """
@@ -110,6 +121,8 @@ def snapshot(
             "--image": image, "--mem-mib": mem_mib, "--vcpus": vcpus,
             "--boot-wait-secs": boot_wait_secs, "--warm": warm, "--setup": setup,
             "--kernel": kernel, "--rootfs": rootfs,
+            "--nic": nic or None, "--allow-internet-access": allow_internet_access or None,
+            "--allow-out": allow_out, "--deny-out": deny_out,
         }
         given = [flag for flag, value in build_only.items() if value is not None]
         if given:
@@ -144,6 +157,9 @@ def snapshot(
             boot_wait_secs=boot_wait_secs,
             warm_imports=split_csv(warm) if warm is not None else None,
             setup=setup,
+            nic=nic,
+            allow_internet_access=allow_internet_access,
+            network=network_policy(allow_out, deny_out),
         )
     if as_json:
         output.emit_json(info)

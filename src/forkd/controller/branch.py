@@ -233,6 +233,8 @@ class Brancher:
                 "mode": record.mode, "pause_ms": record.pause_ms, "convert_secs": round(convert_s, 3),
                 # Same device config as the source: a NIC on this tap, if it had one.
                 "tap": src.record.tap,
+                # The resolvers baked into the guest (its children's DNS, for allow_internet_access).
+                "dns": list(src.record.network.dns) if src.record.network is not None else [],
             })
             layout.publish(staging, self._snapshots, tag)
             self._registry.set_snapshot_status(tag, "ready")

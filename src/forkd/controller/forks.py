@@ -32,7 +32,8 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, ForkdError, InvalidRequest
+from forkd.errors import Conflict, ForkdError
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
@@ -52,6 +53,7 @@ class ForkOptions:
     child_memory_limit_mib: list[int | None] | None = None
     metadata: dict[str, str] | None = None
     keep_snapshot: bool = False
+    egress: EgressPolicy | None = None  # the children's (the source keeps its own)
 
 
 @dataclass
@@ -102,18 +104,18 @@ class Forker:
                 **spec.metadata, TREE_ID_KEY: tree_id, PARENT_ID_KEY: source_id, INDEX_KEY: str(i)})
                 for i, spec in enumerate(specs)]
         # Refuse what the spawn would refuse before the source is paused, not after.
-        if source.tap and not options.per_child_netns:
-            raise InvalidRequest(f"sandbox {source_id} has a NIC on tap {source.tap}, which it holds: "
-                                 "fork it with per_child_netns=true (each child gets its own tap in "
-                                 "forkd-child-<i>)")
         self._spawner.check_limits([s.memory_limit_mib for s in specs])
+        await self._spawner.check_network(
+            tap=source.tap, dns=source.network.dns if source.network else (), egress=options.egress,
+            per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
         result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         try:
             outcomes = await self._spawner.spawn_each(
-                snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork)
+                snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork,
+                egress=options.egress)
         except ForkdError as exc:
             # A request-wide refusal (e.g. a missing namespace): no child started.
             outcomes = [exc] * count

@@ -4,7 +4,7 @@ Under TCG most of a fork's time is the restored guest's first answer (the
 post-restore call, FIELD-NOTES §9), and a child that is only *paused* (QMP
 ``stop``) costs no CPU. So a pool keeps ``size`` children of one snapshot
 restored, post-restored and then stopped; a spawn with the same snapshot and
-options (``PoolKey``: memory limit, per-child namespace, ``live_fork``)
+options (``PoolKey``: memory limit, per-child namespace, ``live_fork``, egress policy)
 claims them instead of restoring: ``cont``, then the post-restore call again
 (it is idempotent: fresh entropy reseeds the kernel CRNG, Python's and
 numpy's RNGs, the clock is stepped to the host's, the child's ``env`` is set),
@@ -42,6 +42,7 @@ from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import ForkdError, VMError
 from forkd.guest import protocol
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, now_unix
 from forkd.vmm.machine import VM
 
@@ -78,6 +79,8 @@ class _Pool:
             "tag": key.tag, "size": self.config.size, "ready": len(self.ready),
             "memory_limit_mib": key.memory_limit_mib, "per_child_netns": key.per_child_netns,
             "live_fork": key.live_fork, "claims": self.claims, "misses": self.misses,
+            "allow_internet_access": key.egress.allow_internet_access,
+            "network": {k: v for k, v in key.egress.info().items() if k != "allow_internet_access"},
         }
         if self.last_error:
             out["last_error"] = self.last_error
@@ -221,7 +224,7 @@ class PoolKeeper:
     # ---------------------------------------------------------------- claims
 
     async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool) -> list[SandboxRecord | None]:
+                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
         """Serve what the pool of ``tag`` can: a resumed, reseeded child per matching spec."""
         out: list[SandboxRecord | None] = [None] * len(children)
         pool = self._pools.get(tag)
@@ -229,7 +232,7 @@ class PoolKeeper:
             return out
         taken: list[tuple[int, str]] = []
         for i, child in enumerate(children):
-            key = PoolKey(tag, child.memory_limit_mib, per_child_netns, live_fork)
+            key = PoolKey(tag, child.memory_limit_mib, per_child_netns, live_fork, egress or EgressPolicy())
             if key == pool.config.key and pool.ready:
                 taken.append((i, pool.ready.popleft()))  # no await since the check: nobody else gets it
             else:

@@ -6,7 +6,10 @@ state and is the only code that changes it:
 * ``TagReservations`` (tags.py): snapshot tags being written right now;
 * ``SnapshotStore`` (snapshots.py): registered snapshots, lineage, deletion;
 * ``SandboxTable`` (sandboxes.py): live VMs, one lock per sandbox, teardown;
-* ``HostTaps`` (host_taps.py), ``HostAccelerator`` (host_accel.py): host facts;
+* ``SandboxFiles`` (files.py), ``SandboxProcesses`` (processes.py): files and
+  processes in a sandbox, through its agent, in bounded pieces and streams;
+* ``Networks`` (network.py): sandbox namespaces, addresses, links and egress rules;
+* ``HostAccelerator`` (host_accel.py): the host's accelerator;
 * ``TemplateBuilder`` (templates.py): creating snapshots from a booted template;
 * ``Spawner`` (spawner.py): forking children; ``Brancher`` (branch.py): BRANCH;
 * ``Forker`` (forks.py): fork / fork-tree / promote of a running sandbox, and
@@ -37,10 +40,11 @@ from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
-from forkd.controller.host_taps import HostTaps
 from forkd.controller.idle import IdlePauser
 from forkd.controller.lifetimes import Reaper
+from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
+from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
 from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -52,6 +56,7 @@ from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
@@ -59,7 +64,7 @@ from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 
-__all__ = ["ForkOptions", "ForkResult", "Runtime", "SnapshotSpec"]
+__all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
 
 log = logging.getLogger("forkd.runtime")
 
@@ -72,13 +77,13 @@ class Runtime:
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
+        self.processes = SandboxProcesses(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
-        self.taps = HostTaps(registry)
-        self.templates = TemplateBuilder(data, registry, self.tags, self.accel, self.taps)
-        self.spawner = Spawner(data, registry, self.sandboxes, self.snapshots, self.accel, self.taps,
-                               self.shm)
+        self.networks = Networks(data.root, registry)
+        self.templates = TemplateBuilder(data, registry, self.tags, self.accel, self.networks)
+        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm)
         self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots, self.tags)
         self.checkpoints = Checkpointer(registry, self.sandboxes, self.brancher, self.snapshots, self.forker)
@@ -87,6 +92,7 @@ class Runtime:
         self.sandboxes.on_removed(self.forker.after_removed)
         self.sandboxes.on_removed(self.checkpoints.after_removed)
         self.sandboxes.on_removed(self.pools.after_removed)
+        self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
@@ -112,6 +118,8 @@ class Runtime:
         rt.travel.store = object_store
         rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
+        # Networks of sandboxes that did not survive (and of interrupted templates) go.
+        await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
         await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
         rt.checkpoints.start()  # policies kept in the registry count calls again
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
@@ -139,6 +147,7 @@ class Runtime:
                 cgroups.remove_parent_if_empty()
             # No sandbox left to need them: give the RAM back.
             self.shm.prune(keep=set())
+            await self.networks.close()
         self.registry.close()
 
     async def __aenter__(self) -> Runtime:
@@ -206,6 +215,7 @@ class Runtime:
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
         cpu_limit: float | None = None, pids_limit: int | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
@@ -214,15 +224,19 @@ class Runtime:
         (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
         ``idle_pause_secs``: a child that long without a request is paused, and
         resumed by its next one (controller/idle.py); default never.
+        ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
+        "deny_out": [...]}``) open the children's egress, denied by default
+        (host/egress.py); they need a snapshot with a NIC.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
         if idle_pause_secs is not None:
             bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
+        egress = EgressPolicy.from_request(allow_internet_access, network)
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
                                            env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit)
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress)
         self.reaper.apply(records, timeout_secs)
         self.idle.apply(records, idle_pause_secs)
         return records
@@ -232,7 +246,8 @@ class Runtime:
         memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
         child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None,
+        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
+        network: dict[str, Any] | None = None,
     ) -> ForkResult:
         """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
 
@@ -243,7 +258,8 @@ class Runtime:
         options = ForkOptions(per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                               live_fork=live_fork, env=env, child_env=child_env,
                               child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
-                              keep_snapshot=keep_snapshot)
+                              keep_snapshot=keep_snapshot,
+                              egress=EgressPolicy.from_request(allow_internet_access, network))
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
         self.reaper.apply(result.children, timeout_secs)
         return result
@@ -297,6 +313,7 @@ class Runtime:
                    timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> dict[str, Any]:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
+        bounds.EVAL_TIMEOUT.check(timeout_secs)
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, protocol.EVAL,
@@ -304,6 +321,68 @@ class Runtime:
                                            code=code, timeout_secs=timeout_secs)
         await self.checkpoints.after_call(sandbox_id)
         return result
+
+    async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
+        """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
+        result = await self.sandboxes.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
+        return {"cancelled": bool(result.get("cancelled"))}
+
+    # Processes (controller/processes.py), addressed by their pid in the guest. Streams carry
+    # raw bytes (ProcessEvent) and are flow-controlled: a caller that stops reading stops them.
+
+    async def exec_stream(
+        self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
+        env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
+        stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
+    ) -> ProcessEvents:
+        """Start a process and stream it losslessly from its first byte: ``start``, output, ``exit``.
+
+        ``stdin`` is written first; with ``stdin_open`` it stays open for
+        ``process_write_stdin``. ``kill_on_close``: closing the stream before the
+        exit kills the process's group. Counts as a call for auto-checkpoints.
+        """
+        events = await self.processes.run(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
+                                          kill_on_close=kill_on_close)
+        await self.checkpoints.after_call(sandbox_id)
+        return events
+
+    async def process_start(
+        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+        tag: str | None = None, timeout_secs: float | None = None,
+    ) -> dict[str, Any]:
+        """Start a background process (it runs until it exits or is killed); its ProcessInfo."""
+        info = await self.processes.start(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs)
+        await self.checkpoints.after_call(sandbox_id)
+        return info
+
+    async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
+        """Watch a process: its output from the oldest its ring holds (or from now), then its exit."""
+        return await self.processes.attach(sandbox_id, pid, from_start=from_start)
+
+    async def process_list(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The running processes that forkd started in the sandbox (ProcessInfo each)."""
+        return await self.processes.list(sandbox_id)
+
+    async def process_get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        """One process, running or recently exited (404 once forgotten)."""
+        return await self.processes.get(sandbox_id, pid)
+
+    async def process_write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
+                                  eof: bool = False) -> dict[str, Any]:
+        return await self.processes.write_stdin(sandbox_id, pid, data, eof=eof)
+
+    async def process_close_stdin(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        return await self.processes.write_stdin(sandbox_id, pid, b"", eof=True)
+
+    async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
+                             group: bool = True) -> dict[str, Any]:
+        return await self.processes.signal(sandbox_id, pid, signal, group=group)
+
+    async def process_kill(self, sandbox_id: str, pid: int) -> None:
+        await self.processes.kill(sandbox_id, pid)
 
     # Files (controller/files.py): paths are checked (400) before the guest is asked.
 
@@ -351,16 +430,20 @@ class Runtime:
     # ---------------------------------------------------------------- warm pools
 
     async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False) -> dict[str, Any]:
+                       per_child_netns: bool = False, live_fork: bool = False,
+                       allow_internet_access: bool | None = None,
+                       network: dict[str, Any] | None = None) -> dict[str, Any]:
         """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
         bounds.POOL_SIZE.check(size)
+        egress = EgressPolicy.from_request(allow_internet_access, network)
         if size or not self.pools.has(tag):
             self.snapshots.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
         if size:
             # The checks a spawn of that many children would meet (409 not ready, 400 options),
             # now rather than at every refill.
-            await self.spawner.check_request(tag, size, [memory_limit_mib], per_child_netns=per_child_netns)
-        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork)
+            await self.spawner.check_request(tag, [memory_limit_mib], per_child_netns=per_child_netns,
+                                             egress=egress)
+        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork, egress)
         return await self.pools.set(PoolConfig(key, size))
 
     def get_pool(self, tag: str) -> dict[str, Any]:
@@ -383,10 +466,14 @@ class Runtime:
         """
         for tag, size in sizes.items():
             current = self.pools.info(tag)
-            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"])
+            egress = EgressPolicy.from_request(current["allow_internet_access"], current["network"])
+            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"],
+                          egress)
             try:
                 await self.set_pool(tag, size, memory_limit_mib=key.memory_limit_mib,
-                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork)
+                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork,
+                                    allow_internet_access=egress.allow_internet_access,
+                                    network=current["network"])
             except NotFound:
                 log.warning("pool %s=%d: no snapshot %r yet; the pool fills once it exists", tag, size, tag)
                 await self.pools.set(PoolConfig(key, size))

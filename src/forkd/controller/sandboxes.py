@@ -7,9 +7,9 @@ down. Each sandbox has one ``asyncio.Lock``:
 * kill holds it while it tears the sandbox down, so a kill that arrives
   during a branch waits for the pause window to end and never leaves a paused
   or orphaned QEMU behind;
-* exec/eval/ping take it only to look the VM up (``for_call``): they wait out
-  a pause or a kill in progress, but do not hold it while the guest works, so
-  a long exec never delays a branch or a kill.
+* exec/eval/ping and process streams take it only to look the VM up
+  (``for_call``): they wait out a pause or a kill in progress, but do not hold
+  it while the guest works, so a long exec never delays a branch or a kill.
 
 Ids go through ``resolve`` first: after a promote with ``replace_parent`` the
 source's id names the winner in every lookup. Whoever must react to a sandbox
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from forkd.errors import GuestError, NotFound
+from forkd.guest.client import AgentStream
 from forkd.host import cgroups
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import Registry, SandboxRecord
@@ -235,10 +236,33 @@ class SandboxTable:
             async with self._activity.during(sandbox_id):
                 return await vm.call(action, timeout=timeout, **args)
         except GuestError as exc:
-            if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
+            explained = self.explain(sandbox_id, vm, exc)
+            if explained is exc:
                 raise
-            raise GuestError(
-                f"sandbox {sandbox_id!r} has died ({self.death_cause(vm.process.dir.name)}); "
-                "kill it to clean up"
-            ) from exc
+            raise explained from exc
 
+    async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
+        """A streaming agent request (its events are read from the stream)."""
+        vm = await self.for_call(sandbox_id)
+        try:
+            return await vm.agent.stream(action, **args)
+        except GuestError as exc:
+            explained = self.explain(sandbox_id, vm, exc)
+            if explained is exc:
+                raise
+            raise explained from exc
+
+    def notify(self, sandbox_id: str, action: str, **args: object) -> None:
+        """A fire-and-forget agent request (no answer, no wait); dropped if the VM is gone."""
+        vm = self._vms.get(sandbox_id)
+        if vm is not None:
+            vm.agent.notify(action, **args)
+
+    def explain(self, sandbox_id: str, vm: VM, exc: GuestError) -> GuestError:
+        """``exc`` as it is, or as the sandbox's death or kill if that is what broke the call."""
+        name = vm.process.dir.name
+        if name not in self._vms:
+            return GuestError(f"sandbox {sandbox_id!r} was killed")
+        if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
+            return exc
+        return GuestError(f"sandbox {sandbox_id!r} has died ({self.death_cause(name)}); kill it to clean up")

@@ -28,6 +28,7 @@ class Forkable:
     dir: SnapshotDir
     config: VMConfig
     tap: str | None  # a NIC is part of the device config: children need a tap of this name
+    dns: tuple[str, ...] = ()  # the resolvers baked into the guest (a NIC's snapshot only)
 
 
 class SnapshotStore:
@@ -58,7 +59,8 @@ class SnapshotStore:
         if not sdir.complete():
             raise VMError(f"snapshot {tag!r} is missing files under {sdir.path}")
         meta = sdir.read_meta()
-        return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"))
+        return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"),
+                        tuple(meta.get("dns") or ()))
 
     # ---------------------------------------------------------------- lineage
 

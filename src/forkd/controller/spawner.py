@@ -1,10 +1,11 @@
 """Forking children: claim their host resources, restore them, register them.
 
 All or nothing: a batch that cannot start in full is torn down, so the caller
-never holds ids it did not see. Per child the spawner claims a network
-namespace (``per_child_netns``) or the snapshot's host tap, makes a memory
-cgroup (``memory_limit_mib``), gives it a copy-on-write disk overlay and
-restores it with ``VM.restore``. A child that stays silent after its restore
+never holds ids it did not see. Per child the spawner makes its network (a
+namespace of its own when the snapshot has a NIC, or with ``per_child_netns``;
+controller/network.py), a cgroup (``memory_limit_mib``, ``cpu_limit``,
+``pids_limit``), gives it a copy-on-write disk overlay and restores it with
+``VM.restore``. A child that stays silent after its restore
 is retried once with a fresh QEMU: nothing has been handed out yet, so that is
 safe.
 
@@ -26,7 +27,7 @@ from typing import Protocol
 from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.host_accel import HostAccelerator
-from forkd.controller.host_taps import HostTaps
+from forkd.controller.network import NetRequest, Networks
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
@@ -34,9 +35,11 @@ from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
+from forkd.host.egress import EgressPolicy
+from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
 from forkd.store import layout
-from forkd.store.registry import DiskChain, PoolKey, Registry, SandboxRecord, now_unix
+from forkd.store.registry import DiskChain, PoolKey, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
 
@@ -100,51 +103,11 @@ def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, s
                       pids_limit=pids_limit) for i in range(n)]
 
 
-class NetnsPool:
-    """The pre-provisioned ``forkd-child-<i>`` namespaces: which ones are free."""
-
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
-        self._claimed: set[int] = set()
-
-    def claim(self, n: int) -> list[int]:
-        """The ``n`` lowest indices no live or starting sandbox holds (no await: atomic)."""
-        used = {netns_mod.netns_index(sb.netns) for sb in self._registry.list_sandboxes()}
-        indices = netns_mod.lowest_free({i for i in used if i is not None} | self._claimed, n)
-        self._claimed.update(indices)
-        return indices
-
-    def release(self, indices: list[int]) -> None:
-        self._claimed.difference_update(indices)
-
-    @staticmethod
-    async def check(names: list[str], tap: str | None) -> None:
-        needed = max(netns_mod.netns_index(name) or 0 for name in names) + 1
-        setup = f"{netns_mod.SETUP_SCRIPT} {needed}" + (f" --tap {tap}" if tap else "")
-        missing = [name for name in names if not netns_mod.netns_exists(name)]
-        if missing:
-            raise InvalidRequest(
-                f"network namespace {missing[0]} does not exist ({len(missing)} of the "
-                f"{len(names)} needed are missing; per_child_netns puts child i in the "
-                f"pre-provisioned namespace forkd-child-<i>, here forkd-child-0..{needed - 1} are "
-                f"needed); create them as root with: {setup}"
-            )
-        if tap:
-            present = await asyncio.gather(
-                *(asyncio.to_thread(netns_mod.netns_tap_exists, name, tap) for name in names))
-            for name, ok in zip(names, present, strict=True):
-                if not ok:
-                    raise InvalidRequest(
-                        f"{netns_mod.missing_tap_message(tap, name, needed)} (snapshot was "
-                        f"taken with a NIC on tap {tap}, so every child needs a tap of that name)"
-                    )
-
-
 class PoolSource(Protocol):
     """Where a spawn looks first for children already restored (controller/pools.py)."""
 
     async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool) -> list[SandboxRecord | None]:
+                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
         """A claimed, resumed, reseeded child per spec a pool could serve; None for the rest."""
         ...
 
@@ -158,15 +121,14 @@ class MissingSnapshots(Protocol):
 
 
 class Spawner:
-    def __init__(self, data: DataDir, registry: Registry, table: SandboxTable, store: SnapshotStore,
-                 accel: HostAccelerator, taps: HostTaps, shm: ShmMemory) -> None:
+    def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
+                 accel: HostAccelerator, networks: Networks, shm: ShmMemory) -> None:
         self._data = data
         self._table = table
         self._store = store
         self._accel = accel
-        self._taps = taps
+        self._networks = networks
         self._shm = shm
-        self._netns = NetnsPool(registry)
         self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
         self._pool: PoolSource | None = None
         self._missing: MissingSnapshots | None = None
@@ -198,12 +160,12 @@ class Spawner:
                     memory_limit_mib: int | None = None, live_fork: bool = False,
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None) -> list[SandboxRecord]:
+                    pids_limit: int | None = None, egress: EgressPolicy | None = None) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
         children = child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                                metadata=metadata, cpu_limit=cpu_limit, pids_limit=pids_limit)
         results = await self.spawn_each(tag, children, per_child_netns=per_child_netns,
-                                        live_fork=live_fork)
+                                        live_fork=live_fork, egress=egress)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             # All or nothing: a partial batch would leave the caller with ids it never saw.
@@ -212,15 +174,23 @@ class Spawner:
             raise failures[0]
         return [r for r in results if isinstance(r, SandboxRecord)]
 
-    async def check_request(self, tag: str, n: int, memory_limits: list[int | None], *,
-                            per_child_netns: bool) -> Forkable:
-        """The request-wide checks of a spawn of ``n`` children (400/404/409 before any VM starts)."""
+    async def check_request(self, tag: str, memory_limits: list[int | None], *, per_child_netns: bool,
+                            egress: EgressPolicy | None = None) -> tuple[Forkable, NetRequest | None]:
+        """The request-wide checks of a spawn (400/404/409 before any VM starts): the snapshot,
+        and what its children's networks need (None: no network)."""
         self.check_limits(memory_limits)  # a bad body is 400 whether or not the tag exists
         snap = self._store.forkable(tag)
-        self.check_tap(n, per_child_netns=per_child_netns, tap=snap.tap, what=f"snapshot {tag!r}")
         host = await self._accel.for_snapshot(snap.dir)
         check_compatible(snap.config.accel, host, tag)
-        return snap
+        net = await self._networks.prepare(tap=snap.tap, dns=snap.dns, egress=egress or EgressPolicy(),
+                                           per_child_netns=per_child_netns, what=f"snapshot {tag!r}")
+        return snap, net
+
+    async def check_network(self, *, tap: str | None, dns: tuple[str, ...], egress: EgressPolicy | None,
+                            per_child_netns: bool, what: str) -> None:
+        """The network checks of ``check_request``, for a fork before its source is paused."""
+        await self._networks.prepare(tap=tap, dns=dns, egress=egress or EgressPolicy(),
+                                     per_child_netns=per_child_netns, what=what)
 
     @staticmethod
     def check_limits(memory_limits: list[int | None]) -> None:
@@ -230,17 +200,9 @@ class Spawner:
                 if cgroups.detect() == "none":
                     raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
 
-    @staticmethod
-    def check_tap(n: int, *, per_child_netns: bool, tap: str | None, what: str) -> None:
-        if tap and not per_child_netns and n != 1:
-            raise InvalidRequest(
-                f"{what} has a NIC on tap {tap}, and a tap serves one VM at a time: "
-                f"fork it with per_child_netns=true (each child gets forkd-child-<i> with its own "
-                f"{tap}; {netns_mod.SETUP_SCRIPT} N --tap {tap} creates them), or fork one child"
-            )
-
     async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
-                         live_fork: bool = False) -> list[SandboxRecord | ForkdError]:
+                         live_fork: bool = False, egress: EgressPolicy | None = None
+                         ) -> list[SandboxRecord | ForkdError]:
         """Fork one child per spec; each succeeds or fails on its own.
 
         Request-wide problems (bad tag, bad options, a missing namespace) raise
@@ -256,8 +218,9 @@ class Spawner:
         try:
             if self._missing is not None:
                 await self._missing.ensure_local(tag)
-            snap = await self.check_request(tag, n, [c.memory_limit_mib for c in children],
-                                            per_child_netns=per_child_netns)
+            egress = egress or EgressPolicy()
+            snap, net = await self.check_request(tag, [c.memory_limit_mib for c in children],
+                                                 per_child_netns=per_child_netns, egress=egress)
             claimed: list[SandboxRecord | None] = [None] * n
             if any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
                 for name, asked in (("cpu", any(c.cpu_limit is not None for c in children)),
@@ -267,13 +230,13 @@ class Spawner:
             elif self._pool is not None:
                 # Pool members have no cpu or pids limit: only spawns without one draw from a pool.
                 claimed = await self._pool.claim(tag, children, per_child_netns=per_child_netns,
-                                                 live_fork=live_fork)
+                                                 live_fork=live_fork, egress=egress)
             misses = [i for i, c in enumerate(claimed) if c is None]
             results: list[SandboxRecord | ForkdError] = [c for c in claimed if c is not None]
             if not misses:
                 return results
             try:
-                fresh = await self._restore_batch(snap, [children[i] for i in misses],
+                fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
                                                   per_child_netns=per_child_netns, live_fork=live_fork)
             except BaseException:
                 # A request-wide refusal after the claims: the claimed children go too.
@@ -297,10 +260,10 @@ class Spawner:
         """Restore one warm-pool member for ``key``: registered hidden (``pooled``), left running."""
         self._busy[key.tag] = self._busy.get(key.tag, 0) + 1
         try:
-            snap = await self.check_request(key.tag, 1, [key.memory_limit_mib],
-                                            per_child_netns=key.per_child_netns)
-            [result] = await self._restore_batch(snap, [ChildSpec(memory_limit_mib=key.memory_limit_mib)],
-                                                 per_child_netns=key.per_child_netns,
+            snap, net = await self.check_request(key.tag, [key.memory_limit_mib],
+                                                 per_child_netns=key.per_child_netns, egress=key.egress)
+            member = ChildSpec(memory_limit_mib=key.memory_limit_mib)
+            [result] = await self._restore_batch(snap, [member], net, per_child_netns=key.per_child_netns,
                                                  live_fork=key.live_fork, pooled=True)
         finally:
             self._busy[key.tag] -= 1
@@ -310,51 +273,46 @@ class Spawner:
             raise result
         return result
 
-    async def _restore_batch(self, snap: Forkable, children: list[ChildSpec], *, per_child_netns: bool,
-                             live_fork: bool, pooled: bool = False) -> list[SandboxRecord | ForkdError]:
-        """Claim namespaces or the host tap for ``children`` and restore them."""
+    async def _restore_batch(self, snap: Forkable, children: list[ChildSpec], net: NetRequest | None, *,
+                             per_child_netns: bool, live_fork: bool, pooled: bool = False
+                             ) -> list[SandboxRecord | ForkdError]:
+        """Claim ``forkd-child-<i>`` names (``per_child_netns``) for ``children`` and restore them."""
         n = len(children)
-        # Claim namespaces / the host tap with no await in between checks and claims.
         netns_names: list[str | None] = [None] * n
         claimed: list[int] = []
-        host_tap: str | None = None
         if per_child_netns:
-            claimed = self._netns.claim(n)
+            claimed = self._networks.claim_child_netns(n)  # no await since the check: atomic
             netns_names = [netns_mod.child_netns(i) for i in claimed]
-        elif snap.tap:
-            self._taps.check_free(snap.tap)
-            host_tap = snap.tap
         try:
-            with self._taps.claimed(host_tap):
-                if per_child_netns:
-                    await self._netns.check([name for name in netns_names if name], snap.tap)
-                results = await self._restore_all(snap, children, netns_names, live_fork, pooled)
+            results = await self._restore_all(snap, children, net, netns_names, live_fork, pooled)
         finally:
-            self._netns.release(claimed)
+            self._networks.release_child_netns(claimed)
         return [r if isinstance(r, SandboxRecord | ForkdError)
                 else VMError(f"fork failed: {type(r).__name__}: {r}") for r in results]
 
-    async def _restore_all(self, snap: Forkable, children: list[ChildSpec], netns_names: list[str | None],
-                           live_fork: bool, pooled: bool) -> list[SandboxRecord | BaseException]:
+    async def _restore_all(self, snap: Forkable, children: list[ChildSpec], net: NetRequest | None,
+                           netns_names: list[str | None], live_fork: bool, pooled: bool
+                           ) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
         prefix = layout.new_batch_prefix(self.host_id)
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:
             async with gate:
-                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, child, netns=netns,
+                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, child, net, netns=netns,
                                                  live_fork=live_fork, pooled=pooled)
 
         return list(await asyncio.gather(
             *(one(i, child, ns) for i, (child, ns) in enumerate(zip(children, netns_names, strict=True))),
             return_exceptions=True))
 
-    async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
-                             netns: str | None, live_fork: bool, pooled: bool) -> SandboxRecord:
+    async def _restore_child(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec,
+                             net: NetRequest | None, *, netns: str | None, live_fork: bool,
+                             pooled: bool) -> SandboxRecord:
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:
-                return await self._restore_once(sb_id, snap, mem, child, netns=netns, live_fork=live_fork,
-                                                pooled=pooled)
+                return await self._restore_once(sb_id, snap, mem, child, net, netns=netns,
+                                                live_fork=live_fork, pooled=pooled)
             except BootTimeout as exc:
                 if attempt == RESTORE_ATTEMPTS:
                     raise BootTimeout(f"child {sb_id} of {snap.record.tag!r} did not come up after "
@@ -364,12 +322,14 @@ class Spawner:
                             sb_id, attempt, exc)
         raise AssertionError("unreachable")
 
-    async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec, *,
-                            netns: str | None, live_fork: bool, pooled: bool) -> SandboxRecord:
+    async def _restore_once(self, sb_id: str, snap: Forkable, mem: Path, child: ChildSpec,
+                            net: NetRequest | None, *, netns: str | None, live_fork: bool,
+                            pooled: bool) -> SandboxRecord:
         memory_limit_mib = child.memory_limit_mib
         run_dir = self._data.sandboxes / sb_id
         run_dir.mkdir(parents=True)
         cgroup: cgroups.CgroupHandle | None = None
+        network: ChildNet | None = None
         launcher: list[str] = []
         try:
             if child.cgroup_limits:
@@ -377,8 +337,9 @@ class Spawner:
                 # Before QEMU exists: a daemon that dies now still finds it on restart.
                 (run_dir / "cgroup").write_text("".join(f"{p}\n" for p in cgroup.paths))
                 launcher += cgroup.launcher()
-            if netns:
-                launcher += netns_mod.launcher(netns)
+            if net is not None:
+                network = await self._networks.acquire(sb_id, net, netns)
+                launcher += self._networks.launcher(network)
             clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
                                   disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
@@ -387,6 +348,8 @@ class Spawner:
             oom_killed = cgroup is not None and cgroup.oom_kills() > 0
             if cgroup is not None:
                 cgroup.remove()  # VM.restore killed and reaped QEMU before raising
+            if network is not None:
+                await self._networks.release(network)
             shutil.rmtree(run_dir, ignore_errors=True)
             if oom_killed and isinstance(exc, Exception):
                 # Say why, rather than leave "QEMU exited (code -9)" a mystery.
@@ -398,10 +361,12 @@ class Spawner:
         record = SandboxRecord(
             id=sb_id, snapshot_tag=snap.record.tag, dir=str(run_dir), created_at_unix=now_unix(),
             config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
-            netns=netns, memory_limit_mib=memory_limit_mib, live_fork=live_fork,
+            netns=network.netns if network is not None else None, memory_limit_mib=memory_limit_mib,
+            live_fork=live_fork,
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
             metadata=dict(child.metadata), pooled=pooled, cpu_limit=child.cpu_limit,
             pids_limit=child.pids_limit, cgroup_extra=[str(p) for p in cgroup.extra] if cgroup else [],
+            network=network,
         )
         self._table.add(record, vm)
         return record

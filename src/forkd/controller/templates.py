@@ -4,6 +4,12 @@ The template's RAM *is* the snapshot's ``mem`` file (``share=on``), so saving
 it writes only the device state; afterwards the template must never run again.
 Everything is written into a staging directory that is renamed into place only
 when complete, and registered only after that.
+
+A template with a NIC (``nic``, or a ``tap`` name) boots in a network namespace
+the daemon makes for it and removes afterwards (controller/network.py): no
+host set-up. Its guest configures eth0 at boot from the kernel command line
+(``forkd.net=``: the address every child keeps, the gateway, the host's DNS
+servers), so every child starts with its network already up.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from pathlib import Path
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
 from forkd.controller.host_accel import HostAccelerator
-from forkd.controller.host_taps import HostTaps
+from forkd.controller.network import NetRequest, Networks
 from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
 from forkd.guest import protocol
+from forkd.host import childnet, netplan, probe
 from forkd.host import netns as netns_mod
-from forkd.host import probe
+from forkd.host.egress import EgressPolicy
+from forkd.host.netplan import ChildNet
 from forkd.image.builder import Image, load_image
 from forkd.image.kernel import is_elf
 from forkd.store import layout
@@ -59,7 +67,17 @@ class SnapshotSpec:
     # attached read-write (a child's overlay must be writable, and template and
     # children must have the same device configuration).
     rw: bool = True
+    # A virtio NIC for the template and so for every child: on ``tap`` (default forkd-tap0)
+    # inside a namespace the daemon makes. Giving ``tap`` implies ``nic``.
     tap: str | None = None
+    nic: bool = False
+    # The template's own egress while it boots and runs ``setup`` (e.g. pip install).
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+
+    @property
+    def nic_tap(self) -> str | None:
+        """The tap name of the template's NIC; None without one."""
+        return self.tap or (netplan.DEFAULT_TAP if self.nic else None)
 
     def validate(self) -> list[str]:
         """Check every bound (callers of the Python API bypass the HTTP schema); the warm imports."""
@@ -69,6 +87,9 @@ class SnapshotSpec:
         bounds.SETUP_TIMEOUT_SECS.check(self.setup_timeout_secs)
         if self.tap is not None:
             netns_mod.check_tap_name(self.tap)
+        if self.nic_tap is None and not self.egress.is_default:
+            raise InvalidRequest("allow_internet_access and network need a network device: "
+                                 "add \"nic\": true")
         warm = list(DEFAULT_WARM_IMPORTS if self.warm_imports is None else self.warm_imports)
         for mod in warm:
             if not isinstance(mod, str) or not bounds.MODULE_RE.match(mod):
@@ -81,12 +102,12 @@ class SnapshotSpec:
 
 class TemplateBuilder:
     def __init__(self, data: DataDir, registry: Registry, tags: TagReservations,
-                 accel: HostAccelerator, taps: HostTaps) -> None:
+                 accel: HostAccelerator, networks: Networks) -> None:
         self._data = data
         self._registry = registry
         self._tags = tags
         self._accel = accel
-        self._taps = taps
+        self._networks = networks
 
     def _boot_files(self, spec: SnapshotSpec) -> tuple[Image, Path, Path, Path]:
         image = load_image(self._data, spec.image)
@@ -108,26 +129,37 @@ class TemplateBuilder:
         """Boot a template, wait until its agent is warm, run setup, snapshot it."""
         warm = spec.validate()
         image, kernel, initrd, rootfs = self._boot_files(spec)
-        if spec.tap:
-            self._taps.check_free(spec.tap)
-        with self._tags.reserved(spec.tag), self._taps.claimed(spec.tap):
-            return await self._create(spec, warm, image, kernel, initrd, rootfs, progress)
+        tap = spec.nic_tap
+        dns = childnet.host_resolvers() if tap else ()
+        net = await self._networks.prepare(tap=tap, dns=dns, egress=spec.egress, per_child_netns=False,
+                                           what="a snapshot with a NIC")
+        with self._tags.reserved(spec.tag):
+            return await self._create(spec, warm, image, kernel, initrd, rootfs, progress, net)
 
     async def _create(self, spec: SnapshotSpec, warm: list[str], image: Image, kernel: Path,
-                      initrd: Path, rootfs: Path, progress: Progress) -> SnapshotRecord:
+                      initrd: Path, rootfs: Path, progress: Progress,
+                      net: NetRequest | None) -> SnapshotRecord:
         staging: SnapshotDir | None = None
         vm: VM | None = None
+        network: ChildNet | None = None
         try:
             host = await self._accel.for_image(image)
             config = VMConfig.new(spec.mem_mib, spec.vcpus, host)
             staging = layout.staging_dir(self._data.snapshots, spec.tag)
             backing_fmt = "qcow2" if rootfs.suffix == ".qcow2" else "raw"
             create_overlay(rootfs.resolve(), staging.disk, backing_fmt)
+            launcher: list[str] = []
+            extra: tuple[str, ...] = ()
+            if net is not None:
+                progress("setting up the template's network", 0.04)
+                network = await self._networks.acquire(self._networks.template_owner(), net)
+                launcher = self._networks.launcher(network)
+                extra = (netplan.guest_cmdline(net.dns),)
             progress("booting template", 0.05)
             vm, ping = await VM.boot(
                 staging.path, config, mem_path=staging.mem, disk=staging.disk,
-                kernel=kernel, initrd=initrd, append=kernel_cmdline(warm, accel=host),
-                timeout=spec.boot_wait_secs, tap=spec.tap,
+                kernel=kernel, initrd=initrd, append=kernel_cmdline(warm, accel=host, extra=extra),
+                timeout=spec.boot_wait_secs, tap=net.tap if net else None, launcher=launcher,
             )
             if ping.get("warm_errors"):
                 raise InvalidRequest(f"warm imports failed in the guest: {ping['warm_errors']}")
@@ -156,7 +188,9 @@ class TemplateBuilder:
                 "parent_tag": None,
                 "branched_from": None,
                 # A NIC is part of the device config: children need a tap of this name.
-                "tap": spec.tap,
+                "tap": net.tap if net else None,
+                # The resolvers baked into the guest (opened with allow_internet_access).
+                "dns": list(net.dns) if net else [],
             })
             final = layout.publish(staging, self._data.snapshots, spec.tag)
             staging = None
@@ -167,6 +201,8 @@ class TemplateBuilder:
         finally:
             if vm is not None:
                 await vm.destroy()
+            if network is not None:  # after its QEMU is gone
+                await self._networks.release(network)
             if staging is not None:
                 shutil.rmtree(staging.path, ignore_errors=True)
 

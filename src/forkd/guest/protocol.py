@@ -13,9 +13,24 @@ line, both directions::
     -> {"id": 8, "action": "x"}
     <- {"id": 8, "ok": false, "error": "unknown action 'x'"}
 
-The agent handles requests concurrently, one thread each: replies carry the id
-of the request they answer and may arrive in any order. A line that is not a
-JSON object is answered with ``"id": null``.
+Requests are handled concurrently: replies carry the id of the request they
+answer and may arrive in any order. A line that is not a JSON object is
+answered with ``"id": null``. A request without an ``id`` is a notification:
+it is acted on and never answered (``proc_ack``, ``proc_detach``).
+
+Streams: a request that streams (``proc_start`` with ``stream``,
+``proc_attach``, and ``exec``) is answered by any number of event messages,
+then by its one ordinary reply, which ends it::
+
+    <- {"id": 9, "event": {"type": "start", "pid": 42}}
+    <- {"id": 9, "event": {"type": "stdout", "data": "<base64>"}}
+    <- {"id": 9, "ok": true, "result": {"type": "exit", "exit_code": 0, ...}}
+
+Output travels as base64 of the raw bytes, at most ``OUTPUT_CHUNK`` bytes an
+event. A process stream is flow-controlled: the agent sends at most
+``STREAM_WINDOW`` bytes of output that the host has not acknowledged
+(``proc_ack``), so the host holds at most that much per stream. Every line the
+agent sends is at most ``MAX_REPLY_LINE`` bytes; the host drops longer ones.
 """
 
 from __future__ import annotations
@@ -31,8 +46,11 @@ PORT_NAME = "org.forkd.agent"
 # --------------------------------------------------------------------- actions
 
 PING = "ping"  # -> {"pong": true, "pid", "agent_version", "python_version", "warm", ...}
-EXEC = "exec"  # args, timeout_secs, env, cwd, stdin, max_output_bytes -> {"stdout", "stderr", ...}
+# args, timeout_secs, env, cwd, stdin, max_output_bytes -> a stream of "stdout"/"stderr" events
+# (base64; at most max_output_bytes of each in all), then {"exit_code", "error", "timed_out", ...}
+EXEC = "exec"
 EVAL = "eval"  # code, timeout_secs -> {"result", "error", "exit_code"}
+EVAL_CANCEL = "eval_cancel"  # -> {"cancelled": bool}: interrupts the eval that is running, if any
 RESTORED = "restored"  # entropy (hex), time_ns, env? -> {"reseeded", "clock_stepped", "thawed", ...}
 SYNC = "sync"  # -> {"synced": true}
 FSFREEZE = "fsfreeze"  # -> {"frozen": true}
@@ -47,13 +65,40 @@ FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
 FILE_WRITE_OPEN = "file_write_open"  # path, mode? -> {"handle": str} (a temp file beside path)
 FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
 FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
-ACTIONS = (PING, EXEC, EVAL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST, FILE_MKDIR,
-           FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE)
+# Processes (forkd.guest.agent.processes), addressed by their guest pid.
+# args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
+# stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
+PROC_START = "proc_start"
+PROC_ATTACH = "proc_attach"  # pid, from_start -> a process stream, from the ring's oldest output or now
+PROC_DETACH = "proc_detach"  # stream (the id of the streaming request); a notification
+PROC_ACK = "proc_ack"  # stream, bytes: output bytes the host has consumed; a notification
+PROC_LIST = "proc_list"  # -> {"processes": [ProcessInfo...]} (the running ones)
+PROC_INFO = "proc_info"  # pid -> ProcessInfo (running or recently exited)
+PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
+# pid, signal (a number), group, wait_ms? (answer once it ended) -> {"signalled": true, "ended": bool}
+PROC_SIGNAL = "proc_signal"
+ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
+           FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE,
+           PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
+           PROC_SIGNAL)
+
+# The events of a stream ("event" messages), each {"type": ...}:
+EV_START = "start"  # {"type": "start", "pid"}
+EV_STDOUT = "stdout"  # {"type": "stdout", "data": base64}
+EV_STDERR = "stderr"  # {"type": "stderr", "data": base64}
+EV_DROPPED = "dropped"  # {"type": "dropped", "bytes": n}: output the ring lost before it was sent
+# A process stream's reply is {"type": "exit", "pid", "exit_code", "signal", "timed_out", "error"}
+# (or an error). A stream the host ends first (proc_detach) gets no reply.
+EV_EXIT = "exit"
 
 # ---------------------------------------------------------------------- limits
 
 # A request line longer than this is refused (and skipped), not buffered for ever.
 MAX_REQUEST_LINE = 64 << 20
+# The longest line the agent sends, and so the most the host buffers per VM: a
+# file piece (FILE_CHUNK as base64) and its envelope fit. A longer reply the
+# agent replaces by an error; a longer line the host drops unread.
+MAX_REPLY_LINE = 2 << 20
 
 EXEC_DEFAULT_TIMEOUT_SECS: float = 30  # an int, so that messages say "30s" as they always did
 # When the host sends no timeout_secs with an eval, the agent interrupts it after
@@ -62,24 +107,38 @@ EVAL_DEFAULT_TIMEOUT_SECS = 60.0
 # The agent enforces a request's timeout_secs itself and then answers; the host
 # waits this much longer before deciding that the guest is wedged.
 REPLY_GRACE_SECS = 30.0
+# An eval's result (a repr) is cut to this many characters, so that its reply fits
+# in MAX_REPLY_LINE even when each character is escaped ("\uXXXX", 6 bytes).
+EVAL_RESULT_MAX_CHARS = 256 << 10
 
 EXEC_OUTPUT_CAP = 1 << 20  # bytes kept per stream of an exec, unless max_output_bytes says less/more
 EXEC_MAX_OUTPUT_CAP = 16 << 20  # the largest max_output_bytes the agent accepts
 
-# The output is decoded as UTF-8 (bad bytes become U+FFFD) and JSON-escaped with
-# ensure_ascii, so one byte of output takes at most 6 bytes on the wire ("\u0000").
-JSON_BYTES_PER_OUTPUT_BYTE = 6
-REPLY_ENVELOPE_BYTES = 64 << 10  # ids, keys, numbers and the error text around the streams
+# Output: the most raw bytes one event carries, and the most a process stream has
+# in flight unacknowledged, which is the most the host holds for it.
+OUTPUT_CHUNK = 64 << 10
+STREAM_WINDOW = 256 << 10
+# Every event counts as at least this many bytes against the window, so that a
+# window also bounds how many events are in flight (a process writing one byte
+# at a time must not fill the host with tiny events).
+EVENT_COST_MIN = 256
 
 
-def max_exec_reply_bytes(cap: int) -> int:
-    """The longest reply line an exec with ``max_output_bytes=cap`` can produce."""
-    return 2 * cap * JSON_BYTES_PER_OUTPUT_BYTE + REPLY_ENVELOPE_BYTES
+def event_cost(data_bytes: int) -> int:
+    """What one event carrying ``data_bytes`` bytes of output costs against a stream's window."""
+    return max(data_bytes, EVENT_COST_MIN)
 
-
-# The host's line limit: any reply the agent can send fits in it, or else the
-# host's reader would fail and take every call in flight on that VM with it.
-READ_LIMIT = max_exec_reply_bytes(EXEC_MAX_OUTPUT_CAP)
+# Per process, the output kept for a later attach: a ring, the oldest goes first.
+PROCESS_RING_BYTES = 1 << 20
+# Processes the agent tracks at once: running ones, plus the last exited ones
+# (kept for their exit code and output), of which the oldest is forgotten first.
+MAX_PROCESSES = 64
+MAX_EXITED_PROCESSES = 16
+# Streams (attached clients) per process.
+MAX_STREAMS_PER_PROCESS = 8
+# Bytes written to a process's stdin that it has not read yet; more is refused.
+STDIN_BUFFER_BYTES = 1 << 20
+TAG_MAX = 256  # characters of a process tag
 
 
 # Files: one transfer piece, the longest path, the most entries a listing returns.
@@ -153,6 +212,13 @@ def request(req_id: int, action: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {"id": req_id, "action": action, **fields}
 
 
+def notification(action: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A request that is never answered (it has no id)."""
+    if "id" in fields or "action" in fields:
+        raise ValueError("notification fields may not be named 'id' or 'action'")
+    return {"action": action, **fields}
+
+
 def request_timeout(req: dict[str, Any], default: float) -> float:
     """A request's ``timeout_secs``: a positive, finite number of seconds, as given."""
     value = req.get("timeout_secs", default)
@@ -180,6 +246,11 @@ def error_reply(req_id: Any, error: str, kind: str | None = None) -> dict[str, A
     return reply
 
 
+def event(req_id: int, ev: dict[str, Any]) -> dict[str, Any]:
+    """One event of the stream that request ``req_id`` opened (its reply ends it)."""
+    return {"id": req_id, "event": ev}
+
+
 # -------------------------------------------------------------------- framing
 
 
@@ -194,7 +265,7 @@ def decode(line: bytes) -> Any:
 
 
 def decode_reply(line: bytes) -> dict[str, Any] | None:
-    """A reply the host can match to a request, or None for anything else on the line.
+    """A reply or an event the host can match to a request, or None for anything else.
 
     Stray bytes (say, left in the port's buffer from before a restore) and replies
     with no usable id (``"id": null`` answers a malformed line) are not replies.

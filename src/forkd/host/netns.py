@@ -1,10 +1,10 @@
-"""Network namespaces and tap devices for sandboxes.
+"""Network namespaces and tap devices for sandboxes: names, checks, and running QEMU inside one.
 
-With ``per_child_netns`` each child's QEMU runs inside a pre-provisioned network
-namespace ``forkd-child-<i>`` (``scripts/netns-setup.sh N`` makes them, each with a
-tap device inside). A snapshot taken with a NIC (``tap``) can only be restored by a
-QEMU with the same device configuration, so every child needs a tap of the *same
-name*: one per namespace is exactly that.
+A sandbox of a snapshot with a NIC runs in a namespace of its own, which
+controller/network.py makes (``forkd-<sandbox id>``, or the seeds'
+``forkd-child-<i>`` with ``per_child_netns``). A snapshot taken with a NIC can
+only be restored by a QEMU with the same device configuration, so every child
+has a tap of the *same name*: one per namespace is exactly that.
 
 QEMU is started through ``nsenter --net=/run/netns/<name>``, which joins the
 namespace and execs QEMU in the same process, so the pid forkd records is QEMU's
@@ -15,7 +15,6 @@ need and which would hide ``/sys/fs/cgroup`` from the launcher.)
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from forkd.bounds import TAP_RE
@@ -23,8 +22,6 @@ from forkd.errors import InvalidRequest
 
 NETNS_DIR = Path("/run/netns")
 CHILD_PREFIX = "forkd-child-"
-SETUP_SCRIPT = "scripts/netns-setup.sh"
-IFF_TAP = 0x0002
 
 
 def child_netns(index: int) -> str:
@@ -57,42 +54,23 @@ def lowest_free(used: set[int], n: int) -> list[int]:
     return out
 
 
+# Interface names a sandbox's namespace already uses (host/netplan.py's UPLINK).
+RESERVED_TAPS = ("lo", "uplink0")
+
+
 def check_tap_name(name: object) -> str:
     if not isinstance(name, str) or not TAP_RE.match(name):
         raise InvalidRequest(
             f"tap {name!r} is not a valid interface name (1-15 characters: letters, digits, "
             "'_', '.', '-')"
         )
+    if name in RESERVED_TAPS:
+        raise InvalidRequest(f"tap {name!r} is taken inside every sandbox's namespace; pick another name")
     return name
 
 
 def _ip() -> str:
     return shutil.which("ip") or "/usr/sbin/ip"
-
-
-def host_tap_exists(name: str, sys_class_net: Path = Path("/sys/class/net")) -> bool:
-    """True if ``name`` is a tap device in the daemon's own network namespace."""
-    try:
-        flags = int((sys_class_net / name / "tun_flags").read_text().strip(), 16)
-    except (OSError, ValueError):
-        return False
-    return bool(flags & IFF_TAP)
-
-
-def netns_tap_exists(netns: str, name: str) -> bool:
-    """True if ``name`` is a tap device inside network namespace ``netns``."""
-    proc = subprocess.run(
-        [_ip(), "-netns", netns, "-details", "-oneline", "link", "show", "dev", name],
-        capture_output=True, text=True,
-    )
-    return proc.returncode == 0 and " tun type tap " in f" {proc.stdout} "
-
-
-def missing_tap_message(name: str, netns: str | None = None, needed: int = 1) -> str:
-    if netns is None:
-        return f"tap device {name} does not exist; create it with: ip tuntap add {name} mode tap"
-    return (f"tap device {name} does not exist in network namespace {netns}; create the "
-            f"namespaces with their taps with: {SETUP_SCRIPT} {needed} --tap {name}")
 
 
 def launcher(netns: str, netns_dir: Path = NETNS_DIR) -> list[str]:

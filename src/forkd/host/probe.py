@@ -128,7 +128,10 @@ async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dic
     result.update({"accel": accel.name, "cpu": accel.cpu, "kvm_error": None if kvm_ok else kvm_error})
     data.root.mkdir(parents=True, exist_ok=True)
     tmp = data.host_probe.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
+    # Private whatever the umask, like everything forkd keeps (docs/SECURITY.md).
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(json.dumps(result, indent=2))
+    os.chmod(tmp, 0o600)  # an older file of that name keeps its mode through O_TRUNC
     os.replace(tmp, data.host_probe)
     return result
 

@@ -7,6 +7,8 @@ know.
 
 from __future__ import annotations
 
+import base64
+import signal as signals
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -59,6 +61,17 @@ def get_snapshot(tag: str) -> Call:
     return Call("GET", f"/v1/snapshots/{_seg(tag)}")
 
 
+def _egress(
+    body: dict[str, Any], allow_internet_access: bool, network: Mapping[str, Sequence[str]] | None
+) -> dict[str, Any]:
+    """The egress fields (E2B's names); sent only when they open something."""
+    if allow_internet_access:
+        body["allow_internet_access"] = True
+    if network is not None:
+        body["network"] = {key: list(value) for key, value in network.items()}
+    return body
+
+
 def create_snapshot(
     tag: str,
     *,
@@ -71,6 +84,9 @@ def create_snapshot(
     warm_imports: Sequence[str] | None,
     setup: Sequence[str | Sequence[str]] | None,
     extra: Mapping[str, Any],
+    nic: bool = False,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _put(
         {"tag": tag},
@@ -84,6 +100,9 @@ def create_snapshot(
         # The daemon takes argv lists; a plain string is a shell command line.
         setup=[command_args(step) for step in setup] if setup is not None else None,
     )
+    if nic:
+        body["nic"] = True
+    _egress(body, allow_internet_access, network)
     _put(body, **extra)
     return Call("POST", "/v1/snapshots", json=body, read_timeout=None)
 
@@ -103,8 +122,11 @@ def _child_options(
     child_env: Sequence[Mapping[str, str]] | None,
     metadata: Mapping[str, str] | None,
     timeout_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The spawn options that POST /v1/sandboxes and the fork routes share."""
+    _egress(body, allow_internet_access, network)
     if per_child_netns:
         body["per_child_netns"] = True
     if memory_limit_mib is not None:
@@ -132,9 +154,13 @@ def spawn_sandboxes(
     metadata: Mapping[str, str] | None = None,
     timeout_secs: float | None = None,
     idle_pause_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
+        allow_internet_access=allow_internet_access,
+        network=network,
         per_child_netns=per_child_netns,
         memory_limit_mib=memory_limit_mib,
         live_fork=live_fork,
@@ -200,17 +226,107 @@ def exec_(
 
 
 def eval_(sandbox_id: str, code: str, *, timeout: float | None) -> Call:
-    # The daemon bounds one eval at forkd.bounds.EVAL_TIMEOUT_SECS (60 s). When
-    # that expires the guest agent interrupts the evaluation (an EvalTimeout,
-    # a BaseException like KeyboardInterrupt, is raised inside the evaluated
-    # code) and answers {"result": null, "error": "TimeoutError: ...",
-    # "exit_code": 1}; code stuck inside a C call is interrupted once it
-    # returns to Python, and later evals wait for it. Either way the daemon
-    # answers within about that bound, so by default the client sets no read
-    # timeout of its own.
-    return Call(
-        "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/eval", json={"code": code}, read_timeout=timeout
-    )
+    # The daemon bounds one eval at ``timeout`` (default forkd.bounds.EVAL_TIMEOUT_SECS,
+    # 60 s). When that expires the guest agent interrupts the evaluation (an
+    # EvalTimeout, a BaseException like KeyboardInterrupt, is raised inside the
+    # evaluated code) and answers {"result": null, "error": "TimeoutError: ...",
+    # "exit_code": 1}; code stuck inside a C call is answered about a second
+    # later, and later evals wait for it. Either way the daemon answers within
+    # about that bound: the client waits that long plus a grace.
+    body = _put({"code": code}, timeout_secs=timeout)
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/eval", json=body,
+                read_timeout=None if timeout is None else timeout + EXEC_GRACE_SECS)
+
+
+def cancel_eval(sandbox_id: str) -> Call:
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/eval/cancel")
+
+
+# --------------------------------------------------------------- processes
+
+def _processes(sandbox_id: str, what: str = "") -> str:
+    return f"/v1/sandboxes/{_seg(sandbox_id)}/processes{what}"
+
+
+def _process_body(
+    args: str | Sequence[str], *, timeout_secs: float | None, env: Mapping[str, str] | None,
+    cwd: str | None, stdin: str | None, stdin_open: bool, tag: str | None,
+) -> dict[str, Any]:
+    body = _put({"args": command_args(args)}, timeout_secs=timeout_secs,
+                env=dict(env) if env is not None else None, cwd=cwd, stdin=stdin, tag=tag)
+    if stdin_open:
+        body["stdin_open"] = True
+    return body
+
+
+def exec_stream(
+    sandbox_id: str, args: str | Sequence[str], *, timeout_secs: float | None,
+    env: Mapping[str, str] | None, cwd: str | None, stdin: str | None, stdin_open: bool,
+    tag: str | None, encoding: str,
+) -> Call:
+    body = _process_body(args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
+                         stdin_open=stdin_open, tag=tag)
+    if encoding != "text":
+        body["encoding"] = encoding
+    # The stream lasts as long as the process: no read timeout between its lines.
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/exec/stream", json=body, read_timeout=None)
+
+
+def start_process(
+    sandbox_id: str, args: str | Sequence[str], *, timeout_secs: float | None,
+    env: Mapping[str, str] | None, cwd: str | None, stdin: str | None, stdin_open: bool,
+    tag: str | None,
+) -> Call:
+    body = _process_body(args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
+                         stdin_open=stdin_open, tag=tag)
+    return Call("POST", _processes(sandbox_id), json=body)
+
+
+def list_processes(sandbox_id: str) -> Call:
+    return Call("GET", _processes(sandbox_id))
+
+
+def get_process(sandbox_id: str, pid: int) -> Call:
+    return Call("GET", _processes(sandbox_id, f"/{int(pid)}"))
+
+
+def stream_process(sandbox_id: str, pid: int, *, from_start: bool, encoding: str) -> Call:
+    params = {"from": "start" if from_start else "now"}
+    if encoding != "text":
+        params["encoding"] = encoding
+    return Call("GET", _processes(sandbox_id, f"/{int(pid)}/stream"), params=params, read_timeout=None)
+
+
+def send_stdin(sandbox_id: str, pid: int, data: str | bytes, *, eof: bool) -> Call:
+    if isinstance(data, str):
+        body: dict[str, Any] = {"data": data}
+    else:
+        body = {"data": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+    if eof:
+        body["eof"] = True
+    return Call("POST", _processes(sandbox_id, f"/{int(pid)}/stdin"), json=body)
+
+
+def signal_name(signal: str | int) -> str:
+    """``15``, ``"TERM"``, ``"sigterm"`` or ``"SIGTERM"`` -> ``"SIGTERM"`` (the API's spelling)."""
+    if isinstance(signal, int) or str(signal).isdigit():
+        try:
+            return signals.Signals(int(signal)).name
+        except ValueError:
+            raise ValueError(f"no signal number {signal}") from None
+    name = str(signal).upper()
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
+def signal_process(sandbox_id: str, pid: int, signal: str | int, *, group: bool) -> Call:
+    body: dict[str, Any] = {"signal": signal_name(signal)}
+    if not group:
+        body["group"] = False
+    return Call("POST", _processes(sandbox_id, f"/{int(pid)}/signal"), json=body)
+
+
+def kill_process(sandbox_id: str, pid: int) -> Call:
+    return Call("DELETE", _processes(sandbox_id, f"/{int(pid)}"))
 
 
 def branch_sandbox(
@@ -243,9 +359,13 @@ def fork_sandbox(
     metadata: Mapping[str, str] | None,
     keep_snapshot: bool,
     timeout_secs: float | None = None,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
     body = _child_options(
         {"count": count},
+        allow_internet_access=allow_internet_access,
+        network=network,
         per_child_netns=per_child_netns,
         memory_limit_mib=memory_limit_mib,
         live_fork=live_fork,
@@ -295,8 +415,10 @@ def set_pool(
     memory_limit_mib: int | None,
     per_child_netns: bool,
     live_fork: bool,
+    allow_internet_access: bool = False,
+    network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
-    body = _put({"size": size}, memory_limit_mib=memory_limit_mib)
+    body = _egress(_put({"size": size}, memory_limit_mib=memory_limit_mib), allow_internet_access, network)
     if per_child_netns:
         body["per_child_netns"] = True
     if live_fork:

@@ -10,6 +10,7 @@ and ``client.py`` itself is generated from ``async_client.py`` by
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 from collections.abc import Mapping
@@ -153,6 +154,20 @@ def parse_response(call: Call, response: httpx.Response) -> Any:
             response.status_code,
             f"daemon sent a non-JSON answer to {call.method} {call.path}: {response.text[:200]!r}",
         ) from None
+
+
+def stream_event(call: Call, line: str) -> dict[str, Any]:
+    """One line of an NDJSON stream; an ``error`` event (the stream broke) raises."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        raise ServerError(502, f"daemon sent a non-JSON line in {call.method} {call.path}: "
+                               f"{line[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise ServerError(502, f"daemon sent a non-object line in {call.method} {call.path}")
+    if event.get("type") == "error":
+        raise ServerError(502, str(event.get("error")))
+    return event
 
 
 def translate(exc: httpx.HTTPError, url: str, call: Call) -> ForkdError:

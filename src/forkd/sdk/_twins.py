@@ -77,4 +77,19 @@ async def _gather(
     return list(await asyncio.gather(*(bounded(item) for item in items)))
 
 
-__all__ = ["concurrently", "sync_property"]
+async def asettle(value: Any) -> None:
+    """Await ``value`` if a callback returned an awaitable (an ``async def`` callback).
+
+    The async twin writes ``await _twins.asettle(callback(x))``; the generator
+    turns that into ``_twins.settle(callback(x))`` for the sync twin, whose
+    callbacks are plain functions.
+    """
+    if inspect.isawaitable(value):
+        await value
+
+
+def settle(value: Any) -> None:
+    """The sync twin's :func:`asettle`: a callback's return value is ignored."""
+
+
+__all__ = ["asettle", "concurrently", "settle", "sync_property"]

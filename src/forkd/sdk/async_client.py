@@ -23,6 +23,7 @@ from forkd.sdk._http import (
     resolve_url,
     resolve_verify,
     snapshot_is_ready,
+    stream_event,
     timeout_for,
     translate,
 )
@@ -31,6 +32,7 @@ from forkd.sdk.types import (
     CheckpointInfo,
     ForkInfo,
     JSONDict,
+    ProcessInfo,
     PromoteInfo,
     SandboxInfo,
     SnapshotInfo,
@@ -173,6 +175,9 @@ class AsyncController:
         vcpus: int | None = None,
         warm_imports: Sequence[str] | None = None,
         setup: Sequence[str | Sequence[str]] | None = None,
+        nic: bool = False,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
         **extra: Any,
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
@@ -187,6 +192,11 @@ class AsyncController:
             setup: commands run in the guest, in order, before the snapshot: a
                 string runs via ``/bin/sh -c`` (``"pip install requests"``), a
                 list is an argv.
+            nic: give the template, and so every child, a network device (eth0
+                with an address, a route and DNS); children are then reachable
+                from the host at their SandboxInfo ``ip``.
+            allow_internet_access, network: the template's own egress while it
+                boots and runs ``setup`` (as for :meth:`spawn_sandboxes`).
             **extra: further body fields for newer daemons.
         """
         call = _calls.create_snapshot(
@@ -200,6 +210,9 @@ class AsyncController:
             warm_imports=warm_imports,
             setup=setup,
             extra=extra,
+            nic=nic,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(SnapshotInfo, await self._send(call))
 
@@ -252,6 +265,8 @@ class AsyncController:
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -273,6 +288,12 @@ class AsyncController:
                 resumes it and steps its clock. SandboxInfo ``state`` says
                 ``"running"`` or ``"paused"``. Default: never (a child with
                 background work must not be paused).
+            allow_internet_access: open the children's outbound traffic to the
+                public internet (denied by default; needs a snapshot made with
+                ``nic=True`` and IP forwarding on the host).
+            network: finer egress, E2B's shape: ``{"allow_out": ["10.0.0.0/8",
+                "192.0.2.7:443"], "deny_out": [...]}`` (IPv4 addresses or CIDRs,
+                optionally ``:PORT`` or ``:FIRST-LAST``); allow wins over deny.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -285,6 +306,8 @@ class AsyncController:
             metadata=metadata,
             timeout_secs=timeout_secs,
             idle_pause_secs=idle_pause_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(list[SandboxInfo], await self._send(call))
 
@@ -343,15 +366,132 @@ class AsyncController:
     async def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
         """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
 
-        Returns ``{"result", "error", "exit_code"}``. The daemon bounds one
-        eval at ``forkd.bounds.EVAL_TIMEOUT_SECS`` (60 s): the guest then
+        Returns ``{"result", "error", "exit_code"}``. One eval runs for at most
+        ``timeout`` seconds (default: the daemon's, 60 s): the guest then
         interrupts the evaluated code (code blocked in a C call only once it
         returns to Python) and the reply says ``"TimeoutError: eval exceeded
-        60 s"`` with ``exit_code`` 1. ``timeout``
-        bounds the client's wait for the reply; by default it waits as long as
-        the daemon does.
+        60 s"`` with ``exit_code`` 1; the next eval runs normally.
+        :meth:`cancel_eval` interrupts it sooner.
         """
         return cast(JSONDict, await self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
+
+    async def cancel_eval(self, sandbox_id: str) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/eval/cancel``: interrupt the running eval → ``{"cancelled": bool}``.
+
+        The eval answers ``"CancelledError: eval cancelled"``; ``cancelled`` is
+        False when none was running.
+        """
+        return cast(JSONDict, await self._send(_calls.cancel_eval(sandbox_id)))
+
+    # ---------------------------------------------------------------- processes
+
+    async def _stream(self, call: Call) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them.
+
+        An ``{"type": "error"}`` line (the stream broke after it had begun)
+        raises :class:`~forkd.sdk.errors.ServerError`.
+        """
+        try:
+            async with self._client.stream(
+                call.method, call.path, json=call.json, params=call.params or None,
+                timeout=timeout_for(call, self.timeout),
+            ) as response:
+                if not response.is_success:
+                    await response.aread()
+                    parse_response(call, response)  # raises the mapped error
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield stream_event(call, line)
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+
+    def exec_stream(
+        self,
+        sandbox_id: str,
+        args: str | Sequence[str],
+        timeout_secs: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        *,
+        stdin_open: bool = False,
+        tag: str | None = None,
+        encoding: str = "text",
+    ) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """``POST /v1/sandboxes/{id}/exec/stream``: run a command and stream its events.
+
+        Yields ``{"type": "start", "pid"}``, then ``{"type": "stdout"|"stderr",
+        "data"}`` as the command writes (``data`` is text, or base64 with
+        ``encoding="base64"``), and last ``{"type": "exit", "exit_code",
+        "signal", "timed_out", "error"}``. Leaving the iteration early (close
+        it: ``contextlib.aclosing``) kills the command. With ``stdin_open``,
+        write to it with :meth:`send_stdin` (the pid is in the start event).
+        """
+        return self._stream(_calls.exec_stream(
+            sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
+            stdin_open=stdin_open, tag=tag, encoding=encoding))
+
+    async def start_process(
+        self,
+        sandbox_id: str,
+        args: str | Sequence[str],
+        timeout_secs: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        *,
+        stdin_open: bool = False,
+        tag: str | None = None,
+    ) -> ProcessInfo:
+        """``POST /v1/sandboxes/{id}/processes``: start a background process → its ProcessInfo.
+
+        It runs until it exits, is killed, or ``timeout_secs`` pass (default:
+        no limit). Watch it with :meth:`stream_process`.
+        """
+        call = _calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+                                    stdin=stdin, stdin_open=stdin_open, tag=tag)
+        return cast(ProcessInfo, await self._send(call))
+
+    async def list_processes(self, sandbox_id: str) -> list[ProcessInfo]:
+        """``GET /v1/sandboxes/{id}/processes``: the running processes forkd started there."""
+        return cast(list[ProcessInfo], await self._send(_calls.list_processes(sandbox_id)))
+
+    async def get_process(self, sandbox_id: str, pid: int) -> ProcessInfo:
+        """``GET /v1/sandboxes/{id}/processes/{pid}``: running or recently exited."""
+        return cast(ProcessInfo, await self._send(_calls.get_process(sandbox_id, pid)))
+
+    def stream_process(
+        self, sandbox_id: str, pid: int, from_start: bool = True, encoding: str = "text"
+    ) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """``GET /v1/sandboxes/{id}/processes/{pid}/stream``: a process's events, as for
+        :meth:`exec_stream`; from the oldest output the guest still keeps (up to
+        1 MiB, ``from_start``) or from now. A ``{"type": "dropped", "bytes"}``
+        event says output was lost before it could be sent. Leaving the
+        iteration leaves the process running."""
+        return self._stream(_calls.stream_process(sandbox_id, pid, from_start=from_start,
+                                                  encoding=encoding))
+
+    async def send_stdin(self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/stdin``: write ``data`` (and close with ``eof``)."""
+        return cast(JSONDict, await self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
+
+    async def close_stdin(self, sandbox_id: str, pid: int) -> JSONDict:
+        """Close a process's stdin (it reads end-of-file)."""
+        return await self.send_stdin(sandbox_id, pid, "", eof=True)
+
+    async def signal_process(
+        self, sandbox_id: str, pid: int, signal: str | int = "SIGTERM", group: bool = True
+    ) -> JSONDict:
+        """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
+        return cast(JSONDict, await self._send(_calls.signal_process(sandbox_id, pid, signal, group=group)))
+
+    async def kill_process(self, sandbox_id: str, pid: int) -> bool:
+        """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""
+        try:
+            await self._send(_calls.kill_process(sandbox_id, pid))
+        except NotFoundError:
+            return False
+        return True
 
     # -------------------------------------------------------------------- files
 
@@ -470,6 +610,8 @@ class AsyncController:
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
 
@@ -485,7 +627,9 @@ class AsyncController:
             child_memory_limit_mib: one limit per child (``None`` entries use
                 ``memory_limit_mib``).
             env, child_env, metadata, per_child_netns, memory_limit_mib,
-                live_fork: as for :meth:`spawn_sandboxes`.
+                live_fork, allow_internet_access, network: as for
+                :meth:`spawn_sandboxes` (the egress is the children's; the
+                source keeps its own).
             keep_snapshot: keep the intermediate snapshot; by default it is
                 deleted once its last child is gone.
             timeout_secs: each child is killed this many seconds after the
@@ -504,6 +648,8 @@ class AsyncController:
             metadata=metadata,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )))
 
     async def fork_tree(
@@ -520,6 +666,8 @@ class AsyncController:
         metadata: Mapping[str, str] | None = None,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
 
@@ -541,6 +689,8 @@ class AsyncController:
             metadata=metadata,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )))
 
     async def promote_sandbox(
@@ -601,11 +751,14 @@ class AsyncController:
         memory_limit_mib: int | None = None,
         per_child_netns: bool = False,
         live_fork: bool = False,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> JSONDict:
         """``PUT /v1/snapshots/{tag}/pool``: keep ``size`` children restored and paused.
 
         Spawns of ``tag`` with the same options (``memory_limit_mib``,
-        ``per_child_netns``, ``live_fork``) are served from the pool first;
+        ``per_child_netns``, ``live_fork``, ``allow_internet_access``,
+        ``network``) are served from the pool first;
         ``size=0`` drains it. Returns ``{"size", "ready", ...}``.
         """
         call = _calls.set_pool(
@@ -614,6 +767,8 @@ class AsyncController:
             memory_limit_mib=memory_limit_mib,
             per_child_netns=per_child_netns,
             live_fork=live_fork,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return cast(JSONDict, await self._send(call))
 

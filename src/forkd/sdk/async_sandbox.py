@@ -19,12 +19,14 @@
 
 from __future__ import annotations
 
+import collections.abc
+import contextlib
 import io
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -42,6 +44,8 @@ from forkd.sdk.types import (
     ForkResult,
     JSONDict,
     Outcome,
+    OutputChunk,
+    ProcessInfo,
     PromoteResult,
     SandboxInfo,
     SnapshotInfo,
@@ -105,13 +109,16 @@ class AsyncSnapshot(SnapshotView):
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[AsyncSandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`AsyncSandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
-        ``timeout_secs`` as for :meth:`AsyncController.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata``,
+        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
+        :meth:`AsyncController.spawn_sandboxes`.
         """
         await self.wait_ready(wait_timeout)
         infos = await self.controller.spawn_sandboxes(
@@ -124,6 +131,8 @@ class AsyncSnapshot(SnapshotView):
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return [AsyncSandbox.from_info(info, self.controller) for info in infos]
 
@@ -132,29 +141,202 @@ class AsyncSnapshot(SnapshotView):
         await self.controller.delete_snapshot(self.tag, cascade=cascade, force=force)
 
 
+# Called with each piece of output text; here it may also be a coroutine function.
+OutputCallback = Callable[[str], Any]
+
+
+class AsyncCommandHandle:
+    """A process running in the sandbox, from ``commands.run(..., background=True)`` or
+    ``commands.connect(pid)``.
+
+    Iterate it for its output as it comes (``async for stdout, stderr, _ in
+    handle``; each :class:`~forkd.sdk.types.OutputChunk` has one of the two set),
+    or :meth:`wait` for it to end. Each iteration starts with the oldest output
+    the guest still keeps for it (up to 1 MiB), so output written before you
+    looked is not lost. ``on_stdout``/``on_stderr`` are called with each piece,
+    while it is iterated or waited for.
+    """
+
+    def __init__(self, sandbox: AsyncSandbox, pid: int, *, on_stdout: OutputCallback | None = None,
+                 on_stderr: OutputCallback | None = None) -> None:
+        self._sandbox = sandbox
+        self.pid = pid
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._result: CommandResult | None = None
+
+    def __repr__(self) -> str:
+        return f"AsyncCommandHandle(pid={self.pid}, sandbox={self._sandbox.id!r})"
+
+    @property
+    def stdout(self) -> str:
+        """The stdout read so far."""
+        return "".join(self._stdout)
+
+    @property
+    def stderr(self) -> str:
+        """The stderr read so far."""
+        return "".join(self._stderr)
+
+    @property
+    def exit_code(self) -> int | None:
+        """None until the process has ended (and been seen to, by iterating or :meth:`wait`)."""
+        return self._result.exit_code if self._result is not None else None
+
+    def __aiter__(self) -> collections.abc.AsyncIterator[OutputChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> collections.abc.AsyncIterator[OutputChunk]:
+        self._stdout.clear()
+        self._stderr.clear()
+        events = self._sandbox.controller.stream_process(self._sandbox.id, self.pid)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                chunk = await self.record(event)
+                if chunk is not None:
+                    yield chunk
+
+    async def record(self, event: JSONDict) -> OutputChunk | None:
+        """Record one event of its stream (output, exit); the output chunk it carries, if any."""
+        kind = event.get("type")
+        if kind == "stdout":
+            self._stdout.append(str(event["data"]))
+            if self._on_stdout is not None:
+                await _twins.asettle(self._on_stdout(str(event["data"])))
+            return OutputChunk(stdout=str(event["data"]))
+        if kind == "stderr":
+            self._stderr.append(str(event["data"]))
+            if self._on_stderr is not None:
+                await _twins.asettle(self._on_stderr(str(event["data"])))
+            return OutputChunk(stderr=str(event["data"]))
+        if kind == "exit":
+            self._result = CommandResult.from_json(
+                {**event, "stdout": self.stdout, "stderr": self.stderr})
+        return None
+
+    async def wait(self) -> CommandResult:
+        """Wait for the process to end; its output (what the guest kept) and exit code.
+
+        A non-zero exit is reported, not raised (see :attr:`CommandResult.ok`)."""
+        if self._result is None:
+            async for _ in self:
+                pass
+        if self._result is None:
+            raise ForkdError(f"the stream of process {self.pid} ended without its exit")
+        return self._result
+
+    async def send_stdin(self, data: str | bytes) -> None:
+        """Write to its stdin (it must have been started with ``stdin_open=True``)."""
+        await self._sandbox.controller.send_stdin(self._sandbox.id, self.pid, data)
+
+    async def close_stdin(self) -> None:
+        await self._sandbox.controller.close_stdin(self._sandbox.id, self.pid)
+
+    async def signal(self, signal: str | int = "SIGTERM") -> None:
+        await self._sandbox.controller.signal_process(self._sandbox.id, self.pid, signal)
+
+    async def kill(self) -> bool:
+        """SIGKILL its process group; False if it was no longer running."""
+        return await self._sandbox.controller.kill_process(self._sandbox.id, self.pid)
+
+
 class AsyncCommands:
     """``sb.commands``: subprocesses inside the sandbox."""
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
 
+    @overload
+    async def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[False] = False,
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[True],
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> AsyncCommandHandle: ...
+
     async def run(
         self,
         cmd: str | Sequence[str],
-        timeout: float = 30,
+        timeout: float | None = 30,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: str | None = None,
-    ) -> CommandResult:
-        """Run ``cmd`` and wait for it. A string runs via ``/bin/sh -c``; a list is argv.
+        *,
+        background: bool = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False,
+        tag: str | None = None,
+    ) -> CommandResult | AsyncCommandHandle:
+        """Run ``cmd``: a string runs via ``/bin/sh -c``, a list is argv.
 
-        ``timeout`` is enforced in the guest (the process group is killed and
-        ``timed_out`` set). A non-zero exit is reported, not raised.
+        Without ``background`` it waits and returns a
+        :class:`~forkd.sdk.types.CommandResult` (a non-zero exit is reported,
+        not raised); with ``on_stdout``/``on_stderr`` the output is streamed to
+        them as the command writes it. ``timeout`` is enforced in the guest
+        (the process group is killed and ``timed_out`` set); ``None`` or 0: no
+        limit (streamed and background commands only).
+
+        With ``background=True`` it returns an :class:`AsyncCommandHandle` as
+        soon as the process has started (``stdin_open`` keeps its stdin open
+        for ``handle.send_stdin``; ``tag`` labels it in :meth:`list`).
         """
-        body = await self._sandbox.controller.exec(
-            self._sandbox.id, cmd, timeout_secs=timeout, env=env, cwd=cwd, stdin=stdin
-        )
-        return CommandResult.from_json(body)
+        limit = timeout or None
+        if background:
+            info = await self._sandbox.controller.start_process(
+                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
+                stdin_open=stdin_open, tag=tag)
+            return AsyncCommandHandle(self._sandbox, int(info["pid"]), on_stdout=on_stdout,
+                                      on_stderr=on_stderr)
+        if on_stdout is None and on_stderr is None and not stdin_open and limit is not None:
+            body = await self._sandbox.controller.exec(
+                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin
+            )
+            return CommandResult.from_json(body)
+        events = self._sandbox.controller.exec_stream(
+            self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
+            stdin_open=stdin_open, tag=tag)
+        handle: AsyncCommandHandle | None = None
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.get("type") == "start":
+                    handle = AsyncCommandHandle(self._sandbox, int(event["pid"]), on_stdout=on_stdout,
+                                                on_stderr=on_stderr)
+                elif handle is not None:
+                    await handle.record(event)
+        if handle is None:
+            raise ForkdError("the command's stream ended before it started")
+        return await handle.wait()
+
+    async def connect(self, pid: int, on_stdout: OutputCallback | None = None,
+                      on_stderr: OutputCallback | None = None) -> AsyncCommandHandle:
+        """A handle on a process already running (see :meth:`list`)."""
+        await self._sandbox.controller.get_process(self._sandbox.id, pid)  # 404 if there is none
+        return AsyncCommandHandle(self._sandbox, pid, on_stdout=on_stdout, on_stderr=on_stderr)
+
+    async def list(self) -> list[ProcessInfo]:
+        """The running processes forkd started in the sandbox (``pid``, ``args``, ``tag``, ...)."""
+        return await self._sandbox.controller.list_processes(self._sandbox.id)
+
+    async def kill(self, pid: int) -> bool:
+        """SIGKILL the process (its group); False if it was not running."""
+        return await self._sandbox.controller.kill_process(self._sandbox.id, pid)
+
+    async def send_stdin(self, pid: int, data: str | bytes) -> None:
+        await self._sandbox.controller.send_stdin(self._sandbox.id, pid, data)
+
+    async def close_stdin(self, pid: int) -> None:
+        await self._sandbox.controller.close_stdin(self._sandbox.id, pid)
 
 
 class AsyncFiles:
@@ -224,6 +406,8 @@ class AsyncSandbox:
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
         idle_pause_secs: spawn options, see :meth:`AsyncController.spawn_sandboxes`.
+        allow_internet_access, network:
+            spawn options, see :meth:`AsyncController.spawn_sandboxes`.
     """
 
     def __init__(
@@ -239,6 +423,8 @@ class AsyncSandbox:
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -252,6 +438,8 @@ class AsyncSandbox:
             "metadata": metadata,
             "timeout_secs": timeout_secs,
             "idle_pause_secs": idle_pause_secs,
+            "allow_internet_access": allow_internet_access,
+            "network": network,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -273,6 +461,8 @@ class AsyncSandbox:
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -285,6 +475,8 @@ class AsyncSandbox:
             metadata=metadata,
             timeout_secs=timeout_secs,
             idle_pause_secs=idle_pause_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         await sb.start()
         return sb
@@ -340,6 +532,19 @@ class AsyncSandbox:
             self._info = await self.controller.get_sandbox(self.id)
         return self._info
 
+    async def get_host(self, port: int) -> str:
+        """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).
+
+        Every port of the sandbox's SandboxInfo ``ip`` is forwarded to the guest;
+        it needs a snapshot made with ``nic=True`` (``ValueError`` otherwise).
+        """
+        info = self._info or await self.refresh()
+        ip = info.get("ip")
+        if not ip:
+            raise ValueError(f"sandbox {self.id} has no network address: fork it from a snapshot "
+                             "made with nic=True")
+        return f"{ip}:{int(port)}"
+
     async def refresh(self) -> SandboxInfo:
         """Re-read the SandboxInfo from the daemon."""
         self._info = await self.controller.get_sandbox(self.id)
@@ -350,8 +555,15 @@ class AsyncSandbox:
         return await self.controller.ping(self.id)
 
     async def eval(self, code: str, timeout: float | None = None) -> EvalResult:
-        """Evaluate Python ``code`` in the warm PID 1 interpreter (state persists)."""
+        """Evaluate Python ``code`` in the warm PID 1 interpreter (state persists).
+
+        ``timeout``: interrupt it after this many seconds (default: the daemon's 60 s)."""
         return EvalResult.from_json(await self.controller.eval(self.id, code, timeout=timeout))
+
+    async def cancel_eval(self) -> bool:
+        """Interrupt the eval running in this sandbox (it answers ``CancelledError``);
+        False if none was running."""
+        return bool((await self.controller.cancel_eval(self.id))["cancelled"])
 
     async def branch(
         self, tag: str | None = None, mode: str | None = None, wait: bool = True
@@ -380,6 +592,8 @@ class AsyncSandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -407,6 +621,8 @@ class AsyncSandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -423,6 +639,8 @@ class AsyncSandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[AsyncSandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -439,6 +657,8 @@ class AsyncSandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -673,6 +893,7 @@ def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str])
 
 
 __all__ = [
+    "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncSandbox",
     "AsyncSnapshot",

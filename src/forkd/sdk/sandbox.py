@@ -21,12 +21,14 @@
 
 from __future__ import annotations
 
+import collections.abc
+import contextlib
 import io
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -43,6 +45,8 @@ from forkd.sdk.types import (
     ForkResult,
     JSONDict,
     Outcome,
+    OutputChunk,
+    ProcessInfo,
     PromoteResult,
     SandboxInfo,
     SnapshotInfo,
@@ -106,13 +110,16 @@ class Snapshot(SnapshotView):
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`Sandbox.kill`.
-        ``env``, ``child_env`` (one per sandbox), ``metadata`` and
-        ``timeout_secs`` as for :meth:`Controller.spawn_sandboxes`.
+        ``env``, ``child_env`` (one per sandbox), ``metadata``,
+        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
+        :meth:`Controller.spawn_sandboxes`.
         """
         self.wait_ready(wait_timeout)
         infos = self.controller.spawn_sandboxes(
@@ -125,6 +132,8 @@ class Snapshot(SnapshotView):
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return [Sandbox.from_info(info, self.controller) for info in infos]
 
@@ -133,29 +142,202 @@ class Snapshot(SnapshotView):
         self.controller.delete_snapshot(self.tag, cascade=cascade, force=force)
 
 
+# Called with each piece of output text; here it may also be a coroutine function.
+OutputCallback = Callable[[str], Any]
+
+
+class CommandHandle:
+    """A process running in the sandbox, from ``commands.run(..., background=True)`` or
+    ``commands.connect(pid)``.
+
+    Iterate it for its output as it comes (``for stdout, stderr, _ in
+    handle``; each :class:`~forkd.sdk.types.OutputChunk` has one of the two set),
+    or :meth:`wait` for it to end. Each iteration starts with the oldest output
+    the guest still keeps for it (up to 1 MiB), so output written before you
+    looked is not lost. ``on_stdout``/``on_stderr`` are called with each piece,
+    while it is iterated or waited for.
+    """
+
+    def __init__(self, sandbox: Sandbox, pid: int, *, on_stdout: OutputCallback | None = None,
+                 on_stderr: OutputCallback | None = None) -> None:
+        self._sandbox = sandbox
+        self.pid = pid
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._result: CommandResult | None = None
+
+    def __repr__(self) -> str:
+        return f"CommandHandle(pid={self.pid}, sandbox={self._sandbox.id!r})"
+
+    @property
+    def stdout(self) -> str:
+        """The stdout read so far."""
+        return "".join(self._stdout)
+
+    @property
+    def stderr(self) -> str:
+        """The stderr read so far."""
+        return "".join(self._stderr)
+
+    @property
+    def exit_code(self) -> int | None:
+        """None until the process has ended (and been seen to, by iterating or :meth:`wait`)."""
+        return self._result.exit_code if self._result is not None else None
+
+    def __iter__(self) -> collections.abc.Iterator[OutputChunk]:
+        return self._chunks()
+
+    def _chunks(self) -> collections.abc.Iterator[OutputChunk]:
+        self._stdout.clear()
+        self._stderr.clear()
+        events = self._sandbox.controller.stream_process(self._sandbox.id, self.pid)
+        with contextlib.closing(events):
+            for event in events:
+                chunk = self.record(event)
+                if chunk is not None:
+                    yield chunk
+
+    def record(self, event: JSONDict) -> OutputChunk | None:
+        """Record one event of its stream (output, exit); the output chunk it carries, if any."""
+        kind = event.get("type")
+        if kind == "stdout":
+            self._stdout.append(str(event["data"]))
+            if self._on_stdout is not None:
+                _twins.settle(self._on_stdout(str(event["data"])))
+            return OutputChunk(stdout=str(event["data"]))
+        if kind == "stderr":
+            self._stderr.append(str(event["data"]))
+            if self._on_stderr is not None:
+                _twins.settle(self._on_stderr(str(event["data"])))
+            return OutputChunk(stderr=str(event["data"]))
+        if kind == "exit":
+            self._result = CommandResult.from_json(
+                {**event, "stdout": self.stdout, "stderr": self.stderr})
+        return None
+
+    def wait(self) -> CommandResult:
+        """Wait for the process to end; its output (what the guest kept) and exit code.
+
+        A non-zero exit is reported, not raised (see :attr:`CommandResult.ok`)."""
+        if self._result is None:
+            for _ in self:
+                pass
+        if self._result is None:
+            raise ForkdError(f"the stream of process {self.pid} ended without its exit")
+        return self._result
+
+    def send_stdin(self, data: str | bytes) -> None:
+        """Write to its stdin (it must have been started with ``stdin_open=True``)."""
+        self._sandbox.controller.send_stdin(self._sandbox.id, self.pid, data)
+
+    def close_stdin(self) -> None:
+        self._sandbox.controller.close_stdin(self._sandbox.id, self.pid)
+
+    def signal(self, signal: str | int = "SIGTERM") -> None:
+        self._sandbox.controller.signal_process(self._sandbox.id, self.pid, signal)
+
+    def kill(self) -> bool:
+        """SIGKILL its process group; False if it was no longer running."""
+        return self._sandbox.controller.kill_process(self._sandbox.id, self.pid)
+
+
 class Commands:
     """``sb.commands``: subprocesses inside the sandbox."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
 
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[False] = False,
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, stdin: str | None = None, *, background: Literal[True],
+        on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False, tag: str | None = None,
+    ) -> CommandHandle: ...
+
     def run(
         self,
         cmd: str | Sequence[str],
-        timeout: float = 30,
+        timeout: float | None = 30,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: str | None = None,
-    ) -> CommandResult:
-        """Run ``cmd`` and wait for it. A string runs via ``/bin/sh -c``; a list is argv.
+        *,
+        background: bool = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        stdin_open: bool = False,
+        tag: str | None = None,
+    ) -> CommandResult | CommandHandle:
+        """Run ``cmd``: a string runs via ``/bin/sh -c``, a list is argv.
 
-        ``timeout`` is enforced in the guest (the process group is killed and
-        ``timed_out`` set). A non-zero exit is reported, not raised.
+        Without ``background`` it waits and returns a
+        :class:`~forkd.sdk.types.CommandResult` (a non-zero exit is reported,
+        not raised); with ``on_stdout``/``on_stderr`` the output is streamed to
+        them as the command writes it. ``timeout`` is enforced in the guest
+        (the process group is killed and ``timed_out`` set); ``None`` or 0: no
+        limit (streamed and background commands only).
+
+        With ``background=True`` it returns an :class:`CommandHandle` as
+        soon as the process has started (``stdin_open`` keeps its stdin open
+        for ``handle.send_stdin``; ``tag`` labels it in :meth:`list`).
         """
-        body = self._sandbox.controller.exec(
-            self._sandbox.id, cmd, timeout_secs=timeout, env=env, cwd=cwd, stdin=stdin
-        )
-        return CommandResult.from_json(body)
+        limit = timeout or None
+        if background:
+            info = self._sandbox.controller.start_process(
+                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
+                stdin_open=stdin_open, tag=tag)
+            return CommandHandle(self._sandbox, int(info["pid"]), on_stdout=on_stdout,
+                                      on_stderr=on_stderr)
+        if on_stdout is None and on_stderr is None and not stdin_open and limit is not None:
+            body = self._sandbox.controller.exec(
+                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin
+            )
+            return CommandResult.from_json(body)
+        events = self._sandbox.controller.exec_stream(
+            self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
+            stdin_open=stdin_open, tag=tag)
+        handle: CommandHandle | None = None
+        with contextlib.closing(events):
+            for event in events:
+                if event.get("type") == "start":
+                    handle = CommandHandle(self._sandbox, int(event["pid"]), on_stdout=on_stdout,
+                                                on_stderr=on_stderr)
+                elif handle is not None:
+                    handle.record(event)
+        if handle is None:
+            raise ForkdError("the command's stream ended before it started")
+        return handle.wait()
+
+    def connect(self, pid: int, on_stdout: OutputCallback | None = None,
+                      on_stderr: OutputCallback | None = None) -> CommandHandle:
+        """A handle on a process already running (see :meth:`list`)."""
+        self._sandbox.controller.get_process(self._sandbox.id, pid)  # 404 if there is none
+        return CommandHandle(self._sandbox, pid, on_stdout=on_stdout, on_stderr=on_stderr)
+
+    def list(self) -> list[ProcessInfo]:
+        """The running processes forkd started in the sandbox (``pid``, ``args``, ``tag``, ...)."""
+        return self._sandbox.controller.list_processes(self._sandbox.id)
+
+    def kill(self, pid: int) -> bool:
+        """SIGKILL the process (its group); False if it was not running."""
+        return self._sandbox.controller.kill_process(self._sandbox.id, pid)
+
+    def send_stdin(self, pid: int, data: str | bytes) -> None:
+        self._sandbox.controller.send_stdin(self._sandbox.id, pid, data)
+
+    def close_stdin(self, pid: int) -> None:
+        self._sandbox.controller.close_stdin(self._sandbox.id, pid)
 
 
 class Files:
@@ -225,6 +407,8 @@ class Sandbox:
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
         idle_pause_secs: spawn options, see :meth:`Controller.spawn_sandboxes`.
+        allow_internet_access, network:
+            spawn options, see :meth:`Controller.spawn_sandboxes`.
     """
 
     def __init__(
@@ -240,6 +424,8 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -253,6 +439,8 @@ class Sandbox:
             "metadata": metadata,
             "timeout_secs": timeout_secs,
             "idle_pause_secs": idle_pause_secs,
+            "allow_internet_access": allow_internet_access,
+            "network": network,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -274,6 +462,8 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -286,6 +476,8 @@ class Sandbox:
             metadata=metadata,
             timeout_secs=timeout_secs,
             idle_pause_secs=idle_pause_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         sb.start()
         return sb
@@ -341,6 +533,19 @@ class Sandbox:
             self._info = self.controller.get_sandbox(self.id)
         return self._info
 
+    def get_host(self, port: int) -> str:
+        """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).
+
+        Every port of the sandbox's SandboxInfo ``ip`` is forwarded to the guest;
+        it needs a snapshot made with ``nic=True`` (``ValueError`` otherwise).
+        """
+        info = self._info or self.refresh()
+        ip = info.get("ip")
+        if not ip:
+            raise ValueError(f"sandbox {self.id} has no network address: fork it from a snapshot "
+                             "made with nic=True")
+        return f"{ip}:{int(port)}"
+
     def refresh(self) -> SandboxInfo:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
@@ -351,8 +556,15 @@ class Sandbox:
         return self.controller.ping(self.id)
 
     def eval(self, code: str, timeout: float | None = None) -> EvalResult:
-        """Evaluate Python ``code`` in the warm PID 1 interpreter (state persists)."""
+        """Evaluate Python ``code`` in the warm PID 1 interpreter (state persists).
+
+        ``timeout``: interrupt it after this many seconds (default: the daemon's 60 s)."""
         return EvalResult.from_json(self.controller.eval(self.id, code, timeout=timeout))
+
+    def cancel_eval(self) -> bool:
+        """Interrupt the eval running in this sandbox (it answers ``CancelledError``);
+        False if none was running."""
+        return bool((self.controller.cancel_eval(self.id))["cancelled"])
 
     def branch(
         self, tag: str | None = None, mode: str | None = None, wait: bool = True
@@ -381,6 +593,8 @@ class Sandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[Sandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
@@ -408,6 +622,8 @@ class Sandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -424,6 +640,8 @@ class Sandbox:
         live_fork: bool = False,
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
     ) -> ForkResult[Sandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -440,6 +658,8 @@ class Sandbox:
             live_fork=live_fork,
             keep_snapshot=keep_snapshot,
             timeout_secs=timeout_secs,
+            allow_internet_access=allow_internet_access,
+            network=network,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -674,6 +894,7 @@ def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str])
 
 
 __all__ = [
+    "CommandHandle",
     "Commands",
     "Sandbox",
     "Snapshot",

@@ -18,19 +18,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 JSONDict = dict[str, Any]
 SnapshotInfo = dict[str, Any]
 """``{"tag", "dir", "created_at_unix", "branched_from"?, "pause_ms"?, "status"?, ...}``"""
 SandboxInfo = dict[str, Any]
-"""``{"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid"?, "metadata"?, ...}``"""
+"""``{"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid"?, "ip"?, "network"?,
+"metadata"?, ...}``"""
 ForkInfo = dict[str, Any]
 """``{"parent_id", "snapshot_tag", "children": [SandboxInfo], "errors": [{"index", "error"}],
 "pause_ms"?, "tree_id"?}``"""
 PromoteInfo = dict[str, Any]
 """``{"winner": SandboxInfo, "tree_id", "deleted": [{"id", "deleted", "error"?}], "replaced_parent"}``"""
 CheckpointInfo = dict[str, Any]
+# A process in a sandbox: {"pid", "tag", "args", "env", "cwd", "running", "exit_code",
+# "signal", "timed_out", "stdin_open", "started_at", "ended_at"}.
+ProcessInfo = dict[str, Any]
 """``{"sandbox_id", "policy": {"every", "keep", "mode"} | None, "calls", "checkpoints": [SnapshotInfo],
 "last_error"?}``"""
 
@@ -75,6 +79,17 @@ class CommandResult:
             stderr_truncated=bool(body.get("stderr_truncated", False)),
             raw=body,
         )
+
+
+class OutputChunk(NamedTuple):
+    """One piece of a command's output, as iterating a command handle yields it.
+
+    Exactly one of ``stdout`` and ``stderr`` is set; it unpacks like the E2B
+    SDK's ``(stdout, stderr, pty)`` (``pty`` is always ``None`` here)."""
+
+    stdout: str | None = None
+    stderr: str | None = None
+    pty: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from forkd.errors import Conflict, NotFound
+from forkd.host import netns as netns_mod
+from forkd.host.egress import EgressPolicy
+from forkd.host.netplan import ChildNet
 from forkd.vmm.cmdline import VMConfig
 
 SCHEMA = """
@@ -50,9 +53,12 @@ CREATE TABLE IF NOT EXISTS pools (
     size INTEGER NOT NULL,
     memory_limit_mib INTEGER,
     per_child_netns INTEGER NOT NULL DEFAULT 0,
-    live_fork INTEGER NOT NULL DEFAULT 0
+    live_fork INTEGER NOT NULL DEFAULT 0,
+    egress TEXT
 );
 """
+# Columns added after a table was first shipped: (table, column, declaration).
+MIGRATIONS = (("pools", "egress", "TEXT"),)
 
 # Alias hops followed before giving up: promote(replace_parent) chains are short,
 # and a loop (which promote never makes) must not hang a lookup.
@@ -95,12 +101,14 @@ class CheckpointPolicy:
 @dataclass(frozen=True)
 class PoolKey:
     """What a spawn must ask for to be served from a pool: the snapshot and the spawn options
-    that shape a child at restore time (its cgroup, its namespace, its RAM's backing)."""
+    that shape a child at restore time (its cgroup, its namespace, its RAM's backing, the egress
+    rules of its network)."""
 
     tag: str
     memory_limit_mib: int | None = None
     per_child_netns: bool = False
     live_fork: bool = False
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass(frozen=True)
@@ -198,11 +206,23 @@ class SandboxRecord:
     idle_pause_secs: float | None = None
     # Not stored: whether it is paused right now, set by the runtime from the IdlePauser.
     paused: bool = False
+    # Its namespace, links, address and egress rules, as controller/network.py made them.
+    network: ChildNet | None = None
+
+    @property
+    def per_child_netns(self) -> bool:
+        """Spawned with ``per_child_netns`` (in ``forkd-child-<i>``; other namespaces are forkd's own)."""
+        return netns_mod.netns_index(self.netns) is not None
+
+    @property
+    def egress(self) -> EgressPolicy:
+        return self.network.egress if self.network is not None else EgressPolicy()
 
     @property
     def pool_key(self) -> PoolKey:
         """The spawn options this child was restored with, as a pool matches them."""
-        return PoolKey(self.snapshot_tag, self.memory_limit_mib, self.netns is not None, self.live_fork)
+        return PoolKey(self.snapshot_tag, self.memory_limit_mib, self.per_child_netns, self.live_fork,
+                       self.egress)
 
     @property
     def agent_socket(self) -> str:
@@ -219,6 +239,10 @@ class SandboxRecord:
             "guest_addr": f"unix:{self.agent_socket}",
             "created_at_unix": self.created_at_unix,
         }
+        if self.network is not None and self.network.ip:
+            # Where the host reaches the guest's every port (forwarded inside its namespace).
+            out["ip"] = self.network.ip
+            out["network"] = self.network.info()
         if self.pid is not None:
             out["pid"] = self.pid
         if self.memory_limit_mib is not None:
@@ -252,7 +276,8 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "timings": s.timings, "metadata": s.metadata,
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
-            "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs}
+            "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
+            "network": s.network.to_json() if s.network is not None else None}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -290,7 +315,8 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
-                         idle_pause_secs=meta.get("idle_pause_secs"))
+                         idle_pause_secs=meta.get("idle_pause_secs"),
+                         network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
 
 class Registry:
@@ -309,6 +335,15 @@ class Registry:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns a registry written by an older forkd lacks."""
+        with self._lock:
+            for table, column, decl in MIGRATIONS:
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -474,9 +509,10 @@ class Registry:
         k = pool.key
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO pools (tag, size, memory_limit_mib, per_child_netns, live_fork) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (k.tag, pool.size, k.memory_limit_mib, int(k.per_child_netns), int(k.live_fork)))
+                "INSERT OR REPLACE INTO pools "
+                "(tag, size, memory_limit_mib, per_child_netns, live_fork, egress) VALUES (?, ?, ?, ?, ?, ?)",
+                (k.tag, pool.size, k.memory_limit_mib, int(k.per_child_netns), int(k.live_fork),
+                 json.dumps(k.egress.info())))
 
     def delete_pool(self, tag: str) -> None:
         with self._lock:
@@ -486,7 +522,9 @@ class Registry:
         with self._lock:
             rows = self._db.execute("SELECT * FROM pools ORDER BY tag").fetchall()
         return [PoolConfig(PoolKey(r["tag"], r["memory_limit_mib"], bool(r["per_child_netns"]),
-                                   bool(r["live_fork"])), int(r["size"])) for r in rows]
+                                   bool(r["live_fork"]),
+                                   EgressPolicy.from_info(json.loads(r["egress"] or "{}"))),
+                           int(r["size"])) for r in rows]
 
 
 def now_unix() -> int:

@@ -168,7 +168,8 @@ IDLE_QUIET = (
 )
 
 
-def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False) -> str:
+def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False,
+                   extra: tuple[str, ...] = ()) -> str:
     # panic=-1 + -no-reboot: a guest that panics makes QEMU exit at once, so a
     # broken image fails fast instead of running into the boot timeout.
     words = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", f"forkd.port={AGENT_PORT_NAME}",
@@ -183,4 +184,4 @@ def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False
     words.append("forkd.warm=" + ",".join(warm_imports))
     if probe:
         words.append("forkd.probe=1")
-    return " ".join(words)
+    return " ".join([*words, *extra])

@@ -131,8 +131,12 @@ class VM:
     async def boot(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
         kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
+        launcher: Sequence[str] = (),
     ) -> tuple[VM, dict[str, Any]]:
-        """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm."""
+        """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm.
+
+        ``launcher``: an argv prefix that execs QEMU in the same process (its network namespace).
+        """
         started = time.monotonic()
         with open(mem_path, "wb") as f:
             f.truncate(config.mem_mib << 20)  # sparse: only touched pages take disk space
@@ -142,7 +146,7 @@ class VM:
                           qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                           console_log=run_dir / "console.log",
                           kernel=kernel, initrd=initrd, append=append, tap=tap)
-        vm = await cls.launch(run_dir, spec, sockets)
+        vm = await cls.launch(run_dir, spec, sockets, launcher)
         try:
             ping = await vm.await_or_exit(vm.agent.call("ping", timeout=None), timeout,
                                            "the guest agent to boot and warm up")

@@ -16,12 +16,15 @@ One module per job:
 - ``setup``: what an init does (mounts, hostname, loopback) and finding the port
 - ``warm``: the warm imports into the eval namespace
 - ``reaper``: reaping orphans re-parented to PID 1
-- ``exec``: running a subprocess and capturing its output
-- ``evaluator``: eval in the persistent namespace, with a timeout
+- ``exec``: reading process requests, starting a subprocess
+- ``processes``: the process table, its one I/O thread, output rings and streams
+- ``evaluator``: eval in the persistent namespace, with a timeout and cancel
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
 - ``files``: stat, list, mkdir, remove and chunked reads of files
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
+- ``channel``: every message to the host, bounded, and which requests await a reply
+- ``workers``: the threads that run requests which block
 - ``server``: the request dispatch and the serve loop
 - ``__main__``: the entry point (PID 1, or ``--stdio`` for tests)
 
@@ -35,5 +38,6 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 MIN_GUEST_PYTHON = (3, 11)
 
 # Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
-# "3" serves the file actions.
-AGENT_VERSION = "3"
+# "3" serves the file actions, "4" streams exec output as events and serves
+# processes (proc_*), eval_cancel and notifications.
+AGENT_VERSION = "4"

@@ -71,6 +71,7 @@ def serve_stdio(agent: "Agent") -> None:
 
 
 def main() -> None:
+    from forkd.guest.agent.network import configure_at_boot as configure_network
     from forkd.guest.agent.server import Agent
     from forkd.guest.agent.setup import cmdline_options, setup_pid1_environment, wait_for_port
     from forkd.guest.agent.warm import warm_list
@@ -80,6 +81,7 @@ def main() -> None:
     is_pid1 = os.getpid() == 1
     if is_pid1:
         setup_pid1_environment()
+        configure_network(opts.get("net"))  # a template with a NIC: eth0, route, DNS
         os.chdir("/root" if os.path.isdir("/root") else "/")
     warm = warm_list(opts.get("warm"))
     agent = Agent(warm)

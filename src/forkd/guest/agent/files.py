@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import json
 import os
 import shutil
 import stat
@@ -20,10 +21,14 @@ from forkd.guest.protocol import (
     FILE_CHUNK,
     FILE_LIST_MAX,
     INVALID,
+    MAX_REPLY_LINE,
     NOT_FOUND,
     RequestError,
     check_path,
 )
+
+# A listing stops (truncated) before its reply would outgrow the line limit.
+LIST_REPLY_BUDGET = MAX_REPLY_LINE - (64 << 10)
 
 _KIND_OF_ERRNO = {
     errno.ENOENT: NOT_FOUND,
@@ -93,6 +98,7 @@ class Files:
         path = check_path(req.get("path"))
         entries: list[dict[str, Any]] = []
         truncated = False
+        size = 0  # of the entries as the reply will encode them
         try:
             with os.scandir(path) as it:
                 for entry in it:
@@ -103,7 +109,12 @@ class Files:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue  # removed while listing
-                    entries.append(info(os.path.join(path, entry.name), st))
+                    item = info(os.path.join(path, entry.name), st)
+                    size += len(json.dumps(item)) + 1
+                    if size > LIST_REPLY_BUDGET:
+                        truncated = True
+                        break
+                    entries.append(item)
         except OSError as exc:
             raise os_error(path, exc) from None
         entries.sort(key=lambda e: str(e["name"]))

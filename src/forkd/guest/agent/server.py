@@ -1,35 +1,58 @@
-"""The agent's server: one request a thread, dispatched to the job modules, replies by id.
+"""The agent's server: the serve loop, and dispatch of each request to the job that answers it.
 
 Its own module so that each job stays a plain function of a request, and the
 framing, the concurrency and the rule that PID 1 outlives any bad request live
 in one place. ``serve`` reads the port (or, in tests, a pipe or a socket); the
 wire format is ``forkd.guest.protocol``'s.
+
+Where a request runs, cheapest first:
+
+* on the serve loop itself, for what never blocks: ``ping``, handing an eval to
+  the evaluator, and every process request but a start (they change a table and
+  queue bytes for the process I/O thread);
+* on a worker (``forkd.guest.agent.workers``) for what may block: starting a
+  process, the file actions, the post-restore call, ``sync``, freezing.
+
+Nothing the agent runs wakes it while it is idle: the serve loop blocks in
+``read`` on the port; while no host is connected (the read returns at once) it
+waits for the port's SIGIO, which the kernel sends when a host connects.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.evaluator import Evaluator
-from forkd.guest.agent.exec import run_exec
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.freeze import RootFreezer
+from forkd.guest.agent.hostwait import HostWait
+from forkd.guest.agent.processes import Processes
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
+from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_start
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
+from forkd.guest.agent.workers import Workers
 from forkd.guest.protocol import RequestError
 
 READ_CHUNK = 1 << 16
+# A signal request waits at most this long for the process to end (``wait_ms``).
+MAX_SIGNAL_WAIT_SECS = 10.0
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+# A handler answers with a result, or None when the answer comes later (a stream,
+# an eval, an exec), through the channel.
+Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+# Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
+INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
+                    protocol.PROC_DETACH, protocol.PROC_ACK, protocol.PROC_LIST, protocol.PROC_INFO,
+                    protocol.PROC_INPUT})
 
 
 class Agent:
@@ -37,18 +60,21 @@ class Agent:
         self.namespace: dict[str, Any] = {"__name__": "__forkd__", RESTORES_KEY: [0]}
         self.warm_errors = warm_up(warm, self.namespace)
         self.warm = warm
+        self.channel = Channel()
         self.evaluator = Evaluator(self.namespace)
         self.reaper = Reaper()
+        self.processes = Processes(self.reaper, self.channel)
+        self.workers = Workers()
         self.fs = RootFreezer()
         self.files = Files()
         self.uploads = Uploads()
-        self.write_lock = threading.Lock()
-        self.out_fd = -1
         self.max_line = protocol.MAX_REQUEST_LINE
+        self._host_wait: HostWait | None = None
         self.handlers: dict[str, Handler] = {
             protocol.PING: lambda _req: self.ping(),
-            protocol.EXEC: lambda req: run_exec(req, self.reaper),
+            protocol.EXEC: self.exec,
             protocol.EVAL: self.eval,
+            protocol.EVAL_CANCEL: lambda _req: {"cancelled": self.evaluator.cancel()},
             protocol.RESTORED: self.restored,
             protocol.SYNC: lambda _req: self.sync(),
             protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
@@ -61,6 +87,21 @@ class Agent:
             protocol.FILE_WRITE_OPEN: self.uploads.write_open,
             protocol.FILE_WRITE: self.uploads.write,
             protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
+            protocol.PROC_START: lambda req: self.processes.start(
+                req.get("id"), parse_start(req), stream=bool_field(req, "stream", False)),
+            protocol.PROC_ATTACH: lambda req: self.processes.attach(
+                req.get("id"), int_field(req, "pid"), bool_field(req, "from_start", True)),
+            protocol.PROC_DETACH: lambda req: self.processes.detach(req.get("stream")),
+            protocol.PROC_ACK: lambda req: self.processes.ack(req.get("stream"), int_field(req, "bytes")),
+            protocol.PROC_LIST: lambda _req: {"processes": self.processes.list()},
+            protocol.PROC_INFO: lambda req: self.processes.info(int_field(req, "pid")),
+            protocol.PROC_INPUT: lambda req: self.processes.write_input(
+                int_field(req, "pid"), decode_b64(req.get("data", ""), "data"),
+                bool_field(req, "eof", False)),
+            protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
+                int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
+                wait=min(max(0.0, float(int_field(req, "wait_ms"))) / 1000, MAX_SIGNAL_WAIT_SECS)
+                if "wait_ms" in req else 0),
         }
 
     # ------------------------------------------------------------- actions
@@ -78,15 +119,22 @@ class Agent:
             "restores": self.namespace.get(RESTORES_KEY, [0])[0],
         }
 
-    def eval(self, req: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, req: dict[str, Any]) -> None:
         timeout = protocol.request_timeout(req, protocol.EVAL_DEFAULT_TIMEOUT_SECS)
-        return self.evaluator.evaluate(req.get("code"), timeout)
+        req_id = req.get("id")
+        self.evaluator.submit(req.get("code"), timeout, lambda result: self.channel.reply(req_id, result))
+
+    def exec(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        spec, cap = parse_exec(req)
+        return self.processes.exec(req.get("id"), spec, cap)
 
     def restored(self, req: dict[str, Any]) -> dict[str, Any]:
         result = reseed_after_restore(req, self.namespace)
         # A live branch froze the filesystem while its state was captured;
         # children restored from that state must thaw their copy.
         result["thawed"] = self.fs.thaw()
+        # Streams watched by the host this guest was copied from are nobody's here.
+        self.processes.detach_all()
         return result
 
     @staticmethod
@@ -94,7 +142,7 @@ class Agent:
         os.sync()
         return {"synced": True}
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
         action = req.get("action")
         handler = self.handlers.get(action) if isinstance(action, str) else None
         if handler is None:
@@ -103,19 +151,21 @@ class Agent:
 
     # ------------------------------------------------------------- serving
 
-    def respond(self, message: dict[str, Any]) -> None:
-        data = protocol.encode(message)
-        with self.write_lock:
-            view = memoryview(data)
-            while view:
-                try:
-                    n = os.write(self.out_fd, view)
-                except InterruptedError:
-                    continue
-                except OSError:
-                    time.sleep(0.01)  # host not connected: nothing else we can do
-                    return
-                view = view[n:]
+    def answer(self, req: dict[str, Any]) -> None:
+        """Run one request and reply, unless its answer comes later or it is a notification."""
+        has_id = "id" in req
+        req_id = req.get("id")
+        try:
+            result = self.handle(req)
+            if result is None or not has_id:
+                return
+            self.channel.reply(req_id, result)
+        except RequestError as exc:
+            if has_id:
+                self.channel.error(req_id, str(exc), exc.kind)
+        except Exception as exc:  # the agent must outlive any bug in one request
+            if has_id:
+                self.channel.error(req_id, f"agent error: {type(exc).__name__}: {exc}")
 
     def serve_one(self, line: bytes) -> None:
         # Parsing is separate so that only a bad line is called malformed: a
@@ -123,43 +173,43 @@ class Agent:
         try:
             req = protocol.decode(line)  # bytes: invalid UTF-8 raises UnicodeDecodeError
         except ValueError as exc:
-            self.respond(protocol.error_reply(None, f"malformed request: {exc}"))
+            self.channel.send_reply(protocol.error_reply(None, f"malformed request: {exc}"))
             return
-        req_id = req.get("id") if isinstance(req, dict) else None
-        try:
-            if not isinstance(req, dict):
-                raise RequestError("a request must be a JSON object")
-            reply = protocol.ok_reply(req_id, self.handle(req))
-        except RequestError as exc:
-            reply = protocol.error_reply(req_id, str(exc), exc.kind)
-        except Exception as exc:  # the agent must outlive any bug in one request
-            reply = protocol.error_reply(req_id, f"agent error: {type(exc).__name__}: {exc}")
-        self.respond(reply)
+        if not isinstance(req, dict):
+            self.channel.send_reply(protocol.error_reply(None, "a request must be a JSON object"))
+            return
+        if "id" in req:
+            self.channel.opened(req["id"])
+        if req.get("action") in INLINE:
+            self.answer(req)
+        else:
+            self.workers.submit(lambda: self.answer(req))
 
     def serve(self, in_fd: int, out_fd: int, stop_at_eof: bool = False) -> None:
-        """Read requests forever; an empty read means the host is not connected yet.
+        """Read requests forever; an empty read means the host is not connected (yet, or any more).
 
         With ``stop_at_eof`` (test mode over pipes) an empty read ends serving,
         after the requests already read have been answered.
         """
-        self.out_fd = out_fd
+        self.channel.out_fd = out_fd
         buf = bytearray()
         discarding = False  # inside an oversized line: drop bytes up to its newline
-        in_flight: set[threading.Thread] = set()
         while True:
             try:
                 chunk = os.read(in_fd, READ_CHUNK)
             except InterruptedError:
                 continue
             except OSError:
-                time.sleep(0.02)
-                continue
+                chunk = b""
             if not chunk:
                 if stop_at_eof:
-                    for t in list(in_flight):
-                        t.join()
+                    self.channel.wait_idle()
                     return
-                time.sleep(0.005)
+                # The host went away: whatever it watched, nobody watches now.
+                self.processes.detach_all()
+                buf.clear()
+                discarding = False
+                self._wait_for_host(in_fd)
                 continue
             scanned = len(buf)  # bytes already known to hold no newline
             buf += chunk
@@ -169,7 +219,7 @@ class Agent:
                 if nl < 0:
                     if len(buf) > self.max_line and not discarding:
                         discarding = True
-                        self.respond(protocol.error_reply(None, "request too large"))
+                        self.channel.send_reply(protocol.error_reply(None, "request too large"))
                     if discarding:
                         buf.clear()
                     break
@@ -179,7 +229,9 @@ class Agent:
                     discarding = False
                     continue
                 if line.strip():
-                    in_flight = {t for t in in_flight if t.is_alive()}
-                    t = threading.Thread(target=self.serve_one, args=(line,), daemon=True)
-                    in_flight.add(t)
-                    t.start()
+                    self.serve_one(line)
+
+    def _wait_for_host(self, fd: int) -> None:
+        if self._host_wait is None:
+            self._host_wait = HostWait.for_port(fd)
+        self._host_wait.wait()

@@ -1,0 +1,206 @@
+"""Sandbox networks: the one owner of which namespaces, addresses and host links are taken.
+
+A child of a snapshot with a NIC gets a network namespace of its own, made at
+spawn and removed with it (``host/netplan.py`` draws it, ``host/childnet.py``
+makes it): ``forkd-<sandbox id>``, or with ``per_child_netns`` the seeds'
+``forkd-child-<i>``, made when missing (and then removed), used as it is when
+``scripts/netns-setup.sh`` provisioned it (then only forkd's additions go).
+A template with a NIC gets the same, under ``forkd-tpl-<hex>``.
+
+Every network is a *lease*: a JSON file under ``<data dir>/net/`` written
+before anything is made on the host and deleted after everything is removed,
+so a daemon that dies half-way leaves a record that the next one reaps
+(``reap``), whether or not a sandbox row got written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from forkd.errors import InvalidRequest, VMError
+from forkd.host import childnet
+from forkd.host import netns as netns_mod
+from forkd.host.egress import EgressPolicy
+from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
+from forkd.store.registry import Registry, SandboxRecord
+
+log = logging.getLogger("forkd.network")
+
+
+@dataclass(frozen=True)
+class NetRequest:
+    """What every child of one spawn gets: checked, with the host facts its rules need."""
+
+    tap: str | None  # the snapshot's NIC; None: a namespace only (per_child_netns, no NIC)
+    dns: tuple[str, ...]
+    egress: EgressPolicy
+    blocked: tuple[IPv4Network, ...]  # closed even to allow_internet_access: the plan, the host
+    nat: bool  # its policy reaches beyond the host: masquerade on the host
+
+
+def no_nic_message(what: str) -> str:
+    return (f"{what} has no network device, so allow_internet_access and network do not apply; "
+            "create the snapshot with \"nic\": true to give its children a network")
+
+
+class Networks:
+    def __init__(self, root: Path, registry: Registry, plan: AddressPlan | None = None) -> None:
+        self._dir = root / "net"
+        self._registry = registry
+        self.plan = plan or AddressPlan.from_env()
+        self._leases: dict[str, ChildNet] = {}  # owner -> its network
+        self._indices: set[int] = set()  # being made right now (no lease yet in _leases)
+        self._child_netns: set[int] = set()  # forkd-child-<i> being claimed right now
+
+    # ---------------------------------------------------------------- checks
+
+    async def prepare(self, *, tap: str | None, dns: tuple[str, ...], egress: EgressPolicy,
+                      per_child_netns: bool, what: str) -> NetRequest | None:
+        """The checks of a spawn (400 before any VM starts); None if its children need no network."""
+        if tap is None and not egress.is_default:
+            raise InvalidRequest(no_nic_message(what))
+        if tap is None and not per_child_netns:
+            return None
+        childnet.check_prerequisites(what)
+        host: list[IPv4Address] = []
+        nat = False
+        if tap is not None:
+            host = await asyncio.to_thread(childnet.host_addresses)
+            nat = egress.leaves_host([*host, self.plan.gateway])
+            if nat and not childnet.forwarding_enabled():
+                raise InvalidRequest(
+                    f"the egress asked for ({json.dumps(egress.info())}) reaches beyond this host, which "
+                    f"needs IP forwarding, and net.ipv4.ip_forward is 0: {childnet.FORWARDING_FIX}")
+        blocked = (self.plan.network, *(IPv4Network(a) for a in host))
+        return NetRequest(tap, dns, egress, blocked, nat)
+
+    # ---------------------------------------------------------------- per_child_netns names
+
+    def claim_child_netns(self, n: int) -> list[int]:
+        """The ``n`` lowest ``forkd-child-<i>`` no live or starting sandbox holds (no await: atomic)."""
+        used = {netns_mod.netns_index(sb.netns) for sb in self._registry.list_sandboxes()}
+        indices = netns_mod.lowest_free({i for i in used if i is not None} | self._child_netns, n)
+        self._child_netns.update(indices)
+        return indices
+
+    def release_child_netns(self, indices: list[int]) -> None:
+        self._child_netns.difference_update(indices)
+
+    # ---------------------------------------------------------------- leases
+
+    def _claim_index(self) -> int:
+        """The lowest address index nobody holds, on this host (no await: atomic)."""
+        taken = self._indices | {n.index for n in self._leases.values() if n.index is not None}
+        taken |= childnet.veths_in_use()  # other daemons on this host share the device names
+        index = netns_mod.lowest_free(taken, 1)[0]
+        if index >= self.plan.capacity:
+            raise VMError(f"the sandbox network {self.plan.network} is full ({self.plan.capacity} "
+                          "sandboxes); give a larger one with FORKD_NET_CIDR")
+        self._indices.add(index)
+        return index
+
+    def _lease_path(self, owner: str) -> Path:
+        return self._dir / f"{owner}.json"
+
+    def _write_lease(self, net: ChildNet) -> None:
+        self._dir.mkdir(mode=0o700, exist_ok=True)
+        tmp = self._lease_path(net.owner).with_suffix(".tmp")
+        tmp.write_text(json.dumps(net.to_json()))
+        os.replace(tmp, self._lease_path(net.owner))
+        self._leases[net.owner] = net
+
+    def _drop_lease(self, owner: str) -> None:
+        self._leases.pop(owner, None)
+        with contextlib.suppress(FileNotFoundError):
+            self._lease_path(owner).unlink()
+
+    @staticmethod
+    def template_owner() -> str:
+        return f"tpl-{secrets.token_hex(4)}"
+
+    async def acquire(self, owner: str, req: NetRequest, netns: str | None = None) -> ChildNet:
+        """Make ``owner``'s network: in ``netns`` (a ``forkd-child-<i>``) or its own namespace."""
+        name = netns or f"{NETNS_PREFIX}{owner}"
+        owns = not netns_mod.netns_exists(name)
+        owns_tap = req.tap is not None and owns
+        if req.tap is not None and not owns:
+            # Provisioned (scripts/netns-setup.sh): use its tap if it has one; never touch a link
+            # that is not ours.
+            links = await asyncio.to_thread(childnet.netns_links, name)
+            if UPLINK in links:
+                raise VMError(f"network namespace {name} already has an interface {UPLINK}, which is "
+                              f"not forkd's: delete it (ip -n {name} link del {UPLINK}) or the namespace")
+            owns_tap = req.tap not in links
+        index = self._claim_index() if req.tap is not None else None
+        try:
+            net = ChildNet(owner=owner, netns=name, owns_netns=owns, tap=req.tap, owns_tap=owns_tap,
+                           index=index, ip=str(self.plan.address(index)) if index is not None else None,
+                           gateway=str(self.plan.gateway) if index is not None else None,
+                           egress=req.egress, dns=req.dns, nat=req.nat)
+            self._write_lease(net)  # before anything exists: a crash from here on is reaped
+        finally:
+            if index is not None:
+                self._indices.discard(index)  # from now on the lease holds it
+        try:
+            await childnet.create(net, list(req.blocked))
+        except BaseException:
+            self._drop_lease(owner)  # create removed what it made
+            raise
+        return net
+
+    async def release(self, net: ChildNet) -> None:
+        """Remove ``net`` from the host (its QEMU is gone), then its lease."""
+        errors = await childnet.remove(net)
+        for err in errors:
+            log.warning("removing the network of %s: %s", net.owner, err)
+        self._drop_lease(net.owner)
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """SandboxTable hook: a torn-down sandbox's network goes with it."""
+        net = self._leases.get(record.id) or record.network
+        if net is not None:
+            await self.release(net)
+
+    def launcher(self, net: ChildNet) -> list[str]:
+        """argv prefix that runs QEMU in ``net``'s namespace (same pid)."""
+        return netns_mod.launcher(net.netns)
+
+    # ---------------------------------------------------------------- restart
+
+    async def reap(self, alive: set[str]) -> None:
+        """Start-up: keep the leases of sandboxes still alive, remove every other network."""
+        if not self._dir.is_dir():
+            return
+        for path in sorted(self._dir.iterdir()):
+            if path.suffix == ".tmp":  # a lease never finished: nothing was made for it yet
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                net = ChildNet.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, InvalidRequest) as exc:
+                log.warning("unreadable network lease %s (%s); removing it", path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            self._leases[net.owner] = net
+            if net.owner not in alive:
+                log.info("removing the network of %s (%s), left by an earlier daemon", net.owner, net.netns)
+                await self.release(net)
+
+    def owners(self) -> list[str]:
+        """Who holds a network now (the tests check that teardown leaves none)."""
+        return sorted(self._leases)
+
+    async def close(self) -> None:
+        """The daemon stops: drop the host's masquerade table if no sandbox (of any daemon) uses it."""
+        try:
+            await childnet.remove_host_nat_if_unused()
+        except (VMError, OSError) as exc:
+            log.warning("could not remove the host's masquerade table: %s", exc)

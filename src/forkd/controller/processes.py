@@ -1,0 +1,303 @@
+"""`SandboxProcesses`: processes in a sandbox, started, watched, fed and signalled through its agent.
+
+Processes are addressed by their pid in the guest. A process's output reaches
+the host as ``ProcessEvent``s carrying raw bytes (how to show them is the
+caller's business: the REST API sends text or base64). Every stream is
+flow-controlled end to end: the agent sends a window ahead, this side holds at
+most that, and a caller that stops reading (a slow HTTP client) stops the flow
+rather than grow the daemon's memory. Open streams per sandbox are bounded too.
+
+The guest is not trusted: what it says about a process is checked for shape
+before anyone sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import signal as signals
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from forkd import bounds
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import Busy, ForkdError, GuestError, InvalidRequest
+from forkd.guest import protocol
+from forkd.guest.client import AgentStream
+
+# Process streams a sandbox may have open at once (each holds up to a window).
+MAX_STREAMS_PER_SANDBOX = 32
+CALL_TIMEOUT_SECS = 30.0
+# A kill answers once the process has ended (it leaves the list), or after this long.
+KILL_WAIT_MS = 5000
+
+EventType = Literal["start", "stdout", "stderr", "dropped", "exit"]
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    """One event of a process stream.
+
+    ``start`` (``pid``), then ``stdout``/``stderr`` (``data``: raw bytes, as the
+    process wrote them, in order), possibly ``dropped`` (``dropped``: bytes lost
+    from the guest's ring before this stream read them; only on a late attach),
+    and last ``exit`` (``exit_code``: the status, negative for a signal, 124 after
+    a timeout; ``signal``; ``timed_out``; ``error``).
+    """
+
+    type: EventType
+    pid: int
+    data: bytes = b""
+    dropped: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    error: str | None = None
+
+
+def _opt(value: Any, kind: type | tuple[type, ...]) -> Any:
+    """``value`` if it is None or of ``kind`` (a bool is not a number here); else the guest lied."""
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise GuestError("guest agent sent a malformed process record")
+    return value
+
+
+def process_info(raw: Any) -> dict[str, Any]:
+    """A ProcessInfo from the guest, with only the documented keys of the documented types."""
+    if not isinstance(raw, dict) or isinstance(raw.get("pid"), bool) or not isinstance(raw.get("pid"), int):
+        raise GuestError("guest agent sent a malformed process record")
+    args = raw.get("args")
+    env = raw.get("env") or {}
+    if (not isinstance(args, list) or not all(isinstance(a, str) for a in args)
+            or not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
+        raise GuestError("guest agent sent a malformed process record")
+    return {
+        "pid": raw["pid"],
+        "tag": _opt(raw.get("tag"), str),
+        "args": args,
+        "env": env,
+        "cwd": _opt(raw.get("cwd"), str),
+        "running": bool(raw.get("running")),
+        "exit_code": _opt(raw.get("exit_code"), int),
+        "signal": _opt(raw.get("signal"), int),
+        "timed_out": bool(raw.get("timed_out")),
+        "stdin_open": bool(raw.get("stdin_open")),
+        "started_at": _opt(raw.get("started_at"), (int, float)),
+        "ended_at": _opt(raw.get("ended_at"), (int, float)),
+    }
+
+
+def signal_number(sig: int | str) -> int:
+    """``9``, ``"SIGKILL"`` or ``"KILL"`` -> 9; 400 for anything else."""
+    if isinstance(sig, bool):
+        raise InvalidRequest(f"signal must be a signal name or number, not {sig!r}")
+    if isinstance(sig, int):
+        if sig in {int(s) for s in signals.valid_signals()} and sig > 0:
+            return sig
+        raise InvalidRequest(f"no signal number {sig}")
+    name = sig.upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    member = getattr(signals.Signals, name, None) if name.isidentifier() else None
+    if not isinstance(member, signals.Signals):
+        raise InvalidRequest(f"unknown signal {sig!r} (e.g. SIGTERM, SIGKILL, SIGINT, or a number)")
+    return int(member)
+
+
+class ProcessEvents:
+    """A process stream: ``async for event in events``; ``aclose()`` stops watching.
+
+    With ``kill_on_close`` (a foreground run), closing before the exit kills the
+    process's group: a client that goes away leaves nothing running.
+    """
+
+    def __init__(self, owner: SandboxProcesses, sandbox_id: str, stream: AgentStream,
+                 kill_on_close: bool) -> None:
+        self._owner = owner
+        self._sandbox_id = sandbox_id
+        self._stream = stream
+        self._kill_on_close = kill_on_close
+        self.pid: int | None = None
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[ProcessEvent]:
+        return self
+
+    async def __anext__(self) -> ProcessEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            raw = await self._stream.__anext__()
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except GuestError as exc:
+            self._finish()
+            raise self._owner.explain(self._sandbox_id, exc) from exc
+        except ForkdError:
+            self._finish()
+            raise
+        event = self._event(raw)
+        if event.type == "exit":
+            self._finish()
+        return event
+
+    def _event(self, raw: dict[str, Any]) -> ProcessEvent:
+        kind = raw.get("type")
+        pid = raw.get("pid", self.pid)
+        if isinstance(pid, bool) or not isinstance(pid, int):
+            raise GuestError("guest agent sent a process event without a pid")
+        if kind == protocol.EV_START:
+            self.pid = pid
+            return ProcessEvent("start", pid)
+        if self.pid is None:
+            raise GuestError("guest agent sent process output before its start")
+        if kind in (protocol.EV_STDOUT, protocol.EV_STDERR):
+            data = raw.get("data")
+            assert isinstance(data, bytes)  # decoded and checked by the client
+            return ProcessEvent(kind, self.pid, data=data)
+        if kind == protocol.EV_DROPPED:
+            return ProcessEvent("dropped", self.pid, dropped=max(0, _opt(raw.get("bytes"), int) or 0))
+        if kind == protocol.EV_EXIT:
+            error = _opt(raw.get("error"), str)
+            return ProcessEvent("exit", self.pid, exit_code=_opt(raw.get("exit_code"), int),
+                                signal=_opt(raw.get("signal"), int), timed_out=bool(raw.get("timed_out")),
+                                error=error[:2000] if error else None)
+        raise GuestError(f"guest agent sent an unknown process event {str(kind)[:40]!r}")
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._owner.closed(self._sandbox_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching (idempotent); a foreground run's process is killed if still running."""
+        if self._done:
+            return
+        self._finish()
+        self._stream.close()
+        if self._kill_on_close and self.pid is not None:
+            self._owner.kill_now(self._sandbox_id, self.pid)
+
+
+class SandboxProcesses:
+    def __init__(self, sandboxes: SandboxTable) -> None:
+        self._sandboxes = sandboxes
+        self._open: dict[str, int] = {}  # sandbox id -> open streams
+
+    async def _call(self, sandbox_id: str, action: str, **args: object) -> dict[str, Any]:
+        return await self._sandboxes.call(sandbox_id, action, CALL_TIMEOUT_SECS, **args)
+
+    def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
+        vm = self._sandboxes.vm(sandbox_id)
+        if vm is None:
+            return GuestError(f"sandbox {sandbox_id!r} was killed")
+        return self._sandboxes.explain(sandbox_id, vm, exc)
+
+    def closed(self, sandbox_id: str) -> None:
+        left = self._open.get(sandbox_id, 0) - 1
+        if left > 0:
+            self._open[sandbox_id] = left
+        else:
+            self._open.pop(sandbox_id, None)
+
+    async def _open_stream(self, sandbox_id: str, action: str, kill_on_close: bool,
+                           **args: object) -> ProcessEvents:
+        sandbox_id = self._sandboxes.resolve(sandbox_id)
+        if self._open.get(sandbox_id, 0) >= MAX_STREAMS_PER_SANDBOX:
+            raise Busy(f"sandbox {sandbox_id!r} already has {MAX_STREAMS_PER_SANDBOX} process streams "
+                       "open; close one (or let it end) and retry")
+        self._open[sandbox_id] = self._open.get(sandbox_id, 0) + 1
+        try:
+            stream = await self._sandboxes.stream(sandbox_id, action, **args)
+        except BaseException:
+            self.closed(sandbox_id)
+            raise
+        return ProcessEvents(self, sandbox_id, stream, kill_on_close)
+
+    @staticmethod
+    def _start_args(args: list[str], env: dict[str, str] | None, cwd: str | None, stdin: bytes | None,
+                    stdin_open: bool, tag: str | None, timeout_secs: float | None) -> dict[str, Any]:
+        if not args or not all(isinstance(a, str) for a in args):
+            raise InvalidRequest("args must be a non-empty list of strings")
+        if any("\0" in a for a in args):
+            raise InvalidRequest("args must not contain NUL characters")
+        if timeout_secs is not None:
+            bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
+        if tag is not None and len(tag) > protocol.TAG_MAX:
+            raise InvalidRequest(f"tag must be at most {protocol.TAG_MAX} characters")
+        req: dict[str, Any] = {"args": args, "stdin": stdin_open}
+        for key, value in (("env", env), ("cwd", cwd), ("tag", tag), ("timeout_secs", timeout_secs)):
+            if value is not None:
+                req[key] = value
+        if stdin is not None:
+            req["input"] = base64.b64encode(stdin).decode("ascii")
+        return req
+
+    # ------------------------------------------------------------- requests
+
+    async def run(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+                  cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+                  tag: str | None = None, timeout_secs: float | None = None,
+                  kill_on_close: bool = True) -> ProcessEvents:
+        """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``)."""
+        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs)
+        return await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
+
+    async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+                    cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+                    tag: str | None = None, timeout_secs: float | None = None) -> dict[str, Any]:
+        """Start a background process; its ProcessInfo. Watch it with ``attach``."""
+        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs)
+        return process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
+
+    async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
+        """Stream a process: from the oldest output its ring still holds (``from_start``) or from now.
+
+        This stream never holds the process back: if it reads slower than the
+        process writes, what the ring lost is reported as a ``dropped`` event."""
+        await self.get(sandbox_id, pid)  # 404 before any response has started
+        return await self._open_stream(sandbox_id, protocol.PROC_ATTACH, False, pid=pid,
+                                       from_start=from_start)
+
+    async def list(self, sandbox_id: str) -> list[dict[str, Any]]:
+        result = await self._call(sandbox_id, protocol.PROC_LIST)
+        processes = result.get("processes")
+        if not isinstance(processes, list) or len(processes) > protocol.MAX_PROCESSES:
+            raise GuestError("guest agent sent a malformed or overlong process list")
+        return [process_info(p) for p in processes]
+
+    async def get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        return process_info(await self._call(sandbox_id, protocol.PROC_INFO, pid=pid))
+
+    async def write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
+                          eof: bool = False) -> dict[str, Any]:
+        """Queue ``data`` for the process's stdin (409 if its stdin is closed or its buffer full)."""
+        result = await self._call(sandbox_id, protocol.PROC_INPUT, pid=pid,
+                                  data=base64.b64encode(data).decode("ascii"), eof=eof)
+        written = result.get("written")
+        if isinstance(written, bool) or not isinstance(written, int):
+            raise GuestError("guest agent sent a malformed answer to proc_input")
+        return {"pid": pid, "written": written, "stdin_open": not eof}
+
+    async def signal(self, sandbox_id: str, pid: int, sig: int | str, *,
+                     group: bool = True) -> dict[str, Any]:
+        """Send ``sig`` to the process (its whole process group unless ``group`` is False)."""
+        number = signal_number(sig)
+        await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=number, group=group)
+        return {"pid": pid, "signal": number, "signalled": True}
+
+    async def kill(self, sandbox_id: str, pid: int) -> None:
+        """SIGKILL the process's group and wait (a few seconds at most) until it has ended, so
+        that it has left the process list (404 if it was not running)."""
+        await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL), group=True,
+                         wait_ms=KILL_WAIT_MS)
+
+    def kill_now(self, sandbox_id: str, pid: int) -> None:
+        """SIGKILL a process's group without waiting (a foreground run whose client left)."""
+        self._sandboxes.notify(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL),
+                               group=True)

@@ -1,0 +1,191 @@
+"""Where a networked sandbox may send traffic: its egress policy (pure logic, no I/O).
+
+Outbound traffic is denied by default. A spawn opens it with the names E2B
+users know (``allow_internet_access``, ``network.allow_out`` / ``deny_out``):
+
+* ``allow_internet_access: true`` opens the public internet: every destination
+  except the non-public ranges (``NOT_INTERNET``: private, carrier-grade NAT,
+  link-local with the cloud metadata address, loopback, multicast), the host's
+  own addresses and the other sandboxes;
+* ``allow_out`` entries are always open, whatever else is said (as in E2B,
+  allow wins over deny); an entry can open one of the ranges above;
+* ``deny_out`` entries close destinations ``allow_internet_access`` opened.
+
+An entry is an IPv4 address or CIDR, optionally with a port or a port range:
+``"10.0.0.0/8"`` (every protocol and port), ``"192.0.2.7:443"``,
+``"198.51.100.0/24:8000-8100"`` (TCP and UDP to those ports); ``ENTRY_PATTERN``
+says exactly that. A CIDR with host bits set means its network
+(``10.0.0.1/8`` is ``10.0.0.0/8``), as in ``ip route`` and nftables. Domain
+names and IPv6 are refused with a message saying so: the guest has IPv4 only,
+and the rules are address-based.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from forkd import bounds
+from forkd.errors import InvalidRequest
+
+ALL_TRAFFIC = "0.0.0.0/0"  # E2B's name for "everything"
+
+# Not "the internet": opened only by an explicit allow_out entry.
+NOT_INTERNET = tuple(IPv4Network(n) for n in (
+    "0.0.0.0/8",        # "this network"
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # RFC 1918
+    "100.64.0.0/10",    # carrier-grade NAT
+    "127.0.0.0/8",      # loopback
+    "169.254.0.0/16",   # link-local, with the clouds' metadata service at 169.254.169.254
+    "224.0.0.0/4", "240.0.0.0/4",  # multicast, reserved and broadcast
+))
+
+NETWORK_KEYS = ("allow_out", "deny_out")
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+# Every string this matches is a valid entry (the API documents it; ``Destination.parse`` says
+# what is wrong with one that does not match).
+ENTRY_PATTERN = rf"^{_OCTET}(\.{_OCTET}){{3}}(/(3[0-2]|[12]?[0-9]))?(:{_PORT}(-{_PORT})?)?$"
+
+
+@dataclass(frozen=True, order=True)
+class Destination:
+    """An allow_out / deny_out entry: a network, and optionally a port range (TCP and UDP)."""
+
+    network: IPv4Network
+    first_port: int | None = None
+    last_port: int | None = None
+
+    @classmethod
+    def parse(cls, text: object, where: str) -> Destination:
+        """``ADDRESS[/PREFIX][:PORT[-PORT]]``; a 400 naming ``where`` (e.g. ``network.allow_out[2]``)."""
+        if not isinstance(text, str):
+            raise InvalidRequest(f"{where} must be a string like '10.0.0.0/8' or '192.0.2.7:443', "
+                                 f"not {text!r}")
+        if not text or len(text) > bounds.MAX_EGRESS_ENTRY_CHARS:
+            raise InvalidRequest(f"{where} must be 1 to {bounds.MAX_EGRESS_ENTRY_CHARS} characters")
+        if text.count(":") > 1 or "[" in text:
+            raise InvalidRequest(f"{where} {text!r}: IPv6 is not supported (sandboxes have IPv4 only)")
+        addr, _, ports = text.partition(":")
+        try:
+            network = IPv4Network(addr, strict=False)
+        except ValueError as exc:
+            if any(c.isalpha() for c in addr):
+                raise InvalidRequest(
+                    f"{where} {text!r}: domain names are not supported; give an IPv4 address or CIDR "
+                    "(e.g. '192.0.2.7' or '198.51.100.0/24:443')") from None
+            raise InvalidRequest(f"{where} {text!r} is not an IPv4 address or CIDR ({exc})") from None
+        if not ports:
+            if text.endswith(":"):
+                raise InvalidRequest(f"{where} {text!r}: a port must follow the ':'")
+            return cls(network)
+        first_s, dash, last_s = ports.partition("-")
+        first = _port(first_s, where, text)
+        last = _port(last_s, where, text) if dash else first
+        return cls(network, min(first, last), max(first, last))
+
+    def __str__(self) -> str:
+        net = str(self.network.network_address) if self.network.prefixlen == 32 else str(self.network)
+        if self.first_port is None:
+            return net
+        if self.first_port == self.last_port:
+            return f"{net}:{self.first_port}"
+        return f"{net}:{self.first_port}-{self.last_port}"
+
+    @property
+    def ports(self) -> str | None:
+        """nftables' spelling of the port range: ``443`` or ``8000-8100``; None: every port."""
+        if self.first_port is None:
+            return None
+        if self.first_port == self.last_port:
+            return str(self.first_port)
+        return f"{self.first_port}-{self.last_port}"
+
+
+def _port(text: str, where: str, entry: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise InvalidRequest(f"{where} {entry!r}: ports must be numbers from 1 to 65535 (got {text!r})")
+    return int(text)
+
+
+def _destinations(entries: object, where: str) -> tuple[Destination, ...]:
+    if entries is None:
+        return ()
+    if not isinstance(entries, list | tuple):
+        raise InvalidRequest(f"{where} must be a list of IPv4 addresses or CIDRs")
+    if len(entries) > bounds.MAX_EGRESS_ENTRIES:
+        raise InvalidRequest(f"{where} may have at most {bounds.MAX_EGRESS_ENTRIES} entries "
+                             f"(got {len(entries)})")
+    parsed = [Destination.parse(e, f"{where}[{i}]") for i, e in enumerate(entries)]
+    return tuple(sorted(set(parsed)))  # canonical: the pool key compares policies
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """Denied by default; see the module docstring. Hashable: a warm pool's key holds one."""
+
+    allow_internet_access: bool = False
+    allow_out: tuple[Destination, ...] = ()
+    deny_out: tuple[Destination, ...] = ()
+
+    @classmethod
+    def from_request(cls, allow_internet_access: bool | None = None,
+                     network: Mapping[str, Any] | None = None) -> EgressPolicy:
+        """The policy a spawn asked for (the API's fields; None: not given, i.e. denied)."""
+        if allow_internet_access is not None and not isinstance(allow_internet_access, bool):
+            raise InvalidRequest(
+                f"allow_internet_access must be true or false, not {allow_internet_access!r}")
+        network = network or {}
+        if not isinstance(network, Mapping):
+            raise InvalidRequest('network must be an object like {"allow_out": ["192.0.2.7:443"]}')
+        unknown = sorted(set(network) - set(NETWORK_KEYS))
+        if unknown:
+            raise InvalidRequest(f"network has unknown keys {unknown}; it takes {list(NETWORK_KEYS)}")
+        return cls(bool(allow_internet_access),
+                   _destinations(network.get("allow_out"), "network.allow_out"),
+                   _destinations(network.get("deny_out"), "network.deny_out"))
+
+    @property
+    def is_default(self) -> bool:
+        """Everything denied (what a spawn gets without asking)."""
+        return self == EgressPolicy()
+
+    def info(self) -> dict[str, Any]:
+        """As SandboxInfo and PoolInfo show it (and as the registry stores it)."""
+        return {"allow_internet_access": self.allow_internet_access,
+                "allow_out": [str(d) for d in self.allow_out], "deny_out": [str(d) for d in self.deny_out]}
+
+    @classmethod
+    def from_info(cls, d: Mapping[str, Any] | None) -> EgressPolicy:
+        if not d:
+            return cls()
+        return cls.from_request(d.get("allow_internet_access"),
+                                {k: d[k] for k in NETWORK_KEYS if k in d})
+
+    def leaves_host(self, local: Iterable[IPv4Address]) -> bool:
+        """Whether traffic it allows can go beyond this host (then the host must forward and NAT it).
+
+        Destinations that are addresses of the host itself (``local``: its own
+        addresses and the sandboxes' gateway) are delivered locally.
+        """
+        if self.allow_internet_access:
+            return True
+        mine = {IPv4Network(a) for a in local}
+        return any(d.network not in mine for d in self.allow_out)
+
+
+def parse_addresses(values: Iterable[str]) -> list[IPv4Address]:
+    """The IPv4 addresses among ``values`` (resolv.conf lines, ``ip`` output); others are skipped."""
+    out: list[IPv4Address] = []
+    for v in values:
+        try:
+            addr = ipaddress.ip_address(v)
+        except ValueError:
+            continue
+        if isinstance(addr, IPv4Address):
+            out.append(addr)
+    return out

@@ -1,0 +1,262 @@
+"""The network plan of sandboxes: addresses, device names, and the commands and rules that
+make one sandbox's network (pure: text in, text out; ``host/childnet.py`` runs it).
+
+Every child of a snapshot is a clone of one template, so every guest has the
+*same* address (``GUEST_IP`` on eth0, gateway ``TAP_IP``, baked into the
+snapshot). What makes them distinct is the network namespace each one's QEMU
+runs in::
+
+    guest eth0 172.16.0.2 ── tap (172.16.0.1, MAC TAP_MAC) ┐ the sandbox's namespace:
+                                                           │ DNAT <ip> -> 172.16.0.2,
+                           uplink0 <ip>/32 peer <gateway> ─┘ SNAT 172.16.0.2 -> <ip>, egress filter
+                                 │ veth pair
+    host:                  fkn<index> <gateway>/32 peer <ip>/32
+
+* Each sandbox has its own address ``<ip>`` from the plan's CIDR (default
+  ``10.201.0.0/16``, ``$FORKD_NET_CIDR``): the host reaches the guest's every
+  port at ``<ip>``. The CIDR's first host address is the *gateway*, put on the
+  host end of every veth (a point-to-point address, as PPP servers do): from
+  any sandbox, ``<gateway>`` is the host. A /16 holds 65533 sandboxes.
+* Every rule lives in the sandbox's own namespace (table ``inet forkd``) and so
+  dies with it. The only host-side rule is the masquerade for sandboxes whose
+  policy reaches beyond the host: one set element per sandbox in table
+  ``ip forkd``, removed with the sandbox.
+* A sandbox accepts new connections only from the host (source ``<gateway>``),
+  so sandboxes never reach each other, whatever their egress policy says.
+* The tap has the same MAC in every namespace, so the neighbour entry the
+  template's guest cached for its gateway stays right in every clone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, collapse_addresses
+from typing import Any
+
+from forkd.errors import InvalidRequest
+from forkd.host.egress import NOT_INTERNET, Destination, EgressPolicy
+
+GUEST_IP = IPv4Address("172.16.0.2")
+TAP_IP = IPv4Address("172.16.0.1")
+GUEST_PREFIX = 30
+GUEST_NETWORK = IPv4Network(f"{GUEST_IP}/{GUEST_PREFIX}", strict=False)
+# The guest's gateway MAC. The guest's own MAC is vmm/cmdline.GUEST_MAC (52:54:00:66:6b:01).
+TAP_MAC = "52:54:00:66:6b:fe"
+UPLINK = "uplink0"  # the namespace's end of the veth pair
+DEFAULT_TAP = "forkd-tap0"
+DEFAULT_CIDR = "10.201.0.0/16"
+CIDR_ENV = "FORKD_NET_CIDR"
+VETH_PREFIX = "fkn"  # host end: fkn<index> (at most 15 characters: fkn + 5 digits at a /16)
+NFT_TABLE = "forkd"  # in each namespace: inet forkd; on the host: ip forkd (masquerade only)
+HOST_NAT_SET = "egress"
+# Public resolvers for guests of a host whose own resolvers are all loopback ones
+# (a local stub such as systemd-resolved's 127.0.0.53, unreachable from a namespace).
+FALLBACK_DNS = ("1.1.1.1", "8.8.8.8")
+# Sandbox namespaces this daemon names itself (forkd-child-<i> are the seeds').
+NETNS_PREFIX = "forkd-"
+
+
+@dataclass(frozen=True)
+class AddressPlan:
+    """Which address each sandbox gets: index ``i`` -> ``network[2 + i]``; ``network[1]`` is the host."""
+
+    network: IPv4Network
+
+    @classmethod
+    def from_env(cls) -> AddressPlan:
+        return cls.parse(os.environ.get(CIDR_ENV) or DEFAULT_CIDR, CIDR_ENV)
+
+    @classmethod
+    def parse(cls, text: str, where: str = "network CIDR") -> AddressPlan:
+        try:
+            network = IPv4Network(text, strict=True)
+        except ValueError as exc:
+            raise InvalidRequest(f"{where} {text!r} is not an IPv4 CIDR: {exc}") from None
+        if network.prefixlen > 29:
+            raise InvalidRequest(f"{where} {text!r} is too small: give a /29 or larger (a /16 holds 65533 "
+                                 "sandboxes)")
+        if network.overlaps(GUEST_NETWORK):
+            raise InvalidRequest(
+                f"{where} {text!r} overlaps the guests' own subnet {GUEST_IP}/{GUEST_PREFIX}")
+        return cls(network)
+
+    @property
+    def gateway(self) -> IPv4Address:
+        return self.network[1]
+
+    @property
+    def capacity(self) -> int:
+        """Sandboxes it holds at once: all but the network, gateway and broadcast addresses."""
+        return self.network.num_addresses - 3
+
+    def address(self, index: int) -> IPv4Address:
+        if not 0 <= index < self.capacity:
+            raise ValueError(f"index {index} outside the plan {self.network}")
+        return self.network[2 + index]
+
+    @staticmethod
+    def veth(index: int) -> str:
+        return f"{VETH_PREFIX}{index}"
+
+    @staticmethod
+    def index_of_veth(name: str) -> int | None:
+        rest = name[len(VETH_PREFIX):]
+        return int(rest) if name.startswith(VETH_PREFIX) and rest.isdigit() else None
+
+
+@dataclass(frozen=True)
+class ChildNet:
+    """One sandbox's (or template's) network as forkd made it; kept in a lease file and its row.
+
+    ``tap`` None: a namespace only (``per_child_netns`` for a snapshot without
+    a NIC). ``owns_netns`` / ``owns_tap``: forkd created them and removes them;
+    a namespace ``scripts/netns-setup.sh`` provisioned is only given back.
+    """
+
+    owner: str
+    netns: str
+    owns_netns: bool
+    tap: str | None = None
+    owns_tap: bool = False
+    index: int | None = None
+    ip: str | None = None
+    gateway: str | None = None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    dns: tuple[str, ...] = ()
+    nat: bool = False  # an element of the host's masquerade set
+
+    @property
+    def veth(self) -> str | None:
+        return AddressPlan.veth(self.index) if self.index is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"owner": self.owner, "netns": self.netns, "owns_netns": self.owns_netns, "tap": self.tap,
+                "owns_tap": self.owns_tap, "index": self.index, "ip": self.ip, "gateway": self.gateway,
+                "egress": self.egress.info(), "dns": list(self.dns), "nat": self.nat}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ChildNet:
+        return cls(owner=str(d["owner"]), netns=str(d["netns"]), owns_netns=bool(d["owns_netns"]),
+                   tap=d.get("tap"), owns_tap=bool(d.get("owns_tap")), index=d.get("index"),
+                   ip=d.get("ip"), gateway=d.get("gateway"), egress=EgressPolicy.from_info(d.get("egress")),
+                   dns=tuple(d.get("dns") or ()), nat=bool(d.get("nat")))
+
+    def info(self) -> dict[str, Any]:
+        """SandboxInfo's ``network``: how the guest sees its network, and what it may reach."""
+        out: dict[str, Any] = {"guest_ip": str(GUEST_IP), "host_gateway": self.gateway, "dns": list(self.dns)}
+        out.update(self.egress.info())
+        return out
+
+
+# ------------------------------------------------------------------ commands
+
+
+def host_batch(net: ChildNet) -> str:
+    """``ip -batch`` lines run in the host's namespace: the veth pair, the host end's address.
+
+    (The namespace itself is made by a call of its own, so that a failure tells
+    whether it was ours to remove.)
+    """
+    lines: list[str] = []
+    if net.tap is not None:
+        lines += [
+            f"link add {net.veth} type veth peer name {UPLINK} netns {net.netns}",
+            f"addr add {net.gateway}/32 peer {net.ip}/32 dev {net.veth}",
+            f"link set dev {net.veth} up",
+        ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def netns_batch(net: ChildNet) -> str:
+    """``ip -n <netns> -batch`` lines: loopback, the tap with its address and MAC, the uplink, the route."""
+    lines = ["link set dev lo up"]
+    if net.tap is not None:
+        if net.owns_tap:
+            lines.append(f"tuntap add dev {net.tap} mode tap")
+        lines += [
+            f"link set dev {net.tap} down",  # a MAC changes only while the link is down
+            f"link set dev {net.tap} address {TAP_MAC}",
+            f"addr add {TAP_IP}/{GUEST_PREFIX} dev {net.tap}",
+            f"link set dev {net.tap} up",
+            f"addr add {net.ip}/32 peer {net.gateway}/32 dev {UPLINK}",
+            f"link set dev {UPLINK} up",
+            f"route add default via {net.gateway} dev {UPLINK}",
+        ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _match(d: Destination) -> str:
+    ports = f" meta l4proto {{ tcp, udp }} th dport {d.ports}" if d.ports else ""
+    return f"ip daddr {d.network}{ports}"
+
+
+def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
+    """The sandbox namespace's nftables table: NAT both ways, inbound from the host only, egress.
+
+    ``blocked``: what ``allow_internet_access`` still keeps closed besides
+    ``NOT_INTERNET`` (the plan's CIDR, the host's own addresses).
+    """
+    assert net.tap is not None and net.ip and net.gateway
+    tap, policy = net.tap, net.egress
+    egress = [f"{_match(d)} accept" for d in policy.allow_out]
+    egress += [f"{_match(d)} jump refuse" for d in policy.deny_out]
+    if policy.allow_internet_access:
+        # The guest's resolvers may sit in a private range (a LAN resolver): DNS to them stays open.
+        egress += [f"ip daddr {ns} meta l4proto {{ tcp, udp }} th dport 53 accept" for ns in net.dns]
+        # Collapsed: an anonymous interval set refuses overlapping elements.
+        closed = collapse_addresses([*NOT_INTERNET, *blocked])
+        egress += [f"ip daddr {{ {', '.join(str(n) for n in closed)} }} jump refuse", "accept"]
+    body = "\n".join(f"    {rule}" for rule in egress)
+    return f"""table inet {NFT_TABLE} {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "{UPLINK}" ip daddr {net.ip} dnat ip to {GUEST_IP}
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    oifname "{UPLINK}" ip saddr {GUEST_IP} snat ip to {net.ip}
+  }}
+  chain input {{
+    type filter hook input priority filter; policy drop;
+    iif "lo" accept
+    ct state established,related accept
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy drop;
+    ct state established,related accept
+    ct state invalid drop
+    iifname "{UPLINK}" oifname "{tap}" ip saddr {net.gateway} ct status dnat accept
+    iifname "{tap}" oifname "{UPLINK}" ip saddr {GUEST_IP} jump egress
+    iifname "{tap}" jump refuse
+  }}
+  chain egress {{
+{body}
+  }}
+  chain refuse {{
+    meta l4proto tcp reject with tcp reset
+    reject with icmpx admin-prohibited
+  }}
+}}
+"""
+
+
+def host_nat_add(ip: str) -> str:
+    """The host's masquerade for sandboxes that reach beyond it, and ``ip`` in its set (idempotent)."""
+    t = f"ip {NFT_TABLE}"
+    return (f"add table {t}\n"
+            f"add set {t} {HOST_NAT_SET} {{ type ipv4_addr; }}\n"
+            f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
+            f"flush chain {t} postrouting\n"
+            f'add rule {t} postrouting ip saddr @{HOST_NAT_SET} oifname != "{VETH_PREFIX}*" masquerade\n'
+            f"add element {t} {HOST_NAT_SET} {{ {ip} }}\n")
+
+
+def host_nat_remove(ip: str) -> str:
+    return f"delete element ip {NFT_TABLE} {HOST_NAT_SET} {{ {ip} }}\n"
+
+
+def guest_cmdline(dns: Iterable[str]) -> str:
+    """The kernel command-line word from which the guest agent configures eth0 at boot."""
+    return f"forkd.net={GUEST_IP}/{GUEST_PREFIX},{TAP_IP},{'+'.join(dns)}"

@@ -1,0 +1,505 @@
+"""Sandbox networking with real VMs: addresses, reachability, isolation, egress, teardown, scale.
+
+Needs root (namespaces, veths, nftables). Every address used is on this host: the
+sandboxes' own (10.201.0.0/16 by default, inside namespaces this module's daemon
+makes) and the host's, where the test's TCP servers listen. Nothing leaves the
+host: no test opens an egress beyond it (that would need IP forwarding).
+
+One template boot for the module (``py-net``, a NIC), on a runtime of its own so
+that the restart test can close and reopen it.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from forkd.config import DataDir
+from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.errors import InvalidRequest
+from forkd.host import childnet, netplan
+from forkd.store.registry import SandboxRecord
+
+from .conftest import Loop, images_dir, qemu_processes_of
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, veths and nftables need root"),
+    pytest.mark.skipif(bool(childnet.missing_prerequisites()),
+                       reason=f"host networking missing: {childnet.missing_prerequisites()}"),
+]
+
+TAG = "py-net"
+GUEST_PORT = 8000
+
+# Run in a guest's warm interpreter: a TCP server on GUEST_PORT that answers its TOKEN and the
+# peer it saw, and a client that says how a connection attempt ended (and how fast).
+GUEST_SERVER = f'''
+import os, socket, threading
+def _serve(token):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", {GUEST_PORT})); s.listen(64)
+    while True:
+        c, peer = s.accept(); c.sendall(f"{{token}} {{peer[0]}}\\n".encode()); c.close()
+threading.Thread(target=_serve, args=(os.environ["TOKEN"],), daemon=True).start()
+'''
+GUEST_CLIENT = '''
+def _try(host, port):
+    import socket, time
+    s = socket.socket(); s.settimeout(10); t = time.monotonic()
+    try:
+        s.connect((host, port)); data = s.recv(100).decode()
+        return {"ok": True, "data": data, "secs": time.monotonic() - t}
+    except OSError as e:
+        return {"ok": False, "error": type(e).__name__, "secs": time.monotonic() - t}
+    finally:
+        s.close()
+'''
+ETH0_ADDR = '''
+import fcntl, socket, struct
+_s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+socket.inet_ntoa(fcntl.ioctl(_s, 0x8915, struct.pack("256s", b"eth0"))[20:24])
+'''
+
+
+@dataclass
+class Env:
+    loop: Loop
+    data: DataDir
+    rt: Runtime
+    made: list[SandboxRecord] = field(default_factory=list)  # every sandbox a test spawned here
+
+    def spawn(self, n: int = 1, **kw: object) -> list[SandboxRecord]:
+        sbs = self.loop.run(self.rt.spawn(TAG, n, **kw))  # type: ignore[arg-type]
+        self.made += sbs
+        return sbs
+
+    def kill(self, sbs: list[SandboxRecord]) -> None:
+        self.loop.gather(*(self.rt.kill(sb.id) for sb in sbs if sb.id in self.rt.sandboxes))
+
+    def eval(self, sb: SandboxRecord, code: str) -> object:
+        res = self.loop.run(self.rt.eval(sb.id, code))
+        assert res["exit_code"] == 0, res
+        return ast.literal_eval(res["result"]) if res["result"] is not None else None
+
+
+@pytest.fixture(scope="module")
+def env(loop: Loop) -> Iterator[Env]:
+    scratch = DataDir.scratch("forkd-nettest-")
+    data = DataDir(scratch.root, images_dir())
+    rt = loop.run(Runtime.open(data))
+    e = Env(loop, data, rt)
+    try:
+        loop.run(rt.create_snapshot(SnapshotSpec(tag=TAG, nic=True, boot_wait_secs=240)))
+        yield e
+    finally:
+        loop.run(e.rt.close())
+        assert not qemu_processes_of(data.root)
+        assert_nothing_left(e.made)
+        # The host's masquerade table went with the last sandbox that needed it.
+        assert not _sh("nft", "list", "table", "ip", netplan.NFT_TABLE)
+        shutil.rmtree(data.root, ignore_errors=True)
+
+
+def _sh(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+
+def nat_elements() -> set[str]:
+    out = _sh("nft", "-j", "list", "set", "ip", netplan.NFT_TABLE, netplan.HOST_NAT_SET)
+    if not out:
+        return set()
+    sets = [o["set"] for o in json.loads(out)["nftables"] if "set" in o]
+    return {str(e) for e in (sets[0].get("elem") or [])} if sets else set()
+
+
+def assert_nothing_left(sbs: list[SandboxRecord]) -> None:
+    """No namespace, veth, lease, masquerade element or cgroup of these sandboxes."""
+    for sb in sbs:
+        net = sb.network
+        if sb.netns and (net is None or net.owns_netns):
+            assert not Path("/run/netns", sb.netns).exists(), f"namespace {sb.netns} left behind"
+        if net is not None and net.veth:
+            assert not Path("/sys/class/net", net.veth).exists(), f"veth {net.veth} left behind"
+            assert net.ip not in nat_elements()
+        assert not (Path(sb.dir).parent.parent / "net" / f"{sb.id}.json").exists(), f"lease of {sb.id}"
+        for cg in [sb.cgroup, *sb.cgroup_extra]:
+            assert not cg or not Path(cg).exists(), f"cgroup {cg} left behind"
+
+
+class HostServer:
+    """A TCP server in the host's own namespace that records who connected."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))  # every host address: the gateway and the host's own
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[str] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, peer = self.sock.accept()
+                self.peers.append(peer[0])
+                conn.sendall(b"host\n")
+                conn.close()
+
+    def close(self) -> None:
+        # Wake the accept (EINVAL) before the fd is closed: a closed fd can be reused at once.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[HostServer, HostServer]]:
+    a, b = HostServer(), HostServer()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def host_fetch(ip: str, port: int = GUEST_PORT) -> str:
+    with socket.create_connection((ip, port), timeout=10) as s:
+        return s.recv(100).decode().strip()
+
+
+def host_address() -> str:
+    """An address of the host's own (not the sandboxes' gateway)."""
+    plan = netplan.AddressPlan.from_env()
+    others = [str(a) for a in childnet.host_addresses() if not a.is_loopback and a not in plan.network]
+    if not others:
+        pytest.skip("the host has no address besides loopback and the sandboxes' gateway")
+    return others[0]
+
+
+# ------------------------------------------------------------------ the guest's network
+
+
+def test_children_share_the_guest_ip_and_each_is_reachable_at_its_own_address(env: Env) -> None:
+    a, b = env.spawn(2, child_env=[{"TOKEN": "child-a"}, {"TOKEN": "child-b"}])
+    try:
+        for sb in (a, b):
+            info = sb.info()
+            assert info["netns"] == f"forkd-{sb.id}" and Path("/run/netns", info["netns"]).exists()
+            assert info["network"]["guest_ip"] == "172.16.0.2"
+            assert info["network"]["allow_internet_access"] is False and info["network"]["allow_out"] == []
+            assert env.eval(sb, ETH0_ADDR) == "172.16.0.2"  # the same address inside every child
+            res = env.loop.run(env.rt.exec(sb.id, ["cat", "/etc/resolv.conf"]))
+            assert "nameserver" in res["stdout"], res
+            env.eval(sb, GUEST_SERVER)
+        assert a.info()["ip"] != b.info()["ip"]
+        gateway = a.info()["network"]["host_gateway"]
+        # Each host address leads to its own child, which sees the host as the gateway.
+        assert host_fetch(a.info()["ip"]) == f"child-a {gateway}"
+        assert host_fetch(b.info()["ip"]) == f"child-b {gateway}"
+        assert host_fetch(a.info()["ip"]) == f"child-a {gateway}"
+    finally:
+        env.kill([a, b])
+    assert_nothing_left([a, b])
+
+
+def test_a_child_cannot_reach_another(env: Env) -> None:
+    a, b = env.spawn(2, child_env=[{"TOKEN": "a"}, {"TOKEN": "b"}])
+    try:
+        env.eval(b, GUEST_SERVER)
+        env.eval(a, GUEST_CLIENT)
+        assert host_fetch(b.info()["ip"]).startswith("b ")  # b serves...
+        got = env.eval(a, f"_try({b.info()['ip']!r}, {GUEST_PORT})")
+        assert isinstance(got, dict) and not got["ok"], got  # ...but not to a
+        assert got["secs"] < 5, got  # refused at once, not left to time out
+        # Nor through the host's gateway address, nor to the guest address they share.
+        assert not env.eval(a, f"_try({a.info()['network']['host_gateway']!r}, {GUEST_PORT})")["ok"]
+    finally:
+        env.kill([a, b])
+
+
+# ------------------------------------------------------------------ egress
+
+
+def test_egress_is_denied_by_default_and_opens_exactly_the_allowed_port(
+        env: Env, servers: tuple[HostServer, HostServer]) -> None:
+    allowed, other = servers
+    gateway = str(netplan.AddressPlan.from_env().gateway)
+    host_ip = host_address()
+    [closed] = env.spawn(1)
+    [opened] = env.spawn(1, network={"allow_out": [f"{gateway}:{allowed.port}"]})
+    try:
+        assert opened.info()["network"]["allow_out"] == [f"{gateway}:{allowed.port}"]
+        for sb in (closed, opened):
+            env.eval(sb, GUEST_CLIENT)
+        # Denied by default: the host's server sees nothing.
+        for target in (gateway, host_ip):
+            got = env.eval(closed, f"_try({target!r}, {allowed.port})")
+            assert isinstance(got, dict) and not got["ok"] and got["secs"] < 5, got
+        assert allowed.peers == []
+        # The allow entry opens exactly that address and port.
+        got = env.eval(opened, f"_try({gateway!r}, {allowed.port})")
+        assert isinstance(got, dict) and got["ok"] and got["data"] == "host\n", got
+        assert allowed.peers == [opened.info()["ip"]]  # seen as the sandbox's own address
+        for target, port in ((gateway, other.port), (host_ip, allowed.port), (host_ip, other.port)):
+            got = env.eval(opened, f"_try({target!r}, {port})")
+            assert isinstance(got, dict) and not got["ok"], (target, port, got)
+        assert other.peers == [] and allowed.peers == [opened.info()["ip"]]
+    finally:
+        env.kill([closed, opened])
+    assert_nothing_left([closed, opened])
+
+
+def test_egress_checks_are_400_before_any_vm_starts(env: Env) -> None:
+    before = set(env.rt.sandboxes.ids())
+    with pytest.raises(InvalidRequest, match="domain names are not supported"):
+        env.loop.run(env.rt.spawn(TAG, 1, network={"allow_out": ["pypi.org:443"]}))
+    if not childnet.forwarding_enabled():
+        with pytest.raises(InvalidRequest, match=r"net\.ipv4\.ip_forward is 0"):
+            env.loop.run(env.rt.spawn(TAG, 1, allow_internet_access=True))
+    assert set(env.rt.sandboxes.ids()) == before and env.rt.networks.owners() == []
+
+
+# ------------------------------------------------------------------ pools and forks
+
+
+def test_pool_members_and_forks_of_a_running_sandbox_get_networks_of_their_own(
+        env: Env, servers: tuple[HostServer, HostServer]) -> None:
+    allowed, _ = servers
+    gateway = str(netplan.AddressPlan.from_env().gateway)
+    network = {"allow_out": [f"{gateway}:{allowed.port}"]}
+    env.loop.run(env.rt.set_pool(TAG, 1, network=network))
+    try:
+        deadline = time.monotonic() + 240
+        while env.rt.get_pool(TAG)["ready"] < 1 and time.monotonic() < deadline:
+            env.loop.run(asyncio.sleep(0.5))  # the refill runs on the loop
+        assert env.rt.get_pool(TAG)["ready"] == 1, env.rt.get_pool(TAG)
+        [plain] = env.spawn(1, env={"TOKEN": "plain"})  # other egress: not from the pool
+        [pooled] = env.spawn(1, network=network, env={"TOKEN": "pooled"})
+        assert env.rt.get_pool(TAG)["claims"] == 1
+        assert pooled.timings.get("claimed_s") is not None and plain.timings.get("claimed_s") is None
+        env.eval(pooled, GUEST_CLIENT)
+        assert env.eval(pooled, f"_try({gateway!r}, {allowed.port})")["ok"]  # the pool's rules
+        # Fork the running pooled child: each fork child has its own namespace and address.
+        env.eval(pooled, GUEST_SERVER)
+        result = env.loop.run(env.rt.fork(pooled.id, 2, network=network))
+        assert not result.errors, result.errors
+        env.made += result.children
+        ips = {c.info()["ip"] for c in result.children} | {pooled.info()["ip"], plain.info()["ip"]}
+        assert len(ips) == 4
+        for child in result.children:
+            # The server thread was running in the source when it was forked: it answers here too.
+            assert host_fetch(child.info()["ip"]).startswith("pooled ")
+            assert env.eval(child, f"_try({gateway!r}, {allowed.port})")["ok"]
+        env.kill([plain, pooled, *result.children])
+    finally:
+        env.loop.run(env.rt.set_pool(TAG, 0))
+    assert_nothing_left([s for s in env.made if s.id not in env.rt.sandboxes])
+
+
+# ------------------------------------------------------------------ teardown and failures
+
+
+def test_per_child_netns_makes_missing_namespaces_and_removes_them(env: Env) -> None:
+    existing = sorted(p.name for p in Path("/run/netns").glob("forkd-child-*"))
+    if existing:
+        pytest.skip(f"forkd-child-* namespaces already exist on this host: {existing}")
+    sbs = env.spawn(2, per_child_netns=True, memory_limit_mib=256)
+    try:
+        assert sorted(sb.netns or "" for sb in sbs) == ["forkd-child-0", "forkd-child-1"]
+        for sb in sbs:
+            assert sb.network is not None and sb.network.owns_netns and sb.cgroup
+            assert env.loop.run(env.rt.ping(sb.id))["pong"] is True
+    finally:
+        env.kill(sbs)
+    assert_nothing_left(sbs)
+    assert not list(Path("/run/netns").glob("forkd-child-*"))
+
+
+def test_failed_spawns_leave_nothing_behind(env: Env) -> None:
+    """A provisioned forkd-child-0 that gets in the way, twice: an interface named like forkd's
+    uplink (refused before anything is made), then a "tap" that is not a tap (QEMU cannot
+    attach, after the whole network was made). Each spawn fails as a whole; forkd's own
+    namespace for the other child goes, the provisioned one is left as it was."""
+    existing = sorted(p.name for p in Path("/run/netns").glob("forkd-child-*"))
+    if existing:
+        pytest.skip(f"forkd-child-* namespaces already exist on this host: {existing}")
+    veths_before = childnet.veths_in_use()
+    ns = "forkd-child-0"
+
+    def nothing_of_ours_left() -> None:
+        assert env.rt.networks.owners() == [] and childnet.veths_in_use() == veths_before
+        assert not Path("/run/netns/forkd-child-1").exists()
+        assert not [sb for sb in env.rt.list_sandboxes() if sb.per_child_netns]
+        assert not list((env.data.root / "net").glob("*.json"))
+        assert _sh("ip", "netns", "exec", ns, "nft", "list", "ruleset").strip() == ""
+        addrs = _sh("ip", "-n", ns, "-4", "addr")
+        assert str(netplan.TAP_IP) not in addrs and "10.201." not in addrs
+
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", netplan.UPLINK, "type", "veth", "peer", "name", "x0"],
+                       check=True)
+        with pytest.raises(Exception, match=f"{ns} already has an interface {netplan.UPLINK}"):
+            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+        nothing_of_ours_left()
+        assert netplan.UPLINK in _sh("ip", "-n", ns, "-o", "link")  # theirs, untouched
+        subprocess.run(["ip", "-n", ns, "link", "del", netplan.UPLINK], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "add", netplan.DEFAULT_TAP, "type", "veth", "peer",
+                        "name", "x1"], check=True)
+        with pytest.raises(Exception, match=netplan.DEFAULT_TAP):
+            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+        nothing_of_ours_left()
+        assert netplan.DEFAULT_TAP in _sh("ip", "-n", ns, "-o", "link")  # theirs, still there
+        assert netplan.UPLINK not in _sh("ip", "-n", ns, "-o", "link")  # ours, gone
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_a_restarted_daemon_keeps_live_networks_and_reaps_dead_ones(env: Env) -> None:
+    alive, dead = env.spawn(2, child_env=[{"TOKEN": "alive"}, {"TOKEN": "dead"}])
+    env.eval(alive, GUEST_SERVER)
+    # A network whose sandbox never got a row: a daemon that died half-way through a spawn.
+    req = env.loop.run(env.rt.networks.prepare(tap=netplan.DEFAULT_TAP, dns=(), egress=alive.egress,
+                                               per_child_netns=False, what="test"))
+    assert req is not None
+    orphan = env.loop.run(env.rt.networks.acquire("sb-0rphan-0000", req))
+    assert Path("/run/netns", orphan.netns).exists()
+    env.loop.run(env.rt.close(keep_sandboxes=True))
+    os.kill(dead.pid or 0, signal.SIGKILL)  # dies while no daemon runs
+    env.rt = env.loop.run(Runtime.open(env.data))
+    assert set(env.rt.networks.owners()) == {alive.id}
+    assert_nothing_left([dead])
+    assert not Path("/run/netns", orphan.netns).exists()
+    assert orphan.veth and not Path("/sys/class/net", orphan.veth).exists()
+    assert host_fetch(alive.info()["ip"]).startswith("alive ")  # re-adopted, still reachable
+    env.kill([alive])
+    assert_nothing_left([alive])
+
+
+# ------------------------------------------------------------------ beyond the host
+
+INTERNET_SERVER = """
+import socket, sys, threading
+def serve(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("203.0.113.2", port)); s.listen(16)
+    while True:
+        c, peer = s.accept(); c.sendall(("internet " + peer[0] + "\\n").encode()); c.close()
+for p in (80, 81):
+    threading.Thread(target=serve, args=(p,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.fixture
+def fake_internet() -> Iterator[str]:
+    """A public address (TEST-NET-3, 203.0.113.2) on this host, in a namespace of the test's own,
+    routed through the host as the internet would be. Needs IP forwarding: opt in with
+    FORKD_TEST_IP_FORWARD=1 to let the test switch it on for its duration (it restores it)."""
+    was_on = childnet.forwarding_enabled()
+    if not was_on and os.environ.get("FORKD_TEST_IP_FORWARD") != "1":
+        pytest.skip("needs net.ipv4.ip_forward=1 (or FORKD_TEST_IP_FORWARD=1 to switch it on here)")
+    ns, veth = f"fdtest-inet-{os.getpid()}", f"fdti{os.getpid() % 100000}"
+    server: subprocess.Popen[str] | None = None
+    try:
+        if not was_on:
+            childnet.IP_FORWARD.write_text("1\n")
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+                       check=True)
+        for argv in (["addr", "add", "203.0.113.1/30", "dev", veth], ["link", "set", veth, "up"],
+                     ["-n", ns, "addr", "add", "203.0.113.2/30", "dev", "eth0"],
+                     ["-n", ns, "link", "set", "eth0", "up"], ["-n", ns, "link", "set", "lo", "up"]):
+            subprocess.run(["ip", *argv], check=True)
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", INTERNET_SERVER],
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield "203.0.113.2"
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", veth], check=False)
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        if not was_on:
+            childnet.IP_FORWARD.write_text("0\n")
+
+
+def test_internet_access_goes_out_through_the_hosts_masquerade(
+        env: Env, fake_internet: str, servers: tuple[HostServer, HostServer]) -> None:
+    host_port = servers[0].port
+    gateway = str(netplan.AddressPlan.from_env().gateway)
+    [free, limited] = [env.spawn(1, allow_internet_access=True, network=net)[0] for net in (
+        None, {"deny_out": [f"{fake_internet}:81"]})]
+    try:
+        for sb in (free, limited):
+            assert sb.network is not None and sb.network.nat
+            assert sb.info()["ip"] in nat_elements()
+            env.eval(sb, GUEST_CLIENT)
+        # Out to a public address: seen there as the host (masqueraded), not as the sandbox.
+        got = env.eval(free, f"_try({fake_internet!r}, 80)")
+        assert isinstance(got, dict) and got["ok"] and got["data"] == "internet 203.0.113.1\n", got
+        assert env.eval(free, f"_try({fake_internet!r}, 81)")["ok"]
+        # deny_out closes one port of it; the rest stays open.
+        assert env.eval(limited, f"_try({fake_internet!r}, 80)")["ok"]
+        assert not env.eval(limited, f"_try({fake_internet!r}, 81)")["ok"]
+        # The host and the other sandboxes stay closed to internet access.
+        assert not env.eval(free, f"_try({gateway!r}, {host_port})")["ok"]
+        assert not env.eval(free, f"_try({limited.info()['ip']!r}, {GUEST_PORT})")["ok"]
+        assert servers[0].peers == []
+    finally:
+        env.kill([free, limited])
+    assert_nothing_left([free, limited])
+    assert not nat_elements() & {free.info()["ip"], limited.info()["ip"]}
+
+
+# ------------------------------------------------------------------ scale
+
+
+def test_two_hundred_networked_children_spawn_and_tear_down(env: Env) -> None:
+    """200 networks at once, spawned in batches of 50; each child answers at its own address.
+
+    Each batch is paused (QMP stop) once checked: 200 running TCG guests would burn ~2 cores
+    idling on this 2-core host and starve their own restores. Their networks stay up.
+    """
+    started = time.monotonic()
+    sbs: list[SandboxRecord] = []
+    try:
+        for _ in range(4):
+            batch = env.spawn(50)
+            sbs += batch
+            # Reachable: a TCP connect to a closed port of each guest is refused by that guest's kernel.
+            for sb in batch:
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((sb.info()["ip"], 1), 10).close()
+            env.loop.gather(*(vm.qmp.cmd("stop") for sb in batch if (vm := env.rt.sandboxes.vm(sb.id))))
+        spawned = time.monotonic() - started
+        assert len({sb.info()["ip"] for sb in sbs}) == 200 and len({sb.netns for sb in sbs}) == 200
+        assert all(Path("/run/netns", sb.netns or "").exists() for sb in sbs)
+        assert len(env.rt.networks.owners()) == 200
+    finally:
+        t = time.monotonic()
+        env.kill(sbs)
+        killed = time.monotonic() - t
+    assert_nothing_left(sbs)
+    assert env.rt.networks.owners() == []
+    print(f"\n200 networked children: spawned in {spawned:.1f} s, torn down in {killed:.1f} s "
+          "(TCG, shared 2-core host)")

@@ -1,0 +1,497 @@
+"""Sandbox networking without VMs: the egress policy, the address plan, the rules, the surfaces.
+
+The nftables rules are checked by the real ``nft -c`` (parse and validate against
+the kernel, apply nothing) where the host has nft and root; the guest's ioctls
+run for real in a throwaway namespace. Everything else is pure logic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+from typing import Any
+
+import httpx
+import hypothesis
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from forkd.cli import context
+from forkd.cli.main import app as cli_app
+from forkd.controller.network import Networks, no_nic_message
+from forkd.errors import InvalidRequest
+from forkd.guest.agent import network as guest_network
+from forkd.host import childnet, netplan
+from forkd.host.egress import ENTRY_PATTERN, NOT_INTERNET, Destination, EgressPolicy
+from forkd.host.netplan import AddressPlan, ChildNet
+from forkd.sdk import Controller, _calls
+from forkd.store.registry import PoolConfig, PoolKey, Registry
+from tests.fakes.daemon import FakeDaemon, sandbox_info
+from tests.fakes.runtime import FakeRuntime
+
+ROOT = os.geteuid() == 0
+needs_root_and = pytest.mark.skipif(not ROOT, reason="needs root")
+
+
+# ------------------------------------------------------------------ entries
+
+
+@pytest.mark.parametrize(("text", "canonical", "ports"), [
+    ("10.0.0.0/8", "10.0.0.0/8", None),
+    ("192.0.2.7", "192.0.2.7", None),
+    ("192.0.2.7/32", "192.0.2.7", None),
+    ("192.0.2.7:443", "192.0.2.7:443", "443"),
+    ("198.51.100.0/24:8000-8100", "198.51.100.0/24:8000-8100", "8000-8100"),
+    ("198.51.100.0/24:8100-8000", "198.51.100.0/24:8000-8100", "8000-8100"),  # ordered
+    ("10.0.0.1/8", "10.0.0.0/8", None),  # host bits: the network, as ip route and nft read it
+    ("0.0.0.0/0", "0.0.0.0/0", None),
+    ("10.201.0.1:65535", "10.201.0.1:65535", "65535"),
+])
+def test_entries_parse_to_a_canonical_form(text: str, canonical: str, ports: str | None) -> None:
+    d = Destination.parse(text, "network.allow_out[0]")
+    assert str(d) == canonical and d.ports == ports
+    assert re.fullmatch(ENTRY_PATTERN, text)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("example.com", "domain names are not supported"),
+    ("example.com:443", "domain names are not supported"),
+    ("2001:db8::1", "IPv6 is not supported"),
+    ("[2001:db8::1]:443", "IPv6 is not supported"),
+    ("10.0.0.0/33", "is not an IPv4 address or CIDR"),
+    ("300.1.1.1", "is not an IPv4 address or CIDR"),
+    ("10.0.0.1:0", "ports must be numbers from 1 to 65535"),
+    ("10.0.0.1:65536", "ports must be numbers from 1 to 65535"),
+    ("10.0.0.1:http", "ports must be numbers from 1 to 65535"),
+    ("10.0.0.1:", "a port must follow the ':'"),
+    ("", "must be 1 to 64 characters"),
+    ("1" * 65, "must be 1 to 64 characters"),
+    (443, "must be a string"),
+])
+def test_bad_entries_are_400_naming_the_entry(text: Any, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=re.escape(message)) as err:
+        Destination.parse(text, "network.allow_out[3]")
+    assert "network.allow_out[3]" in str(err.value)
+    if isinstance(text, str) and text:
+        assert not re.fullmatch(ENTRY_PATTERN, text)  # the documented pattern refuses it too
+
+
+@hypothesis.given(st.from_regex(ENTRY_PATTERN, fullmatch=True))
+@hypothesis.settings(max_examples=300, deadline=None, database=None, derandomize=True)
+def test_everything_the_documented_pattern_allows_parses(text: str) -> None:
+    hypothesis.assume(len(text) <= 64)
+    d = Destination.parse(text, "e")
+    assert Destination.parse(str(d), "e") == d  # the canonical form is a fixed point
+
+
+def test_policy_from_request_validates_and_canonicalises() -> None:
+    p = EgressPolicy.from_request(None, {"allow_out": ["192.0.2.7:443", "10.0.0.0/8", "192.0.2.7:443"]})
+    assert p.info() == {"allow_internet_access": False, "allow_out": ["10.0.0.0/8", "192.0.2.7:443"],
+                        "deny_out": []}
+    assert p == EgressPolicy.from_request(False, {"allow_out": ["10.0.0.0/8", "192.0.2.7:443"]})
+    assert EgressPolicy.from_info(p.info()) == p
+    assert EgressPolicy.from_request().is_default and not p.is_default
+    with pytest.raises(InvalidRequest, match=r"unknown keys \['allowOut'\]"):
+        EgressPolicy.from_request(None, {"allowOut": []})
+    with pytest.raises(InvalidRequest, match="must be a list"):
+        EgressPolicy.from_request(None, {"deny_out": "10.0.0.0/8"})
+    with pytest.raises(InvalidRequest, match="at most 256 entries"):
+        EgressPolicy.from_request(None, {"allow_out": [f"10.0.{i // 256}.{i % 256}" for i in range(257)]})
+    with pytest.raises(InvalidRequest, match="must be true or false"):
+        EgressPolicy.from_request("yes")  # type: ignore[arg-type]
+
+
+def test_what_needs_the_host_to_forward() -> None:
+    local = [IPv4Address("10.201.0.1"), IPv4Address("192.0.2.2")]
+    assert not EgressPolicy().leaves_host(local)
+    to_host = EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080", "192.0.2.2"]})
+    assert not to_host.leaves_host(local)
+    assert EgressPolicy.from_request(None, {"allow_out": ["192.0.2.0/24"]}).leaves_host(local)
+    assert EgressPolicy.from_request(True).leaves_host(local)
+    # deny_out alone opens nothing
+    assert not EgressPolicy.from_request(None, {"deny_out": ["0.0.0.0/0"]}).leaves_host(local)
+
+
+# ------------------------------------------------------------------ address plan
+
+
+def test_the_default_plan_holds_well_over_a_thousand_children() -> None:
+    plan = AddressPlan.parse(netplan.DEFAULT_CIDR)
+    assert plan.capacity == 65533 and plan.capacity >= 1000
+    assert str(plan.gateway) == "10.201.0.1"
+    assert str(plan.address(0)) == "10.201.0.2"
+    assert str(plan.address(999)) == "10.201.3.233"  # past a /24: no single-/24 plan
+    addresses = {plan.address(i) for i in range(1200)}
+    assert len(addresses) == 1200 and plan.gateway not in addresses
+    assert all(a in plan.network for a in addresses)
+    last = plan.capacity - 1
+    assert plan.address(last) == plan.network.broadcast_address - 1
+    assert len(plan.veth(last)) <= 15  # IFNAMSIZ
+    assert AddressPlan.index_of_veth(plan.veth(1234)) == 1234
+    assert AddressPlan.index_of_veth("fknx") is None and AddressPlan.index_of_veth("eth0") is None
+    with pytest.raises(ValueError):
+        plan.address(plan.capacity)
+
+
+@pytest.mark.parametrize(("cidr", "message"), [
+    ("10.201.0.0/30", "too small"),
+    ("172.16.0.0/24", "overlaps the guests' own subnet"),
+    ("10.201.0.1/16", "is not an IPv4 CIDR"),
+    ("nonsense", "is not an IPv4 CIDR"),
+])
+def test_bad_plans_are_refused(cidr: str, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        AddressPlan.parse(cidr, "FORKD_NET_CIDR")
+
+
+def test_the_plan_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(netplan.CIDR_ENV, "10.77.0.0/20")
+    assert AddressPlan.from_env().capacity == 4093
+
+
+# ------------------------------------------------------------------ rules and commands
+
+
+def _net(**kw: Any) -> ChildNet:
+    fields: dict[str, Any] = dict(owner="sb-abcdef-0001", netns="forkd-sb-abcdef-0001", owns_netns=True,
+                                  tap="forkd-tap0", owns_tap=True, index=5, ip="10.201.0.7",
+                                  gateway="10.201.0.1", dns=("10.255.255.53",))
+    fields.update(kw)
+    return ChildNet(**fields)
+
+
+def test_link_commands() -> None:
+    net = _net()
+    assert netplan.host_batch(net).splitlines() == [
+        "link add fkn5 type veth peer name uplink0 netns forkd-sb-abcdef-0001",
+        "addr add 10.201.0.1/32 peer 10.201.0.7/32 dev fkn5",
+        "link set dev fkn5 up",
+    ]
+    inside = netplan.netns_batch(net).splitlines()
+    assert inside[:2] == ["link set dev lo up", "tuntap add dev forkd-tap0 mode tap"]
+    assert f"link set dev forkd-tap0 address {netplan.TAP_MAC}" in inside
+    assert "addr add 172.16.0.1/30 dev forkd-tap0" in inside
+    assert inside[-1] == "route add default via 10.201.0.1 dev uplink0"
+    # A provisioned namespace with its tap: nothing of theirs is re-created.
+    provisioned = _net(netns="forkd-child-0", owns_netns=False, owns_tap=False)
+    assert "tuntap add" not in netplan.netns_batch(provisioned)
+    # A namespace only (per_child_netns for a snapshot without a NIC).
+    bare = ChildNet(owner="sb-abcdef-0002", netns="forkd-child-1", owns_netns=True)
+    assert netplan.host_batch(bare) == ""
+    assert netplan.netns_batch(bare) == "link set dev lo up\n"
+
+
+def _egress_rules(ruleset: str) -> list[str]:
+    body = ruleset.split("chain egress {", 1)[1].split("\n  }", 1)[0]
+    return [line.strip() for line in body.splitlines() if line.strip()]
+
+
+def test_denied_by_default_inbound_from_the_host_only() -> None:
+    rules = netplan.netns_ruleset(_net(), [])
+    assert 'iifname "uplink0" ip daddr 10.201.0.7 dnat ip to 172.16.0.2' in rules
+    assert 'oifname "uplink0" ip saddr 172.16.0.2 snat ip to 10.201.0.7' in rules
+    # New connections into the guest come from the host's gateway address only.
+    assert 'iifname "uplink0" oifname "forkd-tap0" ip saddr 10.201.0.1 ct status dnat accept' in rules
+    assert "policy drop" in rules.split("chain forward", 1)[1]
+    assert _egress_rules(rules) == []  # nothing opens: the forward chain refuses it
+    assert 'iifname "forkd-tap0" jump refuse' in rules  # spoofed sources too
+
+
+def test_allow_out_wins_over_deny_out_and_ports_cover_tcp_and_udp() -> None:
+    policy = EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080", "192.0.2.0/24"],
+                                              "deny_out": ["192.0.2.0/24"]})
+    assert _egress_rules(netplan.netns_ruleset(_net(egress=policy), [])) == [
+        "ip daddr 10.201.0.1/32 meta l4proto { tcp, udp } th dport 8080 accept",
+        "ip daddr 192.0.2.0/24 accept",
+        "ip daddr 192.0.2.0/24 jump refuse",
+    ]
+
+
+def test_internet_access_keeps_the_host_the_sandboxes_and_private_ranges_closed() -> None:
+    policy = EgressPolicy.from_request(True, {"deny_out": ["203.0.113.0/24"]})
+    blocked = [IPv4Network("10.201.0.0/16"), IPv4Network("192.0.2.2/32")]
+    rules = _egress_rules(netplan.netns_ruleset(_net(egress=policy), blocked))
+    assert rules[0] == "ip daddr 203.0.113.0/24 jump refuse"
+    assert rules[1] == "ip daddr 10.255.255.53 meta l4proto { tcp, udp } th dport 53 accept"  # DNS
+    closed = rules[2]
+    assert closed.endswith("jump refuse") and rules[3] == "accept" and len(rules) == 4
+    elements = {IPv4Network(e.strip()) for e in closed.split("{", 1)[1].split("}", 1)[0].split(",")}
+    assert IPv4Network("192.0.2.2/32") in elements and IPv4Network("169.254.0.0/16") in elements
+    assert IPv4Network("10.201.0.0/16") not in elements  # folded into 10.0.0.0/8: no overlaps
+    for net in [*NOT_INTERNET, *blocked]:
+        assert any(net.subnet_of(e) for e in elements), net
+
+
+def test_host_nat_commands_are_idempotent_and_per_sandbox() -> None:
+    add = netplan.host_nat_add("10.201.0.7")
+    assert "flush chain ip forkd postrouting" in add  # re-adding never duplicates the rule
+    assert add.strip().endswith("add element ip forkd egress { 10.201.0.7 }")
+    assert netplan.host_nat_remove("10.201.0.7") == "delete element ip forkd egress { 10.201.0.7 }\n"
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("nft") is None, reason="needs nft and root")
+@pytest.mark.parametrize("policy", [
+    EgressPolicy(),
+    EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080", "192.0.2.0/24:1000-2000"],
+                                     "deny_out": ["198.51.100.7"]}),
+    EgressPolicy.from_request(True, {"deny_out": ["203.0.113.0/24:25"]}),
+])
+def test_the_kernel_accepts_the_rules(policy: EgressPolicy) -> None:
+    """``nft -c``: parsed and validated by libnftables and the kernel, applied nowhere."""
+    rules = netplan.netns_ruleset(_net(egress=policy), [IPv4Network("10.201.0.0/16"),
+                                                         IPv4Network("192.0.2.2/32")])
+    proc = subprocess.run(["nft", "-c", "-f", "-"], input=rules, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + rules
+    proc = subprocess.run(["nft", "-c", "-f", "-"], input=netplan.host_nat_add("10.201.0.7"),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_child_net_round_trips_through_json() -> None:
+    net = _net(egress=EgressPolicy.from_request(True, {"allow_out": ["10.0.0.0/8:22"]}), nat=True)
+    assert ChildNet.from_json(json.loads(json.dumps(net.to_json()))) == net
+    assert net.info() == {"guest_ip": "172.16.0.2", "host_gateway": "10.201.0.1", "dns": ["10.255.255.53"],
+                          "allow_internet_access": True, "allow_out": ["10.0.0.0/8:22"], "deny_out": []}
+
+
+def test_the_guest_learns_its_network_from_one_cmdline_word() -> None:
+    word = netplan.guest_cmdline(["10.255.255.53", "1.1.1.1"])
+    assert word == "forkd.net=172.16.0.2/30,172.16.0.1,10.255.255.53+1.1.1.1"
+    spec = guest_network.NetSpec(word.split("=", 1)[1])
+    assert str(spec.interface) == "172.16.0.2/30" and str(spec.gateway) == "172.16.0.1"
+    assert spec.dns == ["10.255.255.53", "1.1.1.1"]
+    assert guest_network.configure(None) is None
+    assert "expected ADDR/PREFIX,GATEWAY,DNS" in str(guest_network.configure("garbage"))
+
+
+@pytest.fixture
+def scratch_netns() -> Iterator[str]:
+    if not ROOT or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2")
+    name = f"fdtest-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_the_guest_ioctls_configure_an_interface(scratch_netns: str, tmp_path: Path) -> None:
+    """The agent's stdlib ioctls, run for real on a veth named eth0 in a throwaway namespace."""
+    subprocess.run(["ip", "-n", scratch_netns, "link", "add", "eth0", "type", "veth", "peer", "name", "p0"],
+                   check=True)
+    resolv = tmp_path / "resolv.conf"
+    resolv.symlink_to("/nonexistent")  # a dangling link, as some images ship: replaced, not followed
+    spec = "172.16.0.2/30,172.16.0.1,10.255.255.53"
+    code = ("import sys; from forkd.guest.agent import network as n; "
+            f"sys.exit(n.configure({spec!r}, resolv_conf={str(resolv)!r}) or 0)")
+    proc = subprocess.run(["ip", "netns", "exec", scratch_netns, sys.executable, "-c", code],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    addr = subprocess.run(["ip", "-n", scratch_netns, "-4", "addr", "show", "eth0"], capture_output=True,
+                          text=True).stdout
+    route = subprocess.run(["ip", "-n", scratch_netns, "route"], capture_output=True, text=True).stdout
+    assert "inet 172.16.0.2/30" in addr and ",UP" in addr
+    assert "default via 172.16.0.1 dev eth0" in route
+    assert not resolv.is_symlink() and resolv.read_text() == "nameserver 10.255.255.53\n"
+
+
+# ------------------------------------------------------------------ host facts and checks
+
+
+def test_resolvers_skip_loopback_stubs(tmp_path: Path) -> None:
+    stub, upstream = tmp_path / "stub", tmp_path / "upstream"
+    stub.write_text("nameserver 127.0.0.53\noptions edns0\n")
+    upstream.write_text("# x\nnameserver 10.0.0.2\nnameserver ::1\n"
+                        "nameserver 10.0.0.3\nnameserver 10.0.0.2\n")
+    assert childnet.host_resolvers((stub, upstream)) == ("10.0.0.2", "10.0.0.3")
+    assert childnet.host_resolvers((stub,)) == netplan.FALLBACK_DNS
+    assert childnet.host_resolvers((tmp_path / "missing",)) == netplan.FALLBACK_DNS
+
+
+def test_veths_in_use_are_read_from_sys(tmp_path: Path) -> None:
+    for name in ("fkn0", "fkn12", "eth0", "fknx"):
+        (tmp_path / name).mkdir()
+    assert childnet.veths_in_use(tmp_path) == {0, 12}
+
+
+def test_capabilities_are_read_from_proc(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t0000000000201000\n")  # NET_ADMIN (12) + SYS_ADMIN (21)
+    assert childnet.has_caps(12, 21, status=status)
+    status.write_text("CapEff:\t0000000000001000\n")
+    assert not childnet.has_caps(12, 21, status=status)
+
+
+def test_missing_tools_are_named_with_their_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(childnet.NFT.__class__, "path", lambda self: None if self.command == "nft" else "/x")
+    with pytest.raises(InvalidRequest) as err:
+        childnet.check_prerequisites("snapshot 'py-net'")
+    assert "nft (installs each sandbox's NAT and egress rules)" in str(err.value)
+    assert "apt-get install -y nftables" in str(err.value) and "forkd doctor" in str(err.value)
+
+
+def _networks(tmp_path: Path) -> Networks:
+    return Networks(tmp_path, Registry(tmp_path / "forkd.db"), AddressPlan.parse(netplan.DEFAULT_CIDR))
+
+
+def test_egress_needs_a_nic_and_forwarding_beyond_the_host(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    networks = _networks(tmp_path)
+    import asyncio
+
+    def prepare(**kw: Any) -> Any:
+        defaults: dict[str, Any] = dict(tap="forkd-tap0", dns=("10.0.0.2",), egress=EgressPolicy(),
+                                        per_child_netns=False, what="snapshot 'py-net'")
+        return asyncio.run(networks.prepare(**{**defaults, **kw}))
+
+    # No NIC, no per_child_netns: no network at all; egress options are 400.
+    assert prepare(tap=None) is None
+    with pytest.raises(InvalidRequest, match=re.escape(no_nic_message("snapshot 'py-net'"))):
+        prepare(tap=None, egress=EgressPolicy.from_request(True))
+    monkeypatch.setattr(childnet, "missing_prerequisites", lambda: [])
+    monkeypatch.setattr(childnet, "host_addresses", lambda: [IPv4Address("192.0.2.2")])
+    monkeypatch.setattr(childnet, "forwarding_enabled", lambda path=None: False)
+    # Reaching the host needs no forwarding...
+    req = prepare(egress=EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080"]}))
+    assert req is not None and not req.nat
+    assert set(req.blocked) == {IPv4Network("10.201.0.0/16"), IPv4Network("192.0.2.2/32")}
+    # ...beyond it, it does: 400 with the fix.
+    with pytest.raises(InvalidRequest, match=r"net.ipv4.ip_forward is 0: enable it with: sysctl -w"):
+        prepare(egress=EgressPolicy.from_request(True))
+    monkeypatch.setattr(childnet, "forwarding_enabled", lambda path=None: True)
+    assert prepare(egress=EgressPolicy.from_request(True)).nat
+
+
+def test_pool_targets_keep_their_egress_and_old_registries_migrate(tmp_path: Path) -> None:
+    db = tmp_path / "forkd.db"
+    old = sqlite3.connect(db)  # a registry from before the egress column
+    old.execute("CREATE TABLE pools (tag TEXT PRIMARY KEY, size INTEGER NOT NULL, memory_limit_mib INTEGER, "
+                "per_child_netns INTEGER NOT NULL DEFAULT 0, live_fork INTEGER NOT NULL DEFAULT 0)")
+    old.execute("INSERT INTO pools (tag, size) VALUES ('old', 2)")
+    old.commit()
+    old.close()
+    registry = Registry(db)
+    assert registry.list_pools() == [PoolConfig(PoolKey("old"), 2)]
+    egress = EgressPolicy.from_request(True, {"deny_out": ["203.0.113.0/24"]})
+    registry.set_pool(PoolConfig(PoolKey("net", egress=egress), 3))
+    reopened = Registry(db)
+    assert PoolConfig(PoolKey("net", egress=egress), 3) in reopened.list_pools()
+
+
+# ------------------------------------------------------------------ API, SDK, CLI
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[TestClient, FakeRuntime]]:
+    fake = FakeRuntime()
+    fake.add_snapshot("py")
+    with TestClient(create_app(Settings(), runtime=fake)) as client:
+        yield client, fake
+
+
+def test_api_passes_egress_to_the_runtime(api: tuple[TestClient, FakeRuntime]) -> None:
+    client, fake = api
+    r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "allow_internet_access": True,
+                                           "network": {"allow_out": ["10.201.0.1:8080"]}})
+    assert r.status_code == 201, r.text
+    _, _, kwargs = fake.calls[-1]
+    assert kwargs["allow_internet_access"] is True
+    assert kwargs["network"] == {"allow_out": ["10.201.0.1:8080"], "deny_out": []}
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"network": {"allow_out": ["example.com"]}}, "network.allow_out[0]: entry 'example.com': domain names"),
+    ({"network": {"deny_out": ["::1"]}}, "IPv6 is not supported"),
+    ({"network": {"allowOut": []}}, "unknown field 'network.allowOut'"),
+    ({"allow_internet_access": "yes"}, "allow_internet_access"),
+])
+def test_api_refuses_bad_egress_with_400(api: tuple[TestClient, FakeRuntime], body: dict[str, Any],
+                                         message: str) -> None:
+    client, fake = api
+    r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", **body})
+    assert r.status_code == 400 and message in r.json()["error"], r.text
+    assert not [c for c in fake.calls if c[0] == "spawn"]
+
+
+def test_snapshot_request_builds_the_spec(api: tuple[TestClient, FakeRuntime]) -> None:
+    client, fake = api
+    r = client.post("/v1/snapshots", json={"tag": "py-net", "nic": True,
+                                           "network": {"allow_out": ["192.0.2.0/24:443"]}})
+    assert r.status_code == 201, r.text
+    spec = fake.calls[-1][1][0]
+    assert spec.nic and spec.nic_tap == "forkd-tap0"
+    assert spec.egress.info()["allow_out"] == ["192.0.2.0/24:443"]
+
+
+def test_sdk_sends_egress_only_when_it_opens_something() -> None:
+    plain = _calls.spawn_sandboxes("py", n=1, per_child_netns=False, memory_limit_mib=None, live_fork=False)
+    assert plain.json == {"snapshot_tag": "py", "n": 1}
+    opened = _calls.spawn_sandboxes("py", n=1, per_child_netns=False, memory_limit_mib=None, live_fork=False,
+                                    allow_internet_access=True, network={"allow_out": ("10.0.0.0/8",)})
+    assert opened.json == {"snapshot_tag": "py", "n": 1, "allow_internet_access": True,
+                           "network": {"allow_out": ["10.0.0.0/8"]}}
+    snap = _calls.create_snapshot("py-net", kernel=None, rootfs=None, boot_wait_secs=None, image=None,
+                                  mem_mib=None, vcpus=None, warm_imports=None, setup=None, extra={}, nic=True)
+    assert snap.json == {"tag": "py-net", "nic": True}
+
+
+def test_sdk_get_host_is_the_sandboxs_ip() -> None:
+    fake = FakeDaemon()
+    info = {**sandbox_info(), "ip": "10.201.0.7"}
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[info]))
+    from forkd.sdk import Sandbox
+
+    sb = Sandbox.create("py-net", controller=fake.controller(None, None))
+    assert sb.get_host(8000) == "10.201.0.7:8000"
+    fake.on("GET", f"/v1/sandboxes/{sb.id}", httpx.Response(200, json=sandbox_info()))
+    attached = Sandbox(sandbox_id=sb.id, controller=fake.controller(None, None))
+    with pytest.raises(ValueError, match="nic=True"):
+        attached.get_host(8000)
+
+
+def test_cli_flags_become_the_network_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeDaemon()
+
+    def make(url: str | None, token: str | None, ca_cert: str | None = None) -> Controller:
+        return fake.controller(url, token)
+
+    monkeypatch.setattr(context, "make_controller", make)
+    fake.on("POST", "/v1/sandboxes", httpx.Response(201, json=[{**sandbox_info(), "ip": "10.201.0.9"}]))
+    result = CliRunner().invoke(cli_app, ["fork", "--tag", "py-net", "--allow-out", "10.201.0.1:8080",
+                                          "--allow-out", "192.0.2.0/24", "--deny-out", "192.0.2.9",
+                                          "--allow-internet-access"])
+    assert result.exit_code == 0, result.output
+    assert fake.body() == {"snapshot_tag": "py-net", "n": 1, "allow_internet_access": True,
+                           "network": {"allow_out": ["10.201.0.1:8080", "192.0.2.0/24"],
+                                       "deny_out": ["192.0.2.9"]}}
+    assert "10.201.0.9" in result.output  # the IP column
+    fake.on("POST", "/v1/snapshots", httpx.Response(201, json={"tag": "py-net", "dir": "/d",
+                                                               "created_at_unix": 1}))
+    result = CliRunner().invoke(cli_app, ["snapshot", "--tag", "py-net", "--nic", "--json"])
+    assert result.exit_code == 0, result.output
+    assert fake.body() == {"tag": "py-net", "nic": True}
+
+
+def test_the_daemon_refuses_a_bad_address_plan_before_it_starts(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from forkd.api.__main__ import main
+
+    for name in ("FORKD_BIND", "FORKD_TOKEN_FILE", "FORKD_TLS_CERT", "FORKD_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(netplan.CIDR_ENV, "10.0.0.0/31")
+    assert main(["--data-dir", str(tmp_path)]) == 2
+    assert "FORKD_NET_CIDR '10.0.0.0/31' is too small" in capsys.readouterr().err
