@@ -327,9 +327,9 @@ class FakeRuntime:
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None,
                     timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, allow_internet_access: bool | None = None,
-                    network: dict[str, Any] | None = None,
-                    idle_pause_secs: float | None = None) -> list[SandboxRecord]:
+                    pids_limit: int | None = None, idle_pause_secs: float | None = None,
+                    allow_internet_access: bool | None = None,
+                    network: dict[str, Any] | None = None) -> list[SandboxRecord]:
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
                    timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
