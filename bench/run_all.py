@@ -126,10 +126,11 @@ def main() -> int:
         else:
             RESULTS.mkdir(parents=True, exist_ok=True)
             # A partial run (--only) keeps the earlier run's record of the other parts.
-            with contextlib.suppress(OSError, ValueError):
-                done = {r["part"] for r in record}
-                earlier = json.loads((RESULTS / "run.json").read_text()).get("parts", [])
-                record = [r for r in earlier if r["part"] not in done] + record
+            if only:
+                with contextlib.suppress(OSError, ValueError):
+                    done = {r["part"] for r in record}
+                    earlier = json.loads((RESULTS / "run.json").read_text()).get("parts", [])
+                    record = [r for r in earlier if r["part"] not in done] + record
             run = {"parts": record, "budget_s": budget, "measured_at_unix": int(time.time())}
             (RESULTS / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     report = subprocess.run([sys.executable, str(HERE / "report.py")], cwd=HERE.parent)
