@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv node-deps image demo test test-unit test-integration stress bench bench-capacity lint clean help
+.PHONY: setup deps venv clients node-deps image demo test test-unit test-integration stress bench bench-capacity lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
@@ -14,7 +14,7 @@ help:
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
 	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
-setup: deps venv node-deps image
+setup: deps venv clients node-deps image
 
 # The TypeScript SDK's and the browser test's npm packages, exactly as locked.
 NODE_DIRS := sdk/typescript tests/browser
@@ -34,6 +34,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
+
+# The published clients the compatibility tests drive (forkd 0.5.3, forkd-mcp 0.2.1, the E2B
+# SDKs), pinned in tests/clients/requirements.txt, in a virtualenv of their own.
+clients:
+	PYTHON=$(PYTHON) bash scripts/clients-venv.sh
 
 # Cached under the data dir, keyed by its recipe: instant when nothing changed.
 image: venv
@@ -73,4 +78,4 @@ lint: venv node-deps
 	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache $(addsuffix /node_modules,$(NODE_DIRS)) sdk/typescript/dist sdk/typescript/build
+	rm -rf $(VENV) .venv-clients .pytest_cache .ruff_cache $(addsuffix /node_modules,$(NODE_DIRS)) sdk/typescript/dist sdk/typescript/build

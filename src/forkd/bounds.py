@@ -120,10 +120,18 @@ CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)
 
 # --- names
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+# Any id the daemon may hand out (its own ``sb-<6 hex>-<4 digits>``, or one with a
+# prefix a fleet adds): a safe charset, so an id is never a path traversal, a
+# QEMU option separator or a shell word, and short enough that the default
+# branch tag ``branch-<id>-<seq>`` still fits TAG_RE's 64 characters. A
+# well-formed id that names no sandbox is 404, not 400.
+SANDBOX_ID_MAX = 48
+SANDBOX_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{SANDBOX_ID_MAX - 1}}}$")
+SANDBOX_ID_RULE = (f"ids are 1 to {SANDBOX_ID_MAX} letters, digits, '.', '_' or '-', starting with a "
+                   "letter or digit, e.g. sb-67a1b3-0000")
 # A fleet host (``forkd daemon --host-id``) puts its id in every sandbox id it makes:
-# sb-<host>-<6 hex>-<4 digits>; the gateway routes per-sandbox calls by it.
+# sb-<host>-<6 hex>-<4 digits> (within SANDBOX_ID_RE); the gateway routes per-sandbox calls by it.
 HOST_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
-SANDBOX_ID_RE = re.compile(r"^sb-(?:[a-z0-9]{1,16}-)?[0-9a-f]{6}-[0-9]{4}$")
 HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")

@@ -198,6 +198,8 @@ class FakeRuntime:
     # Sizes of the body pieces file_write received, to show that uploads stream.
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
+    workspaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
+    suspended: dict[str, SnapshotRecord] = field(default_factory=dict)  # sandbox id -> its state
     processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)  # sandbox -> pid -> process
     cancelled_evals: int = 0
     _next_pid: int = field(default=100, init=False)
@@ -329,12 +331,14 @@ class FakeRuntime:
                     timeout_secs: float | None = None, cpu_limit: float | None = None,
                     pids_limit: int | None = None, idle_pause_secs: float | None = None,
                     allow_internet_access: bool | None = None,
-                    network: dict[str, Any] | None = None) -> list[SandboxRecord]:
+                    network: dict[str, Any] | None = None, prewarm: bool = False) -> list[SandboxRecord]:
+        extra = {"prewarm": True} if prewarm else {}
+        if idle_pause_secs is not None:
+            extra["idle_pause_secs"] = idle_pause_secs
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
                    timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
-                   **_egress_kwargs(allow_internet_access, network),
-                   **({"idle_pause_secs": idle_pause_secs} if idle_pause_secs is not None else {}))
+                   **_egress_kwargs(allow_internet_access, network), **extra)
         self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                           metadata=metadata)
         child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
@@ -694,13 +698,20 @@ class FakeRuntime:
         return {"result": repr(value), "error": None, "exit_code": 0}
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
-                     wait: bool = True) -> SnapshotRecord:
-        self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait)
+                     wait: bool = True, *, measure_diff: bool = False,
+                     parent_tag: str | None = None) -> SnapshotRecord:
+        extra = {k: v for k, v in (("measure_diff", measure_diff), ("parent_tag", parent_tag)) if v}
+        self._call("branch", sandbox_id, tag=tag, mode=mode, wait=wait, **extra)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if not wait and mode != "live":
             raise InvalidRequest("wait: false is only meaningful with mode: \"live\"")
+        if measure_diff and mode != "full":
+            raise InvalidRequest(f"measure_diff measures a full branch, not mode {mode!r}")
         source = self._sandbox(sandbox_id)
+        if parent_tag is not None and parent_tag not in (
+                source.snapshot_tag, self._disk_parent.get(sandbox_id, source.snapshot_tag)):
+            raise Conflict(f"parent_tag {parent_tag!r} is not the parent of a branch of {sandbox_id}")
         if mode == "live" and not source.live_fork:
             raise Conflict(f"sandbox {sandbox_id} was not spawned with live_fork: true, which mode "
                            "\"live\" needs")
@@ -720,8 +731,80 @@ class FakeRuntime:
                                    status="ready" if wait else "writing")
         if not wait:
             self._writing[tag] = self.polls_while_writing
+        if measure_diff:  # as if a quarter of its RAM had been written since the restore
+            ram = source.config.mem_mib << 20
+            record.diff_measure = {"diff_physical_bytes": ram // 4, "diff_logical_bytes": ram,
+                                   "diff_ms": 12.0}
         self._disk_parent[sandbox_id] = tag
         return record
+
+    async def compact_snapshot(self, tag: str, to: str) -> SnapshotRecord:
+        self._call("compact_snapshot", tag, to)
+        self._snapshot(tag).check_forkable()
+        if to in self.snapshots:
+            raise Conflict(f"snapshot {to!r} already exists; delete it first (forkd rmi {to})")
+        return self.add_snapshot(to, compacted_from=tag)
+
+    # ------------------------------------------------------------ workspaces
+    # A workspace is a name for a sandbox id; suspended ones keep theirs here.
+
+    def _workspace(self, name: str) -> dict[str, Any]:
+        if name not in self.workspaces:
+            raise NotFound(f"workspace {name!r} does not exist")
+        ws = self.workspaces[name]
+        sandbox = ws["sandbox_id"]
+        info = {k: v for k, v in ws.items() if k != "sandbox_id"}
+        if sandbox in self.sandboxes:
+            return {**info, "status": "running", "live_sandbox_id": sandbox}
+        if sandbox in self.suspended:
+            return {**info, "status": "suspended", "current_state_tag": self.suspended[sandbox].tag}
+        return {**info, "status": "stale"}
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        return [self._workspace(name) for name in self.workspaces]
+
+    def get_workspace(self, name: str) -> dict[str, Any]:
+        return self._workspace(name)
+
+    async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
+                               memory_limit_mib: int | None = None) -> dict[str, Any]:
+        self._call("create_workspace", name, snapshot_tag, per_child_netns=per_child_netns,
+                   memory_limit_mib=memory_limit_mib)
+        if name in self.workspaces:
+            raise Conflict(f"workspace {name!r} already exists; delete it first")
+        [child] = await self.spawn(snapshot_tag, per_child_netns=per_child_netns,
+                                   memory_limit_mib=memory_limit_mib)
+        self.workspaces[name] = {"id": f"ws-{name}", "name": name, "sandbox_id": child.id,
+                                 "source_snapshot_tag": snapshot_tag, "created_at_unix": CREATED,
+                                 "last_active_unix": CREATED}
+        return self._workspace(name)
+
+    async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
+        self._call("suspend_workspace", name, mode=mode)
+        info = self._workspace(name)
+        if info["status"] != "running":
+            raise Conflict(f"workspace {name!r} is {info['status']}, not running")
+        sandbox = self.workspaces[name]["sandbox_id"]
+        self.suspended[sandbox] = await self.branch(sandbox, f"paused-{sandbox}-1", mode)
+        del self.sandboxes[sandbox]
+        return self._workspace(name)
+
+    async def resume_workspace(self, name: str) -> dict[str, Any]:
+        self._call("resume_workspace", name)
+        info = self._workspace(name)
+        if info["status"] == "running":
+            raise Conflict(f"workspace {name!r} is already running")
+        sandbox = self.workspaces[name]["sandbox_id"]
+        state = self.suspended.pop(sandbox, None)
+        self.add_sandbox(sandbox, state.tag if state else info["source_snapshot_tag"])
+        return self._workspace(name)
+
+    async def delete_workspace(self, name: str) -> None:
+        self._call("delete_workspace", name)
+        self._workspace(name)
+        sandbox = self.workspaces.pop(name)["sandbox_id"]
+        self.sandboxes.pop(sandbox, None)
+        self.suspended.pop(sandbox, None)
 
     # ------------------------------------------------------------ warm pools
     # Pools fill at once (no VMs); spawns do not draw from them here.

@@ -282,7 +282,7 @@ def test_eval_validation_is_400(client: TestClient) -> None:
 
 @pytest.mark.parametrize(
     "bad_id",
-    ["sb-67A1B3-0000", "sb-67a1b3-000", "sb-67a1b3-0000x", "..%2F..%2Fetc", "sb-67a1b3-0000%0A", "x"],
+    ["..%2F..%2Fetc", "sb-67a1b3-0000%0A", "-x", ".hidden", "a%20b", "a" * 49, "sb%2C1", "sb:1"],
 )
 @pytest.mark.parametrize(
     ("method", "suffix"),
@@ -303,6 +303,15 @@ def test_bad_sandbox_ids_are_rejected_before_lookup(
     assert resp.status_code in (400, 404), resp.text
     assert set(resp.json()) == {"error"}
     assert fake.calls == []
+
+
+@pytest.mark.parametrize("unknown_id", ["sb-nope-0000", "sb-67A1B3-0000", "x", "host1.sb-67a1b3-0000"])
+def test_well_formed_unknown_ids_are_404(client: TestClient, unknown_id: str) -> None:
+    """The seeds: 404 for a sandbox that is not alive, whatever its id looks like."""
+    for method, suffix, body in (("GET", "", None), ("DELETE", "", None), ("POST", "/ping", None),
+                                 ("POST", "/exec", {"args": ["ls"]}), ("POST", "/branch", None)):
+        assert_error(client.request(method, f"/v1/sandboxes/{unknown_id}{suffix}", json=body), 404,
+                     "not alive")
 
 
 @pytest.mark.parametrize("bad_tag", [".hidden", "-x", "a" * 65, "py%0A", "a%20b", "a%2Fb"])

@@ -15,6 +15,7 @@ import forkd.api.pool_routes
 import forkd.api.process_routes
 import forkd.api.routes
 import forkd.api.travel_routes
+import forkd.api.workspace_routes
 from forkd.api.deps import RuntimeLike
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
@@ -25,7 +26,7 @@ def methods_the_routes_call() -> set[str]:
     """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
     names: set[str] = set()
     for module in (forkd.api.routes, forkd.api.pool_routes, forkd.api.file_routes, forkd.api.travel_routes,
-                   forkd.api.process_routes):
+                   forkd.api.process_routes, forkd.api.workspace_routes):
         tree = ast.parse(Path(inspect.getfile(module)).read_text())
         names |= {
             node.attr for node in ast.walk(tree)

@@ -98,6 +98,6 @@ def test_bad_tags_are_refused_before_any_path_is_built(bad: str) -> None:
 
 def test_sandbox_ids_are_checked() -> None:
     assert layout.check_sandbox_id(SB) == SB
-    for bad in ("sb-abcdef-000", "../sb-abcdef-0000", "sb-ABCDEF-0000"):
+    for bad in ("../sb-abcdef-0000", "sb/abcdef", ".sb", "-sb", "sb abc", "sb,x", "a" * 49, ""):
         with pytest.raises(InvalidRequest):
             layout.check_sandbox_id(bad)

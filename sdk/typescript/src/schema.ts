@@ -473,6 +473,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/snapshots/{tag}/compact": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Copy a snapshot into a standalone one: its disk chain flattened, no parent */
+        post: operations["compact_snapshot_v1_snapshots__tag__compact_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/snapshots/{tag}/pool": {
         parameters: {
             query?: never;
@@ -525,6 +542,76 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List workspaces */
+        get: operations["list_workspaces_v1_workspaces_get"];
+        put?: never;
+        /** Fork a sandbox and give it a name that lives through suspend/resume */
+        post: operations["create_workspace_v1_workspaces_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One workspace */
+        get: operations["get_workspace_v1_workspaces__name__get"];
+        put?: never;
+        post?: never;
+        /** Kill its sandbox (or drop its suspended state) and forget the name */
+        delete: operations["delete_workspace_v1_workspaces__name__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{name}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Start its sandbox again, under the same id, from its state (or, if stale, its source) */
+        post: operations["resume_workspace_v1_workspaces__name__resume_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/workspaces/{name}/suspend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Branch its running sandbox to a state snapshot, then stop it */
+        post: operations["suspend_workspace_v1_workspaces__name__suspend_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/version": {
         parameters: {
             query?: never;
@@ -554,10 +641,26 @@ export interface components {
              */
             diff?: boolean | null;
             /**
+             * Live
+             * @description Legacy forkd 0.4 spelling of mode=live; mutually exclusive with mode.
+             */
+            live?: boolean | null;
+            /**
+             * Measure Diff
+             * @description forkd 0.5's measurement hook, for a full branch: the answer adds what a dirty-page diff would have cost (diff_physical_bytes, diff_logical_bytes, diff_ms; see docs/API.md). Not with diff or live.
+             * @default false
+             */
+            measure_diff?: boolean;
+            /**
              * Mode
              * @description full (default), diff or live.
              */
             mode?: ("full" | "diff" | "live") | null;
+            /**
+             * Parent Tag
+             * @description forkd 0.5 chain edge, checked, not chosen: every branch is recorded on the snapshot its source's disk sits on, and this must name that snapshot or the one the source was forked from (else 409).
+             */
+            parent_tag?: string | null;
             /**
              * Tag
              * @description Tag of the new snapshot; default branch-<source-id>-<seq> (seq counts per source).
@@ -569,7 +672,7 @@ export interface components {
              * @default true
              */
             wait?: boolean;
-        } & (unknown & unknown);
+        } & (unknown & unknown & unknown & unknown & unknown);
         /** CancelEvalResponse */
         CancelEvalResponse: {
             /**
@@ -635,6 +738,15 @@ export interface components {
              * @enum {string}
              */
             mode?: "diff" | "live";
+        };
+        /** CompactRequest */
+        CompactRequest: {
+            /**
+             * To
+             * @description Tag of the new, standalone snapshot; must not exist yet.
+             * @example py-flat
+             */
+            to: string;
         };
         /** CreateSnapshotRequest */
         CreateSnapshotRequest: {
@@ -724,6 +836,32 @@ export interface components {
              * @description Python modules PID 1 imports before the snapshot; default: numpy.
              */
             warm_imports?: string[] | null;
+        };
+        /** CreateWorkspaceRequest */
+        CreateWorkspaceRequest: {
+            /**
+             * Memory Limit Mib
+             * @description cgroup memory limit (MiB).
+             */
+            memory_limit_mib?: number | null;
+            /**
+             * Name
+             * @description The workspace's name, unique on this daemon.
+             * @example agent-1
+             */
+            name: string;
+            /**
+             * Per Child Netns
+             * @description As in POST /v1/sandboxes.
+             * @default false
+             */
+            per_child_netns?: boolean;
+            /**
+             * Snapshot Tag
+             * @description Snapshot its sandbox is forked from.
+             * @example py
+             */
+            snapshot_tag: string;
         };
         /** Deletion */
         Deletion: {
@@ -1559,6 +1697,11 @@ export interface components {
              * @description The sandbox whose checkpoint policy made it.
              */
             checkpoint_of?: string | null;
+            /**
+             * Compacted From
+             * @description The snapshot a compaction flattened into this one.
+             */
+            compacted_from?: string | null;
             /** Created At Unix */
             created_at_unix: number;
             /**
@@ -1566,6 +1709,21 @@ export interface components {
              * @description Snapshot tags descending from this one (all generations), which depend on its files.
              */
             dependents?: string[];
+            /**
+             * Diff Logical Bytes
+             * @description measure_diff: the guest RAM size.
+             */
+            diff_logical_bytes?: number | null;
+            /**
+             * Diff Ms
+             * @description measure_diff: an estimate, not a second capture: this branch's pause scaled to the share of its captured RAM stream that the written pages make up.
+             */
+            diff_ms?: number | null;
+            /**
+             * Diff Physical Bytes
+             * @description measure_diff: RAM bytes the source wrote since its restore (its private copy-on-write pages), measured just before the pause: what a dirty-page diff saves.
+             */
+            diff_physical_bytes?: number | null;
             /** Dir */
             dir: string;
             /**
@@ -1620,8 +1778,28 @@ export interface components {
              * @description The sandbox whose checkpoint policy made it.
              */
             checkpoint_of?: string | null;
+            /**
+             * Compacted From
+             * @description The snapshot a compaction flattened into this one.
+             */
+            compacted_from?: string | null;
             /** Created At Unix */
             created_at_unix: number;
+            /**
+             * Diff Logical Bytes
+             * @description measure_diff: the guest RAM size.
+             */
+            diff_logical_bytes?: number | null;
+            /**
+             * Diff Ms
+             * @description measure_diff: an estimate, not a second capture: this branch's pause scaled to the share of its captured RAM stream that the written pages make up.
+             */
+            diff_ms?: number | null;
+            /**
+             * Diff Physical Bytes
+             * @description measure_diff: RAM bytes the source wrote since its restore (its private copy-on-write pages), measured just before the pause: what a dirty-page diff saves.
+             */
+            diff_physical_bytes?: number | null;
             /** Dir */
             dir: string;
             /**
@@ -1677,6 +1855,12 @@ export interface components {
                 [key: string]: string;
             } | null;
             /**
+             * Hugepages
+             * @description Accepted from forkd 0.5 clients and without effect: children map their snapshot's memory file privately (copy-on-write), which hugetlbfs pages cannot back; forkd 0.5 also fell back to 4 KiB pages when none were free.
+             * @default false
+             */
+            hugepages?: boolean;
+            /**
              * Idle Pause Secs
              * @description Pause each child (QMP stop: it costs no CPU) once it has had no request for this many seconds; its next request of any kind resumes it and steps its clock first. Default: never, since a child with background work must not be paused behind its user's back.
              */
@@ -1719,6 +1903,12 @@ export interface components {
              */
             pids_limit?: number | null;
             /**
+             * Prewarm
+             * @description forkd 0.5 clients' option: read the snapshot's memory file into the host's page cache before the children start, so their first page touches (and their first BRANCH) do not wait on the disk. Children come from a warm pool of this snapshot whenever one is set, with or without it.
+             * @default false
+             */
+            prewarm?: boolean;
+            /**
              * Snapshot Tag
              * @description Registered snapshot to fork from.
              * @example py
@@ -1751,7 +1941,7 @@ export interface components {
              * @default false
              */
             eof?: boolean;
-        };
+        } & unknown;
         /** StdinResponse */
         StdinResponse: {
             /** Pid */
@@ -1765,6 +1955,15 @@ export interface components {
             written: number;
         } & {
             [key: string]: unknown;
+        };
+        /** SuspendWorkspaceRequest */
+        SuspendWorkspaceRequest: {
+            /**
+             * Diff
+             * @description Branch its state with mode diff (shorter pause, state as of the end of the copy) instead of full (state as of the request); the sandbox stops either way.
+             * @default false
+             */
+            diff?: boolean;
         };
         /** TimeoutRequest */
         TimeoutRequest: {
@@ -1786,6 +1985,40 @@ export interface components {
              * @example 0.1.0
              */
             version: string;
+        };
+        /** WorkspaceInfo */
+        WorkspaceInfo: {
+            /** Created At Unix */
+            created_at_unix: number;
+            /**
+             * Current State Tag
+             * @description The state snapshot it resumes from, while suspended.
+             */
+            current_state_tag?: string | null;
+            /**
+             * Id
+             * @example ws-agent-1
+             */
+            id: string;
+            /** Last Active Unix */
+            last_active_unix: number;
+            /**
+             * Live Sandbox Id
+             * @description Its sandbox, while running (the same id across suspend/resume).
+             */
+            live_sandbox_id?: string | null;
+            /** Name */
+            name: string;
+            /** Source Snapshot Tag */
+            source_snapshot_tag: string;
+            /**
+             * Status
+             * @description running: its sandbox is alive; suspended: paused, resumable; stale: neither (killed or expired); resume starts it again from source_snapshot_tag.
+             * @enum {string}
+             */
+            status: "running" | "suspended" | "stale";
+        } & {
+            [key: string]: unknown;
         };
     };
     responses: never;
@@ -2208,7 +2441,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The tag already exists, a branch to it is in flight, or the source cannot take this mode (live needs live_fork). */
+            /** @description The tag already exists, a branch to it is in flight, the source cannot take this mode (live needs live_fork), or parent_tag is not the branch's parent. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4697,6 +4930,87 @@ export interface operations {
             };
         };
     };
+    compact_snapshot_v1_snapshots__tag__compact_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Snapshot tag. */
+                tag: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CompactRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such snapshot. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description 'to' exists or is being written, or the snapshot is not ready. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     get_pool_v1_snapshots__tag__pool_get: {
         parameters: {
             query?: never;
@@ -4995,6 +5309,450 @@ export interface operations {
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_workspaces_v1_workspaces_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspaceInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_workspace_v1_workspaces_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWorkspaceRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspaceInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description snapshot_tag is not registered. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken, or the snapshot is not ready. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_workspace_v1_workspaces__name__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Workspace name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspaceInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No workspace of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_workspace_v1_workspaces__name__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Workspace name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No workspace of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resume_workspace_v1_workspaces__name__resume_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Workspace name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspaceInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No workspace of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description It is running. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    suspend_workspace_v1_workspaces__name__suspend_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Workspace name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["SuspendWorkspaceRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkspaceInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No workspace of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description It is not running. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is at its branch concurrency cap. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -10,10 +10,20 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from forkd.api import file_routes, fork_routes, pool_routes, process_routes, travel_routes, ui
+from forkd.api import (
+    file_routes,
+    fork_routes,
+    pool_routes,
+    process_routes,
+    travel_routes,
+    ui,
+    workspace_routes,
+)
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike, reject_unknown_query
+from forkd.api.e2b.dispatch import E2BDispatch
+from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.api.handlers import install_exception_handlers
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
 from forkd.api.metrics import Metrics
@@ -171,17 +181,24 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
     app.include_router(process_routes.router)
+    app.include_router(workspace_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(ui.make_router())
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is
-    # audit -> auth -> body limit -> routes, so rejected requests are still
-    # audited and unauthenticated callers never get their bodies read.
+    # audit -> E2B dispatch -> auth -> body limit -> routes, so rejected requests
+    # are still audited and unauthenticated callers never get their bodies read.
+    # The E2B apps (api/e2b) authenticate by their own credentials: the API key,
+    # or a sandbox's access token (an HMAC of its id under the daemon's secret).
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
                        exempt=file_routes.streams_body)
     if token is not None:
         app.add_middleware(BearerAuthMiddleware, token=token)
+    secret = token.encode() if token is not None else (lambda: load_or_make_key(settings.data().root))
+    app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=AccessTokens(secret),
+                       api_key=token, gate=app.state.branch_gate, max_body_bytes=settings.max_body_bytes,
+                       max_file_bytes=settings.max_file_bytes)
     app.add_middleware(AuditMiddleware, audit=audit)
 
     app.openapi = _openapi_factory(app, auth=token is not None)  # type: ignore[method-assign]

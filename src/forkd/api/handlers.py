@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from forkd.api.schemas import ENV_NAME_PATTERN, NO_NUL_PATTERN, NON_EMPTY_NO_NUL_PATTERN, TAG_PATTERN
+from forkd.bounds import SANDBOX_ID_RULE
 from forkd.errors import ForkdError
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,7 @@ def _describe(error: dict[str, Any]) -> str:
     if kind == "string_pattern_mismatch" and pattern == TAG_PATTERN:
         return f"{where}: must match {TAG_PATTERN}"
     if kind == "string_pattern_mismatch" and loc[:1] == ("path",) and where == "id":
-        return ("sandbox id must look like sb-<6 hex digits>-<4 digits>, e.g. sb-67a1b3-0000 "
-                "(sb-<host>-<6 hex>-<4 digits> from a fleet host, e.g. sb-h1-67a1b3-0000)")
+        return f"invalid sandbox id: {SANDBOX_ID_RULE}"
     return f"{where}: {msg}" if where else msg
 
 

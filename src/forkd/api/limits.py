@@ -13,10 +13,16 @@ from forkd.errors import Busy, Conflict
 # Requests the middleware lets through unread: a route that streams its body and
 # applies its own limit (file uploads).
 Exempt = Callable[[Scope], bool]
+# The error body for a status and message: forkd's {"error"}, or another API's own shape.
+ErrorShape = Callable[[int, str], dict[str, object]]
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
+def forkd_error(_status: int, message: str) -> dict[str, object]:
+    return {"error": message}
+
+
+async def _send_error(send: Send, status: int, message: str, shape: ErrorShape = forkd_error) -> None:
+    body = json.dumps(shape(status, message)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -41,10 +47,12 @@ class BodySizeLimitMiddleware:
     uploads, which stream under their own limit) pass through unread.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, exempt: Exempt | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: Exempt | None = None,
+                 shape: ErrorShape = forkd_error) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exempt = exempt
+        self.shape = shape
 
     def _too_large(self) -> str:
         return f"request body exceeds the {self.max_bytes}-byte limit"
@@ -58,10 +66,10 @@ class BodySizeLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _send_error(send, 400, "invalid Content-Length header")
+                    await _send_error(send, 400, "invalid Content-Length header", self.shape)
                     return
                 if declared > self.max_bytes:
-                    await _send_error(send, 413, self._too_large())
+                    await _send_error(send, 413, self._too_large(), self.shape)
                     return
 
         chunks: list[bytes] = []
@@ -73,7 +81,7 @@ class BodySizeLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await _send_error(send, 413, self._too_large())
+                await _send_error(send, 413, self._too_large(), self.shape)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

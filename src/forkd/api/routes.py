@@ -20,6 +20,7 @@ from forkd.api.schemas import (
     SANDBOX_ID_PATTERN,
     TAG_PATTERN,
     BranchRequest,
+    CompactRequest,
     CreateSnapshotRequest,
     ErrorBody,
     EvalRequest,
@@ -194,6 +195,23 @@ async def delete_snapshot(
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
+@v1.post(
+    "/snapshots/{tag}/compact",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SnapshotInfo,
+    tags=["snapshots"],
+    summary="Copy a snapshot into a standalone one: its disk chain flattened, no parent",
+    responses={
+        **TOO_LARGE,
+        404: _err("No such snapshot."),
+        409: _err("'to' exists or is being written, or the snapshot is not ready."),
+    },
+    **_AS_GIVEN,
+)
+async def compact_snapshot(tag: TagPath, req: CompactRequest, rt: Runtime) -> dict[str, Any]:
+    return (await rt.compact_snapshot(tag, req.to)).info()
+
+
 # --------------------------------------------------------------- sandboxes
 
 
@@ -229,6 +247,7 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
         idle_pause_secs=req.idle_pause_secs,
         allow_internet_access=req.allow_internet_access,
         network=req.network.model_dump() if req.network else None,
+        prewarm=req.prewarm,
     )
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)
@@ -355,8 +374,8 @@ async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runti
         **NO_SANDBOX,
         **TOO_LARGE,
         409: _err(
-            "The tag already exists, a branch to it is in flight, or the source "
-            "cannot take this mode (live needs live_fork)."
+            "The tag already exists, a branch to it is in flight, the source "
+            "cannot take this mode (live needs live_fork), or parent_tag is not the branch's parent."
         ),
         503: _err("The daemon is at its branch concurrency cap; retry shortly."),
         **GUEST_ERRORS,
@@ -372,7 +391,8 @@ async def branch(
 ) -> dict[str, Any]:
     req = req or BranchRequest()
     with gate.enter(req.tag, rt.tag_in_flight):
-        record = await rt.branch(sandbox_id, tag=req.tag, mode=req.effective_mode, wait=req.wait)
+        record = await rt.branch(sandbox_id, tag=req.tag, mode=req.effective_mode, wait=req.wait,
+                                 measure_diff=req.measure_diff, parent_tag=req.parent_tag)
     info = record.info()
     if isinstance(info.get("pause_ms"), int | float):
         m.branch_pause_ms.observe(info["pause_ms"])

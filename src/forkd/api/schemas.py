@@ -229,6 +229,17 @@ class SpawnRequest(_Request):
         "this many seconds; its next request of any kind resumes it and steps its clock first. "
         "Default: never, since a child with background work must not be paused behind its user's back.",
     )
+    prewarm: bool = Field(
+        False, description="forkd 0.5 clients' option: read the snapshot's memory file into the host's "
+        "page cache before the children start, so their first page touches (and their first BRANCH) "
+        "do not wait on the disk. Children come from a warm pool of this snapshot whenever one is set, "
+        "with or without it.",
+    )
+    hugepages: bool = Field(
+        False, description="Accepted from forkd 0.5 clients and without effect: children map their "
+        "snapshot's memory file privately (copy-on-write), which hugetlbfs pages cannot back; "
+        "forkd 0.5 also fell back to 4 KiB pages when none were free.",
+    )
 
 
 class ExecRequest(_Request):
@@ -294,7 +305,17 @@ class ExecStreamRequest(ProcessStartRequest):
                                      "(UTF-8, invalid bytes as U+FFFD) or base64 (exact).")
 
 
+# What base64.b64decode(..., validate=True) accepts.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class StdinRequest(_Request):
+    # Stated in the JSON Schema too: with encoding=base64, data must be base64.
+    model_config = ConfigDict(json_schema_extra={"allOf": [{
+        "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+        "then": {"properties": {"data": {"pattern": BASE64_PATTERN}}},
+    }]})
+
     data: str = Field("", description="What to write (text, or base64 with encoding=base64).")
     encoding: OutputEncoding = Field("text", description="How data is given: text (UTF-8) or base64.")
     eof: bool = Field(False, description="Close standard input after data.")
@@ -319,21 +340,32 @@ class MkdirRequest(_Request):
 
 
 class BranchRequest(_Request):
-    # The two cross-field rules, also stated in the JSON Schema so that
-    # clients and generated tests know them: not both mode and diff, and
-    # wait=false only together with mode=live.
+    # The cross-field rules, also stated in the JSON Schema so that clients
+    # and generated tests know them: mode excludes the legacy diff/live; at
+    # most one of diff, live and measure_diff (which measures a full branch);
+    # wait=false only for a live branch.
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
+                {"not": {"required": ["mode", "diff"],
+                         "properties": {"mode": {"type": "string"}, "diff": {"type": "boolean"}}}},
+                {"not": {"required": ["mode", "live"],
+                         "properties": {"mode": {"type": "string"}, "live": {"type": "boolean"}}}},
+                {"not": {"required": ["diff", "live"],
+                         "properties": {"diff": {"const": True}, "live": {"const": True}}}},
                 {
-                    "not": {
-                        "required": ["mode", "diff"],
-                        "properties": {"mode": {"type": "string"}, "diff": {"type": "boolean"}},
-                    }
+                    "if": {"required": ["measure_diff"], "properties": {"measure_diff": {"const": True}}},
+                    "then": {"properties": {"diff": {"not": {"const": True}},
+                                            "live": {"not": {"const": True}},
+                                            "mode": {"anyOf": [{"const": "full"}, {"type": "null"}]}}},
                 },
                 {
                     "if": {"required": ["wait"], "properties": {"wait": {"const": False}}},
-                    "then": {"required": ["mode"], "properties": {"mode": {"const": "live"}}},
+                    "then": {"anyOf": [
+                        {"required": ["mode"], "properties": {"mode": {"const": "live"}}},
+                        {"required": ["live"], "properties": {"live": {"const": True},
+                                                              "mode": {"type": "null"}}},
+                    ]},
                 },
             ]
         }
@@ -346,12 +378,28 @@ class BranchRequest(_Request):
     diff: bool | None = Field(
         None, description="Legacy v0.3 spelling of mode=diff; mutually exclusive with mode."
     )
+    live: bool | None = Field(
+        None, description="Legacy forkd 0.4 spelling of mode=live; mutually exclusive with mode.")
     wait: bool = Field(True, description="mode=live only: false returns as soon as the source resumes.")
+    measure_diff: bool = Field(
+        False, description="forkd 0.5's measurement hook, for a full branch: the answer adds what a "
+        "dirty-page diff would have cost (diff_physical_bytes, diff_logical_bytes, diff_ms; see "
+        "docs/API.md). Not with diff or live.",
+    )
+    parent_tag: Tag | None = Field(
+        None, description="forkd 0.5 chain edge, checked, not chosen: every branch is recorded on the "
+        "snapshot its source's disk sits on, and this must name that snapshot or the one the source was "
+        "forked from (else 409).",
+    )
 
     @model_validator(mode="after")
     def _mode_rules(self) -> Self:
-        if self.mode is not None and self.diff is not None:
-            raise ValueError("'mode' and the legacy 'diff' are mutually exclusive; send only 'mode'")
+        if self.mode is not None and (self.diff is not None or self.live is not None):
+            raise ValueError("'mode' and the legacy 'diff'/'live' are mutually exclusive; send only 'mode'")
+        if bool(self.diff) + bool(self.live) + self.measure_diff > 1 or (
+                self.measure_diff and self.mode not in (None, "full")):
+            raise ValueError("set at most one of 'measure_diff', 'diff' and 'live' (or use 'mode'): "
+                             "measure_diff measures a full branch")
         if not self.wait and self.effective_mode != "live":
             raise ValueError("'wait': false is only meaningful with 'mode': 'live'")
         return self
@@ -360,6 +408,8 @@ class BranchRequest(_Request):
     def effective_mode(self) -> BranchMode:
         if self.mode is not None:
             return self.mode
+        if self.live:
+            return "live"
         return "diff" if self.diff else "full"
 
 
@@ -384,6 +434,25 @@ class ForkRequest(_Request):
     keep_snapshot: bool = Field(
         False, description="Keep the intermediate snapshot. Default: it is deleted once its last child "
         "is gone (and no snapshot depends on it).",
+    )
+
+
+class CompactRequest(_Request):
+    to: Tag = Field(description="Tag of the new, standalone snapshot; must not exist yet.",
+                    examples=["py-flat"])
+
+
+class CreateWorkspaceRequest(_Request):
+    name: Tag = Field(description="The workspace's name, unique on this daemon.", examples=["agent-1"])
+    snapshot_tag: Tag = Field(description="Snapshot its sandbox is forked from.", examples=["py"])
+    per_child_netns: bool = Field(False, description="As in POST /v1/sandboxes.")
+    memory_limit_mib: MemoryLimitMib | None = Field(None, description="cgroup memory limit (MiB).")
+
+
+class SuspendWorkspaceRequest(_Request):
+    diff: bool = Field(
+        False, description="Branch its state with mode diff (shorter pause, state as of the end of "
+        "the copy) instead of full (state as of the request); the sandbox stops either way.",
     )
 
 
@@ -456,6 +525,14 @@ class SnapshotInfo(_Response):
         "runs from it and no snapshot depends on it.",
     )
     checkpoint_of: str | None = Field(None, description="The sandbox whose checkpoint policy made it.")
+    compacted_from: str | None = Field(None, description="The snapshot a compaction flattened into this one.")
+    diff_physical_bytes: int | None = Field(
+        None, description="measure_diff: RAM bytes the source wrote since its restore (its private "
+        "copy-on-write pages), measured just before the pause: what a dirty-page diff saves.")
+    diff_logical_bytes: int | None = Field(None, description="measure_diff: the guest RAM size.")
+    diff_ms: float | None = Field(
+        None, description="measure_diff: an estimate, not a second capture: this branch's pause "
+        "scaled to the share of its captured RAM stream that the written pages make up.")
 
 
 class SnapshotDetail(SnapshotInfo):
@@ -520,6 +597,21 @@ class SandboxInfo(_Response):
         "running", description="paused: stopped after idle_pause_secs without a request; the next "
         "request resumes it.",
     )
+
+
+class WorkspaceInfo(_Response):
+    id: str = Field(examples=["ws-agent-1"])
+    name: str
+    source_snapshot_tag: str
+    status: Literal["running", "suspended", "stale"] = Field(
+        description="running: its sandbox is alive; suspended: paused, resumable; stale: neither "
+        "(killed or expired); resume starts it again from source_snapshot_tag.")
+    live_sandbox_id: str | None = Field(None, description="Its sandbox, while running (the same id "
+                                        "across suspend/resume).")
+    current_state_tag: str | None = Field(None, description="The state snapshot it resumes from, "
+                                          "while suspended.")
+    created_at_unix: int
+    last_active_unix: int
 
 
 class ForkError(_Response):

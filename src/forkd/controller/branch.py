@@ -27,6 +27,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, InvalidRequest, VMError
+from forkd.host import procmem
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
 from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord, now_unix
@@ -72,13 +73,34 @@ class Brancher:
         return _Source(self._registry.get_sandbox(sandbox_id), vm)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
-                     wait: bool = True) -> SnapshotRecord:
+                     wait: bool = True, *, measure_diff: bool = False,
+                     parent_tag: str | None = None) -> SnapshotRecord:
+        """``measure_diff`` (full mode only): also report what a dirty-page diff would have
+        cost; ``parent_tag``: the caller's idea of the branch's parent, checked (409 if the
+        source's lineage says otherwise)."""
         check_sandbox_id(sandbox_id)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if not wait and mode != "live":
             raise InvalidRequest("wait: false is only meaningful with mode: \"live\"")
-        return await self._branch(sandbox_id, tag, mode, wait)
+        if measure_diff and mode != "full":
+            raise InvalidRequest("measure_diff measures a full branch; it cannot be combined with "
+                                 f"mode {mode!r}")
+        if parent_tag is not None:
+            self._check_parent(sandbox_id, parent_tag)
+        return await self._branch(sandbox_id, tag, mode, wait, measure_diff=measure_diff)
+
+    def _check_parent(self, sandbox_id: str, parent_tag: str) -> None:
+        """forkd 0.5's chain edge: it named the snapshot the source was forked from. Here every
+        branch is recorded on the snapshot its source's disk sits on (that one, or the source's
+        latest branch), so either name is accepted and anything else is a mistake."""
+        src = self._source(sandbox_id)
+        allowed = {src.record.snapshot_tag, src.disk.parent_tag}
+        if parent_tag not in allowed:
+            raise Conflict(
+                f"parent_tag {parent_tag!r} is not the parent of a branch of {sandbox_id}: it would be "
+                f"recorded on {src.disk.parent_tag!r} (the sandbox was forked from "
+                f"{src.record.snapshot_tag!r}); leave parent_tag out, or name one of those")
 
     async def checkpoint(self, sandbox_id: str, tag: str, mode: str) -> SnapshotRecord:
         """A standalone branch for an auto-checkpoint policy, finished in the background.
@@ -90,7 +112,7 @@ class Brancher:
         return await self._branch(sandbox_id, tag, mode, wait=False, checkpoint=True)
 
     async def _branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool, *,
-                      checkpoint: bool = False) -> SnapshotRecord:
+                      checkpoint: bool = False, measure_diff: bool = False) -> SnapshotRecord:
         src = self._source(sandbox_id)
         if mode == "live" and not src.record.live_fork:
             raise Conflict(
@@ -99,6 +121,10 @@ class Brancher:
                 "live_fork: true"
             )
         seq = self._registry.next_branch_seq(sandbox_id)
+        while tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}"):
+            # A sandbox resumed under its old id (controller/suspend.py) counts from 1
+            # again, while its earlier branches may still be there.
+            seq = self._registry.next_branch_seq(sandbox_id)
         tag = tag or f"branch-{sandbox_id}-{seq}"
         self._tags.reserve(tag)
         reserved = True
@@ -109,14 +135,16 @@ class Brancher:
                 src = self._source(sandbox_id)
                 await self._table.wake_locked(sandbox_id)  # one paused for being idle runs again
                 staging = layout.staging_dir(self._snapshots, tag)
+                written = await self._written_ram(src) if measure_diff else None
                 cap, layers = await self._capture(src, seq, mode, staging, tag, standalone=checkpoint)
+                measured = self._diff_measure(src, cap, written) if written is not None else None
 
             record = SnapshotRecord(
                 tag=tag, dir=str(self._snapshots / tag), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.disk.parent_tag, pause_ms=round(cap.pause_ms, 3),
                 fs_freeze_ms=round(cap.fs_freeze_ms, 3) if cap.fs_freeze_ms is not None else None,
                 mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
-                checkpoint_of=sandbox_id if checkpoint else None,
+                checkpoint_of=sandbox_id if checkpoint else None, diff_measure=measured,
             )
             if cap.resume_error:
                 record.warning = (
@@ -177,6 +205,24 @@ class Brancher:
             raise VMError(f"branch of {src.id} failed copying its disk: "
                           f"{branching.stream_error(cap.stream) or exc}") from exc
         return cap, layers
+
+    @staticmethod
+    async def _written_ram(src: _Source) -> int:
+        """Bytes of RAM the source wrote since its restore (host/procmem.py), just before the pause."""
+        if src.record.pid is None:
+            raise VMError(f"sandbox {src.id} has no QEMU pid to measure")
+        return await asyncio.to_thread(procmem.written_ram_bytes, src.record.pid,
+                                       src.record.config.mem_mib << 20)
+
+    @staticmethod
+    def _diff_measure(src: _Source, cap: branching.Capture, written: int) -> dict[str, float]:
+        """forkd 0.5's measure_diff fields. The diff's size is measured; its time is an
+        estimate: this full branch's pause, scaled to the share of the captured stream
+        that the written pages make up (one capture, not two)."""
+        stream = cap.stream.stat().st_size if cap.stream.exists() else 0
+        share = min(1.0, written / stream) if stream else 1.0
+        return {"diff_physical_bytes": written, "diff_logical_bytes": src.record.config.mem_mib << 20,
+                "diff_ms": round(cap.pause_ms * share, 3)}
 
     async def _capture_failed(self, src: _Source, staging: SnapshotDir, exc: BaseException) -> ForkdError:
         """Turn a failed capture into the error the user sees; never leave the source paused."""

@@ -105,6 +105,11 @@ class SandboxFiles:
     async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
         await self._call(sandbox_id, protocol.FILE_REMOVE, path=check_path(path), recursive=recursive)
 
+    async def move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+        """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
+        return _info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
+                                      destination=check_path(destination)))
+
     # ----------------------------------------------------------------- writes
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,

@@ -19,6 +19,9 @@ state and is the only code that changes it:
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
 * ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
+* ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
+  ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
+  copies of branch chains.
 * ``SnapshotTravel`` (travel.py): pack/unpack, push/pull to an object store, and
   fetching a tag this host lacks before a spawn of it.
 
@@ -36,6 +39,8 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.branch import Brancher
 from forkd.controller.checkpoints import Checkpointer
+from forkd.controller.code_contexts import CodeRunner
+from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
@@ -49,9 +54,12 @@ from forkd.controller.recovery import recover
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
+from forkd.controller.suspend import Suspender
+from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
+from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
@@ -62,7 +70,14 @@ from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
 from forkd.store.objectstore import ObjectStore
-from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
+from forkd.store.registry import (
+    PausedRecord,
+    PoolConfig,
+    PoolKey,
+    Registry,
+    SandboxRecord,
+    SnapshotRecord,
+)
 
 __all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
 
@@ -77,6 +92,7 @@ class Runtime:
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
+        self.code = CodeRunner(self.sandboxes)
         self.processes = SandboxProcesses(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
@@ -99,6 +115,9 @@ class Runtime:
         self.idle = IdlePauser(registry, self.sandboxes)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
+        self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots)
+        self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
+        self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
         self.travel = SnapshotTravel(data, registry, self.tags, self.accel)
         self.spawner.fetch_missing_from(self.travel)
 
@@ -186,6 +205,12 @@ class Runtime:
             raise Conflict(
                 f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
             )
+        paused = self.suspender.holding(doomed)
+        if paused and not force:
+            raise Conflict(f"paused sandboxes {paused} resume from {tag!r}; kill them first or pass "
+                           "force=true")
+        for sb_id in paused:
+            self.suspender.discard(sb_id)
         for t in doomed:
             await self.pools.drop(t)  # a pool holds no one's work: it just drains
         for sb_id in users:
@@ -216,6 +241,7 @@ class Runtime:
         cpu_limit: float | None = None, pids_limit: int | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
+        prewarm: bool = False,
     ) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
@@ -227,6 +253,7 @@ class Runtime:
         ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
         "deny_out": [...]}``) open the children's egress, denied by default
         (host/egress.py); they need a snapshot with a NIC.
+        ``prewarm``: read the snapshot's memory into the page cache first.
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
@@ -236,7 +263,8 @@ class Runtime:
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
                                            env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress)
+                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress,
+                                           prewarm=prewarm)
         self.reaper.apply(records, timeout_secs)
         self.idle.apply(records, idle_pause_secs)
         return records
@@ -281,6 +309,12 @@ class Runtime:
         return self.checkpoints.delete(sandbox_id)
 
     async def kill(self, sandbox_id: str) -> None:
+        """Stop a sandbox; a paused one is forgotten, and its state snapshot dropped."""
+        check_sandbox_id(sandbox_id)
+        if self.sandboxes.resolve(sandbox_id) not in self.sandboxes and self.registry.has_paused(sandbox_id):
+            self.suspender.discard(sandbox_id)
+            await self.forker.collect()
+            return
         await self.sandboxes.kill(sandbox_id)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
@@ -398,6 +432,9 @@ class Runtime:
     async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
         await self.files.remove(sandbox_id, path, recursive=recursive)
 
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+        return await self.files.move(sandbox_id, source, destination)
+
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                          max_bytes: int, mode: int | None = None) -> dict[str, Any]:
         return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode)
@@ -405,10 +442,97 @@ class Runtime:
     async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
         return await self.files.open_read(sandbox_id, path)
 
+    # Code contexts (controller/code_contexts.py): cells in PID 1's warm interpreter.
+
+    async def run_code(self, sandbox_id: str, code: str, *, context: str | None = None,
+                       timeout_secs: float = bounds.EVAL_TIMEOUT_SECS,
+                       env: dict[str, str] | None = None) -> dict[str, Any]:
+        result = await self.code.run(sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env)
+        await self.checkpoints.after_call(sandbox_id)
+        return result
+
+    async def create_code_context(self, sandbox_id: str, *, language: str | None = None,
+                                  cwd: str | None = None) -> dict[str, str]:
+        return await self.code.create(sandbox_id, language=language, cwd=cwd)
+
+    async def list_code_contexts(self, sandbox_id: str) -> list[dict[str, str]]:
+        return await self.code.list(sandbox_id)
+
+    async def remove_code_context(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
+        await self.code.remove(sandbox_id, context, restart=restart)
+
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
-                     wait: bool = True) -> SnapshotRecord:
+                     wait: bool = True, *, measure_diff: bool = False,
+                     parent_tag: str | None = None) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
-        return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait)
+        return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait,
+                                          measure_diff=measure_diff, parent_tag=parent_tag)
+
+    async def compact_snapshot(self, tag: str, to: str) -> SnapshotRecord:
+        """A standalone copy of snapshot ``tag`` (its disk chain flattened) as ``to``."""
+        return await self.compactor.compact(tag, to)
+
+    # ---------------------------------------------------------------- pause / resume
+
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
+        """Branch the sandbox's state, then stop it (controller/suspend.py)."""
+        return await self.suspender.pause(sandbox_id, mode=mode)
+
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> SandboxRecord:
+        """Start a paused sandbox again under its id; killed ``timeout_secs`` later, if given."""
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        record = await self.suspender.resume(sandbox_id)
+        self.reaper.apply([record], timeout_secs)
+        return record
+
+    def get_paused(self, sandbox_id: str) -> PausedRecord:
+        return self.suspender.get(sandbox_id)
+
+    def list_paused(self) -> list[PausedRecord]:
+        return self.suspender.all()
+
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``):
+        id, template (the snapshot it was first forked from), state, started, ends, vcpus,
+        mem_mib, disk_mb, metadata, egress. 404 if it is neither."""
+        check_sandbox_id(sandbox_id)
+        resolved = self.sandboxes.resolve(sandbox_id)
+        if resolved in self.sandboxes and not self.sandboxes.hidden(resolved):
+            record = self.registry.get_sandbox(resolved)
+            return suspend_view(record, self.suspender.template_of(record))
+        paused = self.suspender.get(sandbox_id)
+        return suspend_view(paused, paused.template)
+
+    def describe_sandboxes(self) -> list[dict[str, Any]]:
+        """Every running and every paused sandbox (``describe_sandbox``), oldest first."""
+        out = [suspend_view(sb, self.suspender.template_of(sb)) for sb in self.list_sandboxes()]
+        out += [suspend_view(p, p.template) for p in self.suspender.all()]
+        return sorted(out, key=lambda v: (v["started"], v["id"]))
+
+    # ---------------------------------------------------------------- workspaces
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        return [self.workspaces.info(ws) for ws in self.workspaces.all()]
+
+    def get_workspace(self, name: str) -> dict[str, Any]:
+        return self.workspaces.info(self.workspaces.get(name))
+
+    async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
+                               memory_limit_mib: int | None = None) -> dict[str, Any]:
+        ws = await self.workspaces.create(name, snapshot_tag, per_child_netns=per_child_netns,
+                                          memory_limit_mib=memory_limit_mib)
+        return self.workspaces.info(ws)
+
+    async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
+        return self.workspaces.info(await self.workspaces.suspend(name, mode=mode))
+
+    async def resume_workspace(self, name: str) -> dict[str, Any]:
+        return self.workspaces.info(await self.workspaces.resume(name))
+
+    async def delete_workspace(self, name: str) -> None:
+        await self.workspaces.delete(name)
+        await self.forker.collect()  # a suspended one leaves its state snapshot to collect
 
     # ---------------------------------------------------------------- travel (controller/travel.py)
 

@@ -32,7 +32,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
-from forkd.host import cgroups
+from forkd.host import cgroups, pagecache
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
@@ -64,6 +64,9 @@ class ChildSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     cpu_limit: float | None = None
     pids_limit: int | None = None
+    # The id to register it under; None: a fresh one. A paused sandbox resumes
+    # under the id it had (controller/suspend.py), which must be free by then.
+    sandbox_id: str | None = None
 
     @property
     def cgroup_limits(self) -> bool:
@@ -160,10 +163,19 @@ class Spawner:
                     memory_limit_mib: int | None = None, live_fork: bool = False,
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, egress: EgressPolicy | None = None) -> list[SandboxRecord]:
-        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing."""
+                    pids_limit: int | None = None, egress: EgressPolicy | None = None,
+                    prewarm: bool = False) -> list[SandboxRecord]:
+        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
+
+        ``prewarm``: read the snapshot's memory file into the page cache first
+        (host/pagecache.py).
+        """
         children = child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
                                metadata=metadata, cpu_limit=cpu_limit, pids_limit=pids_limit)
+        if prewarm:
+            snap = self._store.forkable(tag)
+            read = await asyncio.to_thread(pagecache.prefetch, snap.dir.mem)
+            log.info("prewarm: read %d MiB of %s's memory into the page cache", read >> 20, tag)
         results = await self.spawn_each(tag, children, per_child_netns=per_child_netns,
                                         live_fork=live_fork, egress=egress)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -227,7 +239,8 @@ class Spawner:
                                     ("pids", any(c.pids_limit is not None for c in children))):
                     if asked and cgroups.detect_controller(name) == "none":  # 400 before any VM starts
                         raise InvalidRequest(f"{cgroups.needs(name)}; this host has neither")
-            elif self._pool is not None:
+            elif self._pool is not None and not any(c.sandbox_id for c in children):
+                # (A child with an id of its own is a resume: no pool member has that id.)
                 # Pool members have no cpu or pids limit: only spawns without one draw from a pool.
                 claimed = await self._pool.claim(tag, children, per_child_netns=per_child_netns,
                                                  live_fork=live_fork, egress=egress)
@@ -299,8 +312,8 @@ class Spawner:
 
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:
             async with gate:
-                return await self._restore_child(f"{prefix}-{i:04d}", snap, mem, child, net, netns=netns,
-                                                 live_fork=live_fork, pooled=pooled)
+                return await self._restore_child(child.sandbox_id or f"{prefix}-{i:04d}", snap, mem, child,
+                                                 net, netns=netns, live_fork=live_fork, pooled=pooled)
 
         return list(await asyncio.gather(
             *(one(i, child, ns) for i, (child, ns) in enumerate(zip(children, netns_names, strict=True))),

@@ -65,6 +65,9 @@ FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
 FILE_WRITE_OPEN = "file_write_open"  # path, mode? -> {"handle": str} (a temp file beside path)
 FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
 FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
+FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
+# Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
+CONTEXT = "context"
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
@@ -78,8 +81,8 @@ PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
 # pid, signal (a number), group, wait_ms? (answer once it ended) -> {"signalled": true, "ended": bool}
 PROC_SIGNAL = "proc_signal"
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
-           FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE,
-           PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
+           FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE,
+           CONTEXT, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
            PROC_SIGNAL)
 
 # The events of a stream ("event" messages), each {"type": ...}:

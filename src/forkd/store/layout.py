@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forkd.bounds import HOST_ID_RE, HOSTED_SANDBOX_ID_RE, SANDBOX_ID_RE, TAG_RE
+from forkd.bounds import HOST_ID_RE, HOSTED_SANDBOX_ID_RE, SANDBOX_ID_RE, SANDBOX_ID_RULE, TAG_RE
 from forkd.errors import InvalidRequest
 
 
@@ -38,8 +38,7 @@ def check_tag(tag: str) -> str:
 def check_sandbox_id(sandbox_id: str) -> str:
     """Validated before any path is built from it: no traversal through an id."""
     if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
-        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: expected sb-<6 hex>-<4 digits> "
-                             "(sb-<host>-<6 hex>-<4 digits> on a daemon started with --host-id)")
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}: {SANDBOX_ID_RULE}")
     return sandbox_id
 
 

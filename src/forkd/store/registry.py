@@ -48,6 +48,18 @@ CREATE TABLE IF NOT EXISTS sandbox_aliases (
     alias TEXT PRIMARY KEY,
     target TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS paused_sandboxes (
+    id TEXT PRIMARY KEY,
+    state_tag TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS workspaces (
+    name TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    source_tag TEXT NOT NULL,
+    created_at_unix INTEGER NOT NULL,
+    last_active_unix INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pools (
     tag TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -124,6 +136,44 @@ class PoolConfig:
 
 
 @dataclass
+class PausedRecord:
+    """A sandbox stopped after a branch of its state (E2B's pause, a workspace's suspend).
+
+    It resumes under the same ``id`` from ``state_tag``, with the spawn options it had.
+    """
+
+    id: str
+    state_tag: str
+    template: str  # the snapshot it was first forked from (E2B's templateID)
+    created_at_unix: int  # when it was first started
+    paused_at_unix: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    memory_limit_mib: int | None = None
+    cpu_limit: float | None = None
+    pids_limit: int | None = None
+    per_child_netns: bool = False
+    live_fork: bool = False
+    vcpus: int = 1
+    mem_mib: int = 0
+    disk_mib: int = 0  # the guest disk's size
+    egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
+
+    def info(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WorkspaceRecord:
+    """A named sandbox that outlives suspend/resume (forkd 0.5's ``/v1/workspaces``)."""
+
+    name: str
+    sandbox_id: str
+    source_tag: str
+    created_at_unix: int
+    last_active_unix: int
+
+
+@dataclass
 class SnapshotRecord:
     """A registered snapshot. Its VM config lives in its ``snapshot.json`` only."""
 
@@ -145,6 +195,9 @@ class SnapshotRecord:
     auto_delete: bool = False
     checkpoint_of: str | None = None  # the sandbox whose auto-checkpoint policy made it
     fs_freeze_ms: float | None = None  # live BRANCH: how long the guest's disk writes waited
+    # measure_diff of a full BRANCH: diff_physical_bytes, diff_logical_bytes, diff_ms.
+    diff_measure: dict[str, float] | None = None
+    compacted_from: str | None = None  # POST /v1/snapshots/{tag}/compact: the flattened snapshot
 
     def check_forkable(self) -> None:
         """409 unless children can be forked from it (status "ready")."""
@@ -172,6 +225,10 @@ class SnapshotRecord:
             out["auto_delete"] = True
         if self.checkpoint_of:
             out["checkpoint_of"] = self.checkpoint_of
+        if self.diff_measure:
+            out.update(self.diff_measure)
+        if self.compacted_from:
+            out["compacted_from"] = self.compacted_from
         return out
 
 
@@ -268,7 +325,8 @@ class SandboxRecord:
 # Typed fields kept in the ``meta`` JSON column (the SQL columns hold the rest).
 def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
     return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning,
-            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of, "fs_freeze_ms": s.fs_freeze_ms}
+            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of, "fs_freeze_ms": s.fs_freeze_ms,
+            "diff_measure": s.diff_measure, "compacted_from": s.compacted_from}
 
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
@@ -294,6 +352,7 @@ def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
         warning=meta.get("warning") or meta.get("source_error"),
         auto_delete=bool(meta.get("auto_delete")), checkpoint_of=meta.get("checkpoint_of"),
         fs_freeze_ms=meta.get("fs_freeze_ms"),
+        diff_measure=meta.get("diff_measure"), compacted_from=meta.get("compacted_from"),
     )
 
 
@@ -501,6 +560,71 @@ class Registry:
                     return current
                 current = str(row[0])
         return current
+
+    # --------------------------------------------------------------- paused sandboxes
+
+    def insert_paused(self, paused: PausedRecord) -> None:
+        meta = {k: v for k, v in asdict(paused).items() if k not in ("id", "state_tag")}
+        with self._lock:
+            try:
+                self._db.execute("INSERT INTO paused_sandboxes (id, state_tag, meta) VALUES (?, ?, ?)",
+                                 (paused.id, paused.state_tag, json.dumps(meta)))
+            except sqlite3.IntegrityError:
+                raise Conflict(f"sandbox {paused.id!r} is already paused") from None
+
+    def get_paused(self, sandbox_id: str) -> PausedRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM paused_sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no paused sandbox {sandbox_id!r}")
+        return PausedRecord(id=row["id"], state_tag=row["state_tag"], **json.loads(row["meta"]))
+
+    def has_paused(self, sandbox_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM paused_sandboxes WHERE id = ?",
+                                    (sandbox_id,)).fetchone() is not None
+
+    def list_paused(self) -> list[PausedRecord]:
+        with self._lock:
+            ids = [r[0] for r in self._db.execute("SELECT id FROM paused_sandboxes ORDER BY id").fetchall()]
+        return [self.get_paused(i) for i in ids]
+
+    def delete_paused(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM paused_sandboxes WHERE id = ?", (sandbox_id,))
+
+    # --------------------------------------------------------------- workspaces
+
+    def insert_workspace(self, ws: WorkspaceRecord) -> None:
+        with self._lock:
+            try:
+                self._db.execute(
+                    "INSERT INTO workspaces (name, sandbox_id, source_tag, created_at_unix, "
+                    "last_active_unix) VALUES (?, ?, ?, ?, ?)",
+                    (ws.name, ws.sandbox_id, ws.source_tag, ws.created_at_unix, ws.last_active_unix))
+            except sqlite3.IntegrityError:
+                raise Conflict(f"workspace {ws.name!r} already exists; delete it first") from None
+
+    def get_workspace(self, name: str) -> WorkspaceRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM workspaces WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"workspace {name!r} does not exist")
+        return WorkspaceRecord(**dict(row))
+
+    def list_workspaces(self) -> list[WorkspaceRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM workspaces ORDER BY created_at_unix, name").fetchall()
+        return [WorkspaceRecord(**dict(r)) for r in rows]
+
+    def touch_workspace(self, name: str, sandbox_id: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE workspaces SET sandbox_id = ?, last_active_unix = ? WHERE name = ?",
+                             (sandbox_id, now_unix(), name))
+
+    def delete_workspace(self, name: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM workspaces WHERE name = ?", (name,))
 
     # --------------------------------------------------------------- pools
 

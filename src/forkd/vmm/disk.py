@@ -92,7 +92,18 @@ def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path) -> 
     return written
 
 
-def flatten_onto(top: Path, base: Path, out: Path) -> None:
+def chain_bottom(top: Path) -> tuple[Path, str]:
+    """The image at the bottom of ``top``'s backing chain, and its format (e.g. the raw rootfs)."""
+    tool = prereqs.require(prereqs.QEMU_IMG)["qemu-img"]
+    proc = subprocess.run([tool, "info", "-U", "--backing-chain", "--output=json", str(top)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise VMError(f"qemu-img info {top} failed: {proc.stderr.strip()}")
+    bottom = json.loads(proc.stdout)[-1]
+    return Path(bottom["filename"]), str(bottom["format"])
+
+
+def flatten_onto(top: Path, base: Path, out: Path, base_format: str = "qcow2") -> None:
     """``out``: one overlay on ``base`` with the content of ``top``'s whole chain.
 
     For a branch that must not depend on any other branch (an auto-checkpoint,
@@ -102,11 +113,13 @@ def flatten_onto(top: Path, base: Path, out: Path) -> None:
     safe mode, which writes into it every cluster the layers between ``top``
     and ``base`` changed; when ``base`` is in ``top``'s chain (the usual case)
     only those clusters are compared. ``-U``: the source's QEMU still holds the
-    old layers open (read-only for it; they are frozen).
+    old layers open (read-only for it; they are frozen). A compaction
+    (controller/compaction.py) flattens a snapshot's whole chain onto the image
+    at its bottom (the guest image's raw rootfs, ``base_format="raw"``).
     """
     shutil.copyfile(top, out)
     try:
-        qemu_img("rebase", "-q", "-U", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(out))
+        qemu_img("rebase", "-q", "-U", "-f", "qcow2", "-b", str(base), "-F", base_format, str(out))
     except BaseException:
         out.unlink(missing_ok=True)
         raise

@@ -20,7 +20,8 @@ One module per job:
 - ``processes``: the process table, its one I/O thread, output rings and streams
 - ``evaluator``: eval in the persistent namespace, with a timeout and cancel
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
-- ``files``: stat, list, mkdir, remove and chunked reads of files
+- ``files``: stat, list, mkdir, remove, move and chunked reads of files
+- ``contexts``: named code contexts for the code interpreter (runs like notebook cells)
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``channel``: every message to the host, bounded, and which requests await a reply
@@ -39,5 +40,5 @@ MIN_GUEST_PYTHON = (3, 11)
 
 # Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
 # "3" serves the file actions, "4" streams exec output as events and serves
-# processes (proc_*), eval_cancel and notifications.
-AGENT_VERSION = "4"
+# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts.
+AGENT_VERSION = "5"

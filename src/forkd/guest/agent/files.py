@@ -1,4 +1,4 @@
-"""The file actions: stat, list, mkdir, remove, and chunked reads (writes: ``uploads``).
+"""The file actions: stat, list, mkdir, remove, move, and chunked reads (writes: ``uploads``).
 
 Its own job because a file transfer must never hold the channel: the host moves
 a file in ``FILE_CHUNK`` pieces, one request each, so exec and eval requests
@@ -154,6 +154,28 @@ class Files:
                 raise RequestError(f"{path}: directory not empty (use recursive)", CONFLICT) from None
             raise os_error(path, exc) from None
         return {"removed": True}
+
+    @staticmethod
+    def move(req: dict[str, Any]) -> dict[str, Any]:
+        """Rename ``source`` to ``destination`` (its parents made first), as E2B's envd Move does;
+        an existing file at the destination is replaced, a non-empty directory is a conflict."""
+        source = check_path(req.get("source"))
+        destination = check_path(req.get("destination"))
+        if "/" in (os.path.normpath(source), os.path.normpath(destination)):
+            raise RequestError("refusing to move /", CONFLICT)
+        try:
+            os.lstat(source)
+            os.makedirs(os.path.dirname(destination) or "/", exist_ok=True)
+            try:
+                os.rename(source, destination)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.move(source, destination)  # another filesystem: copy, then remove
+            return info(destination, os.lstat(destination))
+        except OSError as exc:
+            where = destination if exc.filename == destination else source
+            raise os_error(where, exc) from None
 
     # ------------------------------------------------------------------ reads
 

@@ -28,6 +28,7 @@ from typing import Any
 from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
 from forkd.guest.agent.channel import Channel
+from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.freeze import RootFreezer
@@ -62,6 +63,7 @@ class Agent:
         self.warm = warm
         self.channel = Channel()
         self.evaluator = Evaluator(self.namespace)
+        self.contexts = CodeContexts(self.namespace, self.evaluator)
         self.reaper = Reaper()
         self.processes = Processes(self.reaper, self.channel)
         self.workers = Workers()
@@ -87,6 +89,8 @@ class Agent:
             protocol.FILE_WRITE_OPEN: self.uploads.write_open,
             protocol.FILE_WRITE: self.uploads.write,
             protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
+            protocol.FILE_MOVE: self.files.move,
+            protocol.CONTEXT: self.contexts.handle,
             protocol.PROC_START: lambda req: self.processes.start(
                 req.get("id"), parse_start(req), stream=bool_field(req, "stream", False)),
             protocol.PROC_ATTACH: lambda req: self.processes.attach(

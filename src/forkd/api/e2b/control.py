@@ -1,0 +1,344 @@
+"""E2B's control plane: sandboxes created, connected (and so resumed), killed, listed,
+described, given a new timeout, paused and forked. A template is a forkd snapshot tag.
+
+Each route checks the request, calls the Runtime, and answers in the SDK's own
+models (``shapes``); every error is ``{"code": <status>, "message"}``. Routes
+the SDK has but forkd does not serve (metrics, logs, snapshots, templates,
+volumes, secrets, network updates, ...) answer ``501`` in that shape, naming
+docs/E2B.md.
+
+Authentication: ``X-API-KEY`` (what the SDK sends) or ``Authorization: Bearer``
+must be the daemon's token; a daemon without a token takes any non-empty key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from e2b.api.client.models import ConnectSandboxV2, NewSandboxV2, SandboxForkRequest, SandboxPauseRequest
+from e2b.api.client.types import Unset
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from forkd import bounds
+from forkd.api.e2b import shapes
+from forkd.api.e2b.errors import rest_body
+from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.limits import BranchGate
+from forkd.errors import Busy, ForkdError, NotFound
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+RuntimeSource = Callable[[], "Runtime | None"]
+
+# The SDK's defaults (the models' documented ones): a new or resumed sandbox lives
+# 300 s, a fork 15 s; at most 20 forks per call.
+CREATE_TIMEOUT_SECS = 300
+FORK_TIMEOUT_SECS = 15
+MAX_FORKS = 20
+LIST_LIMIT = 100
+UNSUPPORTED = "see docs/E2B.md for what forkd serves"
+
+# Where the control plane's routes start; dispatch.py sends these here.
+PREFIXES = ("/sandboxes", "/v2/sandboxes", "/v3/sandboxes", "/templates", "/v2/templates",
+            "/v3/templates", "/snapshots", "/volumes", "/secrets", "/tags", "/teams", "/nodes",
+            "/access-tokens", "/api-keys")
+
+
+class E2BError(Exception):
+    """An answer in the SDK's error shape."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _json_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(json.loads(rest_body(status, message)), status_code=status)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise E2BError(400, f"request body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "request body must be a JSON object")
+    return body
+
+
+def _int(value: object, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise E2BError(400, f"{name} must be an integer between {low} and {high}")
+    return value
+
+
+def _strings(value: object, name: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise E2BError(400, f"{name} must map strings to strings")
+    return value
+
+
+def _unknown(model: Any) -> None:
+    extra = sorted(model.additional_properties)
+    if extra:
+        raise E2BError(400, f"unknown field {extra[0]!r}")
+
+
+def _set(value: object) -> bool:
+    return not isinstance(value, Unset) and value is not None
+
+
+def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: str | None,
+                       gate: BranchGate) -> FastAPI:
+    """``gate``: the daemon's BRANCH concurrency gate, which a pause and a fork enter as forkd's
+    own branch and fork routes do (503 at the cap)."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    def rt() -> Runtime:
+        current = runtime()
+        if current is None:
+            raise Busy("the daemon is still starting; retry shortly")
+        return current
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        presented = request.headers.get("x-api-key") or ""
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            presented = presented or bearer.strip()
+        if not presented or (api_key is not None
+                             and not hmac.compare_digest(presented.encode(), api_key.encode())):
+            return _json_error(401, "missing or invalid API key: set E2B_API_KEY to the forkd daemon's token")
+        response: Response = await call_next(request)
+        return response
+
+    @app.exception_handler(E2BError)
+    async def e2b_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, E2BError)
+        return _json_error(exc.status, str(exc))
+
+    @app.exception_handler(ForkdError)
+    async def forkd_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ForkdError)
+        return _json_error(exc.status if 400 <= exc.status <= 599 else 500, str(exc) or type(exc).__name__)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code in (404, 405):
+            return _json_error(501, f"{request.method} {request.url.path} is not supported by forkd; "
+                               f"{UNSUPPORTED}")
+        return _json_error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        return _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ create / connect
+
+    @app.post("/v2/sandboxes", status_code=201)
+    async def create(request: Request) -> dict[str, Any]:
+        body = await _body(request)
+        if not isinstance(body.get("templateID"), str):
+            raise E2BError(400, "templateID (a forkd snapshot tag) is required")
+        req = NewSandboxV2.from_dict(body)
+        _unknown(req)
+        timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
+            if _set(req.timeout) else CREATE_TIMEOUT_SECS
+        metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
+        env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
+        if _set(req.auto_pause) and req.auto_pause:
+            raise E2BError(400, f"autoPause is not supported by forkd ({UNSUPPORTED})")
+        for name in ("mcp", "iam", "volumeMounts", "autoResume"):
+            if body.get(name) not in (None, [], {}):
+                raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+        allow = body.get("allow_internet_access")
+        if allow is not None and not isinstance(allow, bool):
+            raise E2BError(400, "allow_internet_access must be true or false")
+        try:
+            [record] = await rt().spawn(req.template_id, 1, env=env or None, metadata=metadata or None,
+                                        timeout_secs=timeout, allow_internet_access=allow,
+                                        network=_network(body.get("network")))
+        except NotFound:
+            try:
+                rt().get_snapshot(req.template_id)
+            except NotFound as missing:  # the template itself (not something the spawn needed)
+                raise E2BError(404, f"template {req.template_id!r} is not a snapshot on this daemon: make "
+                               f"one with `forkd snapshot --tag {req.template_id}` (a template is a forkd "
+                               "snapshot tag; see docs/E2B.md)") from missing
+            raise
+        return shapes.created(record.id, req.template_id, tokens)
+
+    @app.post("/v2/sandboxes/{sandbox_id}/connect")
+    async def connect(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
+        req = ConnectSandboxV2.from_dict(await _body(request))
+        _unknown(req)
+        timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
+            if _set(req.timeout) else CREATE_TIMEOUT_SECS
+        if _set(req.memory) and req.memory is False:
+            raise E2BError(400, 'on_resume="reboot" (a cold boot from the disk) is not supported by forkd; '
+                           "a paused sandbox resumes from its memory state")
+        view = rt().describe_sandbox(sandbox_id)
+        if view["state"] == "paused":
+            await rt().resume(sandbox_id, timeout_secs=timeout)
+            response.status_code = 201
+        else:
+            # E2B: a running sandbox's timeout only ever grows through connect.
+            deadline = dt.datetime.now(dt.UTC).timestamp() + timeout
+            if view["ends"] is not None and view["ends"] < deadline:
+                rt().set_timeout(sandbox_id, timeout)
+        return shapes.created(view["id"], view["template"], tokens)
+
+    # ------------------------------------------------------------------ one sandbox
+
+    @app.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def kill(sandbox_id: str) -> Response:
+        await rt().kill(sandbox_id)
+        return Response(status_code=204)
+
+    @app.get("/sandboxes/{sandbox_id}")
+    async def get_info(sandbox_id: str) -> dict[str, Any]:
+        return shapes.detail(rt().describe_sandbox(sandbox_id), tokens)
+
+    @app.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(sandbox_id: str, request: Request) -> Response:
+        body = await _body(request)
+        timeout = _int(body.get("timeout"), "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high))
+        if set(body) - {"timeout"}:
+            raise E2BError(400, f"unknown field {sorted(set(body) - {'timeout'})[0]!r}")
+        if rt().describe_sandbox(sandbox_id)["state"] == "paused":
+            raise E2BError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then set its timeout")
+        rt().set_timeout(sandbox_id, timeout)
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    async def pause(sandbox_id: str, request: Request) -> Response:
+        req = SandboxPauseRequest.from_dict(await _body(request))
+        _unknown(req)
+        if _set(req.memory) and req.memory is False:
+            raise E2BError(400, 'a filesystem-only pause (mode="filesystem") is not supported by forkd; '
+                           "a pause keeps the memory state")
+        if rt().describe_sandbox(sandbox_id)["state"] == "paused":
+            raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+        with gate.enter(None, rt().tag_in_flight):
+            await rt().pause(sandbox_id)
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
+        req = SandboxForkRequest.from_dict(await _body(request))
+        _unknown(req)
+        count = _int(req.count, "count", 1, MAX_FORKS) if _set(req.count) else 1
+        timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
+            if _set(req.timeout) else FORK_TIMEOUT_SECS
+        view = rt().describe_sandbox(sandbox_id)
+        if view["state"] == "paused":
+            raise E2BError(409, f"sandbox {sandbox_id} is paused: connect to resume it before forking")
+        from forkd.controller.spawner import FORK_LABELS  # here: the controller pulls in the VMM
+
+        # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
+        labels = {k: v for k, v in view["metadata"].items() if k not in FORK_LABELS}
+        egress = view["egress"]  # the forks get the source's, as copies of it
+        with gate.enter(None, rt().tag_in_flight):
+            result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,
+                                     allow_internet_access=egress["allow_internet_access"],
+                                     network={k: egress[k] for k in ("allow_out", "deny_out")})
+        entries: list[dict[str, Any] | None] = [None] * count
+        for child, index in zip(result.children, _indices(count, result.errors), strict=True):
+            entries[index] = {"sandbox": shapes.created(child.id, view["template"], tokens)}
+        for err in result.errors:
+            entries[err["index"]] = {"error": {"code": 500, "message": str(err["error"])}}
+        return [e if e is not None else {"error": {"code": 500, "message": "the fork did not start"}}
+                for e in entries]
+
+    # ------------------------------------------------------------------ list
+
+    @app.get("/v2/sandboxes")
+    async def list_sandboxes(request: Request, response: Response) -> list[dict[str, Any]]:
+        query = request.query_params
+        known = {"metadata", "state", "limit", "nextToken", "template", "startedAfter", "order"}
+        if set(query) - known:
+            raise E2BError(400, f"unknown query parameter {sorted(set(query) - known)[0]!r}")
+        wanted = _metadata_filter(query.get("metadata"))
+        states = set(query["state"].split(",")) if query.get("state") else {"running", "paused"}
+        if states - {"running", "paused"}:
+            raise E2BError(400, "state must be running and/or paused")
+        limit = LIST_LIMIT
+        if query.get("limit"):
+            limit = _int(_as_int(query.get("limit")), "limit", 1, LIST_LIMIT)
+        after = _started_after(query.get("startedAfter"))
+        views = [v for v in rt().describe_sandboxes()
+                 if v["state"] in states and all(v["metadata"].get(k) == x for k, x in wanted.items())
+                 and (not query.get("template") or v["template"] == query["template"])
+                 and (after is None or v["started"] >= after)]
+        if query.get("order") == "desc":
+            views.reverse()
+        elif query.get("order") not in (None, "asc"):
+            raise E2BError(400, "order must be asc or desc")
+        start = _as_int(query.get("nextToken")) if query.get("nextToken") else 0
+        page = views[start:start + limit]
+        if start + limit < len(views):
+            response.headers["x-next-token"] = str(start + limit)
+        return [shapes.listed(v) for v in page]
+
+    # Everything else the SDK can call: 501 in its shape (see http_error above).
+    return app
+
+
+def _network(raw: object) -> dict[str, Any] | None:
+    """E2B's ``network`` (``allowOut``/``denyOut``) as forkd's egress lists; 400 for the rest."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise E2BError(400, "network must be an object")
+    served = {"allowOut": "allow_out", "denyOut": "deny_out"}
+    other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
+    if other:
+        raise E2BError(400, f"network.{other[0]} is not supported by forkd (only allowOut and denyOut, "
+                       f"as IPv4 networks with optional ports; {UNSUPPORTED})")
+    return {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs)}
+
+
+def _indices(count: int, errors: list[dict[str, Any]]) -> list[int]:
+    """The child indices that succeeded, in order (a fork lists children without their index)."""
+    failed = {int(e["index"]) for e in errors}
+    return [i for i in range(count) if i not in failed]
+
+
+def _as_int(value: str | None) -> int:
+    try:
+        return int(value or "")
+    except ValueError:
+        raise E2BError(400, f"{value!r} is not an integer") from None
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    """The SDK sends ``metadata=`` as a URL-encoded ``k=v&k2=v2`` whose keys and values are quoted."""
+    if not raw:
+        return {}
+    return {urllib.parse.unquote(k): urllib.parse.unquote(v)
+            for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
+
+
+def _started_after(raw: str | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        return dt.datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        raise E2BError(400, f"startedAfter {raw!r} is not an ISO 8601 time") from None
+
+
+__all__ = ["PREFIXES", "create_control_app"]

@@ -1,0 +1,60 @@
+"""Which requests are E2B's, and the middleware that hands them to the E2B apps.
+
+A request carrying ``E2b-Sandbox-Id`` is in-sandbox traffic (``envd``); one for
+an E2B control-plane path (``control.PREFIXES``, none of which forkd's own API
+uses: it lives under ``/v1``) goes to the control plane; everything else goes
+on to forkd's API and its bearer-token check. Each E2B app authenticates on its
+own (the API key, or the sandbox's access token) and answers in the SDK's error
+shapes, request bodies bounded as forkd's are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from forkd.api.e2b.control import PREFIXES, create_control_app
+from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic, is_sandbox_request
+from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+
+def is_control_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
+
+
+def _rest_shape(status: int, message: str) -> dict[str, object]:
+    return {"code": status, "message": message}
+
+
+def _streams_body(scope: Scope) -> bool:
+    """Requests whose bodies are not small JSON: file uploads (under max_file_bytes) and
+    Connect calls (under the Connect app's own read limit)."""
+    path = str(scope.get("path", ""))
+    return (scope.get("method") == "POST" and path == "/files") or path.startswith(CONNECT_SERVICES)
+
+
+class E2BDispatch:
+    """ASGI middleware: E2B's requests to the E2B apps, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, runtime: Callable[[], Runtime | None], tokens: AccessTokens,
+                 api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int) -> None:
+        self.app = app
+        self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
+                                               max_body_bytes, shape=_rest_shape)
+        self.sandbox = BodySizeLimitMiddleware(
+            SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
+            max_body_bytes, exempt=_streams_body, shape=_rest_shape)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if is_sandbox_request(scope):
+            await self.sandbox(scope, receive, send)
+        elif scope["type"] == "http" and is_control_path(scope["path"]):
+            await self.control(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

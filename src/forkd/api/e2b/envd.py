@@ -1,0 +1,164 @@
+"""In-sandbox traffic: what the SDK sends to a sandbox, on the daemon's port, by header.
+
+Every such request names its sandbox (``E2b-Sandbox-Id``) and port
+(``E2b-Sandbox-Port``): 49983 is envd (``/health``, ``/files``, the Connect
+filesystem and process services), 49999 the code interpreter
+(``interpreter``). Before anything else the request must carry the sandbox's
+own access token (``X-Access-Token``; on the interpreter port, also
+``E2B-Traffic-Access-Token``, which is all the SDK sends to ``/contexts``), and
+the sandbox must be running: otherwise ``502 ... was not found``, as E2B's
+proxy answers, which the SDK reads as "not running". Other ports are not
+reachable (the guest has no network): ``502 ... port is not open``.
+
+``/files``: ``GET ?path=`` streams the file; ``POST ?path=`` takes an
+octet-stream body (gzip if ``Content-Encoding`` says so) or multipart parts
+(``uploads``), makes missing parent directories, and answers
+``[{name, type: "file", path}]``. Both stream, under ``max_file_bytes``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from connectrpc.code import Code
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from forkd.api.e2b import uploads
+from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_running, rest_body, send_json
+from forkd.api.e2b.filesystem import filesystem_app, guest_path
+from forkd.api.e2b.interpreter import Interpreter
+from forkd.api.e2b.process import process_app
+from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.file_routes import streamed_body
+from forkd.bounds import SANDBOX_ID_RE
+from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+ENVD_PORT = "49983"
+INTERPRETER_PORT = "49999"
+CONNECT_SERVICES = ("/filesystem.Filesystem/", "/process.Process/")
+
+
+def is_sandbox_request(scope: Scope) -> bool:
+    return scope["type"] == "http" and any(name == b"e2b-sandbox-id" for name, _ in scope.get("headers", ()))
+
+
+class SandboxTraffic:
+    """The ASGI app for every request that carries ``E2b-Sandbox-Id``."""
+
+    def __init__(self, runtime: Callable[[], Runtime | None], tokens: AccessTokens, *,
+                 max_body_bytes: int, max_file_bytes: int) -> None:
+        self._runtime_source = runtime
+        self._tokens = tokens
+        self._max_file_bytes = max_file_bytes
+        self._filesystem = filesystem_app(self._runtime, max_body_bytes)
+        self._process = process_app(self._runtime, max_body_bytes)
+        self._interpreter = Interpreter(self._runtime)
+
+    def _runtime(self) -> Runtime:
+        runtime = self._runtime_source()
+        if runtime is None:
+            raise Busy("the daemon is still starting; retry shortly")
+        return runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        path: str = scope["path"]
+        connect = path.startswith(CONNECT_SERVICES)
+        sandbox_id = headers.get("e2b-sandbox-id", "")
+        port = headers.get("e2b-sandbox-port", ENVD_PORT)
+
+        async def fail(status: int, message: str) -> None:
+            if connect:
+                code = CONNECT_CODE.get(status, Code.INTERNAL)
+                await send_json(send, HTTP_STATUS.get(code, status), connect_body(code, message))
+            else:
+                await send_json(send, status, rest_body(status, message))
+
+        if not SANDBOX_ID_RE.match(sandbox_id):
+            await fail(400, f"E2b-Sandbox-Id {sandbox_id[:64]!r} is not a sandbox id")
+            return
+        presented = headers.get("x-access-token") or (
+            headers.get("e2b-traffic-access-token") if port == INTERPRETER_PORT else None)
+        if not self._tokens.accepts(sandbox_id, presented, traffic_too=port == INTERPRETER_PORT):
+            await fail(401, f"missing or wrong access token for sandbox {sandbox_id}: use the "
+                       "envdAccessToken its create, connect or fork answered with")
+            return
+        if port not in (ENVD_PORT, INTERPRETER_PORT):
+            await fail(502, f"The sandbox {sandbox_id} is running but the port is not open ({port[:8]}): "
+                       "forkd sandboxes have no network, only envd (49983) and the code interpreter "
+                       "(49999) are served")
+            return
+        try:
+            self._runtime().get_sandbox(sandbox_id)
+        except ForkdError as exc:
+            if exc.status == 404:
+                await fail(502, not_running(sandbox_id))
+            else:
+                await fail(exc.status, str(exc))
+            return
+        if connect and port == ENVD_PORT:
+            app = self._filesystem if path.startswith("/filesystem.") else self._process
+            await app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            if port == INTERPRETER_PORT:
+                response = await self._interpreter.handle(request, sandbox_id)
+            else:
+                response = await self._envd(request, sandbox_id)
+        except ForkdError as exc:
+            status = exc.status if 400 <= exc.status <= 599 else 500
+            response = JSONResponse({"code": status, "message": str(exc) or type(exc).__name__},
+                                    status_code=status)
+        await response(scope, receive, send)
+
+    # ------------------------------------------------------------------ envd's plain HTTP API
+
+    async def _envd(self, request: Request, sandbox_id: str) -> Response:
+        path, method = request.url.path, request.method
+        if path == "/health" and method == "GET":
+            return Response(status_code=204)
+        if path == "/files" and method == "GET":
+            return await self._download(request, sandbox_id)
+        if path == "/files" and method == "POST":
+            return JSONResponse(await self._upload(request, sandbox_id))
+        return JSONResponse({"code": 404, "message": f"{method} {path} is not served by forkd's envd "
+                             "(see docs/E2B.md)"}, status_code=404)
+
+    async def _download(self, request: Request, sandbox_id: str) -> Response:
+        path = guest_path(request.query_params.get("path", ""))
+        info, pieces = await self._runtime().file_read(sandbox_id, path)
+        return StreamingResponse(pieces, media_type="application/octet-stream",
+                                 headers={"X-Forkd-File-Size": str(info["size"])})
+
+    async def _upload(self, request: Request, sandbox_id: str) -> list[dict[str, Any]]:
+        limit = self._max_file_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit + (64 << 10):
+            raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
+        content_type = request.headers.get("content-type", "")
+        default_path = request.query_params.get("path") or None
+
+        async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
+            full = guest_path(target)
+            parent = posixpath.dirname(full)
+            if parent != "/":
+                await self._runtime().file_mkdir(sandbox_id, parent, parents=True)
+            info = await self._runtime().file_write(sandbox_id, full, pieces, max_bytes=limit)
+            return {"name": info["name"], "type": "file", "path": info["path"]}
+
+        if content_type.startswith("multipart/form-data"):
+            return await uploads.multipart(streamed_body(request), content_type, default_path, write)
+        if not default_path:
+            raise InvalidRequest("an octet-stream upload needs the path query parameter")
+        stream = streamed_body(request)
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            stream = uploads.inflate(stream, limit)
+        return [await write(default_path, stream)]

@@ -1,0 +1,130 @@
+"""envd's Connect-RPC filesystem service, on forkd's files layer (``controller.files``).
+
+The messages and the ASGI application are the pinned ``e2b`` package's own
+(``e2b.envd.filesystem``); this module only implements the service: ``Stat``,
+``ListDir`` (to a depth), ``MakeDir`` (parents made; ``already_exists`` when it
+was there), ``Remove`` (recursive) and ``Move``. Watching a directory is not
+served (``unimplemented``; docs/E2B.md).
+
+Paths: E2B's envd resolves relative paths against the user's home; the guest
+runs everything as root, so here they resolve against ``/root``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat as stat_mod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from e2b.envd.filesystem import filesystem_connect, filesystem_pb
+from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
+
+from forkd.api.e2b.errors import connect_errors
+from forkd.guest import protocol
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+HOME = "/root"
+SANDBOX_HEADER = "e2b-sandbox-id"
+# ListDir's depth and total entries: a deep walk is many agent calls, so it is bounded.
+MAX_DEPTH = 8
+MAX_ENTRIES = protocol.FILE_LIST_MAX
+
+_TYPES = {"file": (filesystem_pb.FileType.FILE, stat_mod.S_IFREG),
+          "dir": (filesystem_pb.FileType.DIRECTORY, stat_mod.S_IFDIR),
+          "symlink": (filesystem_pb.FileType.SYMLINK, stat_mod.S_IFLNK)}
+
+
+def guest_path(path: str) -> str:
+    """A request's path as an absolute guest path (relative ones are under ``HOME``)."""
+    if not path:
+        return HOME
+    return path if path.startswith("/") else posixpath.join(HOME, path)
+
+
+def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
+    """forkd's FileInfo as envd's EntryInfo."""
+    kind, bits = _TYPES.get(info["type"], (filesystem_pb.FileType.UNSPECIFIED, 0))
+    mtime = float(info["mtime"])
+    return filesystem_pb.EntryInfo(
+        name=info["name"], type=kind, path=info["path"], size=info["size"], mode=info["mode"],
+        permissions=stat_mod.filemode(bits | info["mode"]),
+        modified_time=Timestamp(seconds=int(mtime), nanos=int((mtime % 1) * 1e9)),
+        is_symlink=info["type"] == "symlink",
+    )
+
+
+def sandbox_of(ctx: RequestContext[Any, Any]) -> str:
+    """The sandbox a Connect call is for (the dispatcher checked its id and token)."""
+    sandbox_id = ctx.request_headers.get(SANDBOX_HEADER)
+    if not sandbox_id:
+        raise ConnectError(Code.INVALID_ARGUMENT, "missing E2b-Sandbox-Id header")
+    return sandbox_id
+
+
+class FilesystemService(filesystem_connect.Filesystem):
+    """Everything not defined here answers ``unimplemented`` (the generated base's default)."""
+
+    def __init__(self, runtime: Callable[[], Runtime]) -> None:
+        self._runtime = runtime
+
+    async def stat(self, request: filesystem_pb.StatRequest,
+                   ctx: RequestContext[filesystem_pb.StatRequest, filesystem_pb.StatResponse], /,
+                   ) -> filesystem_pb.StatResponse:
+        with connect_errors():
+            info = await self._runtime().file_stat(sandbox_of(ctx), guest_path(request.path))
+        return filesystem_pb.StatResponse(entry=entry(info))
+
+    async def list_dir(self, request: filesystem_pb.ListDirRequest,
+                       ctx: RequestContext[filesystem_pb.ListDirRequest, filesystem_pb.ListDirResponse], /,
+                       ) -> filesystem_pb.ListDirResponse:
+        sandbox = sandbox_of(ctx)
+        depth = min(max(request.depth, 1), MAX_DEPTH)
+        out: list[filesystem_pb.EntryInfo] = []
+        todo = [(guest_path(request.path), 1)]
+        with connect_errors():
+            while todo and len(out) < MAX_ENTRIES:
+                path, level = todo.pop(0)
+                listing = await self._runtime().file_list(sandbox, path)
+                for info in listing["entries"]:
+                    out.append(entry(info))
+                    if info["type"] == "dir" and level < depth:
+                        todo.append((info["path"], level + 1))
+        return filesystem_pb.ListDirResponse(entries=out[:MAX_ENTRIES])
+
+    async def make_dir(self, request: filesystem_pb.MakeDirRequest,
+                       ctx: RequestContext[filesystem_pb.MakeDirRequest, filesystem_pb.MakeDirResponse], /,
+                       ) -> filesystem_pb.MakeDirResponse:
+        sandbox, path = sandbox_of(ctx), guest_path(request.path)
+        with connect_errors():
+            made = await self._runtime().file_mkdir(sandbox, path, parents=True)
+            if not made["created"]:
+                raise ConnectError(Code.ALREADY_EXISTS, f"directory {path} already exists")
+            info = await self._runtime().file_stat(sandbox, path)
+        return filesystem_pb.MakeDirResponse(entry=entry(info))
+
+    async def remove(self, request: filesystem_pb.RemoveRequest,
+                     ctx: RequestContext[filesystem_pb.RemoveRequest, filesystem_pb.RemoveResponse], /,
+                     ) -> filesystem_pb.RemoveResponse:
+        with connect_errors():
+            await self._runtime().file_remove(sandbox_of(ctx), guest_path(request.path), recursive=True)
+        return filesystem_pb.RemoveResponse()
+
+    async def move(self, request: filesystem_pb.MoveRequest,
+                   ctx: RequestContext[filesystem_pb.MoveRequest, filesystem_pb.MoveResponse], /,
+                   ) -> filesystem_pb.MoveResponse:
+        with connect_errors():
+            info = await self._runtime().file_move(sandbox_of(ctx), guest_path(request.source),
+                                                   guest_path(request.destination))
+        return filesystem_pb.MoveResponse(entry=entry(info))
+
+
+def filesystem_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:
+    """The SDK package's own Connect ASGI application, serving ``FilesystemService``."""
+    return filesystem_connect.FilesystemASGIApplication(FilesystemService(runtime),
+                                                        read_max_bytes=read_max_bytes)

@@ -1,0 +1,220 @@
+"""envd's Connect-RPC process service (E2B's ``commands``), on forkd's processes.
+
+The messages and the ASGI application are the pinned ``e2b`` package's own
+(``e2b.envd.process``); this module only implements the service, on the
+Runtime's processes (``controller.processes``: addressed by their pid in the
+guest, output as raw bytes, flow-controlled streams):
+
+* ``Start`` starts ``cmd args`` (the SDK sends ``/bin/bash -l -c <command>``)
+  with ``envs`` over the sandbox's environment and ``cwd`` (default ``/root``),
+  and streams ``start`` (the pid), the output as ``data`` (``stdout`` /
+  ``stderr`` bytes, as written) and ``end`` (``exitCode``: negative for a
+  signal; ``status``), with a ``keepalive`` after every ``KEEPALIVE_SECS`` of
+  silence. As in E2B, a client that goes away only stops watching: the
+  process runs on (``background=True`` reads just the start) until it ends or
+  ``commands.kill``.
+* ``Connect`` streams a running process from now on; ``List`` the running ones;
+  ``SendInput``, ``StreamInput`` and ``CloseStdin`` feed its stdin;
+  ``SendSignal`` sends SIGTERM, or SIGKILL and answers once it has ended. A pid
+  that is not running is ``not_found`` (the SDK's ``kill`` then says False).
+* A ``pty`` (``Start`` with one, ``Update``, pty input) is ``unimplemented``:
+  forkd runs no terminals (docs/E2B.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from e2b.envd.process import process_connect, process_pb
+from protobuf import Oneof
+
+from forkd.api.e2b.errors import connect_errors
+from forkd.api.e2b.filesystem import HOME, sandbox_of
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import ProcessEvent, ProcessEvents, Runtime
+
+# E2B's SDK asks envd for a keep-alive this often (its Keepalive-Ping-Interval header).
+KEEPALIVE_SECS = 50.0
+NO_PTY = "terminals (pty) are not served by forkd (see docs/E2B.md)"
+
+
+def event(ev: ProcessEvent) -> process_pb.ProcessEvent | None:
+    """forkd's process event as envd's; None for one E2B has no word for (``dropped``)."""
+    pb = process_pb.ProcessEvent
+    if ev.type == "start":
+        start: Oneof[Literal["start"], process_pb.ProcessEvent.StartEvent] = Oneof(
+            "start", pb.StartEvent(pid=ev.pid))
+        return pb(event=start)
+    if ev.type in ("stdout", "stderr"):
+        stdout: Oneof[Literal["stdout"], bytes] = Oneof("stdout", ev.data)
+        stderr: Oneof[Literal["stderr"], bytes] = Oneof("stderr", ev.data)
+        data: Oneof[Literal["data"], process_pb.ProcessEvent.DataEvent] = Oneof(
+            "data", pb.DataEvent(output=stdout if ev.type == "stdout" else stderr))
+        return pb(event=data)
+    if ev.type == "exit":
+        code = ev.exit_code if ev.exit_code is not None else -1
+        status = f"signal: {ev.signal}" if ev.signal else f"exit status {code}"
+        end: Oneof[Literal["end"], process_pb.ProcessEvent.EndEvent] = Oneof("end", pb.EndEvent(
+            exit_code=code, exited=not ev.signal, status=status, error=ev.error))
+        return pb(event=end)
+    return None
+
+
+_KEEPALIVE: Oneof[Literal["keepalive"], process_pb.ProcessEvent.KeepAlive] = Oneof(
+    "keepalive", process_pb.ProcessEvent.KeepAlive())
+KEEPALIVE = process_pb.ProcessEvent(event=_KEEPALIVE)
+
+
+async def events_with_keepalive(events: ProcessEvents) -> AsyncIterator[process_pb.ProcessEvent]:
+    """The stream's events as envd's, a keepalive in every long silence; it stops watching at the end."""
+    try:
+        while True:
+            nxt = asyncio.ensure_future(events.__anext__())
+            while not (await asyncio.wait({nxt}, timeout=KEEPALIVE_SECS))[0]:
+                yield KEEPALIVE
+            try:
+                ev = nxt.result()
+            except StopAsyncIteration:
+                return
+            out = event(ev)
+            if out is not None:
+                yield out
+    finally:
+        await events.aclose()
+
+
+class ProcessService(process_connect.Process):
+    def __init__(self, runtime: Callable[[], Runtime]) -> None:
+        self._runtime = runtime
+
+    async def _pid(self, sandbox: str, selector: process_pb.ProcessSelector | None) -> int:
+        chosen = selector.selector if selector is not None else None
+        if chosen is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "a process selector (pid or tag) is required")
+        if chosen.field == "pid":
+            return int(chosen.value)
+        with connect_errors():
+            running = await self._runtime().process_list(sandbox)
+        for info in running:
+            if info["tag"] == chosen.value:
+                return int(info["pid"])
+        raise ConnectError(Code.NOT_FOUND, f"no running process tagged {chosen.value!r}")
+
+    def start(self, request: process_pb.StartRequest,
+              ctx: RequestContext[process_pb.StartRequest, process_pb.StartResponse], /,
+              ) -> AsyncIterator[process_pb.StartResponse]:
+        return self._start(request, ctx)
+
+    async def _start(self, request: process_pb.StartRequest,
+                     ctx: RequestContext[process_pb.StartRequest, process_pb.StartResponse],
+                     ) -> AsyncIterator[process_pb.StartResponse]:
+        if request.has_field("pty"):
+            raise ConnectError(Code.UNIMPLEMENTED, NO_PTY)
+        config = request.process or process_pb.ProcessConfig()
+        if not config.cmd:
+            raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
+        with connect_errors():
+            events = await self._runtime().exec_stream(
+                sandbox_of(ctx), [config.cmd, *config.args], env=dict(config.envs) or None,
+                cwd=config.cwd if config.has_field("cwd") and config.cwd else HOME,
+                stdin_open=request.stdin if request.has_field("stdin") else False,
+                tag=request.tag if request.has_field("tag") else None, kill_on_close=False)
+        async for ev in events_with_keepalive(events):
+            yield process_pb.StartResponse(event=ev)
+
+    def connect(self, request: process_pb.ConnectRequest,
+                ctx: RequestContext[process_pb.ConnectRequest, process_pb.ConnectResponse], /,
+                ) -> AsyncIterator[process_pb.ConnectResponse]:
+        return self._connect(request, ctx)
+
+    async def _connect(self, request: process_pb.ConnectRequest,
+                       ctx: RequestContext[process_pb.ConnectRequest, process_pb.ConnectResponse],
+                       ) -> AsyncIterator[process_pb.ConnectResponse]:
+        sandbox = sandbox_of(ctx)
+        pid = await self._pid(sandbox, request.process)
+        with connect_errors():
+            events = await self._runtime().process_stream(sandbox, pid, from_start=False)
+        async for ev in events_with_keepalive(events):
+            yield process_pb.ConnectResponse(event=ev)
+
+    async def list(self, request: process_pb.ListRequest,
+                   ctx: RequestContext[process_pb.ListRequest, process_pb.ListResponse], /,
+                   ) -> process_pb.ListResponse:
+        with connect_errors():
+            running = await self._runtime().process_list(sandbox_of(ctx))
+        return process_pb.ListResponse(processes=[_info(p) for p in running])
+
+    async def send_input(self, request: process_pb.SendInputRequest,
+                         ctx: RequestContext[process_pb.SendInputRequest, process_pb.SendInputResponse], /,
+                         ) -> process_pb.SendInputResponse:
+        sandbox = sandbox_of(ctx)
+        pid = await self._pid(sandbox, request.process)
+        await self._write(sandbox, pid, request.input)
+        return process_pb.SendInputResponse()
+
+    async def stream_input(self, request: AsyncIterator[process_pb.StreamInputRequest],
+                           ctx: RequestContext[process_pb.StreamInputRequest,
+                                               process_pb.StreamInputResponse], /,
+                           ) -> process_pb.StreamInputResponse:
+        sandbox = sandbox_of(ctx)
+        pid: int | None = None
+        async for message in request:
+            chosen = message.event
+            if chosen is None or chosen.field == "keepalive":
+                continue
+            if chosen.field == "start":
+                pid = await self._pid(sandbox, chosen.value.process)
+            elif pid is None:
+                raise ConnectError(Code.INVALID_ARGUMENT, "stream input must start with a start event")
+            else:
+                await self._write(sandbox, pid, chosen.value.input)
+        return process_pb.StreamInputResponse()
+
+    async def _write(self, sandbox: str, pid: int, data: process_pb.ProcessInput | None) -> None:
+        chosen = data.input if data is not None else None
+        if chosen is None:
+            return
+        if chosen.field != "stdin":
+            raise ConnectError(Code.UNIMPLEMENTED, NO_PTY)
+        with connect_errors():
+            await self._runtime().process_write_stdin(sandbox, pid, bytes(chosen.value))
+
+    async def close_stdin(self, request: process_pb.CloseStdinRequest,
+                          ctx: RequestContext[process_pb.CloseStdinRequest, process_pb.CloseStdinResponse], /,
+                          ) -> process_pb.CloseStdinResponse:
+        sandbox = sandbox_of(ctx)
+        pid = await self._pid(sandbox, request.process)
+        with connect_errors():
+            await self._runtime().process_close_stdin(sandbox, pid)
+        return process_pb.CloseStdinResponse()
+
+    async def send_signal(self, request: process_pb.SendSignalRequest,
+                          ctx: RequestContext[process_pb.SendSignalRequest, process_pb.SendSignalResponse], /,
+                          ) -> process_pb.SendSignalResponse:
+        sandbox = sandbox_of(ctx)
+        pid = await self._pid(sandbox, request.process)
+        with connect_errors():
+            if request.signal == process_pb.Signal.SIGKILL:
+                await self._runtime().process_kill(sandbox, pid)  # answers once it has ended
+            elif request.signal == process_pb.Signal.SIGTERM:
+                await self._runtime().process_signal(sandbox, pid, "SIGTERM")
+            else:
+                raise ConnectError(Code.INVALID_ARGUMENT, "signal must be SIGTERM or SIGKILL")
+        return process_pb.SendSignalResponse()
+
+
+def _info(raw: dict[str, Any]) -> process_pb.ProcessInfo:
+    args = raw["args"] or [""]
+    config = process_pb.ProcessConfig(cmd=args[0], args=args[1:], envs=raw["env"], cwd=raw["cwd"])
+    return process_pb.ProcessInfo(config=config, pid=raw["pid"], tag=raw["tag"])
+
+
+def process_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:
+    """The SDK package's own Connect ASGI application, serving ``ProcessService``."""
+    return process_connect.ProcessASGIApplication(ProcessService(runtime), read_max_bytes=read_max_bytes)

@@ -1,0 +1,59 @@
+"""forkd's records in the shapes of the E2B SDK's own models (``e2b.api.client.models``).
+
+The JSON is produced by the pinned SDK's model classes (``to_dict``), so field
+names, required fields and date formats are the ones the SDK parses.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, SandboxState
+
+from forkd.api.e2b.tokens import AccessTokens
+
+# The envd protocol version this layer speaks. The SDK turns features on by it:
+# >= 0.4.0 no default user, >= 0.5.2 close_stdin, >= 0.5.7 octet-stream uploads;
+# file metadata (xattrs, 0.6.2) stays off, because it is not served.
+ENVD_VERSION = "0.5.7"
+CLIENT_ID = "forkd"
+# A sandbox without a deadline (forked through /v1 without timeout_secs) "ends" here.
+NO_END = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+
+
+def when(unix: float | None) -> dt.datetime:
+    return NO_END if unix is None else dt.datetime.fromtimestamp(unix, dt.UTC)
+
+
+def created(sandbox_id: str, template: str, tokens: AccessTokens) -> dict[str, Any]:
+    """What create, connect and each fork answer: E2B's ``Sandbox``."""
+    body: dict[str, Any] = Sandbox(
+        template_id=template, sandbox_id=sandbox_id, client_id=CLIENT_ID, envd_version=ENVD_VERSION,
+        envd_access_token=tokens.envd(sandbox_id), traffic_access_token=tokens.traffic(sandbox_id),
+    ).to_dict()
+    return body
+
+
+def detail(info: dict[str, Any], tokens: AccessTokens) -> dict[str, Any]:
+    """``SandboxDetail`` (get_info) from ``described`` below."""
+    body: dict[str, Any] = SandboxDetail(
+        template_id=info["template"], sandbox_id=info["id"], client_id=CLIENT_ID,
+        started_at=when(info["started"]), end_at=when(info["ends"]), envd_version=ENVD_VERSION,
+        cpu_count=info["vcpus"], memory_mb=info["mem_mib"], disk_size_mb=info["disk_mb"],
+        state=SandboxState(info["state"]), metadata=info["metadata"],
+        envd_access_token=tokens.envd(info["id"]),
+        allow_internet_access=info["egress"]["allow_internet_access"],
+    ).to_dict()
+    return body
+
+
+def listed(info: dict[str, Any]) -> dict[str, Any]:
+    """``ListedSandbox`` (one entry of list)."""
+    body: dict[str, Any] = ListedSandbox(
+        template_id=info["template"], sandbox_id=info["id"], client_id=CLIENT_ID,
+        started_at=when(info["started"]), end_at=when(info["ends"]), cpu_count=info["vcpus"],
+        memory_mb=info["mem_mib"], disk_size_mb=info["disk_mb"], state=SandboxState(info["state"]),
+        envd_version=ENVD_VERSION, metadata=info["metadata"],
+    ).to_dict()
+    return body

@@ -1,0 +1,68 @@
+"""Per-sandbox access tokens: what E2B calls ``envdAccessToken`` and ``trafficAccessToken``.
+
+The SDK sends ``X-Access-Token`` with every in-sandbox request (commands, files,
+``/execute``) and ``E2B-Traffic-Access-Token`` with the code interpreter's
+requests (the ``/contexts`` calls carry nothing else). Each token is an HMAC of
+the sandbox id under a secret the daemon keeps, so it needs no storage, holds
+across daemon restarts and across pause/resume (the id stays), and one
+sandbox's token opens no other sandbox.
+
+The secret is the daemon's bearer token when it has one; otherwise a random
+key kept in ``<data dir>/e2b.key`` (mode 0600), made on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+KEY_FILE = "e2b.key"
+
+
+def load_or_make_key(data_root: Path) -> bytes:
+    path = data_root / KEY_FILE
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    data_root.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(32)
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.replace(tmp, path)
+    return bytes.fromhex(key)
+
+
+class AccessTokens:
+    """``secret``: the key, or how to get it (read or made on first use, not at start-up)."""
+
+    def __init__(self, secret: bytes | Callable[[], bytes]) -> None:
+        self._secret = secret
+
+    def _key(self) -> bytes:
+        if callable(self._secret):
+            self._secret = self._secret()
+        return self._secret
+
+    def _token(self, kind: str, sandbox_id: str) -> str:
+        return hmac.new(self._key(), f"{kind}:{sandbox_id}".encode(), hashlib.sha256).hexdigest()
+
+    def envd(self, sandbox_id: str) -> str:
+        return self._token("envd", sandbox_id)
+
+    def traffic(self, sandbox_id: str) -> str:
+        return self._token("traffic", sandbox_id)
+
+    def accepts(self, sandbox_id: str, presented: str | None, *, traffic_too: bool = False) -> bool:
+        """Whether ``presented`` is this sandbox's envd token (or, with ``traffic_too``, its
+        traffic token); compared in constant time."""
+        if not presented:
+            return False
+        wanted = [self.envd(sandbox_id)] + ([self.traffic(sandbox_id)] if traffic_too else [])
+        return any(hmac.compare_digest(presented.encode(), w.encode()) for w in wanted)

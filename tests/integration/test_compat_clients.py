@@ -1,0 +1,222 @@
+"""The clients users already have, unchanged, against a real daemon and real VMs (issue 11).
+
+* the published ``forkd`` 0.5.3 SDK through every ``Controller`` method;
+* ``forkd-mcp`` 0.2.1, driven by an MCP client over stdio;
+* programs written the way an E2B user writes them, on ``e2b`` 2.63.0 and
+  ``e2b-code-interpreter`` 2.11.5, with only ``E2B_API_URL``, ``E2B_SANDBOX_URL``
+  and ``E2B_API_KEY`` set;
+* forkd 0.5's compact and workspaces (suspend/resume), over plain HTTP.
+
+The clients run as programs (tests/clients/) in their own virtualenv
+(``.venv-clients``, pinned in tests/clients/requirements.txt, made by
+``make clients``; the published SDK's distribution is also named ``forkd``).
+One daemon and one template boot serve the whole module: ``base`` is booted,
+``code-interpreter-v1`` (the code interpreter's default template) is a
+compaction of it, which costs no boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .daemon_fixture import Daemon, kill_leftover_sandboxes, new_daemon, shutdown_and_check, start_or_clean_up
+
+pytestmark = pytest.mark.vm
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = ROOT / "tests" / "clients"
+CLIENTS_VENV = ROOT / ".venv-clients"
+PROGRAM_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def clients_python() -> Path:
+    """The clients' interpreter; the venv is made (or refreshed) the way `make test` makes it."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "clients-venv.sh")], check=True, cwd=ROOT, timeout=900)
+    return CLIENTS_VENV / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = start_or_clean_up(new_daemon("fkc-"))
+    try:
+        with d.client(timeout=600) as c:
+            made = c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 180})
+            assert made.status_code == 201, made.text
+            flat = c.post("/v1/snapshots/base/compact", json={"to": "code-interpreter-v1"})
+            assert flat.status_code == 201, flat.text
+        yield d
+    finally:
+        shutdown_and_check(d)
+
+
+@pytest.fixture
+def clean(daemon: Daemon) -> Iterator[Daemon]:
+    """Each test starts and ends with no sandbox running (a failing program may leave some)."""
+    yield daemon
+    kill_leftover_sandboxes(daemon)
+
+
+def run_program(python: Path, program: Path, env: dict[str, str], *args: str) -> str:
+    """Run a client program as its user would; its stdout, or the failure with both streams."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    proc = subprocess.run([str(python), str(program), *args], env={**base, **env}, capture_output=True,
+                          text=True, timeout=PROGRAM_TIMEOUT, cwd="/tmp")
+    assert proc.returncode == 0, (f"{program.name} exited with {proc.returncode}\n--- stdout\n"
+                                  f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    return proc.stdout
+
+
+def forkd_env(daemon: Daemon) -> dict[str, str]:
+    return {"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
+
+
+def e2b_env(daemon: Daemon) -> dict[str, str]:
+    """All an E2B user changes: where the API and the sandboxes are, and the key."""
+    return {"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token}
+
+
+# ------------------------------------------------------------------ forkd 0.5.3
+
+
+def test_published_forkd_sdk_drives_every_controller_method(clients_python: Path, clean: Daemon) -> None:
+    out: dict[str, Any] = json.loads(run_program(clients_python, CLIENTS / "forkd05" / "sdk.py",
+                                                 forkd_env(clean), "base"))
+    plain, warm = out["spawned"]
+    assert out["snapshots"] == ["base", "code-interpreter-v1"]
+    assert out["listed"] == sorted([plain, warm]) and out["got"] == plain
+    assert out["ping"]["pong"] is True
+    assert (out["exec"]["stdout"], out["exec"]["stderr"], out["exec"]["exit_code"]) == ("hi\n", "oops\n", 3)
+    assert out["eval"] == {"result": "42", "error": None, "exit_code": 0}
+    for name in ("branch_full", "branch_diff", "branch_measured", "branch_live"):
+        assert out[name]["branched_from"] in (plain, warm) and out[name]["pause_ms"] >= 0, out[name]
+    measured = out["branch_measured"]
+    # What a dirty-page diff would have saved: the pages the child wrote, a part of its RAM.
+    assert 0 < measured["diff_physical_bytes"] < measured["diff_logical_bytes"] == 512 << 20
+    assert 0 <= measured["diff_ms"] <= measured["pause_ms"]
+    assert out["branch_live"]["status"] in ("writing", "ready") and out["live_status"] == "ready"
+    assert out["grandchild_marker"] == "kept\n"
+    assert out["errors"]["unknown_sandbox"][0] == 404 and out["errors"]["unknown_kill"][0] == 404
+    assert out["errors"]["both_modes"][0] == 400 and out["errors"]["taken_tag"][0] == 409
+    assert out["after_kill"] == [] and out["snapshots_after"] == ["base", "code-interpreter-v1"]
+
+
+def test_forkd_mcp_spawns_execs_evals_branches_and_kills(clients_python: Path, clean: Daemon) -> None:
+    out: dict[str, Any] = json.loads(run_program(clients_python, CLIENTS / "forkd05" / "mcp_session.py",
+                                                 forkd_env(clean), "base"))
+    wanted = {"spawn_sandboxes", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox"}
+    assert wanted <= set(out["tools"])
+    [child] = out["spawned"]
+    # forkd-mcp always sends prewarm and a 256 MiB limit: the limit is applied.
+    assert child["memory_limit_mib"] == 256
+    assert out["exec"]["stdout"] == "42\n" and out["exec"]["exit_code"] == 0
+    assert out["eval"]["result"] == "45"
+    assert out["branch"]["tag"] == "mcp-branch" and out["branch"]["branched_from"] == child["id"]
+    assert out["ping"]["pong"] is True and out["listed"] == [child["id"]]
+    assert out["kill"] == {"id": child["id"], "killed": True} and out["after_kill"] == []
+    assert "mcp-branch" in out["snapshots"]
+    with clean.client() as c:
+        assert c.delete("/v1/snapshots/mcp-branch").status_code == 204
+
+
+# ------------------------------------------------------------------ E2B
+
+
+@pytest.mark.parametrize("program", ["commands", "files", "lifecycle", "interpreter"])
+def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program: str) -> None:
+    out = run_program(clients_python, CLIENTS / "e2b" / f"{program}.py", e2b_env(clean))
+    assert out.strip().endswith(f"{program} ok"), out
+    with clean.client() as c:
+        assert c.get("/v1/sandboxes").json() == []  # each program killed what it made
+        left = [s["tag"] for s in c.get("/v1/snapshots").json()]
+    # Pause states and fork snapshots go with their last sandbox.
+    assert left == ["base", "code-interpreter-v1"], left
+
+
+# ------------------------------------------------------------------ compact, workspaces
+
+
+def test_compact_makes_a_chain_standalone(clean: Daemon) -> None:
+    with clean.client(timeout=600) as c:
+        [src] = c.post("/v1/sandboxes", json={"snapshot_tag": "base", "prewarm": True}).json()
+        sb = src["id"]
+        for i, tag in enumerate(("chain-1", "chain-2")):
+            wrote = c.post(f"/v1/sandboxes/{sb}/exec", json={"args": ["sh", "-c", f"echo {i} >> /root/log"]})
+            assert wrote.json()["exit_code"] == 0
+            assert c.post(f"/v1/sandboxes/{sb}/branch", json={"tag": tag, "parent_tag": "base" if i == 0
+                                                              else "chain-1"}).status_code == 201
+        assert c.get("/v1/snapshots/chain-2").json()["ancestors"] == ["chain-1", "base"]
+        flat = c.post("/v1/snapshots/chain-2/compact", json={"to": "chain-flat"})
+        assert flat.status_code == 201, flat.text
+        assert flat.json()["compacted_from"] == "chain-2"
+        detail = c.get("/v1/snapshots/chain-flat").json()
+        assert detail["ancestors"] == [] and detail.get("parent_tag") is None
+        # The chain can go now; the compacted snapshot stands alone.
+        assert c.delete(f"/v1/sandboxes/{sb}").status_code == 204
+        assert c.delete("/v1/snapshots/chain-1?cascade=true").status_code == 204
+        [child] = c.post("/v1/sandboxes", json={"snapshot_tag": "chain-flat"}).json()
+        log = c.post(f"/v1/sandboxes/{child['id']}/exec", json={"args": ["cat", "/root/log"]}).json()
+        assert log["stdout"] == "0\n1\n"
+        assert c.delete(f"/v1/sandboxes/{child['id']}").status_code == 204
+        assert c.delete("/v1/snapshots/chain-flat").status_code == 204
+
+
+def test_workspace_suspends_and_resumes_under_the_same_id(clean: Daemon) -> None:
+    with clean.client(timeout=600) as c:
+        made = c.post("/v1/workspaces", json={"name": "ws1", "snapshot_tag": "base"})
+        assert made.status_code == 201, made.text
+        sb = made.json()["live_sandbox_id"]
+        kept = c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "kept = 'in memory'"}).json()
+        assert kept["exit_code"] == 0
+        c.post(f"/v1/sandboxes/{sb}/exec", json={"args": ["sh", "-c", "echo on disk > /root/kept"]})
+
+        suspended = c.post("/v1/workspaces/ws1/suspend").json()
+        assert suspended["status"] == "suspended" and suspended["current_state_tag"].startswith("paused-")
+        assert c.get(f"/v1/sandboxes/{sb}").status_code == 404  # stopped: no VM, no memory
+        assert not any(s["id"] == sb for s in c.get("/v1/sandboxes").json())
+
+        resumed = c.post("/v1/workspaces/ws1/resume").json()
+        assert resumed["status"] == "running" and resumed["live_sandbox_id"] == sb
+        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "kept"}).json()["result"] == "'in memory'"
+        disk = c.post(f"/v1/sandboxes/{sb}/exec", json={"args": ["cat", "/root/kept"]}).json()
+        assert disk["stdout"] == "on disk\n"
+
+        # Suspended once more, then deleted: the state snapshots go too.
+        assert c.post("/v1/workspaces/ws1/suspend", json={"diff": True}).json()["status"] == "suspended"
+        assert c.delete("/v1/workspaces/ws1").status_code == 204
+        assert c.get("/v1/workspaces/ws1").status_code == 404
+        deadline = time.monotonic() + 30
+        while [s["tag"] for s in c.get("/v1/snapshots").json()] != ["base", "code-interpreter-v1"]:
+            assert time.monotonic() < deadline, c.get("/v1/snapshots").json()
+            time.sleep(0.2)
+
+
+def test_a_paused_sandbox_outlives_a_daemon_restart(clients_python: Path, clean: Daemon) -> None:
+    """Last in the module: it restarts the shared daemon. A pause holds no VM, only a state
+    snapshot and a registry row, so a new daemon resumes it (E2B's connect) under its id."""
+    with clean.client(timeout=600) as c:
+        made = c.post("/v2/sandboxes", json={"templateID": "base", "metadata": {"k": "v"}},
+                      headers={"X-API-KEY": clean.token})
+        assert made.status_code == 201, made.text
+        sb = made.json()["sandboxID"]
+        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "survivor = 7"}).json()["exit_code"] == 0
+        assert c.post(f"/sandboxes/{sb}/pause", headers={"X-API-KEY": clean.token}).status_code == 204
+    clean.stop()
+    clean.start()
+    with clean.client(timeout=600) as c:
+        key = {"X-API-KEY": clean.token}
+        info = c.get(f"/sandboxes/{sb}", headers=key).json()
+        assert info["state"] == "paused" and info["metadata"] == {"k": "v"}, info
+        resumed = c.post(f"/v2/sandboxes/{sb}/connect", json={"timeout": 120}, headers=key)
+        assert resumed.status_code == 201 and resumed.json()["sandboxID"] == sb, resumed.text
+        assert c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "survivor"}).json()["result"] == "7"
+        assert c.delete(f"/sandboxes/{sb}", headers=key).status_code == 204
+        assert c.delete(f"/sandboxes/{sb}", headers=key).status_code == 404

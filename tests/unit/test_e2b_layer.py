@@ -1,0 +1,217 @@
+"""The E2B layer's routing, credentials and error shapes, and its file transfers, on FakeRuntime.
+
+The SDKs themselves run against a real daemon in tests/integration/test_compat_clients.py;
+these check, fast, that each failure reaches the SDK in the shape it maps to the right
+exception, and that no credential opens what it should not.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.e2b import uploads
+from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
+from forkd.errors import InvalidRequest, TooLarge
+from tests.fakes.app import TOKEN, app_client
+from tests.fakes.runtime import FakeRuntime
+
+SB = "sb-67a1b3-0000"
+OTHER = "sb-67a1b3-0001"
+
+
+@pytest.fixture
+def fake() -> FakeRuntime:
+    rt = FakeRuntime()
+    rt.add_snapshot("base")
+    rt.add_sandbox(SB, "base")
+    rt.add_sandbox(OTHER, "base")
+    rt.files[SB] = {"/": None, "/tmp": None, "/root": None}
+    return rt
+
+
+@pytest.fixture
+def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
+    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
+        yield c
+
+
+def envd_headers(sandbox: str = SB, token: str | None = None, port: str = "49983") -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": port,
+            "X-Access-Token": token if token is not None else AccessTokens(TOKEN.encode()).envd(sandbox)}
+
+
+def rest_error(resp: Any, status: int) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"code", "message"} and body["code"] == status, body
+    return str(body["message"])
+
+
+# ------------------------------------------------------------------ control plane
+
+
+def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient) -> None:
+    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{SB}"), 401)
+    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{SB}", headers={"X-API-KEY": "nope"}), 401)
+    # forkd's own API still wants its bearer token, not the API key.
+    assert client.get("/v1/sandboxes", headers={"X-API-KEY": TOKEN}).status_code == 401
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ({}, "templateID"),
+    ({"templateID": "base", "autoPause": True}, "autoPause"),
+    ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
+    ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
+    ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
+    ({"templateID": "base", "timeout": "300"}, "timeout"),
+    ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
+    ({"templateID": "base", "bogus": 1}, "unknown field"),
+])
+def test_create_refuses_what_it_cannot_do_in_the_sdk_shape(client: TestClient, fake: FakeRuntime,
+                                                            body: dict[str, Any], why: str) -> None:
+    assert why in rest_error(client.post("/v2/sandboxes", json=body, headers={"X-API-KEY": TOKEN}), 400)
+    assert "spawn" not in fake.names()
+
+
+def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRuntime) -> None:
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "metadata": {"a": "b"}, "envVars": {"K": "v"},
+                             "autoPause": False, "timeout": 60})
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert body["templateID"] == "base" and body["envdVersion"] == "0.5.7"
+    tokens = AccessTokens(TOKEN.encode())
+    assert body["envdAccessToken"] == tokens.envd(body["sandboxID"])
+    assert body["trafficAccessToken"] == tokens.traffic(body["sandboxID"])
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
+    assert call.kwargs["timeout_secs"] == 60
+
+
+def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "allow_internet_access": True,
+                             "network": {"allowOut": ["192.0.2.7:443"], "denyOut": [], "rules": {}}})
+    assert resp.status_code == 201, resp.text
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["allow_internet_access"] is True
+    assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
+
+
+def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
+    resp = client.post("/v2/sandboxes", json={"templateID": "nope"}, headers={"X-API-KEY": TOKEN})
+    assert "forkd snapshot --tag nope" in rest_error(resp, 404)
+
+
+def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
+    for method, path in (("GET", f"/sandboxes/{SB}/metrics"), ("POST", f"/sandboxes/{SB}/snapshots"),
+                         ("DELETE", "/templates/t1"), ("GET", "/volumes")):
+        assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
+
+
+def test_bodies_are_bounded_in_the_sdk_shape(client: TestClient) -> None:
+    big = {"templateID": "base", "metadata": {"k": "x" * (2 << 20)}}
+    assert "limit" in rest_error(client.post("/v2/sandboxes", json=big, headers={"X-API-KEY": TOKEN}), 413)
+
+
+# ------------------------------------------------------------------ in-sandbox traffic
+
+
+def test_each_sandbox_has_its_own_access_token(client: TestClient) -> None:
+    assert client.get("/health", headers=envd_headers()).status_code == 204
+    other_token = AccessTokens(TOKEN.encode()).envd(OTHER)
+    for headers in (envd_headers(token=""), envd_headers(token=other_token), envd_headers(token=TOKEN)):
+        assert "access token" in rest_error(client.get("/health", headers=headers), 401)
+    # Connect calls get Connect's error shape.
+    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp"}, headers=envd_headers(token="x"))
+    assert resp.status_code == 401 and resp.json()["code"] == "unauthenticated"
+
+
+def test_the_traffic_token_opens_only_the_interpreter(client: TestClient) -> None:
+    traffic = AccessTokens(TOKEN.encode()).traffic(SB)
+    headers = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983", "E2B-Traffic-Access-Token": traffic}
+    rest_error(client.get("/health", headers=headers), 401)
+
+
+def test_a_sandbox_that_is_not_running_answers_like_e2bs_proxy(client: TestClient) -> None:
+    gone = "sb-000000-0009"
+    assert "was not found" in rest_error(client.get("/health", headers=envd_headers(gone)), 502)
+    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=envd_headers(gone))
+    assert resp.json()["code"] == "unavailable" and "was not found" in resp.json()["message"]
+    assert "port is not open" in rest_error(client.get("/", headers=envd_headers(port="8080")), 502)
+
+
+def test_files_round_trip_octet_stream_gzip_and_multipart(client: TestClient, fake: FakeRuntime) -> None:
+    data = bytes(range(256)) * 10
+    up = client.post("/files", params={"path": "/tmp/new/a.bin"}, content=data,
+                     headers={**envd_headers(), "Content-Type": "application/octet-stream"})
+    assert up.status_code == 200, up.text
+    assert up.json() == [{"name": "a.bin", "type": "file", "path": "/tmp/new/a.bin"}]  # parents made
+    assert client.get("/files", params={"path": "/tmp/new/a.bin"}, headers=envd_headers()).content == data
+
+    zipped = client.post("/files", params={"path": "rel.bin"}, content=gzip.compress(data),
+                         headers={**envd_headers(), "Content-Type": "application/octet-stream",
+                                  "Content-Encoding": "gzip"})
+    assert zipped.json()[0]["path"] == "/root/rel.bin"  # relative paths are under /root
+    assert fake.files[SB]["/root/rel.bin"] == data
+
+    multi = client.post("/files", headers=envd_headers(),
+                        files=[("file", ("/tmp/m1.bin", b"\x00one")), ("file", ("/tmp/m2.bin", b"\xfftwo"))])
+    assert [e["path"] for e in multi.json()] == ["/tmp/m1.bin", "/tmp/m2.bin"], multi.text
+    assert fake.files[SB]["/tmp/m2.bin"] == b"\xfftwo"
+    assert "No such file" in rest_error(client.get("/files", params={"path": "/nope"},
+                                                   headers=envd_headers()), 404)
+
+
+def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRuntime) -> None:
+    fake.files[SB]["/tmp/f.txt"] = b"abc"
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/f.txt"}, headers=envd_headers())
+    assert stat.status_code == 200, stat.text
+    assert stat.json()["entry"]["type"] == "FILE_TYPE_FILE" and stat.json()["entry"]["size"] == "3"
+    listed = client.post("/filesystem.Filesystem/ListDir", json={"path": "/tmp"}, headers=envd_headers())
+    assert [e["name"] for e in listed.json()["entries"]] == ["f.txt"]
+    missing = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/x"}, headers=envd_headers())
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    made = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers())
+    assert made.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    again = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers())
+    assert again.json()["code"] == "already_exists"
+    watch = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd_headers())
+    assert watch.json()["code"] == "unimplemented"
+
+
+# ------------------------------------------------------------------ pieces
+
+
+async def _stream(*chunks: bytes) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def test_gzip_bombs_stop_at_the_limit() -> None:
+    import asyncio
+
+    bomb = gzip.compress(b"\0" * (4 << 20))
+
+    async def drain() -> int:
+        return sum([len(x) async for x in uploads.inflate(_stream(bomb), 1 << 20)])
+
+    with pytest.raises(TooLarge):
+        asyncio.run(drain())
+    with pytest.raises(InvalidRequest):
+        asyncio.run(uploads.inflate(_stream(b"not gzip"), 1 << 20).__anext__())
+
+
+def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
+    key = load_or_make_key(tmp_path)
+    assert load_or_make_key(tmp_path) == key and len(key) == 32
+    assert (tmp_path / "e2b.key").stat().st_mode & 0o777 == 0o600
+    assert AccessTokens(key).envd(SB) != AccessTokens(key).envd(OTHER) != AccessTokens(key).traffic(OTHER)
+    assert json.dumps(AccessTokens(lambda: key).envd(SB)) == json.dumps(AccessTokens(key).envd(SB))

@@ -1,0 +1,140 @@
+"""envd's process service (E2B's commands) over Connect, on FakeRuntime's scripted processes.
+
+The SDK itself runs its commands against a real daemon in
+tests/integration/test_compat_clients.py (tests/clients/e2b/commands.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.e2b import process as process_mod
+from forkd.api.e2b.tokens import AccessTokens
+from forkd.controller.processes import ProcessEvent
+from tests.fakes.app import TOKEN, app_client
+from tests.fakes.runtime import FakeRuntime
+
+SB = "sb-67a1b3-0000"
+HEADERS = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983",
+           "X-Access-Token": AccessTokens(TOKEN.encode()).envd(SB)}
+
+
+@pytest.fixture
+def fake() -> FakeRuntime:
+    rt = FakeRuntime()
+    rt.add_snapshot("base")
+    rt.add_sandbox(SB, "base")
+    return rt
+
+
+@pytest.fixture
+def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
+    with app_client(tmp_path, fake) as c:
+        yield c
+
+
+def stream(client: TestClient, method: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Connect server-streaming call with the JSON codec; its messages, then its end frame."""
+    payload = json.dumps(body).encode()
+    resp = client.post(f"/process.Process/{method}", content=struct.pack(">BI", 0, len(payload)) + payload,
+                       headers={**HEADERS, "Content-Type": "application/connect+json"})
+    assert resp.status_code == 200, resp.text
+    data, out = resp.content, []
+    while data:
+        flags, size = struct.unpack(">BI", data[:5])
+        out.append({"end" if flags & 2 else "message": json.loads(data[5:5 + size])})
+        data = data[5 + size:]
+    return out
+
+
+def unary(client: TestClient, method: str, body: dict[str, Any]) -> Any:
+    return client.post(f"/process.Process/{method}", json=body, headers=HEADERS)
+
+
+def test_start_streams_start_output_and_end(client: TestClient, fake: FakeRuntime) -> None:
+    frames = stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"], "envs": {"A": "b"}}})
+    events = [f["message"]["event"] for f in frames if "message" in f]
+    [pid] = list(fake.processes[SB])
+    assert events[0] == {"start": {"pid": pid}}
+    assert base64.b64decode(events[1]["data"]["stdout"]) == b"hi\n"
+    assert events[2]["end"]["status"] == "exit status 0"
+    assert frames[-1] == {"end": {}}
+    call = next(c for c in fake.calls if c.name == "exec_stream")
+    assert call.args[1] == ["echo", "hi"] and call.kwargs["env"] == {"A": "b"}
+    assert call.kwargs["cwd"] == "/root"  # E2B's home is /home/user; the guest's is root's
+
+
+def test_a_failing_command_ends_with_its_code(client: TestClient) -> None:
+    frames = stream(client, "Start", {"process": {"cmd": "err", "args": ["oops"]}})
+    end = [f["message"]["event"]["end"] for f in frames if "end" in f.get("message", {}).get("event", {})]
+    assert end == [{"exitCode": 1, "exited": True, "status": "exit status 1"}]
+
+
+def test_background_processes_list_input_and_signals(client: TestClient, fake: FakeRuntime) -> None:
+    asyncio.run(fake.process_start(SB, ["cat"], stdin_open=True, tag="t1"))
+    [proc] = unary(client, "List", {}).json()["processes"]
+    assert proc["config"]["cmd"] == "cat" and proc["tag"] == "t1"
+    pid = proc["pid"]
+    typed = {"process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"x").decode()}}
+    assert unary(client, "SendInput", typed).status_code == 200
+    assert unary(client, "CloseStdin", {"process": {"tag": "t1"}}).status_code == 200
+    writes = [c for c in fake.calls if c.name == "process_write_stdin"]
+    assert [(c.args[2], c.kwargs["eof"]) for c in writes] == [(b"x", False), (b"", True)]
+    sleeper = asyncio.run(fake.process_start(SB, ["sleep", "60"]))["pid"]
+    assert unary(client, "SendSignal", {"process": {"pid": sleeper},
+                                        "signal": "SIGNAL_SIGKILL"}).status_code == 200
+    missing = unary(client, "SendSignal", {"process": {"pid": 4321}, "signal": "SIGNAL_SIGKILL"})
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"  # the SDK: kill -> False
+    untagged = unary(client, "CloseStdin", {"process": {"tag": "nope"}})
+    assert untagged.json()["code"] == "not_found"
+
+
+def test_terminals_are_not_served(client: TestClient) -> None:
+    assert unary(client, "Update", {"process": {"pid": 1}}).json()["code"] == "unimplemented"
+    payload = json.dumps({"process": {"cmd": "sh"}, "pty": {"size": {"cols": 80, "rows": 24}}}).encode()
+    resp = client.post("/process.Process/Start", content=struct.pack(">BI", 0, len(payload)) + payload,
+                       headers={**HEADERS, "Content-Type": "application/connect+json"})
+    assert b"unimplemented" in resp.content
+
+
+def test_event_mapping_and_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert process_mod.event(ProcessEvent("dropped", 7, dropped=10)) is None
+    killed = process_mod.event(ProcessEvent("exit", 7, exit_code=-9, signal=9))
+    assert killed is not None and killed.event is not None and killed.event.value.status == "signal: 9"
+    monkeypatch.setattr(process_mod, "KEEPALIVE_SECS", 0.05)
+
+    class Slow:
+        closed = False
+
+        def __init__(self) -> None:
+            self.items = [ProcessEvent("start", 7), ProcessEvent("exit", 7, exit_code=0)]
+
+        def __aiter__(self) -> Slow:
+            return self
+
+        async def __anext__(self) -> ProcessEvent:
+            if not self.items:
+                raise StopAsyncIteration
+            await asyncio.sleep(0.2 if len(self.items) == 1 else 0)
+            return self.items.pop(0)
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    async def collect() -> tuple[list[str], bool]:
+        slow = Slow()
+        kinds = [e.event.field async for e in process_mod.events_with_keepalive(slow)  # type: ignore[arg-type]
+                 if e.event is not None]
+        return kinds, slow.closed
+
+    kinds, closed = asyncio.run(collect())
+    assert kinds[0] == "start" and kinds[-1] == "end" and "keepalive" in kinds and closed
