@@ -4,12 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup deps venv clients node-deps image demo test test-unit test-integration stress bench lint clean help
+.PHONY: setup deps venv clients node-deps image demo test test-unit test-integration stress bench bench-capacity lint clean help
 
 help:
 	@echo "make demo   - set up everything, then fork and branch sandboxes (the main job)"
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
-	@echo "make bench  - set up everything, then run the benchmarks in bench/"
+	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
+	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000)"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
 	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
@@ -31,7 +32,7 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 # The published clients the compatibility tests drive (forkd 0.5.3, forkd-mcp 0.2.1, the E2B
@@ -59,13 +60,14 @@ test-integration: setup
 stress: setup
 	$(BIN)/pytest -ra -s -m stress tests/stress $(PYTEST_ARGS)
 
+# Every benchmark, then docs/PERFORMANCE.md regenerated (< 15 min on 2 cores; see bench/run_all.py).
 bench: setup
-	$(BIN)/python bench/fork_vs_boot.py
-	$(BIN)/python bench/branch.py
-	$(BIN)/python bench/fork_running.py
-	$(BIN)/python bench/travel.py
-	$(BIN)/python bench/network_setup.py
-	$(BIN)/python bench/latency.py
+	bash scripts/install-deps.sh --bench
+	$(BIN)/python bench/run_all.py
+
+# Opt-in: how many idle children this host holds at once (up to 1000; ~12 min, bounded).
+bench-capacity: setup
+	$(BIN)/python bench/run_all.py --capacity
 
 lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import shutil
@@ -43,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.config import DataDir
+from common import percentile, qemu_pids, scratch_data
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
@@ -93,16 +92,6 @@ MEM_AVAILABLE = (
 # ---------------------------------------------------------------- statistics
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    s = sorted(samples)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def summary(samples: list[float], digits: int = 3) -> dict:
     return {"n": len(samples), "min": round(min(samples), digits),
             "p50": round(statistics.median(samples), digits),
@@ -122,21 +111,6 @@ def rss_mib(pid: int | None) -> float | None:
     except OSError:
         return None
     return None
-
-
-def qemu_pids(marker: str | None = None) -> list[int]:
-    """PIDs of qemu-system processes (whose command line mentions ``marker``, if given)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and b"qemu-system" in argv[0] and (marker is None or marker.encode() in b" ".join(argv)):
-            pids.append(int(d.name))
-    return pids
 
 
 def alloc_mib(path: Path) -> float | None:
@@ -189,7 +163,8 @@ class Bench:
                 tags.append(rec.tag)
                 sdir = SnapshotDir(Path(rec.dir))
                 meta = sdir.read_meta()
-                samples.append({"pause_ms": rec.pause_ms, "total_s": round(total_s, 3),
+                samples.append({"pause_ms": rec.pause_ms, "fs_freeze_ms": rec.fs_freeze_ms,
+                                "total_s": round(total_s, 3),
                                 "convert_s": meta.get("convert_secs"),
                                 "mem_alloc_mib": alloc_mib(sdir.mem)})
         finally:
@@ -202,10 +177,12 @@ class Bench:
                     await self.rt.delete_snapshot(tag)
         pauses = [s["pause_ms"] for s in samples]
         totals = [s["total_s"] for s in samples]
+        freezes = [s["fs_freeze_ms"] for s in samples if s["fs_freeze_ms"] is not None]
         return {"mode": mode, "mem_mib": mem_mib, "dirty_requested_mib": dirty_req, "dirty_mib": dirty,
                 "dirty_fill_s": round(dirty_s, 2), "source_rss_mib": source_rss,
                 "writer_mib_s": self.writer_mib_s if mode == "diff-busy" else 0,
                 "pause_ms": summary(pauses), "total_s": summary(totals),
+                "fs_freeze_ms": summary(freezes) if freezes else None,
                 "branches": samples}
 
 
@@ -229,19 +206,24 @@ def render(results: dict) -> str:
         f"{env['other_qemu_at_start']} other qemu-system processes running at start "
         "(shared machine: numbers are noisy)",
         "",
-        "| mode | guest RAM (MiB) | dirtied (MiB) | pause p50 (ms) | pause p90 (ms) | total p50 (s) "
-        "| source RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| mode | guest RAM (MiB) | dirtied (MiB) | pause p50 (ms) | pause p90 (ms) | FIFREEZE p50 (ms) "
+        "| total p50 (s) | source RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in results["cells"]:
+        freeze = c.get("fs_freeze_ms")
+        freeze_p50 = f"{freeze['p50']:.1f}" if freeze else "-"
         lines.append(f"| {c['mode']} | {c['mem_mib']} | {fmt_dirty(c)} | {c['pause_ms']['p50']:.1f} "
-                     f"| {c['pause_ms']['p90']:.1f} | {c['total_s']['p50']:.2f} | {c['source_rss_mib']} |")
+                     f"| {c['pause_ms']['p90']:.1f} | {freeze_p50} "
+                     f"| {c['total_s']['p50']:.2f} | {c['source_rss_mib']} |")
     capped = {(c["mem_mib"], c["dirty_requested_mib"], c["dirty_mib"]) for c in results["cells"]
               if c["dirty_mib"] != c["dirty_requested_mib"]}
     for mem, req, got in sorted(capped):
         lines.append(f"\n\\* {req} MiB does not fit in a {mem} MiB guest's free memory; {got} MiB "
                      f"dirtied instead (the guest's MemAvailable minus {GUEST_MARGIN_MIB} MiB, "
                      "rounded down to 10 MiB).")
+    lines.append("\nFIFREEZE: live mode only, how long the source's root filesystem was frozen "
+                 "(its disk writes waited; its CPU work went on).")
     lines.append("\np50/p90: linear interpolation over the samples (with 5 samples p90 sits between "
                  "the 4th and 5th). total = the whole synchronous branch: capture + conversion into a "
                  "forkable snapshot.")
@@ -309,7 +291,7 @@ async def main(args: argparse.Namespace) -> int:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
-    data = DataDir.scratch("forkd-bench-branch-")
+    data = scratch_data("forkd-bench-branch-")
     root = data.root
     started = datetime.datetime.now(datetime.UTC)
     env = {"host_cpus": os.cpu_count(), "host_kernel": platform.release(),

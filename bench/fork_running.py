@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from forkd.config import DataDir
+from common import scratch_data
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.store.layout import SnapshotDir
 
@@ -165,7 +165,7 @@ async def main() -> int:
     args = ap.parse_args()
     counts = [int(x) for x in args.counts.split(",") if x]
 
-    data = DataDir.scratch("forkd-bench-")
+    data = scratch_data("forkd-bench-")
     rt = await Runtime.open(data)
     results: dict[str, Any] = {"rows": []}
     try:

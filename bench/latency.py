@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 
+from common import scratch_data
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 
@@ -189,7 +190,7 @@ def _over_http(data: DataDir, sandbox_id: str, samples: int, warmup: int) -> dic
 
 def measure_latency(samples: int = 200, warmup: int = 20) -> dict[str, Any]:
     """Boot one template, fork one child, measure both ways; returns the figures (see module doc)."""
-    data = DataDir.scratch("forkd-lat-")
+    data = scratch_data("forkd-lat-")
     try:
         sandbox_id, in_process = asyncio.run(_in_process(data, samples, warmup))
         over_http = _over_http(data, sandbox_id, samples, warmup)

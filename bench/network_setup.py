@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forkd.config import DataDir
+from common import scratch_data
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import childnet, netplan
@@ -135,7 +135,7 @@ async def main() -> None:
     args = ap.parse_args()
     if missing := childnet.missing_prerequisites():
         sys.exit(f"host networking is missing: {'; '.join(missing)}")
-    data = DataDir.scratch("forkd-bench-net-")
+    data = scratch_data("forkd-bench-net-")
     rt = await Runtime.open(data)
     alone: list[dict[str, Any]] = []
     fork_rows: list[dict[str, Any]] = []

@@ -37,6 +37,7 @@ from typing import Any
 import boto3
 from moto.server import ThreadedMotoServer
 
+from common import scratch_data
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import probe
@@ -51,7 +52,7 @@ def rchar() -> int:
 
 
 def scratch(tag: str) -> DataDir:
-    data = DataDir.scratch(f"fkb-{tag}-")
+    data = scratch_data(f"fkb-{tag}-")
     return DataDir(data.root, data.images)
 
 

@@ -12,6 +12,8 @@ PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python
       iproute2 nftables util-linux chromium etcd-server)
 # A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
+# --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).
+[ "${1:-}" = "--bench" ] && PKGS+=(python3-numpy)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -97,6 +97,8 @@ PIDS_LIMIT = Range("pids_limit", 32, 1 << 22, integer=True)
 EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 # A sandbox's lifetime (spawn/fork ``timeout_secs``, POST .../timeout): up to 30 days.
 SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
+# A sandbox idle this long is paused (controller/idle.py); under a second would pause between calls.
+IDLE_PAUSE_SECS = Range("idle_pause_secs", 1, 30 * 86400)
 # The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
 # What a caller may ask for instead (an eval's timeout_secs).

@@ -129,3 +129,13 @@ __all__ = [
     "sandbox_routes",
     "snap_info",
 ]
+
+
+def serve_cli(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
+    """A FakeDaemon behind every Controller the CLI makes (and no SDK environment)."""
+    from forkd.cli import context
+
+    clear_env(monkeypatch)
+    d = FakeDaemon()
+    monkeypatch.setattr(context, "make_controller", lambda url, token, ca=None: d.controller(url, token))
+    return d

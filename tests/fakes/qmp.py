@@ -1,4 +1,4 @@
-"""A QMP peer that speaks the real wire protocol on a unix socket.
+"""A QMP peer that speaks the real wire protocol on a unix socket; and ``StubQMP``.
 
 ``forkd.vmm.qmp.QMP`` (QEMU's own ``qemu.qmp`` client underneath) connects to
 it as to a QEMU. Tests script what each command returns and which events
@@ -13,8 +13,11 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from forkd.errors import VMError
 
 Handler = Callable[["FakeQMP", dict[str, Any]], Awaitable[Any] | Any]
 
@@ -24,6 +27,7 @@ class FakeQMP:
         self.path = path
         self.handlers: dict[str, Handler] = {}
         self.commands: list[tuple[str, dict[str, Any]]] = []
+        self.arrivals: list[tuple[str, float]] = []  # (command, when its bytes were read)
         self._writer: asyncio.StreamWriter | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -76,6 +80,7 @@ class FakeQMP:
         # Like QEMU, parse a stream of JSON objects: qemu.qmp sends no newlines.
         decoder, buf = json.JSONDecoder(), ""
         while chunk := await reader.read(65536):
+            arrived = time.monotonic()
             buf += chunk.decode()
             while buf.strip():
                 try:
@@ -83,6 +88,7 @@ class FakeQMP:
                 except ValueError:
                     break  # incomplete: wait for more
                 buf = buf.lstrip()[end:]
+                self.arrivals.append((msg.get("execute"), arrived))
                 await self._answer(msg)
 
     async def _answer(self, msg: dict[str, Any]) -> None:
@@ -109,3 +115,29 @@ class FakeQMP:
 
 class QMPError(Exception):
     """Raise from a handler to answer the command with a QMP error."""
+
+
+@dataclass
+class StubQMP:
+    """A VM's QMP for owners that only send commands and ask the status (no protocol).
+
+    ``stop``/``cont`` change the status as QEMU's do; ``query-migrate`` answers
+    ``migration``; with ``fail`` every command fails as a dead QEMU's would.
+    """
+
+    status_: str = "running"
+    commands: list[str] = field(default_factory=list)
+    fail: bool = False
+    migration: str = "none"
+
+    async def cmd(self, command: str, **_: Any) -> Any:
+        if self.fail:
+            raise VMError(f"QMP {command} failed: stub")
+        self.commands.append(command)
+        if command == "query-migrate":
+            return {"status": self.migration}
+        self.status_ = {"stop": "paused", "cont": "running"}.get(command, self.status_)
+        return {}
+
+    async def status(self) -> str:
+        return self.status_

@@ -329,9 +329,12 @@ class FakeRuntime:
                     env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
                     metadata: dict[str, str] | None = None,
                     timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, allow_internet_access: bool | None = None,
+                    pids_limit: int | None = None, idle_pause_secs: float | None = None,
+                    allow_internet_access: bool | None = None,
                     network: dict[str, Any] | None = None, prewarm: bool = False) -> list[SandboxRecord]:
         extra = {"prewarm": True} if prewarm else {}
+        if idle_pause_secs is not None:
+            extra["idle_pause_secs"] = idle_pause_secs
         self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                    live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
                    timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
@@ -341,6 +344,8 @@ class FakeRuntime:
         child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        if idle_pause_secs is not None:
+            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
         out = []
         for i in range(n):
@@ -348,6 +353,7 @@ class FakeRuntime:
                                        per_child_netns=per_child_netns, metadata=metadata or {},
                                        timeout_secs=timeout_secs))
             out[-1].cpu_limit, out[-1].pids_limit = cpu_limit, pids_limit
+            out[-1].idle_pause_secs = idle_pause_secs  # the fake never pauses: it has no clock
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,

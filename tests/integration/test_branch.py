@@ -157,6 +157,9 @@ def test_live_no_wait_reports_writing_then_ready(loop: Loop, runtime: Runtime, s
     try:
         snap = loop.run(runtime.branch(src.id, tag="live-nowait", mode="live", wait=False))
         assert snap.status == "writing"
+        # The window the guest's disk writes waited (FIFREEZE..FITHAW) is reported beside the pause.
+        freeze = runtime.get_snapshot("live-nowait").info()["fs_freeze_ms"]
+        assert freeze > 0 and snap.pause_ms is not None
         assert runtime.get_snapshot("live-nowait").info()["status"] in ("writing", "ready")
         if runtime.get_snapshot("live-nowait").status == "writing":
             with pytest.raises(Conflict, match="still being written"):

@@ -217,3 +217,16 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
     assert not registry.has_sandbox(SB)
     assert registry.get_snapshot("b1").status == "ready"
     assert not tags.in_flight("b1")
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from forkd.host import fdlimit
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 524288))
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, limits: calls.append(limits))
+    assert fdlimit.raise_fd_limit() == 524288 and calls == [(524288, 524288)]
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (4096, 4096))
+    assert fdlimit.raise_fd_limit() == 4096 and len(calls) == 1

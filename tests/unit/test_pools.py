@@ -18,18 +18,18 @@ from typer.testing import CliRunner
 
 from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings, parse_pools
-from forkd.cli import context
 from forkd.cli.main import app as cli_app
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
-from forkd.errors import InvalidRequest, NotFound, VMError
+from forkd.errors import InvalidRequest, NotFound
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.daemon import FakeDaemon, clear_env
+from tests.fakes.daemon import FakeDaemon, serve_cli
+from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
 
 T = TypeVar("T")
@@ -82,33 +82,21 @@ def test_the_match_key_is_the_snapshot_and_the_restore_options() -> None:
 
 
 @dataclass
-class StubQMP:
-    status_: str = "running"
-    commands: list[str] = field(default_factory=list)
-    fail: bool = False
-
-    async def cmd(self, command: str, **_: Any) -> Any:
-        if self.fail:
-            raise VMError(f"QMP {command} failed: stub")
-        self.commands.append(command)
-        self.status_ = {"stop": "paused", "cont": "running"}.get(command, self.status_)
-        return {}
-
-    async def status(self) -> str:
-        return self.status_
-
-
-@dataclass
 class StubVM:
     """What the keeper uses of a VM: QMP, the post-restore call, teardown."""
 
     qmp: StubQMP = field(default_factory=StubQMP)
     post_restores: list[dict[str, str] | None] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # agent calls besides the post-restore one
     destroyed: bool = False
 
     async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
         self.post_restores.append(env)
         return {"reseeded": True}
+
+    async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
+        self.calls.append(action)
+        return {}
 
     async def await_or_exit(self, aw: Awaitable[T], timeout: float, what: str) -> T:
         return await aw
@@ -198,6 +186,8 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             assert len(members) == 2
             for m in members:
                 assert h.spawner.vms[m.id].qmp.commands == ["stop"]
+                # Its first ping and eval paths ran before the pause (translated at refill, not claim).
+                assert h.spawner.vms[m.id].calls == ["ping", "eval"]
                 with pytest.raises(NotFound):  # hidden from every lookup by id
                     h.table.resolve(m.id)
             # Options differ (no memory limit; other tag): no draw, counted as misses for py.
@@ -469,10 +459,7 @@ def test_sdk_pool_methods(client: TestClient, fake: FakeRuntime) -> None:
 
 @pytest.fixture
 def cli_daemon(monkeypatch: pytest.MonkeyPatch) -> FakeDaemon:
-    clear_env(monkeypatch)
-    d = FakeDaemon()
-    monkeypatch.setattr(context, "make_controller", lambda url, token, ca=None: d.controller(url, token))
-    return d
+    return serve_cli(monkeypatch)
 
 
 POOL = {"tag": "py", "size": 2, "ready": 1, "memory_limit_mib": 256, "per_child_netns": False,

@@ -35,22 +35,9 @@ from forkd.sdk import (
     Unauthorized,
 )
 from tests.fakes.runtime import FakeRuntime
+from tests.fakes.transport import ViaTestClient
 
 TOKEN = "5b0e2c8d9a7f4e1b3c6d8a0f2e4b6c8d"
-
-
-class ViaTestClient(httpx.BaseTransport):
-    """Sends the SDK's requests through Starlette's TestClient (runs the ASGI app)."""
-
-    def __init__(self, client: TestClient) -> None:
-        self.client = client
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url.copy_with(scheme="http", host="testserver", port=None)
-        reply = self.client.request(
-            request.method, str(url), headers=dict(request.headers), content=request.read()
-        )
-        return httpx.Response(reply.status_code, headers=reply.headers, content=reply.content)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from qemu.qmp import EventListener
 
 from forkd.errors import VMError
 from forkd.vmm.branching import await_live_pause
-from forkd.vmm.qmp import QMP
+from forkd.vmm.qmp import QMP, restore_phases
 from tests.fakes.qmp import FakeQMP
 
 
@@ -155,3 +155,84 @@ def test_live_pause_reports_a_failed_background_snapshot(tmp_path: Path) -> None
 
     run(main())
 
+
+
+def _incoming(events: list[tuple[str, dict[str, Any] | None]]) -> Any:
+    """``migrate-incoming`` handler: QEMU's events for a load, in order, after the answer."""
+    def migrate_incoming(peer: FakeQMP, _args: dict[str, Any]) -> None:
+        for i, (name, data) in enumerate(events):
+            async def step(name: str = name, data: dict[str, Any] | None = data) -> None:
+                await peer.emit(name, data)
+            peer.later(0.02 * (i + 1), step)
+
+    return migrate_incoming
+
+
+def test_start_incoming_sends_both_commands_without_waiting_in_between(tmp_path: Path) -> None:
+    async def main() -> None:
+        peer, qmp = await connected(tmp_path)
+        answered: list[float] = []
+
+        async def slow_caps(_peer: FakeQMP, _args: dict[str, Any]) -> None:
+            await asyncio.sleep(0.3)
+            answered.append(time.monotonic())
+
+        peer.on("migrate-set-capabilities", slow_caps)
+        await qmp.start_incoming("fd:7", x_ignore_shared=True)
+        names = [c for c, _ in peer.commands]
+        assert names[-2:] == ["migrate-set-capabilities", "migrate-incoming"]
+        caps = {c["capability"]: c["state"] for c in peer.commands[-2][1]["capabilities"]}
+        assert caps == {"events": True, "x-ignore-shared": True}
+        # One round trip: migrate-incoming was on the wire before the first answer.
+        arrived = dict(peer.arrivals)["migrate-incoming"]
+        assert arrived < answered[0]
+        await _close(peer, qmp)
+
+    run(main())
+
+
+@pytest.mark.parametrize(("events", "running"), [
+    # Saved from a running template: QEMU starts the guest itself, RESUME before "completed".
+    ([("MIGRATION", {"status": "active"}), ("RESUME", None), ("MIGRATION", {"status": "completed"})], True),
+    # Saved from a stopped VM: QEMU leaves it paused.
+    ([("MIGRATION", {"status": "active"}), ("MIGRATION", {"status": "completed"})], False),
+])
+def test_wait_incoming_tells_whether_qemu_resumed_and_times_the_phases(
+        tmp_path: Path, events: list[tuple[str, dict[str, Any] | None]], running: bool) -> None:
+    async def main() -> None:
+        peer, qmp = await connected(tmp_path)
+        peer.on("migrate-incoming", _incoming(events))
+        started = time.time()
+        with qmp.recording("MIGRATION", "RESUME") as seen:
+            await qmp.start_incoming("fd:7", x_ignore_shared=True)
+            assert await qmp.wait_incoming(seen, 5) is running
+            phases = restore_phases(seen, started)
+        assert set(phases) == ({"restored_s", "running_s"} if running else {"restored_s"})
+        assert all(0 <= v < 5 for v in phases.values())
+        assert not [c for c, _ in peer.commands if c in ("query-migrate", "query-status")]
+        await _close(peer, qmp)
+
+    run(main())
+
+
+def test_wait_incoming_reports_a_failed_load(tmp_path: Path) -> None:
+    async def main() -> None:
+        peer, qmp = await connected(tmp_path)
+        peer.on("migrate-incoming", _incoming([("MIGRATION", {"status": "failed"})]))
+        with qmp.recording("MIGRATION", "RESUME") as seen:
+            await qmp.start_incoming("fd:7", x_ignore_shared=True)
+            with pytest.raises(VMError, match="incoming state failed"):
+                await qmp.wait_incoming(seen, 5)
+        await _close(peer, qmp)
+
+    run(main())
+
+
+def test_wait_incoming_times_out(tmp_path: Path) -> None:
+    async def main() -> None:
+        peer, qmp = await connected(tmp_path)
+        with qmp.recording("MIGRATION", "RESUME") as seen, pytest.raises(VMError, match="not loaded within"):
+                await qmp.wait_incoming(seen, 0.2)
+        await _close(peer, qmp)
+
+    run(main())

@@ -272,6 +272,7 @@ export class Controller {
       ...childFields(o),
       cpu_limit: o.cpuLimit,
       pids_limit: o.pidsLimit,
+      idle_pause_secs: o.idlePauseSecs,
     });
     return this.#http.json({ method: "POST", path: "/v1/sandboxes", json: body, wait: "unbounded" });
   }

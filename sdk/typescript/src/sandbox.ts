@@ -50,6 +50,8 @@ export interface SandboxCreateOptions extends Omit<ChildOptions, "childEnv"> {
   controller?: Controller;
   cpuLimit?: number;
   pidsLimit?: number;
+  /** Paused after this many idle seconds, resumed by its next request (see `spawnSandboxes`). */
+  idlePauseSecs?: number;
 }
 
 /** A fork of a running sandbox: the children that came up, as `Sandbox`es, and the errors. */

@@ -1563,6 +1563,11 @@ export interface components {
              */
             id: string;
             /**
+             * Idle Pause Secs
+             * @description Paused after this many idle seconds; absent without idle_pause_secs.
+             */
+            idle_pause_secs?: number | null;
+            /**
              * Ip
              * @description Where the host reaches this sandbox: every port of this address is forwarded to the guest. Present for snapshots with a NIC.
              * @example 10.201.0.7
@@ -1598,6 +1603,13 @@ export interface components {
             pids_limit?: number | null;
             /** Snapshot Tag */
             snapshot_tag: string;
+            /**
+             * State
+             * @description paused: stopped after idle_pause_secs without a request; the next request resumes it.
+             * @default running
+             * @enum {string}
+             */
+            state?: "running" | "paused";
             /**
              * Timings
              * @description Where the fork's time went: seconds from the start of the restore until QEMU was up (qemu_up_s), the guest ran from the loaded state (restored_s) and its agent answered (ready_s).
@@ -1720,6 +1732,11 @@ export interface components {
              */
             error?: string | null;
             /**
+             * Fs Freeze Ms
+             * @description Live BRANCH only: how long the source's root filesystem was frozen (its disk writes waited; its CPU work went on), in ms.
+             */
+            fs_freeze_ms?: number | null;
+            /**
              * Parent Tag
              * @description The snapshot this one was branched from, if any.
              */
@@ -1791,6 +1808,11 @@ export interface components {
              */
             error?: string | null;
             /**
+             * Fs Freeze Ms
+             * @description Live BRANCH only: how long the source's root filesystem was frozen (its disk writes waited; its CPU work went on), in ms.
+             */
+            fs_freeze_ms?: number | null;
+            /**
              * Pause Ms
              * @description Measured source pause window in ms; present only for BRANCH snapshots.
              */
@@ -1838,6 +1860,11 @@ export interface components {
              * @default false
              */
             hugepages?: boolean;
+            /**
+             * Idle Pause Secs
+             * @description Pause each child (QMP stop: it costs no CPU) once it has had no request for this many seconds; its next request of any kind resumes it and steps its clock first. Default: never, since a child with background work must not be paused behind its user's back.
+             */
+            idle_pause_secs?: number | null;
             /**
              * Live Fork
              * @description Boot children so that they can later take mode=live branches.

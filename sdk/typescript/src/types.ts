@@ -100,6 +100,8 @@ export interface SpawnOptions extends ChildOptions {
   cpuLimit?: number;
   /** Most host tasks (threads) of each child's QEMU. */
   pidsLimit?: number;
+  /** Pause each child after this many seconds without a request; its next request resumes it. */
+  idlePauseSecs?: number;
 }
 
 /** `POST /v1/sandboxes/{id}/fork` and `/fork-tree`: fork a running sandbox. */

@@ -47,6 +47,13 @@ def _count(app: FastAPI, what: str) -> int:
     return len(getattr(runtime, what)())
 
 
+def _count_paused(app: FastAPI) -> int:
+    runtime = app.state.runtime
+    if runtime is None:
+        return 0
+    return sum(1 for sb in runtime.list_sandboxes() if getattr(sb, "paused", False))
+
+
 def _pools(app: FastAPI) -> list[dict[str, Any]]:
     runtime: RuntimeLike | None = app.state.runtime
     return runtime.list_pools() if runtime is not None else []
@@ -164,6 +171,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.state.metrics = Metrics(
         count_snapshots=lambda: _count(app, "list_snapshots"),
         count_sandboxes=lambda: _count(app, "list_sandboxes"),
+        count_paused=lambda: _count_paused(app),
         pools=lambda: _pools(app),
         refill_times=lambda: _refill_times(app),
     )

@@ -51,6 +51,7 @@ class RuntimeLike(Protocol):
         timeout_secs: float | None = None,
         cpu_limit: float | None = None,
         pids_limit: int | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
         prewarm: bool = False,

@@ -76,7 +76,8 @@ class _PoolCollector(Collector):
 
 class Metrics:
     def __init__(self, count_snapshots: Callable[[], int], count_sandboxes: Callable[[], int],
-                 pools: PoolsSource | None = None, refill_times: RefillSource | None = None) -> None:
+                 pools: PoolsSource | None = None, refill_times: RefillSource | None = None,
+                 count_paused: Callable[[], int] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Gauges are computed at scrape time from the runtime, so they can never
         # drift from what the registry says (e.g. sandboxes reaped on restart).
@@ -84,6 +85,10 @@ class Metrics:
         snapshots.set_function(_safe_count(count_snapshots))
         sandboxes = Gauge("forkd_sandboxes_active", "Currently alive sandbox VMs.", registry=self.registry)
         sandboxes.set_function(_safe_count(count_sandboxes))
+        if count_paused is not None:
+            paused = Gauge("forkd_sandboxes_paused", "Sandboxes paused for being idle (idle_pause_secs).",
+                           registry=self.registry)
+            paused.set_function(_safe_count(count_paused))
         build = Gauge(
             "forkd_build_info",
             "Always 1; the label carries the build version.",
@@ -100,7 +105,8 @@ class Metrics:
         self.restore_phase_seconds = Histogram(
             "forkd_restore_phase_seconds",
             "Per child: seconds from the start of its restore until each phase ended "
-            "(qemu_up, restored: running from the loaded state, ready: its agent answered).",
+            "(qemu_up, restored: device state loaded, running: guest resumed, ready: its agent "
+            "answered; guest_hook: the guest's own time in the post-restore call).",
             ["phase"],
             buckets=_SPAWN_BUCKETS,
             registry=self.registry,

@@ -77,6 +77,7 @@ MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]
 SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
+IdlePause = Annotated[float, Field(**bounds.IDLE_PAUSE_SECS.field_kwargs())]
 CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
 PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
 
@@ -222,6 +223,11 @@ class SpawnRequest(_Request):
     timeout_secs: SandboxTimeout | None = Field(
         None, description="Kill each child (and free its resources) this many seconds after the spawn "
         "returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.",
+    )
+    idle_pause_secs: IdlePause | None = Field(
+        None, description="Pause each child (QMP stop: it costs no CPU) once it has had no request for "
+        "this many seconds; its next request of any kind resumes it and steps its clock first. "
+        "Default: never, since a child with background work must not be paused behind its user's back.",
     )
     prewarm: bool = Field(
         False, description="forkd 0.5 clients' option: read the snapshot's memory file into the host's "
@@ -506,6 +512,10 @@ class SnapshotInfo(_Response):
     pause_ms: int | float | None = Field(
         None, description="Measured source pause window in ms; present only for BRANCH snapshots."
     )
+    fs_freeze_ms: int | float | None = Field(
+        None, description="Live BRANCH only: how long the source's root filesystem was frozen (its "
+        "disk writes waited; its CPU work went on), in ms.",
+    )
     status: Literal["ready", "writing", "failed"] | None = Field(
         None, description="writing while a live no-wait branch copies memory; then ready or failed."
     )
@@ -579,6 +589,13 @@ class SandboxInfo(_Response):
     )
     expires_at_unix: float | None = Field(
         None, description="When the sandbox is killed (unix seconds); absent without a timeout_secs.",
+    )
+    idle_pause_secs: float | None = Field(
+        None, description="Paused after this many idle seconds; absent without idle_pause_secs.",
+    )
+    state: Literal["running", "paused"] = Field(
+        "running", description="paused: stopped after idle_pause_secs without a request; the next "
+        "request resumes it.",
     )
 
 

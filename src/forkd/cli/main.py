@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
+from forkd.cli import bench, files, fleet, forks, info, pools, processes, sandboxes, snapshots, travel
 from forkd.cli import daemon as daemon_cmd
-from forkd.cli import files, fleet, forks, info, pools, processes, sandboxes, snapshots, travel
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
@@ -105,6 +105,7 @@ app.command("gateway")(fleet.gateway)
 app.command("mcp")(mcp_cmd)
 app.command("version")(info.version)
 app.command("doctor")(info.doctor)
+app.command("bench")(bench.bench)
 
 
 if __name__ == "__main__":

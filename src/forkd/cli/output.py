@@ -107,6 +107,8 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     # and the terminal is wide: at 80 columns it would only squeeze the others
     # (--json always has them).
     labelled = console.width >= LABELS_MIN_WIDTH and any(sb.get("metadata") for sb in rows)
+    # A STATE column only once some sandbox sits paused (idle_pause_secs).
+    stateful = any(sb.get("state") == "paused" for sb in rows)
     table = Table(title=title, title_justify="left")
     table.add_column("ID", style="cyan", no_wrap=True)
     table.add_column("SNAPSHOT", no_wrap=True)
@@ -116,6 +118,8 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     table.add_column("MEM", justify="right", no_wrap=True)
     table.add_column("LIVE")
     table.add_column("AGE", justify="right", no_wrap=True)
+    if stateful:
+        table.add_column("STATE", no_wrap=True)
     if labelled:
         table.add_column("LABELS", overflow="fold")  # one per line
     for sb in rows:
@@ -130,6 +134,8 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
             fmt(sb.get("live_fork")),
             fmt_age(sb.get("created_at_unix")),
         ]
+        if stateful:
+            cells.append(fmt(sb.get("state")))
         if labelled:
             labels = sb.get("metadata") or {}
             cells.append("\n".join(escape(f"{k}={v}") for k, v in labels.items()) or "-")

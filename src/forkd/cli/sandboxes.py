@@ -46,6 +46,13 @@ Lifetime = Annotated[
     typer.Option("--timeout", metavar="SECS", min=0.001, max=bounds.SANDBOX_TIMEOUT_SECS.high,
                  help="Kill each child this many seconds after the fork (forkd timeout ID SECS moves it)."),
 ]
+IdlePause = Annotated[
+    float | None,
+    typer.Option("--idle-pause", metavar="SECS", min=bounds.IDLE_PAUSE_SECS.low,
+                 max=bounds.IDLE_PAUSE_SECS.high,
+                 help="Pause each child after this many seconds without a request (it then costs no "
+                 "CPU); its next request resumes it. Not for children with background work."),
+]
 
 
 EnvPairs = Annotated[
@@ -88,6 +95,7 @@ def fork(
     memory_limit_mib: MemoryLimit = None,
     live_fork: LiveFork = False,
     timeout: Lifetime = None,
+    idle_pause: IdlePause = None,
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
@@ -105,6 +113,7 @@ def fork(
       forkd fork --tag checkpoint-1 -n 5 --per-child-netns --memory-limit-mib 256
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
       forkd fork --tag py --timeout 300
+      forkd fork --tag py -n 50 --idle-pause 30
       forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
       forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
@@ -112,6 +121,8 @@ def fork(
     """
     if (tag is None) == (from_sandbox is None):
         usage_error(ctx, "give --tag (fork a snapshot) or --from-sandbox (fork a running sandbox)")
+    if from_sandbox is not None and idle_pause is not None:
+        usage_error(ctx, "--idle-pause applies to forks of a snapshot (--tag) only")
     if from_sandbox is None:
         extras = [flag for flag, on in (("--tree", tree), ("--keep-snapshot", keep_snapshot)) if on]
         if extras:
@@ -144,7 +155,8 @@ def fork(
         sandboxes = controller.spawn_sandboxes(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
-            timeout_secs=timeout, allow_internet_access=allow_internet_access, network=network,
+            timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
+            network=network,
         )
     if as_json:
         output.emit_json(sandboxes)

@@ -133,6 +133,7 @@ class Brancher:
             async with self._table.lock(sandbox_id):
                 # Re-read under the lock: a previous branch moved its disk, a kill removed it.
                 src = self._source(sandbox_id)
+                await self._table.wake_locked(sandbox_id)  # one paused for being idle runs again
                 staging = layout.staging_dir(self._snapshots, tag)
                 written = await self._written_ram(src) if measure_diff else None
                 cap, layers = await self._capture(src, seq, mode, staging, tag, standalone=checkpoint)
@@ -141,6 +142,7 @@ class Brancher:
             record = SnapshotRecord(
                 tag=tag, dir=str(self._snapshots / tag), created_at_unix=now_unix(), status="writing",
                 branched_from=sandbox_id, parent_tag=src.disk.parent_tag, pause_ms=round(cap.pause_ms, 3),
+                fs_freeze_ms=round(cap.fs_freeze_ms, 3) if cap.fs_freeze_ms is not None else None,
                 mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
                 checkpoint_of=sandbox_id if checkpoint else None, diff_measure=measured,
             )

@@ -18,6 +18,7 @@ state and is the only code that changes it:
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
 * ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
   copies of branch chains.
@@ -44,6 +45,7 @@ from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkOptions, ForkResult
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.idle import IdlePauser
 from forkd.controller.lifetimes import Reaper
 from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
@@ -63,6 +65,7 @@ from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
+from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
@@ -109,6 +112,9 @@ class Runtime:
         self.console_warden = ConsoleWarden(data)
         self.reaper = Reaper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
+        self.idle = IdlePauser(registry, self.sandboxes)
+        self.sandboxes.watch_activity(self.idle)
+        self.sandboxes.on_removed(self.idle.after_removed)
         self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots)
         self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
         self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
@@ -122,6 +128,7 @@ class Runtime:
                    host_id: str | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
         missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
+        raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
         if host_id is not None:
@@ -136,6 +143,7 @@ class Runtime:
         rt.checkpoints.start()  # policies kept in the registry count calls again
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
         await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
+        await rt.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
         rt.console_warden.start()
         return rt
 
@@ -146,6 +154,7 @@ class Runtime:
         self._closed = True
         await self.pools.stop()  # first: no refill may start a VM after the others are gone
         await self.reaper.stop()
+        await self.idle.stop()
         await self.brancher.wait_background()
         await self.checkpoints.wait_background()
         await self.console_warden.stop()
@@ -214,10 +223,15 @@ class Runtime:
     # ---------------------------------------------------------------- sandboxes
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return [sb for sb in self.registry.list_sandboxes() if not sb.pooled]
+        return [self._with_state(sb) for sb in self.registry.list_sandboxes() if not sb.pooled]
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        return self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
+        return self._with_state(
+            self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id))))
+
+    def _with_state(self, record: SandboxRecord) -> SandboxRecord:
+        record.paused = self.idle.paused(record.id)
+        return record
 
     async def spawn(
         self, tag: str, n: int = 1, *, per_child_netns: bool = False,
@@ -225,6 +239,7 @@ class Runtime:
         env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
         metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
         cpu_limit: float | None = None, pids_limit: int | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
         prewarm: bool = False,
     ) -> list[SandboxRecord]:
@@ -233,6 +248,8 @@ class Runtime:
         ``timeout_secs``: each child is killed that long after the spawn returns
         (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
         (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
+        ``idle_pause_secs``: a child that long without a request is paused, and
+        resumed by its next one (controller/idle.py); default never.
         ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
         "deny_out": [...]}``) open the children's egress, denied by default
         (host/egress.py); they need a snapshot with a NIC.
@@ -240,6 +257,8 @@ class Runtime:
         """
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
+        if idle_pause_secs is not None:
+            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
         egress = EgressPolicy.from_request(allow_internet_access, network)
         records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
                                            memory_limit_mib=memory_limit_mib, live_fork=live_fork,
@@ -247,6 +266,7 @@ class Runtime:
                                            cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress,
                                            prewarm=prewarm)
         self.reaper.apply(records, timeout_secs)
+        self.idle.apply(records, idle_pause_secs)
         return records
 
     async def fork(

@@ -24,11 +24,13 @@ one to the spawn that claimed it. Only the keeper tears them down (``discard``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from forkd.errors import GuestError, NotFound
 from forkd.guest.client import AgentStream
@@ -47,6 +49,27 @@ async def remove_cgroup(path: str | None, extra: list[str] | None = None) -> Non
         await asyncio.to_thread(cgroups.handle_for(path, tuple(extra or ())).remove)
 
 
+class Activity(Protocol):
+    """Who must know when a sandbox is used (controller/idle.py pauses idle ones)."""
+
+    def during(self, sandbox_id: str) -> AbstractAsyncContextManager[None]:
+        """Around one agent request of ``sandbox_id`` (resumes it first if it was paused)."""
+        ...
+
+    async def wake_locked(self, sandbox_id: str) -> None:
+        """Resume ``sandbox_id`` if paused; the caller holds its lock (a branch about to capture it)."""
+        ...
+
+
+class _NoActivity:
+    @contextlib.asynccontextmanager
+    async def during(self, sandbox_id: str) -> AsyncIterator[None]:
+        yield
+
+    async def wake_locked(self, sandbox_id: str) -> None:
+        return None
+
+
 class SandboxTable:
     def __init__(self, registry: Registry, sandboxes_dir: Path) -> None:
         self._registry = registry
@@ -55,6 +78,15 @@ class SandboxTable:
         self._locks: dict[str, asyncio.Lock] = {}
         self._hidden: set[str] = set()  # pool members nobody has claimed yet
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
+        self._activity: Activity = _NoActivity()
+
+    def watch_activity(self, activity: Activity) -> None:
+        """Every agent request from now on runs inside ``activity.during`` (one watcher)."""
+        self._activity = activity
+
+    async def wake_locked(self, sandbox_id: str) -> None:
+        """Make sure ``sandbox_id`` runs before the caller, holding its lock, uses its VM directly."""
+        await self._activity.wake_locked(sandbox_id)
 
     def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
         """Call ``hook`` with the record of every sandbox torn down from now on."""
@@ -196,10 +228,13 @@ class SandboxTable:
 
     async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
         """One agent request. A QEMU that died before the event loop reaped it shows up
-        as a reset agent connection; report that as the sandbox's death, by id."""
+        as a reset agent connection; report that as the sandbox's death, by id. A sandbox
+        paused because it was idle is resumed first (``watch_activity``)."""
+        sandbox_id = self.resolve(sandbox_id)
         vm = await self.for_call(sandbox_id)
         try:
-            return await vm.call(action, timeout=timeout, **args)
+            async with self._activity.during(sandbox_id):
+                return await vm.call(action, timeout=timeout, **args)
         except GuestError as exc:
             explained = self.explain(sandbox_id, vm, exc)
             if explained is exc:

@@ -144,7 +144,7 @@ class TemplateBuilder:
         network: ChildNet | None = None
         try:
             host = await self._accel.for_image(image)
-            config = VMConfig(spec.mem_mib, spec.vcpus, host)
+            config = VMConfig.new(spec.mem_mib, spec.vcpus, host)
             staging = layout.staging_dir(self._data.snapshots, spec.tag)
             backing_fmt = "qcow2" if rootfs.suffix == ".qcow2" else "raw"
             create_overlay(rootfs.resolve(), staging.disk, backing_fmt)

@@ -153,6 +153,7 @@ def spawn_sandboxes(
     child_env: Sequence[Mapping[str, str]] | None = None,
     metadata: Mapping[str, str] | None = None,
     timeout_secs: float | None = None,
+    idle_pause_secs: float | None = None,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
 ) -> Call:
@@ -168,6 +169,8 @@ def spawn_sandboxes(
         metadata=metadata,
         timeout_secs=timeout_secs,
     )
+    if idle_pause_secs is not None:
+        body["idle_pause_secs"] = idle_pause_secs
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
 

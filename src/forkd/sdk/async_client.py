@@ -264,6 +264,7 @@ class AsyncController:
         child_env: Sequence[Mapping[str, str]] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
     ) -> list[SandboxInfo]:
@@ -282,6 +283,11 @@ class AsyncController:
             timeout_secs: each child is killed this many seconds after the
                 spawn returns (its SandboxInfo has ``expires_at_unix``);
                 :meth:`set_timeout` moves the deadline. Default: none.
+            idle_pause_secs: pause each child once it has had no request for
+                this many seconds (it then costs no CPU); its next request
+                resumes it and steps its clock. SandboxInfo ``state`` says
+                ``"running"`` or ``"paused"``. Default: never (a child with
+                background work must not be paused).
             allow_internet_access: open the children's outbound traffic to the
                 public internet (denied by default; needs a snapshot made with
                 ``nic=True`` and IP forwarding on the host).
@@ -299,6 +305,7 @@ class AsyncController:
             child_env=child_env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
         )

@@ -405,6 +405,7 @@ class AsyncSandbox:
         controller: the :class:`AsyncController` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        idle_pause_secs: spawn options, see :meth:`AsyncController.spawn_sandboxes`.
         allow_internet_access, network:
             spawn options, see :meth:`AsyncController.spawn_sandboxes`.
     """
@@ -421,6 +422,7 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
@@ -435,6 +437,7 @@ class AsyncSandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "idle_pause_secs": idle_pause_secs,
             "allow_internet_access": allow_internet_access,
             "network": network,
         }
@@ -457,6 +460,7 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
     ) -> AsyncSandbox:
@@ -470,6 +474,7 @@ class AsyncSandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
         )

@@ -406,6 +406,7 @@ class Sandbox:
         controller: the :class:`Controller` to use; default: one shared client
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
+        idle_pause_secs: spawn options, see :meth:`Controller.spawn_sandboxes`.
         allow_internet_access, network:
             spawn options, see :meth:`Controller.spawn_sandboxes`.
     """
@@ -422,6 +423,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
@@ -436,6 +438,7 @@ class Sandbox:
             "env": env,
             "metadata": metadata,
             "timeout_secs": timeout_secs,
+            "idle_pause_secs": idle_pause_secs,
             "allow_internet_access": allow_internet_access,
             "network": network,
         }
@@ -458,6 +461,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
+        idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
     ) -> Sandbox:
@@ -471,6 +475,7 @@ class Sandbox:
             env=env,
             metadata=metadata,
             timeout_secs=timeout_secs,
+            idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
         )

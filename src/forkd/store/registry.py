@@ -194,6 +194,7 @@ class SnapshotRecord:
     # no sandbox runs from it and no snapshot depends on it.
     auto_delete: bool = False
     checkpoint_of: str | None = None  # the sandbox whose auto-checkpoint policy made it
+    fs_freeze_ms: float | None = None  # live BRANCH: how long the guest's disk writes waited
     # measure_diff of a full BRANCH: diff_physical_bytes, diff_logical_bytes, diff_ms.
     diff_measure: dict[str, float] | None = None
     compacted_from: str | None = None  # POST /v1/snapshots/{tag}/compact: the flattened snapshot
@@ -213,6 +214,8 @@ class SnapshotRecord:
             out["branched_from"] = self.branched_from
         if self.pause_ms is not None:
             out["pause_ms"] = self.pause_ms
+        if self.fs_freeze_ms is not None:
+            out["fs_freeze_ms"] = self.fs_freeze_ms
         out["status"] = self.status
         if self.error:
             out["error"] = self.error
@@ -256,6 +259,10 @@ class SandboxRecord:
     pids_limit: int | None = None  # tasks in its QEMU's cgroup
     # v1 hosts: its cpu and pids cgroups, one per hierarchy (``cgroup`` holds the first).
     cgroup_extra: list[str] = field(default_factory=list)
+    # Paused after this many idle seconds (controller/idle.py); None: never.
+    idle_pause_secs: float | None = None
+    # Not stored: whether it is paused right now, set by the runtime from the IdlePauser.
+    paused: bool = False
     # Its namespace, links, address and egress rules, as controller/network.py made them.
     network: ChildNet | None = None
 
@@ -309,13 +316,16 @@ class SandboxRecord:
             out["metadata"] = dict(self.metadata)
         if self.expires_at_unix is not None:
             out["expires_at_unix"] = round(self.expires_at_unix, 3)
+        if self.idle_pause_secs is not None:
+            out["idle_pause_secs"] = self.idle_pause_secs
+        out["state"] = "paused" if self.paused else "running"
         return out
 
 
 # Typed fields kept in the ``meta`` JSON column (the SQL columns hold the rest).
 def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
     return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning,
-            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of,
+            "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of, "fs_freeze_ms": s.fs_freeze_ms,
             "diff_measure": s.diff_measure, "compacted_from": s.compacted_from}
 
 
@@ -324,7 +334,7 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "timings": s.timings, "metadata": s.metadata,
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
-            "cgroup_extra": s.cgroup_extra,
+            "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
             "network": s.network.to_json() if s.network is not None else None}
 
 
@@ -341,6 +351,7 @@ def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
         source_layers=list(meta.get("source_layers") or []),
         warning=meta.get("warning") or meta.get("source_error"),
         auto_delete=bool(meta.get("auto_delete")), checkpoint_of=meta.get("checkpoint_of"),
+        fs_freeze_ms=meta.get("fs_freeze_ms"),
         diff_measure=meta.get("diff_measure"), compacted_from=meta.get("compacted_from"),
     )
 
@@ -363,6 +374,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
+                         idle_pause_secs=meta.get("idle_pause_secs"),
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
 
@@ -482,6 +494,10 @@ class Registry:
     def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None:
         """When the reaper kills the sandbox (None: never)."""
         self._update_sandbox_meta(sandbox_id, "expires_at_unix", expires_at_unix)
+
+    def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None:
+        """After how many idle seconds the sandbox is paused (None: never)."""
+        self._update_sandbox_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)

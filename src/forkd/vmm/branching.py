@@ -59,6 +59,9 @@ class Capture:
     stream: Path
     background: asyncio.Task[dict[str, Any]] | None = None  # live mode: RAM still being streamed
     resume_error: str | None = None  # the state was captured but the source did not run again
+    # live mode: how long the guest's root filesystem was frozen (FIFREEZE to FITHAW):
+    # its CPU work went on, but its disk writes waited that long.
+    fs_freeze_ms: float | None = None
 
 
 def _err_path(stream: Path) -> Path:
@@ -183,7 +186,8 @@ async def _capture_live(
     """
     await _prepare_migration(vm, background=True)
     listener = EventListener(("STOP", "RESUME", "MIGRATION"))
-    fs_frozen_at = None
+    fs_frozen_at: float | None = None
+    fs_freeze_ms: float | None = None
     try:
         with vm.qmp.client.listen(listener):
             await vm.call("fsfreeze", timeout=120)
@@ -201,8 +205,10 @@ async def _capture_live(
         if fs_frozen_at is not None:
             with contextlib.suppress(Exception):
                 await vm.call("fsthaw", timeout=60)
+            fs_freeze_ms = (time.monotonic() - fs_frozen_at) * 1000
     task = asyncio.create_task(vm.qmp.wait_migration(timeout))
-    return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task)
+    return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task,
+                   fs_freeze_ms=fs_freeze_ms)
 
 
 def _event_time(event: Message) -> float:

@@ -17,6 +17,15 @@ from forkd.host.accel import Accel
 # microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
 # VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
+# The machine is part of the device configuration a snapshot pins down, so each
+# snapshot records its own; one that recorded none was taken with this one.
+LEGACY_MACHINE = MACHINE
+# The firmware leaves the PIT counting (mode 3), and a guest kernel older than
+# 6.9 that does not use it never stops it: QEMU then wakes ~36 times a second to
+# toggle a masked interrupt (~5 ms of CPU a second per idle child under TCG).
+# Without a PIT the guest calibrates nothing against it: under TCG it is told
+# the TSC rate (tsc_early_khz, see kernel_cmdline), so new TCG snapshots have none.
+NO_PIT = ",pit=off"
 AGENT_PORT_NAME = protocol.PORT_NAME
 RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixed
 # Every VM of a snapshot gets the same MAC: children are clones of the template, and
@@ -31,14 +40,29 @@ class VMConfig:
     mem_mib: int
     vcpus: int
     accel: Accel
+    machine: str = LEGACY_MACHINE  # QEMU's -machine options
+
+    @classmethod
+    def new(cls, mem_mib: int, vcpus: int, accel: Accel) -> VMConfig:
+        """The configuration of a template booted now (its snapshot keeps it)."""
+        return cls(mem_mib, vcpus, accel, machine_for(accel))
 
     def to_json(self) -> dict[str, Any]:
         return {"mem_mib": self.mem_mib, "vcpus": self.vcpus,
-                "accel": self.accel.name, "cpu": self.accel.cpu}
+                "accel": self.accel.name, "cpu": self.accel.cpu, "machine": self.machine}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VMConfig:
-        return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]))
+        return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]),
+                   str(d.get("machine") or LEGACY_MACHINE))
+
+
+def machine_for(accel: Accel) -> str:
+    """The -machine options of a new template under ``accel``."""
+    if accel.name == "tcg" and host_tsc_khz():
+        return MACHINE + NO_PIT
+    # KVM guests get their clock rates from KVM; the PIT stays until that is measured there.
+    return MACHINE
 
 
 @dataclass
@@ -74,7 +98,7 @@ def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
     argv = [
         qemu,
         "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-        "-machine", MACHINE,
+        "-machine", cfg.machine,
         *cfg.accel.args(),
         "-m", f"{cfg.mem_mib}M",
         "-smp", str(cfg.vcpus),
@@ -130,11 +154,26 @@ def host_tsc_khz() -> int | None:
     return None
 
 
+# What wakes an idle guest, and the words that stop it (measured with the guest's
+# timer and workqueue trace events; docs/PERFORMANCE.md has the figures). Every
+# wake-up costs the host CPU (TCG runs the guest's timer code; KVM exits), and a
+# fan-out multiplies it by the number of idle children.
+IDLE_QUIET = (
+    "tsc=reliable",  # no clocksource watchdog timer (2 wake-ups/s); the TSC is the clock
+    "nowatchdog",  # no soft/hard lockup watchdog hrtimer (every 4 s)
+    "psi=0",  # no pressure-stall averaging (every 2 s), and less work in the scheduler
+    "cgroup_disable=memory",  # no memcg stats flush (every 2 s); nothing in the guest uses memcg
+    "sysctl.vm.compaction_proactiveness=0",  # kcompactd sleeps instead of waking twice a second
+    "sysctl.vm.stat_interval=10",  # vmstat folding every 10 s instead of every second
+)
+
+
 def kernel_cmdline(warm_imports: list[str], *, accel: Accel, probe: bool = False,
                    extra: tuple[str, ...] = ()) -> str:
     # panic=-1 + -no-reboot: a guest that panics makes QEMU exit at once, so a
     # broken image fails fast instead of running into the boot timeout.
-    words = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", f"forkd.port={AGENT_PORT_NAME}"]
+    words = ["console=ttyS0", "panic=-1", "quiet", "loglevel=3", f"forkd.port={AGENT_PORT_NAME}",
+             *IDLE_QUIET]
     if accel.name == "tcg" and (khz := host_tsc_khz()):
         # Under TCG on a loaded host, calibrating the TSC against the PIT fails
         # now and then ("Unable to calibrate against PIT"); the kernel then marks

@@ -24,7 +24,7 @@ from forkd.guest import protocol
 from forkd.guest.client import AgentClient
 from forkd.vmm.cmdline import LaunchSpec, VMConfig
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
-from forkd.vmm.qmp import QMP
+from forkd.vmm.qmp import QMP, restore_phases
 
 T = TypeVar("T")
 
@@ -32,6 +32,22 @@ T = TypeVar("T")
 # after this long, and give up (the spawner then retries with a fresh QEMU) after that.
 POST_RESTORE_RESEND = 8.0
 POST_RESTORE_TIMEOUT = 30.0
+# A guest sets the time it was sent, however long it took to read it (its first request after
+# a restore is slow under TCG, slower under load): when its clock, as it reports it in the
+# answer, is behind the host's by more than this on arrival, it is stepped again.
+CLOCK_TOLERANCE_SECS = 0.5
+CLOCK_STEPS = 3
+
+
+def clock_lag(reply: dict[str, Any], sent: float) -> float:
+    """How far the guest's clock (the answer's ``time_ns``) is behind the host's, now, in seconds.
+
+    Without ``time_ns`` (an older agent), the round trip since ``sent`` bounds it.
+    """
+    guest_ns = reply.get("time_ns")
+    if isinstance(guest_ns, int) and guest_ns > 0:
+        return time.time() - guest_ns / 1e9
+    return time.monotonic() - sent
 
 
 def exec_uri(command: str, path: Path) -> str:
@@ -45,6 +61,8 @@ class VM:
     qmp: QMP
     agent: AgentClient
     timings: dict[str, float] = field(default_factory=dict)
+    # The guest's own timing of its last post-restore call, per step (see guest/agent/restore.py).
+    guest_steps_us: dict[str, int] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -150,7 +168,7 @@ class VM:
         that execs QEMU in the same process (cgroup, network namespace); ``env``
         goes into the guest agent's environment with the post-restore call.
         """
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
 
         sockets = AgentSockets.bind(run_dir)
         spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
@@ -159,21 +177,37 @@ class VM:
         vm, incoming = await cls.launch_incoming(run_dir, spec, sockets, state_path, launcher)
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
-            # The stream says whether RAM was skipped; both ends must agree.
-            await vm.qmp.set_capabilities(x_ignore_shared=True)
-            await vm.await_or_exit(
-                vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
-                timeout, "the incoming state")
-            if await vm.qmp.status() != "running":
-                await vm.qmp.cmd("cont")
-            vm.timings["restored_s"] = time.monotonic() - started
-            await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT, env), POST_RESTORE_TIMEOUT + 5,
-                                   "the restored guest agent (post-restore call)")
+            # QEMU reports when the state is loaded (MIGRATION completed) and when the
+            # guest runs (RESUME: without -S it starts the guest itself). Waiting for
+            # those events replaces polling query-migrate and query-status.
+            with vm.qmp.recording("MIGRATION", "RESUME") as events:
+                # The stream says whether RAM was skipped; both ends must agree.
+                await vm.qmp.start_incoming(incoming, x_ignore_shared=True)
+                # The agent's port must not be connected before its device state is
+                # loaded: a connection made earlier is never served.
+                running = await vm.await_or_exit(vm.qmp.wait_incoming(events, timeout), timeout,
+                                                 "the incoming state")
+                if not running:  # saved from a stopped VM: QEMU leaves it paused
+                    await vm.qmp.cmd("cont")
+                vm.timings.update(restore_phases(events, started_wall))
+            reply = await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT, env),
+                                           POST_RESTORE_TIMEOUT + 5,
+                                           "the restored guest agent (post-restore call)")
             vm.timings["ready_s"] = time.monotonic() - started
+            vm.note_guest_steps(reply)
         except BaseException:
             await vm.destroy()
             raise
         return vm
+
+    def note_guest_steps(self, reply: dict[str, Any]) -> None:
+        """Keep the guest's own timing of its post-restore steps (``steps_us``, bounded)."""
+        steps = reply.get("steps_us")
+        if not isinstance(steps, dict):
+            return
+        self.guest_steps_us = {str(k)[:32]: int(v) for k, v in list(steps.items())[:16]
+                               if isinstance(v, int) and 0 <= v < 10**9}
+        self.timings["guest_hook_s"] = sum(self.guest_steps_us.values()) / 1e6
 
     async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
         """Tell a freshly restored guest to reseed its RNGs, step its clock and thaw.
@@ -188,15 +222,35 @@ class VM:
         while True:
             attempt += 1
             each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
+            sent = time.monotonic()
             try:
-                return await self.agent.call(protocol.RESTORED, timeout=each, entropy=os.urandom(64).hex(),
-                                             time_ns=time.time_ns(), **extra)
+                reply = await self.agent.call(protocol.RESTORED, timeout=each, entropy=os.urandom(64).hex(),
+                                              time_ns=time.time_ns(), **extra)
+                if clock_lag(reply, sent) > CLOCK_TOLERANCE_SECS:
+                    await self.step_clock(max(1.0, deadline - time.monotonic()))
+                return reply
             except GuestError as exc:
                 if not self.agent.connected or time.monotonic() >= deadline:
                     raise BootTimeout(
                         f"the restored guest agent did not answer its post-restore call "
                         f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
+
+    async def step_clock(self, timeout: float) -> dict[str, Any]:
+        """Step the guest's clock to the host's, after a pause (nothing was cloned: no reseed).
+
+        Fresh entropy goes along only so that an agent older than ``clock_only``
+        still accepts the call (it then reseeds too, which is harmless). The guest
+        sets the time it was sent: when its clock is still behind on the answer's
+        arrival (a loaded host), the step is made again (now translated, it is quick).
+        """
+        for _ in range(CLOCK_STEPS):
+            sent = time.monotonic()
+            reply = await self.agent.call(protocol.RESTORED, timeout=timeout, clock_only=True,
+                                          time_ns=time.time_ns(), entropy=os.urandom(32).hex())
+            if clock_lag(reply, sent) <= CLOCK_TOLERANCE_SECS:
+                break
+        return reply
 
     @classmethod
     async def attach(cls, process: QemuProcess, config: VMConfig) -> VM:
@@ -215,7 +269,9 @@ class VM:
         Returns the time taken in ms.
         """
         started = time.monotonic()
-        await self.qmp.cmd("stop")
+        # No "stop" first: the migration stops the vCPUs itself when it saves the
+        # devices, and a state saved from a running VM makes QEMU start its children
+        # as soon as they have loaded it (one QMP round trip fewer per child).
         await self.qmp.set_capabilities(x_ignore_shared=True)
         await self.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
         return (time.monotonic() - started) * 1000

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,48 @@ class QMP:
             capabilities=[{"capability": k.replace("_", "-"), "state": v} for k, v in caps.items()],
         )
 
+    async def start_incoming(self, uri: str, **caps: bool) -> None:
+        """Set migration capabilities and start loading ``uri``, in one round trip.
+
+        QMP runs one monitor's commands in order, so both go out before either
+        answer comes back. Nothing more is needed: without ``-S`` QEMU starts the
+        guest once the state is loaded, and exits (saying why on stderr) if it
+        cannot load it.
+        """
+        await asyncio.gather(self.set_capabilities(**caps), self.cmd("migrate-incoming", uri=uri))
+
+    async def wait_incoming(self, events: EventListener, timeout: float) -> bool:
+        """Wait until ``events`` (recording MIGRATION and RESUME) sees the load complete;
+        whether QEMU resumed the guest by itself (it does when the state was saved
+        from a running VM, and emits RESUME before "completed").
+
+        A failed load makes QEMU exit (callers wrap this in ``VM.await_or_exit``);
+        a ``failed`` MIGRATION event is reported here too.
+        """
+        async def loaded() -> bool:
+            resumed = False
+            while True:
+                msg: dict[str, Any] = dict(await events.get())
+                if msg.get("event") == "RESUME":
+                    resumed = True
+                    continue
+                status = (msg.get("data") or {}).get("status")
+                if status == "completed":
+                    return resumed
+                if status in ("failed", "cancelled"):
+                    raise VMError(f"loading the incoming state {status}")
+        try:
+            return await asyncio.wait_for(loaded(), timeout)
+        except TimeoutError:
+            raise VMError(f"the incoming state was not loaded within {timeout:.0f}s") from None
+
+    @contextlib.contextmanager
+    def recording(self, *names: str) -> Iterator[EventListener]:
+        """Keep the events ``names`` that arrive while the block runs (read ``.history``)."""
+        listener = EventListener(names)
+        with self.client.listen(listener):
+            yield listener
+
     async def set_parameters(self, **params: Any) -> None:
         await self.cmd("migrate-set-parameters", **{k.replace("_", "-"): v for k, v in params.items()})
 
@@ -99,3 +142,22 @@ class QMP:
     async def status(self) -> str:
         status: str = (await self.cmd("query-status")).get("status", "unknown")
         return status
+
+
+def restore_phases(events: EventListener, started_wall: float) -> dict[str, float]:
+    """``restored_s`` (state loaded: MIGRATION completed) and ``running_s`` (RESUME), in
+    seconds after ``started_wall``, from QEMU's own event timestamps."""
+    out: dict[str, float] = {}
+    for event in events.history:
+        msg: dict[str, Any] = dict(event)
+        name = msg.get("event")
+        if name == "MIGRATION" and (msg.get("data") or {}).get("status") == "completed":
+            out["restored_s"] = max(0.0, _event_time(msg) - started_wall)
+        elif name == "RESUME":
+            out["running_s"] = max(0.0, _event_time(msg) - started_wall)
+    return out
+
+
+def _event_time(msg: dict[str, Any]) -> float:
+    stamp = msg.get("timestamp") or {}
+    return float(stamp.get("seconds", 0)) + float(stamp.get("microseconds", 0)) / 1e6

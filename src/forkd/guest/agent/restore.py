@@ -1,8 +1,19 @@
 """The ``restored`` action: make a freshly restored child its own machine.
 
 Every child restored from one snapshot starts with the same kernel CRNG state,
-the same ``random`` state and a clock stopped at snapshot time, so the host
-sends fresh entropy and its clock with the first request after a restore.
+the same ``random`` and numpy states and a clock stopped at snapshot time, so
+the host sends fresh entropy and its clock with the first request after a
+restore (and with every claim of a warm-pool member).
+
+This is the first code a restored child runs, and under TCG a new QEMU process
+translates every guest code path it runs for the first time; so each step here
+takes the path that touches the least code (figures per step, measured in the
+guest, are in docs/PERFORMANCE.md): the kernel's entropy goes through a
+descriptor opened when the agent started (no path lookup after a restore), a
+plain ``write`` plus one ``RNDRESEEDCRNG`` (no credit accounting: the CRNG is
+long ready), and numpy's legacy global generator gets a whole new MT19937 state
+from the freshly reseeded kernel (``set_state``: cheaper than ``seed`` with an
+array, and all 19968 bits fresh rather than a 32-bit seed).
 """
 
 from __future__ import annotations
@@ -26,12 +37,40 @@ RNDRESEEDCRNG = 0x5207
 # an 8-byte header, so entropy is credited in chunks of this size.
 ENTROPY_CHUNK = 512
 MIN_ENTROPY_HEX = 32  # 16 bytes
+MT19937_WORDS = 624  # numpy's legacy RandomState key, uint32 words
+PY_SEED_BYTES = 32
+
+# What reseed_after_restore reports the time of, in order (``steps_us``).
+STEPS = ("check", "kernel_crng", "python_random", "numpy_random", "clock", "env")
 
 RESTORES_KEY = "__forkd_restores__"  # in the eval namespace: [count of restores]
 
 
+def _open_urandom() -> int | None:
+    try:
+        return os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+# Opened when the agent starts, that is before any snapshot is taken, so that a
+# restored child does not walk the path (a few ms of first-time code under TCG).
+_URANDOM_FD = _open_urandom()
+
+
 def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
-    """Give this child its own randomness and the host's clock."""
+    """Give this child its own randomness and the host's clock.
+
+    With ``clock_only`` (a child resumed after an idle pause: nothing was
+    cloned, only time passed) the clock is stepped and nothing else is done.
+    ``steps_us`` in the answer is what each step took, measured here.
+    """
+    if req.get("clock_only") is True:
+        time_ns = req.get("time_ns")
+        if not isinstance(time_ns, int) or time_ns <= 0:
+            raise RequestError("'time_ns' must be a positive integer")
+        return {"clock_stepped": step_clock(time_ns), "time_ns": time.time_ns()}
+    marks = [time.perf_counter_ns()]
     env = check_env(req.get("env"))  # refuse a bad map before touching the CRNG or the clock
     entropy_hex = req.get("entropy")
     if not isinstance(entropy_hex, str) or len(entropy_hex) < MIN_ENTROPY_HEX:
@@ -40,38 +79,75 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
         entropy = bytes.fromhex(entropy_hex)
     except ValueError as exc:  # validate before touching the CRNG or the clock
         raise RequestError(f"'entropy' is not valid hex: {exc}") from None
-    reseeded = False
-    with open("/dev/urandom", "wb", buffering=0) as rnd:
+    marks.append(time.perf_counter_ns())
+    reseeded = reseed_kernel(entropy)
+    marks.append(time.perf_counter_ns())
+    # Both user-space generators draw from the kernel CRNG just reseeded.
+    fresh = os.urandom(MT19937_WORDS * 4 + PY_SEED_BYTES)
+    random.seed(int.from_bytes(fresh[-PY_SEED_BYTES:], "little"))
+    marks.append(time.perf_counter_ns())
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):  # a numpy that eval'd code broke must not fail the restore
+            key = numpy.frombuffer(fresh[: MT19937_WORDS * 4], dtype=numpy.uint32)
+            numpy.random.set_state(("MT19937", key, MT19937_WORDS))
+    marks.append(time.perf_counter_ns())
+    clock_stepped = False
+    time_ns = req.get("time_ns")
+    if isinstance(time_ns, int) and time_ns > 0:
+        clock_stepped = step_clock(time_ns)
+    marks.append(time.perf_counter_ns())
+    # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
+    if env:
+        os.environ.update(env)
+    # setdefault: eval'd code may have deleted the counter from its namespace.
+    namespace.setdefault(RESTORES_KEY, [0])[0] += 1
+    marks.append(time.perf_counter_ns())
+    steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
+    return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
+            "env_set": len(env), "steps_us": steps}
+
+
+def reseed_kernel(entropy: bytes) -> bool:
+    """Mix ``entropy`` into the kernel's input pool and reseed the CRNG from it.
+
+    A ``write`` mixes without crediting; once the CRNG is ready (it is long
+    before a snapshot) crediting changes nothing, and ``RNDRESEEDCRNG`` makes
+    every later read come from a key derived from the pool as it is now. A CRNG
+    that is not ready yet (ENODATA) gets the entropy credited first. Returns
+    False where the reseed is refused (not root): the entropy is mixed in anyway.
+    """
+    fd = _URANDOM_FD if _URANDOM_FD is not None else _open_urandom()
+    if fd is None:
+        return False
+    try:
+        os.write(fd, entropy)
+        try:
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+            return True
+        except OSError:
+            pass
         try:
             # fcntl.ioctl refuses a bytes argument over 1024 bytes: credit in chunks.
             for i in range(0, len(entropy), ENTROPY_CHUNK):
                 chunk = entropy[i : i + ENTROPY_CHUNK]
-                payload = struct.pack("ii", len(chunk) * 8, len(chunk)) + chunk
-                fcntl.ioctl(rnd, RNDADDENTROPY, payload)
-            fcntl.ioctl(rnd, RNDRESEEDCRNG)
-            reseeded = True
+                fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(chunk) * 8, len(chunk)) + chunk)
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+            return True
         except OSError:
-            rnd.write(entropy)  # not root? still mixes it in, without the credit
-    seed = int.from_bytes(os.urandom(32), "little")
-    random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        with contextlib.suppress(Exception):
-            numpy.random.seed(seed % (2**32))
-    clock_stepped = False
-    time_ns = req.get("time_ns")
-    if isinstance(time_ns, int) and time_ns > 0:
-        try:
-            time.clock_settime_ns(time.CLOCK_REALTIME, time_ns)
-            clock_stepped = True
-        except (OSError, AttributeError):
-            clock_stepped = settime_fallback(time_ns)
-    # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
-    os.environ.update(env)
-    # setdefault: eval'd code may have deleted the counter from its namespace.
-    namespace.setdefault(RESTORES_KEY, [0])[0] += 1
-    return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
-            "env_set": len(env)}
+            return False
+    finally:
+        if fd != _URANDOM_FD:
+            os.close(fd)
+
+
+def step_clock(time_ns: int) -> bool:
+    """Set CLOCK_REALTIME to the host's ``time_ns`` (also used after an idle pause)."""
+    try:
+        time.clock_settime_ns(time.CLOCK_REALTIME, time_ns)
+        return True
+    except (OSError, AttributeError):
+        return settime_fallback(time_ns)
 
 
 class _Timespec(ctypes.Structure):

@@ -1,0 +1,200 @@
+"""Idle pauses: a sandbox spawned with ``idle_pause_secs`` is paused once idle that long.
+
+Opt-in per spawn and off by default: a child with background work (a server, a
+training loop) must never be stopped behind its user's back. A paused child
+(QMP ``stop``) costs no CPU at all; its next request of any kind (exec, eval,
+ping, files, a branch or a fork of it) resumes it first, transparently: QMP
+``cont``, then the agent steps the guest's clock to the host's (it stood still
+while the vCPUs were stopped; nothing was cloned, so nothing is reseeded).
+
+``IdlePauser`` owns, for every sandbox with a policy: its idle limit (kept in
+the sandbox's registry row, so a restart keeps it), when it was last used, the
+requests in flight and whether it is paused. It hooks into the
+``SandboxTable`` in one place (``SandboxTable.watch_activity``): every agent
+call runs inside ``during``, and the table's ``wake_locked`` (called by the
+Brancher under the sandbox's lock before a capture) resumes a paused source.
+
+One background task sleeps until the next sandbox is due and pauses it under
+the sandbox's lock, so a pause never overlaps a branch's pause window or a
+kill, and only while no request is in flight and no migration (a live
+branch's background copy) runs. After a restart, ``start`` takes the policies
+back from the registry and asks each QEMU whether it is paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+from forkd import bounds
+from forkd.controller.background import cancel_and_wait
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import ForkdError
+from forkd.store.registry import Registry, SandboxRecord
+
+log = logging.getLogger("forkd.idle")
+
+# A resumed guest answers its clock step in milliseconds; this only catches a wedged one.
+WAKE_TIMEOUT_SECS = 30.0
+# Upper bound on one sleep of the pause task (it is woken whenever a policy changes).
+MAX_SLEEP_SECS = 60.0
+# QEMU migration states during which a pause would get in the way (a live branch's copy).
+MIGRATING = ("setup", "active", "pre-switchover", "device", "postcopy-active")
+
+
+@dataclass
+class _Idle:
+    limit: float  # seconds of no activity before a pause
+    last: float  # monotonic time of the last activity
+    in_flight: int = 0
+    paused: bool = False
+
+
+class IdlePauser:
+    def __init__(self, registry: Registry, table: SandboxTable,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._registry = registry
+        self._table = table
+        self._clock = clock
+        self._idle: dict[str, _Idle] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.pauses = 0  # counters for /metrics
+        self.resumes = 0
+
+    # ----------------------------------------------------------------- life
+
+    async def start(self) -> None:
+        """Take the policies back from the registry (re-adopted sandboxes) and start the task."""
+        for sb in self._registry.list_sandboxes():
+            if sb.idle_pause_secs is None or sb.pooled or sb.id not in self._table:
+                continue
+            entry = self._idle[sb.id] = _Idle(sb.idle_pause_secs, self._clock())
+            vm = self._table.vm(sb.id)
+            with contextlib.suppress(ForkdError, OSError):
+                entry.paused = vm is not None and await vm.qmp.status() == "paused"
+        self._task = asyncio.create_task(self._run(), name="forkd-idle-pauser")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    # ------------------------------------------------------------- policies
+
+    def apply(self, records: Iterable[SandboxRecord], idle_pause_secs: float | None) -> None:
+        """Freshly spawned (or claimed) sandboxes are paused after ``idle_pause_secs`` idle."""
+        if idle_pause_secs is None:
+            return
+        bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
+        for record in records:
+            record.idle_pause_secs = idle_pause_secs
+            self._registry.set_idle_pause(record.id, idle_pause_secs)
+            self._idle[record.id] = _Idle(idle_pause_secs, self._clock())
+        self._wake.set()
+
+    def paused(self, sandbox_id: str) -> bool:
+        entry = self._idle.get(sandbox_id)
+        return entry is not None and entry.paused
+
+    def counts(self) -> dict[str, int]:
+        """Sandboxes with a policy, how many are paused now, pauses and resumes so far."""
+        return {"tracked": len(self._idle), "paused": sum(e.paused for e in self._idle.values()),
+                "pauses": self.pauses, "resumes": self.resumes}
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """``SandboxTable.on_removed`` hook."""
+        self._idle.pop(record.id, None)
+
+    # ---------------------------------------------------- the table's hooks
+
+    @contextlib.asynccontextmanager
+    async def during(self, sandbox_id: str) -> AsyncIterator[None]:
+        """Around one agent request: resume the sandbox first if paused; no pause meanwhile."""
+        entry = self._idle.get(sandbox_id)
+        if entry is None:
+            yield
+            return
+        entry.in_flight += 1  # before any await: a pause starting now sees it and backs off
+        try:
+            if entry.paused:
+                async with self._table.lock(sandbox_id):
+                    await self._resume(sandbox_id, entry)
+            yield
+        finally:
+            entry.in_flight -= 1
+            entry.last = self._clock()
+            self._wake.set()
+
+    async def wake_locked(self, sandbox_id: str) -> None:
+        """Resume a paused sandbox whose lock the caller holds (a branch about to capture it)."""
+        entry = self._idle.get(sandbox_id)
+        if entry is None:
+            return
+        if entry.paused:
+            await self._resume(sandbox_id, entry)
+        entry.last = self._clock()
+        self._wake.set()
+
+    async def _resume(self, sandbox_id: str, entry: _Idle) -> None:
+        if not entry.paused:  # another request resumed it while this one waited for the lock
+            return
+        vm = self._table.get(sandbox_id)  # 404 / 502 for a sandbox that is gone or dead
+        await vm.qmp.cmd("cont")
+        entry.paused = False
+        self.resumes += 1
+        # The guest's clock stood still while its vCPUs were stopped.
+        await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5,
+                               "the resumed guest agent (clock step)")
+
+    # ----------------------------------------------------------------- task
+
+    def next_sleep(self) -> float:
+        """Seconds until the next running sandbox with nothing in flight is due (capped)."""
+        now = self._clock()
+        due = [e.last + e.limit - now for e in self._idle.values() if not e.paused and not e.in_flight]
+        return max(0.0, min([MAX_SLEEP_SECS, *due]))
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.next_sleep())
+            await self.pause_due()
+
+    async def pause_due(self) -> list[str]:
+        """Pause every sandbox idle for its limit with nothing in flight; the ids paused."""
+        now = self._clock()
+        due = [sb_id for sb_id, e in self._idle.items()
+               if not e.paused and not e.in_flight and now - e.last >= e.limit]
+        results = await asyncio.gather(*(self._pause(sb_id) for sb_id in due), return_exceptions=True)
+        for sb_id, result in zip(due, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("could not pause idle sandbox %s: %s", sb_id, result)
+                entry = self._idle.get(sb_id)
+                if entry is not None:
+                    entry.last = self._clock()  # try again one idle period later
+        return [sb_id for sb_id in due if self.paused(sb_id)]
+
+    async def _pause(self, sandbox_id: str) -> None:
+        async with self._table.lock(sandbox_id):
+            entry = self._idle.get(sandbox_id)
+            vm = self._table.vm(sandbox_id)
+            # Re-checked under the lock: a request may have started, a kill removed it.
+            if (entry is None or vm is None or entry.paused or entry.in_flight
+                    or self._clock() - entry.last < entry.limit or not vm.process.alive()):
+                return
+            migration = await vm.qmp.cmd("query-migrate")
+            if migration.get("status") in MIGRATING:
+                entry.last = self._clock()  # a live branch is still copying: look again later
+                return
+            await vm.qmp.cmd("stop")
+            entry.paused = True
+            self.pauses += 1
+            log.info("sandbox %s idle for %.0f s: paused", sandbox_id, entry.limit)
+
+
+__all__ = ["IdlePauser"]

@@ -1,0 +1,93 @@
+"""The ``restored`` action's logic, in-process with the kernel and clock calls stubbed out.
+
+The agent's own tests never send a valid ``restored`` request (it would reseed
+this host's CRNG and step its clock); the real reseed is checked in real VMs
+(tests/integration/test_fork.py, test_pools.py, test_idle.py).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from forkd.guest.agent import restore
+from forkd.guest.protocol import RequestError
+
+
+class FakeNumpy(types.ModuleType):
+    """What restore touches of numpy: ``frombuffer`` and ``random.set_state``."""
+
+    uint32 = "uint32"
+
+    def __init__(self) -> None:
+        super().__init__("numpy")
+        self.states: list[tuple[Any, ...]] = []
+        self.random = types.SimpleNamespace(set_state=self.states.append)
+
+    @staticmethod
+    def frombuffer(data: bytes, dtype: str) -> tuple[bytes, str]:
+        return data, dtype
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    calls: dict[str, Any] = {"kernel": [], "clock": []}
+    monkeypatch.setattr(restore, "reseed_kernel", lambda e: calls["kernel"].append(e) or True)
+    monkeypatch.setattr(restore, "step_clock", lambda t: calls["clock"].append(t) or True)
+    numpy = FakeNumpy()
+    monkeypatch.setitem(sys.modules, "numpy", numpy)
+    calls["numpy"] = numpy
+    monkeypatch.setattr(restore.os, "environ", {})
+    state = random.getstate()
+    yield calls
+    random.setstate(state)
+
+
+def test_restore_reseeds_every_generator_and_steps_the_clock(stubbed: dict[str, Any]) -> None:
+    entropy = bytes(range(64))
+    ns: dict[str, Any] = {}
+    before = random.getstate()
+    out = restore.reseed_after_restore({"entropy": entropy.hex(), "time_ns": 1_700_000_000_000_000_000,
+                                        "env": {"A": "1"}}, ns)
+    assert stubbed["kernel"] == [entropy] and stubbed["clock"] == [1_700_000_000_000_000_000]
+    assert random.getstate() != before
+    [(name, (key, dtype), pos)] = stubbed["numpy"].states
+    # A whole new MT19937 key (624 words), not a 32-bit seed.
+    assert (name, len(key), dtype, pos) == ("MT19937", 624 * 4, "uint32", 624)
+    assert out["reseeded"] and out["clock_stepped"] and out["env_set"] == 1
+    assert list(out["steps_us"]) == list(restore.STEPS)
+    assert all(isinstance(v, int) and v >= 0 for v in out["steps_us"].values())
+    assert restore.os.environ["A"] == "1" and ns[restore.RESTORES_KEY] == [1]
+
+
+def test_two_restores_draw_different_numpy_keys(stubbed: dict[str, Any]) -> None:
+    for _ in range(2):
+        restore.reseed_after_restore({"entropy": "ab" * 32}, {})
+    keys = [state[1][0] for state in stubbed["numpy"].states]
+    assert keys[0] != keys[1]  # drawn from the kernel CRNG, not from the (equal) host entropy
+
+
+def test_clock_only_steps_the_clock_and_nothing_else(stubbed: dict[str, Any]) -> None:
+    before = random.getstate()
+    ns: dict[str, Any] = {}
+    out = restore.reseed_after_restore({"clock_only": True, "time_ns": 42}, ns)
+    assert out["clock_stepped"] and stubbed["clock"] == [42]
+    assert stubbed["kernel"] == [] and stubbed["numpy"].states == [] and random.getstate() == before
+    assert ns == {}  # not counted as a restore
+
+
+@pytest.mark.parametrize("time_ns", [None, 0, -5, "12", 1.5])
+def test_clock_only_needs_a_positive_time(stubbed: dict[str, Any], time_ns: Any) -> None:
+    with pytest.raises(RequestError, match="time_ns"):
+        restore.reseed_after_restore({"clock_only": True, "time_ns": time_ns}, {})
+    assert stubbed["clock"] == []
+
+
+def test_bad_env_is_refused_before_anything_is_touched(stubbed: dict[str, Any]) -> None:
+    with pytest.raises(RequestError):
+        restore.reseed_after_restore({"entropy": "ab" * 32, "env": {"A": 1}}, {})
+    assert stubbed["kernel"] == [] and stubbed["clock"] == []
