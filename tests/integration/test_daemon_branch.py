@@ -280,7 +280,8 @@ def test_seed002_rest_live_no_wait_branch_poll_with_jq_then_fork(daemon: Daemon,
         info = json.loads(out)
         assert audited(daemon, "POST", path) == [201]
         # Seed 002's response: exactly these fields.
-        assert set(info) == BRANCH_INFO_KEYS, info
+        # (plus how long the live branch froze the source's filesystem)
+        assert set(info) == BRANCH_INFO_KEYS | {"fs_freeze_ms"}, info
         assert info["tag"] == "checkpoint-1"
         assert info["dir"] == str(daemon.root / "snapshots" / "checkpoint-1")
         assert isinstance(info["created_at_unix"], int)
@@ -344,7 +345,8 @@ def test_seed004_spawn_body_netns_memory_limit_live_fork(daemon: Daemon, http: h
         for sb in sbs:
             # The seeds' fields, plus forkd's per-phase restore timings.
             assert set(sb) == {"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid",
-                               "memory_limit_mib", "live_fork", "timings"}, sb
+                               "memory_limit_mib", "live_fork", "timings", "state"}, sb
+            assert sb["state"] == "running"
             assert sb["snapshot_tag"] == "py"
             assert sb["memory_limit_mib"] == 256
             assert sb["live_fork"] is True
@@ -614,9 +616,9 @@ def test_branch_error_statuses(daemon: Daemon, http: httpx.Client, py: str) -> N
         # 400: the two cross-field rules, before anything is looked up.
         for body, message in [
             ({"mode": "diff", "diff": True},
-             "invalid request: 'mode' and the legacy 'diff' are mutually exclusive; send only 'mode'"),
+             "invalid request: 'mode' and the legacy 'diff'/'live' are mutually exclusive; send only 'mode'"),
             ({"mode": "full", "diff": False},
-             "invalid request: 'mode' and the legacy 'diff' are mutually exclusive; send only 'mode'"),
+             "invalid request: 'mode' and the legacy 'diff'/'live' are mutually exclusive; send only 'mode'"),
             ({"wait": False}, "invalid request: 'wait': false is only meaningful with 'mode': 'live'"),
             ({"tag": "x", "mode": "diff", "wait": False},
              "invalid request: 'wait': false is only meaningful with 'mode': 'live'"),
