@@ -178,7 +178,10 @@ def test_reattaching_gives_the_earlier_output(http: httpx.Client, sandbox: str) 
 def test_a_client_that_leaves_kills_its_streamed_command(http: httpx.Client, sandbox: str) -> None:
     with http.stream("POST", f"/v1/sandboxes/{sandbox}/exec/stream",
                      json={"args": ["sleep", "300"], "tag": "left"}) as r:
-        pid = json.loads(next(r.iter_lines()))["pid"]
+        # Keep the line iterator alive: a dropped one is closed whenever the garbage
+        # collector gets to it, and httpx then closes the connection (the client "leaves").
+        lines = r.iter_lines()
+        pid = json.loads(next(lines))["pid"]
         assert pid in listed(http, sandbox)
     deadline = time.monotonic() + 30
     while pid in listed(http, sandbox):
