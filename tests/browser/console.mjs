@@ -3,7 +3,7 @@
 //   FORKD_URL, FORKD_TOKEN   the daemon
 //   OUT_DIR                  where the screenshots go
 //   EXPECT                   JSON: {sandboxes: [ids], snapshots: [tags], tree: [ids], kill: id, fork_tag: tag, pool: tag,
-//                                  net: id of a sandbox with a NIC}
+//                                  net: id of a sandbox with a NIC and idle_pause_secs: 1}
 // Prints one JSON line of what the page showed; exits non-zero if a wait failed.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -66,6 +66,9 @@ try {
   // Each sandbox's address and egress: the whole policy in the cell's title.
   const netCell = page.locator(`#sandboxes tr[data-sandbox="${expect.net}"] td.net`);
   seen.net = { text: await netCell.innerText(), title: await netCell.getAttribute("title") };
+  // That sandbox idles with idle_pause_secs: 1, so a refresh soon shows it paused; the others run.
+  await page.locator(`#sandboxes tr[data-sandbox="${expect.net}"] .badge.paused`).waitFor({ timeout: 60000 });
+  seen.pausedBadges = await page.locator("#sandboxes .badge.paused").count();
   seen.noNic = await page.locator(`#sandboxes tr[data-sandbox="${expect.sandboxes[0]}"] td.net`).innerText();
   seen.status = await page.locator("#status").innerText();
   seen.tokenInUrl = page.url().includes(token);

@@ -5,7 +5,8 @@
 * programs written the way an E2B user writes them, on ``e2b`` 2.63.0 and
   ``e2b-code-interpreter`` 2.11.5, with only ``E2B_API_URL``, ``E2B_SANDBOX_URL``
   and ``E2B_API_KEY`` set;
-* forkd 0.5's compact and workspaces (suspend/resume), over plain HTTP.
+* forkd 0.5's compact and workspaces (suspend/resume), over plain HTTP, and through
+  our own CLI (``forkd compact``, ``forkd workspace``) and SDK.
 
 The clients run as programs (tests/clients/) in their own virtualenv
 (``.venv-clients``, pinned in tests/clients/requirements.txt, made by
@@ -154,9 +155,8 @@ def test_compact_makes_a_chain_standalone(clean: Daemon) -> None:
             assert c.post(f"/v1/sandboxes/{sb}/branch", json={"tag": tag, "parent_tag": "base" if i == 0
                                                               else "chain-1"}).status_code == 201
         assert c.get("/v1/snapshots/chain-2").json()["ancestors"] == ["chain-1", "base"]
-        flat = c.post("/v1/snapshots/chain-2/compact", json={"to": "chain-flat"})
-        assert flat.status_code == 201, flat.text
-        assert flat.json()["compacted_from"] == "chain-2"
+        flat = forkd_cli(clean, "compact", "chain-2", "chain-flat", "--json")
+        assert flat["tag"] == "chain-flat" and flat["compacted_from"] == "chain-2"
         detail = c.get("/v1/snapshots/chain-flat").json()
         assert detail["ancestors"] == [] and detail.get("parent_tag") is None
         # The chain can go now; the compacted snapshot stands alone.
@@ -167,6 +167,36 @@ def test_compact_makes_a_chain_standalone(clean: Daemon) -> None:
         assert log["stdout"] == "0\n1\n"
         assert c.delete(f"/v1/sandboxes/{child['id']}").status_code == 204
         assert c.delete("/v1/snapshots/chain-flat").status_code == 204
+
+
+def forkd_cli(daemon: Daemon, *args: str) -> Any:
+    """Our own CLI, as its user runs it; its JSON output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forkd"), *args], capture_output=True, text=True,
+                          env={**env, **forkd_env(daemon)}, timeout=PROGRAM_TIMEOUT)
+    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    return json.loads(proc.stdout)
+
+
+def test_workspace_through_our_sdk_and_cli(clean: Daemon) -> None:
+    from forkd.sdk import Controller
+
+    with Controller(clean.url, clean.token) as ctrl:
+        made = ctrl.create_workspace("ws2", "base")
+        sb = made["live_sandbox_id"]
+        assert made["status"] == "running" and made["name"] == "ws2"
+        assert ctrl.eval(sb, "kept = 6 * 7")["exit_code"] == 0
+
+        suspended = forkd_cli(clean, "workspace", "suspend", "ws2", "--json")
+        assert suspended["status"] == "suspended" and suspended["current_state_tag"]
+        [listed] = forkd_cli(clean, "workspace", "ls", "--json")
+        assert (listed["name"], listed["status"]) == ("ws2", "suspended")
+
+        resumed = ctrl.resume_workspace("ws2")
+        assert resumed["live_sandbox_id"] == sb and ctrl.eval(sb, "kept")["result"] == "42"
+        assert ctrl.get_workspace("ws2")["status"] == "running"
+        assert forkd_cli(clean, "workspace", "rm", "ws2", "--json") == {"deleted": "ws2"}
+        assert ctrl.list_workspaces() == []
 
 
 def test_workspace_suspends_and_resumes_under_the_same_id(clean: Daemon) -> None:

@@ -386,7 +386,8 @@ def metric_counts(http: httpx.Client) -> dict[str, int]:
 def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, pyagent: str,
                                           pynet: str, tmp_path: Path) -> None:
     """After a fork-tree and a branch made through the API, the console shows them (tables,
-    lineage picture, pool level, latency, each sandbox's ip and egress), and its buttons
+    lineage picture, pool level, latency, each sandbox's ip and egress, an idle-paused one's
+    badge), and its buttons
     kill, fork and branch."""
     assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
     assert (BROWSER_TEST / "node_modules" / "playwright-core").is_dir(), "run `make node-deps` first"
@@ -404,6 +405,7 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         r = http.put(f"/v1/snapshots/{TAG}/pool", json={"size": 1}, timeout=300)
         assert r.status_code == 200, r.text
         r = http.post("/v1/sandboxes", json={"snapshot_tag": pynet, "allow_internet_access": False,
+                                             "idle_pause_secs": 1,
                                              "network": {"allow_out": ["10.201.0.1:8080"],
                                                          "deny_out": ["192.0.2.0/24"]}})
         assert r.status_code == 201, r.text
@@ -448,6 +450,7 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
     guest = f"guest {net['network']['guest_ip']}, host {net['network']['host_gateway']}"
     assert seen["net"]["title"].splitlines() == [guest, "allow 10.201.0.1:8080", "deny 192.0.2.0/24"], seen
     assert seen["noNic"] == "no NIC"
+    assert seen["pausedBadges"] == 1  # the idle-paused one, and only it
     assert seen["killed"] == children[0] and seen["forkedThroughPage"] == 2 and seen["branchedThroughPage"]
     assert seen["actionError"] == "", seen["actionError"]
     assert seen["signedOut"]

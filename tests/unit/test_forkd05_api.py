@@ -1,7 +1,7 @@
 """forkd 0.5 wire compatibility of the REST layer, on FakeRuntime: the fields the published
 ``forkd`` 0.5.3 SDK and ``forkd-mcp`` 0.2.1 send, compaction and workspaces; plus the two host
 helpers behind ``measure_diff`` and ``prewarm``. The published clients themselves drive a real
-daemon in tests/integration/test_forkd05_clients.py."""
+daemon in tests/integration/test_compat_clients.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from fastapi.testclient import TestClient
 
 from forkd.errors import VMError
 from forkd.host import pagecache, procmem
-from tests.fakes.app import AUTH, app_client
+from forkd.sdk import Controller, NotFoundError
+from tests.fakes.app import AUTH, TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
+from tests.fakes.transport import ViaTestClient
 
 SB = "sb-67a1b3-0000"
 
@@ -156,6 +158,22 @@ def test_suspend_diff_flag_picks_the_mode(client: TestClient, fake: FakeRuntime)
     client.post("/v1/workspaces", json={"name": "w2", "snapshot_tag": "py"})
     assert client.post("/v1/workspaces/w2/suspend", json={"diff": True}).status_code == 200
     assert [c.kwargs for c in fake.calls if c.name == "suspend_workspace"] == [{"mode": "diff"}]
+
+
+def test_our_sdk_speaks_compact_and_workspaces(client: TestClient, fake: FakeRuntime) -> None:
+    with Controller(url="http://forkd.test", token=TOKEN, transport=ViaTestClient(client)) as c:
+        assert c.compact_snapshot("py", "py-flat")["compacted_from"] == "py"
+        made = c.create_workspace("w3", "py", memory_limit_mib=256)
+        assert made["status"] == "running"
+        assert c.suspend_workspace("w3", diff=True)["status"] == "suspended"
+        assert [w["name"] for w in c.list_workspaces()] == ["w3"]
+        assert c.resume_workspace("w3")["live_sandbox_id"] == made["live_sandbox_id"]
+        assert c.get_workspace("w3")["status"] == "running"
+        c.delete_workspace("w3")
+        with pytest.raises(NotFoundError, match="workspace 'w3'"):
+            c.get_workspace("w3")
+    suspends = [call.kwargs for call in fake.calls if call.name == "suspend_workspace"]
+    assert suspends == [{"mode": "diff"}]
 
 
 # ------------------------------------------------------------------ host helpers

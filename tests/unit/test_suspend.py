@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from forkd.controller.idle import IdlePauser
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
 from forkd.controller.suspend import Suspender, view
@@ -73,7 +74,8 @@ def parts(tmp_path: Path) -> Iterator[tuple[Registry, SandboxTable, Suspender, S
     record = _sandbox(tmp_path, SB)
     record.metadata = {"team": "a"}
     table.add(record, FakeVM([]))  # type: ignore[arg-type]
-    yield registry, table, Suspender(registry, table, brancher, spawner, store), brancher, spawner  # type: ignore[arg-type]
+    suspender = Suspender(registry, table, brancher, spawner, store, IdlePauser(registry, table))  # type: ignore[arg-type]
+    yield registry, table, suspender, brancher, spawner
     registry.close()
 
 
@@ -97,6 +99,20 @@ def test_pause_branches_records_and_stops_then_resume_keeps_the_id(parts: Any) -
         # A second pause gets a state of its own: the first is still there (the child's base).
         again = await suspender.pause(SB)
         assert again.state_tag == f"paused-{SB}-2"
+
+    asyncio.run(main())
+
+
+def test_a_resumed_sandbox_keeps_its_idle_pause_policy(parts: Any) -> None:
+    registry, _table, suspender, _brancher, _spawner = parts
+    registry.set_idle_pause(SB, 7.0)
+
+    async def main() -> None:
+        assert (await suspender.pause(SB)).idle_pause_secs == 7.0
+        assert registry.get_paused(SB).idle_pause_secs == 7.0  # through the registry (a restart)
+        resumed = await suspender.resume(SB)
+        assert resumed.idle_pause_secs == 7.0
+        assert registry.get_sandbox(SB).idle_pause_secs == 7.0
 
     asyncio.run(main())
 

@@ -57,6 +57,7 @@ import type {
   PromoteRequest,
   PromoteResponse,
   PullResult,
+  WorkspaceInfo,
   PushResult,
   SandboxInfo,
   SnapshotDetail,
@@ -596,6 +597,70 @@ export class Controller {
   /** `POST /v1/snapshots/{tag}/pull`: fetch it from the object store onto the daemon's host. */
   pullSnapshot(tag: string): Promise<PullResult> {
     return this.#http.json({ method: "POST", path: `/v1/snapshots/${seg(tag)}/pull`, wait: "unbounded" });
+  }
+
+  /** `POST /v1/snapshots/{tag}/compact`: copy `tag` into `to`, standalone (disk chain flattened, no parent). */
+  compactSnapshot(tag: string, to: string): Promise<SnapshotInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/snapshots/${seg(tag)}/compact`,
+      json: { to },
+      wait: "unbounded",
+    });
+  }
+
+  // -------------------------------------------------------------- workspaces
+
+  /**
+   * `POST /v1/workspaces`: fork a sandbox of `snapshotTag` under a name that lives
+   * through suspend and resume (forkd 0.5's workspaces, E2B's pause/resume).
+   */
+  createWorkspace(
+    name: string,
+    snapshotTag: string,
+    options: { perChildNetns?: boolean; memoryLimitMib?: number } = {},
+  ): Promise<WorkspaceInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: "/v1/workspaces",
+      json: defined({
+        name,
+        snapshot_tag: snapshotTag,
+        per_child_netns: options.perChildNetns || undefined,
+        memory_limit_mib: options.memoryLimitMib,
+      }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET /v1/workspaces`. */
+  listWorkspaces(): Promise<WorkspaceInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/workspaces" });
+  }
+
+  /** `GET /v1/workspaces/{name}`: `status` is running, suspended or stale. */
+  getWorkspace(name: string): Promise<WorkspaceInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/workspaces/${seg(name)}` });
+  }
+
+  /** `DELETE /v1/workspaces/{name}`: kill its sandbox (or drop its saved state). */
+  async deleteWorkspace(name: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/workspaces/${seg(name)}`, wait: "unbounded" });
+  }
+
+  /** `POST /v1/workspaces/{name}/suspend`: branch its sandbox to a state snapshot, then stop it. */
+  suspendWorkspace(name: string, options: { diff?: boolean } = {}): Promise<WorkspaceInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/workspaces/${seg(name)}/suspend`,
+      json: options.diff ? { diff: true } : undefined,
+      wait: "unbounded",
+    });
+  }
+
+  /** `POST /v1/workspaces/{name}/resume`: start its sandbox again, under the same id. */
+  resumeWorkspace(name: string): Promise<WorkspaceInfo> {
+    return this.#http.json({ method: "POST", path: `/v1/workspaces/${seg(name)}/resume`, wait: "unbounded" });
   }
 
   // ------------------------------------------------------------------- files

@@ -23,6 +23,7 @@ export type CheckpointList = Schemas["CheckpointList"];
 export type PoolInfo = Schemas["PoolInfo"];
 export type PushResult = Schemas["PushResult"];
 export type PullResult = Schemas["PullResult"];
+export type WorkspaceInfo = Schemas["WorkspaceInfo"];
 export type FileInfo = Schemas["FileInfo"];
 export type FileList = Schemas["FileList"];
 export type MkdirResponse = Schemas["MkdirResponse"];

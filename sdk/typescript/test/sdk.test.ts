@@ -221,3 +221,30 @@ describe("warm pools", () => {
     }
   });
 });
+
+describe("compact and workspaces", () => {
+  test("a workspace suspends to disk and resumes under the same id; a compacted copy stands alone", async () => {
+    const ws = await ctrl.createWorkspace("ts-ws", TAG);
+    try {
+      assert.equal(ws.status, "running");
+      const id = ws.live_sandbox_id!;
+      assert.equal((await ctrl.eval(id, "kept = 6 * 7")).exit_code, 0);
+      const suspended = await ctrl.suspendWorkspace("ts-ws");
+      assert.equal(suspended.status, "suspended");
+      assert.ok(suspended.current_state_tag);
+      await assert.rejects(ctrl.getSandbox(id), NotFoundError);
+      const resumed = await ctrl.resumeWorkspace("ts-ws");
+      assert.equal(resumed.live_sandbox_id, id);
+      assert.equal((await ctrl.eval(id, "kept")).result, "42");
+      assert.deepEqual((await ctrl.listWorkspaces()).map((w) => w.name), ["ts-ws"]);
+    } finally {
+      await ctrl.deleteWorkspace("ts-ws");
+    }
+    await assert.rejects(ctrl.getWorkspace("ts-ws"), NotFoundError);
+
+    snapshots.push("ts-flat");
+    const flat = await ctrl.compactSnapshot(TAG, "ts-flat");
+    assert.equal(flat.compacted_from, TAG);
+    assert.deepEqual((await ctrl.getSnapshot("ts-flat")).ancestors, []);
+  });
+});

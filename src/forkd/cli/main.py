@@ -20,6 +20,7 @@ from forkd.cli import daemon as daemon_cmd
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
+from forkd.cli.workspaces import workspace_app
 
 app = typer.Typer(
     name="forkd",
@@ -80,6 +81,7 @@ app.add_typer(image_app, name="image")
 app.command("snapshot")(snapshots.snapshot)
 app.command("snapshot-info")(snapshots.snapshot_info)
 app.command("rmi")(snapshots.rmi)
+app.command("compact")(snapshots.compact)
 app.command("fork")(sandboxes.fork)
 app.command("branch")(sandboxes.branch)
 app.command("promote")(forks.promote)
@@ -97,6 +99,7 @@ app.command("attach")(processes.attach)
 app.command("send-stdin")(processes.send_stdin)
 app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
+app.add_typer(workspace_app, name="workspace")
 app.command("pack")(travel.pack)
 app.command("unpack")(travel.unpack)
 app.command("push")(travel.push)

@@ -201,6 +201,29 @@ def snapshot_info(
 
 
 @handle_errors
+def compact(
+    ctx: typer.Context,
+    tag: Annotated[str, typer.Argument(help="Snapshot to copy.")],
+    to: Annotated[str, typer.Argument(help="Tag of the new, standalone snapshot.")],
+    json_: JsonFlag = False,
+) -> None:
+    """Copy a snapshot into a standalone one: its disk chain flattened, no parent.
+
+    The copy no longer depends on TAG's ancestors, so they can be deleted
+    (or the copy packed and moved) on their own.
+
+    Example:
+      forkd compact checkpoint-3 checkpoint-3-flat
+    """
+    with output.spinner(f"compacting {escape(tag)} into {escape(to)}"):
+        info = state(ctx).controller().compact_snapshot(tag, to)
+    if want_json(ctx, json_):
+        output.emit_json(info)
+        return
+    output.console.print(output.details_table(info))
+
+
+@handle_errors
 def rmi(
     ctx: typer.Context,
     tags: Annotated[list[str], typer.Argument(help="Snapshot tag(s) to delete.")],

@@ -115,7 +115,8 @@ class Runtime:
         self.idle = IdlePauser(registry, self.sandboxes)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
-        self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots)
+        self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots,
+                                   self.idle)
         self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
         self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
         self.travel = SnapshotTravel(data, registry, self.tags, self.accel)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.controller.branch import Brancher
+from forkd.controller.idle import IdlePauser
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -64,8 +65,9 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
 
 class Suspender:
     def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, spawner: Spawner,
-                 store: SnapshotStore) -> None:
+                 store: SnapshotStore, idle: IdlePauser) -> None:
         self._registry = registry
+        self._idle = idle
         self._table = table
         self._brancher = brancher
         self._spawner = spawner
@@ -123,7 +125,7 @@ class Suspender:
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
                 per_child_netns=record.netns is not None, live_fork=record.live_fork,
                 vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record),
-                egress=record.egress.info())
+                egress=record.egress.info(), idle_pause_secs=record.idle_pause_secs)
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._registry.insert_paused(paused)
@@ -155,6 +157,7 @@ class Suspender:
                 raise outcome
             self._registry.delete_paused(sandbox_id)
             self._registry.set_auto_delete(paused.state_tag, True)  # the child holds it from now on
+            self._idle.apply([outcome], paused.idle_pause_secs)
             log.info("resumed %s from %s", sandbox_id, paused.state_tag)
             return outcome
 

@@ -54,6 +54,7 @@ from forkd.sdk.types import (
     SandboxInfo,
     SnapshotInfo,
     SnapshotView,
+    WorkspaceInfo,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotView",
     "Unauthorized",
+    "WorkspaceInfo",
     "default_async_controller",
     "default_controller",
 ]

@@ -445,6 +445,47 @@ def pull_snapshot(tag: str) -> Call:
     return Call("POST", f"/v1/snapshots/{_seg(tag)}/pull", read_timeout=None)
 
 
+def compact_snapshot(tag: str, to: str) -> Call:
+    # Copies the whole flattened disk and memory: as long as that takes.
+    return Call("POST", f"/v1/snapshots/{_seg(tag)}/compact", json={"to": to}, read_timeout=None)
+
+
+# -------------------------------------------------------------- workspaces
+
+def _workspace(name: str, what: str = "") -> str:
+    return f"/v1/workspaces/{_seg(name)}{what}"
+
+
+def create_workspace(name: str, snapshot_tag: str, *, per_child_netns: bool,
+                     memory_limit_mib: int | None) -> Call:
+    body = _put({"name": name, "snapshot_tag": snapshot_tag}, memory_limit_mib=memory_limit_mib)
+    if per_child_netns:
+        body["per_child_netns"] = True
+    return Call("POST", "/v1/workspaces", json=body, read_timeout=None)
+
+
+def list_workspaces() -> Call:
+    return Call("GET", "/v1/workspaces")
+
+
+def get_workspace(name: str) -> Call:
+    return Call("GET", _workspace(name))
+
+
+def delete_workspace(name: str) -> Call:
+    return Call("DELETE", _workspace(name))
+
+
+# A suspend is a branch and a resume a restore: both wait as long as the daemon takes.
+def suspend_workspace(name: str, *, diff: bool) -> Call:
+    return Call("POST", _workspace(name, "/suspend"), json={"diff": True} if diff else None,
+                read_timeout=None)
+
+
+def resume_workspace(name: str) -> Call:
+    return Call("POST", _workspace(name, "/resume"), read_timeout=None)
+
+
 # ------------------------------------------------------------------- files
 
 # Transfers wait as long as the daemon takes (it bounds each piece it moves).

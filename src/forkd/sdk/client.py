@@ -37,6 +37,7 @@ from forkd.sdk.types import (
     PromoteInfo,
     SandboxInfo,
     SnapshotInfo,
+    WorkspaceInfo,
 )
 
 # Bytes read from a file object per piece of an upload.
@@ -796,6 +797,51 @@ class Controller:
         "bytes_downloaded"}``. (A spawn of a tag the host lacks pulls it by itself.)
         """
         return cast(JSONDict, self._send(_calls.pull_snapshot(tag)))
+
+    def compact_snapshot(self, tag: str, to: str) -> SnapshotInfo:
+        """``POST /v1/snapshots/{tag}/compact``: copy ``tag`` into ``to``, a standalone snapshot.
+
+        Its disk chain is flattened and it has no parent, so ``tag``'s ancestors can
+        then be deleted without losing ``to``.
+        """
+        return cast(SnapshotInfo, self._send(_calls.compact_snapshot(tag, to)))
+
+    # -------------------------------------------------------------- workspaces
+
+    def create_workspace(
+        self,
+        name: str,
+        snapshot_tag: str,
+        *,
+        per_child_netns: bool = False,
+        memory_limit_mib: int | None = None,
+    ) -> WorkspaceInfo:
+        """``POST /v1/workspaces``: fork a sandbox of ``snapshot_tag`` under a name that
+        lives through suspend and resume (forkd 0.5's workspaces, E2B's pause/resume)."""
+        call = _calls.create_workspace(name, snapshot_tag, per_child_netns=per_child_netns,
+                                       memory_limit_mib=memory_limit_mib)
+        return cast(WorkspaceInfo, self._send(call))
+
+    def list_workspaces(self) -> list[WorkspaceInfo]:
+        """``GET /v1/workspaces``."""
+        return cast(list[WorkspaceInfo], self._send(_calls.list_workspaces()))
+
+    def get_workspace(self, name: str) -> WorkspaceInfo:
+        """``GET /v1/workspaces/{name}``: ``status`` is running, suspended or stale."""
+        return cast(WorkspaceInfo, self._send(_calls.get_workspace(name)))
+
+    def delete_workspace(self, name: str) -> None:
+        """``DELETE /v1/workspaces/{name}``: kill its sandbox (or drop its saved state)."""
+        self._send(_calls.delete_workspace(name))
+
+    def suspend_workspace(self, name: str, *, diff: bool = False) -> WorkspaceInfo:
+        """``POST /v1/workspaces/{name}/suspend``: branch its sandbox to a state snapshot,
+        then stop it. ``diff`` pauses it for less time (state as of the end of the copy)."""
+        return cast(WorkspaceInfo, self._send(_calls.suspend_workspace(name, diff=diff)))
+
+    def resume_workspace(self, name: str) -> WorkspaceInfo:
+        """``POST /v1/workspaces/{name}/resume``: start its sandbox again, under the same id."""
+        return cast(WorkspaceInfo, self._send(_calls.resume_workspace(name)))
 
 
 __all__ = ["DEFAULT_WAIT_SECS", "Controller"]

@@ -32,11 +32,14 @@ ForkInfo = dict[str, Any]
 PromoteInfo = dict[str, Any]
 """``{"winner": SandboxInfo, "tree_id", "deleted": [{"id", "deleted", "error"?}], "replaced_parent"}``"""
 CheckpointInfo = dict[str, Any]
-# A process in a sandbox: {"pid", "tag", "args", "env", "cwd", "running", "exit_code",
-# "signal", "timed_out", "stdin_open", "started_at", "ended_at"}.
-ProcessInfo = dict[str, Any]
 """``{"sandbox_id", "policy": {"every", "keep", "mode"} | None, "calls", "checkpoints": [SnapshotInfo],
 "last_error"?}``"""
+ProcessInfo = dict[str, Any]
+"""A process in a sandbox: ``{"pid", "tag", "args", "env", "cwd", "running", "exit_code", "signal",
+"timed_out", "stdin_open", "started_at", "ended_at"}``"""
+WorkspaceInfo = dict[str, Any]
+"""``{"id", "name", "source_snapshot_tag", "status": "running" | "suspended" | "stale",
+"live_sandbox_id"?, "current_state_tag"?, "created_at_unix", "last_active_unix"}``"""
 
 SandboxT = TypeVar("SandboxT")
 """``Sandbox`` or ``AsyncSandbox``: the object type a result holds."""
@@ -400,5 +403,6 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotT",
     "SnapshotView",
+    "WorkspaceInfo",
     "best_outcome",
 ]

@@ -157,6 +157,7 @@ class PausedRecord:
     mem_mib: int = 0
     disk_mib: int = 0  # the guest disk's size
     egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
+    idle_pause_secs: float | None = None  # kept through the pause: the resumed sandbox idles the same way
 
     def info(self) -> dict[str, Any]:
         return asdict(self)

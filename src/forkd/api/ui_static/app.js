@@ -97,6 +97,12 @@ function networkCell(sb) {
     h("span", { class: `egress ${open ? "open" : "closed"}` }, egressSummary(net)));
 }
 
+/** A badge for a child paused by idle_pause_secs (resumed on its next request); none while running. */
+function stateBadge(sb) {
+  if (sb.state !== "paused") return [];
+  return [" ", h("span", { class: "badge paused", title: "idle: paused until its next request" }, "paused")];
+}
+
 function renderSandboxes(sandboxes) {
   const rows = sandboxes.map((sb) => {
     const n = countInput(`children of ${sb.id}`);
@@ -106,7 +112,7 @@ function renderSandboxes(sandboxes) {
       h("td", { class: "mono" }, sb.snapshot_tag),
       networkCell(sb),
       h("td", {}, ...labels),
-      h("td", {}, age(sb.created_at_unix)),
+      h("td", {}, age(sb.created_at_unix), ...stateBadge(sb)),
       h("td", { class: "actions" },
         h("button", { type: "button", class: "branch",
           onclick: () => act(`branch of ${sb.id}`, () => api("POST", `/v1/sandboxes/${sb.id}/branch`, { mode: "diff" })) },
