@@ -100,10 +100,11 @@ def host_section(doc: Doc, rs: dict[str, Result | None]) -> None:
         doc.add(f"| guest accelerator | {g['accel']} (a `/dev/kvm` here is PVM and cannot run the guest; "
                 "see FIELD-NOTES) |",
                 f"| guest | {g['mem_mib']} MiB, 1 vCPU, numpy {g['numpy']}, `-machine {g.get('machine')}` |")
-    doc.add("", "**This machine is shared** with other engineers' test runs: each section gives the load "
-            "average at its start and end. Under TCG every figure that involves guest CPU work is bound by "
-            "the host's 2 cores; single outliers of 2-4x are host noise, not the code path. Regenerate on a "
-            "quiet machine (`make bench`) before quoting a figure.", "")
+    doc.add("", "**Load matters**: each section gives the host's load average at its start and end (the "
+            "parts themselves load it; a start near 1 or below means nothing else ran). Under TCG every "
+            "figure that involves guest CPU work is bound by the host's 2 cores; on a machine shared with "
+            "other runs, single outliers of 2-4x are host noise, not the code path. Regenerate on a quiet "
+            "machine (`make bench`) before quoting a figure.", "")
 
 
 def targets_section(doc: Doc, rs: dict[str, Result | None]) -> None:
