@@ -264,6 +264,14 @@ def test_the_gateway_explains_ids_it_cannot_route(gateway: dict[str, Any]) -> No
     assert r.status_code == 404 and "nowhere" in r.json()["error"]
 
 
+def test_the_gateway_refuses_e2b_traffic_it_cannot_route(gateway: dict[str, Any]) -> None:
+    c: httpx.Client = gateway["client"]
+    for r in (c.post("/v2/sandboxes", json={"templateID": "base"}),
+              c.get("/files", params={"path": "/x"}, headers={"E2b-Sandbox-Id": "sb-abcdef-0000"})):
+        assert r.status_code == 501, r.text
+        assert "point E2B clients" in r.json()["error"]
+
+
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
     c: httpx.Client = gateway["client"]
     # A host whose address refuses connections is skipped when placing a spawn.

@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from forkd.api.auth import BearerAuthMiddleware, load_token
+from forkd.api.e2b.paths import is_e2b_request
 from forkd.api.file_routes import streams_body
 from forkd.api.limits import BodySizeLimitMiddleware
 from forkd.api.settings import DEFAULT_MAX_BODY_BYTES
@@ -129,6 +130,11 @@ class Gateway:
             return JSONResponse({"version": VERSION, "api": API_VERSION})
         if path == "/metrics":
             return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
+        if is_e2b_request(request.scope):
+            # E2B's calls name sandboxes by header or by E2B's own paths, which this gateway does
+            # not route by host: sending them to an arbitrary host would lose the sandbox.
+            return _error(501, "the fleet gateway serves forkd's REST API (/v1) only; point E2B clients "
+                               "(E2B_API_URL, E2B_SANDBOX_URL) at one forkd daemon")
         if path == f"/{API_VERSION}/fleet" and method == "GET":
             return JSONResponse([h.info() for h in by_load(self.membership.hosts().values())])
         if path == f"/{API_VERSION}/sandboxes":

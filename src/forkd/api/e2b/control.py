@@ -46,10 +46,6 @@ MAX_FORKS = 20
 LIST_LIMIT = 100
 UNSUPPORTED = "see docs/E2B.md for what forkd serves"
 
-# Where the control plane's routes start; dispatch.py sends these here.
-PREFIXES = ("/sandboxes", "/v2/sandboxes", "/v3/sandboxes", "/templates", "/v2/templates",
-            "/v3/templates", "/snapshots", "/volumes", "/secrets", "/tags", "/teams", "/nodes",
-            "/access-tokens", "/api-keys")
 
 
 class E2BError(Exception):
@@ -341,4 +337,4 @@ def _started_after(raw: str | None) -> float | None:
         raise E2BError(400, f"startedAfter {raw!r} is not an ISO 8601 time") from None
 
 
-__all__ = ["PREFIXES", "create_control_app"]
+__all__ = ["create_control_app"]

@@ -1,7 +1,7 @@
 """Which requests are E2B's, and the middleware that hands them to the E2B apps.
 
 A request carrying ``E2b-Sandbox-Id`` is in-sandbox traffic (``envd``); one for
-an E2B control-plane path (``control.PREFIXES``, none of which forkd's own API
+an E2B control-plane path (``paths.PREFIXES``, none of which forkd's own API
 uses: it lives under ``/v1``) goes to the control plane; everything else goes
 on to forkd's API and its bearer-token check. Each E2B app authenticates on its
 own (the API key, or the sandbox's access token) and answers in the SDK's error
@@ -15,17 +15,14 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from forkd.api.e2b.control import PREFIXES, create_control_app
-from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic, is_sandbox_request
+from forkd.api.e2b.control import create_control_app
+from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
+from forkd.api.e2b.paths import is_control_path, is_sandbox_request
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
-
-
-def is_control_path(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
 
 
 def _rest_shape(status: int, message: str) -> dict[str, object]:

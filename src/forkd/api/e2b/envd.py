@@ -45,10 +45,6 @@ INTERPRETER_PORT = "49999"
 CONNECT_SERVICES = ("/filesystem.Filesystem/", "/process.Process/")
 
 
-def is_sandbox_request(scope: Scope) -> bool:
-    return scope["type"] == "http" and any(name == b"e2b-sandbox-id" for name, _ in scope.get("headers", ()))
-
-
 class SandboxTraffic:
     """The ASGI app for every request that carries ``E2b-Sandbox-Id``."""
 

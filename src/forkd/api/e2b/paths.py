@@ -1,0 +1,31 @@
+"""Which requests are E2B's: by path (its control plane) or by header (in-sandbox traffic).
+
+Kept free of the E2B layer's imports so that the fleet gateway, which does not
+serve E2B, can recognise E2B requests and refuse them clearly.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Scope
+
+# Where the control plane's routes start; none of them is forkd's own (that lives under /v1).
+PREFIXES = ("/sandboxes", "/v2/sandboxes", "/v3/sandboxes", "/templates", "/v2/templates",
+            "/v3/templates", "/snapshots", "/volumes", "/secrets", "/tags", "/teams", "/nodes",
+            "/access-tokens", "/api-keys")
+SANDBOX_HEADER = b"e2b-sandbox-id"
+
+
+def is_control_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
+
+
+def is_sandbox_request(scope: Scope) -> bool:
+    """In-sandbox traffic (envd's services) carries ``E2b-Sandbox-Id``."""
+    return scope["type"] == "http" and any(name == SANDBOX_HEADER for name, _ in scope.get("headers", ()))
+
+
+def is_e2b_request(scope: Scope) -> bool:
+    return is_sandbox_request(scope) or (scope["type"] == "http" and is_control_path(str(scope["path"])))
+
+
+__all__ = ["PREFIXES", "is_control_path", "is_e2b_request", "is_sandbox_request"]
