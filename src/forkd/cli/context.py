@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 
@@ -51,6 +51,14 @@ def state(ctx: typer.Context) -> CliState:
 
 def want_json(ctx: typer.Context, flag: bool) -> bool:
     return flag or state(ctx).json
+
+
+def show_details(ctx: typer.Context, info: Mapping[str, Any], json_: bool) -> None:
+    """One object: its JSON for scripts, else a key/value table for people."""
+    if want_json(ctx, json_):
+        output.emit_json(info)
+    else:
+        output.console.print(output.details_table(info))
 
 
 def usage_error(ctx: typer.Context, message: str) -> NoReturn:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from forkd import bounds
 from forkd.cli import output
-from forkd.cli.context import JsonFlag, handle_errors, state, want_json
+from forkd.cli.context import JsonFlag, handle_errors, show_details, state
 from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import Controller, NotFoundError
 
@@ -63,10 +63,7 @@ def pool(
                                        per_child_netns=per_child_netns, live_fork=live_fork,
                                        allow_internet_access=allow_internet_access,
                                        network=network_policy(allow_out, deny_out))
-    if want_json(ctx, json_):
-        output.emit_json(info)
-        return
-    output.console.print(output.details_table(info))
+    show_details(ctx, info, json_)
 
 
 def active_pools(controller: Controller) -> list[dict[str, Any]]:

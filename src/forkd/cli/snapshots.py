@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from forkd.cli import output
-from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
+from forkd.cli.context import JsonFlag, handle_errors, show_details, state, usage_error, want_json
 from forkd.cli.image import split_csv
 from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import ForkdAPIError
@@ -217,10 +217,7 @@ def compact(
     """
     with output.spinner(f"compacting {escape(tag)} into {escape(to)}"):
         info = state(ctx).controller().compact_snapshot(tag, to)
-    if want_json(ctx, json_):
-        output.emit_json(info)
-        return
-    output.console.print(output.details_table(info))
+    show_details(ctx, info, json_)
 
 
 @handle_errors

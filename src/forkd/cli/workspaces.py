@@ -16,7 +16,7 @@ from rich.table import Table
 
 from forkd import bounds
 from forkd.cli import output
-from forkd.cli.context import JsonFlag, handle_errors, state, want_json
+from forkd.cli.context import JsonFlag, handle_errors, show_details, state, want_json
 
 workspace_app = typer.Typer(
     name="workspace",
@@ -25,13 +25,6 @@ workspace_app = typer.Typer(
 )
 
 NameArg = Annotated[str, typer.Argument(help="Workspace name.")]
-
-
-def _show(ctx: typer.Context, info: Mapping[str, Any], json_: bool) -> None:
-    if want_json(ctx, json_):
-        output.emit_json(info)
-    else:
-        output.console.print(output.details_table(info))
 
 
 def workspaces_table(workspaces: Iterable[Mapping[str, Any]]) -> Table:
@@ -75,7 +68,7 @@ def create(
     with output.spinner(f"forking {escape(snapshot_tag)} as workspace {escape(name)}"):
         info = state(ctx).controller().create_workspace(
             name, snapshot_tag, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib)
-    _show(ctx, info, json_)
+    show_details(ctx, info, json_)
 
 
 @workspace_app.command("ls")
@@ -93,7 +86,7 @@ def ls(ctx: typer.Context, json_: JsonFlag = False) -> None:
 @handle_errors
 def show(ctx: typer.Context, name: NameArg, json_: JsonFlag = False) -> None:
     """Show one workspace."""
-    _show(ctx, state(ctx).controller().get_workspace(name), json_)
+    show_details(ctx, state(ctx).controller().get_workspace(name), json_)
 
 
 @workspace_app.command("suspend")
@@ -113,7 +106,7 @@ def suspend(
     """
     with output.spinner(f"suspending {escape(name)}"):
         info = state(ctx).controller().suspend_workspace(name, diff=diff)
-    _show(ctx, info, json_)
+    show_details(ctx, info, json_)
 
 
 @workspace_app.command("resume")
@@ -126,7 +119,7 @@ def resume(ctx: typer.Context, name: NameArg, json_: JsonFlag = False) -> None:
     """
     with output.spinner(f"resuming {escape(name)}"):
         info = state(ctx).controller().resume_workspace(name)
-    _show(ctx, info, json_)
+    show_details(ctx, info, json_)
 
 
 @workspace_app.command("rm")

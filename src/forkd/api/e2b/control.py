@@ -47,7 +47,6 @@ LIST_LIMIT = 100
 UNSUPPORTED = "see docs/E2B.md for what forkd serves"
 
 
-
 class E2BError(Exception):
     """An answer in the SDK's error shape."""
 
