@@ -326,6 +326,29 @@ def test_seed002_rest_live_no_wait_branch_poll_with_jq_then_fork(daemon: Daemon,
     assert not (daemon.root / "snapshots" / "checkpoint-1").exists()
 
 
+def test_a_kill_right_after_a_live_no_wait_branch_keeps_the_snapshot(daemon: Daemon, http: httpx.Client,
+                                                                     py: str) -> None:
+    """Killing the source while its live wait:false branch still copies RAM must not lose
+    the snapshot the user asked for: the kill waits (bounded) for the copy to finish."""
+    [src] = spawn(http, py, 1, live_fork=True)
+    try:
+        evaluate(http, src["id"], "before_kill = 'kept across the kill'")
+        made = branch(http, src["id"], {"tag": "killed-mid-copy", "mode": "live", "wait": False})
+        assert made["status"] == "writing", made
+    finally:
+        r = http.delete(f"/v1/sandboxes/{src['id']}")  # at once: the copy is still running
+    assert r.status_code == 204, r.text
+    info = http.get("/v1/snapshots/killed-mid-copy").json()
+    assert info["status"] == "ready", info.get("error", info)
+    assert http.get(f"/v1/sandboxes/{src['id']}").status_code == 404
+    [kid] = spawn(http, "killed-mid-copy", 1)
+    try:
+        assert evaluate(http, kid["id"], "before_kill") == "'kept across the kill'"
+    finally:
+        kill_all(http, [kid])
+    assert http.delete("/v1/snapshots/killed-mid-copy").status_code == 204
+
+
 # ---------------------------------------------------------------- 2. seed 004, spawn body
 
 

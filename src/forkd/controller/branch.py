@@ -39,6 +39,11 @@ log = logging.getLogger("forkd.branch")
 
 MODES = ("full", "diff", "live")
 
+# How long a kill of a source waits for its live wait:false branches to finish
+# copying RAM. The copy of a 512 MiB guest takes seconds even under TCG; past
+# this bound the kill goes ahead and the branch is recorded failed, saying why.
+KILL_WAITS_FOR_LIVE_BRANCH_SECS = 300.0
+
 
 @dataclass
 class _Source:
@@ -67,6 +72,8 @@ class Brancher:
         self._store = store
         self._tags = tags
         self._background: dict[str, asyncio.Task[SnapshotRecord]] = {}  # tag -> its finish
+        self._background_source: dict[str, str] = {}  # tag -> the sandbox it copies from
+        table.before_kill(self._let_branches_finish)
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -159,6 +166,7 @@ class Brancher:
                 return await finish
             task = asyncio.create_task(finish, name=f"branch:{tag}")
             self._background[tag] = task
+            self._background_source[tag] = sandbox_id
             task.add_done_callback(functools.partial(self._background_done, tag))
             reserved = False  # the background task releases the tag
             return record
@@ -243,6 +251,7 @@ class Brancher:
     def _background_done(self, tag: str, task: asyncio.Task[SnapshotRecord]) -> None:
         """A wait:false branch ended; its failure is already recorded on the snapshot."""
         self._background.pop(tag, None)
+        self._background_source.pop(tag, None)
         if not task.cancelled():
             task.exception()  # retrieved: asyncio must not report it as never retrieved
 
@@ -255,6 +264,9 @@ class Brancher:
                     await cap.background
                 except ForkdError as exc:
                     detail = branching.stream_error(cap.stream) or str(exc)
+                    if not src.vm.process.alive():
+                        detail = (f"source sandbox {src.id} stopped (killed, or its QEMU exited) before "
+                                  f"its RAM was copied ({detail})")
                     raise VMError(f"copying the RAM in the background failed: {detail}") from exc
             helper_dir = staging.path / "helper"
             helper_dir.mkdir()
@@ -342,6 +354,25 @@ class Brancher:
                 self._registry.set_disk_chain(sb.id, DiskChain(
                     node=sb.disk.node, file=sb.disk.file, parent_tag=snap.parent_tag,
                     pending_layers=[*snap.source_layers, *sb.disk.pending_layers]))
+
+    async def _let_branches_finish(self, sandbox_id: str,
+                                   timeout: float = KILL_WAITS_FOR_LIVE_BRANCH_SECS) -> None:
+        """A kill of ``sandbox_id`` first lets its background branches finish (bounded).
+
+        A branch's own cleanup may kill its source (it never resumed); that kill must
+        not wait for the branch it runs in.
+        """
+        current = asyncio.current_task()
+        pending = {task for tag, task in self._background.items()
+                   if self._background_source.get(tag) == sandbox_id and task is not current}
+        if not pending:
+            return
+        log.info("kill of %s waits for its live branch(es) %s to finish copying RAM", sandbox_id,
+                 ", ".join(sorted(t for t, task in self._background.items() if task in pending)))
+        _, late = await asyncio.wait(pending, timeout=timeout)
+        if late:
+            log.warning("kill of %s goes ahead after %.0f s: %d live branch(es) still copying will fail",
+                        sandbox_id, timeout, len(late))
 
     async def wait_background(self, timeout: float = 600) -> None:
         """Let in-flight live branches finish (daemon shutdown, tests)."""

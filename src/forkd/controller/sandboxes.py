@@ -78,6 +78,7 @@ class SandboxTable:
         self._locks: dict[str, asyncio.Lock] = {}
         self._hidden: set[str] = set()  # pool members nobody has claimed yet
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
+        self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
         self._activity: Activity = _NoActivity()
 
     def watch_activity(self, activity: Activity) -> None:
@@ -91,6 +92,14 @@ class SandboxTable:
     def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
         """Call ``hook`` with the record of every sandbox torn down from now on."""
         self._removed_hooks.append(hook)
+
+    def before_kill(self, guard: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``guard(sandbox_id)`` before every ``kill`` takes the sandbox's lock.
+
+        The brancher uses it to let a live ``wait: false`` branch finish copying the
+        source's RAM: killing the QEMU mid-copy would lose a snapshot the user asked for.
+        """
+        self._kill_guards.append(guard)
 
     # ----------------------------------------------------------------- lookups
 
@@ -186,6 +195,8 @@ class SandboxTable:
         sandbox_id = self.resolve(sandbox_id)
         if sandbox_id not in self._vms and not self._registry.has_sandbox(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        for guard in self._kill_guards:
+            await guard(sandbox_id)
         async with self.lock(sandbox_id):
             await self.kill_locked(sandbox_id)
 

@@ -56,7 +56,9 @@ deadline = time.monotonic() + 300
 while {s["tag"]: s.get("status") for s in c.list_snapshots()}["compat-live"] == "writing":
     assert time.monotonic() < deadline, "the live branch never became ready"
     time.sleep(0.5)
-out["live_status"] = {s["tag"]: s.get("status") for s in c.list_snapshots()}["compat-live"]
+live = {s["tag"]: s for s in c.list_snapshots()}["compat-live"]
+out["live_status"] = live.get("status")
+out["live_error"] = live.get("error")  # why, if it failed
 # Newest first: each branch of a source is layered on its previous one.
 for snap in ("compat-live", "compat-measured", "compat-diff", "compat-full"):
     c.delete_snapshot(snap)
