@@ -25,6 +25,7 @@ from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
+from forkd.vmm.machine import VM
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
@@ -52,6 +53,12 @@ class StubVM:
         self.qmp = StubQMP(commands=self.log)
         self.process = Process(self.dir)
         self.pid = 0
+
+    # The real VM's run-state methods, over this stub's QMP.
+    pause = VM.pause
+    resume = VM.resume
+    is_paused = VM.is_paused
+    migrating = VM.migrating
 
     async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
         self.log.append(f"agent:{action}")

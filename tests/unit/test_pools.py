@@ -28,6 +28,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
+from forkd.vmm.machine import VM
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
 from tests.fakes.runtime import FakeRuntime
@@ -89,6 +90,12 @@ class StubVM:
     post_restores: list[dict[str, str] | None] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)  # agent calls besides the post-restore one
     destroyed: bool = False
+
+    # The real VM's run-state methods, over this stub's QMP.
+    pause = VM.pause
+    resume = VM.resume
+    is_paused = VM.is_paused
+    migrating = VM.migrating
 
     async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
         self.post_restores.append(env)

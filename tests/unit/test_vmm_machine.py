@@ -74,3 +74,19 @@ def test_a_silent_guest_is_a_boot_timeout_naming_the_phase(tmp_path: Path,
         asyncio.run(main(tmp_path / "agent.sock"))
     assert "Kernel panic" in str(failure.value)  # the console's last words come with it
     assert len(peer.requests) >= 2
+
+
+def test_no_layer_above_the_vmm_speaks_qmp() -> None:
+    """Run state goes through VM.pause()/resume()/is_paused()/migrating(): no raw QMP
+    command strings (``vm.qmp.cmd("stop")``) outside forkd/vmm."""
+    import re
+    from pathlib import Path
+
+    import forkd
+
+    root = Path(forkd.__file__).parent
+    raw = re.compile(r"\.qmp\.(cmd|status|execute)\(")
+    offenders = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py"))
+                 if p.relative_to(root).parts[0] != "vmm"
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if raw.search(line)]
+    assert offenders == []

@@ -209,7 +209,7 @@ class Brancher:
             if cap.background is not None:  # live: stop streaming RAM too
                 cap.background.cancel()
                 with contextlib.suppress(Exception):
-                    await src.vm.qmp.cmd("migrate_cancel")
+                    await src.vm.cancel_migration()
             raise VMError(f"branch of {src.id} failed copying its disk: "
                           f"{branching.stream_error(cap.stream) or exc}") from exc
         return cap, layers

@@ -42,8 +42,6 @@ log = logging.getLogger("forkd.idle")
 WAKE_TIMEOUT_SECS = 30.0
 # Upper bound on one sleep of the pause task (it is woken whenever a policy changes).
 MAX_SLEEP_SECS = 60.0
-# QEMU migration states during which a pause would get in the way (a live branch's copy).
-MIGRATING = ("setup", "active", "pre-switchover", "device", "postcopy-active")
 
 
 @dataclass
@@ -76,7 +74,7 @@ class IdlePauser:
             entry = self._idle[sb.id] = _Idle(sb.idle_pause_secs, self._clock())
             vm = self._table.vm(sb.id)
             with contextlib.suppress(ForkdError, OSError):
-                entry.paused = vm is not None and await vm.qmp.status() == "paused"
+                entry.paused = vm is not None and await vm.is_paused()
         self._task = asyncio.create_task(self._run(), name="forkd-idle-pauser")
 
     async def stop(self) -> None:
@@ -143,7 +141,7 @@ class IdlePauser:
         if not entry.paused:  # another request resumed it while this one waited for the lock
             return
         vm = self._table.get(sandbox_id)  # 404 / 502 for a sandbox that is gone or dead
-        await vm.qmp.cmd("cont")
+        await vm.resume()
         entry.paused = False
         self.resumes += 1
         # The guest's clock stood still while its vCPUs were stopped.
@@ -187,11 +185,10 @@ class IdlePauser:
             if (entry is None or vm is None or entry.paused or entry.in_flight
                     or self._clock() - entry.last < entry.limit or not vm.process.alive()):
                 return
-            migration = await vm.qmp.cmd("query-migrate")
-            if migration.get("status") in MIGRATING:
+            if await vm.migrating():
                 entry.last = self._clock()  # a live branch is still copying: look again later
                 return
-            await vm.qmp.cmd("stop")
+            await vm.pause()
             entry.paused = True
             self.pauses += 1
             log.info("sandbox %s idle for %.0f s: paused", sandbox_id, entry.limit)

@@ -142,7 +142,7 @@ class PoolKeeper:
         try:
             # A running member was being refilled or claimed when the daemon died: a claim may
             # already have given it a caller's env, so it must not be handed out again.
-            if await vm.qmp.status() != "paused":
+            if not await vm.is_paused():
                 return False
         except ForkdError:
             return False
@@ -256,7 +256,7 @@ class PoolKeeper:
             # Sent before "cont" (the paused guest reads it once it runs): one round trip less.
             call = asyncio.ensure_future(vm.post_restore(CLAIM_TIMEOUT_SECS, child.env))
             try:
-                await vm.qmp.cmd("cont")
+                await vm.resume()
             except BaseException:
                 call.cancel()
                 with contextlib.suppress(BaseException):
@@ -330,7 +330,7 @@ class PoolKeeper:
                     raise VMError(f"pool member {record.id} vanished")
                 await warm_request_paths(vm)
                 # Paused, its vCPUs cost no CPU until a spawn claims it.
-                await vm.qmp.cmd("stop")
+                await vm.pause()
             except (ForkdError, OSError) as exc:
                 if record is not None:
                     await self._discard([record.id])

@@ -39,6 +39,10 @@ CLOCK_TOLERANCE_SECS = 0.5
 CLOCK_STEPS = 3
 
 
+# QEMU migration states during which the VM is still being copied (a live branch).
+MIGRATION_ACTIVE = ("setup", "active", "pre-switchover", "device", "postcopy-active")
+
+
 def clock_lag(reply: dict[str, Any], sent: float) -> float:
     """How far the guest's clock (the answer's ``time_ns``) is behind the host's, now, in seconds.
 
@@ -275,6 +279,29 @@ class VM:
         await self.qmp.set_capabilities(x_ignore_shared=True)
         await self.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
         return (time.monotonic() - started) * 1000
+
+    # ------------------------------------------------------------ run state
+
+    async def pause(self) -> None:
+        """Stop the vCPUs (QMP ``stop``); memory and devices stay as they are."""
+        await self.qmp.cmd("stop")
+
+    async def resume(self) -> None:
+        """Run the vCPUs again (QMP ``cont``)."""
+        await self.qmp.cmd("cont")
+
+    async def is_paused(self) -> bool:
+        """Whether QEMU reports the vCPUs stopped."""
+        return await self.qmp.status() == "paused"
+
+    async def migrating(self) -> bool:
+        """Whether a migration (a live branch copying RAM) is still in progress."""
+        reply = await self.qmp.cmd("query-migrate")
+        return reply.get("status") in MIGRATION_ACTIVE
+
+    async def cancel_migration(self) -> None:
+        """Stop a migration in progress (a live branch that failed copying its disk)."""
+        await self.qmp.cmd("migrate_cancel")
 
     # ------------------------------------------------------------- teardown
 
