@@ -13,6 +13,7 @@ import uvicorn
 from forkd import bounds
 from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token
+from forkd.api.connections import ACCEPT_BATCH, GuardedH11Protocol, install_log_filter, raise_fd_limit
 from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 from forkd.errors import InvalidRequest
 from forkd.host.netplan import AddressPlan
@@ -127,13 +128,21 @@ def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], No
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
+        # Bounded connections: a first-request timeout and a cap with eviction (api/connections.py).
+        http=GuardedH11Protocol,
+        # asyncio accepts up to `backlog` sockets per wake-up before any of them is checked
+        # against the cap; a smaller batch keeps a burst's peak of fds well under the limit.
+        backlog=ACCEPT_BATCH,
     )
+    install_log_filter()  # after uvicorn.Config: it sets up uvicorn's own handlers
+    fd_limit = raise_fd_limit()
     server = _Server(config, on_ready)
     log.info(
-        "forkd API serving on %s (auth: %s, audit log: %s)",
+        "forkd API serving on %s (auth: %s, audit log: %s, file descriptors: %d)",
         settings.url,
         "bearer token" if settings.token_file else "none, loopback only",
         settings.audit_log_path(),
+        fd_limit,
     )
     server.run()
     if not server.started:
