@@ -118,6 +118,11 @@ POOL_SIZE = Range("size", 0, 100, integer=True)
 CHECKPOINT_EVERY = Range("every", 1, 100000, integer=True)
 CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)
 
+# --- JSON from outside the daemon (request bodies, Connect messages, agent lines): how deep it
+# may nest. Parsers recurse once a level: deep enough, json raises RecursionError and protobuf's
+# C parser overflows the stack (a segfault). forkd's own documents nest a handful of levels.
+MAX_JSON_DEPTH = 64
+
 # --- names
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 # Any id the daemon may hand out (its own ``sb-<6 hex>-<4 digits>``, or one with a

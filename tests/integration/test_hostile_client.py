@@ -1,24 +1,247 @@
-"""A hostile client against a real daemon process (issue 24): whatever it sends over
-loopback, the daemon keeps serving everyone else. No traffic leaves the host."""
+"""A hostile API client: a holder of one sandbox's E2B token, against the daemon's real app.
+
+The daemon's real ASGI app (every middleware, the E2B dispatcher, the Connect
+apps of the pinned ``e2b`` package, protobuf's parser) runs on FakeRuntime in
+a uvicorn process of its own on a loopback port, so a request that crashes
+the process (protobuf's C parser overflowing its stack is a segfault) shows
+here as a dead server rather than a dead test run. No VM is booted.
+
+Issue 24, high findings:
+1. JSON nested 20,000 deep crashed the daemon through ``/filesystem.Filesystem/Stat``
+   and was a 500 ``RecursionError`` on ``/v2/sandboxes`` and ``/execute``: every
+   body is now refused with 400 past ``bounds.MAX_JSON_DEPTH``, on every route,
+   before any parser sees it.
+2. Two ``E2b-Sandbox-Id`` headers, B's then A's, with A's token, acted in B: a
+   repeated routing or credential header is now refused with 400.
+"""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import os
 import resource
 import selectors
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
+from forkd import bounds
 from forkd.api.connections import FIRST_REQUEST_SECS
+from forkd.api.e2b.tokens import AccessTokens
+from tests.fakes.app import TOKEN
 
-from .daemon_fixture import Daemon, new_daemon, shutdown_and_check, start_or_clean_up
+from .daemon_fixture import Daemon as ForkdDaemon
+from .daemon_fixture import new_daemon, shutdown_and_check, start_or_clean_up
 
+ROOT = Path(__file__).resolve().parents[2]
+A = "sb-aaaaaa-0000"
+B = "sb-bbbbbb-0000"
+DEEP = b'{"path": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+NESTED = f"nested deeper than {bounds.MAX_JSON_DEPTH} levels"
+
+SERVER = """
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from tests.fakes.runtime import FakeRuntime
+
+tmp, port, token = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rt = FakeRuntime()
+rt.add_snapshot("base")
+for sandbox in sys.argv[4:]:
+    rt.add_sandbox(sandbox, "base")
+    rt.files[sandbox] = {"/": None, "/tmp": None, "/root": None}
+(tmp / "token").write_text(token)
+settings = Settings(token_file=tmp / "token", data_dir=tmp / "data", audit_log=tmp / "audit.log")
+uvicorn.run(create_app(settings, runtime=rt), host="127.0.0.1", port=port, log_level="warning")
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.http = httpx.Client(base_url=url, timeout=20)
+
+    def alive(self) -> bool:
+        """The process still runs and still answers."""
+        if self.proc.poll() is not None:
+            return False
+        return self.http.get("/healthz").status_code == 200
+
+
+@pytest.fixture
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("hostile-client")  # one daemon per test: a crash stays in its test
+    script = tmp / "serve.py"
+    script.write_text(SERVER)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    log = (tmp / "daemon.log").open("wb")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp), str(port), TOKEN, A, B],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    d = Daemon(proc, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if d.alive():
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the daemon did not start: {(tmp / 'daemon.log').read_text()}")
+        time.sleep(0.2)
+    try:
+        yield d
+    finally:
+        d.http.close()
+        proc.terminate()
+        proc.wait(timeout=15)
+        log.close()
+
+
+def envd(sandbox: str, token_of: str | None = None, port: str = "49983") -> list[tuple[str, str]]:
+    return [("E2b-Sandbox-Id", sandbox), ("E2b-Sandbox-Port", port),
+            ("X-Access-Token", AccessTokens(TOKEN.encode()).envd(token_of or sandbox))]
+
+
+def frame(payload: bytes, flags: int = 0) -> bytes:
+    """One Connect (and gRPC) envelope: flags, big-endian length, the message."""
+    return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
+
+
+CONNECT_STREAM = [("Content-Type", "application/connect+json"), ("Connect-Protocol-Version", "1")]
+CONNECT_UNARY = [("Content-Type", "application/json"), ("Connect-Protocol-Version", "1")]
+
+
+def _post(daemon: Daemon, path: str, body: bytes, headers: list[tuple[str, str]]) -> httpx.Response:
+    try:
+        return daemon.http.post(path, content=body, headers=headers)
+    except httpx.TransportError as exc:  # the daemon died under the request
+        pytest.fail(f"{path}: the connection broke ({exc!r}); daemon alive: {daemon.proc.poll() is None}")
+
+
+def _connect_refusal(resp: httpx.Response, status: int, code: str, words: str) -> None:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["code"] == code and words in body["message"], body
+
+
+# ------------------------------------------------------------------ 1. deep JSON
+
+
+def test_deep_json_to_a_connect_service_is_refused_and_the_daemon_lives(daemon: Daemon) -> None:
+    # The request of issue 24 that segfaulted the daemon inside protobuf's JSON parser.
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", DEEP, [*envd(A), *CONNECT_UNARY])
+    _connect_refusal(resp, 400, "invalid_argument", NESTED)
+    assert daemon.alive()
+    # The same, gzip'd (the parser would see it inflated): 40 KB of brackets in under 200 bytes.
+    zipped = gzip.compress(DEEP)
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", zipped,
+                 [*envd(A), *CONNECT_UNARY, ("Content-Encoding", "gzip")])
+    _connect_refusal(resp, 400, "invalid_argument", NESTED)
+    # As a GET (the message in the query string, base64 of gzip).
+    message = base64.urlsafe_b64encode(zipped).decode().rstrip("=")
+    resp = daemon.http.get("/filesystem.Filesystem/Stat", headers=envd(A), params={
+        "encoding": "json", "base64": "1", "compression": "gzip", "message": message, "connect": "v1"})
+    _connect_refusal(resp, 400, "invalid_argument", NESTED)
+    assert daemon.alive()
+
+
+def test_deep_json_in_a_streaming_connect_frame_is_refused(daemon: Daemon) -> None:
+    # process.Start is server-streaming: its request is one enveloped message.
+    for flags, payload in ((0, DEEP), (1, gzip.compress(DEEP))):
+        headers = [*envd(A), *CONNECT_STREAM] + ([("Connect-Content-Encoding", "gzip")] if flags else [])
+        resp = _post(daemon, "/process.Process/Start", frame(payload, flags), headers)
+        _connect_refusal(resp, 400, "invalid_argument", NESTED)
+    assert daemon.alive()
+
+
+def test_deep_json_is_refused_on_rest_routes_in_each_apis_shape(daemon: Daemon) -> None:
+    # E2B's control plane and the code interpreter: {"code", "message"}, not a 500 RecursionError.
+    for path, headers in (("/v2/sandboxes", [("X-API-KEY", TOKEN)]),
+                          ("/execute", envd(A, port="49999"))):
+        resp = _post(daemon, path, DEEP, [*headers, ("Content-Type", "application/json")])
+        assert resp.status_code == 400, (path, resp.status_code, resp.text)
+        assert resp.json()["code"] == 400 and NESTED in resp.json()["message"], resp.text
+    # forkd's own API: {"error"}; whatever the Content-Type says (some routes parse JSON anyway).
+    for content_type in ("application/json", "text/plain"):
+        resp = _post(daemon, "/v1/snapshots", DEEP,
+                     [("Authorization", f"Bearer {TOKEN}"), ("Content-Type", content_type)])
+        assert resp.status_code == 400 and NESTED in resp.json()["error"], resp.text
+    assert daemon.alive()
+
+
+def test_json_of_ordinary_depth_still_passes(daemon: Daemon) -> None:
+    nested_ok = b'{"path": "/tmp", "x": ' + b"[" * 40 + b"]" * 40 + b"}"
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", nested_ok, [*envd(A), *CONNECT_UNARY])
+    assert resp.status_code == 200 and resp.json()["entry"]["path"] == "/tmp", resp.text
+    # Brackets inside strings are data, not nesting.
+    in_string = b'{"path": "/tmp/' + b"[" * 1000 + b'"}'
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", in_string, [*envd(A), *CONNECT_UNARY])
+    _connect_refusal(resp, 404, "not_found", "")
+
+
+# ------------------------------------------------------------------ 2. repeated routing headers
+
+
+def test_a_second_sandbox_id_header_is_refused_and_nothing_runs_in_the_other_sandbox(
+        daemon: Daemon) -> None:
+    # B's id first, A's last, A's token: the check used to read the last, the handler the first.
+    smuggled = [("E2b-Sandbox-Id", B), *envd(A)]
+    made = _post(daemon, "/filesystem.Filesystem/MakeDir", b'{"path": "/tmp/from-a"}',
+                 [*smuggled, *CONNECT_UNARY])
+    _connect_refusal(made, 400, "invalid_argument", "e2b-sandbox-id header is given more than once")
+    started = _post(daemon, "/process.Process/Start",
+                    frame(b'{"process": {"cmd": "/bin/touch", "args": ["/tmp/from-a"]}}'),
+                    [*smuggled, *CONNECT_STREAM])
+    _connect_refusal(started, 400, "invalid_argument", "more than once")
+    # Nothing happened in B: no directory, no process.
+    stat = _post(daemon, "/filesystem.Filesystem/Stat", b'{"path": "/tmp/from-a"}',
+                 [*envd(B), *CONNECT_UNARY])
+    _connect_refusal(stat, 404, "not_found", "")
+    listed = _post(daemon, "/process.Process/List", b"{}", [*envd(B), *CONNECT_UNARY])
+    assert listed.status_code == 200 and listed.json().get("processes", []) == [], listed.text
+
+
+def test_every_routing_and_credential_header_must_come_once(daemon: Daemon) -> None:
+    token_a = AccessTokens(TOKEN.encode()).envd(A)
+    cases = [
+        ("/health", [*envd(A), ("X-Access-Token", token_a)], "x-access-token"),
+        ("/health", [*envd(A), ("E2b-Sandbox-Port", "49999")], "e2b-sandbox-port"),
+        ("/v2/sandboxes", [("X-API-KEY", TOKEN), ("X-API-KEY", TOKEN)], "x-api-key"),
+    ]
+    for path, headers, name in cases:
+        resp = daemon.http.get(path, headers=headers)
+        assert resp.status_code == 400, (path, name, resp.text)
+        assert resp.json()["code"] == 400 and name in resp.json()["message"], resp.text
+    auth = ("Authorization", f"Bearer {TOKEN}")
+    resp = daemon.http.get("/v1/sandboxes", headers=[auth, auth])
+    assert resp.status_code == 400 and "authorization" in resp.json()["error"], resp.text
+    assert daemon.http.get("/v1/sandboxes", headers=[auth]).status_code == 200
+
+
+# ------------------------------------------------ finding 6: connections, against a real daemon process
 
 @pytest.fixture(scope="module")
-def plain_daemon() -> Iterator[Daemon]:
+def plain_daemon() -> Iterator[ForkdDaemon]:
     """A daemon with no snapshot: these tests need its HTTP side only, no VM."""
     daemon = start_or_clean_up(new_daemon("fkd-hc-"))
     try:
@@ -31,7 +254,7 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_idle_connections_cannot_exhaust_the_daemons_fds(plain_daemon: Daemon) -> None:
+def test_idle_connections_cannot_exhaust_the_daemons_fds(plain_daemon: ForkdDaemon) -> None:
     """Finding 6: 20,200 idle TCP connections used all 20,000 fds; /healthz and
     authenticated calls then timed out and the log filled with "Too many open files".
     Here the daemon's limit is lowered to 2,048 and 3,000 silent connections are opened."""
@@ -81,7 +304,7 @@ def test_idle_connections_cannot_exhaust_the_daemons_fds(plain_daemon: Daemon) -
     assert len(written) < 64 * 1024, "the daemon's log grew by more than 64 KiB during the flood"
 
 
-def test_a_slow_client_gets_its_answer(plain_daemon: Daemon) -> None:
+def test_a_slow_client_gets_its_answer(plain_daemon: ForkdDaemon) -> None:
     """The first-request timeout is for silence only: a request split over several
     writes within it is served as usual."""
     with socket.create_connection(("127.0.0.1", plain_daemon.port), timeout=10) as s:

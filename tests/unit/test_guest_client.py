@@ -435,3 +435,34 @@ def test_a_stream_from_the_real_agent_is_acknowledged_as_it_is_read(sock: Path) 
         data, last = run(scenario(), timeout=60)
     assert data == b"\0" * total
     assert last["type"] == "exit" and last["exit_code"] == 0
+
+
+def test_a_deeply_nested_line_is_garbage_and_the_channel_stays(sock: Path) -> None:
+    # Issue 24: a line of 20,000 nested arrays made the reader raise RecursionError, which
+    # killed this VM's agent connection for good. It is now dropped like any undecodable line.
+    def nested(peer: AgentPeer, req: Request) -> None:
+        peer.send_raw(b"[" * 20000 + b"]" * 20000 + b"\n")
+        peer.send_raw(b'{"id": ' + str(req["id"]).encode() + b', "ok": true, "result": {"x": '
+                      + b"[" * 100 + b"]" * 100 + b"}}\n")  # a reply too deep: dropped too
+        peer.reply(req, {"real": True})
+
+    async def scenario() -> AgentClient:
+        client = await AgentClient(sock).connect()
+        try:
+            assert await client.call("ping") == {"real": True}
+            assert await client.call("ping") == {"real": True}
+            assert client.connected
+            return client
+        finally:
+            await client.close()
+
+    with AgentPeer(sock, nested):
+        client = run(scenario())
+    assert client.garbage_lines == 4
+
+
+def test_the_protocol_reads_a_too_deep_line_as_not_json() -> None:
+    deep = b"[" * 20000 + b"]" * 20000
+    with pytest.raises(ValueError, match="nests too deeply"):
+        protocol.decode(deep)
+    assert protocol.decode_reply(deep) is None

@@ -22,10 +22,10 @@ from forkd.api import (
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
 from forkd.api.deps import RuntimeLike, reject_unknown_query
-from forkd.api.e2b.dispatch import E2BDispatch
+from forkd.api.e2b.dispatch import E2BDispatch, error_shape
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.api.handlers import install_exception_handlers
-from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
+from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, SingleHeadersMiddleware
 from forkd.api.metrics import Metrics
 from forkd.api.routes import status_router, v1
 from forkd.api.schemas import ErrorBody
@@ -187,8 +187,11 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is
-    # audit -> E2B dispatch -> auth -> body limit -> routes, so rejected requests
-    # are still audited and unauthenticated callers never get their bodies read.
+    # audit -> single headers -> E2B dispatch -> auth -> body limit -> routes, so
+    # rejected requests are still audited, a routing or credential header that
+    # comes twice is refused before anything reads it, and unauthenticated
+    # callers never get their bodies read. The body limit bounds size and JSON
+    # nesting before any parser runs (the E2B apps: the same, and Connect's own).
     # The E2B apps (api/e2b) authenticate by their own credentials: the API key,
     # or a sandbox's access token (an HMAC of its id under the daemon's secret).
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
@@ -199,6 +202,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=AccessTokens(secret),
                        api_key=token, gate=app.state.branch_gate, max_body_bytes=settings.max_body_bytes,
                        max_file_bytes=settings.max_file_bytes)
+    app.add_middleware(SingleHeadersMiddleware, shape_of=error_shape)
     app.add_middleware(AuditMiddleware, audit=audit)
 
     app.openapi = _openapi_factory(app, auth=token is not None)  # type: ignore[method-assign]

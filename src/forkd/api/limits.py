@@ -1,4 +1,5 @@
-"""Resource limits enforced by the API layer: request body size and branch concurrency."""
+"""Resource limits enforced by the API layer: request bodies (size, JSON nesting), routing and
+credential headers given once, and branch concurrency."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from contextlib import contextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from forkd import bounds, jsondepth
 from forkd.errors import Busy, Conflict
 
 # Requests the middleware lets through unread: a route that streams its body and
@@ -38,21 +40,26 @@ async def _send_error(send: Send, status: int, message: str, shape: ErrorShape =
 
 
 class BodySizeLimitMiddleware:
-    """Answer 413 ``{"error"}`` to request bodies larger than ``max_bytes``.
+    """Answer 413 ``{"error"}`` to request bodies larger than ``max_bytes``, and 400 to bodies
+    whose JSON nests deeper than ``max_depth``.
 
     Every forkd request body is a small JSON document, so the body is read in
-    full here (up to the limit) and replayed to the app. That way the limit
-    also holds for chunked uploads without Content-Length, and the 413 is sent
-    before any route code runs. Requests for which ``exempt`` says so (file
-    uploads, which stream under their own limit) pass through unread.
+    full here (up to the limit), scanned (``forkd.jsondepth``: whatever its
+    Content-Type, since some routes parse JSON regardless) and replayed to the
+    app. That way the limits also hold for chunked uploads without
+    Content-Length, and both answers are sent before any route code or parser
+    sees the body. Requests for which ``exempt`` says so (file uploads, which
+    stream under their own limit, and Connect calls, which
+    ``api.e2b.connect_bounds`` bounds) pass through unread.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, exempt: Exempt | None = None,
-                 shape: ErrorShape = forkd_error) -> None:
+                 shape: ErrorShape = forkd_error, max_depth: int = bounds.MAX_JSON_DEPTH) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exempt = exempt
         self.shape = shape
+        self.max_depth = max_depth
 
     def _too_large(self) -> str:
         return f"request body exceeds the {self.max_bytes}-byte limit"
@@ -86,6 +93,10 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        body = b"".join(chunks)
+        if jsondepth.too_deep(body, self.max_depth):
+            await _send_error(send, 400, jsondepth.refusal(self.max_depth), self.shape)
+            return
 
         replayed = False
 
@@ -93,7 +104,7 @@ class BodySizeLimitMiddleware:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             # After the body, the app only ever waits for a disconnect.
             return await receive()
 
@@ -127,3 +138,47 @@ class BranchGate:
             yield
         finally:
             self.active -= 1
+
+
+# Headers that route a request or carry its credentials, or say how to read its body: each may
+# come once. With two, a check could read one copy and a handler the other (issue 24: sandbox A's
+# token checked against a last E2b-Sandbox-Id while the handler acted in the first, sandbox B's).
+SINGLE_HEADERS = frozenset({
+    b"authorization", b"x-api-key", b"x-access-token", b"e2b-traffic-access-token",
+    b"e2b-sandbox-id", b"e2b-sandbox-port", b"content-type", b"content-encoding",
+    b"connect-content-encoding", b"grpc-encoding",
+})
+# The error shape a request is answered in (forkd's, E2B's REST or Connect shape).
+ShapeOf = Callable[[Scope], ErrorShape]
+
+
+def repeated_header(scope: Scope) -> str | None:
+    """The first of ``SINGLE_HEADERS`` that a request carries more than once, if any."""
+    seen: set[bytes] = set()
+    for name, _ in scope.get("headers", ()):
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return str(name.decode("latin-1"))
+            seen.add(name)
+    return None
+
+
+class SingleHeadersMiddleware:
+    """Answer 400 to a request that repeats a routing or credential header (``SINGLE_HEADERS``).
+
+    It runs before anything reads those headers (the E2B dispatcher, the auth
+    checks), so every later reader, however it picks among copies, sees the one value.
+    """
+
+    def __init__(self, app: ASGIApp, shape_of: ShapeOf = lambda _scope: forkd_error) -> None:
+        self.app = app
+        self.shape_of = shape_of
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            name = repeated_header(scope)
+            if name is not None:
+                await _send_error(send, 400, f"the {name} header is given more than once; send it once",
+                                  self.shape_of(scope))
+                return
+        await self.app(scope, receive, send)

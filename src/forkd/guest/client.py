@@ -9,7 +9,9 @@ everything read from it is bounded:
 
 * a line longer than ``protocol.MAX_REPLY_LINE`` is dropped as it arrives, never
   buffered whole (the call it answers, if its id can be read, fails at once);
-* a line that is not a reply or an event we wait for is dropped and counted
+* a line that is not a reply or an event we wait for (including one that
+  does not decode, or nests deeper than ``bounds.MAX_JSON_DEPTH``, which is
+  dropped before the parser sees it) is dropped and counted
   (``garbage_bytes``); past a small budget per second the connection stops
   being read for a while, so a flood costs the daemon little CPU and other
   sandboxes nothing (only this VM's calls wait);
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forkd import bounds, jsondepth
 from forkd.errors import Conflict, ForkdError, GuestError, InvalidRequest, NotFound
 from forkd.guest import protocol
 
@@ -299,7 +302,9 @@ class AgentClient:
             stream.on_end(error)
 
     def _dispatch(self, line: bytes) -> None:
-        msg = protocol.decode_reply(line)
+        # A line that nests too deeply would make the parser raise RecursionError out of the
+        # reader (or worse): it is garbage like any other undecodable line, and the channel stays.
+        msg = None if jsondepth.too_deep(line, bounds.MAX_JSON_DEPTH) else protocol.decode_reply(line)
         if msg is None:
             self._garbage(len(line) + 1)
             return

@@ -263,8 +263,12 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def decode(line: bytes) -> Any:
-    """Parse one line; raises ValueError (UnicodeDecodeError included) if it is not JSON."""
-    return json.loads(line)
+    """Parse one line; raises ValueError (UnicodeDecodeError included) if it is not JSON, or
+    nests too deeply for the parser (its RecursionError): either way, a line to drop."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError("the line nests too deeply") from None
 
 
 def decode_reply(line: bytes) -> dict[str, Any] | None:

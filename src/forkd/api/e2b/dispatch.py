@@ -5,7 +5,9 @@ an E2B control-plane path (``paths.PREFIXES``, none of which forkd's own API
 uses: it lives under ``/v1``) goes to the control plane; everything else goes
 on to forkd's API and its bearer-token check. Each E2B app authenticates on its
 own (the API key, or the sandbox's access token) and answers in the SDK's error
-shapes, request bodies bounded as forkd's are.
+shapes, request bodies bounded as forkd's are (size and JSON nesting; Connect
+messages by ``connect_bounds``). ``error_shape`` says which shape a request is
+answered in, for the checks that run before the dispatch (repeated headers).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from connectrpc.code import Code
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.e2b.control import create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
-from forkd.api.e2b.paths import is_control_path, is_sandbox_request
+from forkd.api.e2b.errors import CONNECT_CODE
+from forkd.api.e2b.paths import is_control_path, is_e2b_request, is_sandbox_request
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.limits import BodySizeLimitMiddleware, BranchGate
+from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -27,6 +31,17 @@ if TYPE_CHECKING:
 
 def _rest_shape(status: int, message: str) -> dict[str, object]:
     return {"code": status, "message": message}
+
+
+def _connect_shape(status: int, message: str) -> dict[str, object]:
+    return {"code": CONNECT_CODE.get(status, Code.INTERNAL).value, "message": message}
+
+
+def error_shape(scope: Scope) -> ErrorShape:
+    """The error body a request is answered in: Connect's, E2B's REST one, or forkd's ``{"error"}``."""
+    if is_sandbox_request(scope) and str(scope.get("path", "")).startswith(CONNECT_SERVICES):
+        return _connect_shape
+    return _rest_shape if is_e2b_request(scope) else forkd_error
 
 
 def _streams_body(scope: Scope) -> bool:

@@ -28,8 +28,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from forkd.api.e2b import uploads
+from forkd.api.e2b.connect_bounds import ConnectBounds
 from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_running, rest_body, send_json
-from forkd.api.e2b.filesystem import filesystem_app, guest_path
+from forkd.api.e2b.filesystem import filesystem_app, guest_path, serving
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
 from forkd.api.e2b.tokens import AccessTokens
@@ -53,8 +54,9 @@ class SandboxTraffic:
         self._runtime_source = runtime
         self._tokens = tokens
         self._max_file_bytes = max_file_bytes
-        self._filesystem = filesystem_app(self._runtime, max_body_bytes)
-        self._process = process_app(self._runtime, max_body_bytes)
+        # Connect messages reach protobuf's parser only bounded in size and JSON nesting.
+        self._filesystem = ConnectBounds(filesystem_app(self._runtime, max_body_bytes), max_body_bytes)
+        self._process = ConnectBounds(process_app(self._runtime, max_body_bytes), max_body_bytes)
         self._interpreter = Interpreter(self._runtime)
 
     def _runtime(self) -> Runtime:
@@ -64,6 +66,8 @@ class SandboxTraffic:
         return runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Each of these headers comes once (limits.SingleHeadersMiddleware refused repeats), and
+        # the sandbox id checked here is the one handed on: no handler reads the header again.
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         path: str = scope["path"]
         connect = path.startswith(CONNECT_SERVICES)
@@ -101,7 +105,8 @@ class SandboxTraffic:
             return
         if connect and port == ENVD_PORT:
             app = self._filesystem if path.startswith("/filesystem.") else self._process
-            await app(scope, receive, send)
+            with serving(sandbox_id):
+                await app(scope, receive, send)
             return
         request = Request(scope, receive)
         try:

@@ -12,9 +12,11 @@ runs everything as root, so here they resolve against ``/root``.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
@@ -30,7 +32,10 @@ if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
 
 HOME = "/root"
-SANDBOX_HEADER = "e2b-sandbox-id"
+# The sandbox a Connect call is for, as the dispatcher validated it (its id and token): set by
+# ``serving`` around the call, never read again from the request's headers, which a client
+# could send twice with two ids (issue 24).
+_SANDBOX: ContextVar[str | None] = ContextVar("forkd_e2b_sandbox", default=None)
 # ListDir's depth and total entries: a deep walk is many agent calls, so it is bounded.
 MAX_DEPTH = 8
 MAX_ENTRIES = protocol.FILE_LIST_MAX
@@ -59,11 +64,21 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
     )
 
 
-def sandbox_of(ctx: RequestContext[Any, Any]) -> str:
-    """The sandbox a Connect call is for (the dispatcher checked its id and token)."""
-    sandbox_id = ctx.request_headers.get(SANDBOX_HEADER)
+@contextlib.contextmanager
+def serving(sandbox_id: str) -> Iterator[None]:
+    """Run a Connect call for ``sandbox_id``, whose id and access token have been checked."""
+    token = _SANDBOX.set(sandbox_id)
+    try:
+        yield
+    finally:
+        _SANDBOX.reset(token)
+
+
+def sandbox_of(_ctx: RequestContext[Any, Any]) -> str:
+    """The sandbox a Connect call is for: the one the dispatcher validated (``serving``)."""
+    sandbox_id = _SANDBOX.get()
     if not sandbox_id:
-        raise ConnectError(Code.INVALID_ARGUMENT, "missing E2b-Sandbox-Id header")
+        raise ConnectError(Code.INTERNAL, "no validated sandbox for this call")
     return sandbox_id
 
 
