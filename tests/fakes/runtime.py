@@ -312,7 +312,7 @@ class FakeRuntime:
         if tag not in self.snapshots:
             raise NotFound(f"snapshot {tag!r} is not registered")
         dependents = self._dependents(tag)
-        if dependents and not (cascade or force):
+        if dependents and not cascade:
             raise Conflict(f"snapshot {tag!r} has dependent snapshots {dependents}: delete them first, "
                            "or pass cascade=true to delete the subtree")
         doomed = [*reversed(dependents), tag] if cascade else [tag]

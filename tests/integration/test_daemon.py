@@ -761,6 +761,13 @@ def test_kill9_restart_readopts_live_sandboxes_and_reaps_dead_ones(daemon: Daemo
         # One VM dies while nobody is watching.
         os.kill(dead["pid"], signal.SIGKILL)
         assert wait_dead(dead["pid"])
+        # A QEMU of this data dir that no row owns: what a crash mid-fork leaves (a child
+        # restored before its row was written). The next daemon must not leave it running.
+        stray = subprocess.Popen(
+            ["qemu-system-x86_64", "-machine", "none", "-S", "-nodefaults", "-display", "none",
+             "-name", "stray", "-pidfile", str(daemon.root / "stray.pid")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
         started = time.monotonic()
     finally:
         daemon.start()  # same data dir, token and port
@@ -788,6 +795,7 @@ def test_kill9_restart_readopts_live_sandboxes_and_reaps_dead_ones(daemon: Daemo
             assert_error(c.request(method, f"/v1/sandboxes/{dead['id']}{suffix}"), 404, dead["id"])
         assert not (daemon.root / "sandboxes" / dead["id"]).exists()
         assert not pid_alive(dead["pid"])
+        assert stray.wait(10) == -signal.SIGKILL, "the stray QEMU of this data dir was left running"
         assert qemu_pids(daemon.root) == {keep["pid"], stay["pid"]}
         assert c.get("/v1/snapshots/py").json()["sandboxes"] == sorted([keep["id"], stay["id"]])
 

@@ -111,6 +111,9 @@ def test_lineage_and_deletion_plan(registry: Registry, tmp_path: Path) -> None:
     assert (lineage["ancestors"], lineage["dependents"], lineage["sandboxes"]) == (["b1", "py"], [], [SB])
     with pytest.raises(Conflict, match="dependent snapshots"):
         store.deletion_plan("py", cascade=False, force=False)
+    # force kills sandboxes; it does not orphan dependents (forking one would fail later).
+    with pytest.raises(Conflict, match="force=true alone does not"):
+        store.deletion_plan("py", cascade=False, force=True)
     assert store.deletion_plan("py", cascade=True, force=False) == ["b2", "c1", "b1", "py"]
     with pytest.raises(NotFound):
         store.deletion_plan("nope", cascade=False, force=False)

@@ -112,6 +112,11 @@ class Forker:
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
         result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
+        if not options.keep_snapshot:
+            # Before the restores, so a crash during them leaves nothing registered for good:
+            # collect() skips it while the spawner restores from it, and after a restart
+            # it goes with its children.
+            self._registry.set_auto_delete(snap.tag, True)
         try:
             outcomes = await self._spawner.spawn_each(
                 snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork,
@@ -121,8 +126,6 @@ class Forker:
             outcomes = [exc] * count
         finally:
             if not options.keep_snapshot:
-                # Only now: while its children were being restored it had to stay.
-                self._registry.set_auto_delete(snap.tag, True)
                 await self.collect()
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, SandboxRecord):

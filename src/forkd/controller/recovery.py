@@ -20,7 +20,7 @@ from forkd.store import layout
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import Registry
 from forkd.vmm.machine import VM
-from forkd.vmm.process import adopt, kill_pid_now
+from forkd.vmm.process import adopt, kill_pid_now, kill_qemus_under
 
 log = logging.getLogger("forkd.recovery")
 
@@ -61,4 +61,9 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
                 if paths:
                     await remove_cgroup(paths[0], paths[1:])
             shutil.rmtree(d, ignore_errors=True)
+    # QEMUs of this data dir that no row owns: a fork's children, a template boot or a branch
+    # helper that a crash caught before their rows (or pid files) were written.
+    adopted = {vm.pid for vm in (table.vm(i) for i in table.ids()) if vm is not None}
+    for pid in kill_qemus_under(data.root, keep=adopted):
+        log.warning("killed QEMU %d of this data dir that no sandbox owns (left by a crash)", pid)
     shm.prune(keep={sb.snapshot_tag for sb in registry.list_sandboxes() if sb.live_fork})

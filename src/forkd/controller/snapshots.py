@@ -102,10 +102,13 @@ class SnapshotStore:
         if self._tags.in_flight(tag):
             raise Conflict(f"snapshot {tag!r} is still being written")
         dependents = self.dependents(tag) if registered else []
-        if dependents and not (cascade or force):
+        if dependents and not cascade:
+            # force kills sandboxes, but cannot make dependents forkable without their base:
+            # their disk chains run through this snapshot's files.
             raise Conflict(
                 f"snapshot {tag!r} has dependent snapshots {dependents}: delete them first, "
-                "or pass cascade=true to delete the subtree"
+                "or pass cascade=true to delete the subtree (force=true alone does not: the "
+                "dependents could no longer be forked)"
             )
         return [*reversed(dependents), tag] if cascade else [tag]
 

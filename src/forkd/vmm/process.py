@@ -191,6 +191,34 @@ def adopt(pid: int, run_dir: Path) -> QemuProcess | None:
     return None
 
 
+def qemus_under(root: Path) -> list[int]:
+    """Live QEMUs whose command line names a path under ``root`` (a data dir): its VMs,
+    its template boots and its branch helpers, whoever started them."""
+    prefixes = {str(p).rstrip("/").encode() + b"/" for p in (root, root.resolve())}
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        is_qemu = b"qemu-system" in cmdline.split(b"\0", 1)[0]
+        if state != "Z" and is_qemu and any(p in cmdline for p in prefixes):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_qemus_under(root: Path, keep: set[int]) -> list[int]:
+    """SIGKILL every QEMU of data dir ``root`` but ``keep``; the pids killed."""
+    killed = [pid for pid in qemus_under(root) if pid not in keep]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return killed
+
+
 def kill_pid_now(pid: int, run_dir: Path) -> None:
     """Synchronous best-effort SIGKILL, for reaping a dead daemon's leftovers."""
     if pid_is_qemu(pid, run_dir):
