@@ -74,6 +74,7 @@ lint: venv node-deps
 	$(BIN)/ruff check --select SLF001 src
 	$(BIN)/mypy
 	$(BIN)/python scripts/unasync_sdk.py --check
+	$(BIN)/python scripts/gen_sdk_models.py --check
 	$(BIN)/python scripts/gen_ts_types.py --check
 	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit
 

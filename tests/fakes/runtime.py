@@ -1,15 +1,18 @@
 """``FakeRuntime``: the controller's ``Runtime`` in memory, for tests of the REST layer.
 
-The daemon's routes (``forkd.api.routes``) call a handful of ``Runtime``
-methods; this fake has the same methods with the same signatures (a unit test
-compares them), keeps the same records (``forkd.store.registry``'s
-``SnapshotRecord`` and ``SandboxRecord``, so ``info()`` is the real one), and
+The daemon's routes (``forkd.api.routes``) call ``Runtime`` through the
+``RuntimeLike`` protocol (``forkd.api.deps``); this fake has every one of its
+methods with the same signatures (a unit test compares them), keeps the same
+records (``forkd.store.registry``'s ``SnapshotRecord``, ``SandboxRecord`` and
+``PausedRecord``, so ``info()`` is the real one), and
 raises the same errors for the same mistakes, without booting anything.
 
 What it models: the snapshot and sandbox tables, lineage (a branch's parent is
 the snapshot its source was forked from, then the source's previous branch),
 409 for taken tags and for deleting what others depend on, live branches that
-need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls.
+need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls;
+E2B's pause (a branch to ``paused-<id>-<n>``, then the sandbox stops) and resume
+under the same id, and ``describe_sandbox(es)``, the E2B layer's view of both.
 What it does not: VMs, host prerequisites, timeouts, guest output (``exec``
 echoes its argv; ``eval`` knows arithmetic and the answers in
 ``eval_answers``). Its processes (``FakeProcess``) play a few commands:
@@ -41,10 +44,13 @@ from forkd.controller.files import check_path
 from forkd.controller.forks import ForkResult
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
+from forkd.controller.suspend import STATE_PREFIX
+from forkd.controller.suspend import view as suspend_view
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
-from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
+from forkd.store.layout import check_sandbox_id
+from forkd.store.registry import CheckpointPolicy, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 from forkd.vmm.cmdline import VMConfig
 
 
@@ -200,6 +206,7 @@ class FakeRuntime:
     download_piece: int = 1 << 20  # file_read yields pieces of this size
     workspaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
     suspended: dict[str, SnapshotRecord] = field(default_factory=dict)  # sandbox id -> its state
+    paused: dict[str, PausedRecord] = field(default_factory=dict)  # E2B's pause: sandbox id -> its row
     processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)  # sandbox -> pid -> process
     cancelled_evals: int = 0
     _next_pid: int = field(default=100, init=False)
@@ -561,6 +568,26 @@ class FakeRuntime:
         for p in [*inside, norm]:
             del fs[p]
 
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+        """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
+        making its parents, as the agent does; answers the destination's FileInfo."""
+        self._call("file_move", sandbox_id, source, destination)
+        fs, src = self._fs(sandbox_id, source)
+        _, dst = self._fs(sandbox_id, destination)
+        if src not in fs:
+            raise NotFound(f"{source}: No such file or directory")
+        if src == "/" or dst == src or dst.startswith(src + "/"):
+            raise Conflict(f"cannot move {source} into itself")
+        if dst in fs:
+            raise Conflict(f"{destination}: File exists")
+        parts = dst.strip("/").split("/")
+        for i in range(1, len(parts)):
+            fs.setdefault("/" + "/".join(parts[:i]), None)
+        self._parent_dir(fs, dst)
+        for path in sorted(p for p in list(fs) if p == src or p.startswith(src + "/")):
+            fs[dst + path[len(src):]] = fs.pop(path)
+        return self._info(dst, fs[dst])
+
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                          max_bytes: int, mode: int | None = None) -> dict[str, Any]:
         self._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode)
@@ -744,6 +771,70 @@ class FakeRuntime:
         if to in self.snapshots:
             raise Conflict(f"snapshot {to!r} already exists; delete it first (forkd rmi {to})")
         return self.add_snapshot(to, compacted_from=tag)
+
+    # --------------------------------------------------------- pause / resume
+    # E2B's pause: the sandbox's state is branched, then it stops (``paused``); resume
+    # starts it again under its id from that state.
+
+    def _template_of(self, record: SandboxRecord) -> str:
+        """The snapshot it was first forked from: up through auto-deleted (fork, state) snapshots."""
+        tag = record.snapshot_tag
+        while tag in self.snapshots and self.snapshots[tag].auto_delete and self.snapshots[tag].parent_tag:
+            tag = str(self.snapshots[tag].parent_tag)
+        return tag
+
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
+        self._call("pause", sandbox_id, mode=mode)
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self.paused:
+            raise Conflict(f"sandbox {sandbox_id} is already paused")
+        record = self._sandbox(sandbox_id)
+        n = 1
+        while f"{STATE_PREFIX}{record.id}-{n}" in self.snapshots:
+            n += 1
+        state = await self.branch(record.id, f"{STATE_PREFIX}{record.id}-{n}", mode)
+        state.auto_delete = True
+        paused = PausedRecord(
+            id=record.id, state_tag=state.tag, template=self._template_of(record),
+            created_at_unix=record.created_at_unix, paused_at_unix=CREATED + 1000,
+            metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
+            cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
+            per_child_netns=record.netns is not None, live_fork=record.live_fork,
+            vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, egress=record.egress.info(),
+            idle_pause_secs=record.idle_pause_secs)
+        self.paused[record.id] = paused
+        del self.sandboxes[record.id]
+        return paused
+
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> SandboxRecord:
+        self._call("resume", sandbox_id, timeout_secs=timeout_secs)
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        check_sandbox_id(sandbox_id)
+        if sandbox_id not in self.paused:
+            raise NotFound(f"no paused sandbox {sandbox_id!r}")
+        paused = self.paused.pop(sandbox_id)
+        record = self.add_sandbox(sandbox_id, paused.state_tag, live_fork=paused.live_fork,
+                                  memory_limit_mib=paused.memory_limit_mib)
+        record.metadata = dict(paused.metadata)
+        record.idle_pause_secs = paused.idle_pause_secs
+        if timeout_secs is not None:
+            record.expires_at_unix = CREATED + timeout_secs
+        return record
+
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``)."""
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self.paused:
+            paused = self.paused[sandbox_id]
+            return suspend_view(paused, paused.template)
+        record = self._sandbox(sandbox_id)
+        return suspend_view(record, self._template_of(record))
+
+    def describe_sandboxes(self) -> list[dict[str, Any]]:
+        out = [suspend_view(sb, self._template_of(sb)) for sb in self.sandboxes.values()]
+        out += [suspend_view(p, p.template) for p in self.paused.values()]
+        return sorted(out, key=lambda v: (v["started"], v["id"]))
 
     # ------------------------------------------------------------ workspaces
     # A workspace is a name for a sandbox id; suspended ones keep theirs here.

@@ -8,7 +8,7 @@ the API uses, so the routes type-check without importing the controller
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
@@ -26,8 +26,9 @@ class Record(Protocol):
 class RuntimeLike(Protocol):
     """The routes' view of ``Runtime``: the same names, parameters and kinds.
 
-    tests/unit/test_fake_runtime.py checks this against ``Runtime`` and the
-    test fake, so the three cannot drift apart.
+    tests/unit/test_fake_runtime.py checks every method here against ``Runtime``
+    and the test fake (names, kinds, defaults), and mypy checks below that
+    ``Runtime`` satisfies it, so the three cannot drift apart.
     """
 
     async def close(self, *, keep_sandboxes: bool = False) -> None: ...
@@ -129,6 +130,7 @@ class RuntimeLike(Protocol):
     async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]: ...
     async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]: ...
     async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None: ...
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]: ...
     async def file_write(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
         max_bytes: int, mode: int | None = None,
@@ -139,6 +141,10 @@ class RuntimeLike(Protocol):
         measure_diff: bool = False, parent_tag: str | None = None,
     ) -> Record: ...
     async def compact_snapshot(self, tag: str, to: str) -> Record: ...
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> Record: ...
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> Record: ...
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]: ...
+    def describe_sandboxes(self) -> list[dict[str, Any]]: ...
     def list_workspaces(self) -> list[dict[str, Any]]: ...
     def get_workspace(self, name: str) -> dict[str, Any]: ...
     async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
@@ -162,6 +168,14 @@ class RuntimeLike(Protocol):
     def take_pool_refill_times(self) -> list[tuple[str, float]]: ...
     async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]: ...
     async def pull_snapshot(self, tag: str) -> dict[str, Any]: ...
+
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+    def _runtime_is_runtime_like(runtime: Runtime) -> RuntimeLike:
+        """Never called: mypy fails here when ``Runtime`` stops satisfying ``RuntimeLike``."""
+        return runtime
 
 
 def get_runtime(request: Request) -> RuntimeLike:

@@ -14,6 +14,7 @@ from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, want_json
 from forkd.config import API_VERSION, VERSION, DataDir
 from forkd.errors import ForkdError
+from forkd.sdk.models import Version
 
 
 @handle_errors
@@ -26,7 +27,7 @@ def version(ctx: typer.Context, json_: JsonFlag = False) -> None:
       forkd version
     """
     controller = state(ctx).controller()
-    daemon: dict[str, Any] | None
+    daemon: Version | None
     problem = None
     try:
         daemon = controller.version()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -261,7 +262,7 @@ def ls(
         sandboxes = True
     both = snapshots == sandboxes  # neither flag (or both) shows everything
     controller = state(ctx).controller()
-    result: dict[str, list[dict[str, Any]]] = {}
+    result: dict[str, Sequence[Mapping[str, Any]]] = {}
     if sandboxes or both:
         result["sandboxes"] = controller.list_sandboxes(snapshot_tag=tag, metadata=labels)
     if snapshots or both:
@@ -346,7 +347,7 @@ def timeout(
     if want_json(ctx, json_):
         output.emit_json(info)
         return
-    at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"])))
+    at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"] or 0)))
     output.console.print(f"{escape(sandbox_id)} expires at {at} (in {secs:g} s)")
 
 
