@@ -27,10 +27,11 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
+from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError
 from forkd.host.egress import EgressPolicy
@@ -38,7 +39,7 @@ from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
 
-TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = FORK_LABELS  # stamped on every fork-tree child
+TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = bounds.FORK_LABELS  # stamped on every fork-tree child
 
 
 @dataclass(frozen=True)
