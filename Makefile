@@ -12,7 +12,7 @@ help:
 	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
 	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000)"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
-	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
+	@echo "make lint   - ruff, mypy (strict), the layer contract (lint-imports), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
 setup: deps venv clients node-deps image
 
@@ -73,6 +73,7 @@ lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts
 	$(BIN)/ruff check --select SLF001 src
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python scripts/unasync_sdk.py --check
 	$(BIN)/python scripts/gen_ts_types.py --check
 	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit

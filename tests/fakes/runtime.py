@@ -42,10 +42,9 @@ from forkd.controller.forks import ForkResult
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 
 
 def _egress_kwargs(allow_internet_access: bool | None, network: dict[str, Any] | None) -> dict[str, Any]:

@@ -14,11 +14,10 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm import branching
-from forkd.vmm.cmdline import VMConfig
 
 CONFIG = VMConfig(512, 1, Accel.tcg())
 SB = "sb-abcdef-0000"

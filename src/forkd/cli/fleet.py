@@ -80,7 +80,7 @@ def gateway(
     """
     from forkd.api.auth import load_token
     from forkd.api.settings import parse_endpoints
-    from forkd.fleet.gateway import GatewaySettings, create_gateway_app
+    from forkd.gateway import GatewaySettings, create_gateway_app
 
     try:
         host, port = parse_bind(bind)

@@ -59,6 +59,7 @@ from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
+from forkd.controller.travel_offline import offline_travel
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
@@ -68,6 +69,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
+from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import (
@@ -79,7 +81,9 @@ from forkd.store.registry import (
     SnapshotRecord,
 )
 
-__all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
+__all__ = [
+    "ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "offline_travel",
+]
 
 log = logging.getLogger("forkd.runtime")
 
@@ -89,6 +93,7 @@ class Runtime:
         self.data = data
         self.registry = registry
         self._closed = False
+        self._data_lock: DataDirLock | None = None  # held while open (Runtime.open)
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
@@ -134,7 +139,13 @@ class Runtime:
         object_store = ObjectStore(store) if store else None
         if host_id is not None:
             check_host_id(host_id)
-        rt = cls(data, Registry(data.registry))
+        lock = DataDirLock.shared(data)  # refused during an offline pack/unpack of this dir
+        try:
+            rt = cls(data, Registry(data.registry))
+        except BaseException:
+            lock.release()
+            raise
+        rt._data_lock = lock
         rt.travel.store = object_store
         rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
@@ -169,6 +180,8 @@ class Runtime:
             self.shm.prune(keep=set())
             await self.networks.close()
         self.registry.close()
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     async def __aenter__(self) -> Runtime:
         return self

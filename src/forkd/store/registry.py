@@ -16,9 +16,9 @@ from typing import Any
 
 from forkd.errors import Conflict, NotFound
 from forkd.host import netns as netns_mod
+from forkd.host.accel import VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
-from forkd.vmm.cmdline import VMConfig
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (

@@ -38,8 +38,9 @@ from typing import Any, cast
 from qemu.qmp import EventListener, Message
 
 from forkd.errors import VMError
+from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
-from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.process import AgentSockets
 from forkd.vmm.qmp import QMP, UNTHROTTLED
