@@ -29,10 +29,12 @@ deps:
 
 venv: $(BIN)/.installed
 
-$(BIN)/.installed: pyproject.toml
+# Every extra (daemon, e2b, fleet, mcp) plus dev and bench, at the exact versions of constraints.txt
+# (pyproject.toml keeps ranges: `pip install forkd` is the SDK and CLI alone).
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev,bench]'
 	touch $@
 
 # The published clients the compatibility tests drive (forkd 0.5.3, forkd-mcp 0.2.1, the E2B

@@ -247,9 +247,12 @@ def daemon(
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
     )
-    # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
-    # which no other command needs.
-    from forkd.api.server import serve
+    # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
+    # command needs and `pip install forkd` (the SDK and CLI) does not bring.
+    try:
+        from forkd.api.server import serve
+    except ModuleNotFoundError as exc:
+        fail(f"the daemon needs {exc.name!r}: pip install 'forkd[daemon]'")
 
     def announce() -> None:
         typer.echo(json.dumps(describe(settings), separators=(",", ":")))
