@@ -172,7 +172,7 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
         stream.write_bytes(b"stream")
         source.paused = False
         events.append("resumed")
-        return branching.Capture(200.0, Path(_kw["frozen_disk"]), new_disk, _kw["new_node"], stream)
+        return branching.BranchCapture(200.0, Path(_kw["frozen_disk"]), new_disk, _kw["new_node"], stream)
 
     async def convert(_run_dir: Path, _config: VMConfig, *, mem_path: Path, state_path: Path,
                       **_kw: Any) -> float:

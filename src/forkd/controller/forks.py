@@ -58,7 +58,7 @@ class ForkOptions:
 
 
 @dataclass
-class ForkResult:
+class ForkReport:
     parent_id: str
     snapshot_tag: str
     children: list[SandboxRecord] = field(default_factory=list)
@@ -89,7 +89,7 @@ class Forker:
         self._tags = tags
 
     async def fork(self, sandbox_id: str, count: int, options: ForkOptions | None = None, *,
-                   tree: bool = False) -> ForkResult:
+                   tree: bool = False) -> ForkReport:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
         self._table.get(source_id)  # 404 / died, before anything is paused
@@ -111,7 +111,7 @@ class Forker:
             per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
-        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+        result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         try:
             outcomes = await self._spawner.spawn_each(
@@ -211,4 +211,4 @@ class Forker:
             await self.collect()
 
 
-__all__ = ["ForkOptions", "ForkResult", "Forker"]
+__all__ = ["ForkOptions", "ForkReport", "Forker"]

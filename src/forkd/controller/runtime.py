@@ -17,7 +17,7 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``DeadlineKeeper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
@@ -43,10 +43,10 @@ from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
-from forkd.controller.forks import Forker, ForkOptions, ForkResult
+from forkd.controller.forks import Forker, ForkOptions, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
-from forkd.controller.lifetimes import Reaper
+from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
@@ -82,7 +82,7 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "offline_travel",
+    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "offline_travel",
 ]
 
 log = logging.getLogger("forkd.runtime")
@@ -115,7 +115,7 @@ class Runtime:
         self.sandboxes.on_removed(self.pools.after_removed)
         self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
-        self.reaper = Reaper(registry, self.sandboxes)
+        self.reaper = DeadlineKeeper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
         self.idle = IdlePauser(registry, self.sandboxes)
         self.sandboxes.watch_activity(self.idle)
@@ -290,7 +290,7 @@ class Runtime:
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
         timeout_secs: float | None = None, allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
-    ) -> ForkResult:
+    ) -> ForkReport:
         """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
 
         ``timeout_secs`` applies to the children (the source keeps its own deadline).
