@@ -44,8 +44,8 @@ from pathlib import Path
 
 from common import percentile, qemu_pids, scratch_data
 from forkd.controller.runtime import Runtime, SnapshotSpec
-from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
+from forkd.vmm import probe as accel_mod
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("full", "diff", "live", "diff-busy")

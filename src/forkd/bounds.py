@@ -104,6 +104,8 @@ EVAL_TIMEOUT_SECS = 60.0
 # What a caller may ask for instead (an eval's timeout_secs).
 EVAL_TIMEOUT = Range("timeout_secs", 0, 86400, exclusive_min=True)
 METADATA = StringMap("metadata", 64, 128, 1024)
+# Labels a fork-tree stamps on its children (controller/forks.py); no request may set them.
+FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 

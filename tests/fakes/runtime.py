@@ -41,17 +41,16 @@ from typing import Any, NamedTuple
 
 from forkd import bounds
 from forkd.controller.files import check_path
-from forkd.controller.forks import ForkResult
+from forkd.controller.forks import ForkReport
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.controller.suspend import STATE_PREFIX
 from forkd.controller.suspend import view as suspend_view
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id
-from forkd.store.registry import CheckpointPolicy, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
+from forkd.store.registry import AutoCheckpoint, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 
 
 def _egress_kwargs(allow_internet_access: bool | None, network: dict[str, Any] | None) -> dict[str, Any]:
@@ -383,7 +382,7 @@ class FakeRuntime:
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
         timeout_secs: float | None = None, allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
-    ) -> ForkResult:
+    ) -> ForkReport:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
         extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
@@ -396,7 +395,7 @@ class FakeRuntime:
         snap = await self.branch(source_id, None, "live" if source.live_fork else "diff")
         snap.auto_delete = not keep_snapshot
         tree_id = "ft-00000000000" + str(len(self.calls) % 10) if tree else None
-        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+        result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         for i, spec in enumerate(specs):
             if spec.memory_limit_mib is not None and spec.memory_limit_mib < FAKE_MIN_CHILD_MIB:
@@ -437,7 +436,7 @@ class FakeRuntime:
     ) -> dict[str, Any]:
         self._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
         record = self._sandbox(self._resolve(sandbox_id))
-        record.checkpoints = CheckpointPolicy(every=every, keep=keep, mode=mode)
+        record.checkpoints = AutoCheckpoint(every=every, keep=keep, mode=mode)
         return self.get_checkpoints(sandbox_id)
 
     def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:

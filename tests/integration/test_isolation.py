@@ -22,11 +22,10 @@ from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import GuestError, InvalidRequest
 from forkd.host import cgroups
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import DiskChain, SandboxRecord
-from forkd.vmm.cmdline import VMConfig
 
 from .conftest import Loop, images_dir
 

@@ -23,11 +23,10 @@ from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
 from forkd.errors import InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 from forkd.vmm.machine import VM
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.store import layout
 from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 
 SB = "sb-abcdef-0000"
 

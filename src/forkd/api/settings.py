@@ -1,7 +1,7 @@
 """Daemon settings: one dataclass, filled from flags or ``FORKD_*`` environment variables.
 
 The command line (``forkd daemon`` = ``python -m forkd.api``, in
-``forkd.cli.daemon``) reads each option from its flag or variable;
+``forkd.api.command``) reads each option from its flag or variable;
 :meth:`Settings.from_env` reads the same variables for programs that embed
 the daemon, and a unit test checks that both read them alike.
 """

@@ -16,7 +16,6 @@ from typing import Annotated
 
 import typer
 
-from forkd.api.auth import BearerAuthMiddleware, load_token
 from forkd.api.settings import ConfigError, is_loopback, parse_bind
 from forkd.cli import output
 from forkd.cli.context import handle_errors, state, usage_error, want_json
@@ -61,7 +60,10 @@ def mcp(
     Streamable HTTP:
       forkd mcp --transport http --bind 127.0.0.1:8890     # http://127.0.0.1:8890/mcp
     """
-    from forkd.mcp.server import DaemonAddress, build_server
+    try:
+        from forkd.mcp.server import DaemonAddress, build_server
+    except ModuleNotFoundError as exc:
+        output.fail(f"the MCP server needs {exc.name!r}: pip install 'forkd[mcp]'")
 
     cli = state(ctx)
     server = build_server(DaemonAddress(url=cli.url, token=cli.token, ca_cert=cli.ca_cert))
@@ -72,6 +74,8 @@ def mcp(
         return
 
     import uvicorn
+
+    from forkd.api.auth import BearerAuthMiddleware, load_token  # starlette: forkd[mcp]
 
     try:
         host, port = parse_bind(bind)

@@ -177,7 +177,7 @@ class Brancher:
                 self._tags.release(tag)
 
     async def _capture(self, src: _Source, seq: int, mode: str, staging: SnapshotDir,
-                       tag: str, *, standalone: bool) -> tuple[branching.Capture, list[Path]]:
+                       tag: str, *, standalone: bool) -> tuple[branching.BranchCapture, list[Path]]:
         """The pause window and the disk cut; the caller holds the source's lock."""
         new_node = f"disk{seq}"
         new_disk = src.run_dir / f"disk-{seq}.qcow2"
@@ -223,7 +223,7 @@ class Brancher:
                                        src.record.config.mem_mib << 20)
 
     @staticmethod
-    def _diff_measure(src: _Source, cap: branching.Capture, written: int) -> dict[str, float]:
+    def _diff_measure(src: _Source, cap: branching.BranchCapture, written: int) -> dict[str, float]:
         """forkd 0.5's measure_diff fields. The diff's size is measured; its time is an
         estimate: this full branch's pause, scaled to the share of the captured stream
         that the written pages make up (one capture, not two)."""
@@ -256,7 +256,8 @@ class Brancher:
             task.exception()  # retrieved: asyncio must not report it as never retrieved
 
     async def _finish(self, src: _Source, record: SnapshotRecord, staging: SnapshotDir,
-                      cap: branching.Capture, layers: list[Path], *, keep_failed: bool) -> SnapshotRecord:
+                      cap: branching.BranchCapture, layers: list[Path], *,
+                      keep_failed: bool) -> SnapshotRecord:
         tag = record.tag
         try:
             if cap.background is not None:

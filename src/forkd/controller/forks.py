@@ -27,10 +27,11 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
+from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError
 from forkd.host.egress import EgressPolicy
@@ -38,7 +39,7 @@ from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
 
-TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = FORK_LABELS  # stamped on every fork-tree child
+TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = bounds.FORK_LABELS  # stamped on every fork-tree child
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class ForkOptions:
 
 
 @dataclass
-class ForkResult:
+class ForkReport:
     parent_id: str
     snapshot_tag: str
     children: list[SandboxRecord] = field(default_factory=list)
@@ -88,7 +89,7 @@ class Forker:
         self._tags = tags
 
     async def fork(self, sandbox_id: str, count: int, options: ForkOptions | None = None, *,
-                   tree: bool = False) -> ForkResult:
+                   tree: bool = False) -> ForkReport:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
         self._table.get(source_id)  # 404 / died, before anything is paused
@@ -110,7 +111,7 @@ class Forker:
             per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
-        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+        result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         if not options.keep_snapshot:
             # Before the restores, so a crash during them leaves nothing registered for good:
@@ -213,4 +214,4 @@ class Forker:
             await self.collect()
 
 
-__all__ = ["ForkOptions", "ForkResult", "Forker"]
+__all__ = ["ForkOptions", "ForkReport", "Forker"]

@@ -17,7 +17,7 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``DeadlineKeeper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
@@ -43,10 +43,10 @@ from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.files import SandboxFiles
-from forkd.controller.forks import Forker, ForkOptions, ForkResult
+from forkd.controller.forks import Forker, ForkOptions, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
-from forkd.controller.lifetimes import Reaper
+from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
@@ -59,6 +59,7 @@ from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
+from forkd.controller.travel_offline import offline_travel
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
@@ -68,6 +69,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
+from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import (
@@ -79,7 +81,9 @@ from forkd.store.registry import (
     SnapshotRecord,
 )
 
-__all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
+__all__ = [
+    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "offline_travel",
+]
 
 log = logging.getLogger("forkd.runtime")
 
@@ -89,6 +93,7 @@ class Runtime:
         self.data = data
         self.registry = registry
         self._closed = False
+        self._data_lock: DataDirLock | None = None  # held while open (Runtime.open)
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
@@ -110,7 +115,7 @@ class Runtime:
         self.sandboxes.on_removed(self.pools.after_removed)
         self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
-        self.reaper = Reaper(registry, self.sandboxes)
+        self.reaper = DeadlineKeeper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
         self.idle = IdlePauser(registry, self.sandboxes)
         self.sandboxes.watch_activity(self.idle)
@@ -134,7 +139,13 @@ class Runtime:
         object_store = ObjectStore(store) if store else None
         if host_id is not None:
             check_host_id(host_id)
-        rt = cls(data, Registry(data.registry))
+        lock = DataDirLock.shared(data)  # refused during an offline pack/unpack of this dir
+        try:
+            rt = cls(data, Registry(data.registry))
+        except BaseException:
+            lock.release()
+            raise
+        rt._data_lock = lock
         rt.travel.store = object_store
         rt.spawner.host_id = host_id
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
@@ -169,6 +180,8 @@ class Runtime:
             self.shm.prune(keep=set())
             await self.networks.close()
         self.registry.close()
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     async def __aenter__(self) -> Runtime:
         return self
@@ -277,7 +290,7 @@ class Runtime:
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
         timeout_secs: float | None = None, allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
-    ) -> ForkResult:
+    ) -> ForkReport:
         """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
 
         ``timeout_secs`` applies to the children (the source keeps its own deadline).

@@ -51,9 +51,6 @@ SPAWN_PARALLELISM = 8
 RESTORE_ATTEMPTS = 2
 
 
-# Stamped by a fork-tree on its children (controller/forks.py); nobody else may set them.
-FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
-
 
 @dataclass(frozen=True)
 class ChildSpec:
@@ -92,7 +89,7 @@ def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, s
     for e in (common, *own):
         bounds.ENV.check_map(e)
     bounds.METADATA.check_map(metadata or {})
-    reserved = sorted(k for k in metadata or {} if k in FORK_LABELS)
+    reserved = sorted(k for k in metadata or {} if k in bounds.FORK_LABELS)
     if reserved:
         # promote trusts these labels (replace_parent kills fork_parent_id): only a fork-tree sets them.
         raise InvalidRequest(f"metadata keys {', '.join(reserved)} are set by fork-tree itself")

@@ -42,7 +42,6 @@ from forkd.config import VERSION, DataDir
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
-from forkd.host import probe
 from forkd.host.accel import Accel, check_compatible
 from forkd.image.builder import list_images
 from forkd.store import archive, layout, sparse
@@ -52,6 +51,7 @@ from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifes
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import Registry, SnapshotRecord, now_unix
 from forkd.vmm import disk as disk_mod
+from forkd.vmm import probe
 
 log = logging.getLogger("forkd.travel")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from forkd.errors import Conflict, NotFound
 from forkd.host import netns as netns_mod
+from forkd.host.accel import VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
-from forkd.vmm.cmdline import VMConfig
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -99,7 +99,7 @@ class DiskChain:
 
 
 @dataclass(frozen=True)
-class CheckpointPolicy:
+class AutoCheckpoint:
     """Branch a sandbox after every ``every`` exec/eval calls; keep the newest ``keep``."""
 
     every: int
@@ -250,7 +250,7 @@ class SandboxRecord:
     tap: str | None = None  # the tap its NIC is attached to (in netns, or the host's)
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # user labels; fork-tree stamps
-    checkpoints: CheckpointPolicy | None = None
+    checkpoints: AutoCheckpoint | None = None
     # A warm-pool member: restored, reseeded and paused, hidden from every
     # per-sandbox endpoint until a spawn claims it (controller/pools.py).
     pooled: bool = False
@@ -371,7 +371,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
     return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
                          cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
                          metadata=dict(meta.get("metadata") or {}),
-                         checkpoints=CheckpointPolicy(**policy) if policy else None,
+                         checkpoints=AutoCheckpoint(**policy) if policy else None,
                          pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
@@ -500,7 +500,7 @@ class Registry:
         """After how many idle seconds the sandbox is paused (None: never)."""
         self._update_sandbox_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
 
-    def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
+    def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
 
     def _update_sandbox_meta(self, sandbox_id: str, key: str, value: Any) -> None:

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
-from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.host.accel import VMConfig
+from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP, restore_phases
 

@@ -241,10 +241,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         view = rt().describe_sandbox(sandbox_id)
         if view["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is paused: connect to resume it before forking")
-        from forkd.controller.spawner import FORK_LABELS  # here: the controller pulls in the VMM
-
         # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
-        labels = {k: v for k, v in view["metadata"].items() if k not in FORK_LABELS}
+        labels = {k: v for k, v in view["metadata"].items() if k not in bounds.FORK_LABELS}
         egress = view["egress"]  # the forks get the source's, as copies of it
         with gate.enter(None, rt().tag_in_flight):
             result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,
