@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from forkd.host.shm import shm_dir_of
+
 from .daemon_fixture import Daemon, free_port, shutdown_and_check, write_token
 
 pytestmark = pytest.mark.vm
@@ -58,7 +60,10 @@ def shared_root() -> Iterator[Path]:
 
 @pytest.mark.skipif(not runuser_available(), reason="needs root and runuser (util-linux) to act as nobody")
 def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) -> None:
-    shm_before = {p.name for p in Path("/dev/shm").iterdir()}
+    # Only this daemon's own /dev/shm directory: another process's (another daemon, or one
+    # planted by someone else) is none of this test's business.
+    own_shm = shm_dir_of(shared_root)
+    assert not own_shm.exists(), f"{own_shm} exists before the daemon started"
     token, token_file = write_token(shared_root)
     daemon = Daemon(root=shared_root, token=token, token_file=token_file, port=free_port(),
                     extra_args=["--audit-log", str(shared_root / "audit.log")])
@@ -83,10 +88,8 @@ def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) ->
             # Everything forkd made so far, while its VMs run (sockets, logs, overlays, memory).
             harness = {token_file, daemon.log_path}
             paths = [p for p in shared_root.rglob("*") if p not in harness and not p.is_symlink()]
-            shm_now = {p.name for p in Path("/dev/shm").iterdir()}
-            shm_new = [Path("/dev/shm") / n for n in shm_now - shm_before]
-            for new in shm_new:
-                paths += [new, *new.rglob("*")] if new.is_dir() else [new]
+            shm_new = [own_shm, *own_shm.rglob("*")] if own_shm.is_dir() else []
+            paths += shm_new
             kinds = {"snapshot memory": any(p.name == "mem" for p in paths),
                      "a sandbox's socket": any(stat.S_ISSOCK(p.lstat().st_mode) for p in paths),
                      "a console log": any(p.name == "console.log" for p in paths),
