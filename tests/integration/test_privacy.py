@@ -3,9 +3,10 @@
 A real daemon runs with umask 022 on a data directory like the seeds'
 ``/var/lib/forkd``: outside any private home, world-traversable (0755, made by
 the administrator, not by forkd). It boots a template, forks children (one with
-``live_fork``, whose memory goes to /dev/shm), runs commands, uploads a file and
-branches. Then ``nobody`` tries to read every file and list every directory
-that forkd created, and must fail on each.
+``live_fork``, whose memory goes to /dev/shm), runs commands, uploads a file,
+branches, and packs a snapshot into an archive beside it. Then ``nobody`` tries
+to read every file and list every directory that forkd created, and must fail on
+each.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,13 @@ def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) ->
                          content=b"x" * 4096)
             assert r.status_code == 200, r.text
             assert http.post(f"/v1/sandboxes/{plain['id']}/branch", json={"mode": "diff"}).status_code == 201
+            # A pack archive next to the data (travel staging and the archive were 0644).
+            archive = shared_root / "py.forkd"
+            packed = subprocess.run(
+                [sys.executable, "-m", "forkd.cli", "pack", "py", "-o", str(archive), "--no-base",
+                 "--data-dir", str(shared_root), "--json"], env=daemon.env(), capture_output=True,
+                text=True, timeout=600, preexec_fn=lambda: os.umask(0o022))
+            assert packed.returncode == 0, packed.stdout + packed.stderr
             # Everything forkd made so far, while its VMs run (sockets, logs, overlays, memory).
             harness = {token_file, daemon.log_path}
             paths = [p for p in shared_root.rglob("*") if p not in harness and not p.is_symlink()]
@@ -95,7 +104,9 @@ def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) ->
                      "a console log": any(p.name == "console.log" for p in paths),
                      "the registry": any(p.name == "forkd.db" for p in paths),
                      "the audit log": (shared_root / "audit.log") in paths,
-                     "memory on /dev/shm": bool(shm_new)}
+                     "memory on /dev/shm": bool(shm_new),
+                     "a pack archive": archive in paths,
+                     "travel's directory": (shared_root / "travel") in paths}
             assert all(kinds.values()), f"the scenario did not create: {kinds}"
             probe = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", PROBE],
                                    input=json.dumps([str(p) for p in paths]), capture_output=True,
