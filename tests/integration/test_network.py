@@ -49,14 +49,17 @@ GUEST_PORT = 8000
 
 # Run in a guest's warm interpreter: a TCP server on GUEST_PORT that answers its TOKEN and the
 # peer it saw, and a client that says how a connection attempt ended (and how fast).
+# The socket listens before the eval returns (only accept() runs in the thread): a server
+# thread that had not reached listen() yet made a host_fetch right after it "connection refused"
+# on a busy host (issue 24, test_a_child_cannot_reach_another).
 GUEST_SERVER = f'''
 import os, socket, threading
-def _serve(token):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", {GUEST_PORT})); s.listen(64)
+_srv = socket.socket(); _srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+_srv.bind(("0.0.0.0", {GUEST_PORT})); _srv.listen(64)
+def _serve(s, token):
     while True:
         c, peer = s.accept(); c.sendall(f"{{token}} {{peer[0]}}\\n".encode()); c.close()
-threading.Thread(target=_serve, args=(os.environ["TOKEN"],), daemon=True).start()
+threading.Thread(target=_serve, args=(_srv, os.environ["TOKEN"]), daemon=True).start()
 '''
 GUEST_CLIENT = '''
 def _try(host, port):
