@@ -17,6 +17,7 @@ import forkd.api.routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
 from forkd.api.deps import RuntimeLike
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import FakeRuntime
@@ -74,7 +75,7 @@ def test_lineage_delete_and_live_branches_behave_like_the_runtime() -> None:
     async def main() -> None:
         rt = FakeRuntime()
         rt.add_snapshot("py")
-        [src] = await rt.spawn("py", live_fork=True)
+        [src] = await rt.spawn("py", 1, SpawnOptions(live_fork=True))
         first = await rt.branch(src.id, mode="diff")
         assert (first.tag, first.parent_tag, first.status) == (f"branch-{src.id}-1", "py", "ready")
         live = await rt.branch(src.id, tag="cp", mode="live", wait=False)

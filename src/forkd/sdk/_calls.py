@@ -156,6 +156,7 @@ def spawn_sandboxes(
     idle_pause_secs: float | None = None,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
+    disk_quota_mib: int | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
@@ -169,8 +170,7 @@ def spawn_sandboxes(
         metadata=metadata,
         timeout_secs=timeout_secs,
     )
-    if idle_pause_secs is not None:
-        body["idle_pause_secs"] = idle_pause_secs
+    _put(body, idle_pause_secs=idle_pause_secs, disk_quota_mib=disk_quota_mib)
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
 
