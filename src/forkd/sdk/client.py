@@ -269,6 +269,7 @@ class Controller:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        disk_quota_mib: int | None = None,
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -296,6 +297,10 @@ class Controller:
             network: finer egress, E2B's shape: ``{"allow_out": ["10.0.0.0/8",
                 "192.0.2.7:443"], "deny_out": [...]}`` (IPv4 addresses or CIDRs,
                 optionally ``:PORT`` or ``:FIRST-LAST``); allow wins over deny.
+            disk_quota_mib: how far each child's own disk layers may grow on
+                the host (MiB); a child that writes past it is stopped (calls
+                to it then fail saying so). Default: the daemon's
+                ``--disk-quota-mib``; ``0``: no quota.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -310,6 +315,7 @@ class Controller:
             idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            disk_quota_mib=disk_quota_mib,
         )
         return cast(list[SandboxInfo], self._send(call))
 
