@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from forkd import bounds
+from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.files import check_path
 from forkd.controller.forks import ForkReport
+from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.controller.suspend import STATE_PREFIX
@@ -330,36 +332,30 @@ class FakeRuntime:
         for t in doomed:
             del self.snapshots[t]
 
-    async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-                    memory_limit_mib: int | None = None, live_fork: bool = False,
-                    env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-                    metadata: dict[str, str] | None = None,
-                    timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, idle_pause_secs: float | None = None,
-                    allow_internet_access: bool | None = None,
-                    network: dict[str, Any] | None = None, prewarm: bool = False) -> list[SandboxRecord]:
-        extra = {"prewarm": True} if prewarm else {}
-        if idle_pause_secs is not None:
-            extra["idle_pause_secs"] = idle_pause_secs
-        self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
-                   live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
-                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
-                   **_egress_kwargs(allow_internet_access, network), **extra)
-        self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
-                          metadata=metadata)
-        child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
-        if timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
-        if idle_pause_secs is not None:
-            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]:
+        options = options or SpawnOptions()
+        given = options.given()  # recorded as the request set them, the egress as its two fields
+        egress = given.pop("egress", None)
+        if egress is not None:
+            info = egress.info()
+            given.update({"allow_internet_access": True} if egress.allow_internet_access else {})
+            network = {k: info[k] for k in ("allow_out", "deny_out") if info[k]}
+            given.update({"network": network} if network else {})
+        self._call("spawn", tag, n, **given)
+        self._child_specs(n, memory_limit_mib=options.memory_limit_mib, env=options.env,
+                          child_env=options.child_env, metadata=options.metadata)
+        child_specs(n, cpu_limit=options.cpu_limit, pids_limit=options.pids_limit)  # the real bounds checks
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
+        quota = DEFAULT_DISK_QUOTA_MIB if options.disk_quota_mib is None else options.disk_quota_mib
         out = []
         for i in range(n):
-            out.append(self._new_child(tag, i, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
-                                       per_child_netns=per_child_netns, metadata=metadata or {},
-                                       timeout_secs=timeout_secs))
-            out[-1].cpu_limit, out[-1].pids_limit = cpu_limit, pids_limit
-            out[-1].idle_pause_secs = idle_pause_secs  # the fake never pauses: it has no clock
+            out.append(self._new_child(tag, i, live_fork=options.live_fork,
+                                       memory_limit_mib=options.memory_limit_mib,
+                                       per_child_netns=options.per_child_netns,
+                                       metadata=options.metadata or {}, timeout_secs=options.timeout_secs))
+            out[-1].cpu_limit, out[-1].pids_limit = options.cpu_limit, options.pids_limit
+            out[-1].idle_pause_secs = options.idle_pause_secs  # the fake never pauses: it has no clock
+            out[-1].disk_quota_mib = quota or None  # the fake's disks never grow
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
@@ -862,8 +858,8 @@ class FakeRuntime:
                    memory_limit_mib=memory_limit_mib)
         if name in self.workspaces:
             raise Conflict(f"workspace {name!r} already exists; delete it first")
-        [child] = await self.spawn(snapshot_tag, per_child_netns=per_child_netns,
-                                   memory_limit_mib=memory_limit_mib)
+        [child] = await self.spawn(snapshot_tag, 1, SpawnOptions(per_child_netns=per_child_netns,
+                                                                 memory_limit_mib=memory_limit_mib))
         self.workspaces[name] = {"id": f"ws-{name}", "name": name, "sandbox_id": child.id,
                                  "source_snapshot_tag": snapshot_tag, "created_at_unix": CREATED,
                                  "last_active_unix": CREATED}

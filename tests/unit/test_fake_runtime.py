@@ -21,6 +21,7 @@ import forkd.api.routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
 from forkd.api.deps import RuntimeLike
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import FakeRuntime
@@ -129,7 +130,7 @@ def test_pause_resume_and_describe_behave_like_the_runtime() -> None:
     async def main() -> None:
         rt = FakeRuntime()
         rt.add_snapshot("py")
-        [sb] = await rt.spawn("py", metadata={"k": "v"})
+        [sb] = await rt.spawn("py", 1, SpawnOptions(metadata={"k": "v"}))
         view = rt.describe_sandbox(sb.id)
         assert (view["id"], view["template"], view["state"], view["metadata"]) == (sb.id, "py", "running",
                                                                                    {"k": "v"})
@@ -178,7 +179,7 @@ def test_lineage_delete_and_live_branches_behave_like_the_runtime() -> None:
     async def main() -> None:
         rt = FakeRuntime()
         rt.add_snapshot("py")
-        [src] = await rt.spawn("py", live_fork=True)
+        [src] = await rt.spawn("py", 1, SpawnOptions(live_fork=True))
         first = await rt.branch(src.id, mode="diff")
         assert (first.tag, first.parent_tag, first.status) == (f"branch-{src.id}-1", "py", "ready")
         live = await rt.branch(src.id, tag="cp", mode="live", wait=False)

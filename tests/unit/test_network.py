@@ -563,7 +563,7 @@ def test_api_passes_egress_to_the_runtime(api: tuple[TestClient, FakeRuntime]) -
     assert r.status_code == 201, r.text
     _, _, kwargs = fake.calls[-1]
     assert kwargs["allow_internet_access"] is True
-    assert kwargs["network"] == {"allow_out": ["10.201.0.1:8080"], "deny_out": []}
+    assert kwargs["network"] == {"allow_out": ["10.201.0.1:8080"]}
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -154,7 +154,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
-            rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id)
+            rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
+                                    disk_quota_mib=settings.disk_quota_mib)
             if settings.pools:
                 await rt.preset_pools(settings.pools)
             app.state.runtime = rt

@@ -21,6 +21,7 @@ from typing import Annotated, NoReturn, ParamSpec, TypeVar
 
 import typer
 
+from forkd import bounds
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
     DEFAULT_LEASE_TTL,
@@ -201,6 +202,14 @@ def daemon(
             help="Sandboxes this host is planned for, for fleet placement (default: one per 512 MiB RAM).",
         ),
     ] = None,
+    disk_quota_mib: Annotated[
+        int,
+        typer.Option(
+            "--disk-quota-mib", envvar="FORKD_DISK_QUOTA_MIB", min=0, metavar="MIB",
+            help="Disk quota of a sandbox whose spawn gives none: a sandbox whose own disk layers "
+            "grow past it is stopped. 0: no quota.",
+        ),
+    ] = bounds.DEFAULT_DISK_QUOTA_MIB,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -246,6 +255,7 @@ def daemon(
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
+        disk_quota_mib=disk_quota_mib,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
     # command needs and `pip install forkd` (the SDK and CLI) does not bring.
@@ -286,6 +296,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "host_id": settings.host_id,
         "etcd": settings.etcd,
         "advertise_url": settings.reachable_url if settings.etcd else None,
+        "disk_quota_mib": settings.disk_quota_mib,
     }
 
 

@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
+from forkd.controller.options import SpawnOptions
 from forkd.errors import Busy, InvalidRequest
 
 
@@ -38,25 +39,7 @@ class RuntimeLike(Protocol):
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None: ...
     def snapshot_lineage(self, tag: str) -> dict[str, Any]: ...
     def tag_in_flight(self, tag: str) -> bool: ...
-    async def spawn(
-        self,
-        tag: str,
-        n: int = 1,
-        *,
-        per_child_netns: bool = False,
-        memory_limit_mib: int | None = None,
-        live_fork: bool = False,
-        env: dict[str, str] | None = None,
-        child_env: list[dict[str, str]] | None = None,
-        metadata: dict[str, str] | None = None,
-        timeout_secs: float | None = None,
-        cpu_limit: float | None = None,
-        pids_limit: int | None = None,
-        idle_pause_secs: float | None = None,
-        allow_internet_access: bool | None = None,
-        network: dict[str, Any] | None = None,
-        prewarm: bool = False,
-    ) -> list[Any]: ...
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[Any]: ...
     async def fork(
         self,
         sandbox_id: str,

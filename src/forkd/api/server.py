@@ -62,6 +62,10 @@ def validate_settings(settings: Settings) -> None:
         raise ConfigError(f"max body size must be at least {MIN_MAX_BODY_BYTES} bytes")
     if settings.max_file_bytes < 0:
         raise ConfigError("max file size must not be negative")
+    try:
+        bounds.DISK_QUOTA_MIB.check(settings.disk_quota_mib)
+    except InvalidRequest as exc:
+        raise ConfigError(f"--disk-quota-mib: {exc}") from None
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
     try:

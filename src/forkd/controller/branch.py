@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,13 @@ class Brancher:
         self._tags = tags
         self._background: dict[str, asyncio.Task[SnapshotRecord]] = {}  # tag -> its finish
         self._background_source: dict[str, str] = {}  # tag -> the sandbox it copies from
+        self._disk_cut_hooks: list[Callable[[str], Awaitable[None]]] = []
         table.before_kill(self._let_branches_finish)
+
+    def on_disk_cut(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``hook(sandbox_id)`` once a branch has moved the source onto a new overlay
+        (the caller holds the source's lock; the disk quota arms the new overlay)."""
+        self._disk_cut_hooks.append(hook)
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -198,6 +205,11 @@ class Brancher:
         self._registry.set_disk_chain(src.id, DiskChain(
             node=new_node, file=str(new_disk), parent_tag=src.disk.parent_tag,
             pending_layers=[str(p) for p in layers]))
+        for hook in self._disk_cut_hooks:
+            try:
+                await hook(src.id)
+            except (ForkdError, OSError) as exc:  # the branch itself is good
+                log.warning("after the disk cut of %s: %s", src.id, exc)
         try:
             base = SnapshotDir(self._snapshots / src.disk.parent_tag).disk
             if standalone:

@@ -29,6 +29,7 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
@@ -40,21 +41,6 @@ from forkd.store.registry import Registry, SandboxRecord
 log = logging.getLogger("forkd.forks")
 
 TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = bounds.FORK_LABELS  # stamped on every fork-tree child
-
-
-@dataclass(frozen=True)
-class ForkOptions:
-    """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
-
-    per_child_netns: bool = False
-    memory_limit_mib: int | None = None
-    live_fork: bool = False
-    env: dict[str, str] | None = None
-    child_env: list[dict[str, str]] | None = None
-    child_memory_limit_mib: list[int | None] | None = None
-    metadata: dict[str, str] | None = None
-    keep_snapshot: bool = False
-    egress: EgressPolicy | None = None  # the children's (the source keeps its own)
 
 
 @dataclass
@@ -119,9 +105,9 @@ class Forker:
             # it goes with its children.
             self._registry.set_auto_delete(snap.tag, True)
         try:
-            outcomes = await self._spawner.spawn_each(
-                snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork,
-                egress=options.egress)
+            outcomes = await self._spawner.spawn_each(snap.tag, specs, SpawnOptions(
+                per_child_netns=options.per_child_netns, live_fork=options.live_fork,
+                egress=options.egress or EgressPolicy()))
         except ForkdError as exc:
             # A request-wide refusal (e.g. a missing namespace): no child started.
             outcomes = [exc] * count

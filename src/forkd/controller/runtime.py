@@ -42,12 +42,14 @@ from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
-from forkd.controller.forks import Forker, ForkOptions, ForkReport
+from forkd.controller.forks import Forker, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
 from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
 from forkd.controller.recovery import recover
@@ -82,7 +84,8 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "offline_travel",
+    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "SpawnOptions",
+    "offline_travel",
 ]
 
 log = logging.getLogger("forkd.runtime")
@@ -118,6 +121,10 @@ class Runtime:
         self.reaper = DeadlineKeeper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
         self.idle = IdlePauser(registry, self.sandboxes)
+        self.disk_quotas = DiskQuotas(registry, self.sandboxes)
+        self.spawner.limit_disks_with(self.disk_quotas)
+        self.brancher.on_disk_cut(self.disk_quotas.after_disk_cut)
+        self.sandboxes.on_removed(self.disk_quotas.after_removed)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
         self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots,
@@ -131,9 +138,11 @@ class Runtime:
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
-                   host_id: str | None = None) -> Runtime:
+                   host_id: str | None = None, disk_quota_mib: int | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
-        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
+        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
+        ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
+        controller/disk_quota.py)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
@@ -148,6 +157,9 @@ class Runtime:
         rt._data_lock = lock
         rt.travel.store = object_store
         rt.spawner.host_id = host_id
+        if disk_quota_mib is not None:
+            bounds.DISK_QUOTA_MIB.check(disk_quota_mib)
+            rt.disk_quotas.default_mib = disk_quota_mib
         await recover(data, rt.registry, rt.sandboxes, rt.shm)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.
         await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
@@ -156,6 +168,7 @@ class Runtime:
         await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
         await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
         await rt.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
+        await rt.disk_quotas.start()  # quotas of re-adopted sandboxes armed again
         rt.console_warden.start()
         return rt
 
@@ -168,6 +181,7 @@ class Runtime:
         await self.reaper.stop()
         await self.idle.stop()
         await self.brancher.wait_background()
+        await self.disk_quotas.stop()
         await self.checkpoints.wait_background()
         await self.console_warden.stop()
         if keep_sandboxes:
@@ -247,40 +261,16 @@ class Runtime:
         record.paused = self.idle.paused(record.id)
         return record
 
-    async def spawn(
-        self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-        memory_limit_mib: int | None = None, live_fork: bool = False,
-        env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-        metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
-        cpu_limit: float | None = None, pids_limit: int | None = None,
-        idle_pause_secs: float | None = None,
-        allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
-        prewarm: bool = False,
-    ) -> list[SandboxRecord]:
-        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]:
+        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing (see SpawnOptions).
 
-        ``timeout_secs``: each child is killed that long after the spawn returns
-        (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
-        (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
-        ``idle_pause_secs``: a child that long without a request is paused, and
-        resumed by its next one (controller/idle.py); default never.
-        ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
-        "deny_out": [...]}``) open the children's egress, denied by default
-        (host/egress.py); they need a snapshot with a NIC.
-        ``prewarm``: read the snapshot's memory into the page cache first.
+        Egress needs a snapshot with a NIC; a claimed warm-pool member's deadline
+        starts at its claim.
         """
-        if timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
-        if idle_pause_secs is not None:
-            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
-        egress = EgressPolicy.from_request(allow_internet_access, network)
-        records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
-                                           memory_limit_mib=memory_limit_mib, live_fork=live_fork,
-                                           env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress,
-                                           prewarm=prewarm)
-        self.reaper.apply(records, timeout_secs)
-        self.idle.apply(records, idle_pause_secs)
+        options = options or SpawnOptions()
+        records = await self.spawner.spawn(tag, n, options)
+        self.reaper.apply(records, options.timeout_secs)
+        self.idle.apply(records, options.idle_pause_secs)
         return records
 
     async def fork(

@@ -42,6 +42,9 @@ from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.sandboxes")
 
+# In a run directory: why forkd itself stopped the sandbox's QEMU (``SandboxTable.stop``).
+STOPPED_FILE = "stopped-reason"
+
 
 async def remove_cgroup(path: str | None, extra: list[str] | None = None) -> None:
     """Remove a sandbox's cgroup: ``path`` and, on v1, its other hierarchies' directories."""
@@ -144,6 +147,9 @@ class SandboxTable:
             record = self._registry.get_sandbox(sandbox_id)
         except NotFound:
             record = None
+        if record is not None:
+            with contextlib.suppress(OSError):
+                return (Path(record.dir) / STOPPED_FILE).read_text().strip()
         if record is not None and record.cgroup:
             handle = cgroups.handle_for(record.cgroup, tuple(record.cgroup_extra))
             if handle.oom_kills() > 0:
@@ -182,6 +188,21 @@ class SandboxTable:
         record.pooled = False
         self._registry.save_sandbox(record)
         self._hidden.discard(record.id)
+
+    async def stop(self, sandbox_id: str, reason: str) -> None:
+        """Kill a sandbox's QEMU but keep the sandbox, dead, until someone kills it: every
+        call then answers 502 with ``reason`` (as an OOM kill by its memory limit does)."""
+        vm = self._vms.get(sandbox_id)
+        if vm is None:
+            return
+        async with self.lock(sandbox_id):
+            if self._vms.get(sandbox_id) is not vm:
+                return  # killed meanwhile
+            with contextlib.suppress(OSError):  # first: a daemon that dies now still knows why
+                (vm.process.dir / STOPPED_FILE).write_text(reason + "\n")
+            log.warning("stopping sandbox %s: %s", sandbox_id, reason)
+            await vm.process.kill()  # first: calls in flight then fail as the death, with the reason
+            await vm.destroy()
 
     async def detach_all(self) -> None:
         """Forget every VM but leave it running, for the next daemon to re-adopt."""

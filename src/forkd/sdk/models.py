@@ -500,6 +500,14 @@ class SandboxInfo(TypedDict, total=False):
     pids_limit: int | None
     """Task limit of its QEMU's cgroup, if one was set."""
 
+    disk_quota_mib: int | None
+    """Its disk quota (MiB), if it has one."""
+
+    disk_used_mib: float | None
+    """Host disk its own layers take now (MiB): what it wrote since its spawn, counted against
+    disk_quota_mib.
+    """
+
     live_fork: bool | None
 
     timings: dict[str, float] | None
@@ -926,6 +934,13 @@ class SpawnRequest(TypedDict, total=False):
     pages when none were free.
     """
 
+    disk_quota_mib: int | None
+    """How far each child's own disk layers (its copy-on-write overlay, and what its branches froze)
+    may grow on the host, in MiB. A child that writes past it is stopped: its QEMU is killed and
+    every call answers 502 saying so, as after an OOM kill by memory_limit_mib. Default: the
+    daemon's --disk-quota-mib (1024 unless set); 0: no quota.
+    """
+
 
 class StdinRequest(TypedDict, total=False):
     """The ``StdinRequest`` schema."""
@@ -1048,6 +1063,13 @@ class SpawnExtra(TypedDict, total=False):
     """Accepted from forkd 0.5 clients and without effect: children map their snapshot's memory file
     privately (copy-on-write), which hugetlbfs pages cannot back; forkd 0.5 also fell back to 4 KiB
     pages when none were free.
+    """
+
+    disk_quota_mib: int | None
+    """How far each child's own disk layers (its copy-on-write overlay, and what its branches froze)
+    may grow on the host, in MiB. A child that writes past it is stopped: its QEMU is killed and
+    every call answers 502 saying so, as after an OOM kill by memory_limit_mib. Default: the
+    daemon's --disk-quota-mib (1024 unless set); 0: no quota.
     """
 
 

@@ -158,6 +158,7 @@ class PausedRecord:
     disk_mib: int = 0  # the guest disk's size
     egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
     idle_pause_secs: float | None = None  # kept through the pause: the resumed sandbox idles the same way
+    disk_quota_mib: int | None = None  # kept through the pause too
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,6 +267,8 @@ class SandboxRecord:
     paused: bool = False
     # Its namespace, links, address and egress rules, as controller/network.py made them.
     network: ChildNet | None = None
+    # How far its own disk layers may grow on the host (controller/disk_quota.py); None: no quota.
+    disk_quota_mib: int | None = None
 
     @property
     def per_child_netns(self) -> bool:
@@ -285,6 +288,18 @@ class SandboxRecord:
     @property
     def agent_socket(self) -> str:
         return str(Path(self.dir) / "agent.sock")
+
+    def disk_used_bytes(self) -> int | None:
+        """Host bytes its own disk layers take (its overlay and the frozen ones in its run
+        directory: what it wrote since its spawn); None if it has none (yet)."""
+        total, found = 0, False
+        for layer in Path(self.dir).glob("disk*.qcow2"):
+            try:
+                total += layer.stat().st_blocks * 512
+                found = True
+            except OSError:
+                continue
+        return total if found else None
 
     def info(self) -> dict[str, Any]:
         """SandboxInfo as the seeds define it."""
@@ -309,6 +324,11 @@ class SandboxRecord:
             out["cpu_limit"] = self.cpu_limit
         if self.pids_limit is not None:
             out["pids_limit"] = self.pids_limit
+        if self.disk_quota_mib is not None:
+            out["disk_quota_mib"] = self.disk_quota_mib
+        used = self.disk_used_bytes()
+        if used is not None:
+            out["disk_used_mib"] = round(used / (1 << 20), 2)
         out["live_fork"] = self.live_fork
         if self.timings:
             # Where its fork's time went, seconds since the restore began.
@@ -336,6 +356,7 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
             "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
+            "disk_quota_mib": s.disk_quota_mib,
             "network": s.network.to_json() if s.network is not None else None}
 
 
@@ -376,6 +397,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
                          idle_pause_secs=meta.get("idle_pause_secs"),
+                         disk_quota_mib=meta.get("disk_quota_mib"),
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
 
