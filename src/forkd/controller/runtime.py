@@ -31,6 +31,7 @@ half-made is ever registered, and no QEMU process outlives a failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -96,7 +97,11 @@ class Runtime:
         self.data = data
         self.registry = registry
         self._closed = False
-        self._data_lock: DataDirLock | None = None  # held while open (Runtime.open)
+        # What close() was asked to do with the sandboxes; a start that fails half-way
+        # leaves the re-adopted ones running for the next daemon.
+        self._keep_sandboxes = True
+        # The stops of what open() started, in reverse order (an empty stack until then).
+        self._lifecycle = contextlib.AsyncExitStack()
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
@@ -148,54 +153,64 @@ class Runtime:
         object_store = ObjectStore(store) if store else None
         if host_id is not None:
             check_host_id(host_id)
-        lock = DataDirLock.shared(data)  # refused during an offline pack/unpack of this dir
-        try:
-            rt = cls(data, Registry(data.registry))
-        except BaseException:
-            lock.release()
-            raise
-        rt._data_lock = lock
-        rt.travel.store = object_store
-        rt.spawner.host_id = host_id
         if disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(disk_quota_mib)
-            rt.disk_quotas.default_mib = disk_quota_mib
-        await recover(data, rt.registry, rt.sandboxes, rt.shm)
-        # Networks of sandboxes that did not survive (and of interrupted templates) go.
-        await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
-        await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
-        rt.checkpoints.start()  # policies kept in the registry count calls again
-        await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
-        await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
-        await rt.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
-        await rt.disk_quotas.start()  # quotas of re-adopted sandboxes armed again
-        rt.console_warden.start()
+        async with contextlib.AsyncExitStack() as stack:
+            # Refused during an offline pack/unpack of this dir; released last.
+            stack.callback(DataDirLock.shared(data).release)
+            rt = cls(data, Registry(data.registry))
+            stack.callback(rt.registry.close)
+            rt.travel.store = object_store
+            rt.spawner.host_id = host_id
+            if disk_quota_mib is not None:
+                rt.disk_quotas.default_mib = disk_quota_mib
+            await rt._start(stack)
+            rt._lifecycle = stack.pop_all()  # open: close() unwinds it
         return rt
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        """Recover, then start the background owners in order; each one's stop goes on
+        ``stack`` as it starts, so ``close`` (or a failed start) stops them in reverse:
+        the pool keeper first (no refill may start a VM once the rest are stopping),
+        the sandboxes' teardown last."""
+        await recover(self.data, self.registry, self.sandboxes, self.shm)
+        stack.push_async_callback(self._teardown_sandboxes)
+        # Networks of sandboxes that did not survive (and of interrupted templates) go.
+        await self.networks.reap(alive={sb.id for sb in self.registry.list_sandboxes()})
+        await self.forker.collect()  # fork snapshots whose children died while no daemon ran
+        self.console_warden.start()
+        stack.push_async_callback(self.console_warden.stop)
+        self.checkpoints.start()  # policies kept in the registry count calls again
+        stack.push_async_callback(self.checkpoints.wait_background)
+        stack.push_async_callback(self.brancher.wait_background)  # live branches finish first
+        await self.disk_quotas.start()  # quotas of re-adopted sandboxes armed again
+        stack.push_async_callback(self.disk_quotas.stop)
+        await self.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
+        stack.push_async_callback(self.idle.stop)
+        await self.reaper.start()  # sandboxes that expired while no daemon ran go now
+        stack.push_async_callback(self.reaper.stop)
+        await self.pools.start()  # re-adopted pool members go back in, the rest are discarded
+        stack.push_async_callback(self.pools.stop)
+
+    async def _teardown_sandboxes(self) -> None:
+        """Stop every sandbox, or leave them for the next daemon (``close(keep_sandboxes=True)``)."""
+        if self._keep_sandboxes:
+            await self.sandboxes.detach_all()
+            return
+        await self.sandboxes.kill_all()
+        if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
+            cgroups.remove_parent_if_empty()
+        # No sandbox left to need them: give the RAM back.
+        self.shm.prune(keep=set())
+        await self.networks.close()
 
     async def close(self, *, keep_sandboxes: bool = False) -> None:
         """Stop every sandbox (or, with ``keep_sandboxes``, leave them for the next daemon)."""
         if self._closed:
             return
         self._closed = True
-        await self.pools.stop()  # first: no refill may start a VM after the others are gone
-        await self.reaper.stop()
-        await self.idle.stop()
-        await self.brancher.wait_background()
-        await self.disk_quotas.stop()
-        await self.checkpoints.wait_background()
-        await self.console_warden.stop()
-        if keep_sandboxes:
-            await self.sandboxes.detach_all()
-        else:
-            await self.sandboxes.kill_all()
-            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
-                cgroups.remove_parent_if_empty()
-            # No sandbox left to need them: give the RAM back.
-            self.shm.prune(keep=set())
-            await self.networks.close()
-        self.registry.close()
-        if self._data_lock is not None:
-            self._data_lock.release()
+        self._keep_sandboxes = keep_sandboxes
+        await self._lifecycle.aclose()
 
     async def __aenter__(self) -> Runtime:
         return self
