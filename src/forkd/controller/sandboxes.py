@@ -32,9 +32,10 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from forkd.errors import GuestError, NotFound
+from forkd.errors import Conflict, GuestError, NotFound
 from forkd.guest.client import AgentStream
 from forkd.host import cgroups
+from forkd.store import layout
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import Registry, SandboxRecord
 from forkd.vmm.machine import VM
@@ -103,6 +104,16 @@ class SandboxTable:
         source's RAM: killing the QEMU mid-copy would lose a snapshot the user asked for.
         """
         self._kill_guards.append(guard)
+
+    def new_batch_prefix(self, host_id: str | None = None) -> str:
+        """A prefix for a spawn batch's ids that this data dir never issued before."""
+        for _ in range(64):
+            prefix = layout.new_batch_prefix(host_id)
+            if self._registry.claim_prefix(prefix):
+                return prefix
+        # 64 draws of 24 bits all taken: the data dir has issued millions of batches.
+        raise Conflict("could not find a sandbox id prefix this data dir has not used: "
+                       "start a new data dir")
 
     # ----------------------------------------------------------------- lookups
 

@@ -41,7 +41,6 @@ from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
-from forkd.store import layout
 from forkd.store.registry import DiskChain, PoolKey, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
@@ -346,7 +345,7 @@ class Spawner:
                            netns_names: list[str | None], live_fork: bool, pooled: bool
                            ) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
-        prefix = layout.new_batch_prefix(self.host_id)
+        prefix = self._table.new_batch_prefix(self.host_id)
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:

@@ -60,6 +60,12 @@ CREATE TABLE IF NOT EXISTS workspaces (
     created_at_unix INTEGER NOT NULL,
     last_active_unix INTEGER NOT NULL
 );
+-- Every sandbox id prefix (sb-<6 hex>, one per spawn batch) this data dir ever issued:
+-- an id is never handed out twice, so nothing keyed by an id (an E2B access token, an
+-- audit line, a branch tag) can come to name another sandbox.
+CREATE TABLE IF NOT EXISTS issued_prefixes (
+    prefix TEXT PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS pools (
     tag TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -418,6 +424,7 @@ class Registry:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         self._migrate()
+        self._record_issued_prefixes()
 
     def _migrate(self) -> None:
         """Add the columns a registry written by an older forkd lacks."""
@@ -426,6 +433,21 @@ class Registry:
                 have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+    def _record_issued_prefixes(self) -> None:
+        """The prefixes of the ids already here (a registry older than the table) count as issued."""
+        with self._lock:
+            ids = [r[0] for q in ("SELECT id FROM sandboxes", "SELECT id FROM paused_sandboxes",
+                                  "SELECT alias FROM sandbox_aliases", "SELECT target FROM sandbox_aliases")
+                   for r in self._db.execute(q)]
+            self._db.executemany("INSERT OR IGNORE INTO issued_prefixes (prefix) VALUES (?)",
+                                 [(i.rsplit("-", 1)[0],) for i in ids if "-" in i])
+
+    def claim_prefix(self, prefix: str) -> bool:
+        """Record ``prefix`` as issued; False if this data dir issued it before."""
+        with self._lock:
+            cur = self._db.execute("INSERT OR IGNORE INTO issued_prefixes (prefix) VALUES (?)", (prefix,))
+            return cur.rowcount == 1
 
     def close(self) -> None:
         with self._lock:
