@@ -98,7 +98,7 @@ async def pool_members(rt: Runtime, tag: str, n: int, window: float) -> dict[str
                 raise RuntimeError(f"the pool did not fill: {rt.get_pool(tag)}")
             await asyncio.sleep(0.5)
         await asyncio.sleep(SETTLE_S)
-        pids = [sb.pid for sb in rt.registry.list_sandboxes() if sb.pooled and sb.pid]
+        pids = [sb.pid for sb in rt.registry.sandboxes.all() if sb.pooled and sb.pid]
         return await measure(rt, pids, n, window, before)
     finally:
         await rt.set_pool(tag, 0)

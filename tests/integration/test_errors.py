@@ -78,7 +78,7 @@ def test_unknown_sandbox(loop: Loop, runtime: Runtime) -> None:
 
 
 def _assert_nothing_left(runtime: Runtime, tag: str) -> None:
-    assert not runtime.registry.has_snapshot(tag)
+    assert not runtime.registry.snapshots.has(tag)
     assert not (runtime.data.snapshots / tag).exists()
     assert [p for p in runtime.data.snapshots.iterdir() if p.name.startswith(f".{tag}.")] == []
     assert qemu_processes_of(runtime.data.snapshots / f".{tag}.tmp-") == []

@@ -220,7 +220,7 @@ def test_a_spoofed_source_gets_no_answer_out_of_a_deny_all_sandbox(loop: Loop, r
     test's leaves the namespace.
     """
     tag = "hostile-nic"
-    if not runtime.registry.has_snapshot(tag):
+    if not runtime.registry.snapshots.has(tag):
         loop.run(runtime.create_snapshot(SnapshotSpec(tag=tag, nic=True, boot_wait_secs=240)))
     [sb] = loop.run(runtime.spawn(tag, 1))
     try:

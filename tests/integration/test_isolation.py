@@ -196,7 +196,7 @@ def test_restart_removes_the_cgroups_of_dead_sandboxes(loop: Loop, tmp_path: Pat
         for i in (dead, orphan):
             (data.sandboxes / i).mkdir()
         (data.sandboxes / orphan / "cgroup").write_text(f"{handles[1].path}\n")
-        rt.registry.insert_sandbox(SandboxRecord(
+        rt.registry.sandboxes.insert(SandboxRecord(
             id=dead, snapshot_tag="py", dir=str(data.sandboxes / dead), created_at_unix=0,
             config=VMConfig(512, 1, Accel.tcg()), disk=DiskChain.fresh(data.sandboxes / dead, "py"),
             pid=None, memory_limit_mib=128, cgroup=str(handles[0].path)))

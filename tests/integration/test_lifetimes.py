@@ -45,7 +45,7 @@ def alive(pid: int | None) -> bool:
 
 
 def gone(rt: Runtime, sb: SandboxRecord) -> bool:
-    return (not rt.registry.has_sandbox(sb.id) and not alive(sb.pid) and not Path(sb.dir).exists()
+    return (not rt.registry.sandboxes.has(sb.id) and not alive(sb.pid) and not Path(sb.dir).exists()
             and not (sb.cgroup and Path(sb.cgroup).exists()))
 
 
@@ -73,7 +73,7 @@ def test_an_expired_sandbox_is_killed_with_its_qemu_and_cgroup(
         assert runtime.get_sandbox(kept.id).expires_at_unix is not None
     finally:
         for sb in (doomed, kept):
-            if runtime.registry.has_sandbox(sb.id):
+            if runtime.registry.sandboxes.has(sb.id):
                 loop.run(runtime.kill(sb.id))
 
 
@@ -87,7 +87,7 @@ def test_a_sandbox_that_expires_while_the_daemon_is_down_is_reaped_on_restart(
         src = runtime.get_snapshot(snapshot)
         dst = data.snapshots / snapshot
         shutil.copytree(src.dir, dst, copy_function=os.link)
-        rt.registry.insert_snapshot(SnapshotRecord(tag=snapshot, dir=str(dst),
+        rt.registry.snapshots.insert(SnapshotRecord(tag=snapshot, dir=str(dst),
                                                    created_at_unix=src.created_at_unix))
         doomed, kept = loop.run(rt.spawn(snapshot, 2, SpawnOptions(memory_limit_mib=limit(), timeout_secs=3)))
         rt.set_timeout(kept.id, 600)

@@ -40,7 +40,7 @@ def wait_until(loop: Loop, cond: Callable[[], bool], what: str, timeout: float =
 
 
 def members(rt: Runtime, tag: str) -> list[Any]:
-    return [sb for sb in rt.registry.list_sandboxes() if sb.pooled and sb.snapshot_tag == tag]
+    return [sb for sb in rt.registry.sandboxes.all() if sb.pooled and sb.snapshot_tag == tag]
 
 
 def probe(loop: Loop, rt: Runtime, sandbox_id: str) -> tuple[str, float, float, float, float]:

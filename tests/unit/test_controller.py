@@ -97,12 +97,12 @@ def test_tag_reservations_are_exclusive() -> None:
 
 def _store(registry: Registry, tmp_path: Path, tags: TagReservations | None = None) -> SnapshotStore:
     tags = tags or TagReservations(lambda _t: False)
-    return SnapshotStore(registry, tmp_path / "snapshots", tags, ShmMemory(tmp_path))
+    return SnapshotStore(registry.snapshots, tmp_path / "snapshots", tags, ShmMemory(tmp_path))
 
 
 def test_lineage_and_deletion_plan(registry: Registry, tmp_path: Path) -> None:
     for tag, parent in (("py", None), ("b1", "py"), ("b2", "b1"), ("c1", "py")):
-        registry.insert_snapshot(
+        registry.snapshots.insert(
             SnapshotRecord(tag=tag, dir=f"/d/{tag}", created_at_unix=1, parent_tag=parent))
     store = _store(registry, tmp_path)
     assert store.dependents("py") == ["b1", "c1", "b2"]
@@ -119,7 +119,7 @@ def test_lineage_and_deletion_plan(registry: Registry, tmp_path: Path) -> None:
 
 
 def test_a_tag_being_written_cannot_be_deleted(registry: Registry, tmp_path: Path) -> None:
-    registry.insert_snapshot(SnapshotRecord(tag="b1", dir="/d/b1", created_at_unix=1, status="writing"))
+    registry.snapshots.insert(SnapshotRecord(tag="b1", dir="/d/b1", created_at_unix=1, status="writing"))
     tags = TagReservations(lambda _t: False)
     tags.reserve("b1")
     with pytest.raises(Conflict, match="still being written"):
@@ -127,8 +127,8 @@ def test_a_tag_being_written_cannot_be_deleted(registry: Registry, tmp_path: Pat
 
 
 def test_forkable_refuses_writing_and_failed(registry: Registry, tmp_path: Path) -> None:
-    registry.insert_snapshot(SnapshotRecord(tag="w", dir="/d/w", created_at_unix=1, status="writing"))
-    registry.insert_snapshot(SnapshotRecord(tag="f", dir="/d/f", created_at_unix=1, status="failed",
+    registry.snapshots.insert(SnapshotRecord(tag="w", dir="/d/w", created_at_unix=1, status="writing"))
+    registry.snapshots.insert(SnapshotRecord(tag="f", dir="/d/f", created_at_unix=1, status="failed",
                                             error="disk full"))
     store = _store(registry, tmp_path)
     with pytest.raises(Conflict, match="still being written"):
@@ -141,7 +141,7 @@ def test_forkable_refuses_writing_and_failed(registry: Registry, tmp_path: Path)
 
 
 def test_table_lookups_and_death(registry: Registry, tmp_path: Path) -> None:
-    table = SandboxTable(registry, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     vm = FakeVM([])
     table.add(_sandbox(tmp_path), vm)  # type: ignore[arg-type]
     assert table.get(SB) is vm
@@ -153,7 +153,7 @@ def test_table_lookups_and_death(registry: Registry, tmp_path: Path) -> None:
     with pytest.raises(GuestError, match="has died"):
         table.get(SB)
     asyncio.run(table.kill(SB))
-    assert not registry.has_sandbox(SB) and not (tmp_path / "sandboxes" / SB).exists()
+    assert not registry.sandboxes.has(SB) and not (tmp_path / "sandboxes" / SB).exists()
     with pytest.raises(NotFound):
         asyncio.run(table.kill(SB))
 
@@ -195,11 +195,11 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
 
     snapshots = tmp_path / "snapshots"
     (snapshots / "py").mkdir(parents=True)
-    registry.insert_snapshot(SnapshotRecord(tag="py", dir=str(snapshots / "py"), created_at_unix=1))
-    table = SandboxTable(registry, tmp_path / "sandboxes")
-    tags = TagReservations(lambda t: registry.has_snapshot(t))
+    registry.snapshots.insert(SnapshotRecord(tag="py", dir=str(snapshots / "py"), created_at_unix=1))
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    tags = TagReservations(lambda t: registry.snapshots.has(t))
     store = _store(registry, tmp_path, tags)
-    brancher = Brancher(registry, snapshots, table, store, tags)
+    brancher = Brancher(registry.sandboxes, snapshots, table, store, tags)
     table.add(_sandbox(tmp_path), vm)  # type: ignore[arg-type]
 
     async def main() -> None:
@@ -216,8 +216,8 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
     asyncio.run(main())
     assert events.index("resumed") < events.index("destroyed") < events.index("kill returned")
     assert "destroyed while paused" not in events
-    assert not registry.has_sandbox(SB)
-    assert registry.get_snapshot("b1").status == "ready"
+    assert not registry.sandboxes.has(SB)
+    assert registry.snapshots.get("b1").status == "ready"
     assert not tags.in_flight("b1")
 
 

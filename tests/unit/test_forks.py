@@ -68,22 +68,22 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 
 
 def test_aliases_follow_chains_and_survive_reopening(registry: Registry, tmp_path: Path) -> None:
-    registry.set_alias("sb-000000-0000", "sb-111111-0000")
-    registry.set_alias("sb-111111-0000", "sb-222222-0000")  # the winner was itself replaced later
-    assert registry.resolve_alias("sb-000000-0000") == "sb-222222-0000"
-    assert registry.resolve_alias("sb-333333-0000") == "sb-333333-0000"
+    registry.aliases.set("sb-000000-0000", "sb-111111-0000")
+    registry.aliases.set("sb-111111-0000", "sb-222222-0000")  # the winner was itself replaced later
+    assert registry.aliases.resolve("sb-000000-0000") == "sb-222222-0000"
+    assert registry.aliases.resolve("sb-333333-0000") == "sb-333333-0000"
     registry.close()
     again = Registry(tmp_path / "forkd.db")
     try:
-        assert again.resolve_alias("sb-000000-0000") == "sb-222222-0000"
+        assert again.aliases.resolve("sb-000000-0000") == "sb-222222-0000"
     finally:
         again.close()
 
 
 def test_an_alias_loop_does_not_hang(registry: Registry) -> None:
-    registry.set_alias("sb-000000-0000", "sb-111111-0000")
-    registry.set_alias("sb-111111-0000", "sb-000000-0000")
-    assert registry.resolve_alias("sb-000000-0000") in {"sb-000000-0000", "sb-111111-0000"}
+    registry.aliases.set("sb-000000-0000", "sb-111111-0000")
+    registry.aliases.set("sb-111111-0000", "sb-000000-0000")
+    assert registry.aliases.resolve("sb-000000-0000") in {"sb-000000-0000", "sb-111111-0000"}
     assert MAX_ALIAS_HOPS >= 2
 
 
@@ -107,12 +107,12 @@ class _NoSpawns:
 
 
 def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, SnapshotStore]:
-    table = SandboxTable(registry, tmp_path / "sandboxes")
-    tags = TagReservations(registry.has_snapshot)
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    tags = TagReservations(registry.snapshots.has)
     store = _store(registry, tmp_path, tags)
-    brancher = Brancher(registry, tmp_path / "snapshots", table, store, tags)
-    spawner = _NoSpawns(Networks(tmp_path, registry))
-    forker = Forker(registry, table, brancher, spawner, store, tags)  # type: ignore[arg-type]
+    brancher = Brancher(registry.sandboxes, tmp_path / "snapshots", table, store, tags)
+    spawner = _NoSpawns(Networks(tmp_path, registry.sandboxes))
+    forker = Forker(registry.sandboxes, registry.aliases, table, brancher, spawner, store, tags)  # type: ignore[arg-type]
     table.on_removed(forker.after_removed)
     return forker, table, store
 
@@ -120,7 +120,7 @@ def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, S
 def _snap(registry: Registry, tmp_path: Path, tag: str, **fields: Any) -> None:
     path = tmp_path / "snapshots" / tag
     path.mkdir(parents=True)
-    registry.insert_snapshot(SnapshotRecord(tag=tag, dir=str(path), created_at_unix=1, **fields))
+    registry.snapshots.insert(SnapshotRecord(tag=tag, dir=str(path), created_at_unix=1, **fields))
 
 
 def _child(registry: Registry, table: SandboxTable, tmp_path: Path, sb_id: str, tag: str,
@@ -141,11 +141,11 @@ def test_a_fork_snapshot_goes_with_its_last_child(registry: Registry, tmp_path: 
     _child(registry, table, tmp_path, "sb-aaaaaa-0001", "fork-1")
     assert asyncio.run(forker.collect()) == []
     asyncio.run(table.kill("sb-aaaaaa-0000"))
-    assert registry.has_snapshot("fork-1")  # one child still runs from it
+    assert registry.snapshots.has("fork-1")  # one child still runs from it
     asyncio.run(table.kill("sb-aaaaaa-0001"))
-    assert not registry.has_snapshot("fork-1")
+    assert not registry.snapshots.has("fork-1")
     assert not (tmp_path / "snapshots" / "fork-1").exists()
-    assert registry.has_snapshot("kept") and registry.has_snapshot("py")
+    assert registry.snapshots.has("kept") and registry.snapshots.has("py")
 
 
 def test_a_fork_snapshot_with_dependents_stays_until_they_go(registry: Registry, tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_a_fork_snapshot_with_dependents_stays_until_they_go(registry: Registry,
     _snap(registry, tmp_path, "fork-1", parent_tag="py", auto_delete=True)
     _snap(registry, tmp_path, "grandchild", parent_tag="fork-1", auto_delete=True, status="writing")
     assert asyncio.run(forker.collect()) == []  # still being written
-    registry.set_snapshot_status("grandchild", "ready")
+    registry.snapshots.set_status("grandchild", "ready")
     # Both go, the dependent first, in one collection.
     assert asyncio.run(forker.collect()) == ["grandchild", "fork-1"]
     assert [s.tag for s in store.all()] == ["py"]
@@ -168,7 +168,7 @@ def test_egress_for_a_source_without_a_nic_is_refused_before_its_pause(
     options = ForkOptions(egress=EgressPolicy.from_request(True))
     with pytest.raises(InvalidRequest, match="has no network device"):
         asyncio.run(forker.fork(SRC, 1, options))
-    assert registry.list_snapshots()[0].tag == "py" and len(registry.list_snapshots()) == 1  # no branch
+    assert registry.snapshots.all()[0].tag == "py" and len(registry.snapshots.all()) == 1  # no branch
 
 
 def test_promote_refuses_what_is_not_a_fork_tree_child(registry: Registry, tmp_path: Path) -> None:
@@ -183,7 +183,7 @@ def test_promote_refuses_what_is_not_a_fork_tree_child(registry: Registry, tmp_p
         asyncio.run(forker.promote("sb-bbbbbb-0000", tree_id="ft-ffffffffffff"))
     with pytest.raises(NotFound):
         asyncio.run(forker.promote("sb-cccccc-0000"))
-    assert {sb.id for sb in registry.list_sandboxes()} == {"sb-aaaaaa-0000", "sb-bbbbbb-0000"}
+    assert {sb.id for sb in registry.sandboxes.all()} == {"sb-aaaaaa-0000", "sb-bbbbbb-0000"}
 
 
 def test_promote_replace_parent_makes_the_source_id_an_alias(registry: Registry, tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_promote_replace_parent_makes_the_source_id_an_alias(registry: Registry,
     assert table.resolve(SRC) == "sb-bbbbbb-0001"
     assert table.get(SRC) is table.get("sb-bbbbbb-0001")
     asyncio.run(table.kill(SRC))  # the winner, under the source's name
-    assert registry.list_sandboxes() == []
+    assert registry.sandboxes.all() == []
 
 
 # ------------------------------------------------------------------ REST routes (FakeRuntime)

@@ -104,9 +104,9 @@ class Harness:
 @pytest.fixture
 def h(tmp_path: Path) -> Iterator[Harness]:
     registry = Registry(tmp_path / "registry.db")
-    table = SandboxTable(registry, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     clock = Clock()
-    pauser = IdlePauser(registry, table, clock=clock)
+    pauser = IdlePauser(registry.sandboxes, table, clock=clock)
     table.watch_activity(pauser)
     table.on_removed(pauser.after_removed)
     yield Harness(registry, table, pauser, clock, {})
@@ -121,8 +121,8 @@ def test_an_idle_sandbox_is_paused_and_its_next_request_resumes_it_first(h: Harn
     async def main() -> None:
         vm = h.add("sb-000000-0000")
         h.add("sb-000000-0001")  # no policy: never paused
-        h.pauser.apply([h.registry.get_sandbox("sb-000000-0000")], 30)
-        assert h.registry.get_sandbox("sb-000000-0000").idle_pause_secs == 30  # kept for a restart
+        h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 30)
+        assert h.registry.sandboxes.get("sb-000000-0000").idle_pause_secs == 30  # kept for a restart
         h.clock.now += 29
         assert await h.pauser.pause_due() == []
         h.clock.now += 1
@@ -145,7 +145,7 @@ def test_an_idle_sandbox_is_paused_and_its_next_request_resumes_it_first(h: Harn
 def test_no_pause_while_a_request_is_in_flight(h: Harness) -> None:
     async def main() -> None:
         vm = h.add("sb-000000-0000")
-        h.pauser.apply([h.registry.get_sandbox("sb-000000-0000")], 5)
+        h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         vm.gate = asyncio.Event()
         call = asyncio.create_task(h.table.call("sb-000000-0000", "exec", 60))
         await asyncio.sleep(0.01)
@@ -164,7 +164,7 @@ def test_no_pause_while_a_request_is_in_flight(h: Harness) -> None:
 def test_no_pause_while_a_live_branch_is_still_copying(h: Harness) -> None:
     async def main() -> None:
         vm = h.add("sb-000000-0000")
-        h.pauser.apply([h.registry.get_sandbox("sb-000000-0000")], 5)
+        h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         vm.qmp.migration = "active"
         h.clock.now += 10
         assert await h.pauser.pause_due() == [] and "stop" not in vm.log
@@ -178,7 +178,7 @@ def test_no_pause_while_a_live_branch_is_still_copying(h: Harness) -> None:
 def test_a_branch_wakes_its_paused_source_under_the_lock(h: Harness) -> None:
     async def main() -> None:
         vm = h.add("sb-000000-0000")
-        h.pauser.apply([h.registry.get_sandbox("sb-000000-0000")], 5)
+        h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         h.clock.now += 5
         await h.pauser.pause_due()
         vm.log.clear()
@@ -192,9 +192,9 @@ def test_a_branch_wakes_its_paused_source_under_the_lock(h: Harness) -> None:
 def test_a_restart_takes_back_policies_and_paused_sandboxes(h: Harness) -> None:
     async def main() -> None:
         paused, running = h.add("sb-000000-0000"), h.add("sb-000000-0001")
-        h.pauser.apply([h.registry.get_sandbox(i) for i in ("sb-000000-0000", "sb-000000-0001")], 5)
+        h.pauser.apply([h.registry.sandboxes.get(i) for i in ("sb-000000-0000", "sb-000000-0001")], 5)
         paused.qmp.status_ = "paused"
-        again = IdlePauser(h.registry, h.table, clock=h.clock)  # a new daemon, same VMs
+        again = IdlePauser(h.registry.sandboxes, h.table, clock=h.clock)  # a new daemon, same VMs
         await again.start()
         try:
             assert again.paused("sb-000000-0000") and not again.paused("sb-000000-0001")
@@ -209,7 +209,7 @@ def test_a_restart_takes_back_policies_and_paused_sandboxes(h: Harness) -> None:
 def test_a_killed_sandbox_is_forgotten(h: Harness) -> None:
     async def main() -> None:
         h.add("sb-000000-0000")
-        h.pauser.apply([h.registry.get_sandbox("sb-000000-0000")], 5)
+        h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         await h.table.kill("sb-000000-0000")
         assert h.pauser.counts()["tracked"] == 0
         h.clock.now += 10

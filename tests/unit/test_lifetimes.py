@@ -60,8 +60,8 @@ Setup = tuple[Registry, SandboxTable, DeadlineKeeper, dict[str, StubVM]]
 
 def setup(tmp_path: Path, clock: Callable[[], float] | None = None) -> Setup:
     registry = Registry(tmp_path / "registry.db")
-    table = SandboxTable(registry, tmp_path / "sandboxes")
-    reaper = DeadlineKeeper(registry, table, clock or Clock())
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    reaper = DeadlineKeeper(registry.sandboxes, table, clock or Clock())
     table.on_removed(reaper.after_removed)
     vms: dict[str, StubVM] = {}
     for i in range(3):
@@ -73,20 +73,20 @@ def setup(tmp_path: Path, clock: Callable[[], float] | None = None) -> Setup:
 
 def test_apply_records_the_deadline_in_the_row_and_the_info(tmp_path: Path) -> None:
     registry, _, reaper, _ = setup(tmp_path)
-    rec = registry.get_sandbox("sb-aaaaaa-0000")
+    rec = registry.sandboxes.get("sb-aaaaaa-0000")
     reaper.apply([rec], 5)
     assert rec.expires_at_unix == 1005.0 and rec.info()["expires_at_unix"] == 1005.0
-    assert registry.get_sandbox("sb-aaaaaa-0000").expires_at_unix == 1005.0
-    assert "expires_at_unix" not in registry.get_sandbox("sb-aaaaaa-0001").info()
-    reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], None)  # no timeout: no deadline
-    assert registry.get_sandbox("sb-aaaaaa-0001").expires_at_unix is None
+    assert registry.sandboxes.get("sb-aaaaaa-0000").expires_at_unix == 1005.0
+    assert "expires_at_unix" not in registry.sandboxes.get("sb-aaaaaa-0001").info()
+    reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], None)  # no timeout: no deadline
+    assert registry.sandboxes.get("sb-aaaaaa-0001").expires_at_unix is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, 30 * 86400 + 1, True, "5"])
 def test_bad_timeouts_are_refused(tmp_path: Path, bad: object) -> None:
     registry, _, reaper, _ = setup(tmp_path)
     with pytest.raises(InvalidRequest, match="timeout_secs"):
-        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], bad)  # type: ignore[arg-type]
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="timeout_secs"):
         reaper.set_timeout("sb-aaaaaa-0000", bad)  # type: ignore[arg-type]
 
@@ -95,12 +95,12 @@ def test_next_sleep_is_until_the_earliest_deadline(tmp_path: Path) -> None:
     clock = Clock()
     registry, _, reaper, _ = setup(tmp_path, clock)
     assert reaper.next_sleep() == MAX_SLEEP_SECS  # nothing to wait for: no busy loop
-    reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 30)
-    reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 10)
+    reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 30)
+    reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 10)
     assert reaper.next_sleep() == 10
     clock.now += 11
     assert reaper.next_sleep() == 0
-    reaper.apply([registry.get_sandbox("sb-aaaaaa-0002")], 3600)
+    reaper.apply([registry.sandboxes.get("sb-aaaaaa-0002")], 3600)
     clock.now = 0
     assert reaper.next_sleep() == MAX_SLEEP_SECS  # capped: a clock step cannot postpone for long
 
@@ -111,7 +111,7 @@ def test_set_timeout_moves_the_deadline_either_way(tmp_path: Path) -> None:
     assert reaper.set_timeout("sb-aaaaaa-0000", 100) == 1100  # a sandbox without one gets one
     clock.now += 50
     assert reaper.set_timeout("sb-aaaaaa-0000", 10) == 1060  # sooner than before: E2B semantics
-    assert registry.get_sandbox("sb-aaaaaa-0000").expires_at_unix == 1060
+    assert registry.sandboxes.get("sb-aaaaaa-0000").expires_at_unix == 1060
     with pytest.raises(NotFound):
         reaper.set_timeout("sb-aaaaaa-0009", 10)
 
@@ -121,12 +121,12 @@ def test_the_task_kills_what_expires_and_only_that(tmp_path: Path) -> None:
         registry, table, reaper, vms = setup(tmp_path, time.time)  # real time, short sleeps
         await reaper.start()
         try:
-            reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 0.2)
-            reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 0.4)
+            reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 0.2)
+            reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 0.4)
             reaper.set_timeout("sb-aaaaaa-0001", 60)  # extended before it was due
             await asyncio.sleep(0.6)
             assert vms["sb-aaaaaa-0000"].destroyed and "sb-aaaaaa-0000" not in table
-            assert not registry.has_sandbox("sb-aaaaaa-0000")
+            assert not registry.sandboxes.has("sb-aaaaaa-0000")
             assert not vms["sb-aaaaaa-0001"].destroyed and "sb-aaaaaa-0001" in table
             assert reaper.deadline("sb-aaaaaa-0000") is None
             # A kill by hand drops the deadline (the on_removed hook).
@@ -142,21 +142,21 @@ def test_start_kills_the_expired_at_once_and_schedules_the_rest(tmp_path: Path) 
     async def main() -> None:
         clock = Clock()
         registry, table, reaper, vms = setup(tmp_path, clock)
-        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 5)
-        reaper.apply([registry.get_sandbox("sb-aaaaaa-0001")], 500)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 500)
         # A pool member never expires, whatever its row says.
-        pooled = registry.get_sandbox("sb-aaaaaa-0002")
+        pooled = registry.sandboxes.get("sb-aaaaaa-0002")
         pooled.pooled, pooled.expires_at_unix = True, 1.0
-        registry.save_sandbox(pooled)
+        registry.sandboxes.save(pooled)
         # "Restart": a new reaper reads the rows, later on the clock.
         clock.now += 10
-        fresh = DeadlineKeeper(registry, table, clock)
+        fresh = DeadlineKeeper(registry.sandboxes, table, clock)
         table.on_removed(fresh.after_removed)
         await fresh.start()
         try:
-            assert vms["sb-aaaaaa-0000"].destroyed and not registry.has_sandbox("sb-aaaaaa-0000")
+            assert vms["sb-aaaaaa-0000"].destroyed and not registry.sandboxes.has("sb-aaaaaa-0000")
             assert fresh.deadline("sb-aaaaaa-0001") == 1500
-            assert fresh.deadline("sb-aaaaaa-0002") is None and registry.has_sandbox("sb-aaaaaa-0002")
+            assert fresh.deadline("sb-aaaaaa-0002") is None and registry.sandboxes.has("sb-aaaaaa-0002")
         finally:
             await fresh.stop()
 
@@ -167,8 +167,8 @@ def test_an_already_gone_sandbox_is_not_an_error(tmp_path: Path) -> None:
     async def main() -> None:
         clock = Clock()
         registry, table, reaper, _ = setup(tmp_path, clock)
-        reaper.apply([registry.get_sandbox("sb-aaaaaa-0000")], 1)
-        registry.delete_sandbox("sb-aaaaaa-0000")
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 1)
+        registry.sandboxes.delete("sb-aaaaaa-0000")
         table._vms.pop("sb-aaaaaa-0000")
         clock.now += 2
         await reaper.start()

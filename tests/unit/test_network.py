@@ -498,7 +498,8 @@ def test_missing_tools_are_named_with_their_package(monkeypatch: pytest.MonkeyPa
 
 
 def _networks(tmp_path: Path) -> Networks:
-    return Networks(tmp_path, Registry(tmp_path / "forkd.db"), AddressPlan.parse(netplan.DEFAULT_CIDR))
+    rows = Registry(tmp_path / "forkd.db").sandboxes
+    return Networks(tmp_path, rows, AddressPlan.parse(netplan.DEFAULT_CIDR))
 
 
 def test_egress_needs_a_nic_and_forwarding_beyond_the_host(tmp_path: Path,
@@ -538,11 +539,11 @@ def test_pool_targets_keep_their_egress_and_old_registries_migrate(tmp_path: Pat
     old.commit()
     old.close()
     registry = Registry(db)
-    assert registry.list_pools() == [PoolConfig(PoolKey("old"), 2)]
+    assert registry.pools.all() == [PoolConfig(PoolKey("old"), 2)]
     egress = EgressPolicy.from_request(True, {"deny_out": ["203.0.113.0/24"]})
-    registry.set_pool(PoolConfig(PoolKey("net", egress=egress), 3))
+    registry.pools.set(PoolConfig(PoolKey("net", egress=egress), 3))
     reopened = Registry(db)
-    assert PoolConfig(PoolKey("net", egress=egress), 3) in reopened.list_pools()
+    assert PoolConfig(PoolKey("net", egress=egress), 3) in reopened.pools.all()
 
 
 # ------------------------------------------------------------------ API, SDK, CLI

@@ -13,10 +13,12 @@ import pytest
 
 from forkd.config import DataDir
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.travel import SnapshotTravel, qemu_release
 from forkd.errors import IncompatibleSnapshot, InvalidRequest, NotFound
 from forkd.host.accel import Accel
+from forkd.host.shm import ShmMemory
 from forkd.store import sparse
 from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
 from forkd.store.objectstore import ObjectStore, StoreError, StoreURL
@@ -107,7 +109,9 @@ def test_a_host_that_cannot_restore_refuses_before_fetching_anything(tmp_path: P
     monkeypatch.setenv("FORKD_ACCEL", "tcg")
     data = DataDir(tmp_path / "data", tmp_path / "images").ensure()
     registry = Registry(data.registry)
-    travel = SnapshotTravel(data, registry, TagReservations(registry.has_snapshot), HostAccelerator(data))
+    tags = TagReservations(registry.snapshots.has)
+    store = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+    travel = SnapshotTravel(data, store, tags, HostAccelerator(data))
     try:
         with pytest.raises(IncompatibleSnapshot, match="taken under kvm"):
             asyncio.run(travel.plan(manifest(accel=Accel.kvm())))

@@ -49,25 +49,25 @@ def record(sb_id: str, tag: str = "py", **fields: Any) -> SandboxRecord:
 def test_pool_targets_and_the_pooled_flag_survive_a_reopen(tmp_path: Path) -> None:
     db = tmp_path / "registry.db"
     reg = Registry(db)
-    reg.set_pool(PoolConfig(PoolKey("py", 256, True, False), 3))
-    reg.set_pool(PoolConfig(PoolKey("big"), 1))
-    reg.set_pool(PoolConfig(PoolKey("big", live_fork=True), 2))  # one pool per tag: replaced
-    reg.insert_sandbox(record("sb-000000-0000", pooled=True, netns="forkd-child-0", memory_limit_mib=256))
-    reg.insert_sandbox(record("sb-000000-0001"))
+    reg.pools.set(PoolConfig(PoolKey("py", 256, True, False), 3))
+    reg.pools.set(PoolConfig(PoolKey("big"), 1))
+    reg.pools.set(PoolConfig(PoolKey("big", live_fork=True), 2))  # one pool per tag: replaced
+    reg.sandboxes.insert(record("sb-000000-0000", pooled=True, netns="forkd-child-0", memory_limit_mib=256))
+    reg.sandboxes.insert(record("sb-000000-0001"))
     reg.close()
 
     reg = Registry(db)
-    assert reg.list_pools() == [PoolConfig(PoolKey("big", None, False, True), 2),
+    assert reg.pools.all() == [PoolConfig(PoolKey("big", None, False, True), 2),
                                 PoolConfig(PoolKey("py", 256, True, False), 3)]
-    pooled = reg.get_sandbox("sb-000000-0000")
-    assert pooled.pooled and not reg.get_sandbox("sb-000000-0001").pooled
+    pooled = reg.sandboxes.get("sb-000000-0000")
+    assert pooled.pooled and not reg.sandboxes.get("sb-000000-0001").pooled
     assert pooled.pool_key == PoolKey("py", 256, True, False)
     pooled.pooled, pooled.metadata, pooled.created_at_unix = False, {"k": "v"}, 99
-    reg.save_sandbox(pooled)
-    again = reg.get_sandbox("sb-000000-0000")
+    reg.sandboxes.save(pooled)
+    again = reg.sandboxes.get("sb-000000-0000")
     assert (again.pooled, again.metadata, again.created_at_unix) == (False, {"k": "v"}, 99)
-    reg.delete_pool("py")
-    assert [p.tag for p in reg.list_pools()] == ["big"]
+    reg.pools.delete("py")
+    assert [p.tag for p in reg.pools.all()] == ["big"]
     reg.close()
 
 
@@ -155,7 +155,7 @@ class Harness:
     keeper: PoolKeeper
 
     def members(self) -> list[SandboxRecord]:
-        return [sb for sb in self.registry.list_sandboxes() if sb.pooled]
+        return [sb for sb in self.registry.sandboxes.all() if sb.pooled]
 
     async def filled(self, tag: str, n: int) -> None:
         for _ in range(500):
@@ -175,9 +175,9 @@ def fast_refill(monkeypatch: pytest.MonkeyPatch) -> None:
 def harness(tmp_path: Path, registry: Registry | None = None) -> Harness:
     registry = registry or Registry(tmp_path / "registry.db")
     (tmp_path / "sandboxes").mkdir(exist_ok=True)
-    table = SandboxTable(registry, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     spawner = StubSpawner(table)
-    keeper = PoolKeeper(registry, table, spawner, StubStore("py", "other"))  # type: ignore[arg-type]
+    keeper = PoolKeeper(registry.pools, registry.sandboxes, table, spawner, StubStore("py", "other"))  # type: ignore[arg-type]
     table.on_removed(keeper.after_removed)
     return Harness(registry, table, spawner, keeper)
 
@@ -217,7 +217,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
                 vm = h.spawner.vms[g.id]
                 assert vm.qmp.commands == ["stop", "cont"] and vm.post_restores == [{"I": str(i)}]
                 assert h.table.resolve(g.id) == g.id  # visible now
-                assert not h.registry.get_sandbox(g.id).pooled
+                assert not h.registry.sandboxes.get(g.id).pooled
             info = h.keeper.info("py")
             assert (info["claims"], info["misses"]) == (2, 3)
             await h.filled("py", 2)  # refilled in the background
@@ -273,7 +273,7 @@ def test_resize_option_change_drop_and_backoff(tmp_path: Path, fast_refill: None
             await h.filled("py", 2)
             assert all(m.live_fork for m in h.members())
             await h.keeper.drop("py")
-            assert h.members() == [] and h.registry.list_pools() == []
+            assert h.members() == [] and h.registry.pools.all() == []
             assert not h.keeper.has("py")
             # A refill that fails backs off and says why.
             h.spawner.fail_with = InvalidRequest("network namespace forkd-child-0 does not exist")
@@ -329,7 +329,7 @@ def test_a_pool_of_a_missing_snapshot_waits(tmp_path: Path, fast_refill: None) -
 def test_restart_keeps_paused_members_and_discards_the_rest(tmp_path: Path) -> None:
     async def main() -> None:
         registry = Registry(tmp_path / "registry.db")
-        registry.set_pool(PoolConfig(PoolKey("py"), 2))
+        registry.pools.set(PoolConfig(PoolKey("py"), 2))
         h = harness(tmp_path, registry)
         vms = {"sb-000000-0000": StubVM(StubQMP("paused")),   # back in the pool
                "sb-000000-0001": StubVM(StubQMP("running")),  # was mid-claim: not handed out again
@@ -340,16 +340,16 @@ def test_restart_keeps_paused_members_and_discards_the_rest(tmp_path: Path) -> N
         for sb_id, vm in vms.items():
             rec = record(sb_id, tags.get(sb_id, "py"), pooled=True,
                          live_fork=sb_id == "sb-000000-0003")
-            registry.insert_sandbox(rec)
+            registry.sandboxes.insert(rec)
             h.table.adopt(sb_id, vm, pooled=True)  # type: ignore[arg-type]
-        registry.insert_sandbox(record("sb-000000-0009"))  # an ordinary sandbox: untouched
+        registry.sandboxes.insert(record("sb-000000-0009"))  # an ordinary sandbox: untouched
         await h.keeper.start()
         try:
             assert sorted(m.id for m in h.members()) == ["sb-000000-0000", "sb-000000-0004"]
             for sb_id in ("sb-000000-0001", "sb-000000-0002", "sb-000000-0003"):
-                assert vms[sb_id].destroyed and not registry.has_sandbox(sb_id)
+                assert vms[sb_id].destroyed and not registry.sandboxes.has(sb_id)
             assert h.keeper.info("py")["ready"] == 2
-            assert registry.has_sandbox("sb-000000-0009")
+            assert registry.sandboxes.has("sb-000000-0009")
         finally:
             await h.keeper.stop()
 

@@ -62,7 +62,8 @@ def test_bounds_are_checked_by_the_options_themselves() -> None:
 
 def test_the_daemon_default_quota_and_zero_for_none(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "forkd.db")
-    quotas = DiskQuotas(registry, SandboxTable(registry, tmp_path))
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path)
+    quotas = DiskQuotas(registry.sandboxes, table)
     assert quotas.quota_for(None) == bounds.DEFAULT_DISK_QUOTA_MIB
     assert quotas.quota_for(64) == 64 and quotas.quota_for(0) is None
     quotas.default_mib = 0

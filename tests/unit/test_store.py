@@ -30,46 +30,46 @@ def _sandbox(tmp_path: Path) -> SandboxRecord:
 def test_registry_round_trips_typed_records(registry: Registry, tmp_path: Path) -> None:
     sb = _sandbox(tmp_path)
     sb.cgroup, sb.tap, sb.timings = "/sys/fs/cgroup/forkd/x", "tap0", {"ready_s": 0.2}
-    registry.insert_sandbox(sb)
-    assert registry.get_sandbox(SB) == sb
+    registry.sandboxes.insert(sb)
+    assert registry.sandboxes.get(SB) == sb
     chain = DiskChain(node="disk1", file="/x/disk-1.qcow2", parent_tag="b1",
                       pending_layers=["/x/disk.qcow2"])
-    registry.set_disk_chain(SB, chain)
-    assert registry.get_sandbox(SB).disk == chain
+    registry.sandboxes.set_disk_chain(SB, chain)
+    assert registry.sandboxes.get(SB).disk == chain
     snap = SnapshotRecord(tag="b1", dir="/d/b1", created_at_unix=2, status="writing", mode="live",
                           source_layers=["/x/disk.qcow2"], parent_tag="py")
-    registry.insert_snapshot(snap)
-    assert registry.get_snapshot("b1") == snap
-    registry.set_snapshot_status("b1", "failed", error="boom")
-    got = registry.get_snapshot("b1")
+    registry.snapshots.insert(snap)
+    assert registry.snapshots.get("b1") == snap
+    registry.snapshots.set_status("b1", "failed", error="boom")
+    got = registry.snapshots.get("b1")
     assert (got.status, got.error) == ("failed", "boom")
     with pytest.raises(Conflict):
-        registry.insert_snapshot(snap)
+        registry.snapshots.insert(snap)
 
 
 def test_registry_survives_reopening(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "forkd.db")
-    reg.insert_sandbox(_sandbox(tmp_path))
-    assert reg.next_branch_seq(SB) == 1
+    reg.sandboxes.insert(_sandbox(tmp_path))
+    assert reg.sandboxes.next_branch_seq(SB) == 1
     reg.close()
     reg = Registry(tmp_path / "forkd.db")
-    assert reg.next_branch_seq(SB) == 2  # never reused across a restart
-    reg.delete_sandbox(SB)
+    assert reg.sandboxes.next_branch_seq(SB) == 2  # never reused across a restart
+    reg.sandboxes.delete(SB)
     with pytest.raises(NotFound):
-        reg.get_sandbox(SB)
+        reg.sandboxes.get(SB)
     with pytest.raises(NotFound):
-        reg.next_branch_seq(SB)
+        reg.sandboxes.next_branch_seq(SB)
     reg.close()
 
 
 def test_rows_written_before_typed_disk_chains_still_load(registry: Registry, tmp_path: Path) -> None:
-    registry.insert_sandbox(_sandbox(tmp_path))
+    registry.sandboxes.insert(_sandbox(tmp_path))
     old_meta = ('{"config": {"mem_mib": 512, "vcpus": 1, "accel": "tcg", "cpu": "max"}, '
                 '"disk_node": "disk2", "disk_file": "/x/disk-2.qcow2", "disk_parent_tag": "b1", '
                 '"pending_layers": ["/x/disk.qcow2"]}')
     with registry._lock:
         registry._db.execute("UPDATE sandboxes SET meta = ? WHERE id = ?", (old_meta, SB))
-    assert registry.get_sandbox(SB).disk == DiskChain("disk2", "/x/disk-2.qcow2", "b1", ["/x/disk.qcow2"])
+    assert registry.sandboxes.get(SB).disk == DiskChain("disk2", "/x/disk-2.qcow2", "b1", ["/x/disk.qcow2"])
 
 
 def test_staging_is_published_atomically_and_never_overwrites(tmp_path: Path) -> None:
@@ -105,22 +105,22 @@ def test_sandbox_ids_are_checked() -> None:
 def test_an_id_prefix_is_issued_once_per_data_dir(registry: Registry, tmp_path: Path) -> None:
     """Nothing keyed by a sandbox id (E2B access tokens are HMACs of it) may come to name a
     later sandbox: a prefix this data dir issued is never issued again, across restarts."""
-    assert registry.claim_prefix("sb-abc123") is True
-    assert registry.claim_prefix("sb-abc123") is False
+    assert registry.prefixes.claim("sb-abc123") is True
+    assert registry.prefixes.claim("sb-abc123") is False
     registry.close()
     again = Registry(tmp_path / "forkd.db")
-    assert again.claim_prefix("sb-abc123") is False
+    assert again.prefixes.claim("sb-abc123") is False
     again.close()
 
 
 def test_the_prefixes_of_an_older_registrys_ids_count_as_issued(tmp_path: Path) -> None:
     old = Registry(tmp_path / "old.db")
-    old.set_alias("sb-0a0a0a-0001", "sb-0b0b0b-0000")
+    old.aliases.set("sb-0a0a0a-0001", "sb-0b0b0b-0000")
     with old._lock:  # an older registry had no such table: forget what set_alias recorded
         old._db.execute("DELETE FROM issued_prefixes")
     old.close()
     reopened = Registry(tmp_path / "old.db")
-    assert not reopened.claim_prefix("sb-0a0a0a") and not reopened.claim_prefix("sb-0b0b0b")
+    assert not reopened.prefixes.claim("sb-0a0a0a") and not reopened.prefixes.claim("sb-0b0b0b")
     reopened.close()
 
 
@@ -130,6 +130,6 @@ def test_the_sandbox_table_draws_again_on_a_used_prefix(registry: Registry, tmp_
 
     draws = iter(["sb-111111", "sb-111111", "sb-222222"])
     monkeypatch.setattr(layout, "new_batch_prefix", lambda host_id=None: next(draws))
-    table = SandboxTable(registry, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     assert table.new_batch_prefix() == "sb-111111"
     assert table.new_batch_prefix() == "sb-222222"  # the second draw was a repeat

@@ -31,10 +31,10 @@ class StubBrancher:
     async def branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool = True) -> SnapshotRecord:
         assert tag is not None and wait
         self.calls.append((sandbox_id, tag, mode))
-        parent = self.registry.get_sandbox(sandbox_id).snapshot_tag
+        parent = self.registry.sandboxes.get(sandbox_id).snapshot_tag
         record = SnapshotRecord(tag=tag, dir=f"/d/{tag}", created_at_unix=2, branched_from=sandbox_id,
                                 parent_tag=parent)
-        self.registry.insert_snapshot(record)
+        self.registry.snapshots.insert(record)
         return record
 
 
@@ -66,14 +66,16 @@ class StubSpawner:
 @pytest.fixture
 def parts(tmp_path: Path) -> Iterator[tuple[Registry, SandboxTable, Suspender, StubBrancher, StubSpawner]]:
     registry = Registry(tmp_path / "forkd.db")
-    registry.insert_snapshot(SnapshotRecord(tag="py", dir="/d/py", created_at_unix=1))
-    table = SandboxTable(registry, tmp_path / "sandboxes")
-    store = _store(registry, tmp_path, TagReservations(registry.has_snapshot))
+    registry.snapshots.insert(SnapshotRecord(tag="py", dir="/d/py", created_at_unix=1))
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    store = _store(registry, tmp_path, TagReservations(registry.snapshots.has))
     brancher, spawner = StubBrancher(registry), StubSpawner(table, tmp_path)
     record = _sandbox(tmp_path, SB)
     record.metadata = {"team": "a"}
     table.add(record, FakeVM([]))  # type: ignore[arg-type]
-    suspender = Suspender(registry, table, brancher, spawner, store, IdlePauser(registry, table))  # type: ignore[arg-type]
+    idle = IdlePauser(registry.sandboxes, table)
+    suspender = Suspender(registry.paused, registry.sandboxes, table, brancher, spawner, store,  # type: ignore[arg-type]
+                          idle)
     yield registry, table, suspender, brancher, spawner
     registry.close()
 
@@ -91,8 +93,8 @@ def test_pause_branches_records_and_stops_then_resume_keeps_the_id(parts: Any) -
         resumed = await suspender.resume(SB)
         assert resumed.id == SB and resumed.snapshot_tag == paused.state_tag
         assert spawner.specs[-1][1].metadata == {"team": "a"}
-        assert registry.get_snapshot(paused.state_tag).auto_delete  # held by the child only
-        assert suspender.template_of(registry.get_sandbox(SB)) == "py"  # through the pause state
+        assert registry.snapshots.get(paused.state_tag).auto_delete  # held by the child only
+        assert suspender.template_of(registry.sandboxes.get(SB)) == "py"  # through the pause state
         with pytest.raises(NotFound):
             await suspender.resume(SB)
         # A second pause gets a state of its own: the first is still there (the child's base).
@@ -104,14 +106,14 @@ def test_pause_branches_records_and_stops_then_resume_keeps_the_id(parts: Any) -
 
 def test_a_resumed_sandbox_keeps_its_idle_pause_policy(parts: Any) -> None:
     registry, _table, suspender, _brancher, _spawner = parts
-    registry.set_idle_pause(SB, 7.0)
+    registry.sandboxes.set_idle_pause(SB, 7.0)
 
     async def main() -> None:
         assert (await suspender.pause(SB)).idle_pause_secs == 7.0
-        assert registry.get_paused(SB).idle_pause_secs == 7.0  # through the registry (a restart)
+        assert registry.paused.get(SB).idle_pause_secs == 7.0  # through the registry (a restart)
         resumed = await suspender.resume(SB)
         assert resumed.idle_pause_secs == 7.0
-        assert registry.get_sandbox(SB).idle_pause_secs == 7.0
+        assert registry.sandboxes.get(SB).idle_pause_secs == 7.0
 
     asyncio.run(main())
 
@@ -124,8 +126,8 @@ def test_a_failed_resume_keeps_the_paused_sandbox(parts: Any) -> None:
         spawner.fail = VMError("restore failed")
         with pytest.raises(VMError):
             await suspender.resume(SB)
-        assert registry.get_paused(SB).state_tag == paused.state_tag
-        assert not registry.get_snapshot(paused.state_tag).auto_delete
+        assert registry.paused.get(SB).state_tag == paused.state_tag
+        assert not registry.snapshots.get(paused.state_tag).auto_delete
         spawner.fail = None
         assert (await suspender.resume(SB)).id == SB
 
@@ -138,14 +140,14 @@ def test_discard_leaves_the_state_to_collect_and_a_stale_record_gives_way(parts:
     async def main() -> None:
         paused = await suspender.pause(SB)
         suspender.discard(SB)
-        assert not registry.has_paused(SB) and registry.get_snapshot(paused.state_tag).auto_delete
+        assert not registry.paused.has(SB) and registry.snapshots.get(paused.state_tag).auto_delete
         # A daemon that died mid-pause leaves a record beside a live sandbox: the live one wins.
         [live] = await _spawner.spawn_each("py", [ChildSpec(sandbox_id=SB)])
         stale = PausedRecord(id=SB, state_tag=paused.state_tag, template="py", created_at_unix=1,
                              paused_at_unix=2)
-        registry.insert_paused(stale)
-        assert (await suspender.resume(SB)).id == SB and SB in table and not registry.has_paused(SB)
-        registry.insert_paused(stale)
+        registry.paused.insert(stale)
+        assert (await suspender.resume(SB)).id == SB and SB in table and not registry.paused.has(SB)
+        registry.paused.insert(stale)
         assert (await suspender.pause(SB)).state_tag == f"paused-{SB}-2"
         assert live.id == SB
 
@@ -154,7 +156,7 @@ def test_discard_leaves_the_state_to_collect_and_a_stale_record_gives_way(parts:
 
 def test_workspaces_name_one_sandbox_through_suspend_and_resume(parts: Any, tmp_path: Path) -> None:
     registry, table, suspender, _brancher, spawner = parts
-    spaces = Workspaces(registry, table, spawner, suspender)  # type: ignore[arg-type]
+    spaces = Workspaces(registry.workspaces, registry.paused, table, spawner, suspender)  # type: ignore[arg-type]
 
     async def main() -> None:
         ws = await spaces.create("w1", "py")

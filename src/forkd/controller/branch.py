@@ -31,7 +31,8 @@ from forkd.errors import Conflict, ForkdError, InvalidRequest, VMError
 from forkd.host import procmem
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
-from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord, now_unix
+from forkd.store.records import DiskChain, SandboxRecord, SnapshotRecord, now_unix
+from forkd.store.rows.sandboxes import DiskChainRows
 from forkd.vmm import branching
 from forkd.vmm import disk as disk_mod
 from forkd.vmm.machine import VM
@@ -65,9 +66,9 @@ class _Source:
 
 
 class Brancher:
-    def __init__(self, registry: Registry, snapshots_dir: Path, table: SandboxTable,
+    def __init__(self, sandboxes: DiskChainRows, snapshots_dir: Path, table: SandboxTable,
                  store: SnapshotStore, tags: TagReservations) -> None:
-        self._registry = registry
+        self._sandboxes = sandboxes  # read, plus the disk chain and branch sequence columns
         self._snapshots = snapshots_dir
         self._table = table
         self._store = store
@@ -84,7 +85,7 @@ class Brancher:
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
-        return _Source(self._registry.get_sandbox(sandbox_id), vm)
+        return _Source(self._sandboxes.get(sandbox_id), vm)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,
@@ -134,11 +135,11 @@ class Brancher:
                 "(its RAM must be on shared memory); use mode \"diff\" or \"full\", or spawn with "
                 "live_fork: true"
             )
-        seq = self._registry.next_branch_seq(sandbox_id)
+        seq = self._sandboxes.next_branch_seq(sandbox_id)
         while tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}"):
             # A sandbox resumed under its old id (controller/suspend.py) counts from 1
             # again, while its earlier branches may still be there.
-            seq = self._registry.next_branch_seq(sandbox_id)
+            seq = self._sandboxes.next_branch_seq(sandbox_id)
         tag = tag or f"branch-{sandbox_id}-{seq}"
         self._tags.reserve(tag)
         reserved = True
@@ -165,7 +166,7 @@ class Brancher:
                     f"the snapshot is valid, but source sandbox {sandbox_id} could not be resumed "
                     f"and was removed: {cap.resume_error}"
                 )
-            self._registry.insert_snapshot(record)
+            self._store.register(record)
             finish = self._finish(src, record, staging, cap, [] if checkpoint else layers,
                                   keep_failed=not wait)
             staging = None  # owned by _finish from here on
@@ -202,7 +203,7 @@ class Brancher:
         # The source now writes new_disk and the frozen overlay joins its
         # unpublished layers; record that before anything else can fail.
         layers = [*(Path(p) for p in src.disk.pending_layers), frozen]
-        self._registry.set_disk_chain(src.id, DiskChain(
+        self._sandboxes.set_disk_chain(src.id, DiskChain(
             node=new_node, file=str(new_disk), parent_tag=src.disk.parent_tag,
             pending_layers=[str(p) for p in layers]))
         for hook in self._disk_cut_hooks:
@@ -308,7 +309,7 @@ class Brancher:
                 "dns": list(src.record.network.dns) if src.record.network is not None else [],
             })
             layout.publish(staging, self._snapshots, tag)
-            self._registry.set_snapshot_status(tag, "ready")
+            self._store.set_status(tag, "ready")
             record.status = "ready"
             if cap.resume_error:
                 await self._table.kill(src.id)  # reported dead: nothing usable is left
@@ -319,7 +320,7 @@ class Brancher:
             shutil.rmtree(staging.path, ignore_errors=True)
             branching.clear_stream_error(cap.stream)
             if record.status == "writing":
-                self._registry.delete_snapshot(tag)
+                self._store.unregister(tag)
             raise
         except BaseException as exc:
             shutil.rmtree(staging.path, ignore_errors=True)
@@ -331,9 +332,9 @@ class Brancher:
             if record.status == "writing":
                 if keep_failed:
                     # wait: false — whoever polls must see it fail; it holds no files.
-                    self._registry.set_snapshot_status(tag, "failed", error=str(message))
+                    self._store.set_status(tag, "failed", error=str(message))
                 else:
-                    self._registry.delete_snapshot(tag)  # the caller gets the error itself
+                    self._store.unregister(tag)  # the caller gets the error itself
             log.warning("branch %s failed: %s", tag, message)
             raise VMError(f"branch {tag} failed after the source resumed: {message}") from exc
         finally:
@@ -343,12 +344,12 @@ class Brancher:
         """The source's disk now sits on ``tag``: later branches copy only newer layers."""
         async with self._table.lock(sandbox_id):
             try:
-                disk = self._registry.get_sandbox(sandbox_id).disk
+                disk = self._sandboxes.get(sandbox_id).disk
             except ForkdError:
                 return  # the source is gone; nothing to update
             done = [str(p) for p in layers]
             if disk.parent_tag == old_parent and disk.pending_layers[: len(done)] == done:
-                self._registry.set_disk_chain(sandbox_id, DiskChain(
+                self._sandboxes.set_disk_chain(sandbox_id, DiskChain(
                     node=disk.node, file=disk.file, parent_tag=tag,
                     pending_layers=disk.pending_layers[len(done):]))
 
@@ -359,12 +360,12 @@ class Brancher:
         unpublished layers again, so their next branch copies them instead.
         """
         try:
-            snap = self._registry.get_snapshot(tag)
+            snap = self._store.records.get(tag)
         except ForkdError:
             return
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.disk.parent_tag == tag and snap.parent_tag:
-                self._registry.set_disk_chain(sb.id, DiskChain(
+                self._sandboxes.set_disk_chain(sb.id, DiskChain(
                     node=sb.disk.node, file=sb.disk.file, parent_tag=snap.parent_tag,
                     pending_layers=[*snap.source_layers, *sb.disk.pending_layers]))
 

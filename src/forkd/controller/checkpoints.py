@@ -27,7 +27,8 @@ from forkd.controller.forks import Forker
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import Conflict, ForkdError, InvalidRequest
-from forkd.store.registry import AutoCheckpoint, Registry, SandboxRecord, SnapshotRecord
+from forkd.store.records import AutoCheckpoint, SandboxRecord, SnapshotRecord
+from forkd.store.rows.sandboxes import CheckpointPolicyRows
 
 log = logging.getLogger("forkd.checkpoints")
 
@@ -35,9 +36,9 @@ MODES = ("diff", "live")
 
 
 class Checkpointer:
-    def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, store: SnapshotStore,
-                 forker: Forker) -> None:
-        self._registry = registry
+    def __init__(self, sandboxes: CheckpointPolicyRows, table: SandboxTable, brancher: Brancher,
+                 store: SnapshotStore, forker: Forker) -> None:
+        self._sandboxes = sandboxes  # read, plus the checkpoint policy column and branch sequence
         self._table = table
         self._brancher = brancher
         self._store = store
@@ -52,7 +53,7 @@ class Checkpointer:
 
     def start(self) -> None:
         """After a restart: count calls again for the sandboxes whose policy survived."""
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.checkpoints is not None:
                 self._calls.setdefault(sb.id, 0)
 
@@ -63,17 +64,17 @@ class Checkpointer:
         bounds.CHECKPOINT_KEEP.check(keep)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-        if mode == "live" and not self._registry.get_sandbox(sandbox_id).live_fork:
+        if mode == "live" and not self._sandboxes.get(sandbox_id).live_fork:
             raise Conflict(f"sandbox {sandbox_id} was not spawned with live_fork: true, which "
                            "mode \"live\" needs; use mode \"diff\"")
-        self._registry.set_checkpoint_policy(sandbox_id, AutoCheckpoint(every=every, keep=keep, mode=mode))
+        self._sandboxes.set_checkpoint_policy(sandbox_id, AutoCheckpoint(every=every, keep=keep, mode=mode))
         self._calls[sandbox_id] = 0
         self._errors.pop(sandbox_id, None)
         return self.get(sandbox_id)
 
     def get(self, sandbox_id: str) -> dict[str, Any]:
         sandbox_id = self._table.resolve(sandbox_id)
-        record = self._registry.get_sandbox(sandbox_id)
+        record = self._sandboxes.get(sandbox_id)
         out: dict[str, Any] = {
             "sandbox_id": sandbox_id,
             "policy": record.checkpoints.info() if record.checkpoints else None,
@@ -87,8 +88,8 @@ class Checkpointer:
     def delete(self, sandbox_id: str) -> dict[str, Any]:
         """Stop the policy; the checkpoints already taken stay."""
         sandbox_id = self._table.resolve(sandbox_id)
-        self._registry.get_sandbox(sandbox_id)
-        self._registry.set_checkpoint_policy(sandbox_id, None)
+        self._sandboxes.get(sandbox_id)
+        self._sandboxes.set_checkpoint_policy(sandbox_id, None)
         self._calls.pop(sandbox_id, None)
         return self.get(sandbox_id)
 
@@ -104,7 +105,7 @@ class Checkpointer:
         if sandbox_id not in self._calls:
             return  # no policy: every exec/eval passes here, so no registry read
         try:
-            record = self._registry.get_sandbox(sandbox_id)
+            record = self._sandboxes.get(sandbox_id)
         except ForkdError:
             return  # killed meanwhile
         policy = record.checkpoints
@@ -130,7 +131,7 @@ class Checkpointer:
     def _tag(self, record: SandboxRecord) -> str:
         # The sandbox's branch sequence, kept in the registry: it only grows, across policy
         # resets and daemon restarts, so tag order is age order (the call count restarts).
-        return f"ckpt-{record.id}-{self._registry.next_branch_seq(record.id):06d}"
+        return f"ckpt-{record.id}-{self._sandboxes.next_branch_seq(record.id):06d}"
 
     async def _prune(self, sandbox_id: str, newest: str, keep: int) -> None:
         await self._brancher.finished(newest)
@@ -149,10 +150,10 @@ class Checkpointer:
         await self._forker.collect()
 
     def _drop(self, tag: str) -> None:
-        users = [sb.id for sb in self._registry.list_sandboxes() if sb.snapshot_tag == tag]
+        users = [sb.id for sb in self._sandboxes.all() if sb.snapshot_tag == tag]
         if users or self._store.dependents(tag):
             # Someone forked it: it leaves the list now and goes with its last user.
-            self._registry.retire_checkpoint(tag)
+            self._store.retire_checkpoint(tag)
             return
         self._brancher.unpublish(tag)
         self._store.remove(tag)

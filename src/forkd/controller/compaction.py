@@ -26,7 +26,7 @@ from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_tag
-from forkd.store.registry import Registry, SnapshotRecord, now_unix
+from forkd.store.records import SnapshotRecord, now_unix
 from forkd.vmm import disk as disk_mod
 
 
@@ -38,9 +38,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 class Compactor:
-    def __init__(self, registry: Registry, snapshots_dir: Path, store: SnapshotStore,
-                 tags: TagReservations) -> None:
-        self._registry = registry
+    def __init__(self, snapshots_dir: Path, store: SnapshotStore, tags: TagReservations) -> None:
         self._snapshots = snapshots_dir
         self._store = store
         self._tags = tags
@@ -66,7 +64,7 @@ class Compactor:
             record = SnapshotRecord(tag=to, dir=str(final.path), created_at_unix=created,
                                     compacted_from=tag)
             try:
-                self._registry.insert_snapshot(record)
+                self._store.register(record)
             except BaseException:
                 with contextlib.suppress(OSError):
                     shutil.rmtree(final.path)

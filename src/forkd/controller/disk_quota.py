@@ -31,7 +31,8 @@ from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import ForkdError, VMError
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.sandboxes import SandboxReader
 from forkd.vmm.machine import VM
 
 log = logging.getLogger("forkd.disk_quota")
@@ -46,8 +47,8 @@ def stop_reason(record: SandboxRecord, used: int | None) -> str:
 
 
 class DiskQuotas:
-    def __init__(self, registry: Registry, table: SandboxTable) -> None:
-        self._registry = registry
+    def __init__(self, sandboxes: SandboxReader, table: SandboxTable) -> None:
+        self._sandboxes = sandboxes
         self._table = table
         self.default_mib = DEFAULT_DISK_QUOTA_MIB
         self._watchers: dict[str, asyncio.Task[None]] = {}
@@ -63,7 +64,7 @@ class DiskQuotas:
     async def start(self) -> None:
         """Watch the re-adopted sandboxes again (an event sent while no daemon ran is lost:
         arming again finds a sandbox already over its quota)."""
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.disk_quota_mib and not sb.pooled and sb.id in self._table:
                 with contextlib.suppress(ForkdError, OSError):
                     await self.limit(sb)
@@ -101,7 +102,7 @@ class DiskQuotas:
 
     async def arm(self, sandbox_id: str) -> None:
         """Set the threshold of the overlay the sandbox writes now at what its quota has left."""
-        record = self._registry.get_sandbox(sandbox_id)
+        record = self._sandboxes.get(sandbox_id)
         vm = self._table.vm(sandbox_id)
         if not record.disk_quota_mib or vm is None:
             return
@@ -125,7 +126,7 @@ class DiskQuotas:
                 if node != self._armed.get(sandbox_id):
                     continue  # a layer the sandbox no longer writes (a branch moved it on)
                 try:
-                    record = self._registry.get_sandbox(sandbox_id)
+                    record = self._sandboxes.get(sandbox_id)
                 except ForkdError:
                     return
                 log.info("sandbox %s wrote past its disk quota (%s)", sandbox_id, data)

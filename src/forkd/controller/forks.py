@@ -36,7 +36,9 @@ from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError
 from forkd.host.egress import EgressPolicy
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.aliases import AliasRows
+from forkd.store.rows.sandboxes import SandboxReader
 
 log = logging.getLogger("forkd.forks")
 
@@ -65,9 +67,10 @@ class ForkReport:
 
 
 class Forker:
-    def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, spawner: Spawner,
-                 store: SnapshotStore, tags: TagReservations) -> None:
-        self._registry = registry
+    def __init__(self, sandboxes: SandboxReader, aliases: AliasRows, table: SandboxTable, brancher: Brancher,
+                 spawner: Spawner, store: SnapshotStore, tags: TagReservations) -> None:
+        self._sandboxes = sandboxes
+        self._aliases = aliases  # the sandbox_aliases table: only promote writes it
         self._table = table
         self._brancher = brancher
         self._spawner = spawner
@@ -79,7 +82,7 @@ class Forker:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
         self._table.get(source_id)  # 404 / died, before anything is paused
-        source = self._registry.get_sandbox(source_id)
+        source = self._sandboxes.get(source_id)
         metadata = dict(options.metadata or {})
         # Every per-child input is checked before the source is paused.
         specs = child_specs(count, memory_limit_mib=options.memory_limit_mib, env=options.env,
@@ -103,7 +106,7 @@ class Forker:
             # Before the restores, so a crash during them leaves nothing registered for good:
             # collect() skips it while the spawner restores from it, and after a restart
             # it goes with its children.
-            self._registry.set_auto_delete(snap.tag, True)
+            self._store.set_auto_delete(snap.tag, True)
         try:
             outcomes = await self._spawner.spawn_each(snap.tag, specs, SpawnOptions(
                 per_child_netns=options.per_child_netns, live_fork=options.live_fork,
@@ -125,7 +128,7 @@ class Forker:
                       replace_parent: bool = False) -> dict[str, Any]:
         winner = self._table.resolve(winner_id)
         self._table.get(winner)  # 404 / died
-        record = self._registry.get_sandbox(winner)
+        record = self._sandboxes.get(winner)
         own_tree = record.metadata.get(TREE_ID_KEY)
         if tree_id is None:
             if own_tree is None:
@@ -140,13 +143,13 @@ class Forker:
             # Refuse before anything is killed, so a 409 never follows half the work.
             if not parent:
                 raise Conflict(f"sandbox {winner} has no {PARENT_ID_KEY} in its metadata to replace")
-            taken = self._registry.resolve_alias(parent)
+            taken = self._aliases.resolve(parent)
             if taken != parent:
                 raise Conflict(f"the parent {parent} was already replaced by {taken}; "
                                "a sandbox id can be replaced once")
         deleted: list[dict[str, Any]] = []
         if cleanup_siblings:
-            siblings = [sb.id for sb in self._registry.list_sandboxes()
+            siblings = [sb.id for sb in self._sandboxes.all()
                         if sb.metadata.get(TREE_ID_KEY) == tree_id and sb.id != winner]
             for sb_id in siblings:
                 deleted.append(await self._kill_reported(sb_id))
@@ -154,12 +157,12 @@ class Forker:
                                "replaced_parent": None}
         if replace_parent and parent:
             report: dict[str, Any] = {"id": parent, "deleted": True}
-            if parent in self._table or self._registry.has_sandbox(parent):
+            if parent in self._table or self._sandboxes.has(parent):
                 report = await self._kill_reported(parent)
                 deleted.append(report)
             # A parent that could not be killed keeps its id: the report says why.
             if report["deleted"]:
-                self._registry.set_alias(parent, winner)
+                self._aliases.set(parent, winner)
                 out["replaced_parent"] = parent
         return out
 
@@ -172,7 +175,7 @@ class Forker:
 
     async def collect(self) -> list[str]:
         """Delete every ``auto_delete`` snapshot that no sandbox or snapshot needs now."""
-        users = {sb.snapshot_tag for sb in self._registry.list_sandboxes()}
+        users = {sb.snapshot_tag for sb in self._sandboxes.all()}
         dropped: list[str] = []
         for snap in self._store.all():
             tag = snap.tag

@@ -34,7 +34,8 @@ from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import ForkdError
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.sandboxes import IdlePauseRows
 
 log = logging.getLogger("forkd.idle")
 
@@ -53,9 +54,9 @@ class _Idle:
 
 
 class IdlePauser:
-    def __init__(self, registry: Registry, table: SandboxTable,
+    def __init__(self, sandboxes: IdlePauseRows, table: SandboxTable,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._registry = registry
+        self._sandboxes = sandboxes
         self._table = table
         self._clock = clock
         self._idle: dict[str, _Idle] = {}
@@ -68,7 +69,7 @@ class IdlePauser:
 
     async def start(self) -> None:
         """Take the policies back from the registry (re-adopted sandboxes) and start the task."""
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.idle_pause_secs is None or sb.pooled or sb.id not in self._table:
                 continue
             entry = self._idle[sb.id] = _Idle(sb.idle_pause_secs, self._clock())
@@ -90,7 +91,7 @@ class IdlePauser:
         bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
         for record in records:
             record.idle_pause_secs = idle_pause_secs
-            self._registry.set_idle_pause(record.id, idle_pause_secs)
+            self._sandboxes.set_idle_pause(record.id, idle_pause_secs)
             self._idle[record.id] = _Idle(idle_pause_secs, self._clock())
         self._wake.set()
 

@@ -31,7 +31,8 @@ from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import NotFound
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.sandboxes import ExpiryRows
 
 log = logging.getLogger("forkd.lifetimes")
 
@@ -40,9 +41,9 @@ MAX_SLEEP_SECS = 60.0
 
 
 class DeadlineKeeper:
-    def __init__(self, registry: Registry, table: SandboxTable,
+    def __init__(self, sandboxes: ExpiryRows, table: SandboxTable,
                  clock: Callable[[], float] = time.time) -> None:
-        self._registry = registry
+        self._sandboxes = sandboxes
         self._table = table
         self._clock = clock
         self._deadlines: dict[str, float] = {}
@@ -53,7 +54,7 @@ class DeadlineKeeper:
 
     async def start(self) -> None:
         """Adopt the deadlines in the registry; kill what already expired; start the task."""
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.expires_at_unix is not None and not sb.pooled:
                 self._deadlines[sb.id] = sb.expires_at_unix
         await self._reap_due()  # before the API serves: an expired sandbox is never seen alive
@@ -79,7 +80,7 @@ class DeadlineKeeper:
         """The sandbox now expires ``timeout_secs`` from now (sooner or later than before)."""
         bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         sandbox_id = self._table.resolve(sandbox_id)
-        if not self._registry.has_sandbox(sandbox_id):
+        if not self._sandboxes.has(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         expires = self._clock() + timeout_secs
         self._set(sandbox_id, expires)
@@ -89,7 +90,7 @@ class DeadlineKeeper:
         return self._deadlines.get(sandbox_id)
 
     def _set(self, sandbox_id: str, expires: float) -> None:
-        self._registry.set_expiry(sandbox_id, expires)
+        self._sandboxes.set_expiry(sandbox_id, expires)
         self._deadlines[sandbox_id] = expires
         self._wake.set()
 

@@ -30,7 +30,8 @@ from forkd.host import childnet
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.sandboxes import SandboxReader
 
 log = logging.getLogger("forkd.network")
 # How often a spawn takes another address when another daemon made the same veth first.
@@ -54,9 +55,9 @@ def no_nic_message(what: str) -> str:
 
 
 class Networks:
-    def __init__(self, root: Path, registry: Registry, plan: AddressPlan | None = None) -> None:
+    def __init__(self, root: Path, sandboxes: SandboxReader, plan: AddressPlan | None = None) -> None:
         self._dir = root / "net"
-        self._registry = registry
+        self._sandboxes = sandboxes
         self.plan = plan or AddressPlan.from_env()
         self._leases: dict[str, ChildNet] = {}  # owner -> its network
         self._indices: set[int] = set()  # being made right now (no lease yet in _leases)
@@ -88,7 +89,7 @@ class Networks:
 
     def claim_child_netns(self, n: int) -> list[int]:
         """The ``n`` lowest ``forkd-child-<i>`` no live or starting sandbox holds (no await: atomic)."""
-        used = {netns_mod.netns_index(sb.netns) for sb in self._registry.list_sandboxes()}
+        used = {netns_mod.netns_index(sb.netns) for sb in self._sandboxes.all()}
         indices = netns_mod.lowest_free({i for i in used if i is not None} | self._child_netns, n)
         self._child_netns.update(indices)
         return indices

@@ -43,7 +43,9 @@ from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import ForkdError, VMError
 from forkd.guest import protocol
-from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, now_unix
+from forkd.store.records import PoolConfig, PoolKey, SandboxRecord, now_unix
+from forkd.store.rows.pools import PoolRows
+from forkd.store.rows.sandboxes import SandboxReader
 from forkd.vmm.machine import VM
 
 log = logging.getLogger("forkd.pools")
@@ -106,9 +108,10 @@ async def warm_request_paths(vm: VM) -> None:
 
 
 class PoolKeeper:
-    def __init__(self, registry: Registry, table: SandboxTable, spawner: Spawner,
+    def __init__(self, pools: PoolRows, sandboxes: SandboxReader, table: SandboxTable, spawner: Spawner,
                  store: SnapshotStore) -> None:
-        self._registry = registry
+        self._rows = pools  # the pools table (targets): only this owner writes it
+        self._sandboxes = sandboxes
         self._table = table
         self._spawner = spawner
         self._store = store
@@ -124,9 +127,9 @@ class PoolKeeper:
 
     async def start(self) -> None:
         """Load the targets, take back re-adopted members that are still paused, start refilling."""
-        for config in self._registry.list_pools():
+        for config in self._rows.all():
             self._pools[config.tag] = _Pool(config)
-        for sb in self._registry.list_sandboxes():
+        for sb in self._sandboxes.all():
             if sb.pooled and not await self._readopt(sb):
                 log.info("discarding pool member %s of %s after the restart", sb.id, sb.snapshot_tag)
                 with contextlib.suppress(ForkdError, OSError):
@@ -189,9 +192,9 @@ class PoolKeeper:
             pool.config = config
             pool.failures, pool.retry_at, pool.last_error = 0, 0.0, None
             if config.size:
-                self._registry.set_pool(config)
+                self._rows.set(config)
             else:
-                self._registry.delete_pool(config.tag)
+                self._rows.delete(config.tag)
             await self._discard(doomed)
         self._wake.set()
         log.info("pool %s: target %d (%s)", config.tag, config.size, config.key)
@@ -201,9 +204,9 @@ class PoolKeeper:
         """Forget ``tag``'s pool and kill its members (its snapshot is being deleted)."""
         async with self._lock:
             pool = self._pools.pop(tag, None)
-            self._registry.delete_pool(tag)
+            self._rows.delete(tag)
             # Members of the tag a claim has not revealed yet go too (nothing else may hold them).
-            doomed = {sb.id for sb in self._registry.list_sandboxes() if sb.pooled and sb.snapshot_tag == tag}
+            doomed = {sb.id for sb in self._sandboxes.all() if sb.pooled and sb.snapshot_tag == tag}
             if pool is not None:
                 doomed.update(pool.ready)
             await self._discard(sorted(doomed))
@@ -255,7 +258,7 @@ class PoolKeeper:
             vm = self._table.vm(sb_id)
             if vm is None:
                 raise VMError("it is gone")
-            record = self._registry.get_sandbox(sb_id)
+            record = self._sandboxes.get(sb_id)
             # The same idempotent call as after a restore: the member's own RNG streams (its
             # siblings were restored from the same snapshot), the clock of now, the child's env.
             # Sent before "cont" (the paused guest reads it once it runs): one round trip less.

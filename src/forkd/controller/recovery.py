@@ -14,26 +14,26 @@ from pathlib import Path
 
 from forkd.config import DataDir
 from forkd.controller.sandboxes import SandboxTable, remove_cgroup
+from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import ForkdError
 from forkd.host.shm import ShmMemory
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
-from forkd.store.registry import Registry
 from forkd.vmm.machine import VM
 from forkd.vmm.process import adopt, kill_pid_now, kill_qemus_under
 
 log = logging.getLogger("forkd.recovery")
 
 
-async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: ShmMemory) -> None:
+async def recover(data: DataDir, store: SnapshotStore, table: SandboxTable, shm: ShmMemory) -> None:
     for name in layout.remove_stale_staging(data.snapshots):
         log.warning("removed interrupted snapshot write %s", name)
-    for snap in registry.list_snapshots():
+    for snap in store.all():
         if snap.status == "writing" or not SnapshotDir(Path(snap.dir)).complete():
             log.warning("snapshot %s was not complete at restart; removing it", snap.tag)
             shutil.rmtree(snap.dir, ignore_errors=True)
-            registry.delete_snapshot(snap.tag)
-    for sb in registry.list_sandboxes():
+            store.unregister(snap.tag)
+    for sb in table.records.all():
         run_dir = Path(sb.dir)
         process = adopt(sb.pid or 0, run_dir)
         if process is not None:
@@ -47,10 +47,10 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
         kill_pid_now(sb.pid or 0, run_dir)
         await remove_cgroup(sb.cgroup, sb.cgroup_extra)
         shutil.rmtree(run_dir, ignore_errors=True)
-        registry.delete_sandbox(sb.id)
+        table.forget(sb.id)
         log.info("reaped dead sandbox %s", sb.id)
     # Run dirs no row points at (a crash between mkdir and insert).
-    known = {sb.id for sb in registry.list_sandboxes()}
+    known = {sb.id for sb in table.records.all()}
     for d in data.sandboxes.iterdir():
         if d.is_dir() and d.name not in known:
             with contextlib.suppress(OSError, ValueError):
@@ -66,4 +66,4 @@ async def recover(data: DataDir, registry: Registry, table: SandboxTable, shm: S
     adopted = {vm.pid for vm in (table.vm(i) for i in table.ids()) if vm is not None}
     for pid in kill_qemus_under(data.root, keep=adopted):
         log.warning("killed QEMU %d of this data dir that no sandbox owns (left by a crash)", pid)
-    shm.prune(keep={sb.snapshot_tag for sb in registry.list_sandboxes() if sb.live_fork})
+    shm.prune(keep={sb.snapshot_tag for sb in table.records.all() if sb.live_fork})

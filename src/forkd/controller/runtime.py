@@ -95,6 +95,8 @@ log = logging.getLogger("forkd.runtime")
 class Runtime:
     def __init__(self, data: DataDir, registry: Registry) -> None:
         self.data = data
+        # The database: each owner below gets only its own table, and a read-only view
+        # (or a one-column writer) of the tables it only reads (docs/ARCHITECTURE.md).
         self.registry = registry
         self._closed = False
         # What close() was asked to do with the sandboxes; a start that fails half-way
@@ -103,40 +105,43 @@ class Runtime:
         # The stops of what open() started, in reverse order (an empty stack until then).
         self._lifecycle = contextlib.AsyncExitStack()
         self.shm = ShmMemory(data.root)
-        self.sandboxes = SandboxTable(registry, data.sandboxes)
+        rows = registry.sandboxes  # owned by the SandboxTable; the others read it, or set one column
+        self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
         self.code = CodeRunner(self.sandboxes)
         self.processes = SandboxProcesses(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
-        self.snapshots = SnapshotStore(registry, data.snapshots, self.tags, self.shm)
+        self.snapshots = SnapshotStore(registry.snapshots, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
-        self.networks = Networks(data.root, registry)
-        self.templates = TemplateBuilder(data, registry, self.tags, self.accel, self.networks)
+        self.networks = Networks(data.root, rows)
+        self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
         self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm)
-        self.brancher = Brancher(registry, data.snapshots, self.sandboxes, self.snapshots, self.tags)
-        self.forker = Forker(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots, self.tags)
-        self.checkpoints = Checkpointer(registry, self.sandboxes, self.brancher, self.snapshots, self.forker)
-        self.pools = PoolKeeper(registry, self.sandboxes, self.spawner, self.snapshots)
+        self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.snapshots, self.tags)
+        self.forker = Forker(rows, registry.aliases, self.sandboxes, self.brancher, self.spawner,
+                             self.snapshots, self.tags)
+        self.checkpoints = Checkpointer(rows, self.sandboxes, self.brancher, self.snapshots, self.forker)
+        self.pools = PoolKeeper(registry.pools, rows, self.sandboxes, self.spawner, self.snapshots)
         self.spawner.draw_from(self.pools)
         self.sandboxes.on_removed(self.forker.after_removed)
         self.sandboxes.on_removed(self.checkpoints.after_removed)
         self.sandboxes.on_removed(self.pools.after_removed)
         self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
-        self.reaper = DeadlineKeeper(registry, self.sandboxes)
+        self.reaper = DeadlineKeeper(rows, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
-        self.idle = IdlePauser(registry, self.sandboxes)
-        self.disk_quotas = DiskQuotas(registry, self.sandboxes)
+        self.idle = IdlePauser(rows, self.sandboxes)
+        self.disk_quotas = DiskQuotas(rows, self.sandboxes)
         self.spawner.limit_disks_with(self.disk_quotas)
         self.brancher.on_disk_cut(self.disk_quotas.after_disk_cut)
         self.sandboxes.on_removed(self.disk_quotas.after_removed)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
-        self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots,
-                                   self.idle)
-        self.workspaces = Workspaces(registry, self.sandboxes, self.spawner, self.suspender)
-        self.compactor = Compactor(registry, data.snapshots, self.snapshots, self.tags)
-        self.travel = SnapshotTravel(data, registry, self.tags, self.accel)
+        self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
+                                   self.snapshots, self.idle)
+        self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
+                                     self.suspender)
+        self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
+        self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
         self.spawner.fetch_missing_from(self.travel)
 
     # ---------------------------------------------------------------- open/close
@@ -173,10 +178,10 @@ class Runtime:
         ``stack`` as it starts, so ``close`` (or a failed start) stops them in reverse:
         the pool keeper first (no refill may start a VM once the rest are stopping),
         the sandboxes' teardown last."""
-        await recover(self.data, self.registry, self.sandboxes, self.shm)
+        await recover(self.data, self.snapshots, self.sandboxes, self.shm)
         stack.push_async_callback(self._teardown_sandboxes)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.
-        await self.networks.reap(alive={sb.id for sb in self.registry.list_sandboxes()})
+        await self.networks.reap(alive={sb.id for sb in self.sandboxes.records.all()})
         await self.forker.collect()  # fork snapshots whose children died while no daemon ran
         self.console_warden.start()
         stack.push_async_callback(self.console_warden.stop)
@@ -198,7 +203,7 @@ class Runtime:
             await self.sandboxes.detach_all()
             return
         await self.sandboxes.kill_all()
-        if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
+        if not any(sb.cgroup for sb in self.sandboxes.records.all()):  # every hierarchy's parent
             cgroups.remove_parent_if_empty()
         # No sandbox left to need them: give the RAM back.
         self.shm.prune(keep=set())
@@ -266,11 +271,11 @@ class Runtime:
     # ---------------------------------------------------------------- sandboxes
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return [self._with_state(sb) for sb in self.registry.list_sandboxes() if not sb.pooled]
+        return [self._with_state(sb) for sb in self.sandboxes.records.all() if not sb.pooled]
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self._with_state(
-            self.registry.get_sandbox(self.sandboxes.resolve(check_sandbox_id(sandbox_id))))
+            self.sandboxes.records.get(self.sandboxes.resolve(check_sandbox_id(sandbox_id))))
 
     def _with_state(self, record: SandboxRecord) -> SandboxRecord:
         record.paused = self.idle.paused(record.id)
@@ -330,7 +335,7 @@ class Runtime:
     async def kill(self, sandbox_id: str) -> None:
         """Stop a sandbox; a paused one is forgotten, and its state snapshot dropped."""
         check_sandbox_id(sandbox_id)
-        if self.sandboxes.resolve(sandbox_id) not in self.sandboxes and self.registry.has_paused(sandbox_id):
+        if self.sandboxes.resolve(sandbox_id) not in self.sandboxes and self.suspender.has(sandbox_id):
             self.suspender.discard(sandbox_id)
             await self.forker.collect()
             return
@@ -518,7 +523,7 @@ class Runtime:
         check_sandbox_id(sandbox_id)
         resolved = self.sandboxes.resolve(sandbox_id)
         if resolved in self.sandboxes and not self.sandboxes.hidden(resolved):
-            record = self.registry.get_sandbox(resolved)
+            record = self.sandboxes.records.get(resolved)
             return suspend_view(record, self.suspender.template_of(record))
         paused = self.suspender.get(sandbox_id)
         return suspend_view(paused, paused.template)

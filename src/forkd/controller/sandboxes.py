@@ -37,7 +37,10 @@ from forkd.guest.client import AgentStream
 from forkd.host import cgroups
 from forkd.store import layout
 from forkd.store.layout import check_sandbox_id
-from forkd.store.registry import Registry, SandboxRecord
+from forkd.store.records import SandboxRecord
+from forkd.store.rows.aliases import AliasReader
+from forkd.store.rows.prefixes import PrefixRows
+from forkd.store.rows.sandboxes import SandboxReader, SandboxRows
 from forkd.vmm.machine import VM
 from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
@@ -75,8 +78,11 @@ class _NoActivity:
 
 
 class SandboxTable:
-    def __init__(self, registry: Registry, sandboxes_dir: Path) -> None:
-        self._registry = registry
+    def __init__(self, rows: SandboxRows, aliases: AliasReader, prefixes: PrefixRows,
+                 sandboxes_dir: Path) -> None:
+        self._rows = rows  # the sandboxes table: only this owner inserts, rewrites or deletes rows
+        self._aliases = aliases
+        self._prefixes = prefixes
         self._dir = sandboxes_dir
         self._vms: dict[str, VM] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -109,13 +115,18 @@ class SandboxTable:
         """A prefix for a spawn batch's ids that this data dir never issued before."""
         for _ in range(64):
             prefix = layout.new_batch_prefix(host_id)
-            if self._registry.claim_prefix(prefix):
+            if self._prefixes.claim(prefix):
                 return prefix
         # 64 draws of 24 bits all taken: the data dir has issued millions of batches.
         raise Conflict("could not find a sandbox id prefix this data dir has not used: "
                        "start a new data dir")
 
     # ----------------------------------------------------------------- lookups
+
+    @property
+    def records(self) -> SandboxReader:
+        """Every sandbox's row, read-only (pool members included)."""
+        return self._rows
 
     def __contains__(self, sandbox_id: object) -> bool:
         return sandbox_id in self._vms
@@ -127,7 +138,7 @@ class SandboxTable:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         if sandbox_id in self._vms:
             return sandbox_id
-        return self._registry.resolve_alias(sandbox_id)
+        return self._aliases.resolve(sandbox_id)
 
     def hidden(self, sandbox_id: str) -> bool:
         """Whether ``sandbox_id`` is an unclaimed pool member."""
@@ -155,7 +166,7 @@ class SandboxTable:
         """Why a dead sandbox's QEMU exited, as far as its cgroup tells (it still exists:
         only teardown removes it)."""
         try:
-            record = self._registry.get_sandbox(sandbox_id)
+            record = self._rows.get(sandbox_id)
         except NotFound:
             record = None
         if record is not None:
@@ -186,7 +197,7 @@ class SandboxTable:
         if record.pooled:
             self._hidden.add(record.id)
         self._vms[record.id] = vm
-        self._registry.insert_sandbox(record)
+        self._rows.insert(record)
 
     def adopt(self, sandbox_id: str, vm: VM, *, pooled: bool = False) -> None:
         """A VM a previous daemon left running (already in the registry)."""
@@ -194,10 +205,14 @@ class SandboxTable:
             self._hidden.add(sandbox_id)
         self._vms[sandbox_id] = vm
 
+    def forget(self, sandbox_id: str) -> None:
+        """Drop the row of a sandbox that did not survive a restart (recovery reaped it)."""
+        self._rows.delete(sandbox_id)
+
     def reveal(self, record: SandboxRecord) -> None:
         """A claimed pool member becomes an ordinary sandbox: its row rewritten, then visible."""
         record.pooled = False
-        self._registry.save_sandbox(record)
+        self._rows.save(record)
         self._hidden.discard(record.id)
 
     async def stop(self, sandbox_id: str, reason: str) -> None:
@@ -225,7 +240,7 @@ class SandboxTable:
     async def kill(self, sandbox_id: str) -> None:
         """Tear a sandbox down; waits for a branch of it to finish its pause window."""
         sandbox_id = self.resolve(sandbox_id)
-        if sandbox_id not in self._vms and not self._registry.has_sandbox(sandbox_id):
+        if sandbox_id not in self._vms and not self._rows.has(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         for guard in self._kill_guards:
             await guard(sandbox_id)
@@ -242,7 +257,7 @@ class SandboxTable:
         vm = self._vms.pop(sandbox_id, None)
         self._hidden.discard(sandbox_id)
         try:
-            record: SandboxRecord | None = self._registry.get_sandbox(sandbox_id)
+            record: SandboxRecord | None = self._rows.get(sandbox_id)
         except NotFound:
             record = None
         if vm is not None:
@@ -251,7 +266,7 @@ class SandboxTable:
             kill_pid_now(record.pid or 0, Path(record.dir))
         if record is not None:
             await remove_cgroup(record.cgroup, record.cgroup_extra)
-        self._registry.delete_sandbox(sandbox_id)
+        self._rows.delete(sandbox_id)
         shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
         # Whoever holds or waits for the lock keeps their reference; a later
         # lookup finds no sandbox, so no new lock is ever needed for this id.

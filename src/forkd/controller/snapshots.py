@@ -1,6 +1,11 @@
 """The snapshot store: what is registered, how snapshots descend from each other,
 and deleting them (with their subtree, on request).
 
+It alone holds the writable snapshot rows (``store.rows.snapshots.SnapshotRows``):
+every other owner that makes, finishes or retires a snapshot does it through the
+store (``register``, ``set_status``, ``set_auto_delete``, ``retire_checkpoint``,
+``unregister``), and reads raw rows through ``records`` (a ``SnapshotReader``).
+
 A snapshot's VM configuration is read from its own ``snapshot.json`` (written
 once, when it is published); the registry row holds only lifecycle and lineage.
 """
@@ -17,7 +22,8 @@ from forkd.errors import Conflict, NotFound, VMError
 from forkd.host.accel import VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.layout import SnapshotDir, check_tag
-from forkd.store.registry import Registry, SnapshotRecord
+from forkd.store.records import SnapshotRecord
+from forkd.store.rows.snapshots import SnapshotReader, SnapshotRows
 
 
 @dataclass(frozen=True)
@@ -32,22 +38,27 @@ class Forkable:
 
 
 class SnapshotStore:
-    def __init__(self, registry: Registry, snapshots_dir: Path, tags: TagReservations,
+    def __init__(self, rows: SnapshotRows, snapshots_dir: Path, tags: TagReservations,
                  shm: ShmMemory) -> None:
-        self._registry = registry
+        self._rows = rows
         self._dir = snapshots_dir
         self._tags = tags
         self._shm = shm
 
+    @property
+    def records(self) -> SnapshotReader:
+        """The snapshot rows, read-only (no tag check: for tags the daemon made itself)."""
+        return self._rows
+
     def exists(self, tag: str) -> bool:
         """Registered, or its directory is on disk (a leftover we must not overwrite)."""
-        return self._registry.has_snapshot(tag) or (self._dir / tag).exists()
+        return self._rows.has(tag) or (self._dir / tag).exists()
 
     def all(self) -> list[SnapshotRecord]:
-        return self._registry.list_snapshots()
+        return self._rows.all()
 
     def get(self, tag: str) -> SnapshotRecord:
-        return self._registry.get_snapshot(check_tag(tag))
+        return self._rows.get(check_tag(tag))
 
     def dir(self, tag: str) -> SnapshotDir:
         return SnapshotDir(self._dir / tag)
@@ -62,6 +73,28 @@ class SnapshotStore:
         return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"),
                         tuple(meta.get("dns") or ()))
 
+    # ---------------------------------------------------------------- rows
+
+    def register(self, record: SnapshotRecord) -> None:
+        """A snapshot made (or arriving) elsewhere: its row; 409 if the tag is registered."""
+        self._rows.insert(record)
+
+    def set_status(self, tag: str, status: str, error: str | None = None) -> None:
+        """A snapshot written in the background is now ``ready`` (or ``failed``, with why)."""
+        self._rows.set_status(tag, status, error)
+
+    def set_auto_delete(self, tag: str, auto_delete: bool) -> None:
+        """Whether ``tag`` goes once nothing needs it (the Forker's ``collect``)."""
+        self._rows.set_auto_delete(tag, auto_delete)
+
+    def retire_checkpoint(self, tag: str) -> None:
+        """A checkpoint out of its policy's window but still needed: dropped with its last user."""
+        self._rows.retire_checkpoint(tag)
+
+    def unregister(self, tag: str) -> None:
+        """Drop ``tag``'s row only (a write that failed; its files are the caller's)."""
+        self._rows.delete(tag)
+
     # ---------------------------------------------------------------- lineage
 
     def lineage(self, tag: str, sandboxes: list[str]) -> dict[str, Any]:
@@ -72,7 +105,7 @@ class SnapshotStore:
         while parent:
             ancestors.append(parent)
             try:
-                parent = self._registry.get_snapshot(parent).parent_tag
+                parent = self._rows.get(parent).parent_tag
             except NotFound:
                 break
         return {**snap.info(), "parent_tag": snap.parent_tag, "ancestors": ancestors,
@@ -81,7 +114,7 @@ class SnapshotStore:
     def dependents(self, tag: str) -> list[str]:
         """Snapshots whose disk chain runs through ``tag`` (all descendants), breadth first."""
         children: dict[str, list[str]] = {}
-        for s in self._registry.list_snapshots():
+        for s in self._rows.all():
             if s.parent_tag:
                 children.setdefault(s.parent_tag, []).append(s.tag)
         out, todo = [], list(children.get(tag, []))
@@ -96,7 +129,7 @@ class SnapshotStore:
     def deletion_plan(self, tag: str, *, cascade: bool, force: bool) -> list[str]:
         """The tags to delete, deepest first; 404/409 if ``tag`` cannot go."""
         check_tag(tag)
-        registered = self._registry.has_snapshot(tag)
+        registered = self._rows.has(tag)
         if not registered and not (self._dir / tag).exists():
             raise NotFound(f"snapshot {tag!r} is not registered")
         if self._tags.in_flight(tag):
@@ -114,6 +147,6 @@ class SnapshotStore:
 
     def remove(self, tag: str) -> None:
         """Unregister ``tag`` and delete its files (the caller checked it may go)."""
-        self._registry.delete_snapshot(tag)
+        self._rows.delete(tag)
         shutil.rmtree(self._dir / tag, ignore_errors=True)
         self._shm.remove(tag)

@@ -41,7 +41,7 @@ from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
-from forkd.store.registry import DiskChain, PoolKey, SandboxRecord, now_unix
+from forkd.store.records import DiskChain, PoolKey, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
 

@@ -37,7 +37,9 @@ from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import Conflict, ForkdError, NotFound
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id
-from forkd.store.registry import PausedRecord, Registry, SandboxRecord, now_unix
+from forkd.store.records import PausedRecord, SandboxRecord, now_unix
+from forkd.store.rows.paused import PausedRows
+from forkd.store.rows.sandboxes import SandboxReader
 from forkd.vmm import disk as disk_mod
 
 log = logging.getLogger("forkd.suspend")
@@ -65,9 +67,10 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
 
 
 class Suspender:
-    def __init__(self, registry: Registry, table: SandboxTable, brancher: Brancher, spawner: Spawner,
-                 store: SnapshotStore, idle: IdlePauser) -> None:
-        self._registry = registry
+    def __init__(self, paused: PausedRows, sandboxes: SandboxReader, table: SandboxTable, brancher: Brancher,
+                 spawner: Spawner, store: SnapshotStore, idle: IdlePauser) -> None:
+        self._paused = paused  # the paused_sandboxes table: only this owner writes it
+        self._sandboxes = sandboxes
         self._idle = idle
         self._table = table
         self._brancher = brancher
@@ -111,13 +114,13 @@ class Suspender:
     async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
         check_sandbox_id(sandbox_id)
         sandbox_id = self._table.resolve(sandbox_id)
-        if self._registry.has_paused(sandbox_id):
+        if self._paused.has(sandbox_id):
             if sandbox_id not in self._table:
                 raise Conflict(f"sandbox {sandbox_id} is already paused")
             self.discard(sandbox_id)  # a daemon died mid-pause: the live sandbox wins
         async with self._exclusive(sandbox_id):
             self._table.get(sandbox_id)  # 404 / died, before anything is written
-            record = self._registry.get_sandbox(sandbox_id)
+            record = self._sandboxes.get(sandbox_id)
             state = await self._brancher.branch(sandbox_id, self._state_tag(sandbox_id), mode, wait=True)
             paused = PausedRecord(
                 id=sandbox_id, state_tag=state.tag, template=self.template_of(record),
@@ -130,12 +133,12 @@ class Suspender:
                 disk_quota_mib=record.disk_quota_mib)
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
-            self._registry.insert_paused(paused)
+            self._paused.insert(paused)
             try:
                 await self._table.kill(sandbox_id)
             except ForkdError:
-                self._registry.delete_paused(sandbox_id)
-                self._registry.set_auto_delete(state.tag, True)
+                self._paused.delete(sandbox_id)
+                self._store.set_auto_delete(state.tag, True)
                 raise
             log.info("paused %s into %s", sandbox_id, state.tag)
             return paused
@@ -144,11 +147,11 @@ class Suspender:
         """Start a paused sandbox again, under its id; 404 if it is not paused."""
         check_sandbox_id(sandbox_id)
         async with self._exclusive(sandbox_id):
-            paused = self._registry.get_paused(sandbox_id)
+            paused = self._paused.get(sandbox_id)
             if sandbox_id in self._table:
                 # It was never killed (a daemon died mid-pause): the live one wins.
                 self._forget(paused)
-                return self._registry.get_sandbox(sandbox_id)
+                return self._sandboxes.get(sandbox_id)
             # A quota of 0 (none) stays none, rather than becoming the daemon's default.
             spec = ChildSpec(memory_limit_mib=paused.memory_limit_mib, metadata=dict(paused.metadata),
                              cpu_limit=paused.cpu_limit, pids_limit=paused.pids_limit, sandbox_id=sandbox_id,
@@ -158,34 +161,38 @@ class Suspender:
                 egress=EgressPolicy.from_info(paused.egress)))
             if isinstance(outcome, ForkdError):
                 raise outcome
-            self._registry.delete_paused(sandbox_id)
-            self._registry.set_auto_delete(paused.state_tag, True)  # the child holds it from now on
+            self._paused.delete(sandbox_id)
+            self._store.set_auto_delete(paused.state_tag, True)  # the child holds it from now on
             self._idle.apply([outcome], paused.idle_pause_secs)
             log.info("resumed %s from %s", sandbox_id, paused.state_tag)
             return outcome
 
     def discard(self, sandbox_id: str) -> None:
         """Forget a paused sandbox; its state snapshot is left for the caller to collect."""
-        paused = self._registry.get_paused(sandbox_id)
+        paused = self._paused.get(sandbox_id)
         if sandbox_id in self._busy:
             raise Conflict(f"sandbox {sandbox_id} is being resumed; retry shortly")
         self._forget(paused)
 
     def _forget(self, paused: PausedRecord) -> None:
-        self._registry.delete_paused(paused.id)
+        self._paused.delete(paused.id)
         if self._store.exists(paused.state_tag):
-            self._registry.set_auto_delete(paused.state_tag, True)
+            self._store.set_auto_delete(paused.state_tag, True)
 
     def get(self, sandbox_id: str) -> PausedRecord:
-        return self._registry.get_paused(check_sandbox_id(sandbox_id))
+        return self._paused.get(check_sandbox_id(sandbox_id))
+
+    def has(self, sandbox_id: str) -> bool:
+        """Whether ``sandbox_id`` is paused (no id check: the caller checked it)."""
+        return self._paused.has(sandbox_id)
 
     def all(self) -> list[PausedRecord]:
-        return self._registry.list_paused()
+        return self._paused.all()
 
     def holding(self, tags: list[str]) -> list[str]:
         """The paused sandboxes whose state is one of ``tags`` (they need it to resume)."""
         wanted = set(tags)
-        return [p.id for p in self._registry.list_paused() if p.state_tag in wanted]
+        return [p.id for p in self._paused.all() if p.state_tag in wanted]
 
 
 __all__ = ["STATE_PREFIX", "Suspender", "view"]

@@ -23,6 +23,7 @@ from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
+from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
 from forkd.guest import protocol
@@ -34,7 +35,7 @@ from forkd.image.builder import Image, load_image
 from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
-from forkd.store.registry import Registry, SnapshotRecord, now_unix
+from forkd.store.records import SnapshotRecord, now_unix
 from forkd.vmm import probe
 from forkd.vmm.cmdline import kernel_cmdline, new_config
 from forkd.vmm.disk import create_overlay
@@ -102,10 +103,10 @@ class SnapshotSpec:
 
 
 class TemplateBuilder:
-    def __init__(self, data: DataDir, registry: Registry, tags: TagReservations,
+    def __init__(self, data: DataDir, store: SnapshotStore, tags: TagReservations,
                  accel: HostAccelerator, networks: Networks) -> None:
         self._data = data
-        self._registry = registry
+        self._store = store
         self._tags = tags
         self._accel = accel
         self._networks = networks
@@ -196,7 +197,7 @@ class TemplateBuilder:
             final = layout.publish(staging, self._data.snapshots, spec.tag)
             staging = None
             record = SnapshotRecord(tag=spec.tag, dir=str(final.path), created_at_unix=created)
-            self._registry.insert_snapshot(record)
+            self._store.register(record)
             progress("ready", 1.0)
             return record
         finally:

@@ -40,6 +40,7 @@ from typing import Any
 
 from forkd.config import VERSION, DataDir
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
 from forkd.host.accel import Accel, check_compatible
@@ -49,7 +50,7 @@ from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
 from forkd.store.objectstore import ObjectStore
-from forkd.store.registry import Registry, SnapshotRecord, now_unix
+from forkd.store.records import SnapshotRecord, now_unix
 from forkd.vmm import disk as disk_mod
 from forkd.vmm import probe
 
@@ -101,10 +102,10 @@ class ImportPlan:
 
 
 class SnapshotTravel:
-    def __init__(self, data: DataDir, registry: Registry, tags: TagReservations, accel: HostAccelerator,
-                 store: ObjectStore | None = None) -> None:
+    def __init__(self, data: DataDir, snapshots: SnapshotStore, tags: TagReservations,
+                 accel: HostAccelerator, store: ObjectStore | None = None) -> None:
         self._data = data
-        self._registry = registry
+        self._snapshots = snapshots  # registered through the owner; read through its records
         self._tags = tags
         self._accel = accel
         self.store = store
@@ -141,7 +142,7 @@ class SnapshotTravel:
     def export(self, tag: str) -> Export:
         """Describe ``tag`` and its disk chain for travel (blocking: digests, disk copies)."""
         check_tag(tag)
-        snap = self._registry.get_snapshot(tag)
+        snap = self._snapshots.records.get(tag)
         snap.check_forkable()
         workdir = self._workdir(f"export-{tag}")
         try:
@@ -166,7 +167,7 @@ class SnapshotTravel:
         blobs: dict[str, Path] = {base_sha: base_path}
         entries = []
         for t in lineage:
-            record = self._registry.get_snapshot(t)
+            record = self._snapshots.records.get(t)
             record.check_forkable()
             sdir = SnapshotDir(self._data.snapshots / t)
             files = [self._plain_file(sdir.mem, blobs), self._plain_file(sdir.state, blobs)]
@@ -192,7 +193,7 @@ class SnapshotTravel:
         resolved = path.resolve()
         if resolved.parent.parent == self._data.snapshots.resolve() and not last:
             tag, name = resolved.parent.name, resolved.name
-            if not FILE_RE.match(name) or fmt != "qcow2" or not self._registry.has_snapshot(tag):
+            if not FILE_RE.match(name) or fmt != "qcow2" or not self._snapshots.records.has(tag):
                 raise VMError(f"cannot pack: disk layer {resolved} is not a registered snapshot's layer")
             return tag, name
         if not last:
@@ -249,7 +250,7 @@ class SnapshotTravel:
     def _plan(self, manifest: Manifest) -> ImportPlan:
         plan = ImportPlan(manifest)
         for entry in manifest.snapshots:
-            if self._registry.has_snapshot(entry.tag) or (self._data.snapshots / entry.tag).exists():
+            if self._snapshots.records.has(entry.tag) or (self._data.snapshots / entry.tag).exists():
                 self._check_same(entry, manifest)
                 plan.reuse.append(entry.tag)
             else:
@@ -319,7 +320,7 @@ class SnapshotTravel:
                     parent_tag=entry.parent_tag, branched_from=entry.record.get("branched_from"),
                     pause_ms=entry.record.get("pause_ms"), mode=entry.record.get("mode"))
                 try:
-                    self._registry.insert_snapshot(record)
+                    self._snapshots.register(record)
                 except BaseException:
                     shutil.rmtree(final.path, ignore_errors=True)
                     raise
@@ -329,7 +330,7 @@ class SnapshotTravel:
             if staging is not None:
                 shutil.rmtree(staging.path, ignore_errors=True)
             for record in reversed(created):
-                self._registry.delete_snapshot(record.tag)
+                self._snapshots.unregister(record.tag)
                 shutil.rmtree(record.dir, ignore_errors=True)
             if isinstance(exc, OSError):
                 space = " (free some disk space)" if exc.errno == errno.ENOSPC else ""
@@ -452,7 +453,7 @@ class SnapshotTravel:
         store = self._require_store()
         check_tag(tag)
         async with self._lock(tag):
-            if self._registry.has_snapshot(tag):
+            if self._snapshots.records.has(tag):
                 return {"tag": tag, "created": [], "reused": [tag], "bytes_downloaded": 0}
             manifest = await asyncio.to_thread(store.get_manifest, tag)
             if manifest is None:
@@ -461,7 +462,7 @@ class SnapshotTravel:
 
     async def ensure_local(self, tag: str) -> None:
         """The spawner's hook: pull ``tag`` if this host lacks it and the store holds it."""
-        if self.store is None or self._registry.has_snapshot(tag):
+        if self.store is None or self._snapshots.records.has(tag):
             return
         with contextlib.suppress(NotFound):
             await self.pull(tag)

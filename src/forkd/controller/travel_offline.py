@@ -13,8 +13,10 @@ from contextlib import asynccontextmanager
 
 from forkd.config import DataDir
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.travel import SnapshotTravel
+from forkd.host.shm import ShmMemory
 from forkd.store.datalock import DataDirLock
 from forkd.store.registry import Registry
 
@@ -26,8 +28,10 @@ async def offline_travel(data: DataDir) -> AsyncIterator[SnapshotTravel]:
     try:
         registry = Registry(data.registry)
         try:
-            tags = TagReservations(lambda t: registry.has_snapshot(t) or (data.snapshots / t).exists())
-            yield SnapshotTravel(data, registry, tags, HostAccelerator(data))
+            # The daemon's wiring, for this one owner: snapshot rows only through the SnapshotStore.
+            tags = TagReservations(lambda t: snapshots.exists(t))
+            snapshots = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+            yield SnapshotTravel(data, snapshots, tags, HostAccelerator(data))
         finally:
             registry.close()
     finally:

@@ -20,15 +20,18 @@ from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.controller.suspend import Suspender
 from forkd.errors import Conflict, ForkdError, NotFound
 from forkd.store.layout import check_tag
-from forkd.store.registry import Registry, WorkspaceRecord, now_unix
+from forkd.store.records import WorkspaceRecord, now_unix
+from forkd.store.rows.paused import PausedReader
+from forkd.store.rows.workspaces import WorkspaceRows
 
 RUNNING, SUSPENDED, STALE = "running", "suspended", "stale"
 
 
 class Workspaces:
-    def __init__(self, registry: Registry, table: SandboxTable, spawner: Spawner,
-                 suspender: Suspender) -> None:
-        self._registry = registry
+    def __init__(self, workspaces: WorkspaceRows, paused: PausedReader, table: SandboxTable,
+                 spawner: Spawner, suspender: Suspender) -> None:
+        self._workspaces = workspaces  # the workspaces table: only this owner writes it
+        self._paused = paused
         self._table = table
         self._spawner = spawner
         self._suspender = suspender
@@ -36,7 +39,7 @@ class Workspaces:
     def _status(self, ws: WorkspaceRecord) -> str:
         if ws.sandbox_id in self._table:
             return RUNNING
-        if self._registry.has_paused(ws.sandbox_id):
+        if self._paused.has(ws.sandbox_id):
             return SUSPENDED
         return STALE
 
@@ -49,19 +52,19 @@ class Workspaces:
         if status == RUNNING:
             out["live_sandbox_id"] = ws.sandbox_id
         if status == SUSPENDED:
-            out["current_state_tag"] = self._registry.get_paused(ws.sandbox_id).state_tag
+            out["current_state_tag"] = self._paused.get(ws.sandbox_id).state_tag
         return out
 
     def get(self, name: str) -> WorkspaceRecord:
-        return self._registry.get_workspace(check_tag(name))
+        return self._workspaces.get(check_tag(name))
 
     def all(self) -> list[WorkspaceRecord]:
-        return self._registry.list_workspaces()
+        return self._workspaces.all()
 
     async def create(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
                      memory_limit_mib: int | None = None) -> WorkspaceRecord:
         check_tag(name)
-        if any(ws.name == name for ws in self._registry.list_workspaces()):
+        if any(ws.name == name for ws in self._workspaces.all()):
             raise Conflict(f"workspace {name!r} already exists; delete it first")
         [record] = await self._spawner.spawn(snapshot_tag, 1, SpawnOptions(
             per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib))
@@ -69,7 +72,7 @@ class Workspaces:
         ws = WorkspaceRecord(name=name, sandbox_id=record.id, source_tag=snapshot_tag, created_at_unix=now,
                              last_active_unix=now)
         try:
-            self._registry.insert_workspace(ws)
+            self._workspaces.insert(ws)
         except ForkdError:
             await self._table.kill(record.id)  # another create of that name won the race
             raise
@@ -81,7 +84,7 @@ class Workspaces:
             raise Conflict(f"workspace {name!r} is {self._status(ws)}, not running: only a running "
                            "workspace can be suspended")
         await self._suspender.pause(ws.sandbox_id, mode=mode)
-        self._registry.touch_workspace(name, ws.sandbox_id)
+        self._workspaces.touch(name, ws.sandbox_id)
         return self.get(name)
 
     async def resume(self, name: str) -> WorkspaceRecord:
@@ -95,7 +98,7 @@ class Workspaces:
             [outcome] = await self._spawner.spawn_each(ws.source_tag, [ChildSpec(sandbox_id=ws.sandbox_id)])
             if isinstance(outcome, ForkdError):
                 raise outcome
-        self._registry.touch_workspace(name, ws.sandbox_id)
+        self._workspaces.touch(name, ws.sandbox_id)
         return self.get(name)
 
     async def delete(self, name: str) -> None:
@@ -107,7 +110,7 @@ class Workspaces:
         elif status == SUSPENDED:
             with contextlib.suppress(NotFound):  # resumed or discarded meanwhile
                 self._suspender.discard(ws.sandbox_id)
-        self._registry.delete_workspace(name)
+        self._workspaces.delete(name)
 
 
 __all__ = ["RUNNING", "STALE", "SUSPENDED", "Workspaces"]

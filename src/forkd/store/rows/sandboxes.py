@@ -1,0 +1,167 @@
+"""Table ``sandboxes``: one row per sandbox this daemon started (re-adopted or reaped at
+start-up). Written by ``controller.sandboxes.SandboxTable``; the other owners that keep a
+column of the row get a narrow writer (a reader plus that column's setter), below."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from forkd.errors import NotFound
+from forkd.host.accel import VMConfig
+from forkd.host.netplan import ChildNet
+from forkd.store.records import AutoCheckpoint, DiskChain, SandboxRecord
+from forkd.store.rows.table import Table
+
+
+class SandboxReader(Protocol):
+    """Sandbox rows, read-only."""
+
+    def get(self, sandbox_id: str) -> SandboxRecord: ...
+
+    def has(self, sandbox_id: str) -> bool: ...
+
+    def all(self) -> list[SandboxRecord]: ...
+
+
+class DiskChainRows(SandboxReader, Protocol):
+    """The brancher's columns: where a sandbox's disk stands, and its branch sequence."""
+
+    def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None: ...
+
+    def next_branch_seq(self, sandbox_id: str) -> int: ...
+
+
+class CheckpointPolicyRows(SandboxReader, Protocol):
+    """The checkpointer's column (and the branch sequence its checkpoint tags count with)."""
+
+    def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None: ...
+
+    def next_branch_seq(self, sandbox_id: str) -> int: ...
+
+
+class IdlePauseRows(SandboxReader, Protocol):
+    """The idle pauser's column."""
+
+    def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None: ...
+
+
+class ExpiryRows(SandboxReader, Protocol):
+    """The deadline keeper's column."""
+
+    def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None: ...
+
+
+def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
+    return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
+            "timings": s.timings, "metadata": s.metadata,
+            "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
+            "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
+            "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
+            "disk_quota_mib": s.disk_quota_mib,
+            "network": s.network.to_json() if s.network is not None else None}
+
+
+_SANDBOX_COLUMNS = ("id", "snapshot_tag", "dir", "created_at_unix", "pid", "netns", "memory_limit_mib",
+                    "live_fork", "branch_seq")
+
+
+def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
+    meta = json.loads(row["meta"] or "{}")
+    values = {k: row[k] for k in _SANDBOX_COLUMNS}
+    values["live_fork"] = bool(values["live_fork"])
+    disk = meta.get("disk") or {  # rows written before the disk chain was typed
+        "node": meta.get("disk_node", "disk0"),
+        "file": meta.get("disk_file", str(Path(row["dir"]) / "disk.qcow2")),
+        "parent_tag": meta.get("disk_parent_tag", row["snapshot_tag"]),
+        "pending_layers": meta.get("pending_layers", []),
+    }
+    policy = meta.get("checkpoints")
+    return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
+                         cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
+                         metadata=dict(meta.get("metadata") or {}),
+                         checkpoints=AutoCheckpoint(**policy) if policy else None,
+                         pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
+                         cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
+                         cgroup_extra=list(meta.get("cgroup_extra") or []),
+                         idle_pause_secs=meta.get("idle_pause_secs"),
+                         disk_quota_mib=meta.get("disk_quota_mib"),
+                         network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
+
+
+class SandboxRows(Table):
+    def insert(self, sb: SandboxRecord) -> None:
+        row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS}
+        row["meta"] = json.dumps(_sandbox_meta(sb))
+        row["live_fork"] = int(sb.live_fork)
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO sandboxes ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                list(row.values()),
+            )
+
+    def save(self, sb: SandboxRecord) -> None:
+        """Write every field of an already registered sandbox (a pool member being claimed)."""
+        row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS if k != "id"}
+        row["meta"] = json.dumps(_sandbox_meta(sb))
+        row["live_fork"] = int(sb.live_fork)
+        sets = ", ".join(f"{k} = ?" for k in row)
+        with self._lock:
+            self._db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", [*row.values(), sb.id])
+
+    def set_disk_chain(self, sandbox_id: str, disk: DiskChain) -> None:
+        """Record where a sandbox's disk stands (it moves with every branch)."""
+        self._update_meta(sandbox_id, "disk", asdict(disk))
+
+    def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None:
+        """When the reaper kills the sandbox (None: never)."""
+        self._update_meta(sandbox_id, "expires_at_unix", expires_at_unix)
+
+    def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None:
+        """After how many idle seconds the sandbox is paused (None: never)."""
+        self._update_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
+
+    def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
+        self._update_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
+
+    def _update_meta(self, sandbox_id: str, key: str, value: Any) -> None:
+        with self._lock:
+            row = self._db.execute("SELECT meta FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+            if row is None:
+                return
+            meta = json.loads(row["meta"] or "{}")
+            meta[key] = value
+            self._db.execute("UPDATE sandboxes SET meta = ? WHERE id = ?", (json.dumps(meta), sandbox_id))
+
+    def next_branch_seq(self, sandbox_id: str) -> int:
+        """Monotonic per source sandbox, persisted so a daemon restart does not reuse one."""
+        with self._lock:
+            self._db.execute("UPDATE sandboxes SET branch_seq = branch_seq + 1 WHERE id = ?", (sandbox_id,))
+            row = self._db.execute("SELECT branch_seq FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        return int(row[0])
+
+    def has(self, sandbox_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        return row is not None
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        return _sandbox_from_row(row)
+
+    def all(self) -> list[SandboxRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, id").fetchall()
+        return [_sandbox_from_row(r) for r in rows]
+
+    def delete(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
