@@ -41,6 +41,7 @@ from forkd.controller.files import check_path
 from forkd.controller.forks import ForkResult
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
+from forkd.controller.suspend import view as suspend_view
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
@@ -469,6 +470,21 @@ class FakeRuntime:
 
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
+        del self.sandboxes[self._sandbox(sandbox_id).id]
+
+    def describe_sandboxes(self) -> list[dict[str, Any]]:
+        """The running sandboxes as the E2B layer describes them, oldest first (the Runtime's order)."""
+        views = [suspend_view(sb, sb.snapshot_tag) for sb in self.sandboxes.values()]
+        return sorted(views, key=lambda v: (v["started"], v["id"]))
+
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        self._call("describe_sandbox", sandbox_id)
+        sb = self._sandbox(self._resolve(sandbox_id))
+        return suspend_view(sb, sb.snapshot_tag)
+
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> None:
+        """Records the call and stops the sandbox (no state is kept: a fake cannot resume)."""
+        self._call("pause", sandbox_id, mode=mode)
         del self.sandboxes[self._sandbox(sandbox_id).id]
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:

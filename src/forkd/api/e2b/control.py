@@ -222,9 +222,9 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     async def pause(sandbox_id: str, request: Request) -> Response:
         req = SandboxPauseRequest.from_dict(await _body(request))
         _unknown(req)
-        if _set(req.memory) and req.memory is False:
-            raise E2BError(400, 'a filesystem-only pause (mode="filesystem") is not supported by forkd; '
-                           "a pause keeps the memory state")
+        # A filesystem-only pause (``memory: false``, the SDK's mode="filesystem") is served as a
+        # full one: the filesystem is kept as E2B keeps it, and the memory state with it (a resume
+        # restores the running guest rather than booting it afresh; docs/E2B.md).
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
         with gate.enter(None, rt().tag_in_flight):
@@ -278,10 +278,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
                  if v["state"] in states and all(v["metadata"].get(k) == x for k, x in wanted.items())
                  and (not query.get("template") or v["template"] == query["template"])
                  and (after is None or v["started"] >= after)]
-        if query.get("order") == "desc":
-            views.reverse()
-        elif query.get("order") not in (None, "asc"):
+        # By start time, newest first unless asked otherwise (E2B's default).
+        if query.get("order") not in (None, "", "asc", "desc"):
             raise E2BError(400, "order must be asc or desc")
+        if query.get("order") != "asc":
+            views.reverse()
         start = _as_int(query.get("nextToken")) if query.get("nextToken") else 0
         page = views[start:start + limit]
         if start + limit < len(views):
