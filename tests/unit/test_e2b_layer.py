@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
 
 
 def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
-    for method, path in (("GET", f"/sandboxes/{SB}/metrics"), ("POST", f"/sandboxes/{SB}/snapshots"),
+    for method, path in (("GET", f"/sandboxes/{SB}/logs"), ("POST", f"/sandboxes/{SB}/snapshots"),
                          ("DELETE", "/templates/t1"), ("GET", "/volumes")):
         assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
 
@@ -149,6 +150,44 @@ def test_a_filesystem_only_pause_is_a_pause(client: TestClient, fake: FakeRuntim
     assert resp.status_code == 204, resp.text
     [call] = [c for c in fake.calls if c.name == "pause"]
     assert call.args == (SB,) and call.kwargs == {"mode": "full"}
+
+
+GUEST_METRICS = """MemTotal:         482012 kB
+MemAvailable:     400000 kB
+Cached:            50000 kB
+cpu  100 0 100 800 0 0 0 0 0 0
+cpu  150 0 150 900 0 0 0 0 0 0
+ncpu 2
+/dev/vda 2040373248 612345678 1400000000 31% /
+"""
+
+
+def test_metrics_are_a_sample_taken_in_the_guest(client: TestClient, fake: FakeRuntime) -> None:
+    """``get_metrics``: one sample from the guest's /proc and df, now; none for a range the
+    sandbox did not run in (issue 20)."""
+
+    async def exec_(sandbox_id: str, args: list[str], timeout_secs: float = 30, **_: Any) -> dict[str, Any]:
+        assert args[:2] == ["/bin/sh", "-c"]
+        return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+
+    fake.exec = exec_  # type: ignore[method-assign]
+    key = {"X-API-KEY": TOKEN}
+    resp = client.get(f"/sandboxes/{SB}/metrics", headers=key)
+    assert resp.status_code == 200, resp.text
+    [sample] = resp.json()
+    assert (sample["cpuCount"], sample["cpuUsedPct"]) == (2, 50.0)  # 100 busy of 200 jiffies
+    assert (sample["memTotal"], sample["memUsed"], sample["memCache"]) == (
+        482012 * 1024, 82012 * 1024, 50000 * 1024)
+    assert (sample["diskTotal"], sample["diskUsed"]) == (2040373248, 612345678)
+    assert abs(sample["timestampUnix"] - time.time()) < 60
+    started = int(fake.sandboxes[SB].created_at_unix)
+    before = client.get(f"/sandboxes/{SB}/metrics", params={"start": started - 7200, "end": started - 3600},
+                        headers=key)
+    assert before.json() == []
+    assert client.get(f"/sandboxes/{SB}/metrics", params={"start": int(time.time()) - 5},
+                      headers=key).json() != []
+    bogus = client.get(f"/sandboxes/{SB}/metrics", params={"bogus": 1}, headers=key)
+    assert "bogus" in rest_error(bogus, 400)
 
 
 # ------------------------------------------------------------------ in-sandbox traffic
