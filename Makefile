@@ -62,7 +62,7 @@ test-integration: setup
 stress: setup
 	$(BIN)/pytest -ra -s -m stress tests/stress $(PYTEST_ARGS)
 
-# Every benchmark, then docs/PERFORMANCE.md regenerated (< 15 min on 2 cores; see bench/run_all.py).
+# Every benchmark, then docs/PERFORMANCE.md regenerated (< 17 min on 2 cores; see bench/run_all.py).
 bench: setup
 	bash scripts/install-deps.sh --bench
 	$(BIN)/python bench/run_all.py

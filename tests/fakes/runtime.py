@@ -819,11 +819,12 @@ class FakeRuntime:
 
     def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
         """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``)."""
+        self._call("describe_sandbox", sandbox_id)
         check_sandbox_id(sandbox_id)
         if sandbox_id in self.paused:
             paused = self.paused[sandbox_id]
             return suspend_view(paused, paused.template)
-        record = self._sandbox(sandbox_id)
+        record = self._sandbox(self._resolve(sandbox_id))
         return suspend_view(record, self._template_of(record))
 
     def describe_sandboxes(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from forkd.api.e2b import uploads
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
-from forkd.errors import InvalidRequest, TooLarge
+from forkd.errors import InvalidRequest, NotFound, TooLarge
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
@@ -128,7 +129,7 @@ def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
 
 
 def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
-    for method, path in (("GET", f"/sandboxes/{SB}/metrics"), ("POST", f"/sandboxes/{SB}/snapshots"),
+    for method, path in (("GET", f"/sandboxes/{SB}/logs"), ("POST", f"/sandboxes/{SB}/snapshots"),
                          ("DELETE", "/templates/t1"), ("GET", "/volumes")):
         assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
 
@@ -136,6 +137,74 @@ def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient)
 def test_bodies_are_bounded_in_the_sdk_shape(client: TestClient) -> None:
     big = {"templateID": "base", "metadata": {"k": "x" * (2 << 20)}}
     assert "limit" in rest_error(client.post("/v2/sandboxes", json=big, headers={"X-API-KEY": TOKEN}), 413)
+
+
+def test_list_is_newest_first_unless_asked_otherwise(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's spec: ``GET /v2/sandboxes`` is by start time, newest first by default (issue 20)."""
+    fake.sandboxes[SB].created_at_unix = 1_000
+    fake.sandboxes[OTHER].created_at_unix = 2_000  # started later
+    key = {"X-API-KEY": TOKEN}
+
+    def ids(**params: str) -> list[str]:
+        resp = client.get("/v2/sandboxes", params=params, headers=key)
+        assert resp.status_code == 200, resp.text
+        return [e["sandboxID"] for e in resp.json()]
+
+    assert ids() == [OTHER, SB]
+    assert ids(order="desc") == [OTHER, SB]
+    assert ids(order="asc") == [SB, OTHER]
+    # Pages follow the same order.
+    first = client.get("/v2/sandboxes", params={"limit": "1"}, headers=key)
+    assert [e["sandboxID"] for e in first.json()] == [OTHER]
+    assert ids(limit="1", nextToken=first.headers["x-next-token"]) == [SB]
+    assert "order" in rest_error(client.get("/v2/sandboxes", params={"order": "up"}, headers=key), 400)
+
+
+def test_a_filesystem_only_pause_is_a_pause(client: TestClient, fake: FakeRuntime) -> None:
+    """``pause(mode="filesystem")`` (``memory: false``) keeps the filesystem, as E2B's does, and the
+    memory state with it: forkd's pause (issue 20)."""
+    resp = client.post(f"/sandboxes/{SB}/pause", json={"memory": False}, headers={"X-API-KEY": TOKEN})
+    assert resp.status_code == 204, resp.text
+    [call] = [c for c in fake.calls if c.name == "pause"]
+    assert call.args == (SB,) and call.kwargs == {"mode": "full"}
+
+
+GUEST_METRICS = """MemTotal:         482012 kB
+MemAvailable:     400000 kB
+Cached:            50000 kB
+cpu  100 0 100 800 0 0 0 0 0 0
+cpu  150 0 150 900 0 0 0 0 0 0
+ncpu 2
+/dev/vda 2040373248 612345678 1400000000 31% /
+"""
+
+
+def test_metrics_are_a_sample_taken_in_the_guest(client: TestClient, fake: FakeRuntime) -> None:
+    """``get_metrics``: one sample from the guest's /proc and df, now; none for a range the
+    sandbox did not run in (issue 20)."""
+
+    async def exec_(sandbox_id: str, args: list[str], timeout_secs: float = 30, **_: Any) -> dict[str, Any]:
+        assert args[:2] == ["/bin/sh", "-c"]
+        return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+
+    fake.exec = exec_  # type: ignore[method-assign]
+    key = {"X-API-KEY": TOKEN}
+    resp = client.get(f"/sandboxes/{SB}/metrics", headers=key)
+    assert resp.status_code == 200, resp.text
+    [sample] = resp.json()
+    assert (sample["cpuCount"], sample["cpuUsedPct"]) == (2, 50.0)  # 100 busy of 200 jiffies
+    assert (sample["memTotal"], sample["memUsed"], sample["memCache"]) == (
+        482012 * 1024, 82012 * 1024, 50000 * 1024)
+    assert (sample["diskTotal"], sample["diskUsed"]) == (2040373248, 612345678)
+    assert abs(sample["timestampUnix"] - time.time()) < 60
+    started = int(fake.sandboxes[SB].created_at_unix)
+    before = client.get(f"/sandboxes/{SB}/metrics", params={"start": started - 7200, "end": started - 3600},
+                        headers=key)
+    assert before.json() == []
+    assert client.get(f"/sandboxes/{SB}/metrics", params={"start": int(time.time()) - 5},
+                      headers=key).json() != []
+    bogus = client.get(f"/sandboxes/{SB}/metrics", params={"bogus": 1}, headers=key)
+    assert "bogus" in rest_error(bogus, 400)
 
 
 # ------------------------------------------------------------------ in-sandbox traffic
@@ -202,6 +271,50 @@ def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRu
     assert again.json()["code"] == "already_exists"
     watch = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd_headers())
     assert watch.json()["code"] == "unimplemented"
+
+
+def test_removing_what_is_not_there_is_done(client: TestClient, fake: FakeRuntime) -> None:
+    """envd's Remove of a missing path succeeds (issue 20); a gone sandbox is still an error."""
+    fake.files[SB]["/tmp/f.txt"] = b"abc"
+    for path in ("/tmp/f.txt", "/tmp/f.txt", "/tmp/never/there"):
+        resp = client.post("/filesystem.Filesystem/Remove", json={"path": path}, headers=envd_headers())
+        assert resp.status_code == 200 and resp.json() == {}, resp.text
+    assert "/tmp/f.txt" not in fake.files[SB]
+
+    async def gone(sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        del fake.sandboxes[sandbox_id]  # killed while the call was on its way
+        raise NotFound(f"sandbox {sandbox_id!r} not found")
+
+    fake.file_remove = gone  # type: ignore[method-assign]
+    resp = client.post("/filesystem.Filesystem/Remove", json={"path": "/tmp/x"}, headers=envd_headers())
+    assert resp.json()["code"] == "unavailable" and "was not found" in resp.json()["message"], resp.text
+
+
+def test_entries_carry_owner_group_and_symlink_target(client: TestClient, fake: FakeRuntime) -> None:
+    """The agent's owner and group names and a link's resolved target reach envd's EntryInfo (issue 20)."""
+    link = {"path": "/root/ln", "name": "ln", "type": "file", "size": 3, "mode": 0o644, "mtime": 1.5,
+            "owner": "root", "group": "staff", "target": "/root/d/f.txt"}
+    dangling = {**link, "name": "dead", "path": "/root/dead", "type": "symlink", "target": "/root/nope"}
+    plain = {**link, "name": "f.txt", "path": "/root/d/f.txt"}
+    del plain["target"]
+
+    async def stat(sandbox_id: str, path: str) -> dict[str, Any]:
+        return link
+
+    async def listing(sandbox_id: str, path: str) -> dict[str, Any]:
+        return {"path": path, "entries": [dangling, plain], "truncated": False}
+
+    fake.file_stat = stat  # type: ignore[method-assign]
+    fake.file_list = listing  # type: ignore[method-assign]
+    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "ln"}, headers=envd_headers())
+    entry = resp.json()["entry"]
+    assert entry["type"] == "FILE_TYPE_FILE" and entry["symlinkTarget"] == "/root/d/f.txt"
+    assert entry["owner"] == "root" and entry["group"] == "staff" and entry["permissions"] == "-rw-r--r--"
+    assert entry["isSymlink"] is True
+    entries = client.post("/filesystem.Filesystem/ListDir", json={"path": "/root"},
+                          headers=envd_headers()).json()["entries"]
+    assert [(e["type"], e.get("symlinkTarget"), e.get("isSymlink", False)) for e in entries] == [
+        ("FILE_TYPE_SYMLINK", "/root/nope", True), ("FILE_TYPE_FILE", None, False)]
 
 
 # ------------------------------------------------------------------ pieces

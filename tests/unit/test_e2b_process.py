@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import process as process_mod
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller.processes import ProcessEvent
+from forkd.errors import GuestError
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
@@ -42,11 +44,12 @@ def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
         yield c
 
 
-def stream(client: TestClient, method: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+def stream(client: TestClient, method: str, body: dict[str, Any],
+           headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """A Connect server-streaming call with the JSON codec; its messages, then its end frame."""
     payload = json.dumps(body).encode()
     resp = client.post(f"/process.Process/{method}", content=struct.pack(">BI", 0, len(payload)) + payload,
-                       headers={**HEADERS, "Content-Type": "application/connect+json"})
+                       headers={**HEADERS, "Content-Type": "application/connect+json", **(headers or {})})
     assert resp.status_code == 200, resp.text
     data, out = resp.content, []
     while data:
@@ -96,6 +99,63 @@ def test_background_processes_list_input_and_signals(client: TestClient, fake: F
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"  # the SDK: kill -> False
     untagged = unary(client, "CloseStdin", {"process": {"tag": "nope"}})
     assert untagged.json()["code"] == "not_found"
+
+
+def test_the_connect_timeout_ends_the_stream_and_kills_the_process(client: TestClient,
+                                                                   fake: FakeRuntime) -> None:
+    """``Connect-Timeout-Ms`` (the SDK's ``commands.run(timeout=...)``): at the deadline the stream
+    ends with ``deadline_exceeded`` and a started process is killed, as envd does (issue 20)."""
+    started = time.monotonic()
+    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}},
+                    headers={"Connect-Timeout-Ms": "300"})
+    assert time.monotonic() - started < 5
+    assert "start" in frames[0]["message"]["event"]
+    assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
+    [proc] = fake.processes[SB].values()
+    assert proc.exit is not None and proc.exit.signal == 9
+    # Connect (watching a running process) ends the same way, but leaves the process running.
+    sleeper = asyncio.run(fake.process_start(SB, ["sleep", "60"]))["pid"]
+    frames = stream(client, "Connect", {"process": {"pid": sleeper}}, headers={"Connect-Timeout-Ms": "200"})
+    assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
+    assert fake.processes[SB][sleeper].exit is None
+    # No header: no deadline (the echo ends on its own).
+    assert stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"]}})[-1] == {"end": {}}
+
+
+class _Cut:
+    """A process stream whose sandbox goes away after the start event."""
+
+    def __init__(self, ending: BaseException) -> None:
+        self.pid = 7
+        self.ending = ending
+        self.sent = False
+
+    def __aiter__(self) -> _Cut:
+        return self
+
+    async def __anext__(self) -> ProcessEvent:
+        if not self.sent:
+            self.sent = True
+            return ProcessEvent("start", 7)
+        raise self.ending
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ending", [GuestError("sandbox 'sb-67a1b3-0000' was killed"), StopAsyncIteration()])
+def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, fake: FakeRuntime,
+                                                         ending: BaseException) -> None:
+    """A sandbox killed mid-command ends the stream ``unavailable``, worded so that the SDK probes
+    the sandbox (not "was not found"), finds it gone and raises SandboxNotRunningException (issue 20)."""
+
+    async def exec_stream(*_args: Any, **_kwargs: Any) -> _Cut:
+        return _Cut(ending)
+
+    fake.exec_stream = exec_stream  # type: ignore[method-assign]
+    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
+    error = frames[-1]["end"]["error"]
+    assert error["code"] == "unavailable" and "was not found" not in error["message"], frames
 
 
 def test_terminals_are_not_served(client: TestClient) -> None:

@@ -171,6 +171,36 @@ def test_a_link_to_root_is_only_a_link(tmp_path: Path, monkeypatch: pytest.Monke
     assert not link.is_symlink() and Path("/proc").is_dir()
 
 
+def test_agent_entries_name_owner_group_and_link_target(tmp_path: Path) -> None:
+    """Owner and group by name (E2B's EntryInfo has them); a symbolic link's resolved, absolute
+    target: stat follows the link for its type, a listing shows the link itself (issue 20)."""
+    import grp
+    import pwd
+
+    fs = Files()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.txt").write_text("abc")
+    os.symlink("d/f.txt", tmp_path / "ln")
+    os.symlink("missing", tmp_path / "dead")
+    me, mine = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    plain = fs.stat({"path": str(tmp_path / "d" / "f.txt")})
+    assert (plain["owner"], plain["group"]) == (me, mine) and "target" not in plain
+    link = fs.stat({"path": str(tmp_path / "ln")})
+    assert link["type"] == "file" and link["size"] == 3
+    assert link["target"] == str((tmp_path / "d" / "f.txt").resolve())
+    dead = fs.stat({"path": str(tmp_path / "dead")})
+    assert dead["type"] == "symlink" and dead["target"] == str(tmp_path.resolve() / "missing")
+    listed = {e["name"]: e for e in fs.list({"path": str(tmp_path)})["entries"]}
+    assert listed["ln"]["type"] == "symlink" and listed["ln"]["target"] == link["target"]
+    assert "target" not in listed["d"] and listed["d"]["owner"] == me
+    # The host keeps these (checked) and refuses a malformed one.
+    assert controller_files._info(link)["target"] == link["target"]
+    with pytest.raises(GuestError):
+        controller_files._info({**link, "owner": 0})
+    with pytest.raises(GuestError):
+        controller_files._info({**link, "target": "/" * (protocol.FILE_PATH_MAX + 1)})
+
+
 def test_the_agent_serves_file_actions_with_error_kinds(tmp_path: Path) -> None:
     """Through the real dispatch: a refusal's kind goes back in the reply."""
     from forkd.guest.agent.server import Agent

@@ -47,6 +47,18 @@ def test_registry_round_trips_typed_records(registry: Registry, tmp_path: Path) 
         registry.snapshots.insert(snap)
 
 
+def test_sandboxes_are_listed_in_their_order_of_creation(registry: Registry, tmp_path: Path) -> None:
+    """By start time, and in the order they were made within one second (E2B's newest-first list
+    needs it; issue 20), not by their random ids."""
+    from dataclasses import replace
+
+    base = _sandbox(tmp_path)
+    for sb_id, when in (("sb-ffffff-0000", 5), ("sb-000000-0000", 5), ("sb-777777-0000", 4)):
+        registry.sandboxes.insert(replace(base, id=sb_id, created_at_unix=when))
+    listed = [sb.id for sb in registry.sandboxes.all()]
+    assert listed == ["sb-777777-0000", "sb-ffffff-0000", "sb-000000-0000"]
+
+
 def test_registry_survives_reopening(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "forkd.db")
     reg.sandboxes.insert(_sandbox(tmp_path))

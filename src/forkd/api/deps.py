@@ -161,7 +161,9 @@ if TYPE_CHECKING:
         return runtime
 
 
-def get_runtime(request: Request) -> RuntimeLike:
+# The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in
+# its thread pool, a thread hand-off per request that cost more daemon CPU than the route.
+async def get_runtime(request: Request) -> RuntimeLike:
     runtime: RuntimeLike | None = request.app.state.runtime
     if runtime is None:
         # Only reachable between process start and the end of lifespan start-up.
@@ -169,12 +171,12 @@ def get_runtime(request: Request) -> RuntimeLike:
     return runtime
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_branch_gate(request: Request) -> BranchGate:
+async def get_branch_gate(request: Request) -> BranchGate:
     gate: BranchGate = request.app.state.branch_gate
     return gate
 

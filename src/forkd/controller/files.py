@@ -62,6 +62,15 @@ def _info(result: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, str) and len(value) > protocol.FILE_PATH_MAX + protocol.FILE_NAME_MAX:
             raise GuestError(f"guest agent sent an overlong {key!r}")
         out[key] = value
+    # Optional: the owner's and group's names, and where a symbolic link resolves to.
+    for key, limit in (("owner", protocol.FILE_NAME_MAX), ("group", protocol.FILE_NAME_MAX),
+                       ("target", protocol.FILE_PATH_MAX)):
+        value = result.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > limit:
+            raise GuestError(f"guest agent sent a malformed file entry ({key!r})")
+        out[key] = value
     return out
 
 

@@ -529,10 +529,11 @@ class Runtime:
         return suspend_view(paused, paused.template)
 
     def describe_sandboxes(self) -> list[dict[str, Any]]:
-        """Every running and every paused sandbox (``describe_sandbox``), oldest first."""
+        """Every running and every paused sandbox (``describe_sandbox``), oldest first (started in
+        the same second: running ones in their order of creation, then paused ones)."""
         out = [suspend_view(sb, self.suspender.template_of(sb)) for sb in self.list_sandboxes()]
         out += [suspend_view(p, p.template) for p in self.suspender.all()]
-        return sorted(out, key=lambda v: (v["started"], v["id"]))
+        return sorted(out, key=lambda v: v["started"])  # stable: keeps the registry's order in a tie
 
     # ---------------------------------------------------------------- workspaces
 

@@ -221,6 +221,7 @@ class SandboxTable:
         vm = self._vms.get(sandbox_id)
         if vm is None:
             return
+        vm.process.freeze()  # before waiting for the lock: a disk over its quota stops growing now
         async with self.lock(sandbox_id):
             if self._vms.get(sandbox_id) is not vm:
                 return  # killed meanwhile

@@ -3,7 +3,7 @@ described, given a new timeout, paused and forked. A template is a forkd snapsho
 
 Each route checks the request, calls the Runtime, and answers in the SDK's own
 models (``shapes``); every error is ``{"code": <status>, "message"}``. Routes
-the SDK has but forkd does not serve (metrics, logs, snapshots, templates,
+the SDK has but forkd does not serve (logs, snapshots, templates,
 volumes, secrets, network updates, ...) answer ``501`` in that shape, naming
 docs/E2B.md.
 
@@ -220,13 +220,35 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         rt().set_timeout(sandbox_id, timeout)
         return Response(status_code=204)
 
+    @app.get("/sandboxes/{sandbox_id}/metrics")
+    async def metrics(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
+        """One sample, taken now in the guest, if now is in the asked range (E2B keeps a history
+        in 5 s buckets; forkd keeps none). Nothing for a range the sandbox did not run in."""
+        query = request.query_params
+        if set(query) - {"start", "end"}:
+            raise E2BError(400, f"unknown query parameter {sorted(set(query) - {'start', 'end'})[0]!r}")
+        view = rt().describe_sandbox(sandbox_id)
+        if view["state"] != "running":
+            return []
+        now = dt.datetime.now(dt.UTC).timestamp()
+        start = _as_int(query["start"]) if query.get("start") else None
+        end = _as_int(query["end"]) if query.get("end") else None
+        # Second-precision bounds (the SDK's), so "now" counts until the end of the second asked for.
+        if (start is not None and start > now) or (end is not None and end + 1 < now) \
+                or (end is not None and end < view["started"]):
+            return []
+        result = await rt().exec(sandbox_id, ["/bin/sh", "-c", METRICS_SCRIPT], timeout_secs=10)
+        if result.get("exit_code") != 0:
+            raise E2BError(502, f"could not read the sandbox's metrics: {str(result.get('stderr'))[:200]}")
+        return [shapes.metric(now, guest_metrics(str(result.get("stdout", ""))))]
+
     @app.post("/sandboxes/{sandbox_id}/pause", status_code=204)
     async def pause(sandbox_id: str, request: Request) -> Response:
         req = SandboxPauseRequest.from_dict(await _body(request))
         _unknown(req)
-        if _set(req.memory) and req.memory is False:
-            raise E2BError(400, 'a filesystem-only pause (mode="filesystem") is not supported by forkd; '
-                           "a pause keeps the memory state")
+        # A filesystem-only pause (``memory: false``, the SDK's mode="filesystem") is served as a
+        # full one: the filesystem is kept as E2B keeps it, and the memory state with it (a resume
+        # restores the running guest rather than booting it afresh; docs/E2B.md).
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
         with gate.enter(None, rt().tag_in_flight):
@@ -278,10 +300,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
                  if v["state"] in states and all(v["metadata"].get(k) == x for k, x in wanted.items())
                  and (not query.get("template") or v["template"] == query["template"])
                  and (after is None or v["started"] >= after)]
-        if query.get("order") == "desc":
-            views.reverse()
-        elif query.get("order") not in (None, "asc"):
+        # By start time, newest first unless asked otherwise (E2B's default).
+        if query.get("order") not in (None, "", "asc", "desc"):
             raise E2BError(400, "order must be asc or desc")
+        if query.get("order") != "asc":
+            views.reverse()
         start = _as_int(query.get("nextToken")) if query.get("nextToken") else 0
         page = views[start:start + limit]
         if start + limit < len(views):
@@ -290,6 +313,44 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app
+
+
+# What the guest reports for a metrics sample: memory (kB), two CPU samples 0.2 s apart,
+# the CPU count and the root filesystem's use (bytes).
+METRICS_SCRIPT = ("grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; head -1 /proc/stat; sleep 0.2; "
+                  "head -1 /proc/stat; echo ncpu $(nproc); df -P -B1 / | tail -1")
+
+
+def guest_metrics(out: str) -> dict[str, float]:
+    """``METRICS_SCRIPT``'s output: cpu_count, cpu_used_pct, mem_used/total/cache, disk_used/total."""
+    kb: dict[str, int] = {}
+    cpu: list[list[int]] = []
+    figures: dict[str, float] = {}
+    try:
+        for line in out.splitlines():
+            words = line.split()
+            if not words:
+                continue
+            if words[0].endswith(":"):
+                kb[words[0][:-1]] = int(words[1])
+            elif words[0] == "cpu":
+                cpu.append([int(w) for w in words[1:]])
+            elif words[0] == "ncpu":
+                figures["cpu_count"] = int(words[1])
+            elif words[0].startswith("/"):  # df: device, size, used, available, use%, mount
+                figures["disk_total"], figures["disk_used"] = int(words[1]), int(words[2])
+        busy = [sum(c) - c[3] - (c[4] if len(c) > 4 else 0) for c in cpu]  # all but idle and iowait
+        total = [sum(c) for c in cpu]
+        figures["cpu_used_pct"] = round(100.0 * (busy[1] - busy[0]) / max(1, total[1] - total[0]), 2)
+        figures["mem_total"] = kb["MemTotal"] * 1024
+        figures["mem_used"] = (kb["MemTotal"] - kb["MemAvailable"]) * 1024
+        figures["mem_cache"] = kb.get("Cached", 0) * 1024
+    except (ValueError, IndexError, KeyError):
+        raise E2BError(502, "the sandbox's metrics could not be read") from None
+    for name in ("cpu_count", "disk_total", "disk_used"):
+        if name not in figures:
+            raise E2BError(502, "the sandbox's metrics could not be read")
+    return figures
 
 
 def _network(raw: object) -> dict[str, Any] | None:

@@ -3,7 +3,10 @@
 The messages and the ASGI application are the pinned ``e2b`` package's own
 (``e2b.envd.filesystem``); this module only implements the service: ``Stat``,
 ``ListDir`` (to a depth), ``MakeDir`` (parents made; ``already_exists`` when it
-was there), ``Remove`` (recursive) and ``Move``. Watching a directory is not
+was there), ``Remove`` (recursive; a path that is not there is removed already,
+as in envd) and ``Move``. Entries carry the owner's and group's names, and a
+symbolic link its resolved ``symlinkTarget`` (``Stat`` follows the link for the
+type, as envd does; a listing shows the link itself). Watching a directory is not
 served (``unimplemented``; docs/E2B.md).
 
 Paths: E2B's envd resolves relative paths against the user's home; the guest
@@ -25,7 +28,8 @@ from connectrpc.request import RequestContext
 from e2b.envd.filesystem import filesystem_connect, filesystem_pb
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
-from forkd.api.e2b.errors import connect_errors
+from forkd.api.e2b.errors import connect_errors, not_running
+from forkd.errors import NotFound
 from forkd.guest import protocol
 
 if TYPE_CHECKING:
@@ -56,11 +60,14 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
     """forkd's FileInfo as envd's EntryInfo."""
     kind, bits = _TYPES.get(info["type"], (filesystem_pb.FileType.UNSPECIFIED, 0))
     mtime = float(info["mtime"])
+    target = info.get("target")
     return filesystem_pb.EntryInfo(
         name=info["name"], type=kind, path=info["path"], size=info["size"], mode=info["mode"],
         permissions=stat_mod.filemode(bits | info["mode"]),
+        owner=info.get("owner", ""), group=info.get("group", ""),
         modified_time=Timestamp(seconds=int(mtime), nanos=int((mtime % 1) * 1e9)),
-        is_symlink=info["type"] == "symlink",
+        symlink_target=target,
+        is_symlink=info["type"] == "symlink" or target is not None,
     )
 
 
@@ -126,8 +133,16 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def remove(self, request: filesystem_pb.RemoveRequest,
                      ctx: RequestContext[filesystem_pb.RemoveRequest, filesystem_pb.RemoveResponse], /,
                      ) -> filesystem_pb.RemoveResponse:
+        sandbox = sandbox_of(ctx)
         with connect_errors():
-            await self._runtime().file_remove(sandbox_of(ctx), guest_path(request.path), recursive=True)
+            try:
+                await self._runtime().file_remove(sandbox, guest_path(request.path), recursive=True)
+            except NotFound:
+                # E2B's envd: removing what is not there is done. Unless the sandbox itself is gone.
+                try:
+                    self._runtime().get_sandbox(sandbox)
+                except NotFound:
+                    raise ConnectError(Code.UNAVAILABLE, not_running(sandbox)) from None
         return filesystem_pb.RemoveResponse()
 
     async def move(self, request: filesystem_pb.MoveRequest,

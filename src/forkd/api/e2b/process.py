@@ -19,12 +19,20 @@ guest, output as raw bytes, flow-controlled streams):
   that is not running is ``not_found`` (the SDK's ``kill`` then says False).
 * A ``pty`` (``Start`` with one, ``Update``, pty input) is ``unimplemented``:
   forkd runs no terminals (docs/E2B.md).
+* ``Connect-Timeout-Ms`` (the SDK's ``timeout``) bounds a stream as in envd: at the
+  deadline the stream ends with ``deadline_exceeded``, and a ``Start``'s process
+  is killed (envd runs it under a context with that timeout); a ``Connect``'s
+  process runs on.
+* A stream whose sandbox goes away (killed, expired) ends with ``unavailable``
+  and a message that does not say "was not found": the SDK then probes the
+  sandbox's health and, finding it gone, raises ``SandboxNotRunningException``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from connectrpc.code import Code
@@ -33,8 +41,9 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
-from forkd.api.e2b.errors import connect_errors
+from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import HOME, sandbox_of
+from forkd.errors import ForkdError, GuestError
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import ProcessEvent, ProcessEvents, Runtime
@@ -71,22 +80,77 @@ _KEEPALIVE: Oneof[Literal["keepalive"], process_pb.ProcessEvent.KeepAlive] = One
 KEEPALIVE = process_pb.ProcessEvent(event=_KEEPALIVE)
 
 
-async def events_with_keepalive(events: ProcessEvents) -> AsyncIterator[process_pb.ProcessEvent]:
-    """The stream's events as envd's, a keepalive in every long silence; it stops watching at the end."""
+class DeadlineExceeded(Exception):
+    """The stream's ``Connect-Timeout-Ms`` ran out."""
+
+
+def deadline_of(ctx: RequestContext[Any, Any]) -> float | None:
+    """The loop time at which the call's ``Connect-Timeout-Ms`` runs out (None: no timeout)."""
+    left_ms = ctx.timeout_ms
+    return None if left_ms is None else asyncio.get_running_loop().time() + left_ms / 1000.0
+
+
+async def events_with_keepalive(events: ProcessEvents, deadline: float | None = None,
+                                ) -> AsyncIterator[process_pb.ProcessEvent]:
+    """The stream's events as envd's, a keepalive in every long silence; it stops watching at the end.
+    At ``deadline`` (loop time) it raises ``DeadlineExceeded``; a stream that ends without the
+    process's exit (the sandbox went away) raises ``ForkdError`` like a failed read."""
+    loop = asyncio.get_running_loop()
+    nxt: asyncio.Future[ProcessEvent] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(events.__anext__())
-            while not (await asyncio.wait({nxt}, timeout=KEEPALIVE_SECS))[0]:
-                yield KEEPALIVE
+            while True:
+                wait = KEEPALIVE_SECS if deadline is None else min(KEEPALIVE_SECS, deadline - loop.time())
+                if wait <= 0:
+                    raise DeadlineExceeded
+                if (await asyncio.wait({nxt}, timeout=wait))[0]:
+                    break
+                if deadline is None or loop.time() < deadline:
+                    yield KEEPALIVE
             try:
                 ev = nxt.result()
             except StopAsyncIteration:
-                return
+                raise GuestError("the process stream ended before the process did") from None
             out = event(ev)
             if out is not None:
                 yield out
+            if ev.type == "exit":
+                return
     finally:
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            with contextlib.suppress(BaseException):
+                await nxt
         await events.aclose()
+
+
+def _gone(sandbox_id: str, exc: ForkdError) -> ConnectError:
+    """A stream cut by its sandbox's end: ``unavailable``, worded so that the SDK probes the sandbox
+    (not "was not found", which it would take for the proxy's own answer)."""
+    return ConnectError(Code.UNAVAILABLE, f"the connection to sandbox {sandbox_id} ended before the "
+                        f"stream completed ({exc})")
+
+
+async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
+                on_deadline: Callable[[int], Awaitable[None]] | None,
+                ) -> AsyncIterator[process_pb.ProcessEvent]:
+    """``events_with_keepalive`` with its endings as Connect errors: ``deadline_exceeded`` at the
+    deadline (``on_deadline(pid)`` first: a ``Start`` kills its process) and ``unavailable`` when
+    the sandbox goes away mid-stream."""
+    try:
+        async for ev in events_with_keepalive(events, deadline):
+            yield ev
+    except DeadlineExceeded:
+        if on_deadline is not None and events.pid is not None:
+            with contextlib.suppress(ForkdError):
+                await on_deadline(events.pid)
+        raise ConnectError(Code.DEADLINE_EXCEEDED, "the command's timeout (Connect-Timeout-Ms) ran out"
+                           + (" and it was killed" if on_deadline is not None else "")) from None
+    except ForkdError as exc:
+        if exc.status in (400, 409, 413, 429):
+            raise as_connect(exc) from None
+        raise _gone(sandbox_id, exc) from None
 
 
 class ProcessService(process_connect.Process):
@@ -119,13 +183,18 @@ class ProcessService(process_connect.Process):
         config = request.process or process_pb.ProcessConfig()
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
+        sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         with connect_errors():
             events = await self._runtime().exec_stream(
-                sandbox_of(ctx), [config.cmd, *config.args], env=dict(config.envs) or None,
+                sandbox, [config.cmd, *config.args], env=dict(config.envs) or None,
                 cwd=config.cwd if config.has_field("cwd") and config.cwd else HOME,
                 stdin_open=request.stdin if request.has_field("stdin") else False,
                 tag=request.tag if request.has_field("tag") else None, kill_on_close=False)
-        async for ev in events_with_keepalive(events):
+
+        async def kill(pid: int) -> None:
+            await self._runtime().process_kill(sandbox, pid)
+
+        async for ev in relay(events, sandbox, deadline, kill):
             yield process_pb.StartResponse(event=ev)
 
     def connect(self, request: process_pb.ConnectRequest,
@@ -136,11 +205,11 @@ class ProcessService(process_connect.Process):
     async def _connect(self, request: process_pb.ConnectRequest,
                        ctx: RequestContext[process_pb.ConnectRequest, process_pb.ConnectResponse],
                        ) -> AsyncIterator[process_pb.ConnectResponse]:
-        sandbox = sandbox_of(ctx)
+        sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         pid = await self._pid(sandbox, request.process)
         with connect_errors():
             events = await self._runtime().process_stream(sandbox, pid, from_start=False)
-        async for ev in events_with_keepalive(events):
+        async for ev in relay(events, sandbox, deadline, None):
             yield process_pb.ConnectResponse(event=ev)
 
     async def list(self, request: process_pb.ListRequest,

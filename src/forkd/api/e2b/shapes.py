@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, SandboxState
+from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxState
 
 from forkd.api.e2b.tokens import AccessTokens
 
@@ -55,5 +55,16 @@ def listed(info: dict[str, Any]) -> dict[str, Any]:
         started_at=when(info["started"]), end_at=when(info["ends"]), cpu_count=info["vcpus"],
         memory_mb=info["mem_mib"], disk_size_mb=info["disk_mb"], state=SandboxState(info["state"]),
         envd_version=ENVD_VERSION, metadata=info["metadata"],
+    ).to_dict()
+    return body
+
+
+def metric(at: float, figures: dict[str, float]) -> dict[str, Any]:
+    """``SandboxMetric``: one sample (``control.guest_metrics``'s figures) taken at ``at``."""
+    body: dict[str, Any] = SandboxMetric(
+        timestamp=when(at), timestamp_unix=int(at), cpu_count=int(figures["cpu_count"]),
+        cpu_used_pct=float(figures["cpu_used_pct"]), mem_used=int(figures["mem_used"]),
+        mem_total=int(figures["mem_total"]), mem_cache=int(figures["mem_cache"]),
+        disk_used=int(figures["disk_used"]), disk_total=int(figures["disk_total"]),
     ).to_dict()
     return body

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
+import grp
 import json
 import os
+import pwd
 import shutil
 import stat
 from typing import Any
@@ -69,15 +72,37 @@ def file_type(mode: int) -> str:
     return "other"
 
 
-def info(path: str, st: os.stat_result) -> dict[str, Any]:
-    return {
+@functools.lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@functools.lru_cache(maxsize=256)
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def info(path: str, st: os.stat_result, target: str | None = None) -> dict[str, Any]:
+    """A FileInfo; ``target``: where a symbolic link at ``path`` resolves to (absolute)."""
+    out: dict[str, Any] = {
         "path": path,
         "name": os.path.basename(path.rstrip("/")) or "/",
         "type": file_type(st.st_mode),
         "size": st.st_size,
         "mode": stat.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
+        "owner": user_name(st.st_uid),
+        "group": group_name(st.st_gid),
     }
+    if target is not None:
+        out["target"] = target
+    return out
 
 
 def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
@@ -96,12 +121,14 @@ class Files:
     def stat(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         try:
-            return info(path, os.stat(path))
-        except FileNotFoundError:
-            try:  # a dangling symlink is still there
-                return info(path, os.lstat(path))
-            except OSError as exc:
-                raise os_error(path, exc) from None
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode):
+                return info(path, st)
+            target = os.path.realpath(path)
+            try:
+                return info(path, os.stat(path), target)
+            except FileNotFoundError:  # a dangling symlink is still there
+                return info(path, st, target)
         except OSError as exc:
             raise os_error(path, exc) from None
 
@@ -121,7 +148,8 @@ class Files:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue  # removed while listing
-                    item = info(os.path.join(path, entry.name), st)
+                    full = os.path.join(path, entry.name)
+                    item = info(full, st, os.path.realpath(full) if stat.S_ISLNK(st.st_mode) else None)
                     size += len(json.dumps(item)) + 1
                     if size > LIST_REPLY_BUDGET:
                         truncated = True

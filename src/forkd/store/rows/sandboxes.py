@@ -159,7 +159,8 @@ class SandboxRows(Table):
 
     def all(self) -> list[SandboxRecord]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, id").fetchall()
+            # rowid: the order of creation within a second (created_at_unix is whole seconds).
+            rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, rowid").fetchall()
         return [_sandbox_from_row(r) for r in rows]
 
     def delete(self, sandbox_id: str) -> None:
