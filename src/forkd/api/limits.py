@@ -39,6 +39,21 @@ async def _send_error(send: Send, status: int, message: str, shape: ErrorShape =
     await send({"type": "http.response.body", "body": body})
 
 
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app ``body`` (read and checked already) in one message,
+    then passes on what the client sends next (only ever a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodySizeLimitMiddleware:
     """Answer 413 ``{"error"}`` to request bodies larger than ``max_bytes``, and 400 to bodies
     whose JSON nests deeper than ``max_depth``.
@@ -98,17 +113,7 @@ class BodySizeLimitMiddleware:
             await _send_error(send, 400, jsondepth.refusal(self.max_depth), self.shape)
             return
 
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            # After the body, the app only ever waits for a disconnect.
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 class BranchGate:

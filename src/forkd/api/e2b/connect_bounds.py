@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkd import bounds, jsondepth
 from forkd.api.e2b.errors import HTTP_STATUS, connect_body, send_json
+from forkd.api.limits import replaying
 
 FRAMED = ("application/connect+", "application/grpc")
 _GZIP = GzipCompression()
@@ -143,16 +144,7 @@ class ConnectBounds:
                 break
         body = b"".join(chunks)
         self.check(self.inflate(body, encoding))
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return replay
+        return replaying(body, receive)
 
 
 async def _refuse(send: Send, refused: Refused) -> None:
