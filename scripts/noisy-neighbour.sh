@@ -29,7 +29,9 @@ start)
     echo $! > "$DIR/daemon.pid"
     for _ in $(seq 1 100); do curl -sf "$URL/healthz" >/dev/null && break; sleep 0.5; done
     api POST /v1/snapshots '{"tag":"nic","nic":true,"boot_wait_secs":240}' >/dev/null
-    api POST /v1/sandboxes "{\"snapshot_tag\":\"nic\",\"n\":$n,\"per_child_netns\":true}" >/dev/null
+    # Each child of a NIC snapshot gets a namespace of its own, which the daemon names (not the
+    # seeds' shared forkd-child-<i> names, which tests of per_child_netns want for themselves).
+    api POST /v1/sandboxes "{\"snapshot_tag\":\"nic\",\"n\":$n}" >/dev/null
     setsid stress-ng --cpu 2 --timeout 3h > "$DIR/stress.log" 2>&1 < /dev/null &
     echo $! > "$DIR/stress.pid"
     echo "neighbour: daemon pid $(cat "$DIR/daemon.pid") on $URL with $n NIC sandboxes; stress-ng pid $(cat "$DIR/stress.pid")"
