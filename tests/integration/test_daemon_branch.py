@@ -706,7 +706,11 @@ def test_branch_lineage_delete_and_source_lifecycle(daemon: Daemon, http: httpx.
         r = http.delete("/v1/snapshots/gen-a")
         assert (r.status_code, r.json()) == (409, {"error": (
             "snapshot 'gen-a' has dependent snapshots ['gen-b']: delete them first, "
-            "or pass cascade=true to delete the subtree")})
+            "or pass cascade=true to delete the subtree (force=true alone does not: the "
+            "dependents could no longer be forked)")})
+        # force kills sandboxes, but does not orphan dependents either.
+        r = http.delete("/v1/snapshots/gen-a", params={"force": "true"})
+        assert r.status_code == 409 and "force=true alone does not" in r.json()["error"], r.text
         r = http.delete("/v1/snapshots/gen-a", params={"cascade": "true"})
         assert r.status_code == 204, r.text
         for info in (a, b):

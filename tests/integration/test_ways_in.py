@@ -303,7 +303,9 @@ def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, pynet: str, tmp_
         assert proc.stdout is not None
         announced = json.loads(proc.stdout.readline() or "{}")
         url = f"http://127.0.0.1:{port}/mcp"
-        assert announced == {"listening": True, "url": url, "auth": "bearer"}, proc.stderr.read()  # type: ignore[union-attr]
+        # (Not proc.stderr.read() in the message: it would wait for the server to exit.)
+        assert announced == {"listening": True, "url": url, "auth": "bearer",
+                             "token_file": str(token_file), "token_generated": False}, announced
         refused = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert refused.status_code == 401
 
