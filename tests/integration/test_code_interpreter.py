@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,8 @@ from .daemon_fixture import Daemon, new_daemon, shutdown_and_check
 pytestmark = pytest.mark.vm
 
 IMAGE = "code-interpreter"
-TAG = "ci"
+TAG = "code-interpreter-v1"  # the template E2B's code interpreter SDK asks for
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +166,8 @@ def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox
     assert len(children) == 2, r.text
     try:
         for i, child in enumerate(children):
-            events = cell(http, child, f"df['v'] = df['v'] * {10 ** (i + 1)}\nprint(secret)\nint(df['v'].sum())")
+            code = f"df['v'] = df['v'] * {10 ** (i + 1)}\nprint(secret)\nint(df['v'].sum())"
+            events = cell(http, child, code)
             assert stdout(events) == "before-fork\n", events
             assert of_type(events, "result")[0]["data"]["text/plain"] == str(6 * 10 ** (i + 1))
         # Each child went its own way; the parent kept its own state.
@@ -175,3 +179,18 @@ def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox
     finally:
         for child in children:
             http.delete(f"/v1/sandboxes/{child}")
+
+
+def test_e2b_code_interpreter_sdk_runs_unchanged(daemon: Daemon) -> None:
+    """The published e2b_code_interpreter SDK (.venv-clients, made by `make clients`)."""
+    python = ROOT / ".venv-clients" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no .venv-clients: make clients")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    env.update({"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token})
+    proc = subprocess.run([str(python), str(ROOT / "tests" / "clients" / "e2b" / "kernel.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd="/tmp")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("kernel ok"), (
+        f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    with daemon.client() as http:
+        assert http.get("/v1/sandboxes").json() == []

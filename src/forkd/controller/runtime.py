@@ -463,6 +463,7 @@ class Runtime:
 
     async def remove_code_context(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
         await self.code.remove(sandbox_id, context, restart=restart)
+        await self.kernels.remove(sandbox_id, context, restart=restart)  # its kernel, if it has one
 
     # Cells on IPython kernels (controller/kernel_cells.py), streamed while they run.
 

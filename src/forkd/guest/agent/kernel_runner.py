@@ -14,7 +14,8 @@ guest, so a snapshot taken after a cell keeps them alive: every child restored
 from it continues the same kernel session.
 
 Requests (one JSON object a line): ``{"id", "op": "run", "context", "code",
-"timeout", "env", "cwd", "silent"}``, ``{"op": "interrupt", "context"}``, ``{"id", "op":
+"timeout", "env", "cwd", "silent"}``, ``{"op": "interrupt", "context"}``,
+``{"op": "restored", "env"}`` (a restored child: reseed, take its environment), ``{"id", "op":
 "shutdown"|"restart", "context"}``. Answers carry the request's id:
 ``{"type": "stdout"|"stderr", "text"}``, ``{"type": "result", "data": {mime:
 value}, "is_main_result"}``, ``{"type": "error", "name", "value",
@@ -48,6 +49,18 @@ def send(msg: dict[str, Any]) -> None:
     with _out_lock:
         sys.stdout.write(line)
         sys.stdout.flush()
+
+
+# Run silently in every kernel of a restored child: fresh RNG state (the siblings share the
+# template's), and the child's own environment variables.
+RESTORED_CELL = """\
+import os as __o, random as __r, sys as __s
+__o.environ.update({env!r})
+__r.seed({seed!r})
+if 'numpy' in __s.modules:
+    __s.modules['numpy'].random.seed({seed32})
+del __o, __r, __s
+"""
 
 
 class Kernel:
@@ -124,6 +137,11 @@ class Runner:
             try:
                 if req.get("op") == "run":
                     self.run(req)
+                elif req.get("op") == "restored":
+                    for kernel in self.kernels.values():
+                        seed = os.urandom(16)
+                        kernel.silent(RESTORED_CELL.format(env=dict(req.get("env") or {}), seed=seed.hex(),
+                                                           seed32=int.from_bytes(seed[:4], "big")))
                 elif req.get("op") in ("shutdown", "restart"):
                     kernel = self.kernels.get(str(req.get("context")))
                     if kernel is not None and req["op"] == "restart":

@@ -177,6 +177,13 @@ class Kernels:
         self.runs.pop(rid, None)
         self.streams.pop(run.host_id, None)
 
+    def restored(self, env: dict[str, str]) -> None:
+        """A restored copy of the guest: each live kernel reseeds its RNGs (its siblings share
+        their state) and takes the child's environment, before any cell of this child runs."""
+        with self.cond:
+            if self.proc is not None:
+                self._send({"op": "restored", "env": env})
+
     # -------------------------------------------------------- the host's side
 
     def owns(self, stream_id: Any) -> bool:

@@ -145,6 +145,7 @@ class Agent:
         # Streams watched by the host this guest was copied from are nobody's here.
         self.processes.detach_all()
         self.kernels.detach_all()
+        self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
 
     @staticmethod
