@@ -28,7 +28,7 @@ from forkd.api.routes import (
     Runtime,
     SandboxIdPath,
 )
-from forkd.api.schemas import ErrorBody, ProcessEnv, _Request
+from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, ProcessEnv, _Request
 from forkd.config import API_VERSION
 from forkd.controller.kernel_cells import DEFAULT_TIMEOUT_SECS, CellEvents
 from forkd.errors import ForkdError
@@ -39,17 +39,20 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["code"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING, **NO_SANDBOX, **GUEST_ERRORS})
 
 
+CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
 class CodeRequest(_Request):
     code: str = Field(max_length=16 << 20, description="The cell: Python, run by IPython (magics, "
                       "`!shell`, top-level await, display()).")
-    context: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$",
+    context: str | None = Field(None, pattern=CONTEXT_PATTERN,
                                 description="The kernel to run on; one kernel per context, started on "
                                 "its first cell (default: `default`).")
     language: Literal["python"] = Field("python", description="Only python kernels are served.")
     timeout: float = Field(DEFAULT_TIMEOUT_SECS, gt=0, le=86400,
                            description="Seconds the cell may run; then the kernel is interrupted.")
     env: ProcessEnv = None
-    cwd: str | None = Field(None, pattern=r"^/[^\x00]*$", max_length=4096,
+    cwd: str | None = Field(None, pattern=GUEST_PATH_PATTERN, max_length=4096,
                             description="Working directory of the context's kernel when it starts.")
 
 

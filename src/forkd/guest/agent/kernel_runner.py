@@ -138,16 +138,17 @@ class Runner:
                 if req.get("op") == "run":
                     self.run(req)
                 elif req.get("op") == "restored":
-                    for kernel in self.kernels.values():
+                    for live in self.kernels.values():
                         seed = os.urandom(16)
-                        kernel.silent(RESTORED_CELL.format(env=dict(req.get("env") or {}), seed=seed.hex(),
-                                                           seed32=int.from_bytes(seed[:4], "big")))
+                        live.silent(RESTORED_CELL.format(env=dict(req.get("env") or {}), seed=seed.hex(),
+                                                         seed32=int.from_bytes(seed[:4], "big")))
                 elif req.get("op") in ("shutdown", "restart"):
-                    kernel = self.kernels.get(str(req.get("context")))
-                    if kernel is not None and req["op"] == "restart":
-                        kernel.restart()
-                    elif kernel is not None:
-                        self.kernels.pop(str(req.get("context")), None).shutdown()  # type: ignore[union-attr]
+                    found = self.kernels.get(str(req.get("context")))
+                    if found is not None and req["op"] == "restart":
+                        found.restart()
+                    elif found is not None:
+                        del self.kernels[str(req.get("context"))]
+                        found.shutdown()
                     send({"id": rid, "type": "end", "execution_count": 0})
             except Exception as exc:  # one bad request must not end the runner
                 send({"id": rid, "type": "error", "name": type(exc).__name__, "value": str(exc),
