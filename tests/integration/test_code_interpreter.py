@@ -159,7 +159,8 @@ def test_a_client_that_leaves_interrupts_the_cell(http: httpx.Client, sandbox: s
 
 
 def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox: str) -> None:
-    cell(http, sandbox, "import pandas as pd\ndf = pd.DataFrame({'v': [1, 2, 3]})\nsecret = 'before-fork'")
+    cell(http, sandbox, "import pandas as pd, random\ndf = pd.DataFrame({'v': [1, 2, 3]})\n"
+                        "secret = 'before-fork'")
     r = http.post(f"/v1/sandboxes/{sandbox}/fork", json={"count": 2})
     assert r.status_code in (200, 201), r.text
     children = [c["id"] for c in r.json()["children"]]
@@ -176,6 +177,10 @@ def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox
             assert of_type(events, "result")[0]["data"]["text/plain"] == str(6 * 10 ** (i + 1))
         events = cell(http, sandbox, "int(df['v'].sum())")
         assert of_type(events, "result")[0]["data"]["text/plain"] == "6"
+        # Each child's kernel was reseeded at its restore: siblings draw different numbers.
+        draws = {of_type(cell(http, child, "random.random()"), "result")[0]["data"]["text/plain"]
+                 for child in children}
+        assert len(draws) == 2, draws
     finally:
         for child in children:
             http.delete(f"/v1/sandboxes/{child}")
