@@ -47,9 +47,19 @@ __forkd_warm(); del __forkd_warm
 """
 
 
+def _older_agent(exc: GuestError) -> bool:
+    """An agent from before kernels (an image built by an older forkd) has none."""
+    return "unknown action" in str(exc)
+
+
 async def warm_template(vm: VM, timeout_secs: float) -> bool:
     """Start and warm the default kernel of a template whose image has one; False if it has none."""
-    available = await vm.call(protocol.KERNEL, timeout=30, op="available")
+    try:
+        available = await vm.call(protocol.KERNEL, timeout=30, op="available")
+    except GuestError as exc:
+        if _older_agent(exc):
+            return False
+        raise
     if available.get("available") is not True:
         return False
     # A plain call: the warm cell sends no events, only its end.
@@ -155,7 +165,7 @@ class KernelCells:
         try:
             result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="available")
         except GuestError as exc:
-            if "unknown action" in str(exc):
+            if _older_agent(exc):
                 return False
             raise
         return result.get("available") is True
