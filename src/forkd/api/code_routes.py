@@ -6,7 +6,7 @@ the MIME bundle, ``is_main_result``), ``error`` (``name``, ``value``,
 ``traceback``), and last ``end`` (``execution_count``, ``timed_out``,
 ``restarted``; ``error`` if the stream itself broke). A client that goes away
 before the end interrupts the cell. Semantics live in
-``forkd.controller.kernel_cells``.
+``forkd.controller.kernel_cells`` (reached only through the Runtime facade).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from forkd.api.routes import (
 )
 from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, ProcessEnv, _Request
 from forkd.config import API_VERSION
-from forkd.controller.kernel_cells import DEFAULT_TIMEOUT_SECS, CellEvents
 from forkd.errors import ForkdError
 
 NDJSON = "application/x-ndjson"
@@ -40,6 +39,7 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["code"],
 
 
 CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+DEFAULT_TIMEOUT_SECS = 300.0  # as Runtime.run_cell's
 
 
 class CodeRequest(_Request):
@@ -60,7 +60,7 @@ def line(body: dict[str, Any]) -> bytes:
     return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
-async def ndjson(events: CellEvents) -> AsyncIterator[bytes]:
+async def ndjson(events: Any) -> AsyncIterator[bytes]:
     """Each event as it comes; closing the body (a client that left) interrupts the cell."""
     try:
         async for event in events:
