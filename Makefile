@@ -12,7 +12,7 @@ help:
 	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
 	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000)"
 	@echo "make stress - opt-in: branch and restore many times under CPU load"
-	@echo "make lint   - ruff, mypy (strict), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
+	@echo "make lint   - ruff, mypy (strict), the layer contract (lint-imports), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
 setup: deps venv clients node-deps image
 
@@ -29,10 +29,12 @@ deps:
 
 venv: $(BIN)/.installed
 
-$(BIN)/.installed: pyproject.toml
+# Every extra (daemon, e2b, fleet, mcp) plus dev and bench, at the exact versions of constraints.txt
+# (pyproject.toml keeps ranges: `pip install forkd` is the SDK and CLI alone).
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev,bench]'
 	touch $@
 
 # The published clients the compatibility tests drive (forkd 0.5.3, forkd-mcp 0.2.1, the E2B
@@ -60,7 +62,7 @@ test-integration: setup
 stress: setup
 	$(BIN)/pytest -ra -s -m stress tests/stress $(PYTEST_ARGS)
 
-# Every benchmark, then docs/PERFORMANCE.md regenerated (< 15 min on 2 cores; see bench/run_all.py).
+# Every benchmark, then docs/PERFORMANCE.md regenerated (< 17 min on 2 cores; see bench/run_all.py).
 bench: setup
 	bash scripts/install-deps.sh --bench
 	$(BIN)/python bench/run_all.py
@@ -73,7 +75,9 @@ lint: venv node-deps
 	$(BIN)/ruff check src tests bench examples scripts
 	$(BIN)/ruff check --select SLF001 src
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python scripts/unasync_sdk.py --check
+	$(BIN)/python scripts/gen_sdk_models.py --check
 	$(BIN)/python scripts/gen_ts_types.py --check
 	cd sdk/typescript && npm run --silent build && npx tsc -p tsconfig.test.json --noEmit
 

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import percentile, qemu_pids, scratch_data
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
-from forkd.host import probe as accel_mod
 from forkd.store.layout import SnapshotDir
+from forkd.vmm import probe as accel_mod
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("full", "diff", "live", "diff-busy")
@@ -139,7 +140,7 @@ class Bench:
     async def cell(self, tpl: str, mem_mib: int, mode: str, dirty_req: int, branches: int) -> dict:
         """One source, ``branches`` consecutive branches of it; samples kept in order."""
         capture_mode = "diff" if mode == "diff-busy" else mode
-        sb = (await self.rt.spawn(tpl, 1, live_fork=(mode == "live")))[0]
+        sb = (await self.rt.spawn(tpl, 1, SpawnOptions(live_fork=mode == "live")))[0]
         self.sandbox_ids.append(sb.id)
         tags: list[str] = []
         try:

@@ -27,7 +27,7 @@ from typing import Any
 
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime
-from forkd.host import probe
+from forkd.vmm import probe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

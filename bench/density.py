@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from common import cpu_ms, host_facts, mem_available_mib, scratch_runtime, smaps_kib, write_result
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.vmm import cmdline
 
@@ -75,7 +76,7 @@ async def measure(rt: Runtime, pids: list[int], n: int, window: float, mem_befor
 
 async def batch(rt: Runtime, tag: str, n: int, window: float, **spawn: Any) -> dict[str, Any]:
     before = mem_available_mib()
-    sbs = await rt.spawn(tag, n, **spawn)
+    sbs = await rt.spawn(tag, n, SpawnOptions.from_request(spawn))
     try:
         await asyncio.sleep(SETTLE_S)
         if spawn.get("idle_pause_secs"):

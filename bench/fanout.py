@@ -38,9 +38,10 @@ from typing import Any
 
 from common import cpu_ms, host_facts, scratch_runtime, summary, write_result
 from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.host.accel import VMConfig
 from forkd.image.builder import load_image
 from forkd.store.layout import SnapshotDir
-from forkd.vmm.cmdline import VMConfig, kernel_cmdline
+from forkd.vmm.cmdline import kernel_cmdline
 from forkd.vmm.disk import create_overlay
 from forkd.vmm.machine import VM
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from common import scratch_data
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.store.layout import SnapshotDir
 
@@ -66,7 +67,7 @@ def p50(samples: list[float]) -> float:
 
 
 async def loaded_source(rt: Runtime, *, live: bool) -> str:
-    [src] = await rt.spawn("bench", 1, live_fork=live)
+    [src] = await rt.spawn("bench", 1, SpawnOptions(live_fork=live))
     out = await rt.eval(src.id, LOAD, timeout_secs=600)
     assert out["exit_code"] == 0, out
     return src.id

@@ -40,8 +40,8 @@ from moto.server import ThreadedMotoServer
 from common import scratch_data
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
-from forkd.host import probe
 from forkd.store import sparse
+from forkd.vmm import probe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -13,7 +13,8 @@ PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python
 # A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 # --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).
-[ "${1:-}" = "--bench" ] && PKGS+=(python3-numpy)
+# and wrk, which drives the control-plane benchmark's many clients.
+[ "${1:-}" = "--bench" ] && PKGS+=(python3-numpy wrk)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -99,11 +99,17 @@ EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
 # A sandbox idle this long is paused (controller/idle.py); under a second would pause between calls.
 IDLE_PAUSE_SECS = Range("idle_pause_secs", 1, 30 * 86400)
+# How far a sandbox's own disk layers may grow on the host, MiB (0: no quota; controller/disk_quota.py).
+DISK_QUOTA_MIB = Range("disk_quota_mib", 0, 1 << 22, integer=True)
+# The quota of a spawn that gives none (the daemon's --disk-quota-mib).
+DEFAULT_DISK_QUOTA_MIB = 1024
 # The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
 # What a caller may ask for instead (an eval's timeout_secs).
 EVAL_TIMEOUT = Range("timeout_secs", 0, 86400, exclusive_min=True)
 METADATA = StringMap("metadata", 64, 128, 1024)
+# Labels a fork-tree stamps on its children (controller/forks.py); no request may set them.
+FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 

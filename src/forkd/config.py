@@ -61,6 +61,11 @@ class DataDir:
         return self.root / "forkd.db"
 
     @property
+    def lock(self) -> Path:
+        """Shared by every Runtime on this dir, taken alone by offline pack/unpack (store/datalock.py)."""
+        return self.root / "forkd.lock"
+
+    @property
     def travel(self) -> Path:
         """Snapshots on the move (controller/travel.py): imported base images, digests, staging."""
         return self.root / "travel"

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError
@@ -153,7 +154,7 @@ def check_accel(data: DataDir, qemu_detail: str | None = None) -> Check:
     forced = os.environ.get("FORKD_ACCEL", "auto").lower()
     try:
         # Imported lazily: the VMM layer is heavier and optional for the other checks.
-        accel = importlib.import_module("forkd.host.probe")
+        accel = importlib.import_module("forkd.vmm.probe")
         probe = accel.cached_probe(data)
     except Exception as exc:
         return Check(
@@ -454,6 +455,21 @@ def _guarded(name: str, fn: Callable[[], Check]) -> Check:
     except Exception as exc:
         return Check(name, False, f"check crashed: {type(exc).__name__}: {exc}",
                      "report this as a forkd bug", required=False)
+
+
+def probe_accel(data_dir: str | Path | None = None) -> dict[str, Any]:
+    """``forkd doctor --probe``: boot-probe the accelerator now (KVM, else TCG) and cache the answer.
+
+    The one doctor step that is not side-effect free: it boots a tiny guest.
+    """
+    import asyncio
+
+    from forkd.image.builder import load_image
+    from forkd.vmm import probe
+
+    data = DataDir.from_env(data_dir)
+    result: dict[str, Any] = asyncio.run(probe.probe(data, load_image(data).probe_guest(), force=True))
+    return result
 
 
 def run_checks(data_dir: str | Path | None = None) -> list[Check]:

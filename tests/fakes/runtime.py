@@ -1,15 +1,18 @@
 """``FakeRuntime``: the controller's ``Runtime`` in memory, for tests of the REST layer.
 
-The daemon's routes (``forkd.api.routes``) call a handful of ``Runtime``
-methods; this fake has the same methods with the same signatures (a unit test
-compares them), keeps the same records (``forkd.store.registry``'s
-``SnapshotRecord`` and ``SandboxRecord``, so ``info()`` is the real one), and
+The daemon's routes (``forkd.api.routes``) call ``Runtime`` through the
+``RuntimeLike`` protocol (``forkd.api.deps``); this fake has every one of its
+methods with the same signatures (a unit test compares them), keeps the same
+records (``forkd.store.registry``'s ``SnapshotRecord``, ``SandboxRecord`` and
+``PausedRecord``, so ``info()`` is the real one), and
 raises the same errors for the same mistakes, without booting anything.
 
 What it models: the snapshot and sandbox tables, lineage (a branch's parent is
 the snapshot its source was forked from, then the source's previous branch),
 409 for taken tags and for deleting what others depend on, live branches that
-need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls.
+need ``live_fork`` and, with ``wait=False``, stay ``writing`` for a few polls;
+E2B's pause (a branch to ``paused-<id>-<n>``, then the sandbox stops) and resume
+under the same id, and ``describe_sandbox(es)``, the E2B layer's view of both.
 What it does not: VMs, host prerequisites, timeouts, guest output (``exec``
 echoes its argv; ``eval`` knows arithmetic and the answers in
 ``eval_answers``). Its processes (``FakeProcess``) play a few commands:
@@ -37,15 +40,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from forkd import bounds
+from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.files import check_path
-from forkd.controller.forks import ForkResult
+from forkd.controller.forks import ForkReport
+from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
+from forkd.controller.suspend import STATE_PREFIX
+from forkd.controller.suspend import view as suspend_view
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
-from forkd.store.registry import CheckpointPolicy, DiskChain, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
+from forkd.store.layout import check_sandbox_id
+from forkd.store.registry import AutoCheckpoint, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 
 
 def _egress_kwargs(allow_internet_access: bool | None, network: dict[str, Any] | None) -> dict[str, Any]:
@@ -219,6 +226,7 @@ class FakeRuntime:
     download_piece: int = 1 << 20  # file_read yields pieces of this size
     workspaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
     suspended: dict[str, SnapshotRecord] = field(default_factory=dict)  # sandbox id -> its state
+    paused: dict[str, PausedRecord] = field(default_factory=dict)  # E2B's pause: sandbox id -> its row
     processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)  # sandbox -> pid -> process
     cancelled_evals: int = 0
     _next_pid: int = field(default=100, init=False)
@@ -343,36 +351,30 @@ class FakeRuntime:
         for t in doomed:
             del self.snapshots[t]
 
-    async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-                    memory_limit_mib: int | None = None, live_fork: bool = False,
-                    env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-                    metadata: dict[str, str] | None = None,
-                    timeout_secs: float | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, idle_pause_secs: float | None = None,
-                    allow_internet_access: bool | None = None,
-                    network: dict[str, Any] | None = None, prewarm: bool = False) -> list[SandboxRecord]:
-        extra = {"prewarm": True} if prewarm else {}
-        if idle_pause_secs is not None:
-            extra["idle_pause_secs"] = idle_pause_secs
-        self._call("spawn", tag, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
-                   live_fork=live_fork, env=env, child_env=child_env, metadata=metadata,
-                   timeout_secs=timeout_secs, cpu_limit=cpu_limit, pids_limit=pids_limit,
-                   **_egress_kwargs(allow_internet_access, network), **extra)
-        self._child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
-                          metadata=metadata)
-        child_specs(n, cpu_limit=cpu_limit, pids_limit=pids_limit)  # the real bounds checks
-        if timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
-        if idle_pause_secs is not None:
-            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]:
+        options = options or SpawnOptions()
+        given = options.given()  # recorded as the request set them, the egress as its two fields
+        egress = given.pop("egress", None)
+        if egress is not None:
+            info = egress.info()
+            given.update({"allow_internet_access": True} if egress.allow_internet_access else {})
+            network = {k: info[k] for k in ("allow_out", "deny_out") if info[k]}
+            given.update({"network": network} if network else {})
+        self._call("spawn", tag, n, **given)
+        self._child_specs(n, memory_limit_mib=options.memory_limit_mib, env=options.env,
+                          child_env=options.child_env, metadata=options.metadata)
+        child_specs(n, cpu_limit=options.cpu_limit, pids_limit=options.pids_limit)  # the real bounds checks
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
+        quota = DEFAULT_DISK_QUOTA_MIB if options.disk_quota_mib is None else options.disk_quota_mib
         out = []
         for i in range(n):
-            out.append(self._new_child(tag, i, live_fork=live_fork, memory_limit_mib=memory_limit_mib,
-                                       per_child_netns=per_child_netns, metadata=metadata or {},
-                                       timeout_secs=timeout_secs))
-            out[-1].cpu_limit, out[-1].pids_limit = cpu_limit, pids_limit
-            out[-1].idle_pause_secs = idle_pause_secs  # the fake never pauses: it has no clock
+            out.append(self._new_child(tag, i, live_fork=options.live_fork,
+                                       memory_limit_mib=options.memory_limit_mib,
+                                       per_child_netns=options.per_child_netns,
+                                       metadata=options.metadata or {}, timeout_secs=options.timeout_secs))
+            out[-1].cpu_limit, out[-1].pids_limit = options.cpu_limit, options.pids_limit
+            out[-1].idle_pause_secs = options.idle_pause_secs  # the fake never pauses: it has no clock
+            out[-1].disk_quota_mib = quota or None  # the fake's disks never grow
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,
@@ -395,7 +397,7 @@ class FakeRuntime:
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
         timeout_secs: float | None = None, allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
-    ) -> ForkResult:
+    ) -> ForkReport:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
         extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
@@ -408,7 +410,7 @@ class FakeRuntime:
         snap = await self.branch(source_id, None, "live" if source.live_fork else "diff")
         snap.auto_delete = not keep_snapshot
         tree_id = "ft-00000000000" + str(len(self.calls) % 10) if tree else None
-        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+        result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         for i, spec in enumerate(specs):
             if spec.memory_limit_mib is not None and spec.memory_limit_mib < FAKE_MIN_CHILD_MIB:
@@ -449,7 +451,7 @@ class FakeRuntime:
     ) -> dict[str, Any]:
         self._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
         record = self._sandbox(self._resolve(sandbox_id))
-        record.checkpoints = CheckpointPolicy(every=every, keep=keep, mode=mode)
+        record.checkpoints = AutoCheckpoint(every=every, keep=keep, mode=mode)
         return self.get_checkpoints(sandbox_id)
 
     def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
@@ -579,6 +581,26 @@ class FakeRuntime:
             raise Conflict(f"{path}: directory not empty (use recursive)")
         for p in [*inside, norm]:
             del fs[p]
+
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+        """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
+        making its parents, as the agent does; answers the destination's FileInfo."""
+        self._call("file_move", sandbox_id, source, destination)
+        fs, src = self._fs(sandbox_id, source)
+        _, dst = self._fs(sandbox_id, destination)
+        if src not in fs:
+            raise NotFound(f"{source}: No such file or directory")
+        if src == "/" or dst == src or dst.startswith(src + "/"):
+            raise Conflict(f"cannot move {source} into itself")
+        if dst in fs:
+            raise Conflict(f"{destination}: File exists")
+        parts = dst.strip("/").split("/")
+        for i in range(1, len(parts)):
+            fs.setdefault("/" + "/".join(parts[:i]), None)
+        self._parent_dir(fs, dst)
+        for path in sorted(p for p in list(fs) if p == src or p.startswith(src + "/")):
+            fs[dst + path[len(src):]] = fs.pop(path)
+        return self._info(dst, fs[dst])
 
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                          max_bytes: int, mode: int | None = None) -> dict[str, Any]:
@@ -773,6 +795,70 @@ class FakeRuntime:
             raise Conflict(f"snapshot {to!r} already exists; delete it first (forkd rmi {to})")
         return self.add_snapshot(to, compacted_from=tag)
 
+    # --------------------------------------------------------- pause / resume
+    # E2B's pause: the sandbox's state is branched, then it stops (``paused``); resume
+    # starts it again under its id from that state.
+
+    def _template_of(self, record: SandboxRecord) -> str:
+        """The snapshot it was first forked from: up through auto-deleted (fork, state) snapshots."""
+        tag = record.snapshot_tag
+        while tag in self.snapshots and self.snapshots[tag].auto_delete and self.snapshots[tag].parent_tag:
+            tag = str(self.snapshots[tag].parent_tag)
+        return tag
+
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
+        self._call("pause", sandbox_id, mode=mode)
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self.paused:
+            raise Conflict(f"sandbox {sandbox_id} is already paused")
+        record = self._sandbox(sandbox_id)
+        n = 1
+        while f"{STATE_PREFIX}{record.id}-{n}" in self.snapshots:
+            n += 1
+        state = await self.branch(record.id, f"{STATE_PREFIX}{record.id}-{n}", mode)
+        state.auto_delete = True
+        paused = PausedRecord(
+            id=record.id, state_tag=state.tag, template=self._template_of(record),
+            created_at_unix=record.created_at_unix, paused_at_unix=CREATED + 1000,
+            metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
+            cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
+            per_child_netns=record.netns is not None, live_fork=record.live_fork,
+            vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, egress=record.egress.info(),
+            idle_pause_secs=record.idle_pause_secs)
+        self.paused[record.id] = paused
+        del self.sandboxes[record.id]
+        return paused
+
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> SandboxRecord:
+        self._call("resume", sandbox_id, timeout_secs=timeout_secs)
+        if timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        check_sandbox_id(sandbox_id)
+        if sandbox_id not in self.paused:
+            raise NotFound(f"no paused sandbox {sandbox_id!r}")
+        paused = self.paused.pop(sandbox_id)
+        record = self.add_sandbox(sandbox_id, paused.state_tag, live_fork=paused.live_fork,
+                                  memory_limit_mib=paused.memory_limit_mib)
+        record.metadata = dict(paused.metadata)
+        record.idle_pause_secs = paused.idle_pause_secs
+        if timeout_secs is not None:
+            record.expires_at_unix = CREATED + timeout_secs
+        return record
+
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``)."""
+        check_sandbox_id(sandbox_id)
+        if sandbox_id in self.paused:
+            paused = self.paused[sandbox_id]
+            return suspend_view(paused, paused.template)
+        record = self._sandbox(sandbox_id)
+        return suspend_view(record, self._template_of(record))
+
+    def describe_sandboxes(self) -> list[dict[str, Any]]:
+        out = [suspend_view(sb, self._template_of(sb)) for sb in self.sandboxes.values()]
+        out += [suspend_view(p, p.template) for p in self.paused.values()]
+        return sorted(out, key=lambda v: (v["started"], v["id"]))
+
     # ------------------------------------------------------------ workspaces
     # A workspace is a name for a sandbox id; suspended ones keep theirs here.
 
@@ -800,8 +886,8 @@ class FakeRuntime:
                    memory_limit_mib=memory_limit_mib)
         if name in self.workspaces:
             raise Conflict(f"workspace {name!r} already exists; delete it first")
-        [child] = await self.spawn(snapshot_tag, per_child_netns=per_child_netns,
-                                   memory_limit_mib=memory_limit_mib)
+        [child] = await self.spawn(snapshot_tag, 1, SpawnOptions(per_child_netns=per_child_netns,
+                                                                 memory_limit_mib=memory_limit_mib))
         self.workspaces[name] = {"id": f"ws-{name}", "name": name, "sandbox_id": child.id,
                                  "source_snapshot_tag": snapshot_tag, "created_at_unix": CREATED,
                                  "last_active_unix": CREATED}

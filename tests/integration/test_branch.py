@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict, InvalidRequest, NotFound, VMError
 from forkd.vmm import branching
@@ -56,7 +57,7 @@ def assert_advancing(loop: Loop, rt: Runtime, sb_id: str) -> None:
 
 
 def loaded_source(loop: Loop, rt: Runtime, tag: str, *, live_fork: bool = False):
-    sb = loop.run(rt.spawn(tag, 1, live_fork=live_fork))[0]
+    sb = loop.run(rt.spawn(tag, 1, SpawnOptions(live_fork=live_fork)))[0]
     res = loop.run(rt.eval(sb.id, LOAD, timeout_secs=300))
     assert res["exit_code"] == 0, res
     digest = res["result"].strip("'")

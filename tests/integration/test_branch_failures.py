@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound, VMError
 from forkd.store.registry import SandboxRecord
@@ -43,7 +44,7 @@ def counter_running(loop: Loop, rt: Runtime, sb_id: str) -> None:
 
 
 def start_source(loop: Loop, rt: Runtime, tag: str, *, live_fork: bool = False) -> SandboxRecord:
-    sb = loop.run(rt.spawn(tag, 1, live_fork=live_fork))[0]
+    sb = loop.run(rt.spawn(tag, 1, SpawnOptions(live_fork=live_fork)))[0]
     code = ("import threading, time\ncounter = [0]\nmemo = 'before'\n"
             "def _tick():\n    while True:\n        counter[0] += 1\n        time.sleep(0.005)\n"
             "threading.Thread(target=_tick, daemon=True).start()")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
 from forkd.host import cgroups
@@ -143,7 +144,7 @@ def test_promote_replace_parent(loop: Loop, runtime: Runtime, snapshot: str) -> 
 def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     env = {"FORKD_SHARED": "all"}
     child_env = [{"HINT": f"try-{i}"} for i in range(3)]
-    spawned = loop.run(runtime.spawn(snapshot, 3, env=env, child_env=child_env))
+    spawned = loop.run(runtime.spawn(snapshot, 3, SpawnOptions(env=env, child_env=child_env)))
     [src] = loop.run(runtime.spawn(snapshot, 1))
     forked = loop.run(runtime.fork(src.id, 2, child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
                                    env={"HINT": "overridden", "FORKD_SHARED": "fork"}))

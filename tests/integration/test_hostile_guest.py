@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from forkd.controller.runtime import Runtime
+from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.host import childnet, netplan
 from forkd.vmm import console
 
 from .conftest import Loop
@@ -171,3 +175,82 @@ def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandbox
     finally:
         loop.run(runtime.kill(flooder.id))
         loop.run(runtime.kill(bystander.id))
+
+
+# ------------------------------------------------------------------ spoofed sources (issue 24 #3)
+
+# Run in the guest (root): UDP datagrams with a forged IP source, through a raw socket.
+SPOOF_UDP = r"""
+import socket, struct, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+payload = b"guest-secret " * 28  # ~360 bytes of the guest's data
+udp = struct.pack("!HHHH", 40000, 9, 8 + len(payload), 0) + payload
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(n):
+    s.sendto(ip + udp, (dst, 0))
+print(n)
+"""
+SPOOFED, TARGET = "198.51.100.7", "198.51.100.9"  # TEST-NET-2: never routed anywhere real
+
+
+def _netns_sh(netns: str, script: str, stdin: str = "") -> str:
+    proc = subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", script], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _counters(netns: str) -> dict[str, int]:
+    out = json.loads(_netns_sh(netns, "nft -j list counters table inet forkdtest"))
+    return {o["counter"]["name"]: o["counter"]["packets"] for o in out["nftables"] if "counter" in o}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
+@pytest.mark.skipif(bool(childnet.missing_prerequisites()),
+                    reason=f"host networking missing: {childnet.missing_prerequisites()}")
+def test_a_spoofed_source_gets_no_answer_out_of_a_deny_all_sandbox(loop: Loop, runtime: Runtime) -> None:
+    """The guest forges its source; the namespace must drop it, not reject it toward the forged
+    address with an ICMP error that carries the guest's bytes out through the uplink.
+
+    A table of the test's own in the sandbox's namespace counts what comes in from the tap
+    with the forged source, and counts *and drops* anything to or from the forged address on
+    its way out of the uplink (before forkd's NAT): whatever forkd's rules do, nothing of the
+    test's leaves the namespace.
+    """
+    tag = "hostile-nic"
+    if not runtime.registry.has_snapshot(tag):
+        loop.run(runtime.create_snapshot(SnapshotSpec(tag=tag, nic=True, boot_wait_secs=240)))
+    [sb] = loop.run(runtime.spawn(tag, 1))
+    try:
+        net = sb.network
+        assert net is not None and net.tap and sb.info()["network"]["allow_out"] == []  # deny-all
+        _netns_sh(net.netns, "nft -f -", f"""table inet forkdtest {{
+  counter from_tap {{}}
+  counter to_spoofed {{}}
+  counter from_spoofed {{}}
+  chain pre {{
+    type filter hook prerouting priority -400; policy accept;
+    iifname "{net.tap}" ip saddr {SPOOFED} counter name from_tap
+  }}
+  chain post {{
+    type filter hook postrouting priority -400; policy accept;
+    oifname "{netplan.UPLINK}" ip daddr {SPOOFED} counter name to_spoofed drop
+    oifname "{netplan.UPLINK}" ip saddr {SPOOFED} counter name from_spoofed drop
+  }}
+}}
+""")
+        for dst in (TARGET, net.gateway):
+            res = loop.run(runtime.exec(sb.id, ["python3", "-c", SPOOF_UDP, SPOOFED, str(dst), "5"]))
+            assert res["exit_code"] == 0, res
+        loop.run(asyncio.sleep(1))
+        counts = _counters(net.netns)
+        print(f"\nspoofed datagrams in from the tap: {counts['from_tap']}; toward the spoofed address "
+              f"out of the uplink: {counts['to_spoofed']}; from it: {counts['from_spoofed']}")
+        assert counts["from_tap"] >= 10, counts  # the guest really sent them
+        assert counts["to_spoofed"] == 0 and counts["from_spoofed"] == 0, counts
+        for dev in (net.tap, netplan.UPLINK):
+            assert _netns_sh(net.netns, f"cat /proc/sys/net/ipv4/conf/{dev}/rp_filter").strip() == "1"
+    finally:
+        loop.run(runtime.kill(sb.id))

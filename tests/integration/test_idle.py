@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 
 from .conftest import Loop
@@ -33,7 +34,7 @@ def qemu_status(loop: Loop, rt: Runtime, sandbox_id: str) -> str:
 
 def test_an_idle_child_pauses_and_answers_its_next_request_with_the_right_time(
         loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    [child] = loop.run(runtime.spawn(snapshot, 1, idle_pause_secs=IDLE_SECS))
+    [child] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(idle_pause_secs=IDLE_SECS)))
     [other] = loop.run(runtime.spawn(snapshot, 1))  # no policy: never paused
     try:
         assert child.info()["state"] == "running" and child.info()["idle_pause_secs"] == IDLE_SECS
@@ -61,7 +62,7 @@ def test_an_idle_child_pauses_and_answers_its_next_request_with_the_right_time(
 
 def test_a_request_longer_than_the_idle_limit_is_not_paused(loop: Loop, runtime: Runtime,
                                                             snapshot: str) -> None:
-    [child] = loop.run(runtime.spawn(snapshot, 1, idle_pause_secs=IDLE_SECS))
+    [child] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(idle_pause_secs=IDLE_SECS)))
     try:
         started = time.monotonic()
         out = loop.run(runtime.exec(child.id, ["sh", "-c", "sleep 3; echo done"]))

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from forkd.config import DataDir
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import GuestError, InvalidRequest
 from forkd.host import cgroups
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import DiskChain, SandboxRecord
-from forkd.vmm.cmdline import VMConfig
 
 from .conftest import Loop, images_dir
 
@@ -93,7 +93,7 @@ def tap_snapshot(loop: Loop, runtime: Runtime) -> Iterator[str]:
 @pytest.mark.parametrize("bad", [0, 32, 63, (1 << 20) + 1])
 def test_memory_limit_out_of_range_is_400(loop: Loop, runtime: Runtime, bad: int) -> None:
     with pytest.raises(InvalidRequest, match="memory_limit_mib must be between 64"):
-        loop.run(runtime.spawn("no-such-tag", 1, memory_limit_mib=bad))
+        loop.run(runtime.spawn("no-such-tag", 1, SpawnOptions(memory_limit_mib=bad)))
 
 
 def test_bad_tap_name_is_400(loop: Loop, runtime: Runtime) -> None:
@@ -106,14 +106,15 @@ def test_egress_without_a_nic_is_400_before_booting(loop: Loop, runtime: Runtime
         loop.run(runtime.create_snapshot(SnapshotSpec(tag="no-nic", egress=EgressPolicy.from_request(True))))
     assert "no-nic" not in {s.tag for s in runtime.list_snapshots()}
     with pytest.raises(InvalidRequest, match="has no network device"):
-        loop.run(runtime.spawn(snapshot, 1, network={"allow_out": ["192.0.2.7"]}))
+        loop.run(runtime.spawn(snapshot, 1,
+                               SpawnOptions.from_request({"network": {"allow_out": ["192.0.2.7"]}})))
 
 
 def test_missing_netns_are_made_and_removed(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     # Runs before the netns fixture provisions any namespace.
     if forkd_netns():
         pytest.skip("forkd-child-* namespaces exist")
-    sbs = loop.run(runtime.spawn(snapshot, 2, per_child_netns=True))
+    sbs = loop.run(runtime.spawn(snapshot, 2, SpawnOptions(per_child_netns=True)))
     try:
         assert sorted(sb.netns for sb in sbs) == ["forkd-child-0", "forkd-child-1"] == forkd_netns()
         for sb in sbs:
@@ -130,7 +131,7 @@ def test_missing_netns_are_made_and_removed(loop: Loop, runtime: Runtime, snapsh
 def test_memory_limit_puts_qemu_in_its_own_cgroup(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     if cgroups.detect() == "none":
         pytest.skip("no cgroup memory controller on this host")
-    [sb] = loop.run(runtime.spawn(snapshot, 1, memory_limit_mib=256))
+    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(memory_limit_mib=256)))
     path = Path(sb.cgroup)
     CGROUPS.append(path)
     try:
@@ -160,7 +161,8 @@ def test_child_over_its_memory_limit_is_oom_killed(loop: Loop, runtime: Runtime,
         pytest.skip("no cgroup memory controller on this host")
     if any(line.strip() for line in Path("/proc/swaps").read_text().splitlines()[1:]):
         pytest.skip("with swap the kernel swaps instead of OOM-killing")
-    [limited, free] = [loop.run(runtime.spawn(snapshot, 1, memory_limit_mib=m))[0] for m in (160, 1024)]
+    [limited, free] = [loop.run(runtime.spawn(snapshot, 1, SpawnOptions(memory_limit_mib=m)))[0]
+                       for m in (160, 1024)]
     path = Path(limited.cgroup)
     CGROUPS.extend(Path(sb.cgroup) for sb in (limited, free))
     try:
@@ -216,7 +218,7 @@ def test_per_child_netns_places_each_child_in_its_namespace(
     loop: Loop, runtime: Runtime, snapshot: str, netns: list[str]
 ) -> None:
     host = netns_inode("/proc/self/ns/net")
-    sbs = loop.run(runtime.spawn(snapshot, 2, per_child_netns=True))
+    sbs = loop.run(runtime.spawn(snapshot, 2, SpawnOptions(per_child_netns=True)))
     try:
         assert sorted(sb.netns for sb in sbs) == netns
         for sb in sbs:
@@ -231,7 +233,7 @@ def test_per_child_netns_places_each_child_in_its_namespace(
 
         # All provisioned namespaces taken: the next child gets forkd-child-2, made for it and
         # removed with it (the provisioned ones stay).
-        [third] = loop.run(runtime.spawn(snapshot, 1, per_child_netns=True))
+        [third] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(per_child_netns=True)))
         assert third.netns == "forkd-child-2" and Path("/run/netns/forkd-child-2").exists()
         loop.run(runtime.kill(third.id))
         assert not Path("/run/netns/forkd-child-2").exists() and forkd_netns() == netns
@@ -239,7 +241,8 @@ def test_per_child_netns_places_each_child_in_its_namespace(
         # Indices are allocated across live sandboxes: a freed one is reused first.
         first = next(sb for sb in sbs if sb.netns == "forkd-child-0")
         loop.run(runtime.kill(first.id))
-        [again] = loop.run(runtime.spawn(snapshot, 1, per_child_netns=True, memory_limit_mib=512))
+        [again] = loop.run(runtime.spawn(snapshot, 1,
+                                         SpawnOptions(per_child_netns=True, memory_limit_mib=512)))
         sbs.append(again)
         CGROUPS.append(Path(again.cgroup))
         assert again.netns == "forkd-child-0"
@@ -263,7 +266,7 @@ def test_tap_snapshot_records_its_tap(runtime: Runtime, tap_snapshot: str) -> No
 def test_tap_snapshot_forks_into_namespaces_with_a_nic(
     loop: Loop, runtime: Runtime, tap_snapshot: str, netns: list[str]
 ) -> None:
-    sbs = loop.run(runtime.spawn(tap_snapshot, 2, per_child_netns=True))
+    sbs = loop.run(runtime.spawn(tap_snapshot, 2, SpawnOptions(per_child_netns=True)))
     try:
         assert sorted(sb.netns for sb in sbs) == netns
         for ping in loop.gather(*(runtime.ping(sb.id) for sb in sbs)):
@@ -283,7 +286,7 @@ def test_a_provisioned_namespace_without_the_tap_gets_one_for_the_child(
     loop: Loop, runtime: Runtime, tap_snapshot: str, netns: list[str]
 ) -> None:
     sh("ip", "netns", "add", "forkd-child-2")  # provisioned without a tap; the fixture deletes it
-    sbs = loop.run(runtime.spawn(tap_snapshot, 3, per_child_netns=True))
+    sbs = loop.run(runtime.spawn(tap_snapshot, 3, SpawnOptions(per_child_netns=True)))
     try:
         third = next(sb for sb in sbs if sb.netns == "forkd-child-2")
         assert third.network is not None and not third.network.owns_netns and third.network.owns_tap

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from forkd.config import DataDir
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.host import cgroups
 from forkd.store.registry import SandboxRecord, SnapshotRecord
@@ -59,7 +60,8 @@ def wait_gone(loop: Loop, rt: Runtime, sb: SandboxRecord, deadline: float) -> fl
 def test_an_expired_sandbox_is_killed_with_its_qemu_and_cgroup(
     loop: Loop, runtime: Runtime, snapshot: str
 ) -> None:
-    doomed, kept = loop.run(runtime.spawn(snapshot, 2, memory_limit_mib=limit(), timeout_secs=5))
+    doomed, kept = loop.run(runtime.spawn(snapshot, 2,
+                                          SpawnOptions(memory_limit_mib=limit(), timeout_secs=5)))
     try:
         assert doomed.expires_at_unix is not None
         assert runtime.get_sandbox(doomed.id).info()["expires_at_unix"] == round(doomed.expires_at_unix, 3)
@@ -87,7 +89,7 @@ def test_a_sandbox_that_expires_while_the_daemon_is_down_is_reaped_on_restart(
         shutil.copytree(src.dir, dst, copy_function=os.link)
         rt.registry.insert_snapshot(SnapshotRecord(tag=snapshot, dir=str(dst),
                                                    created_at_unix=src.created_at_unix))
-        doomed, kept = loop.run(rt.spawn(snapshot, 2, memory_limit_mib=limit(), timeout_secs=3))
+        doomed, kept = loop.run(rt.spawn(snapshot, 2, SpawnOptions(memory_limit_mib=limit(), timeout_secs=3)))
         rt.set_timeout(kept.id, 600)
         loop.run(rt.close(keep_sandboxes=True))  # the daemon goes away; the VMs keep running
         assert doomed.expires_at_unix is not None

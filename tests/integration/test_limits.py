@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.host import cgroups
 
@@ -37,7 +38,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_half_a_core_is_about_half_a_core(loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    [sb] = loop.run(runtime.spawn(snapshot, cpu_limit=0.5))
+    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(cpu_limit=0.5)))
     try:
         assert sb.info()["cpu_limit"] == 0.5
         handle = cgroups.handle_for(sb.cgroup or "", tuple(sb.cgroup_extra))
@@ -57,7 +58,8 @@ def test_half_a_core_is_about_half_a_core(loop: Loop, runtime: Runtime, snapshot
 def test_pids_limit_bounds_qemu_and_a_guest_fork_bomb_spares_its_sibling(
     loop: Loop, runtime: Runtime, snapshot: str
 ) -> None:
-    bomb, sibling = loop.run(runtime.spawn(snapshot, 2, pids_limit=64, cpu_limit=0.5, memory_limit_mib=512))
+    bomb, sibling = loop.run(runtime.spawn(snapshot, 2, SpawnOptions(pids_limit=64, cpu_limit=0.5,
+                                                                     memory_limit_mib=512)))
     try:
         handle = cgroups.handle_for(bomb.cgroup or "", tuple(bomb.cgroup_extra))
         assert handle.pids_limit() == 64 and bomb.info()["pids_limit"] == 64

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from forkd.config import DataDir
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import InvalidRequest
 from forkd.host import childnet, netplan
@@ -49,14 +50,17 @@ GUEST_PORT = 8000
 
 # Run in a guest's warm interpreter: a TCP server on GUEST_PORT that answers its TOKEN and the
 # peer it saw, and a client that says how a connection attempt ended (and how fast).
+# The socket listens before the eval returns (only accept() runs in the thread): a server
+# thread that had not reached listen() yet made a host_fetch right after it "connection refused"
+# on a busy host (issue 24, test_a_child_cannot_reach_another).
 GUEST_SERVER = f'''
 import os, socket, threading
-def _serve(token):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", {GUEST_PORT})); s.listen(64)
+_srv = socket.socket(); _srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+_srv.bind(("0.0.0.0", {GUEST_PORT})); _srv.listen(64)
+def _serve(s, token):
     while True:
         c, peer = s.accept(); c.sendall(f"{{token}} {{peer[0]}}\\n".encode()); c.close()
-threading.Thread(target=_serve, args=(os.environ["TOKEN"],), daemon=True).start()
+threading.Thread(target=_serve, args=(_srv, os.environ["TOKEN"]), daemon=True).start()
 '''
 GUEST_CLIENT = '''
 def _try(host, port):
@@ -85,7 +89,7 @@ class Env:
     made: list[SandboxRecord] = field(default_factory=list)  # every sandbox a test spawned here
 
     def spawn(self, n: int = 1, **kw: object) -> list[SandboxRecord]:
-        sbs = self.loop.run(self.rt.spawn(TAG, n, **kw))  # type: ignore[arg-type]
+        sbs = self.loop.run(self.rt.spawn(TAG, n, SpawnOptions.from_request(kw)))
         self.made += sbs
         return sbs
 
@@ -269,10 +273,11 @@ def test_egress_is_denied_by_default_and_opens_exactly_the_allowed_port(
 def test_egress_checks_are_400_before_any_vm_starts(env: Env) -> None:
     before = set(env.rt.sandboxes.ids())
     with pytest.raises(InvalidRequest, match="domain names are not supported"):
-        env.loop.run(env.rt.spawn(TAG, 1, network={"allow_out": ["pypi.org:443"]}))
+        env.loop.run(env.rt.spawn(TAG, 1,
+                                  SpawnOptions.from_request({"network": {"allow_out": ["pypi.org:443"]}})))
     if not childnet.forwarding_enabled():
         with pytest.raises(InvalidRequest, match=r"net\.ipv4\.ip_forward is 0"):
-            env.loop.run(env.rt.spawn(TAG, 1, allow_internet_access=True))
+            env.loop.run(env.rt.spawn(TAG, 1, SpawnOptions.from_request({"allow_internet_access": True})))
     assert set(env.rt.sandboxes.ids()) == before and env.rt.networks.owners() == []
 
 
@@ -357,14 +362,14 @@ def test_failed_spawns_leave_nothing_behind(env: Env) -> None:
         subprocess.run(["ip", "-n", ns, "link", "add", netplan.UPLINK, "type", "veth", "peer", "name", "x0"],
                        check=True)
         with pytest.raises(Exception, match=f"{ns} already has an interface {netplan.UPLINK}"):
-            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+            env.loop.run(env.rt.spawn(TAG, 2, SpawnOptions(per_child_netns=True)))
         nothing_of_ours_left()
         assert netplan.UPLINK in _sh("ip", "-n", ns, "-o", "link")  # theirs, untouched
         subprocess.run(["ip", "-n", ns, "link", "del", netplan.UPLINK], check=True)
         subprocess.run(["ip", "-n", ns, "link", "add", netplan.DEFAULT_TAP, "type", "veth", "peer",
                         "name", "x1"], check=True)
         with pytest.raises(Exception, match=netplan.DEFAULT_TAP):
-            env.loop.run(env.rt.spawn(TAG, 2, per_child_netns=True))
+            env.loop.run(env.rt.spawn(TAG, 2, SpawnOptions(per_child_netns=True)))
         nothing_of_ours_left()
         assert netplan.DEFAULT_TAP in _sh("ip", "-n", ns, "-o", "link")  # theirs, still there
         assert netplan.UPLINK not in _sh("ip", "-n", ns, "-o", "link")  # ours, gone

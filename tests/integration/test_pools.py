@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
 
@@ -76,7 +77,8 @@ def test_pooled_children_are_their_own_machines(loop: Loop, runtime: Runtime, py
         vm = runtime.sandboxes.vm(sb.id)
         assert vm is not None and loop.run(vm.qmp.status()) == "paused"
 
-    claimed = loop.run(runtime.spawn(py_pool, 2, env={"ROLE": "pooled"}, metadata={"who": "pool"}))
+    claimed = loop.run(runtime.spawn(py_pool, 2,
+                                     SpawnOptions(env={"ROLE": "pooled"}, metadata={"who": "pool"})))
     assert {c.id for c in claimed} == {sb.id for sb in pooled}, "the spawn did not draw from the pool"
     for c in claimed:
         assert "claimed_s" in c.timings and c.metadata == {"who": "pool"}
@@ -105,7 +107,7 @@ def test_a_spawn_with_other_options_does_not_draw(loop: Loop, runtime: Runtime, 
     wait_until(loop, lambda: runtime.get_pool(py_pool)["ready"] == 1, "the pool to fill")
     [member] = members(runtime, py_pool)
     misses = runtime.get_pool(py_pool)["misses"]
-    [other] = loop.run(runtime.spawn(py_pool, 1, live_fork=True))
+    [other] = loop.run(runtime.spawn(py_pool, 1, SpawnOptions(live_fork=True)))
     try:
         assert other.id != member.id and "claimed_s" not in other.timings
         assert [sb.id for sb in members(runtime, py_pool)] == [member.id]

@@ -3,9 +3,10 @@
 A real daemon runs with umask 022 on a data directory like the seeds'
 ``/var/lib/forkd``: outside any private home, world-traversable (0755, made by
 the administrator, not by forkd). It boots a template, forks children (one with
-``live_fork``, whose memory goes to /dev/shm), runs commands, uploads a file and
-branches. Then ``nobody`` tries to read every file and list every directory
-that forkd created, and must fail on each.
+``live_fork``, whose memory goes to /dev/shm), runs commands, uploads a file,
+branches, and packs a snapshot into an archive beside it. Then ``nobody`` tries
+to read every file and list every directory that forkd created, and must fail on
+each.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from forkd.host.shm import shm_dir_of
 
 from .daemon_fixture import Daemon, free_port, shutdown_and_check, write_token
 
@@ -58,7 +62,10 @@ def shared_root() -> Iterator[Path]:
 
 @pytest.mark.skipif(not runuser_available(), reason="needs root and runuser (util-linux) to act as nobody")
 def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) -> None:
-    shm_before = {p.name for p in Path("/dev/shm").iterdir()}
+    # Only this daemon's own /dev/shm directory: another process's (another daemon, or one
+    # planted by someone else) is none of this test's business.
+    own_shm = shm_dir_of(shared_root)
+    assert not own_shm.exists(), f"{own_shm} exists before the daemon started"
     token, token_file = write_token(shared_root)
     daemon = Daemon(root=shared_root, token=token, token_file=token_file, port=free_port(),
                     extra_args=["--audit-log", str(shared_root / "audit.log")])
@@ -80,19 +87,26 @@ def test_nothing_forkd_creates_is_readable_by_another_user(shared_root: Path) ->
                          content=b"x" * 4096)
             assert r.status_code == 200, r.text
             assert http.post(f"/v1/sandboxes/{plain['id']}/branch", json={"mode": "diff"}).status_code == 201
+            # A pack archive next to the data (travel staging and the archive were 0644).
+            archive = shared_root / "py.forkd"
+            packed = subprocess.run(
+                [sys.executable, "-m", "forkd.cli", "pack", "py", "-o", str(archive), "--no-base",
+                 "--data-dir", str(shared_root), "--json"], env=daemon.env(), capture_output=True,
+                text=True, timeout=600, preexec_fn=lambda: os.umask(0o022))
+            assert packed.returncode == 0, packed.stdout + packed.stderr
             # Everything forkd made so far, while its VMs run (sockets, logs, overlays, memory).
             harness = {token_file, daemon.log_path}
             paths = [p for p in shared_root.rglob("*") if p not in harness and not p.is_symlink()]
-            shm_now = {p.name for p in Path("/dev/shm").iterdir()}
-            shm_new = [Path("/dev/shm") / n for n in shm_now - shm_before]
-            for new in shm_new:
-                paths += [new, *new.rglob("*")] if new.is_dir() else [new]
+            shm_new = [own_shm, *own_shm.rglob("*")] if own_shm.is_dir() else []
+            paths += shm_new
             kinds = {"snapshot memory": any(p.name == "mem" for p in paths),
                      "a sandbox's socket": any(stat.S_ISSOCK(p.lstat().st_mode) for p in paths),
                      "a console log": any(p.name == "console.log" for p in paths),
                      "the registry": any(p.name == "forkd.db" for p in paths),
                      "the audit log": (shared_root / "audit.log") in paths,
-                     "memory on /dev/shm": bool(shm_new)}
+                     "memory on /dev/shm": bool(shm_new),
+                     "a pack archive": archive in paths,
+                     "travel's directory": (shared_root / "travel") in paths}
             assert all(kinds.values()), f"the scenario did not create: {kinds}"
             probe = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", PROBE],
                                    input=json.dumps([str(p) for p in paths]), capture_output=True,

@@ -643,7 +643,8 @@ def test_lifespan_opens_and_closes_the_runtime(
     fake = FakeRuntime()
     opened: list[Any] = []
 
-    async def fake_open(data: Any, *, store: str | None = None, host_id: str | None = None) -> FakeRuntime:
+    async def fake_open(data: Any, *, store: str | None = None, host_id: str | None = None,
+                        disk_quota_mib: int | None = None) -> FakeRuntime:
         opened.append(data)
         return fake
 

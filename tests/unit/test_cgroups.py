@@ -13,7 +13,8 @@ import pytest
 
 from forkd.errors import InvalidRequest
 from forkd.host import cgroups, netns
-from forkd.vmm.cmdline import GUEST_MAC, Accel, LaunchSpec, VMConfig, build_argv
+from forkd.host.accel import Accel, VMConfig
+from forkd.vmm.cmdline import GUEST_MAC, LaunchSpec, build_argv
 
 
 def fake_v2(root: Path, controllers: str = "cpuset cpu io memory pids") -> Path:

@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 
 from forkd.cli import context
 from forkd.cli.main import app
+from forkd.config import DataDir
+from forkd.errors import Conflict
 from forkd.sdk import Controller
+from forkd.store.datalock import DataDirLock
 from tests.fakes.daemon import FakeDaemon, clear_env
 
 
@@ -71,6 +74,33 @@ def test_unpack_of_a_missing_or_garbage_archive_says_so(tmp_path: Path,
     assert bad.exit_code == 1 and "corrupt archive" in bad.output
     nosnap = run("pack", "nosuch", "-o", str(tmp_path / "x.forkd"), "--data-dir", str(data))
     assert nosnap.exit_code == 1 and "not registered" in nosnap.output
+
+
+def test_pack_and_unpack_refuse_while_a_daemon_has_the_data_dir(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Runtime holds its data dir shared; the offline commands, which write the registry from a
+    second process, take it alone, so they refuse next to a running daemon and work once it is gone."""
+    monkeypatch.setenv("FORKD_ACCEL", "tcg")
+    data = DataDir.from_env(tmp_path / "data")
+    daemon_holds = DataDirLock.shared(data)  # what Runtime.open takes
+    try:
+        for args in (["pack", "py", "-o", str(tmp_path / "x.forkd")], ["unpack", str(tmp_path / "x.forkd")]):
+            busy = run(*args, "--data-dir", str(data.root))
+            assert busy.exit_code == 1 and "a forkd daemon is running on it" in busy.output, busy.output
+            assert "forkd push" in busy.output
+        with pytest.raises(Conflict):
+            DataDirLock.exclusive(data)
+    finally:
+        daemon_holds.release()
+    alone = run("pack", "py", "-o", str(tmp_path / "x.forkd"), "--data-dir", str(data.root))
+    assert alone.exit_code == 1 and "not registered" in alone.output  # got past the lock
+    DataDirLock.shared(data).release()  # and let it go again
+    offline = DataDirLock.exclusive(data)
+    try:
+        with pytest.raises(Conflict, match="offline forkd pack/unpack"):
+            DataDirLock.shared(data)  # a daemon does not open the dir meanwhile
+    finally:
+        offline.release()
 
 
 @pytest.mark.parametrize("args,words", [

@@ -32,3 +32,12 @@ def test_a_repeated_line_is_written_once_per_window_and_counted(monkeypatch: pyt
 def test_the_cap_is_a_share_of_the_fd_limit() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert connection_cap() == max(MIN_CONNECTIONS, soft // CONNECTION_SHARE)
+
+
+def test_one_record_gets_one_decision_on_every_handler() -> None:
+    """The filter sits on several handlers; each must let the same record through."""
+    flt = LogRepeatFilter(window=10)
+    first = record("token file is readable by others")
+    assert [flt.filter(first) for _ in range(3)] == [True, True, True]
+    again = record("token file is readable by others")
+    assert [flt.filter(again) for _ in range(3)] == [False, False, False]

@@ -14,11 +14,10 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm import branching
-from forkd.vmm.cmdline import VMConfig
 
 CONFIG = VMConfig(512, 1, Accel.tcg())
 SB = "sb-abcdef-0000"
@@ -176,7 +175,7 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
         stream.write_bytes(b"stream")
         source.paused = False
         events.append("resumed")
-        return branching.Capture(200.0, Path(_kw["frozen_disk"]), new_disk, _kw["new_node"], stream)
+        return branching.BranchCapture(200.0, Path(_kw["frozen_disk"]), new_disk, _kw["new_node"], stream)
 
     async def convert(_run_dir: Path, _config: VMConfig, *, mem_path: Path, state_path: Path,
                       **_kw: Any) -> float:

@@ -23,9 +23,9 @@ import uvicorn
 from typer.testing import CliRunner
 
 import forkd.api.server as server
+from forkd.api import command as daemon_cmd
 from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings
-from forkd.cli import daemon as daemon_cmd
 from forkd.cli.main import app as forkd_app
 from tests.fakes.runtime import FakeRuntime
 

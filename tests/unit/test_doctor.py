@@ -24,9 +24,9 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _stub_accel(monkeypatch: pytest.MonkeyPatch, cached_probe: object) -> None:
-    module = types.ModuleType("forkd.host.probe")
+    module = types.ModuleType("forkd.vmm.probe")
     module.cached_probe = cached_probe  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "forkd.host.probe", module)
+    monkeypatch.setitem(sys.modules, "forkd.vmm.probe", module)
 
 
 def test_run_checks_on_empty_data_dir(tmp_path: Path) -> None:

@@ -105,6 +105,23 @@ def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: 
     assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
 
 
+def test_pause_info_list_and_connect_resume(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's pause, info, list and connect on the fake (it covers the whole RuntimeLike)."""
+    key = {"X-API-KEY": TOKEN}
+    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "running"
+    assert client.post(f"/sandboxes/{SB}/pause", headers=key).status_code == 204
+    assert SB in fake.paused and SB not in fake.sandboxes
+    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "paused"
+    assert "already paused" in rest_error(client.post(f"/sandboxes/{SB}/pause", headers=key), 409)
+    states = {s["sandboxID"]: s["state"] for s in client.get("/v2/sandboxes", headers=key).json()}
+    assert states == {SB: "paused", OTHER: "running"}
+    resp = client.post(f"/v2/sandboxes/{SB}/connect", headers=key, json={"timeout": 60})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["sandboxID"] == SB and resp.json()["templateID"] == "base"
+    assert SB in fake.sandboxes and fake.sandboxes[SB].expires_at_unix is not None
+    assert client.post(f"/v2/sandboxes/{SB}/connect", headers=key, json={"timeout": 60}).status_code == 200
+
+
 def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
     resp = client.post("/v2/sandboxes", json={"templateID": "nope"}, headers={"X-API-KEY": TOKEN})
     assert "forkd snapshot --tag nope" in rest_error(resp, 404)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import forkd.api.routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
 from forkd.api.deps import RuntimeLike
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import FakeRuntime
@@ -68,14 +73,114 @@ def test_the_routes_protocol_has_the_runtime_signature(name: str) -> None:
 
 
 def test_the_routes_only_call_what_the_protocol_declares() -> None:
-    assert methods_the_routes_call() <= {n for n in dir(RuntimeLike) if not n.startswith("_")}
+    assert methods_the_routes_call() <= protocol_methods()
+
+
+def protocol_methods() -> set[str]:
+    """Every method ``RuntimeLike`` declares (what the routes may call)."""
+    return {n for n in dir(RuntimeLike) if not n.startswith("_") and callable(getattr(RuntimeLike, n))}
+
+
+def test_the_protocol_declares_what_the_e2b_layer_needs_too() -> None:
+    assert {"describe_sandbox", "describe_sandboxes", "pause", "resume", "file_move"} <= protocol_methods()
+
+
+@pytest.mark.parametrize("name", sorted(protocol_methods()))
+def test_runtime_and_fake_implement_every_protocol_method(name: str) -> None:
+    """Every ``RuntimeLike`` method: ``Runtime`` has it with the same parameter names, kinds and
+    required-ness, and ``FakeRuntime`` with the same names, kinds and defaults (as ``Runtime``).
+    mypy checks the types of ``Runtime`` against the protocol (``forkd.api.deps``)."""
+    def names_and_kinds(fn: Any) -> list[tuple[str, Any, bool]]:
+        return [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(fn).parameters.values()]
+
+    protocol = getattr(RuntimeLike, name)
+    real = getattr(Runtime, name, None)
+    fake = getattr(FakeRuntime, name, None)
+    assert real is not None, f"Runtime lacks RuntimeLike.{name}"
+    assert fake is not None, f"FakeRuntime lacks RuntimeLike.{name}"
+    assert names_and_kinds(protocol) == names_and_kinds(real), f"RuntimeLike.{name} drifted from Runtime"
+    assert shape(fake) == shape(real), f"FakeRuntime.{name} drifted from Runtime.{name}"
+    for fn in (protocol, fake):
+        assert inspect.iscoroutinefunction(fn) == inspect.iscoroutinefunction(real), name
+
+
+def test_mypy_accepts_the_fake_as_a_runtime_like(tmp_path: Path) -> None:
+    """The types, not only the names: mypy (strict) checks FakeRuntime against the protocol, as it
+    checks Runtime in forkd.api.deps."""
+    pytest.importorskip("mypy")
+    root = Path(__file__).resolve().parents[2]
+    check = tmp_path / "check_fake.py"
+    check.write_text(textwrap.dedent("""\
+        from forkd.api.deps import RuntimeLike
+        from tests.fakes.runtime import FakeRuntime
+
+
+        def fake_is_runtime_like(runtime: FakeRuntime) -> RuntimeLike:
+            return runtime
+    """))
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"),
+         "--config-file", str(root / "pyproject.toml"), str(check)],
+        capture_output=True, text=True, timeout=300, cwd=root,
+        env={**os.environ, "MYPYPATH": os.pathsep.join([str(root / "src"), str(root)])},
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_pause_resume_and_describe_behave_like_the_runtime() -> None:
+    async def main() -> None:
+        rt = FakeRuntime()
+        rt.add_snapshot("py")
+        [sb] = await rt.spawn("py", 1, SpawnOptions(metadata={"k": "v"}))
+        view = rt.describe_sandbox(sb.id)
+        assert (view["id"], view["template"], view["state"], view["metadata"]) == (sb.id, "py", "running",
+                                                                                   {"k": "v"})
+        paused = await rt.pause(sb.id)
+        assert paused.state_tag == f"paused-{sb.id}-1" and paused.template == "py"
+        assert sb.id not in rt.sandboxes and rt.describe_sandbox(sb.id)["state"] == "paused"
+        assert [v["state"] for v in rt.describe_sandboxes()] == ["paused"]
+        with pytest.raises(Conflict, match="already paused"):
+            await rt.pause(sb.id)
+        resumed = await rt.resume(sb.id, timeout_secs=60)
+        assert (resumed.id, resumed.snapshot_tag, resumed.metadata) == (sb.id, paused.state_tag, {"k": "v"})
+        assert resumed.expires_at_unix is not None
+        assert rt.describe_sandbox(sb.id)["template"] == "py"  # through the auto-deleted state snapshot
+        with pytest.raises(NotFound):
+            await rt.resume(sb.id)
+        with pytest.raises(NotFound):
+            rt.describe_sandbox("sb-ffffff-0009")
+
+    asyncio.run(main())
+
+
+def test_file_move_renames_files_and_directories() -> None:
+    async def main() -> None:
+        rt = FakeRuntime()
+        rt.add_sandbox("sb-abcdef-0000")
+        await rt.file_mkdir("sb-abcdef-0000", "/a/b", parents=True)
+
+        async def body() -> Any:
+            yield b"hi"
+
+        await rt.file_write("sb-abcdef-0000", "/a/b/f.txt", body(), max_bytes=10)
+        info = await rt.file_move("sb-abcdef-0000", "/a", "/x/y")
+        assert (info["path"], info["type"]) == ("/x/y", "dir")
+        assert (await rt.file_stat("sb-abcdef-0000", "/x/y/b/f.txt"))["size"] == 2
+        with pytest.raises(NotFound):
+            await rt.file_stat("sb-abcdef-0000", "/a")
+        with pytest.raises(NotFound):
+            await rt.file_move("sb-abcdef-0000", "/nope", "/z")
+        with pytest.raises(Conflict):
+            await rt.file_move("sb-abcdef-0000", "/x", "/x/y/inside")
+
+    asyncio.run(main())
 
 
 def test_lineage_delete_and_live_branches_behave_like_the_runtime() -> None:
     async def main() -> None:
         rt = FakeRuntime()
         rt.add_snapshot("py")
-        [src] = await rt.spawn("py", live_fork=True)
+        [src] = await rt.spawn("py", 1, SpawnOptions(live_fork=True))
         first = await rt.branch(src.id, mode="diff")
         assert (first.tag, first.parent_tag, first.status) == (f"branch-{src.id}-1", "py", "ready")
         live = await rt.branch(src.id, tag="cp", mode="live", wait=False)

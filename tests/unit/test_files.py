@@ -136,6 +136,41 @@ def test_agent_reads_stat_list_mkdir_remove(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("root", ["//", "///", "/.", "/./", "//tmp/..", "/proc/self/root/"])
+def test_the_agent_refuses_to_remove_or_move_root_by_any_name(
+        root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: ``DELETE …/files?path=//&recursive=true`` wiped /opt, /sbin and /var in the guest
+    (``normpath("//")`` is ``"//"``). Every destructive call is stubbed out here, so a regression
+    records the call instead of deleting this host's files."""
+    from forkd.guest.agent import files as agent_files
+
+    calls: list[tuple[str, str]] = []
+
+    def record(name: str) -> Any:
+        def call(path: Any, *args: Any, **kw: Any) -> None:
+            calls.append((name, str(path)))
+        return call
+
+    for module, name in ((agent_files.shutil, "rmtree"), (agent_files.shutil, "move"),
+                         (agent_files.os, "rmdir"), (agent_files.os, "unlink"), (agent_files.os, "rename")):
+        monkeypatch.setattr(module, name, record(name))
+    fs = Files()
+    for req in (lambda: fs.remove({"path": root, "recursive": True}),
+                lambda: fs.remove({"path": root}),
+                lambda: fs.move({"source": root, "destination": str(tmp_path / "x")})):
+        with pytest.raises(RequestError) as info:
+            req()
+        assert info.value.kind == CONFLICT
+    assert calls == []
+
+
+def test_a_link_to_root_is_only_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    link = tmp_path / "lnk"
+    link.symlink_to("/")
+    Files().remove({"path": str(link), "recursive": True})  # removes the link, nothing below it
+    assert not link.is_symlink() and Path("/proc").is_dir()
+
+
 def test_the_agent_serves_file_actions_with_error_kinds(tmp_path: Path) -> None:
     """Through the real dispatch: a refusal's kind goes back in the reply."""
     from forkd.guest.agent.server import Agent

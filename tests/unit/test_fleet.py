@@ -20,11 +20,11 @@ from forkd.api.app import create_app
 from forkd.api.settings import Settings
 from forkd.errors import InvalidRequest
 from forkd.fleet.etcd import EtcdClient, prefix_end
-from forkd.fleet.gateway import GatewaySettings, create_gateway_app
 from forkd.fleet.hosts import KEY_PREFIX, HostRecord
 from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
 from forkd.fleet.placement import by_load, holders, spawn_candidates
+from forkd.gateway import GatewaySettings, create_gateway_app
 from forkd.store import layout
 from tests.fakes.runtime import FakeRuntime
 from tests.integration.services import Etcd, etcd_server

@@ -22,9 +22,8 @@ from forkd.cli.main import app as cli_app
 from forkd.controller.idle import IdlePauser
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
-from forkd.vmm.cmdline import VMConfig
 from forkd.vmm.machine import VM
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
-from forkd.controller.lifetimes import MAX_SLEEP_SECS, Reaper
+from forkd.controller.lifetimes import MAX_SLEEP_SECS, DeadlineKeeper
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest, NotFound
 from forkd.store.registry import Registry
@@ -55,13 +55,13 @@ class Clock:
         return self.now
 
 
-Setup = tuple[Registry, SandboxTable, Reaper, dict[str, StubVM]]
+Setup = tuple[Registry, SandboxTable, DeadlineKeeper, dict[str, StubVM]]
 
 
 def setup(tmp_path: Path, clock: Callable[[], float] | None = None) -> Setup:
     registry = Registry(tmp_path / "registry.db")
     table = SandboxTable(registry, tmp_path / "sandboxes")
-    reaper = Reaper(registry, table, clock or Clock())
+    reaper = DeadlineKeeper(registry, table, clock or Clock())
     table.on_removed(reaper.after_removed)
     vms: dict[str, StubVM] = {}
     for i in range(3):
@@ -150,7 +150,7 @@ def test_start_kills_the_expired_at_once_and_schedules_the_rest(tmp_path: Path) 
         registry.save_sandbox(pooled)
         # "Restart": a new reaper reads the rows, later on the clock.
         clock.now += 10
-        fresh = Reaper(registry, table, clock)
+        fresh = DeadlineKeeper(registry, table, clock)
         table.on_removed(fresh.after_removed)
         await fresh.start()
         try:

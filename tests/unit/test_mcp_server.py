@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -160,6 +161,46 @@ def test_forkd_mcp_refuses_an_open_http_bind_without_a_token() -> None:
     stdio_token = runner.invoke(app, ["mcp", "--token-file", "/nonexistent"])
     assert stdio_token.exit_code == 2
     assert "--transport http only" in stdio_token.output
+
+
+def test_forkd_mcp_over_http_always_wants_a_bearer_token(tmp_path: Path) -> None:
+    """Issue 24 #7: `forkd mcp --transport http` on loopback served anyone (every local user)
+    with the daemon's token. Without --token-file it now makes a token of its own (0600 file)."""
+    import os
+    import socket
+    import stat
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "FORKD_URL": "http://127.0.0.1:9", "FORKD_TOKEN": "x" * 40,
+           "XDG_RUNTIME_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "forkd.cli", "mcp", "--transport", "http", "--bind",
+                             f"127.0.0.1:{port}", "--json"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["listening"] and ready["auth"] == "bearer" and ready["token_generated"]
+        token_file = Path(ready["token_file"])
+        assert token_file.parent == tmp_path and stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                           "clientInfo": {"name": "t", "version": "1"}}}
+        headers = {"Accept": "application/json, text/event-stream"}
+        url = ready["url"]
+        for auth in ({}, {"Authorization": "Bearer " + "y" * len(token)}, {"Authorization": token}):
+            r = httpx.post(url, json=init, headers={**headers, **auth}, timeout=10)
+            assert r.status_code == 401, (auth, r.status_code, r.text)
+        r = httpx.post(url, json=init, headers={**headers, "Authorization": f"Bearer {token}"}, timeout=10)
+        assert r.status_code == 200, r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not token_file.exists()  # a generated token goes with the server
 
 
 # ------------------------------------------------------------------ processes

@@ -207,7 +207,12 @@ def test_denied_by_default_inbound_from_the_host_only() -> None:
     assert 'iifname "uplink0" oifname "forkd-tap0" ip saddr 10.201.0.1 ct status dnat accept' in rules
     assert "policy drop" in rules.split("chain forward", 1)[1]
     assert _egress_rules(rules) == []  # nothing opens: the forward chain refuses it
-    assert 'iifname "forkd-tap0" jump refuse' in rules  # spoofed sources too
+    assert 'iifname "forkd-tap0" jump refuse' in rules
+    # A spoofed source is dropped before conntrack and any reject (which would answer it).
+    guard = rules.split("chain guard {", 1)[1].split("\n  }", 1)[0]
+    assert "hook prerouting priority raw" in guard
+    assert 'iifname "forkd-tap0" ip saddr != 172.16.0.2 drop' in guard
+    assert 'iifname "forkd-tap0" meta nfproto ipv6 drop' in guard
 
 
 def test_allow_out_wins_over_deny_out_and_ports_cover_tcp_and_udp() -> None:
@@ -307,6 +312,154 @@ def test_the_guest_ioctls_configure_an_interface(scratch_netns: str, tmp_path: P
     assert "inet 172.16.0.2/30" in addr and ",UP" in addr
     assert "default via 172.16.0.1 dev eth0" in route
     assert not resolv.is_symlink() and resolv.read_text() == "nameserver 10.255.255.53\n"
+
+
+# Run in the fake guest's namespace: UDP datagrams with a raw IP header, from ``src`` to ``dst``:9.
+SEND_RAW_UDP = r"""
+import socket, struct, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+payload = b"guest-secret " * 28  # ~360 bytes, as in the report
+udp = struct.pack("!HHHH", 40000, 9, 8 + len(payload), 0) + payload
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(n):
+    s.sendto(ip + udp, (dst, 0))
+"""
+# Run in the fake host's namespace: the IPv4 packets seen on ``dev`` for ``secs``, as
+# [source, destination, protocol] lists (an AF_PACKET socket: no tcpdump needed).
+CAPTURE = r"""
+import json, select, socket, sys, time
+dev, secs = sys.argv[1], float(sys.argv[2])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind((dev, 0))
+print("ready", flush=True)
+seen, end = [], time.monotonic() + secs
+while (left := end - time.monotonic()) > 0:
+    if select.select([s], [], [], left)[0]:
+        frame = s.recv(65535)[14:]
+        seen.append([socket.inet_ntoa(frame[12:16]), socket.inet_ntoa(frame[16:20]), frame[9]])
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture
+def sandbox_like_netns() -> Iterator[dict[str, str]]:
+    """Three throwaway namespaces wired as a sandbox is: guest eth0 <-> tap in the sandbox's
+    namespace (with forkd's sysctls and rules) <-> uplink0 <-> ``hostend`` in a fake host's
+    namespace, which is connected to nothing else: no packet can leave these namespaces."""
+    if not ROOT or shutil.which("ip") is None or shutil.which("nft") is None:
+        pytest.skip("needs root, iproute2 and nft")
+    tag = uuid.uuid4().hex[:6]
+    names = {"guest": f"fdt-g-{tag}", "sandbox": f"fdt-s-{tag}", "host": f"fdt-h-{tag}"}
+    for name in names.values():
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        policy = EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:9"]})
+        net = _net(netns=names["sandbox"], owns_tap=False, egress=policy)
+
+        def ip(ns: str, *argv: str) -> None:
+            subprocess.run(["ip", "-n", ns, *argv], check=True)
+
+        ip(names["sandbox"], "link", "add", "forkd-tap0", "type", "veth", "peer", "name", "eth0",
+           "netns", names["guest"])
+        ip(names["sandbox"], "link", "add", "uplink0", "type", "veth", "peer", "name", "hostend",
+           "netns", names["host"])
+        ip(names["host"], "addr", "add", "10.201.0.1/32", "peer", "10.201.0.7/32", "dev", "hostend")
+        ip(names["host"], "link", "set", "dev", "hostend", "up")
+        ip(names["guest"], "addr", "add", "172.16.0.2/30", "dev", "eth0")
+        ip(names["guest"], "link", "set", "dev", "eth0", "up")
+        ip(names["guest"], "route", "add", "default", "via", "172.16.0.1")
+        subprocess.run(["ip", "-n", names["sandbox"], "-batch", "-"], input=netplan.netns_batch(net),
+                       text=True, check=True)
+        sysctls = " && ".join(f"echo {v} > {k}" for k, v in netplan.netns_sysctls(net).items())
+        subprocess.run(["ip", "netns", "exec", names["sandbox"], "sh", "-c", f"{sysctls} && nft -f -"],
+                       input=netplan.netns_ruleset(net, []), text=True, check=True)
+        yield names
+    finally:
+        for name in names.values():
+            subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_a_spoofed_source_from_the_tap_is_dropped_and_never_answered(
+        sandbox_like_netns: dict[str, str]) -> None:
+    """Issue 24 #3: the namespace's reject answered a spoofed source through the uplink, with
+    the guest's bytes in the ICMP error. Sent for real between namespaces of this test's own."""
+    ns = sandbox_like_netns
+    spoofed, target = "198.51.100.7", "198.51.100.9"
+    for dev in ("forkd-tap0", "uplink0"):
+        got = subprocess.run(["ip", "netns", "exec", ns["sandbox"], "cat",
+                              f"/proc/sys/net/ipv4/conf/{dev}/rp_filter"], capture_output=True, text=True)
+        assert got.stdout.strip() == "1", (dev, got)
+    capture = subprocess.Popen(["ip", "netns", "exec", ns["host"], sys.executable, "-c", CAPTURE,
+                                "hostend", "3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert capture.stdout is not None and capture.stdout.readline().strip() == "ready"
+        for src, dst in ((spoofed, target), (spoofed, "10.201.0.1"), ("172.16.0.2", "10.201.0.1")):
+            subprocess.run(["ip", "netns", "exec", ns["guest"], sys.executable, "-c", SEND_RAW_UDP,
+                            src, dst, "3"], check=True)
+        out, _ = capture.communicate(timeout=30)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+    seen = [tuple(p) for p in json.loads(out.splitlines()[-1])]
+    # The capture works: the guest's own datagram to the allowed host port got out, SNATed.
+    assert ("10.201.0.7", "10.201.0.1", 17) in seen, seen
+    # Nothing to or from the spoofed address crossed the uplink: no datagram, no ICMP error.
+    leaked = [p for p in seen if spoofed in p[:2]]
+    assert leaked == [], leaked
+
+
+def test_a_veth_another_daemon_made_first_sends_the_spawn_to_another_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two daemons on one host share the fkn<i> names: one that loses the race for an index
+    (its `ip link add` finds the name taken) takes the next free one instead of failing."""
+    import asyncio
+
+    from forkd.controller.network import NetRequest
+    from forkd.errors import VMError
+    from forkd.host import netns as netns_mod
+
+    networks = _networks(tmp_path)
+    other_daemons: set[int] = set()
+    tried: list[int | None] = []
+
+    async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
+        tried.append(net.index)
+        if net.index == 0:
+            other_daemons.add(0)  # made by someone else between our look and our link add
+            raise VMError("creating the veth pair of x failed: RTNETLINK answers: File exists")
+
+    monkeypatch.setattr(childnet, "create", create)
+    monkeypatch.setattr(childnet, "veths_in_use", lambda: set(other_daemons))
+    monkeypatch.setattr(netns_mod, "netns_exists", lambda name: False)
+    req = NetRequest(tap="forkd-tap0", dns=(), egress=EgressPolicy(), blocked=(), nat=False)
+    net = asyncio.run(networks.acquire("sb-race-0001", req))
+    assert tried == [0, 1] and net.index == 1 and net.ip == "10.201.0.3"
+    assert json.loads((tmp_path / "net" / "sb-race-0001.json").read_text())["index"] == 1
+
+
+def test_a_failed_create_leaves_the_masquerade_element_it_did_not_add(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's masquerade set is keyed by address: a create that failed before adding its
+    element must not delete the element of another daemon's sandbox with that address."""
+    import asyncio
+
+    from forkd.errors import VMError
+    from forkd.host import netns as netns_mod
+
+    ran: list[str] = []
+
+    async def run(argv: list[str], stdin: str = "", *, what: str) -> None:
+        ran.append(stdin)
+        if "veth pair" in what:
+            raise VMError(f"{what} failed: File exists")
+
+    monkeypatch.setattr(childnet, "_run", run)
+    monkeypatch.setattr(netns_mod, "netns_exists", lambda name: True)
+    with pytest.raises(VMError, match="File exists"):
+        asyncio.run(childnet.create(_net(nat=True), []))
+    assert not any("delete element" in stdin for stdin in ran), ran
 
 
 # ------------------------------------------------------------------ host facts and checks
@@ -410,7 +563,7 @@ def test_api_passes_egress_to_the_runtime(api: tuple[TestClient, FakeRuntime]) -
     assert r.status_code == 201, r.text
     _, _, kwargs = fake.calls[-1]
     assert kwargs["allow_internet_access"] is True
-    assert kwargs["network"] == {"allow_out": ["10.201.0.1:8080"], "deny_out": []}
+    assert kwargs["network"] == {"allow_out": ["10.201.0.1:8080"]}
 
 
 @pytest.mark.parametrize(("body", "message"), [

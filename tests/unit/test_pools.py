@@ -19,15 +19,15 @@ from typer.testing import CliRunner
 from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings, parse_pools
 from forkd.cli.main import app as cli_app
+from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
 from forkd.errors import InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 from forkd.vmm.machine import VM
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
@@ -198,19 +198,18 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
                 with pytest.raises(NotFound):  # hidden from every lookup by id
                     h.table.resolve(m.id)
             # Options differ (no memory limit; other tag): no draw, counted as misses for py.
-            miss = await h.keeper.claim("py", [ChildSpec()], per_child_netns=False, live_fork=False)
+            miss = await h.keeper.claim("py", [ChildSpec()], SpawnOptions())
             assert miss == [None] and h.keeper.info("py")["misses"] == 1
             # Same limit, other egress: members have the pool's rules, so no draw either.
             opened = EgressPolicy.from_request(None, {"allow_out": ["192.0.2.7:443"]})
-            assert await h.keeper.claim("py", [ChildSpec(memory_limit_mib=256)], per_child_netns=False,
-                                        live_fork=False, egress=opened) == [None]
+            assert await h.keeper.claim("py", [ChildSpec(memory_limit_mib=256)],
+                                        SpawnOptions(egress=opened)) == [None]
             assert h.keeper.info("py")["misses"] == 2
-            assert await h.keeper.claim("other", [ChildSpec()], per_child_netns=False,
-                                        live_fork=False) == [None]
+            assert await h.keeper.claim("other", [ChildSpec()], SpawnOptions()) == [None]
             # Three matching children, two members: two claims, one miss.
             specs = [ChildSpec(memory_limit_mib=256, env={"I": str(i)}, metadata={"n": str(i)})
                      for i in range(3)]
-            got = await h.keeper.claim("py", specs, per_child_netns=False, live_fork=False)
+            got = await h.keeper.claim("py", specs, SpawnOptions())
             assert got[2] is None and {g.id for g in got[:2] if g} == {m.id for m in members}
             for i, g in enumerate(got[:2]):
                 assert g is not None and not g.pooled and g.metadata == {"n": str(i)}
@@ -249,7 +248,7 @@ def test_a_member_that_fails_its_claim_is_discarded(tmp_path: Path, fast_refill:
             await h.filled("py", 1)
             [m3] = h.members()
             h.spawner.vms[m3.id].qmp.fail = True
-            assert await h.keeper.claim("py", [ChildSpec()], per_child_netns=False, live_fork=False) == [None]
+            assert await h.keeper.claim("py", [ChildSpec()], SpawnOptions()) == [None]
             assert h.spawner.vms[m3.id].destroyed and m3.id not in h.table
             assert m2.id != m3.id
         finally:

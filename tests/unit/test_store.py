@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.store import layout
 from forkd.store.registry import DiskChain, Registry, SandboxRecord, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 
 SB = "sb-abcdef-0000"
 
@@ -101,3 +100,36 @@ def test_sandbox_ids_are_checked() -> None:
     for bad in ("../sb-abcdef-0000", "sb/abcdef", ".sb", "-sb", "sb abc", "sb,x", "a" * 49, ""):
         with pytest.raises(InvalidRequest):
             layout.check_sandbox_id(bad)
+
+
+def test_an_id_prefix_is_issued_once_per_data_dir(registry: Registry, tmp_path: Path) -> None:
+    """Nothing keyed by a sandbox id (E2B access tokens are HMACs of it) may come to name a
+    later sandbox: a prefix this data dir issued is never issued again, across restarts."""
+    assert registry.claim_prefix("sb-abc123") is True
+    assert registry.claim_prefix("sb-abc123") is False
+    registry.close()
+    again = Registry(tmp_path / "forkd.db")
+    assert again.claim_prefix("sb-abc123") is False
+    again.close()
+
+
+def test_the_prefixes_of_an_older_registrys_ids_count_as_issued(tmp_path: Path) -> None:
+    old = Registry(tmp_path / "old.db")
+    old.set_alias("sb-0a0a0a-0001", "sb-0b0b0b-0000")
+    with old._lock:  # an older registry had no such table: forget what set_alias recorded
+        old._db.execute("DELETE FROM issued_prefixes")
+    old.close()
+    reopened = Registry(tmp_path / "old.db")
+    assert not reopened.claim_prefix("sb-0a0a0a") and not reopened.claim_prefix("sb-0b0b0b")
+    reopened.close()
+
+
+def test_the_sandbox_table_draws_again_on_a_used_prefix(registry: Registry, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkd.controller.sandboxes import SandboxTable
+
+    draws = iter(["sb-111111", "sb-111111", "sb-222222"])
+    monkeypatch.setattr(layout, "new_batch_prefix", lambda host_id=None: next(draws))
+    table = SandboxTable(registry, tmp_path / "sandboxes")
+    assert table.new_batch_prefix() == "sb-111111"
+    assert table.new_batch_prefix() == "sb-222222"  # the second draw was a repeat

@@ -47,8 +47,7 @@ class StubSpawner:
         self.fail: ForkdError | None = None
         self.specs: list[tuple[str, ChildSpec]] = []
 
-    async def spawn_each(self, tag: str, specs: list[ChildSpec], *, per_child_netns: bool = False,
-                         live_fork: bool = False, egress: Any = None) -> list[Any]:
+    async def spawn_each(self, tag: str, specs: list[ChildSpec], options: Any = None) -> list[Any]:
         self.specs += [(tag, s) for s in specs]
         if self.fail is not None:
             return [self.fail]
@@ -60,7 +59,7 @@ class StubSpawner:
             out.append(record)
         return out
 
-    async def spawn(self, tag: str, n: int = 1, **_options: Any) -> list[SandboxRecord]:
+    async def spawn(self, tag: str, n: int = 1, options: Any = None) -> list[SandboxRecord]:
         return await self.spawn_each(tag, [ChildSpec(sandbox_id=f"sb-bbbbbb-{i:04d}") for i in range(n)])
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from forkd.guest.agent.setup import cmdline_options
 from forkd.guest.agent.warm import warm_list
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.vmm import cmdline as vmm_cmdline
-from forkd.vmm.cmdline import AGENT_PORT_NAME, VMConfig, kernel_cmdline
+from forkd.vmm.cmdline import AGENT_PORT_NAME, kernel_cmdline
 
 
 @pytest.mark.parametrize("warm", [[], ["numpy"], ["numpy", "json.decoder"]])
@@ -31,13 +31,13 @@ def test_probe_mode_and_tsc_hint() -> None:
 def test_a_snapshot_without_a_recorded_machine_restores_with_the_legacy_one() -> None:
     old = {"mem_mib": 512, "vcpus": 1, "accel": "tcg", "cpu": "max"}  # written before machines were recorded
     assert VMConfig.from_json(old).machine == vmm_cmdline.LEGACY_MACHINE
-    new = VMConfig.new(512, 1, Accel.tcg())
+    new = vmm_cmdline.new_config(512, 1, Accel.tcg())
     assert VMConfig.from_json(new.to_json()) == new
 
 
 def test_new_tcg_templates_have_no_pit_when_the_tsc_rate_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vmm_cmdline, "host_tsc_khz", lambda: 2_600_000)
-    cfg = VMConfig.new(512, 1, Accel.tcg())
+    cfg = vmm_cmdline.new_config(512, 1, Accel.tcg())
     assert cfg.machine.endswith(",pit=off")
     spec = vmm_cmdline.LaunchSpec(config=cfg, mem_path=Path("/s/mem"), share_ram=False, disk=Path("/d.qcow2"),
                               qmp_fd=3, agent_fd=4, console_log=Path("/c.log"), incoming=True)
@@ -45,8 +45,8 @@ def test_new_tcg_templates_have_no_pit_when_the_tsc_rate_is_known(monkeypatch: p
     assert argv[argv.index("-machine") + 1] == cfg.machine
     # Without the rate the guest would calibrate its TSC against the PIT: keep it.
     monkeypatch.setattr(vmm_cmdline, "host_tsc_khz", lambda: None)
-    assert "pit=off" not in VMConfig.new(512, 1, Accel.tcg()).machine
-    assert "pit=off" not in VMConfig.new(512, 1, Accel.kvm()).machine
+    assert "pit=off" not in vmm_cmdline.new_config(512, 1, Accel.tcg()).machine
+    assert "pit=off" not in vmm_cmdline.new_config(512, 1, Accel.kvm()).machine
 
 
 def test_kernel_cmdline_quiets_idle_wakeups() -> None:

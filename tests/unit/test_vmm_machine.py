@@ -12,9 +12,8 @@ import pytest
 from forkd.errors import BootTimeout
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, VMConfig
 from forkd.vmm import machine
-from forkd.vmm.cmdline import VMConfig
 from forkd.vmm.machine import VM
 from forkd.vmm.qmp import QMP
 from tests.fakes.agent_peer import AgentPeer

@@ -1602,6 +1602,16 @@ export interface components {
             /** Created At Unix */
             created_at_unix: number;
             /**
+             * Disk Quota Mib
+             * @description Its disk quota (MiB), if it has one.
+             */
+            disk_quota_mib?: number | null;
+            /**
+             * Disk Used Mib
+             * @description Host disk its own layers take now (MiB): what it wrote since its spawn, counted against disk_quota_mib.
+             */
+            disk_used_mib?: number | null;
+            /**
              * Expires At Unix
              * @description When the sandbox is killed (unix seconds); absent without a timeout_secs.
              */
@@ -1902,6 +1912,11 @@ export interface components {
              * @description CPU bandwidth per child in cores (0.5: half a core), a cgroup cpu quota on its QEMU.
              */
             cpu_limit?: number | null;
+            /**
+             * Disk Quota Mib
+             * @description How far each child's own disk layers (its copy-on-write overlay, and what its branches froze) may grow on the host, in MiB. A child that writes past it is stopped: its QEMU is killed and every call answers 502 saying so, as after an OOM kill by memory_limit_mib. Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.
+             */
+            disk_quota_mib?: number | null;
             /**
              * Env
              * @description Environment given to every child right after its restore: it shows in os.environ of the warm interpreter (eval) and in every exec.

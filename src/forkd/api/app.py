@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -32,6 +33,9 @@ from forkd.api.routes import status_router, v1
 from forkd.api.schemas import ErrorBody
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION, VERSION
+
+if TYPE_CHECKING:
+    from forkd.fleet.hosts import HostRecord
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +106,23 @@ def _openapi_factory(app: FastAPI, auth: bool) -> Any:
     return openapi
 
 
+def host_record(rt: Any, host_id: str, url: str, capacity: int | None) -> HostRecord:
+    """What this daemon tells the fleet now: what it holds and how busy it is."""
+    from forkd.fleet.hosts import MAX_TAGS, HostRecord, default_capacity, mem_available_mib
+
+    ready = [s.tag for s in rt.list_snapshots() if s.status == "ready"]
+    return HostRecord(
+        host_id=host_id, url=url, capacity=capacity or default_capacity(),
+        sandboxes=len(rt.list_sandboxes()), snapshots=ready[-MAX_TAGS:],
+        pools={p["tag"]: int(p["ready"]) for p in rt.list_pools() if p.get("size")},
+        mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
+        updated_at_unix=time.time())
+
+
 async def _join_fleet(rt: Any, settings: Settings) -> Any:
     """Register this daemon in the fleet (etcd) and keep its record current (fleet/member.py)."""
     from forkd.fleet.etcd import EtcdClient
-    from forkd.fleet.member import FleetMember, host_record
+    from forkd.fleet.member import FleetMember
 
     assert settings.host_id is not None
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per etcd keepalive
@@ -138,7 +155,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
-            rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id)
+            rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
+                                    disk_quota_mib=settings.disk_quota_mib)
             if settings.pools:
                 await rt.preset_pools(settings.pools)
             app.state.runtime = rt

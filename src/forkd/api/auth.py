@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -113,6 +115,34 @@ def load_token(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read token file {path}: {exc}") from None
     return validate_token(raw.strip(), source=f"token file {path}")
+
+
+# A token the daemon accepts but warns about: shorter than this, or of one character class.
+STRONG_TOKEN_CHARS = 32
+
+
+def token_warnings(path: Path, token: str) -> list[str]:
+    """What is weak about an accepted token and its file (logged at start, not refused).
+
+    A file other users may read (group/other bits) hands them the daemon, and a
+    short or single-class token (``abcdefghijklmnop``) is guessable; both were
+    accepted silently.
+    """
+    out: list[str] = []
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0
+    if mode & 0o077:
+        out.append(f"token file {path} has mode {mode:04o}: other local users may read the token; "
+                   f"make it private with chmod 600 {path}")
+    classes = [any(c.islower() for c in token), any(c.isupper() for c in token),
+               any(c.isdigit() for c in token), any(not c.isalnum() for c in token)]
+    if len(token) < STRONG_TOKEN_CHARS or sum(classes) < 2:
+        out.append(f"the token in {path} is weak ({len(token)} characters"
+                   f"{', of one kind only' if sum(classes) < 2 else ''}): use at least "
+                   f"{STRONG_TOKEN_CHARS} random characters, e.g. `openssl rand -hex 32`")
+    return out
 
 
 def check_bind_safety(settings: Settings) -> None:

@@ -98,7 +98,7 @@ class GuardedH11Protocol(H11Protocol):
 
 
 class LogRepeatFilter(logging.Filter):
-    """Let one record through per (logger, message template) and ``window``; count the rest.
+    """Let one record through per (logger, message) and ``window``; count the rest.
 
     The next record let through says how many were held back, so a flood is
     visible without writing it out.
@@ -111,7 +111,17 @@ class LogRepeatFilter(logging.Filter):
         self._held: dict[tuple[str, str], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, str(record.msg))
+        # One record reaches every handler the filter sits on: decide once per record.
+        decided = getattr(record, "forkd_repeat_pass", None)
+        if isinstance(decided, bool):
+            return decided
+        passed = self._decide(record)
+        record.forkd_repeat_pass = passed
+        return passed
+
+    def _decide(self, record: logging.LogRecord) -> bool:
+        # The text as written (a "%s" template would lump different lines together).
+        key = (record.name, record.getMessage()[:200])
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.window:

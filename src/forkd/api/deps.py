@@ -8,7 +8,7 @@ the API uses, so the routes type-check without importing the controller
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
+from forkd.controller.options import SpawnOptions
 from forkd.errors import Busy, InvalidRequest
 
 
@@ -26,8 +27,9 @@ class Record(Protocol):
 class RuntimeLike(Protocol):
     """The routes' view of ``Runtime``: the same names, parameters and kinds.
 
-    tests/unit/test_fake_runtime.py checks this against ``Runtime`` and the
-    test fake, so the three cannot drift apart.
+    tests/unit/test_fake_runtime.py checks every method here against ``Runtime``
+    and the test fake (names, kinds, defaults), and mypy checks below that
+    ``Runtime`` satisfies it, so the three cannot drift apart.
     """
 
     async def close(self, *, keep_sandboxes: bool = False) -> None: ...
@@ -37,25 +39,7 @@ class RuntimeLike(Protocol):
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None: ...
     def snapshot_lineage(self, tag: str) -> dict[str, Any]: ...
     def tag_in_flight(self, tag: str) -> bool: ...
-    async def spawn(
-        self,
-        tag: str,
-        n: int = 1,
-        *,
-        per_child_netns: bool = False,
-        memory_limit_mib: int | None = None,
-        live_fork: bool = False,
-        env: dict[str, str] | None = None,
-        child_env: list[dict[str, str]] | None = None,
-        metadata: dict[str, str] | None = None,
-        timeout_secs: float | None = None,
-        cpu_limit: float | None = None,
-        pids_limit: int | None = None,
-        idle_pause_secs: float | None = None,
-        allow_internet_access: bool | None = None,
-        network: dict[str, Any] | None = None,
-        prewarm: bool = False,
-    ) -> list[Any]: ...
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[Any]: ...
     async def fork(
         self,
         sandbox_id: str,
@@ -133,6 +117,7 @@ class RuntimeLike(Protocol):
     async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]: ...
     async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]: ...
     async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None: ...
+    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]: ...
     async def file_write(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
         max_bytes: int, mode: int | None = None,
@@ -143,6 +128,10 @@ class RuntimeLike(Protocol):
         measure_diff: bool = False, parent_tag: str | None = None,
     ) -> Record: ...
     async def compact_snapshot(self, tag: str, to: str) -> Record: ...
+    async def pause(self, sandbox_id: str, *, mode: str = "full") -> Record: ...
+    async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> Record: ...
+    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]: ...
+    def describe_sandboxes(self) -> list[dict[str, Any]]: ...
     def list_workspaces(self) -> list[dict[str, Any]]: ...
     def get_workspace(self, name: str) -> dict[str, Any]: ...
     async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
@@ -168,7 +157,17 @@ class RuntimeLike(Protocol):
     async def pull_snapshot(self, tag: str) -> dict[str, Any]: ...
 
 
-def get_runtime(request: Request) -> RuntimeLike:
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+    def _runtime_is_runtime_like(runtime: Runtime) -> RuntimeLike:
+        """Never called: mypy fails here when ``Runtime`` stops satisfying ``RuntimeLike``."""
+        return runtime
+
+
+# The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in
+# its thread pool, a thread hand-off per request that cost more daemon CPU than the route.
+async def get_runtime(request: Request) -> RuntimeLike:
     runtime: RuntimeLike | None = request.app.state.runtime
     if runtime is None:
         # Only reachable between process start and the end of lifespan start-up.
@@ -176,12 +175,12 @@ def get_runtime(request: Request) -> RuntimeLike:
     return runtime
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_branch_gate(request: Request) -> BranchGate:
+async def get_branch_gate(request: Request) -> BranchGate:
     gate: BranchGate = request.app.state.branch_gate
     return gate
 

@@ -232,23 +232,7 @@ async def compact_snapshot(tag: TagPath, req: CompactRequest, rt: Runtime) -> di
 )
 async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str, Any]]:
     started = time.perf_counter()
-    records = await rt.spawn(
-        req.snapshot_tag,
-        req.n,
-        per_child_netns=req.per_child_netns,
-        memory_limit_mib=req.memory_limit_mib,
-        live_fork=req.live_fork,
-        env=req.env,
-        child_env=req.child_env,
-        metadata=req.metadata,
-        timeout_secs=req.timeout_secs,
-        cpu_limit=req.cpu_limit,
-        pids_limit=req.pids_limit,
-        idle_pause_secs=req.idle_pause_secs,
-        allow_internet_access=req.allow_internet_access,
-        network=req.network.model_dump() if req.network else None,
-        prewarm=req.prewarm,
-    )
+    records = await rt.spawn(req.snapshot_tag, req.n, req.options())
     m.spawn_seconds.observe(time.perf_counter() - started)
     m.observe_restores(records)
     return [r.info() for r in records]

@@ -9,7 +9,7 @@ pass that through rather than drop it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -23,6 +23,7 @@ from pydantic import (
 
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
+from forkd.controller.options import SpawnOptions
 from forkd.errors import InvalidRequest
 from forkd.guest.protocol import FILE_PATH_MAX, TAG_MAX
 from forkd.host.egress import ENTRY_PATTERN, Destination
@@ -80,6 +81,9 @@ SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwar
 IdlePause = Annotated[float, Field(**bounds.IDLE_PAUSE_SECS.field_kwargs())]
 CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
 PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
+DiskQuotaMib = Annotated[
+    int, Field(**bounds.DISK_QUOTA_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
 
 
 class _Request(BaseModel):
@@ -240,6 +244,20 @@ class SpawnRequest(_Request):
         "snapshot's memory file privately (copy-on-write), which hugetlbfs pages cannot back; "
         "forkd 0.5 also fell back to 4 KiB pages when none were free.",
     )
+    disk_quota_mib: DiskQuotaMib | None = Field(
+        None, description="How far each child's own disk layers (its copy-on-write overlay, and what "
+        "its branches froze) may grow on the host, in MiB. A child that writes past it is stopped: its "
+        "QEMU is killed and every call answers 502 saying so, as after an OOM kill by memory_limit_mib. "
+        "Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.",
+    )
+
+    # Request fields that are not spawn options: the tag and count, and what is accepted without effect.
+    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"snapshot_tag", "n", "hugepages"})
+
+    def options(self) -> SpawnOptions:
+        """The spawn options this request asks for: every field by its name (a new field needs no
+        code here), unset ones left to SpawnOptions' defaults."""
+        return SpawnOptions.from_request(self.model_dump(exclude=set(self.NOT_OPTIONS), exclude_unset=True))
 
 
 class ExecRequest(_Request):
@@ -577,6 +595,11 @@ class SandboxInfo(_Response):
     memory_limit_mib: int | None = None
     cpu_limit: float | None = Field(None, description="CPU bandwidth limit in cores, if one was set.")
     pids_limit: int | None = Field(None, description="Task limit of its QEMU's cgroup, if one was set.")
+    disk_quota_mib: int | None = Field(None, description="Its disk quota (MiB), if it has one.")
+    disk_used_mib: float | None = Field(
+        None, description="Host disk its own layers take now (MiB): what it wrote since its spawn, "
+        "counted against disk_quota_mib.",
+    )
     live_fork: bool | None = None
     timings: dict[str, float] | None = Field(
         None,

@@ -12,7 +12,7 @@ import uvicorn
 
 from forkd import bounds
 from forkd.api.app import create_app
-from forkd.api.auth import check_bind_safety, load_token
+from forkd.api.auth import check_bind_safety, load_token, token_warnings
 from forkd.api.connections import ACCEPT_BATCH, GuardedH11Protocol, install_log_filter, raise_fd_limit
 from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 from forkd.errors import InvalidRequest
@@ -62,6 +62,10 @@ def validate_settings(settings: Settings) -> None:
         raise ConfigError(f"max body size must be at least {MIN_MAX_BODY_BYTES} bytes")
     if settings.max_file_bytes < 0:
         raise ConfigError("max file size must not be negative")
+    try:
+        bounds.DISK_QUOTA_MIB.check(settings.disk_quota_mib)
+    except InvalidRequest as exc:
+        raise ConfigError(f"--disk-quota-mib: {exc}") from None
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
     try:
@@ -137,6 +141,9 @@ def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], No
     install_log_filter()  # after uvicorn.Config: it sets up uvicorn's own handlers
     fd_limit = raise_fd_limit()
     server = _Server(config, on_ready)
+    if settings.token_file is not None:
+        for warning in token_warnings(settings.token_file, load_token(settings.token_file)):
+            log.warning("%s", warning)
     log.info(
         "forkd API serving on %s (auth: %s, audit log: %s, file descriptors: %d)",
         settings.url,

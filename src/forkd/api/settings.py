@@ -1,7 +1,7 @@
 """Daemon settings: one dataclass, filled from flags or ``FORKD_*`` environment variables.
 
 The command line (``forkd daemon`` = ``python -m forkd.api``, in
-``forkd.cli.daemon``) reads each option from its flag or variable;
+``forkd.api.command``) reads each option from its flag or variable;
 :meth:`Settings.from_env` reads the same variables for programs that embed
 the daemon, and a unit test checks that both read them alike.
 """
@@ -162,6 +162,8 @@ class Settings:
     advertise_url: str | None = None
     lease_ttl: int = DEFAULT_LEASE_TTL
     capacity: int | None = None  # sandboxes this host is planned for (None: one per 512 MiB of RAM)
+    # The disk quota of a spawn that gives none, MiB (0: none; controller/disk_quota.py).
+    disk_quota_mib: int = bounds.DEFAULT_DISK_QUOTA_MIB
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
@@ -192,6 +194,7 @@ class Settings:
             advertise_url=os.environ.get("FORKD_ADVERTISE_URL") or None,
             lease_ttl=_env_int("FORKD_LEASE_TTL", DEFAULT_LEASE_TTL),
             capacity=_env_int("FORKD_CAPACITY", 0) or None,
+            disk_quota_mib=_env_int("FORKD_DISK_QUOTA_MIB", bounds.DEFAULT_DISK_QUOTA_MIB),
         )
 
     @property

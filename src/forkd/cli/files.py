@@ -15,6 +15,7 @@ import posixpath
 import re
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -25,6 +26,7 @@ from forkd import bounds
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, usage_error, want_json
 from forkd.sdk import Controller, NotFoundError
+from forkd.sdk.models import FileInfo
 
 _REMOTE = re.compile(r"^(?P<id>" + bounds.SANDBOX_ID_RE.pattern.strip("^$") + r"):(?P<path>.*)$")
 
@@ -45,7 +47,7 @@ def _remote_target(c: Controller, sandbox_id: str, path: str, local_name: str) -
     return path
 
 
-def _upload(ctx: typer.Context, src: str, sandbox_id: str, path: str) -> dict[str, Any]:
+def _upload(ctx: typer.Context, src: str, sandbox_id: str, path: str) -> FileInfo:
     c = state(ctx).controller()
     if src == "-":
         if path.endswith("/"):
@@ -111,7 +113,7 @@ def cp(
     if (remote_src is None) == (remote_dst is None):
         usage_error(ctx, "exactly one of SRC and DST must be SB:PATH (a sandbox id, a colon, a path)")
     if remote_dst is not None:
-        info = _upload(ctx, src, *remote_dst)
+        info: Mapping[str, Any] = _upload(ctx, src, *remote_dst)
         where = f"{remote_dst[0]}:{info['path']}"
     else:
         assert remote_src is not None

@@ -78,9 +78,13 @@ def gateway(
       forkd gateway --etcd http://127.0.0.1:2379
       forkd gateway --etcd http://etcd:2379 --bind 0.0.0.0:8890 --token-file /etc/forkd/token
     """
-    from forkd.api.auth import load_token
     from forkd.api.settings import parse_endpoints
-    from forkd.fleet.gateway import GatewaySettings, create_gateway_app
+
+    try:
+        from forkd.api.auth import load_token
+        from forkd.gateway import GatewaySettings, create_gateway_app
+    except ModuleNotFoundError as exc:
+        output.fail(f"the gateway needs {exc.name!r}: pip install 'forkd[fleet]'")
 
     try:
         host, port = parse_bind(bind)

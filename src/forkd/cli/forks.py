@@ -6,6 +6,7 @@ how its answer is shown is here (:func:`print_fork`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -24,7 +25,7 @@ class CheckpointMode(StrEnum):
     live = "live"
 
 
-def print_fork(result: dict[str, Any], asked: int, started: float) -> None:
+def print_fork(result: Mapping[str, Any], asked: int, started: float) -> None:
     """A fork's children as a table, each failed child as an error, then one summary line."""
     children = result.get("children") or []
     errors = result.get("errors") or []
@@ -164,7 +165,7 @@ def checkpoints(
     print_checkpoints(result)
 
 
-def print_checkpoints(result: dict[str, Any]) -> None:
+def print_checkpoints(result: Mapping[str, Any]) -> None:
     policy = result.get("policy")
     who = escape(str(result.get("sandbox_id")))
     if policy:

@@ -12,8 +12,9 @@ from rich.table import Table
 
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, want_json
-from forkd.config import API_VERSION, VERSION, DataDir
+from forkd.config import API_VERSION, VERSION
 from forkd.errors import ForkdError
+from forkd.sdk.models import Version
 
 
 @handle_errors
@@ -26,7 +27,7 @@ def version(ctx: typer.Context, json_: JsonFlag = False) -> None:
       forkd version
     """
     controller = state(ctx).controller()
-    daemon: dict[str, Any] | None
+    daemon: Version | None
     problem = None
     try:
         daemon = controller.version()
@@ -114,15 +115,10 @@ def doctor(
 
 
 def _probe(data_dir: Path | None, quiet: bool) -> None:
-    import asyncio
+    from forkd import doctor as doctor_mod
 
-    from forkd.host import probe as accel
-    from forkd.image.builder import load_image
-
-    data = DataDir.from_env(data_dir)
-    image = load_image(data)
     with output.spinner("boot-probing the accelerator (KVM, then TCG)"):
-        result = asyncio.run(accel.probe(data, image.probe_guest(), force=True))
+        result = doctor_mod.probe_accel(data_dir)
     if not quiet:
         detail = f"guests boot under {result.get('accel')} (cpu {result.get('cpu')})"
         if result.get("kvm_error"):

@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
+from forkd.api import command as daemon_cmd
 from forkd.cli import bench, files, fleet, forks, info, pools, processes, sandboxes, snapshots, travel
-from forkd.cli import daemon as daemon_cmd
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd

@@ -14,6 +14,7 @@ from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, show_details, state
 from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import Controller, NotFoundError
+from forkd.sdk.models import PoolInfo
 
 
 @handle_errors
@@ -66,7 +67,7 @@ def pool(
     show_details(ctx, info, json_)
 
 
-def active_pools(controller: Controller) -> list[dict[str, Any]]:
+def active_pools(controller: Controller) -> list[PoolInfo]:
     """The pools worth listing (a target or members); none from a daemon without pools."""
     try:
         pools = controller.list_pools()

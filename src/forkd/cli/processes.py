@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Annotated, Any
 
 import typer
@@ -114,7 +114,7 @@ def start_detached(ctx: typer.Context, sandbox_id: str, command: list[str], *, t
                          f"watch it with: forkd attach {escape(sandbox_id)} {info['pid']}")
 
 
-def processes_table(processes: list[dict[str, Any]]) -> Table:
+def processes_table(processes: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(title="processes")
     for column in ("PID", "TAG", "STARTED", "STDIN", "COMMAND"):
         table.add_column(column)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,6 +54,12 @@ IdlePause = Annotated[
                  help="Pause each child after this many seconds without a request (it then costs no "
                  "CPU); its next request resumes it. Not for children with background work."),
 ]
+DiskQuota = Annotated[
+    int | None,
+    typer.Option("--disk-quota-mib", metavar="MIB", min=0, max=int(bounds.DISK_QUOTA_MIB.high),
+                 help="Stop each child once its own disk layers grow past this many MiB on the host "
+                 "(default: the daemon's --disk-quota-mib; 0: no quota)."),
+]
 
 
 EnvPairs = Annotated[
@@ -96,6 +103,7 @@ def fork(
     live_fork: LiveFork = False,
     timeout: Lifetime = None,
     idle_pause: IdlePause = None,
+    disk_quota_mib: DiskQuota = None,
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
@@ -114,6 +122,7 @@ def fork(
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
       forkd fork --tag py --timeout 300
       forkd fork --tag py -n 50 --idle-pause 30
+      forkd fork --tag py --disk-quota-mib 256
       forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
       forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
@@ -123,6 +132,8 @@ def fork(
         usage_error(ctx, "give --tag (fork a snapshot) or --from-sandbox (fork a running sandbox)")
     if from_sandbox is not None and idle_pause is not None:
         usage_error(ctx, "--idle-pause applies to forks of a snapshot (--tag) only")
+    if from_sandbox is not None and disk_quota_mib is not None:
+        usage_error(ctx, "--disk-quota-mib applies to forks of a snapshot (--tag) only")
     if from_sandbox is None:
         extras = [flag for flag, on in (("--tree", tree), ("--keep-snapshot", keep_snapshot)) if on]
         if extras:
@@ -156,7 +167,7 @@ def fork(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
             timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
-            network=network,
+            network=network, disk_quota_mib=disk_quota_mib,
         )
     if as_json:
         output.emit_json(sandboxes)
@@ -261,7 +272,7 @@ def ls(
         sandboxes = True
     both = snapshots == sandboxes  # neither flag (or both) shows everything
     controller = state(ctx).controller()
-    result: dict[str, list[dict[str, Any]]] = {}
+    result: dict[str, Sequence[Mapping[str, Any]]] = {}
     if sandboxes or both:
         result["sandboxes"] = controller.list_sandboxes(snapshot_tag=tag, metadata=labels)
     if snapshots or both:
@@ -346,7 +357,7 @@ def timeout(
     if want_json(ctx, json_):
         output.emit_json(info)
         return
-    at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"])))
+    at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"] or 0)))
     output.console.print(f"{escape(sandbox_id)} expires at {at} (in {secs:g} s)")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
@@ -24,7 +25,7 @@ def branch_mode(ctx: typer.Context, diff: bool, live: bool, no_wait: bool = Fals
     return "diff" if diff else "live" if live else None
 
 
-def print_branch(info: dict[str, Any], source: str, started: float) -> None:
+def print_branch(info: Mapping[str, Any], source: str, started: float) -> None:
     pause = info.get("pause_ms")
     pause_text = f", source paused {pause:.0f} ms" if isinstance(pause, (int, float)) else ""
     output.console.print(

@@ -1,40 +1,19 @@
-"""Snapshots that travel: ``forkd pack`` / ``forkd unpack`` (local files) and ``forkd push`` /
-``forkd pull`` (the daemon and its object store)."""
+"""Snapshots that travel: ``forkd pack`` / ``forkd unpack`` (local files, no daemon on the data
+dir: api/offline.py) and ``forkd push`` / ``forkd pull`` (the daemon and its object store)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
+from forkd.api import offline
 from forkd.cli import output
 from forkd.cli.context import JsonFlag, handle_errors, state, want_json
 from forkd.cli.image import DataDirOpt
-from forkd.config import DataDir
-
-T = TypeVar("T")
-
-
-def _locally(data_dir: Path | None, work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
-    """Run ``work(travel)`` on a data dir's registry, with or without a daemon running on it."""
-    from forkd.controller.host_accel import HostAccelerator
-    from forkd.controller.tags import TagReservations
-    from forkd.controller.travel import SnapshotTravel
-    from forkd.store.registry import Registry
-
-    data = DataDir.from_env(data_dir).ensure()
-    registry = Registry(data.registry)
-    try:
-        tags = TagReservations(lambda t: registry.has_snapshot(t) or (data.snapshots / t).exists())
-        travel = SnapshotTravel(data, registry, tags, HostAccelerator(data))
-        return asyncio.run(work(travel))
-    finally:
-        registry.close()
 
 
 @handle_errors
@@ -51,6 +30,9 @@ def pack(
 ) -> None:
     """Pack a snapshot into one zstd archive that any compatible host can unpack. Runs locally.
 
+    It works on the data dir alone: while a daemon runs on it, it refuses (use
+    `forkd push`, or stop the daemon).
+
     The archive holds the snapshot and its ancestors whole (memory, device state,
     disk layers), the base image unless --no-base, and a manifest with the sha256
     of every file, the QEMU version, accelerator and CPU model, the image recipe
@@ -62,7 +44,7 @@ def pack(
     """
     started = time.monotonic()
     with output.transfer_bar(f"packing {escape(tag)}", None) as advance:
-        result = _locally(data_dir, lambda tr: tr.pack(tag, out, include_base=not no_base, progress=advance))
+        result = offline.pack(data_dir, tag, out, include_base=not no_base, progress=advance)
     if want_json(ctx, json_):
         output.emit_json(result)
         return
@@ -78,19 +60,21 @@ def unpack(
     data_dir: DataDirOpt = None,
     json_: JsonFlag = False,
 ) -> None:
-    """Verify an archive and register its snapshots on this host. Runs locally.
+    """Verify an archive and register its snapshots on this host. Runs locally, without a daemon.
 
     Refuses a corrupt or tampered archive (checksums), an unsafe one (paths,
     links, devices) and one this host cannot restore (accelerator, CPU model,
     QEMU release), each with an error saying which. Ancestors this host already
     has (same content) are reused; nothing is registered unless all of it is.
+    While a daemon runs on the data dir it refuses (use `forkd pull`, or stop
+    the daemon).
 
     Example:
       forkd unpack checkpoint-3.forkd && forkd fork --tag checkpoint-3
     """
     started = time.monotonic()
     with output.transfer_bar(f"unpacking {escape(archive.name)}", None) as advance:
-        result = _locally(data_dir, lambda tr: tr.unpack(archive, progress=advance))
+        result = offline.unpack(data_dir, archive, progress=advance)
     if want_json(ctx, json_):
         output.emit_json(result)
         return

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,13 @@ class Brancher:
         self._tags = tags
         self._background: dict[str, asyncio.Task[SnapshotRecord]] = {}  # tag -> its finish
         self._background_source: dict[str, str] = {}  # tag -> the sandbox it copies from
+        self._disk_cut_hooks: list[Callable[[str], Awaitable[None]]] = []
         table.before_kill(self._let_branches_finish)
+
+    def on_disk_cut(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``hook(sandbox_id)`` once a branch has moved the source onto a new overlay
+        (the caller holds the source's lock; the disk quota arms the new overlay)."""
+        self._disk_cut_hooks.append(hook)
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -177,7 +184,7 @@ class Brancher:
                 self._tags.release(tag)
 
     async def _capture(self, src: _Source, seq: int, mode: str, staging: SnapshotDir,
-                       tag: str, *, standalone: bool) -> tuple[branching.Capture, list[Path]]:
+                       tag: str, *, standalone: bool) -> tuple[branching.BranchCapture, list[Path]]:
         """The pause window and the disk cut; the caller holds the source's lock."""
         new_node = f"disk{seq}"
         new_disk = src.run_dir / f"disk-{seq}.qcow2"
@@ -198,6 +205,11 @@ class Brancher:
         self._registry.set_disk_chain(src.id, DiskChain(
             node=new_node, file=str(new_disk), parent_tag=src.disk.parent_tag,
             pending_layers=[str(p) for p in layers]))
+        for hook in self._disk_cut_hooks:
+            try:
+                await hook(src.id)
+            except (ForkdError, OSError) as exc:  # the branch itself is good
+                log.warning("after the disk cut of %s: %s", src.id, exc)
         try:
             base = SnapshotDir(self._snapshots / src.disk.parent_tag).disk
             if standalone:
@@ -223,7 +235,7 @@ class Brancher:
                                        src.record.config.mem_mib << 20)
 
     @staticmethod
-    def _diff_measure(src: _Source, cap: branching.Capture, written: int) -> dict[str, float]:
+    def _diff_measure(src: _Source, cap: branching.BranchCapture, written: int) -> dict[str, float]:
         """forkd 0.5's measure_diff fields. The diff's size is measured; its time is an
         estimate: this full branch's pause, scaled to the share of the captured stream
         that the written pages make up (one capture, not two)."""
@@ -256,7 +268,8 @@ class Brancher:
             task.exception()  # retrieved: asyncio must not report it as never retrieved
 
     async def _finish(self, src: _Source, record: SnapshotRecord, staging: SnapshotDir,
-                      cap: branching.Capture, layers: list[Path], *, keep_failed: bool) -> SnapshotRecord:
+                      cap: branching.BranchCapture, layers: list[Path], *,
+                      keep_failed: bool) -> SnapshotRecord:
         tag = record.tag
         try:
             if cap.background is not None:

@@ -27,7 +27,7 @@ from forkd.controller.forks import Forker
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import Conflict, ForkdError, InvalidRequest
-from forkd.store.registry import CheckpointPolicy, Registry, SandboxRecord, SnapshotRecord
+from forkd.store.registry import AutoCheckpoint, Registry, SandboxRecord, SnapshotRecord
 
 log = logging.getLogger("forkd.checkpoints")
 
@@ -66,7 +66,7 @@ class Checkpointer:
         if mode == "live" and not self._registry.get_sandbox(sandbox_id).live_fork:
             raise Conflict(f"sandbox {sandbox_id} was not spawned with live_fork: true, which "
                            "mode \"live\" needs; use mode \"diff\"")
-        self._registry.set_checkpoint_policy(sandbox_id, CheckpointPolicy(every=every, keep=keep, mode=mode))
+        self._registry.set_checkpoint_policy(sandbox_id, AutoCheckpoint(every=every, keep=keep, mode=mode))
         self._calls[sandbox_id] = 0
         self._errors.pop(sandbox_id, None)
         return self.get(sandbox_id)

@@ -27,10 +27,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkd import bounds
 from forkd.controller.branch import Brancher
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import FORK_LABELS, Spawner, child_specs
+from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError
 from forkd.host.egress import EgressPolicy
@@ -38,26 +40,11 @@ from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.forks")
 
-TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = FORK_LABELS  # stamped on every fork-tree child
-
-
-@dataclass(frozen=True)
-class ForkOptions:
-    """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
-
-    per_child_netns: bool = False
-    memory_limit_mib: int | None = None
-    live_fork: bool = False
-    env: dict[str, str] | None = None
-    child_env: list[dict[str, str]] | None = None
-    child_memory_limit_mib: list[int | None] | None = None
-    metadata: dict[str, str] | None = None
-    keep_snapshot: bool = False
-    egress: EgressPolicy | None = None  # the children's (the source keeps its own)
+TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = bounds.FORK_LABELS  # stamped on every fork-tree child
 
 
 @dataclass
-class ForkResult:
+class ForkReport:
     parent_id: str
     snapshot_tag: str
     children: list[SandboxRecord] = field(default_factory=list)
@@ -88,7 +75,7 @@ class Forker:
         self._tags = tags
 
     async def fork(self, sandbox_id: str, count: int, options: ForkOptions | None = None, *,
-                   tree: bool = False) -> ForkResult:
+                   tree: bool = False) -> ForkReport:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
         self._table.get(source_id)  # 404 / died, before anything is paused
@@ -110,7 +97,7 @@ class Forker:
             per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         snap = await self._brancher.branch(source_id, None, mode, wait=True)
-        result = ForkResult(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
+        result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=snap.pause_ms)
         if not options.keep_snapshot:
             # Before the restores, so a crash during them leaves nothing registered for good:
@@ -118,9 +105,9 @@ class Forker:
             # it goes with its children.
             self._registry.set_auto_delete(snap.tag, True)
         try:
-            outcomes = await self._spawner.spawn_each(
-                snap.tag, specs, per_child_netns=options.per_child_netns, live_fork=options.live_fork,
-                egress=options.egress)
+            outcomes = await self._spawner.spawn_each(snap.tag, specs, SpawnOptions(
+                per_child_netns=options.per_child_netns, live_fork=options.live_fork,
+                egress=options.egress or EgressPolicy()))
         except ForkdError as exc:
             # A request-wide refusal (e.g. a missing namespace): no child started.
             outcomes = [exc] * count
@@ -213,4 +200,4 @@ class Forker:
             await self.collect()
 
 
-__all__ = ["ForkOptions", "ForkResult", "Forker"]
+__all__ = ["ForkOptions", "ForkReport", "Forker"]

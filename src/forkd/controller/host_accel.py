@@ -6,10 +6,10 @@ import os
 
 from forkd.config import DataDir
 from forkd.errors import NotFound
-from forkd.host import probe
 from forkd.host.accel import Accel
 from forkd.image.builder import Image, load_image
 from forkd.store.layout import SnapshotDir
+from forkd.vmm import probe
 
 
 class HostAccelerator:

@@ -1,6 +1,6 @@
 """Sandbox lifetimes: ``timeout_secs`` at spawn or fork, extended by ``POST .../timeout``.
 
-The ``Reaper`` owns every sandbox's deadline. A deadline is an absolute wall
+The ``DeadlineKeeper`` owns every sandbox's deadline. A deadline is an absolute wall
 clock time (``expires_at_unix``) kept in the sandbox's registry row, so it
 survives a daemon restart: ``start`` (run by ``Runtime.open`` after recovery)
 kills the sandboxes that expired while no daemon ran before the API serves
@@ -39,7 +39,7 @@ log = logging.getLogger("forkd.lifetimes")
 MAX_SLEEP_SECS = 60.0
 
 
-class Reaper:
+class DeadlineKeeper:
     def __init__(self, registry: Registry, table: SandboxTable,
                  clock: Callable[[], float] = time.time) -> None:
         self._registry = registry

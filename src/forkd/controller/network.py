@@ -33,6 +33,8 @@ from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
 from forkd.store.registry import Registry, SandboxRecord
 
 log = logging.getLogger("forkd.network")
+# How often a spawn takes another address when another daemon made the same veth first.
+VETH_RACE_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -139,22 +141,34 @@ class Networks:
                 raise VMError(f"network namespace {name} already has an interface {UPLINK}, which is "
                               f"not forkd's: delete it (ip -n {name} link del {UPLINK}) or the namespace")
             owns_tap = req.tap not in links
-        index = self._claim_index() if req.tap is not None else None
-        try:
-            net = ChildNet(owner=owner, netns=name, owns_netns=owns, tap=req.tap, owns_tap=owns_tap,
-                           index=index, ip=str(self.plan.address(index)) if index is not None else None,
-                           gateway=str(self.plan.gateway) if index is not None else None,
-                           egress=req.egress, dns=req.dns, nat=req.nat)
-            self._write_lease(net)  # before anything exists: a crash from here on is reaped
-        finally:
-            if index is not None:
-                self._indices.discard(index)  # from now on the lease holds it
-        try:
-            await childnet.create(net, list(req.blocked))
-        except BaseException:
-            self._drop_lease(owner)  # create removed what it made
-            raise
-        return net
+        for attempt in range(VETH_RACE_RETRIES + 1):
+            index = self._claim_index() if req.tap is not None else None
+            try:
+                net = ChildNet(owner=owner, netns=name, owns_netns=owns, tap=req.tap, owns_tap=owns_tap,
+                               index=index, ip=str(self.plan.address(index)) if index is not None else None,
+                               gateway=str(self.plan.gateway) if index is not None else None,
+                               egress=req.egress, dns=req.dns, nat=req.nat)
+                self._write_lease(net)  # before anything exists: a crash from here on is reaped
+            finally:
+                if index is not None:
+                    self._indices.discard(index)  # from now on the lease holds it
+            try:
+                await childnet.create(net, list(req.blocked))
+            except VMError:
+                self._drop_lease(owner)  # create removed what it made (our veth included)
+                # Another daemon on this host took the same free index between our look at
+                # /sys/class/net and our `ip link add`: its veth is there now. Take another.
+                if index is not None and attempt < VETH_RACE_RETRIES and \
+                        index in await asyncio.to_thread(childnet.veths_in_use):
+                    log.info("%s was made by someone else meanwhile (another daemon on this host); "
+                             "%s takes another address", AddressPlan.veth(index), owner)
+                    continue
+                raise
+            except BaseException:
+                self._drop_lease(owner)
+                raise
+            return net
+        raise AssertionError("unreachable")
 
     async def release(self, net: ChildNet) -> None:
         """Remove ``net`` from the host (its QEMU is gone), then its lease."""

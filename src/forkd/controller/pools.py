@@ -37,12 +37,12 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
+from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import ForkdError, VMError
 from forkd.guest import protocol
-from forkd.host.egress import EgressPolicy
 from forkd.store.registry import PoolConfig, PoolKey, Registry, SandboxRecord, now_unix
 from forkd.vmm.machine import VM
 
@@ -223,16 +223,21 @@ class PoolKeeper:
 
     # ---------------------------------------------------------------- claims
 
-    async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
-        """Serve what the pool of ``tag`` can: a resumed, reseeded child per matching spec."""
+    async def claim(self, tag: str, children: list[ChildSpec], options: SpawnOptions
+                    ) -> list[SandboxRecord | None]:
+        """Serve what the pool of ``tag`` can: a resumed, reseeded child per matching spec.
+
+        A disk quota does not shape a child at restore time: it is armed once claimed
+        (the Spawner's), so children with any quota draw from the same pool.
+        """
         out: list[SandboxRecord | None] = [None] * len(children)
         pool = self._pools.get(tag)
         if pool is None:
             return out
         taken: list[tuple[int, str]] = []
         for i, child in enumerate(children):
-            key = PoolKey(tag, child.memory_limit_mib, per_child_netns, live_fork, egress or EgressPolicy())
+            key = PoolKey(tag, child.memory_limit_mib, options.per_child_netns, options.live_fork,
+                          options.egress)
             if key == pool.config.key and pool.ready:
                 taken.append((i, pool.ready.popleft()))  # no await since the check: nobody else gets it
             else:
@@ -273,6 +278,7 @@ class PoolKeeper:
             return None
         record.created_at_unix = now_unix()
         record.metadata = dict(child.metadata)
+        record.disk_quota_mib = child.disk_quota_mib
         record.timings = {"claimed_s": resumed, "ready_s": time.monotonic() - started}
         self._table.reveal(record)
         pool.claims += 1

@@ -17,7 +17,7 @@ state and is the only code that changes it:
   auto-checkpoint policies;
 * ``PoolKeeper`` (pools.py): warm pools of paused children that spawns claim first;
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
-* ``Reaper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
+* ``DeadlineKeeper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
@@ -31,6 +31,7 @@ half-made is ever registered, and no QEMU process outlives a failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -42,13 +43,15 @@ from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
-from forkd.controller.forks import Forker, ForkOptions, ForkResult
+from forkd.controller.forks import Forker, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
 from forkd.controller.kernel_cells import CellEvents, KernelCells
-from forkd.controller.lifetimes import Reaper
+from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
 from forkd.controller.recovery import recover
@@ -60,6 +63,7 @@ from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
+from forkd.controller.travel_offline import offline_travel
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
@@ -69,6 +73,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
+from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import (
@@ -80,7 +85,10 @@ from forkd.store.registry import (
     SnapshotRecord,
 )
 
-__all__ = ["ForkOptions", "ForkResult", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec"]
+__all__ = [
+    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "SpawnOptions",
+    "offline_travel",
+]
 
 log = logging.getLogger("forkd.runtime")
 
@@ -90,6 +98,11 @@ class Runtime:
         self.data = data
         self.registry = registry
         self._closed = False
+        # What close() was asked to do with the sandboxes; a start that fails half-way
+        # leaves the re-adopted ones running for the next daemon.
+        self._keep_sandboxes = True
+        # The stops of what open() started, in reverse order (an empty stack until then).
+        self._lifecycle = contextlib.AsyncExitStack()
         self.shm = ShmMemory(data.root)
         self.sandboxes = SandboxTable(registry, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
@@ -112,9 +125,13 @@ class Runtime:
         self.sandboxes.on_removed(self.pools.after_removed)
         self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
-        self.reaper = Reaper(registry, self.sandboxes)
+        self.reaper = DeadlineKeeper(registry, self.sandboxes)
         self.sandboxes.on_removed(self.reaper.after_removed)
         self.idle = IdlePauser(registry, self.sandboxes)
+        self.disk_quotas = DiskQuotas(registry, self.sandboxes)
+        self.spawner.limit_disks_with(self.disk_quotas)
+        self.brancher.on_disk_cut(self.disk_quotas.after_disk_cut)
+        self.sandboxes.on_removed(self.disk_quotas.after_removed)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
         self.suspender = Suspender(registry, self.sandboxes, self.brancher, self.spawner, self.snapshots,
@@ -128,49 +145,74 @@ class Runtime:
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
-                   host_id: str | None = None) -> Runtime:
+                   host_id: str | None = None, disk_quota_mib: int | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
-        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id."""
+        missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
+        ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
+        controller/disk_quota.py)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
         if host_id is not None:
             check_host_id(host_id)
-        rt = cls(data, Registry(data.registry))
-        rt.travel.store = object_store
-        rt.spawner.host_id = host_id
-        await recover(data, rt.registry, rt.sandboxes, rt.shm)
-        # Networks of sandboxes that did not survive (and of interrupted templates) go.
-        await rt.networks.reap(alive={sb.id for sb in rt.registry.list_sandboxes()})
-        await rt.forker.collect()  # fork snapshots whose children died while no daemon ran
-        rt.checkpoints.start()  # policies kept in the registry count calls again
-        await rt.pools.start()  # re-adopted pool members go back in, the rest are discarded
-        await rt.reaper.start()  # sandboxes that expired while no daemon ran go now
-        await rt.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
-        rt.console_warden.start()
+        if disk_quota_mib is not None:
+            bounds.DISK_QUOTA_MIB.check(disk_quota_mib)
+        async with contextlib.AsyncExitStack() as stack:
+            # Refused during an offline pack/unpack of this dir; released last.
+            stack.callback(DataDirLock.shared(data).release)
+            rt = cls(data, Registry(data.registry))
+            stack.callback(rt.registry.close)
+            rt.travel.store = object_store
+            rt.spawner.host_id = host_id
+            if disk_quota_mib is not None:
+                rt.disk_quotas.default_mib = disk_quota_mib
+            await rt._start(stack)
+            rt._lifecycle = stack.pop_all()  # open: close() unwinds it
         return rt
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        """Recover, then start the background owners in order; each one's stop goes on
+        ``stack`` as it starts, so ``close`` (or a failed start) stops them in reverse:
+        the pool keeper first (no refill may start a VM once the rest are stopping),
+        the sandboxes' teardown last."""
+        await recover(self.data, self.registry, self.sandboxes, self.shm)
+        stack.push_async_callback(self._teardown_sandboxes)
+        # Networks of sandboxes that did not survive (and of interrupted templates) go.
+        await self.networks.reap(alive={sb.id for sb in self.registry.list_sandboxes()})
+        await self.forker.collect()  # fork snapshots whose children died while no daemon ran
+        self.console_warden.start()
+        stack.push_async_callback(self.console_warden.stop)
+        self.checkpoints.start()  # policies kept in the registry count calls again
+        stack.push_async_callback(self.checkpoints.wait_background)
+        stack.push_async_callback(self.brancher.wait_background)  # live branches finish first
+        await self.disk_quotas.start()  # quotas of re-adopted sandboxes armed again
+        stack.push_async_callback(self.disk_quotas.stop)
+        await self.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
+        stack.push_async_callback(self.idle.stop)
+        await self.reaper.start()  # sandboxes that expired while no daemon ran go now
+        stack.push_async_callback(self.reaper.stop)
+        await self.pools.start()  # re-adopted pool members go back in, the rest are discarded
+        stack.push_async_callback(self.pools.stop)
+
+    async def _teardown_sandboxes(self) -> None:
+        """Stop every sandbox, or leave them for the next daemon (``close(keep_sandboxes=True)``)."""
+        if self._keep_sandboxes:
+            await self.sandboxes.detach_all()
+            return
+        await self.sandboxes.kill_all()
+        if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
+            cgroups.remove_parent_if_empty()
+        # No sandbox left to need them: give the RAM back.
+        self.shm.prune(keep=set())
+        await self.networks.close()
 
     async def close(self, *, keep_sandboxes: bool = False) -> None:
         """Stop every sandbox (or, with ``keep_sandboxes``, leave them for the next daemon)."""
         if self._closed:
             return
         self._closed = True
-        await self.pools.stop()  # first: no refill may start a VM after the others are gone
-        await self.reaper.stop()
-        await self.idle.stop()
-        await self.brancher.wait_background()
-        await self.checkpoints.wait_background()
-        await self.console_warden.stop()
-        if keep_sandboxes:
-            await self.sandboxes.detach_all()
-        else:
-            await self.sandboxes.kill_all()
-            if not any(sb.cgroup for sb in self.registry.list_sandboxes()):  # every hierarchy's parent
-                cgroups.remove_parent_if_empty()
-            # No sandbox left to need them: give the RAM back.
-            self.shm.prune(keep=set())
-            await self.networks.close()
-        self.registry.close()
+        self._keep_sandboxes = keep_sandboxes
+        await self._lifecycle.aclose()
 
     async def __aenter__(self) -> Runtime:
         return self
@@ -236,40 +278,16 @@ class Runtime:
         record.paused = self.idle.paused(record.id)
         return record
 
-    async def spawn(
-        self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-        memory_limit_mib: int | None = None, live_fork: bool = False,
-        env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-        metadata: dict[str, str] | None = None, timeout_secs: float | None = None,
-        cpu_limit: float | None = None, pids_limit: int | None = None,
-        idle_pause_secs: float | None = None,
-        allow_internet_access: bool | None = None, network: dict[str, Any] | None = None,
-        prewarm: bool = False,
-    ) -> list[SandboxRecord]:
-        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]:
+        """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing (see SpawnOptions).
 
-        ``timeout_secs``: each child is killed that long after the spawn returns
-        (a claimed warm-pool member's clock starts at its claim). ``cpu_limit``
-        (cores) and ``pids_limit`` (QEMU's tasks) go in each child's cgroup.
-        ``idle_pause_secs``: a child that long without a request is paused, and
-        resumed by its next one (controller/idle.py); default never.
-        ``allow_internet_access`` and ``network`` (``{"allow_out": [...],
-        "deny_out": [...]}``) open the children's egress, denied by default
-        (host/egress.py); they need a snapshot with a NIC.
-        ``prewarm``: read the snapshot's memory into the page cache first.
+        Egress needs a snapshot with a NIC; a claimed warm-pool member's deadline
+        starts at its claim.
         """
-        if timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before any VM starts
-        if idle_pause_secs is not None:
-            bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
-        egress = EgressPolicy.from_request(allow_internet_access, network)
-        records = await self.spawner.spawn(tag, n, per_child_netns=per_child_netns,
-                                           memory_limit_mib=memory_limit_mib, live_fork=live_fork,
-                                           env=env, child_env=child_env, metadata=metadata,
-                                           cpu_limit=cpu_limit, pids_limit=pids_limit, egress=egress,
-                                           prewarm=prewarm)
-        self.reaper.apply(records, timeout_secs)
-        self.idle.apply(records, idle_pause_secs)
+        options = options or SpawnOptions()
+        records = await self.spawner.spawn(tag, n, options)
+        self.reaper.apply(records, options.timeout_secs)
+        self.idle.apply(records, options.idle_pause_secs)
         return records
 
     async def fork(
@@ -279,7 +297,7 @@ class Runtime:
         metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
         timeout_secs: float | None = None, allow_internet_access: bool | None = None,
         network: dict[str, Any] | None = None,
-    ) -> ForkResult:
+    ) -> ForkReport:
         """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
 
         ``timeout_secs`` applies to the children (the source keeps its own deadline).

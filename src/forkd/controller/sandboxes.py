@@ -32,15 +32,19 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from forkd.errors import GuestError, NotFound
+from forkd.errors import Conflict, GuestError, NotFound
 from forkd.guest.client import AgentStream
 from forkd.host import cgroups
+from forkd.store import layout
 from forkd.store.layout import check_sandbox_id
 from forkd.store.registry import Registry, SandboxRecord
 from forkd.vmm.machine import VM
 from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.sandboxes")
+
+# In a run directory: why forkd itself stopped the sandbox's QEMU (``SandboxTable.stop``).
+STOPPED_FILE = "stopped-reason"
 
 
 async def remove_cgroup(path: str | None, extra: list[str] | None = None) -> None:
@@ -101,6 +105,16 @@ class SandboxTable:
         """
         self._kill_guards.append(guard)
 
+    def new_batch_prefix(self, host_id: str | None = None) -> str:
+        """A prefix for a spawn batch's ids that this data dir never issued before."""
+        for _ in range(64):
+            prefix = layout.new_batch_prefix(host_id)
+            if self._registry.claim_prefix(prefix):
+                return prefix
+        # 64 draws of 24 bits all taken: the data dir has issued millions of batches.
+        raise Conflict("could not find a sandbox id prefix this data dir has not used: "
+                       "start a new data dir")
+
     # ----------------------------------------------------------------- lookups
 
     def __contains__(self, sandbox_id: object) -> bool:
@@ -144,6 +158,9 @@ class SandboxTable:
             record = self._registry.get_sandbox(sandbox_id)
         except NotFound:
             record = None
+        if record is not None:
+            with contextlib.suppress(OSError):
+                return (Path(record.dir) / STOPPED_FILE).read_text().strip()
         if record is not None and record.cgroup:
             handle = cgroups.handle_for(record.cgroup, tuple(record.cgroup_extra))
             if handle.oom_kills() > 0:
@@ -182,6 +199,22 @@ class SandboxTable:
         record.pooled = False
         self._registry.save_sandbox(record)
         self._hidden.discard(record.id)
+
+    async def stop(self, sandbox_id: str, reason: str) -> None:
+        """Kill a sandbox's QEMU but keep the sandbox, dead, until someone kills it: every
+        call then answers 502 with ``reason`` (as an OOM kill by its memory limit does)."""
+        vm = self._vms.get(sandbox_id)
+        if vm is None:
+            return
+        vm.process.freeze()  # before waiting for the lock: a disk over its quota stops growing now
+        async with self.lock(sandbox_id):
+            if self._vms.get(sandbox_id) is not vm:
+                return  # killed meanwhile
+            with contextlib.suppress(OSError):  # first: a daemon that dies now still knows why
+                (vm.process.dir / STOPPED_FILE).write_text(reason + "\n")
+            log.warning("stopping sandbox %s: %s", sandbox_id, reason)
+            await vm.process.kill()  # first: calls in flight then fail as the death, with the reason
+            await vm.destroy()
 
     async def detach_all(self) -> None:
         """Forget every VM but leave it running, for the next daemon to re-adopt."""

@@ -14,10 +14,10 @@ from typing import Any
 
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, NotFound, VMError
+from forkd.host.accel import VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.registry import Registry, SnapshotRecord
-from forkd.vmm.cmdline import VMConfig
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ foreground spawns to end first (``wait_idle``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
+from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
@@ -38,7 +41,6 @@ from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
-from forkd.store import layout
 from forkd.store.registry import DiskChain, PoolKey, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
@@ -51,9 +53,6 @@ SPAWN_PARALLELISM = 8
 RESTORE_ATTEMPTS = 2
 
 
-# Stamped by a fork-tree on its children (controller/forks.py); nobody else may set them.
-FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
-
 
 @dataclass(frozen=True)
 class ChildSpec:
@@ -64,6 +63,7 @@ class ChildSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     cpu_limit: float | None = None
     pids_limit: int | None = None
+    disk_quota_mib: int | None = None  # None: the daemon's default (DiskLimits.quota_for)
     # The id to register it under; None: a fresh one. A paused sandbox resumes
     # under the id it had (controller/suspend.py), which must be free by then.
     sandbox_id: str | None = None
@@ -77,7 +77,7 @@ class ChildSpec:
 def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, str] | None = None,
                 child_env: list[dict[str, str]] | None = None, metadata: dict[str, str] | None = None,
                 child_memory_limit_mib: list[int | None] | None = None, cpu_limit: float | None = None,
-                pids_limit: int | None = None) -> list[ChildSpec]:
+                pids_limit: int | None = None, disk_quota_mib: int | None = None) -> list[ChildSpec]:
     """One spec per child: ``env`` for all, then ``child_env[i]`` over it for child i."""
     bounds.SPAWN_N.check(n)
     for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
@@ -92,7 +92,7 @@ def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, s
     for e in (common, *own):
         bounds.ENV.check_map(e)
     bounds.METADATA.check_map(metadata or {})
-    reserved = sorted(k for k in metadata or {} if k in FORK_LABELS)
+    reserved = sorted(k for k in metadata or {} if k in bounds.FORK_LABELS)
     if reserved:
         # promote trusts these labels (replace_parent kills fork_parent_id): only a fork-tree sets them.
         raise InvalidRequest(f"metadata keys {', '.join(reserved)} are set by fork-tree itself")
@@ -103,15 +103,27 @@ def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, s
     limits = child_memory_limit_mib or [None] * n
     return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else memory_limit_mib,
                       env={**common, **own[i]}, metadata=dict(metadata or {}), cpu_limit=cpu_limit,
-                      pids_limit=pids_limit) for i in range(n)]
+                      pids_limit=pids_limit, disk_quota_mib=disk_quota_mib) for i in range(n)]
 
 
 class PoolSource(Protocol):
     """Where a spawn looks first for children already restored (controller/pools.py)."""
 
-    async def claim(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool,
-                    live_fork: bool, egress: EgressPolicy | None = None) -> list[SandboxRecord | None]:
+    async def claim(self, tag: str, children: list[ChildSpec], options: SpawnOptions
+                    ) -> list[SandboxRecord | None]:
         """A claimed, resumed, reseeded child per spec a pool could serve; None for the rest."""
+        ...
+
+
+class DiskLimits(Protocol):
+    """Who enforces children's disk quotas (controller/disk_quota.py)."""
+
+    def quota_for(self, asked: int | None) -> int | None:
+        """The quota (MiB) a child that asked for ``asked`` gets; None: none."""
+        ...
+
+    async def limit(self, record: SandboxRecord) -> None:
+        """Enforce ``record.disk_quota_mib`` on the live child from now on."""
         ...
 
 
@@ -135,6 +147,7 @@ class Spawner:
         self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
         self._pool: PoolSource | None = None
         self._missing: MissingSnapshots | None = None
+        self._disks: DiskLimits | None = None
         # Names the host in every sandbox id (sb-<host>-<hex>-<n>), so a fleet gateway can route by id.
         self.host_id: str | None = None
         # Foreground spawns in progress: pool refills wait until there are none.
@@ -145,6 +158,10 @@ class Spawner:
     def draw_from(self, pool: PoolSource) -> None:
         """From now on spawns claim matching children from ``pool`` before restoring."""
         self._pool = pool
+
+    def limit_disks_with(self, disks: DiskLimits) -> None:
+        """From now on every child's disk quota is enforced by ``disks``."""
+        self._disks = disks
 
     def fetch_missing_from(self, source: MissingSnapshots) -> None:
         """From now on a spawn of a tag this host lacks asks ``source`` for it first."""
@@ -159,25 +176,22 @@ class Spawner:
         while self._foreground:
             await self._idle.wait()
 
-    async def spawn(self, tag: str, n: int = 1, *, per_child_netns: bool = False,
-                    memory_limit_mib: int | None = None, live_fork: bool = False,
-                    env: dict[str, str] | None = None, child_env: list[dict[str, str]] | None = None,
-                    metadata: dict[str, str] | None = None, cpu_limit: float | None = None,
-                    pids_limit: int | None = None, egress: EgressPolicy | None = None,
-                    prewarm: bool = False) -> list[SandboxRecord]:
+    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]:
         """Fork ``n`` children of snapshot ``tag`` in parallel; all or nothing.
 
-        ``prewarm``: read the snapshot's memory file into the page cache first
-        (host/pagecache.py).
+        ``options.prewarm``: read the snapshot's memory file into the page cache first
+        (host/pagecache.py). (Deadlines and idle pauses are the Runtime's.)
         """
-        children = child_specs(n, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
-                               metadata=metadata, cpu_limit=cpu_limit, pids_limit=pids_limit)
-        if prewarm:
+        options = options or SpawnOptions()
+        children = child_specs(n, memory_limit_mib=options.memory_limit_mib, env=options.env,
+                               child_env=options.child_env, metadata=options.metadata,
+                               cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
+                               disk_quota_mib=options.disk_quota_mib)
+        if options.prewarm:
             snap = self._store.forkable(tag)
             read = await asyncio.to_thread(pagecache.prefetch, snap.dir.mem)
             log.info("prewarm: read %d MiB of %s's memory into the page cache", read >> 20, tag)
-        results = await self.spawn_each(tag, children, per_child_netns=per_child_netns,
-                                        live_fork=live_fork, egress=egress)
+        results = await self.spawn_each(tag, children, options)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             # All or nothing: a partial batch would leave the caller with ids it never saw.
@@ -212,8 +226,7 @@ class Spawner:
                 if cgroups.detect() == "none":
                     raise InvalidRequest(f"{cgroups.NEEDS}; this host has neither")
 
-    async def spawn_each(self, tag: str, children: list[ChildSpec], *, per_child_netns: bool = False,
-                         live_fork: bool = False, egress: EgressPolicy | None = None
+    async def spawn_each(self, tag: str, children: list[ChildSpec], options: SpawnOptions | None = None
                          ) -> list[SandboxRecord | ForkdError]:
         """Fork one child per spec; each succeeds or fails on its own.
 
@@ -221,18 +234,24 @@ class Spawner:
         before any VM starts. A child that fails leaves nothing behind, and its
         error takes its place in the result. Children a warm pool can serve
         (same snapshot and options) are claimed from it; the rest are restored.
+        Of ``options`` the batch-wide ones count here (namespace, ``live_fork``,
+        egress); the per-child ones are in ``children``.
         """
+        options = options or SpawnOptions()
+        per_child_netns, live_fork = options.per_child_netns, options.live_fork
         n = len(children)
         bounds.SPAWN_N.check(n)
+        if self._disks is not None:
+            children = [dataclasses.replace(c, disk_quota_mib=self._disks.quota_for(c.disk_quota_mib))
+                        for c in children]
         self._foreground += 1
         self._idle.clear()
         self._busy[tag] = self._busy.get(tag, 0) + 1
         try:
             if self._missing is not None:
                 await self._missing.ensure_local(tag)
-            egress = egress or EgressPolicy()
             snap, net = await self.check_request(tag, [c.memory_limit_mib for c in children],
-                                                 per_child_netns=per_child_netns, egress=egress)
+                                                 per_child_netns=per_child_netns, egress=options.egress)
             claimed: list[SandboxRecord | None] = [None] * n
             if any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
                 for name, asked in (("cpu", any(c.cpu_limit is not None for c in children)),
@@ -242,12 +261,11 @@ class Spawner:
             elif self._pool is not None and not any(c.sandbox_id for c in children):
                 # (A child with an id of its own is a resume: no pool member has that id.)
                 # Pool members have no cpu or pids limit: only spawns without one draw from a pool.
-                claimed = await self._pool.claim(tag, children, per_child_netns=per_child_netns,
-                                                 live_fork=live_fork, egress=egress)
+                claimed = await self._pool.claim(tag, children, options)
             misses = [i for i, c in enumerate(claimed) if c is None]
             results: list[SandboxRecord | ForkdError] = [c for c in claimed if c is not None]
             if not misses:
-                return results
+                return await self._limit_disks(results)
             try:
                 fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
                                                   per_child_netns=per_child_netns, live_fork=live_fork)
@@ -260,7 +278,7 @@ class Spawner:
             fresh_iter = iter(fresh)
             for c in claimed:
                 merged.append(c if c is not None else next(fresh_iter))
-            return merged
+            return await self._limit_disks(merged)
         finally:
             self._busy[tag] -= 1
             if not self._busy[tag]:
@@ -268,6 +286,26 @@ class Spawner:
             self._foreground -= 1
             if not self._foreground:
                 self._idle.set()
+
+    async def _limit_disks(self, results: list[SandboxRecord | ForkdError]
+                           ) -> list[SandboxRecord | ForkdError]:
+        """Arm each child's disk quota before anyone gets it; a child it fails for fails."""
+        if self._disks is None:
+            return results
+        disks = self._disks
+
+        async def one(result: SandboxRecord | ForkdError) -> SandboxRecord | ForkdError:
+            if isinstance(result, ForkdError) or not result.disk_quota_mib:
+                return result
+            try:
+                await disks.limit(result)
+            except (ForkdError, OSError) as exc:
+                with contextlib.suppress(ForkdError, OSError):
+                    await self._table.kill(result.id)
+                return VMError(f"child {result.id} could not get its disk quota: {exc}")
+            return result
+
+        return list(await asyncio.gather(*(one(r) for r in results)))
 
     async def restore_member(self, key: PoolKey) -> SandboxRecord:
         """Restore one warm-pool member for ``key``: registered hidden (``pooled``), left running."""
@@ -307,7 +345,7 @@ class Spawner:
                            netns_names: list[str | None], live_fork: bool, pooled: bool
                            ) -> list[SandboxRecord | BaseException]:
         mem = await self._shm.ensure(snap.record.tag, snap.dir.mem) if live_fork else snap.dir.mem
-        prefix = layout.new_batch_prefix(self.host_id)
+        prefix = self._table.new_batch_prefix(self.host_id)
         gate = asyncio.Semaphore(SPAWN_PARALLELISM)
 
         async def one(i: int, child: ChildSpec, netns: str | None) -> SandboxRecord:
@@ -379,7 +417,7 @@ class Spawner:
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
             metadata=dict(child.metadata), pooled=pooled, cpu_limit=child.cpu_limit,
             pids_limit=child.pids_limit, cgroup_extra=[str(p) for p in cgroup.extra] if cgroup else [],
-            network=network,
+            network=network, disk_quota_mib=child.disk_quota_mib,
         )
         self._table.add(record, vm)
         return record

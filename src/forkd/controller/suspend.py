@@ -30,6 +30,7 @@ from typing import Any
 
 from forkd.controller.branch import Brancher
 from forkd.controller.idle import IdlePauser
+from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -125,7 +126,8 @@ class Suspender:
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
                 per_child_netns=record.netns is not None, live_fork=record.live_fork,
                 vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record),
-                egress=record.egress.info(), idle_pause_secs=record.idle_pause_secs)
+                egress=record.egress.info(), idle_pause_secs=record.idle_pause_secs,
+                disk_quota_mib=record.disk_quota_mib)
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._registry.insert_paused(paused)
@@ -147,12 +149,13 @@ class Suspender:
                 # It was never killed (a daemon died mid-pause): the live one wins.
                 self._forget(paused)
                 return self._registry.get_sandbox(sandbox_id)
+            # A quota of 0 (none) stays none, rather than becoming the daemon's default.
             spec = ChildSpec(memory_limit_mib=paused.memory_limit_mib, metadata=dict(paused.metadata),
-                             cpu_limit=paused.cpu_limit, pids_limit=paused.pids_limit, sandbox_id=sandbox_id)
-            [outcome] = await self._spawner.spawn_each(paused.state_tag, [spec],
-                                                       per_child_netns=paused.per_child_netns,
-                                                       live_fork=paused.live_fork,
-                                                       egress=EgressPolicy.from_info(paused.egress))
+                             cpu_limit=paused.cpu_limit, pids_limit=paused.pids_limit, sandbox_id=sandbox_id,
+                             disk_quota_mib=paused.disk_quota_mib or 0)
+            [outcome] = await self._spawner.spawn_each(paused.state_tag, [spec], SpawnOptions(
+                per_child_netns=paused.per_child_netns, live_fork=paused.live_fork,
+                egress=EgressPolicy.from_info(paused.egress)))
             if isinstance(outcome, ForkdError):
                 raise outcome
             self._registry.delete_paused(sandbox_id)

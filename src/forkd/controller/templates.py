@@ -27,7 +27,7 @@ from forkd.controller.network import NetRequest, Networks
 from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
 from forkd.guest import protocol
-from forkd.host import childnet, netplan, probe
+from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
@@ -36,7 +36,8 @@ from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import Registry, SnapshotRecord, now_unix
-from forkd.vmm.cmdline import VMConfig, kernel_cmdline
+from forkd.vmm import probe
+from forkd.vmm.cmdline import kernel_cmdline, new_config
 from forkd.vmm.disk import create_overlay
 from forkd.vmm.machine import VM
 
@@ -145,7 +146,7 @@ class TemplateBuilder:
         network: ChildNet | None = None
         try:
             host = await self._accel.for_image(image)
-            config = VMConfig.new(spec.mem_mib, spec.vcpus, host)
+            config = new_config(spec.mem_mib, spec.vcpus, host)
             staging = layout.staging_dir(self._data.snapshots, spec.tag)
             backing_fmt = "qcow2" if rootfs.suffix == ".qcow2" else "raw"
             create_overlay(rootfs.resolve(), staging.disk, backing_fmt)

@@ -42,7 +42,6 @@ from forkd.config import VERSION, DataDir
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
-from forkd.host import probe
 from forkd.host.accel import Accel, check_compatible
 from forkd.image.builder import list_images
 from forkd.store import archive, layout, sparse
@@ -52,6 +51,7 @@ from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifes
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import Registry, SnapshotRecord, now_unix
 from forkd.vmm import disk as disk_mod
+from forkd.vmm import probe
 
 log = logging.getLogger("forkd.travel")
 
@@ -116,10 +116,17 @@ class SnapshotTravel:
     def bases(self) -> Path:
         return self._data.travel / "bases"
 
+    def _private_travel(self) -> Path:
+        """The travel directory, 0700 whatever the umask (and if an older forkd made it 0755):
+        its staging holds guest memory and disks on their way in and out."""
+        travel = self._data.travel
+        travel.mkdir(mode=0o700, parents=True, exist_ok=True)
+        travel.chmod(0o700)
+        return travel
+
     def _workdir(self, what: str) -> Path:
-        self._data.travel.mkdir(parents=True, exist_ok=True)
-        path = self._data.travel / f".{what}-{secrets.token_hex(4)}"
-        path.mkdir()
+        path = self._private_travel() / f".{what}-{secrets.token_hex(4)}"
+        path.mkdir(mode=0o700)
         return path
 
     def _require_store(self) -> ObjectStore:
@@ -201,7 +208,7 @@ class SnapshotTravel:
     def _canonical_layer(self, path: Path, into: Path, backing: Backing, base_sha: str,
                          blobs: dict[str, Path]) -> FileEntry:
         """A copy of a layer whose backing name does not depend on this host's paths."""
-        into.mkdir(parents=True, exist_ok=True)
+        into.mkdir(mode=0o700, parents=True, exist_ok=True)
         copy = into / path.name
         sparse.copy(path, copy)
         name = (f"../../bases/{base_sha}.{backing.format}" if backing.tag is None
@@ -331,7 +338,8 @@ class SnapshotTravel:
             raise
 
     def _install_base(self, base: BaseEntry, fetch: Fetch) -> Path:
-        self.bases.mkdir(parents=True, exist_ok=True)
+        self._private_travel()
+        self.bases.mkdir(mode=0o700, exist_ok=True)
         final = self.bases / f"{base.sha256}.{base.format}"
         tmp = self.bases / f".{base.sha256}.tmp-{secrets.token_hex(4)}"
         try:

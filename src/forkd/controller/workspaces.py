@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.controller.suspend import Suspender
@@ -62,8 +63,8 @@ class Workspaces:
         check_tag(name)
         if any(ws.name == name for ws in self._registry.list_workspaces()):
             raise Conflict(f"workspace {name!r} already exists; delete it first")
-        [record] = await self._spawner.spawn(snapshot_tag, 1, per_child_netns=per_child_netns,
-                                             memory_limit_mib=memory_limit_mib)
+        [record] = await self._spawner.spawn(snapshot_tag, 1, SpawnOptions(
+            per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib))
         now = now_unix()
         ws = WorkspaceRecord(name=name, sandbox_id=record.id, source_tag=snapshot_tag, created_at_unix=now,
                              last_active_unix=now)

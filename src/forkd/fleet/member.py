@@ -7,6 +7,9 @@ refreshes the lease, etcd deletes the key once the TTL runs out, and the
 gateway stops placing work there and reports its sandboxes gone. A lease that
 expired anyway (etcd unreachable for longer than the TTL) is granted anew.
 On a clean stop the lease is revoked at once.
+
+It knows nothing of the daemon's internals: the daemon (api/app.py) hands it
+``describe``, which builds the :class:`HostRecord` from the Runtime.
 """
 
 from __future__ import annotations
@@ -18,10 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from forkd.controller.background import cancel_and_wait
-from forkd.controller.runtime import Runtime
 from forkd.fleet.etcd import EtcdClient, EtcdError
-from forkd.fleet.hosts import MAX_TAGS, HostRecord, default_capacity, mem_available_mib
+from forkd.fleet.hosts import HostRecord
 
 log = logging.getLogger("forkd.fleet")
 
@@ -52,7 +53,10 @@ class FleetMember:
         self._task = asyncio.create_task(self._run(), name="fleet-member")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
+        if self._task is not None:  # cancelled and awaited, so it cannot outlive the loop
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         self._task = None
         if self._lease is not None:
             with contextlib.suppress(EtcdError):
@@ -91,19 +95,8 @@ class FleetMember:
             self.last_error = str(exc)
 
 
-def host_record(rt: Runtime, host_id: str, url: str, capacity: int | None) -> HostRecord:
-    """What this daemon tells the fleet now: what it holds and how busy it is."""
-    ready = [s.tag for s in rt.list_snapshots() if s.status == "ready"]
-    return HostRecord(
-        host_id=host_id, url=url, capacity=capacity or default_capacity(),
-        sandboxes=len(rt.list_sandboxes()), snapshots=ready[-MAX_TAGS:],
-        pools={p["tag"]: int(p["ready"]) for p in rt.list_pools() if p.get("size")},
-        mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
-        updated_at_unix=time.time())
-
-
 def _content(record: HostRecord) -> HostRecord:
     return dataclasses.replace(record, updated_at_unix=0.0, mem_available_mib=record.mem_available_mib // 256)
 
 
-__all__ = ["FleetMember", "host_record"]
+__all__ = ["FleetMember"]

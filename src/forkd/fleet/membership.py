@@ -11,10 +11,10 @@ is kept and marked stale; placement goes on with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
-from forkd.controller.background import cancel_and_wait
 from forkd.errors import InvalidRequest
 from forkd.fleet.etcd import EtcdClient, EtcdError
 from forkd.fleet.hosts import KEY_PREFIX, HostRecord
@@ -37,7 +37,10 @@ class Membership:
         self._task = asyncio.create_task(self._run(), name="fleet-membership")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
+        if self._task is not None:  # cancelled and awaited, so it cannot outlive the loop
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._etcd.close()
 
     async def _run(self) -> None:

@@ -12,6 +12,7 @@ privileges, IP forwarding, the host's own addresses and its DNS resolvers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -164,19 +165,24 @@ async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
     """
     if net.owns_netns:
         await _run([_path(IP), "netns", "add", net.netns], what=f"creating network namespace {net.netns}")
+    nat_added = False
     try:
         if host := netplan.host_batch(net):
             await _run([_path(IP), "-batch", "-"], host, what=f"creating the veth pair of {net.netns}")
         await _run([_path(IP), "-netns", net.netns, "-batch", "-"], netplan.netns_batch(net),
                    what=f"setting up the links of {net.netns}")
         if net.tap is not None:
-            await _run(_in_netns(net.netns, f"echo 1 > {IP_FORWARD} && exec {_path(NFT)} -f -"),
+            sysctls = " && ".join(f"echo {v} > {k}" for k, v in netplan.netns_sysctls(net).items())
+            await _run(_in_netns(net.netns, f"{sysctls} && exec {_path(NFT)} -f -"),
                        netplan.netns_ruleset(net, blocked), what=f"the nftables rules of {net.netns}")
         if net.nat and net.ip:
             await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(net.ip),
                        what="adding the sandbox to the host's masquerade set")
+            nat_added = True
     except BaseException:
-        await remove(net)
+        # The masquerade element is keyed by address alone: one this call did not add may be
+        # another daemon's sandbox's (its veth took the index first), so it is left alone.
+        await remove(net if nat_added else dataclasses.replace(net, nat=False))
         raise
 
 

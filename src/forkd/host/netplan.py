@@ -23,6 +23,9 @@ runs in::
   ``ip forkd``, removed with the sandbox.
 * A sandbox accepts new connections only from the host (source ``<gateway>``),
   so sandboxes never reach each other, whatever their egress policy says.
+* A packet from the tap whose source is not ``GUEST_IP`` is dropped, never
+  rejected (an ICMP error to a spoofed source would carry the guest's bytes
+  out), and the tap and uplink filter reverse paths strictly.
 * The tap has the same MAC in every namespace, so the neighbour entry the
   template's guest cached for its gateway stays right in every clone.
 """
@@ -187,6 +190,17 @@ def netns_batch(net: ChildNet) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def netns_sysctls(net: ChildNet) -> dict[str, str]:
+    """The sysctls set in the sandbox's namespace before its rules: forwarding, and strict
+    reverse-path filtering on the tap and the uplink (a packet whose source would not be routed
+    back out of the link it came in on is dropped before any rule sees it)."""
+    assert net.tap is not None
+    out = {"/proc/sys/net/ipv4/ip_forward": "1"}
+    for dev in (net.tap, UPLINK):
+        out[f"/proc/sys/net/ipv4/conf/{dev}/rp_filter"] = "1"
+    return out
+
+
 def _match(d: Destination) -> str:
     ports = f" meta l4proto {{ tcp, udp }} th dport {d.ports}" if d.ports else ""
     return f"ip daddr {d.network}{ports}"
@@ -194,6 +208,11 @@ def _match(d: Destination) -> str:
 
 def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     """The sandbox namespace's nftables table: NAT both ways, inbound from the host only, egress.
+
+    Whatever comes in from the tap with a source other than the guest's address
+    (or any IPv6) is *dropped* in ``guard``, before conntrack and before any
+    ``reject``: a rejection would answer the spoofed source, so a guest could
+    make the namespace carry its data out to any address in an ICMP error.
 
     ``blocked``: what ``allow_internet_access`` still keeps closed besides
     ``NOT_INTERNET`` (the plan's CIDR, the host's own addresses).
@@ -222,6 +241,11 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     type filter hook input priority filter; policy drop;
     iif "lo" accept
     ct state established,related accept
+  }}
+  chain guard {{
+    type filter hook prerouting priority raw; policy accept;
+    iifname "{tap}" ip saddr != {GUEST_IP} drop
+    iifname "{tap}" meta nfproto ipv6 drop
   }}
   chain forward {{
     type filter hook forward priority filter; policy drop;

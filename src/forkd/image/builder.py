@@ -23,7 +23,7 @@ from forkd.bounds import TAG_RE
 from forkd.config import DEFAULT_IMAGE, DataDir
 from forkd.errors import ImageError, InvalidRequest, NotFound
 from forkd.host import prereqs
-from forkd.host.probe import ProbeGuest
+from forkd.host.accel import ProbeGuest
 from forkd.image import initramfs, kernel, rootfs
 
 BUILDER_VERSION = 1

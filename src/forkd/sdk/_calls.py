@@ -31,6 +31,11 @@ def _put(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return body
 
 
+def _extra(body: dict[str, Any], extra: Mapping[str, object] | None) -> dict[str, Any]:
+    """Add the caller's further request fields (the generated ``*Extra`` models), not None ones."""
+    return _put(body, **(extra or {}))
+
+
 def command_args(cmd: str | Sequence[str]) -> list[str]:
     """A shell string runs via ``/bin/sh -c``; a sequence is the argv itself."""
     if isinstance(cmd, str):
@@ -83,7 +88,7 @@ def create_snapshot(
     vcpus: int | None,
     warm_imports: Sequence[str] | None,
     setup: Sequence[str | Sequence[str]] | None,
-    extra: Mapping[str, Any],
+    extra: Mapping[str, object],
     nic: bool = False,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
@@ -103,7 +108,7 @@ def create_snapshot(
     if nic:
         body["nic"] = True
     _egress(body, allow_internet_access, network)
-    _put(body, **extra)
+    _extra(body, extra)
     return Call("POST", "/v1/snapshots", json=body, read_timeout=None)
 
 
@@ -156,6 +161,7 @@ def spawn_sandboxes(
     idle_pause_secs: float | None = None,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _child_options(
         {"snapshot_tag": tag, "n": n},
@@ -171,6 +177,7 @@ def spawn_sandboxes(
     )
     if idle_pause_secs is not None:
         body["idle_pause_secs"] = idle_pause_secs
+    _extra(body, extra)
     return Call("POST", "/v1/sandboxes", json=body, read_timeout=None)
 
 
@@ -336,10 +343,12 @@ def branch_sandbox(
     mode: str | None,
     wait: bool,
     diff: bool | None,
+    extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _put({}, tag=tag, mode=mode, diff=diff)
     if not wait:  # the daemon's default is true; only the opt-out is sent
         body["wait"] = False
+    _extra(body, extra)
     return Call(
         "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/branch", json=body, read_timeout=None
     )
@@ -361,6 +370,7 @@ def fork_sandbox(
     timeout_secs: float | None = None,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _child_options(
         {"count": count},
@@ -378,6 +388,7 @@ def fork_sandbox(
         body["child_memory_limit_mib"] = list(child_memory_limit_mib)
     if keep_snapshot:
         body["keep_snapshot"] = True
+    _extra(body, extra)
     route = "fork-tree" if tree else "fork"
     # A branch plus count restores: as long as a spawn, so no read timeout.
     return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/{route}", json=body, read_timeout=None)
@@ -417,12 +428,14 @@ def set_pool(
     live_fork: bool,
     allow_internet_access: bool = False,
     network: Mapping[str, Sequence[str]] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _egress(_put({"size": size}, memory_limit_mib=memory_limit_mib), allow_internet_access, network)
     if per_child_netns:
         body["per_child_netns"] = True
     if live_fork:
         body["live_fork"] = True
+    _extra(body, extra)
     # Shrinking or draining waits for members to be torn down: no read timeout.
     return Call("PUT", f"/v1/snapshots/{_seg(tag)}/pool", json=body, read_timeout=None)
 

@@ -186,7 +186,7 @@ def translate(exc: httpx.HTTPError, url: str, call: Call) -> ForkdError:
     return ForkdError(f"{call.method} {call.path} to {url} failed: {exc or type(exc).__name__}")
 
 
-def snapshot_is_ready(info: dict[str, Any]) -> bool:
+def snapshot_is_ready(info: Mapping[str, Any]) -> bool:
     """True once a snapshot can be forked; raises if its background write failed.
 
     ``status`` is omitted on snapshots that were written synchronously, which

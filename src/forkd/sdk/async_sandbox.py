@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, Unpack, overload
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -35,6 +35,7 @@ from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk._twins import sync_property
 from forkd.sdk.async_client import AsyncController
 from forkd.sdk.errors import ExploreError, NotFoundError
+from forkd.sdk.models import FileInfo, PingResponse, SpawnExtra
 from forkd.sdk.types import (
     CandidateT,
     Checkpoints,
@@ -111,14 +112,15 @@ class AsyncSnapshot(SnapshotView):
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> list[AsyncSandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`AsyncSandbox.kill`.
         ``env``, ``child_env`` (one per sandbox), ``metadata``,
-        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
-        :meth:`AsyncController.spawn_sandboxes`.
+        ``timeout_secs``, ``allow_internet_access``, ``network`` and ``**options``
+        (the request's other fields) as for :meth:`AsyncController.spawn_sandboxes`.
         """
         await self.wait_ready(wait_timeout)
         infos = await self.controller.spawn_sandboxes(
@@ -133,6 +135,7 @@ class AsyncSnapshot(SnapshotView):
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return [AsyncSandbox.from_info(info, self.controller) for info in infos]
 
@@ -345,13 +348,13 @@ class AsyncFiles:
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
 
-    async def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> JSONDict:
+    async def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> FileInfo:
         """Write ``data`` (bytes, text or a binary file object, streamed) to ``path``.
 
         Returns the new file's FileInfo."""
         return await self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode)
 
-    async def upload(self, local_path: str | os.PathLike[str], path: str) -> JSONDict:
+    async def upload(self, local_path: str | os.PathLike[str], path: str) -> FileInfo:
         """Copy the local file ``local_path`` to ``path`` in the sandbox, streamed."""
         with open(local_path, "rb") as source:
             return await self.write(path, source)
@@ -367,12 +370,12 @@ class AsyncFiles:
         with open(local_path, "wb") as sink:
             return await self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
 
-    async def list(self, path: str) -> list[JSONDict]:
+    async def list(self, path: str) -> list[FileInfo]:
         """The entries (FileInfo dicts, sorted by name) of the directory ``path``."""
         listing = await self._sandbox.controller.file_list(self._sandbox.id, path)
         return list(listing["entries"])
 
-    async def stat(self, path: str) -> JSONDict:
+    async def stat(self, path: str) -> FileInfo:
         """``{"path", "name", "type", "size", "mode", "mtime"}`` of ``path``."""
         return await self._sandbox.controller.file_stat(self._sandbox.id, path)
 
@@ -406,8 +409,9 @@ class AsyncSandbox:
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
         idle_pause_secs: spawn options, see :meth:`AsyncController.spawn_sandboxes`.
-        allow_internet_access, network:
-            spawn options, see :meth:`AsyncController.spawn_sandboxes`.
+        allow_internet_access, network, **options:
+            spawn options, see :meth:`AsyncController.spawn_sandboxes` (``options``: the
+            request's other fields, :class:`~forkd.sdk.models.SpawnExtra`).
     """
 
     def __init__(
@@ -425,6 +429,7 @@ class AsyncSandbox:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -440,6 +445,7 @@ class AsyncSandbox:
             "idle_pause_secs": idle_pause_secs,
             "allow_internet_access": allow_internet_access,
             "network": network,
+            **options,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -463,6 +469,7 @@ class AsyncSandbox:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -477,6 +484,7 @@ class AsyncSandbox:
             idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         await sb.start()
         return sb
@@ -550,7 +558,7 @@ class AsyncSandbox:
         self._info = await self.controller.get_sandbox(self.id)
         return self._info
 
-    async def ping(self) -> JSONDict:
+    async def ping(self) -> PingResponse:
         """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""
         return await self.controller.ping(self.id)
 

@@ -9,7 +9,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, cast
+from typing import IO, Any, Unpack, cast
 
 import httpx
 
@@ -29,6 +29,28 @@ from forkd.sdk._http import (
     translate,
 )
 from forkd.sdk.errors import ForkdTimeoutError, NotFoundError
+from forkd.sdk.models import (
+    BranchExtra,
+    CancelEvalResponse,
+    CreateSnapshotExtra,
+    EvalResponse,
+    ExecResponse,
+    FileInfo,
+    FileList,
+    ForkExtra,
+    Health,
+    MkdirResponse,
+    PingResponse,
+    PoolExtra,
+    PoolInfo,
+    PullResult,
+    PushResult,
+    SignalResponse,
+    SnapshotDetail,
+    SpawnExtra,
+    StdinResponse,
+    Version,
+)
 from forkd.sdk.types import (
     CheckpointInfo,
     ForkInfo,
@@ -49,7 +71,9 @@ Progress = Callable[[int], None]
 class Controller:
     """Talks to a forkd daemon over its REST API (v1).
 
-    Every method returns the daemon's JSON as plain ``dict``/``list`` and raises
+    Every method returns the daemon's JSON as plain ``dict``/``list``, typed with the
+    ``TypedDict``s that scripts/gen_sdk_models.py generates from the daemon's OpenAPI
+    document (:mod:`forkd.sdk.models`), and raises
     a :class:`~forkd.sdk.errors.ForkdAPIError` subclass on an error status, or
     :class:`~forkd.sdk.errors.ForkdConnectionError` if the daemon is not running.
 
@@ -143,13 +167,13 @@ class Controller:
 
     # ------------------------------------------------------------------- status
 
-    def healthz(self) -> JSONDict:
+    def healthz(self) -> Health:
         """``GET /healthz`` → ``{"ok": true}``. Needs no token."""
-        return cast(JSONDict, self._send(_calls.healthz()))
+        return cast(Health, self._send(_calls.healthz()))
 
-    def version(self) -> JSONDict:
+    def version(self) -> Version:
         """``GET /version`` → ``{"version": "0.1.0", "api": "v1"}``."""
-        return cast(JSONDict, self._send(_calls.version()))
+        return cast(Version, self._send(_calls.version()))
 
     def metrics(self) -> str:
         """``GET /metrics``: Prometheus text exposition."""
@@ -161,9 +185,9 @@ class Controller:
         """``GET /v1/snapshots``: every registered snapshot."""
         return cast(list[SnapshotInfo], self._send(_calls.list_snapshots()))
 
-    def get_snapshot(self, tag: str) -> SnapshotInfo:
+    def get_snapshot(self, tag: str) -> SnapshotDetail:
         """``GET /v1/snapshots/{tag}``: one snapshot, including its lineage."""
-        return cast(SnapshotInfo, self._send(_calls.get_snapshot(tag)))
+        return cast(SnapshotDetail, self._send(_calls.get_snapshot(tag)))
 
     def create_snapshot(
         self,
@@ -180,7 +204,7 @@ class Controller:
         nic: bool = False,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
-        **extra: Any,
+        **extra: Unpack[CreateSnapshotExtra],
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
 
@@ -199,7 +223,8 @@ class Controller:
                 from the host at their SandboxInfo ``ip``.
             allow_internet_access, network: the template's own egress while it
                 boots and runs ``setup`` (as for :meth:`spawn_sandboxes`).
-            **extra: further body fields for newer daemons.
+            **extra: the request's other optional fields (:class:`~forkd.sdk.models.CreateSnapshotExtra`,
+                generated from the daemon's ``CreateSnapshotRequest``), sent as given.
         """
         call = _calls.create_snapshot(
             tag,
@@ -269,6 +294,7 @@ class Controller:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.
 
@@ -296,6 +322,9 @@ class Controller:
             network: finer egress, E2B's shape: ``{"allow_out": ["10.0.0.0/8",
                 "192.0.2.7:443"], "deny_out": [...]}`` (IPv4 addresses or CIDRs,
                 optionally ``:PORT`` or ``:FIRST-LAST``); allow wins over deny.
+            **options: the request's other optional fields (``cpu_limit``,
+                ``pids_limit``, ...: :class:`~forkd.sdk.models.SpawnExtra`, generated
+                from the daemon's ``SpawnRequest``), sent as given.
         """
         call = _calls.spawn_sandboxes(
             tag,
@@ -310,6 +339,7 @@ class Controller:
             idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            extra=options,
         )
         return cast(list[SandboxInfo], self._send(call))
 
@@ -341,9 +371,9 @@ class Controller:
         """
         return cast(SandboxInfo, self._send(_calls.set_timeout(sandbox_id, timeout_secs)))
 
-    def ping(self, sandbox_id: str) -> JSONDict:
+    def ping(self, sandbox_id: str) -> PingResponse:
         """``POST /v1/sandboxes/{id}/ping`` → ``{"pong": true, "pid": 1, ...}``."""
-        return cast(JSONDict, self._send(_calls.ping(sandbox_id)))
+        return cast(PingResponse, self._send(_calls.ping(sandbox_id)))
 
     def exec(
         self,
@@ -353,7 +383,7 @@ class Controller:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: str | None = None,
-    ) -> JSONDict:
+    ) -> ExecResponse:
         """``POST /v1/sandboxes/{id}/exec``: run a subprocess in the guest.
 
         ``args`` is an argv list; a plain string is run via ``/bin/sh -c``.
@@ -363,9 +393,9 @@ class Controller:
         call = _calls.exec_(
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin
         )
-        return cast(JSONDict, self._send(call))
+        return cast(ExecResponse, self._send(call))
 
-    def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> JSONDict:
+    def eval(self, sandbox_id: str, code: str, timeout: float | None = None) -> EvalResponse:
         """``POST /v1/sandboxes/{id}/eval``: evaluate ``code`` in the warm PID 1 interpreter.
 
         Returns ``{"result", "error", "exit_code"}``. One eval runs for at most
@@ -375,15 +405,15 @@ class Controller:
         60 s"`` with ``exit_code`` 1; the next eval runs normally.
         :meth:`cancel_eval` interrupts it sooner.
         """
-        return cast(JSONDict, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
+        return cast(EvalResponse, self._send(_calls.eval_(sandbox_id, code, timeout=timeout)))
 
-    def cancel_eval(self, sandbox_id: str) -> JSONDict:
+    def cancel_eval(self, sandbox_id: str) -> CancelEvalResponse:
         """``POST /v1/sandboxes/{id}/eval/cancel``: interrupt the running eval → ``{"cancelled": bool}``.
 
         The eval answers ``"CancelledError: eval cancelled"``; ``cancelled`` is
         False when none was running.
         """
-        return cast(JSONDict, self._send(_calls.cancel_eval(sandbox_id)))
+        return cast(CancelEvalResponse, self._send(_calls.cancel_eval(sandbox_id)))
 
     # ---------------------------------------------------------------- processes
 
@@ -473,19 +503,22 @@ class Controller:
         return self._stream(_calls.stream_process(sandbox_id, pid, from_start=from_start,
                                                   encoding=encoding))
 
-    def send_stdin(self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False) -> JSONDict:
+    def send_stdin(
+        self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False
+    ) -> StdinResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/stdin``: write ``data`` (and close with ``eof``)."""
-        return cast(JSONDict, self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
+        return cast(StdinResponse, self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
 
-    def close_stdin(self, sandbox_id: str, pid: int) -> JSONDict:
+    def close_stdin(self, sandbox_id: str, pid: int) -> StdinResponse:
         """Close a process's stdin (it reads end-of-file)."""
         return self.send_stdin(sandbox_id, pid, "", eof=True)
 
     def signal_process(
         self, sandbox_id: str, pid: int, signal: str | int = "SIGTERM", group: bool = True
-    ) -> JSONDict:
+    ) -> SignalResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
-        return cast(JSONDict, self._send(_calls.signal_process(sandbox_id, pid, signal, group=group)))
+        call = _calls.signal_process(sandbox_id, pid, signal, group=group)
+        return cast(SignalResponse, self._send(call))
 
     def kill_process(self, sandbox_id: str, pid: int) -> bool:
         """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""
@@ -497,17 +530,17 @@ class Controller:
 
     # -------------------------------------------------------------------- files
 
-    def file_stat(self, sandbox_id: str, path: str) -> JSONDict:
+    def file_stat(self, sandbox_id: str, path: str) -> FileInfo:
         """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime"}``."""
-        return cast(JSONDict, self._send(_calls.file_stat(sandbox_id, path)))
+        return cast(FileInfo, self._send(_calls.file_stat(sandbox_id, path)))
 
-    def file_list(self, sandbox_id: str, path: str) -> JSONDict:
+    def file_list(self, sandbox_id: str, path: str) -> FileList:
         """``GET /v1/sandboxes/{id}/files/list`` → ``{"path", "entries": [FileInfo...], "truncated"}``."""
-        return cast(JSONDict, self._send(_calls.file_list(sandbox_id, path)))
+        return cast(FileList, self._send(_calls.file_list(sandbox_id, path)))
 
-    def file_mkdir(self, sandbox_id: str, path: str, parents: bool = False) -> JSONDict:
+    def file_mkdir(self, sandbox_id: str, path: str, parents: bool = False) -> MkdirResponse:
         """``POST /v1/sandboxes/{id}/files/mkdir`` → ``{"path", "created"}``."""
-        return cast(JSONDict, self._send(_calls.file_mkdir(sandbox_id, path, parents=parents)))
+        return cast(MkdirResponse, self._send(_calls.file_mkdir(sandbox_id, path, parents=parents)))
 
     def file_remove(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
         """``DELETE /v1/sandboxes/{id}/files``: a file, or a directory (``recursive`` if not empty)."""
@@ -528,7 +561,7 @@ class Controller:
         data: bytes | str | IO[bytes],
         mode: int | None = None,
         progress: Progress | None = None,
-    ) -> JSONDict:
+    ) -> FileInfo:
         """``PUT /v1/sandboxes/{id}/files``: write ``data`` to ``path``, replacing it atomically.
 
         ``data`` is bytes, text (UTF-8) or a binary file object, which is
@@ -550,7 +583,7 @@ class Controller:
             )
         except httpx.HTTPError as exc:
             raise translate(exc, self.url, call) from exc
-        return cast(JSONDict, parse_response(call, response))
+        return cast(FileInfo, parse_response(call, response))
 
     def read_file_into(
         self, sandbox_id: str, path: str, sink: IO[bytes], progress: Progress | None = None
@@ -584,6 +617,7 @@ class Controller:
         mode: str | None = None,
         wait: bool = True,
         diff: bool | None = None,
+        **options: Unpack[BranchExtra],
     ) -> SnapshotInfo:
         """``POST /v1/sandboxes/{id}/branch``: snapshot a running sandbox as a new tag.
 
@@ -591,9 +625,11 @@ class Controller:
         of it. ``mode`` is ``"full"`` (daemon default), ``"diff"`` or ``"live"``
         (source spawned with ``live_fork=True``). ``wait=False`` (live only)
         returns with ``status: "writing"``; use :meth:`wait_snapshot_ready`.
-        ``diff=True`` is the legacy spelling of ``mode="diff"``.
+        ``diff=True`` is the legacy spelling of ``mode="diff"``. ``**options`` are the
+        request's other optional fields (:class:`~forkd.sdk.models.BranchExtra`, e.g.
+        ``measure_diff``), sent as given.
         """
-        call = _calls.branch_sandbox(sandbox_id, tag=tag, mode=mode, wait=wait, diff=diff)
+        call = _calls.branch_sandbox(sandbox_id, tag=tag, mode=mode, wait=wait, diff=diff, extra=options)
         return cast(SnapshotInfo, self._send(call))
 
     # ------------------------------------------------------ forking a running sandbox
@@ -614,6 +650,7 @@ class Controller:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
 
@@ -636,6 +673,9 @@ class Controller:
                 deleted once its last child is gone.
             timeout_secs: each child is killed this many seconds after the
                 fork returns (the source keeps its own deadline).
+            **options: the request's other optional fields
+                (:class:`~forkd.sdk.models.ForkExtra`, generated from the daemon's
+                ``ForkRequest``), sent as given.
         """
         return cast(ForkInfo, self._send(_calls.fork_sandbox(
             sandbox_id,
@@ -652,6 +692,7 @@ class Controller:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            extra=options,
         )))
 
     def fork_tree(
@@ -670,6 +711,7 @@ class Controller:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.
 
@@ -693,6 +735,7 @@ class Controller:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            extra=options,
         )))
 
     def promote_sandbox(
@@ -755,13 +798,15 @@ class Controller:
         live_fork: bool = False,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
-    ) -> JSONDict:
+        **options: Unpack[PoolExtra],
+    ) -> PoolInfo:
         """``PUT /v1/snapshots/{tag}/pool``: keep ``size`` children restored and paused.
 
         Spawns of ``tag`` with the same options (``memory_limit_mib``,
         ``per_child_netns``, ``live_fork``, ``allow_internet_access``,
         ``network``) are served from the pool first;
-        ``size=0`` drains it. Returns ``{"size", "ready", ...}``.
+        ``size=0`` drains it. Returns ``{"size", "ready", ...}``. ``**options`` are the
+        request's other optional fields (:class:`~forkd.sdk.models.PoolExtra`), sent as given.
         """
         call = _calls.set_pool(
             tag,
@@ -771,32 +816,33 @@ class Controller:
             live_fork=live_fork,
             allow_internet_access=allow_internet_access,
             network=network,
+            extra=options,
         )
-        return cast(JSONDict, self._send(call))
+        return cast(PoolInfo, self._send(call))
 
-    def get_pool(self, tag: str) -> JSONDict:
+    def get_pool(self, tag: str) -> PoolInfo:
         """``GET /v1/snapshots/{tag}/pool`` → ``{"size", "ready", "claims", "misses", ...}``."""
-        return cast(JSONDict, self._send(_calls.get_pool(tag)))
+        return cast(PoolInfo, self._send(_calls.get_pool(tag)))
 
-    def list_pools(self) -> list[JSONDict]:
+    def list_pools(self) -> list[PoolInfo]:
         """``GET /v1/pools``: every warm pool of the daemon."""
-        return cast(list[JSONDict], self._send(_calls.list_pools()))
+        return cast(list[PoolInfo], self._send(_calls.list_pools()))
 
-    def push_snapshot(self, tag: str, *, force: bool = False) -> JSONDict:
+    def push_snapshot(self, tag: str, *, force: bool = False) -> PushResult:
         """``POST /v1/snapshots/{tag}/push``: publish it (and the chain its disk needs) to the object store.
 
         Content-addressed: only blobs the store lacks are sent. ``force`` replaces a
         different snapshot of the same tag there. Returns ``{"lineage", "blobs_uploaded", ...}``.
         """
-        return cast(JSONDict, self._send(_calls.push_snapshot(tag, force=force)))
+        return cast(PushResult, self._send(_calls.push_snapshot(tag, force=force)))
 
-    def pull_snapshot(self, tag: str) -> JSONDict:
+    def pull_snapshot(self, tag: str) -> PullResult:
         """``POST /v1/snapshots/{tag}/pull``: fetch it from the object store onto the daemon's host.
 
         Ancestors the host already holds are reused. Returns ``{"created", "reused",
         "bytes_downloaded"}``. (A spawn of a tag the host lacks pulls it by itself.)
         """
-        return cast(JSONDict, self._send(_calls.pull_snapshot(tag)))
+        return cast(PullResult, self._send(_calls.pull_snapshot(tag)))
 
     def compact_snapshot(self, tag: str, to: str) -> SnapshotInfo:
         """``POST /v1/snapshots/{tag}/compact``: copy ``tag`` into ``to``, a standalone snapshot.

@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, Unpack, overload
 
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
@@ -36,6 +36,7 @@ from forkd.sdk._defaults import default_controller
 from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import ExploreError, NotFoundError
+from forkd.sdk.models import FileInfo, PingResponse, SpawnExtra
 from forkd.sdk.types import (
     CandidateT,
     Checkpoints,
@@ -112,14 +113,15 @@ class Snapshot(SnapshotView):
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).
 
         The sandboxes are owned by the caller: each is killed when used as a
         context manager and left, or explicitly via :meth:`Sandbox.kill`.
         ``env``, ``child_env`` (one per sandbox), ``metadata``,
-        ``timeout_secs``, ``allow_internet_access`` and ``network`` as for
-        :meth:`Controller.spawn_sandboxes`.
+        ``timeout_secs``, ``allow_internet_access``, ``network`` and ``**options``
+        (the request's other fields) as for :meth:`Controller.spawn_sandboxes`.
         """
         self.wait_ready(wait_timeout)
         infos = self.controller.spawn_sandboxes(
@@ -134,6 +136,7 @@ class Snapshot(SnapshotView):
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return [Sandbox.from_info(info, self.controller) for info in infos]
 
@@ -346,13 +349,13 @@ class Files:
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
 
-    def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> JSONDict:
+    def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> FileInfo:
         """Write ``data`` (bytes, text or a binary file object, streamed) to ``path``.
 
         Returns the new file's FileInfo."""
         return self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode)
 
-    def upload(self, local_path: str | os.PathLike[str], path: str) -> JSONDict:
+    def upload(self, local_path: str | os.PathLike[str], path: str) -> FileInfo:
         """Copy the local file ``local_path`` to ``path`` in the sandbox, streamed."""
         with open(local_path, "rb") as source:
             return self.write(path, source)
@@ -368,12 +371,12 @@ class Files:
         with open(local_path, "wb") as sink:
             return self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
 
-    def list(self, path: str) -> list[JSONDict]:
+    def list(self, path: str) -> list[FileInfo]:
         """The entries (FileInfo dicts, sorted by name) of the directory ``path``."""
         listing = self._sandbox.controller.file_list(self._sandbox.id, path)
         return list(listing["entries"])
 
-    def stat(self, path: str) -> JSONDict:
+    def stat(self, path: str) -> FileInfo:
         """``{"path", "name", "type", "size", "mode", "mtime"}`` of ``path``."""
         return self._sandbox.controller.file_stat(self._sandbox.id, path)
 
@@ -407,8 +410,9 @@ class Sandbox:
             configured from ``FORKD_URL`` / ``FORKD_TOKEN``.
         per_child_netns, memory_limit_mib, live_fork, env, metadata, timeout_secs,
         idle_pause_secs: spawn options, see :meth:`Controller.spawn_sandboxes`.
-        allow_internet_access, network:
-            spawn options, see :meth:`Controller.spawn_sandboxes`.
+        allow_internet_access, network, **options:
+            spawn options, see :meth:`Controller.spawn_sandboxes` (``options``: the
+            request's other fields, :class:`~forkd.sdk.models.SpawnExtra`).
     """
 
     def __init__(
@@ -426,6 +430,7 @@ class Sandbox:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> None:
         if (tag is None) == (sandbox_id is None):
             raise ValueError("pass exactly one of tag= (spawn a sandbox) or sandbox_id= (attach)")
@@ -441,6 +446,7 @@ class Sandbox:
             "idle_pause_secs": idle_pause_secs,
             "allow_internet_access": allow_internet_access,
             "network": network,
+            **options,
         }
         self._id = sandbox_id
         self._info: SandboxInfo | None = None
@@ -464,6 +470,7 @@ class Sandbox:
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[SpawnExtra],
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
         sb = cls(
@@ -478,6 +485,7 @@ class Sandbox:
             idle_pause_secs=idle_pause_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         sb.start()
         return sb
@@ -551,7 +559,7 @@ class Sandbox:
         self._info = self.controller.get_sandbox(self.id)
         return self._info
 
-    def ping(self) -> JSONDict:
+    def ping(self) -> PingResponse:
         """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""
         return self.controller.ping(self.id)
 

@@ -18,26 +18,30 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
+
+from forkd.sdk import models
 
 JSONDict = dict[str, Any]
-SnapshotInfo = dict[str, Any]
+# The REST answers, typed by the models scripts/gen_sdk_models.py generates from the
+# daemon's OpenAPI document (forkd.sdk.models); the names below are the SDK's own.
+SnapshotInfo = models.SnapshotInfo
 """``{"tag", "dir", "created_at_unix", "branched_from"?, "pause_ms"?, "status"?, ...}``"""
-SandboxInfo = dict[str, Any]
+SandboxInfo = models.SandboxInfo
 """``{"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid"?, "ip"?, "network"?,
 "metadata"?, ...}``"""
-ForkInfo = dict[str, Any]
+ForkInfo = models.ForkResponse
 """``{"parent_id", "snapshot_tag", "children": [SandboxInfo], "errors": [{"index", "error"}],
 "pause_ms"?, "tree_id"?}``"""
-PromoteInfo = dict[str, Any]
+PromoteInfo = models.PromoteResponse
 """``{"winner": SandboxInfo, "tree_id", "deleted": [{"id", "deleted", "error"?}], "replaced_parent"}``"""
-CheckpointInfo = dict[str, Any]
+CheckpointInfo = models.CheckpointList
 """``{"sandbox_id", "policy": {"every", "keep", "mode"} | None, "calls", "checkpoints": [SnapshotInfo],
 "last_error"?}``"""
-ProcessInfo = dict[str, Any]
+ProcessInfo = models.ProcessInfo
 """A process in a sandbox: ``{"pid", "tag", "args", "env", "cwd", "running", "exit_code", "signal",
 "timed_out", "stdin_open", "started_at", "ended_at"}``"""
-WorkspaceInfo = dict[str, Any]
+WorkspaceInfo = models.WorkspaceInfo
 """``{"id", "name", "source_snapshot_tag", "status": "running" | "suspended" | "stale",
 "live_sandbox_id"?, "current_state_tag"?, "created_at_unix", "last_active_unix"}``"""
 
@@ -64,14 +68,14 @@ class CommandResult:
     timed_out: bool = False
     stdout_truncated: bool = False
     stderr_truncated: bool = False
-    raw: JSONDict = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and self.error is None
 
     @classmethod
-    def from_json(cls, body: JSONDict) -> CommandResult:
+    def from_json(cls, body: Mapping[str, Any]) -> CommandResult:
         return cls(
             stdout=body.get("stdout") or "",
             stderr=body.get("stderr") or "",
@@ -106,14 +110,14 @@ class EvalResult:
     result: str | None
     error: str | None
     exit_code: int
-    raw: JSONDict = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and self.error is None
 
     @classmethod
-    def from_json(cls, body: JSONDict) -> EvalResult:
+    def from_json(cls, body: Mapping[str, Any]) -> EvalResult:
         code = body.get("exit_code")
         error = body.get("error")
         return cls(
@@ -132,10 +136,10 @@ class SnapshotView(Mapping[str, Any]):
     """
 
     def __init__(self, info: SnapshotInfo) -> None:
-        self._info: SnapshotInfo = dict(info)
+        self._info: SnapshotInfo = info.copy()
 
     def __getitem__(self, key: str) -> Any:
-        return self._info[key]
+        return cast("Mapping[str, Any]", self._info)[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._info)
@@ -205,7 +209,7 @@ class ForkResult(Generic[SandboxT]):
     """fork-tree only: the id stamped on every child (``metadata["fork_tree_id"]``)."""
     pause_ms: float | None = None
     """How long the source was paused for the branch."""
-    raw: JSONDict = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -258,7 +262,7 @@ class PromoteResult(Generic[SandboxT]):
     """One entry per sandbox promote tried to kill; ``deleted`` False (with ``error``) if it could not."""
     replaced_parent: str | None = None
     """With ``replace_parent``: the source's id, which now names the winner."""
-    raw: JSONDict = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -299,7 +303,7 @@ class Checkpoints(Generic[SnapshotT]):
     """The kept checkpoints, oldest first (fork from one to go back there)."""
     last_error: str | None = None
     """Why the latest checkpoint attempt failed, if it did."""
-    raw: JSONDict = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(

@@ -53,7 +53,8 @@ class ArchiveError(InvalidRequest):
 
 def write(out: Path, manifest: Manifest, blobs: dict[str, Path], progress: Progress | None = None,
           omit: set[str] | None = None) -> int:
-    """Write the archive to ``out`` (a new file); returns its size. ``blobs``: sha256 -> file.
+    """Write the archive to ``out`` (a new file, 0600: it holds guest memory); returns its size.
+    ``blobs``: sha256 -> file.
 
     ``omit``: blobs left out on purpose (the base image, for a host known to have
     it); the manifest member's ``FORKD.omitted`` header names them.
@@ -64,7 +65,7 @@ def write(out: Path, manifest: Manifest, blobs: dict[str, Path], progress: Progr
         raise ValueError(f"no file for blobs {sorted(missing)[:3]}")
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, threads=-1)
     done = 0
-    with open(out, "xb") as raw, cctx.stream_writer(raw, closefd=False) as z, \
+    with open(out, "xb", opener=sparse.private_opener) as raw, cctx.stream_writer(raw, closefd=False) as z, \
             tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         body = json.dumps(manifest.to_json(), indent=1).encode()
         _add(tar, MANIFEST, len(body), io.BytesIO(body), {OMITTED: ",".join(sorted(omit))} if omit else None)

@@ -16,9 +16,9 @@ from typing import Any
 
 from forkd.errors import Conflict, NotFound
 from forkd.host import netns as netns_mod
+from forkd.host.accel import VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
-from forkd.vmm.cmdline import VMConfig
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -60,6 +60,12 @@ CREATE TABLE IF NOT EXISTS workspaces (
     created_at_unix INTEGER NOT NULL,
     last_active_unix INTEGER NOT NULL
 );
+-- Every sandbox id prefix (sb-<6 hex>, one per spawn batch) this data dir ever issued:
+-- an id is never handed out twice, so nothing keyed by an id (an E2B access token, an
+-- audit line, a branch tag) can come to name another sandbox.
+CREATE TABLE IF NOT EXISTS issued_prefixes (
+    prefix TEXT PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS pools (
     tag TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -99,7 +105,7 @@ class DiskChain:
 
 
 @dataclass(frozen=True)
-class CheckpointPolicy:
+class AutoCheckpoint:
     """Branch a sandbox after every ``every`` exec/eval calls; keep the newest ``keep``."""
 
     every: int
@@ -158,6 +164,7 @@ class PausedRecord:
     disk_mib: int = 0  # the guest disk's size
     egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
     idle_pause_secs: float | None = None  # kept through the pause: the resumed sandbox idles the same way
+    disk_quota_mib: int | None = None  # kept through the pause too
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,7 +257,7 @@ class SandboxRecord:
     tap: str | None = None  # the tap its NIC is attached to (in netns, or the host's)
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # user labels; fork-tree stamps
-    checkpoints: CheckpointPolicy | None = None
+    checkpoints: AutoCheckpoint | None = None
     # A warm-pool member: restored, reseeded and paused, hidden from every
     # per-sandbox endpoint until a spawn claims it (controller/pools.py).
     pooled: bool = False
@@ -266,6 +273,8 @@ class SandboxRecord:
     paused: bool = False
     # Its namespace, links, address and egress rules, as controller/network.py made them.
     network: ChildNet | None = None
+    # How far its own disk layers may grow on the host (controller/disk_quota.py); None: no quota.
+    disk_quota_mib: int | None = None
 
     @property
     def per_child_netns(self) -> bool:
@@ -285,6 +294,18 @@ class SandboxRecord:
     @property
     def agent_socket(self) -> str:
         return str(Path(self.dir) / "agent.sock")
+
+    def disk_used_bytes(self) -> int | None:
+        """Host bytes its own disk layers take (its overlay and the frozen ones in its run
+        directory: what it wrote since its spawn); None if it has none (yet)."""
+        total, found = 0, False
+        for layer in Path(self.dir).glob("disk*.qcow2"):
+            try:
+                total += layer.stat().st_blocks * 512
+                found = True
+            except OSError:
+                continue
+        return total if found else None
 
     def info(self) -> dict[str, Any]:
         """SandboxInfo as the seeds define it."""
@@ -309,6 +330,11 @@ class SandboxRecord:
             out["cpu_limit"] = self.cpu_limit
         if self.pids_limit is not None:
             out["pids_limit"] = self.pids_limit
+        if self.disk_quota_mib is not None:
+            out["disk_quota_mib"] = self.disk_quota_mib
+        used = self.disk_used_bytes()
+        if used is not None:
+            out["disk_used_mib"] = round(used / (1 << 20), 2)
         out["live_fork"] = self.live_fork
         if self.timings:
             # Where its fork's time went, seconds since the restore began.
@@ -336,6 +362,7 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
             "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
+            "disk_quota_mib": s.disk_quota_mib,
             "network": s.network.to_json() if s.network is not None else None}
 
 
@@ -371,11 +398,12 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
     return SandboxRecord(**values, config=VMConfig.from_json(meta["config"]), disk=DiskChain(**disk),
                          cgroup=meta.get("cgroup"), tap=meta.get("tap"), timings=meta.get("timings") or {},
                          metadata=dict(meta.get("metadata") or {}),
-                         checkpoints=CheckpointPolicy(**policy) if policy else None,
+                         checkpoints=AutoCheckpoint(**policy) if policy else None,
                          pooled=bool(meta.get("pooled")), expires_at_unix=meta.get("expires_at_unix"),
                          cpu_limit=meta.get("cpu_limit"), pids_limit=meta.get("pids_limit"),
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
                          idle_pause_secs=meta.get("idle_pause_secs"),
+                         disk_quota_mib=meta.get("disk_quota_mib"),
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
 
@@ -396,6 +424,7 @@ class Registry:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         self._migrate()
+        self._record_issued_prefixes()
 
     def _migrate(self) -> None:
         """Add the columns a registry written by an older forkd lacks."""
@@ -404,6 +433,21 @@ class Registry:
                 have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+    def _record_issued_prefixes(self) -> None:
+        """The prefixes of the ids already here (a registry older than the table) count as issued."""
+        with self._lock:
+            ids = [r[0] for q in ("SELECT id FROM sandboxes", "SELECT id FROM paused_sandboxes",
+                                  "SELECT alias FROM sandbox_aliases", "SELECT target FROM sandbox_aliases")
+                   for r in self._db.execute(q)]
+            self._db.executemany("INSERT OR IGNORE INTO issued_prefixes (prefix) VALUES (?)",
+                                 [(i.rsplit("-", 1)[0],) for i in ids if "-" in i])
+
+    def claim_prefix(self, prefix: str) -> bool:
+        """Record ``prefix`` as issued; False if this data dir issued it before."""
+        with self._lock:
+            cur = self._db.execute("INSERT OR IGNORE INTO issued_prefixes (prefix) VALUES (?)", (prefix,))
+            return cur.rowcount == 1
 
     def close(self) -> None:
         with self._lock:
@@ -500,7 +544,7 @@ class Registry:
         """After how many idle seconds the sandbox is paused (None: never)."""
         self._update_sandbox_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
 
-    def set_checkpoint_policy(self, sandbox_id: str, policy: CheckpointPolicy | None) -> None:
+    def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
         self._update_sandbox_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
 
     def _update_sandbox_meta(self, sandbox_id: str, key: str, value: Any) -> None:

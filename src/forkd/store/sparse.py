@@ -221,6 +221,12 @@ def _read_header(src: _Buffered, max_size: int) -> SparseInfo:
     return SparseInfo(size, extents)
 
 
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=)`` that makes a new file 0600: what travels is guest memory and disks,
+    and the umask (022 by default) would leave it readable by every local user."""
+    return os.open(path, flags, 0o600)
+
+
 def write(src: Readable, dest: Path | None, *, expect_sha256: str | None, max_size: int) -> SparseInfo:
     """Decode a sparse stream from ``src`` into a new file ``dest``, holes restored.
 
@@ -234,7 +240,8 @@ def write(src: Readable, dest: Path | None, *, expect_sha256: str | None, max_si
     h = hashlib.sha256()
     pos = 0
     try:
-        with open(dest if dest is not None else os.devnull, "xb" if dest is not None else "wb") as out:
+        with (open(dest, "xb", opener=private_opener) if dest is not None
+              else open(os.devnull, "wb")) as out:
             for offset, length in info.extents:
                 _feed_zeros(h, offset - pos)
                 done = 0

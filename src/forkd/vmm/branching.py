@@ -38,8 +38,9 @@ from typing import Any, cast
 from qemu.qmp import EventListener, Message
 
 from forkd.errors import VMError
+from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
-from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.process import AgentSockets
 from forkd.vmm.qmp import QMP, UNTHROTTLED
@@ -49,7 +50,7 @@ PRECOPY_DOWNTIME_MS = 20
 
 
 @dataclass
-class Capture:
+class BranchCapture:
     """What the source's pause produced."""
 
     pause_ms: float
@@ -118,12 +119,12 @@ async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool 
 async def capture(
     vm: VM, mode: str, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str,
     stream: Path, timeout: float = 600,
-) -> Capture:
+) -> BranchCapture:
     """Pause the source as briefly as ``mode`` allows; freeze its disk; stream its state.
 
     On return the source runs again (unless this raised before resuming, in
     which case the caller must try ``resume``). For ``live`` the RAM copy may
-    still be under way in ``Capture.background``.
+    still be under way in ``BranchCapture.background``.
     """
     if mode == "full":
         await _prepare_migration(vm)
@@ -136,7 +137,7 @@ async def capture(
             await resume(vm)
             raise
         resume_error = await _try_resume(vm)
-        return Capture((time.monotonic() - t0) * 1000, frozen_disk, new_disk, new_node, stream,
+        return BranchCapture((time.monotonic() - t0) * 1000, frozen_disk, new_disk, new_node, stream,
                        resume_error=resume_error)
 
     if mode == "diff":
@@ -158,7 +159,7 @@ async def capture(
         # noticed pre-switchover; take the larger of the two measurements.
         ours = (time.monotonic() - t0) * 1000
         pause = max(ours, float(info.get("downtime", 0)))
-        return Capture(pause, frozen_disk, new_disk, new_node, stream, resume_error=resume_error)
+        return BranchCapture(pause, frozen_disk, new_disk, new_node, stream, resume_error=resume_error)
 
     if mode == "live":
         return await _capture_live(vm, active_node=active_node, frozen_disk=frozen_disk,
@@ -171,7 +172,7 @@ async def capture(
 async def _capture_live(
     vm: VM, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str, stream: Path,
     timeout: float,
-) -> Capture:
+) -> BranchCapture:
     """background-snapshot with the guest's root filesystem frozen around the disk cut.
 
     QEMU's background snapshot stops the vCPUs only to save the device state and
@@ -207,7 +208,7 @@ async def _capture_live(
                 await vm.call("fsthaw", timeout=60)
             fs_freeze_ms = (time.monotonic() - fs_frozen_at) * 1000
     task = asyncio.create_task(vm.qmp.wait_migration(timeout))
-    return Capture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task,
+    return BranchCapture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task,
                    fs_freeze_ms=fs_freeze_ms)
 
 

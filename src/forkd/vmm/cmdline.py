@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from forkd.guest import protocol
-from forkd.host.accel import Accel
+from forkd.host.accel import LEGACY_MACHINE, Accel, VMConfig
 
 # microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
 # VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
-MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
 # The machine is part of the device configuration a snapshot pins down, so each
-# snapshot records its own; one that recorded none was taken with this one.
-LEGACY_MACHINE = MACHINE
+# snapshot records its own (VMConfig.machine); one that recorded none was taken
+# with LEGACY_MACHINE, which is still today's.
+MACHINE = LEGACY_MACHINE
 # The firmware leaves the PIT counting (mode 3), and a guest kernel older than
 # 6.9 that does not use it never stops it: QEMU then wakes ~36 times a second to
 # toggle a masked interrupt (~5 ms of CPU a second per idle child under TCG).
@@ -33,28 +32,9 @@ RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixe
 GUEST_MAC = "52:54:00:66:6b:01"
 
 
-@dataclass(frozen=True)
-class VMConfig:
-    """The parts of a VM's configuration a snapshot pins down."""
-
-    mem_mib: int
-    vcpus: int
-    accel: Accel
-    machine: str = LEGACY_MACHINE  # QEMU's -machine options
-
-    @classmethod
-    def new(cls, mem_mib: int, vcpus: int, accel: Accel) -> VMConfig:
-        """The configuration of a template booted now (its snapshot keeps it)."""
-        return cls(mem_mib, vcpus, accel, machine_for(accel))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"mem_mib": self.mem_mib, "vcpus": self.vcpus,
-                "accel": self.accel.name, "cpu": self.accel.cpu, "machine": self.machine}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> VMConfig:
-        return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]),
-                   str(d.get("machine") or LEGACY_MACHINE))
+def new_config(mem_mib: int, vcpus: int, accel: Accel) -> VMConfig:
+    """The configuration of a template booted now (its snapshot keeps it)."""
+    return VMConfig(mem_mib, vcpus, accel, machine_for(accel))
 
 
 def machine_for(accel: Accel) -> str:

@@ -14,15 +14,18 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qemu.qmp import EventListener
+
 from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
-from forkd.vmm.cmdline import LaunchSpec, VMConfig
+from forkd.host.accel import VMConfig
+from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP, restore_phases
 
@@ -37,6 +40,8 @@ POST_RESTORE_TIMEOUT = 30.0
 # answer, is behind the host's by more than this on arrival, it is stepped again.
 CLOCK_TOLERANCE_SECS = 0.5
 CLOCK_STEPS = 3
+# QEMU's event for a node written past the offset block-set-write-threshold set (it then disarms).
+WRITE_THRESHOLD_EVENT = "BLOCK_WRITE_THRESHOLD"
 
 
 # QEMU migration states during which the VM is still being copied (a live branch).
@@ -302,6 +307,32 @@ class VM:
     async def cancel_migration(self) -> None:
         """Stop a migration in progress (a live branch that failed copying its disk)."""
         await self.qmp.cmd("migrate_cancel")
+
+    # ------------------------------------------------------------- disk writes
+
+    async def file_node(self, disk: Path) -> str:
+        """The name of the protocol (``file``) node through which QEMU writes the image ``disk``."""
+        nodes: list[dict[str, Any]] = await self.qmp.cmd("query-named-block-nodes", flat=True)
+        for node in nodes:
+            if node.get("drv") == "file" and node.get("file") == str(disk):
+                return str(node["node-name"])
+        raise VMError(f"QEMU has no file node for {disk}")
+
+    async def limit_disk_writes(self, node: str, limit_bytes: int) -> None:
+        """Have QEMU send ``WRITE_THRESHOLD_EVENT`` once the block node ``node`` is written past
+        offset ``limit_bytes`` (one event, then the threshold is off until set again).
+
+        For an image's protocol node (``file_node``) the offsets are the file's, so a qcow2
+        image, which grows at its end, raises it once it grows past ``limit_bytes``; the format
+        node's offsets would be the guest's.
+        """
+        await self.qmp.cmd("block-set-write-threshold", **{"node-name": node, "write-threshold": limit_bytes})
+
+    @contextlib.contextmanager
+    def disk_write_events(self) -> Iterator[EventListener]:
+        """The ``WRITE_THRESHOLD_EVENT`` events that arrive while the block runs (``await .get()``)."""
+        with self.qmp.recording(WRITE_THRESHOLD_EVENT) as events:
+            yield events
 
     # ------------------------------------------------------------- teardown
 

@@ -75,6 +75,13 @@ class QemuProcess:
             await asyncio.sleep(0.05)
         return None
 
+    def freeze(self) -> None:
+        """SIGSTOP the QEMU process at once: its vCPUs and I/O threads stop where they are
+        (a later ``kill`` still works); no QMP round trip, so nothing more gets written."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGSTOP)
+
     async def kill(self, grace: float = 0.0) -> None:
         """SIGTERM (if ``grace``), then SIGKILL; always reaps; never raises for a dead process."""
         if grace > 0 and self.alive():

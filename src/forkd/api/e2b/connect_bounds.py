@@ -66,7 +66,7 @@ class ConnectBounds:
 
     # ------------------------------------------------------------------ checks
 
-    def _inflate(self, data: bytes, encoding: str) -> bytes:
+    def inflate(self, data: bytes, encoding: str) -> bytes:
         if not data or encoding in ("", "identity"):
             return data
         if encoding != "gzip":
@@ -75,15 +75,15 @@ class ConnectBounds:
         try:
             return _GZIP.decompress(data, self.max_bytes)
         except ConnectError as exc:  # past the limit
-            raise Refused(exc.code, self._too_large()) from None
+            raise Refused(exc.code, self.too_large()) from None
         except Exception as exc:  # zlib.error, EOFError
             raise Refused(Code.INVALID_ARGUMENT, f"the message is not valid gzip ({exc})") from None
 
-    def _check(self, message: bytes) -> None:
+    def check(self, message: bytes) -> None:
         if jsondepth.too_deep(message, self.max_depth):
             raise Refused(Code.INVALID_ARGUMENT, jsondepth.refusal(self.max_depth))
 
-    def _too_large(self) -> str:
+    def too_large(self) -> str:
         return f"message exceeds the {self.max_bytes}-byte limit"
 
     def _check_get(self, scope: Scope) -> None:
@@ -99,7 +99,7 @@ class ConnectBounds:
                 return  # the app refuses it too
         else:
             raw = message.encode("utf-8")
-        self._check(self._inflate(raw, params.get("compression", ["identity"])[0]))
+        self.check(self.inflate(raw, params.get("compression", ["identity"])[0]))
 
     # ------------------------------------------------------------------ the ASGI app
 
@@ -137,12 +137,12 @@ class ConnectBounds:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                raise Refused(Code.RESOURCE_EXHAUSTED, self._too_large())
+                raise Refused(Code.RESOURCE_EXHAUSTED, self.too_large())
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        self._check(self._inflate(body, encoding))
+        self.check(self.inflate(body, encoding))
         replayed = False
 
         async def replay() -> Message:
@@ -179,13 +179,13 @@ class _Frames:
         while len(self.pending) >= _HEADER:
             length = int.from_bytes(self.pending[1:_HEADER], "big")
             if length > self.bounds.max_bytes:
-                raise Refused(Code.RESOURCE_EXHAUSTED, self.bounds._too_large())
+                raise Refused(Code.RESOURCE_EXHAUSTED, self.bounds.too_large())
             if len(self.pending) < _HEADER + length:
                 break
             payload = bytes(self.pending[_HEADER:_HEADER + length])
             if self.pending[0] & _COMPRESSED:
-                payload = self.bounds._inflate(payload, self.encoding or "identity")
-            self.bounds._check(payload)
+                payload = self.bounds.inflate(payload, self.encoding or "identity")
+            self.bounds.check(payload)
             out += self.pending[:_HEADER + length]
             del self.pending[:_HEADER + length]
         return bytes(out)

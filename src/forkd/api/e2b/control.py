@@ -31,6 +31,7 @@ from forkd.api.e2b import shapes
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
+from forkd.controller.options import SpawnOptions
 from forkd.errors import Busy, ForkdError, NotFound
 
 if TYPE_CHECKING:
@@ -163,9 +164,10 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         if allow is not None and not isinstance(allow, bool):
             raise E2BError(400, "allow_internet_access must be true or false")
         try:
-            [record] = await rt().spawn(req.template_id, 1, env=env or None, metadata=metadata or None,
-                                        timeout_secs=timeout, allow_internet_access=allow,
-                                        network=_network(body.get("network")))
+            options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
+                                                 "timeout_secs": timeout, "allow_internet_access": allow,
+                                                 "network": _network(body.get("network"))})
+            [record] = await rt().spawn(req.template_id, 1, options)
         except NotFound:
             try:
                 rt().get_snapshot(req.template_id)
@@ -241,10 +243,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         view = rt().describe_sandbox(sandbox_id)
         if view["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is paused: connect to resume it before forking")
-        from forkd.controller.spawner import FORK_LABELS  # here: the controller pulls in the VMM
-
         # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
-        labels = {k: v for k, v in view["metadata"].items() if k not in FORK_LABELS}
+        labels = {k: v for k, v in view["metadata"].items() if k not in bounds.FORK_LABELS}
         egress = view["egress"]  # the forks get the source's, as copies of it
         with gate.enter(None, rt().tag_in_flight):
             result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,

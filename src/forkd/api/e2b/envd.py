@@ -8,7 +8,7 @@ own access token (``X-Access-Token``; on the interpreter port, also
 ``E2B-Traffic-Access-Token``, which is all the SDK sends to ``/contexts``), and
 the sandbox must be running: otherwise ``502 ... was not found``, as E2B's
 proxy answers, which the SDK reads as "not running". Other ports are not
-reachable (the guest has no network): ``502 ... port is not open``.
+served through the daemon: ``502 ... port is not open``.
 
 ``/files``: ``GET ?path=`` streams the file; ``POST ?path=`` takes an
 octet-stream body (gzip if ``Content-Encoding`` says so) or multipart parts
@@ -92,8 +92,8 @@ class SandboxTraffic:
             return
         if port not in (ENVD_PORT, INTERPRETER_PORT):
             await fail(502, f"The sandbox {sandbox_id} is running but the port is not open ({port[:8]}): "
-                       "forkd sandboxes have no network, only envd (49983) and the code interpreter "
-                       "(49999) are served")
+                       "the daemon serves only envd (49983) and the code interpreter (49999) of a "
+                       "sandbox; reach other ports over the sandbox's own network, if it has one")
             return
         try:
             self._runtime().get_sandbox(sandbox_id)

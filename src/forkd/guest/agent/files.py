@@ -42,6 +42,18 @@ _KIND_OF_ERRNO = {
 }
 
 
+def is_root(path: str) -> bool:
+    """Whether ``path`` is the root directory by any name: ``//`` (which normpath keeps),
+    ``/./``, ``/proc/self/root/``, a bind mount of ``/``. Compared by device and inode."""
+    if os.path.normpath(path) in ("/", "//"):
+        return True
+    try:
+        # lstat: a symbolic link to / is only a link (removing or moving it is harmless).
+        return os.path.samestat(os.lstat(path), os.stat("/"))
+    except OSError:
+        return False
+
+
 def os_error(path: str, exc: OSError) -> RequestError:
     """An OSError as a refusal whose kind the host maps to a status (others are 502s)."""
     return RequestError(f"{path}: {exc.strerror or exc}", _KIND_OF_ERRNO.get(exc.errno or 0))
@@ -137,8 +149,9 @@ class Files:
     @staticmethod
     def remove(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
-        if os.path.normpath(path) == "/":
-            raise RequestError("refusing to remove /", CONFLICT)  # a valid path, in a state that forbids it
+        if is_root(path):
+            # CONFLICT: a valid path, in a state that forbids it.
+            raise RequestError(f"refusing to remove / ({path!r} is /)", CONFLICT)
         recursive = bool(req.get("recursive", False))
         try:
             st = os.lstat(path)
@@ -161,7 +174,7 @@ class Files:
         an existing file at the destination is replaced, a non-empty directory is a conflict."""
         source = check_path(req.get("source"))
         destination = check_path(req.get("destination"))
-        if "/" in (os.path.normpath(source), os.path.normpath(destination)):
+        if is_root(source) or is_root(destination):
             raise RequestError("refusing to move /", CONFLICT)
         try:
             os.lstat(source)

@@ -1,21 +1,27 @@
-"""``forkd daemon`` (also ``python -m forkd.api``): run the REST API in the foreground.
+"""The daemon's command line: ``forkd daemon`` and ``python -m forkd.api``, the REST API in the foreground.
 
-The daemon has one command line, defined here: ``forkd daemon`` is this
-command inside the ``forkd`` CLI, and ``python -m forkd.api`` runs the very
-same command on its own (:func:`main`). Every option is also read from its
-``FORKD_*`` environment variable; a flag wins over the variable.
+The daemon has one command line, defined here, in the daemon's package:
+``forkd daemon`` is this command inside the ``forkd`` CLI (cli/main.py), and
+``python -m forkd.api`` runs the very same command on its own (:func:`main`).
+Every option is also read from its ``FORKD_*`` environment variable; a flag
+wins over the variable. It depends on typer alone, not on the CLI package,
+which sits above the daemon (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn, ParamSpec, TypeVar
 
 import typer
 
+from forkd import bounds
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
     DEFAULT_LEASE_TTL,
@@ -29,9 +35,44 @@ from forkd.api.settings import (
     parse_endpoints,
     parse_pools,
 )
-from forkd.cli import output
-from forkd.cli.context import handle_errors, usage_error, want_json
 from forkd.config import API_VERSION, DEFAULT_BIND, VERSION
+from forkd.errors import ForkdError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """``error: <message>`` on stderr and exit ``code``, as every forkd command reports."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def usage_error(ctx: typer.Context, message: str) -> NoReturn:
+    """A wrong combination of flags, reported like click does: usage line, exit 2."""
+    typer.echo(ctx.get_usage(), err=True)
+    typer.echo(f"Try '{ctx.command_path} --help' for help.\n", err=True)
+    fail(message, code=2)
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """forkd's errors as ``error: <message>`` and exit status 1, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ForkdError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            fail("interrupted", code=130)
+
+    return wrapper
+
+
+def want_json(ctx: typer.Context, flag: bool) -> bool:
+    """``--json`` here, or the CLI's global one (``forkd --json daemon``)."""
+    return flag or bool(getattr(ctx.find_root().obj, "json", False))
 
 
 class LogLevel(StrEnum):
@@ -161,6 +202,14 @@ def daemon(
             help="Sandboxes this host is planned for, for fleet placement (default: one per 512 MiB RAM).",
         ),
     ] = None,
+    disk_quota_mib: Annotated[
+        int,
+        typer.Option(
+            "--disk-quota-mib", envvar="FORKD_DISK_QUOTA_MIB", min=0, metavar="MIB",
+            help="Disk quota of a sandbox whose spawn gives none: a sandbox whose own disk layers "
+            "grow past it is stopped. 0: no quota.",
+        ),
+    ] = bounds.DEFAULT_DISK_QUOTA_MIB,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -206,18 +255,23 @@ def daemon(
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
+        disk_quota_mib=disk_quota_mib,
     )
-    # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack,
-    # which no other command needs.
-    from forkd.api.server import serve
+    # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
+    # command needs and `pip install forkd` (the SDK and CLI) does not bring.
+    try:
+        from forkd.api.server import serve
+    except ModuleNotFoundError as exc:
+        fail(f"the daemon needs {exc.name!r}: pip install 'forkd[daemon]'")
 
     def announce() -> None:
-        output.emit_json_line(describe(settings))
+        typer.echo(json.dumps(describe(settings), separators=(",", ":")))
+        sys.stdout.flush()
 
     try:
         serve(settings, log_level=log_level.value, on_ready=announce if want_json(ctx, json_) else None)
     except ConfigError as exc:
-        output.fail(str(exc), code=2)
+        fail(str(exc), code=2)
 
 
 def describe(settings: Settings) -> dict[str, object]:
@@ -242,6 +296,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "host_id": settings.host_id,
         "etcd": settings.etcd,
         "advertise_url": settings.reachable_url if settings.etcd else None,
+        "disk_quota_mib": settings.disk_quota_mib,
     }
 
 

@@ -1,5 +1,8 @@
 """Pick the accelerator by really booting a guest, not by opening /dev/kvm.
 
+A VMM job (it boots QEMU), hence here; what it boots (``ProbeGuest``) and what it
+picks (``Accel``) are plain host records in :mod:`forkd.host.accel`.
+
 On our CI hosts /dev/kvm exists but is PVM (paging-based nested virt), under
 which a stock kernel hangs silently. So the probe boots the image's kernel and
 initramfs in probe mode (``forkd.probe=1``: init prints a marker and powers off)
@@ -20,14 +23,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from forkd.config import DataDir
 from forkd.errors import VMError
 from forkd.host import prereqs
-from forkd.host.accel import Accel
+from forkd.host.accel import Accel, ProbeGuest
 from forkd.vmm.cmdline import MACHINE, kernel_cmdline
 
 PROBE_MARKER = b"FORKD-PROBE-OK"
@@ -40,15 +42,6 @@ def qemu_version() -> str:
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
     out = subprocess.run([qemu, "--version"], capture_output=True, text=True).stdout
     return out.splitlines()[0].strip() if out else "unknown"
-
-
-@dataclass(frozen=True)
-class ProbeGuest:
-    """What the probe boots: the image's kernel and initramfs (no root filesystem)."""
-
-    kernel: Path
-    initrd: Path
-    kernel_version: str
 
 
 def _probe_key(guest: ProbeGuest) -> dict[str, str]:

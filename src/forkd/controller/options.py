@@ -1,0 +1,104 @@
+"""The options of a spawn and of a fork, as one typed value each.
+
+``SpawnOptions`` flows unchanged from the request model (``SpawnRequest.options()``
+in api/schemas.py) to ``Runtime.spawn``, the ``Spawner`` and the warm pools'
+claim key: a new spawn option is one field here and one in the request model,
+and nothing unpacks it by hand in between. ``ForkOptions`` is the same for a
+fork of a running sandbox.
+
+Import-light on purpose (no VMM, no QEMU client): the API's schemas build these
+values even where only a fake runtime runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from forkd import bounds
+from forkd.errors import InvalidRequest
+from forkd.host.egress import EgressPolicy
+
+# The request's two egress fields, which become one ``EgressPolicy``.
+EGRESS_FIELDS = ("allow_internet_access", "network")
+
+
+@dataclass(frozen=True)
+class SpawnOptions:
+    """Everything a spawn of ``n`` children of a snapshot may ask for, besides the tag and ``n``.
+
+    ``timeout_secs``: each child is killed that long after the spawn returns (a
+    claimed warm-pool member's clock starts at its claim). ``cpu_limit`` (cores)
+    and ``pids_limit`` (QEMU's tasks) go in each child's cgroup, as does
+    ``memory_limit_mib``. ``idle_pause_secs``: a child that long without a
+    request is paused and resumed by its next one (controller/idle.py).
+    ``egress`` opens the children's outbound traffic, denied by default
+    (host/egress.py). ``prewarm``: read the snapshot's memory into the page
+    cache first. ``disk_quota_mib``: how far each child's own disk layers may
+    grow on the host before it is stopped (controller/disk_quota.py); None: the
+    daemon's default, 0: no quota.
+    """
+
+    per_child_netns: bool = False
+    memory_limit_mib: int | None = None
+    live_fork: bool = False
+    env: dict[str, str] | None = None
+    child_env: list[dict[str, str]] | None = None
+    metadata: dict[str, str] | None = None
+    timeout_secs: float | None = None
+    cpu_limit: float | None = None
+    pids_limit: int | None = None
+    idle_pause_secs: float | None = None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    prewarm: bool = False
+    disk_quota_mib: int | None = None
+
+    def __post_init__(self) -> None:
+        # The checks that need no snapshot, before any VM starts (child_specs checks the rest).
+        if self.timeout_secs is not None:
+            bounds.SANDBOX_TIMEOUT_SECS.check(self.timeout_secs)
+        if self.idle_pause_secs is not None:
+            bounds.IDLE_PAUSE_SECS.check(self.idle_pause_secs)
+        if self.disk_quota_mib is not None:
+            bounds.DISK_QUOTA_MIB.check(self.disk_quota_mib)
+
+    @classmethod
+    def from_request(cls, given: Mapping[str, Any]) -> SpawnOptions:
+        """The options of a request body's fields (``model_dump(exclude_unset=True)``):
+        each field of the same name as it is, the egress pair as one policy, and a
+        400 for a field this daemon does not know. Unset fields keep the defaults above."""
+        fields = dict(given)
+        if any(name in fields for name in EGRESS_FIELDS):
+            fields["egress"] = EgressPolicy.from_request(fields.pop("allow_internet_access", None),
+                                                         fields.pop("network", None))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise InvalidRequest(f"this daemon does not support spawn option(s): {', '.join(unknown)}")
+        return cls(**fields)
+
+    def given(self) -> dict[str, Any]:
+        """The options that differ from the defaults (what a request set), by name."""
+        default = SpawnOptions()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
+@dataclass(frozen=True)
+class ForkOptions:
+    """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
+
+    per_child_netns: bool = False
+    memory_limit_mib: int | None = None
+    live_fork: bool = False
+    env: dict[str, str] | None = None
+    child_env: list[dict[str, str]] | None = None
+    child_memory_limit_mib: list[int | None] | None = None
+    metadata: dict[str, str] | None = None
+    keep_snapshot: bool = False
+    egress: EgressPolicy | None = None  # the children's (the source keeps its own)
+
+
+__all__ = ["EGRESS_FIELDS", "ForkOptions", "SpawnOptions"]

@@ -1,0 +1,98 @@
+"""SpawnOptions: one typed value from the request model to the Runtime, built without hand unpacking."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd import bounds
+from forkd.api.app import create_app
+from forkd.api.schemas import SpawnRequest
+from forkd.api.settings import Settings
+from forkd.controller.disk_quota import DiskQuotas
+from forkd.controller.options import EGRESS_FIELDS, SpawnOptions
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import InvalidRequest
+from forkd.host.accel import Accel
+from forkd.host.egress import EgressPolicy
+from forkd.store.registry import DiskChain, Registry, SandboxRecord
+from forkd.vmm.cmdline import VMConfig
+from tests.fakes.runtime import FakeRuntime
+
+
+def test_every_request_field_is_a_spawn_option() -> None:
+    """A field added to SpawnRequest must exist in SpawnOptions (or be declared not an option)."""
+    request = set(SpawnRequest.model_fields) - SpawnRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
+    options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"}
+    assert request == options
+
+
+def test_an_empty_request_gives_the_defaults() -> None:
+    assert SpawnRequest(snapshot_tag="py").options() == SpawnOptions()
+
+
+def test_every_field_reaches_the_options() -> None:
+    body = {
+        "snapshot_tag": "py", "n": 2, "per_child_netns": True, "memory_limit_mib": 256, "live_fork": True,
+        "env": {"A": "1"}, "child_env": [{"B": "0"}, {"B": "1"}], "metadata": {"team": "ml"},
+        "cpu_limit": 0.5, "pids_limit": 64, "timeout_secs": 30, "idle_pause_secs": 5, "prewarm": True,
+        "hugepages": True, "disk_quota_mib": 64, "allow_internet_access": True,
+        "network": {"allow_out": ["192.0.2.7:443"]},
+    }
+    options = SpawnRequest.model_validate(body).options()
+    assert options == SpawnOptions(
+        per_child_netns=True, memory_limit_mib=256, live_fork=True, env={"A": "1"},
+        child_env=[{"B": "0"}, {"B": "1"}], metadata={"team": "ml"}, cpu_limit=0.5, pids_limit=64,
+        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64,
+        egress=EgressPolicy.from_request(True, {"allow_out": ["192.0.2.7:443"]}))
+    assert options.given()["disk_quota_mib"] == 64 and "per_child_netns" in options.given()
+
+
+def test_bounds_are_checked_by_the_options_themselves() -> None:
+    for bad in ({"timeout_secs": 0}, {"idle_pause_secs": 0.5}, {"disk_quota_mib": -1},
+                {"disk_quota_mib": int(bounds.DISK_QUOTA_MIB.high) + 1}):
+        with pytest.raises(InvalidRequest):
+            SpawnOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="does not support spawn option"):
+        SpawnOptions.from_request({"no_such_option": 1})
+
+
+def test_the_daemon_default_quota_and_zero_for_none(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "forkd.db")
+    quotas = DiskQuotas(registry, SandboxTable(registry, tmp_path))
+    assert quotas.quota_for(None) == bounds.DEFAULT_DISK_QUOTA_MIB
+    assert quotas.quota_for(64) == 64 and quotas.quota_for(0) is None
+    quotas.default_mib = 0
+    assert quotas.quota_for(None) is None and quotas.quota_for(32) == 32
+    registry.close()
+
+
+def test_sandbox_info_reports_the_quota_and_the_layers_used(tmp_path: Path) -> None:
+    record = SandboxRecord(id="sb-abcdef-0000", snapshot_tag="py", dir=str(tmp_path), created_at_unix=1,
+                           config=VMConfig(512, 1, Accel.tcg()), disk=DiskChain.fresh(tmp_path, "py"),
+                           disk_quota_mib=64)
+    info = record.info()
+    assert info["disk_quota_mib"] == 64 and "disk_used_mib" not in info  # no layer yet
+    for name in ("disk.qcow2", "disk-1.qcow2"):
+        (tmp_path / name).write_bytes(b"x" * (1 << 20))
+    (tmp_path / "console.log").write_bytes(b"y" * (4 << 20))  # not a layer
+    assert record.info()["disk_used_mib"] == pytest.approx(2, abs=0.1)
+
+
+def test_the_api_passes_the_quota_and_sandbox_info_shows_it() -> None:
+    fake = FakeRuntime()
+    fake.add_snapshot("py")
+    with TestClient(create_app(Settings(), runtime=fake)) as client:
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": 64})
+        assert r.status_code == 201, r.text
+        assert fake.calls[-1].kwargs["disk_quota_mib"] == 64
+        assert r.json()[0]["disk_quota_mib"] == 64
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        assert r.json()[0]["disk_quota_mib"] == bounds.DEFAULT_DISK_QUOTA_MIB  # the daemon's default
+        assert "disk_quota_mib" not in client.post(
+            "/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": 0}).json()[0]
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": -1})
+        assert r.status_code == 400, r.text
