@@ -118,6 +118,7 @@ def test_dataframe_returns_html(http: httpx.Client, sandbox: str) -> None:
     assert result["is_main_result"] is True
     assert "<table" in result["data"]["text/html"]
     assert "a" in result["data"]["text/plain"]
+    assert result["data"]["e2b/data"] == {"a": [1, 2], "b": ["x", "y"]}  # E2B's `data` field
 
 
 def test_error_has_name_value_and_traceback(http: httpx.Client, sandbox: str) -> None:

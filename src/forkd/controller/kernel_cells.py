@@ -125,6 +125,9 @@ class CellEvents:
         except StopAsyncIteration:
             self._finish()
             raise
+        except GuestError as exc:
+            self.close()
+            raise self._owner.explain(self._sandbox_id, exc) from exc
         except ForkdError:
             self.close()
             raise
@@ -152,6 +155,13 @@ class KernelCells:
     def __init__(self, sandboxes: SandboxTable) -> None:
         self._sandboxes = sandboxes
         self._open: dict[str, int] = {}
+
+    def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
+        """``exc``, or the sandbox's kill or death if that is what broke the cell's stream."""
+        vm = self._sandboxes.vm(sandbox_id)
+        if vm is None:
+            return GuestError(f"sandbox {sandbox_id!r} was killed")
+        return self._sandboxes.explain(sandbox_id, vm, exc)
 
     def closed(self, sandbox_id: str) -> None:
         left = self._open.get(sandbox_id, 0) - 1

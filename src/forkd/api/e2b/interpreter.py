@@ -105,17 +105,30 @@ def kernel_line(event: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-async def kernel_stream(events: Any) -> AsyncIterator[bytes]:
-    """A kernel cell's events as they come; closing the body (a client that left) interrupts it."""
+async def kernel_stream(events: Any, alive: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """A kernel cell's events as they come; closing the body (a client that left) interrupts it.
+
+    A sandbox killed mid-cell cuts the response off unfinished, as E2B's does: the SDK then
+    sees the sandbox gone and raises its "sandbox was killed" error."""
     try:
         async for event in events:
             for line in kernel_line(event):
                 yield (json.dumps(line) + "\n").encode()
     except ForkdError as exc:
+        if "was killed" in str(exc) or not alive():
+            raise
         for line in kernel_line({"type": "end", "error": str(exc)}):
             yield (json.dumps(line) + "\n").encode()
     finally:
         await events.aclose()
+
+
+def _alive(rt: Runtime, sandbox_id: str) -> bool:
+    try:
+        rt.get_sandbox(sandbox_id)
+    except ForkdError:
+        return False
+    return True
 
 
 class Interpreter:
@@ -142,7 +155,8 @@ class Interpreter:
                     cwd = known[context]
                 events = await rt.run_cell(sandbox_id, code, context=context, timeout_secs=CELL_TIMEOUT_SECS,
                                            env=env, cwd=cwd)
-                return StreamingResponse(kernel_stream(events), media_type="application/x-ndjson",
+                return StreamingResponse(kernel_stream(events, lambda: _alive(rt, sandbox_id)),
+                                         media_type="application/x-ndjson",
                                          headers={"Cache-Control": "no-cache, no-transform"})
             cell = await rt.run_code(sandbox_id, code, context=body.get("context_id") or None,
                                      timeout_secs=CELL_TIMEOUT_SECS, env=env)

@@ -63,6 +63,31 @@ del __o, __r, __s
 """
 
 
+# Run silently in every new kernel: DataFrames also display as {column: [values]}, under the
+# MIME type E2B's ``data`` result field carries ("e2b/data").
+SETUP_CELL = """\
+def __forkd_setup():
+    import json, sys
+    from IPython import get_ipython
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import Unicode
+
+    class TableData(BaseFormatter):
+        format_type = Unicode("e2b/data")
+
+        def __call__(self, obj):
+            pandas = sys.modules.get("pandas")
+            if pandas is None or not isinstance(obj, pandas.DataFrame):
+                return None
+            columns = json.loads(obj.to_json(orient="columns", date_format="iso"))
+            return {name: list(cells.values()) for name, cells in columns.items()}
+
+    formatter = get_ipython().display_formatter
+    formatter.formatters["e2b/data"] = TableData(parent=formatter)
+__forkd_setup(); del __forkd_setup
+"""
+
+
 class Kernel:
     def __init__(self, cwd: str) -> None:
         self.km = KernelManager(kernel_name="python3")
@@ -70,10 +95,12 @@ class Kernel:
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=START_TIMEOUT_SECS)
+        self.silent(SETUP_CELL)
 
     def restart(self) -> None:
         self.km.restart_kernel(now=True)
         self.kc.wait_for_ready(timeout=START_TIMEOUT_SECS)
+        self.silent(SETUP_CELL)
 
     def shutdown(self) -> None:
         self.kc.stop_channels()
