@@ -151,6 +151,25 @@ class FakeProcess:
                 "stdin_open": self.stdin_open, "started_at": float(CREATED), "ended_at": None}
 
 
+class FakeCell:
+    """A cell's events, as ``CellEvents`` gives them."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = list(events)
+        self.closed = False
+
+    def __aiter__(self) -> FakeCell:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
 class FakeEvents:
     """A fake process stream (``ProcessEvents``' interface)."""
 
@@ -648,6 +667,15 @@ class FakeRuntime:
                    stdin=stdin, stdin_open=stdin_open, tag=tag)
         proc = self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
         return FakeEvents(proc, True, self._kill_on_close if kill_on_close else lambda _p: None)
+
+    async def run_cell(
+        self, sandbox_id: str, code: str, *, context: str | None = None, timeout_secs: float = 300.0,
+        env: dict[str, str] | None = None, cwd: str | None = None,
+    ) -> FakeCell:
+        """A kernel that prints the cell's code and ends: enough for the route's shape."""
+        self._call("run_cell", sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env, cwd=cwd)
+        return FakeCell([{"type": "stdout", "text": code},
+                         {"type": "end", "execution_count": 1, "timed_out": False, "restarted": False}])
 
     async def process_start(
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from forkd.api import schemas
+from forkd.api import code_routes, schemas
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
 
@@ -48,6 +48,7 @@ PATTERN_WORDS = {
     schemas.ENV_NAME_PATTERN: "no `=`, no NUL",
     schemas.TREE_ID_PATTERN: "fork-tree id",
     schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
+    code_routes.CONTEXT_PATTERN: "context id",
 }
 EN_DASH = "\N{EN DASH}"  # ranges read 128–16384 in API.md  # noqa: RUF003
 JSON_TYPE_WORDS = {

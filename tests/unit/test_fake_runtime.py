@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import forkd.api.code_routes
 import forkd.api.file_routes
 import forkd.api.pool_routes
 import forkd.api.process_routes
@@ -30,8 +31,8 @@ from tests.fakes.runtime import FakeRuntime
 def methods_the_routes_call() -> set[str]:
     """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
     names: set[str] = set()
-    for module in (forkd.api.routes, forkd.api.pool_routes, forkd.api.file_routes, forkd.api.travel_routes,
-                   forkd.api.process_routes, forkd.api.workspace_routes):
+    for module in (forkd.api.routes, forkd.api.code_routes, forkd.api.pool_routes, forkd.api.file_routes,
+                   forkd.api.travel_routes, forkd.api.process_routes, forkd.api.workspace_routes):
         tree = ast.parse(Path(inspect.getfile(module)).read_text())
         names |= {
             node.attr for node in ast.walk(tree)

@@ -127,6 +127,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/code": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Run a cell on the sandbox's IPython kernel and stream its output (NDJSON) */
+        post: operations["run_code_v1_sandboxes__id__code_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/eval": {
         parameters: {
             query?: never;
@@ -738,6 +755,44 @@ export interface components {
              * @enum {string}
              */
             mode?: "diff" | "live";
+        };
+        /** CodeRequest */
+        CodeRequest: {
+            /**
+             * Code
+             * @description The cell: Python, run by IPython (magics, `!shell`, top-level await, display()).
+             */
+            code: string;
+            /**
+             * Context
+             * @description The kernel to run on; one kernel per context, started on its first cell (default: `default`).
+             */
+            context?: string | null;
+            /**
+             * Cwd
+             * @description Working directory of the context's kernel when it starts.
+             */
+            cwd?: string | null;
+            /**
+             * Env
+             * @description Extra environment variables.
+             */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Language
+             * @description Only python kernels are served.
+             * @default python
+             * @constant
+             */
+            language?: "python";
+            /**
+             * Timeout
+             * @description Seconds the cell may run; then the kernel is interrupted.
+             * @default 300
+             */
+            timeout?: number;
         };
         /** CompactRequest */
         CompactRequest: {
@@ -2711,6 +2766,96 @@ export interface operations {
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    run_code_v1_sandboxes__id__code_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CodeRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: stdout/stderr (text), result (data, is_main_result), error (name, value, traceback), then end (see docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's image has no Jupyter kernel. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox already runs 8 cells (or the daemon is starting). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from forkd.api import (
+    code_routes,
     file_routes,
     fork_routes,
     pool_routes,
@@ -199,6 +200,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
     app.include_router(process_routes.router)
+    app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(ui.make_router())

@@ -72,18 +72,18 @@ def build(
     Examples:
       sudo forkd image build
       sudo forkd image build --name ml --packages python3-pandas,git
+      sudo forkd image build --name code-interpreter   # built-in recipe: IPython's kernel, pandas, matplotlib
       sudo forkd image build --name custom --rootfs ./rootfs.tar
     """
-    from forkd.image.builder import ImageRecipe, build_image
+    from forkd.image.builder import build_image, recipe_for
 
     recipe_args: dict[str, Any] = {
-        "name": name,
         "rootfs_source": str(rootfs) if rootfs is not None else None,
         "extra_packages": tuple(split_csv(packages)),
     }
     if size_mib is not None:
         recipe_args["size_mib"] = size_mib
-    recipe = ImageRecipe(**recipe_args)
+    recipe = recipe_for(name, **recipe_args)
     data = DataDir.from_env(data_dir)
 
     progress = Progress(
@@ -120,7 +120,8 @@ def build(
         output.details_table({
             "kernel": meta.get("kernel_version"),
             "packages": [*meta.get("recipe", {}).get("packages", []),
-                         *meta.get("recipe", {}).get("extra_packages", [])],
+                         *meta.get("recipe", {}).get("extra_packages", []),
+                         *meta.get("recipe", {}).get("apt_packages", [])],
             "built_at_unix": meta.get("built_at_unix"),
         })
     )
@@ -158,7 +159,8 @@ def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False)
         table.add_row(
             output.fmt(image.name),
             output.fmt(image.meta.get("kernel_version")),
-            output.fmt([*recipe.get("packages", []), *recipe.get("extra_packages", [])]),
+            output.fmt([*recipe.get("packages", []), *recipe.get("extra_packages", []),
+                        *recipe.get("apt_packages", [])]),
             f"{size} MiB" if size else "-",
             output.fmt_time(image.meta.get("built_at_unix")),
             output.fmt(str(image.dir)),

@@ -48,6 +48,7 @@ from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
+from forkd.controller.kernel_cells import CellEvents, KernelCells
 from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
 from forkd.controller.options import ForkOptions, SpawnOptions
@@ -109,6 +110,7 @@ class Runtime:
         self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
         self.code = CodeRunner(self.sandboxes)
+        self.kernels = KernelCells(self.sandboxes)
         self.processes = SandboxProcesses(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, data.snapshots, self.tags, self.shm)
@@ -484,6 +486,25 @@ class Runtime:
 
     async def remove_code_context(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
         await self.code.remove(sandbox_id, context, restart=restart)
+        await self.kernels.remove(sandbox_id, context, restart=restart)  # its kernel, if it has one
+
+    # Cells on IPython kernels (controller/kernel_cells.py), streamed while they run.
+
+    async def run_cell(self, sandbox_id: str, code: str, *, context: str | None = None,
+                       timeout_secs: float = 300.0, env: dict[str, str] | None = None,
+                       cwd: str | None = None) -> CellEvents:
+        """Run a cell on the context's kernel: stdout/stderr, result and error events, then end.
+        Closing the stream first interrupts the kernel. 409 on an image without a kernel."""
+        events = await self.kernels.run(sandbox_id, code, context=context, timeout_secs=timeout_secs,
+                                        env=env, cwd=cwd)
+        await self.checkpoints.after_call(sandbox_id)
+        return events
+
+    async def kernel_available(self, sandbox_id: str) -> bool:
+        return await self.kernels.available(sandbox_id)
+
+    async def interrupt_cell(self, sandbox_id: str, context: str | None = None) -> bool:
+        return await self.kernels.interrupt(sandbox_id, context)
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,

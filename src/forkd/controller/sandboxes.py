@@ -302,9 +302,14 @@ class SandboxTable:
 
     async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
         """A streaming agent request (its events are read from the stream)."""
+        return await self.open_stream(sandbox_id, action, args)
+
+    async def open_stream(self, sandbox_id: str, action: str, args: dict[str, object],
+                          line_cost: bool = False) -> AgentStream:
+        """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
         vm = await self.for_call(sandbox_id)
         try:
-            return await vm.agent.stream(action, **args)
+            return await vm.agent.open_stream(action, args, line_cost)
         except GuestError as exc:
             explained = self.explain(sandbox_id, vm, exc)
             if explained is exc:

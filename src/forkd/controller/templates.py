@@ -22,6 +22,7 @@ from pathlib import Path
 from forkd import bounds
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_WARM_IMPORTS, DataDir
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.kernel_cells import warm_template
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
@@ -166,6 +167,8 @@ class TemplateBuilder:
             if ping.get("warm_errors"):
                 raise InvalidRequest(f"warm imports failed in the guest: {ping['warm_errors']}")
             await self._run_setup(vm, spec, progress)
+            progress("warming the Jupyter kernel", 0.89)
+            has_kernel = await warm_template(vm, spec.setup_timeout_secs)
             progress("snapshotting", 0.9)
             save_ms = await vm.save_template_state(staging.state)
             boot_s = vm.timings["boot_s"]
@@ -182,6 +185,7 @@ class TemplateBuilder:
                 "warm_imports": warm,
                 "setup": spec.setup,
                 "setup_eval": spec.setup_eval,
+                "jupyter_kernel": has_kernel,  # a live, warm IPython kernel every child inherits
                 "numpy_version": ping.get("numpy_version"),
                 "python_version": ping.get("python_version"),
                 "qemu_version": probe.qemu_version(),

@@ -119,10 +119,12 @@ class AgentStream:
     the matching ``ForkdError``. ``aclose`` detaches from an unfinished stream.
     """
 
-    def __init__(self, client: AgentClient, req_id: int, action: str) -> None:
+    def __init__(self, client: AgentClient, req_id: int, action: str, line_cost: bool = False) -> None:
         self._client = client
         self.id = req_id
         self.action = action
+        # A kernel stream: events are JSON as they are, each costing its line's length.
+        self.line_cost = line_cost
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._end: dict[str, Any] | BaseException | None = None
@@ -132,8 +134,10 @@ class AgentStream:
 
     # ---- fed by the client's reader
 
-    def on_event(self, ev: dict[str, Any]) -> None:
-        if ev.get("type") in (protocol.EV_STDOUT, protocol.EV_STDERR):
+    def on_event(self, ev: dict[str, Any], line_bytes: int = 0) -> None:
+        if self.line_cost:
+            cost = protocol.line_cost(line_bytes)
+        elif ev.get("type") in (protocol.EV_STDOUT, protocol.EV_STDERR):
             ev = {**ev, "data": decode_output(ev)}
             cost = protocol.event_cost(len(ev["data"]))
         else:
@@ -182,7 +186,9 @@ class AgentStream:
         cost = ev.pop("_cost")
         self._outstanding -= cost
         self._unacked += cost
-        if self._unacked >= protocol.STREAM_WINDOW // 4 and self._end is None:
+        # A kernel event may need the whole window: once caught up, give it all back.
+        caught_up = self.line_cost and not self._events
+        if (self._unacked >= protocol.STREAM_WINDOW // 4 or caught_up) and self._end is None:
             self._client.notify(protocol.PROC_ACK, stream=self.id, bytes=self._unacked)
             self._unacked = 0
         return ev
@@ -317,7 +323,7 @@ class AgentClient:
                 if not isinstance(ev, dict):
                     self._garbage(len(line) + 1)
                 elif stream is not None:
-                    stream.on_event(ev)
+                    stream.on_event(ev, len(line))
                 elif call is None or not call.on_event(ev):
                     self._garbage(len(line) + 1)  # late (a detached stream), or not ours
                 return
@@ -440,8 +446,12 @@ class AgentClient:
 
     async def stream(self, action: str, **args: Any) -> AgentStream:
         """Send a streaming request; its events are read from the returned ``AgentStream``."""
+        return await self.open_stream(action, args)
+
+    async def open_stream(self, action: str, args: dict[str, Any], line_cost: bool = False) -> AgentStream:
+        """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
         req_id = next(self._ids)
-        stream = AgentStream(self, req_id, action)
+        stream = AgentStream(self, req_id, action, line_cost)
         self._streams[req_id] = stream
         try:
             await self._send(protocol.request(req_id, action, args))

@@ -68,6 +68,13 @@ FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or 
 FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
 # Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
 CONTEXT = "context"
+# Cells on IPython kernels (forkd.guest.agent.kernels), one kernel per context:
+# op run (code, context, timeout_secs, env, cwd) -> a stream of KERNEL_EVENTS, then
+# {"type": "end", "execution_count", "timed_out", "restarted"}; op interrupt (context)
+# -> {"interrupted"}; op available -> {"available", "running"}; op shutdown|restart
+# (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
+# proc_ack and proc_detach, like process streams; each event costs line_cost.
+KERNEL = "kernel"
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
@@ -82,7 +89,7 @@ PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
 PROC_SIGNAL = "proc_signal"
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
            FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE,
-           CONTEXT, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
+           CONTEXT, KERNEL, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
            PROC_SIGNAL)
 
 # The events of a stream ("event" messages), each {"type": ...}:
@@ -130,6 +137,17 @@ EVENT_COST_MIN = 256
 def event_cost(data_bytes: int) -> int:
     """What one event carrying ``data_bytes`` bytes of output costs against a stream's window."""
     return max(data_bytes, EVENT_COST_MIN)
+
+
+def line_cost(line_bytes: int) -> int:
+    """What one kernel event costs against its stream's window: its line's length (without
+    the newline), at most the whole window (so one large result still goes, alone)."""
+    return min(STREAM_WINDOW, event_cost(line_bytes))
+
+
+# The events of a kernel stream: {"type": "stdout"|"stderr", "text"}, {"type": "result",
+# "data": {mime: value}, "is_main_result"}, {"type": "error", "name", "value", "traceback"}.
+KERNEL_EVENTS = ("stdout", "stderr", "result", "error")
 
 # Per process, the output kept for a later attach: a ring, the oldest goes first.
 PROCESS_RING_BYTES = 1 << 20

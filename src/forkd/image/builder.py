@@ -54,6 +54,23 @@ def _debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+# The packages every image has; the default image is exactly these.
+BASE_PACKAGES: tuple[str, ...] = ("python3", "python3-numpy")
+
+# Built-in named recipes: ``forkd image build --name NAME`` installs these Debian
+# packages with apt-get on top of the base tree (debootstrap's --include cannot
+# configure a tree this large: python3-zmq fails). ``code-interpreter`` carries
+# IPython's kernel, which the agent's kernel runner (guest/agent/kernel_runner.py) drives.
+NAMED_RECIPES: dict[str, tuple[str, ...]] = {
+    "code-interpreter": (
+        "python3-ipykernel",
+        "python3-jupyter-client",
+        "python3-matplotlib",
+        "python3-pandas",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class ImageRecipe:
     """Everything that determines an image's content."""
@@ -61,8 +78,9 @@ class ImageRecipe:
     name: str = DEFAULT_IMAGE
     suite: str = "bookworm"
     mirror: str = field(default_factory=_debian_mirror)
-    packages: tuple[str, ...] = ("python3", "python3-numpy")
+    packages: tuple[str, ...] = BASE_PACKAGES
     extra_packages: tuple[str, ...] = ()
+    apt_packages: tuple[str, ...] = ()  # apt-get install'ed on the debootstrap tree (a named recipe's)
     rootfs_source: str | None = None  # a directory or tarball instead of debootstrap
     size_mib: int = 2048
     kernel_package: str = kernel.KERNEL_PACKAGE
@@ -72,7 +90,7 @@ class ImageRecipe:
 
         if not TAG_RE.match(self.name):  # image names follow the snapshot tag rules
             raise InvalidRequest(f"invalid image name {self.name!r}: use {NAME_RE_HELP}")
-        for pkg in (*self.packages, *self.extra_packages):
+        for pkg in (*self.packages, *self.extra_packages, *self.apt_packages):
             if not re.fullmatch(r"[a-z0-9][a-z0-9+.:=~-]*", pkg):
                 raise InvalidRequest(f"invalid Debian package name {pkg!r}")
         if not 256 <= self.size_mib <= 1 << 20:
@@ -99,6 +117,14 @@ class ImageRecipe:
             "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
         }
         return _digest(parts)[:16]
+
+
+def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
+    """The recipe for image ``name``: a built-in named recipe's packages when it has one."""
+    named = NAMED_RECIPES.get(name)
+    if named is not None and not fields.get("rootfs_source"):
+        fields.setdefault("apt_packages", named)
+    return ImageRecipe(name=name, **fields)
 
 
 def _digest(obj: object) -> str:
@@ -204,9 +230,11 @@ def build_image(
             tree.mkdir()
             rootfs.unpack_user_rootfs(Path(recipe.rootfs_source), tree)
             progress("installing packages", 0.4)
-            rootfs.install_packages(tree, list(recipe.extra_packages), log)
+            rootfs.install_packages(tree, [*recipe.extra_packages, *recipe.apt_packages], log)
         else:
             tree = _cached_debootstrap(cache, recipe, log, progress)
+            if recipe.apt_packages:
+                tree = _cached_apt_tree(cache, tree, recipe, log, progress)
         rootfs.install_agent(tree)
         progress("ext4 image", 0.85)
         rootfs.make_ext4(tree, staging / "rootfs.ext4", recipe.size_mib)
@@ -279,6 +307,31 @@ def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
                               files.version)
 
 
+def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
+    """The debootstrap tree plus the recipe's ``apt_packages``, cached by both."""
+    key = _digest({"base": recipe.base_key(), "apt": sorted(recipe.apt_packages)})[:16]
+    target = cache / f"rootfs-{key}"
+    complete = cache / f"rootfs-{key}.complete"
+    if complete.exists() and target.is_dir():
+        return target
+    tmp = cache / f".rootfs-{key}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    progress("apt-get install (a few minutes)", 0.5)
+    try:
+        tmp.mkdir(parents=True)
+        rootfs.unpack_user_rootfs(base, tmp)  # cp -a: device nodes, owners and links as they are
+        rootfs.install_packages(tmp, list(recipe.apt_packages), log)
+        shutil.rmtree(tmp / "var/lib/apt/lists", ignore_errors=True)
+        (tmp / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        complete.write_text(recipe.suite + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
 def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
     target = cache / f"rootfs-{recipe.base_key()}"
     complete = cache / f"rootfs-{recipe.base_key()}.complete"
@@ -305,4 +358,5 @@ def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: P
     return target
 
 
-__all__ = ["Image", "ImageRecipe", "build_image", "list_images", "load_image", "prereqs"]
+__all__ = ["NAMED_RECIPES", "Image", "ImageRecipe", "build_image", "list_images", "load_image", "prereqs",
+           "recipe_for"]

@@ -140,6 +140,29 @@ class CheckpointPolicyRequest(TypedDict, total=False):
     """Branch mode (live needs live_fork)."""
 
 
+class CodeRequest(TypedDict, total=False):
+    """The ``CodeRequest`` schema."""
+
+    code: Required[str]
+    """The cell: Python, run by IPython (magics, `!shell`, top-level await, display())."""
+
+    context: str | None
+    """The kernel to run on; one kernel per context, started on its first cell (default: `default`).
+    """
+
+    language: Literal["python"]
+    """Only python kernels are served."""
+
+    timeout: float
+    """Seconds the cell may run; then the kernel is interrupted."""
+
+    env: dict[str, str] | None
+    """Extra environment variables."""
+
+    cwd: str | None
+    """Working directory of the context's kernel when it starts."""
+
+
 class CompactRequest(TypedDict, total=False):
     """The ``CompactRequest`` schema."""
 
@@ -1112,6 +1135,7 @@ __all__ = [
     "CheckpointList",
     "CheckpointPolicy",
     "CheckpointPolicyRequest",
+    "CodeRequest",
     "CompactRequest",
     "CreateSnapshotExtra",
     "CreateSnapshotRequest",

@@ -1,13 +1,20 @@
 """The code interpreter's protocol (port 49999): ``/execute`` and ``/contexts``.
 
-``POST /execute {code, context_id?, language?, env_vars?}`` runs one cell in
-PID 1's warm interpreter (``Runtime.run_code``: the ``default`` context is the
-namespace ``eval`` uses) and answers NDJSON, one object a line: ``stdout`` and
-``stderr`` (``{text, timestamp}``, nanoseconds), the cell's value as a
-``result`` with ``is_main_result``, an ``error`` with ``name``, ``value`` and
-``traceback``, and ``number_of_executions``. Output is sent when the cell
-ends, not while it runs (the agent captures it). A cell may run
-``CELL_TIMEOUT_SECS`` (the SDK's own default timeout), then it is interrupted.
+``POST /execute {code, context_id?, language?, env_vars?}`` answers NDJSON,
+one object a line: ``stdout`` and ``stderr`` (``{text, timestamp}``,
+nanoseconds), each ``result`` with E2B's fields (``text``, ``html``,
+``markdown``, ``svg``, ``png``, ``jpeg``, ``pdf``, ``latex``, ``json``,
+``javascript``, ``data``, ``chart``, ``extra``) and ``is_main_result``, an
+``error`` with ``name``, ``value`` and ``traceback``, and
+``number_of_executions``.
+
+On a sandbox whose image has a Jupyter kernel (the ``code-interpreter``
+image) the cell runs on the context's IPython kernel (``Runtime.run_cell``)
+and its output streams while it runs; a client that leaves interrupts it.
+Elsewhere it runs in PID 1's warm interpreter (``Runtime.run_code``: the
+``default`` context is the namespace ``eval`` uses) and its output is sent
+when the cell ends. A cell may run ``CELL_TIMEOUT_SECS`` (the SDK's own
+default timeout), then it is interrupted.
 
 ``/contexts``: create (python only), list, remove, restart.
 """
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from forkd.errors import InvalidRequest, NotFound
+from forkd.errors import ForkdError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -61,6 +68,69 @@ def lines(cell: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# IPython's MIME types, as E2B's result fields name them; anything else goes to ``extra``.
+RESULT_FIELDS = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
+    "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
+    "application/json": "json", "application/javascript": "javascript", "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+def kernel_line(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """One kernel event (``Runtime.run_cell``) as the code interpreter's NDJSON objects."""
+    kind = event["type"]
+    if kind in ("stdout", "stderr"):
+        return [{"type": kind, "text": event["text"], "timestamp": time.time_ns()}]
+    if kind == "result":
+        data = dict(event["data"])
+        line: dict[str, Any] = {"type": "result", "is_main_result": event["is_main_result"]}
+        for mime, name in RESULT_FIELDS.items():
+            if mime in data:
+                line[name] = data.pop(mime)
+        text = line.get("text")
+        if isinstance(text, str) and len(text) > 1 and text[0] == text[-1] == "'":
+            line["text"] = text[1:-1]  # a string result without its quotes, as E2B sends it
+        if data:
+            line["extra"] = data
+        return [line]
+    if kind == "error":
+        return [{"type": "error", "name": event["name"], "value": event["value"],
+                 "traceback": event["traceback"]}]
+    out: list[dict[str, Any]] = []
+    if event.get("error"):  # the stream broke after the 200
+        out.append({"type": "error", "name": "SandboxError", "value": event["error"], "traceback": ""})
+    if event.get("execution_count") is not None:
+        out.append({"type": "number_of_executions", "execution_count": event["execution_count"]})
+    return out
+
+
+async def kernel_stream(events: Any, alive: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """A kernel cell's events as they come; closing the body (a client that left) interrupts it.
+
+    A sandbox killed mid-cell cuts the response off unfinished, as E2B's does: the SDK then
+    sees the sandbox gone and raises its "sandbox was killed" error."""
+    try:
+        async for event in events:
+            for line in kernel_line(event):
+                yield (json.dumps(line) + "\n").encode()
+    except ForkdError as exc:
+        if "was killed" in str(exc) or not alive():
+            raise
+        for line in kernel_line({"type": "end", "error": str(exc)}):
+            yield (json.dumps(line) + "\n").encode()
+    finally:
+        await events.aclose()
+
+
+def _alive(rt: Runtime, sandbox_id: str) -> bool:
+    try:
+        rt.get_sandbox(sandbox_id)
+    except ForkdError:
+        return False
+    return True
+
+
 class Interpreter:
     def __init__(self, runtime: Callable[[], Runtime]) -> None:
         self._runtime = runtime
@@ -75,6 +145,19 @@ class Interpreter:
             if not isinstance(code, str):
                 raise InvalidRequest("code must be a string")
             env = body.get("env_vars") or None
+            context = body.get("context_id") or None
+            if await rt.kernel_available(sandbox_id):
+                cwd = None
+                if context is not None and context != "default":  # a context's kernel starts in its cwd
+                    known = {c["id"]: c["cwd"] for c in await rt.list_code_contexts(sandbox_id)}
+                    if context not in known:
+                        raise NotFound(f"no code context {context!r}")
+                    cwd = known[context]
+                events = await rt.run_cell(sandbox_id, code, context=context, timeout_secs=CELL_TIMEOUT_SECS,
+                                           env=env, cwd=cwd)
+                return StreamingResponse(kernel_stream(events, lambda: _alive(rt, sandbox_id)),
+                                         media_type="application/x-ndjson",
+                                         headers={"Cache-Control": "no-cache, no-transform"})
             cell = await rt.run_code(sandbox_id, code, context=body.get("context_id") or None,
                                      timeout_secs=CELL_TIMEOUT_SECS, env=env)
 

@@ -22,6 +22,7 @@ One module per job:
 - ``restore``: reseeding RNGs and stepping the clock in a restored child
 - ``files``: stat, list, mkdir, remove, move and chunked reads of files
 - ``contexts``: named code contexts for the code interpreter (runs like notebook cells)
+- ``kernels``: cells on IPython kernels, through ``kernel_runner`` (a helper process, not stdlib only)
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``channel``: every message to the host, bounded, and which requests await a reply
@@ -40,5 +41,6 @@ MIN_GUEST_PYTHON = (3, 11)
 
 # Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
 # "3" serves the file actions, "4" streams exec output as events and serves
-# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts.
-AGENT_VERSION = "5"
+# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
+# "6" cells on IPython kernels (kernel).
+AGENT_VERSION = "6"

@@ -53,6 +53,11 @@ class Channel:
     def event(self, req_id: Any, ev: dict[str, Any]) -> None:
         self._write(protocol.encode(protocol.event(req_id, ev)))
 
+    def send_line(self, line: bytes) -> None:
+        """An event its sender encoded itself (to know its size first); at most ``max_line``."""
+        if len(line) <= self.max_line:
+            self._write(line)
+
     def reply(self, req_id: Any, result: Any) -> None:
         self.send_reply(protocol.ok_reply(req_id, result))
 

@@ -33,6 +33,7 @@ from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.freeze import RootFreezer
 from forkd.guest.agent.hostwait import HostWait
+from forkd.guest.agent.kernels import Kernels
 from forkd.guest.agent.processes import Processes
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
@@ -66,6 +67,7 @@ class Agent:
         self.contexts = CodeContexts(self.namespace, self.evaluator)
         self.reaper = Reaper()
         self.processes = Processes(self.reaper, self.channel)
+        self.kernels = Kernels(self.channel, self.reaper)
         self.workers = Workers()
         self.fs = RootFreezer()
         self.files = Files()
@@ -91,12 +93,15 @@ class Agent:
             protocol.FILE_WRITE_CLOSE: self.uploads.write_close,
             protocol.FILE_MOVE: self.files.move,
             protocol.CONTEXT: self.contexts.handle,
+            protocol.KERNEL: self.kernels.handle,
             protocol.PROC_START: lambda req: self.processes.start(
                 req.get("id"), parse_start(req), stream=bool_field(req, "stream", False)),
             protocol.PROC_ATTACH: lambda req: self.processes.attach(
                 req.get("id"), int_field(req, "pid"), bool_field(req, "from_start", True)),
-            protocol.PROC_DETACH: lambda req: self.processes.detach(req.get("stream")),
-            protocol.PROC_ACK: lambda req: self.processes.ack(req.get("stream"), int_field(req, "bytes")),
+            protocol.PROC_DETACH: lambda req: (self.kernels if self.kernels.owns(req.get("stream"))
+                                               else self.processes).detach(req.get("stream")),
+            protocol.PROC_ACK: lambda req: (self.kernels if self.kernels.owns(req.get("stream")) else
+                                            self.processes).ack(req.get("stream"), int_field(req, "bytes")),
             protocol.PROC_LIST: lambda _req: {"processes": self.processes.list()},
             protocol.PROC_INFO: lambda req: self.processes.info(int_field(req, "pid")),
             protocol.PROC_INPUT: lambda req: self.processes.write_input(
@@ -139,6 +144,8 @@ class Agent:
         result["thawed"] = self.fs.thaw()
         # Streams watched by the host this guest was copied from are nobody's here.
         self.processes.detach_all()
+        self.kernels.detach_all()
+        self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
 
     @staticmethod
@@ -209,8 +216,9 @@ class Agent:
                 if stop_at_eof:
                     self.channel.wait_idle()
                     return
-                # The host went away: whatever it watched, nobody watches now.
+                # The host went away: whatever it watched, nobody watches now (its cells stop).
                 self.processes.detach_all()
+                self.kernels.detach_all(interrupt=True)
                 buf.clear()
                 discarding = False
                 self._wait_for_host(in_fd)

@@ -1,0 +1,225 @@
+"""`KernelCells`: cells on the IPython kernels inside a sandbox (``forkd.guest.agent.kernels``).
+
+A cell is a stream: its output (``stdout``/``stderr`` text, each ``result``
+with its MIME bundle, the ``error``) comes while it runs, then its ``end``.
+The stream is flow-controlled end to end like a process stream (a caller that
+stops reading stops the kernel's output, never grows the daemon), and closing
+it before the end (a client that went away) interrupts the kernel in the guest,
+so the next cell runs at once. A cell past its ``timeout_secs`` is interrupted
+by the guest, which then answers its end with ``timed_out``.
+
+Kernels run only on images that have one (``forkd image build --name
+code-interpreter``); ``available`` tells. Everything the guest sends is checked
+for shape and size here before anyone sees it: the guest is not trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from forkd import bounds
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import Busy, Conflict, ForkdError, GuestError, InvalidRequest
+from forkd.guest import protocol
+from forkd.guest.client import AgentStream
+from forkd.vmm.machine import VM
+
+MAX_STREAMS_PER_SANDBOX = 8
+MAX_TEXT_CHARS = protocol.MAX_REPLY_LINE  # no string in one event can be longer than its line
+# A first cell starts the kernel (seconds under TCG); the guest interrupts at the cell's
+# timeout and restarts a kernel that ignores that. Past this much more, the guest is wedged.
+KERNEL_START_GRACE_SECS = 300.0
+DEFAULT_TIMEOUT_SECS = 300.0
+
+
+# What a template of an image with a kernel runs before its snapshot (silently: no output,
+# no execution count), so that every child's first cell finds the kernel started, the data
+# libraries imported and matplotlib's font cache built. Nothing is left in the namespace.
+WARM_CELL = """\
+def __forkd_warm():
+    import io
+    import numpy, pandas, matplotlib.pyplot as plt
+    plt.figure(); plt.plot([0, 1]); plt.savefig(io.BytesIO(), format="png"); plt.close("all")
+    pandas.DataFrame({"a": [1]})._repr_html_()
+__forkd_warm(); del __forkd_warm
+"""
+
+
+def _older_agent(exc: GuestError) -> bool:
+    """An agent from before kernels (an image built by an older forkd) has none."""
+    return "unknown action" in str(exc)
+
+
+async def warm_template(vm: VM, timeout_secs: float) -> bool:
+    """Start and warm the default kernel of a template whose image has one; False if it has none."""
+    try:
+        available = await vm.call(protocol.KERNEL, timeout=30, op="available")
+    except GuestError as exc:
+        if _older_agent(exc):
+            return False
+        raise
+    if available.get("available") is not True:
+        return False
+    # A plain call: the warm cell sends no events, only its end.
+    end = await vm.call(protocol.KERNEL, timeout=timeout_secs + KERNEL_START_GRACE_SECS, op="run",
+                        code=WARM_CELL, silent=True, timeout_secs=timeout_secs)
+    if end.get("failed") or end.get("timed_out"):
+        raise GuestError(f"warming the template's Jupyter kernel failed: {end}")
+    return True
+
+
+def _str(value: object, what: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+        raise GuestError(f"guest agent sent a malformed {what}")
+    return value
+
+
+def cell_event(raw: dict[str, Any]) -> dict[str, Any]:
+    """One event of a kernel stream, with only its documented keys of their documented types."""
+    kind = raw.get("type")
+    if kind in ("stdout", "stderr"):
+        return {"type": kind, "text": _str(raw.get("text"), "cell output")}
+    if kind == "result":
+        data = raw.get("data")
+        if not isinstance(data, dict) or not all(isinstance(k, str) and len(k) <= 256 for k in data):
+            raise GuestError("guest agent sent a malformed cell result")
+        return {"type": "result", "data": data, "is_main_result": raw.get("is_main_result") is True}
+    if kind == "error":
+        fields = {k: _str(raw.get(k), f"cell error {k}") for k in ("name", "value", "traceback")}
+        return {"type": "error", **fields}
+    if kind == "end":
+        count = raw.get("execution_count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise GuestError("guest agent sent a malformed execution count")
+        return {"type": "end", "execution_count": count, "timed_out": raw.get("timed_out") is True,
+                "restarted": raw.get("restarted") is True}
+    raise GuestError(f"guest agent sent an unknown cell event {str(kind)[:40]!r}")
+
+
+class CellEvents:
+    """A running cell: ``async for event in cell``; ``aclose()`` before its end interrupts it."""
+
+    def __init__(self, owner: KernelCells, sandbox_id: str, stream: AgentStream, wait_secs: float) -> None:
+        self._owner = owner
+        self._sandbox_id = sandbox_id
+        self._stream = stream
+        self._deadline = time.monotonic() + wait_secs
+        self._done = False
+        self.started = time.monotonic()
+
+    def __aiter__(self) -> CellEvents:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            async with asyncio.timeout(max(0.0, self._deadline - time.monotonic())):
+                raw = await self._stream.__anext__()
+            event = cell_event(raw)
+        except TimeoutError:
+            self.close()
+            raise GuestError("the guest did not end the cell in time; it was interrupted") from None
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except GuestError as exc:
+            self.close()
+            raise self._owner.explain(self._sandbox_id, exc) from exc
+        except ForkdError:
+            self.close()
+            raise
+        if event["type"] == "end":
+            self._finish()
+        return event
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._owner.closed(self._sandbox_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching (idempotent); a cell still running is interrupted by the guest."""
+        if self._done:
+            return
+        self._finish()
+        self._stream.close()
+
+
+class KernelCells:
+    def __init__(self, sandboxes: SandboxTable) -> None:
+        self._sandboxes = sandboxes
+        self._open: dict[str, int] = {}
+
+    def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
+        """``exc``, or the sandbox's kill or death if that is what broke the cell's stream."""
+        vm = self._sandboxes.vm(sandbox_id)
+        if vm is None:
+            return GuestError(f"sandbox {sandbox_id!r} was killed")
+        return self._sandboxes.explain(sandbox_id, vm, exc)
+
+    def closed(self, sandbox_id: str) -> None:
+        left = self._open.get(sandbox_id, 0) - 1
+        if left > 0:
+            self._open[sandbox_id] = left
+        else:
+            self._open.pop(sandbox_id, None)
+
+    async def available(self, sandbox_id: str) -> bool:
+        """Whether the sandbox's image has a Jupyter kernel (an older agent: no)."""
+        try:
+            result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="available")
+        except GuestError as exc:
+            if _older_agent(exc):
+                return False
+            raise
+        return result.get("available") is True
+
+    async def run(self, sandbox_id: str, code: str, *, context: str | None = None,
+                  timeout_secs: float = DEFAULT_TIMEOUT_SECS, env: dict[str, str] | None = None,
+                  cwd: str | None = None) -> CellEvents:
+        """Start a cell on the context's kernel (started on its first cell) and stream it."""
+        if not isinstance(code, str):
+            raise InvalidRequest("code must be a string")
+        bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
+        try:
+            env = protocol.check_env(env)
+        except protocol.RequestError as exc:
+            raise InvalidRequest(str(exc)) from None
+        sandbox_id = self._sandboxes.resolve(sandbox_id)
+        if not await self.available(sandbox_id):
+            raise Conflict(f"sandbox {sandbox_id!r} has no Jupyter kernel: start it from a snapshot of "
+                           "the code-interpreter image (forkd image build --name code-interpreter)")
+        if self._open.get(sandbox_id, 0) >= MAX_STREAMS_PER_SANDBOX:
+            raise Busy(f"sandbox {sandbox_id!r} already has {MAX_STREAMS_PER_SANDBOX} cells running; "
+                       "wait for one to end")
+        args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
+        if context is not None:
+            args["context"] = context
+        if cwd is not None:
+            args["cwd"] = cwd
+        self._open[sandbox_id] = self._open.get(sandbox_id, 0) + 1
+        try:
+            stream = await self._sandboxes.open_stream(sandbox_id, protocol.KERNEL, args, line_cost=True)
+        except BaseException:
+            self.closed(sandbox_id)
+            raise
+        return CellEvents(self, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
+
+    async def interrupt(self, sandbox_id: str, context: str | None = None) -> bool:
+        result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",
+                                            context=context or "default")
+        return result.get("interrupted") is True
+
+    async def remove(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
+        """Shut the context's kernel down (or restart it); nothing if it never started."""
+        await self._sandboxes.call(sandbox_id, protocol.KERNEL, 120, op="restart" if restart else "shutdown",
+                                   context=context)
+
+
+__all__ = ["WARM_CELL", "CellEvents", "KernelCells", "cell_event", "warm_template"]

@@ -1,0 +1,202 @@
+"""Cells on a real IPython kernel in real sandboxes (the code-interpreter image), through a real daemon.
+
+One daemon and one template of the ``code-interpreter`` image for the module:
+the template warms its kernel before the snapshot, so every child starts with
+a live kernel. The image is built here if missing (cached by its recipe, like
+the default image: instant when nothing changed, minutes the first time).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from forkd.config import DataDir
+from forkd.image.builder import build_image, recipe_for
+
+from .conftest import images_dir
+from .daemon_fixture import Daemon, new_daemon, shutdown_and_check
+
+pytestmark = pytest.mark.vm
+
+IMAGE = "code-interpreter"
+TAG = "code-interpreter-v1"  # the template E2B's code interpreter SDK asks for
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    build_image(DataDir(Path("/nonexistent"), images_dir()), recipe_for(IMAGE))
+    d = new_daemon("fkd-ci-").start()
+    try:
+        with d.client(timeout=900) as http:
+            started = time.monotonic()
+            r = http.post("/v1/snapshots", json={"tag": TAG, "image": IMAGE, "boot_wait_secs": 300,
+                                                 "mem_mib": 1024})
+            assert r.status_code == 201, r.text
+            print(f"\ncode-interpreter template (boot + kernel warm-up): {time.monotonic() - started:.1f}s")
+        yield d
+    finally:
+        shutdown_and_check(d)
+
+
+@pytest.fixture
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    with daemon.client(timeout=300) as client:
+        yield client
+
+
+def spawn(http: httpx.Client) -> str:
+    r = http.post("/v1/sandboxes", json={"snapshot_tag": TAG})
+    assert r.status_code == 201, r.text
+    return str(r.json()[0]["id"])
+
+
+@pytest.fixture
+def sandbox(http: httpx.Client) -> Iterator[str]:
+    sandbox_id = spawn(http)
+    yield sandbox_id
+    http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def cell(http: httpx.Client, sandbox_id: str, code: str, **fields: Any) -> list[dict[str, Any]]:
+    """A cell's events, each stamped with ``_at``: seconds since the request went out."""
+    started = time.monotonic()
+    events = []
+    with http.stream("POST", f"/v1/sandboxes/{sandbox_id}/code", json={"code": code, **fields}) as r:
+        assert r.status_code == 200, r.read().decode()
+        for line in r.iter_lines():
+            if line:
+                events.append({**json.loads(line), "_at": time.monotonic() - started})
+    assert events and events[-1]["type"] == "end", events
+    return events
+
+
+def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+def stdout(events: list[dict[str, Any]]) -> str:
+    return "".join(e["text"] for e in of_type(events, "stdout"))
+
+
+def test_first_cell_and_warm_round_trip(http: httpx.Client, sandbox: str) -> None:
+    first = cell(http, sandbox, "1 + 1")
+    warm = min(cell(http, sandbox, "2 + 2")[-1]["_at"] for _ in range(5))
+    print(f"\nfirst cell in a fresh child: {first[-1]['_at'] * 1000:.0f} ms; "
+          f"warm cell round trip: {warm * 1000:.0f} ms")
+    assert of_type(first, "result")[0]["data"]["text/plain"] == "2"
+    assert of_type(first, "result")[0]["is_main_result"] is True
+    # The kernel was started and warmed in the template: no kernel start here.
+    assert first[-1]["_at"] < 30
+
+
+def test_matplotlib_cell_returns_a_png(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "import matplotlib.pyplot as plt\n"
+                                 "plt.plot([1, 2, 3], [4, 1, 9])\nplt.title('t')\nplt.show()")
+    pngs = [e["data"]["image/png"] for e in of_type(events, "result") if "image/png" in e["data"]]
+    assert len(pngs) == 1, events
+    png = base64.b64decode(pngs[0])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width > 100 and height > 100, (width, height)
+
+
+def test_dataframe_returns_html(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+    (result,) = of_type(events, "result")
+    assert result["is_main_result"] is True
+    assert "<table" in result["data"]["text/html"]
+    assert "a" in result["data"]["text/plain"]
+    assert result["data"]["e2b/data"] == {"a": [1, 2], "b": ["x", "y"]}  # E2B's `data` field
+
+
+def test_error_has_name_value_and_traceback(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "def f():\n    raise ValueError('boom')\nf()")
+    (error,) = of_type(events, "error")
+    assert (error["name"], error["value"]) == ("ValueError", "boom")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", error["traceback"])  # IPython colours it
+    assert "raise ValueError('boom')" in plain and "f()" in plain, plain
+
+
+def test_output_streams_before_the_cell_ends(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "import time\nprint('one', flush=True)\ntime.sleep(2)\nprint('two')")
+    assert stdout(events) == "one\ntwo\n"
+    first = of_type(events, "stdout")[0]
+    assert "one" in first["text"]
+    assert events[-1]["_at"] - first["_at"] > 1.5, events
+
+
+def test_timeout_interrupts_and_the_kernel_is_usable_at_once(http: httpx.Client, sandbox: str) -> None:
+    cell(http, sandbox, "x = 41")
+    events = cell(http, sandbox, "while True: pass", timeout=2)
+    assert events[-1]["timed_out"] is True and events[-1]["restarted"] is False, events
+    assert of_type(events, "error")[0]["name"] == "KeyboardInterrupt"
+    after = cell(http, sandbox, "x + 1")
+    assert of_type(after, "result")[0]["data"]["text/plain"] == "42"  # same kernel, state kept
+    assert after[-1]["_at"] < 5
+
+
+def test_a_client_that_leaves_interrupts_the_cell(http: httpx.Client, sandbox: str) -> None:
+    with http.stream("POST", f"/v1/sandboxes/{sandbox}/code",
+                     json={"code": "import time\nprint('go', flush=True)\nwhile True: time.sleep(0.1)"}) as r:
+        for line in r.iter_lines():
+            if line and json.loads(line)["type"] == "stdout":
+                break  # leave mid-cell
+    time.sleep(1)
+    after = cell(http, sandbox, "'free'")
+    assert of_type(after, "result")[0]["data"]["text/plain"] == "'free'"
+    assert after[-1]["_at"] < 10
+
+
+def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox: str) -> None:
+    cell(http, sandbox, "import pandas as pd, random\ndf = pd.DataFrame({'v': [1, 2, 3]})\n"
+                        "secret = 'before-fork'")
+    r = http.post(f"/v1/sandboxes/{sandbox}/fork", json={"count": 2})
+    assert r.status_code in (200, 201), r.text
+    children = [c["id"] for c in r.json()["children"]]
+    assert len(children) == 2, r.text
+    try:
+        for i, child in enumerate(children):
+            code = f"df['v'] = df['v'] * {10 ** (i + 1)}\nprint(secret)\nint(df['v'].sum())"
+            events = cell(http, child, code)
+            assert stdout(events) == "before-fork\n", events
+            assert of_type(events, "result")[0]["data"]["text/plain"] == str(6 * 10 ** (i + 1))
+        # Each child went its own way; the parent kept its own state.
+        for i, child in enumerate(children):
+            events = cell(http, child, "int(df['v'].sum())")
+            assert of_type(events, "result")[0]["data"]["text/plain"] == str(6 * 10 ** (i + 1))
+        events = cell(http, sandbox, "int(df['v'].sum())")
+        assert of_type(events, "result")[0]["data"]["text/plain"] == "6"
+        # Each child's kernel was reseeded at its restore: siblings draw different numbers.
+        draws = {of_type(cell(http, child, "random.random()"), "result")[0]["data"]["text/plain"]
+                 for child in children}
+        assert len(draws) == 2, draws
+    finally:
+        for child in children:
+            http.delete(f"/v1/sandboxes/{child}")
+
+
+def test_e2b_code_interpreter_sdk_runs_unchanged(daemon: Daemon) -> None:
+    """The published e2b_code_interpreter SDK (.venv-clients, made by `make clients`)."""
+    python = ROOT / ".venv-clients" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no .venv-clients: make clients")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    env.update({"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token})
+    proc = subprocess.run([str(python), str(ROOT / "tests" / "clients" / "e2b" / "kernel.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd="/tmp")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("kernel ok"), (
+        f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    with daemon.client() as http:
+        assert http.get("/v1/sandboxes").json() == []
