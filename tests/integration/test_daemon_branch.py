@@ -366,9 +366,10 @@ def test_seed004_spawn_body_netns_memory_limit_live_fork(daemon: Daemon, http: h
         assert len(sbs) == 10
         assert sorted(sb["netns"] for sb in sbs) == sorted(names)
         for sb in sbs:
-            # The seeds' fields, plus forkd's per-phase restore timings.
+            # The seeds' fields, plus forkd's per-phase restore timings and the disk quota.
             assert set(sb) == {"id", "snapshot_tag", "netns", "guest_addr", "created_at_unix", "pid",
-                               "memory_limit_mib", "live_fork", "timings", "state"}, sb
+                               "memory_limit_mib", "live_fork", "timings", "state", "disk_quota_mib",
+                               "disk_used_mib"}, sb
             assert sb["state"] == "running"
             assert sb["snapshot_tag"] == "py"
             assert sb["memory_limit_mib"] == 256
