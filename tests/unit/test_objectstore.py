@@ -19,7 +19,7 @@ from forkd.controller.travel import SnapshotTravel, qemu_release
 from forkd.errors import IncompatibleSnapshot, InvalidRequest, NotFound
 from forkd.host.accel import Accel
 from forkd.host.shm import ShmMemory
-from forkd.store import sparse
+from forkd.store import chunked, sparse
 from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
 from forkd.store.objectstore import ObjectStore, StoreError, StoreURL
 from forkd.store.registry import Registry
@@ -68,23 +68,41 @@ def test_blobs_go_up_once_and_come_back_sparse_and_verified(s3_env: S3Server, tm
         f.truncate(64 * MIB)
         f.seek(10 * MIB)
         f.write(os.urandom(MIB))
-    digest, info = sparse.digest(src)
+    digest, index = chunked.digest(src)
     assert not store.has_blob(digest)
     sent = store.put_blob(digest, src)
     assert store.has_blob(digest) and sent < 2 * MIB  # the holes never went over the wire
     dest = tmp_path / "back"
-    store.get_blob(digest, dest, info.size)
-    assert sparse.digest(dest)[0] == digest
+    store.get_blob(digest, dest, index.size)
+    assert chunked.digest(dest)[0] == digest and dest.read_bytes() == src.read_bytes()
     assert sparse.allocated_bytes(dest) <= 2 * MIB
-    # A blob damaged in the store is caught, and leaves no file behind.
-    key = f"unit/blobs/{digest}"
+    # A blob damaged in the store is caught, names its chunk, and leaves no file behind.
+    key = f"unit/chunked/{digest}"
     raw = boto3.client("s3").get_object(Bucket=s3_env.bucket, Key=key)["Body"].read()
     boto3.client("s3").put_object(Bucket=s3_env.bucket, Key=key, Body=raw[:-20] + b"x" * 20)
-    with pytest.raises(StoreError, match="corrupt"):
-        store.get_blob(digest, tmp_path / "bad", info.size)
+    with pytest.raises(StoreError, match=rf"blob {digest[:12]}… is corrupt: chunk 2 \(bytes {8 * MIB}-"):
+        store.get_blob(digest, tmp_path / "bad", index.size)
     assert not (tmp_path / "bad").exists()
     with pytest.raises(NotFound, match="lacks blob"):
         store.get_blob(sha("nothing"), tmp_path / "none", 10)
+
+
+def test_a_large_blob_goes_up_in_parts_and_comes_down_in_parallel_ranges(s3_env: S3Server,
+                                                                         tmp_path: Path) -> None:
+    store = ObjectStore(s3_env.url("unit-big"))
+    src = tmp_path / "mem"
+    with open(src, "wb") as f:  # incompressible data: 24 MiB of frames, 3 parts of 8 MiB or more
+        f.truncate(256 * MIB)
+        for at in (0, 100 * MIB, 200 * MIB):
+            f.seek(at)
+            f.write(os.urandom(8 * MIB))
+    digest, index = chunked.digest(src)
+    store.put_blob(digest, src)
+    assert store.stats.snapshot()["parts_uploaded"] == 3
+    dest = tmp_path / "back"
+    store.get_blob(digest, dest, index.size)
+    assert dest.read_bytes() == src.read_bytes()
+    assert store.stats.snapshot()["ranges_downloaded"] >= 3
 
 
 def test_manifests_by_tag(s3_env: S3Server) -> None:

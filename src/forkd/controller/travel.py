@@ -45,7 +45,7 @@ from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
 from forkd.host.accel import Accel, check_compatible
 from forkd.image.builder import list_images
-from forkd.store import archive, layout, sparse
+from forkd.store import archive, chunked, layout, sparse
 from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
@@ -109,7 +109,8 @@ class SnapshotTravel:
         self._tags = tags
         self._accel = accel
         self.store = store
-        self._digests = DigestCache(data.travel / "digests.json")
+        # chunked digests (format 2); digests.json held format 1's whole-file sha256s
+        self._digests = DigestCache(data.travel / "chunk-digests.json")
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
 
@@ -215,7 +216,7 @@ class SnapshotTravel:
         name = (f"../../bases/{base_sha}.{backing.format}" if backing.tag is None
                 else f"../{backing.tag}/{backing.file}")
         disk_mod.set_backing(copy, name, backing.format)
-        sha, _ = sparse.digest(copy)
+        sha, _ = chunked.digest(copy)
         blobs.setdefault(sha, copy)
         return FileEntry(path.name, sha, copy.stat().st_size, backing)
 
