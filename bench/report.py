@@ -531,23 +531,48 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
             f"`mem`: {tr['mem_logical_mib']} MiB logical, {tr['mem_data_mib']} MiB of data), moto's S3 "
             "server on loopback, so the figures are this host's CPU, disk and loopback HTTP, not a "
             "network.", "",
-            "| step | time | bytes |", "|---|---:|---|")
+            "")
+    before: Result = tr.get("baseline") or {}
+    if before:
+        rev = before.get("rev", "?")
+        doc.add(f"The same run first measured the code before the chunked format (format 1, revision "
+                f"`{rev}`), side by side (`bench/travel.py --baseline {rev}`):", "",
+                f"| step | before ({rev}) | now | bytes (now) |", "|---|---:|---:|---|")
+    else:
+        doc.add("| step | time | bytes |", "|---|---:|---|")
     rows = [
-        ("pack the newest branch with its chain and base image", tr["pack_s"],
+        ("pack the newest branch with its chain and base image", "pack_s",
          f"{tr['archive_mib']} MiB archive; {tr['pack_read_mib']} MiB read (data extents only)"),
-        ("unpack into a fresh data dir", tr["unpack_s"], ""),
-        ("push into an empty store", tr["push_s"], f"{tr['push_mib']} MiB uploaded"),
-        ("push the same chain again", tr["push_again_s"],
+        ("unpack into a fresh data dir", "unpack_s", f"{tr.get('unpack_mib_per_s', '-')} MiB/s of archive"),
+        ("push into an empty store", "push_s", f"{tr['push_mib']} MiB uploaded"),
+        ("push the same chain again", "push_again_s",
          f"{tr['push_again_blobs']} blobs uploaded (content-addressed)"),
-        ("pull into a fresh data dir", tr["pull_s"], f"{tr['pull_mib']} MiB downloaded"),
-        ("spawn of a tag only in the store, until it answers", tr["spawn_from_store_s"],
+        ("pull into a fresh data dir", "pull_s",
+         f"{tr['pull_mib']} MiB downloaded, {tr.get('pull_mib_per_s', '-')} MiB/s"),
+        ("spawn of a tag only in the store, until it answers", "spawn_from_store_s",
          "the pull, then the fork"),
-        ("the next spawn of it there", tr["spawn_after_s"], ""),
+        ("the next spawn of it there", "spawn_after_s", ""),
     ]
-    for what, secs, size in rows:
-        doc.add(f"| {what} | {sec(secs)} | {size} |")
+    for what, key, size in rows:
+        if before:
+            doc.add(f"| {what} | {sec(before.get(key))} | {sec(tr[key])} | {size} |")
+        else:
+            doc.add(f"| {what} | {sec(tr[key])} | {size} |")
+    if before:
+        doc.add("", f"Before: a {before.get('archive_mib')} MiB archive, unpacked at "
+                f"{before.get('unpack_mib_per_s', '-')} MiB/s and pulled at "
+                f"{before.get('pull_mib_per_s', '-')} MiB/s.")
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+    labels = [r[0] for r in rows][::-1]
+    if before:
+        ys = range(len(labels))
+        ax.barh([y + 0.2 for y in ys], [before.get(r[1]) or 0 for r in rows][::-1], height=0.4,
+                label=f"before ({before.get('rev', '?')})")
+        ax.barh([y - 0.2 for y in ys], [tr[r[1]] for r in rows][::-1], height=0.4, label="now")
+        ax.set_yticks(list(ys), labels)
+        ax.legend()
+    else:
+        ax.barh(labels, [tr[r[1]] for r in rows][::-1])
     ax.set_xlabel("seconds")
     ax.set_title("Snapshot travel")
     plt.setp(ax.get_yticklabels(), fontsize=7)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from forkd.store import chunked, sparse
 from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
 from forkd.store.objectstore import ObjectStore, StoreError, StoreURL
 from forkd.store.registry import Registry
+from forkd.vmm import disk as disk_mod
+from forkd.vmm import probe
 from tests.integration.services import S3Server, s3_server
 
 MIB = 1 << 20
@@ -138,3 +141,52 @@ def test_a_host_that_cannot_restore_refuses_before_fetching_anything(tmp_path: P
     finally:
         registry.close()
     assert qemu_release("QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)") == "7.2"
+
+
+def test_a_host_that_has_the_base_by_digest_does_not_fetch_it(s3_env: S3Server, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull fetches the snapshot's own files, not the base image this host already holds
+    (found by digest), and a second pull fetches nothing."""
+    monkeypatch.setenv("FORKD_ACCEL", "tcg")
+    files = tmp_path / "src"
+    files.mkdir()
+    base = files / "base.raw"
+    with open(base, "wb") as f:
+        f.truncate(32 * MIB)
+        f.write(os.urandom(MIB))
+    mem = files / "mem"
+    with open(mem, "wb") as f:
+        f.truncate(64 * MIB)
+        f.seek(5 * MIB)
+        f.write(os.urandom(2 * MIB))
+    (files / "state").write_bytes(os.urandom(50_000))
+    disk_mod.create_overlay(base, files / "disk.qcow2", "raw")
+    shas = {p.name: chunked.digest(p)[0] for p in files.iterdir()}
+    snap = SnapshotEntry("t", None, 1, (
+        FileEntry("mem", shas["mem"], 64 * MIB), FileEntry("state", shas["state"], 50_000),
+        FileEntry("disk.qcow2", shas["disk.qcow2"], (files / "disk.qcow2").stat().st_size,
+                  Backing(None, "", "raw"))))
+    m = Manifest("t", 1, "0.1.0", probe.qemu_version(), Accel.tcg(),
+                 BaseEntry(shas["base.raw"], 32 * MIB, "raw"), (snap,))
+    store = ObjectStore(s3_env.url("unit-base"))
+    for p in files.iterdir():
+        store.put_blob(shas[p.name], p)
+    store.put_manifest(m)
+
+    data = DataDir(tmp_path / "data", tmp_path / "images").ensure()
+    registry = Registry(data.registry)
+    tags = TagReservations(registry.snapshots.has)
+    snapshots = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+    travel = SnapshotTravel(data, snapshots, tags, HostAccelerator(data), store)
+    travel.bases.mkdir(parents=True)
+    shutil.copyfile(base, travel.bases / f"{shas['base.raw']}.raw")  # it travelled here before
+    try:
+        pulled = asyncio.run(travel.pull("t"))
+        assert pulled["created"] == ["t"]
+        got = store.stats.snapshot()
+        assert got["blobs_downloaded"] == 3, got  # mem, state, disk: not the base
+        assert (data.snapshots / "t" / "mem").read_bytes() == mem.read_bytes()
+        assert asyncio.run(travel.pull("t"))["created"] == []
+        assert store.stats.snapshot()["blobs_downloaded"] == 3
+    finally:
+        registry.close()
