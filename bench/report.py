@@ -530,8 +530,10 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
             f"{tr['mem_mib']} MiB template and {tr['depth']} diff branches on top of it (each branch's "
             f"`mem`: {tr['mem_logical_mib']} MiB logical, {tr['mem_data_mib']} MiB of data), moto's S3 "
             "server on loopback, so the figures are this host's CPU, disk and loopback HTTP, not a "
-            "network.", "",
-            "")
+            "network.", "")
+    if tr.get("accel_probe_s") is not None:
+        doc.add(f"This host's accelerator was probed once first ({sec(tr['accel_probe_s'])}); every fresh "
+                "data dir of the run starts with that result, as on a host that ran forkd before.", "")
     before: Result = tr.get("baseline") or {}
     if before:
         rev = before.get("rev", "?")

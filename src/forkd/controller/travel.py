@@ -57,6 +57,7 @@ from forkd.vmm import probe
 log = logging.getLogger("forkd.travel")
 
 UPLOAD_THREADS = 4
+BLOB_THREADS = 3  # blobs fetched at once (each with its own concurrent range GETs)
 _QEMU_VERSION_RE = re.compile(r"version (\d+)\.(\d+)")
 
 # Puts one blob (sha256, logical size) into a new file.
@@ -404,20 +405,9 @@ class SnapshotTravel:
         try:
             manifest, extracted = await asyncio.to_thread(archive.read, path, workdir, want, progress)
             plan = plans[0]
-            uses: dict[str, int] = {}
-            for s in plan.new:
-                for f in s.files:
-                    uses[f.sha256] = uses.get(f.sha256, 0) + 1
-
-            def fetch(sha: str, _size: int, dest: Path) -> None:
-                uses[sha] = uses.get(sha, 1) - 1
-                if uses[sha] > 0:  # another file needs the same bytes: copy, keep the extracted one
-                    sparse.copy(extracted[sha], dest)
-                else:
-                    os.rename(extracted[sha], dest)
-
             with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, fetch, f"archive {path.name}")
+                created = await asyncio.to_thread(self.apply, plan, _placer(plan, extracted),
+                                                  f"archive {path.name}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return {"tag": manifest.tag, "lineage": manifest.lineage, "created": [r.tag for r in created],
@@ -474,11 +464,10 @@ class SnapshotTravel:
         plan = await self.plan(manifest)
         workdir = self._workdir(f"pull-{manifest.tag}")
         try:
-            def fetch(sha: str, size: int, dest: Path) -> None:
-                store.get_blob(sha, dest, size)
-
             with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, fetch, f"store {store.url}")
+                fetched = await asyncio.to_thread(self._fetch_all, store, plan, workdir)
+                created = await asyncio.to_thread(self.apply, plan, _placer(plan, fetched),
+                                                  f"store {store.url}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         self.pulls += 1
@@ -487,6 +476,18 @@ class SnapshotTravel:
                  len(created), got, time.monotonic() - started)
         return {"tag": manifest.tag, "created": [r.tag for r in created], "reused": plan.reuse,
                 "bytes_downloaded": got}
+
+    @staticmethod
+    def _fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path) -> dict[str, Path]:
+        """Every blob the plan needs, into ``workdir``, several at a time (largest first): a small
+        blob's few requests then overlap a large one's range GETs instead of waiting behind them."""
+        sizes = plan.manifest.blobs()
+        shas = sorted(plan.blobs(), key=lambda sha: -sizes[sha])
+        out = {sha: workdir / sha for sha in shas}
+        with ThreadPoolExecutor(BLOB_THREADS) as pool:
+            for _ in pool.map(lambda sha: store.get_blob(sha, out[sha], sizes[sha]), shas):
+                pass  # map raises the first failure; leaving the pool waits for the others
+        return out
 
     @contextlib.asynccontextmanager
     async def _lock(self, tag: str) -> AsyncIterator[None]:
@@ -508,6 +509,24 @@ class SnapshotTravel:
         if self.store is not None:
             out.update(self.store.stats.snapshot())
         return out
+
+
+def _placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
+    """``apply``'s fetch from blobs already here (extracted or downloaded): moved into place, or
+    copied while another file of the plan still needs the same bytes."""
+    uses: dict[str, int] = {}
+    for s in plan.new:
+        for f in s.files:
+            uses[f.sha256] = uses.get(f.sha256, 0) + 1
+
+    def place(sha: str, _size: int, dest: Path) -> None:
+        uses[sha] = uses.get(sha, 1) - 1
+        if uses[sha] > 0:
+            sparse.copy(fetched[sha], dest)
+        else:
+            os.rename(fetched[sha], dest)
+
+    return place
 
 
 def _files(manifest: Manifest, tag: str) -> dict[str, str]:

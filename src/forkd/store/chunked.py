@@ -32,12 +32,13 @@ parallel threads: zstd, sha256 and pwrite all release the GIL.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,7 +207,7 @@ def _read_chunk(fd: int, extents: Extents) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int = THREADS) -> Iterator[R]:
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int = THREADS) -> Generator[R, None, None]:
     """``map`` over a thread pool, results in order, at most ``2 * threads`` items in flight
     (memory stays bounded however large the file)."""
     with ThreadPoolExecutor(threads) as pool:
@@ -270,13 +271,15 @@ def _scan(path: Path, grid: int, emit: Callable[[bytes], object] | None) -> Chun
 
         chunks: list[Chunk] = []
         zoff = 0
-        for i, extents, sha, frame in ordered_map(one, layout):
-            if frame is None:  # all zeros: absent, like a hole
-                continue
-            if emit is not None:
-                emit(frame)
-            chunks.append(Chunk(i, sha, extents, zoff, len(frame)))
-            zoff += len(frame)
+        # Closed before fd is: no thread may still read it (or a file that reuses its number).
+        with contextlib.closing(ordered_map(one, layout)) as results:
+            for i, extents, sha, frame in results:
+                if frame is None:  # all zeros: absent, like a hole
+                    continue
+                if emit is not None:
+                    emit(frame)
+                chunks.append(Chunk(i, sha, extents, zoff, len(frame)))
+                zoff += len(frame)
     finally:
         os.close(fd)
     return ChunkIndex(size, grid, tuple(chunks))
