@@ -463,17 +463,21 @@ class SnapshotTravel:
         before = store.stats.snapshot()["bytes_downloaded"]
         plan = await self.plan(manifest)
         workdir = self._workdir(f"pull-{manifest.tag}")
+        planned = time.monotonic()
         try:
             with self._reserved(plan):
                 fetched = await asyncio.to_thread(self._fetch_all, store, plan, workdir)
+                downloaded = time.monotonic()
                 created = await asyncio.to_thread(self.apply, plan, _placer(plan, fetched),
                                                   f"store {store.url}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         self.pulls += 1
         got = store.stats.snapshot()["bytes_downloaded"] - before
-        log.info("pulled %s from %s: %d snapshot(s), %d bytes in %.1fs", manifest.tag, store.url,
-                 len(created), got, time.monotonic() - started)
+        done = time.monotonic()
+        log.info("pulled %s from %s: %d snapshot(s), %d bytes in %.2fs (plan %.2fs, download %.2fs, "
+                 "place and register %.2fs)", manifest.tag, store.url, len(created), got, done - started,
+                 planned - started, downloaded - planned, done - downloaded)
         return {"tag": manifest.tag, "created": [r.tag for r in created], "reused": plan.reuse,
                 "bytes_downloaded": got}
 

@@ -170,8 +170,7 @@ def _read(path: Path, staging: Path, want: Callable[[Manifest, set[str]], Iterab
             try:
                 for sha in sorted(wanted):
                     extracted[sha] = staging / sha
-                    _extract(f, frames[sha], indexes[sha], sha, sizes[sha], extracted[sha])
-                    done += sizes[sha]
+                    done += _extract(f, frames[sha], indexes[sha], sha, sizes[sha], extracted[sha])
                     if progress:
                         progress(done)
             except BaseException:
@@ -216,7 +215,8 @@ def _members(tar: tarfile.TarFile, manifest: Manifest) -> tuple[dict[str, tarfil
 
 
 def _extract(f: IO[bytes], frames: tarfile.TarInfo, index_member: tarfile.TarInfo, sha: str, size: int,
-             dest: Path) -> None:
+             dest: Path) -> int:
+    """Decode one blob into ``dest``; returns its bytes of data."""
     if index_member.size > chunked.MAX_INDEX_BYTES:
         raise ArchiveError("corrupt", f"the index of blob {sha[:12]}… is {index_member.size} bytes")
     fd = f.fileno()
@@ -228,6 +228,7 @@ def _extract(f: IO[bytes], frames: tarfile.TarInfo, index_member: tarfile.TarInf
         return os.pread(fd, length, frames.offset_data + offset)
 
     chunked.decode(index, sha, read, dest)
+    return index.data_bytes
 
 
 def _check_member(member: tarfile.TarInfo) -> None:

@@ -1,29 +1,30 @@
 """Chunked blobs: how one file travels (a pack archive member, an object-store object).
 
-A file's logical content is cut on a fixed grid of ``GRID`` bytes (4 MiB). A
-chunk whose content is all zeros (a hole, or zeros a filesystem happens to
-hold) is *absent*; every other chunk is named by the sha256 of its whole
-logical content. The file's **digest**, its name in archives and the object
-store, is the sha256 of that chunk table (size, grid, and each present chunk's
-position and digest). So:
+A file's logical content is cut on a fixed grid of ``GRID`` bytes (4 MiB), and
+each chunk into 4 KiB pages. A page of zeros (a hole, or zeros a filesystem
+happens to hold) is not data; a chunk's **runs** are its maximal runs of
+non-zero pages, and its digest is the sha256 of those runs (each one's offset
+and length, then its bytes). A chunk without runs is *absent*. The file's
+**digest**, its name in archives and the object store, is the sha256 of the
+chunk table (size, grid, and each present chunk's position and digest). So:
 
-* computing a digest reads only the file's data extents (``SEEK_DATA``), and
-  hashes at most the zeros of the few chunks that hold some data: a hole is
-  never read or hashed (whole-file sha256 over GiBs of logical size was where
-  a pull's time went);
+* computing a digest reads only the file's data extents (``SEEK_DATA``) and
+  hashes only non-zero pages: a hole is never read or hashed (whole-file
+  sha256 over GiBs of logical size was where a pull's time went);
 * it depends on the content alone, not on where one filesystem keeps holes,
   so the same base image is found by digest on every host;
 * each chunk is checked on its own, before a byte of it is written (and a lazy
   reader can check the one chunk it fetched).
 
 The **encoding** of a file: for each present chunk, in order, one zstd frame
-holding the bytes of the file's data extents within that chunk; frames follow
-each other with nothing between them. The **index** (JSON, travelling next to
-the frames) gives the file's size, the grid and, per present chunk, its
-position, digest, where its frame is, and which extents its bytes fill. The
-index is trusted only once its chunk table hashes to the digest the manifest
-names; a frame only once it decompresses to exactly its extents' length and
-hashes, placed at those extents with zeros around, to its chunk's digest.
+holding the bytes of its runs; frames follow each other with nothing between
+them. The **index** (JSON, travelling next to the frames) gives the file's
+size, the grid and, per present chunk, its position, digest, where its frame
+is, and its runs (``extents``). The index is trusted only once its chunk table
+hashes to the digest the manifest names; a frame only once it decompresses to
+exactly its runs' length and hashes, with those runs, to its chunk's digest
+(runs that are not the canonical ones hash differently, so a hostile index
+cannot place bytes elsewhere).
 
 Decoding writes each verified chunk straight into the final file with
 ``os.pwrite`` at its extents (no staging copy, holes left as holes), chunks in
@@ -33,7 +34,6 @@ parallel threads: zstd, sha256 and pwrite all release the GIL.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -57,7 +57,8 @@ ZSTD_LEVEL = 3
 MAX_INDEX_BYTES = 32 << 20  # 1 TiB of 4 MiB chunks with a few extents each fits well below
 MAX_EXTENTS_PER_CHUNK = 4096
 THREADS = 4  # enough to keep 2 cores busy while one thread waits on a read
-_ZEROS = bytes(MAX_GRID)  # calloc'd: zero pages until read, and reads map no memory
+PAGE = 4096
+_ZERO_PAGE = bytes(PAGE)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,7 +76,7 @@ class Chunk:
 
     index: int
     sha256: str
-    extents: Extents  # absolute file offsets, within this chunk, increasing
+    extents: Extents  # its runs: absolute file offsets, within this chunk, increasing
     zoff: int = 0
     zlen: int = 0
 
@@ -161,11 +162,6 @@ def _int(v: Any) -> int:
     return v
 
 
-@functools.lru_cache(maxsize=8)
-def _zero_digest(length: int) -> str:
-    return hashlib.sha256(_ZEROS[:length]).hexdigest()
-
-
 def _layout(size: int, extents: Iterable[tuple[int, int]], grid: int) -> list[tuple[int, Extents]]:
     """The data extents cut on the grid: (chunk position, its extents), chunks with data only."""
     out: dict[int, list[tuple[int, int]]] = {}
@@ -179,22 +175,43 @@ def _layout(size: int, extents: Iterable[tuple[int, int]], grid: int) -> list[tu
     return [(i, tuple(e)) for i, e in sorted(out.items())]
 
 
-def _hash(data: memoryview | bytes, start: int, end: int, extents: Extents) -> str:
-    """sha256 of the logical range [start, end) whose bytes at ``extents`` are ``data`` (in order)
-    and zeros elsewhere."""
+def _hash(data: memoryview | bytes, runs: Extents) -> str:
+    """A chunk's digest: each run's offset and length, then its bytes (``data``: the runs' bytes,
+    in order)."""
     h = hashlib.sha256()
-    zeros = memoryview(_ZEROS)
-    pos, at = start, 0
     view = memoryview(data)
-    for offset, length in extents:
-        if offset > pos:
-            h.update(zeros[: offset - pos])
+    at = 0
+    for offset, length in runs:
+        h.update(b"%d %d\n" % (offset, length))
         h.update(view[at: at + length])
         at += length
-        pos = offset + length
-    if end > pos:
-        h.update(zeros[: end - pos])
     return h.hexdigest()
+
+
+def _runs(data: bytes, extents: Extents) -> tuple[Extents, bytes]:
+    """The maximal runs of non-zero pages of a chunk whose data extents hold ``data``, and their
+    bytes. Pages are 4 KiB of the file (absolute offsets); a partial one at an extent's edge
+    counts as the part of it that is there."""
+    runs: list[list[int]] = []
+    keep: list[tuple[int, int]] = []  # slices of data
+    at = 0
+    for offset, length in extents:
+        pos, end = offset, offset + length
+        while pos < end:
+            step = min(end, (pos // PAGE + 1) * PAGE) - pos
+            lo = at + pos - offset
+            if data[lo: lo + step] != _ZERO_PAGE[:step]:
+                if runs and runs[-1][0] + runs[-1][1] == pos:
+                    runs[-1][1] += step
+                    keep[-1] = (keep[-1][0], lo + step)
+                else:
+                    runs.append([pos, step])
+                    keep.append((lo, lo + step))
+            pos += step
+        at += length
+    if len(keep) == 1 and keep[0] == (0, len(data)):
+        return ((runs[0][0], runs[0][1]),), data  # all of it: no copy
+    return tuple((o, n) for o, n in runs), b"".join(data[a:b] for a, b in keep)
 
 
 def _read_chunk(fd: int, extents: Extents) -> bytes:
@@ -262,12 +279,10 @@ def _scan(path: Path, grid: int, emit: Callable[[bytes], object] | None) -> Chun
 
         def one(item: tuple[int, Extents]) -> tuple[int, Extents, str, bytes | None]:
             i, extents = item
-            data = _read_chunk(fd, extents)
-            start, end = i * grid, min((i + 1) * grid, size)
-            sha = _hash(data, start, end, extents)
-            if sha == _zero_digest(end - start):
-                return i, extents, sha, None
-            return i, extents, sha, _compressor().compress(data) if emit is not None else b""
+            runs, data = _runs(_read_chunk(fd, extents), extents)
+            if not runs:
+                return i, runs, "", None
+            return i, runs, _hash(data, runs), _compressor().compress(data) if emit is not None else b""
 
         chunks: list[Chunk] = []
         zoff = 0
@@ -329,9 +344,7 @@ def decode(index: ChunkIndex, expect: str, read: ReadRange, dest: Path, *, read_
                 data = dctx.decompress(frame, max_output_size=c.data_bytes)
             except zstandard.ZstdError as exc:
                 raise CorruptBlob(f"{what} does not decompress ({exc}): corrupt or tampered") from None
-            start = c.index * index.grid
-            if len(data) != c.data_bytes or \
-                    _hash(data, start, min(start + index.grid, index.size), c.extents) != c.sha256:
+            if len(data) != c.data_bytes or _hash(data, c.extents) != c.sha256:
                 raise CorruptBlob(f"{what}: its sha256 is not the manifest's {c.sha256[:12]}… "
                                   "(corrupt or tampered)")
             at = 0
