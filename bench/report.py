@@ -564,6 +564,13 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
         doc.add("", f"Before: a {before.get('archive_mib')} MiB archive, unpacked at "
                 f"{before.get('unpack_mib_per_s', '-')} MiB/s and pulled at "
                 f"{before.get('pull_mib_per_s', '-')} MiB/s.")
+    doc.add("", "Measured here: this host's CPU and disk, and loopback HTTP to moto's S3 server running in "
+            "the benchmark's own process (it competes for the same 2 cores, and reads the whole object "
+            "for every range GET, which S3 and MinIO do not). Not measured: a real network. There a "
+            "pull should be bound by the link rather than by these steps (inferred, not measured: each "
+            "blob comes down as up to 4 concurrent range GETs, 3 blobs at a time), and a pull of a "
+            "snapshot whose base image and ancestors the host has moves only the new snapshot's "
+            "chunks.")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     labels = [r[0] for r in rows][::-1]
     if before:

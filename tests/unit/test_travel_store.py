@@ -54,8 +54,10 @@ def test_the_digest_is_the_contents_not_where_the_holes_are(tmp_path: Path) -> N
     dense.write_bytes(sparse_file.read_bytes())  # the same content, no holes at all
     sha, index = chunked.digest(sparse_file)
     assert chunked.digest(dense)[0] == sha
-    # Two chunks hold data; the written zeros at 50 MiB are absent like the holes.
+    # Two chunks hold data; the written zeros at 50 MiB are absent like the holes, and only
+    # the non-zero pages are data (what is hashed, sent and written).
     assert [c.index for c in index.chunks] == [0, 40 * MIB // chunked.GRID]
+    assert index.data_bytes == 25 * 4096 + 2 * 4096  # 100,000 bytes on 25 pages; 5,000 on 2
     other = holey(tmp_path / "other", 64 * MIB, {**pieces, 40 * MIB: b"y" * 5000})
     assert chunked.digest(other)[0] != sha
 
