@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import importlib
 import io
 import json
 import os
@@ -88,10 +89,12 @@ def measure(work: Path, files: dict[str, Path], profile: bool) -> dict[str, Any]
     from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
     from forkd.store.objectstore import ObjectStore
 
+    # The digest that names a blob in whichever forkd runs: the chunked one, or, before it
+    # (a baseline), the plain sha256 of the logical content.
     try:
-        from forkd.store.chunked import digest
-    except ImportError:  # before the chunked format: the plain sha256 of the logical content
-        from forkd.store.sparse import digest
+        digest: Callable[[Path], tuple[str, Any]] = importlib.import_module("forkd.store.chunked").digest
+    except ImportError:
+        digest = importlib.import_module("forkd.store.sparse").digest
     out: dict[str, Any] = {}
     shas: dict[str, str] = {}
 
