@@ -197,6 +197,14 @@ def _runs(data: bytes, extents: Extents) -> tuple[Extents, bytes]:
     at = 0
     for offset, length in extents:
         pos, end = offset, offset + length
+        if offset % PAGE == 0 and length % PAGE == 0 and data.find(_ZERO_PAGE, at, at + length) < 0:
+            pos = end  # whole pages, none of them zeros (no 4 KiB of zeros anywhere): one run, no loop
+            if runs and runs[-1][0] + runs[-1][1] == offset:
+                runs[-1][1] += length
+                keep[-1] = (keep[-1][0], at + length)
+            else:
+                runs.append([offset, length])
+                keep.append((at, at + length))
         while pos < end:
             step = min(end, (pos // PAGE + 1) * PAGE) - pos
             lo = at + pos - offset
