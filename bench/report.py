@@ -529,6 +529,9 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
             f"`mem`: {tr['mem_logical_mib']} MiB logical, {tr['mem_data_mib']} MiB of data), moto's S3 "
             "server on loopback, so the figures are this host's CPU, disk and loopback HTTP, not a "
             "network.", "")
+    if tr.get("load_avg_1min_at_end") is not None:
+        doc.add(f"Load average (1 min) at the end of the run: {tr['load_avg_1min_at_end']} on "
+                f"{tr.get('cpus', '?')} cores: other work shares this host, so the figures are noisy.", "")
     if tr.get("accel_probe_s") is not None:
         doc.add(f"This host's accelerator was probed once first ({sec(tr['accel_probe_s'])}); every fresh "
                 "data dir of the run starts with that result, as on a host that ran forkd before.", "")

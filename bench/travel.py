@@ -203,7 +203,8 @@ def main() -> None:
     result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "host": platform.node(), "cpus": os.cpu_count(), "qemu": probe.qemu_version(),
               "accel": os.environ.get("FORKD_ACCEL", "auto"), "mem_mib": args.mem_mib, "depth": args.depth,
-              "note": "moto S3 server on loopback; a shared, busy 2-core machine: noisy", **figures}
+              "note": "moto S3 server on loopback; a shared, busy 2-core machine: noisy",
+              "load_avg_1min_at_end": round(os.getloadavg()[0], 2), **figures}
     if before is not None:
         result["baseline"] = before
     print(json.dumps(result, indent=2))
