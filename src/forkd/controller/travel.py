@@ -112,6 +112,9 @@ class SnapshotTravel:
         self.store = store
         # chunked digests (format 2); digests.json held format 1's whole-file sha256s
         self._digests = DigestCache(data.travel / "chunk-digests.json")
+        # Guest images' digests live with the images: every data dir that shares them (and a
+        # first pull into a fresh one) finds a base by digest without reading it again.
+        self._image_digests = DigestCache(data.images / ".chunk-digests.json")
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
 
@@ -157,7 +160,7 @@ class SnapshotTravel:
         chain = disk_mod.backing_chain(SnapshotDir(self._data.snapshots / tag).disk)
         links = [self._classify(path, fmt, last=i == len(chain) - 1) for i, (path, fmt) in enumerate(chain)]
         base_path, base_fmt = chain[-1]
-        base_sha = self._digests.sha256(base_path)
+        base_sha = self._digest(base_path)
         base = BaseEntry(base_sha, base_path.stat().st_size, base_fmt, self._image_info(base_path, base_sha))
         lineage: list[str] = []
         for owner, _ in links[:-1]:
@@ -189,6 +192,11 @@ class SnapshotTravel:
             raise VMError(f"cannot pack {tag!r}: its chain mixes accelerators {sorted(map(str, accels))}")
         manifest = Manifest(tag, now_unix(), VERSION, probe.qemu_version(), accel, base, tuple(entries))
         return Export(manifest, blobs, workdir)
+
+    def _digest(self, path: Path) -> str:
+        images = self._data.images.resolve()
+        cache = self._image_digests if path.resolve().is_relative_to(images) else self._digests
+        return cache.sha256(path)
 
     def _classify(self, path: Path, fmt: str, *, last: bool) -> tuple[str, str]:
         """(tag, file) for a layer in a snapshot directory; ("", "") for the base at the bottom."""
@@ -290,7 +298,7 @@ class SnapshotTravel:
         images = sorted(list_images(self._data), key=lambda i: i.key != base.image.get("key"))
         for image in images:
             if image.rootfs.exists() and image.rootfs.stat().st_size == base.size and \
-                    self._digests.sha256(image.rootfs) == base.sha256:
+                    self._digest(image.rootfs) == base.sha256:
                 return image.rootfs
         return None
 

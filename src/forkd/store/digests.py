@@ -8,6 +8,7 @@ atomically; a damaged cache is simply rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -51,10 +52,14 @@ class DigestCache:
             if len(data) > MAX_ENTRIES:  # drop entries of files that are gone, then the oldest
                 data = {k: v for k, v in data.items() if os.path.exists(k)}
                 data = dict(list(data.items())[-MAX_ENTRIES:])
-            self._path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._path.with_name(f".{self._path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self._path)
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(data))
+                os.replace(tmp, self._path)
+            except OSError:  # a read-only images dir, a full disk: only a cache, the digest stands
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         return sha
 
 
