@@ -112,6 +112,7 @@ function processFields(cmd: string | readonly string[], o: ProcessOptions) {
     stdin: o.stdin,
     stdin_open: o.stdinOpen || undefined,
     tag: o.tag,
+    user: o.user,
   };
 }
 
@@ -325,6 +326,7 @@ export class Controller {
       env: options.env,
       cwd: options.cwd,
       stdin: options.stdin,
+      user: options.user,
     });
     return this.#http.json({
       method: "POST",
