@@ -3,6 +3,7 @@ image's ``user`` account written into a tree. Real guests: tests/integration/tes
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import shutil
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from forkd.errors import InvalidRequest
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.agent import users
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.spawn import parse_common, spawn
-from forkd.guest.protocol import INVALID, RequestError
+from forkd.guest.protocol import INVALID, PING, USER_AGENT_VERSION, RequestError
 from forkd.image import rootfs
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -131,3 +133,32 @@ def test_add_user_keeps_an_existing_user_and_refuses_a_taken_uid(tmp_path: Path)
     (etc / "passwd").write_text("ubuntu:x:1000:1000::/home/ubuntu:/bin/sh\n")
     with pytest.raises(InvalidRequest, match="uid 1000 is 'ubuntu'"):
         rootfs.add_user(tmp_path)
+
+
+def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
+    """A snapshot from an older forkd has an agent that ignores ``user`` (it would run as root):
+    the host asks its version once per VM and refuses with a 409 that says what to do."""
+    pings: list[str] = []
+    vm, version = object(), {"v": "6"}
+    table = object.__new__(SandboxTable)
+    table._agent_versions = {}  # the one attribute require_agent keeps
+
+    async def for_call(sandbox_id: str) -> object:
+        return vm
+
+    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, object]:
+        pings.append(action)
+        return {"pong": True, "agent_version": version["v"]}
+
+    table.resolve = lambda sandbox_id: sandbox_id  # type: ignore[method-assign]
+    table.for_call = for_call  # type: ignore[method-assign,assignment]
+    table.call = call  # type: ignore[method-assign]
+    with pytest.raises(Conflict, match="version 6, which predates acting as a user: create its snapshot"):
+        asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+    version["v"] = "7"
+    with pytest.raises(Conflict):  # known for this VM: not asked again
+        asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+    assert pings == [PING]
+    vm = object()  # a new VM under the id (a resume): asked again
+    asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+    assert pings == [PING, PING]
