@@ -16,7 +16,7 @@ import datetime
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import matplotlib
 
@@ -63,6 +63,13 @@ def sec(x: float | None) -> str:
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
+def measured_by(script: str, r: Result) -> str:
+    """Where a section's figures come from, when, and under what load."""
+    host = r.get("host") or {}
+    return (f"`bench/{script}.py` → `bench/results/{script}.json` (measured {when(r)}; load average "
+            f"{host.get('load_average_1m_at_end', '?')} (1 min) at the end)")
+
+
 class Doc:
     def __init__(self, charts: Path) -> None:
         self.lines: list[str] = []
@@ -71,6 +78,20 @@ class Doc:
 
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)
+
+    def section(self, result: Result | None, title: str, script: str, *,
+                run: str = ".venv/bin/python") -> TypeGuard[Result]:
+        """The section's heading; False, after saying how to measure it, when ``result`` is missing."""
+        self.add(title, "")
+        if result is None:
+            root = " (needs root)" if run.startswith("sudo") else ""
+            self.add(f"Not measured yet: `{run} bench/{script}.py`{root}.", "")
+            return False
+        return True
+
+    def table(self, *columns: str) -> None:
+        """A table's header: the first column text, the others numbers (right-aligned)."""
+        self.add("| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1))
 
     def chart(self, fig: Any, name: str, alt: str) -> None:
         path = self.charts / name
@@ -175,9 +196,7 @@ def targets_section(doc: Doc, rs: dict[str, Result | None]) -> None:
 
 
 def fanout_section(doc: Doc, fan: Result | None) -> None:
-    doc.add("## Fan-out: N children, each answering a ping", "")
-    if fan is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/fanout.py`.", "")
+    if not doc.section(fan, "## Fan-out: N children, each answering a ping", "fanout"):
         return
     doc.add(f"`bench/fanout.py` → `bench/results/fanout.json` ({load_note(fan)}). From the request "
             "until every child has answered a ping:", "",
@@ -262,10 +281,7 @@ def restore_section(doc: Doc, fan: Result | None) -> None:
 
 
 def density_section(doc: Doc, den: Result | None, cap: Result | None) -> None:
-    doc.add("## Density: idle children", "")
-    if den is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/density.py`.", "")
-    else:
+    if doc.section(den, "## Density: idle children", "density"):
         doc.add(f"`bench/density.py` → `bench/results/density.json` ({load_note(den)}). N children spawned "
                 f"at once, left {den['settle_s']:.0f} s to settle, then measured idle; CPU over "
                 f"{den['window_s']:.0f} s.", "",
@@ -348,18 +364,13 @@ def density_section(doc: Doc, den: Result | None, cap: Result | None) -> None:
 
 
 def control_plane_section(doc: Doc, cp: Result | None) -> None:
-    doc.add("## Control plane: many clients at once", "")
-    if cp is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/control_plane.py`.", "")
+    if not doc.section(cp, "## Control plane: many clients at once", "control_plane"):
         return
-    host = cp.get("host") or {}
-    doc.add(f"`bench/control_plane.py` → `bench/results/control_plane.json` (measured {when(cp)}; load "
-            f"average {host.get('load_average_1m_at_end', '?')} (1 min) at the end). `wrk -t2 "
-            f"-c{cp.get('connections')} -d{cp.get('seconds')}s` against a real `forkd daemon`, each "
-            f"request sent round-robin to {cp.get('children')} children. The daemon's CPU is its "
-            "process's user + system time over the run, divided by the requests wrk completed.", "",
-            "| call | req/s | p50 | p99 | daemon CPU per request | daemon cores |",
-            "|---|---:|---:|---:|---:|---:|")
+    doc.add(f"{measured_by('control_plane', cp)}. `wrk -t2 -c{cp.get('connections')} -d{cp.get('seconds')}s` "
+            f"against a real `forkd daemon`, each request sent round-robin to {cp.get('children')} children. "
+            "The daemon's CPU is its process's user + system time over the run, divided by the requests "
+            "wrk completed.", "")
+    doc.table("call", "req/s", "p50", "p99", "daemon CPU per request", "daemon cores")
     for name in ("eval", "ping"):
         r = cp.get(name)
         if r:
@@ -369,18 +380,14 @@ def control_plane_section(doc: Doc, cp: Result | None) -> None:
 
 
 def latency_section(doc: Doc, lat: Result | None) -> None:
-    doc.add("## Latency: a warm child's round trip", "")
-    if lat is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/latency.py`.", "")
+    if not doc.section(lat, "## Latency: a warm child's round trip", "latency"):
         return
-    host = lat.get("host") or {}
-    doc.add(f"`bench/latency.py` → `bench/results/latency.json` (measured {when(lat)}; load average "
-            f"{host.get('load_average_1m_at_end', '?')} (1 min) at the end). One warm child, "
-            f"{lat.get('samples')} calls of each after {lat.get('warmup')} unmeasured ones: in-process "
+    doc.add(f"{measured_by('latency', lat)}. One warm child, {lat.get('samples')} calls of each after "
+            f"{lat.get('warmup')} unmeasured ones: in-process "
             "through the Runtime, and over HTTP to a real `forkd daemon` (one keep-alive connection, "
             "bearer token) on the very same VM. `exec python3 -c` starts a new interpreter in the guest, "
-            "which is what `eval` avoids.", "",
-            "| call | in-process p50 | p99 | HTTP p50 | p99 |", "|---|---:|---:|---:|---:|")
+            "which is what `eval` avoids.", "")
+    doc.table("call", "in-process p50", "p99", "HTTP p50", "p99")
     paths = {"in-process": lat.get("in_process") or {}, "HTTP": lat.get("over_http") or {}}
     ops = list(paths["in-process"] or paths["HTTP"])
     for op in ops:
@@ -407,9 +414,7 @@ def latency_section(doc: Doc, lat: Result | None) -> None:
 
 
 def network_section(doc: Doc, net: Result | None) -> None:
-    doc.add("## A sandbox's network", "")
-    if net is None:
-        doc.add("Not measured yet: `sudo .venv/bin/python bench/network_setup.py` (needs root).", "")
+    if not doc.section(net, "## A sandbox's network", "network_setup", run="sudo .venv/bin/python"):
         return
     doc.add(f"`bench/network_setup.py` → `bench/results/network_setup.json` (measured {when(net)}), as root. "
             "First the network alone, without VMs: making and removing each child's namespace, tap, veth "
@@ -448,10 +453,7 @@ def network_section(doc: Doc, net: Result | None) -> None:
 
 
 def branch_section(doc: Doc, br: Result | None, fr: Result | None) -> None:
-    doc.add("## BRANCH of a running sandbox", "")
-    if br is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/branch.py`.", "")
-    else:
+    if doc.section(br, "## BRANCH of a running sandbox", "branch"):
         env = br["environment"]
         doc.add(f"`bench/branch.py` → `bench/results/branch.json` (measured {env.get('date_utc')}; load "
                 f"average {env.get('loadavg_start')} at the start, {env.get('loadavg_end')} at the end). One "
@@ -492,9 +494,7 @@ def branch_section(doc: Doc, br: Result | None, fr: Result | None) -> None:
         ax.legend(fontsize=8)
         plt.setp(ax.get_xticklabels(), fontsize=7)
         doc.chart(fig, "branch.png", "branch pause by mode")
-    doc.add("### Fork of a running sandbox", "")
-    if fr is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/fork_running.py`.", "")
+    if not doc.section(fr, "### Fork of a running sandbox", "fork_running"):
         return
     doc.add(f"`bench/fork_running.py` → `bench/results/fork_running.json` (measured {when(fr)}): a source "
             "holding 64 MiB of state and a ticking thread, forked into 1 and 10 children; until every child "
@@ -522,9 +522,7 @@ def branch_section(doc: Doc, br: Result | None, fr: Result | None) -> None:
 
 
 def travel_section(doc: Doc, tr: Result | None) -> None:
-    doc.add("## Snapshots that travel", "")
-    if tr is None:
-        doc.add("Not measured yet: `.venv/bin/python bench/travel.py`.", "")
+    if not doc.section(tr, "## Snapshots that travel", "travel"):
         return
     doc.add(f"`bench/travel.py` → `bench/results/travel.json` (measured {tr.get('when', '?')}): a "
             f"{tr['mem_mib']} MiB template and {tr['depth']} diff branches on top of it (each branch's "

@@ -462,6 +462,65 @@ def test_a_failed_create_leaves_the_masquerade_element_it_did_not_add(
     assert not any("delete element" in stdin for stdin in ran), ran
 
 
+def test_two_daemons_never_claim_the_same_child_netns(tmp_path: Path) -> None:
+    """forkd-child-<i> are the host's names: a daemon skips those another daemon holds, and gets
+    them once that daemon lets go (or dies: the kernel drops a dead holder's flock)."""
+    from forkd.host.hostlock import HostClaims
+
+    locks = tmp_path / "locks"
+    a = Networks(tmp_path / "a", Registry(tmp_path / "a.db").sandboxes,
+                 AddressPlan.parse(netplan.DEFAULT_CIDR), HostClaims(locks))
+    b = Networks(tmp_path / "b", Registry(tmp_path / "b.db").sandboxes,
+                 AddressPlan.parse(netplan.DEFAULT_CIDR), HostClaims(locks))
+    assert a.claim_child_netns(2) == [0, 1]
+    assert b.claim_child_netns(2) == [2, 3]
+    a.release_child_netns([0, 1])  # a's spawn failed: no sandbox of a's took them
+    assert b.claim_child_netns(1) == [0]
+    # A claim held by a process that dies is free again, with nothing to clean up.
+    holder = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from forkd.host.hostlock import "
+         "HostClaims; c = HostClaims(Path(sys.argv[1])); assert c.try_claim('forkd-child-1'); "
+         "print('held')", str(locks)], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert holder.stdout.strip() == "held"
+    assert a.claim_child_netns(1) == [1]
+
+
+def test_the_host_masquerade_table_is_not_dropped_while_another_daemon_adds_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping the host's masquerade table when its set is empty waits for the host-wide lock
+    that a create holds while it adds its element: no daemon's element goes with the table."""
+    import asyncio
+    import fcntl
+
+    from forkd.host import hostlock
+
+    monkeypatch.setattr(hostlock, "LOCK_DIR", tmp_path / "locks")
+    from forkd.host.prereqs import Tool
+
+    monkeypatch.setattr(childnet, "NFT", Tool("sh", "dash", "stands in for nft: only its path is used"))
+    looked: list[str] = []
+
+    async def look(nft: str) -> None:
+        looked.append(nft)
+
+    monkeypatch.setattr(childnet, "_remove_host_nat_if_empty", look)
+
+    async def scenario() -> None:
+        async with hostlock.host_lock(childnet.HOST_NAT_LOCK):  # another daemon is adding
+            task = asyncio.create_task(childnet.remove_host_nat_if_unused())
+            await asyncio.sleep(0.3)
+            assert looked == [], "looked at the set while another daemon held the lock"
+        await asyncio.wait_for(task, 5)
+        assert len(looked) == 1
+
+    asyncio.run(scenario())
+    # The lock is an flock on one file under the host's lock directory, as another process sees it.
+    fd = os.open(tmp_path / "locks" / f"{childnet.HOST_NAT_LOCK}.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
 # ------------------------------------------------------------------ host facts and checks
 
 

@@ -20,8 +20,9 @@ import time
 from typing import Any
 
 from forkd import bounds
+from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Busy, Conflict, ForkdError, GuestError, InvalidRequest
+from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.client import AgentStream
 from forkd.vmm.machine import VM
@@ -98,77 +99,36 @@ def cell_event(raw: dict[str, Any]) -> dict[str, Any]:
     raise GuestError(f"guest agent sent an unknown cell event {str(kind)[:40]!r}")
 
 
-class CellEvents:
+class CellEvents(GuestEvents[dict[str, Any]]):
     """A running cell: ``async for event in cell``; ``aclose()`` before its end interrupts it."""
 
-    def __init__(self, owner: KernelCells, sandbox_id: str, stream: AgentStream, wait_secs: float) -> None:
-        self._owner = owner
-        self._sandbox_id = sandbox_id
-        self._stream = stream
+    def __init__(self, slots: StreamSlots, sandbox_id: str, stream: AgentStream, wait_secs: float) -> None:
+        super().__init__(slots, sandbox_id, stream)
         self._deadline = time.monotonic() + wait_secs
-        self._done = False
         self.started = time.monotonic()
 
-    def __aiter__(self) -> CellEvents:
-        return self
-
-    async def __anext__(self) -> dict[str, Any]:
-        if self._done:
-            raise StopAsyncIteration
+    async def _next_raw(self) -> dict[str, Any]:
         try:
             async with asyncio.timeout(max(0.0, self._deadline - time.monotonic())):
-                raw = await self._stream.__anext__()
-            event = cell_event(raw)
+                return await super()._next_raw()
         except TimeoutError:
             self.close()
             raise GuestError("the guest did not end the cell in time; it was interrupted") from None
-        except StopAsyncIteration:
-            self._finish()
-            raise
-        except GuestError as exc:
-            self.close()
-            raise self._owner.explain(self._sandbox_id, exc) from exc
-        except ForkdError:
-            self.close()
-            raise
-        if event["type"] == "end":
-            self._finish()
-        return event
 
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._owner.closed(self._sandbox_id)
+    def _event(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return cell_event(raw)
 
-    async def aclose(self) -> None:
-        self.close()
+    def _is_last(self, event: dict[str, Any]) -> bool:
+        return bool(event["type"] == "end")
 
-    def close(self) -> None:
-        """Stop watching (idempotent); a cell still running is interrupted by the guest."""
-        if self._done:
-            return
-        self._finish()
-        self._stream.close()
+    def _broken(self) -> None:
+        self.close()  # the guest interrupts a cell whose stream is closed: the kernel is free again
 
 
 class KernelCells:
     def __init__(self, sandboxes: SandboxTable) -> None:
         self._sandboxes = sandboxes
-        self._open: dict[str, int] = {}
-
-    def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
-        """``exc``, or the sandbox's kill or death if that is what broke the cell's stream."""
-        vm = self._sandboxes.vm(sandbox_id)
-        if vm is None:
-            return GuestError(f"sandbox {sandbox_id!r} was killed")
-        return self._sandboxes.explain(sandbox_id, vm, exc)
-
-    def closed(self, sandbox_id: str) -> None:
-        left = self._open.get(sandbox_id, 0) - 1
-        if left > 0:
-            self._open[sandbox_id] = left
-        else:
-            self._open.pop(sandbox_id, None)
+        self._slots = StreamSlots(sandboxes, MAX_STREAMS_PER_SANDBOX, "cells running", "wait for one to end")
 
     async def available(self, sandbox_id: str) -> bool:
         """Whether the sandbox's image has a Jupyter kernel (an older agent: no)."""
@@ -195,21 +155,14 @@ class KernelCells:
         if not await self.available(sandbox_id):
             raise Conflict(f"sandbox {sandbox_id!r} has no Jupyter kernel: start it from a snapshot of "
                            "the code-interpreter image (forkd image build --name code-interpreter)")
-        if self._open.get(sandbox_id, 0) >= MAX_STREAMS_PER_SANDBOX:
-            raise Busy(f"sandbox {sandbox_id!r} already has {MAX_STREAMS_PER_SANDBOX} cells running; "
-                       "wait for one to end")
         args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
         if context is not None:
             args["context"] = context
         if cwd is not None:
             args["cwd"] = cwd
-        self._open[sandbox_id] = self._open.get(sandbox_id, 0) + 1
-        try:
-            stream = await self._sandboxes.open_stream(sandbox_id, protocol.KERNEL, args, line_cost=True)
-        except BaseException:
-            self.closed(sandbox_id)
-            raise
-        return CellEvents(self, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
+        stream = await self._slots.open(sandbox_id, lambda: self._sandboxes.open_stream(
+            sandbox_id, protocol.KERNEL, args, line_cost=True))
+        return CellEvents(self._slots, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
 
     async def interrupt(self, sandbox_id: str, context: str | None = None) -> bool:
         result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",

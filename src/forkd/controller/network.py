@@ -29,6 +29,7 @@ from forkd.errors import InvalidRequest, VMError
 from forkd.host import childnet
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
+from forkd.host.hostlock import HostClaims
 from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.sandboxes import SandboxReader
@@ -55,10 +56,13 @@ def no_nic_message(what: str) -> str:
 
 
 class Networks:
-    def __init__(self, root: Path, sandboxes: SandboxReader, plan: AddressPlan | None = None) -> None:
+    def __init__(self, root: Path, sandboxes: SandboxReader, plan: AddressPlan | None = None,
+                 host_claims: HostClaims | None = None) -> None:
         self._dir = root / "net"
         self._sandboxes = sandboxes
         self.plan = plan or AddressPlan.from_env()
+        # forkd-child-<i> are the host's names: another daemon may hold some (host/hostlock.py).
+        self._host_claims = host_claims or HostClaims()
         self._leases: dict[str, ChildNet] = {}  # owner -> its network
         self._indices: set[int] = set()  # being made right now (no lease yet in _leases)
         self._child_netns: set[int] = set()  # forkd-child-<i> being claimed right now
@@ -87,15 +91,28 @@ class Networks:
 
     # ---------------------------------------------------------------- per_child_netns names
 
+    def _child_netns_held(self) -> set[int]:
+        """The ``forkd-child-<i>`` this daemon's sandboxes live in."""
+        return {i for sb in self._sandboxes.all() if (i := netns_mod.netns_index(sb.netns)) is not None}
+
     def claim_child_netns(self, n: int) -> list[int]:
-        """The ``n`` lowest ``forkd-child-<i>`` no live or starting sandbox holds (no await: atomic)."""
-        used = {netns_mod.netns_index(sb.netns) for sb in self._sandboxes.all()}
-        indices = netns_mod.lowest_free({i for i in used if i is not None} | self._child_netns, n)
+        """The ``n`` lowest ``forkd-child-<i>`` no live or starting sandbox, of this daemon or another
+        on the host, holds (no await: atomic within this daemon; the host claim spans daemons)."""
+        used = self._child_netns_held() | self._child_netns
+        indices: list[int] = []
+        i = 0
+        while len(indices) < n:
+            if i not in used and self._host_claims.try_claim(netns_mod.child_netns(i)):
+                indices.append(i)
+            i += 1
         self._child_netns.update(indices)
         return indices
 
     def release_child_netns(self, indices: list[int]) -> None:
+        """The spawn that claimed ``indices`` ended: names its sandboxes did not take go back."""
         self._child_netns.difference_update(indices)
+        for i in set(indices) - self._child_netns_held():
+            self._host_claims.release(netns_mod.child_netns(i))
 
     # ---------------------------------------------------------------- leases
 
@@ -183,6 +200,8 @@ class Networks:
         net = self._leases.get(record.id) or record.network
         if net is not None:
             await self.release(net)
+        if (i := netns_mod.netns_index(record.netns)) is not None and i not in self._child_netns:
+            self._host_claims.release(netns_mod.child_netns(i))
 
     def launcher(self, net: ChildNet) -> list[str]:
         """argv prefix that runs QEMU in ``net``'s namespace (same pid)."""
@@ -192,6 +211,11 @@ class Networks:
 
     async def reap(self, alive: set[str]) -> None:
         """Start-up: keep the leases of sandboxes still alive, remove every other network."""
+        for i in sorted(self._child_netns_held()):
+            # Our claims died with the previous daemon; a survivor takes its name back.
+            if not self._host_claims.try_claim(netns_mod.child_netns(i)):
+                log.warning("%s, where a sandbox of ours lives, is claimed by another daemon on this "
+                            "host meanwhile", netns_mod.child_netns(i))
         if not self._dir.is_dir():
             return
         for path in sorted(self._dir.iterdir()):
@@ -215,6 +239,7 @@ class Networks:
 
     async def close(self) -> None:
         """The daemon stops: drop the host's masquerade table if no sandbox (of any daemon) uses it."""
+        self._host_claims.close()
         try:
             await childnet.remove_host_nat_if_unused()
         except (VMError, OSError) as exc:

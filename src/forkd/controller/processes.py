@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import base64
 import signal as signals
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from forkd import bounds
+from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Busy, ForkdError, GuestError, InvalidRequest
+from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.client import AgentStream
 
@@ -106,43 +106,26 @@ def signal_number(sig: int | str) -> int:
     return int(member)
 
 
-class ProcessEvents:
+class ProcessEvents(GuestEvents[ProcessEvent]):
     """A process stream: ``async for event in events``; ``aclose()`` stops watching.
 
     With ``kill_on_close`` (a foreground run), closing before the exit kills the
     process's group: a client that goes away leaves nothing running.
     """
 
-    def __init__(self, owner: SandboxProcesses, sandbox_id: str, stream: AgentStream,
+    def __init__(self, owner: SandboxProcesses, slots: StreamSlots, sandbox_id: str, stream: AgentStream,
                  kill_on_close: bool) -> None:
+        super().__init__(slots, sandbox_id, stream)
         self._owner = owner
-        self._sandbox_id = sandbox_id
-        self._stream = stream
         self._kill_on_close = kill_on_close
         self.pid: int | None = None
-        self._done = False
 
-    def __aiter__(self) -> AsyncIterator[ProcessEvent]:
-        return self
+    def _is_last(self, event: ProcessEvent) -> bool:
+        return event.type == "exit"
 
-    async def __anext__(self) -> ProcessEvent:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            raw = await self._stream.__anext__()
-        except StopAsyncIteration:
-            self._finish()
-            raise
-        except GuestError as exc:
-            self._finish()
-            raise self._owner.explain(self._sandbox_id, exc) from exc
-        except ForkdError:
-            self._finish()
-            raise
-        event = self._event(raw)
-        if event.type == "exit":
-            self._finish()
-        return event
+    def _on_close(self) -> None:
+        if self._kill_on_close and self.pid is not None:
+            self._owner.kill_now(self._sandbox_id, self.pid)
 
     def _event(self, raw: dict[str, Any]) -> ProcessEvent:
         kind = raw.get("type")
@@ -167,58 +150,22 @@ class ProcessEvents:
                                 error=error[:2000] if error else None)
         raise GuestError(f"guest agent sent an unknown process event {str(kind)[:40]!r}")
 
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._owner.closed(self._sandbox_id)
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop watching (idempotent); a foreground run's process is killed if still running."""
-        if self._done:
-            return
-        self._finish()
-        self._stream.close()
-        if self._kill_on_close and self.pid is not None:
-            self._owner.kill_now(self._sandbox_id, self.pid)
-
 
 class SandboxProcesses:
     def __init__(self, sandboxes: SandboxTable) -> None:
         self._sandboxes = sandboxes
-        self._open: dict[str, int] = {}  # sandbox id -> open streams
+        self._slots = StreamSlots(sandboxes, MAX_STREAMS_PER_SANDBOX, "process streams open",
+                                  "close one (or let it end) and retry")
 
     async def _call(self, sandbox_id: str, action: str, **args: object) -> dict[str, Any]:
         return await self._sandboxes.call(sandbox_id, action, CALL_TIMEOUT_SECS, **args)
 
-    def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
-        vm = self._sandboxes.vm(sandbox_id)
-        if vm is None:
-            return GuestError(f"sandbox {sandbox_id!r} was killed")
-        return self._sandboxes.explain(sandbox_id, vm, exc)
-
-    def closed(self, sandbox_id: str) -> None:
-        left = self._open.get(sandbox_id, 0) - 1
-        if left > 0:
-            self._open[sandbox_id] = left
-        else:
-            self._open.pop(sandbox_id, None)
-
     async def _open_stream(self, sandbox_id: str, action: str, kill_on_close: bool,
                            **args: object) -> ProcessEvents:
         sandbox_id = self._sandboxes.resolve(sandbox_id)
-        if self._open.get(sandbox_id, 0) >= MAX_STREAMS_PER_SANDBOX:
-            raise Busy(f"sandbox {sandbox_id!r} already has {MAX_STREAMS_PER_SANDBOX} process streams "
-                       "open; close one (or let it end) and retry")
-        self._open[sandbox_id] = self._open.get(sandbox_id, 0) + 1
-        try:
-            stream = await self._sandboxes.stream(sandbox_id, action, **args)
-        except BaseException:
-            self.closed(sandbox_id)
-            raise
-        return ProcessEvents(self, sandbox_id, stream, kill_on_close)
+        stream = await self._slots.open(sandbox_id,
+                                        lambda: self._sandboxes.stream(sandbox_id, action, **args))
+        return ProcessEvents(self, self._slots, sandbox_id, stream, kill_on_close)
 
     @staticmethod
     def _start_args(args: list[str], env: dict[str, str] | None, cwd: str | None, stdin: bytes | None,

@@ -20,8 +20,8 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from forkd.errors import InvalidRequest, VMError
+from forkd.host import hostlock, netplan
 from forkd.host import netns as netns_mod
-from forkd.host import netplan
 from forkd.host.egress import parse_addresses
 from forkd.host.netplan import ChildNet
 from forkd.host.prereqs import Tool
@@ -34,6 +34,8 @@ NET_TOOLS = (IP, NFT, NSENTER)
 TUN = Path("/dev/net/tun")
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 RESOLV_CONFS = (Path("/run/systemd/resolve/resolv.conf"), Path("/etc/resolv.conf"))
+# The host-wide lock around adding to, and dropping, the host's masquerade table.
+HOST_NAT_LOCK = "host-nat"
 MAX_DNS = 3  # the guest's libc reads at most three nameserver lines
 # <linux/capability.h>: network configuration, and mounting the namespace at /run/netns.
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
@@ -176,8 +178,9 @@ async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
             await _run(_in_netns(net.netns, f"{sysctls} && exec {_path(NFT)} -f -"),
                        netplan.netns_ruleset(net, blocked), what=f"the nftables rules of {net.netns}")
         if net.nat and net.ip:
-            await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(net.ip),
-                       what="adding the sandbox to the host's masquerade set")
+            async with hostlock.host_lock(HOST_NAT_LOCK):  # not while another daemon drops the table
+                await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(net.ip),
+                           what="adding the sandbox to the host's masquerade set")
             nat_added = True
     except BaseException:
         # The masquerade element is keyed by address alone: one this call did not add may be
@@ -222,6 +225,13 @@ async def remove_host_nat_if_unused() -> None:
     nft = _path(NFT)
     if NFT.path() is None:
         return
+    # Between our look at the set and the delete, another daemon could add its first element
+    # (its create holds the same lock), and the delete would take it away with the table.
+    async with hostlock.host_lock(HOST_NAT_LOCK):
+        await _remove_host_nat_if_empty(nft)
+
+
+async def _remove_host_nat_if_empty(nft: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         nft, "-j", "list", "set", "ip", netplan.NFT_TABLE, netplan.HOST_NAT_SET,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -37,7 +37,7 @@ def shm_dir_of(data_root: Path, shm_root: Path | None = None) -> Path:
     return (shm_root or SHM_ROOT) / f"forkd-{digest}"
 
 
-def private_dir(path: Path) -> Path:
+def private_dir(path: Path, *, what: str = "guest memory", env: str = "FORKD_SHM_DIR") -> Path:
     """``path`` as a directory only this user can enter: made here (mode 0700), or, if it is
     there already, checked to be a real directory (not a link) of this uid with mode 0700.
 
@@ -61,9 +61,9 @@ def private_dir(path: Path) -> Path:
             problems.append(f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700")
     if problems:
         raise Conflict(
-            f"refusing to put guest memory in {path}: it already exists and {' and '.join(problems)} "
+            f"refusing to put {what} in {path}: it already exists and {' and '.join(problems)} "
             "(someone else may have made it to read or replace it). Check who made it, remove it "
-            f"(rm -rf {path}) and try again, or set FORKD_SHM_DIR to a private tmpfs directory")
+            f"(rm -rf {path}) and try again, or set {env} to a private directory")
     return path
 
 
