@@ -160,6 +160,11 @@ export interface ExecOptions {
   user?: string;
 }
 
+/** A file operation's guest user (e.g. "user": uid 1000); default root. */
+export interface FileUser {
+  user?: string;
+}
+
 /** `POST /v1/sandboxes/{id}/eval`. */
 export interface EvalOptions {
   /** Interrupt the evaluation after this many seconds (daemon default 60); it answers `TimeoutError`. */
