@@ -1,8 +1,8 @@
 """Guest users: a request's ``user`` looked up in the guest's /etc/passwd, and acting as it.
 
 Its own module because two very different things act as a user and must agree
-on who that is: a process (``spawn``: the child calls setgid/initgroups/setuid
-before exec, through ``subprocess.Popen``'s ``user``/``group``/``extra_groups``)
+on who that is: a process (``spawn``: the child takes the user's groups, gid and
+uid before exec, through ``subprocess.Popen``'s ``extra_groups``/``group``/``user``)
 and the file actions, which run on the agent's own worker threads (``as_user``).
 
 The agent is PID 1 and multi-threaded, so a file action cannot ``setuid``: glibc
