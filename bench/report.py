@@ -528,24 +528,61 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
             f"{tr['mem_mib']} MiB template and {tr['depth']} diff branches on top of it (each branch's "
             f"`mem`: {tr['mem_logical_mib']} MiB logical, {tr['mem_data_mib']} MiB of data), moto's S3 "
             "server on loopback, so the figures are this host's CPU, disk and loopback HTTP, not a "
-            "network.", "",
-            "| step | time | bytes |", "|---|---:|---|")
+            "network.", "")
+    if tr.get("load_avg_1min_at_end") is not None:
+        doc.add(f"Load average (1 min) at the end of the run: {tr['load_avg_1min_at_end']} on "
+                f"{tr.get('cpus', '?')} cores: other work shares this host, so the figures are noisy.", "")
+    if tr.get("accel_probe_s") is not None:
+        doc.add(f"This host's accelerator was probed once first ({sec(tr['accel_probe_s'])}); every fresh "
+                "data dir of the run starts with that result, as on a host that ran forkd before.", "")
+    before: Result = tr.get("baseline") or {}
+    if before:
+        rev = before.get("rev", "?")
+        doc.add(f"The same run first measured the code before the chunked format (format 1, revision "
+                f"`{rev}`), side by side (`bench/travel.py --baseline {rev}`):", "",
+                f"| step | before ({rev}) | now | bytes (now) |", "|---|---:|---:|---|")
+    else:
+        doc.add("| step | time | bytes |", "|---|---:|---|")
     rows = [
-        ("pack the newest branch with its chain and base image", tr["pack_s"],
+        ("pack the newest branch with its chain and base image", "pack_s",
          f"{tr['archive_mib']} MiB archive; {tr['pack_read_mib']} MiB read (data extents only)"),
-        ("unpack into a fresh data dir", tr["unpack_s"], ""),
-        ("push into an empty store", tr["push_s"], f"{tr['push_mib']} MiB uploaded"),
-        ("push the same chain again", tr["push_again_s"],
+        ("unpack into a fresh data dir", "unpack_s", f"{tr.get('unpack_mib_per_s', '-')} MiB/s of archive"),
+        ("push into an empty store", "push_s", f"{tr['push_mib']} MiB uploaded"),
+        ("push the same chain again", "push_again_s",
          f"{tr['push_again_blobs']} blobs uploaded (content-addressed)"),
-        ("pull into a fresh data dir", tr["pull_s"], f"{tr['pull_mib']} MiB downloaded"),
-        ("spawn of a tag only in the store, until it answers", tr["spawn_from_store_s"],
+        ("pull into a fresh data dir", "pull_s",
+         f"{tr['pull_mib']} MiB downloaded, {tr.get('pull_mib_per_s', '-')} MiB/s"),
+        ("spawn of a tag only in the store, until it answers", "spawn_from_store_s",
          "the pull, then the fork"),
-        ("the next spawn of it there", tr["spawn_after_s"], ""),
+        ("the next spawn of it there", "spawn_after_s", ""),
     ]
-    for what, secs, size in rows:
-        doc.add(f"| {what} | {sec(secs)} | {size} |")
+    for what, key, size in rows:
+        if before:
+            doc.add(f"| {what} | {sec(before.get(key))} | {sec(tr[key])} | {size} |")
+        else:
+            doc.add(f"| {what} | {sec(tr[key])} | {size} |")
+    if before:
+        doc.add("", f"Before: a {before.get('archive_mib')} MiB archive, unpacked at "
+                f"{before.get('unpack_mib_per_s', '-')} MiB/s and pulled at "
+                f"{before.get('pull_mib_per_s', '-')} MiB/s.")
+    doc.add("", "Measured here: this host's CPU and disk, and loopback HTTP to moto's S3 server running in "
+            "the benchmark's own process (it competes for the same 2 cores, and reads the whole object "
+            "for every range GET, which S3 and MinIO do not). Not measured: a real network. There a "
+            "pull should be bound by the link rather than by these steps (inferred, not measured: each "
+            "blob comes down as up to 4 concurrent range GETs, 3 blobs at a time), and a pull of a "
+            "snapshot whose base image and ancestors the host has moves only the new snapshot's "
+            "chunks.")
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+    labels = [r[0] for r in rows][::-1]
+    if before:
+        ys = range(len(labels))
+        ax.barh([y + 0.2 for y in ys], [before.get(r[1]) or 0 for r in rows][::-1], height=0.4,
+                label=f"before ({before.get('rev', '?')})")
+        ax.barh([y - 0.2 for y in ys], [tr[r[1]] for r in rows][::-1], height=0.4, label="now")
+        ax.set_yticks(list(ys), labels)
+        ax.legend()
+    else:
+        ax.barh(labels, [tr[r[1]] for r in rows][::-1])
     ax.set_xlabel("seconds")
     ax.set_title("Snapshot travel")
     plt.setp(ax.get_yticklabels(), fontsize=7)

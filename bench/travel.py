@@ -14,10 +14,19 @@ disk and loopback HTTP, not a network. Recorded:
 * pull into a fresh data dir, and a spawn there of a tag that is only in the
   store (fetched by the spawn itself) until its child answers.
 
-Prints, and writes bench/results/travel.json. Timings from a shared, busy
-machine are noisy: run it a few times.
+Each fresh data dir starts with this host's accelerator probe result (probed
+once first if it never was, and that time reported as ``accel_probe_s``), as a
+host that has run forkd before has: otherwise the first import into each boots
+a probe guest, which is what format 1's figures of 25 s mostly were.
 
-Usage: .venv/bin/python bench/travel.py [--mem-mib 512] [--depth 2] [--out PATH]
+Prints, and writes bench/results/travel.json, with MiB/s of archive for
+unpack and pull. ``--baseline REV`` first runs the same steps with the forkd
+source of git revision REV (``git archive`` into a temporary directory, in a
+child process, its own VMs and S3 server), and keeps its figures under
+``baseline``: before and after, side by side, from one run on one host.
+Timings from a shared, busy machine are noisy: run it a few times.
+
+Usage: .venv/bin/python bench/travel.py [--mem-mib 512] [--depth 2] [--baseline REV] [--out PATH]
 """
 
 from __future__ import annotations
@@ -25,10 +34,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import io
 import json
 import os
 import platform
 import shutil
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -40,10 +53,17 @@ from moto.server import ThreadedMotoServer
 from common import scratch_data
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.image.builder import load_image
 from forkd.store import sparse
 from forkd.vmm import probe
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+# Side by side: (key, what).
+COMPARED = [("pack_s", "pack (s)"), ("archive_mib", "archive (MiB)"), ("unpack_s", "unpack (s)"),
+            ("unpack_mib_per_s", "unpack (MiB/s of archive)"), ("push_s", "push (s)"),
+            ("pull_s", "pull (s)"), ("pull_mib", "pulled (MiB)"), ("pull_mib_per_s", "pull (MiB/s)"),
+            ("spawn_from_store_s", "spawn from the store (s)"), ("spawn_after_s", "next spawn (s)")]
 
 
 def rchar() -> int:
@@ -107,6 +127,8 @@ async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, 
         await fresh.ping(child.id)
         [_again], out["spawn_after_s"] = await timed(fresh.spawn(tag))
         await fresh.close()
+        out["unpack_mib_per_s"] = round(out["archive_mib"] / out["unpack_s"], 1)
+        out["pull_mib_per_s"] = round(out["pull_mib"] / out["pull_s"], 1)
     finally:
         await src.close()
         for root in roots:
@@ -114,14 +136,23 @@ async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, 
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mem-mib", type=int, default=512)
-    parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "travel.json")
-    args = parser.parse_args()
+def probe_once() -> float | None:
+    """Probe this host's accelerator into the real data dir if it never was (seconds; None if it was).
 
+    Every scratch data dir copies that result (``DataDir.scratch``). Without it, the first
+    import into each fresh data dir boots a probe guest before anything else (20 s and more
+    under TCG on this host), which is what a host does once, not per pull.
+    """
+    real = DataDir.from_env()
+    if real.host_probe.exists():
+        return None
+    started = time.perf_counter()
+    asyncio.run(probe.probe(real, load_image(real).probe_guest()))
+    return round(time.perf_counter() - started, 3)
+
+
+def measure(mem_mib: int, depth: int) -> dict[str, Any]:
+    """The figures of whatever forkd is importable, against a fresh moto server."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -130,14 +161,57 @@ def main() -> None:
     boto3.client("s3").create_bucket(Bucket="bench")
     try:
         with tempfile.TemporaryDirectory(prefix="fkb-") as tmp:
-            figures = asyncio.run(run(args.mem_mib, args.depth, "s3://bench/travel", Path(tmp)))
+            return asyncio.run(run(mem_mib, depth, "s3://bench/travel", Path(tmp)))
     finally:
         server.stop()
+
+
+def baseline(rev: str, mem_mib: int, depth: int) -> dict[str, Any]:
+    """The same run with the forkd source of ``rev``, in a child process."""
+    with tempfile.TemporaryDirectory(prefix="fkb-src-") as tmp:
+        archived = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True,
+                                  capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archived)) as tar:
+            tar.extractall(tmp, filter="data")
+        env = {**os.environ, "PYTHONPATH": str(Path(tmp) / "src")}
+        done = subprocess.run([sys.executable, __file__, "--mem-mib", str(mem_mib), "--depth", str(depth),
+                               "--figures-only"], check=True, stdout=subprocess.PIPE, text=True, env=env)
+    figures: dict[str, Any] = json.loads(done.stdout)
+    figures["rev"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                                    capture_output=True, text=True).stdout.strip()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mem-mib", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--baseline", help="a git revision to measure first, side by side (e.g. main)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "travel.json")
+    parser.add_argument("--figures-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.figures_only:  # a baseline's child: its figures on stdout, nothing written
+        print(json.dumps(measure(args.mem_mib, args.depth)))
+        return
+
+    probed = probe_once()
+    before = baseline(args.baseline, args.mem_mib, args.depth) if args.baseline else None
+    figures = measure(args.mem_mib, args.depth)
+    if probed is not None:
+        figures["accel_probe_s"] = probed
     result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "host": platform.node(), "cpus": os.cpu_count(), "qemu": probe.qemu_version(),
               "accel": os.environ.get("FORKD_ACCEL", "auto"), "mem_mib": args.mem_mib, "depth": args.depth,
-              "note": "moto S3 server on loopback; a shared, busy 2-core machine: noisy", **figures}
+              "note": "moto S3 server on loopback; a shared, busy 2-core machine: noisy",
+              "load_avg_1min_at_end": round(os.getloadavg()[0], 2), **figures}
+    if before is not None:
+        result["baseline"] = before
     print(json.dumps(result, indent=2))
+    if before is not None:
+        print(f"\n{'':28}{'before (' + before['rev'] + ')':>16}{'after':>12}")
+        for key, what in COMPARED:
+            print(f"{what:28}{before.get(key, '-')!s:>16}{figures.get(key, '-')!s:>12}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

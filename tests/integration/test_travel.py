@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
@@ -152,12 +152,23 @@ def test_pack_unpack_restores_a_depth_3_branch_identically(loop: Loop, source: R
 
 
 def _tamper(src: Path, dst: Path) -> None:
-    """Flip one byte in the middle of the biggest blob and recompress: the zstd checksum is fine."""
-    raw = bytearray(zstandard.ZstdDecompressor().stream_reader(src.open("rb")).read())
-    with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
-        biggest = max(tar.getmembers(), key=lambda m: m.size)
-    raw[biggest.offset_data + biggest.size // 2] ^= 0xFF
-    dst.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(raw)))
+    """Swap two chunks' frames in the biggest blob's index: every frame still decompresses and the
+    index still hashes to the manifest's digest, but each chunk now holds another's bytes."""
+    with tarfile.open(src) as tar, tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as out:
+        members = tar.getmembers()
+        biggest = max((m for m in members if m.name.startswith("blobs/") and not m.name.endswith(".index")),
+                      key=lambda m: m.size)
+        for m in members:
+            f = tar.extractfile(m)
+            assert f is not None
+            data = f.read()
+            if m.name == f"{biggest.name}.index":
+                index = json.loads(data)
+                a, b = index["chunks"][0], index["chunks"][1]
+                a[2:4], b[2:4] = b[2:4], a[2:4]
+                data = json.dumps(index).encode()
+                m.size = len(data)
+            out.addfile(m, io.BytesIO(data))
 
 
 def test_a_tampered_or_corrupt_archive_is_refused(loop: Loop, source: Runtime, chain: dict[str, Any],

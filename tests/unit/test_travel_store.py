@@ -1,4 +1,5 @@
-"""Sparse streams, manifests and pack archives: the file-level parts of snapshot travel (no VM)."""
+"""Sparse streams, chunked blobs, manifests and pack archives: the file-level parts of snapshot
+travel (no VM)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import zstandard
 
 from forkd.host.accel import Accel
-from forkd.store import archive, sparse
+from forkd.store import archive, chunked, sparse
 from forkd.store.manifest import BadManifest, BaseEntry, FileEntry, Manifest, SnapshotEntry
 
 MIB = 1 << 20
@@ -36,13 +37,97 @@ def full_sha(path: Path) -> str:
 # ------------------------------------------------------------------ sparse
 
 
-def test_extents_skip_holes_and_the_digest_is_the_plain_sha256(tmp_path: Path) -> None:
+def test_extents_skip_holes(tmp_path: Path) -> None:
     f = holey(tmp_path / "mem", 64 * MIB, {0: os.urandom(100_000), 40 * MIB: b"x" * 5000})
-    sha, info = sparse.digest(f)
-    assert sha == full_sha(f)
+    info = sparse.inspect(f)
     assert info.size == 64 * MIB
     assert info.data_bytes < 2 * MIB  # filesystem blocks around the two pieces, not 64 MiB
-    assert sparse.inspect(f) == info
+
+
+# ------------------------------------------------------------------ chunked blobs
+
+
+def test_the_digest_is_the_contents_not_where_the_holes_are(tmp_path: Path) -> None:
+    pieces = {0: os.urandom(100_000), 40 * MIB: b"x" * 5000, 50 * MIB: bytes(3 * MIB)}
+    sparse_file = holey(tmp_path / "sparse", 64 * MIB, pieces)
+    dense = tmp_path / "dense"
+    dense.write_bytes(sparse_file.read_bytes())  # the same content, no holes at all
+    sha, index = chunked.digest(sparse_file)
+    assert chunked.digest(dense)[0] == sha
+    # Two chunks hold data; the written zeros at 50 MiB are absent like the holes, and only
+    # the non-zero pages are data (what is hashed, sent and written).
+    assert [c.index for c in index.chunks] == [0, 40 * MIB // chunked.GRID]
+    assert index.data_bytes == 25 * 4096 + 2 * 4096  # 100,000 bytes on 25 pages; 5,000 on 2
+    other = holey(tmp_path / "other", 64 * MIB, {**pieces, 40 * MIB: b"y" * 5000})
+    assert chunked.digest(other)[0] != sha
+
+
+def encoded(path: Path) -> tuple[str, chunked.ChunkIndex, bytes]:
+    out = bytearray()
+    index = chunked.encode(path, out.extend)
+    return index.digest(), index, bytes(out)
+
+
+def test_a_chunked_round_trip_restores_content_and_holes(tmp_path: Path) -> None:
+    src = holey(tmp_path / "src", 32 * MIB, {MIB: os.urandom(3 * MIB), 20 * MIB: bytes(2 * MIB),
+                                            31 * MIB: b"end"})
+    sha, index, frames = encoded(src)
+    assert sha == chunked.digest(src)[0]
+    dest = tmp_path / "dest"
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return frames[offset: offset + length]
+
+    again = chunked.ChunkIndex.parse(index.encode_json(), 32 * MIB)
+    chunked.decode(again, sha, read, dest, read_bytes=1)  # one read per chunk
+    assert dest.read_bytes() == src.read_bytes()
+    assert len(reads) == len(index.chunks) == 2
+    # The explicit zeros at 20 MiB came back as a hole: only the random 3 MiB are allocated.
+    assert sparse.allocated_bytes(dest) <= 3 * MIB + 256 * 1024
+
+
+def test_a_corrupt_chunk_or_index_fails_naming_it_and_leaves_nothing(tmp_path: Path) -> None:
+    src = holey(tmp_path / "src", 16 * MIB, {0: os.urandom(MIB), 9 * MIB: os.urandom(MIB)})
+    sha, index, frames = encoded(src)
+    second = index.chunks[1]
+    bad = bytearray(frames)
+    bad[second.zoff + second.zlen // 2] ^= 1
+    dest = tmp_path / "out"
+    with pytest.raises(chunked.CorruptBlob, match=rf"chunk 2 \(bytes {8 * MIB}-.*of blob {sha[:12]}"):
+        chunked.decode(index, sha, lambda o, n: bytes(bad[o: o + n]), dest)
+    assert not dest.exists()
+    # A chunk swapped for another well-formed one: it decompresses, its hash gives it away.
+    first = index.chunks[0]
+    swapped = chunked.ChunkIndex(index.size, index.grid, (first, chunked.Chunk(
+        second.index, second.sha256, second.extents, first.zoff, first.zlen)))
+    with pytest.raises(chunked.CorruptBlob, match=r"chunk 2 .* sha256 is not the manifest's"):
+        chunked.decode(swapped, sha, lambda o, n: frames[o: o + n], dest)
+    assert not dest.exists()
+    # An index whose table is not the one the digest names is refused before any read.
+    lying = chunked.ChunkIndex(index.size, index.grid, (first,))
+    with pytest.raises(chunked.CorruptBlob, match="does not match its digest"):
+        chunked.decode(lying, sha, lambda o, n: pytest.fail("read"), dest)
+    with pytest.raises(chunked.CorruptBlob, match="truncated"):
+        chunked.decode(index, sha, lambda o, n: frames[o: o + n][:-1], dest)
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(size=1 << 50),
+    lambda d: d.update(grid=3 * MIB),
+    lambda d: d["chunks"][0][4].append([0, 10]),  # overlaps its first extent
+    lambda d: d["chunks"][0][4].__setitem__(0, [0, 5 * MIB]),  # leaves its chunk
+    lambda d: d["chunks"].append(d["chunks"][0]),  # out of order
+    lambda d: d.update(version=2),
+])
+def test_a_hostile_index_is_refused(tmp_path: Path, mutate: Any) -> None:
+    _, index, _ = encoded(holey(tmp_path / "src", 8 * MIB, {0: os.urandom(1000)}))
+    d = index.to_json()
+    mutate(d)
+    with pytest.raises(chunked.CorruptBlob):
+        chunked.ChunkIndex.parse(json.dumps(d).encode(), 8 * MIB)
 
 
 def test_a_stream_round_trip_restores_content_and_holes(tmp_path: Path) -> None:
@@ -138,7 +223,7 @@ def test_a_bad_manifest_is_refused_with_the_reason(mutate: Any, words: str) -> N
 def packed(tmp_path: Path) -> tuple[Manifest, dict[str, Path]]:
     files = {n: holey(tmp_path / n, 8 * MIB, {0: os.urandom(20_000)})
              for n in ("mem", "state", "disk", "base")}
-    shas = {n: full_sha(p) for n, p in files.items()}
+    shas = {n: chunked.digest(p)[0] for n, p in files.items()}
     m = Manifest("a", 1, "0.1.0", "QEMU emulator version 7.2.19", Accel.tcg(),
                  BaseEntry(shas["base"], 8 * MIB, "raw"), (entry("a", shas, size=8 * MIB),))
     return m, {shas[n]: p for n, p in files.items()}
@@ -173,7 +258,7 @@ def craft(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
     out = tmp_path / "crafted.forkd"
-    out.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    out.write_bytes(buf.getvalue())
     return out
 
 
@@ -195,6 +280,7 @@ def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,
     (member("fifo", kind=tarfile.FIFOTYPE), "unsafe", "device or FIFO"),
     (member("notes.txt", b"hi"), "unsafe", "not blobs/<sha256>"),
     (member("blobs/" + "0" * 64, b"x"), "corrupt", "not named by the manifest"),
+    (member("blobs/" + "0" * 64 + ".idx", b"x"), "unsafe", "not blobs/<sha256>"),
 ])
 def test_unsafe_or_foreign_members_are_refused(tmp_path: Path, bad: tuple[tarfile.TarInfo, bytes], kind: str,
                                                words: str) -> None:
@@ -236,3 +322,31 @@ def test_a_refusal_from_want_stops_before_any_blob_is_written(tmp_path: Path) ->
     with pytest.raises(archive.ArchiveError, match="cannot restore"):
         archive.read(out, staging, refuse)
     assert list(staging.iterdir()) == []
+
+
+def test_a_corrupt_chunk_in_an_archive_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    m, blobs = packed(tmp_path)
+    out = tmp_path / "a.forkd"
+    archive.write(out, m, blobs)
+    mem = m.snapshots[0].file("mem").sha256
+    with tarfile.open(out) as tar:
+        frames = tar.getmember(f"blobs/{mem}")
+    data = bytearray(out.read_bytes())
+    data[frames.offset_data + frames.size // 2] ^= 0x55
+    out.write_bytes(bytes(data))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(archive.ArchiveError) as err:
+        archive.read(out, staging, lambda manifest, omitted: set(manifest.blobs()))
+    assert err.value.kind == "corrupt"
+    assert f"chunk 0 (bytes 0-{chunked.GRID - 1}) of blob {mem[:12]}" in str(err.value)
+    assert list(staging.iterdir()) == []
+
+
+def test_a_format_1_archive_says_which_forkd_reads_it(tmp_path: Path) -> None:
+    old = tmp_path / "old.forkd"
+    tar = craft(tmp_path, [member("manifest.json", b"{}")]).read_bytes()
+    old.write_bytes(zstandard.ZstdCompressor().compress(tar))
+    with pytest.raises(archive.ArchiveError) as err:
+        archive.read(old, tmp_path, lambda manifest, omitted: set())
+    assert err.value.kind == "unsupported" and "format 1" in str(err.value)

@@ -45,7 +45,7 @@ from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
 from forkd.host.accel import Accel, check_compatible
 from forkd.image.builder import list_images
-from forkd.store import archive, layout, sparse
+from forkd.store import archive, chunked, layout, sparse
 from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
@@ -57,6 +57,7 @@ from forkd.vmm import probe
 log = logging.getLogger("forkd.travel")
 
 UPLOAD_THREADS = 4
+BLOB_THREADS = 3  # blobs fetched at once (each with its own concurrent range GETs)
 _QEMU_VERSION_RE = re.compile(r"version (\d+)\.(\d+)")
 
 # Puts one blob (sha256, logical size) into a new file.
@@ -109,7 +110,11 @@ class SnapshotTravel:
         self._tags = tags
         self._accel = accel
         self.store = store
-        self._digests = DigestCache(data.travel / "digests.json")
+        # chunked digests (format 2); digests.json held format 1's whole-file sha256s
+        self._digests = DigestCache(data.travel / "chunk-digests.json")
+        # Guest images' digests live with the images: every data dir that shares them (and a
+        # first pull into a fresh one) finds a base by digest without reading it again.
+        self._image_digests = DigestCache(data.images / ".chunk-digests.json")
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
 
@@ -155,7 +160,7 @@ class SnapshotTravel:
         chain = disk_mod.backing_chain(SnapshotDir(self._data.snapshots / tag).disk)
         links = [self._classify(path, fmt, last=i == len(chain) - 1) for i, (path, fmt) in enumerate(chain)]
         base_path, base_fmt = chain[-1]
-        base_sha = self._digests.sha256(base_path)
+        base_sha = self._digest(base_path)
         base = BaseEntry(base_sha, base_path.stat().st_size, base_fmt, self._image_info(base_path, base_sha))
         lineage: list[str] = []
         for owner, _ in links[:-1]:
@@ -188,6 +193,11 @@ class SnapshotTravel:
         manifest = Manifest(tag, now_unix(), VERSION, probe.qemu_version(), accel, base, tuple(entries))
         return Export(manifest, blobs, workdir)
 
+    def _digest(self, path: Path) -> str:
+        images = self._data.images.resolve()
+        cache = self._image_digests if path.resolve().is_relative_to(images) else self._digests
+        return cache.sha256(path)
+
     def _classify(self, path: Path, fmt: str, *, last: bool) -> tuple[str, str]:
         """(tag, file) for a layer in a snapshot directory; ("", "") for the base at the bottom."""
         resolved = path.resolve()
@@ -215,7 +225,7 @@ class SnapshotTravel:
         name = (f"../../bases/{base_sha}.{backing.format}" if backing.tag is None
                 else f"../{backing.tag}/{backing.file}")
         disk_mod.set_backing(copy, name, backing.format)
-        sha, _ = sparse.digest(copy)
+        sha, _ = chunked.digest(copy)
         blobs.setdefault(sha, copy)
         return FileEntry(path.name, sha, copy.stat().st_size, backing)
 
@@ -288,7 +298,7 @@ class SnapshotTravel:
         images = sorted(list_images(self._data), key=lambda i: i.key != base.image.get("key"))
         for image in images:
             if image.rootfs.exists() and image.rootfs.stat().st_size == base.size and \
-                    self._digests.sha256(image.rootfs) == base.sha256:
+                    self._digest(image.rootfs) == base.sha256:
                 return image.rootfs
         return None
 
@@ -403,20 +413,9 @@ class SnapshotTravel:
         try:
             manifest, extracted = await asyncio.to_thread(archive.read, path, workdir, want, progress)
             plan = plans[0]
-            uses: dict[str, int] = {}
-            for s in plan.new:
-                for f in s.files:
-                    uses[f.sha256] = uses.get(f.sha256, 0) + 1
-
-            def fetch(sha: str, _size: int, dest: Path) -> None:
-                uses[sha] = uses.get(sha, 1) - 1
-                if uses[sha] > 0:  # another file needs the same bytes: copy, keep the extracted one
-                    sparse.copy(extracted[sha], dest)
-                else:
-                    os.rename(extracted[sha], dest)
-
             with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, fetch, f"archive {path.name}")
+                created = await asyncio.to_thread(self.apply, plan, _placer(plan, extracted),
+                                                  f"archive {path.name}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return {"tag": manifest.tag, "lineage": manifest.lineage, "created": [r.tag for r in created],
@@ -472,20 +471,35 @@ class SnapshotTravel:
         before = store.stats.snapshot()["bytes_downloaded"]
         plan = await self.plan(manifest)
         workdir = self._workdir(f"pull-{manifest.tag}")
+        planned = time.monotonic()
         try:
-            def fetch(sha: str, size: int, dest: Path) -> None:
-                store.get_blob(sha, dest, size)
-
             with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, fetch, f"store {store.url}")
+                fetched = await asyncio.to_thread(self._fetch_all, store, plan, workdir)
+                downloaded = time.monotonic()
+                created = await asyncio.to_thread(self.apply, plan, _placer(plan, fetched),
+                                                  f"store {store.url}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         self.pulls += 1
         got = store.stats.snapshot()["bytes_downloaded"] - before
-        log.info("pulled %s from %s: %d snapshot(s), %d bytes in %.1fs", manifest.tag, store.url,
-                 len(created), got, time.monotonic() - started)
+        done = time.monotonic()
+        log.info("pulled %s from %s: %d snapshot(s), %d bytes in %.2fs (plan %.2fs, download %.2fs, "
+                 "place and register %.2fs)", manifest.tag, store.url, len(created), got, done - started,
+                 planned - started, downloaded - planned, done - downloaded)
         return {"tag": manifest.tag, "created": [r.tag for r in created], "reused": plan.reuse,
                 "bytes_downloaded": got}
+
+    @staticmethod
+    def _fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path) -> dict[str, Path]:
+        """Every blob the plan needs, into ``workdir``, several at a time (largest first): a small
+        blob's few requests then overlap a large one's range GETs instead of waiting behind them."""
+        sizes = plan.manifest.blobs()
+        shas = sorted(plan.blobs(), key=lambda sha: -sizes[sha])
+        out = {sha: workdir / sha for sha in shas}
+        with ThreadPoolExecutor(BLOB_THREADS) as pool:
+            for _ in pool.map(lambda sha: store.get_blob(sha, out[sha], sizes[sha]), shas):
+                pass  # map raises the first failure; leaving the pool waits for the others
+        return out
 
     @contextlib.asynccontextmanager
     async def _lock(self, tag: str) -> AsyncIterator[None]:
@@ -507,6 +521,24 @@ class SnapshotTravel:
         if self.store is not None:
             out.update(self.store.stats.snapshot())
         return out
+
+
+def _placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
+    """``apply``'s fetch from blobs already here (extracted or downloaded): moved into place, or
+    copied while another file of the plan still needs the same bytes."""
+    uses: dict[str, int] = {}
+    for s in plan.new:
+        for f in s.files:
+            uses[f.sha256] = uses.get(f.sha256, 0) + 1
+
+    def place(sha: str, _size: int, dest: Path) -> None:
+        uses[sha] = uses.get(sha, 1) - 1
+        if uses[sha] > 0:
+            sparse.copy(fetched[sha], dest)
+        else:
+            os.rename(fetched[sha], dest)
+
+    return place
 
 
 def _files(manifest: Manifest, tag: str) -> dict[str, str]:

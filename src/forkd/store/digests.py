@@ -1,4 +1,4 @@
-"""A cache of file digests, so pushing the same snapshot or base twice reads it once.
+"""A cache of file digests (store/chunked.py's), so pushing the same snapshot or base twice reads it once.
 
 Snapshot files and guest images never change once written, so a digest stays
 valid while the file's identity and stamps (device, inode, size, mtime, ctime)
@@ -8,12 +8,13 @@ atomically; a damaged cache is simply rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from pathlib import Path
 
-from forkd.store import sparse
+from forkd.store import chunked
 
 MAX_ENTRIES = 4096
 
@@ -35,14 +36,14 @@ class DigestCache:
             return {}
 
     def sha256(self, path: Path) -> str:
-        """The sha256 of ``path``'s logical content (see store/sparse.py), cached."""
+        """The digest of ``path``'s logical content (see store/chunked.py), cached."""
         key = str(path.resolve())
         stamp = _stamp(os.stat(path))
         with self._lock:
             entry = self._load().get(key)
         if entry and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
             return str(entry["sha256"])
-        sha, _ = sparse.digest(path)
+        sha, _ = chunked.digest(path)
         if _stamp(os.stat(path)) != stamp:  # changed while we read it: do not remember
             return sha
         with self._lock:
@@ -51,10 +52,14 @@ class DigestCache:
             if len(data) > MAX_ENTRIES:  # drop entries of files that are gone, then the oldest
                 data = {k: v for k, v in data.items() if os.path.exists(k)}
                 data = dict(list(data.items())[-MAX_ENTRIES:])
-            self._path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._path.with_name(f".{self._path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self._path)
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(data))
+                os.replace(tmp, self._path)
+            except OSError:  # a read-only images dir, a full disk: only a cache, the digest stands
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         return sha
 
 

@@ -1,11 +1,12 @@
 """The manifest of a travelling snapshot: what a pack archive and the object store carry.
 
 A manifest names a snapshot (``tag``), the chain of snapshots its disk needs
-(``snapshots``, oldest first: its lineage), every file of each by sha256 and
-size, how the disk layers stack (``backing``), the base image at the bottom of
-the chain, and what the host that made it ran (QEMU version, accelerator and
-CPU model). Files are referred to by content, so a blob shared by several
-snapshots (a base image, a parent's disk) travels and is stored once.
+(``snapshots``, oldest first: its lineage), every file of each by digest
+(store/chunked.py; the field keeps its name ``sha256``) and size, how the disk
+layers stack (``backing``), the base image at the bottom of the chain, and
+what the host that made it ran (QEMU version, accelerator and CPU model).
+Files are referred to by content, so a blob shared by several snapshots (a
+base image, a parent's disk) travels and is stored once.
 
 :func:`Manifest.from_json` trusts nothing: an archive or a bucket may be
 hostile. Names come from a fixed allow-list (never used as paths as given),
@@ -24,7 +25,9 @@ from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
 
 FORMAT = "forkd-snapshot"
-VERSION = 1
+# 2: files are named by their chunked digest (store/chunked.py), no longer by the sha256 of
+# their whole logical content (which meant hashing every hole).
+VERSION = 2
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # The files of a snapshot that travel (snapshot.json travels as ``meta``).
 FILE_RE = re.compile(r"^(mem|state|disk\.qcow2|layer-[0-9]{1,4}\.qcow2)$")

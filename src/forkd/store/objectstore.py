@@ -5,21 +5,31 @@ the usual variables: ``AWS_ENDPOINT_URL`` (MinIO, R2, a local test server; unset
 for AWS S3 itself), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``. Layout under the prefix::
 
-    blobs/<sha256>            one file's sparse stream (store/sparse.py), zstd-compressed
+    chunked/<digest>          one file's chunk frames (store/chunked.py)
+    chunked/<digest>.index    their index, written after them
     snapshots/<tag>.json      the snapshot's manifest (store/manifest.py)
 
-Blobs are named by the sha256 of the file they hold, so a base image or a
+Blobs are named by the digest of the file they hold, so a base image or a
 parent's disk shared by many snapshots is stored once, and a push uploads only
-what the store lacks. A manifest is written after every blob it names, so a
-reader never finds one whose blobs are missing.
+what the store lacks. A blob's index is written after its frames, and a
+manifest after every blob it names, so a reader never finds one whose blobs
+are missing. (Format 1 kept ``blobs/<sha256>``, one zstd stream per file: the
+two never share a key.)
+
+Large blobs go up as multipart uploads, parts sent by a few threads while the
+next chunks are compressed; they come down as parallel range GETs of about
+8 MiB, each chunk decompressed, checked against its digest and written in
+place as it arrives (store/chunked.py's ``decode``).
 
 Every call is blocking (boto3); the controller runs them in worker threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +38,19 @@ from urllib.parse import urlparse
 import boto3
 import botocore.config
 import botocore.exceptions
-import zstandard
 
 from forkd import bounds
 from forkd.errors import ForkdError, InvalidRequest, NotFound
-from forkd.store import sparse
+from forkd.store import chunked
 from forkd.store.manifest import Manifest
 
-ZSTD_LEVEL = 3
 MAX_MANIFEST_BYTES = 16 << 20
+PART_BYTES = 8 << 20  # multipart part size (S3's minimum is 5 MiB, but for the last part)
+# A blob comes down as up to TRANSFER_THREADS concurrent range GETs of 8 to 64 MiB: enough
+# connections to fill a link, few enough requests that per-request costs stay small (moto's
+# server, which the tests and benchmarks use, reads the whole object for every range).
+MIN_RANGE_BYTES, MAX_RANGE_BYTES = 8 << 20, 64 << 20
+TRANSFER_THREADS = 4  # concurrent part uploads or range GETs of one blob
 # Path-style addressing and checksums only where the API requires them: what
 # MinIO, R2, Ceph and local test servers all accept (AWS S3 accepts it too).
 _CLIENT_CONFIG = botocore.config.Config(
@@ -46,6 +60,7 @@ _CLIENT_CONFIG = botocore.config.Config(
     retries={"max_attempts": 5, "mode": "standard"},
     connect_timeout=10,
     read_timeout=120,
+    max_pool_connections=4 * TRANSFER_THREADS,  # several blobs' transfers share the client
 )
 
 
@@ -81,8 +96,10 @@ class TransferStats:
 
     blobs_uploaded: int = 0
     bytes_uploaded: int = 0
+    parts_uploaded: int = 0
     blobs_downloaded: int = 0
     bytes_downloaded: int = 0
+    ranges_downloaded: int = 0
     manifests_downloaded: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -94,19 +111,6 @@ class TransferStats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-
-class _Counting:
-    """Wraps a readable and counts the bytes read through it."""
-
-    def __init__(self, src: Any) -> None:
-        self._src = src
-        self.count = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data: bytes = self._src.read(n)
-        self.count += len(data)
-        return data
 
 
 class ObjectStore:
@@ -135,8 +139,9 @@ class ObjectStore:
     # ------------------------------------------------------------ blobs
 
     def has_blob(self, sha: str) -> bool:
+        """Whether the store holds the blob (its index, which goes up after its frames)."""
         try:
-            self._s3.head_object(Bucket=self.url.bucket, Key=self._key("blobs", sha))
+            self._s3.head_object(Bucket=self.url.bucket, Key=self._key("chunked", f"{sha}.index"))
             return True
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
@@ -146,42 +151,66 @@ class ObjectStore:
             raise self._fail(f"looking up blob {sha[:12]}", exc) from None
 
     def put_blob(self, sha: str, path: Path) -> int:
-        """Upload ``path`` (whose content has digest ``sha``) as a compressed sparse stream."""
-        cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
-        with sparse.StreamReader(path) as reader:
-            body = _Counting(cctx.stream_reader(reader))  # type: ignore[arg-type]  # any read() will do
-            try:
-                self._s3.upload_fileobj(body, self.url.bucket, self._key("blobs", sha),
-                                        ExtraArgs={"Metadata": {"size": str(reader.info.size)}})
-            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-                raise self._fail(f"uploading blob {sha[:12]}", exc) from None
-        self.stats.add(blobs_uploaded=1, bytes_uploaded=body.count)
-        return body.count
+        """Upload ``path`` (whose content has digest ``sha``) as chunk frames and their index;
+        returns the bytes sent."""
+        key = self._key("chunked", sha)
+        upload = _Multipart(self._s3, self.url.bucket, key)
+        try:
+            index = chunked.encode(path, upload.write, expect=sha)
+            upload.finish()
+            body = index.encode_json()
+            self._s3.put_object(Bucket=self.url.bucket, Key=f"{key}.index", Body=body,
+                                ContentType="application/json")
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            upload.abort()
+            raise self._fail(f"uploading blob {sha[:12]}", exc) from None
+        except BaseException:
+            upload.abort()
+            raise
+        sent = index.stored_bytes + len(body)
+        self.stats.add(blobs_uploaded=1, bytes_uploaded=sent, parts_uploaded=upload.parts_sent)
+        return sent
 
     def get_blob(self, sha: str, dest: Path, size: int) -> int:
-        """Download blob ``sha`` into the new file ``dest`` (sparse), verifying its digest."""
+        """Download blob ``sha`` into the new file ``dest`` (sparse), every chunk verified;
+        returns the bytes fetched."""
+        key = self._key("chunked", sha)
+        what = f"downloading blob {sha[:12]}"
         try:
-            obj = self._s3.get_object(Bucket=self.url.bucket, Key=self._key("blobs", sha))
+            obj = self._s3.get_object(Bucket=self.url.bucket, Key=f"{key}.index")
+            raw = obj["Body"].read(chunked.MAX_INDEX_BYTES + 1)
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 raise NotFound(f"store {self.url} lacks blob {sha[:12]}… (a manifest names it: "
                                "push the snapshot again)") from None
-            raise self._fail(f"downloading blob {sha[:12]}", exc) from None
+            raise self._fail(what, exc) from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise self._fail(f"downloading blob {sha[:12]}", exc) from None
-        body = _Counting(obj["Body"])
+            raise self._fail(what, exc) from None
+        fetched = [len(raw)]
+        lock = threading.Lock()
+
+        def read(offset: int, length: int) -> bytes:
+            try:
+                part = self._s3.get_object(Bucket=self.url.bucket, Key=key,
+                                           Range=f"bytes={offset}-{offset + length - 1}")
+                data: bytes = part["Body"].read()
+            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                raise self._fail(what, exc) from None
+            with lock:
+                fetched[0] += len(data)
+            self.stats.add(ranges_downloaded=1)
+            return data
+
         try:
-            with zstandard.ZstdDecompressor().stream_reader(body) as z:  # type: ignore[arg-type]
-                sparse.write(z, dest, expect_sha256=sha, max_size=size)
-        except (zstandard.ZstdError, sparse.CorruptStream) as exc:
+            index = chunked.ChunkIndex.parse(raw, size)
+            span = min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, -(-index.stored_bytes // TRANSFER_THREADS)))
+            chunked.decode(index, sha, read, dest, read_bytes=span, threads=TRANSFER_THREADS)
+        except chunked.CorruptBlob as exc:
             raise StoreError(f"store {self.url}: blob {sha[:12]}… is corrupt: {exc}") from None
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
-            dest.unlink(missing_ok=True)
-            raise self._fail(f"downloading blob {sha[:12]}", exc) from None
-        finally:
-            obj["Body"].close()
-        self.stats.add(blobs_downloaded=1, bytes_downloaded=body.count)
-        return body.count
+        except OSError as exc:
+            raise self._fail(what, exc) from None
+        self.stats.add(blobs_downloaded=1, bytes_downloaded=fetched[0])
+        return fetched[0]
 
     # ------------------------------------------------------------ manifests
 
@@ -230,6 +259,72 @@ class ObjectStore:
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             raise self._fail("listing snapshots", exc) from None
         return sorted(tags)
+
+
+class _Multipart:
+    """A blob's frames going up as they are made: one PUT if they stay under a part, else a
+    multipart upload whose parts are sent by ``TRANSFER_THREADS`` threads (at most twice that
+    many parts held in memory) while the caller compresses the next chunks."""
+
+    def __init__(self, s3: Any, bucket: str, key: str) -> None:
+        self._s3, self._bucket, self._key = s3, bucket, key
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._parts: list[Future[dict[str, Any]]] = []
+        self.parts_sent = 0
+
+    def write(self, frame: bytes) -> None:
+        self._buf += frame
+        if len(self._buf) >= PART_BYTES:
+            self._send(bytes(self._buf))
+            self._buf.clear()
+
+    def _send(self, body: bytes) -> None:
+        if self._upload_id is None:
+            made = self._s3.create_multipart_upload(Bucket=self._bucket, Key=self._key)
+            self._upload_id = str(made["UploadId"])
+            self._pool = ThreadPoolExecutor(TRANSFER_THREADS)
+        assert self._pool is not None
+        in_flight = [f for f in self._parts if not f.done()]
+        if len(in_flight) >= 2 * TRANSFER_THREADS:  # back-pressure: hold few parts in memory
+            in_flight[0].result()
+        number = len(self._parts) + 1
+        self._parts.append(self._pool.submit(self._part, number, body))
+
+    def _part(self, number: int, body: bytes) -> dict[str, Any]:
+        done = self._s3.upload_part(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
+                                    PartNumber=number, Body=body)
+        return {"PartNumber": number, "ETag": done["ETag"]}
+
+    def finish(self) -> None:
+        if self._upload_id is None:  # small: one PUT
+            self._s3.put_object(Bucket=self._bucket, Key=self._key, Body=bytes(self._buf))
+            return
+        if self._buf:
+            self._send(bytes(self._buf))
+            self._buf.clear()
+        parts = [f.result() for f in self._parts]
+        self._s3.complete_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
+                                           MultipartUpload={"Parts": parts})
+        self.parts_sent = len(parts)
+        self._close()
+
+    def abort(self) -> None:
+        self._close()
+        if self._upload_id is not None:
+            # If even the abort fails, the bucket's lifecycle rules collect the parts; the
+            # upload's own failure is what gets reported.
+            with contextlib.suppress(botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError):
+                self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
+            self._upload_id = None
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            for f in self._parts:
+                f.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 __all__ = ["ObjectStore", "StoreError", "StoreURL", "TransferStats"]

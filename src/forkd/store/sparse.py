@@ -115,20 +115,6 @@ def _read_extents(f: IO[bytes], extents: tuple[tuple[int, int], ...]) -> Iterato
             done += len(piece)
 
 
-def digest(path: Path) -> tuple[str, SparseInfo]:
-    """sha256 of the file's logical content, reading only its data extents."""
-    info = inspect(path)
-    h = hashlib.sha256()
-    pos = 0
-    with open(path, "rb") as f:
-        for offset, piece in _read_extents(f, info.extents):
-            _feed_zeros(h, offset - pos)
-            h.update(piece)
-            pos = offset + len(piece)
-    _feed_zeros(h, info.size - pos)
-    return h.hexdigest(), info
-
-
 class StreamReader:
     """A file-like reader of a file's sparse stream (for tarfile and upload clients)."""
 
@@ -290,5 +276,4 @@ def allocated_bytes(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-__all__ = ["CorruptStream", "SparseInfo", "StreamReader", "allocated_bytes", "copy", "digest", "inspect",
-           "write"]
+__all__ = ["CorruptStream", "SparseInfo", "StreamReader", "allocated_bytes", "copy", "inspect", "write"]
