@@ -147,3 +147,15 @@ HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# A guest user to act as (exec, processes, files), looked up in the guest's /etc/passwd: the
+# names useradd makes (32 characters, a trailing "$" for machine accounts), so never a path or
+# a shell word. A well-formed name the guest does not have is a 400 from the agent.
+GUEST_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?$")
+GUEST_USER_RULE = "a user name of the guest (its /etc/passwd), e.g. \"user\" or \"root\""
+
+
+def check_guest_user(user: str | None) -> str | None:
+    """``user`` unchanged when it may be a guest user's name (None: the agent's own, root); else 400."""
+    if user is not None and (not isinstance(user, str) or not GUEST_USER_RE.match(user)):
+        raise InvalidRequest(f"invalid user {str(user)[:64]!r}: {GUEST_USER_RULE}")
+    return user

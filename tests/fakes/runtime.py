@@ -543,9 +543,10 @@ class FakeRuntime:
 
     async def exec(self, sandbox_id: str, args: list[str], timeout_secs: float = 30,
                    env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
-                   max_output_bytes: int | None = None) -> dict[str, Any]:
+                   max_output_bytes: int | None = None, user: str | None = None) -> dict[str, Any]:
         """Echoes its argv on stdout (joined by spaces), like ``echo``."""
-        self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin)
+        self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
+                   user=user)
         self._sandbox(sandbox_id)
         return {"stdout": " ".join(args), "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
 
@@ -571,15 +572,15 @@ class FakeRuntime:
         if fs[parent] is not None:
             raise Conflict(f"{parent}: Not a directory")
 
-    async def file_stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        self._call("file_stat", sandbox_id, path)
+    async def file_stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        self._call("file_stat", sandbox_id, path, user=user)
         fs, norm = self._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path}: No such file or directory")
         return self._info(norm, fs[norm])
 
-    async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        self._call("file_list", sandbox_id, path)
+    async def file_list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        self._call("file_list", sandbox_id, path, user=user)
         fs, norm = self._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path}: No such file or directory")
@@ -589,8 +590,9 @@ class FakeRuntime:
                    if p != norm and posixpath.dirname(p) == norm]
         return {"path": path, "entries": entries, "truncated": False}
 
-    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:
-        self._call("file_mkdir", sandbox_id, path, parents=parents)
+    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
+                         user: str | None = None) -> dict[str, Any]:
+        self._call("file_mkdir", sandbox_id, path, parents=parents, user=user)
         fs, norm = self._fs(sandbox_id, path)
         if norm in fs:
             if parents and fs[norm] is None:
@@ -604,8 +606,9 @@ class FakeRuntime:
         fs[norm] = None
         return {"path": path, "created": True}
 
-    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        self._call("file_remove", sandbox_id, path, recursive=recursive)
+    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                          user: str | None = None) -> None:
+        self._call("file_remove", sandbox_id, path, recursive=recursive, user=user)
         fs, norm = self._fs(sandbox_id, path)
         if norm == "/":
             raise Conflict("refusing to remove /")
@@ -617,10 +620,11 @@ class FakeRuntime:
         for p in [*inside, norm]:
             del fs[p]
 
-    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+    async def file_move(self, sandbox_id: str, source: str, destination: str, *,
+                        user: str | None = None) -> dict[str, Any]:
         """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
         making its parents, as the agent does; answers the destination's FileInfo."""
-        self._call("file_move", sandbox_id, source, destination)
+        self._call("file_move", sandbox_id, source, destination, user=user)
         fs, src = self._fs(sandbox_id, source)
         _, dst = self._fs(sandbox_id, destination)
         if src not in fs:
@@ -638,8 +642,8 @@ class FakeRuntime:
         return self._info(dst, fs[dst])
 
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                         max_bytes: int, mode: int | None = None) -> dict[str, Any]:
-        self._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode)
+                         max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+        self._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user)
         fs, norm = self._fs(sandbox_id, path)
         if fs.get(norm, b"") is None:
             raise Conflict(f"{path}: is a directory")
@@ -653,9 +657,10 @@ class FakeRuntime:
         fs[norm] = bytes(data)
         return self._info(norm, fs[norm])
 
-    async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
-        self._call("file_read", sandbox_id, path)
-        info = await self.file_stat(sandbox_id, path)
+    async def file_read(self, sandbox_id: str, path: str, *,
+                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        self._call("file_read", sandbox_id, path, user=user)
+        info = await self.file_stat(sandbox_id, path, user=user)
         if info["type"] != "file":
             raise Conflict(f"{path}: a directory")
         fs, norm = self._fs(sandbox_id, path)
@@ -697,9 +702,10 @@ class FakeRuntime:
         self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
         env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
         stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
+        user: str | None = None,
     ) -> FakeEvents:
         self._call("exec_stream", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
-                   stdin=stdin, stdin_open=stdin_open, tag=tag)
+                   stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
         proc = self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
         return FakeEvents(proc, True, self._kill_on_close if kill_on_close else lambda _p: None)
 
@@ -715,10 +721,10 @@ class FakeRuntime:
     async def process_start(
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
-        tag: str | None = None, timeout_secs: float | None = None,
+        tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
     ) -> dict[str, Any]:
         self._call("process_start", sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
-                   stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs)
+                   stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs, user=user)
         return self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag).info()
 
     async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> FakeEvents:

@@ -132,7 +132,8 @@ def test_forkd_mcp_spawns_execs_evals_branches_and_kills(clients_python: Path, c
 # ------------------------------------------------------------------ E2B
 
 
-@pytest.mark.parametrize("program", ["commands", "files", "lifecycle", "interpreter", "semantics", "watch"])
+@pytest.mark.parametrize("program", ["commands", "files", "lifecycle", "interpreter", "semantics", "users",
+                                     "watch"])
 def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program: str) -> None:
     out = run_program(clients_python, CLIENTS / "e2b" / f"{program}.py", e2b_env(clean))
     assert out.strip().endswith(f"{program} ok"), out
@@ -141,6 +142,34 @@ def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program
         left = [s["tag"] for s in c.get("/v1/snapshots").json()]
     # Pause states and fork snapshots go with their last sandbox.
     assert left == ["base", "code-interpreter-v1"], left
+
+
+def test_v1_runs_as_root_unless_a_user_is_named(clean: Daemon) -> None:
+    """forkd's own routes: root by default (as before), ``user`` honoured on exec, processes and
+    files, an unknown user a 400 with the guest's words (issue 20)."""
+    with clean.client() as c:
+        made = c.post("/v1/sandboxes", json={"snapshot_tag": "base"})
+        assert made.status_code == 201, made.text
+        sid = made.json()[0]["id"]
+        try:
+            probe = ["sh", "-c", "echo $(id -u) $HOME $(pwd)"]
+            as_root = c.post(f"/v1/sandboxes/{sid}/exec", json={"args": probe}).json()
+            assert as_root["stdout"] == "0 / /root\n", as_root  # HOME=/ as the kernel gave PID 1
+            as_user = c.post(f"/v1/sandboxes/{sid}/exec", json={"args": probe, "user": "user"}).json()
+            assert as_user["stdout"] == "1000 /home/user /home/user\n", as_user
+            started = c.post(f"/v1/sandboxes/{sid}/processes", json={"args": ["sleep", "30"], "user": "user"})
+            assert started.status_code == 201 and started.json()["user"] == "user", started.text
+            c.delete(f"/v1/sandboxes/{sid}/processes/{started.json()['pid']}")
+            put = c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/home/user/f.txt", "user": "user"},
+                        content=b"x", headers={"Content-Type": "application/octet-stream"})
+            assert put.status_code == 200 and put.json()["owner"] == "user", put.text
+            stat = c.get(f"/v1/sandboxes/{sid}/files/stat", params={"path": "/home/user/f.txt"}).json()
+            assert (stat["owner"], stat["group"]) == ("user", "user"), stat
+            unknown = c.post(f"/v1/sandboxes/{sid}/exec", json={"args": ["id"], "user": "nobody-here"})
+            assert unknown.status_code == 400, unknown.text
+            assert unknown.json() == {"error": "unknown user 'nobody-here' in the sandbox"}
+        finally:
+            c.delete(f"/v1/sandboxes/{sid}")
 
 
 # ------------------------------------------------------------------ compact, workspaces

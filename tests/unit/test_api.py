@@ -429,7 +429,15 @@ def test_ping_exec_eval(client: TestClient, fake: FakeRuntime) -> None:
     assert resp.status_code == 200
     assert resp.json() == {"stdout": "python3 -c print(2+2)", "stderr": "", "exit_code": 0, "error": None,
                            "timed_out": False}
-    assert fake.calls[-1][2] == {"timeout_secs": 30, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"}
+    assert fake.calls[-1][2] == {"timeout_secs": 30, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x",
+                                 "user": None}
+    resp = client.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["id"], "user": "user"})
+    assert resp.status_code == 200 and fake.calls[-1].kwargs["user"] == "user"
+    for bad in ("", "a/b", "x" * 40, 7):
+        resp = client.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["id"], "user": bad})
+        assert resp.status_code == 400, (bad, resp.text)
+    resp = client.get(f"/v1/sandboxes/{SB}/files/stat", params={"path": "/", "user": "a b"})
+    assert resp.status_code == 400, resp.text
     resp = client.post(f"/v1/sandboxes/{SB}/eval", json={"code": "numpy.zeros(5).sum()"})
     assert resp.json() == {"result": "0.0", "error": None, "exit_code": 0}
     assert_error(client.post("/v1/sandboxes/sb-000000-0000/ping"), 404, "not alive")

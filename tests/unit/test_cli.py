@@ -348,6 +348,14 @@ def test_exec_passes_output_and_exit_code(runner: CliRunner, daemon: FakeDaemon)
                              "env": {"A": "1"}, "cwd": "/tmp"}
 
 
+def test_exec_as_a_guest_user(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", f"/v1/sandboxes/{SB}/exec", exec_reply(stdout="1000\n"), exec_reply(stdout="0\n"))
+    assert run(runner, "exec", SB, "--user", "user", "--", "id", "-u").stdout == "1000\n"
+    assert daemon.body() == {"args": ["id", "-u"], "timeout_secs": 30, "user": "user"}
+    run(runner, "exec", SB, "--", "id", "-u")
+    assert "user" not in daemon.body()  # root, the daemon's default
+
+
 def test_exec_stdin_from_own_stdin(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("POST", f"/v1/sandboxes/{SB}/exec", exec_reply(stdout="hello\n"))
     result = run(runner, "exec", SB, "--stdin", "-", "--", "cat", input="hello\n")

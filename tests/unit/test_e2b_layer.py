@@ -7,6 +7,7 @@ exception, and that no credential opens what it should not.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import time
@@ -34,7 +35,7 @@ def fake() -> FakeRuntime:
     rt.add_snapshot("base")
     rt.add_sandbox(SB, "base")
     rt.add_sandbox(OTHER, "base")
-    rt.files[SB] = {"/": None, "/tmp": None, "/root": None}
+    rt.files[SB] = {"/": None, "/tmp": None, "/root": None, "/home": None, "/home/user": None}
     return rt
 
 
@@ -47,6 +48,11 @@ def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
 def envd_headers(sandbox: str = SB, token: str | None = None, port: str = "49983") -> dict[str, str]:
     return {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": port,
             "X-Access-Token": token if token is not None else AccessTokens(TOKEN.encode()).envd(sandbox)}
+
+
+def basic(user: str) -> dict[str, str]:
+    """The header E2B's SDK sends for ``user=...`` (envd >= 0.4.0 sends none for its default user)."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:".encode()).decode()}
 
 
 def rest_error(resp: Any, status: int) -> str:
@@ -246,8 +252,19 @@ def test_files_round_trip_octet_stream_gzip_and_multipart(client: TestClient, fa
     zipped = client.post("/files", params={"path": "rel.bin"}, content=gzip.compress(data),
                          headers={**envd_headers(), "Content-Type": "application/octet-stream",
                                   "Content-Encoding": "gzip"})
-    assert zipped.json()[0]["path"] == "/root/rel.bin"  # relative paths are under /root
-    assert fake.files[SB]["/root/rel.bin"] == data
+    assert zipped.json()[0]["path"] == "/home/user/rel.bin"  # relative paths are under the user's home
+    assert fake.files[SB]["/home/user/rel.bin"] == data
+    # Every transfer acts as E2B's default user, or as the one the SDK names (query or Basic header).
+    writes = [c.kwargs["user"] for c in fake.calls if c.name in ("file_write", "file_read", "file_mkdir")]
+    assert writes and set(writes) == {"user"}
+    as_root = client.post("/files", params={"path": "rel.bin", "username": "root"}, content=b"r",
+                          headers={**envd_headers(), "Content-Type": "application/octet-stream"})
+    assert as_root.json()[0]["path"] == "/root/rel.bin" and fake.calls[-1].kwargs["user"] == "root"
+    client.get("/files", params={"path": "rel.bin"}, headers={**envd_headers(), **basic("root")})
+    assert fake.calls[-1].name == "file_stat" and fake.calls[-1].args[1] == "/root/rel.bin"
+    assert fake.calls[-1].kwargs["user"] == "root"
+    assert "invalid user" in rest_error(client.get("/files", params={"path": "a", "username": "a/b"},
+                                                   headers=envd_headers()), 400)
 
     multi = client.post("/files", headers=envd_headers(),
                         files=[("file", ("/tmp/m1.bin", b"\x00one")), ("file", ("/tmp/m2.bin", b"\xfftwo"))])
@@ -284,6 +301,26 @@ def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRu
     assert gone.json()["code"] == "not_found"
 
 
+def test_filesystem_calls_act_as_the_named_user(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's default user is ``user`` (relative paths under /home/user); ``user="root"`` arrives as a
+    Basic Authorization header and is honoured; a malformed one is refused."""
+    fake.files[SB]["/home/user/f.txt"] = b"abc"
+    fake.files[SB]["/root/g.txt"] = b"abc"
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"}, headers=envd_headers())
+    assert stat.status_code == 200, stat.text
+    assert fake.calls[-1].args[1] == "/home/user/f.txt" and fake.calls[-1].kwargs["user"] == "user"
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "g.txt"},
+                       headers={**envd_headers(), **basic("root")})
+    assert stat.status_code == 200, stat.text
+    assert fake.calls[-1].args[1] == "/root/g.txt" and fake.calls[-1].kwargs["user"] == "root"
+    client.post("/filesystem.Filesystem/MakeDir", json={"path": "d"}, headers=envd_headers())
+    assert [c.kwargs["user"] for c in fake.calls[-2:]] == ["user", "user"]  # mkdir, then its stat
+    for bad in ("Bearer x", "Basic %%%", "Basic " + base64.b64encode(b"a b:").decode()):
+        resp = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"},
+                           headers={**envd_headers(), "Authorization": bad})
+        assert resp.status_code == 400 and resp.json()["code"] == "invalid_argument", (bad, resp.text)
+
+
 def test_removing_what_is_not_there_is_done(client: TestClient, fake: FakeRuntime) -> None:
     """envd's Remove of a missing path succeeds (issue 20); a gone sandbox is still an error."""
     fake.files[SB]["/tmp/f.txt"] = b"abc"
@@ -292,7 +329,7 @@ def test_removing_what_is_not_there_is_done(client: TestClient, fake: FakeRuntim
         assert resp.status_code == 200 and resp.json() == {}, resp.text
     assert "/tmp/f.txt" not in fake.files[SB]
 
-    async def gone(sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+    async def gone(sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None) -> None:
         del fake.sandboxes[sandbox_id]  # killed while the call was on its way
         raise NotFound(f"sandbox {sandbox_id!r} not found")
 
@@ -309,10 +346,10 @@ def test_entries_carry_owner_group_and_symlink_target(client: TestClient, fake: 
     plain = {**link, "name": "f.txt", "path": "/root/d/f.txt"}
     del plain["target"]
 
-    async def stat(sandbox_id: str, path: str) -> dict[str, Any]:
+    async def stat(sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         return link
 
-    async def listing(sandbox_id: str, path: str) -> dict[str, Any]:
+    async def listing(sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         return {"path": path, "entries": [dangling, plain], "truncated": False}
 
     fake.file_stat = stat  # type: ignore[method-assign]

@@ -73,7 +73,20 @@ def test_start_streams_start_output_and_end(client: TestClient, fake: FakeRuntim
     assert frames[-1] == {"end": {}}
     call = next(c for c in fake.calls if c.name == "exec_stream")
     assert call.args[1] == ["echo", "hi"] and call.kwargs["env"] == {"A": "b"}
-    assert call.kwargs["cwd"] == "/root"  # E2B's home is /home/user; the guest's is root's
+    # E2B's default user, in its home (the agent's default for a user: no cwd sent).
+    assert call.kwargs["cwd"] is None and call.kwargs["user"] == "user"
+
+
+def test_start_acts_as_the_user_the_sdk_names(client: TestClient, fake: FakeRuntime) -> None:
+    """``commands.run(..., user="root", cwd="rel")``: a Basic header names root; relative cwds are
+    under that user's home."""
+    root = {"Authorization": "Basic " + base64.b64encode(b"root:").decode()}
+    stream(client, "Start", {"process": {"cmd": "pwd", "cwd": "work"}}, headers=root)
+    call = [c for c in fake.calls if c.name == "exec_stream"][-1]
+    assert call.kwargs["user"] == "root" and call.kwargs["cwd"] == "/root/work"
+    stream(client, "Start", {"process": {"cmd": "pwd", "cwd": "work"}})
+    call = [c for c in fake.calls if c.name == "exec_stream"][-1]
+    assert call.kwargs["user"] == "user" and call.kwargs["cwd"] == "/home/user/work"
 
 
 def test_a_failing_command_ends_with_its_code(client: TestClient) -> None:

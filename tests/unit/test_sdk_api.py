@@ -116,9 +116,37 @@ def test_delete_flags_reach_the_runtime(controller: Controller, runtime: FakeRun
 
 def test_exec_options_reach_the_runtime(controller: Controller, runtime: FakeRuntime) -> None:
     sid = controller.spawn_sandboxes("py")[0]["id"]
-    controller.exec(sid, ["env"], timeout_secs=5, env={"A": "1"}, cwd="/tmp", stdin="x")
-    assert runtime.calls[-1] == ("exec", (sid, ["env"]),
-                                 {"timeout_secs": 5, "env": {"A": "1"}, "cwd": "/tmp", "stdin": "x"})
+    controller.exec(sid, ["env"], timeout_secs=5, env={"A": "1"}, cwd="/tmp", stdin="x", user="user")
+    assert runtime.calls[-1] == ("exec", (sid, ["env"]), {"timeout_secs": 5, "env": {"A": "1"}, "cwd": "/tmp",
+                                                         "stdin": "x", "user": "user"})
+    controller.exec(sid, ["env"])
+    assert runtime.calls[-1].kwargs["user"] is None  # root, unless asked: as before
+
+
+def test_user_reaches_processes_and_files(controller: Controller, runtime: FakeRuntime) -> None:
+    """The SDK's ``user`` on commands and files reaches the runtime (sync twin; the async one is
+    the same code by generation)."""
+    with Sandbox(tag="py", controller=controller) as sandbox:
+        _user_calls(sandbox, runtime)
+
+
+def _user_calls(sandbox: Sandbox, runtime: FakeRuntime) -> None:
+    sid = sandbox.id
+    sandbox.commands.run("id", background=True, user="user")
+    assert runtime.calls[-1].name == "process_start" and runtime.calls[-1].kwargs["user"] == "user"
+    sandbox.commands.run("id", user="user")
+    assert runtime.calls[-1].name == "exec" and runtime.calls[-1].kwargs["user"] == "user"
+    sandbox.files.mkdir("/tmp/u", parents=True, user="user")
+    assert runtime.calls[-1].name == "file_mkdir" and runtime.calls[-1].kwargs["user"] == "user"
+    sandbox.files.write("/tmp/u/a", b"x", user="user")
+    assert runtime.calls[-1].name == "file_write" and runtime.calls[-1].kwargs["user"] == "user"
+    assert sandbox.files.read("/tmp/u/a", user="user") == b"x"
+    assert ("file_read", (sid, "/tmp/u/a"), {"user": "user"}) in runtime.calls
+    sandbox.files.stat("/tmp/u/a", user="root")
+    assert runtime.calls[-1].name == "file_stat" and runtime.calls[-1].kwargs["user"] == "root"
+    sandbox.files.list("/tmp/u", user="user")
+    sandbox.files.remove("/tmp/u", recursive=True, user="user")
+    assert [c.kwargs["user"] for c in runtime.calls[-2:]] == ["user", "user"]
 
 
 def test_daemon_errors_map_to_sdk_errors(controller: Controller, test_client: TestClient) -> None:

@@ -41,6 +41,7 @@ import type {
   ExecRequest,
   ExecResponse,
   FileData,
+  FileUser,
   FileInfo,
   FileList,
   ForkOptions,
@@ -112,6 +113,7 @@ function processFields(cmd: string | readonly string[], o: ProcessOptions) {
     stdin: o.stdin,
     stdin_open: o.stdinOpen || undefined,
     tag: o.tag,
+    user: o.user,
   };
 }
 
@@ -325,6 +327,7 @@ export class Controller {
       env: options.env,
       cwd: options.cwd,
       stdin: options.stdin,
+      user: options.user,
     });
     return this.#http.json({
       method: "POST",
@@ -669,31 +672,34 @@ export class Controller {
     return `/v1/sandboxes/${seg(id)}/files${what}`;
   }
 
-  /** `GET .../files/stat` → `{path, name, type, size, mode, mtime}`. */
-  fileStat(id: string, path: string): Promise<FileInfo> {
-    return this.#http.json({ method: "GET", path: this.#files(id, "/stat"), query: { path } });
+  // Each file method takes `user` (in its options): the guest user it acts as (permissions
+  // checked as theirs, what it creates is theirs); default root.
+
+  /** `GET .../files/stat` → `{path, name, type, size, mode, mtime, owner, group}`. */
+  fileStat(id: string, path: string, options: FileUser = {}): Promise<FileInfo> {
+    return this.#http.json({ method: "GET", path: this.#files(id, "/stat"), query: { path, user: options.user } });
   }
 
   /** `GET .../files/list` → `{path, entries, truncated}`. */
-  fileList(id: string, path: string): Promise<FileList> {
-    return this.#http.json({ method: "GET", path: this.#files(id, "/list"), query: { path } });
+  fileList(id: string, path: string, options: FileUser = {}): Promise<FileList> {
+    return this.#http.json({ method: "GET", path: this.#files(id, "/list"), query: { path, user: options.user } });
   }
 
   /** `POST .../files/mkdir` → `{path, created}`. */
-  fileMkdir(id: string, path: string, options: { parents?: boolean } = {}): Promise<MkdirResponse> {
+  fileMkdir(id: string, path: string, options: { parents?: boolean } & FileUser = {}): Promise<MkdirResponse> {
     return this.#http.json({
       method: "POST",
       path: this.#files(id, "/mkdir"),
-      json: { path, parents: options.parents ?? false },
+      json: defined({ path, parents: options.parents ?? false, user: options.user }),
     });
   }
 
   /** `DELETE .../files`: a file, or a directory (`recursive` if not empty). */
-  async fileRemove(id: string, path: string, options: { recursive?: boolean } = {}): Promise<void> {
+  async fileRemove(id: string, path: string, options: { recursive?: boolean } & FileUser = {}): Promise<void> {
     await this.#http.json({
       method: "DELETE",
       path: this.#files(id),
-      query: { path, recursive: options.recursive ? "true" : undefined },
+      query: { path, recursive: options.recursive ? "true" : undefined, user: options.user },
     });
   }
 
@@ -712,12 +718,12 @@ export class Controller {
    * `PUT .../files`: write `data` to `path`, replacing it atomically. A
    * string is written as UTF-8; a ReadableStream is streamed, never held whole.
    */
-  writeFile(id: string, path: string, data: FileData, options: { mode?: number } = {}): Promise<FileInfo> {
+  writeFile(id: string, path: string, data: FileData, options: { mode?: number } & FileUser = {}): Promise<FileInfo> {
     const body: RequestBody = typeof data === "string" ? new TextEncoder().encode(data) : data;
     return this.#http.json({
       method: "PUT",
       path: this.#files(id),
-      query: { path, mode: options.mode === undefined ? undefined : String(options.mode) },
+      query: { path, mode: options.mode === undefined ? undefined : String(options.mode), user: options.user },
       body,
       contentType: "application/octet-stream",
       wait: "unbounded",
@@ -725,11 +731,11 @@ export class Controller {
   }
 
   /** `GET .../files` as a stream of bytes (for large files). */
-  async readFileStream(id: string, path: string): Promise<ReadableStream<Uint8Array>> {
+  async readFileStream(id: string, path: string, options: FileUser = {}): Promise<ReadableStream<Uint8Array>> {
     const response = await this.#http.send({
       method: "GET",
       path: this.#files(id),
-      query: { path },
+      query: { path, user: options.user },
       wait: "unbounded",
     });
     if (!response.body) return new Blob([]).stream();
@@ -737,11 +743,11 @@ export class Controller {
   }
 
   /** The whole contents of `path`. */
-  async readFile(id: string, path: string): Promise<Uint8Array> {
+  async readFile(id: string, path: string, options: FileUser = {}): Promise<Uint8Array> {
     const response = await this.#http.send({
       method: "GET",
       path: this.#files(id),
-      query: { path },
+      query: { path, user: options.user },
       wait: "unbounded",
     });
     return new Uint8Array(await response.arrayBuffer());

@@ -25,6 +25,7 @@ import type {
   EvalOptions,
   EvalResponse,
   FileData,
+  FileUser,
   FileInfo,
   ForkError,
   ForkOptions,
@@ -140,20 +141,20 @@ export class Files {
     this.#sandbox = sandbox;
   }
 
-  write(path: string, data: FileData, options: { mode?: number } = {}): Promise<FileInfo> {
+  write(path: string, data: FileData, options: { mode?: number } & FileUser = {}): Promise<FileInfo> {
     return this.#sandbox.controller.writeFile(this.#sandbox.id, path, data, options);
   }
 
-  read(path: string): Promise<Uint8Array> {
-    return this.#sandbox.controller.readFile(this.#sandbox.id, path);
+  read(path: string, options: FileUser = {}): Promise<Uint8Array> {
+    return this.#sandbox.controller.readFile(this.#sandbox.id, path, options);
   }
 
-  async readText(path: string): Promise<string> {
-    return new TextDecoder().decode(await this.read(path));
+  async readText(path: string, options: FileUser = {}): Promise<string> {
+    return new TextDecoder().decode(await this.read(path, options));
   }
 
-  stream(path: string): Promise<ReadableStream<Uint8Array>> {
-    return this.#sandbox.controller.readFileStream(this.#sandbox.id, path);
+  stream(path: string, options: FileUser = {}): Promise<ReadableStream<Uint8Array>> {
+    return this.#sandbox.controller.readFileStream(this.#sandbox.id, path, options);
   }
 
   upload(localPath: string, path: string): Promise<FileInfo> {
@@ -165,12 +166,12 @@ export class Files {
   }
 
   /** The entries of the directory `path`, sorted by name. */
-  async list(path: string): Promise<FileInfo[]> {
-    return (await this.#sandbox.controller.fileList(this.#sandbox.id, path)).entries;
+  async list(path: string, options: FileUser = {}): Promise<FileInfo[]> {
+    return (await this.#sandbox.controller.fileList(this.#sandbox.id, path, options)).entries;
   }
 
-  stat(path: string): Promise<FileInfo> {
-    return this.#sandbox.controller.fileStat(this.#sandbox.id, path);
+  stat(path: string, options: FileUser = {}): Promise<FileInfo> {
+    return this.#sandbox.controller.fileStat(this.#sandbox.id, path, options);
   }
 
   exists(path: string): Promise<boolean> {
@@ -178,11 +179,11 @@ export class Files {
   }
 
   /** Create the directory; `false` if `parents` and it already existed. */
-  async mkdir(path: string, options: { parents?: boolean } = {}): Promise<boolean> {
+  async mkdir(path: string, options: { parents?: boolean } & FileUser = {}): Promise<boolean> {
     return (await this.#sandbox.controller.fileMkdir(this.#sandbox.id, path, options)).created;
   }
 
-  remove(path: string, options: { recursive?: boolean } = {}): Promise<void> {
+  remove(path: string, options: { recursive?: boolean } & FileUser = {}): Promise<void> {
     return this.#sandbox.controller.fileRemove(this.#sandbox.id, path, options);
   }
 }

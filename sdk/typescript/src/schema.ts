@@ -272,7 +272,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Type, size, mode and mtime of a path (following symlinks) */
+        /** Type, size, mode, mtime, owner and group of a path (following symlinks) */
         get: operations["stat_file_v1_sandboxes__id__files_stat_get"];
         put?: never;
         post?: never;
@@ -999,6 +999,12 @@ export interface components {
              * @default 30
              */
             timeout_secs?: number;
+            /**
+             * User
+             * @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400.
+             * @example user
+             */
+            user?: string | null;
         };
         /** ExecResponse */
         ExecResponse: {
@@ -1077,9 +1083,20 @@ export interface components {
              * @description Kill the process group after this long; default: no limit.
              */
             timeout_secs?: number | null;
+            /**
+             * User
+             * @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400.
+             * @example user
+             */
+            user?: string | null;
         };
         /** FileInfo */
         FileInfo: {
+            /**
+             * Group
+             * @description The group's name (its gid when the guest has no name).
+             */
+            group?: string | null;
             /**
              * Mode
              * @description Permission bits (e.g. 420 = 0o644).
@@ -1095,6 +1112,11 @@ export interface components {
              * @description The last component of path.
              */
             name: string;
+            /**
+             * Owner
+             * @description The owner's user name (its uid when the guest has no name).
+             */
+            owner?: string | null;
             /**
              * Path
              * @example /work/data.csv
@@ -1265,6 +1287,12 @@ export interface components {
              * @example /work/data
              */
             path: string;
+            /**
+             * User
+             * @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400.
+             * @example user
+             */
+            user?: string | null;
         };
         /** MkdirResponse */
         MkdirResponse: {
@@ -1442,6 +1470,11 @@ export interface components {
             tag?: string | null;
             /** Timed Out */
             timed_out: boolean;
+            /**
+             * User
+             * @description The user it runs as; null: root, as the agent.
+             */
+            user?: string | null;
         } & {
             [key: string]: unknown;
         };
@@ -1490,6 +1523,12 @@ export interface components {
              * @description Kill the process group after this long; default: no limit.
              */
             timeout_secs?: number | null;
+            /**
+             * User
+             * @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400.
+             * @example user
+             */
+            user?: string | null;
         };
         /** PromoteRequest */
         PromoteRequest: {
@@ -3226,6 +3265,8 @@ export interface operations {
             query: {
                 /** @description Absolute path in the guest (no NUL, at most 4096 bytes). */
                 path: string;
+                /** @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400. */
+                user?: string | null;
             };
             header?: never;
             path: {
@@ -3317,6 +3358,8 @@ export interface operations {
                 path: string;
                 /** @description Permission bits of the file (default: keep an existing file's, else 0644). */
                 mode?: number | null;
+                /** @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400. */
+                user?: string | null;
             };
             header?: never;
             path: {
@@ -3421,6 +3464,8 @@ export interface operations {
                 path: string;
                 /** @description Remove a directory and everything in it. */
                 recursive?: boolean;
+                /** @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400. */
+                user?: string | null;
             };
             header?: never;
             path: {
@@ -3508,6 +3553,8 @@ export interface operations {
             query: {
                 /** @description Absolute path in the guest (no NUL, at most 4096 bytes). */
                 path: string;
+                /** @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400. */
+                user?: string | null;
             };
             header?: never;
             path: {
@@ -3696,6 +3743,8 @@ export interface operations {
             query: {
                 /** @description Absolute path in the guest (no NUL, at most 4096 bytes). */
                 path: string;
+                /** @description The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default working directory, and files it writes are its own. Omitted: root, in the agent's own environment (working directory /root), as before. A name the guest does not know is a 400. */
+                user?: string | null;
             };
             header?: never;
             path: {

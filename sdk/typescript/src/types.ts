@@ -156,6 +156,13 @@ export interface ExecOptions {
   cwd?: string;
   /** Text fed to standard input. */
   stdin?: string;
+  /** Run as this guest user (e.g. "user": uid 1000, its HOME, cwd /home/user); default root. */
+  user?: string;
+}
+
+/** A file operation's guest user (e.g. "user": uid 1000); default root. */
+export interface FileUser {
+  user?: string;
 }
 
 /** `POST /v1/sandboxes/{id}/eval`. */
@@ -176,6 +183,8 @@ export interface ProcessOptions {
   stdinOpen?: boolean;
   /** A label of yours, shown in the process list. */
   tag?: string;
+  /** Run as this guest user (e.g. "user"); default root. */
+  user?: string;
 }
 
 /** `POST /v1/sandboxes/{id}/exec/stream`. */

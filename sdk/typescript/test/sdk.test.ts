@@ -136,6 +136,19 @@ describe("a sandbox", () => {
     }
   });
 
+  test("users: commands and files as the guest's user, root by default", async () => {
+    const sb = await create();
+    assert.equal((await sb.commands.run("id -u")).stdout, "0\n");
+    const asUser = await sb.commands.run("echo $(id -u) $HOME $(pwd)", { user: "user" });
+    assert.equal(asUser.stdout, "1000 /home/user /home/user\n");
+    const written = await sb.files.write("/home/user/mine.txt", "x", { user: "user" });
+    assert.equal(written.owner, "user");
+    assert.equal((await sb.files.stat("/home/user/mine.txt")).group, "user");
+    assert.equal(await sb.files.readText("/home/user/mine.txt", { user: "user" }), "x");
+    const refused = await sb.files.write("/root/nope.txt", "x", { user: "user" }).catch((e: unknown) => e);
+    assert.ok(refused instanceof BadRequestError && /Permission denied/.test(refused.message));
+  });
+
   test("branch a running sandbox, fork the branch, see its lineage", async () => {
     const sb = await create();
     await sb.eval("state = 'before'");

@@ -28,7 +28,16 @@ from forkd.api.routes import (
     Runtime,
     SandboxIdPath,
 )
-from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, FileInfo, FileList, MkdirRequest, MkdirResponse
+from forkd.api.schemas import (
+    GUEST_PATH_PATTERN,
+    GUEST_USER_HELP,
+    GUEST_USER_PATTERN,
+    ErrorBody,
+    FileInfo,
+    FileList,
+    MkdirRequest,
+    MkdirResponse,
+)
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION
 from forkd.errors import InvalidRequest, TooLarge
@@ -54,6 +63,9 @@ NOT_A_FILE: dict[int | str, dict[str, Any]] = {
 
 PathQuery = Annotated[str, Query(min_length=1, max_length=FILE_PATH_MAX, pattern=GUEST_PATH_PATTERN,
                                  description="Absolute path in the guest (no NUL, at most 4096 bytes).")]
+# The request bodies' ``user`` (schemas.RunAs), as a query parameter.
+UserQuery = Annotated[str | None, Query(pattern=GUEST_USER_PATTERN, description=GUEST_USER_HELP,
+                                        examples=["user"])]
 
 
 def streams_body(scope: Scope) -> bool:
@@ -78,7 +90,7 @@ def _settings(request: Request) -> Settings:
 async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request, rt: Runtime,
                    mode: Annotated[int | None, Query(ge=0, le=0o7777, description=(
                        "Permission bits of the file (default: keep an existing file's, else 0644)."))] = None,
-                   ) -> dict[str, Any]:
+                   user: UserQuery = None) -> dict[str, Any]:
     limit = _settings(request).max_file_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -87,7 +99,8 @@ async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request,
         if int(declared) > limit:
             raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
 
-    return await rt.file_write(sandbox_id, path, streamed_body(request), max_bytes=limit, mode=mode)
+    return await rt.file_write(sandbox_id, path, streamed_body(request), max_bytes=limit, mode=mode,
+                               user=user)
 
 
 async def streamed_body(request: Request) -> AsyncIterator[bytes]:
@@ -110,8 +123,9 @@ async def streamed_body(request: Request) -> AsyncIterator[bytes]:
         **MISSING, **NOT_A_FILE,
     },
 )
-async def get_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> StreamingResponse:
-    info, pieces = await rt.file_read(sandbox_id, path)
+async def get_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
+                   user: UserQuery = None) -> StreamingResponse:
+    info, pieces = await rt.file_read(sandbox_id, path, user=user)
     # No Content-Length: the file may change while it streams. A failure midway
     # aborts the chunked response, which clients see as an incomplete body.
     return StreamingResponse(pieces, media_type="application/octet-stream",
@@ -128,19 +142,21 @@ async def get_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> S
 async def remove_file(
     sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
     recursive: Annotated[bool, Query(description="Remove a directory and everything in it.")] = False,
+    user: UserQuery = None,
 ) -> Response:
-    await rt.file_remove(sandbox_id, path, recursive=recursive)
+    await rt.file_remove(sandbox_id, path, recursive=recursive, user=user)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get(
     "/sandboxes/{id}/files/stat",
     response_model=FileInfo,
-    summary="Type, size, mode and mtime of a path (following symlinks)",
+    summary="Type, size, mode, mtime, owner and group of a path (following symlinks)",
     responses=MISSING,
 )
-async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> dict[str, Any]:
-    return await rt.file_stat(sandbox_id, path)
+async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
+                    user: UserQuery = None) -> dict[str, Any]:
+    return await rt.file_stat(sandbox_id, path, user=user)
 
 
 @router.get(
@@ -149,8 +165,9 @@ async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> 
     summary="The entries of a directory (at most 10000)",
     responses={**MISSING, 409: _err("The path is not a directory.")},
 )
-async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) -> dict[str, Any]:
-    return await rt.file_list(sandbox_id, path)
+async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
+                     user: UserQuery = None) -> dict[str, Any]:
+    return await rt.file_list(sandbox_id, path, user=user)
 
 
 @router.post(
@@ -161,4 +178,4 @@ async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime) ->
                                                   "is not a directory.")},
 )
 async def mkdir(sandbox_id: SandboxIdPath, req: MkdirRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.file_mkdir(sandbox_id, req.path, parents=req.parents)
+    return await rt.file_mkdir(sandbox_id, req.path, parents=req.parents, user=req.user)

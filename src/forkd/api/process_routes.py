@@ -150,7 +150,7 @@ async def exec_stream(sandbox_id: SandboxIdPath, req: ExecStreamRequest, rt: Run
     events = await rt.exec_stream(
         sandbox_id, req.args, timeout_secs=req.timeout_secs, env=req.env, cwd=req.cwd,
         stdin=req.stdin.encode() if req.stdin is not None else None, stdin_open=req.stdin_open,
-        tag=req.tag)
+        tag=req.tag, user=req.user)
     return await stream_response(events, req.encoding)
 
 
@@ -165,7 +165,7 @@ async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt:
     return await rt.process_start(
         sandbox_id, req.args, env=req.env, cwd=req.cwd,
         stdin=req.stdin.encode() if req.stdin is not None else None, stdin_open=req.stdin_open,
-        tag=req.tag, timeout_secs=req.timeout_secs)
+        tag=req.tag, timeout_secs=req.timeout_secs, user=req.user)
 
 
 @router.get(

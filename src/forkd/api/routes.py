@@ -332,6 +332,7 @@ async def exec_in_sandbox(
             env=req.env,
             cwd=req.cwd,
             stdin=req.stdin,
+            user=req.user,
         )
     finally:
         m.exec_seconds.observe(time.perf_counter() - started)

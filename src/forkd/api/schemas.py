@@ -47,6 +47,17 @@ BranchMode = Literal["full", "diff", "live"]
 CString = Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN)]
 NonEmptyCString = Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
+# Who runs a command or a file operation in the guest: one definition for every body that takes
+# it (exec, processes, mkdir) and the file routes' ``user`` query parameter.
+GUEST_USER_PATTERN = bounds.GUEST_USER_RE.pattern
+GUEST_USER_HELP = (
+    "The guest user to act as, by name from the guest's /etc/passwd (every image has \"user\", "
+    "uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default "
+    "working directory, and files it writes are its own. Omitted: root, in the agent's own "
+    "environment (working directory /root), as before. A name the guest does not know is a 400."
+)
+GuestUserName = Annotated[str, StringConstraints(pattern=GUEST_USER_PATTERN)]
+RunAs = Annotated[GuestUserName | None, Field(None, description=GUEST_USER_HELP, examples=["user"])]
 
 
 def _integral_float_to_int(value: Any) -> Any:
@@ -278,6 +289,7 @@ class ExecRequest(_Request):
     )
     cwd: NonEmptyCString | None = Field(None, description="Working directory in the guest.")
     stdin: str | None = Field(None, description="Text fed to the subprocess's standard input.")
+    user: RunAs = None
 
 
 class EvalRequest(_Request):
@@ -314,6 +326,7 @@ class ProcessStartRequest(_Request):
     stdin_open: bool = Field(False, description="Keep standard input open after stdin, for "
                              "POST .../processes/{pid}/stdin; else it is closed.")
     tag: ProcessTag = None
+    user: RunAs = None
 
 
 class ExecStreamRequest(ProcessStartRequest):
@@ -355,6 +368,7 @@ class MkdirRequest(_Request):
         max_length=FILE_PATH_MAX, examples=["/work/data"],
                                   description="Absolute guest path of the directory.")
     parents: bool = Field(False, description="Also create missing parents; an existing directory is fine.")
+    user: RunAs = None
 
 
 class BranchRequest(_Request):
@@ -702,6 +716,8 @@ class FileInfo(_Response):
     size: int = Field(description="Bytes.")
     mode: int = Field(description="Permission bits (e.g. 420 = 0o644).")
     mtime: float = Field(description="Last modification, seconds since the epoch (guest clock).")
+    owner: str | None = Field(None, description="The owner's user name (its uid when the guest has no name).")
+    group: str | None = Field(None, description="The group's name (its gid when the guest has no name).")
 
 
 class FileList(_Response):
@@ -727,6 +743,7 @@ class ProcessInfo(_Response):
     args: list[str]
     env: dict[str, str] = Field(description="The extra environment it was started with.")
     cwd: str | None = None
+    user: str | None = Field(None, description="The user it runs as; null: root, as the agent.")
     running: bool
     exit_code: int | None = Field(description="Once ended: its status (negative: killed by that signal; "
                                   "124: timed out).")

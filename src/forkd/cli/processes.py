@@ -84,11 +84,11 @@ def forward_stdin(controller: Controller, sandbox_id: str, pid: int) -> threadin
 
 def run_streamed(ctx: typer.Context, sandbox_id: str, command: list[str], *, timeout: float | None,
                  env: Mapping[str, str] | None, cwd: str | None, stdin_text: str | None,
-                 interactive: bool, as_json: bool) -> None:
+                 interactive: bool, as_json: bool, user: str | None = None) -> None:
     """``forkd exec --stream``: the command's output as it comes; Ctrl-C kills it."""
     controller = state(ctx).controller()
     events = controller.exec_stream(sandbox_id, command, timeout_secs=timeout, env=env, cwd=cwd,
-                                    stdin=stdin_text, stdin_open=interactive)
+                                    stdin=stdin_text, stdin_open=interactive, user=user)
 
     def watched() -> Iterator[dict[str, Any]]:
         for event in events:
@@ -103,10 +103,10 @@ def run_streamed(ctx: typer.Context, sandbox_id: str, command: list[str], *, tim
 
 def start_detached(ctx: typer.Context, sandbox_id: str, command: list[str], *, timeout: float | None,
                    env: Mapping[str, str] | None, cwd: str | None, stdin_text: str | None,
-                   tag: str | None, as_json: bool) -> None:
+                   tag: str | None, as_json: bool, user: str | None = None) -> None:
     """``forkd exec --detach``: start it in the background, print its pid."""
     info = state(ctx).controller().start_process(sandbox_id, command, timeout_secs=timeout, env=env,
-                                                 cwd=cwd, stdin=stdin_text, tag=tag)
+                                                 cwd=cwd, stdin=stdin_text, tag=tag, user=user)
     if as_json:
         output.emit_json(info)
         return

@@ -411,6 +411,8 @@ def exec_(
         str | None,
         typer.Option("--stdin", metavar="FILE", help="Feed FILE to the command's stdin ('-': own stdin)."),
     ] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Run as this guest user (e.g. 'user': "
+                                             "uid 1000, its HOME, cwd /home/user); default root.")] = None,
     stream: Annotated[bool, typer.Option("--stream", help="Show the output as it is produced "
                                          "(Ctrl-C kills the command).")] = False,
     interactive: Annotated[bool, typer.Option("--interactive", "-i", help="With --stream: copy forkd's "
@@ -431,6 +433,7 @@ def exec_(
     Examples:
       forkd exec sb-67a1b3-0000 -- python3 -c "print(2+2)"
       forkd exec sb-67a1b3-0000 --timeout 120 -e DEBUG=1 -- sh -c "make test"
+      forkd exec sb-67a1b3-0000 --user user -- id
       echo hello | forkd exec sb-67a1b3-0000 --stdin - -- cat
       forkd exec sb-67a1b3-0000 --stream -- sh -c "for i in 1 2 3; do echo $i; sleep 1; done"
       forkd exec sb-67a1b3-0000 --stream -i -- python3 -i
@@ -447,15 +450,15 @@ def exec_(
     as_json = want_json(ctx, json_)
     if stream:
         processes.run_streamed(ctx, sandbox_id, command, timeout=timeout, env=env_map, cwd=cwd,
-                               stdin_text=stdin_text, interactive=interactive, as_json=as_json)
+                               stdin_text=stdin_text, interactive=interactive, as_json=as_json, user=user)
         return
     if detach:
         processes.start_detached(ctx, sandbox_id, command, timeout=timeout, env=env_map, cwd=cwd,
-                                 stdin_text=stdin_text, tag=tag, as_json=as_json)
+                                 stdin_text=stdin_text, tag=tag, as_json=as_json, user=user)
         return
     limit = timeout if timeout is not None else 30
     result = state(ctx).controller().exec(
-        sandbox_id, command, timeout_secs=limit, env=env_map, cwd=cwd, stdin=stdin_text,
+        sandbox_id, command, timeout_secs=limit, env=env_map, cwd=cwd, stdin=stdin_text, user=user,
     )
     status = processes.exit_status(result.get("exit_code"))
     if as_json:

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+from forkd import bounds
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, GuestError, InvalidRequest, TooLarge
 from forkd.guest import protocol
@@ -91,41 +92,52 @@ class SandboxFiles:
         self._sandboxes = sandboxes
         self._aborts: set[asyncio.Task[None]] = set()
 
-    async def _call(self, sandbox_id: str, action: str, **args: object) -> dict[str, Any]:
+    async def _call(self, sandbox_id: str, action: str, *, user: str | None = None,
+                    **args: object) -> dict[str, Any]:
+        """One agent call; ``user``: the guest user it acts as (None: root, the agent itself)."""
+        if bounds.check_guest_user(user) is not None:
+            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+            args["user"] = user
         return await self._sandboxes.call(sandbox_id, action, PIECE_TIMEOUT_SECS, **args)
 
     # --------------------------------------------------------------- metadata
 
-    async def stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return _info(await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path)))
+    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        return _info(await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user))
 
-    async def list(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path))
+    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path), user=user)
         entries = result.get("entries")
         if not isinstance(entries, list) or len(entries) > protocol.FILE_LIST_MAX:
             raise GuestError("guest agent sent a malformed or overlong listing")
         return {"path": path, "entries": [_info(e if isinstance(e, dict) else {}) for e in entries],
                 "truncated": bool(result.get("truncated"))}
 
-    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:
-        result = await self._call(sandbox_id, protocol.FILE_MKDIR, path=check_path(path), parents=parents)
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
+                    user: str | None = None) -> dict[str, Any]:
+        result = await self._call(sandbox_id, protocol.FILE_MKDIR, path=check_path(path), parents=parents,
+                                  user=user)
         return {"path": path, "created": bool(result.get("created"))}
 
-    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        await self._call(sandbox_id, protocol.FILE_REMOVE, path=check_path(path), recursive=recursive)
+    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        await self._call(sandbox_id, protocol.FILE_REMOVE, path=check_path(path), recursive=recursive,
+                         user=user)
 
-    async def move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
+    async def move(self, sandbox_id: str, source: str, destination: str, *,
+                   user: str | None = None) -> dict[str, Any]:
         """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
         return _info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
-                                      destination=check_path(destination)))
+                                      destination=check_path(destination), user=user))
 
     # ----------------------------------------------------------------- writes
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                    max_bytes: int, mode: int | None = None) -> dict[str, Any]:
-        """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``."""
+                    max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+        """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``.
+        As ``user``, the file is theirs (the pieces and the close act as the open did)."""
         check_path(path)
-        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path,
+        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user,
                                   **({"mode": mode} if mode is not None else {}))
         handle = opened.get("handle")
         if not isinstance(handle, str) or len(handle) > 64:
@@ -164,20 +176,21 @@ class SandboxFiles:
 
     # ------------------------------------------------------------------ reads
 
-    async def open_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+    async def open_read(self, sandbox_id: str, path: str, *,
+                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
         """The file's FileInfo and its bytes, read ahead at most ``WINDOW`` pieces.
 
         The stat comes first so that a missing file (404) or a directory (409)
         is refused before any response has started. The bytes are read until
         the guest says end of file, so a file that grows meanwhile is read on.
         """
-        info = await self.stat(sandbox_id, path)
+        info = await self.stat(sandbox_id, path, user=user)
         if info["type"] != "file":
             what = "a directory" if info["type"] == "dir" else f"not a regular file ({info['type']})"
             raise Conflict(f"{path}: {what}")
-        return info, self._pieces(sandbox_id, path)
+        return info, self._pieces(sandbox_id, path, user)
 
-    async def _pieces(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+    async def _pieces(self, sandbox_id: str, path: str, user: str | None) -> AsyncIterator[bytes]:
         size = protocol.FILE_CHUNK
         ahead: list[asyncio.Task[dict[str, Any]]] = []
         next_offset = 0
@@ -185,7 +198,8 @@ class SandboxFiles:
             while True:
                 while len(ahead) < WINDOW:
                     ahead.append(asyncio.create_task(self._call(
-                        sandbox_id, protocol.FILE_READ, path=path, offset=next_offset, length=size)))
+                        sandbox_id, protocol.FILE_READ, path=path, offset=next_offset, length=size,
+                        user=user)))
                     next_offset += size
                 data, eof = _piece(await ahead.pop(0), size)
                 if data:

@@ -79,6 +79,7 @@ def process_info(raw: Any) -> dict[str, Any]:
         "args": args,
         "env": env,
         "cwd": _opt(raw.get("cwd"), str),
+        "user": _opt(raw.get("user"), str),
         "running": bool(raw.get("running")),
         "exit_code": _opt(raw.get("exit_code"), int),
         "signal": _opt(raw.get("signal"), int),
@@ -168,7 +169,8 @@ class SandboxProcesses:
 
     @staticmethod
     def _start_args(args: list[str], env: dict[str, str] | None, cwd: str | None, stdin: bytes | None,
-                    stdin_open: bool, tag: str | None, timeout_secs: float | None) -> dict[str, Any]:
+                    stdin_open: bool, tag: str | None, timeout_secs: float | None,
+                    user: str | None) -> dict[str, Any]:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         if any("\0" in a for a in args):
@@ -178,7 +180,8 @@ class SandboxProcesses:
         if tag is not None and len(tag) > protocol.TAG_MAX:
             raise InvalidRequest(f"tag must be at most {protocol.TAG_MAX} characters")
         req: dict[str, Any] = {"args": args, "stdin": stdin_open}
-        for key, value in (("env", env), ("cwd", cwd), ("tag", tag), ("timeout_secs", timeout_secs)):
+        for key, value in (("env", env), ("cwd", cwd), ("tag", tag), ("timeout_secs", timeout_secs),
+                           ("user", bounds.check_guest_user(user))):
             if value is not None:
                 req[key] = value
         if stdin is not None:
@@ -190,16 +193,21 @@ class SandboxProcesses:
     async def run(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
                   cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
                   tag: str | None = None, timeout_secs: float | None = None,
-                  kill_on_close: bool = True) -> ProcessEvents:
+                  kill_on_close: bool = True, user: str | None = None) -> ProcessEvents:
         """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``)."""
-        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs)
+        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
+        if user is not None:
+            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
         return await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
 
     async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
                     cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
-                    tag: str | None = None, timeout_secs: float | None = None) -> dict[str, Any]:
-        """Start a background process; its ProcessInfo. Watch it with ``attach``."""
-        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs)
+                    tag: str | None = None, timeout_secs: float | None = None,
+                    user: str | None = None) -> dict[str, Any]:
+        """Start a background process (as ``user``: None is root); its ProcessInfo."""
+        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
+        if user is not None:
+            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
         return process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
 
     async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:

@@ -357,15 +357,19 @@ class Runtime:
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: str | None = None, max_output_bytes: int | None = None,
+        user: str | None = None,
     ) -> dict[str, Any]:
+        """Run ``args`` to its end (as ``user``, a guest user's name; None: root, the agent itself)."""
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
         req: dict[str, Any] = {"args": args, "timeout_secs": timeout_secs}
         for key, value in (("env", env), ("cwd", cwd), ("stdin", stdin),
-                           ("max_output_bytes", max_output_bytes)):
+                           ("max_output_bytes", max_output_bytes), ("user", bounds.check_guest_user(user))):
             if value is not None:
                 req[key] = value
+        if user is not None:
+            await self.sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
         # The agent enforces the timeout; ours only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
         await self.checkpoints.after_call(sandbox_id)
@@ -396,6 +400,7 @@ class Runtime:
         self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
         env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
         stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
+        user: str | None = None,
     ) -> ProcessEvents:
         """Start a process and stream it losslessly from its first byte: ``start``, output, ``exit``.
 
@@ -405,18 +410,19 @@ class Runtime:
         """
         events = await self.processes.run(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
                                           stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
-                                          kill_on_close=kill_on_close)
+                                          kill_on_close=kill_on_close, user=user)
         await self.checkpoints.after_call(sandbox_id)
         return events
 
     async def process_start(
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
-        tag: str | None = None, timeout_secs: float | None = None,
+        tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
     ) -> dict[str, Any]:
         """Start a background process (it runs until it exits or is killed); its ProcessInfo."""
         info = await self.processes.start(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
-                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs)
+                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
+                                          user=user)
         await self.checkpoints.after_call(sandbox_id)
         return info
 
@@ -446,29 +452,34 @@ class Runtime:
     async def process_kill(self, sandbox_id: str, pid: int) -> None:
         await self.processes.kill(sandbox_id, pid)
 
-    # Files (controller/files.py): paths are checked (400) before the guest is asked.
+    # Files (controller/files.py): paths are checked (400) before the guest is asked. Each acts
+    # as ``user`` (a guest user's name; None: root, the agent itself).
 
-    async def file_stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return await self.files.stat(sandbox_id, path)
+    async def file_stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        return await self.files.stat(sandbox_id, path, user=user)
 
-    async def file_list(self, sandbox_id: str, path: str) -> dict[str, Any]:
-        return await self.files.list(sandbox_id, path)
+    async def file_list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        return await self.files.list(sandbox_id, path, user=user)
 
-    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False) -> dict[str, Any]:
-        return await self.files.mkdir(sandbox_id, path, parents=parents)
+    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
+                         user: str | None = None) -> dict[str, Any]:
+        return await self.files.mkdir(sandbox_id, path, parents=parents, user=user)
 
-    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        await self.files.remove(sandbox_id, path, recursive=recursive)
+    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                          user: str | None = None) -> None:
+        await self.files.remove(sandbox_id, path, recursive=recursive, user=user)
 
-    async def file_move(self, sandbox_id: str, source: str, destination: str) -> dict[str, Any]:
-        return await self.files.move(sandbox_id, source, destination)
+    async def file_move(self, sandbox_id: str, source: str, destination: str, *,
+                        user: str | None = None) -> dict[str, Any]:
+        return await self.files.move(sandbox_id, source, destination, user=user)
 
     async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                         max_bytes: int, mode: int | None = None) -> dict[str, Any]:
-        return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode)
+                         max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+        return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode, user=user)
 
-    async def file_read(self, sandbox_id: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
-        return await self.files.open_read(sandbox_id, path)
+    async def file_read(self, sandbox_id: str, path: str, *,
+                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        return await self.files.open_read(sandbox_id, path, user=user)
 
     # Code contexts (controller/code_contexts.py): cells in PID 1's warm interpreter.
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from forkd.errors import Conflict, GuestError, NotFound
+from forkd.guest import protocol
 from forkd.guest.client import AgentStream
 from forkd.host import cgroups
 from forkd.store import layout
@@ -90,6 +91,8 @@ class SandboxTable:
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
         self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
         self._activity: Activity = _NoActivity()
+        # Each VM's agent version, asked once (``require_agent``), with its VM: a new VM asks again.
+        self._agent_versions: dict[str, tuple[VM, int]] = {}
 
     def watch_activity(self, activity: Activity) -> None:
         """Every agent request from now on runs inside ``activity.during`` (one watcher)."""
@@ -257,6 +260,7 @@ class SandboxTable:
         """Tear down a sandbox whose lock the caller holds (or that no one else knows)."""
         vm = self._vms.pop(sandbox_id, None)
         self._hidden.discard(sandbox_id)
+        self._agent_versions.pop(sandbox_id, None)
         try:
             record: SandboxRecord | None = self._rows.get(sandbox_id)
         except NotFound:
@@ -299,6 +303,21 @@ class SandboxTable:
             if explained is exc:
                 raise
             raise explained from exc
+
+    async def require_agent(self, sandbox_id: str, version: int, feature: str) -> None:
+        """Refuse (409) a request that needs agent ``version`` on an older guest agent, which would
+        ignore the request's new fields (a snapshot made by an older forkd): asked once per VM."""
+        sandbox_id = self.resolve(sandbox_id)
+        vm = await self.for_call(sandbox_id)
+        known = self._agent_versions.get(sandbox_id)
+        if known is None or known[0] is not vm:
+            pong = await self.call(sandbox_id, protocol.PING, 30)
+            reported = str(pong.get("agent_version", "0"))
+            known = (vm, int(reported) if reported.isdigit() else 0)
+            self._agent_versions[sandbox_id] = known
+        if known[1] < version:
+            raise Conflict(f"sandbox {sandbox_id!r} runs guest agent version {known[1]}, which predates "
+                           f"{feature}: create its snapshot again with this version of forkd")
 
     async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
         """A streaming agent request (its events are read from the stream)."""

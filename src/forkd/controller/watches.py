@@ -56,8 +56,10 @@ class DirWatches:
 
     async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
         """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``)."""
+        path = check_path(path)
+        await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_AGENT_VERSION, "directory watching")
         result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
-                                            path=check_path(path), recursive=recursive)
+                                            path=path, recursive=recursive)
         watcher = result.get("watcher")
         if not isinstance(watcher, str) or not 0 < len(watcher) <= 64:
             raise GuestError("guest agent sent a malformed watcher id")

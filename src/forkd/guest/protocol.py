@@ -55,6 +55,12 @@ RESTORED = "restored"  # entropy (hex), time_ns, env? -> {"reseeded", "clock_ste
 SYNC = "sync"  # -> {"synced": true}
 FSFREEZE = "fsfreeze"  # -> {"frozen": true}
 FSTHAW = "fsthaw"  # -> {"thawed": bool}
+# A process start (exec, proc_start) and every file action but file_write/file_write_close (which
+# act as their file_write_open did) take an optional "user": a name in the guest's /etc/passwd
+# (unknown: an "invalid" error). Absent: the agent itself (root, its environment and cwd); given:
+# that user's ids and groups, HOME/USER/LOGNAME, and its home as the default cwd
+# (forkd.guest.agent.users). Agents older than USER_AGENT_VERSION ignore "user": the host asks first.
+USER_AGENT_VERSION = 7
 # Files (forkd.guest.agent.files). Transfers go in FILE_CHUNK pieces, base64 in
 # the JSON line, so no line grows past ~1.4 MiB and other requests keep flowing.
 FILE_STAT = "file_stat"  # path -> FileInfo {"path", "name", "type", "size", "mode", "mtime"}
@@ -78,7 +84,9 @@ KERNEL = "kernel"
 # Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive) ->
 # {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
 # {"events": [{"name", "type": create|write|remove|rename|chmod}], "overflowed"}; op remove.
+# Older agents answer "unknown action": the host asks for WATCH_AGENT_VERSION first.
 WATCH = "watch"
+WATCH_AGENT_VERSION = 8
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit

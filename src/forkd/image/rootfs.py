@@ -23,6 +23,11 @@ AGENT_GUEST_ROOT = "opt/forkd"
 AGENT_ENTRY = f"{AGENT_GUEST_ROOT}/forkd/guest/agent/__main__.py"
 # The guest's forkd and forkd.guest packages hold nothing but the agent and its
 # protocol: the host's forkd/__init__.py imports modules the guest does not have.
+# The account every image has (E2B's sandboxes run as it by default): uid/gid 1000, a home, bash,
+# and passwordless sudo where the tree has sudo.
+GUEST_USER = "user"
+GUEST_UID = 1000
+GUEST_HOME = "home/user"
 GUEST_PACKAGE_STUB = b'"""forkd\'s guest side: the agent and its protocol only (see forkd.image.rootfs)."""\n'
 
 
@@ -167,6 +172,69 @@ def install_agent(root: Path) -> None:
         path.chmod(0o644)
     (root / "etc").mkdir(exist_ok=True)
     (root / "etc" / "hostname").write_text("forkd\n")
+    add_user(root)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def _ensure_line(path: Path, name: str, line: str, mode: int = 0o644) -> None:
+    """Add ``line`` to the colon-separated database ``path`` unless an entry ``name`` is there."""
+    lines = _lines(path)
+    if any(existing.split(":", 1)[0] == name for existing in lines):
+        return
+    path.write_text("\n".join([*lines, line]) + "\n")
+    path.chmod(mode)
+
+
+def add_user(root: Path) -> None:
+    """Give the tree the account ``user`` (uid and gid 1000, home /home/user), idempotently.
+
+    The files are edited directly rather than with ``useradd`` in a chroot: a user's
+    tree (``rootfs_source``) need not have the shadow tools, and the debootstrap tree
+    is cached, so this runs on every build of it. A tree that already has a ``user``
+    keeps it as it is; uid 1000 held by another name is refused (E2B's programs expect
+    ``user`` to be 1000).
+    """
+    etc = root / "etc"
+    passwd = etc / "passwd"
+    entries = {line.split(":")[0]: line.split(":") for line in _lines(passwd) if line.count(":") >= 6}
+    if GUEST_USER not in entries:
+        taken = [name for name, fields in entries.items() if fields[2] == str(GUEST_UID)]
+        if taken:
+            raise InvalidRequest(f"the root filesystem's uid {GUEST_UID} is {taken[0]!r}; forkd's "
+                                 f"guests need uid {GUEST_UID} for the user {GUEST_USER!r}")
+        has_bash = (root / "bin" / "bash").exists() or (root / "usr/bin/bash").exists()
+        shell = "/bin/bash" if has_bash else "/bin/sh"
+        _ensure_line(passwd, GUEST_USER, f"{GUEST_USER}:x:{GUEST_UID}:{GUEST_UID}::/{GUEST_HOME}:{shell}")
+        _ensure_line(etc / "group", GUEST_USER, f"{GUEST_USER}:x:{GUEST_UID}:")
+        # No password: a locked account, reached only through the agent (and sudo, below).
+        if (etc / "shadow").exists():
+            _ensure_line(etc / "shadow", GUEST_USER, f"{GUEST_USER}:!:19700:0:99999:7:::", 0o640)
+        if (etc / "gshadow").exists():
+            _ensure_line(etc / "gshadow", GUEST_USER, f"{GUEST_USER}:!::", 0o640)
+    fields = _lines(passwd)
+    uid, gid, home = next((int(f[2]), int(f[3]), f[5]) for f in (line.split(":") for line in fields)
+                          if f[0] == GUEST_USER)
+    home_dir = root / home.lstrip("/")
+    if not home_dir.exists():
+        home_dir.mkdir(parents=True)
+        skel = root / "etc" / "skel"
+        if skel.is_dir():
+            _run(["cp", "-a", f"{skel}/.", str(home_dir)], f"copying {skel}")
+        for dirpath, _dirs, files in os.walk(home_dir):
+            for name in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+                os.lchown(name, uid, gid)
+        home_dir.chmod(0o750)
+    sudoers = etc / "sudoers.d"
+    if sudoers.is_dir():
+        rule = sudoers / "forkd-user"
+        rule.write_text(f"{GUEST_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+        rule.chmod(0o440)
 
 
 def tree_size_mib(root: Path) -> int:

@@ -217,12 +217,14 @@ def exec_(
     env: Mapping[str, str] | None,
     cwd: str | None,
     stdin: str | None,
+    user: str | None = None,
 ) -> Call:
     body = _put(
         {"args": command_args(args), "timeout_secs": timeout_secs},
         env=dict(env) if env is not None else None,
         cwd=cwd,
         stdin=stdin,
+        user=user,
     )
     return Call(
         "POST",
@@ -257,10 +259,10 @@ def _processes(sandbox_id: str, what: str = "") -> str:
 
 def _process_body(
     args: str | Sequence[str], *, timeout_secs: float | None, env: Mapping[str, str] | None,
-    cwd: str | None, stdin: str | None, stdin_open: bool, tag: str | None,
+    cwd: str | None, stdin: str | None, stdin_open: bool, tag: str | None, user: str | None,
 ) -> dict[str, Any]:
     body = _put({"args": command_args(args)}, timeout_secs=timeout_secs,
-                env=dict(env) if env is not None else None, cwd=cwd, stdin=stdin, tag=tag)
+                env=dict(env) if env is not None else None, cwd=cwd, stdin=stdin, tag=tag, user=user)
     if stdin_open:
         body["stdin_open"] = True
     return body
@@ -269,10 +271,10 @@ def _process_body(
 def exec_stream(
     sandbox_id: str, args: str | Sequence[str], *, timeout_secs: float | None,
     env: Mapping[str, str] | None, cwd: str | None, stdin: str | None, stdin_open: bool,
-    tag: str | None, encoding: str,
+    tag: str | None, encoding: str, user: str | None = None,
 ) -> Call:
     body = _process_body(args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
-                         stdin_open=stdin_open, tag=tag)
+                         stdin_open=stdin_open, tag=tag, user=user)
     if encoding != "text":
         body["encoding"] = encoding
     # The stream lasts as long as the process: no read timeout between its lines.
@@ -282,10 +284,10 @@ def exec_stream(
 def start_process(
     sandbox_id: str, args: str | Sequence[str], *, timeout_secs: float | None,
     env: Mapping[str, str] | None, cwd: str | None, stdin: str | None, stdin_open: bool,
-    tag: str | None,
+    tag: str | None, user: str | None = None,
 ) -> Call:
     body = _process_body(args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
-                         stdin_open=stdin_open, tag=tag)
+                         stdin_open=stdin_open, tag=tag, user=user)
     return Call("POST", _processes(sandbox_id), json=body)
 
 
@@ -506,27 +508,33 @@ def _files(sandbox_id: str, what: str = "") -> str:
     return f"/v1/sandboxes/{_seg(sandbox_id)}/files{what}"
 
 
-def file_stat(sandbox_id: str, path: str) -> Call:
-    return Call("GET", _files(sandbox_id, "/stat"), params={"path": path})
+def _file_params(path: str, user: str | None, **more: str | None) -> dict[str, str]:
+    """A file route's query: the path, and the guest user it acts as when one is given."""
+    return {k: v for k, v in {"path": path, **more, "user": user}.items() if v is not None}
 
 
-def file_list(sandbox_id: str, path: str) -> Call:
-    return Call("GET", _files(sandbox_id, "/list"), params={"path": path})
+def file_stat(sandbox_id: str, path: str, *, user: str | None = None) -> Call:
+    return Call("GET", _files(sandbox_id, "/stat"), params=_file_params(path, user))
 
 
-def file_mkdir(sandbox_id: str, path: str, *, parents: bool) -> Call:
-    return Call("POST", _files(sandbox_id, "/mkdir"), json={"path": path, "parents": parents})
+def file_list(sandbox_id: str, path: str, *, user: str | None = None) -> Call:
+    return Call("GET", _files(sandbox_id, "/list"), params=_file_params(path, user))
 
 
-def file_remove(sandbox_id: str, path: str, *, recursive: bool) -> Call:
-    params = {"path": path, **({"recursive": "true"} if recursive else {})}
+def file_mkdir(sandbox_id: str, path: str, *, parents: bool, user: str | None = None) -> Call:
+    body = _put({"path": path, "parents": parents}, user=user)
+    return Call("POST", _files(sandbox_id, "/mkdir"), json=body)
+
+
+def file_remove(sandbox_id: str, path: str, *, recursive: bool, user: str | None = None) -> Call:
+    params = _file_params(path, user, recursive="true" if recursive else None)
     return Call("DELETE", _files(sandbox_id), params=params)
 
 
-def file_write(sandbox_id: str, path: str, *, mode: int | None) -> Call:
-    params = {"path": path, **({"mode": str(mode)} if mode is not None else {})}
+def file_write(sandbox_id: str, path: str, *, mode: int | None, user: str | None = None) -> Call:
+    params = _file_params(path, user, mode=str(mode) if mode is not None else None)
     return Call("PUT", _files(sandbox_id), params=params, read_timeout=None)
 
 
-def file_read(sandbox_id: str, path: str) -> Call:
-    return Call("GET", _files(sandbox_id), params={"path": path}, read_timeout=None)
+def file_read(sandbox_id: str, path: str, *, user: str | None = None) -> Call:
+    return Call("GET", _files(sandbox_id), params=_file_params(path, user), read_timeout=None)

@@ -383,15 +383,17 @@ class Controller:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: str | None = None,
+        user: str | None = None,
     ) -> ExecResponse:
         """``POST /v1/sandboxes/{id}/exec``: run a subprocess in the guest.
 
         ``args`` is an argv list; a plain string is run via ``/bin/sh -c``.
         Returns ``{"stdout", "stderr", "exit_code", "error", "timed_out", ...}``;
-        a failing command is not an exception.
+        a failing command is not an exception. ``user``: a guest user to run as
+        (``"user"``: uid 1000, home ``/home/user``); None: root.
         """
         call = _calls.exec_(
-            sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin
+            sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin, user=user
         )
         return cast(ExecResponse, self._send(call))
 
@@ -449,6 +451,7 @@ class Controller:
         stdin_open: bool = False,
         tag: str | None = None,
         encoding: str = "text",
+        user: str | None = None,
     ) -> collections.abc.Generator[JSONDict, None, None]:
         """``POST /v1/sandboxes/{id}/exec/stream``: run a command and stream its events.
 
@@ -458,10 +461,11 @@ class Controller:
         "signal", "timed_out", "error"}``. Leaving the iteration early (close
         it: ``contextlib.closing``) kills the command. With ``stdin_open``,
         write to it with :meth:`send_stdin` (the pid is in the start event).
+        ``user``: a guest user to run as; None: root.
         """
         return self._stream(_calls.exec_stream(
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
-            stdin_open=stdin_open, tag=tag, encoding=encoding))
+            stdin_open=stdin_open, tag=tag, encoding=encoding, user=user))
 
     def start_process(
         self,
@@ -474,14 +478,15 @@ class Controller:
         *,
         stdin_open: bool = False,
         tag: str | None = None,
+        user: str | None = None,
     ) -> ProcessInfo:
         """``POST /v1/sandboxes/{id}/processes``: start a background process → its ProcessInfo.
 
         It runs until it exits, is killed, or ``timeout_secs`` pass (default:
-        no limit). Watch it with :meth:`stream_process`.
+        no limit), as ``user`` (None: root). Watch it with :meth:`stream_process`.
         """
         call = _calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
-                                    stdin=stdin, stdin_open=stdin_open, tag=tag)
+                                    stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
         return cast(ProcessInfo, self._send(call))
 
     def list_processes(self, sandbox_id: str) -> list[ProcessInfo]:
@@ -530,26 +535,35 @@ class Controller:
 
     # -------------------------------------------------------------------- files
 
-    def file_stat(self, sandbox_id: str, path: str) -> FileInfo:
-        """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime"}``."""
-        return cast(FileInfo, self._send(_calls.file_stat(sandbox_id, path)))
+    # Each file method takes ``user``: the guest user it acts as (permissions checked as theirs,
+    # what it creates is theirs); None: root.
 
-    def file_list(self, sandbox_id: str, path: str) -> FileList:
+    def file_stat(self, sandbox_id: str, path: str, user: str | None = None) -> FileInfo:
+        """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime",
+        "owner", "group"}``."""
+        return cast(FileInfo, self._send(_calls.file_stat(sandbox_id, path, user=user)))
+
+    def file_list(self, sandbox_id: str, path: str, user: str | None = None) -> FileList:
         """``GET /v1/sandboxes/{id}/files/list`` → ``{"path", "entries": [FileInfo...], "truncated"}``."""
-        return cast(FileList, self._send(_calls.file_list(sandbox_id, path)))
+        return cast(FileList, self._send(_calls.file_list(sandbox_id, path, user=user)))
 
-    def file_mkdir(self, sandbox_id: str, path: str, parents: bool = False) -> MkdirResponse:
+    def file_mkdir(
+        self, sandbox_id: str, path: str, parents: bool = False, user: str | None = None
+    ) -> MkdirResponse:
         """``POST /v1/sandboxes/{id}/files/mkdir`` → ``{"path", "created"}``."""
-        return cast(MkdirResponse, self._send(_calls.file_mkdir(sandbox_id, path, parents=parents)))
+        call = _calls.file_mkdir(sandbox_id, path, parents=parents, user=user)
+        return cast(MkdirResponse, self._send(call))
 
-    def file_remove(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
+    def file_remove(
+        self, sandbox_id: str, path: str, recursive: bool = False, user: str | None = None
+    ) -> None:
         """``DELETE /v1/sandboxes/{id}/files``: a file, or a directory (``recursive`` if not empty)."""
-        self._send(_calls.file_remove(sandbox_id, path, recursive=recursive))
+        self._send(_calls.file_remove(sandbox_id, path, recursive=recursive, user=user))
 
-    def file_exists(self, sandbox_id: str, path: str) -> bool:
-        """Whether ``path`` exists in the sandbox."""
+    def file_exists(self, sandbox_id: str, path: str, user: str | None = None) -> bool:
+        """Whether ``path`` exists in the sandbox (for ``user``: whether they can see it)."""
         try:
-            self.file_stat(sandbox_id, path)
+            self.file_stat(sandbox_id, path, user=user)
         except NotFoundError:
             return False
         return True
@@ -561,13 +575,14 @@ class Controller:
         data: bytes | str | IO[bytes],
         mode: int | None = None,
         progress: Progress | None = None,
+        user: str | None = None,
     ) -> FileInfo:
         """``PUT /v1/sandboxes/{id}/files``: write ``data`` to ``path``, replacing it atomically.
 
         ``data`` is bytes, text (UTF-8) or a binary file object, which is
         streamed a piece at a time, never read whole. Returns the FileInfo.
         """
-        call = _calls.file_write(sandbox_id, path, mode=mode)
+        call = _calls.file_write(sandbox_id, path, mode=mode, user=user)
         content: bytes | collections.abc.Iterator[bytes]
         if isinstance(data, str):
             content = data.encode()
@@ -586,13 +601,14 @@ class Controller:
         return cast(FileInfo, parse_response(call, response))
 
     def read_file_into(
-        self, sandbox_id: str, path: str, sink: IO[bytes], progress: Progress | None = None
+        self, sandbox_id: str, path: str, sink: IO[bytes], progress: Progress | None = None,
+        user: str | None = None,
     ) -> int:
         """``GET /v1/sandboxes/{id}/files``: stream ``path`` into ``sink``; returns the bytes written.
 
         An interrupted download raises (the body is chunked, so a cut is seen).
         """
-        call = _calls.file_read(sandbox_id, path)
+        call = _calls.file_read(sandbox_id, path, user=user)
         done = 0
         try:
             with self._client.stream(

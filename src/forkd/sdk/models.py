@@ -326,6 +326,13 @@ class ExecRequest(TypedDict, total=False):
     stdin: str | None
     """Text fed to the subprocess's standard input."""
 
+    user: str | None
+    """The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid
+    1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default
+    working directory, and files it writes are its own. Omitted: root, in the agent's own
+    environment (working directory /root), as before. A name the guest does not know is a 400.
+    """
+
 
 class ExecResponse(TypedDict, total=False):
     """The ``ExecResponse`` schema."""
@@ -371,6 +378,13 @@ class ExecStreamRequest(TypedDict, total=False):
     tag: str | None
     """Any label of yours, shown in the process list."""
 
+    user: str | None
+    """The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid
+    1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default
+    working directory, and files it writes are its own. Omitted: root, in the agent's own
+    environment (working directory /root), as before. A name the guest does not know is a 400.
+    """
+
     encoding: Literal["text", "base64"]
     """How output events carry the bytes: text (UTF-8, invalid bytes as U+FFFD) or base64 (exact).
     """
@@ -395,6 +409,12 @@ class FileInfo(TypedDict, total=False):
 
     mtime: Required[float]
     """Last modification, seconds since the epoch (guest clock)."""
+
+    owner: str | None
+    """The owner's user name (its uid when the guest has no name)."""
+
+    group: str | None
+    """The group's name (its gid when the guest has no name)."""
 
 
 class FileList(TypedDict, total=False):
@@ -589,6 +609,13 @@ class MkdirRequest(TypedDict, total=False):
     parents: bool
     """Also create missing parents; an existing directory is fine."""
 
+    user: str | None
+    """The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid
+    1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default
+    working directory, and files it writes are its own. Omitted: root, in the agent's own
+    environment (working directory /root), as before. A name the guest does not know is a 400.
+    """
+
 
 class MkdirResponse(TypedDict, total=False):
     """The ``MkdirResponse`` schema."""
@@ -683,6 +710,9 @@ class ProcessInfo(TypedDict, total=False):
 
     cwd: str | None
 
+    user: str | None
+    """The user it runs as; null: root, as the agent."""
+
     running: Required[bool]
 
     exit_code: Required[int | None]
@@ -725,6 +755,13 @@ class ProcessStartRequest(TypedDict, total=False):
 
     tag: str | None
     """Any label of yours, shown in the process list."""
+
+    user: str | None
+    """The guest user to act as, by name from the guest's /etc/passwd (every image has "user", uid
+    1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default
+    working directory, and files it writes are its own. Omitted: root, in the agent's own
+    environment (working directory /root), as before. A name the guest does not know is a 400.
+    """
 
 
 class PromoteRequest(TypedDict, total=False):

@@ -257,7 +257,7 @@ class Commands:
         self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
         cwd: str | None = None, stdin: str | None = None, *, background: Literal[False] = False,
         on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
-        stdin_open: bool = False, tag: str | None = None,
+        stdin_open: bool = False, tag: str | None = None, user: str | None = None,
     ) -> CommandResult: ...
 
     @overload
@@ -265,7 +265,7 @@ class Commands:
         self, cmd: str | Sequence[str], timeout: float | None = 30, env: Mapping[str, str] | None = None,
         cwd: str | None = None, stdin: str | None = None, *, background: Literal[True],
         on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None,
-        stdin_open: bool = False, tag: str | None = None,
+        stdin_open: bool = False, tag: str | None = None, user: str | None = None,
     ) -> CommandHandle: ...
 
     def run(
@@ -281,6 +281,7 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         stdin_open: bool = False,
         tag: str | None = None,
+        user: str | None = None,
     ) -> CommandResult | CommandHandle:
         """Run ``cmd``: a string runs via ``/bin/sh -c``, a list is argv.
 
@@ -294,22 +295,25 @@ class Commands:
         With ``background=True`` it returns an :class:`CommandHandle` as
         soon as the process has started (``stdin_open`` keeps its stdin open
         for ``handle.send_stdin``; ``tag`` labels it in :meth:`list`).
+
+        ``user`` runs it as that guest user (``"user"``: uid 1000, its HOME, and
+        ``/home/user`` as the default ``cwd``); None: root.
         """
         limit = timeout or None
         if background:
             info = self._sandbox.controller.start_process(
                 self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
-                stdin_open=stdin_open, tag=tag)
+                stdin_open=stdin_open, tag=tag, user=user)
             return CommandHandle(self._sandbox, int(info["pid"]), on_stdout=on_stdout,
                                       on_stderr=on_stderr)
         if on_stdout is None and on_stderr is None and not stdin_open and limit is not None:
             body = self._sandbox.controller.exec(
-                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin
+                self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin, user=user
             )
             return CommandResult.from_json(body)
         events = self._sandbox.controller.exec_stream(
             self._sandbox.id, cmd, timeout_secs=limit, env=env, cwd=cwd, stdin=stdin,
-            stdin_open=stdin_open, tag=tag)
+            stdin_open=stdin_open, tag=tag, user=user)
         handle: CommandHandle | None = None
         with contextlib.closing(events):
             for event in events:
@@ -344,53 +348,58 @@ class Commands:
 
 
 class Files:
-    """``sb.files``: files inside the sandbox, moved as streams (never held whole)."""
+    """``sb.files``: files inside the sandbox, moved as streams (never held whole).
+
+    Every method takes ``user``: the guest user it acts as (permissions are
+    checked as theirs, and what it creates is theirs); None: root."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
 
-    def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None) -> FileInfo:
+    def write(self, path: str, data: bytes | str | IO[bytes], mode: int | None = None,
+                    user: str | None = None) -> FileInfo:
         """Write ``data`` (bytes, text or a binary file object, streamed) to ``path``.
 
         Returns the new file's FileInfo."""
-        return self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode)
+        return self._sandbox.controller.write_file(self._sandbox.id, path, data, mode=mode, user=user)
 
-    def upload(self, local_path: str | os.PathLike[str], path: str) -> FileInfo:
+    def upload(self, local_path: str | os.PathLike[str], path: str,
+                     user: str | None = None) -> FileInfo:
         """Copy the local file ``local_path`` to ``path`` in the sandbox, streamed."""
         with open(local_path, "rb") as source:
-            return self.write(path, source)
+            return self.write(path, source, user=user)
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, user: str | None = None) -> bytes:
         """The whole contents of ``path`` (use :meth:`download` for large files)."""
         sink = io.BytesIO()
-        self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+        self._sandbox.controller.read_file_into(self._sandbox.id, path, sink, user=user)
         return sink.getvalue()
 
-    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+    def download(self, path: str, local_path: str | os.PathLike[str], user: str | None = None) -> int:
         """Stream ``path`` into the local file ``local_path``; returns its size."""
         with open(local_path, "wb") as sink:
-            return self._sandbox.controller.read_file_into(self._sandbox.id, path, sink)
+            return self._sandbox.controller.read_file_into(self._sandbox.id, path, sink, user=user)
 
-    def list(self, path: str) -> list[FileInfo]:
+    def list(self, path: str, user: str | None = None) -> list[FileInfo]:
         """The entries (FileInfo dicts, sorted by name) of the directory ``path``."""
-        listing = self._sandbox.controller.file_list(self._sandbox.id, path)
+        listing = self._sandbox.controller.file_list(self._sandbox.id, path, user=user)
         return list(listing["entries"])
 
-    def stat(self, path: str) -> FileInfo:
-        """``{"path", "name", "type", "size", "mode", "mtime"}`` of ``path``."""
-        return self._sandbox.controller.file_stat(self._sandbox.id, path)
+    def stat(self, path: str, user: str | None = None) -> FileInfo:
+        """``{"path", "name", "type", "size", "mode", "mtime", "owner", "group"}`` of ``path``."""
+        return self._sandbox.controller.file_stat(self._sandbox.id, path, user=user)
 
-    def exists(self, path: str) -> bool:
-        return self._sandbox.controller.file_exists(self._sandbox.id, path)
+    def exists(self, path: str, user: str | None = None) -> bool:
+        return self._sandbox.controller.file_exists(self._sandbox.id, path, user=user)
 
-    def mkdir(self, path: str, parents: bool = False) -> bool:
+    def mkdir(self, path: str, parents: bool = False, user: str | None = None) -> bool:
         """Create the directory ``path``; False if ``parents`` and it already existed."""
-        made = self._sandbox.controller.file_mkdir(self._sandbox.id, path, parents=parents)
+        made = self._sandbox.controller.file_mkdir(self._sandbox.id, path, parents=parents, user=user)
         return bool(made["created"])
 
-    def remove(self, path: str, recursive: bool = False) -> None:
+    def remove(self, path: str, recursive: bool = False, user: str | None = None) -> None:
         """Remove a file, or a directory (``recursive=True`` for a non-empty one)."""
-        self._sandbox.controller.file_remove(self._sandbox.id, path, recursive=recursive)
+        self._sandbox.controller.file_remove(self._sandbox.id, path, recursive=recursive, user=user)
 
 
 class Sandbox:

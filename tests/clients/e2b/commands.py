@@ -16,8 +16,8 @@ with Sandbox.create(envs={"GREETING": "hi from create"}) as sbx:
     except CommandExitException as failed:
         assert failed.exit_code == 3 and failed.stdout == "about to fail\n", failed
 
-    sbx.files.write("/root/work/input.txt", "from the files API\n")
-    assert sbx.commands.run("cat input.txt", cwd="/root/work").stdout == "from the files API\n"
+    sbx.files.write("/home/user/work/input.txt", "from the files API\n")
+    assert sbx.commands.run("cat input.txt", cwd="/home/user/work").stdout == "from the files API\n"
 
     sleeper = sbx.commands.run("sleep 600", background=True)
     assert sleeper.pid in [p.pid for p in sbx.commands.list()]

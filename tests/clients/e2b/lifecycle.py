@@ -15,7 +15,7 @@ mine = Sandbox.list(query=SandboxQuery(metadata={"run": "lifecycle"})).next_item
 assert [s.sandbox_id for s in mine] == [sbx.sandbox_id], mine
 
 same = Sandbox.connect(sbx.sandbox_id)
-same.files.write("/root/state.txt", "written before the fork")
+same.files.write("/home/user/state.txt", "written before the fork")
 
 before = sbx.get_info().end_at
 sbx.set_timeout(3000)
@@ -26,9 +26,9 @@ forks = sbx.fork(count=2, timeout=600)
 assert len(forks) == 2 and not any(isinstance(f, Exception) for f in forks), forks
 for child in forks:
     assert child.sandbox_id != sbx.sandbox_id
-    assert child.files.read("/root/state.txt") == "written before the fork"
-    child.files.write("/root/state.txt", f"changed in {child.sandbox_id}")
-assert sbx.files.read("/root/state.txt") == "written before the fork"  # the forks are copies
+    assert child.files.read("/home/user/state.txt") == "written before the fork"
+    child.files.write("/home/user/state.txt", f"changed in {child.sandbox_id}")
+assert sbx.files.read("/home/user/state.txt") == "written before the fork"  # the forks are copies
 
 assert sbx.pause()
 assert not sbx.pause()  # already paused
@@ -36,7 +36,7 @@ assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
 assert not sbx.is_running()
 resumed = Sandbox.connect(sbx.sandbox_id)
 assert resumed.sandbox_id == sbx.sandbox_id
-assert resumed.files.read("/root/state.txt") == "written before the fork"
+assert resumed.files.read("/home/user/state.txt") == "written before the fork"
 
 for child in forks:
     assert child.kill()

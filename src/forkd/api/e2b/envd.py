@@ -13,7 +13,10 @@ served through the daemon: ``502 ... port is not open``.
 ``/files``: ``GET ?path=`` streams the file; ``POST ?path=`` takes an
 octet-stream body (gzip if ``Content-Encoding`` says so) or multipart parts
 (``uploads``), makes missing parent directories, and answers
-``[{name, type: "file", path}]``. Both stream, under ``max_file_bytes``.
+``[{name, type: "file", path}]``. Both stream, under ``max_file_bytes``, and act
+as the guest user the SDK names in ``?username=`` (else in its Basic
+``Authorization`` header, else ``user``), as every envd call does
+(``filesystem.call_user``).
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ from starlette.types import Receive, Scope, Send
 from forkd.api.e2b import uploads
 from forkd.api.e2b.connect_bounds import ConnectBounds
 from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_running, rest_body, send_json
-from forkd.api.e2b.filesystem import filesystem_app, guest_path, serving
+from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serving
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.file_routes import streamed_body
-from forkd.bounds import SANDBOX_ID_RE
+from forkd.bounds import SANDBOX_ID_RE, check_guest_user
 from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
 
 if TYPE_CHECKING:
@@ -103,9 +106,14 @@ class SandboxTraffic:
             else:
                 await fail(exc.status, str(exc))
             return
+        try:
+            user = call_user(headers.get("authorization"))
+        except ForkdError as exc:
+            await fail(exc.status, str(exc))
+            return
         if connect and port == ENVD_PORT:
             app = self._filesystem if path.startswith("/filesystem.") else self._process
-            with serving(sandbox_id):
+            with serving(sandbox_id, user):
                 await app(scope, receive, send)
             return
         request = Request(scope, receive)
@@ -113,7 +121,7 @@ class SandboxTraffic:
             if port == INTERPRETER_PORT:
                 response = await self._interpreter.handle(request, sandbox_id)
             else:
-                response = await self._envd(request, sandbox_id)
+                response = await self._envd(request, sandbox_id, user)
         except ForkdError as exc:
             status = exc.status if 400 <= exc.status <= 599 else 500
             response = JSONResponse({"code": status, "message": str(exc) or type(exc).__name__},
@@ -122,24 +130,27 @@ class SandboxTraffic:
 
     # ------------------------------------------------------------------ envd's plain HTTP API
 
-    async def _envd(self, request: Request, sandbox_id: str) -> Response:
+    async def _envd(self, request: Request, sandbox_id: str, user: str) -> Response:
         path, method = request.url.path, request.method
         if path == "/health" and method == "GET":
             return Response(status_code=204)
-        if path == "/files" and method == "GET":
-            return await self._download(request, sandbox_id)
-        if path == "/files" and method == "POST":
-            return JSONResponse(await self._upload(request, sandbox_id))
+        if path == "/files":
+            # The SDK names the user of a file transfer in the query (an old envd's way).
+            user = check_guest_user(request.query_params.get("username") or None) or user
+            if method == "GET":
+                return await self._download(request, sandbox_id, user)
+            if method == "POST":
+                return JSONResponse(await self._upload(request, sandbox_id, user))
         return JSONResponse({"code": 404, "message": f"{method} {path} is not served by forkd's envd "
                              "(see docs/E2B.md)"}, status_code=404)
 
-    async def _download(self, request: Request, sandbox_id: str) -> Response:
-        path = guest_path(request.query_params.get("path", ""))
-        info, pieces = await self._runtime().file_read(sandbox_id, path)
+    async def _download(self, request: Request, sandbox_id: str, user: str) -> Response:
+        path = guest_path(request.query_params.get("path", ""), user)
+        info, pieces = await self._runtime().file_read(sandbox_id, path, user=user)
         return StreamingResponse(pieces, media_type="application/octet-stream",
                                  headers={"X-Forkd-File-Size": str(info["size"])})
 
-    async def _upload(self, request: Request, sandbox_id: str) -> list[dict[str, Any]]:
+    async def _upload(self, request: Request, sandbox_id: str, user: str) -> list[dict[str, Any]]:
         limit = self._max_file_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit + (64 << 10):
@@ -148,11 +159,11 @@ class SandboxTraffic:
         default_path = request.query_params.get("path") or None
 
         async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
-            full = guest_path(target)
+            full = guest_path(target, user)
             parent = posixpath.dirname(full)
             if parent != "/":
-                await self._runtime().file_mkdir(sandbox_id, parent, parents=True)
-            info = await self._runtime().file_write(sandbox_id, full, pieces, max_bytes=limit)
+                await self._runtime().file_mkdir(sandbox_id, parent, parents=True, user=user)
+            info = await self._runtime().file_write(sandbox_id, full, pieces, max_bytes=limit, user=user)
             return {"name": info["name"], "type": "file", "path": info["path"]}
 
         if content_type.startswith("multipart/form-data"):

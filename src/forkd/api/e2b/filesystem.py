@@ -9,12 +9,18 @@ symbolic link its resolved ``symlinkTarget`` (``Stat`` follows the link for the
 type, as envd does; a listing shows the link itself). Watching a directory, as a
 stream or polled, is ``watch.py``'s.
 
-Paths: E2B's envd resolves relative paths against the user's home; the guest
-runs everything as root, so here they resolve against ``/root``.
+Users: as in envd, every call acts as a guest user: the one the SDK names in its
+``Authorization: Basic base64("<user>:")`` header (``user="root"``), else E2B's
+default, ``user`` (uid 1000, every forkd image has it). The dispatcher reads the
+header once (``call_user``) and hands the name on with the sandbox (``serving``).
+Relative paths resolve against that user's home, ``/home/<user>`` (``/root`` for
+root), as envd resolves them against the user's home directory.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import posixpath
 import stat as stat_mod
@@ -30,17 +36,20 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from forkd.api.e2b import watch
 from forkd.api.e2b.errors import connect_errors, not_running
-from forkd.errors import NotFound
+from forkd.bounds import check_guest_user
+from forkd.errors import InvalidRequest, NotFound
 from forkd.guest import protocol
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
 
-HOME = "/root"
-# The sandbox a Connect call is for, as the dispatcher validated it (its id and token): set by
-# ``serving`` around the call, never read again from the request's headers, which a client
-# could send twice with two ids (issue 24).
+# E2B's user when the SDK names none (envd >= 0.4.0 sends no header then).
+DEFAULT_USER = "user"
+# The sandbox a Connect call is for, as the dispatcher validated it (its id and token), and the
+# guest user it acts as: set by ``serving`` around the call, never read again from the request's
+# headers, which a client could send twice with two ids (issue 24).
 _SANDBOX: ContextVar[str | None] = ContextVar("forkd_e2b_sandbox", default=None)
+_USER: ContextVar[str] = ContextVar("forkd_e2b_user", default=DEFAULT_USER)
 # ListDir's depth and total entries: a deep walk is many agent calls, so it is bounded.
 MAX_DEPTH = 8
 MAX_ENTRIES = protocol.FILE_LIST_MAX
@@ -50,11 +59,33 @@ _TYPES = {"file": (filesystem_pb.FileType.FILE, stat_mod.S_IFREG),
           "symlink": (filesystem_pb.FileType.SYMLINK, stat_mod.S_IFLNK)}
 
 
-def guest_path(path: str) -> str:
-    """A request's path as an absolute guest path (relative ones are under ``HOME``)."""
+def call_user(authorization: str | None) -> str:
+    """The guest user a call names in its ``Authorization: Basic`` header (the password part is
+    empty and ignored), else ``DEFAULT_USER``; a malformed header or name is a 400."""
+    if not authorization:
+        return DEFAULT_USER
+    scheme, _, encoded = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        raise InvalidRequest("envd's Authorization header must be Basic base64('<user>:')")
+    try:
+        user = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")[0]
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("envd's Authorization header is not base64 of '<user>:'") from None
+    return check_guest_user(user) or DEFAULT_USER
+
+
+def home_of(user: str) -> str:
+    """Where a user's relative paths are (the guest's convention: root's /root, others' /home/<user>)."""
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+def guest_path(path: str, user: str | None = None) -> str:
+    """A request's path as an absolute guest path: relative ones are under the home of ``user``
+    (default: the call's user)."""
+    home = home_of(user or _USER.get())
     if not path:
-        return HOME
-    return path if path.startswith("/") else posixpath.join(HOME, path)
+        return home
+    return path if path.startswith("/") else posixpath.join(home, path)
 
 
 def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
@@ -73,13 +104,21 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
 
 
 @contextlib.contextmanager
-def serving(sandbox_id: str) -> Iterator[None]:
-    """Run a Connect call for ``sandbox_id``, whose id and access token have been checked."""
+def serving(sandbox_id: str, user: str = DEFAULT_USER) -> Iterator[None]:
+    """Run a Connect call for ``sandbox_id``, whose id and access token have been checked, as the
+    guest user ``user``."""
     token = _SANDBOX.set(sandbox_id)
+    user_token = _USER.set(user)
     try:
         yield
     finally:
+        _USER.reset(user_token)
         _SANDBOX.reset(token)
+
+
+def user_of(_ctx: RequestContext[Any, Any]) -> str:
+    """The guest user a Connect call acts as (``serving``)."""
+    return _USER.get()
 
 
 def sandbox_of(_ctx: RequestContext[Any, Any]) -> str:
@@ -100,20 +139,21 @@ class FilesystemService(filesystem_connect.Filesystem):
                    ctx: RequestContext[filesystem_pb.StatRequest, filesystem_pb.StatResponse], /,
                    ) -> filesystem_pb.StatResponse:
         with connect_errors():
-            info = await self._runtime().file_stat(sandbox_of(ctx), guest_path(request.path))
+            info = await self._runtime().file_stat(sandbox_of(ctx), guest_path(request.path),
+                                                   user=user_of(ctx))
         return filesystem_pb.StatResponse(entry=entry(info))
 
     async def list_dir(self, request: filesystem_pb.ListDirRequest,
                        ctx: RequestContext[filesystem_pb.ListDirRequest, filesystem_pb.ListDirResponse], /,
                        ) -> filesystem_pb.ListDirResponse:
-        sandbox = sandbox_of(ctx)
+        sandbox, user = sandbox_of(ctx), user_of(ctx)
         depth = min(max(request.depth, 1), MAX_DEPTH)
         out: list[filesystem_pb.EntryInfo] = []
         todo = [(guest_path(request.path), 1)]
         with connect_errors():
             while todo and len(out) < MAX_ENTRIES:
                 path, level = todo.pop(0)
-                listing = await self._runtime().file_list(sandbox, path)
+                listing = await self._runtime().file_list(sandbox, path, user=user)
                 for info in listing["entries"]:
                     out.append(entry(info))
                     if info["type"] == "dir" and level < depth:
@@ -123,12 +163,12 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def make_dir(self, request: filesystem_pb.MakeDirRequest,
                        ctx: RequestContext[filesystem_pb.MakeDirRequest, filesystem_pb.MakeDirResponse], /,
                        ) -> filesystem_pb.MakeDirResponse:
-        sandbox, path = sandbox_of(ctx), guest_path(request.path)
+        sandbox, path, user = sandbox_of(ctx), guest_path(request.path), user_of(ctx)
         with connect_errors():
-            made = await self._runtime().file_mkdir(sandbox, path, parents=True)
+            made = await self._runtime().file_mkdir(sandbox, path, parents=True, user=user)
             if not made["created"]:
                 raise ConnectError(Code.ALREADY_EXISTS, f"directory {path} already exists")
-            info = await self._runtime().file_stat(sandbox, path)
+            info = await self._runtime().file_stat(sandbox, path, user=user)
         return filesystem_pb.MakeDirResponse(entry=entry(info))
 
     async def remove(self, request: filesystem_pb.RemoveRequest,
@@ -137,7 +177,8 @@ class FilesystemService(filesystem_connect.Filesystem):
         sandbox = sandbox_of(ctx)
         with connect_errors():
             try:
-                await self._runtime().file_remove(sandbox, guest_path(request.path), recursive=True)
+                await self._runtime().file_remove(sandbox, guest_path(request.path), recursive=True,
+                                                  user=user_of(ctx))
             except NotFound:
                 # E2B's envd: removing what is not there is done. Unless the sandbox itself is gone.
                 try:
@@ -151,7 +192,7 @@ class FilesystemService(filesystem_connect.Filesystem):
                    ) -> filesystem_pb.MoveResponse:
         with connect_errors():
             info = await self._runtime().file_move(sandbox_of(ctx), guest_path(request.source),
-                                                   guest_path(request.destination))
+                                                   guest_path(request.destination), user=user_of(ctx))
         return filesystem_pb.MoveResponse(entry=entry(info))
 
 

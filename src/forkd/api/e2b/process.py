@@ -6,7 +6,9 @@ Runtime's processes (``controller.processes``: addressed by their pid in the
 guest, output as raw bytes, flow-controlled streams):
 
 * ``Start`` starts ``cmd args`` (the SDK sends ``/bin/bash -l -c <command>``)
-  with ``envs`` over the sandbox's environment and ``cwd`` (default ``/root``),
+  as the call's guest user (``user`` unless the SDK names one, as ``root``;
+  ``filesystem.call_user``), with that user's HOME/USER/LOGNAME and ``envs`` over
+  the sandbox's environment, in ``cwd`` (default: the user's home; relative: under it),
   and streams ``start`` (the pid), the output as ``data`` (``stdout`` /
   ``stderr`` bytes, as written) and ``end`` (``exitCode``: negative for a
   signal; ``status``), with a ``keepalive`` after every ``KEEPALIVE_SECS`` of
@@ -42,7 +44,7 @@ from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
 from forkd.api.e2b.errors import as_connect, connect_errors
-from forkd.api.e2b.filesystem import HOME, sandbox_of
+from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
 from forkd.errors import ForkdError, GuestError
 
 if TYPE_CHECKING:
@@ -187,7 +189,8 @@ class ProcessService(process_connect.Process):
         with connect_errors():
             events = await self._runtime().exec_stream(
                 sandbox, [config.cmd, *config.args], env=dict(config.envs) or None,
-                cwd=config.cwd if config.has_field("cwd") and config.cwd else HOME,
+                cwd=guest_path(config.cwd) if config.has_field("cwd") and config.cwd else None,
+                user=user_of(ctx),
                 stdin_open=request.stdin if request.has_field("stdin") else False,
                 tag=request.tag if request.has_field("tag") else None, kill_on_close=False)
 

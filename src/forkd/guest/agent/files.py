@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import base64
 import errno
-import functools
-import grp
 import json
 import os
-import pwd
 import shutil
 import stat
 from typing import Any
 
+from forkd.guest.agent.users import as_requester, group_name, user_name
 from forkd.guest.protocol import (
     CONFLICT,
     FILE_CHUNK,
@@ -42,6 +40,9 @@ _KIND_OF_ERRNO = {
     errno.ENAMETOOLONG: INVALID,
     errno.EINVAL: INVALID,
     errno.ELOOP: INVALID,
+    # Acting as a user (``users.as_user``): a path they may not touch is their request's fault.
+    errno.EACCES: INVALID,
+    errno.EPERM: INVALID,
 }
 
 
@@ -72,22 +73,6 @@ def file_type(mode: int) -> str:
     return "other"
 
 
-@functools.lru_cache(maxsize=256)
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-@functools.lru_cache(maxsize=256)
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
 def info(path: str, st: os.stat_result, target: str | None = None) -> dict[str, Any]:
     """A FileInfo; ``target``: where a symbolic link at ``path`` resolves to (absolute)."""
     out: dict[str, Any] = {
@@ -113,11 +98,12 @@ def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
 
 
 class Files:
-    """The stateless file actions."""
+    """The stateless file actions, each as the request's ``user``."""
 
     # --------------------------------------------------------------- metadata
 
     @staticmethod
+    @as_requester
     def stat(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         try:
@@ -133,6 +119,7 @@ class Files:
             raise os_error(path, exc) from None
 
     @staticmethod
+    @as_requester
     def list(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         entries: list[dict[str, Any]] = []
@@ -161,6 +148,7 @@ class Files:
         return {"path": path, "entries": entries, "truncated": truncated}
 
     @staticmethod
+    @as_requester
     def mkdir(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         parents = bool(req.get("parents", False))
@@ -175,6 +163,7 @@ class Files:
         return {"created": True}
 
     @staticmethod
+    @as_requester
     def remove(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         if is_root(path):
@@ -197,6 +186,7 @@ class Files:
         return {"removed": True}
 
     @staticmethod
+    @as_requester
     def move(req: dict[str, Any]) -> dict[str, Any]:
         """Rename ``source`` to ``destination`` (its parents made first), as E2B's envd Move does;
         an existing file at the destination is replaced, a non-empty directory is a conflict."""
@@ -221,6 +211,7 @@ class Files:
     # ------------------------------------------------------------------ reads
 
     @staticmethod
+    @as_requester
     def read(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         offset = int_arg(req, "offset", 0, 1 << 62)

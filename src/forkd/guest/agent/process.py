@@ -68,6 +68,7 @@ class Process:
             "args": self.spec.args,
             "env": self.spec.env,
             "cwd": self.spec.cwd,
+            "user": self.spec.user.name if self.spec.user is not None else None,
             "running": not self.ended,
             "exit_code": 124 if self.timed_out else rc,
             "signal": -rc if rc is not None and rc < 0 else None,

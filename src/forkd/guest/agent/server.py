@@ -82,7 +82,7 @@ class Agent:
             protocol.EVAL: self.eval,
             protocol.EVAL_CANCEL: lambda _req: {"cancelled": self.evaluator.cancel()},
             protocol.RESTORED: self.restored,
-            protocol.SYNC: lambda _req: self.sync(),
+            protocol.SYNC: lambda _req: self.fs.sync(),
             protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
             protocol.FILE_STAT: self.files.stat,
@@ -151,11 +151,6 @@ class Agent:
         self.watches.drop_all()
         self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
-
-    @staticmethod
-    def sync() -> dict[str, Any]:
-        os.sync()
-        return {"synced": True}
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
         action = req.get("action")

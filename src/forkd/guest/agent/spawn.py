@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd.guest.agent.reaper import Reaper
+from forkd.guest.agent.users import GuestUser, user_field
 from forkd.guest.protocol import (
     EXEC_DEFAULT_TIMEOUT_SECS,
     EXEC_MAX_OUTPUT_CAP,
@@ -37,6 +38,7 @@ class ProcessSpec:
     keep_stdin_open: bool = False  # else stdin is closed after ``stdin`` (or is /dev/null)
     timeout_secs: float | None = None
     tag: str | None = None
+    user: GuestUser | None = None  # None: the agent's own user (root) and environment
 
 
 def parse_common(req: dict[str, Any]) -> ProcessSpec:
@@ -51,7 +53,10 @@ def parse_common(req: dict[str, Any]) -> ProcessSpec:
     cwd = req.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise RequestError("'cwd' must be a string", INVALID)
-    return ProcessSpec(args=args, env=extra_env, cwd=cwd)
+    user = user_field(req)
+    if user is not None and cwd is None:
+        cwd = user.workdir()  # as a login would; without a user, the agent's own cwd
+    return ProcessSpec(args=args, env=extra_env, cwd=cwd, user=user)
 
 
 def parse_exec(req: dict[str, Any]) -> tuple[ProcessSpec, int]:
@@ -125,7 +130,13 @@ def spawn(spec: ProcessSpec, reaper: Reaper) -> subprocess.Popen[bytes]:
     never waits for it in Popen's place.
     """
     env = dict(os.environ)
+    user = spec.user
+    if user is not None:
+        env.update(user.env())
     env.update(spec.env)
+    # As the user: the child takes its groups and ids after fork, before exec (root: nothing to drop).
+    ids: dict[str, Any] = {} if user is None or user.uid == 0 else {
+        "user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
     piped_stdin = spec.stdin is not None or spec.keep_stdin_open
     try:
         with reaper.lock:
@@ -137,6 +148,7 @@ def spawn(spec: ProcessSpec, reaper: Reaper) -> subprocess.Popen[bytes]:
                 env=env,
                 cwd=spec.cwd,
                 start_new_session=True,  # its own process group: a kill reaches all of it
+                **ids,
             )
             reaper.owned.add(proc.pid)
     except FileNotFoundError as exc:

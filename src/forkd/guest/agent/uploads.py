@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from forkd.guest.agent.files import info, int_arg, os_error
+from forkd.guest.agent.users import GuestUser, as_requester, as_user, user_field
 from forkd.guest.protocol import CONFLICT, FILE_CHUNK, INVALID, NOT_FOUND, RequestError, check_path
 
 MAX_OPEN_WRITES = 64
@@ -31,8 +32,9 @@ TEMP_PREFIX = ".forkd-upload-"
 
 
 class _Upload:
-    def __init__(self, fd: int, temp: str, target: str, mode: int) -> None:
+    def __init__(self, fd: int, temp: str, target: str, mode: int, user: GuestUser | None) -> None:
         self.fd = fd
+        self.user = user  # who writes it: the temp file is theirs, and so is the rename over the target
         self.temp = temp
         self.target = target
         self.mode = mode
@@ -53,6 +55,9 @@ class Uploads:
         self.uploads: dict[str, _Upload] = {}
 
     def write_open(self, req: dict[str, Any]) -> dict[str, Any]:
+        return as_requester(self._write_open)(req)
+
+    def _write_open(self, req: dict[str, Any]) -> dict[str, Any]:
         target = check_path(req.get("path"))
         if target.endswith("/"):
             raise RequestError(f"{target}: a file path cannot end with /", INVALID)
@@ -83,7 +88,7 @@ class Uploads:
             except OSError as exc:
                 raise os_error(parent, exc) from None
             handle = secrets.token_hex(8)
-            self.uploads[handle] = _Upload(fd, temp, target, mode)
+            self.uploads[handle] = _Upload(fd, temp, target, mode, user_field(req))
         return {"handle": handle}
 
     def _upload(self, req: dict[str, Any]) -> _Upload:
@@ -124,10 +129,11 @@ class Uploads:
             return {"aborted": True}
         # The host closes only once every piece it sent has been answered.
         try:
-            os.fchmod(upload.fd, upload.mode)
-            os.close(upload.fd)
-            os.replace(upload.temp, upload.target)
-            return info(upload.target, os.stat(upload.target))
+            with as_user(upload.user):
+                os.fchmod(upload.fd, upload.mode)
+                os.close(upload.fd)
+                os.replace(upload.temp, upload.target)
+                return info(upload.target, os.stat(upload.target))
         except OSError as exc:
             upload.discard()
             raise os_error(upload.target, exc) from None
