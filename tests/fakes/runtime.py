@@ -48,6 +48,7 @@ from forkd.controller.processes import ProcessEvent, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.controller.suspend import STATE_PREFIX
 from forkd.controller.suspend import view as suspend_view
+from forkd.controller.watches import WatchBatch, WatchEvent
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
@@ -202,6 +203,36 @@ class FakeEvents:
             self._proc.watchers.remove(self._queue)
 
 
+class FakeDirWatches:
+    """``Runtime.watches`` over the fake's files: watchers of directories that exist; what they
+    report is what a test puts in ``pending`` (nothing in the fake writes events by itself)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._runtime = runtime
+        self.pending: dict[tuple[str, str], list[WatchEvent]] = {}  # (sandbox, watcher) -> events
+
+    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
+        self._runtime._call("watch_create", sandbox_id, path, recursive=recursive)
+        fs, norm = self._runtime._fs(sandbox_id, path)
+        if norm not in fs:
+            raise NotFound(f"{path} does not exist")
+        if fs[norm] is not None:
+            raise InvalidRequest(f"{path} is not a directory")
+        watcher = f"w{len(self.pending) + 1}"
+        self.pending[(sandbox_id, watcher)] = []
+        return watcher
+
+    async def events(self, sandbox_id: str, watcher: str, *, wait_ms: int = 0) -> WatchBatch:
+        if (sandbox_id, watcher) not in self.pending:
+            raise NotFound(f"no directory watcher {watcher!r}")
+        found, self.pending[(sandbox_id, watcher)] = self.pending[(sandbox_id, watcher)], []
+        return WatchBatch(found, overflowed=False)
+
+    async def remove(self, sandbox_id: str, watcher: str) -> None:
+        if self.pending.pop((sandbox_id, watcher), None) is None:
+            raise NotFound(f"no directory watcher {watcher!r}")
+
+
 @dataclass
 class FakeRuntime:
     """Answers like ``forkd.controller.runtime.Runtime`` without any VM."""
@@ -238,6 +269,10 @@ class FakeRuntime:
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
     _disk_parent: dict[str, str] = field(default_factory=dict, init=False)  # source id -> its newest branch
     _in_flight: set[str] = field(default_factory=set, init=False)  # tags of branches not yet returned
+    watches: FakeDirWatches = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watches = FakeDirWatches(self)
 
     # ---------------------------------------------------------------- set-up
 

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from forkd.api.e2b import uploads
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
+from forkd.controller.watches import WatchEvent
 from forkd.errors import InvalidRequest, NotFound, TooLarge
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
@@ -287,7 +288,17 @@ def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRu
     again = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers())
     assert again.json()["code"] == "already_exists"
     watch = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd_headers())
-    assert watch.json()["code"] == "unimplemented"
+    watcher = watch.json()["watcherId"]
+    fake.watches.pending[(SB, watcher)].append(WatchEvent("d", "create"))
+    got = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
+                      headers=envd_headers())
+    assert got.json()["events"] == [{"name": "d", "type": "EVENT_TYPE_CREATE"}]
+    stop = client.post("/filesystem.Filesystem/RemoveWatcher", json={"watcherId": watcher},
+                       headers=envd_headers())
+    assert stop.status_code == 200
+    gone = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
+                       headers=envd_headers())
+    assert gone.json()["code"] == "not_found"
 
 
 def test_filesystem_calls_act_as_the_named_user(client: TestClient, fake: FakeRuntime) -> None:

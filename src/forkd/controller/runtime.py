@@ -64,6 +64,7 @@ from forkd.controller.tags import TagReservations
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
+from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
 from forkd.guest import protocol
@@ -87,7 +88,7 @@ from forkd.store.registry import (
 
 __all__ = [
     "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "SpawnOptions",
-    "offline_travel",
+    "WatchBatch", "WatchEvent", "offline_travel",
 ]
 
 log = logging.getLogger("forkd.runtime")
@@ -112,6 +113,7 @@ class Runtime:
         self.code = CodeRunner(self.sandboxes)
         self.kernels = KernelCells(self.sandboxes)
         self.processes = SandboxProcesses(self.sandboxes)
+        self.watches = DirWatches(self.sandboxes)  # a sub-API: routes call it directly
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)

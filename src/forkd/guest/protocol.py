@@ -81,6 +81,12 @@ CONTEXT = "context"
 # (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
 # proc_ack and proc_detach, like process streams; each event costs line_cost.
 KERNEL = "kernel"
+# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive) ->
+# {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
+# {"events": [{"name", "type": create|write|remove|rename|chmod}], "overflowed"}; op remove.
+# Older agents answer "unknown action": the host asks for WATCH_AGENT_VERSION first.
+WATCH = "watch"
+WATCH_AGENT_VERSION = 8
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
@@ -95,8 +101,8 @@ PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
 PROC_SIGNAL = "proc_signal"
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
            FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE,
-           CONTEXT, KERNEL, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO, PROC_INPUT,
-           PROC_SIGNAL)
+           CONTEXT, KERNEL, WATCH, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO,
+           PROC_INPUT, PROC_SIGNAL)
 
 # The events of a stream ("event" messages), each {"type": ...}:
 EV_START = "start"  # {"type": "start", "pid"}

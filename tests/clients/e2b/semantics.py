@@ -30,16 +30,16 @@ with Sandbox.create() as older, Sandbox.create() as newer:
     older.files.remove("/tmp/never/there.txt")
 
     # A symbolic link says where it leads (envd marks it is_symlink, which this SDK shows as the
-    # SYMLINK type; its size is the target's); entries have owners.
+    # SYMLINK type; its size is the target's); entries have owners: E2B's default user wrote them.
     older.files.write("/tmp/links/target.txt", "abc")
     older.commands.run("ln -s target.txt link.txt", cwd="/tmp/links")
     info = older.files.get_info("/tmp/links/link.txt")
     assert info.type == FileType.SYMLINK and info.symlink_target == "/tmp/links/target.txt", info
     assert info.size == 3, info
-    assert (info.owner, info.group) == ("root", "root"), info
+    assert (info.owner, info.group) == ("user", "user"), info
     entries = {e.name: e for e in older.files.list("/tmp/links")}
     assert entries["link.txt"].symlink_target == "/tmp/links/target.txt", entries
-    assert entries["target.txt"].symlink_target is None and entries["target.txt"].owner == "root", entries
+    assert entries["target.txt"].symlink_target is None and entries["target.txt"].owner == "user", entries
 
     # Metrics: a sample taken in the guest.
     [metric] = older.get_metrics()

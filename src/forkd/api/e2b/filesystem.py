@@ -6,8 +6,8 @@ The messages and the ASGI application are the pinned ``e2b`` package's own
 was there), ``Remove`` (recursive; a path that is not there is removed already,
 as in envd) and ``Move``. Entries carry the owner's and group's names, and a
 symbolic link its resolved ``symlinkTarget`` (``Stat`` follows the link for the
-type, as envd does; a listing shows the link itself). Watching a directory is not
-served (``unimplemented``; docs/E2B.md).
+type, as envd does; a listing shows the link itself). Watching a directory, as a
+stream or polled, is ``watch.py``'s.
 
 Users: as in envd, every call acts as a guest user: the one the SDK names in its
 ``Authorization: Basic base64("<user>:")`` header (``user="root"``), else E2B's
@@ -24,7 +24,7 @@ import binascii
 import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from connectrpc.request import RequestContext
 from e2b.envd.filesystem import filesystem_connect, filesystem_pb
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from forkd.api.e2b import watch
 from forkd.api.e2b.errors import connect_errors, not_running
 from forkd.bounds import check_guest_user
 from forkd.errors import InvalidRequest, NotFound
@@ -193,6 +194,35 @@ class FilesystemService(filesystem_connect.Filesystem):
             info = await self._runtime().file_move(sandbox_of(ctx), guest_path(request.source),
                                                    guest_path(request.destination), user=user_of(ctx))
         return filesystem_pb.MoveResponse(entry=entry(info))
+
+
+    def watch_dir(self, request: filesystem_pb.WatchDirRequest,
+                  ctx: RequestContext[filesystem_pb.WatchDirRequest, filesystem_pb.WatchDirResponse], /,
+                  ) -> AsyncIterator[filesystem_pb.WatchDirResponse]:
+        return watch.watch_stream(self._runtime(), sandbox_of(ctx), guest_path(request.path),
+                                  request.recursive, ctx.timeout_ms)
+
+    async def create_watcher(self, request: filesystem_pb.CreateWatcherRequest,
+                             ctx: RequestContext[filesystem_pb.CreateWatcherRequest,
+                                                 filesystem_pb.CreateWatcherResponse], /,
+                             ) -> filesystem_pb.CreateWatcherResponse:
+        watcher = await watch.create_watcher(self._runtime(), sandbox_of(ctx), guest_path(request.path),
+                                             request.recursive)
+        return filesystem_pb.CreateWatcherResponse(watcher_id=watcher)
+
+    async def get_watcher_events(self, request: filesystem_pb.GetWatcherEventsRequest,
+                                 ctx: RequestContext[filesystem_pb.GetWatcherEventsRequest,
+                                                     filesystem_pb.GetWatcherEventsResponse], /,
+                                 ) -> filesystem_pb.GetWatcherEventsResponse:
+        found = await watch.watcher_events(self._runtime(), sandbox_of(ctx), request.watcher_id)
+        return filesystem_pb.GetWatcherEventsResponse(events=found)
+
+    async def remove_watcher(self, request: filesystem_pb.RemoveWatcherRequest,
+                             ctx: RequestContext[filesystem_pb.RemoveWatcherRequest,
+                                                 filesystem_pb.RemoveWatcherResponse], /,
+                             ) -> filesystem_pb.RemoveWatcherResponse:
+        await watch.remove_watcher(self._runtime(), sandbox_of(ctx), request.watcher_id)
+        return filesystem_pb.RemoveWatcherResponse()
 
 
 def filesystem_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:

@@ -25,6 +25,7 @@ One module per job:
 - ``contexts``: named code contexts for the code interpreter (runs like notebook cells)
 - ``kernels``: cells on IPython kernels, through ``kernel_runner`` (a helper process, not stdlib only)
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
+- ``watches``: directory watchers on inotify, polled by the host
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``channel``: every message to the host, bounded, and which requests await a reply
 - ``workers``: the threads that run requests which block
@@ -43,5 +44,6 @@ MIN_GUEST_PYTHON = (3, 11)
 # Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
 # "3" serves the file actions, "4" streams exec output as events and serves
 # processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
-# "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION).
-AGENT_VERSION = "7"
+# "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
+# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION).
+AGENT_VERSION = "8"

@@ -40,6 +40,7 @@ from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
 from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_start
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
+from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
 from forkd.guest.protocol import RequestError
 
@@ -72,6 +73,7 @@ class Agent:
         self.fs = RootFreezer()
         self.files = Files()
         self.uploads = Uploads()
+        self.watches = Watches()
         self.max_line = protocol.MAX_REQUEST_LINE
         self._host_wait: HostWait | None = None
         self.handlers: dict[str, Handler] = {
@@ -80,7 +82,7 @@ class Agent:
             protocol.EVAL: self.eval,
             protocol.EVAL_CANCEL: lambda _req: {"cancelled": self.evaluator.cancel()},
             protocol.RESTORED: self.restored,
-            protocol.SYNC: lambda _req: self.sync(),
+            protocol.SYNC: lambda _req: self.fs.sync(),
             protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
             protocol.FILE_STAT: self.files.stat,
@@ -94,6 +96,7 @@ class Agent:
             protocol.FILE_MOVE: self.files.move,
             protocol.CONTEXT: self.contexts.handle,
             protocol.KERNEL: self.kernels.handle,
+            protocol.WATCH: self.watches.handle,
             protocol.PROC_START: lambda req: self.processes.start(
                 req.get("id"), parse_start(req), stream=bool_field(req, "stream", False)),
             protocol.PROC_ATTACH: lambda req: self.processes.attach(
@@ -145,13 +148,9 @@ class Agent:
         # Streams watched by the host this guest was copied from are nobody's here.
         self.processes.detach_all()
         self.kernels.detach_all()
+        self.watches.drop_all()
         self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
-
-    @staticmethod
-    def sync() -> dict[str, Any]:
-        os.sync()
-        return {"synced": True}
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
         action = req.get("action")

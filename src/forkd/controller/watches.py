@@ -1,0 +1,77 @@
+"""`DirWatches`: directory watchers in a sandbox (inotify in the guest, ``guest.agent.watches``).
+
+A watcher lives in the guest and is polled: ``events`` answers what happened
+since the last poll, waiting up to ``wait_ms`` for the first event, so a
+caller that streams events (E2B's ``WatchDir``) loops on it and one that polls
+(``GetWatcherEvents``) calls it with no wait. What the guest answers is
+checked for shape and size before anyone sees it: the guest is not trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from forkd.controller.files import check_path
+from forkd.controller.sandboxes import SandboxTable
+from forkd.errors import GuestError, InvalidRequest
+from forkd.guest import protocol
+
+WatchEventType = Literal["create", "write", "remove", "rename", "chmod"]
+EVENT_TYPES: tuple[WatchEventType, ...] = ("create", "write", "remove", "rename", "chmod")
+MAX_WAIT_MS = 1000  # the guest waits no longer; a stream polls again
+MAX_EVENTS = 1000  # one answer, as the guest bounds it
+CALL_GRACE_SECS = 30.0  # beyond the wait: a guest that answers later is wedged
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    name: str  # relative to the watched directory
+    type: WatchEventType
+
+
+@dataclass(frozen=True)
+class WatchBatch:
+    events: list[WatchEvent]
+    overflowed: bool  # the guest's queue overflowed: events were lost before these
+
+
+def _batch(result: dict[str, Any]) -> WatchBatch:
+    raw = result.get("events")
+    if not isinstance(raw, list) or len(raw) > MAX_EVENTS:
+        raise GuestError("guest agent sent a malformed watcher answer")
+    events = []
+    for item in raw:
+        name = item.get("name") if isinstance(item, dict) else None
+        kind = item.get("type") if isinstance(item, dict) else None
+        if not isinstance(name, str) or len(name) > protocol.FILE_PATH_MAX or kind not in EVENT_TYPES:
+            raise GuestError("guest agent sent a malformed watcher event")
+        events.append(WatchEvent(name, cast(WatchEventType, kind)))
+    return WatchBatch(events, result.get("overflowed") is True)
+
+
+class DirWatches:
+    def __init__(self, sandboxes: SandboxTable) -> None:
+        self._sandboxes = sandboxes
+
+    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
+        """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``)."""
+        path = check_path(path)
+        await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_AGENT_VERSION, "directory watching")
+        result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
+                                            path=path, recursive=recursive)
+        watcher = result.get("watcher")
+        if not isinstance(watcher, str) or not 0 < len(watcher) <= 64:
+            raise GuestError("guest agent sent a malformed watcher id")
+        return watcher
+
+    async def events(self, sandbox_id: str, watcher: str, *, wait_ms: int = 0) -> WatchBatch:
+        """What happened since the last poll, waiting up to ``wait_ms`` for something."""
+        if not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise InvalidRequest(f"wait_ms must be 0 to {MAX_WAIT_MS}")
+        result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS + wait_ms / 1000,
+                                            op="events", watcher=watcher, wait_ms=wait_ms)
+        return _batch(result)
+
+    async def remove(self, sandbox_id: str, watcher: str) -> None:
+        await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="remove", watcher=watcher)
