@@ -13,7 +13,7 @@ For the request bodies in ``EXTRAS`` it also writes a ``<Name>Extra`` TypedDict:
 the request's optional fields that the hand-written ``AsyncController`` method
 (``src/forkd/sdk/async_client.py``, read with ``ast``) does not name as a
 parameter. The method takes them as ``**options: Unpack[<Name>Extra]`` and sends
-them as they are, so a new optional field of a request model (api/schemas.py)
+them as they are, so a new optional field of a request model (api/schemas/requests.py)
 reaches the Python SDK, typed, by regenerating this file alone.
 
 Usage::
@@ -53,7 +53,7 @@ EXTRAS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 HEADER = '''\
 # GENERATED from the daemon's OpenAPI document by scripts/gen_sdk_models.py — do not edit.
-# Change the models in src/forkd/api/schemas.py, then run: python scripts/gen_sdk_models.py
+# Change the models in src/forkd/api/schemas/, then run: python scripts/gen_sdk_models.py
 """The REST API's request and response bodies as ``TypedDict``s (generated).
 
 One per schema of ``GET /openapi.json``. The controllers return the daemon's JSON

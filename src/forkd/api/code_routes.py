@@ -28,7 +28,7 @@ from forkd.api.routes import (
     Runtime,
     SandboxIdPath,
 )
-from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, ProcessEnv, _Request
+from forkd.api.schemas import GUEST_PATH_PATTERN, ErrorBody, ProcessEnv, RequestModel
 from forkd.config import API_VERSION
 from forkd.errors import ForkdError
 
@@ -42,7 +42,7 @@ CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DEFAULT_TIMEOUT_SECS = 300.0  # as Runtime.run_cell's
 
 
-class CodeRequest(_Request):
+class CodeRequest(RequestModel):
     code: str = Field(max_length=16 << 20, description="The cell: Python, run by IPython (magics, "
                       "`!shell`, top-level await, display()).")
     context: str | None = Field(None, pattern=CONTEXT_PATTERN,

@@ -1,7 +1,7 @@
 """The options of a spawn and of a fork, as one typed value each.
 
 ``SpawnOptions`` flows unchanged from the request model (``SpawnRequest.options()``
-in api/schemas.py) to ``Runtime.spawn``, the ``Spawner`` and the warm pools'
+in api/schemas/requests.py) to ``Runtime.spawn``, the ``Spawner`` and the warm pools'
 claim key: a new spawn option is one field here and one in the request model,
 and nothing unpacks it by hand in between. ``ForkOptions`` is the same for a
 fork of a running sandbox.

@@ -1,5 +1,5 @@
 # GENERATED from the daemon's OpenAPI document by scripts/gen_sdk_models.py — do not edit.
-# Change the models in src/forkd/api/schemas.py, then run: python scripts/gen_sdk_models.py
+# Change the models in src/forkd/api/schemas/, then run: python scripts/gen_sdk_models.py
 """The REST API's request and response bodies as ``TypedDict``s (generated).
 
 One per schema of ``GET /openapi.json``. The controllers return the daemon's JSON

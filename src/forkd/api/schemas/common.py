@@ -1,0 +1,132 @@
+"""What the request and response models of the REST API v1 share: the patterns and bounds
+of names, paths and ids (one definition each, ``forkd.bounds``), the strict request base and
+the lenient response base, and the egress policy both sides speak."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+
+from forkd import bounds
+from forkd.errors import InvalidRequest
+from forkd.host.egress import ENTRY_PATTERN, Destination
+
+# One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
+TAG_PATTERN = bounds.TAG_RE.pattern
+TREE_ID_PATTERN = r"^ft-[0-9a-f]{12}$"  # controller/forks.py: f"ft-{secrets.token_hex(6)}"
+SANDBOX_ID_PATTERN = bounds.SANDBOX_ID_RE.pattern
+TAP_PATTERN = bounds.TAP_RE.pattern
+MODULE_PATTERN = bounds.MODULE_RE.pattern
+# execve() cannot carry NUL bytes. Saying so in the schema (rather than in a
+# validator) keeps the OpenAPI document honest about what is accepted.
+NO_NUL_PATTERN = r"^[^\x00]*$"
+NON_EMPTY_NO_NUL_PATTERN = r"^[^\x00]+$"
+ENV_NAME_PATTERN = r"^[^=\x00]+$"
+GUEST_PATH_PATTERN = r"^/[^\x00]*$"  # absolute, no NUL (forkd.guest.protocol.check_path)
+
+Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
+SandboxId = Annotated[str, StringConstraints(pattern=SANDBOX_ID_PATTERN)]
+BranchMode = Literal["full", "diff", "live"]
+CString = Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN)]
+NonEmptyCString = Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
+# Who runs a command or a file operation in the guest: one definition for every body that takes
+# it (exec, processes, mkdir) and the file routes' ``user`` query parameter.
+GUEST_USER_PATTERN = bounds.GUEST_USER_RE.pattern
+GUEST_USER_HELP = (
+    "The guest user to act as, by name from the guest's /etc/passwd (every image has \"user\", "
+    "uid 1000, home /home/user): its uid, gid and groups, HOME/USER/LOGNAME, its home as the default "
+    "working directory, and files it writes are its own. Omitted: root, in the agent's own "
+    "environment (working directory /root), as before. A name the guest does not know is a 400."
+)
+GuestUserName = Annotated[str, StringConstraints(pattern=GUEST_USER_PATTERN)]
+RunAs = Annotated[GuestUserName | None, Field(None, description=GUEST_USER_HELP, examples=["user"])]
+
+
+def _integral_float_to_int(value: Any) -> Any:
+    # JSON has one number type and JSON Schema's "integer" admits 31.0; some
+    # clients (JavaScript) cannot tell 31 from 31.0. Accept integral floats,
+    # still reject 2.5, "5" and booleans.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSONInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+# pydantic renders key constraints as patternProperties, which leaves
+# non-matching names unconstrained; propertyNames states the real rule.
+EnvMap = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=bounds.ENV.max_key)],
+         Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN, max_length=bounds.ENV.max_value)]],
+    Field(max_length=bounds.ENV.max_entries, json_schema_extra={
+        "propertyNames": {"pattern": ENV_NAME_PATTERN, "maxLength": bounds.ENV.max_key}}),
+]
+Labels = Annotated[
+    dict[Annotated[str, StringConstraints(min_length=1, max_length=bounds.METADATA.max_key)],
+         Annotated[str, StringConstraints(max_length=bounds.METADATA.max_value)]],
+    Field(max_length=bounds.METADATA.max_entries),
+]
+# Bounds before the BeforeValidator: the other way round pydantic renders
+# them as unknown keywords ("ge") instead of minimum/maximum.
+MemoryLimitMib = Annotated[
+    int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
+SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
+IdlePause = Annotated[float, Field(**bounds.IDLE_PAUSE_SECS.field_kwargs())]
+CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
+PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
+DiskQuotaMib = Annotated[
+    int, Field(**bounds.DISK_QUOTA_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
+
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+def _egress_entry(value: str) -> str:
+    """The entry's own 400 message (domain names, IPv6, ports) rather than a bare pattern mismatch."""
+    try:
+        Destination.parse(value, "entry")
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+# The pattern is documented, not enforced by pydantic: _egress_entry says what is wrong.
+EgressEntry = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS),
+                        AfterValidator(_egress_entry), Field(json_schema_extra={"pattern": ENTRY_PATTERN})]
+EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), "
+                     "e.g. \"10.0.0.0/8\", \"192.0.2.7:443\", \"198.51.100.0/24:8000-8100\"")
+
+
+class NetworkPolicy(RequestModel):
+    """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
+
+    allow_out: list[EgressEntry] = Field(
+        default_factory=list, max_length=bounds.MAX_EGRESS_ENTRIES,
+        description=f"Destinations always open (allow wins over deny); each {EGRESS_ENTRY_HELP}. "
+        "Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).",
+    )
+    deny_out: list[EgressEntry] = Field(
+        default_factory=list, max_length=bounds.MAX_EGRESS_ENTRIES,
+        description=f"Destinations closed even with allow_internet_access; each {EGRESS_ENTRY_HELP}.",
+    )
+
+
+INTERNET_HELP = ("Open outbound traffic to the public internet (denied by default): every destination "
+                 "but private, link-local, loopback and multicast ranges, the host and other sandboxes. "
+                 "Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.")
+NETWORK_HELP = "Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC."
