@@ -39,6 +39,42 @@ def test_events_are_named_relative_to_the_watched_directory_in_envds_terms(tmp_p
     assert gone.value.kind == NOT_FOUND
 
 
+def test_an_upload_looks_like_envds_in_place_write(tmp_path: Path) -> None:
+    """Uploads land by a rename of a temp file; a watcher reports them as envd (which writes in
+    place) does, without the temp file: a new file is made, written and given its mode."""
+    import base64
+
+    from forkd.guest.agent.uploads import Uploads
+
+    def upload(path: Path, data: bytes) -> None:
+        uploads = Uploads()
+        handle = uploads.write_open({"path": str(path)})["handle"]
+        uploads.write({"handle": handle, "offset": 0, "data": base64.b64encode(data).decode()})
+        uploads.write_close({"handle": handle, "commit": True})
+
+    watches = Watches()
+    watcher = watches.handle({"op": "create", "path": str(tmp_path), "recursive": True})["watcher"]
+    upload(tmp_path / "new.txt", b"first")
+    assert poll(watches, watcher) == [("new.txt", "create"), ("new.txt", "write"), ("new.txt", "chmod")]
+    upload(tmp_path / "new.txt", b"second")
+    assert poll(watches, watcher) == [("new.txt", "write"), ("new.txt", "chmod")]
+    assert (tmp_path / "new.txt").read_bytes() == b"second"
+
+
+def test_a_directory_made_between_polls_is_watched_before_the_next_poll(tmp_path: Path) -> None:
+    """The reader adds a new directory's watch as its creation comes in, not at the next poll:
+    a file written into it right after (E2B's make_dir, then write) is seen."""
+    import time
+
+    watches = Watches()
+    watcher = watches.handle({"op": "create", "path": str(tmp_path), "recursive": True})["watcher"]
+    (tmp_path / "nested").mkdir()
+    time.sleep(0.2)  # a request's round trip, at the least
+    (tmp_path / "nested" / "f.txt").write_text("x")
+    assert poll(watches, watcher) == [("nested", "create"), ("nested/f.txt", "create"),
+                                      ("nested/f.txt", "write")]
+
+
 def test_a_plain_watch_sees_only_its_own_directory(tmp_path: Path) -> None:
     (tmp_path / "deep").mkdir()
     watches = Watches()

@@ -149,16 +149,20 @@ class FilesystemService(filesystem_connect.Filesystem):
         sandbox, user = sandbox_of(ctx), user_of(ctx)
         depth = min(max(request.depth, 1), MAX_DEPTH)
         out: list[filesystem_pb.EntryInfo] = []
-        todo = [(guest_path(request.path), 1)]
+
+        async def walk(path: str, level: int) -> None:
+            # envd's order (a depth-first walk by name): a directory, then what it holds.
+            listing = await self._runtime().file_list(sandbox, path, user=user)
+            for info in sorted(listing["entries"], key=lambda i: str(i["name"])):
+                if len(out) >= MAX_ENTRIES:
+                    return
+                out.append(entry(info))
+                if info["type"] == "dir" and level < depth:
+                    await walk(info["path"], level + 1)  # at most MAX_DEPTH deep
+
         with connect_errors():
-            while todo and len(out) < MAX_ENTRIES:
-                path, level = todo.pop(0)
-                listing = await self._runtime().file_list(sandbox, path, user=user)
-                for info in listing["entries"]:
-                    out.append(entry(info))
-                    if info["type"] == "dir" and level < depth:
-                        todo.append((info["path"], level + 1))
-        return filesystem_pb.ListDirResponse(entries=out[:MAX_ENTRIES])
+            await walk(guest_path(request.path), 1)
+        return filesystem_pb.ListDirResponse(entries=out)
 
     async def make_dir(self, request: filesystem_pb.MakeDirRequest,
                        ctx: RequestContext[filesystem_pb.MakeDirRequest, filesystem_pb.MakeDirResponse], /,

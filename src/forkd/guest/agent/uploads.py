@@ -29,6 +29,22 @@ from forkd.guest.protocol import CONFLICT, FILE_CHUNK, INVALID, NOT_FOUND, Reque
 MAX_OPEN_WRITES = 64
 IDLE_HANDLE_SECS = 600.0
 TEMP_PREFIX = ".forkd-upload-"
+# Whether each recent upload's target existed before its temp file was renamed over it, for
+# the directory watchers (``watches``): envd writes in place, so its watchers see a new file's
+# create or an old one's write, never our temp file; this is how ours can say the same.
+LANDED_MAX = 256
+_landed: dict[str, bool] = {}
+
+
+def landed_over(target: str) -> bool | None:
+    """Whether the upload renamed onto ``target`` replaced a file (None: not an upload's)."""
+    return _landed.pop(target, None)
+
+
+def _note_landing(target: str) -> None:
+    if len(_landed) >= LANDED_MAX:
+        _landed.pop(next(iter(_landed)), None)  # the oldest: nobody watched it land
+    _landed[target] = os.path.lexists(target)
 
 
 class _Upload:
@@ -132,6 +148,7 @@ class Uploads:
             with as_user(upload.user):
                 os.fchmod(upload.fd, upload.mode)
                 os.close(upload.fd)
+                _note_landing(upload.target)
                 os.replace(upload.temp, upload.target)
                 return info(upload.target, os.stat(upload.target))
         except OSError as exc:

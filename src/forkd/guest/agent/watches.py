@@ -3,16 +3,23 @@
 A watcher is one inotify instance (``inotify_init1`` through ctypes: the agent
 is stdlib only) with a watch on the directory and, when recursive, on every
 directory below it, added as they appear. The kernel queues the events between
-polls, so the agent keeps no buffer of its own and no thread: ``events`` waits
-(at most ``MAX_WAIT_MS``, on a worker) until the queue has something, reads it
-and answers the events as ``{"name": path relative to the watched directory,
+polls; a reader thread per watcher takes them as they come (so that a new
+directory is watched at once) into a bounded queue, and ``events`` waits (at
+most ``MAX_WAIT_MS``, on a worker) until the queue has something and answers
+the events as ``{"name": path relative to the watched directory,
 "type": create|write|remove|rename|chmod}``. A queue that overflowed is said
 (``overflowed``) rather than hidden. Watchers are bounded per guest; the host
 removes the ones it made, and a restored child drops its parent's.
+
+An upload lands by renaming a temp file over its target (``uploads``), where
+envd writes in place: a watcher here hides the temp file and reports the
+landing as envd's watchers see a write (``create`` if the file is new, then
+``write`` and ``chmod``).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import errno
@@ -23,12 +30,14 @@ import struct
 import threading
 from typing import Any
 
+from forkd.guest.agent.uploads import TEMP_PREFIX, landed_over
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError, check_path
 
 MAX_WATCHERS = 8
 MAX_WAIT_MS = 1000
 MAX_DIRS = 4096  # watches per watcher (recursive): each costs kernel memory
 MAX_EVENTS = 1000  # per answer; the rest stay queued for the next poll
+QUEUE_MAX = 10_000  # events read but not yet polled, per watcher
 READ_BYTES = 64 << 10
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
@@ -66,7 +75,8 @@ class Watcher:
         self.recursive = recursive
         self.dirs: dict[int, str] = {}  # watch descriptor -> directory, relative to root ("" for it)
         self.overflowed = False
-        self.lock = threading.Lock()  # one poll at a time per watcher
+        self.uploads_moving: set[int] = set()  # rename cookies of upload temp files moving out
+        self.lock = threading.Lock()  # one reader of the inotify descriptor at a time
         self.fd = _inotify().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             err = ctypes.get_errno()
@@ -79,6 +89,13 @@ class Watcher:
         except BaseException:
             os.close(self.fd)
             raise
+        self.events: collections.deque[dict[str, str]] = collections.deque()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC)
+        # A reader reads the queue as events come, so that a directory made now is watched before
+        # the next request can write into it (a poll alone would add its watch too late).
+        threading.Thread(target=self._read_until_closed, name="forkd-watch", daemon=True).start()
 
     def _add(self, full: str, rel: str, top: bool = False) -> None:
         if len(self.dirs) >= MAX_DIRS:
@@ -99,25 +116,49 @@ class Watcher:
                 if not os.path.islink(sub):
                     self._add(sub, os.path.relpath(sub, self.root))
 
-    def poll(self, wait_ms: int) -> list[dict[str, str]]:
+    def _read_until_closed(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.fd, self.wake_r], [], [])  # idle: blocked, no wake-ups
+            if self.wake_r in ready:
+                with self.lock:
+                    for fd in (self.fd, self.wake_r, self.wake_w):
+                        os.close(fd)
+                return
+            self._drain()
+
+    def _drain(self) -> None:
+        """Read what the kernel has queued into ``events`` (bounded: beyond it, ``overflowed``)."""
         with self.lock:
-            ready, _, _ = select.select([self.fd], [], [], wait_ms / 1000)
-            if not ready:
-                return []
-            out: list[dict[str, str]] = []
-            while len(out) < MAX_EVENTS:
+            if self.closed:
+                return
+            while True:
                 try:
                     buf = os.read(self.fd, READ_BYTES)
                 except BlockingIOError:
-                    break
-                out += self._parse(buf)
-            return out
+                    return
+                found = self._parse(buf)
+                with self.cond:
+                    room = QUEUE_MAX - len(self.events)
+                    if len(found) > room:
+                        self.overflowed = True
+                        found = found[:max(room, 0)]
+                    self.events.extend(found)
+                    self.cond.notify_all()
+
+    def poll(self, wait_ms: int) -> list[dict[str, str]]:
+        self._drain()  # what the reader has not taken yet: a request's own effects are never missed
+        with self.cond:
+            if not self.events and not self.closed:
+                self.cond.wait(wait_ms / 1000)
+            if self.closed:
+                raise ValueError("closed")
+            return [self.events.popleft() for _ in range(min(len(self.events), MAX_EVENTS))]
 
     def _parse(self, buf: bytes) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
         offset = 0
         while offset + _HEADER.size <= len(buf):
-            wd, mask, _cookie, length = _HEADER.unpack_from(buf, offset)
+            wd, mask, cookie, length = _HEADER.unpack_from(buf, offset)
             raw = buf[offset + _HEADER.size: offset + _HEADER.size + length].rstrip(b"\0")
             offset += _HEADER.size + length
             if mask & IN_Q_OVERFLOW:
@@ -131,6 +172,17 @@ class Watcher:
             if base is None or kind is None:
                 continue
             name = os.path.join(base, os.fsdecode(raw)) if raw else base
+            if raw.startswith(TEMP_PREFIX.encode()):  # an upload's temp file: the agent's own
+                if mask & IN_MOVED_FROM:
+                    self._upload_cookies(cookie)
+                continue
+            if mask & IN_MOVED_TO and cookie in self.uploads_moving:
+                self.uploads_moving.discard(cookie)
+                replaced = landed_over(os.path.join(self.root, name))
+                # As envd's in-place write shows it: the file made (if new), written, given its mode.
+                out += [{"name": name, "type": k} for k in
+                        (("write", "chmod") if replaced else ("create", "write", "chmod"))]
+                continue
             if mask & IN_DELETE_SELF and base != "":
                 continue  # the parent's IN_DELETE already said it
             out.append({"name": name, "type": kind})
@@ -140,9 +192,16 @@ class Watcher:
                 self._add_below(full, name)  # what was made inside before the watch existed
         return out
 
+    def _upload_cookies(self, cookie: int) -> None:
+        if len(self.uploads_moving) >= MAX_EVENTS:  # a rename's two halves come together: bounded
+            self.uploads_moving.clear()
+        self.uploads_moving.add(cookie)
+
     def close(self) -> None:
-        with self.lock:
-            os.close(self.fd)
+        with self.lock, self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        os.write(self.wake_w, b"x")  # the reader closes the descriptors, once it is out of select
 
 
 class Watches:
