@@ -26,6 +26,7 @@ One module per job:
 - ``kernels``: cells on IPython kernels, through ``kernel_runner`` (a helper process, not stdlib only)
 - ``uploads``: chunked writes of files, through a temp file renamed at the end
 - ``watches``: directory watchers on inotify, polled by the host
+- ``inotify``: the inotify calls and event decoding, through ctypes
 - ``freeze``: FIFREEZE/FITHAW of the root filesystem for live branches
 - ``channel``: every message to the host, bounded, and which requests await a reply
 - ``workers``: the threads that run requests which block

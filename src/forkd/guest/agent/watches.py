@@ -20,16 +20,23 @@ landing as envd's watchers see a write (``create`` if the file is new, then
 from __future__ import annotations
 
 import collections
-import ctypes
-import ctypes.util
 import errno
 import itertools
 import os
 import select
-import struct
 import threading
 from typing import Any
 
+from forkd.guest.agent import inotify
+from forkd.guest.agent.inotify import (
+    IN_CREATE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+)
 from forkd.guest.agent.uploads import TEMP_PREFIX, landed_over
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError, check_path
 
@@ -40,35 +47,6 @@ MAX_EVENTS = 1000  # per answer; the rest stay queued for the next poll
 QUEUE_MAX = 10_000  # events read but not yet polled, per watcher
 READ_BYTES = 64 << 10
 
-IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
-IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ISDIR = 0x4000, 0x8000, 0x1000000, 0x40000000
-IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
-MASK = IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
-_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
-
-# The first flag that names an event, in envd's terms.
-KINDS = ((IN_CREATE, "create"), (IN_MOVED_TO, "create"), (IN_MODIFY, "write"), (IN_DELETE, "remove"),
-         (IN_DELETE_SELF, "remove"), (IN_MOVED_FROM, "rename"), (IN_ATTRIB, "chmod"))
-
-_libc: Any = None
-
-
-def _inotify() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc
-
-
-def event_kind(mask: int) -> str | None:
-    for flag, kind in KINDS:
-        if mask & flag:
-            return kind
-    return None
-
-
 class Watcher:
     def __init__(self, path: str, recursive: bool) -> None:
         self.root = path
@@ -77,11 +55,11 @@ class Watcher:
         self.overflowed = False
         self.uploads_moving: set[int] = set()  # rename cookies of upload temp files moving out
         self.lock = threading.Lock()  # one reader of the inotify descriptor at a time
-        self.fd = _inotify().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if self.fd < 0:
-            err = ctypes.get_errno()
-            raise RequestError(f"cannot watch {path}: {os.strerror(err)}", CONFLICT if err == errno.EMFILE
-                               else INVALID)
+        try:
+            self.fd = inotify.instance()
+        except OSError as exc:
+            raise RequestError(f"cannot watch {path}: {exc.strerror}",
+                               CONFLICT if exc.errno == errno.EMFILE else INVALID) from None
         try:
             self._add(path, "", top=True)
             if recursive:
@@ -100,13 +78,13 @@ class Watcher:
     def _add(self, full: str, rel: str, top: bool = False) -> None:
         if len(self.dirs) >= MAX_DIRS:
             return  # bounded: deeper directories go unwatched rather than exhaust the guest
-        wd = _inotify().inotify_add_watch(self.fd, os.fsencode(full), MASK | IN_ONLYDIR)
-        if wd < 0:
-            err = ctypes.get_errno()
+        try:
+            wd = inotify.watch_dir(self.fd, full)
+        except OSError as exc:
             if not top:
                 return  # gone already, or not a directory any more: nothing to watch
-            kind = NOT_FOUND if err == errno.ENOENT else INVALID
-            raise RequestError(f"cannot watch {full}: {os.strerror(err)}", kind)
+            kind = NOT_FOUND if exc.errno == errno.ENOENT else INVALID
+            raise RequestError(f"cannot watch {full}: {exc.strerror}", kind) from None
         self.dirs[wd] = rel
 
     def _add_below(self, full: str, rel: str) -> None:
@@ -156,11 +134,7 @@ class Watcher:
 
     def _parse(self, buf: bytes) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
-        offset = 0
-        while offset + _HEADER.size <= len(buf):
-            wd, mask, cookie, length = _HEADER.unpack_from(buf, offset)
-            raw = buf[offset + _HEADER.size: offset + _HEADER.size + length].rstrip(b"\0")
-            offset += _HEADER.size + length
+        for wd, mask, cookie, raw in inotify.decode(buf):
             if mask & IN_Q_OVERFLOW:
                 self.overflowed = True
                 continue
@@ -168,7 +142,7 @@ class Watcher:
                 self.dirs.pop(wd, None)
                 continue
             base = self.dirs.get(wd)
-            kind = event_kind(mask)
+            kind = inotify.event_kind(mask)
             if base is None or kind is None:
                 continue
             name = os.path.join(base, os.fsdecode(raw)) if raw else base
