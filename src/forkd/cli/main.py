@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from forkd.api import command as daemon_cmd
-from forkd.cli import bench, files, fleet, forks, info, pools, processes, sandboxes, snapshots, travel
+from forkd.cli import bench, files, fleet, forks, info, pools, processes, run, sandboxes, snapshots, travel
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
@@ -91,8 +91,8 @@ app.command("ls")(sandboxes.ls)
 app.command("kill")(sandboxes.kill)
 app.command("timeout")(sandboxes.timeout)
 app.command("ping")(sandboxes.ping)
-app.command("exec")(sandboxes.exec_)
-app.command("eval")(sandboxes.eval_)
+app.command("exec")(run.exec_)
+app.command("eval")(run.eval_)
 app.command("cancel-eval")(processes.cancel_eval)
 app.command("ps")(processes.ps)
 app.command("attach")(processes.attach)
