@@ -24,7 +24,7 @@ from forkd.api.settings import Settings
 from forkd.cli import context
 from forkd.cli.main import app as cli_app
 from forkd.sdk import AsyncController, AsyncSandbox, BadRequest, ConflictError, Controller, Sandbox
-from forkd.sdk._calls import signal_name
+from forkd.sdk._guest_calls import signal_name
 from forkd.sdk.types import OutputChunk
 from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_sdk_api import TOKEN, ViaTestClient

@@ -12,7 +12,7 @@ from typing import IO, Any, Unpack, cast
 
 import httpx
 
-from forkd.sdk import _calls
+from forkd.sdk import _calls, _guest_calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
     DEFAULT_WAIT_SECS,
@@ -462,7 +462,7 @@ class AsyncController:
         write to it with :meth:`send_stdin` (the pid is in the start event).
         ``user``: a guest user to run as; None: root.
         """
-        return self._stream(_calls.exec_stream(
+        return self._stream(_guest_calls.exec_stream(
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
             stdin_open=stdin_open, tag=tag, encoding=encoding, user=user))
 
@@ -484,17 +484,17 @@ class AsyncController:
         It runs until it exits, is killed, or ``timeout_secs`` pass (default:
         no limit), as ``user`` (None: root). Watch it with :meth:`stream_process`.
         """
-        call = _calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+        call = _guest_calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
                                     stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
         return cast(ProcessInfo, await self._send(call))
 
     async def list_processes(self, sandbox_id: str) -> list[ProcessInfo]:
         """``GET /v1/sandboxes/{id}/processes``: the running processes forkd started there."""
-        return cast(list[ProcessInfo], await self._send(_calls.list_processes(sandbox_id)))
+        return cast(list[ProcessInfo], await self._send(_guest_calls.list_processes(sandbox_id)))
 
     async def get_process(self, sandbox_id: str, pid: int) -> ProcessInfo:
         """``GET /v1/sandboxes/{id}/processes/{pid}``: running or recently exited."""
-        return cast(ProcessInfo, await self._send(_calls.get_process(sandbox_id, pid)))
+        return cast(ProcessInfo, await self._send(_guest_calls.get_process(sandbox_id, pid)))
 
     def stream_process(
         self, sandbox_id: str, pid: int, from_start: bool = True, encoding: str = "text"
@@ -504,14 +504,14 @@ class AsyncController:
         1 MiB, ``from_start``) or from now. A ``{"type": "dropped", "bytes"}``
         event says output was lost before it could be sent. Leaving the
         iteration leaves the process running."""
-        return self._stream(_calls.stream_process(sandbox_id, pid, from_start=from_start,
+        return self._stream(_guest_calls.stream_process(sandbox_id, pid, from_start=from_start,
                                                   encoding=encoding))
 
     async def send_stdin(
         self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False
     ) -> StdinResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/stdin``: write ``data`` (and close with ``eof``)."""
-        return cast(StdinResponse, await self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
+        return cast(StdinResponse, await self._send(_guest_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
 
     async def close_stdin(self, sandbox_id: str, pid: int) -> StdinResponse:
         """Close a process's stdin (it reads end-of-file)."""
@@ -521,13 +521,13 @@ class AsyncController:
         self, sandbox_id: str, pid: int, signal: str | int = "SIGTERM", group: bool = True
     ) -> SignalResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
-        call = _calls.signal_process(sandbox_id, pid, signal, group=group)
+        call = _guest_calls.signal_process(sandbox_id, pid, signal, group=group)
         return cast(SignalResponse, await self._send(call))
 
     async def kill_process(self, sandbox_id: str, pid: int) -> bool:
         """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""
         try:
-            await self._send(_calls.kill_process(sandbox_id, pid))
+            await self._send(_guest_calls.kill_process(sandbox_id, pid))
         except NotFoundError:
             return False
         return True
@@ -540,24 +540,24 @@ class AsyncController:
     async def file_stat(self, sandbox_id: str, path: str, user: str | None = None) -> FileInfo:
         """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime",
         "owner", "group"}``."""
-        return cast(FileInfo, await self._send(_calls.file_stat(sandbox_id, path, user=user)))
+        return cast(FileInfo, await self._send(_guest_calls.file_stat(sandbox_id, path, user=user)))
 
     async def file_list(self, sandbox_id: str, path: str, user: str | None = None) -> FileList:
         """``GET /v1/sandboxes/{id}/files/list`` → ``{"path", "entries": [FileInfo...], "truncated"}``."""
-        return cast(FileList, await self._send(_calls.file_list(sandbox_id, path, user=user)))
+        return cast(FileList, await self._send(_guest_calls.file_list(sandbox_id, path, user=user)))
 
     async def file_mkdir(
         self, sandbox_id: str, path: str, parents: bool = False, user: str | None = None
     ) -> MkdirResponse:
         """``POST /v1/sandboxes/{id}/files/mkdir`` → ``{"path", "created"}``."""
-        call = _calls.file_mkdir(sandbox_id, path, parents=parents, user=user)
+        call = _guest_calls.file_mkdir(sandbox_id, path, parents=parents, user=user)
         return cast(MkdirResponse, await self._send(call))
 
     async def file_remove(
         self, sandbox_id: str, path: str, recursive: bool = False, user: str | None = None
     ) -> None:
         """``DELETE /v1/sandboxes/{id}/files``: a file, or a directory (``recursive`` if not empty)."""
-        await self._send(_calls.file_remove(sandbox_id, path, recursive=recursive, user=user))
+        await self._send(_guest_calls.file_remove(sandbox_id, path, recursive=recursive, user=user))
 
     async def file_exists(self, sandbox_id: str, path: str, user: str | None = None) -> bool:
         """Whether ``path`` exists in the sandbox (for ``user``: whether they can see it)."""
@@ -581,7 +581,7 @@ class AsyncController:
         ``data`` is bytes, text (UTF-8) or a binary file object, which is
         streamed a piece at a time, never read whole. Returns the FileInfo.
         """
-        call = _calls.file_write(sandbox_id, path, mode=mode, user=user)
+        call = _guest_calls.file_write(sandbox_id, path, mode=mode, user=user)
         content: bytes | collections.abc.AsyncIterator[bytes]
         if isinstance(data, str):
             content = data.encode()
@@ -607,7 +607,7 @@ class AsyncController:
 
         An interrupted download raises (the body is chunked, so a cut is seen).
         """
-        call = _calls.file_read(sandbox_id, path, user=user)
+        call = _guest_calls.file_read(sandbox_id, path, user=user)
         done = 0
         try:
             async with self._client.stream(

@@ -13,7 +13,7 @@ from typing import IO, Any, Unpack, cast
 
 import httpx
 
-from forkd.sdk import _calls
+from forkd.sdk import _calls, _guest_calls
 from forkd.sdk._http import (
     DEFAULT_TIMEOUT,
     DEFAULT_WAIT_SECS,
@@ -463,7 +463,7 @@ class Controller:
         write to it with :meth:`send_stdin` (the pid is in the start event).
         ``user``: a guest user to run as; None: root.
         """
-        return self._stream(_calls.exec_stream(
+        return self._stream(_guest_calls.exec_stream(
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
             stdin_open=stdin_open, tag=tag, encoding=encoding, user=user))
 
@@ -485,17 +485,17 @@ class Controller:
         It runs until it exits, is killed, or ``timeout_secs`` pass (default:
         no limit), as ``user`` (None: root). Watch it with :meth:`stream_process`.
         """
-        call = _calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+        call = _guest_calls.start_process(sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
                                     stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
         return cast(ProcessInfo, self._send(call))
 
     def list_processes(self, sandbox_id: str) -> list[ProcessInfo]:
         """``GET /v1/sandboxes/{id}/processes``: the running processes forkd started there."""
-        return cast(list[ProcessInfo], self._send(_calls.list_processes(sandbox_id)))
+        return cast(list[ProcessInfo], self._send(_guest_calls.list_processes(sandbox_id)))
 
     def get_process(self, sandbox_id: str, pid: int) -> ProcessInfo:
         """``GET /v1/sandboxes/{id}/processes/{pid}``: running or recently exited."""
-        return cast(ProcessInfo, self._send(_calls.get_process(sandbox_id, pid)))
+        return cast(ProcessInfo, self._send(_guest_calls.get_process(sandbox_id, pid)))
 
     def stream_process(
         self, sandbox_id: str, pid: int, from_start: bool = True, encoding: str = "text"
@@ -505,14 +505,14 @@ class Controller:
         1 MiB, ``from_start``) or from now. A ``{"type": "dropped", "bytes"}``
         event says output was lost before it could be sent. Leaving the
         iteration leaves the process running."""
-        return self._stream(_calls.stream_process(sandbox_id, pid, from_start=from_start,
+        return self._stream(_guest_calls.stream_process(sandbox_id, pid, from_start=from_start,
                                                   encoding=encoding))
 
     def send_stdin(
         self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False
     ) -> StdinResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/stdin``: write ``data`` (and close with ``eof``)."""
-        return cast(StdinResponse, self._send(_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
+        return cast(StdinResponse, self._send(_guest_calls.send_stdin(sandbox_id, pid, data, eof=eof)))
 
     def close_stdin(self, sandbox_id: str, pid: int) -> StdinResponse:
         """Close a process's stdin (it reads end-of-file)."""
@@ -522,13 +522,13 @@ class Controller:
         self, sandbox_id: str, pid: int, signal: str | int = "SIGTERM", group: bool = True
     ) -> SignalResponse:
         """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
-        call = _calls.signal_process(sandbox_id, pid, signal, group=group)
+        call = _guest_calls.signal_process(sandbox_id, pid, signal, group=group)
         return cast(SignalResponse, self._send(call))
 
     def kill_process(self, sandbox_id: str, pid: int) -> bool:
         """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""
         try:
-            self._send(_calls.kill_process(sandbox_id, pid))
+            self._send(_guest_calls.kill_process(sandbox_id, pid))
         except NotFoundError:
             return False
         return True
@@ -541,24 +541,24 @@ class Controller:
     def file_stat(self, sandbox_id: str, path: str, user: str | None = None) -> FileInfo:
         """``GET /v1/sandboxes/{id}/files/stat`` → ``{"path", "name", "type", "size", "mode", "mtime",
         "owner", "group"}``."""
-        return cast(FileInfo, self._send(_calls.file_stat(sandbox_id, path, user=user)))
+        return cast(FileInfo, self._send(_guest_calls.file_stat(sandbox_id, path, user=user)))
 
     def file_list(self, sandbox_id: str, path: str, user: str | None = None) -> FileList:
         """``GET /v1/sandboxes/{id}/files/list`` → ``{"path", "entries": [FileInfo...], "truncated"}``."""
-        return cast(FileList, self._send(_calls.file_list(sandbox_id, path, user=user)))
+        return cast(FileList, self._send(_guest_calls.file_list(sandbox_id, path, user=user)))
 
     def file_mkdir(
         self, sandbox_id: str, path: str, parents: bool = False, user: str | None = None
     ) -> MkdirResponse:
         """``POST /v1/sandboxes/{id}/files/mkdir`` → ``{"path", "created"}``."""
-        call = _calls.file_mkdir(sandbox_id, path, parents=parents, user=user)
+        call = _guest_calls.file_mkdir(sandbox_id, path, parents=parents, user=user)
         return cast(MkdirResponse, self._send(call))
 
     def file_remove(
         self, sandbox_id: str, path: str, recursive: bool = False, user: str | None = None
     ) -> None:
         """``DELETE /v1/sandboxes/{id}/files``: a file, or a directory (``recursive`` if not empty)."""
-        self._send(_calls.file_remove(sandbox_id, path, recursive=recursive, user=user))
+        self._send(_guest_calls.file_remove(sandbox_id, path, recursive=recursive, user=user))
 
     def file_exists(self, sandbox_id: str, path: str, user: str | None = None) -> bool:
         """Whether ``path`` exists in the sandbox (for ``user``: whether they can see it)."""
@@ -582,7 +582,7 @@ class Controller:
         ``data`` is bytes, text (UTF-8) or a binary file object, which is
         streamed a piece at a time, never read whole. Returns the FileInfo.
         """
-        call = _calls.file_write(sandbox_id, path, mode=mode, user=user)
+        call = _guest_calls.file_write(sandbox_id, path, mode=mode, user=user)
         content: bytes | collections.abc.Iterator[bytes]
         if isinstance(data, str):
             content = data.encode()
@@ -608,7 +608,7 @@ class Controller:
 
         An interrupted download raises (the body is chunked, so a cut is seen).
         """
-        call = _calls.file_read(sandbox_id, path, user=user)
+        call = _guest_calls.file_read(sandbox_id, path, user=user)
         done = 0
         try:
             with self._client.stream(
