@@ -24,7 +24,8 @@ sync twins (``client``, ``sandbox``) are generated from them by
 
 from forkd.sdk._defaults import default_async_controller, default_controller
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.async_sandbox import AsyncCommands, AsyncFiles, AsyncSandbox, AsyncSnapshot
+from forkd.sdk.async_guest import AsyncCommands, AsyncFiles
+from forkd.sdk.async_sandbox import AsyncSandbox, AsyncSnapshot
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
@@ -39,7 +40,8 @@ from forkd.sdk.errors import (
     SnapshotFailedError,
     Unauthorized,
 )
-from forkd.sdk.sandbox import Commands, Files, Sandbox, Snapshot
+from forkd.sdk.guest import Commands, Files
+from forkd.sdk.sandbox import Sandbox, Snapshot
 from forkd.sdk.types import (
     CheckpointPolicy,
     Checkpoints,
