@@ -96,7 +96,7 @@ class SandboxFiles:
                     **args: object) -> dict[str, Any]:
         """One agent call; ``user``: the guest user it acts as (None: root, the agent itself)."""
         if bounds.check_guest_user(user) is not None:
-            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+            await self._sandboxes.require_user_support(sandbox_id, user)
             args["user"] = user
         return await self._sandboxes.call(sandbox_id, action, PIECE_TIMEOUT_SECS, **args)
 

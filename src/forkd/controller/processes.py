@@ -196,8 +196,7 @@ class SandboxProcesses:
                   kill_on_close: bool = True, user: str | None = None) -> ProcessEvents:
         """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``)."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
-        if user is not None:
-            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+        await self._sandboxes.require_user_support(sandbox_id, user)
         return await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
 
     async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
@@ -206,8 +205,7 @@ class SandboxProcesses:
                     user: str | None = None) -> dict[str, Any]:
         """Start a background process (as ``user``: None is root); its ProcessInfo."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
-        if user is not None:
-            await self._sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+        await self._sandboxes.require_user_support(sandbox_id, user)
         return process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
 
     async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:

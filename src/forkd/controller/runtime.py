@@ -368,8 +368,7 @@ class Runtime:
                            ("max_output_bytes", max_output_bytes), ("user", bounds.check_guest_user(user))):
             if value is not None:
                 req[key] = value
-        if user is not None:
-            await self.sandboxes.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+        await self.sandboxes.require_user_support(sandbox_id, user)
         # The agent enforces the timeout; ours only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
         await self.checkpoints.after_call(sandbox_id)

@@ -319,6 +319,11 @@ class SandboxTable:
             raise Conflict(f"sandbox {sandbox_id!r} runs guest agent version {known[1]}, which predates "
                            f"{feature}: create its snapshot again with this version of forkd")
 
+    async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
+        """``require_agent`` for a request that acts as ``user`` (None: as root, any agent will do)."""
+        if user is not None:
+            await self.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+
     async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
         """A streaming agent request (its events are read from the stream)."""
         return await self.open_stream(sandbox_id, action, args)
