@@ -6,6 +6,7 @@ The async modules are the source of truth; their sync twins are generated:
     src/forkd/sdk/async_client.py   ->  src/forkd/sdk/client.py
     src/forkd/sdk/async_sandbox.py  ->  src/forkd/sdk/sandbox.py
     src/forkd/sdk/async_guest.py    ->  src/forkd/sdk/guest.py
+    src/forkd/sdk/async_explore.py  ->  src/forkd/sdk/explore.py
 
 Each source is rewritten by the explicit table of substitutions in ``RULES``,
 applied in order to the whole text, and the result gets a ``GENERATED`` header.
@@ -38,6 +39,7 @@ TWINS: tuple[tuple[Path, Path], ...] = (
     (SDK / "async_client.py", SDK / "client.py"),
     (SDK / "async_sandbox.py", SDK / "sandbox.py"),
     (SDK / "async_guest.py", SDK / "guest.py"),
+    (SDK / "async_explore.py", SDK / "explore.py"),
 )
 
 # (pattern, replacement), applied in this order with re.MULTILINE. Identifiers
@@ -72,6 +74,7 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bforkd\.sdk\.async_client\b", "forkd.sdk.client"),
     (r"\bforkd\.sdk\.async_sandbox\b", "forkd.sdk.sandbox"),
     (r"\bforkd\.sdk\.async_guest\b", "forkd.sdk.guest"),
+    (r"\bforkd\.sdk\.async_explore\b", "forkd.sdk.explore"),
     (r"\bAsyncController\b", "Controller"),
     (r"\bAsyncSandbox\b", "Sandbox"),
     (r"\bAsyncSnapshot\b", "Snapshot"),

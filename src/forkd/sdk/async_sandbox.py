@@ -19,19 +19,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
-from forkd.errors import ForkdError
-from forkd.sdk import _twins
 from forkd.sdk._defaults import default_async_controller
 from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk._twins import sync_property
 from forkd.sdk.async_client import AsyncController
+from forkd.sdk.async_explore import explore_tree
 from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
-from forkd.sdk.errors import ExploreError, NotFoundError
+from forkd.sdk.errors import NotFoundError
 from forkd.sdk.models import PingResponse, SpawnExtra
 from forkd.sdk.types import (
     CandidateT,
@@ -39,12 +37,10 @@ from forkd.sdk.types import (
     EvalResult,
     ExploreResult,
     ForkResult,
-    Outcome,
     PromoteResult,
     SandboxInfo,
     SnapshotInfo,
     SnapshotView,
-    best_outcome,
 )
 
 
@@ -499,66 +495,15 @@ class AsyncSandbox:
             best = await sb.explore([0.1, 0.01, 0.001], attempt, accuracy)
             print(best.best.candidate, best.best.score, best.winner.id)
         """
-        tried = list(candidates)
-        if not tried:
-            raise ValueError("explore needs at least one candidate")
-        if concurrency is not None and concurrency < 1:  # checked before any child exists
-            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-        tree = await self.fork_tree(
-            len(tried),
-            env=env,
-            child_env=child_env,
-            metadata=metadata,
-            memory_limit_mib=memory_limit_mib,
-            child_memory_limit_mib=child_memory_limit_mib,
-            per_child_netns=per_child_netns,
-            live_fork=live_fork,
-            keep_snapshot=keep_snapshot,
+        result = await explore_tree(
+            self, candidates, run, score, replace_parent=replace_parent, concurrency=concurrency,
+            env=env, child_env=child_env, metadata=metadata, memory_limit_mib=memory_limit_mib,
+            child_memory_limit_mib=child_memory_limit_mib, per_child_netns=per_child_netns,
+            live_fork=live_fork, keep_snapshot=keep_snapshot,
         )
-        children = tree.by_index()
-
-        async def attempt(index: int) -> Outcome[AsyncSandbox, CandidateT]:
-            child, candidate = children[index], tried[index]
-            stage, result = "run", None
-            try:
-                result = await run(child, candidate)
-                stage = "score"
-                value = result if score is None else await score(child, candidate, result)
-                points = float(value)
-                if math.isnan(points):
-                    raise ValueError("the score is NaN")
-            except Exception as exc:  # one candidate's failure is its outcome, not explore's
-                return Outcome(index, candidate, child, child.id, result=result,
-                               error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc)
-            return Outcome(index, candidate, child, child.id, result=result, score=points)
-
-        try:
-            ran = await _twins.concurrently(attempt, sorted(children), limit=concurrency)
-        except BaseException:  # interrupted: no child may outlive explore unowned
-            await _close_all(tree.children)
-            raise
-        spawn_failures = [Outcome[AsyncSandbox, CandidateT](
-            f.index, tried[f.index], None, None, error=f"spawn: {f.error}") for f in tree.errors]
-        outcomes = sorted([*ran, *spawn_failures], key=lambda o: o.index)
-        best = best_outcome(outcomes)
-        if best is None or best.sandbox is None:
-            leftovers = await _close_all(tree.children)
-            raise ExploreError(_all_failed(outcomes, leftovers), outcomes, tree)
-        try:
-            promotion = await best.sandbox.promote(
-                tree_id=tree.tree_id, cleanup_siblings=True, replace_parent=replace_parent
-            )
-        except BaseException:
-            await _close_all(tree.children)
-            raise
-        # The daemon killed the losers: their objects must not try again on close().
-        gone = {d.id for d in promotion.deleted if d.deleted}
-        for child in tree.children:
-            if child.id in gone:
-                child.owned = False
-        if promotion.replaced_parent is not None:
+        if result.promotion.replaced_parent is not None:
             self._info = None  # this id names the winner now
-        return ExploreResult(best.sandbox, best, outcomes, tree, promotion)
+        return result
 
     # ------------------------------------------------------------ checkpoints
 
@@ -616,33 +561,6 @@ class AsyncSandbox:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-async def _close_all(sandboxes: Sequence[AsyncSandbox]) -> list[str]:
-    """Close every sandbox (killing the owned ones); what could not be killed, as messages.
-
-    Used while explore is already failing, so a failure here is reported, not raised.
-    """
-
-    async def close(sb: AsyncSandbox) -> str | None:
-        try:
-            await sb.close()
-        except (ForkdError, OSError) as exc:
-            return f"{sb.id}: {exc}"
-        return None
-
-    closed = await _twins.concurrently(close, list(sandboxes))
-    return [problem for problem in closed if problem is not None]
-
-
-def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str]) -> str:
-    lines = [f"every candidate of explore failed ({len(outcomes)}):"]
-    lines += [f"  #{o.index} {o.sandbox_id or '(not spawned)'}: {o.error}" for o in outcomes]
-    if leftovers:
-        lines.append("and these children could not be killed: " + "; ".join(leftovers))
-    else:
-        lines.append("every child was killed")
-    return "\n".join(lines)
 
 
 __all__ = [

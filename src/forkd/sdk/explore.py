@@ -1,0 +1,127 @@
+# GENERATED from src/forkd/sdk/async_explore.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
+"""``explore``: best of N candidates, each tried in a child of a fork tree; the best is promoted.
+
+Its own module because it is a workflow on top of the sandbox's calls (fork a
+tree, run and score every child at once, promote the winner, clean up on any
+failure), not one of them: :meth:`Sandbox.explore` documents it and calls it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from forkd.errors import ForkdError
+from forkd.sdk import _twins
+from forkd.sdk.errors import ExploreError
+from forkd.sdk.types import CandidateT, ExploreResult, Outcome, best_outcome
+
+if TYPE_CHECKING:
+    from forkd.sdk.sandbox import Sandbox
+
+
+def explore_tree(
+    sandbox: Sandbox,
+    candidates: Iterable[CandidateT],
+    run: Callable[[Sandbox, CandidateT], Any],
+    score: Callable[[Sandbox, CandidateT, Any], Any] | None,
+    *,
+    replace_parent: bool,
+    concurrency: int | None,
+    env: Mapping[str, str] | None,
+    child_env: Sequence[Mapping[str, str]] | None,
+    metadata: Mapping[str, str] | None,
+    memory_limit_mib: int | None,
+    child_memory_limit_mib: Sequence[int | None] | None,
+    per_child_netns: bool,
+    live_fork: bool,
+    keep_snapshot: bool,
+) -> ExploreResult[Sandbox, CandidateT]:
+    """:meth:`Sandbox.explore` (see there) from ``sandbox``."""
+    tried = list(candidates)
+    if not tried:
+        raise ValueError("explore needs at least one candidate")
+    if concurrency is not None and concurrency < 1:  # checked before any child exists
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    tree = sandbox.fork_tree(
+        len(tried),
+        env=env,
+        child_env=child_env,
+        metadata=metadata,
+        memory_limit_mib=memory_limit_mib,
+        child_memory_limit_mib=child_memory_limit_mib,
+        per_child_netns=per_child_netns,
+        live_fork=live_fork,
+        keep_snapshot=keep_snapshot,
+    )
+    children = tree.by_index()
+
+    def attempt(index: int) -> Outcome[Sandbox, CandidateT]:
+        child, candidate = children[index], tried[index]
+        stage, result = "run", None
+        try:
+            result = run(child, candidate)
+            stage = "score"
+            value = result if score is None else score(child, candidate, result)
+            points = float(value)
+            if math.isnan(points):
+                raise ValueError("the score is NaN")
+        except Exception as exc:  # one candidate's failure is its outcome, not explore's
+            return Outcome(index, candidate, child, child.id, result=result,
+                           error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc)
+        return Outcome(index, candidate, child, child.id, result=result, score=points)
+
+    try:
+        ran = _twins.concurrently(attempt, sorted(children), limit=concurrency)
+    except BaseException:  # interrupted: no child may outlive explore unowned
+        _close_all(tree.children)
+        raise
+    spawn_failures: list[Outcome[Sandbox, CandidateT]] = [Outcome(
+        f.index, tried[f.index], None, None, error=f"spawn: {f.error}") for f in tree.errors]
+    outcomes = sorted([*ran, *spawn_failures], key=lambda o: o.index)
+    best = best_outcome(outcomes)
+    if best is None or best.sandbox is None:
+        leftovers = _close_all(tree.children)
+        raise ExploreError(_all_failed(outcomes, leftovers), outcomes, tree)
+    try:
+        promotion = best.sandbox.promote(
+            tree_id=tree.tree_id, cleanup_siblings=True, replace_parent=replace_parent
+        )
+    except BaseException:
+        _close_all(tree.children)
+        raise
+    # The daemon killed the losers: their objects must not try again on close().
+    gone = {d.id for d in promotion.deleted if d.deleted}
+    for child in tree.children:
+        if child.id in gone:
+            child.owned = False
+    return ExploreResult(best.sandbox, best, outcomes, tree, promotion)
+
+
+def _close_all(sandboxes: Sequence[Sandbox]) -> list[str]:
+    """Close every sandbox (killing the owned ones); what could not be killed, as messages.
+
+    Used while explore is already failing, so a failure here is reported, not raised.
+    """
+
+    def close(sb: Sandbox) -> str | None:
+        try:
+            sb.close()
+        except (ForkdError, OSError) as exc:
+            return f"{sb.id}: {exc}"
+        return None
+
+    closed = _twins.concurrently(close, list(sandboxes))
+    return [problem for problem in closed if problem is not None]
+
+
+def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str]) -> str:
+    lines = [f"every candidate of explore failed ({len(outcomes)}):"]
+    lines += [f"  #{o.index} {o.sandbox_id or '(not spawned)'}: {o.error}" for o in outcomes]
+    if leftovers:
+        lines.append("and these children could not be killed: " + "; ".join(leftovers))
+    else:
+        lines.append("every child was killed")
+    return "\n".join(lines)
