@@ -11,7 +11,7 @@ describe them, as ``sdk/typescript/src/schema.ts`` does for the TypeScript SDK.
 
 For the request bodies in ``EXTRAS`` it also writes a ``<Name>Extra`` TypedDict:
 the request's optional fields that the hand-written ``AsyncController`` method
-(``src/forkd/sdk/async_client.py``, read with ``ast``) does not name as a
+(its parts in ``src/forkd/sdk/async_routes/``, read with ``ast``) does not name as a
 parameter. The method takes them as ``**options: Unpack[<Name>Extra]`` and sends
 them as they are, so a new optional field of a request model (api/schemas/requests.py)
 reaches the Python SDK, typed, by regenerating this file alone.
@@ -38,7 +38,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "src" / "forkd" / "sdk" / "models.py"
-CLIENT = ROOT / "src" / "forkd" / "sdk" / "async_client.py"
+# The hand-written client's route parts (AsyncController is their union), read with ``ast``.
+ROUTES = ROOT / "src" / "forkd" / "sdk" / "async_routes"
 WIDTH = 100
 ANNOTATIONS: list[str] = []  # every annotation written, for the imports
 
@@ -206,11 +207,13 @@ def typed_dict(name: str, fields: dict[str, dict[str, Any]], required: set[str],
     return out
 
 
-def named_parameters(methods: Iterable[str], source: Path = CLIENT) -> set[str]:
+def named_parameters(methods: Iterable[str], parts: Path = ROUTES) -> set[str]:
     """The parameters (not ``**``) that every one of ``methods`` of AsyncController names."""
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    [controller] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AsyncController"]
-    defs = {n.name: n for n in controller.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for source in sorted(parts.glob("*.py")):
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            defs |= {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     names: set[str] = set()
     for method in methods:
         if method not in defs:

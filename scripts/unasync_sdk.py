@@ -7,6 +7,7 @@ The async modules are the source of truth; their sync twins are generated:
     src/forkd/sdk/async_sandbox.py  ->  src/forkd/sdk/sandbox.py
     src/forkd/sdk/async_guest.py    ->  src/forkd/sdk/guest.py
     src/forkd/sdk/async_explore.py  ->  src/forkd/sdk/explore.py
+    src/forkd/sdk/async_routes/*.py ->  src/forkd/sdk/routes/*.py  (the client's parts)
 
 Each source is rewritten by the explicit table of substitutions in ``RULES``,
 applied in order to the whole text, and the result gets a ``GENERATED`` header.
@@ -40,6 +41,11 @@ TWINS: tuple[tuple[Path, Path], ...] = (
     (SDK / "async_sandbox.py", SDK / "sandbox.py"),
     (SDK / "async_guest.py", SDK / "guest.py"),
     (SDK / "async_explore.py", SDK / "explore.py"),
+    *(
+        (SDK / "async_routes" / name, SDK / "routes" / name)
+        for name in ("__init__.py", "transport.py", "snapshots.py", "sandboxes.py", "processes.py",
+                     "files.py", "forks.py", "pools.py")
+    ),
 )
 
 # (pattern, replacement), applied in this order with re.MULTILINE. Identifiers
@@ -75,6 +81,9 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bforkd\.sdk\.async_sandbox\b", "forkd.sdk.sandbox"),
     (r"\bforkd\.sdk\.async_guest\b", "forkd.sdk.guest"),
     (r"\bforkd\.sdk\.async_explore\b", "forkd.sdk.explore"),
+    (r"\bforkd\.sdk\.async_routes\b", "forkd.sdk.routes"),
+    (r"\bAsyncTransport\b", "Transport"),
+    (r"\bAsync(\w+Routes)\b", r"\1"),
     (r"\bAsyncController\b", "Controller"),
     (r"\bAsyncSandbox\b", "Sandbox"),
     (r"\bAsyncSnapshot\b", "Snapshot"),

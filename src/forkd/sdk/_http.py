@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +35,10 @@ DEFAULT_TIMEOUT = 30.0
 # How long waiting for a snapshot to become ready may take by default.
 DEFAULT_WAIT_SECS = 600.0
 USER_AGENT = f"forkd-sdk/{VERSION}"
+# Bytes read from a file object per piece of an upload.
+UPLOAD_PIECE = 1 << 20
+# Called with the bytes moved so far during an upload or a download.
+Progress = Callable[[int], None]
 
 Default = Literal["default"]
 

@@ -1,0 +1,115 @@
+"""The connection every route part sends through: httpx, the token, errors mapped, streams."""
+
+from __future__ import annotations
+
+import collections.abc
+import ssl
+from types import TracebackType
+from typing import IO, Any, Self
+
+import httpx
+
+from forkd.sdk._http import (
+    DEFAULT_TIMEOUT,
+    UPLOAD_PIECE,
+    Call,
+    Progress,
+    headers,
+    parse_response,
+    resolve_token,
+    resolve_url,
+    resolve_verify,
+    stream_event,
+    timeout_for,
+    translate,
+)
+from forkd.sdk.types import (
+    JSONDict,
+)
+
+
+class AsyncTransport:
+    """One daemon's address and connection pool; how a call is sent and its answer read."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        *,
+        verify: bool | str | ssl.SSLContext | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.timeout = timeout
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers(resolve_token(token)),
+            timeout=timeout,
+            verify=resolve_verify(verify),
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r})"
+
+    # ----------------------------------------------------------------- plumbing
+
+    async def aclose(self) -> None:
+        """Close the connection pool. The controller is unusable afterwards."""
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _send(self, call: Call) -> Any:
+        try:
+            response = await self._client.request(
+                call.method,
+                call.path,
+                json=call.json,
+                params=call.params or None,
+                timeout=timeout_for(call, self.timeout),
+            )
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+        return parse_response(call, response)
+
+    async def _pieces(
+        self, source: IO[bytes], progress: Progress | None
+    ) -> collections.abc.AsyncIterator[bytes]:
+        """An upload body read from ``source`` a piece at a time, never whole."""
+        done = 0
+        while chunk := source.read(UPLOAD_PIECE):
+            done += len(chunk)
+            if progress is not None:
+                progress(done)
+            yield chunk
+
+    async def _stream(self, call: Call) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them.
+
+        An ``{"type": "error"}`` line (the stream broke after it had begun)
+        raises :class:`~forkd.sdk.errors.ServerError`.
+        """
+        try:
+            async with self._client.stream(
+                call.method, call.path, json=call.json, params=call.params or None,
+                timeout=timeout_for(call, self.timeout),
+            ) as response:
+                if not response.is_success:
+                    await response.aread()
+                    parse_response(call, response)  # raises the mapped error
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield stream_event(call, line)
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc

@@ -1,0 +1,170 @@
+# GENERATED from src/forkd/sdk/async_routes/snapshots.py by scripts/unasync_sdk.py — do not edit.
+# Edit the async source, then run: python scripts/unasync_sdk.py
+"""Status and snapshot routes: health, version, metrics; snapshots listed, created, deleted,
+waited for, compacted, pushed and pulled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Unpack, cast
+
+from forkd.sdk import _calls
+from forkd.sdk._http import (
+    DEFAULT_WAIT_SECS,
+    snapshot_is_ready,
+)
+from forkd.sdk.errors import ForkdTimeoutError
+from forkd.sdk.models import (
+    CreateSnapshotExtra,
+    Health,
+    PullResult,
+    PushResult,
+    SnapshotDetail,
+    Version,
+)
+from forkd.sdk.types import (
+    SnapshotInfo,
+)
+
+from .transport import Transport
+
+
+class SnapshotRoutes(Transport):
+    """``/healthz``, ``/version``, ``/metrics`` and ``/v1/snapshots``."""
+
+    # ------------------------------------------------------------------- status
+
+    def healthz(self) -> Health:
+        """``GET /healthz`` → ``{"ok": true}``. Needs no token."""
+        return cast(Health, self._send(_calls.healthz()))
+
+    def version(self) -> Version:
+        """``GET /version`` → ``{"version": "0.1.0", "api": "v1"}``."""
+        return cast(Version, self._send(_calls.version()))
+
+    def metrics(self) -> str:
+        """``GET /metrics``: Prometheus text exposition."""
+        return cast(str, self._send(_calls.metrics()))
+
+    # ---------------------------------------------------------------- snapshots
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        """``GET /v1/snapshots``: every registered snapshot."""
+        return cast(list[SnapshotInfo], self._send(_calls.list_snapshots()))
+
+    def get_snapshot(self, tag: str) -> SnapshotDetail:
+        """``GET /v1/snapshots/{tag}``: one snapshot, including its lineage."""
+        return cast(SnapshotDetail, self._send(_calls.get_snapshot(tag)))
+
+    def create_snapshot(
+        self,
+        tag: str,
+        *,
+        kernel: str | None = None,
+        rootfs: str | None = None,
+        boot_wait_secs: float | None = None,
+        image: str | None = None,
+        mem_mib: int | None = None,
+        vcpus: int | None = None,
+        warm_imports: Sequence[str] | None = None,
+        setup: Sequence[str | Sequence[str]] | None = None,
+        nic: bool = False,
+        allow_internet_access: bool = False,
+        network: Mapping[str, Sequence[str]] | None = None,
+        **extra: Unpack[CreateSnapshotExtra],
+    ) -> SnapshotInfo:
+        """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
+
+        Returns once the snapshot is ready (tens of seconds under TCG). Only the
+        arguments you set are sent; the daemon picks defaults for the rest.
+
+        Args:
+            image: guest image name (``forkd image build --name``).
+            warm_imports: Python modules PID 1 imports before the snapshot,
+                e.g. ``["numpy", "json"]``.
+            setup: commands run in the guest, in order, before the snapshot: a
+                string runs via ``/bin/sh -c`` (``"pip install requests"``), a
+                list is an argv.
+            nic: give the template, and so every child, a network device (eth0
+                with an address, a route and DNS); children are then reachable
+                from the host at their SandboxInfo ``ip``.
+            allow_internet_access, network: the template's own egress while it
+                boots and runs ``setup`` (as for :meth:`spawn_sandboxes`).
+            **extra: the request's other optional fields (:class:`~forkd.sdk.models.CreateSnapshotExtra`,
+                generated from the daemon's ``CreateSnapshotRequest``), sent as given.
+        """
+        call = _calls.create_snapshot(
+            tag,
+            kernel=kernel,
+            rootfs=rootfs,
+            boot_wait_secs=boot_wait_secs,
+            image=image,
+            mem_mib=mem_mib,
+            vcpus=vcpus,
+            warm_imports=warm_imports,
+            setup=setup,
+            extra=extra,
+            nic=nic,
+            allow_internet_access=allow_internet_access,
+            network=network,
+        )
+        return cast(SnapshotInfo, self._send(call))
+
+    def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
+        """``DELETE /v1/snapshots/{tag}``.
+
+        Args:
+            cascade: also delete snapshots branched from this one.
+            force: delete even if live sandboxes were forked from it.
+        """
+        self._send(_calls.delete_snapshot(tag, cascade=cascade, force=force))
+
+    def wait_snapshot_ready(
+        self, tag: str, timeout: float | None = DEFAULT_WAIT_SECS, interval: float = 0.2
+    ) -> SnapshotInfo:
+        """Poll ``GET /v1/snapshots/{tag}`` until its ``status`` is ``"ready"``.
+
+        Returns the final SnapshotInfo. Raises
+        :class:`~forkd.sdk.errors.SnapshotFailedError` if the background write
+        failed and :class:`~forkd.sdk.errors.ForkdTimeoutError` after ``timeout``
+        seconds (``None`` waits forever).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.get_snapshot(tag)
+            if snapshot_is_ready(info):
+                return info
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ForkdTimeoutError(
+                        f"snapshot {tag!r} is still {info.get('status')!r} after {timeout}s"
+                    )
+                time.sleep(min(interval, remaining))
+            else:
+                time.sleep(interval)
+
+    def push_snapshot(self, tag: str, *, force: bool = False) -> PushResult:
+        """``POST /v1/snapshots/{tag}/push``: publish it (and the chain its disk needs) to the object store.
+
+        Content-addressed: only blobs the store lacks are sent. ``force`` replaces a
+        different snapshot of the same tag there. Returns ``{"lineage", "blobs_uploaded", ...}``.
+        """
+        return cast(PushResult, self._send(_calls.push_snapshot(tag, force=force)))
+
+    def pull_snapshot(self, tag: str) -> PullResult:
+        """``POST /v1/snapshots/{tag}/pull``: fetch it from the object store onto the daemon's host.
+
+        Ancestors the host already holds are reused. Returns ``{"created", "reused",
+        "bytes_downloaded"}``. (A spawn of a tag the host lacks pulls it by itself.)
+        """
+        return cast(PullResult, self._send(_calls.pull_snapshot(tag)))
+
+    def compact_snapshot(self, tag: str, to: str) -> SnapshotInfo:
+        """``POST /v1/snapshots/{tag}/compact``: copy ``tag`` into ``to``, a standalone snapshot.
+
+        Its disk chain is flattened and it has no parent, so ``tag``'s ancestors can
+        then be deleted without losing ``to``.
+        """
+        return cast(SnapshotInfo, self._send(_calls.compact_snapshot(tag, to)))
