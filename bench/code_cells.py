@@ -45,7 +45,7 @@ def percentiles(ms: list[float]) -> dict[str, float]:
 
 async def cell_ms(rt: Runtime, sandbox_id: str, code: str) -> float:
     started = time.perf_counter()
-    events = await rt.run_cell(sandbox_id, code)
+    events = await rt.kernels.run(sandbox_id, code)
     async for event in events:
         if event["type"] == "end":
             break

@@ -251,14 +251,15 @@ class FakeRuntime:
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
     refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
     # Every sandbox's files: path -> contents (bytes) or None for a directory.
-    files: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    guest_files: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     # Sizes of the body pieces file_write received, to show that uploads stream.
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
     workspaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
     suspended: dict[str, SnapshotRecord] = field(default_factory=dict)  # sandbox id -> its state
     paused: dict[str, PausedRecord] = field(default_factory=dict)  # E2B's pause: sandbox id -> its row
-    processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)  # sandbox -> pid -> process
+    # sandbox -> pid -> process
+    guest_processes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)
     cancelled_evals: int = 0
     _next_pid: int = field(default=100, init=False)
     store_url: str | None = None  # the object store push/pull use (None: not configured)
@@ -269,10 +270,17 @@ class FakeRuntime:
     _branch_seq: dict[str, int] = field(default_factory=dict, init=False)
     _disk_parent: dict[str, str] = field(default_factory=dict, init=False)  # source id -> its newest branch
     _in_flight: set[str] = field(default_factory=set, init=False)  # tags of branches not yet returned
+    # The sub-APIs, as ``Runtime`` has them.
     watches: FakeDirWatches = field(init=False)
+    files: FakeFiles = field(init=False)
+    processes: FakeProcesses = field(init=False)
+    kernels: FakeKernels = field(init=False)
 
     def __post_init__(self) -> None:
         self.watches = FakeDirWatches(self)
+        self.files = FakeFiles(self)
+        self.processes = FakeProcesses(self)
+        self.kernels = FakeKernels(self)
 
     # ---------------------------------------------------------------- set-up
 
@@ -555,7 +563,7 @@ class FakeRuntime:
     def _fs(self, sandbox_id: str, path: str) -> tuple[dict[str, bytes | None], str]:
         self._sandbox(sandbox_id)
         check_path(path)
-        fs = self.files.setdefault(self._resolve(sandbox_id), {"/": None})
+        fs = self.guest_files.setdefault(self._resolve(sandbox_id), {"/": None})
         return fs, posixpath.normpath(path).replace("//", "/")
 
     @staticmethod
@@ -572,111 +580,11 @@ class FakeRuntime:
         if fs[parent] is not None:
             raise Conflict(f"{parent}: Not a directory")
 
-    async def file_stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        self._call("file_stat", sandbox_id, path, user=user)
-        fs, norm = self._fs(sandbox_id, path)
-        if norm not in fs:
-            raise NotFound(f"{path}: No such file or directory")
-        return self._info(norm, fs[norm])
-
-    async def file_list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        self._call("file_list", sandbox_id, path, user=user)
-        fs, norm = self._fs(sandbox_id, path)
-        if norm not in fs:
-            raise NotFound(f"{path}: No such file or directory")
-        if fs[norm] is not None:
-            raise Conflict(f"{path}: Not a directory")
-        entries = [self._info(p, d) for p, d in sorted(fs.items())
-                   if p != norm and posixpath.dirname(p) == norm]
-        return {"path": path, "entries": entries, "truncated": False}
-
-    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
-                         user: str | None = None) -> dict[str, Any]:
-        self._call("file_mkdir", sandbox_id, path, parents=parents, user=user)
-        fs, norm = self._fs(sandbox_id, path)
-        if norm in fs:
-            if parents and fs[norm] is None:
-                return {"path": path, "created": False}
-            raise Conflict(f"{path}: File exists")
-        if parents:
-            parts = norm.strip("/").split("/")
-            for i in range(1, len(parts)):
-                fs.setdefault("/" + "/".join(parts[:i]), None)
-        self._parent_dir(fs, norm)
-        fs[norm] = None
-        return {"path": path, "created": True}
-
-    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
-                          user: str | None = None) -> None:
-        self._call("file_remove", sandbox_id, path, recursive=recursive, user=user)
-        fs, norm = self._fs(sandbox_id, path)
-        if norm == "/":
-            raise Conflict("refusing to remove /")
-        if norm not in fs:
-            raise NotFound(f"{path}: No such file or directory")
-        inside = [p for p in fs if p.startswith(norm + "/")]
-        if inside and not recursive:
-            raise Conflict(f"{path}: directory not empty (use recursive)")
-        for p in [*inside, norm]:
-            del fs[p]
-
-    async def file_move(self, sandbox_id: str, source: str, destination: str, *,
-                        user: str | None = None) -> dict[str, Any]:
-        """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
-        making its parents, as the agent does; answers the destination's FileInfo."""
-        self._call("file_move", sandbox_id, source, destination, user=user)
-        fs, src = self._fs(sandbox_id, source)
-        _, dst = self._fs(sandbox_id, destination)
-        if src not in fs:
-            raise NotFound(f"{source}: No such file or directory")
-        if src == "/" or dst == src or dst.startswith(src + "/"):
-            raise Conflict(f"cannot move {source} into itself")
-        if dst in fs:
-            raise Conflict(f"{destination}: File exists")
-        parts = dst.strip("/").split("/")
-        for i in range(1, len(parts)):
-            fs.setdefault("/" + "/".join(parts[:i]), None)
-        self._parent_dir(fs, dst)
-        for path in sorted(p for p in list(fs) if p == src or p.startswith(src + "/")):
-            fs[dst + path[len(src):]] = fs.pop(path)
-        return self._info(dst, fs[dst])
-
-    async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                         max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
-        self._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user)
-        fs, norm = self._fs(sandbox_id, path)
-        if fs.get(norm, b"") is None:
-            raise Conflict(f"{path}: is a directory")
-        self._parent_dir(fs, norm)
-        data = bytearray()
-        async for chunk in chunks:
-            self.upload_pieces.append(len(chunk))
-            data += chunk
-            if len(data) > max_bytes:
-                raise TooLarge(f"file exceeds the daemon's {max_bytes}-byte limit")
-        fs[norm] = bytes(data)
-        return self._info(norm, fs[norm])
-
-    async def file_read(self, sandbox_id: str, path: str, *,
-                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
-        self._call("file_read", sandbox_id, path, user=user)
-        info = await self.file_stat(sandbox_id, path, user=user)
-        if info["type"] != "file":
-            raise Conflict(f"{path}: a directory")
-        fs, norm = self._fs(sandbox_id, path)
-        data = fs[norm] or b""
-
-        async def pieces() -> AsyncIterator[bytes]:
-            for i in range(0, len(data), self.download_piece):
-                yield data[i:i + self.download_piece]
-
-        return info, pieces()
-
     # -------------------------------------------------------------- processes
 
     def _procs(self, sandbox_id: str) -> dict[int, FakeProcess]:
         self._sandbox(self._resolve(sandbox_id))
-        return self.processes.setdefault(self._resolve(sandbox_id), {})
+        return self.guest_processes.setdefault(self._resolve(sandbox_id), {})
 
     def _proc(self, sandbox_id: str, pid: int) -> FakeProcess:
         proc = self._procs(sandbox_id).get(pid)
@@ -697,78 +605,6 @@ class FakeRuntime:
     def _kill_on_close(self, proc: FakeProcess) -> None:
         if proc.exit is None:
             proc.finish(-9, 9)
-
-    async def exec_stream(
-        self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
-        env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
-        stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
-        user: str | None = None,
-    ) -> FakeEvents:
-        self._call("exec_stream", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
-                   stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
-        proc = self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
-        return FakeEvents(proc, True, self._kill_on_close if kill_on_close else lambda _p: None)
-
-    async def run_cell(
-        self, sandbox_id: str, code: str, *, context: str | None = None, timeout_secs: float = 300.0,
-        env: dict[str, str] | None = None, cwd: str | None = None,
-    ) -> FakeCell:
-        """A kernel that prints the cell's code and ends: enough for the route's shape."""
-        self._call("run_cell", sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env, cwd=cwd)
-        return FakeCell([{"type": "stdout", "text": code},
-                         {"type": "end", "execution_count": 1, "timed_out": False, "restarted": False}])
-
-    async def process_start(
-        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
-        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
-        tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
-    ) -> dict[str, Any]:
-        self._call("process_start", sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
-                   stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs, user=user)
-        return self._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag).info()
-
-    async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> FakeEvents:
-        self._call("process_stream", sandbox_id, pid, from_start=from_start)
-        return FakeEvents(self._proc(sandbox_id, pid), from_start, lambda _p: None)
-
-    async def process_list(self, sandbox_id: str) -> list[dict[str, Any]]:
-        self._call("process_list", sandbox_id)
-        return [p.info() for p in self._procs(sandbox_id).values() if p.exit is None]
-
-    async def process_get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
-        self._call("process_get", sandbox_id, pid)
-        return self._proc(sandbox_id, pid).info()
-
-    async def process_write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
-                                  eof: bool = False) -> dict[str, Any]:
-        self._call("process_write_stdin", sandbox_id, pid, data, eof=eof)
-        proc = self._proc(sandbox_id, pid)
-        if not proc.stdin_open:
-            raise Conflict(f"process {pid} has no open stdin (start it with stdin open)")
-        if data and proc.args[0] == "cat":
-            proc.emit("stdout", data)
-        if eof:
-            proc.stdin_open = False
-            if proc.args[0] == "cat":
-                proc.finish(0)
-        return {"pid": pid, "written": len(data), "stdin_open": not eof}
-
-    async def process_close_stdin(self, sandbox_id: str, pid: int) -> dict[str, Any]:
-        return await self.process_write_stdin(sandbox_id, pid, b"", eof=True)
-
-    async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
-                             group: bool = True) -> dict[str, Any]:
-        self._call("process_signal", sandbox_id, pid, signal, group=group)
-        number = signal_number(signal)
-        proc = self._proc(sandbox_id, pid)
-        if proc.exit is not None:
-            raise NotFound(f"process {pid} is not running")
-        if number in (2, 9, 15):  # what ends a fake process
-            proc.finish(-number, number)
-        return {"pid": pid, "signal": number, "signalled": True}
-
-    async def process_kill(self, sandbox_id: str, pid: int) -> None:
-        await self.process_signal(sandbox_id, pid, 9)
 
     async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
         self._call("cancel_eval", sandbox_id)
@@ -1037,6 +873,197 @@ class FakeRuntime:
                 created.append(t)
             parent = t
         return {"tag": tag, "created": created, "reused": reused, "bytes_downloaded": 1000 * len(created)}
+
+
+class FakeFiles:
+    """``Runtime.files`` over the fake's in-memory trees (``FakeRuntime.guest_files``)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        self._rt._call("file_stat", sandbox_id, path, user=user)
+        fs, norm = self._rt._fs(sandbox_id, path)
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        return self._rt._info(norm, fs[norm])
+
+    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+        self._rt._call("file_list", sandbox_id, path, user=user)
+        fs, norm = self._rt._fs(sandbox_id, path)
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        if fs[norm] is not None:
+            raise Conflict(f"{path}: Not a directory")
+        entries = [self._rt._info(p, d) for p, d in sorted(fs.items())
+                   if p != norm and posixpath.dirname(p) == norm]
+        return {"path": path, "entries": entries, "truncated": False}
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
+                    user: str | None = None) -> dict[str, Any]:
+        self._rt._call("file_mkdir", sandbox_id, path, parents=parents, user=user)
+        fs, norm = self._rt._fs(sandbox_id, path)
+        if norm in fs:
+            if parents and fs[norm] is None:
+                return {"path": path, "created": False}
+            raise Conflict(f"{path}: File exists")
+        if parents:
+            parts = norm.strip("/").split("/")
+            for i in range(1, len(parts)):
+                fs.setdefault("/" + "/".join(parts[:i]), None)
+        self._rt._parent_dir(fs, norm)
+        fs[norm] = None
+        return {"path": path, "created": True}
+
+    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        self._rt._call("file_remove", sandbox_id, path, recursive=recursive, user=user)
+        fs, norm = self._rt._fs(sandbox_id, path)
+        if norm == "/":
+            raise Conflict("refusing to remove /")
+        if norm not in fs:
+            raise NotFound(f"{path}: No such file or directory")
+        inside = [p for p in fs if p.startswith(norm + "/")]
+        if inside and not recursive:
+            raise Conflict(f"{path}: directory not empty (use recursive)")
+        for p in [*inside, norm]:
+            del fs[p]
+
+    async def move(self, sandbox_id: str, source: str, destination: str, *,
+                   user: str | None = None) -> dict[str, Any]:
+        """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
+        making its parents, as the agent does; answers the destination's FileInfo."""
+        self._rt._call("file_move", sandbox_id, source, destination, user=user)
+        fs, src = self._rt._fs(sandbox_id, source)
+        _, dst = self._rt._fs(sandbox_id, destination)
+        if src not in fs:
+            raise NotFound(f"{source}: No such file or directory")
+        if src == "/" or dst == src or dst.startswith(src + "/"):
+            raise Conflict(f"cannot move {source} into itself")
+        if dst in fs:
+            raise Conflict(f"{destination}: File exists")
+        parts = dst.strip("/").split("/")
+        for i in range(1, len(parts)):
+            fs.setdefault("/" + "/".join(parts[:i]), None)
+        self._rt._parent_dir(fs, dst)
+        for path in sorted(p for p in list(fs) if p == src or p.startswith(src + "/")):
+            fs[dst + path[len(src):]] = fs.pop(path)
+        return self._rt._info(dst, fs[dst])
+
+    async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
+                    max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+        self._rt._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user)
+        fs, norm = self._rt._fs(sandbox_id, path)
+        if fs.get(norm, b"") is None:
+            raise Conflict(f"{path}: is a directory")
+        self._rt._parent_dir(fs, norm)
+        data = bytearray()
+        async for chunk in chunks:
+            self._rt.upload_pieces.append(len(chunk))
+            data += chunk
+            if len(data) > max_bytes:
+                raise TooLarge(f"file exceeds the daemon's {max_bytes}-byte limit")
+        fs[norm] = bytes(data)
+        return self._rt._info(norm, fs[norm])
+
+    async def open_read(self, sandbox_id: str, path: str, *,
+                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        self._rt._call("file_read", sandbox_id, path, user=user)
+        info = await self.stat(sandbox_id, path, user=user)
+        if info["type"] != "file":
+            raise Conflict(f"{path}: a directory")
+        fs, norm = self._rt._fs(sandbox_id, path)
+        data = fs[norm] or b""
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for i in range(0, len(data), self._rt.download_piece):
+                yield data[i:i + self._rt.download_piece]
+
+        return info, pieces()
+
+
+class FakeProcesses:
+    """``Runtime.processes`` over the fake's processes (``FakeRuntime.guest_processes``)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def run(
+        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+        tag: str | None = None, timeout_secs: float | None = None, kill_on_close: bool = True,
+        user: str | None = None,
+    ) -> FakeEvents:
+        self._rt._call("exec_stream", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
+                   stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
+        proc = self._rt._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
+        return FakeEvents(proc, True, self._rt._kill_on_close if kill_on_close else lambda _p: None)
+
+    async def start(
+        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
+        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
+        tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
+    ) -> dict[str, Any]:
+        self._rt._call("process_start", sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
+                   stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs, user=user)
+        return self._rt._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag).info()
+
+    async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> FakeEvents:
+        self._rt._call("process_stream", sandbox_id, pid, from_start=from_start)
+        return FakeEvents(self._rt._proc(sandbox_id, pid), from_start, lambda _p: None)
+
+    async def list(self, sandbox_id: str) -> list[dict[str, Any]]:
+        self._rt._call("process_list", sandbox_id)
+        return [p.info() for p in self._rt._procs(sandbox_id).values() if p.exit is None]
+
+    async def get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+        self._rt._call("process_get", sandbox_id, pid)
+        return self._rt._proc(sandbox_id, pid).info()
+
+    async def write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
+                          eof: bool = False) -> dict[str, Any]:
+        self._rt._call("process_write_stdin", sandbox_id, pid, data, eof=eof)
+        proc = self._rt._proc(sandbox_id, pid)
+        if not proc.stdin_open:
+            raise Conflict(f"process {pid} has no open stdin (start it with stdin open)")
+        if data and proc.args[0] == "cat":
+            proc.emit("stdout", data)
+        if eof:
+            proc.stdin_open = False
+            if proc.args[0] == "cat":
+                proc.finish(0)
+        return {"pid": pid, "written": len(data), "stdin_open": not eof}
+
+    async def signal(self, sandbox_id: str, pid: int, sig: int | str, *,
+                     group: bool = True) -> dict[str, Any]:
+        self._rt._call("process_signal", sandbox_id, pid, sig, group=group)
+        number = signal_number(sig)
+        proc = self._rt._proc(sandbox_id, pid)
+        if proc.exit is not None:
+            raise NotFound(f"process {pid} is not running")
+        if number in (2, 9, 15):  # what ends a fake process
+            proc.finish(-number, number)
+        return {"pid": pid, "signal": number, "signalled": True}
+
+    async def kill(self, sandbox_id: str, pid: int) -> None:
+        await self.signal(sandbox_id, pid, 9)
+
+
+class FakeKernels:
+    """``Runtime.kernels``: a kernel that only echoes, enough for the routes' shapes."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def run(
+        self, sandbox_id: str, code: str, *, context: str | None = None, timeout_secs: float = 300.0,
+        env: dict[str, str] | None = None, cwd: str | None = None,
+    ) -> FakeCell:
+        """A kernel that prints the cell's code and ends: enough for the route's shape."""
+        self._rt._call("run_cell", sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env,
+                       cwd=cwd)
+        return FakeCell([{"type": "stdout", "text": code},
+                         {"type": "end", "execution_count": 1, "timed_out": False, "restarted": False}])
 
 
 __all__ = ["Call", "FakeRuntime"]

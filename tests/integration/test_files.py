@@ -41,61 +41,62 @@ async def pieces(data: bytes, size: int = 300_000) -> AsyncIterator[bytes]:
 
 
 async def read_all(runtime: Runtime, sandbox_id: str, path: str) -> bytes:
-    _, stream = await runtime.file_read(sandbox_id, path)
+    _, stream = await runtime.files.open_read(sandbox_id, path)
     return b"".join([chunk async for chunk in stream])
 
 
 def test_write_read_stat_list_mkdir_remove(loop: Loop, runtime: Runtime, sandbox: str) -> None:
     data = os.urandom(3 * MIB + 12345)  # several pieces, the last one short
-    made = loop.run(runtime.file_mkdir(sandbox, "/tmp/ft/a/b", parents=True))
+    made = loop.run(runtime.files.mkdir(sandbox, "/tmp/ft/a/b", parents=True))
     assert made["created"] is True
-    info = loop.run(runtime.file_write(sandbox, "/tmp/ft/a/b/data.bin", pieces(data), max_bytes=64 * MIB))
+    info = loop.run(runtime.files.write(sandbox, "/tmp/ft/a/b/data.bin", pieces(data), max_bytes=64 * MIB))
     assert info["type"] == "file" and info["size"] == len(data) and info["mode"] == 0o644
     assert loop.run(read_all(runtime, sandbox, "/tmp/ft/a/b/data.bin")) == data
     # The guest sees the same bytes.
     out = loop.run(runtime.exec(sandbox, ["sha256sum", "/tmp/ft/a/b/data.bin"]))
     assert out["stdout"].split()[0] == hashlib.sha256(data).hexdigest()
-    listing = loop.run(runtime.file_list(sandbox, "/tmp/ft/a/b"))
+    listing = loop.run(runtime.files.list(sandbox, "/tmp/ft/a/b"))
     entries = [(e["name"], e["type"], e["size"]) for e in listing["entries"]]
     assert entries == [("data.bin", "file", len(data))]
-    assert loop.run(runtime.file_stat(sandbox, "/tmp/ft/a"))["type"] == "dir"
+    assert loop.run(runtime.files.stat(sandbox, "/tmp/ft/a"))["type"] == "dir"
     # Overwrite: replaced atomically; no temp file left beside it.
-    loop.run(runtime.file_write(sandbox, "/tmp/ft/a/b/data.bin", pieces(b"short"), max_bytes=64))
+    loop.run(runtime.files.write(sandbox, "/tmp/ft/a/b/data.bin", pieces(b"short"), max_bytes=64))
     assert loop.run(read_all(runtime, sandbox, "/tmp/ft/a/b/data.bin")) == b"short"
-    assert [e["name"] for e in loop.run(runtime.file_list(sandbox, "/tmp/ft/a/b"))["entries"]] == ["data.bin"]
+    listed = loop.run(runtime.files.list(sandbox, "/tmp/ft/a/b"))
+    assert [e["name"] for e in listed["entries"]] == ["data.bin"]
     # An empty file.
-    loop.run(runtime.file_write(sandbox, "/tmp/ft/empty", pieces(b""), max_bytes=64))
+    loop.run(runtime.files.write(sandbox, "/tmp/ft/empty", pieces(b""), max_bytes=64))
     assert loop.run(read_all(runtime, sandbox, "/tmp/ft/empty")) == b""
 
     with pytest.raises(Conflict, match="not empty"):
-        loop.run(runtime.file_remove(sandbox, "/tmp/ft/a"))
-    loop.run(runtime.file_remove(sandbox, "/tmp/ft/a", recursive=True))
+        loop.run(runtime.files.remove(sandbox, "/tmp/ft/a"))
+    loop.run(runtime.files.remove(sandbox, "/tmp/ft/a", recursive=True))
     with pytest.raises(NotFound):
-        loop.run(runtime.file_stat(sandbox, "/tmp/ft/a"))
+        loop.run(runtime.files.stat(sandbox, "/tmp/ft/a"))
 
 
 def test_each_bad_case_has_its_error(loop: Loop, runtime: Runtime, sandbox: str) -> None:
     with pytest.raises(NotFound):
-        loop.run(runtime.file_read(sandbox, "/no/such/file"))
+        loop.run(runtime.files.open_read(sandbox, "/no/such/file"))
     with pytest.raises(NotFound):
-        loop.run(runtime.file_write(sandbox, "/no/such/dir/file", pieces(b"x"), max_bytes=10))
+        loop.run(runtime.files.write(sandbox, "/no/such/dir/file", pieces(b"x"), max_bytes=10))
     with pytest.raises(Conflict):
-        loop.run(runtime.file_read(sandbox, "/tmp"))
+        loop.run(runtime.files.open_read(sandbox, "/tmp"))
     with pytest.raises(Conflict):
-        loop.run(runtime.file_write(sandbox, "/tmp", pieces(b"x"), max_bytes=10))
+        loop.run(runtime.files.write(sandbox, "/tmp", pieces(b"x"), max_bytes=10))
     with pytest.raises(Conflict):
-        loop.run(runtime.file_list(sandbox, "/etc/hostname"))
+        loop.run(runtime.files.list(sandbox, "/etc/hostname"))
     with pytest.raises(InvalidRequest):
-        loop.run(runtime.file_stat(sandbox, "relative/path"))
+        loop.run(runtime.files.stat(sandbox, "relative/path"))
     with pytest.raises(InvalidRequest):
-        loop.run(runtime.file_stat(sandbox, "/tmp/a\0b"))
+        loop.run(runtime.files.stat(sandbox, "/tmp/a\0b"))
     # Too large: refused midway, and the half-written temp file is gone.
     with pytest.raises(TooLarge):
-        loop.run(runtime.file_write(sandbox, "/tmp/too-big", pieces(os.urandom(3 * MIB)), max_bytes=2 * MIB))
+        loop.run(runtime.files.write(sandbox, "/tmp/too-big", pieces(os.urandom(3 * MIB)), max_bytes=2 * MIB))
 
     async def settle() -> list[str]:
         await asyncio.sleep(0.5)  # the abort runs in the background
-        return [e["name"] for e in (await runtime.file_list(sandbox, "/tmp"))["entries"]]
+        return [e["name"] for e in (await runtime.files.list(sandbox, "/tmp"))["entries"]]
 
     names = loop.run(settle())
     assert "too-big" not in names and not [n for n in names if n.startswith(".forkd-upload-")]
@@ -107,7 +108,7 @@ def test_exec_is_not_stalled_by_a_transfer(loop: Loop, runtime: Runtime, sandbox
     async def both() -> tuple[float, float]:
         loop_time = asyncio.get_running_loop().time
         started = loop_time()
-        upload = asyncio.create_task(runtime.file_write(sandbox, "/tmp/big", pieces(data, MIB),
+        upload = asyncio.create_task(runtime.files.write(sandbox, "/tmp/big", pieces(data, MIB),
                                                         max_bytes=64 * MIB))
         await asyncio.sleep(0.05)
         reply = await runtime.exec(sandbox, ["echo", "hi"])

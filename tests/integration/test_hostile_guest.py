@@ -60,7 +60,7 @@ def test_a_minute_of_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime
     sandbox_dir = Path(sb.dir)
     try:
         flood = "head -c 1073741824 /dev/zero | tr '\\0' x > /dev/ttyS0"
-        info = loop.run(runtime.process_start(sb.id, ["sh", "-c", flood], timeout_secs=60))
+        info = loop.run(runtime.processes.start(sb.id, ["sh", "-c", flood], timeout_secs=60))
 
         async def watch_disk() -> int:  # the runtime's loop runs meanwhile: its console warden too
             largest = 0
@@ -72,7 +72,7 @@ def test_a_minute_of_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime
 
         largest = loop.run(watch_disk())
         written = 0
-        ended = loop.run(runtime.process_get(sb.id, info["pid"]))
+        ended = loop.run(runtime.processes.get(sb.id, info["pid"]))
         assert ended["timed_out"] is True, ended  # it was still writing when its minute was up
         # What went through the UART, from the guest's own counter of bytes sent on ttyS0.
         stats = loop.run(runtime.exec(sb.id, ["cat", "/proc/tty/driver/serial"]))["stdout"]
@@ -137,7 +137,7 @@ def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandbox
         rss_before = _rss_kib()
 
         async def flood_and_watch() -> tuple[dict[str, Any], list[float], int]:
-            started = await runtime.process_start(flooder.id, ["python3", "-c", AGENT_PORT_FLOOD,
+            started = await runtime.processes.start(flooder.id, ["python3", "-c", AGENT_PORT_FLOOD,
                                                                str(FLOOD_SECS)], timeout_secs=120)
             peak = rss_before
             during: list[float] = []
@@ -152,7 +152,7 @@ def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandbox
         deadline = time.monotonic() + 120
         while True:
             try:
-                info = loop.run(runtime.process_get(flooder.id, started["pid"]), timeout=60)
+                info = loop.run(runtime.processes.get(flooder.id, started["pid"]), timeout=60)
                 if not info["running"]:
                     break
             except Exception:  # its channel may still be throttled: only its own calls wait

@@ -32,7 +32,7 @@ async def one_piece(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def read_all(runtime: Runtime, sandbox_id: str, path: str, user: str | None = None) -> bytes:
-    _, stream = await runtime.file_read(sandbox_id, path, user=user)
+    _, stream = await runtime.files.open_read(sandbox_id, path, user=user)
     return b"".join([chunk async for chunk in stream])
 
 
@@ -61,53 +61,53 @@ def test_exec_as_user_and_root_by_default(loop: Loop, runtime: Runtime, sandbox:
 
 
 def test_processes_run_as_user(loop: Loop, runtime: Runtime, sandbox: str) -> None:
-    info = loop.run(runtime.process_start(sandbox, ["sleep", "30"], user="user", tag="as-user"))
+    info = loop.run(runtime.processes.start(sandbox, ["sleep", "30"], user="user", tag="as-user"))
     try:
         assert info["user"] == "user" and info["cwd"] == "/home/user"
         out = loop.run(runtime.exec(sandbox, ["stat", "-c", "%u", f"/proc/{info['pid']}"]))
         assert out["stdout"].strip() == "1000"
     finally:
-        loop.run(runtime.process_kill(sandbox, info["pid"]))
+        loop.run(runtime.processes.kill(sandbox, info["pid"]))
 
     async def streamed() -> bytes:
-        events = await runtime.exec_stream(sandbox, ["id", "-un"], user="user")
+        events = await runtime.processes.run(sandbox, ["id", "-un"], user="user")
         return b"".join([ev.data async for ev in events if ev.type == "stdout"])
 
     assert loop.run(streamed()) == b"user\n"
 
 
 def test_files_as_user_are_theirs(loop: Loop, runtime: Runtime, sandbox: str) -> None:
-    made = loop.run(runtime.file_mkdir(sandbox, "/home/user/proj/src", parents=True, user="user"))
+    made = loop.run(runtime.files.mkdir(sandbox, "/home/user/proj/src", parents=True, user="user"))
     assert made["created"]
-    info = loop.run(runtime.file_write(sandbox, "/home/user/proj/src/a.txt", one_piece(b"mine"),
+    info = loop.run(runtime.files.write(sandbox, "/home/user/proj/src/a.txt", one_piece(b"mine"),
                                        max_bytes=1 << 20, user="user"))
     assert (info["owner"], info["group"]) == ("user", "user")
     out = loop.run(runtime.exec(sandbox, ["stat", "-c", "%u:%g %a", "/home/user/proj", "/home/user/proj/src",
                                           "/home/user/proj/src/a.txt"]))
     assert out["stdout"].split("\n")[:3] == ["1000:1000 755", "1000:1000 755", "1000:1000 644"], out
     assert loop.run(read_all(runtime, sandbox, "/home/user/proj/src/a.txt", user="user")) == b"mine"
-    listing = loop.run(runtime.file_list(sandbox, "/home/user/proj/src", user="user"))
+    listing = loop.run(runtime.files.list(sandbox, "/home/user/proj/src", user="user"))
     assert [(e["name"], e["owner"], e["group"]) for e in listing["entries"]] == [("a.txt", "user", "user")]
     # Root writes root's files, and reads what the user cannot.
-    rooted = loop.run(runtime.file_write(sandbox, "/tmp/root-only", one_piece(b"secret"), max_bytes=64,
+    rooted = loop.run(runtime.files.write(sandbox, "/tmp/root-only", one_piece(b"secret"), max_bytes=64,
                                          mode=0o600))
     assert rooted["owner"] == "root"
     with pytest.raises(InvalidRequest, match="Permission denied") as denied:
         loop.run(read_all(runtime, sandbox, "/tmp/root-only", user="user"))
     assert denied.value.status == 400
     with pytest.raises(InvalidRequest, match="Permission denied"):
-        loop.run(runtime.file_write(sandbox, "/root/nope.txt", one_piece(b"x"), max_bytes=64, user="user"))
+        loop.run(runtime.files.write(sandbox, "/root/nope.txt", one_piece(b"x"), max_bytes=64, user="user"))
     with pytest.raises(InvalidRequest, match="Permission denied"):
-        loop.run(runtime.file_mkdir(sandbox, "/etc/nope", user="user"))
-    loop.run(runtime.file_remove(sandbox, "/home/user/proj", recursive=True, user="user"))
+        loop.run(runtime.files.mkdir(sandbox, "/etc/nope", user="user"))
+    loop.run(runtime.files.remove(sandbox, "/home/user/proj", recursive=True, user="user"))
     # The agent's worker threads are root again after acting as the user.
     assert loop.run(read_all(runtime, sandbox, "/tmp/root-only")) == b"secret"
 
 
 def test_unknown_user_is_a_clear_400(loop: Loop, runtime: Runtime, sandbox: str) -> None:
     for call in (runtime.exec(sandbox, ["true"], user="nobody-here"),
-                 runtime.process_start(sandbox, ["true"], user="nobody-here"),
-                 runtime.file_stat(sandbox, "/tmp", user="nobody-here")):
+                 runtime.processes.start(sandbox, ["true"], user="nobody-here"),
+                 runtime.files.stat(sandbox, "/tmp", user="nobody-here")):
         with pytest.raises(InvalidRequest, match="unknown user 'nobody-here' in the sandbox") as exc:
             loop.run(call)
         assert exc.value.status == 400

@@ -35,7 +35,7 @@ def fake() -> FakeRuntime:
     rt.add_snapshot("base")
     rt.add_sandbox(SB, "base")
     rt.add_sandbox(OTHER, "base")
-    rt.files[SB] = {"/": None, "/tmp": None, "/root": None, "/home": None, "/home/user": None}
+    rt.guest_files[SB] = {"/": None, "/tmp": None, "/root": None, "/home": None, "/home/user": None}
     return rt
 
 
@@ -253,7 +253,7 @@ def test_files_round_trip_octet_stream_gzip_and_multipart(client: TestClient, fa
                          headers={**envd_headers(), "Content-Type": "application/octet-stream",
                                   "Content-Encoding": "gzip"})
     assert zipped.json()[0]["path"] == "/home/user/rel.bin"  # relative paths are under the user's home
-    assert fake.files[SB]["/home/user/rel.bin"] == data
+    assert fake.guest_files[SB]["/home/user/rel.bin"] == data
     # Every transfer acts as E2B's default user, or as the one the SDK names (query or Basic header).
     writes = [c.kwargs["user"] for c in fake.calls if c.name in ("file_write", "file_read", "file_mkdir")]
     assert writes and set(writes) == {"user"}
@@ -269,13 +269,13 @@ def test_files_round_trip_octet_stream_gzip_and_multipart(client: TestClient, fa
     multi = client.post("/files", headers=envd_headers(),
                         files=[("file", ("/tmp/m1.bin", b"\x00one")), ("file", ("/tmp/m2.bin", b"\xfftwo"))])
     assert [e["path"] for e in multi.json()] == ["/tmp/m1.bin", "/tmp/m2.bin"], multi.text
-    assert fake.files[SB]["/tmp/m2.bin"] == b"\xfftwo"
+    assert fake.guest_files[SB]["/tmp/m2.bin"] == b"\xfftwo"
     assert "No such file" in rest_error(client.get("/files", params={"path": "/nope"},
                                                    headers=envd_headers()), 404)
 
 
 def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRuntime) -> None:
-    fake.files[SB]["/tmp/f.txt"] = b"abc"
+    fake.guest_files[SB]["/tmp/f.txt"] = b"abc"
     stat = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/f.txt"}, headers=envd_headers())
     assert stat.status_code == 200, stat.text
     assert stat.json()["entry"]["type"] == "FILE_TYPE_FILE" and stat.json()["entry"]["size"] == "3"
@@ -304,8 +304,8 @@ def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRu
 def test_filesystem_calls_act_as_the_named_user(client: TestClient, fake: FakeRuntime) -> None:
     """E2B's default user is ``user`` (relative paths under /home/user); ``user="root"`` arrives as a
     Basic Authorization header and is honoured; a malformed one is refused."""
-    fake.files[SB]["/home/user/f.txt"] = b"abc"
-    fake.files[SB]["/root/g.txt"] = b"abc"
+    fake.guest_files[SB]["/home/user/f.txt"] = b"abc"
+    fake.guest_files[SB]["/root/g.txt"] = b"abc"
     stat = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"}, headers=envd_headers())
     assert stat.status_code == 200, stat.text
     assert fake.calls[-1].args[1] == "/home/user/f.txt" and fake.calls[-1].kwargs["user"] == "user"
@@ -323,17 +323,17 @@ def test_filesystem_calls_act_as_the_named_user(client: TestClient, fake: FakeRu
 
 def test_removing_what_is_not_there_is_done(client: TestClient, fake: FakeRuntime) -> None:
     """envd's Remove of a missing path succeeds (issue 20); a gone sandbox is still an error."""
-    fake.files[SB]["/tmp/f.txt"] = b"abc"
+    fake.guest_files[SB]["/tmp/f.txt"] = b"abc"
     for path in ("/tmp/f.txt", "/tmp/f.txt", "/tmp/never/there"):
         resp = client.post("/filesystem.Filesystem/Remove", json={"path": path}, headers=envd_headers())
         assert resp.status_code == 200 and resp.json() == {}, resp.text
-    assert "/tmp/f.txt" not in fake.files[SB]
+    assert "/tmp/f.txt" not in fake.guest_files[SB]
 
     async def gone(sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None) -> None:
         del fake.sandboxes[sandbox_id]  # killed while the call was on its way
         raise NotFound(f"sandbox {sandbox_id!r} not found")
 
-    fake.file_remove = gone  # type: ignore[method-assign]
+    fake.files.remove = gone  # type: ignore[method-assign]
     resp = client.post("/filesystem.Filesystem/Remove", json={"path": "/tmp/x"}, headers=envd_headers())
     assert resp.json()["code"] == "unavailable" and "was not found" in resp.json()["message"], resp.text
 
@@ -352,8 +352,8 @@ def test_entries_carry_owner_group_and_symlink_target(client: TestClient, fake: 
     async def listing(sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         return {"path": path, "entries": [dangling, plain], "truncated": False}
 
-    fake.file_stat = stat  # type: ignore[method-assign]
-    fake.file_list = listing  # type: ignore[method-assign]
+    fake.files.stat = stat  # type: ignore[method-assign]
+    fake.files.list = listing  # type: ignore[method-assign]
     resp = client.post("/filesystem.Filesystem/Stat", json={"path": "ln"}, headers=envd_headers())
     entry = resp.json()["entry"]
     assert entry["type"] == "FILE_TYPE_FILE" and entry["symlinkTarget"] == "/root/d/f.txt"

@@ -66,7 +66,7 @@ def unary(client: TestClient, method: str, body: dict[str, Any]) -> Any:
 def test_start_streams_start_output_and_end(client: TestClient, fake: FakeRuntime) -> None:
     frames = stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"], "envs": {"A": "b"}}})
     events = [f["message"]["event"] for f in frames if "message" in f]
-    [pid] = list(fake.processes[SB])
+    [pid] = list(fake.guest_processes[SB])
     assert events[0] == {"start": {"pid": pid}}
     assert base64.b64decode(events[1]["data"]["stdout"]) == b"hi\n"
     assert events[2]["end"]["status"] == "exit status 0"
@@ -96,7 +96,7 @@ def test_a_failing_command_ends_with_its_code(client: TestClient) -> None:
 
 
 def test_background_processes_list_input_and_signals(client: TestClient, fake: FakeRuntime) -> None:
-    asyncio.run(fake.process_start(SB, ["cat"], stdin_open=True, tag="t1"))
+    asyncio.run(fake.processes.start(SB, ["cat"], stdin_open=True, tag="t1"))
     [proc] = unary(client, "List", {}).json()["processes"]
     assert proc["config"]["cmd"] == "cat" and proc["tag"] == "t1"
     pid = proc["pid"]
@@ -105,7 +105,7 @@ def test_background_processes_list_input_and_signals(client: TestClient, fake: F
     assert unary(client, "CloseStdin", {"process": {"tag": "t1"}}).status_code == 200
     writes = [c for c in fake.calls if c.name == "process_write_stdin"]
     assert [(c.args[2], c.kwargs["eof"]) for c in writes] == [(b"x", False), (b"", True)]
-    sleeper = asyncio.run(fake.process_start(SB, ["sleep", "60"]))["pid"]
+    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
     assert unary(client, "SendSignal", {"process": {"pid": sleeper},
                                         "signal": "SIGNAL_SIGKILL"}).status_code == 200
     missing = unary(client, "SendSignal", {"process": {"pid": 4321}, "signal": "SIGNAL_SIGKILL"})
@@ -124,13 +124,13 @@ def test_the_connect_timeout_ends_the_stream_and_kills_the_process(client: TestC
     assert time.monotonic() - started < 5
     assert "start" in frames[0]["message"]["event"]
     assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
-    [proc] = fake.processes[SB].values()
+    [proc] = fake.guest_processes[SB].values()
     assert proc.exit is not None and proc.exit.signal == 9
     # Connect (watching a running process) ends the same way, but leaves the process running.
-    sleeper = asyncio.run(fake.process_start(SB, ["sleep", "60"]))["pid"]
+    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
     frames = stream(client, "Connect", {"process": {"pid": sleeper}}, headers={"Connect-Timeout-Ms": "200"})
     assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
-    assert fake.processes[SB][sleeper].exit is None
+    assert fake.guest_processes[SB][sleeper].exit is None
     # No header: no deadline (the echo ends on its own).
     assert stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"]}})[-1] == {"end": {}}
 
@@ -165,7 +165,7 @@ def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, fak
     async def exec_stream(*_args: Any, **_kwargs: Any) -> _Cut:
         return _Cut(ending)
 
-    fake.exec_stream = exec_stream  # type: ignore[method-assign]
+    fake.processes.run = exec_stream  # type: ignore[method-assign]
     frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
     error = frames[-1]["end"]["error"]
     assert error["code"] == "unavailable" and "was not found" not in error["message"], frames

@@ -21,24 +21,60 @@ import forkd.api.process_routes
 import forkd.api.routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
-from forkd.api.deps import RuntimeLike
+from forkd.api.deps import FilesLike, KernelsLike, ProcessesLike, RuntimeLike
+from forkd.controller.files import SandboxFiles
+from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.options import SpawnOptions
+from forkd.controller.processes import SandboxProcesses
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, NotFound
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.runtime import FakeFiles, FakeKernels, FakeProcesses, FakeRuntime
+
+# Runtime's sub-APIs the routes call directly: (the owner, the routes' protocol, the fake's stand-in).
+SUB_APIS: dict[str, tuple[type, type, type]] = {
+    "files": (SandboxFiles, FilesLike, FakeFiles),
+    "processes": (SandboxProcesses, ProcessesLike, FakeProcesses),
+    "kernels": (KernelCells, KernelsLike, FakeKernels),
+}
+
+
+def _route_modules() -> list[Any]:
+    return [forkd.api.routes, forkd.api.code_routes, forkd.api.pool_routes, forkd.api.file_routes,
+            forkd.api.travel_routes, forkd.api.process_routes, forkd.api.workspace_routes]
+
+
+def _attributes_of_rt() -> list[ast.Attribute]:
+    """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
+    found: list[ast.Attribute] = []
+    for module in _route_modules():
+        tree = ast.parse(Path(inspect.getfile(module)).read_text())
+        found += [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and isinstance(node.value, ast.Name) and node.value.id == "rt"]
+    return found
 
 
 def methods_the_routes_call() -> set[str]:
-    """Every ``rt.<name>`` in forkd/api/*_routes.py and routes.py (``rt`` is the injected Runtime)."""
-    names: set[str] = set()
-    for module in (forkd.api.routes, forkd.api.code_routes, forkd.api.pool_routes, forkd.api.file_routes,
-                   forkd.api.travel_routes, forkd.api.process_routes, forkd.api.workspace_routes):
+    """Every ``rt.<name>`` the routes use that is a Runtime method (not a sub-API)."""
+    called = {node.attr for node in _attributes_of_rt() if node.attr not in SUB_APIS}
+    return called | {"take_pool_refill_times"}  # app.py's metrics scrape
+
+
+def sub_api_methods_the_routes_call() -> set[tuple[str, str]]:
+    """Every ``rt.<sub-API>.<method>`` in the routes."""
+    names: set[tuple[str, str]] = set()
+    for module in _route_modules():
         tree = ast.parse(Path(inspect.getfile(module)).read_text())
-        names |= {
-            node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "rt"
-        }
-    return names | {"take_pool_refill_times"}  # app.py's metrics scrape
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "rt"):
+                assert node.value.attr in SUB_APIS, f"rt.{node.value.attr}.{node.attr}: not a known sub-API"
+                names.add((node.value.attr, node.attr))
+    return names
+
+
+def sub_api_protocol_methods() -> set[tuple[str, str]]:
+    return {(sub, n) for sub, (_, protocol, _) in SUB_APIS.items()
+            for n in dir(protocol) if not n.startswith("_") and callable(getattr(protocol, n))}
 
 
 def shape(fn: Any) -> list[tuple[str, Any, Any]]:
@@ -78,11 +114,44 @@ def test_the_routes_only_call_what_the_protocol_declares() -> None:
 
 def protocol_methods() -> set[str]:
     """Every method ``RuntimeLike`` declares (what the routes may call)."""
-    return {n for n in dir(RuntimeLike) if not n.startswith("_") and callable(getattr(RuntimeLike, n))}
+    return {n for n in dir(RuntimeLike) if not n.startswith("_") and callable(getattr(RuntimeLike, n))
+            and n not in SUB_APIS}
 
 
 def test_the_protocol_declares_what_the_e2b_layer_needs_too() -> None:
-    assert {"describe_sandbox", "describe_sandboxes", "pause", "resume", "file_move"} <= protocol_methods()
+    assert {"describe_sandbox", "describe_sandboxes", "pause", "resume"} <= protocol_methods()
+    assert ("files", "move") in sub_api_protocol_methods()
+
+
+def test_the_routes_call_the_sub_apis_and_only_what_their_protocols_declare() -> None:
+    called = sub_api_methods_the_routes_call()
+    assert {("files", "write"), ("processes", "start"), ("kernels", "run")} <= called
+    assert called <= sub_api_protocol_methods()
+
+
+def test_runtime_and_fake_have_the_sub_apis() -> None:
+    for sub, (_, _, fake) in SUB_APIS.items():
+        assert isinstance(getattr(RuntimeLike, sub), property), f"RuntimeLike.{sub} is not declared"
+        runtime = FakeRuntime()
+        assert isinstance(getattr(runtime, sub), fake), sub
+
+
+@pytest.mark.parametrize(("sub", "name"), sorted(sub_api_protocol_methods()))
+def test_owners_and_fakes_implement_every_sub_api_method(sub: str, name: str) -> None:
+    """As for the Runtime's own methods: the protocol names what the owner has, and the fake's
+    stand-in has the owner's names, kinds and defaults."""
+    def names_and_kinds(fn: Any) -> list[tuple[str, Any, bool]]:
+        return [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(fn).parameters.values()]
+
+    owner, protocol, fake_cls = SUB_APIS[sub]
+    real, declared = getattr(owner, name, None), getattr(protocol, name)
+    fake = getattr(fake_cls, name, None)
+    assert real is not None, f"{owner.__name__} lacks {protocol.__name__}.{name}"
+    assert fake is not None, f"{fake_cls.__name__} lacks {protocol.__name__}.{name}"
+    assert names_and_kinds(declared) == names_and_kinds(real), f"{protocol.__name__}.{name} drifted"
+    assert shape(fake) == shape(real), f"{fake_cls.__name__}.{name} drifted from {owner.__name__}.{name}"
+    for fn in (declared, fake):
+        assert inspect.iscoroutinefunction(fn) == inspect.iscoroutinefunction(real), name
 
 
 @pytest.mark.parametrize("name", sorted(protocol_methods()))
@@ -157,21 +226,21 @@ def test_file_move_renames_files_and_directories() -> None:
     async def main() -> None:
         rt = FakeRuntime()
         rt.add_sandbox("sb-abcdef-0000")
-        await rt.file_mkdir("sb-abcdef-0000", "/a/b", parents=True)
+        await rt.files.mkdir("sb-abcdef-0000", "/a/b", parents=True)
 
         async def body() -> Any:
             yield b"hi"
 
-        await rt.file_write("sb-abcdef-0000", "/a/b/f.txt", body(), max_bytes=10)
-        info = await rt.file_move("sb-abcdef-0000", "/a", "/x/y")
+        await rt.files.write("sb-abcdef-0000", "/a/b/f.txt", body(), max_bytes=10)
+        info = await rt.files.move("sb-abcdef-0000", "/a", "/x/y")
         assert (info["path"], info["type"]) == ("/x/y", "dir")
-        assert (await rt.file_stat("sb-abcdef-0000", "/x/y/b/f.txt"))["size"] == 2
+        assert (await rt.files.stat("sb-abcdef-0000", "/x/y/b/f.txt"))["size"] == 2
         with pytest.raises(NotFound):
-            await rt.file_stat("sb-abcdef-0000", "/a")
+            await rt.files.stat("sb-abcdef-0000", "/a")
         with pytest.raises(NotFound):
-            await rt.file_move("sb-abcdef-0000", "/nope", "/z")
+            await rt.files.move("sb-abcdef-0000", "/nope", "/z")
         with pytest.raises(Conflict):
-            await rt.file_move("sb-abcdef-0000", "/x", "/x/y/inside")
+            await rt.files.move("sb-abcdef-0000", "/x", "/x/y/inside")
 
     asyncio.run(main())
 

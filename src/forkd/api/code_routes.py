@@ -39,7 +39,7 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["code"],
 
 
 CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-DEFAULT_TIMEOUT_SECS = 300.0  # as Runtime.run_cell's
+DEFAULT_TIMEOUT_SECS = 300.0  # as KernelCells.run's (Runtime.kernels)
 
 
 class CodeRequest(RequestModel):
@@ -88,7 +88,7 @@ STREAM_DOC: dict[int | str, dict[str, Any]] = {
     responses=STREAM_DOC,
 )
 async def run_code(sandbox_id: SandboxIdPath, req: CodeRequest, rt: Runtime) -> StreamingResponse:
-    events = await rt.run_cell(sandbox_id, req.code, context=req.context, timeout_secs=req.timeout,
+    events = await rt.kernels.run(sandbox_id, req.code, context=req.context, timeout_secs=req.timeout,
                                env=req.env, cwd=req.cwd)
     # no-transform / X-Accel-Buffering: proxies must pass each line on as it comes.
     return StreamingResponse(ndjson(events), media_type=NDJSON,

@@ -99,7 +99,7 @@ async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request,
         if int(declared) > limit:
             raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
 
-    return await rt.file_write(sandbox_id, path, streamed_body(request), max_bytes=limit, mode=mode,
+    return await rt.files.write(sandbox_id, path, streamed_body(request), max_bytes=limit, mode=mode,
                                user=user)
 
 
@@ -125,7 +125,7 @@ async def streamed_body(request: Request) -> AsyncIterator[bytes]:
 )
 async def get_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
                    user: UserQuery = None) -> StreamingResponse:
-    info, pieces = await rt.file_read(sandbox_id, path, user=user)
+    info, pieces = await rt.files.open_read(sandbox_id, path, user=user)
     # No Content-Length: the file may change while it streams. A failure midway
     # aborts the chunked response, which clients see as an incomplete body.
     return StreamingResponse(pieces, media_type="application/octet-stream",
@@ -144,7 +144,7 @@ async def remove_file(
     recursive: Annotated[bool, Query(description="Remove a directory and everything in it.")] = False,
     user: UserQuery = None,
 ) -> Response:
-    await rt.file_remove(sandbox_id, path, recursive=recursive, user=user)
+    await rt.files.remove(sandbox_id, path, recursive=recursive, user=user)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -156,7 +156,7 @@ async def remove_file(
 )
 async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
                     user: UserQuery = None) -> dict[str, Any]:
-    return await rt.file_stat(sandbox_id, path, user=user)
+    return await rt.files.stat(sandbox_id, path, user=user)
 
 
 @router.get(
@@ -167,7 +167,7 @@ async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
 )
 async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
                      user: UserQuery = None) -> dict[str, Any]:
-    return await rt.file_list(sandbox_id, path, user=user)
+    return await rt.files.list(sandbox_id, path, user=user)
 
 
 @router.post(
@@ -178,4 +178,4 @@ async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
                                                   "is not a directory.")},
 )
 async def mkdir(sandbox_id: SandboxIdPath, req: MkdirRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.file_mkdir(sandbox_id, req.path, parents=req.parents, user=req.user)
+    return await rt.files.mkdir(sandbox_id, req.path, parents=req.parents, user=req.user)

@@ -147,7 +147,7 @@ async def stream_response(events: Any, encoding: Literal["text", "base64"]) -> S
     responses={**STREAM_DOC, **TOO_LARGE, **BUSY_STREAMS},
 )
 async def exec_stream(sandbox_id: SandboxIdPath, req: ExecStreamRequest, rt: Runtime) -> StreamingResponse:
-    events = await rt.exec_stream(
+    events = await rt.processes.run(
         sandbox_id, req.args, timeout_secs=req.timeout_secs, env=req.env, cwd=req.cwd,
         stdin=req.stdin.encode() if req.stdin is not None else None, stdin_open=req.stdin_open,
         tag=req.tag, user=req.user)
@@ -162,7 +162,7 @@ async def exec_stream(sandbox_id: SandboxIdPath, req: ExecStreamRequest, rt: Run
     responses={**TOO_LARGE, 409: _err("The sandbox already runs 64 processes that forkd started.")},
 )
 async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.process_start(
+    return await rt.processes.start(
         sandbox_id, req.args, env=req.env, cwd=req.cwd,
         stdin=req.stdin.encode() if req.stdin is not None else None, stdin_open=req.stdin_open,
         tag=req.tag, timeout_secs=req.timeout_secs, user=req.user)
@@ -174,7 +174,7 @@ async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt:
     summary="The running processes that forkd started in the sandbox",
 )
 async def list_processes(sandbox_id: SandboxIdPath, rt: Runtime) -> list[dict[str, Any]]:
-    return await rt.process_list(sandbox_id)
+    return await rt.processes.list(sandbox_id)
 
 
 @router.get(
@@ -184,7 +184,7 @@ async def list_processes(sandbox_id: SandboxIdPath, rt: Runtime) -> list[dict[st
     responses=NO_PROCESS,
 )
 async def get_process(sandbox_id: SandboxIdPath, pid: PidPath, rt: Runtime) -> dict[str, Any]:
-    return await rt.process_get(sandbox_id, pid)
+    return await rt.processes.get(sandbox_id, pid)
 
 
 @router.get(
@@ -200,7 +200,7 @@ async def stream_process(
         "now: only what comes next.")] = "start",
     encoding: Annotated[Literal["text", "base64"], Query(description="text (UTF-8) or base64.")] = "text",
 ) -> StreamingResponse:
-    events = await rt.process_stream(sandbox_id, pid, from_start=since == "start")
+    events = await rt.processes.attach(sandbox_id, pid, from_start=since == "start")
     return await stream_response(events, encoding)
 
 
@@ -221,7 +221,7 @@ async def write_stdin(sandbox_id: SandboxIdPath, pid: PidPath, req: StdinRequest
             raise InvalidRequest("data is not valid base64 (encoding=base64)") from None
     else:
         data = req.data.encode()
-    return await rt.process_write_stdin(sandbox_id, pid, data, eof=req.eof)
+    return await rt.processes.write_stdin(sandbox_id, pid, data, eof=req.eof)
 
 
 @router.post(
@@ -232,7 +232,7 @@ async def write_stdin(sandbox_id: SandboxIdPath, pid: PidPath, req: StdinRequest
 )
 async def signal_process(sandbox_id: SandboxIdPath, pid: PidPath, req: SignalRequest,
                          rt: Runtime) -> dict[str, Any]:
-    return await rt.process_signal(sandbox_id, pid, req.signal, group=req.group)
+    return await rt.processes.signal(sandbox_id, pid, req.signal, group=req.group)
 
 
 @router.delete(
@@ -243,7 +243,7 @@ async def signal_process(sandbox_id: SandboxIdPath, pid: PidPath, req: SignalReq
     responses=NOT_RUNNING,
 )
 async def kill_process(sandbox_id: SandboxIdPath, pid: PidPath, rt: Runtime) -> Response:
-    await rt.process_kill(sandbox_id, pid)
+    await rt.processes.kill(sandbox_id, pid)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

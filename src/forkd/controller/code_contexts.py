@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from forkd import bounds
+from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
@@ -53,8 +54,9 @@ def _cell(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class CodeRunner:
-    def __init__(self, sandboxes: SandboxTable) -> None:
+    def __init__(self, sandboxes: SandboxTable, kernels: KernelCells) -> None:
         self._sandboxes = sandboxes
+        self._kernels = kernels  # a context's kernel, if it started one, goes with the context
 
     async def _call(self, sandbox_id: str, timeout: float, **args: object) -> dict[str, Any]:
         return await self._sandboxes.call(sandbox_id, protocol.CONTEXT, timeout, **args)
@@ -73,7 +75,9 @@ class CodeRunner:
         args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
         if context is not None:
             args["context"] = context
-        return _cell(await self._call(sandbox_id, timeout_secs + protocol.REPLY_GRACE_SECS, **args))
+        cell = _cell(await self._call(sandbox_id, timeout_secs + protocol.REPLY_GRACE_SECS, **args))
+        await self._sandboxes.turn_done(sandbox_id)
+        return cell
 
     async def create(self, sandbox_id: str, *, language: str | None = None,
                      cwd: str | None = None) -> dict[str, str]:
@@ -92,6 +96,7 @@ class CodeRunner:
 
     async def remove(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
         await self._call(sandbox_id, 30, op="restart" if restart else "remove", context=context)
+        await self._kernels.remove(sandbox_id, context, restart=restart)
 
 
 __all__ = ["CodeRunner"]

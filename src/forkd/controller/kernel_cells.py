@@ -162,7 +162,9 @@ class KernelCells:
             args["cwd"] = cwd
         stream = await self._slots.open(sandbox_id, lambda: self._sandboxes.open_stream(
             sandbox_id, protocol.KERNEL, args, line_cost=True))
-        return CellEvents(self._slots, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
+        events = CellEvents(self._slots, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
+        await self._sandboxes.turn_done(sandbox_id)
+        return events
 
     async def interrupt(self, sandbox_id: str, context: str | None = None) -> bool:
         result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",

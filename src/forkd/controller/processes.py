@@ -197,7 +197,9 @@ class SandboxProcesses:
         """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``)."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
         await self._sandboxes.require_user_support(sandbox_id, user)
-        return await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
+        events = await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
+        await self._sandboxes.turn_done(sandbox_id)
+        return events
 
     async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
                     cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
@@ -206,7 +208,9 @@ class SandboxProcesses:
         """Start a background process (as ``user``: None is root); its ProcessInfo."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
         await self._sandboxes.require_user_support(sandbox_id, user)
-        return process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
+        info = process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
+        await self._sandboxes.turn_done(sandbox_id)
+        return info
 
     async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
         """Stream a process: from the oldest output its ring still holds (``from_start``) or from now.

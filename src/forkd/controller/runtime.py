@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from forkd import bounds
@@ -48,7 +47,7 @@ from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
-from forkd.controller.kernel_cells import CellEvents, KernelCells
+from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
 from forkd.controller.options import ForkOptions, SpawnOptions
@@ -110,10 +109,10 @@ class Runtime:
         rows = registry.sandboxes  # owned by the SandboxTable; the others read it, or set one column
         self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
-        self.code = CodeRunner(self.sandboxes)
-        self.kernels = KernelCells(self.sandboxes)
+        self.kernels = KernelCells(self.sandboxes)  # sub-APIs: routes call these five directly
+        self.code = CodeRunner(self.sandboxes, self.kernels)
         self.processes = SandboxProcesses(self.sandboxes)
-        self.watches = DirWatches(self.sandboxes)  # a sub-API: routes call it directly
+        self.watches = DirWatches(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, data.snapshots, self.tags, self.shm)
         self.accel = HostAccelerator(data)
@@ -128,6 +127,7 @@ class Runtime:
         self.spawner.draw_from(self.pools)
         self.sandboxes.on_removed(self.forker.after_removed)
         self.sandboxes.on_removed(self.checkpoints.after_removed)
+        self.sandboxes.after_turn(self.checkpoints.after_call)
         self.sandboxes.on_removed(self.pools.after_removed)
         self.sandboxes.on_removed(self.networks.after_removed)
         self.console_warden = ConsoleWarden(data)
@@ -371,7 +371,7 @@ class Runtime:
         await self.sandboxes.require_user_support(sandbox_id, user)
         # The agent enforces the timeout; ours only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
-        await self.checkpoints.after_call(sandbox_id)
+        await self.sandboxes.turn_done(sandbox_id)
         return result
 
     async def eval(self, sandbox_id: str, code: str,
@@ -384,7 +384,7 @@ class Runtime:
         result = await self.sandboxes.call(sandbox_id, protocol.EVAL,
                                            timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
                                            code=code, timeout_secs=timeout_secs)
-        await self.checkpoints.after_call(sandbox_id)
+        await self.sandboxes.turn_done(sandbox_id)
         return result
 
     async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
@@ -392,131 +392,10 @@ class Runtime:
         result = await self.sandboxes.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
         return {"cancelled": bool(result.get("cancelled"))}
 
-    # Processes (controller/processes.py), addressed by their pid in the guest. Streams carry
-    # raw bytes (ProcessEvent) and are flow-controlled: a caller that stops reading stops them.
-
-    async def exec_stream(
-        self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
-        env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
-        stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
-        user: str | None = None,
-    ) -> ProcessEvents:
-        """Start a process and stream it losslessly from its first byte: ``start``, output, ``exit``.
-
-        ``stdin`` is written first; with ``stdin_open`` it stays open for
-        ``process_write_stdin``. ``kill_on_close``: closing the stream before the
-        exit kills the process's group. Counts as a call for auto-checkpoints.
-        """
-        events = await self.processes.run(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
-                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
-                                          kill_on_close=kill_on_close, user=user)
-        await self.checkpoints.after_call(sandbox_id)
-        return events
-
-    async def process_start(
-        self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
-        cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
-        tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
-    ) -> dict[str, Any]:
-        """Start a background process (it runs until it exits or is killed); its ProcessInfo."""
-        info = await self.processes.start(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
-                                          stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
-                                          user=user)
-        await self.checkpoints.after_call(sandbox_id)
-        return info
-
-    async def process_stream(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
-        """Watch a process: its output from the oldest its ring holds (or from now), then its exit."""
-        return await self.processes.attach(sandbox_id, pid, from_start=from_start)
-
-    async def process_list(self, sandbox_id: str) -> list[dict[str, Any]]:
-        """The running processes that forkd started in the sandbox (ProcessInfo each)."""
-        return await self.processes.list(sandbox_id)
-
-    async def process_get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
-        """One process, running or recently exited (404 once forgotten)."""
-        return await self.processes.get(sandbox_id, pid)
-
-    async def process_write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
-                                  eof: bool = False) -> dict[str, Any]:
-        return await self.processes.write_stdin(sandbox_id, pid, data, eof=eof)
-
-    async def process_close_stdin(self, sandbox_id: str, pid: int) -> dict[str, Any]:
-        return await self.processes.write_stdin(sandbox_id, pid, b"", eof=True)
-
-    async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
-                             group: bool = True) -> dict[str, Any]:
-        return await self.processes.signal(sandbox_id, pid, signal, group=group)
-
-    async def process_kill(self, sandbox_id: str, pid: int) -> None:
-        await self.processes.kill(sandbox_id, pid)
-
-    # Files (controller/files.py): paths are checked (400) before the guest is asked. Each acts
-    # as ``user`` (a guest user's name; None: root, the agent itself).
-
-    async def file_stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return await self.files.stat(sandbox_id, path, user=user)
-
-    async def file_list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return await self.files.list(sandbox_id, path, user=user)
-
-    async def file_mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
-                         user: str | None = None) -> dict[str, Any]:
-        return await self.files.mkdir(sandbox_id, path, parents=parents, user=user)
-
-    async def file_remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
-                          user: str | None = None) -> None:
-        await self.files.remove(sandbox_id, path, recursive=recursive, user=user)
-
-    async def file_move(self, sandbox_id: str, source: str, destination: str, *,
-                        user: str | None = None) -> dict[str, Any]:
-        return await self.files.move(sandbox_id, source, destination, user=user)
-
-    async def file_write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                         max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
-        return await self.files.write(sandbox_id, path, chunks, max_bytes=max_bytes, mode=mode, user=user)
-
-    async def file_read(self, sandbox_id: str, path: str, *,
-                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
-        return await self.files.open_read(sandbox_id, path, user=user)
-
-    # Code contexts (controller/code_contexts.py): cells in PID 1's warm interpreter.
-
-    async def run_code(self, sandbox_id: str, code: str, *, context: str | None = None,
-                       timeout_secs: float = bounds.EVAL_TIMEOUT_SECS,
-                       env: dict[str, str] | None = None) -> dict[str, Any]:
-        result = await self.code.run(sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env)
-        await self.checkpoints.after_call(sandbox_id)
-        return result
-
-    async def create_code_context(self, sandbox_id: str, *, language: str | None = None,
-                                  cwd: str | None = None) -> dict[str, str]:
-        return await self.code.create(sandbox_id, language=language, cwd=cwd)
-
-    async def list_code_contexts(self, sandbox_id: str) -> list[dict[str, str]]:
-        return await self.code.list(sandbox_id)
-
-    async def remove_code_context(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
-        await self.code.remove(sandbox_id, context, restart=restart)
-        await self.kernels.remove(sandbox_id, context, restart=restart)  # its kernel, if it has one
-
-    # Cells on IPython kernels (controller/kernel_cells.py), streamed while they run.
-
-    async def run_cell(self, sandbox_id: str, code: str, *, context: str | None = None,
-                       timeout_secs: float = 300.0, env: dict[str, str] | None = None,
-                       cwd: str | None = None) -> CellEvents:
-        """Run a cell on the context's kernel: stdout/stderr, result and error events, then end.
-        Closing the stream first interrupts the kernel. 409 on an image without a kernel."""
-        events = await self.kernels.run(sandbox_id, code, context=context, timeout_secs=timeout_secs,
-                                        env=env, cwd=cwd)
-        await self.checkpoints.after_call(sandbox_id)
-        return events
-
-    async def kernel_available(self, sandbox_id: str) -> bool:
-        return await self.kernels.available(sandbox_id)
-
-    async def interrupt_cell(self, sandbox_id: str, context: str | None = None) -> bool:
-        return await self.kernels.interrupt(sandbox_id, context)
+    # Processes, files, code contexts and kernel cells are sub-APIs the routes call directly:
+    # ``processes`` (controller/processes.py), ``files`` (files.py), ``code`` (code_contexts.py),
+    # ``kernels`` (kernel_cells.py) and ``watches`` (watches.py). Each owner checks its input and
+    # reports a turn of work to the table (``SandboxTable.turn_done``) for auto-checkpoints.
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,

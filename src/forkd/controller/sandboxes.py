@@ -90,6 +90,7 @@ class SandboxTable:
         self._hidden: set[str] = set()  # pool members nobody has claimed yet
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
         self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
+        self._turn_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._activity: Activity = _NoActivity()
         # Each VM's agent version, asked once (``require_agent``), with its VM: a new VM asks again.
         self._agent_versions: dict[str, tuple[VM, int]] = {}
@@ -105,6 +106,16 @@ class SandboxTable:
     def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
         """Call ``hook`` with the record of every sandbox torn down from now on."""
         self._removed_hooks.append(hook)
+
+    def after_turn(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``hook(sandbox_id)`` after every turn of work a caller asked of a sandbox (an exec,
+        an eval, a started process or a code cell), before it answers: auto-checkpoints count them."""
+        self._turn_hooks.append(hook)
+
+    async def turn_done(self, sandbox_id: str) -> None:
+        """One turn of work was asked of ``sandbox_id`` (each owner of such work calls this)."""
+        for hook in self._turn_hooks:
+            await hook(sandbox_id)
 
     def before_kill(self, guard: Callable[[str], Awaitable[None]]) -> None:
         """Await ``guard(sandbox_id)`` before every ``kill`` takes the sandbox's lock.

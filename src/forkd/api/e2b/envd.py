@@ -146,7 +146,7 @@ class SandboxTraffic:
 
     async def _download(self, request: Request, sandbox_id: str, user: str) -> Response:
         path = guest_path(request.query_params.get("path", ""), user)
-        info, pieces = await self._runtime().file_read(sandbox_id, path, user=user)
+        info, pieces = await self._runtime().files.open_read(sandbox_id, path, user=user)
         return StreamingResponse(pieces, media_type="application/octet-stream",
                                  headers={"X-Forkd-File-Size": str(info["size"])})
 
@@ -162,8 +162,8 @@ class SandboxTraffic:
             full = guest_path(target, user)
             parent = posixpath.dirname(full)
             if parent != "/":
-                await self._runtime().file_mkdir(sandbox_id, parent, parents=True, user=user)
-            info = await self._runtime().file_write(sandbox_id, full, pieces, max_bytes=limit, user=user)
+                await self._runtime().files.mkdir(sandbox_id, parent, parents=True, user=user)
+            info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user)
             return {"name": info["name"], "type": "file", "path": info["path"]}
 
         if content_type.startswith("multipart/form-data"):

@@ -139,7 +139,7 @@ class FilesystemService(filesystem_connect.Filesystem):
                    ctx: RequestContext[filesystem_pb.StatRequest, filesystem_pb.StatResponse], /,
                    ) -> filesystem_pb.StatResponse:
         with connect_errors():
-            info = await self._runtime().file_stat(sandbox_of(ctx), guest_path(request.path),
+            info = await self._runtime().files.stat(sandbox_of(ctx), guest_path(request.path),
                                                    user=user_of(ctx))
         return filesystem_pb.StatResponse(entry=entry(info))
 
@@ -152,7 +152,7 @@ class FilesystemService(filesystem_connect.Filesystem):
 
         async def walk(path: str, level: int) -> None:
             # envd's order (a depth-first walk by name): a directory, then what it holds.
-            listing = await self._runtime().file_list(sandbox, path, user=user)
+            listing = await self._runtime().files.list(sandbox, path, user=user)
             for info in sorted(listing["entries"], key=lambda i: str(i["name"])):
                 if len(out) >= MAX_ENTRIES:
                     return
@@ -169,10 +169,10 @@ class FilesystemService(filesystem_connect.Filesystem):
                        ) -> filesystem_pb.MakeDirResponse:
         sandbox, path, user = sandbox_of(ctx), guest_path(request.path), user_of(ctx)
         with connect_errors():
-            made = await self._runtime().file_mkdir(sandbox, path, parents=True, user=user)
+            made = await self._runtime().files.mkdir(sandbox, path, parents=True, user=user)
             if not made["created"]:
                 raise ConnectError(Code.ALREADY_EXISTS, f"directory {path} already exists")
-            info = await self._runtime().file_stat(sandbox, path, user=user)
+            info = await self._runtime().files.stat(sandbox, path, user=user)
         return filesystem_pb.MakeDirResponse(entry=entry(info))
 
     async def remove(self, request: filesystem_pb.RemoveRequest,
@@ -181,7 +181,7 @@ class FilesystemService(filesystem_connect.Filesystem):
         sandbox = sandbox_of(ctx)
         with connect_errors():
             try:
-                await self._runtime().file_remove(sandbox, guest_path(request.path), recursive=True,
+                await self._runtime().files.remove(sandbox, guest_path(request.path), recursive=True,
                                                   user=user_of(ctx))
             except NotFound:
                 # E2B's envd: removing what is not there is done. Unless the sandbox itself is gone.
@@ -195,7 +195,7 @@ class FilesystemService(filesystem_connect.Filesystem):
                    ctx: RequestContext[filesystem_pb.MoveRequest, filesystem_pb.MoveResponse], /,
                    ) -> filesystem_pb.MoveResponse:
         with connect_errors():
-            info = await self._runtime().file_move(sandbox_of(ctx), guest_path(request.source),
+            info = await self._runtime().files.move(sandbox_of(ctx), guest_path(request.source),
                                                    guest_path(request.destination), user=user_of(ctx))
         return filesystem_pb.MoveResponse(entry=entry(info))
 

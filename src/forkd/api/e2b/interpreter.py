@@ -9,9 +9,9 @@ nanoseconds), each ``result`` with E2B's fields (``text``, ``html``,
 ``number_of_executions``.
 
 On a sandbox whose image has a Jupyter kernel (the ``code-interpreter``
-image) the cell runs on the context's IPython kernel (``Runtime.run_cell``)
+image) the cell runs on the context's IPython kernel (``Runtime.kernels.run``)
 and its output streams while it runs; a client that leaves interrupts it.
-Elsewhere it runs in PID 1's warm interpreter (``Runtime.run_code``: the
+Elsewhere it runs in PID 1's warm interpreter (``Runtime.code.run``: the
 ``default`` context is the namespace ``eval`` uses) and its output is sent
 when the cell ends. A cell may run ``CELL_TIMEOUT_SECS`` (the SDK's own
 default timeout), then it is interrupted.
@@ -78,7 +78,7 @@ RESULT_FIELDS = {
 
 
 def kernel_line(event: dict[str, Any]) -> list[dict[str, Any]]:
-    """One kernel event (``Runtime.run_cell``) as the code interpreter's NDJSON objects."""
+    """One kernel event (``Runtime.kernels.run``) as the code interpreter's NDJSON objects."""
     kind = event["type"]
     if kind in ("stdout", "stderr"):
         return [{"type": kind, "text": event["text"], "timestamp": time.time_ns()}]
@@ -146,19 +146,19 @@ class Interpreter:
                 raise InvalidRequest("code must be a string")
             env = body.get("env_vars") or None
             context = body.get("context_id") or None
-            if await rt.kernel_available(sandbox_id):
+            if await rt.kernels.available(sandbox_id):
                 cwd = None
                 if context is not None and context != "default":  # a context's kernel starts in its cwd
-                    known = {c["id"]: c["cwd"] for c in await rt.list_code_contexts(sandbox_id)}
+                    known = {c["id"]: c["cwd"] for c in await rt.code.list(sandbox_id)}
                     if context not in known:
                         raise NotFound(f"no code context {context!r}")
                     cwd = known[context]
-                events = await rt.run_cell(sandbox_id, code, context=context, timeout_secs=CELL_TIMEOUT_SECS,
-                                           env=env, cwd=cwd)
+                events = await rt.kernels.run(sandbox_id, code, context=context,
+                                              timeout_secs=CELL_TIMEOUT_SECS, env=env, cwd=cwd)
                 return StreamingResponse(kernel_stream(events, lambda: _alive(rt, sandbox_id)),
                                          media_type="application/x-ndjson",
                                          headers={"Cache-Control": "no-cache, no-transform"})
-            cell = await rt.run_code(sandbox_id, code, context=body.get("context_id") or None,
+            cell = await rt.code.run(sandbox_id, code, context=body.get("context_id") or None,
                                      timeout_secs=CELL_TIMEOUT_SECS, env=env)
 
             async def stream() -> AsyncIterator[bytes]:
@@ -169,14 +169,14 @@ class Interpreter:
         if path == "/contexts" and method == "POST":
             body = await _json(request)
             _language(body.get("language"))
-            return JSONResponse(await rt.create_code_context(sandbox_id, language=body.get("language"),
+            return JSONResponse(await rt.code.create(sandbox_id, language=body.get("language"),
                                                              cwd=body.get("cwd")))
         if path == "/contexts" and method == "GET":
-            return JSONResponse(await rt.list_code_contexts(sandbox_id))
+            return JSONResponse(await rt.code.list(sandbox_id))
         parts = path.split("/")
         if len(parts) in (3, 4) and parts[1] == "contexts":
             restart = len(parts) == 4 and parts[3] == "restart" and method == "POST"
             if restart or (len(parts) == 3 and method == "DELETE"):
-                await rt.remove_code_context(sandbox_id, parts[2], restart=restart)
+                await rt.code.remove(sandbox_id, parts[2], restart=restart)
                 return Response(status_code=204)
         raise NotFound(f"{method} {path} is not served by the code interpreter (see docs/E2B.md)")

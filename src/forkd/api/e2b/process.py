@@ -166,7 +166,7 @@ class ProcessService(process_connect.Process):
         if chosen.field == "pid":
             return int(chosen.value)
         with connect_errors():
-            running = await self._runtime().process_list(sandbox)
+            running = await self._runtime().processes.list(sandbox)
         for info in running:
             if info["tag"] == chosen.value:
                 return int(info["pid"])
@@ -187,7 +187,7 @@ class ProcessService(process_connect.Process):
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
         sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         with connect_errors():
-            events = await self._runtime().exec_stream(
+            events = await self._runtime().processes.run(
                 sandbox, [config.cmd, *config.args], env=dict(config.envs) or None,
                 cwd=guest_path(config.cwd) if config.has_field("cwd") and config.cwd else None,
                 user=user_of(ctx),
@@ -195,7 +195,7 @@ class ProcessService(process_connect.Process):
                 tag=request.tag if request.has_field("tag") else None, kill_on_close=False)
 
         async def kill(pid: int) -> None:
-            await self._runtime().process_kill(sandbox, pid)
+            await self._runtime().processes.kill(sandbox, pid)
 
         async for ev in relay(events, sandbox, deadline, kill):
             yield process_pb.StartResponse(event=ev)
@@ -211,7 +211,7 @@ class ProcessService(process_connect.Process):
         sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         pid = await self._pid(sandbox, request.process)
         with connect_errors():
-            events = await self._runtime().process_stream(sandbox, pid, from_start=False)
+            events = await self._runtime().processes.attach(sandbox, pid, from_start=False)
         async for ev in relay(events, sandbox, deadline, None):
             yield process_pb.ConnectResponse(event=ev)
 
@@ -219,7 +219,7 @@ class ProcessService(process_connect.Process):
                    ctx: RequestContext[process_pb.ListRequest, process_pb.ListResponse], /,
                    ) -> process_pb.ListResponse:
         with connect_errors():
-            running = await self._runtime().process_list(sandbox_of(ctx))
+            running = await self._runtime().processes.list(sandbox_of(ctx))
         return process_pb.ListResponse(processes=[_info(p) for p in running])
 
     async def send_input(self, request: process_pb.SendInputRequest,
@@ -255,7 +255,7 @@ class ProcessService(process_connect.Process):
         if chosen.field != "stdin":
             raise ConnectError(Code.UNIMPLEMENTED, NO_PTY)
         with connect_errors():
-            await self._runtime().process_write_stdin(sandbox, pid, bytes(chosen.value))
+            await self._runtime().processes.write_stdin(sandbox, pid, bytes(chosen.value))
 
     async def close_stdin(self, request: process_pb.CloseStdinRequest,
                           ctx: RequestContext[process_pb.CloseStdinRequest, process_pb.CloseStdinResponse], /,
@@ -263,7 +263,7 @@ class ProcessService(process_connect.Process):
         sandbox = sandbox_of(ctx)
         pid = await self._pid(sandbox, request.process)
         with connect_errors():
-            await self._runtime().process_close_stdin(sandbox, pid)
+            await self._runtime().processes.write_stdin(sandbox, pid, b"", eof=True)
         return process_pb.CloseStdinResponse()
 
     async def send_signal(self, request: process_pb.SendSignalRequest,
@@ -273,9 +273,9 @@ class ProcessService(process_connect.Process):
         pid = await self._pid(sandbox, request.process)
         with connect_errors():
             if request.signal == process_pb.Signal.SIGKILL:
-                await self._runtime().process_kill(sandbox, pid)  # answers once it has ended
+                await self._runtime().processes.kill(sandbox, pid)  # answers once it has ended
             elif request.signal == process_pb.Signal.SIGTERM:
-                await self._runtime().process_signal(sandbox, pid, "SIGTERM")
+                await self._runtime().processes.signal(sandbox, pid, "SIGTERM")
             else:
                 raise ConnectError(Code.INVALID_ARGUMENT, "signal must be SIGTERM or SIGKILL")
         return process_pb.SendSignalResponse()
