@@ -90,18 +90,18 @@ async def batch(rt: Runtime, tag: str, n: int, window: float, **spawn: Any) -> d
 
 async def pool_members(rt: Runtime, tag: str, n: int, window: float) -> dict[str, Any]:
     before = mem_available_mib()
-    await rt.set_pool(tag, n)
+    await rt.pools.configure(tag, n)
     try:
         deadline = time.monotonic() + 600
-        while rt.get_pool(tag)["ready"] < n:
+        while rt.pools.get(tag)["ready"] < n:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the pool did not fill: {rt.get_pool(tag)}")
+                raise RuntimeError(f"the pool did not fill: {rt.pools.get(tag)}")
             await asyncio.sleep(0.5)
         await asyncio.sleep(SETTLE_S)
         pids = [sb.pid for sb in rt.registry.sandboxes.all() if sb.pooled and sb.pid]
         return await measure(rt, pids, n, window, before)
     finally:
-        await rt.set_pool(tag, 0)
+        await rt.pools.configure(tag, 0)
 
 
 async def legacy_template(rt: Runtime, tag: str) -> None:

@@ -96,20 +96,20 @@ async def jit_stats(rt: Runtime, sandbox_id: str) -> dict[str, int]:
 
 async def pooled(rt: Runtime, tag: str, n: int) -> float:
     """Fill a pool of ``n``, wait until it is full, then fork ``n`` children (all claimed)."""
-    await rt.set_pool(tag, n)
+    await rt.pools.configure(tag, n)
     deadline = time.monotonic() + POOL_FILL_TIMEOUT_S
-    while rt.get_pool(tag)["ready"] < n:
+    while rt.pools.get(tag)["ready"] < n:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the pool did not fill: {rt.get_pool(tag)}")
+            raise RuntimeError(f"the pool did not fill: {rt.pools.get(tag)}")
         await asyncio.sleep(0.2)
     await asyncio.sleep(1)  # let the last member's restore settle, as an idle pool would
-    claims = rt.get_pool(tag)["claims"]
+    claims = rt.pools.get(tag)["claims"]
     started = time.monotonic()
     sbs = await rt.spawn(tag, n)
     await ping_all(rt, [sb.id for sb in sbs])
     elapsed = time.monotonic() - started
-    await rt.set_pool(tag, 0)  # no refill competes with the kills or the next run
-    got = rt.get_pool(tag)["claims"] - claims
+    await rt.pools.configure(tag, 0)  # no refill competes with the kills or the next run
+    got = rt.pools.get(tag)["claims"] - claims
     await asyncio.gather(*(rt.kill(sb.id) for sb in sbs), return_exceptions=True)
     if got != n:
         raise RuntimeError(f"only {got} of {n} children came from the pool")

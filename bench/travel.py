@@ -110,14 +110,14 @@ async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, 
         _, out["unpack_s"] = await timed(dest.travel.unpack(archive))
         await dest.close()
 
-        pushed, out["push_s"] = await timed(src.push_snapshot(tag))
+        pushed, out["push_s"] = await timed(src.travel.push(tag))
         out["push_mib"] = round(pushed["bytes_uploaded"] / 2**20, 1)
-        again, out["push_again_s"] = await timed(src.push_snapshot(tag))
+        again, out["push_again_s"] = await timed(src.travel.push(tag))
         out["push_again_blobs"] = again["blobs_uploaded"]
 
         pull_rt = await Runtime.open(scratch("pull"), store=store)
         roots.append(pull_rt.data.root)
-        pulled, out["pull_s"] = await timed(pull_rt.pull_snapshot(tag))
+        pulled, out["pull_s"] = await timed(pull_rt.travel.pull(tag))
         out["pull_mib"] = round(pulled["bytes_downloaded"] / 2**20, 1)
         await pull_rt.close()
 

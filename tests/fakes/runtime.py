@@ -248,14 +248,14 @@ class FakeRuntime:
     eval_answers: dict[str, str] = field(default_factory=lambda: {"numpy.zeros(5).sum()": "0.0"})
     closed_with: dict[str, Any] | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
-    pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
+    pool_rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
     refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
     # Every sandbox's files: path -> contents (bytes) or None for a directory.
     guest_files: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     # Sizes of the body pieces file_write received, to show that uploads stream.
     upload_pieces: list[int] = field(default_factory=list)
     download_piece: int = 1 << 20  # file_read yields pieces of this size
-    workspaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
+    workspace_rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> its row
     suspended: dict[str, SnapshotRecord] = field(default_factory=dict)  # sandbox id -> its state
     paused: dict[str, PausedRecord] = field(default_factory=dict)  # E2B's pause: sandbox id -> its row
     # sandbox -> pid -> process
@@ -275,12 +275,20 @@ class FakeRuntime:
     files: FakeFiles = field(init=False)
     processes: FakeProcesses = field(init=False)
     kernels: FakeKernels = field(init=False)
+    checkpoints: FakeCheckpoints = field(init=False)
+    travel: FakeTravel = field(init=False)
+    workspaces: FakeWorkspaces = field(init=False)
+    pools: FakePools = field(init=False)
 
     def __post_init__(self) -> None:
         self.watches = FakeDirWatches(self)
         self.files = FakeFiles(self)
         self.processes = FakeProcesses(self)
         self.kernels = FakeKernels(self)
+        self.checkpoints = FakeCheckpoints(self)
+        self.travel = FakeTravel(self)
+        self.workspaces = FakeWorkspaces(self)
+        self.pools = FakePools(self)
 
     # ---------------------------------------------------------------- set-up
 
@@ -488,25 +496,6 @@ class FakeRuntime:
                 deleted.append({"id": parent, "deleted": True})
             self.aliases[parent] = winner.id
         return {"winner": winner.info(), "tree_id": tree, "deleted": deleted, "replaced_parent": parent}
-
-    def set_checkpoints(
-        self, sandbox_id: str, *, every: int, keep: int, mode: str = "diff"
-    ) -> dict[str, Any]:
-        self._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
-        record = self._sandbox(self._resolve(sandbox_id))
-        record.checkpoints = AutoCheckpoint(every=every, keep=keep, mode=mode)
-        return self.get_checkpoints(sandbox_id)
-
-    def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
-        record = self._sandbox(self._resolve(sandbox_id))
-        kept = [s.info() for s in self.snapshots.values() if s.checkpoint_of == record.id]
-        return {"sandbox_id": record.id, "policy": record.checkpoints.info() if record.checkpoints else None,
-                "calls": 0, "checkpoints": kept}
-
-    def delete_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
-        record = self._sandbox(self._resolve(sandbox_id))
-        record.checkpoints = None
-        return self.get_checkpoints(sandbox_id)
 
     def _child_specs(self, n: int, *, child_env: list[dict[str, str]] | None = None,
                      child_memory_limit_mib: list[int | None] | None = None,
@@ -737,101 +726,6 @@ class FakeRuntime:
         out += [suspend_view(p, p.template) for p in self.paused.values()]
         return sorted(out, key=lambda v: (v["started"], v["id"]))
 
-    # ------------------------------------------------------------ workspaces
-    # A workspace is a name for a sandbox id; suspended ones keep theirs here.
-
-    def _workspace(self, name: str) -> dict[str, Any]:
-        if name not in self.workspaces:
-            raise NotFound(f"workspace {name!r} does not exist")
-        ws = self.workspaces[name]
-        sandbox = ws["sandbox_id"]
-        info = {k: v for k, v in ws.items() if k != "sandbox_id"}
-        if sandbox in self.sandboxes:
-            return {**info, "status": "running", "live_sandbox_id": sandbox}
-        if sandbox in self.suspended:
-            return {**info, "status": "suspended", "current_state_tag": self.suspended[sandbox].tag}
-        return {**info, "status": "stale"}
-
-    def list_workspaces(self) -> list[dict[str, Any]]:
-        return [self._workspace(name) for name in self.workspaces]
-
-    def get_workspace(self, name: str) -> dict[str, Any]:
-        return self._workspace(name)
-
-    async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
-                               memory_limit_mib: int | None = None) -> dict[str, Any]:
-        self._call("create_workspace", name, snapshot_tag, per_child_netns=per_child_netns,
-                   memory_limit_mib=memory_limit_mib)
-        if name in self.workspaces:
-            raise Conflict(f"workspace {name!r} already exists; delete it first")
-        [child] = await self.spawn(snapshot_tag, 1, SpawnOptions(per_child_netns=per_child_netns,
-                                                                 memory_limit_mib=memory_limit_mib))
-        self.workspaces[name] = {"id": f"ws-{name}", "name": name, "sandbox_id": child.id,
-                                 "source_snapshot_tag": snapshot_tag, "created_at_unix": CREATED,
-                                 "last_active_unix": CREATED}
-        return self._workspace(name)
-
-    async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
-        self._call("suspend_workspace", name, mode=mode)
-        info = self._workspace(name)
-        if info["status"] != "running":
-            raise Conflict(f"workspace {name!r} is {info['status']}, not running")
-        sandbox = self.workspaces[name]["sandbox_id"]
-        self.suspended[sandbox] = await self.branch(sandbox, f"paused-{sandbox}-1", mode)
-        del self.sandboxes[sandbox]
-        return self._workspace(name)
-
-    async def resume_workspace(self, name: str) -> dict[str, Any]:
-        self._call("resume_workspace", name)
-        info = self._workspace(name)
-        if info["status"] == "running":
-            raise Conflict(f"workspace {name!r} is already running")
-        sandbox = self.workspaces[name]["sandbox_id"]
-        state = self.suspended.pop(sandbox, None)
-        self.add_sandbox(sandbox, state.tag if state else info["source_snapshot_tag"])
-        return self._workspace(name)
-
-    async def delete_workspace(self, name: str) -> None:
-        self._call("delete_workspace", name)
-        self._workspace(name)
-        sandbox = self.workspaces.pop(name)["sandbox_id"]
-        self.sandboxes.pop(sandbox, None)
-        self.suspended.pop(sandbox, None)
-
-    # ------------------------------------------------------------ warm pools
-    # Pools fill at once (no VMs); spawns do not draw from them here.
-
-    async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False,
-                       allow_internet_access: bool | None = None,
-                       network: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
-                   per_child_netns=per_child_netns, live_fork=live_fork,
-                   **_egress_kwargs(allow_internet_access, network))
-        bounds.POOL_SIZE.check(size)
-        if size:
-            self._snapshot(tag).check_forkable()  # 404, then the real 409 messages
-        elif tag not in self.pools:
-            self._snapshot(tag)
-        self.pools[tag] = {"tag": tag, "size": size, "ready": size, "memory_limit_mib": memory_limit_mib,
-                           "per_child_netns": per_child_netns, "live_fork": live_fork,
-                           "claims": 0, "misses": 0}
-        return dict(self.pools[tag])
-
-    def get_pool(self, tag: str) -> dict[str, Any]:
-        if tag not in self.pools:
-            self._snapshot(tag)
-        return dict(self.pools.get(tag) or {"tag": tag, "size": 0, "ready": 0, "memory_limit_mib": None,
-                                             "per_child_netns": False, "live_fork": False,
-                                             "claims": 0, "misses": 0})
-
-    def list_pools(self) -> list[dict[str, Any]]:
-        return [dict(self.pools[t]) for t in sorted(self.pools)]
-
-    def take_pool_refill_times(self) -> list[tuple[str, float]]:
-        out, self.refill_times = self.refill_times, []
-        return out
-
     # ---------------------------------------------------------------- travel
 
     def _lineage(self, tag: str) -> list[str]:
@@ -845,34 +739,6 @@ class FakeRuntime:
             raise Conflict("no object store is configured: start the daemon with --store "
                                  "s3://bucket/prefix (or FORKD_STORE)")
         return self.store_url
-
-    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
-        self._call("push_snapshot", tag, force=force)
-        url = self._need_store()
-        self._snapshot(tag).check_forkable()
-        lineage = self._lineage(tag)
-        fresh = [t for t in lineage if t not in self.stored]
-        for i, t in enumerate(lineage):
-            self.stored[t] = lineage[: i + 1]
-        return {"tag": tag, "store": url, "lineage": lineage, "blobs": 3 * len(lineage) + 1,
-                "blobs_uploaded": 3 * len(fresh), "bytes_uploaded": 1000 * len(fresh)}
-
-    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
-        self._call("pull_snapshot", tag)
-        url = self._need_store()
-        if tag in self.snapshots:
-            return {"tag": tag, "created": [], "reused": [tag], "bytes_downloaded": 0}
-        if tag not in self.stored:
-            raise NotFound(f"snapshot {tag!r} is neither on this host nor in store {url}")
-        created, reused, parent = [], [], None
-        for t in self.stored[tag]:
-            if t in self.snapshots:
-                reused.append(t)
-            else:
-                self.add_snapshot(t, parent_tag=parent)
-                created.append(t)
-            parent = t
-        return {"tag": tag, "created": created, "reused": reused, "bytes_downloaded": 1000 * len(created)}
 
 
 class FakeFiles:
@@ -1066,4 +932,178 @@ class FakeKernels:
                          {"type": "end", "execution_count": 1, "timed_out": False, "restarted": False}])
 
 
-__all__ = ["Call", "FakeRuntime"]
+
+class FakeCheckpoints:
+    """``Runtime.checkpoints``: a policy on the sandbox's record; the fake never captures one."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> dict[str, Any]:
+        self._rt._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
+        record = self._rt._sandbox(self._rt._resolve(sandbox_id))
+        record.checkpoints = AutoCheckpoint(every=every, keep=keep, mode=mode)
+        return self.get(sandbox_id)
+
+    def get(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._rt._sandbox(self._rt._resolve(sandbox_id))
+        kept = [s.info() for s in self._rt.snapshots.values() if s.checkpoint_of == record.id]
+        return {"sandbox_id": record.id, "policy": record.checkpoints.info() if record.checkpoints else None,
+                "calls": 0, "checkpoints": kept}
+
+    def delete(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._rt._sandbox(self._rt._resolve(sandbox_id))
+        record.checkpoints = None
+        return self.get(sandbox_id)
+
+
+class FakeTravel:
+    """``Runtime.travel``: an object store that is a dict of tag -> lineage (``FakeRuntime.stored``)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def push(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+        self._rt._call("push_snapshot", tag, force=force)
+        url = self._rt._need_store()
+        self._rt._snapshot(tag).check_forkable()
+        lineage = self._rt._lineage(tag)
+        fresh = [t for t in lineage if t not in self._rt.stored]
+        for i, t in enumerate(lineage):
+            self._rt.stored[t] = lineage[: i + 1]
+        return {"tag": tag, "store": url, "lineage": lineage, "blobs": 3 * len(lineage) + 1,
+                "blobs_uploaded": 3 * len(fresh), "bytes_uploaded": 1000 * len(fresh)}
+
+    async def pull(self, tag: str) -> dict[str, Any]:
+        self._rt._call("pull_snapshot", tag)
+        url = self._rt._need_store()
+        if tag in self._rt.snapshots:
+            return {"tag": tag, "created": [], "reused": [tag], "bytes_downloaded": 0}
+        if tag not in self._rt.stored:
+            raise NotFound(f"snapshot {tag!r} is neither on this host nor in store {url}")
+        created, reused, parent = [], [], None
+        for t in self._rt.stored[tag]:
+            if t in self._rt.snapshots:
+                reused.append(t)
+            else:
+                self._rt.add_snapshot(t, parent_tag=parent)
+                created.append(t)
+            parent = t
+        return {"tag": tag, "created": created, "reused": reused, "bytes_downloaded": 1000 * len(created)}
+
+
+
+class FakeWorkspaces:
+    """``Runtime.workspaces``: a workspace is a name for a sandbox id (``FakeRuntime.workspace_rows``);
+    suspended ones keep their state in ``FakeRuntime.suspended``."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    def info(self, ws: dict[str, Any]) -> dict[str, Any]:
+        sandbox = ws["sandbox_id"]
+        info = {k: v for k, v in ws.items() if k != "sandbox_id"}
+        if sandbox in self._rt.sandboxes:
+            return {**info, "status": "running", "live_sandbox_id": sandbox}
+        if sandbox in self._rt.suspended:
+            return {**info, "status": "suspended", "current_state_tag": self._rt.suspended[sandbox].tag}
+        return {**info, "status": "stale"}
+
+    def get(self, name: str) -> dict[str, Any]:
+        if name not in self._rt.workspace_rows:
+            raise NotFound(f"workspace {name!r} does not exist")
+        return self._rt.workspace_rows[name]
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self._rt.workspace_rows.values())
+
+    async def create(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
+                     memory_limit_mib: int | None = None) -> dict[str, Any]:
+        self._rt._call("create_workspace", name, snapshot_tag, per_child_netns=per_child_netns,
+                       memory_limit_mib=memory_limit_mib)
+        if name in self._rt.workspace_rows:
+            raise Conflict(f"workspace {name!r} already exists; delete it first")
+        [child] = await self._rt.spawn(snapshot_tag, 1, SpawnOptions(per_child_netns=per_child_netns,
+                                                                     memory_limit_mib=memory_limit_mib))
+        self._rt.workspace_rows[name] = {"id": f"ws-{name}", "name": name, "sandbox_id": child.id,
+                                         "source_snapshot_tag": snapshot_tag, "created_at_unix": CREATED,
+                                         "last_active_unix": CREATED}
+        return self.get(name)
+
+    async def suspend(self, name: str, *, mode: str = "full") -> dict[str, Any]:
+        self._rt._call("suspend_workspace", name, mode=mode)
+        status = self.info(self.get(name))["status"]
+        if status != "running":
+            raise Conflict(f"workspace {name!r} is {status}, not running")
+        sandbox = self.get(name)["sandbox_id"]
+        self._rt.suspended[sandbox] = await self._rt.branch(sandbox, f"paused-{sandbox}-1", mode)
+        del self._rt.sandboxes[sandbox]
+        return self.get(name)
+
+    async def resume(self, name: str) -> dict[str, Any]:
+        self._rt._call("resume_workspace", name)
+        ws = self.get(name)
+        if self.info(ws)["status"] == "running":
+            raise Conflict(f"workspace {name!r} is already running")
+        state = self._rt.suspended.pop(ws["sandbox_id"], None)
+        self._rt.add_sandbox(ws["sandbox_id"], state.tag if state else ws["source_snapshot_tag"])
+        return ws
+
+    async def delete(self, name: str) -> None:
+        self._rt._call("delete_workspace", name)
+        sandbox = self.get(name)["sandbox_id"]
+        del self._rt.workspace_rows[name]
+        self._rt.sandboxes.pop(sandbox, None)
+        self._rt.suspended.pop(sandbox, None)
+
+
+
+class FakePools:
+    """``Runtime.pools``: pools fill at once (no VMs); spawns do not draw from them here."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def configure(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
+                        per_child_netns: bool = False, live_fork: bool = False,
+                        allow_internet_access: bool | None = None,
+                        network: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._rt._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
+                       per_child_netns=per_child_netns, live_fork=live_fork,
+                       **_egress_kwargs(allow_internet_access, network))
+        bounds.POOL_SIZE.check(size)
+        if size:
+            self._rt._snapshot(tag).check_forkable()  # 404, then the real 409 messages
+        elif tag not in self._rt.pool_rows:
+            self._rt._snapshot(tag)
+        self._rt.pool_rows[tag] = {"tag": tag, "size": size, "ready": size,
+                                   "memory_limit_mib": memory_limit_mib, "per_child_netns": per_child_netns,
+                                   "live_fork": live_fork, "claims": 0, "misses": 0}
+        return dict(self._rt.pool_rows[tag])
+
+    def get(self, tag: str) -> dict[str, Any]:
+        if tag not in self._rt.pool_rows:
+            self._rt._snapshot(tag)
+        empty = {"tag": tag, "size": 0, "ready": 0, "memory_limit_mib": None, "per_child_netns": False,
+                 "live_fork": False, "claims": 0, "misses": 0}
+        return dict(self._rt.pool_rows.get(tag) or empty)
+
+    def all(self) -> list[dict[str, Any]]:
+        return [dict(self._rt.pool_rows[t]) for t in sorted(self._rt.pool_rows)]
+
+    def take_refill_times(self) -> list[tuple[str, float]]:
+        out, self._rt.refill_times = self._rt.refill_times, []
+        return out
+
+
+__all__ = [
+    "Call",
+    "FakeCheckpoints",
+    "FakeFiles",
+    "FakeKernels",
+    "FakePools",
+    "FakeProcesses",
+    "FakeRuntime",
+    "FakeTravel",
+    "FakeWorkspaces",
+]

@@ -165,10 +165,10 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
 def _wait_checkpoints(loop: Loop, runtime: Runtime, sb_id: str, count: int) -> list[dict[str, object]]:
     deadline = time.monotonic() + 180
     while True:
-        listed = runtime.get_checkpoints(sb_id)["checkpoints"]
+        listed = runtime.checkpoints.get(sb_id)["checkpoints"]
         if len(listed) == count and all(s["status"] == "ready" for s in listed):
             return listed  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, runtime.get_checkpoints(sb_id)
+        assert time.monotonic() < deadline, runtime.checkpoints.get(sb_id)
         loop.run(asyncio.sleep(0.5))
 
 
@@ -176,24 +176,24 @@ def test_auto_checkpoints_keep_the_newest(loop: Loop, runtime: Runtime, snapshot
     [src] = loop.run(runtime.spawn(snapshot, 1))
     tags: list[str] = []
     try:
-        policy = runtime.set_checkpoints(src.id, every=2, keep=3)
+        policy = runtime.checkpoints.set(src.id, every=2, keep=3)
         assert policy["policy"] == {"every": 2, "keep": 3, "mode": "diff"}
         for turn in range(1, 11):
             ev(loop, runtime, src.id, f"turn = {turn}")
         listed = _wait_checkpoints(loop, runtime, src.id, 3)
         tags = [str(s["tag"]) for s in listed]
-        assert runtime.get_checkpoints(src.id)["calls"] == 10
+        assert runtime.checkpoints.get(src.id)["calls"] == 10
         every_ckpt = [s.tag for s in runtime.list_snapshots() if s.checkpoint_of == src.id]
         assert sorted(every_ckpt) == sorted(tags)  # older ones were deleted, not only hidden
         # The oldest kept one holds the state after call 6 (checkpoints after 2, 4, …, 10).
         [child] = loop.run(runtime.spawn(tags[0], 1))
         assert ev(loop, runtime, child.id, "turn") == "6"
         loop.run(runtime.kill(child.id))
-        stopped = runtime.delete_checkpoints(src.id)
+        stopped = runtime.checkpoints.delete(src.id)
         assert stopped["policy"] is None
         ev(loop, runtime, src.id, "turn = 11")
         ev(loop, runtime, src.id, "turn = 12")
-        assert [s["tag"] for s in runtime.get_checkpoints(src.id)["checkpoints"]] == tags
+        assert [s["tag"] for s in runtime.checkpoints.get(src.id)["checkpoints"]] == tags
     finally:
         loop.run(runtime.kill(src.id))
         for tag in tags:

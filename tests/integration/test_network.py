@@ -289,15 +289,15 @@ def test_pool_members_and_forks_of_a_running_sandbox_get_networks_of_their_own(
     allowed, _ = servers
     gateway = str(netplan.AddressPlan.from_env().gateway)
     network = {"allow_out": [f"{gateway}:{allowed.port}"]}
-    env.loop.run(env.rt.set_pool(TAG, 1, network=network))
+    env.loop.run(env.rt.pools.configure(TAG, 1, network=network))
     try:
         deadline = time.monotonic() + 240
-        while env.rt.get_pool(TAG)["ready"] < 1 and time.monotonic() < deadline:
+        while env.rt.pools.get(TAG)["ready"] < 1 and time.monotonic() < deadline:
             env.loop.run(asyncio.sleep(0.5))  # the refill runs on the loop
-        assert env.rt.get_pool(TAG)["ready"] == 1, env.rt.get_pool(TAG)
+        assert env.rt.pools.get(TAG)["ready"] == 1, env.rt.pools.get(TAG)
         [plain] = env.spawn(1, env={"TOKEN": "plain"})  # other egress: not from the pool
         [pooled] = env.spawn(1, network=network, env={"TOKEN": "pooled"})
-        assert env.rt.get_pool(TAG)["claims"] == 1
+        assert env.rt.pools.get(TAG)["claims"] == 1
         assert pooled.timings.get("claimed_s") is not None and plain.timings.get("claimed_s") is None
         env.eval(pooled, GUEST_CLIENT)
         assert env.eval(pooled, f"_try({gateway!r}, {allowed.port})")["ok"]  # the pool's rules
@@ -314,7 +314,7 @@ def test_pool_members_and_forks_of_a_running_sandbox_get_networks_of_their_own(
             assert env.eval(child, f"_try({gateway!r}, {allowed.port})")["ok"]
         env.kill([plain, pooled, *result.children])
     finally:
-        env.loop.run(env.rt.set_pool(TAG, 0))
+        env.loop.run(env.rt.pools.configure(TAG, 0))
     assert_nothing_left([s for s in env.made if s.id not in env.rt.sandboxes])
 
 

@@ -57,14 +57,14 @@ def probe(loop: Loop, rt: Runtime, sandbox_id: str) -> tuple[str, float, float, 
 def py_pool(loop: Loop, runtime: Runtime, snapshot: str) -> Iterator[str]:
     """The session's ``py`` snapshot, with its pool drained again afterwards."""
     yield snapshot
-    loop.run(runtime.set_pool(snapshot, 0))
+    loop.run(runtime.pools.configure(snapshot, 0))
     assert members(runtime, snapshot) == []
 
 
 def test_pooled_children_are_their_own_machines(loop: Loop, runtime: Runtime, py_pool: str) -> None:
-    info = loop.run(runtime.set_pool(py_pool, 2))
+    info = loop.run(runtime.pools.configure(py_pool, 2))
     assert info["size"] == 2
-    wait_until(loop, lambda: runtime.get_pool(py_pool)["ready"] == 2, "the pool to fill")
+    wait_until(loop, lambda: runtime.pools.get(py_pool)["ready"] == 2, "the pool to fill")
     pooled = members(runtime, py_pool)
     assert len(pooled) == 2
     for sb in pooled:
@@ -85,10 +85,10 @@ def test_pooled_children_are_their_own_machines(loop: Loop, runtime: Runtime, py
         assert runtime.get_sandbox(c.id).metadata == {"who": "pool"}
         res = loop.run(runtime.eval(c.id, "__import__('os').environ.get('ROLE')"))
         assert res["result"] == repr("pooled")
-    assert runtime.get_pool(py_pool)["claims"] == 2
+    assert runtime.pools.get(py_pool)["claims"] == 2
 
     # A fresh child, restored as without a pool.
-    loop.run(runtime.set_pool(py_pool, 0))
+    loop.run(runtime.pools.configure(py_pool, 0))
     [fresh] = loop.run(runtime.spawn(py_pool, 1))
     assert "claimed_s" not in fresh.timings
     try:
@@ -103,15 +103,15 @@ def test_pooled_children_are_their_own_machines(loop: Loop, runtime: Runtime, py
 
 
 def test_a_spawn_with_other_options_does_not_draw(loop: Loop, runtime: Runtime, py_pool: str) -> None:
-    loop.run(runtime.set_pool(py_pool, 1))
-    wait_until(loop, lambda: runtime.get_pool(py_pool)["ready"] == 1, "the pool to fill")
+    loop.run(runtime.pools.configure(py_pool, 1))
+    wait_until(loop, lambda: runtime.pools.get(py_pool)["ready"] == 1, "the pool to fill")
     [member] = members(runtime, py_pool)
-    misses = runtime.get_pool(py_pool)["misses"]
+    misses = runtime.pools.get(py_pool)["misses"]
     [other] = loop.run(runtime.spawn(py_pool, 1, SpawnOptions(live_fork=True)))
     try:
         assert other.id != member.id and "claimed_s" not in other.timings
         assert [sb.id for sb in members(runtime, py_pool)] == [member.id]
-        assert runtime.get_pool(py_pool)["misses"] == misses + 1
+        assert runtime.pools.get(py_pool)["misses"] == misses + 1
     finally:
         loop.run(runtime.kill(other.id))
 
@@ -126,21 +126,21 @@ def test_resizing_and_deleting_leave_no_qemu_behind(loop: Loop, runtime: Runtime
         loop.run(runtime.kill(src.id))
     before = set(qemu_processes_of(data_dir.root))
 
-    loop.run(runtime.set_pool("pool-rm", 3))
-    wait_until(loop, lambda: runtime.get_pool("pool-rm")["ready"] == 3, "the pool to fill")
+    loop.run(runtime.pools.configure("pool-rm", 3))
+    wait_until(loop, lambda: runtime.pools.get("pool-rm")["ready"] == 3, "the pool to fill")
     first = members(runtime, "pool-rm")
     assert len(first) == 3 and all(pid_alive(sb.pid or 0) for sb in first)
 
-    loop.run(runtime.set_pool("pool-rm", 1))
+    loop.run(runtime.pools.configure("pool-rm", 1))
     kept = members(runtime, "pool-rm")
-    assert len(kept) == 1 and runtime.get_pool("pool-rm")["ready"] == 1
+    assert len(kept) == 1 and runtime.pools.get("pool-rm")["ready"] == 1
     gone = [sb for sb in first if sb.id != kept[0].id]
     for sb in gone:
         assert not pid_alive(sb.pid or 0), f"{sb.id} outlived the shrink"
         assert not Path(sb.dir).exists()
 
-    loop.run(runtime.set_pool("pool-rm", 2))
-    wait_until(loop, lambda: runtime.get_pool("pool-rm")["ready"] == 2, "the pool to grow again")
+    loop.run(runtime.pools.configure("pool-rm", 2))
+    wait_until(loop, lambda: runtime.pools.get("pool-rm")["ready"] == 2, "the pool to grow again")
     last = members(runtime, "pool-rm")
 
     loop.run(runtime.delete_snapshot("pool-rm"))
@@ -149,7 +149,7 @@ def test_resizing_and_deleting_leave_no_qemu_behind(loop: Loop, runtime: Runtime
         assert not pid_alive(sb.pid or 0), f"{sb.id} outlived its snapshot"
         assert not Path(sb.dir).exists()
     with pytest.raises(NotFound):
-        runtime.get_pool("pool-rm")
+        runtime.pools.get("pool-rm")
     assert set(qemu_processes_of(data_dir.root)) == before
 
 

@@ -201,15 +201,15 @@ def test_a_tampered_or_corrupt_archive_is_refused(loop: Loop, source: Runtime, c
 
 def test_push_then_pull_on_another_data_dir_then_fork(loop: Loop, source: Runtime, chain: dict[str, Any],
                                                       s3: S3Server) -> None:
-    first = loop.run(source.push_snapshot(CHAIN[0]))
+    first = loop.run(source.travel.push(CHAIN[0]))
     assert first["lineage"] == [TEMPLATE, CHAIN[0]] and first["blobs_uploaded"] == first["blobs"]
-    again = loop.run(source.push_snapshot(chain["tag"]))
+    again = loop.run(source.travel.push(chain["tag"]))
     # Content-addressed: the base, the template and tv-b1 are in the store already.
     assert again["blobs_uploaded"] == again["blobs"] - first["blobs"], again
 
     dest = open_runtime(loop, s3)
     try:
-        pulled = loop.run(dest.pull_snapshot(chain["tag"]))
+        pulled = loop.run(dest.travel.pull(chain["tag"]))
         assert pulled["created"] == [TEMPLATE, *CHAIN] and pulled["bytes_downloaded"] > 0
 
         async def fork_there() -> tuple[str, str]:
@@ -217,16 +217,16 @@ def test_push_then_pull_on_another_data_dir_then_fork(loop: Loop, source: Runtim
             return await what_it_sees(dest, sb.id)
 
         assert loop.run(fork_there()) == chain["seen"]
-        assert loop.run(dest.pull_snapshot(chain["tag"]))["created"] == []  # already here
+        assert loop.run(dest.travel.pull(chain["tag"]))["created"] == []  # already here
         with pytest.raises(NotFound, match="neither on this host nor in store"):
-            loop.run(dest.pull_snapshot("tv-nowhere"))
+            loop.run(dest.travel.pull("tv-nowhere"))
     finally:
         close_runtime(loop, dest)
 
 
 def test_20_concurrent_spawns_of_an_absent_tag_download_it_once(loop: Loop, source: Runtime,
                                                                 chain: dict[str, Any], s3: S3Server) -> None:
-    loop.run(source.push_snapshot(CHAIN[1]))
+    loop.run(source.travel.push(CHAIN[1]))
     dest = open_runtime(loop, s3)
     try:
         async def twenty() -> list[Any]:

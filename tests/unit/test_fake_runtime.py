@@ -16,31 +16,59 @@ import pytest
 
 import forkd.api.code_routes
 import forkd.api.file_routes
+import forkd.api.fork_routes
 import forkd.api.pool_routes
 import forkd.api.process_routes
 import forkd.api.routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
-from forkd.api.deps import FilesLike, KernelsLike, ProcessesLike, RuntimeLike
+from forkd.api.deps import (
+    CheckpointsLike,
+    FilesLike,
+    KernelsLike,
+    PoolsLike,
+    ProcessesLike,
+    RuntimeLike,
+    TravelLike,
+    WorkspacesLike,
+)
+from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.files import SandboxFiles
 from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.options import SpawnOptions
+from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import SandboxProcesses
 from forkd.controller.runtime import Runtime
+from forkd.controller.travel import SnapshotTravel
+from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, NotFound
-from tests.fakes.runtime import FakeFiles, FakeKernels, FakeProcesses, FakeRuntime
+from tests.fakes.runtime import (
+    FakeCheckpoints,
+    FakeFiles,
+    FakeKernels,
+    FakePools,
+    FakeProcesses,
+    FakeRuntime,
+    FakeTravel,
+    FakeWorkspaces,
+)
 
 # Runtime's sub-APIs the routes call directly: (the owner, the routes' protocol, the fake's stand-in).
 SUB_APIS: dict[str, tuple[type, type, type]] = {
     "files": (SandboxFiles, FilesLike, FakeFiles),
     "processes": (SandboxProcesses, ProcessesLike, FakeProcesses),
     "kernels": (KernelCells, KernelsLike, FakeKernels),
+    "checkpoints": (Checkpointer, CheckpointsLike, FakeCheckpoints),
+    "travel": (SnapshotTravel, TravelLike, FakeTravel),
+    "workspaces": (Workspaces, WorkspacesLike, FakeWorkspaces),
+    "pools": (PoolKeeper, PoolsLike, FakePools),
 }
 
 
 def _route_modules() -> list[Any]:
     return [forkd.api.routes, forkd.api.code_routes, forkd.api.pool_routes, forkd.api.file_routes,
-            forkd.api.travel_routes, forkd.api.process_routes, forkd.api.workspace_routes]
+            forkd.api.fork_routes, forkd.api.travel_routes, forkd.api.process_routes,
+            forkd.api.workspace_routes]
 
 
 def _attributes_of_rt() -> list[ast.Attribute]:
@@ -56,7 +84,7 @@ def _attributes_of_rt() -> list[ast.Attribute]:
 def methods_the_routes_call() -> set[str]:
     """Every ``rt.<name>`` the routes use that is a Runtime method (not a sub-API)."""
     called = {node.attr for node in _attributes_of_rt() if node.attr not in SUB_APIS}
-    return called | {"take_pool_refill_times"}  # app.py's metrics scrape
+    return called
 
 
 def sub_api_methods_the_routes_call() -> set[tuple[str, str]]:

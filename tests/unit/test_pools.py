@@ -421,7 +421,7 @@ def test_get_pool_of_an_unknown_snapshot_is_404(client: TestClient) -> None:
 
 def test_pool_metrics(client: TestClient, fake: FakeRuntime) -> None:
     client.put("/v1/snapshots/py/pool", json={"size": 2})
-    fake.pools["py"].update(claims=5, misses=1, ready=1)
+    fake.pool_rows["py"].update(claims=5, misses=1, ready=1)
     fake.refill_times = [("py", 0.3), ("py", 0.7)]
     text = client.get("/metrics").text
     for line in ('forkd_pool_target{tag="py"} 2.0', 'forkd_pool_ready{tag="py"} 1.0',

@@ -156,7 +156,13 @@ def test_discard_leaves_the_state_to_collect_and_a_stale_record_gives_way(parts:
 
 def test_workspaces_name_one_sandbox_through_suspend_and_resume(parts: Any, tmp_path: Path) -> None:
     registry, table, suspender, _brancher, spawner = parts
-    spaces = Workspaces(registry.workspaces, registry.paused, table, spawner, suspender)  # type: ignore[arg-type]
+    collected: list[bool] = []
+
+    async def collect() -> None:  # the Forker's collect: a deleted workspace's state snapshot goes
+        collected.append(True)
+
+    spaces = Workspaces(registry.workspaces, registry.paused, table, spawner, suspender,  # type: ignore[arg-type]
+                        collect)
 
     async def main() -> None:
         ws = await spaces.create("w1", "py")
@@ -174,7 +180,7 @@ def test_workspaces_name_one_sandbox_through_suspend_and_resume(parts: Any, tmp_
         assert spaces.info(await spaces.resume("w1"))["live_sandbox_id"] == ws.sandbox_id
         assert spawner.specs[-1][0] == "py"
         await spaces.delete("w1")
-        assert ws.sandbox_id not in table
+        assert ws.sandbox_id not in table and collected == [True]
         with pytest.raises(NotFound):
             spaces.get("w1")
 

@@ -61,12 +61,12 @@ def _count_paused(app: FastAPI) -> int:
 
 def _pools(app: FastAPI) -> list[dict[str, Any]]:
     runtime: RuntimeLike | None = app.state.runtime
-    return runtime.list_pools() if runtime is not None else []
+    return runtime.pools.all() if runtime is not None else []
 
 
 def _refill_times(app: FastAPI) -> list[tuple[str, float]]:
     runtime: RuntimeLike | None = app.state.runtime
-    return runtime.take_pool_refill_times() if runtime is not None else []
+    return runtime.pools.take_refill_times() if runtime is not None else []
 
 
 def _openapi_factory(app: FastAPI, auth: bool) -> Any:
@@ -114,7 +114,7 @@ def host_record(rt: Any, host_id: str, url: str, capacity: int | None) -> HostRe
     return HostRecord(
         host_id=host_id, url=url, capacity=capacity or default_capacity(),
         sandboxes=len(rt.list_sandboxes()), snapshots=ready[-MAX_TAGS:],
-        pools={p["tag"]: int(p["ready"]) for p in rt.list_pools() if p.get("size")},
+        pools={p["tag"]: int(p["ready"]) for p in rt.pools.all() if p.get("size")},
         mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
         updated_at_unix=time.time())
 
@@ -158,7 +158,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
             rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
                                     disk_quota_mib=settings.disk_quota_mib)
             if settings.pools:
-                await rt.preset_pools(settings.pools)
+                await rt.pools.preset(settings.pools)
             app.state.runtime = rt
             if settings.etcd and settings.host_id:
                 app.state.fleet_member = await _join_fleet(rt, settings)

@@ -126,7 +126,7 @@ async def promote(
 async def set_checkpoints(
     sandbox_id: SandboxIdPath, req: CheckpointPolicyRequest, rt: Runtime,
 ) -> dict[str, Any]:
-    return rt.set_checkpoints(sandbox_id, every=req.every, keep=req.keep, mode=req.mode)
+    return rt.checkpoints.set(sandbox_id, req.every, req.keep, req.mode)
 
 
 @router.get(
@@ -136,7 +136,7 @@ async def set_checkpoints(
     responses=NO_SANDBOX,
 )
 async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
-    return rt.get_checkpoints(sandbox_id)
+    return rt.checkpoints.get(sandbox_id)
 
 
 @router.delete(
@@ -146,4 +146,4 @@ async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, A
     responses=NO_SANDBOX,
 )
 async def delete_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
-    return rt.delete_checkpoints(sandbox_id)
+    return rt.checkpoints.delete(sandbox_id)

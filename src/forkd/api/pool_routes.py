@@ -31,10 +31,10 @@ NO_SNAPSHOT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "descr
     },
 )
 async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.set_pool(tag, req.size, memory_limit_mib=req.memory_limit_mib,
-                             per_child_netns=req.per_child_netns, live_fork=req.live_fork,
-                             allow_internet_access=req.allow_internet_access,
-                             network=req.network.model_dump() if req.network else None)
+    return await rt.pools.configure(tag, req.size, memory_limit_mib=req.memory_limit_mib,
+                                    per_child_netns=req.per_child_netns, live_fork=req.live_fork,
+                                    allow_internet_access=req.allow_internet_access,
+                                    network=req.network.model_dump() if req.network else None)
 
 
 @router.get(
@@ -44,7 +44,7 @@ async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> dict[str, Any
     responses=NO_SNAPSHOT,
 )
 async def get_pool(tag: TagPath, rt: Runtime) -> dict[str, Any]:
-    return rt.get_pool(tag)
+    return rt.pools.get(tag)
 
 
 @router.get(
@@ -53,4 +53,4 @@ async def get_pool(tag: TagPath, rt: Runtime) -> dict[str, Any]:
     summary="Every warm pool (drained ones too, until their snapshot is deleted)",
 )
 async def list_pools(rt: Runtime) -> list[dict[str, Any]]:
-    return rt.list_pools()
+    return rt.pools.all()

@@ -36,7 +36,7 @@ def _err(description: str) -> dict[str, Any]:
 )
 async def push(tag: TagPath, rt: Runtime,
                req: Annotated[PushRequest | None, Body()] = None) -> dict[str, Any]:
-    return await rt.push_snapshot(tag, force=(req or PushRequest()).force)
+    return await rt.travel.push(tag, force=(req or PushRequest()).force)
 
 
 @router.post(
@@ -52,4 +52,4 @@ async def push(tag: TagPath, rt: Runtime,
     },
 )
 async def pull(tag: TagPath, rt: Runtime) -> dict[str, Any]:
-    return await rt.pull_snapshot(tag)
+    return await rt.travel.pull(tag)

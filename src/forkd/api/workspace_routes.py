@@ -51,19 +51,20 @@ _AS_GIVEN: dict[str, Any] = {"response_model_exclude_unset": True}
     **_AS_GIVEN,
 )
 async def create_workspace(req: CreateWorkspaceRequest, rt: Runtime) -> dict[str, Any]:
-    return await rt.create_workspace(req.name, req.snapshot_tag, per_child_netns=req.per_child_netns,
-                                     memory_limit_mib=req.memory_limit_mib)
+    ws = await rt.workspaces.create(req.name, req.snapshot_tag, per_child_netns=req.per_child_netns,
+                                    memory_limit_mib=req.memory_limit_mib)
+    return rt.workspaces.info(ws)
 
 
 @router.get("/workspaces", response_model=list[WorkspaceInfo], summary="List workspaces", **_AS_GIVEN)
 async def list_workspaces(rt: Runtime) -> list[dict[str, Any]]:
-    return rt.list_workspaces()
+    return [rt.workspaces.info(ws) for ws in rt.workspaces.all()]
 
 
 @router.get("/workspaces/{name}", response_model=WorkspaceInfo, summary="One workspace",
             responses=NO_WORKSPACE, **_AS_GIVEN)
 async def get_workspace(name: NamePath, rt: Runtime) -> dict[str, Any]:
-    return rt.get_workspace(name)
+    return rt.workspaces.info(rt.workspaces.get(name))
 
 
 @router.delete(
@@ -74,7 +75,7 @@ async def get_workspace(name: NamePath, rt: Runtime) -> dict[str, Any]:
     responses=NO_WORKSPACE,
 )
 async def delete_workspace(name: NamePath, rt: Runtime) -> Response:
-    await rt.delete_workspace(name)
+    await rt.workspaces.delete(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -93,7 +94,7 @@ async def suspend_workspace(
 ) -> dict[str, Any]:
     mode = "diff" if req is not None and req.diff else "full"
     with gate.enter(None, rt.tag_in_flight):  # a suspend is a branch: it counts against the cap
-        return await rt.suspend_workspace(name, mode=mode)
+        return rt.workspaces.info(await rt.workspaces.suspend(name, mode=mode))
 
 
 @router.post(
@@ -104,4 +105,4 @@ async def suspend_workspace(
     **_AS_GIVEN,
 )
 async def resume_workspace(name: NamePath, rt: Runtime) -> dict[str, Any]:
-    return await rt.resume_workspace(name)
+    return rt.workspaces.info(await rt.workspaces.resume(name))

@@ -41,8 +41,10 @@ from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
-from forkd.errors import ForkdError, VMError
+from forkd.errors import ForkdError, NotFound, VMError
 from forkd.guest import protocol
+from forkd.host.egress import EgressPolicy
+from forkd.store.layout import check_tag
 from forkd.store.records import PoolConfig, PoolKey, SandboxRecord, now_unix
 from forkd.store.rows.pools import PoolRows
 from forkd.store.rows.sandboxes import SandboxReader
@@ -170,6 +172,52 @@ class PoolKeeper:
     def all(self) -> list[dict[str, Any]]:
         """Every pool this daemon knows, drained ones (size 0) included for their counters."""
         return [self._pools[t].info() for t in sorted(self._pools)]
+
+    def get(self, tag: str) -> dict[str, Any]:
+        """One pool's PoolInfo (404 unless its snapshot exists or a target is kept for it)."""
+        check_tag(tag)
+        if not self.has(tag):
+            self._store.get(tag)  # 404 unless the snapshot exists
+        return self.info(tag)
+
+    async def configure(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
+                        per_child_netns: bool = False, live_fork: bool = False,
+                        allow_internet_access: bool | None = None,
+                        network: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
+        bounds.POOL_SIZE.check(size)
+        egress = EgressPolicy.from_request(allow_internet_access, network)
+        if size or not self.has(tag):
+            self._store.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
+        if size:
+            # The checks a spawn of that many children would meet (409 not ready, 400 options),
+            # now rather than at every refill.
+            await self._spawner.check_request(tag, [memory_limit_mib], per_child_netns=per_child_netns,
+                                              egress=egress)
+        return await self.set(PoolConfig(PoolKey(tag, memory_limit_mib, per_child_netns, live_fork, egress),
+                                         size))
+
+    async def preset(self, sizes: dict[str, int]) -> None:
+        """The daemon's ``--pool TAG=N``: set at start-up, options kept from an earlier PUT.
+
+        A tag that has no snapshot yet keeps its target, with a warning: its pool
+        fills once a snapshot of that tag is ready.
+        """
+        for tag, size in sizes.items():
+            current = self.info(tag)
+            egress = EgressPolicy.from_request(current["allow_internet_access"], current["network"])
+            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"],
+                          egress)
+            try:
+                await self.configure(tag, size, memory_limit_mib=key.memory_limit_mib,
+                                     per_child_netns=key.per_child_netns, live_fork=key.live_fork,
+                                     allow_internet_access=egress.allow_internet_access,
+                                     network=current["network"])
+            except NotFound:
+                log.warning("pool %s=%d: no snapshot %r yet; the pool fills once it exists", tag, size, tag)
+                await self.set(PoolConfig(key, size))
+            except ForkdError as exc:
+                log.warning("pool %s=%d not set: %s", tag, size, exc)
 
     def take_refill_times(self) -> list[tuple[str, float]]:
         """(tag, seconds) of every refill since the last call (the metrics scrape drains them)."""

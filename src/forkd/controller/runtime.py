@@ -65,7 +65,7 @@ from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
-from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound
+from forkd.errors import Conflict, InvalidRequest
 from forkd.guest import protocol
 from forkd.host import cgroups
 from forkd.host.accel import Accel
@@ -74,12 +74,10 @@ from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.image.builder import Image
 from forkd.store.datalock import DataDirLock
-from forkd.store.layout import check_host_id, check_sandbox_id, check_tag
+from forkd.store.layout import check_host_id, check_sandbox_id
 from forkd.store.objectstore import ObjectStore
 from forkd.store.registry import (
     PausedRecord,
-    PoolConfig,
-    PoolKey,
     Registry,
     SandboxRecord,
     SnapshotRecord,
@@ -143,7 +141,7 @@ class Runtime:
         self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
                                    self.snapshots, self.idle)
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
-                                     self.suspender)
+                                     self.suspender, self.forker.collect)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
         self.spawner.fetch_missing_from(self.travel)
@@ -325,17 +323,6 @@ class Runtime:
         return await self.forker.promote(sandbox_id, tree_id=tree_id, cleanup_siblings=cleanup_siblings,
                                          replace_parent=replace_parent)
 
-    def set_checkpoints(
-        self, sandbox_id: str, *, every: int, keep: int, mode: str = "diff"
-    ) -> dict[str, Any]:
-        return self.checkpoints.set(sandbox_id, every, keep, mode)
-
-    def get_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
-        return self.checkpoints.get(sandbox_id)
-
-    def delete_checkpoints(self, sandbox_id: str) -> dict[str, Any]:
-        return self.checkpoints.delete(sandbox_id)
-
     async def kill(self, sandbox_id: str) -> None:
         """Stop a sandbox; a paused one is forgotten, and its state snapshot dropped."""
         check_sandbox_id(sandbox_id)
@@ -447,96 +434,8 @@ class Runtime:
         out += [suspend_view(p, p.template) for p in self.suspender.all()]
         return sorted(out, key=lambda v: v["started"])  # stable: keeps the registry's order in a tie
 
-    # ---------------------------------------------------------------- workspaces
-
-    def list_workspaces(self) -> list[dict[str, Any]]:
-        return [self.workspaces.info(ws) for ws in self.workspaces.all()]
-
-    def get_workspace(self, name: str) -> dict[str, Any]:
-        return self.workspaces.info(self.workspaces.get(name))
-
-    async def create_workspace(self, name: str, snapshot_tag: str, *, per_child_netns: bool = False,
-                               memory_limit_mib: int | None = None) -> dict[str, Any]:
-        ws = await self.workspaces.create(name, snapshot_tag, per_child_netns=per_child_netns,
-                                          memory_limit_mib=memory_limit_mib)
-        return self.workspaces.info(ws)
-
-    async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
-        return self.workspaces.info(await self.workspaces.suspend(name, mode=mode))
-
-    async def resume_workspace(self, name: str) -> dict[str, Any]:
-        return self.workspaces.info(await self.workspaces.resume(name))
-
-    async def delete_workspace(self, name: str) -> None:
-        await self.workspaces.delete(name)
-        await self.forker.collect()  # a suspended one leaves its state snapshot to collect
-
-    # ---------------------------------------------------------------- travel (controller/travel.py)
+    # ------------------------------------ travel (controller/travel.py: the sub-API ``travel``)
 
     @property
     def host_id(self) -> str | None:
         return self.spawner.host_id
-
-    async def push_snapshot(self, tag: str, *, force: bool = False) -> dict[str, Any]:
-        """Publish ``tag`` and the chain it needs to the object store (blobs it lacks, then manifests)."""
-        return await self.travel.push(tag, force=force)
-
-    async def pull_snapshot(self, tag: str) -> dict[str, Any]:
-        """Fetch ``tag`` (and the ancestors this host lacks) from the object store and register it."""
-        return await self.travel.pull(tag)
-
-    def travel_stats(self) -> dict[str, int]:
-        return self.travel.stats()
-
-    # ---------------------------------------------------------------- warm pools
-
-    async def set_pool(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
-                       per_child_netns: bool = False, live_fork: bool = False,
-                       allow_internet_access: bool | None = None,
-                       network: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
-        bounds.POOL_SIZE.check(size)
-        egress = EgressPolicy.from_request(allow_internet_access, network)
-        if size or not self.pools.has(tag):
-            self.snapshots.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
-        if size:
-            # The checks a spawn of that many children would meet (409 not ready, 400 options),
-            # now rather than at every refill.
-            await self.spawner.check_request(tag, [memory_limit_mib], per_child_netns=per_child_netns,
-                                             egress=egress)
-        key = PoolKey(tag, memory_limit_mib, per_child_netns, live_fork, egress)
-        return await self.pools.set(PoolConfig(key, size))
-
-    def get_pool(self, tag: str) -> dict[str, Any]:
-        check_tag(tag)
-        if not self.pools.has(tag):
-            self.snapshots.get(tag)  # 404 unless the snapshot exists
-        return self.pools.info(tag)
-
-    def list_pools(self) -> list[dict[str, Any]]:
-        return self.pools.all()
-
-    def take_pool_refill_times(self) -> list[tuple[str, float]]:
-        return self.pools.take_refill_times()
-
-    async def preset_pools(self, sizes: dict[str, int]) -> None:
-        """The daemon's ``--pool TAG=N``: set at start-up, options kept from an earlier PUT.
-
-        A tag that has no snapshot yet keeps its target, with a warning: its pool
-        fills once a snapshot of that tag is ready.
-        """
-        for tag, size in sizes.items():
-            current = self.pools.info(tag)
-            egress = EgressPolicy.from_request(current["allow_internet_access"], current["network"])
-            key = PoolKey(tag, current["memory_limit_mib"], current["per_child_netns"], current["live_fork"],
-                          egress)
-            try:
-                await self.set_pool(tag, size, memory_limit_mib=key.memory_limit_mib,
-                                    per_child_netns=key.per_child_netns, live_fork=key.live_fork,
-                                    allow_internet_access=egress.allow_internet_access,
-                                    network=current["network"])
-            except NotFound:
-                log.warning("pool %s=%d: no snapshot %r yet; the pool fills once it exists", tag, size, tag)
-                await self.pools.set(PoolConfig(key, size))
-            except ForkdError as exc:
-                log.warning("pool %s=%d not set: %s", tag, size, exc)

@@ -12,6 +12,7 @@ under the same id.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from forkd.controller.options import SpawnOptions
@@ -29,12 +30,13 @@ RUNNING, SUSPENDED, STALE = "running", "suspended", "stale"
 
 class Workspaces:
     def __init__(self, workspaces: WorkspaceRows, paused: PausedReader, table: SandboxTable,
-                 spawner: Spawner, suspender: Suspender) -> None:
+                 spawner: Spawner, suspender: Suspender, collect: Callable[[], Awaitable[object]]) -> None:
         self._workspaces = workspaces  # the workspaces table: only this owner writes it
         self._paused = paused
         self._table = table
         self._spawner = spawner
         self._suspender = suspender
+        self._collect = collect  # drops the state snapshots nobody needs any more (Forker.collect)
 
     def _status(self, ws: WorkspaceRecord) -> str:
         if ws.sandbox_id in self._table:
@@ -102,7 +104,7 @@ class Workspaces:
         return self.get(name)
 
     async def delete(self, name: str) -> None:
-        """Kill its sandbox or forget its paused state (the caller collects the snapshot)."""
+        """Kill its sandbox, or forget its paused state and drop its state snapshot."""
         ws = self.get(name)
         status = self._status(ws)
         if status == RUNNING:
@@ -111,6 +113,7 @@ class Workspaces:
             with contextlib.suppress(NotFound):  # resumed or discarded meanwhile
                 self._suspender.discard(ws.sandbox_id)
         self._workspaces.delete(name)
+        await self._collect()
 
 
 __all__ = ["RUNNING", "STALE", "SUSPENDED", "Workspaces"]
