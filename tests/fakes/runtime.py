@@ -847,6 +847,9 @@ class FakeRuntime:
             tag = str(self.snapshots[tag].parent_tag)
         return tag
 
+    def list_paused(self) -> list[PausedRecord]:
+        return list(self.paused.values())
+
     async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
         self._call("pause", sandbox_id, mode=mode)
         check_sandbox_id(sandbox_id)
