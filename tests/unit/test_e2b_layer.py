@@ -150,7 +150,8 @@ def test_snapshots_are_branches_listed_filtered_and_deleted(client: TestClient, 
     assert made.json() == {"snapshotID": unnamed, "names": [unnamed]}
     assert fake.snapshots[unnamed].branched_from == SB and fake.snapshots[unnamed].mode is None
     assert [c.kwargs["mode"] for c in fake.calls if c.name == "branch"] == ["full"]
-    named = client.post(f"/sandboxes/{OTHER}/snapshots", headers=key, json={"name": "snap-x", "memory": False})
+    named = client.post(f"/sandboxes/{OTHER}/snapshots", headers=key,
+                        json={"name": "snap-x", "memory": False})
     assert named.status_code == 201 and named.json() == {"snapshotID": "snap-x", "names": ["snap-x"]}
     fake.snapshots["snap-x"].created_at_unix += 10  # newer
     # A sandbox made from it forks from that tag.

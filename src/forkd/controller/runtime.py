@@ -399,17 +399,18 @@ class Runtime:
         self, sandbox_id: str, args: list[str], *, timeout_secs: float | None = None,
         env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None,
         stdin_open: bool = False, tag: str | None = None, kill_on_close: bool = True,
-        user: str | None = None,
+        user: str | None = None, pty: tuple[int, int] | None = None,
     ) -> ProcessEvents:
         """Start a process and stream it losslessly from its first byte: ``start``, output, ``exit``.
 
         ``stdin`` is written first; with ``stdin_open`` it stays open for
         ``process_write_stdin``. ``kill_on_close``: closing the stream before the
-        exit kills the process's group. Counts as a call for auto-checkpoints.
+        exit kills the process's group. Counts as a call for auto-checkpoints. ``pty``
+        (cols, rows): on a terminal of that size (``process_resize``).
         """
         events = await self.processes.run(sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
                                           stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs,
-                                          kill_on_close=kill_on_close, user=user)
+                                          kill_on_close=kill_on_close, user=user, pty=pty)
         await self.checkpoints.after_call(sandbox_id)
         return events
 
@@ -447,6 +448,9 @@ class Runtime:
     async def process_signal(self, sandbox_id: str, pid: int, signal: int | str, *,
                              group: bool = True) -> dict[str, Any]:
         return await self.processes.signal(sandbox_id, pid, signal, group=group)
+
+    async def process_resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
+        await self.processes.resize(sandbox_id, pid, cols, rows)
 
     async def process_kill(self, sandbox_id: str, pid: int) -> None:
         await self.processes.kill(sandbox_id, pid)

@@ -101,10 +101,11 @@ def add_snapshot_routes(app: FastAPI, rt: Callable[[], Runtime], gate: BranchGat
         tag = parse_request(await request.body())
         view = rt().describe_sandbox(sandbox_id)  # 404 for no such sandbox
         if view["state"] == "paused":
-            raise SnapshotError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then snapshot it")
+            raise SnapshotError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then snapshot "
+                                "it")
         if tag is not None and (rt().tag_in_flight(tag) or _exists(rt(), tag)):
-            raise SnapshotError(409, f"a snapshot named {tag!r} exists already; forkd snapshots are immutable "
-                                "tags: delete it first or choose another name")
+            raise SnapshotError(409, f"a snapshot named {tag!r} exists already; forkd snapshots are "
+                                "immutable tags: delete it first or choose another name")
         with gate.enter(tag, rt().tag_in_flight):
             record = await rt().branch(sandbox_id, tag, "full")
         return info(record)
@@ -132,8 +133,8 @@ def add_snapshot_routes(app: FastAPI, rt: Callable[[], Runtime], gate: BranchGat
         if record is None:
             raise SnapshotError(404, f"snapshot {template_id!r} was not found")
         if not is_user_snapshot(record, held()):
-            raise SnapshotError(400, f"{template_id!r} is not a snapshot of a sandbox: forkd deletes templates "
-                                f"with DELETE /v1/snapshots/{template_id} (see docs/E2B.md)")
+            raise SnapshotError(400, f"{template_id!r} is not a snapshot of a sandbox: forkd deletes "
+                                f"templates with DELETE /v1/snapshots/{template_id} (see docs/E2B.md)")
         await rt().delete_snapshot(template_id)
         return Response(status_code=204)
 
