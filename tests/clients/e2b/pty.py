@@ -35,7 +35,7 @@ def wait_for(chunks, text, seconds=60):
 with Sandbox.create() as sbx:
     got = []
     terminal = sbx.pty.create(PtySize(cols=80, rows=24), envs={"GREETING": "hello"}, cwd="/tmp")
-    first, _ = reading(terminal, got)
+    first, ended = reading(terminal, got)
     sbx.pty.send_stdin(terminal.pid, b"echo $GREETING-$(whoami)-$(pwd); tty; stty size\n")
     wait_for(got, b"hello-user-/tmp")  # E2B's user, the asked cwd and environment
     wait_for(got, b"/dev/pts/")  # a real terminal
@@ -47,19 +47,23 @@ with Sandbox.create() as sbx:
     sbx.pty.send_stdin(terminal.pid, b"stty size\n")
     wait_for(got, b"50 132")
 
+    sbx.pty.send_stdin(terminal.pid, b"exit\n")
+    first.join(60)
+    assert len(ended) == 1 and ended[0].exit_code == 0, ended
+
     # Disconnect and connect again: the shell carries on; the new handle sees what follows.
-    sbx.pty.send_stdin(terminal.pid, b"MARK=kept\n")
-    time.sleep(1)
-    terminal.disconnect()
-    first.join(30)
-    again = sbx.pty.connect(terminal.pid)
-    assert again.pid == terminal.pid
+    shell = sbx.pty.create(PtySize(cols=80, rows=24))
+    sbx.pty.send_stdin(shell.pid, b"MARK=kept\n")
+    shell.disconnect()
+    again = sbx.pty.connect(shell.pid)
+    assert again.pid == shell.pid
+    sbx.pty.send_stdin(shell.pid, b"echo mark-$MARK; exit 7\n")
     later = []
-    second, ended = reading(again, later)
-    sbx.pty.send_stdin(terminal.pid, b"echo mark-$MARK; exit 7\n")
-    second.join(60)
-    assert len(ended) == 1 and isinstance(ended[0], CommandExitException), ended
-    assert ended[0].exit_code == 7, ended
+    try:
+        again.wait(on_pty=later.append)
+        raise AssertionError("exit 7 did not raise")
+    except CommandExitException as exc:
+        assert exc.exit_code == 7, exc
     assert b"mark-kept" in b"".join(later), b"".join(later)
 
     # kill: the shell is gone, and a pid that is not running says False.
