@@ -44,7 +44,7 @@ from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.files import check_path
 from forkd.controller.forks import ForkReport
 from forkd.controller.options import SpawnOptions
-from forkd.controller.processes import ProcessEvent, signal_number
+from forkd.controller.processes import ProcessEvent, check_pty_size, signal_number
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.controller.suspend import STATE_PREFIX
 from forkd.controller.suspend import view as suspend_view
@@ -109,6 +109,7 @@ class FakeProcess:
                  tag: str | None, stdin: bytes | None, stdin_open: bool) -> None:
         self.pid, self.args, self.env, self.cwd, self.tag = pid, args, env or {}, cwd, tag
         self.stdin_open = stdin_open
+        self.pty: dict[str, int] | None = None  # its terminal's size, for one started on a pty
         self.events: list[ProcessEvent] = [ProcessEvent("start", pid)]
         self.watchers: list[asyncio.Queue[ProcessEvent]] = []
         self.exit: ProcessEvent | None = None
@@ -149,7 +150,8 @@ class FakeProcess:
         return {"pid": self.pid, "tag": self.tag, "args": self.args, "env": self.env, "cwd": self.cwd,
                 "running": self.exit is None, "exit_code": self.exit.exit_code if self.exit else None,
                 "signal": self.exit.signal if self.exit else None, "timed_out": False,
-                "stdin_open": self.stdin_open, "started_at": float(CREATED), "ended_at": None}
+                "stdin_open": self.stdin_open, "started_at": float(CREATED), "ended_at": None,
+                "pty": self.pty}
 
 
 class FakeCell:
@@ -672,6 +674,9 @@ class FakeRuntime:
             tag = str(self.snapshots[tag].parent_tag)
         return tag
 
+    def list_paused(self) -> list[PausedRecord]:
+        return list(self.paused.values())
+
     async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
         self._call("pause", sandbox_id, mode=mode)
         check_sandbox_id(sandbox_id)
@@ -858,11 +863,14 @@ class FakeProcesses:
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
         tag: str | None = None, timeout_secs: float | None = None, kill_on_close: bool = True,
-        user: str | None = None,
+        user: str | None = None, pty: tuple[int, int] | None = None,
     ) -> FakeEvents:
         self._rt._call("exec_stream", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd,
-                   stdin=stdin, stdin_open=stdin_open, tag=tag, user=user)
+                       stdin=stdin, stdin_open=stdin_open, tag=tag, user=user, pty=pty)
         proc = self._rt._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag)
+        if pty is not None:
+            cols, rows = check_pty_size(*pty)
+            proc.pty = {"cols": cols, "rows": rows}
         return FakeEvents(proc, True, self._rt._kill_on_close if kill_on_close else lambda _p: None)
 
     async def start(
@@ -913,6 +921,16 @@ class FakeProcesses:
 
     async def kill(self, sandbox_id: str, pid: int) -> None:
         await self.signal(sandbox_id, pid, 9)
+
+    async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
+        self._rt._call("process_resize", sandbox_id, pid, cols, rows)
+        cols, rows = check_pty_size(cols, rows)
+        proc = self._rt._proc(sandbox_id, pid)
+        if proc.pty is None:
+            raise Conflict(f"process {pid} was not started on a terminal (pty)")
+        if proc.exit is not None:
+            raise NotFound(f"process {pid} is not running")
+        proc.pty = {"cols": cols, "rows": rows}
 
 
 class FakeKernels:

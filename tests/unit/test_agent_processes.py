@@ -107,6 +107,40 @@ def test_stdin_reaches_the_process_and_eof_ends_it(guest: AgentProcess) -> None:
     assert refused["ok"] is False and refused["kind"] == "conflict"
 
 
+def test_a_process_on_a_terminal_echoes_input_and_follows_resizes(guest: AgentProcess) -> None:
+    """A pty: the shell's stdin, stdout and stderr are the terminal, which echoes what is typed;
+    it is the controlling terminal (``tty`` names it, job control works); a resize is seen."""
+    req = guest.send("proc_start", args=["sh", "-i"], pty={"cols": 80, "rows": 24}, stream=True,
+                     env={"PS1": "$ "})
+    pid = wait_events(guest, req, lambda ev: bool(ev))[0]["pid"]
+    info = guest.result("proc_info", pid=pid)
+    assert info["pty"] == {"cols": 80, "rows": 24} and info["stdin_open"] is True
+
+    def typed(line: bytes) -> None:
+        guest.result("proc_input", pid=pid, data=base64.b64encode(line).decode())
+
+    typed(b"stty size; echo err >&2; tty\n")
+    wait_events(guest, req, has_output(b"24 80\r\n"))
+    wait_events(guest, req, has_output(b"err\r\n"))  # stderr is the terminal too
+    wait_events(guest, req, has_output(b"/dev/pts/"))
+    assert has_output(b"stty size; echo err >&2; tty")(guest.events[req])  # the echo of the input
+    assert guest.result("proc_resize", pid=pid, cols=120, rows=40) == {"resized": True}
+    assert guest.result("proc_info", pid=pid)["pty"] == {"cols": 120, "rows": 40}
+    typed(b"stty size\n")
+    wait_events(guest, req, has_output(b"40 120\r\n"))
+    for bad in ({"cols": 0, "rows": 24}, {"cols": 80, "rows": protocol.PTY_MAX_SIZE + 1}, {"cols": "80"}):
+        refused = guest.request("proc_resize", pid=pid, **bad)
+        assert refused["ok"] is False and refused["kind"] == "invalid", refused
+    typed(b"exit 3\n")
+    assert guest.wait(req)["result"]["exit_code"] == 3
+    gone = guest.request("proc_resize", pid=pid, cols=10, rows=10)
+    assert gone["ok"] is False and gone["kind"] == "not_found"
+    plain = guest.result("proc_start", args=["sleep", "30"])
+    not_a_tty = guest.request("proc_resize", pid=plain["pid"], cols=10, rows=10)
+    assert not_a_tty["ok"] is False and not_a_tty["kind"] == "conflict" and plain["pty"] is None
+    guest.result("proc_signal", pid=plain["pid"], signal=9, group=True, wait_ms=5000)
+
+
 def test_a_timeout_kills_the_group(guest: AgentProcess) -> None:
     req = guest.send("proc_start", args=["sh", "-c", "sleep 30 & sleep 30"], stream=True, timeout_secs=0.5)
     result = guest.wait(req)["result"]

@@ -136,9 +136,62 @@ def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
 
 
 def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
-    for method, path in (("GET", f"/sandboxes/{SB}/logs"), ("POST", f"/sandboxes/{SB}/snapshots"),
-                         ("DELETE", "/templates/t1"), ("GET", "/volumes")):
+    for method, path in (("GET", f"/sandboxes/{SB}/logs"), ("GET", "/templates/t1"), ("GET", "/volumes")):
         assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
+
+
+def test_snapshots_are_branches_listed_filtered_and_deleted(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's create_snapshot is a full BRANCH whose tag is the snapshotID (the create route's
+    template), list shows sandboxes' snapshots but not forkd's own, delete is forkd's."""
+    key = {"X-API-KEY": TOKEN}
+    made = client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={})
+    assert made.status_code == 201, made.text
+    unnamed = made.json()["snapshotID"]
+    assert made.json() == {"snapshotID": unnamed, "names": [unnamed]}
+    assert fake.snapshots[unnamed].branched_from == SB and fake.snapshots[unnamed].mode is None
+    assert [c.kwargs["mode"] for c in fake.calls if c.name == "branch"] == ["full"]
+    named = client.post(f"/sandboxes/{OTHER}/snapshots", headers=key,
+                        json={"name": "snap-x", "memory": False})
+    assert named.status_code == 201 and named.json() == {"snapshotID": "snap-x", "names": ["snap-x"]}
+    fake.snapshots["snap-x"].created_at_unix += 10  # newer
+    # A sandbox made from it forks from that tag.
+    child = client.post("/v2/sandboxes", headers=key, json={"templateID": "snap-x"})
+    assert child.status_code == 201 and child.json()["templateID"] == "snap-x"
+    # A paused sandbox's state snapshot is forkd's own: not listed.
+    assert client.post(f"/sandboxes/{OTHER}/pause", headers=key).status_code == 204
+
+    def listed(query: str = "") -> list[str]:
+        resp = client.get(f"/snapshots{query}", headers=key)
+        assert resp.status_code == 200, resp.text
+        return [s["snapshotID"] for s in resp.json()]
+
+    assert listed() == ["snap-x", unnamed]
+    assert listed(f"?sandboxID={SB}") == [unnamed] and listed("?name=snap-x") == ["snap-x"]
+    assert listed("?name=snap-x-does-not-exist") == []
+    page = client.get("/snapshots?limit=1", headers=key)
+    assert [s["snapshotID"] for s in page.json()] == ["snap-x"] and page.headers["x-next-token"] == "1"
+    assert listed("?limit=1&nextToken=1") == [unnamed]
+    # Taken names, bad names, paused sources and unknown fields are refused, saying why.
+    assert "exists already" in rest_error(
+        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"name": "base"}), 409)
+    assert "not a forkd snapshot tag" in rest_error(
+        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"name": "team/x:v1"}), 400)
+    assert "is paused" in rest_error(client.post(f"/sandboxes/{OTHER}/snapshots", headers=key, json={}), 409)
+    assert "unknown field" in rest_error(
+        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"names": "x"}), 400)
+    assert "limit" in rest_error(client.get("/snapshots?limit=0", headers=key), 400)
+    rest_error(client.post("/sandboxes/sb-67a1b3-0009/snapshots", headers=key, json={}), 404)
+    # Delete: the SDK's delete_snapshot is DELETE /templates/{id}: True (204), then False (404).
+    # forkd refuses to delete what a sandbox or a later snapshot (here OTHER's paused state) needs.
+    assert "dependent snapshots" in rest_error(client.delete("/templates/snap-x", headers=key), 409)
+    assert "snap-x" in fake.snapshots
+    assert client.delete(f"/templates/{unnamed}", headers=key).status_code == 204
+    assert unnamed not in fake.snapshots
+    rest_error(client.delete(f"/templates/{unnamed}", headers=key), 404)
+    rest_error(client.delete("/templates/.hidden", headers=key), 404)
+    # Templates (and forkd's own snapshots) are not deleted through E2B's API.
+    assert "DELETE /v1/snapshots/base" in rest_error(client.delete("/templates/base", headers=key), 400)
+    assert "base" in fake.snapshots
 
 
 def test_bodies_are_bounded_in_the_sdk_shape(client: TestClient) -> None:

@@ -171,12 +171,35 @@ def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, fak
     assert error["code"] == "unavailable" and "was not found" not in error["message"], frames
 
 
-def test_terminals_are_not_served(client: TestClient) -> None:
-    assert unary(client, "Update", {"process": {"pid": 1}}).json()["code"] == "unimplemented"
-    payload = json.dumps({"process": {"cmd": "sh"}, "pty": {"size": {"cols": 80, "rows": 24}}}).encode()
+def test_terminals_stream_pty_output_take_input_and_resize(client: TestClient, fake: FakeRuntime) -> None:
+    """``pty.create``: Start with a size runs the process on a terminal (stdin kept open) and its
+    output is ``pty`` data; pty input is typed into it; ``Update`` resizes it (``pty.resize``)."""
+    frames = stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"]},
+                                      "pty": {"size": {"cols": 80, "rows": 24}}})
+    events = [f["message"]["event"] for f in frames if "message" in f]
+    assert base64.b64decode(events[1]["data"]["pty"]) == b"hi\n" and "stdout" not in events[1]["data"]
+    call = next(c for c in fake.calls if c.name == "exec_stream")
+    assert call.kwargs["pty"] == (80, 24) and call.kwargs["stdin_open"] is True
+    shell = asyncio.run(fake.processes.run(SB, ["cat"], stdin_open=True, pty=(80, 24), kill_on_close=False))
+    pid = shell.pid
+    typed = {"process": {"pid": pid}, "input": {"pty": base64.b64encode(b"ls\n").decode()}}
+    assert unary(client, "SendInput", typed).status_code == 200
+    assert [c.args[2] for c in fake.calls if c.name == "process_write_stdin"] == [b"ls\n"]
+    resized = unary(client, "Update", {"process": {"pid": pid}, "pty": {"size": {"cols": 100, "rows": 30}}})
+    assert resized.status_code == 200, resized.text
+    assert fake.guest_processes[SB][pid].pty == {"cols": 100, "rows": 30}
+    # Refusals, in Connect's codes: no size, a size out of bounds, a process without a terminal.
+    assert unary(client, "Update", {"process": {"pid": pid}}).json()["code"] == "invalid_argument"
+    huge = unary(client, "Update", {"process": {"pid": pid}, "pty": {"size": {"cols": 100000, "rows": 1}}})
+    assert huge.json()["code"] == "invalid_argument" and "cols" in huge.json()["message"]
+    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
+    plain = unary(client, "Update", {"process": {"pid": sleeper}, "pty": {"size": {"cols": 9, "rows": 9}}})
+    assert plain.json()["code"] == "already_exists", plain.text  # forkd's 409, as the layer maps it
+    assert "not started on a terminal" in plain.json()["message"]
+    payload = json.dumps({"process": {"cmd": "sh"}, "pty": {}}).encode()
     resp = client.post("/process.Process/Start", content=struct.pack(">BI", 0, len(payload)) + payload,
                        headers={**HEADERS, "Content-Type": "application/connect+json"})
-    assert b"unimplemented" in resp.content
+    assert b"invalid_argument" in resp.content and b"pty.size" in resp.content
 
 
 def test_event_mapping_and_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:

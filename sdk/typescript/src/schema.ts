@@ -1452,6 +1452,13 @@ export interface components {
              * @description Its pid in the guest: how every process route names it.
              */
             pid: number;
+            /**
+             * Pty
+             * @description Its terminal's size, {"cols", "rows"}, for a process started on one (E2B's pty); null otherwise.
+             */
+            pty?: {
+                [key: string]: number;
+            } | null;
             /** Running */
             running: boolean;
             /**

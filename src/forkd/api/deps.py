@@ -54,7 +54,7 @@ class ProcessesLike(Protocol):
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
         tag: str | None = None, timeout_secs: float | None = None, kill_on_close: bool = True,
-        user: str | None = None,
+        user: str | None = None, pty: tuple[int, int] | None = None,
     ) -> Any: ...
     async def start(
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
@@ -71,6 +71,7 @@ class ProcessesLike(Protocol):
         self, sandbox_id: str, pid: int, sig: int | str, *, group: bool = True
     ) -> dict[str, Any]: ...
     async def kill(self, sandbox_id: str, pid: int) -> None: ...
+    async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None: ...
 
 
 class KernelsLike(Protocol):

@@ -85,9 +85,28 @@ def process_info(raw: Any) -> dict[str, Any]:
         "signal": _opt(raw.get("signal"), int),
         "timed_out": bool(raw.get("timed_out")),
         "stdin_open": bool(raw.get("stdin_open")),
+        "pty": _size(raw.get("pty")),
         "started_at": _opt(raw.get("started_at"), (int, float)),
         "ended_at": _opt(raw.get("ended_at"), (int, float)),
     }
+
+
+def _size(raw: Any) -> dict[str, int] | None:
+    """A process's terminal size from the guest ({"cols", "rows"}), None for no terminal."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(
+            isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool) for k in ("cols", "rows")):
+        raise GuestError("guest agent sent a malformed process record")
+    return {"cols": raw["cols"], "rows": raw["rows"]}
+
+
+def check_pty_size(cols: int, rows: int) -> tuple[int, int]:
+    """A terminal size (columns, rows), each 1..PTY_MAX_SIZE; 400 otherwise."""
+    for name, value in (("cols", cols), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= protocol.PTY_MAX_SIZE:
+            raise InvalidRequest(f"a terminal's {name} must be an integer from 1 to {protocol.PTY_MAX_SIZE}")
+    return cols, rows
 
 
 def signal_number(sig: int | str) -> int:
@@ -170,7 +189,7 @@ class SandboxProcesses:
     @staticmethod
     def _start_args(args: list[str], env: dict[str, str] | None, cwd: str | None, stdin: bytes | None,
                     stdin_open: bool, tag: str | None, timeout_secs: float | None,
-                    user: str | None) -> dict[str, Any]:
+                    user: str | None, pty: tuple[int, int] | None = None) -> dict[str, Any]:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         if any("\0" in a for a in args):
@@ -186,17 +205,29 @@ class SandboxProcesses:
                 req[key] = value
         if stdin is not None:
             req["input"] = base64.b64encode(stdin).decode("ascii")
+        if pty is not None:
+            cols, rows = check_pty_size(*pty)
+            req["pty"] = {"cols": cols, "rows": rows}
         return req
+
+    async def _require(self, sandbox_id: str, user: str | None, pty: tuple[int, int] | None) -> None:
+        """409 on an agent too old for the request's user or terminal (it would ignore them)."""
+        await self._sandboxes.require_user_support(sandbox_id, user)
+        if pty is not None:
+            await self._sandboxes.require_agent(sandbox_id, protocol.PTY_AGENT_VERSION, "terminals (pty)")
 
     # ------------------------------------------------------------- requests
 
     async def run(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
                   cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
                   tag: str | None = None, timeout_secs: float | None = None,
-                  kill_on_close: bool = True, user: str | None = None) -> ProcessEvents:
-        """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``)."""
-        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
-        await self._sandboxes.require_user_support(sandbox_id, user)
+                  kill_on_close: bool = True, user: str | None = None,
+                  pty: tuple[int, int] | None = None) -> ProcessEvents:
+        """Start a process and stream it from its first byte, losslessly (see ``ProcessEvents``).
+        With ``pty`` (cols, rows) it runs on a terminal of that size: its output is ``stdout``, its
+        stdin stays open (the keyboard), and ``resize`` changes the size."""
+        req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user, pty)
+        await self._require(sandbox_id, user, pty)
         events = await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
         await self._sandboxes.turn_done(sandbox_id)
         return events
@@ -220,6 +251,12 @@ class SandboxProcesses:
         await self.get(sandbox_id, pid)  # 404 before any response has started
         return await self._open_stream(sandbox_id, protocol.PROC_ATTACH, False, pid=pid,
                                        from_start=from_start)
+
+    async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
+        """Set the size of a process's terminal (409 for a process without one, 404 once ended)."""
+        cols, rows = check_pty_size(cols, rows)
+        await self._sandboxes.require_agent(sandbox_id, protocol.PTY_AGENT_VERSION, "terminals (pty)")
+        await self._call(sandbox_id, protocol.PROC_RESIZE, pid=pid, cols=cols, rows=rows)
 
     async def list(self, sandbox_id: str) -> list[dict[str, Any]]:
         result = await self._call(sandbox_id, protocol.PROC_LIST)

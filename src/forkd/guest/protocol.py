@@ -99,10 +99,18 @@ PROC_INFO = "proc_info"  # pid -> ProcessInfo (running or recently exited)
 PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
 # pid, signal (a number), group, wait_ms? (answer once it ended) -> {"signalled": true, "ended": bool}
 PROC_SIGNAL = "proc_signal"
+# Terminals: proc_start with "pty": {"cols", "rows"} runs the process on a pseudo-terminal of that
+# size, its controlling terminal (stdin, stdout and stderr; its output is the stream's "stdout",
+# its input proc_input); ProcessInfo then has "pty": {"cols", "rows"}. proc_resize (pid, cols,
+# rows) -> {"resized": true} sets its size (the process gets SIGWINCH). Older agents ignore "pty"
+# and answer proc_resize "unknown action": the host asks for PTY_AGENT_VERSION first.
+PROC_RESIZE = "proc_resize"
+PTY_AGENT_VERSION = 9
+PTY_MAX_SIZE = 4096  # the most columns (or rows) a terminal may have; the least is 1
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
            FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE,
            CONTEXT, KERNEL, WATCH, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO,
-           PROC_INPUT, PROC_SIGNAL)
+           PROC_INPUT, PROC_SIGNAL, PROC_RESIZE)
 
 # The events of a stream ("event" messages), each {"type": ...}:
 EV_START = "start"  # {"type": "start", "pid"}

@@ -730,6 +730,10 @@ class ProcessInfo(TypedDict, total=False):
 
     ended_at: float | None
 
+    pty: dict[str, int] | None
+    """Its terminal's size, {"cols", "rows"}, for a process started on one (E2B's pty); null otherwise.
+    """
+
 
 class ProcessStartRequest(TypedDict, total=False):
     """The ``ProcessStartRequest`` schema."""

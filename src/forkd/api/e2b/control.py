@@ -3,7 +3,7 @@ described, given a new timeout, paused and forked. A template is a forkd snapsho
 
 Each route checks the request, calls the Runtime, and answers in the SDK's own
 models (``shapes``); every error is ``{"code": <status>, "message"}``. Routes
-the SDK has but forkd does not serve (logs, snapshots, templates,
+the SDK has but forkd does not serve (logs, templates,
 volumes, secrets, network updates, ...) answer ``501`` in that shape, naming
 docs/E2B.md.
 
@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from forkd import bounds
 from forkd.api.e2b import shapes
 from forkd.api.e2b.errors import rest_body
+from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
 from forkd.controller.options import SpawnOptions
@@ -123,6 +124,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     @app.exception_handler(E2BError)
     async def e2b_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, E2BError)
+        return _json_error(exc.status, str(exc))
+
+    @app.exception_handler(SnapshotError)
+    async def snapshot_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, SnapshotError)
         return _json_error(exc.status, str(exc))
 
     @app.exception_handler(ForkdError)
@@ -310,6 +316,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         if start + limit < len(views):
             response.headers["x-next-token"] = str(start + limit)
         return [shapes.listed(v) for v in page]
+
+    add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app

@@ -19,8 +19,10 @@ guest, output as raw bytes, flow-controlled streams):
   ``SendInput``, ``StreamInput`` and ``CloseStdin`` feed its stdin;
   ``SendSignal`` sends SIGTERM, or SIGKILL and answers once it has ended. A pid
   that is not running is ``not_found`` (the SDK's ``kill`` then says False).
-* A ``pty`` (``Start`` with one, ``Update``, pty input) is ``unimplemented``:
-  forkd runs no terminals (docs/E2B.md).
+* ``Start`` with a ``pty`` runs the process on a pseudo-terminal of that size
+  (``controller.processes``): its output (the terminal's, input echoed) streams as
+  ``pty`` data, here and on a later ``Connect``; pty input (or stdin) is typed into
+  it; ``Update`` with a ``pty`` size resizes it (the process gets SIGWINCH).
 * ``Connect-Timeout-Ms`` (the SDK's ``timeout``) bounds a stream as in envd: at the
   deadline the stream ends with ``deadline_exceeded``, and a ``Start``'s process
   is killed (envd runs it under a context with that timeout); a ``Connect``'s
@@ -52,17 +54,22 @@ if TYPE_CHECKING:
 
 # E2B's SDK asks envd for a keep-alive this often (its Keepalive-Ping-Interval header).
 KEEPALIVE_SECS = 50.0
-NO_PTY = "terminals (pty) are not served by forkd (see docs/E2B.md)"
 
 
-def event(ev: ProcessEvent) -> process_pb.ProcessEvent | None:
-    """forkd's process event as envd's; None for one E2B has no word for (``dropped``)."""
+def event(ev: ProcessEvent, pty: bool = False) -> process_pb.ProcessEvent | None:
+    """forkd's process event as envd's; None for one E2B has no word for (``dropped``). A process
+    on a terminal (``pty``) has one output, the terminal's, which forkd streams as stdout."""
     pb = process_pb.ProcessEvent
     if ev.type == "start":
         start: Oneof[Literal["start"], process_pb.ProcessEvent.StartEvent] = Oneof(
             "start", pb.StartEvent(pid=ev.pid))
         return pb(event=start)
     if ev.type in ("stdout", "stderr"):
+        if pty:
+            terminal: Oneof[Literal["pty"], bytes] = Oneof("pty", ev.data)
+            on_pty: Oneof[Literal["data"], process_pb.ProcessEvent.DataEvent] = Oneof(
+                "data", pb.DataEvent(output=terminal))
+            return pb(event=on_pty)
         stdout: Oneof[Literal["stdout"], bytes] = Oneof("stdout", ev.data)
         stderr: Oneof[Literal["stderr"], bytes] = Oneof("stderr", ev.data)
         data: Oneof[Literal["data"], process_pb.ProcessEvent.DataEvent] = Oneof(
@@ -92,7 +99,7 @@ def deadline_of(ctx: RequestContext[Any, Any]) -> float | None:
     return None if left_ms is None else asyncio.get_running_loop().time() + left_ms / 1000.0
 
 
-async def events_with_keepalive(events: ProcessEvents, deadline: float | None = None,
+async def events_with_keepalive(events: ProcessEvents, deadline: float | None = None, pty: bool = False,
                                 ) -> AsyncIterator[process_pb.ProcessEvent]:
     """The stream's events as envd's, a keepalive in every long silence; it stops watching at the end.
     At ``deadline`` (loop time) it raises ``DeadlineExceeded``; a stream that ends without the
@@ -114,7 +121,7 @@ async def events_with_keepalive(events: ProcessEvents, deadline: float | None = 
                 ev = nxt.result()
             except StopAsyncIteration:
                 raise GuestError("the process stream ended before the process did") from None
-            out = event(ev)
+            out = event(ev, pty)
             if out is not None:
                 yield out
             if ev.type == "exit":
@@ -135,13 +142,13 @@ def _gone(sandbox_id: str, exc: ForkdError) -> ConnectError:
 
 
 async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
-                on_deadline: Callable[[int], Awaitable[None]] | None,
+                on_deadline: Callable[[int], Awaitable[None]] | None, pty: bool = False,
                 ) -> AsyncIterator[process_pb.ProcessEvent]:
     """``events_with_keepalive`` with its endings as Connect errors: ``deadline_exceeded`` at the
     deadline (``on_deadline(pid)`` first: a ``Start`` kills its process) and ``unavailable`` when
     the sandbox goes away mid-stream."""
     try:
-        async for ev in events_with_keepalive(events, deadline):
+        async for ev in events_with_keepalive(events, deadline, pty):
             yield ev
     except DeadlineExceeded:
         if on_deadline is not None and events.pid is not None:
@@ -180,8 +187,7 @@ class ProcessService(process_connect.Process):
     async def _start(self, request: process_pb.StartRequest,
                      ctx: RequestContext[process_pb.StartRequest, process_pb.StartResponse],
                      ) -> AsyncIterator[process_pb.StartResponse]:
-        if request.has_field("pty"):
-            raise ConnectError(Code.UNIMPLEMENTED, NO_PTY)
+        pty = _size(request.pty) if request.has_field("pty") else None
         config = request.process or process_pb.ProcessConfig()
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
@@ -191,13 +197,13 @@ class ProcessService(process_connect.Process):
                 sandbox, [config.cmd, *config.args], env=dict(config.envs) or None,
                 cwd=guest_path(config.cwd) if config.has_field("cwd") and config.cwd else None,
                 user=user_of(ctx),
-                stdin_open=request.stdin if request.has_field("stdin") else False,
-                tag=request.tag if request.has_field("tag") else None, kill_on_close=False)
+                stdin_open=pty is not None or (request.stdin if request.has_field("stdin") else False),
+                tag=request.tag if request.has_field("tag") else None, kill_on_close=False, pty=pty)
 
         async def kill(pid: int) -> None:
             await self._runtime().processes.kill(sandbox, pid)
 
-        async for ev in relay(events, sandbox, deadline, kill):
+        async for ev in relay(events, sandbox, deadline, kill, pty is not None):
             yield process_pb.StartResponse(event=ev)
 
     def connect(self, request: process_pb.ConnectRequest,
@@ -211,8 +217,9 @@ class ProcessService(process_connect.Process):
         sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         pid = await self._pid(sandbox, request.process)
         with connect_errors():
+            on_pty = (await self._runtime().processes.get(sandbox, pid))["pty"] is not None
             events = await self._runtime().processes.attach(sandbox, pid, from_start=False)
-        async for ev in relay(events, sandbox, deadline, None):
+        async for ev in relay(events, sandbox, deadline, None, on_pty):
             yield process_pb.ConnectResponse(event=ev)
 
     async def list(self, request: process_pb.ListRequest,
@@ -252,10 +259,22 @@ class ProcessService(process_connect.Process):
         chosen = data.input if data is not None else None
         if chosen is None:
             return
-        if chosen.field != "stdin":
-            raise ConnectError(Code.UNIMPLEMENTED, NO_PTY)
+        # "pty" is typed into the process's terminal, which is its stdin (the agent's pty side).
         with connect_errors():
             await self._runtime().processes.write_stdin(sandbox, pid, bytes(chosen.value))
+
+    async def update(self, request: process_pb.UpdateRequest,
+                     ctx: RequestContext[process_pb.UpdateRequest, process_pb.UpdateResponse], /,
+                     ) -> process_pb.UpdateResponse:
+        """A terminal's new size (the SDK's ``pty.resize``); nothing else can be updated."""
+        sandbox = sandbox_of(ctx)
+        pid = await self._pid(sandbox, request.process)
+        if not request.has_field("pty"):
+            raise ConnectError(Code.INVALID_ARGUMENT, "an update needs a pty size (all it can change)")
+        cols, rows = _size(request.pty)
+        with connect_errors():
+            await self._runtime().processes.resize(sandbox, pid, cols, rows)
+        return process_pb.UpdateResponse()
 
     async def close_stdin(self, request: process_pb.CloseStdinRequest,
                           ctx: RequestContext[process_pb.CloseStdinRequest, process_pb.CloseStdinResponse], /,
@@ -279,6 +298,14 @@ class ProcessService(process_connect.Process):
             else:
                 raise ConnectError(Code.INVALID_ARGUMENT, "signal must be SIGTERM or SIGKILL")
         return process_pb.SendSignalResponse()
+
+
+def _size(pty: process_pb.PTY | None) -> tuple[int, int]:
+    """A ``PTY``'s size as (cols, rows); its bounds are checked where the terminal is made."""
+    size = pty.size if pty is not None and pty.has_field("size") else None
+    if size is None:
+        raise ConnectError(Code.INVALID_ARGUMENT, "pty.size (cols and rows) is required")
+    return int(size.cols), int(size.rows)
 
 
 def _info(raw: dict[str, Any]) -> process_pb.ProcessInfo:

@@ -237,6 +237,8 @@ class ProcessInfo(ResponseModel):
     stdin_open: bool
     started_at: float | None = Field(description="Seconds since the epoch (guest clock).")
     ended_at: float | None = None
+    pty: dict[str, int] | None = Field(None, description="Its terminal's size, {\"cols\", \"rows\"}, for a "
+                                       "process started on one (E2B's pty); null otherwise.")
 
 
 class StdinResponse(ResponseModel):

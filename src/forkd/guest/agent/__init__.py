@@ -46,5 +46,6 @@ MIN_GUEST_PYTHON = (3, 11)
 # "3" serves the file actions, "4" streams exec output as events and serves
 # processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
 # "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
-# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION).
-AGENT_VERSION = "8"
+# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION), "9" terminals (a proc_start's
+# pty, proc_resize; protocol.PTY_AGENT_VERSION).
+AGENT_VERSION = "9"

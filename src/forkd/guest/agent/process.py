@@ -74,6 +74,7 @@ class Process:
             "signal": -rc if rc is not None and rc < 0 else None,
             "timed_out": self.timed_out,
             "stdin_open": self.stdin_open,
+            "pty": None if self.spec.pty is None else {"cols": self.spec.pty[0], "rows": self.spec.pty[1]},
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }

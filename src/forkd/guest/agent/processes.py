@@ -27,8 +27,8 @@ from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.process import Process, b64
 from forkd.guest.agent.process_io import ProcessIO
 from forkd.guest.agent.reaper import Reaper
-from forkd.guest.agent.ring import STDERR, Capture, Watch
-from forkd.guest.agent.spawn import ProcessSpec, SpawnError, exec_result, spawn
+from forkd.guest.agent.ring import STDERR, STDOUT, Capture, Watch
+from forkd.guest.agent.spawn import ProcessSpec, SpawnError, exec_result, set_size, spawn
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError
 
 
@@ -138,6 +138,19 @@ class Processes:
             proc.close_stdin_after = eof
             self._wake()
             return {"written": len(data)}
+
+    def resize(self, pid: int, size: tuple[int, int]) -> dict[str, Any]:
+        """Set the size (cols, rows) of a running process's terminal."""
+        with self.lock:
+            proc = self._find(pid)
+            if proc.spec.pty is None:
+                raise RequestError(f"process {pid} was not started on a terminal (pty)", CONFLICT)
+            side = proc.pipes.get("stdin") or proc.pipes.get(STDOUT)
+            if proc.ended or side is None:
+                raise RequestError(f"process {pid} is not running", NOT_FOUND)
+            set_size(side.fileno(), *size)
+            proc.spec.pty = size
+        return {"resized": True}
 
     def send_signal(self, pid: int, signum: object, group: bool, wait: float = 0) -> dict[str, Any]:
         """Signal a running process; with ``wait``, answer once it has ended (or ``wait`` s passed)."""

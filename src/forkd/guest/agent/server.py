@@ -37,7 +37,7 @@ from forkd.guest.agent.kernels import Kernels
 from forkd.guest.agent.processes import Processes
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
-from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_start
+from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_size, parse_start
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
@@ -55,7 +55,7 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
 INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
                     protocol.PROC_DETACH, protocol.PROC_ACK, protocol.PROC_LIST, protocol.PROC_INFO,
-                    protocol.PROC_INPUT})
+                    protocol.PROC_INPUT, protocol.PROC_RESIZE})
 
 
 class Agent:
@@ -110,6 +110,7 @@ class Agent:
             protocol.PROC_INPUT: lambda req: self.processes.write_input(
                 int_field(req, "pid"), decode_b64(req.get("data", ""), "data"),
                 bool_field(req, "eof", False)),
+            protocol.PROC_RESIZE: lambda req: self.processes.resize(int_field(req, "pid"), parse_size(req)),
             protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
                 int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
                 wait=min(max(0.0, float(int_field(req, "wait_ms"))) / 1000, MAX_SIGNAL_WAIT_SECS)

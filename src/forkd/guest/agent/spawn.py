@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import os
+import struct
 import subprocess
+import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +26,7 @@ from forkd.guest.protocol import (
     EXEC_MAX_OUTPUT_CAP,
     EXEC_OUTPUT_CAP,
     INVALID,
+    PTY_MAX_SIZE,
     TAG_MAX,
     RequestError,
     request_timeout,
@@ -39,6 +43,7 @@ class ProcessSpec:
     timeout_secs: float | None = None
     tag: str | None = None
     user: GuestUser | None = None  # None: the agent's own user (root) and environment
+    pty: tuple[int, int] | None = None  # (cols, rows): on a pseudo-terminal of that size
 
 
 def parse_common(req: dict[str, Any]) -> ProcessSpec:
@@ -89,7 +94,34 @@ def parse_start(req: dict[str, Any]) -> ProcessSpec:
     if tag is not None and (not isinstance(tag, str) or len(tag) > TAG_MAX):
         raise RequestError(f"'tag' must be a string of at most {TAG_MAX} characters", INVALID)
     spec.tag = tag
+    if req.get("pty") is not None:
+        spec.pty = parse_size(req.get("pty"))
+        spec.keep_stdin_open = True  # a terminal's input is its keyboard: open while it runs
     return spec
+
+
+def parse_size(raw: object) -> tuple[int, int]:
+    """A terminal size ``{"cols", "rows"}``, each 1..PTY_MAX_SIZE, as (cols, rows)."""
+    if not isinstance(raw, dict):
+        raise RequestError("'pty' must be {\"cols\": n, \"rows\": n}", INVALID)
+    size = []
+    for name in ("cols", "rows"):
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PTY_MAX_SIZE:
+            raise RequestError(f"the terminal's {name!r} must be an integer in 1..{PTY_MAX_SIZE}", INVALID)
+        size.append(value)
+    return size[0], size[1]
+
+
+def set_size(fd: int, cols: int, rows: int) -> None:
+    """A terminal's size, on either side of it (the kernel sends its foreground group SIGWINCH)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _take_terminal() -> None:
+    """In the child, after its new session began: stdin (the pty) becomes its controlling
+    terminal, so that the shell has job control and Ctrl-C reaches its foreground job."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def int_field(req: dict[str, Any], name: str) -> int:
@@ -138,6 +170,8 @@ def spawn(spec: ProcessSpec, reaper: Reaper) -> subprocess.Popen[bytes]:
     ids: dict[str, Any] = {} if user is None or user.uid == 0 else {
         "user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
     piped_stdin = spec.stdin is not None or spec.keep_stdin_open
+    if spec.pty is not None:
+        return _spawn_on_pty(spec, spec.pty, reaper, env, ids)
     try:
         with reaper.lock:
             proc = subprocess.Popen(
@@ -162,6 +196,42 @@ def spawn(spec: ProcessSpec, reaper: Reaper) -> subprocess.Popen[bytes]:
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             os.set_blocking(pipe.fileno(), False)
+    return proc
+
+
+def _spawn_on_pty(spec: ProcessSpec, size: tuple[int, int], reaper: Reaper, env: dict[str, str],
+                  ids: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """``spawn`` on a new pseudo-terminal: the child's stdin, stdout and stderr are its slave
+    side. The returned Popen's ``stdout`` reads the master side and its ``stdin`` writes it (two
+    descriptors of the one master, so that the I/O thread waits on each for its own direction)."""
+    master, slave = os.openpty()
+    try:
+        set_size(master, *size)
+        os.set_inheritable(slave, False)  # Popen dups it onto 0, 1 and 2; none other is needed
+        with reaper.lock:
+            proc = subprocess.Popen(
+                spec.args, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=spec.cwd,
+                start_new_session=True, preexec_fn=_take_terminal, **ids,
+            )
+            reaper.owned.add(proc.pid)
+    except FileNotFoundError as exc:
+        os.close(master)
+        missing = spec.cwd if spec.cwd and exc.filename == spec.cwd else spec.args[0]
+        what = "working directory" if missing == spec.cwd else "executable"
+        raise SpawnError(f"{what} not found: {missing}", 127) from None
+    except PermissionError as exc:
+        os.close(master)
+        raise SpawnError(f"permission denied: {exc.filename or spec.args[0]}", 126) from None
+    except (OSError, subprocess.SubprocessError) as exc:
+        os.close(master)
+        raise SpawnError(f"cannot start {spec.args[0]} on a terminal: {exc}", 126) from None
+    finally:
+        os.close(slave)  # the child's copies only: the master then reads EIO once they are closed
+    writer = os.dup(master)
+    for fd in (master, writer):
+        os.set_blocking(fd, False)
+    proc.stdout = open(master, "rb", buffering=0)  # noqa: SIM115 (the process table closes it)
+    proc.stdin = open(writer, "wb", buffering=0)  # noqa: SIM115
     return proc
 
 
