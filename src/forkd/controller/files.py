@@ -72,7 +72,21 @@ def _info(result: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str) or len(value) > limit:
             raise GuestError(f"guest agent sent a malformed file entry ({key!r})")
         out[key] = value
+    # Optional: the file's metadata (its user.e2b.* extended attributes), within E2B's bounds.
+    if "metadata" in result:
+        try:
+            out["metadata"] = protocol.check_metadata(result["metadata"])
+        except protocol.RequestError:
+            raise GuestError("guest agent sent malformed file metadata") from None
     return out
+
+
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    """``protocol.check_metadata`` with the daemon's error type (400)."""
+    try:
+        return protocol.check_metadata(metadata)
+    except protocol.RequestError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 async def rechunk(chunks: AsyncIterable[bytes], size: int) -> AsyncIterator[bytes]:
@@ -133,12 +147,19 @@ class SandboxFiles:
     # ----------------------------------------------------------------- writes
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                    max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+                    max_bytes: int, mode: int | None = None, user: str | None = None,
+                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
         """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``.
-        As ``user``, the file is theirs (the pieces and the close act as the open did)."""
+        As ``user``, the file is theirs (the pieces and the close act as the open did). The file
+        lands with exactly ``metadata`` (none: none, whatever the file it replaces had)."""
         check_path(path)
-        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user,
-                                  **({"mode": mode} if mode is not None else {}))
+        extra: dict[str, object] = {"mode": mode} if mode is not None else {}
+        if metadata := check_metadata(metadata):
+            # An older agent would drop it and answer as if it were stored.
+            await self._sandboxes.require_agent(sandbox_id, protocol.METADATA_AGENT_VERSION,
+                                                "file metadata")
+            extra["metadata"] = metadata
+        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user, **extra)
         handle = opened.get("handle")
         if not isinstance(handle, str) or len(handle) > 64:
             raise GuestError("guest agent sent a malformed upload handle")

@@ -6,7 +6,8 @@ The messages and the ASGI application are the pinned ``e2b`` package's own
 was there), ``Remove`` (recursive; a path that is not there is removed already,
 as in envd) and ``Move``. Entries carry the owner's and group's names, and a
 symbolic link its resolved ``symlinkTarget`` (``Stat`` follows the link for the
-type, as envd does; a listing shows the link itself). Watching a directory, as a
+type, as envd does; a listing shows the link itself), and a file's ``metadata``
+(its ``user.e2b.*`` extended attributes, envd 0.6.2). Watching a directory, as a
 stream or polled, is ``watch.py``'s.
 
 Users: as in envd, every call acts as a guest user: the one the SDK names in its
@@ -100,6 +101,7 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
         modified_time=Timestamp(seconds=int(mtime), nanos=int((mtime % 1) * 1e9)),
         symlink_target=target,
         is_symlink=info["type"] == "symlink" or target is not None,
+        metadata=info.get("metadata") or None,
     )
 
 
