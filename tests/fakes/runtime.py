@@ -212,9 +212,13 @@ class FakeDirWatches:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._runtime = runtime
         self.pending: dict[tuple[str, str], list[WatchEvent]] = {}  # (sandbox, watcher) -> events
+        # Watchers made with include_entry: their directory (events get its files' entries).
+        self.with_entries: dict[tuple[str, str], str] = {}
 
-    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
-        self._runtime._call("watch_create", sandbox_id, path, recursive=recursive)
+    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     include_entry: bool = False) -> str:
+        self._runtime._call("watch_create", sandbox_id, path, recursive=recursive,
+                            **({"include_entry": True} if include_entry else {}))
         fs, norm = self._runtime._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path} does not exist")
@@ -222,12 +226,21 @@ class FakeDirWatches:
             raise InvalidRequest(f"{path} is not a directory")
         watcher = f"w{len(self.pending) + 1}"
         self.pending[(sandbox_id, watcher)] = []
+        if include_entry:
+            self.with_entries[(sandbox_id, watcher)] = norm
         return watcher
 
     async def events(self, sandbox_id: str, watcher: str, *, wait_ms: int = 0) -> WatchBatch:
         if (sandbox_id, watcher) not in self.pending:
             raise NotFound(f"no directory watcher {watcher!r}")
         found, self.pending[(sandbox_id, watcher)] = self.pending[(sandbox_id, watcher)], []
+        root = self.with_entries.get((sandbox_id, watcher))
+        if root is not None:  # as the agent: what each event names, now, unless it is gone
+            fs, _ = self._runtime._fs(sandbox_id, root)
+            found = [WatchEvent(ev.name, ev.type, await self._runtime.files.stat(
+                         sandbox_id, posixpath.join(root, ev.name)))
+                     if ev.type not in ("remove", "rename") and posixpath.join(root, ev.name) in fs
+                     else ev for ev in found]
         return WatchBatch(found, overflowed=False)
 
     async def remove(self, sandbox_id: str, watcher: str) -> None:

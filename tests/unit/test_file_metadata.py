@@ -1,4 +1,5 @@
-"""File metadata (E2B's, envd 0.6.2): user.e2b.* extended attributes.
+"""File metadata (E2B's, envd 0.6.2): user.e2b.* extended attributes; and watch events that
+carry their entry (envd 0.6.3), metadata included.
 
 The agent's handling runs in-process on real xattrs in a tmp dir; the bounds are
 ``protocol.check_metadata``'s, applied by the E2B layer to the headers, by the
@@ -21,11 +22,13 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller import files as controller_files
+from forkd.controller.watches import WatchEvent, _batch
 from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.agent import files as agent_files
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.uploads import Uploads
+from forkd.guest.agent.watches import Watches
 from forkd.guest.protocol import INVALID, RequestError
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
@@ -96,11 +99,11 @@ def test_good_metadata_passes_up_to_its_bounds() -> None:
 
 def test_the_daemon_refuses_malformed_metadata_from_the_guest() -> None:
     entry = {"path": "/f", "name": "f", "type": "file", "size": 1, "mode": 0o644, "mtime": 1.0}
-    assert controller_files._info({**entry, "metadata": {"a": "b"}})["metadata"] == {"a": "b"}
-    assert "metadata" not in controller_files._info(entry)
+    assert controller_files.checked_info({**entry, "metadata": {"a": "b"}})["metadata"] == {"a": "b"}
+    assert "metadata" not in controller_files.checked_info(entry)
     for bad in ({"a": 1}, {"a": "x" * 5000}, "a=b", {"": "b"}, {"a": "\x00"}):
         with pytest.raises(GuestError, match="metadata"):
-            controller_files._info({**entry, "metadata": bad})
+            controller_files.checked_info({**entry, "metadata": bad})
 
 
 # ------------------------------------------------------------- the agent, on real xattrs
@@ -284,3 +287,51 @@ def test_bad_metadata_headers_are_400_and_write_nothing(client: TestClient, fake
                                        "X-Metadata-K": "v" * (protocol.METADATA_TOTAL_MAX + 1)}))
     assert resp.status_code == 400 and "at most 4096" in resp.json()["message"]
     assert "/tmp/x" not in fake.guest_files[SB]
+
+
+# ------------------------------------------------------------- watch events with their entry (0.6.3)
+
+
+def test_a_watcher_with_entries_answers_each_event_with_what_it_names(xdir: Path) -> None:
+    watches = Watches()
+    plain = watches.handle({"op": "create", "path": str(xdir)})["watcher"]
+    watcher = watches.handle({"op": "create", "path": str(xdir), "entries": True})["watcher"]
+    upload(xdir / "f.txt", b"data", {"k": "v"})
+    os.rename(xdir / "f.txt", xdir / "g.txt")
+    (xdir / "gone").write_bytes(b"")
+    (xdir / "gone").unlink()
+    got = watches.handle({"op": "events", "watcher": watcher, "wait_ms": 500})["events"]
+    by_type = {(e["name"], e["type"]): e.get("entry") for e in got}
+    # f.txt was renamed before the poll: its create/write name what is no longer there.
+    assert by_type[("f.txt", "write")] is None and by_type[("f.txt", "rename")] is None
+    entry = by_type[("g.txt", "create")]
+    assert entry is not None and entry["path"] == str(xdir / "g.txt") and entry["type"] == "file"
+    assert entry["metadata"] == {"k": "v"} and by_type[("gone", "remove")] is None
+    checked = _batch({"events": got})  # what the daemon accepts of it
+    assert [ev.entry for ev in checked.events if ev.name == "g.txt"] == [controller_files.checked_info(entry)]
+    assert all("entry" not in e for e in watches.handle(
+        {"op": "events", "watcher": plain, "wait_ms": 0})["events"])
+    for w in (plain, watcher):
+        watches.handle({"op": "remove", "watcher": w})
+
+
+def test_the_daemon_refuses_a_malformed_entry() -> None:
+    with pytest.raises(GuestError, match="entry"):
+        _batch({"events": [{"name": "a", "type": "write", "entry": "x"}]})
+    with pytest.raises(GuestError, match="file entry"):
+        _batch({"events": [{"name": "a", "type": "write", "entry": {"path": 1}}]})
+
+
+def test_envd_watch_options_map_to_forkds(client: TestClient, fake: FakeRuntime) -> None:
+    fake.guest_files[SB]["/tmp/f"] = b"abc"
+    options = {"path": "/tmp", "includeEntry": True, "allowNetworkMounts": True}
+    made = client.post("/filesystem.Filesystem/CreateWatcher", json=options, headers=envd())
+    watcher = made.json()["watcherId"]
+    assert fake.calls[-1].kwargs.get("include_entry") is True
+    fake.watches.pending[(SB, watcher)] += [WatchEvent("f", "write"), WatchEvent("f", "remove")]
+    got = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
+                      headers=envd()).json()["events"]
+    assert got[0]["entry"]["path"] == "/tmp/f" and got[0]["entry"]["type"] == "FILE_TYPE_FILE"
+    assert "entry" not in got[1]
+    plain = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd())
+    assert "include_entry" not in fake.calls[-1].kwargs and plain.status_code == 200

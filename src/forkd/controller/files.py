@@ -52,7 +52,7 @@ def _piece(result: dict[str, Any], asked: int) -> tuple[bytes, bool]:
     return data, eof
 
 
-def _info(result: dict[str, Any]) -> dict[str, Any]:
+def checked_info(result: dict[str, Any]) -> dict[str, Any]:
     """A FileInfo from the guest, with only the documented keys of the documented types."""
     out: dict[str, Any] = {}
     for key, kinds in (("path", str), ("name", str), ("type", str), ("size", int), ("mode", int),
@@ -117,14 +117,15 @@ class SandboxFiles:
     # --------------------------------------------------------------- metadata
 
     async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return _info(await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user))
+        result = await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user)
+        return checked_info(result)
 
     async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path), user=user)
         entries = result.get("entries")
         if not isinstance(entries, list) or len(entries) > protocol.FILE_LIST_MAX:
             raise GuestError("guest agent sent a malformed or overlong listing")
-        return {"path": path, "entries": [_info(e if isinstance(e, dict) else {}) for e in entries],
+        return {"path": path, "entries": [checked_info(e if isinstance(e, dict) else {}) for e in entries],
                 "truncated": bool(result.get("truncated"))}
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
@@ -141,8 +142,8 @@ class SandboxFiles:
     async def move(self, sandbox_id: str, source: str, destination: str, *,
                    user: str | None = None) -> dict[str, Any]:
         """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
-        return _info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
-                                      destination=check_path(destination), user=user))
+        return checked_info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
+                                             destination=check_path(destination), user=user))
 
     # ----------------------------------------------------------------- writes
 
@@ -179,7 +180,8 @@ class SandboxFiles:
                 offset += len(piece)
             await asyncio.gather(*in_flight)  # a failure cancels the rest below
             in_flight.clear()
-            return _info(await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True))
+            closed = await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True)
+            return checked_info(closed)
         except BaseException:
             for task in in_flight:
                 task.cancel()

@@ -87,12 +87,15 @@ CONTEXT = "context"
 # (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
 # proc_ack and proc_detach, like process streams; each event costs line_cost.
 KERNEL = "kernel"
-# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive) ->
-# {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
-# {"events": [{"name", "type": create|write|remove|rename|chmod}], "overflowed"}; op remove.
-# Older agents answer "unknown action": the host asks for WATCH_AGENT_VERSION first.
+# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive, entries?)
+# -> {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
+# {"events": [{"name", "type": create|write|remove|rename|chmod, "entry"?}], "overflowed"}; op remove.
+# A watcher made with "entries" answers each event with the FileInfo of what it names ("entry"),
+# unless that is gone (always for remove and rename). Older agents answer "unknown action": the
+# host asks for WATCH_AGENT_VERSION first, and WATCH_ENTRY_AGENT_VERSION before "entries".
 WATCH = "watch"
 WATCH_AGENT_VERSION = 8
+WATCH_ENTRY_AGENT_VERSION = 10
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit

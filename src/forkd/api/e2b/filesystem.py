@@ -206,21 +206,21 @@ class FilesystemService(filesystem_connect.Filesystem):
                   ctx: RequestContext[filesystem_pb.WatchDirRequest, filesystem_pb.WatchDirResponse], /,
                   ) -> AsyncIterator[filesystem_pb.WatchDirResponse]:
         return watch.watch_stream(self._runtime(), sandbox_of(ctx), guest_path(request.path),
-                                  request.recursive, ctx.timeout_ms)
+                                  watch.WatchOptions.of(request), ctx.timeout_ms, entry)
 
     async def create_watcher(self, request: filesystem_pb.CreateWatcherRequest,
                              ctx: RequestContext[filesystem_pb.CreateWatcherRequest,
                                                  filesystem_pb.CreateWatcherResponse], /,
                              ) -> filesystem_pb.CreateWatcherResponse:
         watcher = await watch.create_watcher(self._runtime(), sandbox_of(ctx), guest_path(request.path),
-                                             request.recursive)
+                                             watch.WatchOptions.of(request))
         return filesystem_pb.CreateWatcherResponse(watcher_id=watcher)
 
     async def get_watcher_events(self, request: filesystem_pb.GetWatcherEventsRequest,
                                  ctx: RequestContext[filesystem_pb.GetWatcherEventsRequest,
                                                      filesystem_pb.GetWatcherEventsResponse], /,
                                  ) -> filesystem_pb.GetWatcherEventsResponse:
-        found = await watch.watcher_events(self._runtime(), sandbox_of(ctx), request.watcher_id)
+        found = await watch.watcher_events(self._runtime(), sandbox_of(ctx), request.watcher_id, entry)
         return filesystem_pb.GetWatcherEventsResponse(events=found)
 
     async def remove_watcher(self, request: filesystem_pb.RemoveWatcherRequest,

@@ -133,6 +133,19 @@ def info(path: str, st: os.stat_result, target: str | None = None, *,
     return out
 
 
+def stat_info(path: str) -> dict[str, Any]:
+    """``path``'s FileInfo as ``file_stat`` answers it: a symbolic link shows its target's type,
+    size and metadata (and the resolved ``target``). Raises OSError."""
+    st = os.lstat(path)
+    if not stat.S_ISLNK(st.st_mode):
+        return info(path, st)
+    target = os.path.realpath(path)
+    try:
+        return info(path, os.stat(path), target, follow=True)
+    except FileNotFoundError:  # a dangling symlink is still there
+        return info(path, st, target)
+
+
 def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
     value = req.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -150,14 +163,7 @@ class Files:
     def stat(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         try:
-            st = os.lstat(path)
-            if not stat.S_ISLNK(st.st_mode):
-                return info(path, st)
-            target = os.path.realpath(path)
-            try:
-                return info(path, os.stat(path), target, follow=True)
-            except FileNotFoundError:  # a dangling symlink is still there
-                return info(path, st, target)
+            return stat_info(path)
         except OSError as exc:
             raise os_error(path, exc) from None
 
