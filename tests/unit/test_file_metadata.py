@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from forkd.api.e2b import uploads
+from forkd.api import file_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller import files as controller_files
 from forkd.controller.watches import WatchEvent, _batch
@@ -247,13 +247,13 @@ def envd(**extra: str) -> dict[str, str]:
 
 
 def test_metadata_headers_are_read_as_envd_reads_them() -> None:
-    got = uploads.metadata_headers([("x-metadata-Author", "mish"), ("content-type", "x"),
+    got = file_routes.metadata_headers([("x-metadata-Author", "mish"), ("content-type", "x"),
                                     ("X-METADATA-author", "second"), ("x-metadata-tag", "")])
     assert got == {"author": "mish", "tag": ""}
     for bad in ([("x-metadata-", "v")], [("x-metadata-k", "bad\x7f")],
                 [(f"x-metadata-k{i}", "v") for i in range(protocol.METADATA_MAX_KEYS + 5)]):
         with pytest.raises(InvalidRequest):
-            uploads.metadata_headers(bad)
+            file_routes.metadata_headers(bad)
 
 
 def test_uploads_stat_list_and_move_carry_metadata(client: TestClient, fake: FakeRuntime) -> None:
@@ -335,3 +335,21 @@ def test_envd_watch_options_map_to_forkds(client: TestClient, fake: FakeRuntime)
     assert "entry" not in got[1]
     plain = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd())
     assert "include_entry" not in fake.calls[-1].kwargs and plain.status_code == 200
+
+
+# ------------------------------------------------------------- forkd's own /v1 files API
+
+
+def test_v1_uploads_take_metadata_headers_and_file_infos_show_it(client: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    url = f"/v1/sandboxes/{SB}/files"
+    up = client.put(url, params={"path": "/tmp/v1"}, content=b"x", headers={**auth, "X-Metadata-Tag": "t"})
+    assert up.status_code == 200 and up.json()["metadata"] == {"tag": "t"}, up.text
+    stat = client.get(f"{url}/stat", params={"path": "/tmp/v1"}, headers=auth).json()
+    assert stat["metadata"] == {"tag": "t"}
+    listed = client.get(f"{url}/list", params={"path": "/tmp"}, headers=auth).json()["entries"]
+    assert [e["metadata"] for e in listed] == [{"tag": "t"}]
+    again = client.put(url, params={"path": "/tmp/v1"}, content=b"y", headers=auth)
+    assert again.json()["metadata"] is None
+    bad = client.put(url, params={"path": "/tmp/v1"}, content=b"z", headers={**auth, "X-Metadata-K": "\x7f"})
+    assert bad.status_code == 400

@@ -37,7 +37,7 @@ from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serv
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.file_routes import streamed_body
+from forkd.api.file_routes import metadata_headers, streamed_body
 from forkd.bounds import SANDBOX_ID_RE, check_guest_user
 from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
 
@@ -158,7 +158,7 @@ class SandboxTraffic:
         content_type = request.headers.get("content-type", "")
         default_path = request.query_params.get("path") or None
         # Every file of the upload gets the same metadata (envd's rule); checked before any write.
-        metadata = uploads.metadata_headers(request.headers.items())
+        metadata = metadata_headers(request.headers.items())
 
         async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
             full = guest_path(target, user)

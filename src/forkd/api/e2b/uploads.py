@@ -6,8 +6,8 @@ default for file-like data) or any number as ``multipart/form-data`` (field
 whole: multipart is parsed as it arrives (``python-multipart``'s streaming
 parser) and each part's bytes are handed on piece by piece, with backpressure;
 gzip is inflated piece by piece, and its output counted, so a small bomb cannot
-grow past the size limit. ``X-Metadata-*`` headers are the files' metadata
-(``metadata_headers``).
+grow past the size limit. (``X-Metadata-*`` headers, the files' metadata, are read by
+``file_routes.metadata_headers``, shared with forkd's own upload.)
 """
 
 from __future__ import annotations
@@ -20,30 +20,10 @@ from typing import Any
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from forkd.errors import InvalidRequest, TooLarge
-from forkd.guest import protocol
 
 MAX_PARTS = 256  # files in one multipart upload
-# envd 0.6.2's file metadata: each ``X-Metadata-<key>: <value>`` header of an upload is a pair.
-METADATA_HEADER_PREFIX = "x-metadata-"
 
 Write = Callable[[str, AsyncIterator[bytes]], Awaitable[dict[str, Any]]]
-
-
-def metadata_headers(headers: list[tuple[str, str]]) -> dict[str, str]:
-    """An upload's metadata from its ``X-Metadata-<key>`` headers, as envd reads them: the key is
-    the rest of the header's name, lowercased; a key sent twice keeps its first value. Bounded
-    and checked (``protocol.check_metadata``, a 400) before the guest is asked."""
-    metadata: dict[str, str] = {}
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered.startswith(METADATA_HEADER_PREFIX):
-            if len(metadata) > protocol.METADATA_MAX_KEYS:
-                break  # too many already: check_metadata refuses it, without reading on
-            metadata.setdefault(lowered[len(METADATA_HEADER_PREFIX):], value)
-    try:
-        return protocol.check_metadata(metadata)
-    except protocol.RequestError as exc:
-        raise InvalidRequest(str(exc)) from None
 
 
 async def inflate(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[bytes]:
