@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.api.e2b import uploads
+from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.controller.watches import WatchEvent
 from forkd.errors import InvalidRequest, NotFound, TooLarge
@@ -94,7 +95,7 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
                              "autoPause": False, "timeout": 60})
     assert resp.status_code == 201, resp.text
     body = resp.json()
-    assert body["templateID"] == "base" and body["envdVersion"] == "0.5.7"
+    assert body["templateID"] == "base" and body["envdVersion"] == ENVD_VERSION
     tokens = AccessTokens(TOKEN.encode())
     assert body["envdAccessToken"] == tokens.envd(body["sandboxID"])
     assert body["trafficAccessToken"] == tokens.traffic(body["sandboxID"])

@@ -37,7 +37,7 @@ from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serv
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.file_routes import streamed_body
+from forkd.api.file_routes import metadata_headers, streamed_body
 from forkd.bounds import SANDBOX_ID_RE, check_guest_user
 from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
 
@@ -157,14 +157,20 @@ class SandboxTraffic:
             raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
         content_type = request.headers.get("content-type", "")
         default_path = request.query_params.get("path") or None
+        # Every file of the upload gets the same metadata (envd's rule); checked before any write.
+        metadata = metadata_headers(request.headers.items())
 
         async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
             full = guest_path(target, user)
             parent = posixpath.dirname(full)
             if parent != "/":
                 await self._runtime().files.mkdir(sandbox_id, parent, parents=True, user=user)
-            info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user)
-            return {"name": info["name"], "type": "file", "path": info["path"]}
+            info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user,
+                                                     metadata=metadata)
+            answer = {"name": info["name"], "type": "file", "path": info["path"]}
+            if info.get("metadata"):
+                answer["metadata"] = info["metadata"]
+            return answer
 
         if content_type.startswith("multipart/form-data"):
             return await uploads.multipart(streamed_body(request), content_type, default_path, write)
