@@ -447,3 +447,49 @@ def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
     assert (tmp_path / "e2b.key").stat().st_mode & 0o777 == 0o600
     assert AccessTokens(key).envd(SB) != AccessTokens(key).envd(OTHER) != AccessTokens(key).traffic(OTHER)
     assert json.dumps(AccessTokens(lambda: key).envd(SB)) == json.dumps(AccessTokens(key).envd(SB))
+
+
+def _signed(path: str, operation: str, user: str | None, sandbox: str = SB,
+            expires_in: int | None = None) -> dict[str, str]:
+    """The query of a signed file URL, made by the published SDK's own signing function."""
+    from e2b.sandbox.signature import get_signature
+
+    signed = get_signature(path, operation, user, AccessTokens(TOKEN.encode()).envd(sandbox),  # type: ignore[arg-type]
+                           expires_in)
+    query = {"path": path, "signature": signed["signature"]}
+    if user:
+        query["username"] = user
+    if signed["expiration"] is not None:
+        query["signature_expiration"] = str(signed["expiration"])
+    return query
+
+
+def test_a_signed_file_url_names_its_sandbox_and_stands_for_its_token(client: TestClient,
+                                                                      fake: FakeRuntime) -> None:
+    """``download_url``/``upload_url`` of a secure sandbox: no token and no E2b-Sandbox-Id, the
+    signature alone; it opens that sandbox's file and nothing else (issue 20)."""
+    fake.guest_files[SB]["/home/user/s.txt"] = b"signed"
+    resp = client.get("/files", params=_signed("s.txt", "read", "user"))
+    assert resp.status_code == 200 and resp.content == b"signed", resp.text
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=120))
+    assert resp.status_code == 200 and resp.content == b"signed", resp.text
+    up = client.post("/files", params=_signed("up.txt", "write", "user"), content=b"uploaded",
+                     headers={"Content-Type": "application/octet-stream"})
+    assert up.status_code == 200, up.text
+    assert fake.guest_files[SB]["/home/user/up.txt"] == b"uploaded"
+    # Expired: E2B's exact answer.
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=-120))
+    assert resp.status_code == 401 and resp.json() == {"code": 401, "message": "signature is already expired"}
+    # A read signature does not write, another path is not covered, another user is not the signer.
+    for params, method in ((_signed("s.txt", "read", "user"), "POST"),
+                           ({**_signed("s.txt", "read", "user"), "path": "other.txt"}, "GET"),
+                           ({**_signed("s.txt", "read", "user"), "username": "root"}, "GET")):
+        resp = client.request(method, "/files", params=params)
+        assert resp.status_code == 401, (params, resp.text)
+    # Aimed at another sandbox with this one's signature: the token check refuses it.
+    resp = client.get("/files", params=_signed("s.txt", "read", "user"),
+                      headers={"E2b-Sandbox-Id": OTHER, "E2b-Sandbox-Port": "49983"})
+    assert resp.status_code == 401, resp.text
+    # Not a signature at all: a clear 400 before any hashing.
+    resp = client.get("/files", params={"path": "s.txt", "signature": "x" * 500})
+    assert resp.status_code == 400 and "v1 file signature" in resp.json()["message"], resp.text

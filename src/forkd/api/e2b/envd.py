@@ -36,6 +36,7 @@ from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_ru
 from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serving
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
+from forkd.api.e2b.signed import signed_file_request
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.file_routes import metadata_headers, streamed_body
 from forkd.bounds import SANDBOX_ID_RE, check_guest_user
@@ -89,6 +90,17 @@ class SandboxTraffic:
             return
         presented = headers.get("x-access-token") or (
             headers.get("e2b-traffic-access-token") if port == INTERPRETER_PORT else None)
+        try:
+            signed = None if presented or port != ENVD_PORT else signed_file_request(scope)
+            # A signed file URL stands for the token (e2b/signed.py), until it expires.
+            if signed is not None and self._tokens.accepts_signature(
+                    sandbox_id, signed.signature, signed.path, signed.operation, signed.user,
+                    signed.expiration):
+                signed.check_not_expired()
+                presented = self._tokens.envd(sandbox_id)
+        except ForkdError as exc:
+            await fail(exc.status, str(exc))
+            return
         if not self._tokens.accepts(sandbox_id, presented, traffic_too=port == INTERPRETER_PORT):
             await fail(401, f"missing or wrong access token for sandbox {sandbox_id}: use the "
                        "envdAccessToken its create, connect or fork answered with")
