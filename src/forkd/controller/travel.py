@@ -127,6 +127,7 @@ class _LazyImport:
     failure: BaseException | None = None
     thread: threading.Thread | None = None
     started: float = field(default_factory=time.monotonic)
+    settled: threading.Event = field(default_factory=threading.Event)  # every mem here, or failed
 
 
 class SnapshotTravel:
@@ -451,10 +452,10 @@ class SnapshotTravel:
     async def wait_lazy(self, tag: str, timeout: float | None = None) -> None:
         """Until ``tag``'s lazy import has all its memory here (or failed: raises)."""
         imp = self._lazy.get(tag)
-        if imp is None or imp.thread is None:
+        if imp is None:
             return
-        thread = imp.thread
-        await asyncio.wait_for(asyncio.to_thread(thread.join), timeout)
+        if not await asyncio.to_thread(imp.settled.wait, timeout):
+            raise TimeoutError(f"the memory of {tag!r} did not all arrive within {timeout} s")
         self._raise_lazy_failure(tag)
 
     async def _lazy_import(self, store: ObjectStore, manifest: Manifest) -> None:
@@ -530,6 +531,7 @@ class SnapshotTravel:
             for m in imp.mems:
                 m.blob.fill(stop=imp.stop)
                 if imp.stop.is_set():
+                    imp.settled.set()
                     return
                 os.replace(m.blob.dest, m.snap_mem)  # over the symlink: new children map the file
                 m.done = True
@@ -540,7 +542,9 @@ class SnapshotTravel:
             imp.failure = exc
             log.error("lazy import of %s failed: %s; its snapshots are removed", imp.manifest.tag, exc)
             self._drop_lazy(imp, unregister=True)
+            imp.settled.set()
             return
+        imp.settled.set()
         # Every mem is an ordinary file now; the served copies go once no child maps them.
         for m in imp.mems:
             m.fuse.wait_ended()  # (its end closes the blob)
