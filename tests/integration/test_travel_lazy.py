@@ -142,6 +142,8 @@ def test_a_store_that_loses_the_memory_fails_the_spawn_cleanly(loop: Loop, sourc
         with pytest.raises(ForkdError) as err:
             loop.run(dest.spawn(CHAIN[0]), timeout=600)
         print(f"\nstore lost the memory: {err.value}")
+        with pytest.raises(ForkdError, match="could not be had"):  # the cleanup runs in the background
+            loop.run(dest.travel.wait_lazy(CHAIN[0], timeout=60))
         assert not qemu_processes_of(dest.data.root)
         assert not dest.list_sandboxes()
         assert CHAIN[0] not in [r.tag for r in dest.list_snapshots()]  # removed, not left half-here
