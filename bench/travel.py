@@ -173,11 +173,11 @@ async def to_answer(tag: str, store: str, roots: list[Path]) -> dict[str, Any]:
             assert rt.travel.store is not None
             out[f"{how}_fetched_mib"] = round(rt.travel.store.stats.snapshot()["bytes_downloaded"] / 2**20, 1)
             if how == "lazy":
-                lazy = rt.travel.lazy_stats().get(tag, {})
+                lazy = rt.travel.lazily.stats().get(tag, {})
                 out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")
                 out["lazy_chunks"] = lazy.get("chunks")
                 started = time.perf_counter()
-                await rt.travel.wait_lazy(tag, timeout=600)
+                await rt.travel.lazily.wait(tag, timeout=600)
                 out["lazy_complete_after_answer_s"] = round(time.perf_counter() - started, 3)
                 out["lazy_total_fetched_mib"] = round(
                     rt.travel.store.stats.snapshot()["bytes_downloaded"] / 2**20, 1)

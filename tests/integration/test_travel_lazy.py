@@ -73,13 +73,13 @@ def test_a_lazy_grandchild_of_a_depth_3_chain_sees_what_a_local_one_sees(
         async def lazily() -> tuple[tuple[str, str], dict[str, Any]]:
             [sb] = await dest.spawn(chain["tag"])
             seen = await what_it_sees(dest, sb.id)
-            return seen, dest.travel.lazy_stats()
+            return seen, dest.travel.lazily.stats()
 
         seen, stats = loop.run(lazily(), timeout=600)
         print(f"\nlazy spawn of {chain['tag']}: {stats.get(chain['tag'])}")
         assert seen == chain["seen"]
-        assert dest.travel.lazy_imports == 1
-        loop.run(dest.travel.wait_lazy(chain["tag"], timeout=600))
+        assert dest.travel.lazily.count == 1
+        loop.run(dest.travel.lazily.wait(chain["tag"], timeout=600))
         mem = dest.snapshots.dir(chain["tag"]).mem
         assert mem.is_file() and not mem.is_symlink()  # an ordinary local snapshot now
 
@@ -88,7 +88,7 @@ def test_a_lazy_grandchild_of_a_depth_3_chain_sees_what_a_local_one_sees(
             return await what_it_sees(dest, sb.id)
 
         assert loop.run(again(), timeout=600) == chain["seen"]
-        lazy = dest.travel.lazy_stats().get(chain["tag"])
+        lazy = dest.travel.lazily.stats().get(chain["tag"])
         if lazy is not None:  # (gone once the first child's mapping went)
             assert set(lazy["fetched_by_chunk"].values()) == {1}
     finally:
@@ -105,14 +105,14 @@ def test_concurrent_lazy_spawns_make_one_get_per_chunk(loop: Loop, source: Runti
             return list(await asyncio.gather(*(dest.spawn(CHAIN[1]) for _ in range(n))))
 
         batches = loop.run(many(), timeout=900)
-        stats = dest.travel.lazy_stats()[CHAIN[1]]
+        stats = dest.travel.lazily.stats()[CHAIN[1]]
         print(f"\n{n} concurrent lazy spawns: {stats['gets']} GETs of {stats['chunks']} chunks, "
               f"{stats['bytes_fetched'] / 2**20:.1f} MiB; {dest.travel.stats()}")
         assert len({sb.id for batch in batches for sb in batch}) == n
-        assert dest.travel.lazy_imports == 1 and dest.travel.stats()["manifests_downloaded"] == 1
+        assert dest.travel.lazily.count == 1 and dest.travel.stats()["manifests_downloaded"] == 1
         assert loop.run(dest.eval(batches[7][0].id, "counter"))["result"] == "2"
-        loop.run(dest.travel.wait_lazy(CHAIN[1], timeout=600))
-        stats = dest.travel.lazy_stats().get(CHAIN[1], stats)
+        loop.run(dest.travel.lazily.wait(CHAIN[1], timeout=600))
+        stats = dest.travel.lazily.stats().get(CHAIN[1], stats)
         assert set(stats["fetched_by_chunk"].values()) == {1}, stats  # one GET per chunk
     finally:
         close_clean(loop, dest)
@@ -143,7 +143,7 @@ def test_a_store_that_loses_the_memory_fails_the_spawn_cleanly(loop: Loop, sourc
             loop.run(dest.spawn(CHAIN[0]), timeout=600)
         print(f"\nstore lost the memory: {err.value}")
         with pytest.raises(ForkdError, match="could not be had"):  # the cleanup runs in the background
-            loop.run(dest.travel.wait_lazy(CHAIN[0], timeout=60))
+            loop.run(dest.travel.lazily.wait(CHAIN[0], timeout=60))
         assert not qemu_processes_of(dest.data.root)
         assert not dest.list_sandboxes()
         assert CHAIN[0] not in [r.tag for r in dest.list_snapshots()]  # removed, not left half-here

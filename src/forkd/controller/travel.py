@@ -15,14 +15,9 @@
 * **ensure_local** is the spawner's hook: a spawn of a tag this host lacks but
   the store holds brings it here first, once per host (a lock per tag), however
   many spawns ask at the same time. Where this host can serve files through
-  FUSE it does so **lazily**: every small part (manifest, device state,
-  config, disk layers; the base only if missing) is fetched, but each new
-  snapshot's ``mem`` is a FUSE file (host/fusefile.py) whose reads fetch and
-  verify the covering chunk (store/lazyblob.py), so the child starts at once and
-  its page faults bring the memory it touches. Meanwhile a background thread
-  fetches the rest; once a ``mem`` is complete it replaces the served file and
-  the mount is detached (children that map it keep being served until the last
-  one exits). Without FUSE, or with ``lazy`` off, it pulls eagerly.
+  FUSE it does so **lazily** (``LazyImports``, travel_lazy.py: the child starts
+  before its memory has arrived). Without FUSE, or with ``lazy`` off, it pulls
+  eagerly.
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ import os
 import re
 import secrets
 import shutil
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +43,7 @@ from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.travel_export import Export, SnapshotExporter
+from forkd.controller.travel_lazy import LazyImports
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
 from forkd.host import fusefile
 from forkd.host.accel import check_compatible
@@ -56,9 +51,8 @@ from forkd.image.builder import list_images
 from forkd.store import archive, layout, sparse
 from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
-from forkd.store.lazyblob import LazyBlob
 from forkd.store.manifest import BaseEntry, Manifest, SnapshotEntry
-from forkd.store.objectstore import ObjectStore, StoreError
+from forkd.store.objectstore import ObjectStore
 from forkd.store.records import SnapshotRecord, now_unix
 from forkd.vmm import disk as disk_mod
 from forkd.vmm import probe
@@ -99,37 +93,6 @@ class ImportPlan:
         return out
 
 
-@dataclass
-class _LazyMem:
-    """One snapshot's ``mem`` while it arrives: the blob filling a local file, and the FUSE file
-    that serves it (the snapshot's ``mem`` is a symlink to it until the blob is complete)."""
-
-    tag: str
-    blob: LazyBlob
-    fuse: fusefile.FuseFile
-    snap_mem: Path  # <snapshot>/mem
-    done: bool = False
-
-    @property
-    def failure(self) -> BaseException | None:
-        return self.blob.failed if not self.done else None
-
-
-@dataclass
-class _LazyImport:
-    """The snapshots one lazy import registered, and their memory still arriving."""
-
-    manifest: Manifest
-    workdir: Path  # <travel>/lazy/<token>: fill files and mount points
-    mems: list[_LazyMem] = field(default_factory=list)
-    created: list[SnapshotRecord] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    failure: BaseException | None = None
-    thread: threading.Thread | None = None
-    started: float = field(default_factory=time.monotonic)
-    settled: threading.Event = field(default_factory=threading.Event)  # every mem here, or failed
-
-
 class SnapshotTravel:
     def __init__(self, data: DataDir, snapshots: SnapshotStore, tags: TagReservations,
                  accel: HostAccelerator, store: ObjectStore | None = None) -> None:
@@ -144,20 +107,23 @@ class SnapshotTravel:
         # first pull into a fresh one) finds a base by digest without reading it again.
         self._image_digests = DigestCache(data.images / ".chunk-digests.json")
         self._exporter = SnapshotExporter(data, snapshots, self._digests, self._image_digests, self.bases,
-                                          self._workdir)
+                                          self.workdir)
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
         # A spawn of a store-only tag starts it lazily (memory served by FUSE as it arrives)
         # where this host can; False: always pull it whole first.
         self.lazy = True
-        self._lazy: dict[str, _LazyImport] = {}  # tag -> the lazy import that registered it
-        self.lazy_imports = 0
+        self.lazily = LazyImports(self, snapshots)
+
+    @property
+    def travel_dir(self) -> Path:
+        return self._data.travel
 
     @property
     def bases(self) -> Path:
         return self._data.travel / "bases"
 
-    def _private_travel(self) -> Path:
+    def private_travel(self) -> Path:
         """The travel directory, 0700 whatever the umask (and if an older forkd made it 0755):
         its staging holds guest memory and disks on their way in and out."""
         travel = self._data.travel
@@ -165,8 +131,8 @@ class SnapshotTravel:
         travel.chmod(0o700)
         return travel
 
-    def _workdir(self, what: str) -> Path:
-        path = self._private_travel() / f".{what}-{secrets.token_hex(4)}"
+    def workdir(self, what: str) -> Path:
+        path = self.private_travel() / f".{what}-{secrets.token_hex(4)}"
         path.mkdir(mode=0o700)
         return path
 
@@ -289,7 +255,7 @@ class SnapshotTravel:
             raise
 
     def _install_base(self, base: BaseEntry, fetch: Fetch) -> Path:
-        self._private_travel()
+        self.private_travel()
         self.bases.mkdir(mode=0o700, exist_ok=True)
         final = self.bases / f"{base.sha256}.{base.format}"
         tmp = self.bases / f".{base.sha256}.tmp-{secrets.token_hex(4)}"
@@ -302,7 +268,7 @@ class SnapshotTravel:
         return final
 
     @contextlib.contextmanager
-    def _reserved(self, plan: ImportPlan) -> Iterator[None]:
+    def reserved(self, plan: ImportPlan) -> Iterator[None]:
         """Reserve every tag the import creates (409 if one is being written meanwhile)."""
         done: list[str] = []
         try:
@@ -335,7 +301,7 @@ class SnapshotTravel:
     async def unpack(self, path: Path, progress: archive.Progress | None = None) -> dict[str, Any]:
         if not path.is_file():
             raise NotFound(f"archive {path} does not exist")
-        workdir = self._workdir("unpack")
+        workdir = self.workdir("unpack")
         loop = asyncio.get_running_loop()
         plans: list[ImportPlan] = []
 
@@ -353,8 +319,8 @@ class SnapshotTravel:
         try:
             manifest, extracted = await asyncio.to_thread(archive.read, path, workdir, want, progress)
             plan = plans[0]
-            with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, _placer(plan, extracted),
+            with self.reserved(plan):
+                created = await asyncio.to_thread(self.apply, plan, placer(plan, extracted),
                                                   f"archive {path.name}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -402,7 +368,7 @@ class SnapshotTravel:
     async def ensure_local(self, tag: str) -> None:
         """The spawner's hook: bring ``tag`` here if this host lacks it and the store holds it
         (lazily where it can); raises if ``tag`` arrived lazily and its memory cannot be had."""
-        self._raise_lazy_failure(tag)
+        self.lazily.raise_failure(tag)
         if self.store is None or self._snapshots.records.has(tag):
             return
         if not (self.lazy and fusefile.available()):
@@ -413,203 +379,36 @@ class SnapshotTravel:
         check_tag(tag)
         async with self._lock(tag):
             if self._snapshots.records.has(tag):
-                self._raise_lazy_failure(tag)
+                self.lazily.raise_failure(tag)
                 return
             manifest = await asyncio.to_thread(store.get_manifest, tag)
             if manifest is None:
                 return  # the spawn says 404
-            await self._lazy_import(store, manifest)
+            await self.lazily.start(store, manifest)
 
     def lazy_failure(self, tag: str) -> ForkdError | None:
-        """Why children of ``tag`` cannot be restored, if it arrived lazily and a chunk of its
-        memory could not be had (the spawner reports this instead of "QEMU exited")."""
-        imp = self._lazy.get(tag)
-        if imp is None:
-            return None
-        failure = imp.failure or next((m.failure for m in imp.mems if m.tag == tag and m.failure), None)
-        if failure is None:
-            return None
-        where = f"store {self.store.url}" if self.store is not None else "the store"
-        return StoreError(f"snapshot {tag!r} arrived lazily from {where} and its memory could not be "
-                          f"had: {failure}")
-
-    def _raise_lazy_failure(self, tag: str) -> None:
-        failure = self.lazy_failure(tag)
-        if failure is not None:
-            raise failure
-
-    def lazy_stats(self) -> dict[str, Any]:
-        """Per lazily arriving tag: GETs and bytes its memory took so far, and whether it is complete."""
-        out: dict[str, Any] = {}
-        for tag, imp in self._lazy.items():
-            for m in imp.mems:
-                if m.tag == tag:
-                    out[tag] = {"gets": m.blob.gets, "bytes_fetched": m.blob.bytes_fetched,
-                                "chunks": len(m.blob.index.chunks), "complete": m.done,
-                                "fetched_by_chunk": dict(m.blob.fetched_by_chunk)}
-        return out
-
-    async def wait_lazy(self, tag: str, timeout: float | None = None) -> None:
-        """Until ``tag``'s lazy import has all its memory here (or failed: raises)."""
-        imp = self._lazy.get(tag)
-        if imp is None:
-            return
-        if not await asyncio.to_thread(imp.settled.wait, timeout):
-            raise TimeoutError(f"the memory of {tag!r} did not all arrive within {timeout} s")
-        self._raise_lazy_failure(tag)
-
-    async def _lazy_import(self, store: ObjectStore, manifest: Manifest) -> None:
-        started = time.monotonic()
-        plan = await self.plan(manifest)
-        mem_of = {f.sha256: s.tag for s in plan.new for f in s.files if f.name == "mem"}
-        eager = plan.blobs() - set(mem_of)
-        lazydir = self._private_travel() / "lazy"
-        lazydir.mkdir(mode=0o700, exist_ok=True)
-        imp = _LazyImport(manifest, lazydir / secrets.token_hex(6))
-        imp.workdir.mkdir(mode=0o700)
-        workdir = self._workdir(f"lazy-{manifest.tag}")
-        try:
-            with self._reserved(plan):
-                # Both to the end, even when one fails: no mount may start after the cleanup.
-                got = await asyncio.gather(
-                    asyncio.to_thread(self._fetch_all, store, plan, workdir, eager),
-                    asyncio.to_thread(self._serve_mems, store, plan, mem_of, imp), return_exceptions=True)
-                for result in got:
-                    if isinstance(result, BaseException):
-                        raise result
-                fetched = got[0]
-                assert isinstance(fetched, dict)
-                eager_place = _placer(plan, fetched)
-                served = {m.blob.sha: m.fuse.path for m in imp.mems}
-
-                def place(sha: str, size: int, dest: Path) -> None:
-                    if sha in served:  # the FUSE file, until the blob is complete
-                        os.symlink(served[sha], dest)
-                    else:
-                        eager_place(sha, size, dest)
-
-                imp.created = await asyncio.to_thread(self.apply, plan, place, f"store {store.url} (lazily)")
-        except BaseException:
-            await asyncio.to_thread(self._drop_lazy, imp, unregister=False)
-            raise
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        for m in imp.mems:
-            m.snap_mem = Path(self._snapshots.get(m.tag).dir) / "mem"
-        for record in imp.created:
-            self._lazy[record.tag] = imp
-        self.pulls += 1
-        self.lazy_imports += 1
-        imp.thread = threading.Thread(target=self._fill, args=(imp,), name=f"lazy-{manifest.tag}",
-                                      daemon=True)
-        imp.thread.start()
-        log.info("%s is here lazily from %s in %.2fs: %d snapshot(s), memory arriving in the background",
-                 manifest.tag, store.url, time.monotonic() - started, len(imp.created))
-
-    def _serve_mems(self, store: ObjectStore, plan: ImportPlan, mem_of: dict[str, str],
-                    imp: _LazyImport) -> list[_LazyMem]:
-        """Open each new ``mem`` blob lazily and mount its FUSE file (the target's first)."""
-        sizes = plan.manifest.blobs()
-        order = sorted(mem_of, key=lambda sha: mem_of[sha] != plan.manifest.tag)
-        for sha in order:
-            index, read = store.open_blob(sha, sizes[sha])
-            blob = LazyBlob(sha, index, read, imp.workdir / f"{sha}.fill")
-            mount = imp.workdir / f"{sha}.mem"
-            mount.touch(mode=0o600)
-            fuse = fusefile.FuseFile(mount, index.size, blob.read, on_end=blob.close,
-                                     on_error=lambda exc: log.error(
-                                         "lazy memory: a read failed (the child reading it fails): %s", exc))
-            mem = _LazyMem(mem_of[sha], blob, fuse, Path())  # snap_mem: once registered
-            imp.mems.append(mem)  # before start: a failure from here on unmounts it
-            fuse.start()
-        return imp.mems
-
-    def _fill(self, imp: _LazyImport) -> None:
-        """Background: the rest of each ``mem`` (the target's first), then each becomes an
-        ordinary file and its mount is detached; a failure removes the import's snapshots."""
-        try:
-            for m in imp.mems:
-                m.blob.fill(stop=imp.stop)
-                if imp.stop.is_set():
-                    imp.settled.set()
-                    return
-                os.replace(m.blob.dest, m.snap_mem)  # over the symlink: new children map the file
-                m.done = True
-                m.fuse.detach()  # children that map it are still served, from the same fd
-                log.info("lazy memory of %s complete after %.2fs (%d GETs, %d bytes)", m.tag,
-                         time.monotonic() - imp.started, m.blob.gets, m.blob.bytes_fetched)
-        except BaseException as exc:  # reported through lazy_failure and the log
-            imp.failure = exc
-            log.error("lazy import of %s failed: %s; its snapshots are removed", imp.manifest.tag, exc)
-            self._drop_lazy(imp, unregister=True)
-            imp.settled.set()
-            return
-        imp.settled.set()
-        # Every mem is an ordinary file now; the served copies go once no child maps them.
-        for m in imp.mems:
-            m.fuse.wait_ended()  # (its end closes the blob)
-        shutil.rmtree(imp.workdir, ignore_errors=True)
-        for record in imp.created:
-            if self._lazy.get(record.tag) is imp:
-                del self._lazy[record.tag]
-
-    def _drop_lazy(self, imp: _LazyImport, *, unregister: bool, abort: bool = True) -> None:
-        """Undo a lazy import that failed or is being closed: its snapshots that are not complete
-        (``unregister``), its mounts (detached; aborted with ``abort``), its fill files."""
-        imp.stop.set()
-        if unregister:
-            for record in reversed(imp.created):
-                self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
-        for m in imp.mems:
-            if abort:
-                m.fuse.abort()
-            else:
-                m.fuse.detach()
-        for m in imp.mems:
-            if not m.fuse.wait_ended(5 if abort else 0):
-                log.warning("lazy memory of %s: a child still maps it; served until it exits", m.tag)
-        shutil.rmtree(imp.workdir, ignore_errors=True)
+        """The spawner's question: why children of a lazily arrived ``tag`` cannot be restored."""
+        return self.lazily.failure(tag)
 
     async def close(self) -> None:
-        """Daemon stop (after its sandboxes are gone): snapshots whose memory had not all arrived
-        are removed (a later spawn fetches them again), and every mount goes."""
-        imports = {id(imp): imp for imp in self._lazy.values()}.values()
-        for imp in imports:
-            imp.stop.set()
-        for imp in imports:
-            if imp.thread is not None:
-                await asyncio.to_thread(imp.thread.join, 30)
-            complete = all(m.done for m in imp.mems)
-            await asyncio.to_thread(self._drop_lazy, imp, unregister=not complete and imp.failure is None)
-        self._lazy.clear()
+        """Daemon stop (after its sandboxes are gone): lazy imports end (travel_lazy.py)."""
+        await self.lazily.close()
 
     def recover(self) -> None:
-        """At start: mounts and snapshots a previous daemon left mid-way through a lazy import."""
-        lazydir = self._data.travel / "lazy"
-        for point in fusefile.mounts_under(lazydir):
-            with contextlib.suppress(OSError):
-                fusefile.umount(point)
-        for record in self._snapshots.all():
-            mem = Path(record.dir) / "mem"
-            if mem.is_symlink() and str(os.readlink(mem)).startswith(str(lazydir)):
-                log.warning("snapshot %s was still arriving lazily when forkd stopped; removing it",
-                            record.tag)
-                self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
-        shutil.rmtree(lazydir, ignore_errors=True)
+        """At start: what a previous daemon left mid-way through a lazy import."""
+        self.lazily.recover()
 
     async def _import_from_store(self, store: ObjectStore, manifest: Manifest) -> dict[str, Any]:
         started = time.monotonic()
         before = store.stats.snapshot()["bytes_downloaded"]
         plan = await self.plan(manifest)
-        workdir = self._workdir(f"pull-{manifest.tag}")
+        workdir = self.workdir(f"pull-{manifest.tag}")
         planned = time.monotonic()
         try:
-            with self._reserved(plan):
-                fetched = await asyncio.to_thread(self._fetch_all, store, plan, workdir)
+            with self.reserved(plan):
+                fetched = await asyncio.to_thread(self.fetch_all, store, plan, workdir)
                 downloaded = time.monotonic()
-                created = await asyncio.to_thread(self.apply, plan, _placer(plan, fetched),
+                created = await asyncio.to_thread(self.apply, plan, placer(plan, fetched),
                                                   f"store {store.url}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -623,7 +422,7 @@ class SnapshotTravel:
                 "bytes_downloaded": got}
 
     @staticmethod
-    def _fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path,
+    def fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path,
                    only: set[str] | None = None) -> dict[str, Path]:
         """Every blob the plan needs (of ``only``), into ``workdir``, several at a time (largest
         first): a small blob's few requests then overlap a large one's range GETs instead of
@@ -658,7 +457,7 @@ class SnapshotTravel:
         return out
 
 
-def _placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
+def placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
     """``apply``'s fetch from blobs already here (extracted or downloaded): moved into place, or
     copied while another file of the plan still needs the same bytes."""
     uses: dict[str, int] = {}
