@@ -53,6 +53,7 @@ from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id
+from forkd.store.records import Hibernation
 from forkd.store.registry import AutoCheckpoint, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 
 
@@ -526,6 +527,15 @@ class FakeRuntime:
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
         del self.sandboxes[self._sandbox(sandbox_id).id]
+
+    async def hibernate(self, sandbox_id: str) -> SandboxRecord:
+        self._call("hibernate", sandbox_id)
+        record = self._sandbox(sandbox_id)
+        if record.hibernation is not None:
+            raise Conflict(f"sandbox {sandbox_id!r} is hibernated already")
+        record.hibernation = Hibernation(at_unix=float(CREATED), pages=300, memory_bytes=1 << 20,
+                                         devices_bytes=16384, pause_ms=40.0)
+        return record
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
         self._call("set_timeout", sandbox_id, timeout_secs)

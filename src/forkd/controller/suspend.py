@@ -56,12 +56,14 @@ def disk_mib(record: SandboxRecord) -> int:
 
 
 def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
-    """A sandbox, running or paused, as the E2B layer describes it."""
+    """A sandbox, running or paused, as the E2B layer describes it (a hibernated one is paused:
+    E2B's ``connect`` and any envd traffic resume it)."""
     if isinstance(record, PausedRecord):
         return {"id": record.id, "template": template, "state": "paused", "started": record.created_at_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
                 "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info()}
-    return {"id": record.id, "template": template, "state": "running", "started": record.created_at_unix,
+    state = "paused" if record.hibernation is not None else "running"
+    return {"id": record.id, "template": template, "state": state, "started": record.created_at_unix,
             "ends": record.expires_at_unix, "vcpus": record.config.vcpus, "mem_mib": record.config.mem_mib,
             "disk_mb": disk_mib(record), "metadata": dict(record.metadata), "egress": record.egress.info()}
 

@@ -155,8 +155,9 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
         metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
-        if _set(req.auto_pause) and req.auto_pause:
-            raise E2BError(400, f"autoPause is not supported by forkd ({UNSUPPORTED})")
+        # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
+        # connect, or any envd request, wakes it: controller/hibernation.py).
+        auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
         for name in ("mcp", "iam", "volumeMounts", "autoResume"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
@@ -166,7 +167,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         try:
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
-                                                 "network": _network(body.get("network"))})
+                                                 "network": _network(body.get("network")),
+                                                 "hibernate_on_timeout": auto_pause})
             [record] = await rt().spawn(req.template_id, 1, options)
         except NotFound:
             try:
