@@ -360,6 +360,23 @@ def timeout(
 
 
 @handle_errors
+def hibernate(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
+    """Put a sandbox to disk (its changed memory and device state) and release its QEMU; its next
+    request of any kind (exec, eval, ping, files, ...) wakes it.
+
+    Example:
+      forkd hibernate sb-67a1b3-0000
+    """
+    info = state(ctx).controller().hibernate(sandbox_id)
+    if want_json(ctx, json_):
+        output.emit_json(info)
+        return
+    saved: Mapping[str, Any] = info.get("hibernation") or {}
+    output.console.print(f"{escape(sandbox_id)} hibernated: {saved.get('disk_mib', 0):g} MiB on disk, "
+                         f"{saved.get('pause_ms', 0):g} ms stopped")
+
+
+@handle_errors
 def ping(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
     """Round trip to a sandbox's guest agent.
 
