@@ -112,6 +112,12 @@ class Hibernator:
                         log.warning("sandbox %s was stopped by a hibernation a previous daemon did not "
                                     "finish; it runs again", sb.id)
 
+    async def stop(self) -> None:
+        """The daemon stops: a wake under way is cancelled (its new QEMU killed; it stays hibernated)."""
+        for task in list(self._waking.values()):
+            task.cancel()
+        await asyncio.gather(*self._waking.values(), return_exceptions=True)
+
     def counts(self) -> dict[str, Any]:
         hibernated = [sb for sb in self._table.records.all() if sb.hibernation is not None]
         return {"hibernated": len(hibernated), "hibernations": self.hibernations, "wakes": self.wakes,

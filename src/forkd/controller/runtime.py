@@ -205,6 +205,7 @@ class Runtime:
         await self.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
         stack.push_async_callback(self.idle.stop)
         await self.hibernation.start()  # hibernations a dead daemon left unfinished are undone
+        stack.push_async_callback(self.hibernation.stop)
         await self.reaper.start()  # sandboxes that expired while no daemon ran go now
         stack.push_async_callback(self.reaper.stop)
         await self.pools.start()  # re-adopted pool members go back in, the rest are discarded
