@@ -84,6 +84,9 @@ class Hibernator:
         self._idle = idle
         self._disks = disks
         self._waking: dict[str, asyncio.Task[None]] = {}
+        # The hibernated sandboxes and the bytes each one's saved state takes (their rows say so
+        # too; this keeps lookups and /metrics off the registry with thousands of rows).
+        self._asleep: dict[str, int] = {}
         self.hibernations = 0  # counters for /metrics
         self.wakes = 0
         self.wake_failures = 0
@@ -93,10 +96,11 @@ class Hibernator:
     # ----------------------------------------------------------------- life
 
     async def start(self) -> None:
-        """After recovery: a sandbox re-adopted running whose hibernation a dead daemon had begun
-        (no commit) loses the partial files and runs on."""
+        """After recovery: the hibernated sandboxes are known again; a sandbox re-adopted running
+        whose hibernation a dead daemon had begun (no commit) loses the partial files and runs on."""
         for sb in self._table.records.all():
             if sb.hibernation is not None:
+                self._asleep[sb.id] = saved_bytes(sb)
                 continue
             run_dir = Path(sb.dir)
             partial = [d for d in (run_dir / SAVED_DIR, run_dir / PARTIAL_DIR) if d.exists()]
@@ -119,10 +123,12 @@ class Hibernator:
         await asyncio.gather(*self._waking.values(), return_exceptions=True)
 
     def counts(self) -> dict[str, Any]:
-        hibernated = [sb for sb in self._table.records.all() if sb.hibernation is not None]
-        return {"hibernated": len(hibernated), "hibernations": self.hibernations, "wakes": self.wakes,
-                "wake_failures": self.wake_failures,
-                "hibernated_bytes": sum(saved_bytes(sb) for sb in hibernated)}
+        return {"hibernated": len(self._asleep), "hibernations": self.hibernations, "wakes": self.wakes,
+                "wake_failures": self.wake_failures, "hibernated_bytes": sum(self._asleep.values())}
+
+    async def after_removed(self, record: SandboxRecord) -> None:
+        """``SandboxTable.on_removed`` hook: a killed hibernated sandbox took its files along."""
+        self._asleep.pop(record.id, None)
 
     # ------------------------------------------------------------- hibernate
 
@@ -173,6 +179,7 @@ class Hibernator:
                     devices_bytes=captured.devices_bytes, pause_ms=captured.stopped_ms)
                 record.pid, record.cgroup, record.cgroup_extra = None, None, []
                 self._table.park(record)  # the commit
+                self._asleep[sandbox_id] = saved_bytes(record)
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
                 shutil.rmtree(saved, ignore_errors=True)
@@ -202,12 +209,7 @@ class Hibernator:
     # ------------------------------------------------------------------ wake
 
     def hibernated(self, sandbox_id: str) -> bool:
-        if sandbox_id in self._table:
-            return False
-        try:
-            return self._table.records.get(sandbox_id).hibernation is not None
-        except NotFound:
-            return False
+        return sandbox_id in self._asleep
 
     async def wake(self, sandbox_id: str) -> bool:
         """Wake ``sandbox_id`` if it is hibernated (every concurrent caller awaits the same wake);
@@ -278,6 +280,7 @@ class Hibernator:
         record.cgroup_extra = [str(p) for p in cgroup.extra] if cgroup is not None else []
         record.timings = {**record.timings, **{f"wake_{k}": v for k, v in vm.timings.items()}}
         self._table.unpark(record, vm)  # the commit
+        self._asleep.pop(record.id, None)
         shutil.rmtree(run_dir / SAVED_DIR, ignore_errors=True)
         return record
 

@@ -146,6 +146,7 @@ class Runtime:
         self.hibernation = Hibernator(self.sandboxes, self.snapshots, self.networks, self.idle,
                                       self.disk_quotas)
         self.sandboxes.wake_with(self.hibernation)  # every request to a hibernated sandbox wakes it
+        self.sandboxes.on_removed(self.hibernation.after_removed)
         self.idle.hibernate_with(self.hibernation.hibernate_idle)
         self.reaper.hibernate_with(self.hibernation.hibernate)
         self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
