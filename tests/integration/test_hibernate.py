@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -192,7 +193,7 @@ def test_e2b_auto_pause_hibernates_at_the_timeout_and_connect_wakes_it(http: htt
 
 
 def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daemon: Daemon) -> None:
-    """Runs last: it kills the module's daemon with SIGKILL (three times) and restarts it."""
+    """Runs last: it kills the module's daemon with SIGKILL (five times) and restarts it."""
     with daemon.client() as c:
         asleep, cut_hibernating, cut_waking = (spawn(c) for _ in range(3))
         for sb in (asleep, cut_hibernating, cut_waking):
@@ -201,7 +202,8 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
         hibernate(c, cut_waking["id"])
         saved = sorted(p.name for p in (daemon.root / "sandboxes" / asleep["id"] / "hibernation").iterdir())
 
-    def crash_during(method: str, path: str, body: dict[str, Any] | None, after: float) -> None:
+    def crash_during(method: str, path: str, body: dict[str, Any] | None, after: float,
+                     frozen: int | None = None) -> None:
         def send() -> None:
             try:
                 with daemon.client(timeout=30) as c:
@@ -212,6 +214,8 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
         t.start()
         time.sleep(after)
         daemon.kill9()
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
         t.join(30)
         daemon.start()
 
@@ -223,6 +227,19 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
         qemus = qemu_processes_of(daemon.root)
         assert len(qemus) == len(running), (qemus, listed)
         assert all(pid_alive(s["pid"]) for s in running)
+
+    # Deterministically mid-hibernation: its QEMU frozen, the hibernation waits on its QMP stop
+    # (the command sits in the socket, and a thawed QEMU runs it) when the daemon dies.
+    with daemon.client() as c:
+        pid = ok(c.get(f"/v1/sandboxes/{cut_hibernating['id']}"))["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    crash_during("POST", f"/v1/sandboxes/{cut_hibernating['id']}/hibernate", None, 0.5, frozen=pid)
+    with daemon.client() as c:
+        info = ok(c.get(f"/v1/sandboxes/{cut_hibernating['id']}"))
+        assert info["state"] == "running" and info["pid"] == pid  # re-adopted, and running again
+        assert evaluate(c, cut_hibernating["id"], "mark") == repr(cut_hibernating["id"])
+    assert not (daemon.root / "sandboxes" / cut_hibernating["id"] / "hibernation.tmp").exists()
+    check_qemus()
 
     # A hibernation cut short, and a wake cut short, at a few points each.
     for delay in (0.02, 0.08):

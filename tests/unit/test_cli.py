@@ -318,6 +318,10 @@ def test_hibernate(runner: CliRunner, daemon: FakeDaemon) -> None:
     result = run(runner, "hibernate", "sb-abcdef-0001")
     assert result.exit_code == 0, result.output
     assert "hibernated: 1.016 MiB on disk, 41 ms stopped" in result.stdout
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0)]))
+    result = run(runner, "fork", "--tag", "py", "--idle-hibernate", "300", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(daemon.requests[-1].content)["idle_hibernate_secs"] == 300.0
 
 
 def test_kill_all(runner: CliRunner, daemon: FakeDaemon) -> None:
