@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Conflict, NotFound
+from forkd.errors import Conflict, ForkdError, GuestError, NotFound
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.sandboxes import ExpiryRows
 
@@ -40,6 +40,8 @@ log = logging.getLogger("forkd.lifetimes")
 MAX_SLEEP_SECS = 60.0
 # An expired sandbox that was busy when it was to be hibernated is tried again this much later.
 HIBERNATE_RETRY_SECS = 2.0
+# ... and one whose hibernation failed otherwise (a full disk), this much later.
+HIBERNATE_FAILED_RETRY_SECS = 30.0
 
 
 class DeadlineKeeper:
@@ -150,6 +152,15 @@ class DeadlineKeeper:
                 except Conflict as exc:  # busy right now: it runs on, and is tried again shortly
                     log.info("expired sandbox %s not hibernated yet: %s", sandbox_id, exc)
                     self._set(sandbox_id, self._clock() + HIBERNATE_RETRY_SECS)
+                    return
+                except GuestError as exc:  # its QEMU died: nothing is left to keep
+                    log.warning("expired sandbox %s cannot be hibernated (%s); killing it", sandbox_id, exc)
+                    await self._table.kill(sandbox_id)
+                    return
+                except (ForkdError, OSError) as exc:  # e.g. a full disk: its state is worth a retry
+                    log.error("could not hibernate expired sandbox %s (%s); trying again in %.0f s",
+                              sandbox_id, exc, HIBERNATE_FAILED_RETRY_SECS)
+                    self._set(sandbox_id, self._clock() + HIBERNATE_FAILED_RETRY_SECS)
                     return
             # Hibernated, it has no deadline: a wake (E2B's connect) gives it a new one.
             self._sandboxes.set_expiry(sandbox_id, None)
