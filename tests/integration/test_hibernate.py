@@ -164,6 +164,26 @@ def test_concurrent_requests_share_one_wake(http: httpx.Client) -> None:
     assert metric(http, "forkd_hibernation_wakes") == wakes + 1
 
 
+def test_a_branched_sandbox_hibernates_wakes_and_branches_again(http: httpx.Client) -> None:
+    """Its disk is a chain of layers by then (the woken QEMU opens the top one under a new node
+    name), and a branch of the woken sandbox is a snapshot like any other."""
+    sb = spawn(http)
+    run(http, sb["id"], "sh", "-c", "echo one > /root/a; sync")
+    first = ok(http.post(f"/v1/sandboxes/{sb['id']}/branch", json={"mode": "diff"}, timeout=300))
+    run(http, sb["id"], "sh", "-c", "echo two > /root/b; sync")
+    evaluate(http, sb["id"], "v = 'after the branch'")
+    hibernate(http, sb["id"])
+    assert run(http, sb["id"], "cat", "/root/a", "/root/b") == "one\ntwo\n"
+    second = ok(http.post(f"/v1/sandboxes/{sb['id']}/branch", json={"mode": "full"}, timeout=300))
+    child = ok(http.post("/v1/sandboxes", json={"snapshot_tag": second["tag"]}, timeout=300))[0]
+    assert evaluate(http, child["id"], "v") == "'after the branch'"
+    assert run(http, child["id"], "cat", "/root/b") == "two\n"
+    for sb_id in (child["id"], sb["id"]):
+        assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+    for snap in (second, first):
+        assert http.delete(f"/v1/snapshots/{snap['tag']}").status_code == 204
+
+
 def test_an_idle_sandbox_hibernates_and_wakes_on_its_next_request(http: httpx.Client) -> None:
     sb = spawn(http, idle_hibernate_secs=1)
     evaluate(http, sb["id"], "z = 7")

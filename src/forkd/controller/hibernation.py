@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -275,6 +276,9 @@ class Hibernator:
                     await self._networks.park(record.network)
             raise
         record.hibernation = None
+        # The new QEMU opened its active layer (with its chain behind it) as node "disk0", whatever
+        # name a branch had given it in the old one (branches name theirs disk<seq>, seq >= 1).
+        record.disk = dataclasses.replace(record.disk, node=mechanics.ACTIVE_NODE)
         record.pid = vm.pid
         record.cgroup = str(cgroup.path) if cgroup is not None else None
         record.cgroup_extra = [str(p) for p in cgroup.extra] if cgroup is not None else []

@@ -39,6 +39,7 @@ from forkd.vmm.qmp import restore_phases
 DEVICES = "devices.state"  # xen-save-devices-state's file
 MEMORY = "memory.diff"  # host/memdiff.py's file
 INCOMING = "incoming.state"  # the stream a wake loads (rebuilt each wake)
+ACTIVE_NODE = "disk0"  # the block node a woken QEMU's active disk layer has (vmm/cmdline.py)
 _QEVM = b"QEVM"
 _SECTION_CONFIGURATION = 0x07
 MAX_MACHINE_NAME = 255
@@ -128,4 +129,4 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
     return vm
 
 
-__all__ = ["DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "incoming_stream", "wake"]
+__all__ = ["ACTIVE_NODE", "DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "incoming_stream", "wake"]
