@@ -229,3 +229,32 @@ def test_pause_and_hibernate_policies_together(h: Harness) -> None:
 
     run(main())
     assert asked == [SB]
+
+
+def test_a_request_that_waited_out_a_hibernation_wakes_the_sandbox(h: Harness) -> None:
+    hib = hibernator(h)
+    vm = h.add(SB)
+    woken = StubVM(vm.dir)
+
+    async def restart(record: SandboxRecord) -> SandboxRecord:
+        record.hibernation = None
+        h.table.unpark(record, woken)  # type: ignore[arg-type]
+        hib._asleep.pop(record.id, None)
+        return record
+
+    hib._restart = restart  # type: ignore[method-assign]
+
+    async def main() -> None:
+        lock = h.table.lock(SB)
+        await lock.acquire()  # a hibernation holds the lock...
+        call = asyncio.create_task(h.table.call(SB, "ping", 5))
+        await asyncio.sleep(0.01)  # ...while the request waits for it
+        record = h.registry.sandboxes.get(SB)
+        record.hibernation = Hibernation(at_unix=1.0, pages=1, memory_bytes=1, devices_bytes=1, pause_ms=1)
+        h.table.park(record)
+        hib._asleep[SB] = 2
+        lock.release()
+        await call
+
+    run(main())
+    assert "agent:ping" not in vm.log and woken.log == ["agent:ping"] and hib.wakes == 1

@@ -47,6 +47,8 @@ from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.sandboxes")
 
+# How often a request wakes a sandbox that is hibernated again before the request gets to it.
+WAKE_ROUNDS = 3
 # In a run directory: why forkd itself stopped the sandbox's QEMU (``SandboxTable.stop``).
 STOPPED_FILE = "stopped-reason"
 
@@ -207,12 +209,16 @@ class SandboxTable:
     async def for_call(self, sandbox_id: str) -> VM:
         """The VM, once no branch pause or kill of it is in progress."""
         sandbox_id = self.resolve(sandbox_id)
-        if sandbox_id not in self._vms and self._sleepers is not None:
-            await self._sleepers.wake(sandbox_id)  # a hibernated sandbox runs again first
-        if sandbox_id not in self._vms:
-            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-        async with self.lock(sandbox_id):
-            return self.get(sandbox_id)
+        for _ in range(WAKE_ROUNDS):
+            if sandbox_id not in self._vms and self._sleepers is not None:
+                await self._sleepers.wake(sandbox_id)  # a hibernated sandbox runs again first
+            if sandbox_id not in self._vms:
+                raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+            async with self.lock(sandbox_id):
+                if sandbox_id in self._vms:
+                    return self.get(sandbox_id)
+            # Hibernated (or killed) while we waited for its lock: wake it (or say 404).
+        return self.get(sandbox_id)
 
     def busy(self, sandbox_id: str) -> bool:
         """Whether a request to ``sandbox_id`` is under way (looking its VM up, awaiting an answer
