@@ -606,6 +606,7 @@ class Runtime:
         return self.workspaces.info(ws)
 
     async def suspend_workspace(self, name: str, *, mode: str = "full") -> dict[str, Any]:
+        await self.hibernation.wake(self.workspaces.get(name).sandbox_id)  # a suspend branches it
         return self.workspaces.info(await self.workspaces.suspend(name, mode=mode))
 
     async def resume_workspace(self, name: str) -> dict[str, Any]:

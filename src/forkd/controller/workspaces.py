@@ -37,7 +37,8 @@ class Workspaces:
         self._suspender = suspender
 
     def _status(self, ws: WorkspaceRecord) -> str:
-        if ws.sandbox_id in self._table:
+        # A hibernated sandbox (a row, no VM) counts as running: any request wakes it.
+        if ws.sandbox_id in self._table or self._table.records.has(ws.sandbox_id):
             return RUNNING
         if self._paused.has(ws.sandbox_id):
             return SUSPENDED
