@@ -69,7 +69,8 @@ async def measure(rt: Runtime, n: int) -> dict[str, Any]:
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -77,10 +78,11 @@ async def main() -> int:
     async with scratch_runtime("forkd-bench-hib-") as rt:
         results = await measure(rt, args.n)
     results = {"host": facts, **results}
+    wake = results["wake_to_first_answer_ms"]
     print(f"n={results['n']}: pause {results['pause_ms']['p50']} ms p50 (the call "
           f"{results['hibernate_call_ms']['p50']} ms), disk {results['disk_mib_per_sandbox']['p50']} MiB "
           f"median per sandbox ({results['changed_pages']['p50']:.0f} changed pages), wake to first answer "
-          f"p50 {results['wake_to_first_answer_ms']['p50']} ms, p99 {results['wake_to_first_answer_ms']['p99']} ms")
+          f"p50 {wake['p50']} ms, p99 {wake['p99']} ms")
     write_result("hibernate", results, args.out)
     return 0
 
