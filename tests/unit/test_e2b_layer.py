@@ -103,8 +103,13 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
 
 
 def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:
+    for refused in ({"autoResume": {"enabled": False}, "autoPause": True},
+                    {"autoResume": {"enabled": True}}):
+        assert "autoResume" in rest_error(client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                                                      json={"templateID": "base", **refused}), 400)
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
-                       json={"templateID": "base", "autoPause": True, "timeout": 60})
+                       json={"templateID": "base", "autoPause": True, "timeout": 60,
+                             "autoResume": {"enabled": True}})
     assert resp.status_code == 201, resp.text
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60

@@ -15,7 +15,7 @@ def wait_paused(sandbox: Sandbox) -> None:
 
 
 sbx = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause"})
-other = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause"})
+other = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": True})
 sbx.files.write("/home/user/state.txt", "written before the timeout")
 sbx.commands.run("echo $((6 * 7)) > /tmp/answer")
 other.commands.run("echo kept > /tmp/kept")

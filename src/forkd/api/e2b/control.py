@@ -158,7 +158,12 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
         # connect, or any envd request, wakes it: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
-        for name in ("mcp", "iam", "volumeMounts", "autoResume"):
+        resume = body.get("autoResume")
+        if resume not in (None, {}) and not (auto_pause and resume == {"enabled": True}):
+            # What forkd does is autoResume on: a hibernated sandbox wakes on any traffic.
+            raise E2BError(400, "autoResume is served only as {\"enabled\": true} with autoPause: a paused "
+                           f"sandbox always wakes on its next request ({UNSUPPORTED})")
+        for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
         allow = body.get("allow_internet_access")
