@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -35,6 +36,17 @@ pytestmark = pytest.mark.vm
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS_PYTHON = ROOT / ".venv-clients" / "bin" / "python"
 EGRESS = {"allow_out": [], "deny_out": ["192.0.2.7/32"]}  # within the host: no forwarding needed
+# A server in the guest's warm interpreter: it answers each connection with a line.
+GUEST_PORT = 8123
+GUEST_SERVER = f"""
+import socket, threading
+_srv = socket.socket(); _srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+_srv.bind(("0.0.0.0", {GUEST_PORT})); _srv.listen(8)
+def _serve(s):
+    while True:
+        c, _ = s.accept(); c.sendall(b"still here\\n"); c.close()
+threading.Thread(target=_serve, args=(_srv,), daemon=True).start()
+"""
 # A background process that counts, twice a second, into a file.
 COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done"]
 
@@ -89,6 +101,12 @@ def metric(c: httpx.Client, name: str) -> float:
     return float(found.group(1))
 
 
+def host_fetch(ip: str) -> str:
+    """A line from the guest's server, reached from the host at the sandbox's own address."""
+    with socket.create_connection((ip, GUEST_PORT), timeout=10) as s:
+        return s.recv(100).decode().strip()
+
+
 def netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
@@ -106,8 +124,10 @@ def test_hibernate_and_wake_keep_memory_files_processes_and_network(http: httpx.
     assert evaluate(http, sb_id, "import numpy as np; x = 41; arr = np.arange(1000); x") == "41"
     ok(http.put(f"/v1/sandboxes/{sb_id}/files", params={"path": "/root/note.txt"}, content=b"kept"))
     proc = ok(http.post(f"/v1/sandboxes/{sb_id}/processes", json={"args": COUNTER}))
+    evaluate(http, sb_id, GUEST_SERVER + "'serving'")
     before = ok(http.get(f"/v1/sandboxes/{sb_id}"))
     assert before["ip"] and before["netns"] and netns_exists(before["netns"])
+    assert host_fetch(before["ip"]) == "still here"
 
     info = hibernate(http, sb_id)
     hib = info["hibernation"]
@@ -136,6 +156,7 @@ def test_hibernate_and_wake_keep_memory_files_processes_and_network(http: httpx.
     for key in ("ip", "netns", "network"):  # the same address and egress policy
         assert after[key] == before[key], key
     assert netns_exists(after["netns"]) and not (run_dir / "hibernation").exists()
+    assert host_fetch(after["ip"]) == "still here"  # its server, at the same address, through its network
 
     # Killed while hibernated: its files go with it.
     hibernate(http, sb_id)
