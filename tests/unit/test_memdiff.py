@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import io
+import itertools
 import mmap
 import os
+import random
 import struct
 from pathlib import Path
 
@@ -32,6 +34,16 @@ def test_changed_pages_are_the_private_present_ones_and_the_swapped() -> None:
     assert memdiff.changed_runs(entries(PRESENT, PRESENT)) == [(0, 2)]
     with pytest.raises(DiffError, match="whole entries"):
         memdiff.changed_runs(b"\0" * 12)
+
+
+def test_the_table_driven_scan_agrees_with_the_definition() -> None:
+    rng = random.Random(23)
+    flags = [0, PRESENT, PRESENT | FILE, SWAPPED, SWAPPED | FILE, FILE, PRESENT | SWAPPED]
+    values = [rng.choice(flags) | rng.getrandbits(55) for _ in range(5000)]
+    changed = [i for i, v in enumerate(values) if (v & PRESENT and not v & FILE) or v & SWAPPED]
+    runs = memdiff.changed_runs(entries(*values))
+    assert [p for first, count in runs for p in range(first, first + count)] == changed
+    assert all(a[0] + a[1] < b[0] for a, b in itertools.pairwise(runs))  # maximal runs
 
 
 def test_subtract_leaves_the_pages_of_one_set_not_in_the_other() -> None:

@@ -25,6 +25,7 @@ bounded before it is trusted:
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,25 +55,24 @@ class DiffError(VMError):
 
 
 Run = tuple[int, int]  # (first page, count)
+# A pagemap entry's top byte -> 1 if its page is a private copy (present and not a file page,
+# or swapped out), else 0.
+_CHANGED_BY_TOP_BYTE = bytes(int((b & 0xA0) == 0x80 or bool(b & 0x40)) for b in range(256))
+_RUN_OF_CHANGED = re.compile(b"\x01+")
 
 
 def changed_runs(pagemap: bytes) -> list[Run]:
-    """The runs of pages a child changed, from its RAM mapping's pagemap entries."""
+    """The runs of pages a child changed, from its RAM mapping's pagemap entries.
+
+    Only each entry's top byte matters (bits 56-63: present 0x80, swapped 0x40, file 0x20),
+    so it is sliced out and classified by a table, and the runs found by a regex: all at C
+    speed, ~1 ms for 512 MiB of RAM where a Python loop over the entries took ~50 ms, and
+    this runs while the VM is stopped.
+    """
     if len(pagemap) % 8:
         raise DiffError(f"a pagemap read of {len(pagemap)} bytes is not whole entries")
-    runs: list[Run] = []
-    start = -1
-    for i, entry in enumerate(memoryview(pagemap).cast("Q")):
-        changed = (entry & PRESENT and not entry & FILE_OR_SHARED) or entry & SWAPPED
-        if changed:
-            if start < 0:
-                start = i
-        elif start >= 0:
-            runs.append((start, i - start))
-            start = -1
-    if start >= 0:
-        runs.append((start, len(pagemap) // 8 - start))
-    return runs
+    flags = pagemap[7::8].translate(_CHANGED_BY_TOP_BYTE)
+    return [(m.start(), m.end() - m.start()) for m in _RUN_OF_CHANGED.finditer(flags)]
 
 
 def pages_in(runs: list[Run]) -> int:
@@ -81,6 +81,8 @@ def pages_in(runs: list[Run]) -> int:
 
 def subtract(runs: list[Run], minus: list[Run]) -> list[Run]:
     """The pages of ``runs`` that are not in ``minus`` (both sorted, not overlapping)."""
+    if not runs:
+        return []  # the usual case (no stray page): nothing to build
     taken = {p for first, count in minus for p in range(first, first + count)}
     out: list[Run] = []
     for first, count in runs:
