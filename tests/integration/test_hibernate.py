@@ -233,6 +233,25 @@ def test_e2b_auto_pause_hibernates_at_the_timeout_and_connect_wakes_it(http: htt
     assert proc.stdout.strip().endswith("auto_pause ok"), proc.stdout
 
 
+def test_a_daemon_restart_keeps_a_hibernated_sandbox_and_it_wakes_after(daemon: Daemon) -> None:
+    """SIGTERM stops the running sandboxes, as ever; a hibernated one stays, files untouched."""
+    with daemon.client() as c:
+        sb = spawn(c)
+        evaluate(c, sb["id"], "kept = 'across a restart'")
+        info = hibernate(c, sb["id"])
+        saved = daemon.root / "sandboxes" / sb["id"] / "hibernation"
+        stamps = {p.name: p.stat().st_mtime_ns for p in saved.iterdir()}
+    assert daemon.stop() in (0, -signal.SIGTERM)
+    daemon.start()
+    with daemon.client() as c:
+        again = ok(c.get(f"/v1/sandboxes/{sb['id']}"))
+        assert again["state"] == "hibernated" and again["hibernation"] == info["hibernation"]
+        assert {p.name: p.stat().st_mtime_ns for p in saved.iterdir()} == stamps
+        assert metric(c, "forkd_sandboxes_hibernated") == 1
+        assert evaluate(c, sb["id"], "kept") == "'across a restart'"
+        assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
+
+
 def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daemon: Daemon) -> None:
     """Runs last: it kills the module's daemon with SIGKILL (five times) and restarts it."""
     with daemon.client() as c:
