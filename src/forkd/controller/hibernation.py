@@ -48,7 +48,7 @@ from forkd.controller.idle import IdlePauser
 from forkd.controller.network import Networks
 from forkd.controller.sandboxes import SandboxTable, remove_cgroup
 from forkd.controller.snapshots import SnapshotStore
-from forkd.errors import Conflict, ForkdError, NotFound
+from forkd.errors import Conflict, ForkdError, NotFound, NotHibernatable
 from forkd.host import cgroups
 from forkd.store.layout import check_sandbox_id
 from forkd.store.records import Hibernation, SandboxRecord
@@ -136,13 +136,13 @@ class Hibernator:
     def check_supported(self, record: SandboxRecord) -> None:
         """409 for a sandbox this design cannot hibernate, saying why."""
         if record.live_fork:
-            raise Conflict(f"sandbox {record.id!r} is a live_fork sandbox: its RAM is shared memory, not a "
-                           "private copy of its snapshot's, so it cannot be hibernated as a diff; "
-                           "use pause (a branch) instead")
+            raise NotHibernatable(
+                f"sandbox {record.id!r} is a live_fork sandbox: its RAM is shared memory, not a private "
+                "copy of its snapshot's, so it cannot be hibernated as a diff; use pause (a branch) instead")
         if record.per_child_netns:
-            raise Conflict(f"sandbox {record.id!r} lives in the host's namespace {record.netns}, which is "
-                           "not its own to release and make again: per_child_netns sandboxes cannot be "
-                           "hibernated")
+            raise NotHibernatable(
+                f"sandbox {record.id!r} lives in the host's namespace {record.netns}, which is not its own "
+                "to release and make again: per_child_netns sandboxes cannot be hibernated")
 
     async def hibernate(self, sandbox_id: str, *, idle: bool = False) -> SandboxRecord:
         """Hibernate a running sandbox; its record. 409 if hibernated already, busy, or unsupported.

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Conflict, ForkdError, GuestError, NotFound
+from forkd.errors import Conflict, ForkdError, GuestError, NotFound, NotHibernatable
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.sandboxes import ExpiryRows
 
@@ -149,13 +149,13 @@ class DeadlineKeeper:
                 try:
                     log.info("sandbox %s expired; hibernating it", sandbox_id)
                     await self._hibernate(sandbox_id)
+                except (GuestError, NotHibernatable) as exc:  # its QEMU died, or it cannot be
+                    log.warning("expired sandbox %s cannot be hibernated (%s); killing it", sandbox_id, exc)
+                    await self._table.kill(sandbox_id)
+                    return
                 except Conflict as exc:  # busy right now: it runs on, and is tried again shortly
                     log.info("expired sandbox %s not hibernated yet: %s", sandbox_id, exc)
                     self._set(sandbox_id, self._clock() + HIBERNATE_RETRY_SECS)
-                    return
-                except GuestError as exc:  # its QEMU died: nothing is left to keep
-                    log.warning("expired sandbox %s cannot be hibernated (%s); killing it", sandbox_id, exc)
-                    await self._table.kill(sandbox_id)
                     return
                 except (ForkdError, OSError) as exc:  # e.g. a full disk: its state is worth a retry
                     log.error("could not hibernate expired sandbox %s (%s); trying again in %.0f s",

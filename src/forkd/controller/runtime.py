@@ -562,7 +562,7 @@ class Runtime:
             record = self.sandboxes.records.get(self.sandboxes.resolve(sandbox_id))  # E2B's connect
         else:
             record = await self.suspender.resume(sandbox_id)
-        self.reaper.apply([record], timeout_secs)
+        self.reaper.apply([record], timeout_secs, hibernate=record.hibernate_on_timeout)
         return record
 
     def get_paused(self, sandbox_id: str) -> PausedRecord:

@@ -100,6 +100,8 @@ class PausedRecord:
     egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
     idle_pause_secs: float | None = None  # kept through the pause: the resumed sandbox idles the same way
     disk_quota_mib: int | None = None  # kept through the pause too
+    idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
+    hibernate_on_timeout: bool = False
 
     def info(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,5 +32,11 @@ assert woken.sandbox_id == sbx.sandbox_id
 assert woken.files.read("/home/user/state.txt") == "written before the timeout"
 assert woken.commands.run("cat /tmp/answer").stdout.strip() == "42"
 assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+
+# autoPause outlives an explicit pause and resume: at its next timeout it is paused again.
+assert woken.pause()
+again = Sandbox.connect(sbx.sandbox_id, timeout=4)
+wait_paused(again)
+assert Sandbox.connect(sbx.sandbox_id, timeout=60).commands.run("cat /tmp/answer").stdout.strip() == "42"
 assert woken.kill()
 print("auto_pause ok")
