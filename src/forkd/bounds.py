@@ -99,6 +99,7 @@ EXEC_TIMEOUT_SECS = Range("timeout_secs", 0, 86400, exclusive_min=True)
 SANDBOX_TIMEOUT_SECS = Range("timeout_secs", 0, 30 * 86400, exclusive_min=True)
 # A sandbox idle this long is paused (controller/idle.py); under a second would pause between calls.
 IDLE_PAUSE_SECS = Range("idle_pause_secs", 1, 30 * 86400)
+IDLE_HIBERNATE_SECS = Range("idle_hibernate_secs", 1, 30 * 86400)
 # How far a sandbox's own disk layers may grow on the host, MiB (0: no quota; controller/disk_quota.py).
 DISK_QUOTA_MIB = Range("disk_quota_mib", 0, 1 << 22, integer=True)
 # The quota of a spawn that gives none (the daemon's --disk-quota-mib).

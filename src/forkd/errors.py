@@ -21,6 +21,11 @@ class Conflict(ForkdError):
     status = 409
 
 
+class NotHibernatable(Conflict):
+    """A sandbox the hibernation design does not cover (live_fork, per_child_netns): 409 too,
+    but unlike a busy one, trying again will not help."""
+
+
 class TooLarge(ForkdError):
     """A request body (or an uploaded file) larger than the daemon accepts."""
 

@@ -53,6 +53,7 @@ from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id
+from forkd.store.records import Hibernation
 from forkd.store.registry import AutoCheckpoint, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 
 
@@ -294,6 +295,7 @@ class FakeRuntime:
     travel: FakeTravel = field(init=False)
     workspaces: FakeWorkspaces = field(init=False)
     pools: FakePools = field(init=False)
+    hibernation: FakeHibernation = field(init=False)
 
     def __post_init__(self) -> None:
         self.watches = FakeDirWatches(self)
@@ -304,6 +306,7 @@ class FakeRuntime:
         self.travel = FakeTravel(self)
         self.workspaces = FakeWorkspaces(self)
         self.pools = FakePools(self)
+        self.hibernation = FakeHibernation(self)
 
     # ---------------------------------------------------------------- set-up
 
@@ -1143,10 +1146,27 @@ class FakePools:
         return out
 
 
+
+class FakeHibernation:
+    """``Runtime.hibernation``: a hibernation is a record on the sandbox; nothing goes to disk."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def hibernate(self, sandbox_id: str, *, idle: bool = False) -> SandboxRecord:
+        self._rt._call("hibernate", sandbox_id)
+        record = self._rt._sandbox(sandbox_id)
+        if record.hibernation is not None:
+            raise Conflict(f"sandbox {sandbox_id!r} is hibernated already")
+        record.hibernation = Hibernation(at_unix=float(CREATED), pages=300, memory_bytes=1 << 20,
+                                         devices_bytes=16384, pause_ms=40.0)
+        return record
+
+
 __all__ = [
     "Call",
     "FakeCheckpoints",
-    "FakeFiles",
+    "FakeFiles", "FakeHibernation",
     "FakeKernels",
     "FakePools",
     "FakeProcesses",

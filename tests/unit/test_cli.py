@@ -310,6 +310,20 @@ def test_timeout_and_fork_timeout(runner: CliRunner, daemon: FakeDaemon) -> None
     assert run(runner, "timeout", "sb-abcdef-0001", "0").exit_code == 2
 
 
+def test_hibernate(runner: CliRunner, daemon: FakeDaemon) -> None:
+    saved = {"hibernated_at_unix": 1717000000.0, "pages": 300, "memory_bytes": 1 << 20,
+             "devices_bytes": 16384, "disk_mib": 1.016, "pause_ms": 41.0}
+    daemon.on("POST", "/v1/sandboxes/sb-abcdef-0001/hibernate",
+              httpx.Response(200, json={**sandbox_info(1), "state": "hibernated", "hibernation": saved}))
+    result = run(runner, "hibernate", "sb-abcdef-0001")
+    assert result.exit_code == 0, result.output
+    assert "hibernated: 1.016 MiB on disk, 41 ms stopped" in result.stdout
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0)]))
+    result = run(runner, "fork", "--tag", "py", "--idle-hibernate", "300", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(daemon.requests[-1].content)["idle_hibernate_secs"] == 300.0
+
+
 def test_kill_all(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[sandbox_info(0), sandbox_info(1)]))
     daemon.on("DELETE", "/v1/sandboxes/sb-abcdef-0000", httpx.Response(204))

@@ -75,7 +75,6 @@ def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient)
 
 @pytest.mark.parametrize(("body", "why"), [
     ({}, "templateID"),
-    ({"templateID": "base", "autoPause": True}, "autoPause"),
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
     ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
     ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
@@ -102,6 +101,19 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
     assert call.kwargs["timeout_secs"] == 60
+
+
+def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:
+    for refused in ({"autoResume": {"enabled": False}, "autoPause": True},
+                    {"autoResume": {"enabled": True}}):
+        assert "autoResume" in rest_error(client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                                                      json={"templateID": "base", **refused}), 400)
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "autoPause": True, "timeout": 60,
+                             "autoResume": {"enabled": True}})
+    assert resp.status_code == 201, resp.text
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60
 
 
 def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:

@@ -25,6 +25,7 @@ import forkd.api.workspace_routes
 from forkd.api.deps import (
     CheckpointsLike,
     FilesLike,
+    HibernationLike,
     KernelsLike,
     PoolsLike,
     ProcessesLike,
@@ -34,6 +35,7 @@ from forkd.api.deps import (
 )
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.files import SandboxFiles
+from forkd.controller.hibernation import Hibernator
 from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
@@ -45,6 +47,7 @@ from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import (
     FakeCheckpoints,
     FakeFiles,
+    FakeHibernation,
     FakeKernels,
     FakePools,
     FakeProcesses,
@@ -62,6 +65,7 @@ SUB_APIS: dict[str, tuple[type, type, type]] = {
     "travel": (SnapshotTravel, TravelLike, FakeTravel),
     "workspaces": (Workspaces, WorkspacesLike, FakeWorkspaces),
     "pools": (PoolKeeper, PoolsLike, FakePools),
+    "hibernation": (Hibernator, HibernationLike, FakeHibernation),
 }
 
 

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
-from forkd.controller.lifetimes import MAX_SLEEP_SECS, DeadlineKeeper
+from forkd.controller.lifetimes import HIBERNATE_RETRY_SECS, MAX_SLEEP_SECS, DeadlineKeeper
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import InvalidRequest, NotFound
+from forkd.errors import Conflict, InvalidRequest, NotFound, NotHibernatable
 from forkd.store.registry import Registry
 from forkd.vmm.machine import VM
 from tests.fakes.daemon import clear_env
@@ -212,3 +212,51 @@ def test_api_refuses_bad_timeouts(client: tuple[TestClient, FakeRuntime], body: 
     if body:
         spawn = {"snapshot_tag": "py", **body}
         assert http.post("/v1/sandboxes", json=spawn).status_code == 400
+
+
+def test_a_deadline_with_hibernate_on_timeout_hibernates_retries_when_busy_and_ends(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = Clock()
+        registry, table, reaper, vms = setup(tmp_path, clock)
+        asked: list[str] = []
+        busy = [True]
+
+        async def hibernate(sb_id: str) -> None:
+            asked.append(sb_id)
+            if busy[0]:
+                raise Conflict("requests under way")
+
+        reaper.hibernate_with(hibernate)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5, hibernate=True)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 5)  # killed as ever
+        assert registry.sandboxes.get("sb-aaaaaa-0000").hibernate_on_timeout  # kept for a restart
+        clock.now += 5
+        await reaper._reap_due()
+        assert asked == ["sb-aaaaaa-0000"] and "sb-aaaaaa-0000" in table and "sb-aaaaaa-0001" not in table
+        assert reaper.deadline("sb-aaaaaa-0000") == clock.now + HIBERNATE_RETRY_SECS  # busy: soon again
+        busy[0] = False
+        clock.now += HIBERNATE_RETRY_SECS
+        await reaper._reap_due()
+        assert asked == ["sb-aaaaaa-0000"] * 2 and not vms["sb-aaaaaa-0000"].destroyed
+        # Hibernated, it has no deadline until a wake gives it one.
+        assert reaper.deadline("sb-aaaaaa-0000") is None
+        assert registry.sandboxes.get("sb-aaaaaa-0000").expires_at_unix is None
+
+    asyncio.run(main())
+
+
+def test_an_expired_sandbox_that_cannot_be_hibernated_is_killed(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = Clock()
+        registry, _, reaper, vms = setup(tmp_path, clock)
+
+        async def hibernate(sb_id: str) -> None:
+            raise NotHibernatable("a per_child_netns sandbox cannot be hibernated")
+
+        reaper.hibernate_with(hibernate)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5, hibernate=True)
+        clock.now += 5
+        await reaper._reap_due()
+        assert vms["sb-aaaaaa-0000"].destroyed and not registry.sandboxes.has("sb-aaaaaa-0000")
+
+    asyncio.run(main())

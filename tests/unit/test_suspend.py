@@ -161,8 +161,11 @@ def test_workspaces_name_one_sandbox_through_suspend_and_resume(parts: Any, tmp_
     async def collect() -> None:  # the Forker's collect: a deleted workspace's state snapshot goes
         collected.append(True)
 
+    async def wake(_sandbox_id: str) -> bool:  # nothing here hibernates
+        return False
+
     spaces = Workspaces(registry.workspaces, registry.paused, table, spawner, suspender,  # type: ignore[arg-type]
-                        collect)
+                        collect, wake)
 
     async def main() -> None:
         ws = await spaces.create("w1", "py")

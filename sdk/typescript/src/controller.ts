@@ -300,6 +300,12 @@ export class Controller {
     await this.#http.json({ method: "DELETE", path: `/v1/sandboxes/${seg(id)}`, wait: "unbounded" });
   }
 
+  /** `POST /v1/sandboxes/{id}/hibernate`: its changed memory and device state to disk, its QEMU
+   * released; its next request of any kind wakes it (`state`: `"hibernated"` meanwhile). */
+  hibernateSandbox(id: string): Promise<SandboxInfo> {
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/hibernate`, wait: 60_000 });
+  }
+
   /** `POST /v1/sandboxes/{id}/timeout`: kill the sandbox `timeoutSecs` from now. */
   setSandboxTimeout(id: string, timeoutSecs: number): Promise<SandboxInfo> {
     return this.#http.json({

@@ -392,6 +392,12 @@ export class Sandbox {
     return this.#info;
   }
 
+  /** Put this sandbox to disk, its QEMU released, until its next request wakes it. */
+  async hibernate(): Promise<SandboxInfo> {
+    this.#info = await this.controller.hibernateSandbox(this.id);
+    return this.#info;
+  }
+
   /** Stop the VM now, whoever created it. */
   async kill(): Promise<void> {
     await this.controller.killSandbox(this.id);

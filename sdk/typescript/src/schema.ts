@@ -319,6 +319,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/hibernate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Hibernate the sandbox: its changed memory and device state to disk, its QEMU released; its next request of any kind wakes it */
+        post: operations["hibernate_sandbox_v1_sandboxes__id__hibernate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -1283,6 +1300,38 @@ export interface components {
             /** Ok */
             ok: boolean;
         };
+        /** HibernationInfo */
+        HibernationInfo: {
+            /**
+             * Devices Bytes
+             * @description Its device state on disk.
+             */
+            devices_bytes: number;
+            /**
+             * Disk Mib
+             * @description memory_bytes + devices_bytes, in MiB: the disk a hibernated sandbox takes beyond its disk layers (disk_used_mib).
+             */
+            disk_mib: number;
+            /** Hibernated At Unix */
+            hibernated_at_unix: number;
+            /**
+             * Memory Bytes
+             * @description Those pages on disk, compressed.
+             */
+            memory_bytes: number;
+            /**
+             * Pages
+             * @description Guest pages (4 KiB) it had changed since its restore: all that was saved of its memory (the rest is its snapshot's).
+             */
+            pages: number;
+            /**
+             * Pause Ms
+             * @description From its VM's stop to its state on disk.
+             */
+            pause_ms: number;
+        } & {
+            [key: string]: unknown;
+        };
         /** MkdirRequest */
         MkdirRequest: {
             /**
@@ -1679,10 +1728,22 @@ export interface components {
              */
             guest_addr: string;
             /**
+             * Hibernate On Timeout
+             * @description At its deadline it is hibernated rather than killed; absent unless set.
+             */
+            hibernate_on_timeout?: boolean | null;
+            /** @description While hibernated: when, and what its saved state takes on disk. */
+            hibernation?: components["schemas"]["HibernationInfo"] | null;
+            /**
              * Id
              * @example sb-67a1b3-0000
              */
             id: string;
+            /**
+             * Idle Hibernate Secs
+             * @description Hibernated after this many idle seconds; absent without idle_hibernate_secs.
+             */
+            idle_hibernate_secs?: number | null;
             /**
              * Idle Pause Secs
              * @description Paused after this many idle seconds; absent without idle_pause_secs.
@@ -1726,11 +1787,11 @@ export interface components {
             snapshot_tag: string;
             /**
              * State
-             * @description paused: stopped after idle_pause_secs without a request; the next request resumes it.
+             * @description paused: stopped after idle_pause_secs without a request; hibernated: on disk with no QEMU (POST /v1/sandboxes/{id}/hibernate, idle_hibernate_secs or hibernate_on_timeout). The next request of any kind resumes or wakes it.
              * @default running
              * @enum {string}
              */
-            state?: "running" | "paused";
+            state?: "running" | "paused" | "hibernated";
             /**
              * Timings
              * @description Where the fork's time went: seconds from the start of the restore until QEMU was up (qemu_up_s), the guest ran from the loaded state (restored_s) and its agent answered (ready_s).
@@ -1981,11 +2042,22 @@ export interface components {
                 [key: string]: string;
             } | null;
             /**
+             * Hibernate On Timeout
+             * @description At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as hibernated until killed, and its next request wakes it.
+             * @default false
+             */
+            hibernate_on_timeout?: boolean;
+            /**
              * Hugepages
              * @description Accepted from forkd 0.5 clients and without effect: children map their snapshot's memory file privately (copy-on-write), which hugetlbfs pages cannot back; forkd 0.5 also fell back to 4 KiB pages when none were free.
              * @default false
              */
             hugepages?: boolean;
+            /**
+             * Idle Hibernate Secs
+             * @description Hibernate each child once it has had no request for this many seconds: the guest pages it changed and its device state go to disk (compressed), its QEMU, cgroup and network are released; its next request of any kind wakes it (same id, address and egress policy, memory, disk and processes intact) and steps its clock first. Not with live_fork or per_child_netns. Default: never.
+             */
+            idle_hibernate_secs?: number | null;
             /**
              * Idle Pause Secs
              * @description Pause each child (QMP stop: it costs no CPU) once it has had no request for this many seconds; its next request of any kind resumes it and steps its clock first. Default: never, since a child with background work must not be paused behind its user's back.
@@ -4016,6 +4088,92 @@ export interface operations {
                 };
             };
             /** @description The daemon is at its branch concurrency cap; retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    hibernate_sandbox_v1_sandboxes__id__hibernate_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Hibernated already, requests under way, or a live_fork or per_child_netns sandbox (which cannot be hibernated). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
                 headers: {
                     [name: string]: unknown;

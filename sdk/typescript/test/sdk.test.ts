@@ -109,6 +109,13 @@ describe("a sandbox", () => {
     assert.deepEqual(labelled.map((s) => s.id), [sb.id]);
     const info = await sb.setTimeout(600);
     assert.ok((info.expires_at_unix ?? 0) > Date.now() / 1000 + 500);
+
+    // To disk and back: the next request wakes it, its memory as it was.
+    const asleep = await sb.hibernate();
+    assert.equal(asleep.state, "hibernated");
+    assert.ok((asleep.hibernation?.pages ?? 0) > 0);
+    assert.equal((await sb.eval("x * 2 + 2")).result, "42");
+    assert.equal((await ctrl.getSandbox(sb.id)).state, "running");
   });
 
   test("files: write, read, list, stat, mkdir, upload, download, remove", async () => {

@@ -59,6 +59,12 @@ def _count_paused(app: FastAPI) -> int:
     return sum(1 for sb in runtime.list_sandboxes() if getattr(sb, "paused", False))
 
 
+def _hibernation(app: FastAPI) -> dict[str, Any]:
+    """The Hibernator's counters (controller/hibernation.py); none from a runtime without one."""
+    hibernation = getattr(app.state.runtime, "hibernation", None)
+    return hibernation.counts() if hibernation is not None else {}
+
+
 def _pools(app: FastAPI) -> list[dict[str, Any]]:
     runtime: RuntimeLike | None = app.state.runtime
     return runtime.pools.all() if runtime is not None else []
@@ -191,6 +197,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
         count_snapshots=lambda: _count(app, "list_snapshots"),
         count_sandboxes=lambda: _count(app, "list_sandboxes"),
         count_paused=lambda: _count_paused(app),
+        hibernation=lambda: _hibernation(app),
         pools=lambda: _pools(app),
         refill_times=lambda: _refill_times(app),
     )

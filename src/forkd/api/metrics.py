@@ -24,10 +24,23 @@ log = logging.getLogger(__name__)
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 # Forking is ~0.1 s per child on KVM and ~1 s under TCG; batches can take minutes.
+# The Hibernator's counters (controller/hibernation.py ``counts``): key, gauge, help.
+HIBERNATION_GAUGES = (
+    ("hibernated", "forkd_sandboxes_hibernated", "Sandboxes hibernated now (on disk, no QEMU)."),
+    ("hibernated_bytes", "forkd_hibernated_bytes", "Disk the hibernated sandboxes' saved state takes."),
+    ("hibernations", "forkd_hibernations", "Hibernations since the daemon started."),
+    ("wakes", "forkd_hibernation_wakes", "Wakes of hibernated sandboxes since the daemon started."),
+    ("wake_failures", "forkd_hibernation_wake_failures", "Wakes that failed (the sandbox stays hibernated)."),
+)
 _SPAWN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, math.inf)
 _EXEC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, math.inf)
 # Pause windows from the seeds: live ~50 ms, diff ~200 ms, full 0.5-8 s.
 _PAUSE_MS_BUCKETS = (5, 10, 25, 50, 100, 200, 500, 1000, 2000, 4000, 8000, 16000, math.inf)
+
+
+def _counter(source: Callable[[], dict[str, Any]], key: str) -> Callable[[], int]:
+    """One number of ``source()``'s counters (0 when it has none by that name)."""
+    return lambda: int(source().get(key, 0))
 
 
 def _safe_count(count: Callable[[], int]) -> Callable[[], float]:
@@ -77,7 +90,8 @@ class _PoolCollector(Collector):
 class Metrics:
     def __init__(self, count_snapshots: Callable[[], int], count_sandboxes: Callable[[], int],
                  pools: PoolsSource | None = None, refill_times: RefillSource | None = None,
-                 count_paused: Callable[[], int] | None = None) -> None:
+                 count_paused: Callable[[], int] | None = None,
+                 hibernation: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Gauges are computed at scrape time from the runtime, so they can never
         # drift from what the registry says (e.g. sandboxes reaped on restart).
@@ -89,6 +103,10 @@ class Metrics:
             paused = Gauge("forkd_sandboxes_paused", "Sandboxes paused for being idle (idle_pause_secs).",
                            registry=self.registry)
             paused.set_function(_safe_count(count_paused))
+        if hibernation is not None:
+            for key, name, help_text in HIBERNATION_GAUGES:
+                gauge = Gauge(name, help_text, registry=self.registry)
+                gauge.set_function(_safe_count(_counter(hibernation, key)))
         build = Gauge(
             "forkd_build_info",
             "Always 1; the label carries the build version.",

@@ -302,6 +302,21 @@ async def set_timeout(sandbox_id: SandboxIdPath, req: TimeoutRequest, rt: Runtim
 
 
 @v1.post(
+    "/sandboxes/{id}/hibernate",
+    response_model=SandboxInfo,
+    tags=["sandboxes"],
+    summary="Hibernate the sandbox: its changed memory and device state to disk, its QEMU released; "
+    "its next request of any kind wakes it",
+    responses={**NO_SANDBOX, **GUEST_ERRORS,
+               409: _err("Hibernated already, requests under way, or a live_fork or per_child_netns "
+                         "sandbox (which cannot be hibernated).")},
+    **_AS_GIVEN,
+)
+async def hibernate_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return (await rt.hibernation.hibernate(sandbox_id)).info()
+
+
+@v1.post(
     "/sandboxes/{id}/ping",
     response_model=PingResponse,
     tags=["sandboxes"],

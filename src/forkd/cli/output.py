@@ -107,8 +107,8 @@ def sandboxes_table(sandboxes: Iterable[Mapping[str, Any]], title: str | None = 
     # and the terminal is wide: at 80 columns it would only squeeze the others
     # (--json always has them).
     labelled = console.width >= LABELS_MIN_WIDTH and any(sb.get("metadata") for sb in rows)
-    # A STATE column only once some sandbox sits paused (idle_pause_secs).
-    stateful = any(sb.get("state") == "paused" for sb in rows)
+    # A STATE column only once some sandbox sits paused (idle_pause_secs) or hibernated.
+    stateful = any(sb.get("state") in ("paused", "hibernated") for sb in rows)
     table = Table(title=title, title_justify="left")
     table.add_column("ID", style="cyan", no_wrap=True)
     table.add_column("SNAPSHOT", no_wrap=True)

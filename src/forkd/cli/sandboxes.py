@@ -52,6 +52,13 @@ IdlePause = Annotated[
                  help="Pause each child after this many seconds without a request (it then costs no "
                  "CPU); its next request resumes it. Not for children with background work."),
 ]
+IdleHibernate = Annotated[
+    float | None,
+    typer.Option("--idle-hibernate", metavar="SECS", min=bounds.IDLE_HIBERNATE_SECS.low,
+                 max=bounds.IDLE_HIBERNATE_SECS.high,
+                 help="Hibernate each child (to disk, its QEMU released) after this many seconds "
+                 "without a request; its next request wakes it."),
+]
 DiskQuota = Annotated[
     int | None,
     typer.Option("--disk-quota-mib", metavar="MIB", min=0, max=int(bounds.DISK_QUOTA_MIB.high),
@@ -101,6 +108,7 @@ def fork(
     live_fork: LiveFork = False,
     timeout: Lifetime = None,
     idle_pause: IdlePause = None,
+    idle_hibernate: IdleHibernate = None,
     disk_quota_mib: DiskQuota = None,
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
@@ -120,6 +128,7 @@ def fork(
       forkd fork --tag py --live-fork -e MODE=test --label team=ml
       forkd fork --tag py --timeout 300
       forkd fork --tag py -n 50 --idle-pause 30
+      forkd fork --tag py -n 50 --idle-hibernate 300
       forkd fork --tag py --disk-quota-mib 256
       forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
       forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
@@ -130,6 +139,8 @@ def fork(
         usage_error(ctx, "give --tag (fork a snapshot) or --from-sandbox (fork a running sandbox)")
     if from_sandbox is not None and idle_pause is not None:
         usage_error(ctx, "--idle-pause applies to forks of a snapshot (--tag) only")
+    if from_sandbox is not None and idle_hibernate is not None:
+        usage_error(ctx, "--idle-hibernate applies to forks of a snapshot (--tag) only")
     if from_sandbox is not None and disk_quota_mib is not None:
         usage_error(ctx, "--disk-quota-mib applies to forks of a snapshot (--tag) only")
     if from_sandbox is None:
@@ -165,7 +176,7 @@ def fork(
             tag, n=n, per_child_netns=per_child_netns,
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
             timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
-            network=network, disk_quota_mib=disk_quota_mib,
+            network=network, disk_quota_mib=disk_quota_mib, idle_hibernate_secs=idle_hibernate,
         )
     if as_json:
         output.emit_json(sandboxes)
@@ -357,6 +368,23 @@ def timeout(
         return
     at = time.strftime("%H:%M:%S", time.localtime(float(info["expires_at_unix"] or 0)))
     output.console.print(f"{escape(sandbox_id)} expires at {at} (in {secs:g} s)")
+
+
+@handle_errors
+def hibernate(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
+    """Put a sandbox to disk (its changed memory and device state) and release its QEMU; its next
+    request of any kind (exec, eval, ping, files, ...) wakes it.
+
+    Example:
+      forkd hibernate sb-67a1b3-0000
+    """
+    info = state(ctx).controller().hibernate(sandbox_id)
+    if want_json(ctx, json_):
+        output.emit_json(info)
+        return
+    saved: Mapping[str, Any] = info.get("hibernation") or {}
+    output.console.print(f"{escape(sandbox_id)} hibernated: {saved.get('disk_mib', 0):g} MiB on disk, "
+                         f"{saved.get('pause_ms', 0):g} ms stopped")
 
 
 @handle_errors

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from forkd import bounds
@@ -47,10 +47,27 @@ MAX_SLEEP_SECS = 60.0
 
 @dataclass
 class _Idle:
-    limit: float  # seconds of no activity before a pause
+    limit: float | None  # seconds of no activity before a pause; None: never paused
     last: float  # monotonic time of the last activity
     in_flight: int = 0
     paused: bool = False
+    hibernate_after: float | None = None  # seconds of no activity before a hibernation
+
+    def due(self, now: float) -> tuple[bool, bool]:
+        """Whether it is due for a pause, and for a hibernation (nothing in flight)."""
+        if self.in_flight:
+            return False, False
+        idle = now - self.last
+        return (not self.paused and self.limit is not None and idle >= self.limit,
+                self.hibernate_after is not None and idle >= self.hibernate_after)
+
+    def next_due(self, now: float) -> float | None:
+        """Seconds until its next pause or hibernation, if it has one coming."""
+        if self.in_flight:
+            return None
+        times = [self.last + limit - now for limit in (None if self.paused else self.limit,
+                                                       self.hibernate_after) if limit is not None]
+        return min(times) if times else None
 
 
 class IdlePauser:
@@ -64,15 +81,23 @@ class IdlePauser:
         self._task: asyncio.Task[None] | None = None
         self.pauses = 0  # counters for /metrics
         self.resumes = 0
+        # Who hibernates a sandbox idle for its ``idle_hibernate_secs`` (controller/hibernation.py).
+        self._hibernate: Callable[[str], Awaitable[object]] | None = None
+
+    def hibernate_with(self, hibernate: Callable[[str], Awaitable[object]]) -> None:
+        """From now on sandboxes idle for their ``idle_hibernate_secs`` go to ``hibernate(id)``."""
+        self._hibernate = hibernate
 
     # ----------------------------------------------------------------- life
 
     async def start(self) -> None:
         """Take the policies back from the registry (re-adopted sandboxes) and start the task."""
         for sb in self._sandboxes.all():
-            if sb.idle_pause_secs is None or sb.pooled or sb.id not in self._table:
+            if (sb.idle_pause_secs is None and sb.idle_hibernate_secs is None) or sb.pooled \
+                    or sb.id not in self._table:
                 continue
-            entry = self._idle[sb.id] = _Idle(sb.idle_pause_secs, self._clock())
+            entry = self._idle[sb.id] = _Idle(sb.idle_pause_secs, self._clock(),
+                                              hibernate_after=sb.idle_hibernate_secs)
             vm = self._table.vm(sb.id)
             with contextlib.suppress(ForkdError, OSError):
                 entry.paused = vm is not None and await vm.is_paused()
@@ -92,8 +117,29 @@ class IdlePauser:
         for record in records:
             record.idle_pause_secs = idle_pause_secs
             self._sandboxes.set_idle_pause(record.id, idle_pause_secs)
-            self._idle[record.id] = _Idle(idle_pause_secs, self._clock())
+            self.track(record)
+
+    def apply_hibernate(self, records: Iterable[SandboxRecord], idle_hibernate_secs: float | None) -> None:
+        """Freshly spawned (or forked, or claimed) sandboxes are hibernated after that long idle."""
+        if idle_hibernate_secs is None:
+            return
+        bounds.IDLE_HIBERNATE_SECS.check(idle_hibernate_secs)
+        for record in records:
+            record.idle_hibernate_secs = idle_hibernate_secs
+            self._sandboxes.set_idle_hibernate(record.id, idle_hibernate_secs)
+            self.track(record)
+
+    def track(self, record: SandboxRecord) -> None:
+        """Watch a running sandbox by its record's policies (a woken one: idle from now)."""
+        if record.idle_pause_secs is None and record.idle_hibernate_secs is None:
+            return
+        self._idle[record.id] = _Idle(record.idle_pause_secs, self._clock(),
+                                      hibernate_after=record.idle_hibernate_secs)
         self._wake.set()
+
+    def forget(self, sandbox_id: str) -> None:
+        """A hibernated sandbox is not watched until it runs again (``track``)."""
+        self._idle.pop(sandbox_id, None)
 
     def paused(self, sandbox_id: str) -> bool:
         entry = self._idle.get(sandbox_id)
@@ -154,7 +200,7 @@ class IdlePauser:
     def next_sleep(self) -> float:
         """Seconds until the next running sandbox with nothing in flight is due (capped)."""
         now = self._clock()
-        due = [e.last + e.limit - now for e in self._idle.values() if not e.paused and not e.in_flight]
+        due = [t for e in self._idle.values() if (t := e.next_due(now)) is not None]
         return max(0.0, min([MAX_SLEEP_SECS, *due]))
 
     async def _run(self) -> None:
@@ -163,12 +209,12 @@ class IdlePauser:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.next_sleep())
             await self.pause_due()
+            await self.hibernate_due()
 
     async def pause_due(self) -> list[str]:
         """Pause every sandbox idle for its limit with nothing in flight; the ids paused."""
         now = self._clock()
-        due = [sb_id for sb_id, e in self._idle.items()
-               if not e.paused and not e.in_flight and now - e.last >= e.limit]
+        due = [sb_id for sb_id, e in self._idle.items() if e.due(now)[0]]
         results = await asyncio.gather(*(self._pause(sb_id) for sb_id in due), return_exceptions=True)
         for sb_id, result in zip(due, results, strict=True):
             if isinstance(result, BaseException):
@@ -178,13 +224,33 @@ class IdlePauser:
                     entry.last = self._clock()  # try again one idle period later
         return [sb_id for sb_id in due if self.paused(sb_id)]
 
+    async def hibernate_due(self) -> list[str]:
+        """Hibernate every sandbox idle for its ``idle_hibernate_secs``; the ids hibernated."""
+        hibernate = self._hibernate
+        now = self._clock()
+        due = [sb_id for sb_id, e in self._idle.items() if e.due(now)[1]]
+        if hibernate is None or not due:
+            return []
+        results = await asyncio.gather(*(hibernate(sb_id) for sb_id in due), return_exceptions=True)
+        done: list[str] = []
+        for sb_id, result in zip(due, results, strict=True):
+            if not isinstance(result, BaseException):
+                done.append(sb_id)
+                continue
+            # Busy meanwhile (409), or it failed: it runs on, and is tried one idle period later.
+            log.info("idle sandbox %s not hibernated: %s", sb_id, result)
+            entry = self._idle.get(sb_id)
+            if entry is not None:
+                entry.last = self._clock()
+        return done
+
     async def _pause(self, sandbox_id: str) -> None:
         async with self._table.lock(sandbox_id):
             entry = self._idle.get(sandbox_id)
             vm = self._table.vm(sandbox_id)
             # Re-checked under the lock: a request may have started, a kill removed it.
-            if (entry is None or vm is None or entry.paused or entry.in_flight
-                    or self._clock() - entry.last < entry.limit or not vm.process.alive()):
+            if (entry is None or vm is None or not entry.due(self._clock())[0]
+                    or not vm.process.alive()):
                 return
             if await vm.migrating():
                 entry.last = self._clock()  # a live branch is still copying: look again later

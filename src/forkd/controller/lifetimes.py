@@ -25,12 +25,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import NotFound
+from forkd.errors import Conflict, ForkdError, GuestError, NotFound, NotHibernatable
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.sandboxes import ExpiryRows
 
@@ -38,6 +38,10 @@ log = logging.getLogger("forkd.lifetimes")
 
 # Upper bound on one sleep, so a wall-clock step cannot delay a kill by more.
 MAX_SLEEP_SECS = 60.0
+# An expired sandbox that was busy when it was to be hibernated is tried again this much later.
+HIBERNATE_RETRY_SECS = 2.0
+# ... and one whose hibernation failed otherwise (a full disk), this much later.
+HIBERNATE_FAILED_RETRY_SECS = 30.0
 
 
 class DeadlineKeeper:
@@ -49,6 +53,12 @@ class DeadlineKeeper:
         self._deadlines: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Who hibernates a sandbox whose deadline says so (``hibernate_on_timeout``).
+        self._hibernate: Callable[[str], Awaitable[object]] | None = None
+
+    def hibernate_with(self, hibernate: Callable[[str], Awaitable[object]]) -> None:
+        """From now on a due sandbox spawned with ``hibernate_on_timeout`` goes to ``hibernate(id)``."""
+        self._hibernate = hibernate
 
     # ----------------------------------------------------------------- life
 
@@ -66,14 +76,19 @@ class DeadlineKeeper:
 
     # -------------------------------------------------------------- deadlines
 
-    def apply(self, records: Iterable[SandboxRecord], timeout_secs: float | None) -> None:
-        """Give freshly spawned (or claimed, or forked) sandboxes ``timeout_secs`` to live."""
+    def apply(self, records: Iterable[SandboxRecord], timeout_secs: float | None, *,
+              hibernate: bool = False) -> None:
+        """Give freshly spawned (or claimed, or forked) sandboxes ``timeout_secs`` to live;
+        ``hibernate``: then hibernate them rather than kill them."""
         if timeout_secs is None:
             return
         bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         expires = self._clock() + timeout_secs
         for record in records:
             record.expires_at_unix = expires
+            if hibernate:
+                record.hibernate_on_timeout = True
+                self._sandboxes.set_hibernate_on_timeout(record.id, True)
             self._set(record.id, expires)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> float:
@@ -125,5 +140,30 @@ class DeadlineKeeper:
                 log.error("could not reap expired sandbox %s: %s", sb_id, result)
 
     async def _kill(self, sandbox_id: str) -> None:
+        try:
+            record = self._sandboxes.get(sandbox_id)
+        except NotFound:
+            return
+        if record.hibernate_on_timeout and self._hibernate is not None:
+            if record.hibernation is None:
+                try:
+                    log.info("sandbox %s expired; hibernating it", sandbox_id)
+                    await self._hibernate(sandbox_id)
+                except (GuestError, NotHibernatable) as exc:  # its QEMU died, or it cannot be
+                    log.warning("expired sandbox %s cannot be hibernated (%s); killing it", sandbox_id, exc)
+                    await self._table.kill(sandbox_id)
+                    return
+                except Conflict as exc:  # busy right now: it runs on, and is tried again shortly
+                    log.info("expired sandbox %s not hibernated yet: %s", sandbox_id, exc)
+                    self._set(sandbox_id, self._clock() + HIBERNATE_RETRY_SECS)
+                    return
+                except (ForkdError, OSError) as exc:  # e.g. a full disk: its state is worth a retry
+                    log.error("could not hibernate expired sandbox %s (%s); trying again in %.0f s",
+                              sandbox_id, exc, HIBERNATE_FAILED_RETRY_SECS)
+                    self._set(sandbox_id, self._clock() + HIBERNATE_FAILED_RETRY_SECS)
+                    return
+            # Hibernated, it has no deadline: a wake (E2B's connect) gives it a new one.
+            self._sandboxes.set_expiry(sandbox_id, None)
+            return
         log.info("sandbox %s expired; killing it", sandbox_id)
         await self._table.kill(sandbox_id)

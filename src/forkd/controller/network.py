@@ -195,6 +195,23 @@ class Networks:
             log.warning("removing the network of %s: %s", net.owner, err)
         self._drop_lease(net.owner)
 
+    async def park(self, net: ChildNet) -> None:
+        """A hibernated sandbox's network leaves the host, but its lease stays: its address (the
+        lease's index) is nobody else's, and ``unpark`` makes the same network again."""
+        for err in await childnet.remove(net):
+            log.warning("removing the network of hibernated %s: %s", net.owner, err)
+
+    async def unpark(self, net: ChildNet) -> None:
+        """Make a hibernated sandbox's network again as its lease says: same namespace, address,
+        egress rules. What a daemon that died mid-hibernation left of it goes first."""
+        if netns_mod.netns_exists(net.netns):
+            await self.park(net)
+        req = await self.prepare(tap=net.tap, dns=net.dns, egress=net.egress, per_child_netns=True,
+                                 what=f"sandbox {net.owner}")
+        blocked = list(req.blocked) if req is not None else []
+        await childnet.create(net, blocked)
+        self._leases[net.owner] = net
+
     async def after_removed(self, record: SandboxRecord) -> None:
         """SandboxTable hook: a torn-down sandbox's network goes with it."""
         net = self._leases.get(record.id) or record.network

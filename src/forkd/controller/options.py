@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd import bounds
-from forkd.errors import InvalidRequest
+from forkd.errors import Conflict, InvalidRequest
 from forkd.host.egress import EgressPolicy
 
 # The request's two egress fields, which become one ``EgressPolicy``.
@@ -33,7 +33,10 @@ class SpawnOptions:
     claimed warm-pool member's clock starts at its claim). ``cpu_limit`` (cores)
     and ``pids_limit`` (QEMU's tasks) go in each child's cgroup, as does
     ``memory_limit_mib``. ``idle_pause_secs``: a child that long without a
-    request is paused and resumed by its next one (controller/idle.py).
+    request is paused and resumed by its next one (controller/idle.py);
+    ``idle_hibernate_secs``: hibernated (to disk, its QEMU gone) and woken by its
+    next one (controller/hibernation.py). ``hibernate_on_timeout``: at its
+    ``timeout_secs`` a child is hibernated rather than killed (E2B's ``autoPause``).
     ``egress`` opens the children's outbound traffic, denied by default
     (host/egress.py). ``prewarm``: read the snapshot's memory into the page
     cache first. ``disk_quota_mib``: how far each child's own disk layers may
@@ -54,6 +57,8 @@ class SpawnOptions:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     prewarm: bool = False
     disk_quota_mib: int | None = None
+    idle_hibernate_secs: float | None = None
+    hibernate_on_timeout: bool = False
 
     def __post_init__(self) -> None:
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest).
@@ -63,6 +68,14 @@ class SpawnOptions:
             bounds.IDLE_PAUSE_SECS.check(self.idle_pause_secs)
         if self.disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(self.disk_quota_mib)
+        if self.idle_hibernate_secs is not None:
+            bounds.IDLE_HIBERNATE_SECS.check(self.idle_hibernate_secs)
+        if self.idle_hibernate_secs is not None or self.hibernate_on_timeout:
+            # Refused now rather than at the first idle period (controller/hibernation.py says why).
+            for name, on in (("live_fork", self.live_fork), ("per_child_netns", self.per_child_netns)):
+                if on:
+                    raise Conflict(f"{name} sandboxes cannot be hibernated: idle_hibernate_secs and "
+                                         f"hibernate_on_timeout do not go with {name}")
 
     @classmethod
     def from_request(cls, given: Mapping[str, Any]) -> SpawnOptions:

@@ -1,8 +1,10 @@
 """Start-up after a restart (or a crash): re-adopt what survived, reap the rest.
 
 Sandboxes whose QEMU is still alive are re-attached with their in-memory state
-intact; dead ones lose their row, run directory and cgroup. Interrupted
-snapshot writes and run directories no row points at are removed.
+intact; dead ones lose their row, run directory and cgroup. Hibernated ones
+keep their row and run directory (their saved state and disk) untouched; only
+what a wake that a crash cut short left (its QEMU, its cgroup) goes.
+Interrupted snapshot writes and run directories no row points at are removed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ async def recover(data: DataDir, store: SnapshotStore, table: SandboxTable, shm:
             store.unregister(snap.tag)
     for sb in table.records.all():
         run_dir = Path(sb.dir)
+        if sb.hibernation is not None:
+            await _settle_hibernated(run_dir)
+            continue
         process = adopt(sb.pid or 0, run_dir)
         if process is not None:
             try:
@@ -67,3 +72,19 @@ async def recover(data: DataDir, store: SnapshotStore, table: SandboxTable, shm:
     for pid in kill_qemus_under(data.root, keep=adopted):
         log.warning("killed QEMU %d of this data dir that no sandbox owns (left by a crash)", pid)
     shm.prune(keep={sb.snapshot_tag for sb in table.records.all() if sb.live_fork})
+
+
+async def _settle_hibernated(run_dir: Path) -> None:
+    """A hibernated sandbox whose wake a crash cut short: its QEMU (pid file) and cgroup go.
+    (A hibernation the crash cut short after its commit left its QEMU too: the data dir's
+    sweep of unowned QEMUs kills it.)"""
+    with contextlib.suppress(OSError, ValueError):
+        kill_pid_now(int((run_dir / "pid").read_text()), run_dir)
+    with contextlib.suppress(OSError):
+        paths = (run_dir / "cgroup").read_text().split()
+        if paths:
+            await remove_cgroup(paths[0], paths[1:])
+        (run_dir / "cgroup").unlink()
+    for name in ("pid", "qmp.sock", "agent.sock"):
+        with contextlib.suppress(OSError):
+            (run_dir / name).unlink()

@@ -19,6 +19,8 @@ state and is the only code that changes it:
 * ``ConsoleWarden`` (console_warden.py): keeps every guest console log capped;
 * ``DeadlineKeeper`` (lifetimes.py): sandbox deadlines (``timeout_secs``), kills the expired;
 * ``IdlePauser`` (idle.py): pauses sandboxes idle for their ``idle_pause_secs``, resumes on use.
+* ``Hibernator`` (hibernation.py): sandboxes to disk (on request, idle, or at their deadline) and
+  back on their next request; a sub-API (``runtime.hibernation``) the routes call directly.
 * ``Suspender`` (suspend.py): paused sandboxes (E2B's pause/resume, workspace suspend);
   ``Workspaces`` (workspaces.py): named sandboxes; ``Compactor`` (compaction.py): standalone
   copies of branch chains.
@@ -45,6 +47,7 @@ from forkd.controller.console_warden import ConsoleWarden
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
+from forkd.controller.hibernation import Hibernator
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
 from forkd.controller.kernel_cells import KernelCells
@@ -138,10 +141,16 @@ class Runtime:
         self.sandboxes.on_removed(self.disk_quotas.after_removed)
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
+        self.hibernation = Hibernator(self.sandboxes, self.snapshots, self.networks, self.idle,
+                                      self.disk_quotas)
+        self.sandboxes.wake_with(self.hibernation)  # every request to a hibernated sandbox wakes it
+        self.sandboxes.on_removed(self.hibernation.after_removed)
+        self.idle.hibernate_with(self.hibernation.hibernate_idle)
+        self.reaper.hibernate_with(self.hibernation.hibernate)
         self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
                                    self.snapshots, self.idle)
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
-                                     self.suspender, self.forker.collect)
+                                     self.suspender, self.forker.collect, self.hibernation.wake)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
         self.spawner.fetch_missing_from(self.travel)
@@ -196,6 +205,8 @@ class Runtime:
         stack.push_async_callback(self.disk_quotas.stop)
         await self.idle.start()  # idle policies back, and which re-adopted sandboxes are paused
         stack.push_async_callback(self.idle.stop)
+        await self.hibernation.start()  # hibernations a dead daemon left unfinished are undone
+        stack.push_async_callback(self.hibernation.stop)
         await self.reaper.start()  # sandboxes that expired while no daemon ran go now
         stack.push_async_callback(self.reaper.stop)
         await self.pools.start()  # re-adopted pool members go back in, the rest are discarded
@@ -293,8 +304,9 @@ class Runtime:
         """
         options = options or SpawnOptions()
         records = await self.spawner.spawn(tag, n, options)
-        self.reaper.apply(records, options.timeout_secs)
+        self.reaper.apply(records, options.timeout_secs, hibernate=options.hibernate_on_timeout)
         self.idle.apply(records, options.idle_pause_secs)
+        self.idle.apply_hibernate(records, options.idle_hibernate_secs)
         return records
 
     async def fork(
@@ -316,6 +328,7 @@ class Runtime:
                               child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
                               keep_snapshot=keep_snapshot,
                               egress=EgressPolicy.from_request(allow_internet_access, network))
+        await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
         self.reaper.apply(result.children, timeout_secs)
         return result
@@ -390,6 +403,7 @@ class Runtime:
                      wait: bool = True, *, measure_diff: bool = False,
                      parent_tag: str | None = None) -> SnapshotRecord:
         """Snapshot a running sandbox into ``tag`` and let it carry on (see controller/branch.py)."""
+        await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
         return await self.brancher.branch(self.sandboxes.resolve(sandbox_id), tag, mode, wait,
                                           measure_diff=measure_diff, parent_tag=parent_tag)
 
@@ -401,14 +415,18 @@ class Runtime:
 
     async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
         """Branch the sandbox's state, then stop it (controller/suspend.py)."""
+        await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
         return await self.suspender.pause(sandbox_id, mode=mode)
 
     async def resume(self, sandbox_id: str, *, timeout_secs: float | None = None) -> SandboxRecord:
         """Start a paused sandbox again under its id; killed ``timeout_secs`` later, if given."""
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
-        record = await self.suspender.resume(sandbox_id)
-        self.reaper.apply([record], timeout_secs)
+        if await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id))):
+            record = self.sandboxes.records.get(self.sandboxes.resolve(sandbox_id))  # E2B's connect
+        else:
+            record = await self.suspender.resume(sandbox_id)
+        self.reaper.apply([record], timeout_secs, hibernate=record.hibernate_on_timeout)
         return record
 
     def get_paused(self, sandbox_id: str) -> PausedRecord:
@@ -423,7 +441,8 @@ class Runtime:
         mem_mib, disk_mb, metadata, egress. 404 if it is neither."""
         check_sandbox_id(sandbox_id)
         resolved = self.sandboxes.resolve(sandbox_id)
-        if resolved in self.sandboxes and not self.sandboxes.hidden(resolved):
+        if (resolved in self.sandboxes and not self.sandboxes.hidden(resolved)) \
+                or self.hibernation.hibernated(resolved):
             record = self.sandboxes.records.get(resolved)
             return suspend_view(record, self.suspender.template_of(record))
         paused = self.suspender.get(sandbox_id)

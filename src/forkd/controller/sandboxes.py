@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +47,8 @@ from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
 log = logging.getLogger("forkd.sandboxes")
 
+# How often a request wakes a sandbox that is hibernated again before the request gets to it.
+WAKE_ROUNDS = 3
 # In a run directory: why forkd itself stopped the sandbox's QEMU (``SandboxTable.stop``).
 STOPPED_FILE = "stopped-reason"
 
@@ -66,6 +68,14 @@ class Activity(Protocol):
 
     async def wake_locked(self, sandbox_id: str) -> None:
         """Resume ``sandbox_id`` if paused; the caller holds its lock (a branch about to capture it)."""
+        ...
+
+
+class Sleepers(Protocol):
+    """Who wakes hibernated sandboxes (controller/hibernation.py)."""
+
+    async def wake(self, sandbox_id: str) -> bool:
+        """Wake ``sandbox_id`` if it is hibernated (True once it runs); False if it is not."""
         ...
 
 
@@ -92,12 +102,19 @@ class SandboxTable:
         self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
         self._turn_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._activity: Activity = _NoActivity()
+        self._sleepers: Sleepers | None = None
+        # Agent requests under way per sandbox, from before their VM lookup (``busy``).
+        self._requests: dict[str, int] = {}
         # Each VM's agent version, asked once (``require_agent``), with its VM: a new VM asks again.
         self._agent_versions: dict[str, tuple[VM, int]] = {}
 
     def watch_activity(self, activity: Activity) -> None:
         """Every agent request from now on runs inside ``activity.during`` (one watcher)."""
         self._activity = activity
+
+    def wake_with(self, sleepers: Sleepers) -> None:
+        """From now on a request to a hibernated sandbox wakes it first (``for_call``)."""
+        self._sleepers = sleepers
 
     async def wake_locked(self, sandbox_id: str) -> None:
         """Make sure ``sandbox_id`` runs before the caller, holding its lock, uses its VM directly."""
@@ -170,6 +187,10 @@ class SandboxTable:
         sandbox_id = self.resolve(sandbox_id)
         vm = self._vms.get(sandbox_id)
         if vm is None:
+            record = self._rows.get(sandbox_id)  # 404 if there is no such sandbox
+            if record.hibernation is not None:
+                raise Conflict(f"sandbox {sandbox_id!r} is hibernated; a request to it (exec, eval, "
+                               "files, processes, ping) wakes it")
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         if not vm.process.alive():
             raise GuestError(f"sandbox {sandbox_id!r} has died ({self.death_cause(sandbox_id)}); "
@@ -199,10 +220,34 @@ class SandboxTable:
     async def for_call(self, sandbox_id: str) -> VM:
         """The VM, once no branch pause or kill of it is in progress."""
         sandbox_id = self.resolve(sandbox_id)
-        if sandbox_id not in self._vms:
-            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-        async with self.lock(sandbox_id):
-            return self.get(sandbox_id)
+        for _ in range(WAKE_ROUNDS):
+            if sandbox_id not in self._vms and self._sleepers is not None:
+                await self._sleepers.wake(sandbox_id)  # a hibernated sandbox runs again first
+            if sandbox_id not in self._vms:
+                raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+            async with self.lock(sandbox_id):
+                if sandbox_id in self._vms:
+                    return self.get(sandbox_id)
+            # Hibernated (or killed) while we waited for its lock: wake it (or say 404).
+        return self.get(sandbox_id)
+
+    def busy(self, sandbox_id: str) -> bool:
+        """Whether a request to ``sandbox_id`` is under way (looking its VM up, awaiting an answer
+        or streaming): a hibernation now would cut it off."""
+        vm = self._vms.get(sandbox_id)
+        return self._requests.get(sandbox_id, 0) > 0 or (vm is not None and vm.agent.in_flight > 0)
+
+    @contextlib.contextmanager
+    def _request(self, sandbox_id: str) -> Iterator[None]:
+        self._requests[sandbox_id] = self._requests.get(sandbox_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._requests[sandbox_id] - 1
+            if left:
+                self._requests[sandbox_id] = left
+            else:
+                del self._requests[sandbox_id]
 
     # --------------------------------------------------------------- changes
 
@@ -218,6 +263,19 @@ class SandboxTable:
         if pooled:
             self._hidden.add(sandbox_id)
         self._vms[sandbox_id] = vm
+
+    def park(self, record: SandboxRecord) -> VM | None:
+        """A sandbox goes to disk (controller/hibernation.py; the caller holds its lock): its
+        row rewritten (hibernated, no pid), then its VM out of the table, returned to be killed.
+        The row is the commit: a daemon that dies after it keeps the sandbox hibernated."""
+        self._rows.save(record)
+        self._agent_versions.pop(record.id, None)
+        return self._vms.pop(record.id, None)
+
+    def unpark(self, record: SandboxRecord, vm: VM) -> None:
+        """A hibernated sandbox runs again in ``vm`` (the caller holds its lock): row, then table."""
+        self._rows.save(record)
+        self._vms[record.id] = vm
 
     def forget(self, sandbox_id: str) -> None:
         """Drop the row of a sandbox that did not survive a restart (recovery reaped it)."""
@@ -305,10 +363,11 @@ class SandboxTable:
         as a reset agent connection; report that as the sandbox's death, by id. A sandbox
         paused because it was idle is resumed first (``watch_activity``)."""
         sandbox_id = self.resolve(sandbox_id)
-        vm = await self.for_call(sandbox_id)
         try:
-            async with self._activity.during(sandbox_id):
-                return await vm.call(action, timeout=timeout, **args)
+            with self._request(sandbox_id):
+                vm = await self.for_call(sandbox_id)
+                async with self._activity.during(sandbox_id):
+                    return await vm.call(action, timeout=timeout, **args)
         except GuestError as exc:
             explained = self.explain(sandbox_id, vm, exc)
             if explained is exc:
@@ -342,14 +401,16 @@ class SandboxTable:
     async def open_stream(self, sandbox_id: str, action: str, args: dict[str, object],
                           line_cost: bool = False) -> AgentStream:
         """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
-        vm = await self.for_call(sandbox_id)
-        try:
-            return await vm.agent.open_stream(action, args, line_cost)
-        except GuestError as exc:
-            explained = self.explain(sandbox_id, vm, exc)
-            if explained is exc:
-                raise
-            raise explained from exc
+        sandbox_id = self.resolve(sandbox_id)
+        with self._request(sandbox_id):  # then the agent counts it, until it ends (``busy``)
+            vm = await self.for_call(sandbox_id)
+            try:
+                return await vm.agent.open_stream(action, args, line_cost)
+            except GuestError as exc:
+                explained = self.explain(sandbox_id, vm, exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
 
     def notify(self, sandbox_id: str, action: str, **args: object) -> None:
         """A fire-and-forget agent request (no answer, no wait); dropped if the VM is gone."""

@@ -56,12 +56,14 @@ def disk_mib(record: SandboxRecord) -> int:
 
 
 def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
-    """A sandbox, running or paused, as the E2B layer describes it."""
+    """A sandbox, running or paused, as the E2B layer describes it (a hibernated one is paused:
+    E2B's ``connect`` and any envd traffic resume it)."""
     if isinstance(record, PausedRecord):
         return {"id": record.id, "template": template, "state": "paused", "started": record.created_at_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
                 "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info()}
-    return {"id": record.id, "template": template, "state": "running", "started": record.created_at_unix,
+    state = "paused" if record.hibernation is not None else "running"
+    return {"id": record.id, "template": template, "state": state, "started": record.created_at_unix,
             "ends": record.expires_at_unix, "vcpus": record.config.vcpus, "mem_mib": record.config.mem_mib,
             "disk_mb": disk_mib(record), "metadata": dict(record.metadata), "egress": record.egress.info()}
 
@@ -127,10 +129,13 @@ class Suspender:
                 created_at_unix=record.created_at_unix, paused_at_unix=now_unix(),
                 metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
-                per_child_netns=record.netns is not None, live_fork=record.live_fork,
+                # Its own forkd-<id> namespace (a snapshot with a NIC) comes back by itself; only a
+                # forkd-child-<i> one was asked for.
+                per_child_netns=record.per_child_netns, live_fork=record.live_fork,
                 vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record),
                 egress=record.egress.info(), idle_pause_secs=record.idle_pause_secs,
-                disk_quota_mib=record.disk_quota_mib)
+                disk_quota_mib=record.disk_quota_mib, idle_hibernate_secs=record.idle_hibernate_secs,
+                hibernate_on_timeout=record.hibernate_on_timeout)
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._paused.insert(paused)
@@ -164,6 +169,9 @@ class Suspender:
             self._paused.delete(sandbox_id)
             self._store.set_auto_delete(paused.state_tag, True)  # the child holds it from now on
             self._idle.apply([outcome], paused.idle_pause_secs)
+            self._idle.apply_hibernate([outcome], paused.idle_hibernate_secs)
+            # Not in its row yet: the caller's deadline (Runtime.resume) writes it with the timeout.
+            outcome.hibernate_on_timeout = paused.hibernate_on_timeout
             log.info("resumed %s from %s", sandbox_id, paused.state_tag)
             return outcome
 

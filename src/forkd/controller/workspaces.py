@@ -30,16 +30,19 @@ RUNNING, SUSPENDED, STALE = "running", "suspended", "stale"
 
 class Workspaces:
     def __init__(self, workspaces: WorkspaceRows, paused: PausedReader, table: SandboxTable,
-                 spawner: Spawner, suspender: Suspender, collect: Callable[[], Awaitable[object]]) -> None:
+                 spawner: Spawner, suspender: Suspender, collect: Callable[[], Awaitable[object]],
+                 wake: Callable[[str], Awaitable[object]]) -> None:
         self._workspaces = workspaces  # the workspaces table: only this owner writes it
         self._paused = paused
         self._table = table
         self._spawner = spawner
         self._suspender = suspender
         self._collect = collect  # drops the state snapshots nobody needs any more (Forker.collect)
+        self._wake = wake  # a hibernated sandbox back in a VM (Hibernator.wake): a suspend branches it
 
     def _status(self, ws: WorkspaceRecord) -> str:
-        if ws.sandbox_id in self._table:
+        # A hibernated sandbox (a row, no VM) counts as running: any request wakes it.
+        if ws.sandbox_id in self._table or self._table.records.has(ws.sandbox_id):
             return RUNNING
         if self._paused.has(ws.sandbox_id):
             return SUSPENDED
@@ -85,6 +88,7 @@ class Workspaces:
         if self._status(ws) != RUNNING:
             raise Conflict(f"workspace {name!r} is {self._status(ws)}, not running: only a running "
                            "workspace can be suspended")
+        await self._wake(ws.sandbox_id)
         await self._suspender.pause(ws.sandbox_id, mode=mode)
         self._workspaces.touch(name, ws.sandbox_id)
         return self.get(name)

@@ -256,6 +256,11 @@ class AgentClient:
         return self
 
     @property
+    def in_flight(self) -> int:
+        """Calls awaiting their answer plus streams open: what a hibernation would cut off."""
+        return len(self._calls) + len(self._streams)
+
+    @property
     def connected(self) -> bool:
         return self._transport is not None and self._closed_reason is None
 

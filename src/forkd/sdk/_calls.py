@@ -176,6 +176,10 @@ def kill_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
 
 
+def hibernate(sandbox_id: str) -> Call:
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/hibernate")
+
+
 def set_timeout(sandbox_id: str, timeout_secs: float) -> Call:
     return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/timeout", json={"timeout_secs": timeout_secs})
 

@@ -450,6 +450,12 @@ class AsyncSandbox:
         self._info = info
         return info
 
+    async def hibernate(self) -> SandboxInfo:
+        """Put this sandbox to disk, its QEMU released, until its next request wakes it."""
+        info = await self.controller.hibernate(self.id)
+        self._info = info
+        return info
+
     async def kill(self) -> None:
         """Stop the VM now (whether or not this object created it)."""
         await self.controller.kill_sandbox(self.id)

@@ -493,6 +493,31 @@ class ForkRequest(TypedDict, total=False):
     """
 
 
+class HibernationInfo(TypedDict, total=False):
+    """The ``HibernationInfo`` schema."""
+
+    hibernated_at_unix: Required[float]
+
+    pages: Required[int]
+    """Guest pages (4 KiB) it had changed since its restore: all that was saved of its memory (the rest
+    is its snapshot's).
+    """
+
+    memory_bytes: Required[int]
+    """Those pages on disk, compressed."""
+
+    devices_bytes: Required[int]
+    """Its device state on disk."""
+
+    disk_mib: Required[float]
+    """memory_bytes + devices_bytes, in MiB: the disk a hibernated sandbox takes beyond its disk layers
+    (disk_used_mib).
+    """
+
+    pause_ms: Required[float]
+    """From its VM's stop to its state on disk."""
+
+
 class SandboxNetwork(TypedDict, total=False):
     """The ``SandboxNetwork`` schema."""
 
@@ -574,8 +599,20 @@ class SandboxInfo(TypedDict, total=False):
     idle_pause_secs: float | None
     """Paused after this many idle seconds; absent without idle_pause_secs."""
 
-    state: Literal["running", "paused"]
-    """paused: stopped after idle_pause_secs without a request; the next request resumes it."""
+    idle_hibernate_secs: float | None
+    """Hibernated after this many idle seconds; absent without idle_hibernate_secs."""
+
+    hibernate_on_timeout: bool | None
+    """At its deadline it is hibernated rather than killed; absent unless set."""
+
+    hibernation: HibernationInfo | None
+    """While hibernated: when, and what its saved state takes on disk."""
+
+    state: Literal["running", "paused", "hibernated"]
+    """paused: stopped after idle_pause_secs without a request; hibernated: on disk with no QEMU (POST
+    /v1/sandboxes/{id}/hibernate, idle_hibernate_secs or hibernate_on_timeout). The next request of
+    any kind resumes or wakes it.
+    """
 
 
 class ForkResponse(TypedDict, total=False):
@@ -991,6 +1028,19 @@ class SpawnRequest(TypedDict, total=False):
     with background work must not be paused behind its user's back.
     """
 
+    idle_hibernate_secs: float | None
+    """Hibernate each child once it has had no request for this many seconds: the guest pages it
+    changed and its device state go to disk (compressed), its QEMU, cgroup and network are released;
+    its next request of any kind wakes it (same id, address and egress policy, memory, disk and
+    processes intact) and steps its clock first. Not with live_fork or per_child_netns. Default:
+    never.
+    """
+
+    hibernate_on_timeout: bool
+    """At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as
+    hibernated until killed, and its next request wakes it.
+    """
+
     prewarm: bool
     """forkd 0.5 clients' option: read the snapshot's memory file into the host's page cache before the
     children start, so their first page touches (and their first BRANCH) do not wait on the disk.
@@ -1122,6 +1172,19 @@ class SpawnExtra(TypedDict, total=False):
     """Most tasks (threads) of each child's QEMU (cgroup pids.max); guest processes are not host tasks.
     """
 
+    idle_hibernate_secs: float | None
+    """Hibernate each child once it has had no request for this many seconds: the guest pages it
+    changed and its device state go to disk (compressed), its QEMU, cgroup and network are released;
+    its next request of any kind wakes it (same id, address and egress policy, memory, disk and
+    processes intact) and steps its clock first. Not with live_fork or per_child_netns. Default:
+    never.
+    """
+
+    hibernate_on_timeout: bool
+    """At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as
+    hibernated until killed, and its next request wakes it.
+    """
+
     prewarm: bool
     """forkd 0.5 clients' option: read the snapshot's memory file into the host's page cache before the
     children start, so their first page touches (and their first BRANCH) do not wait on the disk.
@@ -1200,6 +1263,7 @@ __all__ = [
     "ForkRequest",
     "ForkResponse",
     "Health",
+    "HibernationInfo",
     "MkdirRequest",
     "MkdirResponse",
     "NetworkPolicy",

@@ -451,6 +451,12 @@ class Sandbox:
         self._info = info
         return info
 
+    def hibernate(self) -> SandboxInfo:
+        """Put this sandbox to disk, its QEMU released, until its next request wakes it."""
+        info = self.controller.hibernate(self.id)
+        self._info = info
+        return info
+
     def kill(self) -> None:
         """Stop the VM now (whether or not this object created it)."""
         self.controller.kill_sandbox(self.id)

@@ -100,6 +100,8 @@ class PausedRecord:
     egress: dict[str, Any] = field(default_factory=dict)  # its network's EgressPolicy.info()
     idle_pause_secs: float | None = None  # kept through the pause: the resumed sandbox idles the same way
     disk_quota_mib: int | None = None  # kept through the pause too
+    idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
+    hibernate_on_timeout: bool = False
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,6 +178,23 @@ class SnapshotRecord:
 
 
 @dataclass
+class Hibernation:
+    """A sandbox on disk (controller/hibernation.py): when, and what its files hold."""
+
+    at_unix: float
+    pages: int  # guest pages it had changed since its restore, saved
+    memory_bytes: int  # those pages compressed, on disk
+    devices_bytes: int  # its device state
+    pause_ms: float  # from the VM's stop to its state on disk
+
+    def info(self) -> dict[str, Any]:
+        return {"hibernated_at_unix": round(self.at_unix, 3), "pages": self.pages,
+                "memory_bytes": self.memory_bytes, "devices_bytes": self.devices_bytes,
+                "disk_mib": round((self.memory_bytes + self.devices_bytes) / (1 << 20), 3),
+                "pause_ms": round(self.pause_ms, 1)}
+
+
+@dataclass
 class SandboxRecord:
     id: str
     snapshot_tag: str
@@ -210,6 +229,12 @@ class SandboxRecord:
     network: ChildNet | None = None
     # How far its own disk layers may grow on the host (controller/disk_quota.py); None: no quota.
     disk_quota_mib: int | None = None
+    # Hibernated after this many idle seconds (controller/idle.py); None: never.
+    idle_hibernate_secs: float | None = None
+    # At its deadline it is hibernated rather than killed (E2B's autoPause; controller/lifetimes.py).
+    hibernate_on_timeout: bool = False
+    # On disk, no QEMU (controller/hibernation.py); None: running (or paused).
+    hibernation: Hibernation | None = None
 
     @property
     def per_child_netns(self) -> bool:
@@ -280,7 +305,15 @@ class SandboxRecord:
             out["expires_at_unix"] = round(self.expires_at_unix, 3)
         if self.idle_pause_secs is not None:
             out["idle_pause_secs"] = self.idle_pause_secs
-        out["state"] = "paused" if self.paused else "running"
+        if self.idle_hibernate_secs is not None:
+            out["idle_hibernate_secs"] = self.idle_hibernate_secs
+        if self.hibernate_on_timeout:
+            out["hibernate_on_timeout"] = True
+        if self.hibernation is not None:
+            out["hibernation"] = self.hibernation.info()
+            out["state"] = "hibernated"
+        else:
+            out["state"] = "paused" if self.paused else "running"
         return out
 
 

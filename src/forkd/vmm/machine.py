@@ -295,6 +295,17 @@ class VM:
         """Run the vCPUs again (QMP ``cont``)."""
         await self.qmp.cmd("cont")
 
+    async def save_devices(self, path: Path) -> None:
+        """Stop the vCPUs and write the device state alone, without RAM, to ``path``.
+
+        QEMU's ``xen-save-devices-state`` (in every build, Xen or not) is the one way
+        QEMU 7.2 has to leave out RAM that is not shared: a child's is private.
+        ``live=False``: the disks stay active, so a failed hibernation can ``cont``.
+        (``stop`` first flushes the disks, so a kill afterwards loses no write.)
+        """
+        await self.qmp.cmd("stop")
+        await self.qmp.cmd("xen-save-devices-state", filename=str(path), live=False)
+
     async def is_paused(self) -> bool:
         """Whether QEMU reports the vCPUs stopped."""
         return await self.qmp.status() == "paused"

@@ -161,9 +161,15 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
         metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
-        if _set(req.auto_pause) and req.auto_pause:
-            raise E2BError(400, f"autoPause is not supported by forkd ({UNSUPPORTED})")
-        for name in ("mcp", "iam", "volumeMounts", "autoResume"):
+        # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
+        # connect, or any envd request, wakes it: controller/hibernation.py).
+        auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
+        resume = body.get("autoResume")
+        if resume not in (None, {}) and not (auto_pause and resume == {"enabled": True}):
+            # What forkd does is autoResume on: a hibernated sandbox wakes on any traffic.
+            raise E2BError(400, "autoResume is served only as {\"enabled\": true} with autoPause: a paused "
+                           f"sandbox always wakes on its next request ({UNSUPPORTED})")
+        for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
         allow = body.get("allow_internet_access")
@@ -172,7 +178,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         try:
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
-                                                 "network": _network(body.get("network"))})
+                                                 "network": _network(body.get("network")),
+                                                 "hibernate_on_timeout": auto_pause})
             [record] = await rt().spawn(req.template_id, 1, options)
         except NotFound:
             try:

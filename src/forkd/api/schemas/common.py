@@ -81,6 +81,7 @@ MemoryLimitMib = Annotated[
 ]
 SandboxTimeout = Annotated[float, Field(**bounds.SANDBOX_TIMEOUT_SECS.field_kwargs())]
 IdlePause = Annotated[float, Field(**bounds.IDLE_PAUSE_SECS.field_kwargs())]
+IdleHibernate = Annotated[float, Field(**bounds.IDLE_HIBERNATE_SECS.field_kwargs())]
 CpuLimit = Annotated[float, Field(**bounds.CPU_LIMIT.field_kwargs())]
 PidsLimit = Annotated[int, Field(**bounds.PIDS_LIMIT.field_kwargs()), BeforeValidator(_integral_float_to_int)]
 DiskQuotaMib = Annotated[

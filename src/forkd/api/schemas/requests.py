@@ -31,6 +31,7 @@ from forkd.api.schemas.common import (
     DiskQuotaMib,
     EnvMap,
     EnvName,
+    IdleHibernate,
     IdlePause,
     JSONInt,
     Labels,
@@ -147,6 +148,17 @@ class SpawnRequest(RequestModel):
         None, description="Pause each child (QMP stop: it costs no CPU) once it has had no request for "
         "this many seconds; its next request of any kind resumes it and steps its clock first. "
         "Default: never, since a child with background work must not be paused behind its user's back.",
+    )
+    idle_hibernate_secs: IdleHibernate | None = Field(
+        None, description="Hibernate each child once it has had no request for this many seconds: "
+        "the guest pages it changed and its device state go to disk (compressed), its QEMU, cgroup and "
+        "network are released; its next request of any kind wakes it (same id, address and egress "
+        "policy, memory, disk and processes intact) and steps its clock first. Not with live_fork or "
+        "per_child_netns. Default: never.",
+    )
+    hibernate_on_timeout: bool = Field(
+        False, description="At timeout_secs, hibernate each child rather than kill it (E2B's "
+        "autoPause): it stays listed as hibernated until killed, and its next request wakes it.",
     )
     prewarm: bool = Field(
         False, description="forkd 0.5 clients' option: read the snapshot's memory file into the host's "

@@ -75,6 +75,17 @@ class SandboxNetwork(ResponseModel):
     deny_out: list[str]
 
 
+class HibernationInfo(ResponseModel):
+    hibernated_at_unix: float
+    pages: int = Field(description="Guest pages (4 KiB) it had changed since its restore: all that "
+                       "was saved of its memory (the rest is its snapshot's).")
+    memory_bytes: int = Field(description="Those pages on disk, compressed.")
+    devices_bytes: int = Field(description="Its device state on disk.")
+    disk_mib: float = Field(description="memory_bytes + devices_bytes, in MiB: the disk a hibernated "
+                            "sandbox takes beyond its disk layers (disk_used_mib).")
+    pause_ms: float = Field(description="From its VM's stop to its state on disk.")
+
+
 class SandboxInfo(ResponseModel):
     id: str = Field(examples=["sb-67a1b3-0000"])
     snapshot_tag: str
@@ -115,9 +126,19 @@ class SandboxInfo(ResponseModel):
     idle_pause_secs: float | None = Field(
         None, description="Paused after this many idle seconds; absent without idle_pause_secs.",
     )
-    state: Literal["running", "paused"] = Field(
-        "running", description="paused: stopped after idle_pause_secs without a request; the next "
-        "request resumes it.",
+    idle_hibernate_secs: float | None = Field(
+        None, description="Hibernated after this many idle seconds; absent without idle_hibernate_secs.",
+    )
+    hibernate_on_timeout: bool | None = Field(
+        None, description="At its deadline it is hibernated rather than killed; absent unless set.",
+    )
+    hibernation: HibernationInfo | None = Field(
+        None, description="While hibernated: when, and what its saved state takes on disk.",
+    )
+    state: Literal["running", "paused", "hibernated"] = Field(
+        "running", description="paused: stopped after idle_pause_secs without a request; hibernated: "
+        "on disk with no QEMU (POST /v1/sandboxes/{id}/hibernate, idle_hibernate_secs or "
+        "hibernate_on_timeout). The next request of any kind resumes or wakes it.",
     )
 
 

@@ -97,8 +97,14 @@ function networkCell(sb) {
     h("span", { class: `egress ${open ? "open" : "closed"}` }, egressSummary(net)));
 }
 
-/** A badge for a child paused by idle_pause_secs (resumed on its next request); none while running. */
+/** A badge for a child paused by idle_pause_secs or hibernated (to disk, no QEMU); either is woken by
+ * its next request. None while running. */
 function stateBadge(sb) {
+  if (sb.state === "hibernated") {
+    const mib = sb.hibernation?.disk_mib;
+    const title = `hibernated${mib === undefined ? "" : ` (${mib} MiB on disk)`}: woken by its next request`;
+    return [" ", h("span", { class: "badge paused", title }, "hibernated")];
+  }
   if (sb.state !== "paused") return [];
   return [" ", h("span", { class: "badge paused", title: "idle: paused until its next request" }, "paused")];
 }

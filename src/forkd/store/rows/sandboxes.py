@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from forkd.errors import NotFound
 from forkd.host.accel import VMConfig
 from forkd.host.netplan import ChildNet
-from forkd.store.records import AutoCheckpoint, DiskChain, SandboxRecord
+from forkd.store.records import AutoCheckpoint, DiskChain, Hibernation, SandboxRecord
 from forkd.store.rows.table import Table
 
 
@@ -44,15 +44,19 @@ class CheckpointPolicyRows(SandboxReader, Protocol):
 
 
 class IdlePauseRows(SandboxReader, Protocol):
-    """The idle pauser's column."""
+    """The idle pauser's columns."""
 
     def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None: ...
 
+    def set_idle_hibernate(self, sandbox_id: str, idle_hibernate_secs: float | None) -> None: ...
+
 
 class ExpiryRows(SandboxReader, Protocol):
-    """The deadline keeper's column."""
+    """The deadline keeper's columns: when, and whether it then hibernates rather than dies."""
 
     def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None: ...
+
+    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None: ...
 
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
@@ -61,7 +65,9 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "checkpoints": s.checkpoints.info() if s.checkpoints else None, "pooled": s.pooled,
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
             "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
-            "disk_quota_mib": s.disk_quota_mib,
+            "disk_quota_mib": s.disk_quota_mib, "idle_hibernate_secs": s.idle_hibernate_secs,
+            "hibernate_on_timeout": s.hibernate_on_timeout,
+            "hibernation": asdict(s.hibernation) if s.hibernation is not None else None,
             "network": s.network.to_json() if s.network is not None else None}
 
 
@@ -89,6 +95,9 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          cgroup_extra=list(meta.get("cgroup_extra") or []),
                          idle_pause_secs=meta.get("idle_pause_secs"),
                          disk_quota_mib=meta.get("disk_quota_mib"),
+                         idle_hibernate_secs=meta.get("idle_hibernate_secs"),
+                         hibernate_on_timeout=bool(meta.get("hibernate_on_timeout")),
+                         hibernation=Hibernation(**meta["hibernation"]) if meta.get("hibernation") else None,
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
 
@@ -123,6 +132,14 @@ class SandboxRows(Table):
     def set_idle_pause(self, sandbox_id: str, idle_pause_secs: float | None) -> None:
         """After how many idle seconds the sandbox is paused (None: never)."""
         self._update_meta(sandbox_id, "idle_pause_secs", idle_pause_secs)
+
+    def set_idle_hibernate(self, sandbox_id: str, idle_hibernate_secs: float | None) -> None:
+        """After how many idle seconds the sandbox is hibernated (None: never)."""
+        self._update_meta(sandbox_id, "idle_hibernate_secs", idle_hibernate_secs)
+
+    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None:
+        """At its deadline the sandbox is hibernated (True) or killed."""
+        self._update_meta(sandbox_id, "hibernate_on_timeout", hibernate)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
         self._update_meta(sandbox_id, "checkpoints", policy.info() if policy else None)

@@ -1,0 +1,132 @@
+"""Hibernation mechanics: a child's changed RAM and device state to files, and back into a new QEMU.
+
+Capture (the VM stopped): the device state alone (``VM.save_devices``: no RAM,
+tens of KB), then the guest pages the child changed since its restore, found in
+its pagemap and compressed (host/memdiff.py). Its RAM is a private mapping of
+its snapshot's ``mem`` file, so everything else *is* that file.
+
+Wake: a new QEMU with the child's own command line (RAM private over the same
+``mem`` file, ``-incoming defer``), exactly as a spawn starts one. Before it
+loads any state, the saved pages are written into its RAM through
+``/proc/<pid>/mem`` (copy-on-write, as the guest's writes were). Then it loads
+the device state through ``migrate-incoming``, and runs.
+
+``migrate-incoming`` wants a migration stream, which begins with a
+*configuration* section (the machine type) that ``xen-save-devices-state`` does
+not write. The stream is the saved file with that section put back: taken from
+the snapshot's own ``state`` file (same machine), without the capability list
+that follows it there, so the new QEMU loads it with ``x-ignore-shared`` off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.errors import VMError
+from forkd.host import memdiff
+from forkd.host.accel import VMConfig
+from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.machine import VM
+from forkd.vmm.process import AgentSockets
+from forkd.vmm.qmp import restore_phases
+
+DEVICES = "devices.state"  # xen-save-devices-state's file
+MEMORY = "memory.diff"  # host/memdiff.py's file
+INCOMING = "incoming.state"  # the stream a wake loads (rebuilt each wake)
+ACTIVE_NODE = "disk0"  # the block node a woken QEMU's active disk layer has (vmm/cmdline.py)
+_QEVM = b"QEVM"
+_SECTION_CONFIGURATION = 0x07
+MAX_MACHINE_NAME = 255
+# A woken guest answers its clock step in well under a second; this only catches a wedged one.
+WAKE_TIMEOUT_SECS = 30.0
+
+
+@dataclass(frozen=True)
+class Captured:
+    pages: int  # guest pages saved
+    memory_bytes: int  # the compressed diff on disk
+    devices_bytes: int
+    stopped_ms: float  # from the stop to everything on disk
+
+
+async def capture(vm: VM, mem_path: Path, into: Path) -> Captured:
+    """Stop ``vm`` and write its device state and changed pages under ``into`` (it stays stopped)."""
+    started = time.monotonic()
+    await vm.save_devices(into / DEVICES)
+    ram = memdiff.RamMapping.find(vm.pid, mem_path, vm.config.mem_mib << 20)
+    runs = ram.changed()
+    size = await asyncio.to_thread(memdiff.save, ram, runs, into / MEMORY)
+    devices = into / DEVICES
+    with open(devices, "rb+") as f:
+        os.fsync(f.fileno())
+    return Captured(memdiff.pages_in(runs), size, devices.stat().st_size,
+                    (time.monotonic() - started) * 1000)
+
+
+def incoming_stream(snapshot_state: Path, devices: Path, out: Path) -> None:
+    """``devices`` as a stream ``migrate-incoming`` loads: the snapshot's configuration section
+    (its machine type) inserted after the header."""
+    with open(snapshot_state, "rb") as f:
+        head = f.read(8 + 1 + 4 + MAX_MACHINE_NAME)
+    if len(head) < 13 or head[:4] != _QEVM or head[8] != _SECTION_CONFIGURATION:
+        raise VMError(f"{snapshot_state} does not start like a QEMU migration stream")
+    (name_len,) = struct.unpack(">I", head[9:13])
+    if not 0 < name_len <= MAX_MACHINE_NAME or len(head) < 13 + name_len:
+        raise VMError(f"{snapshot_state} names no machine type")
+    with open(devices, "rb") as src, open(out, "wb") as dst:
+        header = src.read(8)
+        if len(header) != 8 or header[:4] != _QEVM:
+            raise VMError(f"{devices} is not a QEMU device state")
+        dst.write(header + head[8:13 + name_len])
+        while piece := src.read(1 << 20):
+            dst.write(piece)
+
+
+async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_state: Path, disk: Path,
+               saved: Path, tap: str | None = None, launcher: Sequence[str] = (),
+               timeout: float = 60) -> VM:
+    """A new QEMU in ``run_dir`` running the child hibernated in ``saved``; killed if it fails."""
+    started, started_wall = time.monotonic(), time.time()
+    await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, saved / INCOMING)
+    sockets = AgentSockets.bind(run_dir)
+    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
+                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                      console_log=run_dir / "console.log", incoming=True, tap=tap)
+    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, saved / INCOMING, launcher)
+    try:
+        vm.timings["qemu_up_s"] = time.monotonic() - started
+        ram = memdiff.RamMapping.find(vm.pid, mem_path, config.mem_mib << 20)
+        # A QEMU waiting for its incoming state writes nothing into guest RAM; should one ever,
+        # those pages go back to the file's content unless the diff has them.
+        stray = ram.changed()
+        runs = await asyncio.to_thread(memdiff.load, saved / MEMORY, ram)
+        stray = memdiff.subtract(stray, runs)
+        if stray:
+            await asyncio.to_thread(memdiff.restore_file_pages, ram, stray, mem_path)
+        vm.timings["memory_s"] = time.monotonic() - started
+        with vm.qmp.recording("MIGRATION", "RESUME") as events:
+            await vm.qmp.start_incoming(incoming, x_ignore_shared=False)
+            running = await vm.await_or_exit(vm.qmp.wait_incoming(events, timeout), timeout,
+                                             "the hibernated device state")
+            if not running:
+                await vm.resume()
+            vm.timings.update(restore_phases(events, started_wall))
+        # The guest's clock stood still while it was on disk (nothing was cloned: no reseed).
+        await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5,
+                               "the woken guest agent (clock step)")
+        vm.timings["ready_s"] = time.monotonic() - started
+    except BaseException:
+        await vm.destroy()
+        raise
+    finally:
+        (saved / INCOMING).unlink(missing_ok=True)
+    return vm
+
+
+__all__ = ["ACTIVE_NODE", "DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "incoming_stream", "wake"]
