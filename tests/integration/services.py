@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import shutil
 import signal
 import subprocess
@@ -51,7 +52,9 @@ def s3_server() -> Iterator[S3Server]:
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    s3 = S3Server(f"http://127.0.0.1:{port}")
+    # moto keeps its buckets in this process, shared by every server it runs: a bucket of its
+    # own keeps one module's store from seeing another's (test_travel.py, test_travel_lazy.py).
+    s3 = S3Server(f"http://127.0.0.1:{port}", f"{BUCKET}-{secrets.token_hex(4)}")
     try:
         boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                      region_name="us-east-1").create_bucket(Bucket=s3.bucket)
