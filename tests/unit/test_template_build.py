@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import tarfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from forkd import bounds
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
 from forkd.errors import InvalidRequest, NotFound, TooLarge
+from tests.fakes.runtime import FakeRuntime
 
 
 def test_steps_carry_the_env_workdir_and_user_in_effect() -> None:
@@ -145,3 +150,52 @@ def test_contexts_refuse_escapes_devices_and_size(tmp_path: Path, monkeypatch: p
     with pytest.raises(TooLarge):
         asyncio.run(store.put(_one(_tar({"a": b"x" * 200}))))
     assert list((tmp_path / "ctx").iterdir()) == []  # nothing half-written is left
+
+
+# ------------------------------------------------------------------ the routes, on the fake runtime
+
+TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, FakeRuntime]]:
+    (tmp_path / "token").write_text(TOKEN)
+    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
+                        audit_log=tmp_path / "audit.log", max_body_bytes=4096)
+    fake = FakeRuntime()
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False,
+                    headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c, fake
+
+
+def test_the_routes_upload_a_context_and_stream_a_build(client: tuple[TestClient, FakeRuntime]) -> None:
+    c, fake = client
+    tar = _tar({"app/a.py": b"x" * 10_000})  # over max_body_bytes: the upload streams past it
+    resp = c.put("/v1/templates/contexts", content=tar, headers={"Content-Type": "application/x-tar"})
+    assert resp.status_code == 200, resp.text
+    digest = resp.json()["context"]
+    body = {"tag": "web", "context": digest, "dockerfile": "FROM default\nCOPY app /app\nRUN true\nENV A=1"}
+    lines = [json.loads(line) for line in c.post("/v1/templates", json=body).iter_lines() if line]
+    assert [e["type"] for e in lines] == ["plan", "step", "step", "done"]
+    assert lines[-1]["env"] == {"A": "1"} and "web" in fake.snapshots
+    again = [json.loads(line) for line in c.post("/v1/templates", json={**body, "replace": True}).iter_lines()
+             if line]
+    assert again[-1]["cache_hits"] == 2
+
+
+def test_the_routes_refuse_up_front(client: tuple[TestClient, FakeRuntime]) -> None:
+    c, fake = client
+    fake.add_snapshot("web")
+    bad = c.post("/v1/templates", json={"tag": "x", "dockerfile": "FROM default\nSHELL [\"a\"]"})
+    assert bad.status_code == 400 and "line 2" in bad.json()["error"]
+    taken = c.post("/v1/templates", json={"tag": "web", "dockerfile": "FROM default"})
+    assert taken.status_code == 409, taken.text
+    unknown = c.post("/v1/templates", json={"tag": "x", "dockerfile": "FROM default", "squash": True})
+    assert unknown.status_code == 400
+
+
+def test_the_guest_path_matches_the_agent() -> None:
+    from forkd.controller.dockerfile import GUEST_PATH
+    from forkd.guest.agent.setup import DEFAULT_PATH
+
+    assert GUEST_PATH == DEFAULT_PATH

@@ -115,7 +115,8 @@ class BuildContexts:
                 else:
                     member.name = name
                     dst.addfile(member)
-                entries.append((name, f"{member.type!r}:{member.mode:o}:{member.linkname}:{content.hexdigest()}"))
+                what = f"{member.type!r}:{member.mode:o}:{member.linkname}:{content.hexdigest()}"
+                entries.append((name, what))
         missing = [w for w, hit in found.items() if not hit]
         if missing:
             raise InvalidRequest(f"COPY source {missing[0]!r} is not in the build context")

@@ -32,6 +32,7 @@ from forkd.errors import InvalidRequest
 SKIPPED = frozenset({"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "STOPSIGNAL", "HEALTHCHECK",
                      "MAINTAINER"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_CHOWN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?")
 _GLOB = re.compile(r"[*?\[]")
 # The guest agent's PATH (guest/agent/setup.py), which every exec inherits: what ``$PATH`` in an
 # ENV means, as an image's own PATH does in Docker.
@@ -235,11 +236,10 @@ def _copy(inst: DockerfileInstruction, state: _State, escape: str) -> Copy:
     if flags.get("chmod") and not re.fullmatch(r"[0-7]{3,4}", flags["chmod"]):
         raise InvalidRequest(f"line {line}: --chmod takes an octal mode")
     chown = flags.get("chown") or None
-    if chown is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?",
-                                              chown):
+    if chown is not None and not _CHOWN.fullmatch(chown):
         raise InvalidRequest(f"line {line}: --chown takes user[:group]")
     into_dir = dest.endswith("/") or len(sources) > 1
     absolute = posixpath.normpath(posixpath.join(state.workdir, dest))
-    return Copy(tuple(_context_path(s, line) for s in sources), absolute + ("/" if into_dir and absolute != "/"
-                                                                             else ""),
-                chown, flags.get("chmod") or None, inst.original[:500])
+    dest = absolute + "/" if into_dir and absolute != "/" else absolute
+    return Copy(tuple(_context_path(s, line) for s in sources), dest, chown, flags.get("chmod") or None,
+                inst.original[:500])

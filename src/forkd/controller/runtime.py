@@ -60,7 +60,7 @@ from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
 from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
-from forkd.controller.template_build import TemplateBuilds
+from forkd.controller.template_build import BuildRequest, TemplateBuilds
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
@@ -85,7 +85,8 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "SpawnOptions",
+    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec",
+    "SpawnOptions",
     "WatchBatch", "WatchEvent", "offline_travel",
 ]
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from forkd import bounds
+from forkd.config import DataDir
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import BuildPlan, Copy, Run, Step, parse, step_canonical
 from forkd.controller.options import SpawnOptions
@@ -48,7 +49,6 @@ from forkd.controller.templates import SnapshotSpec, TemplateBuilder
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.host.egress import EgressPolicy
 from forkd.image.builder import load_image
-from forkd.config import DataDir
 from forkd.store.records import SandboxRecord, SnapshotRecord
 
 KEY_VERSION = "forkd-template-layer-1"
@@ -69,7 +69,8 @@ tar -xf "$tar_" -C "$t" --no-same-owner
 for s in "$@"; do
   p="$t/$s"
   case "$dest" in
-    */) mkdir -p "$dest"; if [ -d "$p" ] && [ ! -L "$p" ]; then cp -a "$p/." "$dest"; else cp -a "$p" "$dest"; fi ;;
+    */) mkdir -p "$dest"
+        if [ -d "$p" ] && [ ! -L "$p" ]; then cp -a "$p/." "$dest"; else cp -a "$p" "$dest"; fi ;;
     *) if [ -d "$p" ] && [ ! -L "$p" ]; then mkdir -p "$dest"; cp -a "$p/." "$dest/"
        else mkdir -p "$(dirname "$dest")"; cp -a "$p" "$dest"; fi ;;
   esac
@@ -91,7 +92,8 @@ class BuildHost(Protocol):
     @property
     def files(self) -> Any: ...
     def get_snapshot(self, tag: str) -> SnapshotRecord: ...
-    async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[SandboxRecord]: ...
+    async def spawn(self, tag: str, n: int = 1,
+                    options: SpawnOptions | None = None) -> list[SandboxRecord]: ...
     async def exec(self, sandbox_id: str, args: list[str], timeout_secs: float = 30,
                    env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
                    max_output_bytes: int | None = None, user: str | None = None) -> dict[str, Any]: ...
@@ -202,7 +204,8 @@ class TemplateBuilds:
         except NotFound:
             return False
 
-    def _plan_layers(self, req: BuildRequest, plan: BuildPlan, spec: SnapshotSpec, tmp: Path) -> tuple[str, list[_Layer]]:
+    def _plan_layers(self, req: BuildRequest, plan: BuildPlan, spec: SnapshotSpec,
+                     tmp: Path) -> tuple[str, list[_Layer]]:
         image = load_image(self._data, plan.base)
         key = base_key(image.key, spec)
         base = key
@@ -229,7 +232,8 @@ class TemplateBuilds:
             start -= 1
         base_tag = layer_tag(base)
         if start == 0 and not self._exists(base_tag):
-            emit({"type": "step", "index": 0, "of": len(layers), "text": f"FROM {plan.base}", "cached": False})
+            emit({"type": "step", "index": 0, "of": len(layers), "text": f"FROM {plan.base}",
+                  "cached": False})
             spec.tag = base_tag
 
             def progress(message: str, fraction: float) -> None:
@@ -265,7 +269,7 @@ class TemplateBuilds:
         finally:
             await self._host.kill(sandbox)
         report = BuildReport(record, cache_hits=start, steps_run=len(layers) - start,
-                             layers=[base_tag] + [layer_tag(l.key) for l in layers], env=plan.env,
+                             layers=[base_tag] + [layer_tag(layer.key) for layer in layers], env=plan.env,
                              workdir=plan.workdir, user=plan.user)
         emit({"type": "done", **report.info()})
         return report

@@ -5,6 +5,7 @@ importable from here, as it was when this was one module."""
 from __future__ import annotations
 
 from forkd.api.schemas.common import (
+    DIGEST_PATTERN,
     EGRESS_ENTRY_HELP,
     ENV_NAME_PATTERN,
     GUEST_PATH_PATTERN,
@@ -66,9 +67,11 @@ from forkd.api.schemas.requests import (
     SpawnRequest,
     StdinRequest,
     SuspendWorkspaceRequest,
+    TemplateBuildRequest,
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
+    BuildContextInfo,
     CancelEvalResponse,
     CheckpointList,
     CheckpointPolicy,
@@ -100,6 +103,7 @@ from forkd.api.schemas.responses import (
 
 __all__ = [
     "BASE64_PATTERN",
+    "DIGEST_PATTERN",
     "EGRESS_ENTRY_HELP",
     "ENV_NAME_PATTERN",
     "GUEST_PATH_PATTERN",
@@ -116,6 +120,7 @@ __all__ = [
     "TREE_ID_PATTERN",
     "BranchMode",
     "BranchRequest",
+    "BuildContextInfo",
     "CString",
     "CancelEvalResponse",
     "CheckpointList",
@@ -183,6 +188,7 @@ __all__ = [
     "StdinResponse",
     "SuspendWorkspaceRequest",
     "Tag",
+    "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
     "WorkspaceInfo",

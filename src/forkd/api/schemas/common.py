@@ -21,6 +21,7 @@ from forkd.host.egress import ENTRY_PATTERN, Destination
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"  # a sha256 in hex: a build context (controller/build_contexts.py)
 TREE_ID_PATTERN = r"^ft-[0-9a-f]{12}$"  # controller/forks.py: f"ft-{secrets.token_hex(6)}"
 SANDBOX_ID_PATTERN = bounds.SANDBOX_ID_RE.pattern
 TAP_PATTERN = bounds.TAP_RE.pattern
