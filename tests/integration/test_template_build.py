@@ -5,6 +5,9 @@ that changes only the last step runs only that step (the build's own cache repor
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +17,10 @@ import pytest
 
 from forkd.controller.runtime import Runtime
 from forkd.controller.template_build import BuildRequest
+from forkd.sdk import Controller
 
 from .conftest import Loop
+from .daemon_fixture import FORKD, new_daemon, shutdown_and_check
 
 pytestmark = pytest.mark.vm
 
@@ -94,3 +99,35 @@ def test_dockerfile_build_then_rebuild_of_the_last_step(loop: Loop, runtime: Run
     # The same Dockerfile again: every step is a cache hit.
     third, _ = build(loop, runtime, "tpl-b", context, "echo two > last.txt")
     assert third["cache_hits"] == 3 and third["steps_run"] == 0, third
+
+
+def test_forkd_template_build_through_a_daemon(tmp_path: Path) -> None:
+    """The CLI end to end: the context directory sent as a tar (``.dockerignore`` applied), the
+    build's NDJSON, and a child of the new snapshot seeing what COPY and RUN made."""
+    ctx = tmp_path / "ctx"
+    (ctx / "site").mkdir(parents=True)
+    (ctx / "site" / "index.html").write_text("<h1>hi</h1>\n")
+    (ctx / "secret.key").write_text("not sent\n")
+    (ctx / ".dockerignore").write_text("*.key\n")
+    (ctx / "Dockerfile").write_text("FROM default\nCOPY site /srv/www/\nENV PORT=8080\n"
+                                    "RUN ls /srv/www > /srv/listing.txt\nCMD [\"serve\"]\n")
+    daemon = new_daemon("fkd-tpl-").start()
+    try:
+        env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
+        env.pop("FORKD_TOKEN_FILE", None)
+        out = subprocess.run([str(FORKD), "template", "build", "-t", "www", "--json", str(ctx)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr + out.stdout
+        events = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        assert events[0]["type"] == "plan" and "CMD is skipped" in events[0]["warnings"][0]
+        assert events[-1]["type"] == "done" and events[-1]["steps_run"] == 2
+        ctl = Controller(daemon.url, daemon.token)
+        [child] = ctl.spawn_sandboxes("www")
+        res = ctl.exec(child["id"], "cat /srv/listing.txt; echo $PORT; ls /srv/www")
+        assert res["stdout"] == "index.html\n8080\nindex.html\n", res  # secret.key was never sent
+        ctl.kill_sandbox(child["id"])
+        failed = subprocess.run([str(FORKD), "template", "build", "-t", "www", str(ctx)], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode != 0 and "already exists" in failed.stderr + failed.stdout
+    finally:
+        shutdown_and_check(daemon)
