@@ -95,6 +95,8 @@ MAX_BUILD_ARGS = 64
 MAX_BUILD_CONTEXT_BYTES = 512 * 1024 * 1024
 MAX_BUILD_CONTEXT_MEMBERS = 100_000
 MAX_BUILD_CONTEXTS = 64  # kept on the host at once; the oldest is dropped first
+# The tags of a build's cached layers (controller/template_build.py): ``layer-`` and 20 hex digits.
+TEMPLATE_LAYER_PREFIX = "layer-"
 
 # --- sandboxes
 SPAWN_N = Range("n", 1, 1000, integer=True)

@@ -199,3 +199,45 @@ def test_the_guest_path_matches_the_agent() -> None:
     from forkd.guest.agent.setup import DEFAULT_PATH
 
     assert GUEST_PATH == DEFAULT_PATH
+
+
+def test_from_a_snapshot() -> None:
+    assert parse("FROM snapshot:py\nRUN true").base == "snapshot:py"
+    with pytest.raises(InvalidRequest, match="forkd image name"):
+        parse("FROM snapshot:../x")
+
+
+# ------------------------------------------------------------------ E2B's steps as a Dockerfile
+
+def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
+    from forkd.api.e2b.templates import E2BTemplates, TemplateError
+
+    e2b = E2BTemplates(lambda: FakeRuntime())  # type: ignore[arg-type, return-value]
+    files_hash = "a" * 64
+    upload = tmp_path / "up.tar"
+    upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))
+    e2b._files[files_hash] = upload
+    text, uploads, names = e2b._dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
+        {"type": "COPY", "args": ["folder/*", "folder", "user", "0755"], "filesHash": files_hash},
+        {"type": "ENV", "args": ["A", 'x "y" $z', "B", "2"]},
+        {"type": "RUN", "args": ["apt-get update && echo 'hi'", "root"]},
+        {"type": "WORKDIR", "args": ["/app"]},
+        {"type": "RUN", "args": ["pwd"]},
+    ]})
+    plan = parse(text)
+    assert plan.base == "default" and uploads == [files_hash]
+    copy, root_run, run = plan.steps
+    assert isinstance(copy, Copy) and copy.sources == ("folder/a.txt", "folder/b.txt", "folder/sub")
+    assert copy.dest == "/home/user/folder/" and copy.chown == "user" and copy.chmod == "0755"
+    assert isinstance(root_run, Run) and root_run.user is None and root_run.workdir == "/home/user"
+    assert root_run.argv == ("/bin/bash", "-c", "apt-get update && echo 'hi'")
+    assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
+    assert plan.env == {"A": 'x "y" $z', "B": "2"}
+    assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
+    for bad, message in [({"fromImage": "ubuntu:22.04"}, "not a forkd image"),
+                         ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
+                         ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
+                          "not uploaded"),
+                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break")]:
+        with pytest.raises(TemplateError, match=message):
+            e2b._dockerfile(bad)

@@ -7,7 +7,8 @@ following RUN and COPY steps carry (their environment, working directory and
 user). A step is therefore complete on its own, and its canonical form is what
 the layer cache hashes (controller/template_build.py).
 
-Supported: one ``FROM`` (a forkd image name; ``forkd/`` prefix allowed), ``RUN``
+Supported: one ``FROM`` (a forkd image name, ``forkd/`` prefix allowed; or ``snapshot:TAG``,
+a registered snapshot), ``RUN``
 (shell and exec forms), ``COPY``/``ADD`` (from the build context, ``--chown``,
 ``--chmod``), ``ENV``, ``ARG``, ``WORKDIR`` and ``USER``. Instructions that only
 describe how a container starts (``CMD``, ``ENTRYPOINT``, ``EXPOSE``, ``LABEL``,
@@ -75,7 +76,7 @@ Step = Run | Copy
 
 @dataclass
 class BuildPlan:
-    base: str  # a forkd image name
+    base: str  # a forkd image name, or with ``snapshot:`` a registered snapshot's tag
     steps: list[Step] = field(default_factory=list)
     # What the last instruction left: the defaults the template's sandboxes start with.
     env: dict[str, str] = field(default_factory=dict)  # ENV only (ARG values are build-time)
@@ -89,7 +90,12 @@ def step_canonical(step: Step) -> str:
     return json.dumps(step.canonical(), sort_keys=True, separators=(",", ":"))
 
 
+SNAPSHOT_BASE = "snapshot:"
+
+
 def _image_name(ref: str) -> str:
+    if ref.startswith(SNAPSHOT_BASE) and bounds.TAG_RE.match(ref.removeprefix(SNAPSHOT_BASE)):
+        return ref  # an existing snapshot: the build starts from a child of it, no boot
     name = ref.removeprefix("forkd/")
     if ":" in name or "@" in name or "/" in name or not bounds.TAG_RE.match(name):
         raise InvalidRequest(f"FROM {ref!r}: only a forkd image name (e.g. default, forkd/default) can be "

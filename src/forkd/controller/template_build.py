@@ -9,7 +9,9 @@ covers the image (its content key), memory, vCPUs and NIC.
 Layers are snapshots tagged ``layer-<key>`` (its first 20 hex digits):
 
 * the base layer is a template booted from the image (``TemplateBuilder``:
-  booted, warm imports done, Jupyter kernel warmed where the image has one);
+  booted, warm imports done, Jupyter kernel warmed where the image has one),
+  or, for ``FROM snapshot:TAG``, that snapshot itself (keyed by its tag and
+  when it was made; its memory, vCPUs and NIC are its own);
 * a step's layer is a BRANCH of a build sandbox (a child of the layer before)
   right after the step ran in it.
 
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.build_contexts import BuildContexts
-from forkd.controller.dockerfile import BuildPlan, Copy, Run, Step, parse, step_canonical
+from forkd.controller.dockerfile import SNAPSHOT_BASE, BuildPlan, Copy, Run, Step, parse, step_canonical
 from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvents
 from forkd.controller.templates import SnapshotSpec, TemplateBuilder
@@ -52,8 +54,9 @@ from forkd.image.builder import load_image
 from forkd.store.records import SandboxRecord, SnapshotRecord
 
 KEY_VERSION = "forkd-template-layer-1"
-LAYER_PREFIX = "layer-"
+LAYER_PREFIX = bounds.TEMPLATE_LAYER_PREFIX
 PROFILE = "/etc/profile.d/forkd-template.sh"
+MAX_COMMAND_CHARS = 64 * 1024
 # A build sandbox outlives a daemon that crashed mid-build by at most this (the reaper kills it).
 BUILD_SANDBOX_SECS = 6 * 3600.0
 # The COPY step's shell: unpack the step's own tar, apply --chown/--chmod there (so only copied
@@ -119,6 +122,14 @@ class BuildRequest:
     replace: bool = False  # an existing snapshot under ``tag`` is deleted once the build has succeeded
     step_timeout_secs: float = 1800.0
     boot_wait_secs: float = 180.0
+    # Steps from this index (0-based) on neither come from nor go to the layer cache (a forced
+    # rebuild: 0); None: every step is cached. The base layer is always reused.
+    cache_from: int | None = None
+    # Started in the background (``bash -l -c``, as the last USER, in the last WORKDIR) before the
+    # snapshot, so every child starts with it running; ``ready_cmd`` is retried until it exits 0.
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    ready_timeout_secs: float = 300.0
 
 
 @dataclass
@@ -180,17 +191,24 @@ class TemplateBuilds:
         return {"context": digest, "bytes": self.contexts.path(digest).stat().st_size}
 
     async def build(self, req: BuildRequest, emit: Emit = _ignore) -> BuildReport:
-        bounds.TAG_RE.match(req.tag) or _bad(f"invalid tag {req.tag[:80]!r}")
+        if not bounds.TAG_RE.match(req.tag):
+            raise InvalidRequest(f"invalid tag {req.tag[:80]!r}")
         bounds.EXEC_TIMEOUT_SECS.check(req.step_timeout_secs)
+        bounds.EXEC_TIMEOUT_SECS.check(req.ready_timeout_secs)
+        for cmd in (req.start_cmd, req.ready_cmd):
+            if cmd is not None and (len(cmd) > MAX_COMMAND_CHARS or "\0" in cmd):
+                raise InvalidRequest(f"a start or ready command is at most {MAX_COMMAND_CHARS} characters, "
+                                     "without NUL")
         plan = parse(req.dockerfile, req.build_args)
-        spec = SnapshotSpec(tag="", image=plan.base, nic=req.nic, egress=EgressPolicy(),
-                            boot_wait_secs=req.boot_wait_secs)
+        on_snapshot = plan.base.startswith(SNAPSHOT_BASE)  # its machine is its own: no spec applies
+        spec = SnapshotSpec(tag="", image="" if on_snapshot else plan.base, nic=req.nic,
+                            egress=EgressPolicy(), boot_wait_secs=req.boot_wait_secs)
         if req.mem_mib is not None:
             spec.mem_mib = req.mem_mib
         if req.vcpus is not None:
             spec.vcpus = req.vcpus
         spec.validate()
-        if not req.egress.is_default and spec.nic_tap is None:
+        if not req.egress.is_default and spec.nic_tap is None and not on_snapshot:
             raise InvalidRequest("a build's allow_internet_access and network need \"nic\": true")
         if not req.replace and self._exists(req.tag):
             raise Conflict(f"snapshot {req.tag!r} already exists (pass replace to rebuild it)")
@@ -206,8 +224,12 @@ class TemplateBuilds:
 
     def _plan_layers(self, req: BuildRequest, plan: BuildPlan, spec: SnapshotSpec,
                      tmp: Path) -> tuple[str, list[_Layer]]:
-        image = load_image(self._data, plan.base)
-        key = base_key(image.key, spec)
+        if plan.base.startswith(SNAPSHOT_BASE):
+            # Built on a snapshot as it is now: its tag and its making are the key.
+            record = self._host.get_snapshot(plan.base.removeprefix(SNAPSHOT_BASE))
+            key = _digest(KEY_VERSION, "snapshot", record.tag, str(record.created_at_unix), record.dir)
+        else:
+            key = base_key(load_image(self._data, plan.base).key, spec)
         base = key
         layers: list[_Layer] = []
         for i, step in enumerate(plan.steps):
@@ -228,9 +250,12 @@ class TemplateBuilds:
         emit({"type": "plan", "base": plan.base, "steps": len(layers), "warnings": plan.warnings})
         # The deepest layer that exists already: everything up to it is a cache hit.
         start = len(layers)
+        cache_from = len(layers) if req.cache_from is None else max(0, min(req.cache_from, len(layers)))
+        start = cache_from
         while start > 0 and not self._exists(layer_tag(layers[start - 1].key)):
             start -= 1
-        base_tag = layer_tag(base)
+        snapshot_base = plan.base.startswith(SNAPSHOT_BASE)
+        base_tag = plan.base.removeprefix(SNAPSHOT_BASE) if snapshot_base else layer_tag(base)
         if start == 0 and not self._exists(base_tag):
             emit({"type": "step", "index": 0, "of": len(layers), "text": f"FROM {plan.base}",
                   "cached": False})
@@ -259,8 +284,11 @@ class TemplateBuilds:
                 else:
                     assert layer.copy_tar is not None
                     await self._copy(sandbox, i + 1, layer.step, layer.copy_tar, req.step_timeout_secs)
-                await self._host.branch(sandbox, layer_tag(layer.key))
+                if i < cache_from:
+                    await self._host.branch(sandbox, layer_tag(layer.key))
             await self._apply_defaults(sandbox, plan)
+            if req.start_cmd:
+                await self._start(sandbox, req, plan, emit)
             if req.replace and self._exists(req.tag):
                 emit({"type": "log", "index": len(layers), "stream": "status",
                       "data": f"replacing snapshot {req.tag}"})
@@ -310,6 +338,29 @@ class TemplateBuilds:
         await self._checked(sandbox, ["/bin/sh", "-c", _COPY_SH, "copy", guest_tar, step.dest,
                                       step.chown or "", step.chmod or "", *step.sources], timeout, step.text)
 
+    async def _start(self, sandbox: str, req: BuildRequest, plan: BuildPlan, emit: Emit) -> None:
+        """The start command, left running in the snapshot, once its ready command succeeds."""
+        assert req.start_cmd is not None
+        index = len(plan.steps) + 1
+        emit({"type": "log", "index": index, "stream": "status", "data": f"starting: {req.start_cmd[:200]}"})
+        await self._host.processes.start(sandbox, ["/bin/bash", "-l", "-c", req.start_cmd], cwd=plan.workdir,
+                                         user=plan.user, tag="start_cmd")
+        if not req.ready_cmd:
+            return
+        deadline = asyncio.get_running_loop().time() + req.ready_timeout_secs
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise InvalidRequest(f"ready command {req.ready_cmd[:200]!r} did not succeed within "
+                                     f"{req.ready_timeout_secs:g} s")
+            res = await self._host.exec(sandbox, ["/bin/bash", "-l", "-c", req.ready_cmd],
+                                        timeout_secs=max(1.0, left), cwd=plan.workdir, user=plan.user,
+                                        max_output_bytes=64 * 1024)
+            if res.get("exit_code") == 0:
+                emit({"type": "log", "index": index, "stream": "status", "data": "ready"})
+                return
+            await asyncio.sleep(1.0)
+
     async def _checked(self, sandbox: str, argv: list[str], timeout: float, what: str) -> None:
         res = await self._host.exec(sandbox, argv, timeout_secs=timeout, max_output_bytes=64 * 1024)
         if res.get("exit_code") != 0:
@@ -330,6 +381,3 @@ class TemplateBuilds:
         if res.get("exit_code") != 0:
             raise InvalidRequest(f"applying ENV and WORKDIR in PID 1 failed: {res.get('error')}")
 
-
-def _bad(message: str) -> bool:
-    raise InvalidRequest(message)

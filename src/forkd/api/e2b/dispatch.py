@@ -22,6 +22,7 @@ from forkd.api.e2b.control import create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
 from forkd.api.e2b.errors import CONNECT_CODE
 from forkd.api.e2b.paths import is_control_path, is_e2b_request, is_sandbox_request
+from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
 
@@ -58,7 +59,7 @@ class E2BDispatch:
                  api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int) -> None:
         self.app = app
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
-                                               max_body_bytes, shape=_rest_shape)
+                                               max_body_bytes, exempt=template_uploads, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)
