@@ -5,6 +5,7 @@ A second build that changes only the last command reuses the cached layers."""
 import os
 import sys
 import tempfile
+import uuid
 
 from e2b import Sandbox, Template
 
@@ -29,8 +30,9 @@ def template(last: str) -> object:
     )
 
 
+run = uuid.uuid4().hex[:8]  # the last step is new in each run of this program, so it runs
 logs = []
-info = Template.build(template("echo first > last.txt"), "compat-template", cpu_count=1, memory_mb=512,
+info = Template.build(template(f"echo first {run} > last.txt"), "compat-template", cpu_count=1, memory_mb=512,
                       on_build_logs=lambda entry: logs.append(entry.message))
 assert info.template_id == "compat-template", info
 assert any("cat app/hello.txt" in m for m in logs), logs
@@ -38,20 +40,20 @@ assert any("cat app/hello.txt" in m for m in logs), logs
 sbx = Sandbox.create("compat-template", timeout=300)
 try:
     assert sbx.files.read("/home/user/from-run.txt") == "copied from the build context\nuser\n"
-    assert sbx.files.read("/home/user/last.txt") == "first\n"
+    assert sbx.files.read("/home/user/last.txt") == f"first {run}\n"
     out = sbx.commands.run('echo "$APP_MODE" && $TOOLS/tool.sh && pwd')
     assert out.stdout == "test\ntool ran\n/home/user\n", out.stdout
 finally:
     sbx.kill()
 
 logs.clear()
-Template.build(template("echo second > last.txt"), "compat-template", cpu_count=1, memory_mb=512,
+Template.build(template(f"echo second {run} > last.txt"), "compat-template", cpu_count=1, memory_mb=512,
                on_build_logs=lambda entry: logs.append(entry.message))
 cached = [m for m in logs if m.endswith("(cached)")]
 assert len(cached) == 4, logs  # FROM, the copy and two run_cmds: only the last one ran
 sbx = Sandbox.create("compat-template", timeout=300)
 try:
-    assert sbx.files.read("/home/user/last.txt") == "second\n"
+    assert sbx.files.read("/home/user/last.txt") == f"second {run}\n"
 finally:
     sbx.kill()
 
