@@ -330,9 +330,11 @@ class E2BTemplates:
 
         def emit(event: dict[str, Any]) -> None:
             kind = event.get("type")
+            index = int(event.get("index", 0))
+            # The SDK's step names: "base", an instruction's number, "finalize" (the start command).
+            if kind in ("step", "log"):
+                current["step"] = "base" if index == 0 else step_names.get(index, "finalize")
             if kind == "step":
-                index = int(event.get("index", 0))
-                current["step"] = "base" if index == 0 else step_names.get(index, str(index))
                 cached = " (cached)" if event.get("cached") else ""
                 build.log(f"[{index}/{event.get('of')}] {event.get('text')}{cached}", step=current["step"])
             elif kind == "log":
