@@ -1000,7 +1000,8 @@ class FakeBuilds:
         from forkd.controller.dockerfile import parse, step_canonical
 
         self._rt._call("build_template", req.tag)
-        plan = parse(req.dockerfile, req.build_args)
+        # The real parse and its 400s; the fuzzer (``permissive``) sends any text, as for spawn's checks.
+        plan = parse("FROM default" if self._rt.permissive else req.dockerfile, req.build_args)
         if req.tag in self._rt.snapshots and not req.replace:
             raise Conflict(f"snapshot {req.tag!r} already exists (pass replace to rebuild it)")
         if req.context is not None and req.context not in self.contexts:

@@ -146,10 +146,14 @@ def test_contexts_refuse_escapes_devices_and_size(tmp_path: Path, monkeypatch: p
         asyncio.run(store.put(_one(_tar({}, dev))))
     with pytest.raises(InvalidRequest, match="not a tar"):
         asyncio.run(store.put(_one(b"not a tar" * 100)))
+    empty = asyncio.run(store.put(_one(b"")))  # an empty context: a build that copies nothing
+    assert store.path(empty).stat().st_size == 0
+    with pytest.raises(InvalidRequest, match="is empty"):
+        store.select(empty, ("a",), tmp_path / "none.tar")
     monkeypatch.setattr(bounds, "MAX_BUILD_CONTEXT_BYTES", 100)
     with pytest.raises(TooLarge):
         asyncio.run(store.put(_one(_tar({"a": b"x" * 200}))))
-    assert list((tmp_path / "ctx").iterdir()) == []  # nothing half-written is left
+    assert [p.name for p in (tmp_path / "ctx").iterdir()] == [f"{empty}.tar"]  # nothing half-written
 
 
 # ------------------------------------------------------------------ the routes, on the fake runtime

@@ -5731,7 +5731,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/x-tar": string;
+                "application/octet-stream": string;
             };
         };
         responses: {

@@ -50,11 +50,13 @@ def streams_body(scope: Scope) -> bool:
     summary="Upload a build context (a tar of the files COPY may name), streamed",
     responses={413: _err("The tar is over 512 MiB.")},
     openapi_extra={"requestBody": {"required": True, "content": {
-        "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
 )
 async def put_context(request: Request, rt: Runtime) -> dict[str, Any]:
     from forkd import bounds
 
+    if "content-type" not in request.headers:  # no body was sent (an empty one is an empty context)
+        raise InvalidRequest("send the build context as the body (Content-Type: application/x-tar)")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():

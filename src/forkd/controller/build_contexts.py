@@ -67,7 +67,8 @@ class BuildContexts:
                         raise TooLarge(f"a build context is at most {bounds.MAX_BUILD_CONTEXT_BYTES} bytes")
                     sha.update(chunk)
                     out.write(chunk)
-            self._check(Path(tmp))
+            if size:  # an empty body is an empty context: a build that copies nothing
+                self._check(Path(tmp))
             digest = sha.hexdigest()
             os.replace(tmp, self._root / f"{digest}.tar")
             self._prune(keep=digest)
@@ -99,6 +100,8 @@ class BuildContexts:
         wanted = [s.rstrip("/") for s in sources]
         found = dict.fromkeys(wanted, False)
         entries: list[tuple[str, str]] = []
+        if self.path(digest).stat().st_size == 0:
+            raise InvalidRequest(f"COPY source {wanted[0]!r} is not in the build context (it is empty)")
         with tarfile.open(self.path(digest), "r:") as src, tarfile.open(out, "w:") as dst:
             for member in src:
                 name = _member_name(member)

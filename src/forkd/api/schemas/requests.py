@@ -28,6 +28,7 @@ from forkd.api.schemas.common import (
     TAP_PATTERN,
     TREE_ID_PATTERN,
     BranchMode,
+    BuildArgs,
     CpuLimit,
     CString,
     DiskQuotaMib,
@@ -450,7 +451,7 @@ class TemplateBuildRequest(RequestModel):
     context: Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)] | None = Field(
         None, description="The build context COPY reads: the digest PUT /v1/templates/contexts answered.",
     )
-    build_args: EnvMap = Field(default_factory=dict, description="Values of the Dockerfile's ARGs.")
+    build_args: BuildArgs = Field(default_factory=dict, description="Values of the Dockerfile's ARGs.")
     mem_mib: JSONInt = Field(DEFAULT_MEM_MIB, **bounds.MEM_MIB.field_kwargs(),
                              description="Guest RAM in MiB.")
     vcpus: JSONInt = Field(DEFAULT_VCPUS, **bounds.VCPUS.field_kwargs(), description="Guest vCPUs.")
