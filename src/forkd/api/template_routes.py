@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Scope
 
+from forkd import bounds
 from forkd.api.file_routes import streamed_body
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, TOO_LARGE, Runtime
 from forkd.api.schemas import BuildContextInfo, ErrorBody, TemplateBuildRequest
@@ -53,8 +54,6 @@ def streams_body(scope: Scope) -> bool:
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
 )
 async def put_context(request: Request, rt: Runtime) -> dict[str, Any]:
-    from forkd import bounds
-
     if "content-type" not in request.headers:  # no body was sent (an empty one is an empty context)
         raise InvalidRequest("send the build context as the body (Content-Type: application/x-tar)")
     declared = request.headers.get("content-length")
