@@ -132,7 +132,9 @@ def build(
             mark = "[dim]cached[/]" if event.get("cached") else "[yellow]run[/]"
             output.console.print(f"[bold]step {event.get('index')}/{event.get('of')}[/] {mark} "
                                  f"{escape(str(event.get('text')))}")
-        elif kind == "log":
+        elif kind == "log" and event.get("stream") == "status":  # the daemon's own progress lines
+            output.console.print(f"  {escape(str(event.get('data', '')))}", style="dim")
+        elif kind == "log":  # the step's output, as it came (its own line breaks)
             output.console.print(escape(str(event.get("data", ""))), end="", style="dim")
         elif kind == "plan":
             for warning in event.get("warnings") or []:
