@@ -13,6 +13,13 @@ disk and loopback HTTP, not a network. Recorded:
   (content-addressed: nothing to send);
 * pull into a fresh data dir, and a spawn there of a tag that is only in the
   store (fetched by the spawn itself) until its child answers.
+* side by side, each in a fresh data dir and each until the child answers an
+  eval that reads inherited memory (the sum of a 64 MiB numpy array made
+  before the snapshot, so no lazily missing page can hide): **eager** (the
+  whole chain pulled, then the spawn), **lazy** (the spawn starts once the
+  small parts are here, memory arriving through FUSE as it is touched), and
+  **local** (the next spawn, everything here); with the bytes fetched from the
+  store before the first answer.
 
 Each fresh data dir starts with this host's accelerator probe result (probed
 once first if it never was, and that time reported as ``accel_probe_s``), as a
@@ -63,7 +70,14 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPARED = [("pack_s", "pack (s)"), ("archive_mib", "archive (MiB)"), ("unpack_s", "unpack (s)"),
             ("unpack_mib_per_s", "unpack (MiB/s of archive)"), ("push_s", "push (s)"),
             ("pull_s", "pull (s)"), ("pull_mib", "pulled (MiB)"), ("pull_mib_per_s", "pull (MiB/s)"),
-            ("spawn_from_store_s", "spawn from the store (s)"), ("spawn_after_s", "next spawn (s)")]
+            ("spawn_from_store_s", "spawn from the store (s)"), ("spawn_after_s", "next spawn (s)"),
+            ("eager_to_answer_s", "eager pull+spawn to eval (s)"),
+            ("lazy_to_answer_s", "lazy spawn to eval (s)"),
+            ("local_to_answer_s", "local spawn to eval (s)"), ("eager_fetched_mib", "eager: fetched (MiB)"),
+            ("lazy_fetched_mib", "lazy: fetched before answer (MiB)")]
+ARRAY = "import numpy as np; arr = np.arange(8 << 20, dtype=np.int64)"  # 64 MiB, made before the snapshot
+READ_IT = "int(arr.sum())"  # touches every page of it
+EXPECTED = str((8 << 20) * ((8 << 20) - 1) // 2)
 
 
 def rchar() -> int:
@@ -92,6 +106,8 @@ async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, 
         for i in range(depth):
             [sb] = await src.spawn(tag)
             await src.eval(sb.id, "exec('import os; ballast = os.urandom(32 << 20)')")
+            if i == 0:
+                await src.eval(sb.id, f"exec({ARRAY!r})")
             await src.branch(sb.id, f"bt-b{i + 1}", mode="diff")
             await src.kill(sb.id)
             tag = f"bt-b{i + 1}"
@@ -127,12 +143,48 @@ async def run(mem_mib: int, depth: int, store: str, workdir: Path) -> dict[str, 
         await fresh.ping(child.id)
         [_again], out["spawn_after_s"] = await timed(fresh.spawn(tag))
         await fresh.close()
+        out.update(await to_answer(tag, store, roots))
         out["unpack_mib_per_s"] = round(out["archive_mib"] / out["unpack_s"], 1)
         out["pull_mib_per_s"] = round(out["pull_mib"] / out["pull_s"], 1)
     finally:
         await src.close()
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+async def to_answer(tag: str, store: str, roots: list[Path]) -> dict[str, Any]:
+    """Eager, lazy and local spawns of ``tag``, each until its child answers ``READ_IT``."""
+    out: dict[str, Any] = {}
+
+    async def answered(rt: Runtime) -> float:
+        started = time.perf_counter()
+        [child] = await rt.spawn(tag)
+        got = await rt.eval(child.id, READ_IT)
+        assert got.get("result") == EXPECTED, got
+        return round(time.perf_counter() - started, 3)
+
+    for how in ("eager", "lazy"):
+        rt = await Runtime.open(scratch(how), store=store)
+        roots.append(rt.data.root)
+        try:
+            rt.travel.lazy = how == "lazy"
+            out[f"{how}_to_answer_s"] = await answered(rt)
+            assert rt.travel.store is not None
+            out[f"{how}_fetched_mib"] = round(rt.travel.store.stats.snapshot()["bytes_downloaded"] / 2**20, 1)
+            if how == "lazy":
+                lazy = rt.travel.lazily.stats().get(tag, {})
+                out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")
+                out["lazy_chunks"] = lazy.get("chunks")
+                started = time.perf_counter()
+                await rt.travel.lazily.wait(tag, timeout=600)
+                out["lazy_complete_after_answer_s"] = round(time.perf_counter() - started, 3)
+                out["lazy_total_fetched_mib"] = round(
+                    rt.travel.store.stats.snapshot()["bytes_downloaded"] / 2**20, 1)
+            else:
+                out["local_to_answer_s"] = await answered(rt)  # everything here now
+        finally:
+            await rt.close()
     return out
 
 

@@ -5,6 +5,7 @@ The async modules are the source of truth; their sync twins are generated:
 
     src/forkd/sdk/async_client.py   ->  src/forkd/sdk/client.py
     src/forkd/sdk/async_sandbox.py  ->  src/forkd/sdk/sandbox.py
+    src/forkd/sdk/async_snapshot.py ->  src/forkd/sdk/snapshot.py
     src/forkd/sdk/async_guest.py    ->  src/forkd/sdk/guest.py
     src/forkd/sdk/async_explore.py  ->  src/forkd/sdk/explore.py
     src/forkd/sdk/async_routes/*.py ->  src/forkd/sdk/routes/*.py  (the client's parts)
@@ -39,6 +40,7 @@ SDK = Path("src/forkd/sdk")
 TWINS: tuple[tuple[Path, Path], ...] = (
     (SDK / "async_client.py", SDK / "client.py"),
     (SDK / "async_sandbox.py", SDK / "sandbox.py"),
+    (SDK / "async_snapshot.py", SDK / "snapshot.py"),
     (SDK / "async_guest.py", SDK / "guest.py"),
     (SDK / "async_explore.py", SDK / "explore.py"),
     *(
@@ -79,6 +81,7 @@ RULES: tuple[tuple[str, str], ...] = (
     # The SDK's own names and modules.
     (r"\bforkd\.sdk\.async_client\b", "forkd.sdk.client"),
     (r"\bforkd\.sdk\.async_sandbox\b", "forkd.sdk.sandbox"),
+    (r"\bforkd\.sdk\.async_snapshot\b", "forkd.sdk.snapshot"),
     (r"\bforkd\.sdk\.async_guest\b", "forkd.sdk.guest"),
     (r"\bforkd\.sdk\.async_explore\b", "forkd.sdk.explore"),
     (r"\bforkd\.sdk\.async_routes\b", "forkd.sdk.routes"),

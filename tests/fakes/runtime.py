@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 from forkd import bounds
 from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
-from forkd.controller.files import check_path
+from forkd.controller.files import check_metadata, check_path
 from forkd.controller.forks import ForkReport
 from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvent, check_pty_size, signal_number
@@ -214,9 +214,13 @@ class FakeDirWatches:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._runtime = runtime
         self.pending: dict[tuple[str, str], list[WatchEvent]] = {}  # (sandbox, watcher) -> events
+        # Watchers made with include_entry: their directory (events get its files' entries).
+        self.with_entries: dict[tuple[str, str], str] = {}
 
-    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
-        self._runtime._call("watch_create", sandbox_id, path, recursive=recursive)
+    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     include_entry: bool = False) -> str:
+        self._runtime._call("watch_create", sandbox_id, path, recursive=recursive,
+                            **({"include_entry": True} if include_entry else {}))
         fs, norm = self._runtime._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path} does not exist")
@@ -224,12 +228,21 @@ class FakeDirWatches:
             raise InvalidRequest(f"{path} is not a directory")
         watcher = f"w{len(self.pending) + 1}"
         self.pending[(sandbox_id, watcher)] = []
+        if include_entry:
+            self.with_entries[(sandbox_id, watcher)] = norm
         return watcher
 
     async def events(self, sandbox_id: str, watcher: str, *, wait_ms: int = 0) -> WatchBatch:
         if (sandbox_id, watcher) not in self.pending:
             raise NotFound(f"no directory watcher {watcher!r}")
         found, self.pending[(sandbox_id, watcher)] = self.pending[(sandbox_id, watcher)], []
+        root = self.with_entries.get((sandbox_id, watcher))
+        if root is not None:  # as the agent: what each event names, now, unless it is gone
+            fs, _ = self._runtime._fs(sandbox_id, root)
+            found = [WatchEvent(ev.name, ev.type, await self._runtime.files.stat(
+                         sandbox_id, posixpath.join(root, ev.name)))
+                     if ev.type not in ("remove", "rename") and posixpath.join(root, ev.name) in fs
+                     else ev for ev in found]
         return WatchBatch(found, overflowed=False)
 
     async def remove(self, sandbox_id: str, watcher: str) -> None:
@@ -755,13 +768,21 @@ class FakeFiles:
 
     def __init__(self, runtime: FakeRuntime) -> None:
         self._rt = runtime
+        # Each file's metadata (the guest's user.e2b.* xattrs), by (sandbox, path).
+        self.metadata: dict[tuple[str, str], dict[str, str]] = {}
+
+    def _info(self, sandbox_id: str, norm: str, data: bytes | None) -> dict[str, Any]:
+        info = self._rt._info(norm, data)
+        if found := self.metadata.get((sandbox_id, norm)):
+            info["metadata"] = dict(found)
+        return info
 
     async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         self._rt._call("file_stat", sandbox_id, path, user=user)
         fs, norm = self._rt._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path}: No such file or directory")
-        return self._rt._info(norm, fs[norm])
+        return self._info(sandbox_id, norm, fs[norm])
 
     async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         self._rt._call("file_list", sandbox_id, path, user=user)
@@ -770,7 +791,7 @@ class FakeFiles:
             raise NotFound(f"{path}: No such file or directory")
         if fs[norm] is not None:
             raise Conflict(f"{path}: Not a directory")
-        entries = [self._rt._info(p, d) for p, d in sorted(fs.items())
+        entries = [self._info(sandbox_id, p, d) for p, d in sorted(fs.items())
                    if p != norm and posixpath.dirname(p) == norm]
         return {"path": path, "entries": entries, "truncated": False}
 
@@ -823,11 +844,16 @@ class FakeFiles:
         self._rt._parent_dir(fs, dst)
         for path in sorted(p for p in list(fs) if p == src or p.startswith(src + "/")):
             fs[dst + path[len(src):]] = fs.pop(path)
-        return self._rt._info(dst, fs[dst])
+            if (sandbox_id, path) in self.metadata:
+                self.metadata[(sandbox_id, dst + path[len(src):])] = self.metadata.pop((sandbox_id, path))
+        return self._info(sandbox_id, dst, fs[dst])
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                    max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
-        self._rt._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user)
+                    max_bytes: int, mode: int | None = None, user: str | None = None,
+                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        self._rt._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user,
+                       **({"metadata": metadata} if metadata else {}))
+        metadata = check_metadata(metadata)
         fs, norm = self._rt._fs(sandbox_id, path)
         if fs.get(norm, b"") is None:
             raise Conflict(f"{path}: is a directory")
@@ -839,7 +865,10 @@ class FakeFiles:
             if len(data) > max_bytes:
                 raise TooLarge(f"file exceeds the daemon's {max_bytes}-byte limit")
         fs[norm] = bytes(data)
-        return self._rt._info(norm, fs[norm])
+        self.metadata.pop((sandbox_id, norm), None)  # a new file: only this upload's metadata
+        if metadata:
+            self.metadata[(sandbox_id, norm)] = dict(metadata)
+        return self._info(sandbox_id, norm, fs[norm])
 
     async def open_read(self, sandbox_id: str, path: str, *,
                         user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:

@@ -133,7 +133,7 @@ def test_forkd_mcp_spawns_execs_evals_branches_and_kills(clients_python: Path, c
 
 
 @pytest.mark.parametrize("program", ["commands", "files", "lifecycle", "interpreter", "semantics", "users",
-                                     "watch", "snapshots", "pty"])
+                                     "watch", "snapshots", "pty", "metadata"])
 def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program: str) -> None:
     out = run_program(clients_python, CLIENTS / "e2b" / f"{program}.py", e2b_env(clean))
     assert out.strip().endswith(f"{program} ok"), out

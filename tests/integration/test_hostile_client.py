@@ -61,7 +61,7 @@ rt = FakeRuntime()
 rt.add_snapshot("base")
 for sandbox in sys.argv[4:]:
     rt.add_sandbox(sandbox, "base")
-    rt.files[sandbox] = {"/": None, "/tmp": None, "/root": None}
+    rt.guest_files[sandbox] = {"/": None, "/tmp": None, "/root": None}
 (tmp / "token").write_text(token)
 settings = Settings(token_file=tmp / "token", data_dir=tmp / "data", audit_log=tmp / "audit.log")
 uvicorn.run(create_app(settings, runtime=rt), host="127.0.0.1", port=port, log_level="warning")

@@ -228,12 +228,13 @@ def test_20_concurrent_spawns_of_an_absent_tag_download_it_once(loop: Loop, sour
                                                                 chain: dict[str, Any], s3: S3Server) -> None:
     loop.run(source.travel.push(CHAIN[1]))
     dest = open_runtime(loop, s3)
+    dest.travel.lazy = False  # the eager path (test_travel_lazy.py has the lazy one)
     try:
         async def twenty() -> list[Any]:
             return list(await asyncio.gather(*(dest.spawn(CHAIN[1]) for _ in range(20))))
 
         batches = loop.run(twenty(), timeout=900)
-        stats = dest.travel_stats()
+        stats = dest.travel.stats()
         print(f"\n20 concurrent spawns of an absent tag: {stats}")
         assert len({sb.id for batch in batches for sb in batch}) == 20
         assert stats["pulls"] == 1 and stats["manifests_downloaded"] == 1

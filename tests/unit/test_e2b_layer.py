@@ -21,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.api.e2b import uploads
+from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.controller.watches import WatchEvent
 from forkd.errors import InvalidRequest, NotFound, TooLarge
@@ -96,7 +97,7 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
                              "autoPause": False, "timeout": 60})
     assert resp.status_code == 201, resp.text
     body = resp.json()
-    assert body["templateID"] == "base" and body["envdVersion"] == "0.5.7"
+    assert body["templateID"] == "base" and body["envdVersion"] == ENVD_VERSION
     tokens = AccessTokens(TOKEN.encode())
     assert body["envdAccessToken"] == tokens.envd(body["sandboxID"])
     assert body["trafficAccessToken"] == tokens.traffic(body["sandboxID"])
@@ -448,6 +449,52 @@ def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
     assert (tmp_path / "e2b.key").stat().st_mode & 0o777 == 0o600
     assert AccessTokens(key).envd(SB) != AccessTokens(key).envd(OTHER) != AccessTokens(key).traffic(OTHER)
     assert json.dumps(AccessTokens(lambda: key).envd(SB)) == json.dumps(AccessTokens(key).envd(SB))
+
+
+def _signed(path: str, operation: str, user: str | None, sandbox: str = SB,
+            expires_in: int | None = None) -> dict[str, str]:
+    """The query of a signed file URL, made by the published SDK's own signing function."""
+    from e2b.sandbox.signature import get_signature
+
+    signed = get_signature(path, operation, user, AccessTokens(TOKEN.encode()).envd(sandbox),  # type: ignore[arg-type]
+                           expires_in)
+    query = {"path": path, "signature": signed["signature"]}
+    if user:
+        query["username"] = user
+    if signed["expiration"] is not None:
+        query["signature_expiration"] = str(signed["expiration"])
+    return query
+
+
+def test_a_signed_file_url_names_its_sandbox_and_stands_for_its_token(client: TestClient,
+                                                                      fake: FakeRuntime) -> None:
+    """``download_url``/``upload_url`` of a secure sandbox: no token and no E2b-Sandbox-Id, the
+    signature alone; it opens that sandbox's file and nothing else (issue 20)."""
+    fake.guest_files[SB]["/home/user/s.txt"] = b"signed"
+    resp = client.get("/files", params=_signed("s.txt", "read", "user"))
+    assert resp.status_code == 200 and resp.content == b"signed", resp.text
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=120))
+    assert resp.status_code == 200 and resp.content == b"signed", resp.text
+    up = client.post("/files", params=_signed("up.txt", "write", "user"), content=b"uploaded",
+                     headers={"Content-Type": "application/octet-stream"})
+    assert up.status_code == 200, up.text
+    assert fake.guest_files[SB]["/home/user/up.txt"] == b"uploaded"
+    # Expired: E2B's exact answer.
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=-120))
+    assert resp.status_code == 401 and resp.json() == {"code": 401, "message": "signature is already expired"}
+    # A read signature does not write, another path is not covered, another user is not the signer.
+    for params, method in ((_signed("s.txt", "read", "user"), "POST"),
+                           ({**_signed("s.txt", "read", "user"), "path": "other.txt"}, "GET"),
+                           ({**_signed("s.txt", "read", "user"), "username": "root"}, "GET")):
+        resp = client.request(method, "/files", params=params)
+        assert resp.status_code == 401, (params, resp.text)
+    # Aimed at another sandbox with this one's signature: the token check refuses it.
+    resp = client.get("/files", params=_signed("s.txt", "read", "user"),
+                      headers={"E2b-Sandbox-Id": OTHER, "E2b-Sandbox-Port": "49983"})
+    assert resp.status_code == 401, resp.text
+    # Not a signature at all: a clear 400 before any hashing.
+    resp = client.get("/files", params={"path": "s.txt", "signature": "x" * 500})
+    assert resp.status_code == 400 and "v1 file signature" in resp.json()["message"], resp.text
 
 
 def test_template_build_through_the_control_plane(client: TestClient, fake: FakeRuntime) -> None:

@@ -194,11 +194,11 @@ def test_agent_entries_name_owner_group_and_link_target(tmp_path: Path) -> None:
     assert listed["ln"]["type"] == "symlink" and listed["ln"]["target"] == link["target"]
     assert "target" not in listed["d"] and listed["d"]["owner"] == me
     # The host keeps these (checked) and refuses a malformed one.
-    assert controller_files._info(link)["target"] == link["target"]
+    assert controller_files.checked_info(link)["target"] == link["target"]
     with pytest.raises(GuestError):
-        controller_files._info({**link, "owner": 0})
+        controller_files.checked_info({**link, "owner": 0})
     with pytest.raises(GuestError):
-        controller_files._info({**link, "target": "/" * (protocol.FILE_PATH_MAX + 1)})
+        controller_files.checked_info({**link, "target": "/" * (protocol.FILE_PATH_MAX + 1)})
 
 
 def test_the_agent_serves_file_actions_with_error_kinds(tmp_path: Path) -> None:

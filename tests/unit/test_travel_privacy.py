@@ -54,6 +54,6 @@ def test_travel_staging_directories_are_0700(tmp_path: Path) -> None:
     data.travel.chmod(0o755)
     none: Any = None
     travel = SnapshotTravel(data, none, none, none)
-    work = travel._workdir("unpack")
+    work = travel.workdir("unpack")
     assert work.parent == data.travel and work.name.startswith(".unpack-")
     assert _mode(data.travel) == 0o700 and _mode(work) == 0o700

@@ -221,7 +221,10 @@ export interface paths {
         };
         /** Download a file, streamed */
         get: operations["get_file_v1_sandboxes__id__files_get"];
-        /** Upload a file (the raw request body), streamed; it replaces path atomically */
+        /**
+         * Upload a file (the raw request body), streamed; it replaces path atomically
+         * @description Each `X-Metadata-<key>: <value>` header is a pair of the file's metadata (E2B's, kept as the guest extended attribute `user.e2b.<key>`; the key lowercased): the file lands with exactly these pairs, so an upload without any clears the old. Printable US-ASCII, keys of at most 246 characters, at most 128 pairs and 4096 bytes in all; else 400.
+         */
         put: operations["put_file_v1_sandboxes__id__files_put"];
         post?: never;
         /** Remove a file, or a directory (recursive=true for a non-empty one) */
@@ -1146,6 +1149,13 @@ export interface components {
              * @description The group's name (its gid when the guest has no name).
              */
             group?: string | null;
+            /**
+             * Metadata
+             * @description The file's metadata (its user.e2b.* extended attributes, the prefix stripped; set by an upload's X-Metadata-<key> headers); absent when it has none.
+             */
+            metadata?: {
+                [key: string]: string;
+            } | null;
             /**
              * Mode
              * @description Permission bits (e.g. 420 = 0o644).

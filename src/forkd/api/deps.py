@@ -41,6 +41,7 @@ class FilesLike(Protocol):
     async def write(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
         max_bytes: int, mode: int | None = None, user: str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]: ...
     async def open_read(
         self, sandbox_id: str, path: str, *, user: str | None = None,

@@ -41,6 +41,7 @@ from forkd.api.schemas import (
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION
 from forkd.errors import InvalidRequest, TooLarge
+from forkd.guest import protocol
 from forkd.guest.protocol import FILE_PATH_MAX
 
 
@@ -82,6 +83,11 @@ def _settings(request: Request) -> Settings:
     "/sandboxes/{id}/files",
     response_model=FileInfo,
     summary="Upload a file (the raw request body), streamed; it replaces path atomically",
+    description=("Each `X-Metadata-<key>: <value>` header is a pair of the file's metadata (E2B's, "
+                 "kept as the guest extended attribute `user.e2b.<key>`; the key lowercased): the "
+                 "file lands with exactly these pairs, so an upload without any clears the old. "
+                 "Printable US-ASCII, keys of at most 246 characters, at most 128 pairs and 4096 "
+                 "bytes in all; else 400."),
     responses={**MISSING, **NOT_A_FILE,
                413: _err("The file is larger than the daemon's --max-file-bytes (default 1 GiB).")},
     openapi_extra={"requestBody": {"required": True, "content": {
@@ -100,7 +106,28 @@ async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request,
             raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
 
     return await rt.files.write(sandbox_id, path, streamed_body(request), max_bytes=limit, mode=mode,
-                               user=user)
+                               user=user, metadata=metadata_headers(request.headers.items()) or None)
+
+
+# A file's metadata on upload (envd 0.6.2's way, here and in the E2B layer): X-Metadata-<key>.
+METADATA_HEADER_PREFIX = "x-metadata-"
+
+
+def metadata_headers(headers: list[tuple[str, str]]) -> dict[str, str]:
+    """An upload's metadata from its ``X-Metadata-<key>`` headers, as envd reads them: the key is
+    the rest of the header's name, lowercased; a key sent twice keeps its first value. Bounded
+    and checked (``protocol.check_metadata``, a 400) before the guest is asked."""
+    metadata: dict[str, str] = {}
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered.startswith(METADATA_HEADER_PREFIX):
+            if len(metadata) > protocol.METADATA_MAX_KEYS:
+                break  # too many already: check_metadata refuses it, without reading on
+            metadata.setdefault(lowered[len(METADATA_HEADER_PREFIX):], value)
+    try:
+        return protocol.check_metadata(metadata)
+    except protocol.RequestError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 async def streamed_body(request: Request) -> AsyncIterator[bytes]:

@@ -52,7 +52,7 @@ def _piece(result: dict[str, Any], asked: int) -> tuple[bytes, bool]:
     return data, eof
 
 
-def _info(result: dict[str, Any]) -> dict[str, Any]:
+def checked_info(result: dict[str, Any]) -> dict[str, Any]:
     """A FileInfo from the guest, with only the documented keys of the documented types."""
     out: dict[str, Any] = {}
     for key, kinds in (("path", str), ("name", str), ("type", str), ("size", int), ("mode", int),
@@ -72,7 +72,21 @@ def _info(result: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str) or len(value) > limit:
             raise GuestError(f"guest agent sent a malformed file entry ({key!r})")
         out[key] = value
+    # Optional: the file's metadata (its user.e2b.* extended attributes), within E2B's bounds.
+    if "metadata" in result:
+        try:
+            out["metadata"] = protocol.check_metadata(result["metadata"])
+        except protocol.RequestError:
+            raise GuestError("guest agent sent malformed file metadata") from None
     return out
+
+
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    """``protocol.check_metadata`` with the daemon's error type (400)."""
+    try:
+        return protocol.check_metadata(metadata)
+    except protocol.RequestError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 async def rechunk(chunks: AsyncIterable[bytes], size: int) -> AsyncIterator[bytes]:
@@ -103,14 +117,15 @@ class SandboxFiles:
     # --------------------------------------------------------------- metadata
 
     async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return _info(await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user))
+        result = await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user)
+        return checked_info(result)
 
     async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
         result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path), user=user)
         entries = result.get("entries")
         if not isinstance(entries, list) or len(entries) > protocol.FILE_LIST_MAX:
             raise GuestError("guest agent sent a malformed or overlong listing")
-        return {"path": path, "entries": [_info(e if isinstance(e, dict) else {}) for e in entries],
+        return {"path": path, "entries": [checked_info(e if isinstance(e, dict) else {}) for e in entries],
                 "truncated": bool(result.get("truncated"))}
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
@@ -127,18 +142,25 @@ class SandboxFiles:
     async def move(self, sandbox_id: str, source: str, destination: str, *,
                    user: str | None = None) -> dict[str, Any]:
         """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
-        return _info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
-                                      destination=check_path(destination), user=user))
+        return checked_info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
+                                             destination=check_path(destination), user=user))
 
     # ----------------------------------------------------------------- writes
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
-                    max_bytes: int, mode: int | None = None, user: str | None = None) -> dict[str, Any]:
+                    max_bytes: int, mode: int | None = None, user: str | None = None,
+                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
         """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``.
-        As ``user``, the file is theirs (the pieces and the close act as the open did)."""
+        As ``user``, the file is theirs (the pieces and the close act as the open did). The file
+        lands with exactly ``metadata`` (none: none, whatever the file it replaces had)."""
         check_path(path)
-        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user,
-                                  **({"mode": mode} if mode is not None else {}))
+        extra: dict[str, object] = {"mode": mode} if mode is not None else {}
+        if metadata := check_metadata(metadata):
+            # An older agent would drop it and answer as if it were stored.
+            await self._sandboxes.require_agent(sandbox_id, protocol.METADATA_AGENT_VERSION,
+                                                "file metadata")
+            extra["metadata"] = metadata
+        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user, **extra)
         handle = opened.get("handle")
         if not isinstance(handle, str) or len(handle) > 64:
             raise GuestError("guest agent sent a malformed upload handle")
@@ -158,7 +180,8 @@ class SandboxFiles:
                 offset += len(piece)
             await asyncio.gather(*in_flight)  # a failure cancels the rest below
             in_flight.clear()
-            return _info(await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True))
+            closed = await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True)
+            return checked_info(closed)
         except BaseException:
             for task in in_flight:
                 task.cancel()

@@ -184,7 +184,9 @@ class Runtime:
         ``stack`` as it starts, so ``close`` (or a failed start) stops them in reverse:
         the pool keeper first (no refill may start a VM once the rest are stopping),
         the sandboxes' teardown last."""
+        self.travel.recover()  # mounts and half-arrived snapshots of a lazy import
         await recover(self.data, self.snapshots, self.sandboxes, self.shm)
+        stack.push_async_callback(self.travel.close)  # after the sandboxes: nothing maps them then
         stack.push_async_callback(self._teardown_sandboxes)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.
         await self.networks.reap(alive={sb.id for sb in self.sandboxes.records.all()})

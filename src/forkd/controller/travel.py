@@ -13,8 +13,11 @@
   it and registers it, oldest first. A failure unregisters and removes what
   this import added and nothing else.
 * **ensure_local** is the spawner's hook: a spawn of a tag this host lacks but
-  the store holds pulls it first, once per host (a lock per tag), however many
-  spawns ask at the same time.
+  the store holds brings it here first, once per host (a lock per tag), however
+  many spawns ask at the same time. Where this host can serve files through
+  FUSE it does so **lazily** (``LazyImports``, travel_lazy.py: the child starts
+  before its memory has arrived). Without FUSE, or with ``lazy`` off, it pulls
+  eagerly.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.travel_export import Export, SnapshotExporter
+from forkd.controller.travel_lazy import LazyImports
 from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, VMError
+from forkd.host import fusefile
 from forkd.host.accel import check_compatible
 from forkd.image.builder import list_images
 from forkd.store import archive, layout, sparse
@@ -102,15 +107,23 @@ class SnapshotTravel:
         # first pull into a fresh one) finds a base by digest without reading it again.
         self._image_digests = DigestCache(data.images / ".chunk-digests.json")
         self._exporter = SnapshotExporter(data, snapshots, self._digests, self._image_digests, self.bases,
-                                          self._workdir)
+                                          self.workdir)
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # tag -> (its pull lock, users)
         self.pulls = 0  # imports from the store (a spawn's fetch or an explicit pull)
+        # A spawn of a store-only tag starts it lazily (memory served by FUSE as it arrives)
+        # where this host can; False: always pull it whole first.
+        self.lazy = True
+        self.lazily = LazyImports(self, snapshots)
+
+    @property
+    def travel_dir(self) -> Path:
+        return self._data.travel
 
     @property
     def bases(self) -> Path:
         return self._data.travel / "bases"
 
-    def _private_travel(self) -> Path:
+    def private_travel(self) -> Path:
         """The travel directory, 0700 whatever the umask (and if an older forkd made it 0755):
         its staging holds guest memory and disks on their way in and out."""
         travel = self._data.travel
@@ -118,8 +131,8 @@ class SnapshotTravel:
         travel.chmod(0o700)
         return travel
 
-    def _workdir(self, what: str) -> Path:
-        path = self._private_travel() / f".{what}-{secrets.token_hex(4)}"
+    def workdir(self, what: str) -> Path:
+        path = self.private_travel() / f".{what}-{secrets.token_hex(4)}"
         path.mkdir(mode=0o700)
         return path
 
@@ -242,7 +255,7 @@ class SnapshotTravel:
             raise
 
     def _install_base(self, base: BaseEntry, fetch: Fetch) -> Path:
-        self._private_travel()
+        self.private_travel()
         self.bases.mkdir(mode=0o700, exist_ok=True)
         final = self.bases / f"{base.sha256}.{base.format}"
         tmp = self.bases / f".{base.sha256}.tmp-{secrets.token_hex(4)}"
@@ -255,7 +268,7 @@ class SnapshotTravel:
         return final
 
     @contextlib.contextmanager
-    def _reserved(self, plan: ImportPlan) -> Iterator[None]:
+    def reserved(self, plan: ImportPlan) -> Iterator[None]:
         """Reserve every tag the import creates (409 if one is being written meanwhile)."""
         done: list[str] = []
         try:
@@ -288,7 +301,7 @@ class SnapshotTravel:
     async def unpack(self, path: Path, progress: archive.Progress | None = None) -> dict[str, Any]:
         if not path.is_file():
             raise NotFound(f"archive {path} does not exist")
-        workdir = self._workdir("unpack")
+        workdir = self.workdir("unpack")
         loop = asyncio.get_running_loop()
         plans: list[ImportPlan] = []
 
@@ -306,8 +319,8 @@ class SnapshotTravel:
         try:
             manifest, extracted = await asyncio.to_thread(archive.read, path, workdir, want, progress)
             plan = plans[0]
-            with self._reserved(plan):
-                created = await asyncio.to_thread(self.apply, plan, _placer(plan, extracted),
+            with self.reserved(plan):
+                created = await asyncio.to_thread(self.apply, plan, placer(plan, extracted),
                                                   f"archive {path.name}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -353,23 +366,49 @@ class SnapshotTravel:
             return await self._import_from_store(store, manifest)
 
     async def ensure_local(self, tag: str) -> None:
-        """The spawner's hook: pull ``tag`` if this host lacks it and the store holds it."""
+        """The spawner's hook: bring ``tag`` here if this host lacks it and the store holds it
+        (lazily where it can); raises if ``tag`` arrived lazily and its memory cannot be had."""
+        self.lazily.raise_failure(tag)
         if self.store is None or self._snapshots.records.has(tag):
             return
-        with contextlib.suppress(NotFound):
-            await self.pull(tag)
+        if not (self.lazy and fusefile.available()):
+            with contextlib.suppress(NotFound):
+                await self.pull(tag)
+            return
+        store = self.store
+        check_tag(tag)
+        async with self._lock(tag):
+            if self._snapshots.records.has(tag):
+                self.lazily.raise_failure(tag)
+                return
+            manifest = await asyncio.to_thread(store.get_manifest, tag)
+            if manifest is None:
+                return  # the spawn says 404
+            await self.lazily.start(store, manifest)
+
+    def lazy_failure(self, tag: str) -> ForkdError | None:
+        """The spawner's question: why children of a lazily arrived ``tag`` cannot be restored."""
+        return self.lazily.failure(tag)
+
+    async def close(self) -> None:
+        """Daemon stop (after its sandboxes are gone): lazy imports end (travel_lazy.py)."""
+        await self.lazily.close()
+
+    def recover(self) -> None:
+        """At start: what a previous daemon left mid-way through a lazy import."""
+        self.lazily.recover()
 
     async def _import_from_store(self, store: ObjectStore, manifest: Manifest) -> dict[str, Any]:
         started = time.monotonic()
         before = store.stats.snapshot()["bytes_downloaded"]
         plan = await self.plan(manifest)
-        workdir = self._workdir(f"pull-{manifest.tag}")
+        workdir = self.workdir(f"pull-{manifest.tag}")
         planned = time.monotonic()
         try:
-            with self._reserved(plan):
-                fetched = await asyncio.to_thread(self._fetch_all, store, plan, workdir)
+            with self.reserved(plan):
+                fetched = await asyncio.to_thread(self.fetch_all, store, plan, workdir)
                 downloaded = time.monotonic()
-                created = await asyncio.to_thread(self.apply, plan, _placer(plan, fetched),
+                created = await asyncio.to_thread(self.apply, plan, placer(plan, fetched),
                                                   f"store {store.url}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -383,11 +422,13 @@ class SnapshotTravel:
                 "bytes_downloaded": got}
 
     @staticmethod
-    def _fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path) -> dict[str, Path]:
-        """Every blob the plan needs, into ``workdir``, several at a time (largest first): a small
-        blob's few requests then overlap a large one's range GETs instead of waiting behind them."""
+    def fetch_all(store: ObjectStore, plan: ImportPlan, workdir: Path,
+                   only: set[str] | None = None) -> dict[str, Path]:
+        """Every blob the plan needs (of ``only``), into ``workdir``, several at a time (largest
+        first): a small blob's few requests then overlap a large one's range GETs instead of
+        waiting behind them."""
         sizes = plan.manifest.blobs()
-        shas = sorted(plan.blobs(), key=lambda sha: -sizes[sha])
+        shas = sorted(plan.blobs() if only is None else only, key=lambda sha: -sizes[sha])
         out = {sha: workdir / sha for sha in shas}
         with ThreadPoolExecutor(BLOB_THREADS) as pool:
             for _ in pool.map(lambda sha: store.get_blob(sha, out[sha], sizes[sha]), shas):
@@ -416,7 +457,7 @@ class SnapshotTravel:
         return out
 
 
-def _placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
+def placer(plan: ImportPlan, fetched: dict[str, Path]) -> Fetch:
     """``apply``'s fetch from blobs already here (extracted or downloaded): moved into place, or
     copied while another file of the plan still needs the same bytes."""
     uses: dict[str, int] = {}

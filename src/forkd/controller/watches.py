@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from forkd.controller.files import check_path
+from forkd.controller.files import check_path, checked_info
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
@@ -28,6 +28,9 @@ CALL_GRACE_SECS = 30.0  # beyond the wait: a guest that answers later is wedged
 class WatchEvent:
     name: str  # relative to the watched directory
     type: WatchEventType
+    # What it names, as ``SandboxFiles.stat`` answers (a watcher made with include_entry; None
+    # when gone, and for remove and rename).
+    entry: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,11 @@ def _batch(result: dict[str, Any]) -> WatchBatch:
         kind = item.get("type") if isinstance(item, dict) else None
         if not isinstance(name, str) or len(name) > protocol.FILE_PATH_MAX or kind not in EVENT_TYPES:
             raise GuestError("guest agent sent a malformed watcher event")
-        events.append(WatchEvent(name, cast(WatchEventType, kind)))
+        entry = item.get("entry")
+        if entry is not None and not isinstance(entry, dict):
+            raise GuestError("guest agent sent a malformed watcher event's entry")
+        events.append(WatchEvent(name, cast(WatchEventType, kind),
+                                 None if entry is None else checked_info(entry)))
     return WatchBatch(events, result.get("overflowed") is True)
 
 
@@ -54,12 +61,19 @@ class DirWatches:
     def __init__(self, sandboxes: SandboxTable) -> None:
         self._sandboxes = sandboxes
 
-    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False) -> str:
-        """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``)."""
+    async def create(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     include_entry: bool = False) -> str:
+        """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``).
+        With ``include_entry``, its events carry the entry they name."""
         path = check_path(path)
         await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_AGENT_VERSION, "directory watching")
+        extra: dict[str, object] = {}
+        if include_entry:
+            await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_ENTRY_AGENT_VERSION,
+                                                "watch events with their entry")
+            extra["entries"] = True
         result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
-                                            path=path, recursive=recursive)
+                                            path=path, recursive=recursive, **extra)
         watcher = result.get("watcher")
         if not isinstance(watcher, str) or not 0 < len(watcher) <= 64:
             raise GuestError("guest agent sent a malformed watcher id")

@@ -63,15 +63,21 @@ FSTHAW = "fsthaw"  # -> {"thawed": bool}
 USER_AGENT_VERSION = 7
 # Files (forkd.guest.agent.files). Transfers go in FILE_CHUNK pieces, base64 in
 # the JSON line, so no line grows past ~1.4 MiB and other requests keep flowing.
-FILE_STAT = "file_stat"  # path -> FileInfo {"path", "name", "type", "size", "mode", "mtime"}
+FILE_STAT = "file_stat"  # path -> FileInfo {"path", "name", "type", "size", "mode", "mtime", "metadata"?}
 FILE_LIST = "file_list"  # path -> {"entries": [FileInfo...], "truncated": bool}
 FILE_MKDIR = "file_mkdir"  # path, parents -> {"created": bool}
 FILE_REMOVE = "file_remove"  # path, recursive -> {"removed": true}
 FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
-FILE_WRITE_OPEN = "file_write_open"  # path, mode? -> {"handle": str} (a temp file beside path)
+FILE_WRITE_OPEN = "file_write_open"  # path, mode?, metadata? -> {"handle": str} (a temp file beside path)
 FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
 FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
 FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
+# File metadata (E2B's): string pairs kept as the extended attributes "user.e2b.<key>" of a file.
+# file_write_open takes "metadata" ({key: value}): the temp file gets them before any data, so the
+# upload lands with exactly that metadata (none given: none, an overwrite clears the old); every
+# FileInfo carries "metadata" when its file has some (check_metadata's bounds; others are skipped).
+# Older agents ignore "metadata": the host asks for METADATA_AGENT_VERSION first.
+METADATA_AGENT_VERSION = 10
 # Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
 CONTEXT = "context"
 # Cells on IPython kernels (forkd.guest.agent.kernels), one kernel per context:
@@ -81,12 +87,15 @@ CONTEXT = "context"
 # (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
 # proc_ack and proc_detach, like process streams; each event costs line_cost.
 KERNEL = "kernel"
-# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive) ->
-# {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
-# {"events": [{"name", "type": create|write|remove|rename|chmod}], "overflowed"}; op remove.
-# Older agents answer "unknown action": the host asks for WATCH_AGENT_VERSION first.
+# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive, entries?)
+# -> {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
+# {"events": [{"name", "type": create|write|remove|rename|chmod, "entry"?}], "overflowed"}; op remove.
+# A watcher made with "entries" answers each event with the FileInfo of what it names ("entry"),
+# unless that is gone (always for remove and rename). Older agents answer "unknown action": the
+# host asks for WATCH_AGENT_VERSION first, and WATCH_ENTRY_AGENT_VERSION before "entries".
 WATCH = "watch"
 WATCH_AGENT_VERSION = 8
+WATCH_ENTRY_AGENT_VERSION = 10
 # Processes (forkd.guest.agent.processes), addressed by their guest pid.
 # args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
 # stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
@@ -187,6 +196,13 @@ FILE_CHUNK = 1 << 20
 FILE_PATH_MAX = 4096
 FILE_LIST_MAX = 10_000
 FILE_NAME_MAX = 255  # bytes of one name, as Linux allows (longer names are bounded anyway)
+# File metadata (E2B's bounds, which are the kernel's): an xattr name is at most 255 bytes, so a key
+# after the prefix at most 246; keys (each with the prefix) and values together fit one ext4
+# inode's xattr block; printable US-ASCII only (they travel as HTTP header names and values).
+METADATA_XATTR_PREFIX = "user.e2b."
+METADATA_KEY_MAX = 255 - len(METADATA_XATTR_PREFIX)
+METADATA_TOTAL_MAX = 4096
+METADATA_MAX_KEYS = 128
 
 # Error kinds an error reply may carry ("kind"), so the host can answer with the
 # right status instead of a generic guest failure.
@@ -228,6 +244,40 @@ def check_path(path: object) -> str:
     if len(path) > FILE_PATH_MAX:  # characters, as the API's schema counts them
         raise RequestError(f"path is longer than {FILE_PATH_MAX} characters", INVALID)
     return path
+
+
+def _printable(text: str) -> bool:
+    return all(" " <= ch <= "~" for ch in text)
+
+
+def metadata_size(key: str, value: str) -> int:
+    """What one pair counts against METADATA_TOTAL_MAX: its xattr name and its value."""
+    return len(METADATA_XATTR_PREFIX) + len(key) + len(value)
+
+
+def check_metadata(metadata: object) -> dict[str, str]:
+    """File metadata, validated (None is none): keys of 1..METADATA_KEY_MAX printable US-ASCII
+    characters, printable US-ASCII values, at most METADATA_MAX_KEYS pairs of METADATA_TOTAL_MAX
+    bytes in all. Checked by the daemon before it calls the guest, by the agent, and by the
+    daemon again on what the agent answers."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise RequestError("metadata must be an object of strings", INVALID)
+    if len(metadata) > METADATA_MAX_KEYS:
+        raise RequestError(f"at most {METADATA_MAX_KEYS} metadata keys", INVALID)
+    total = 0
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not 0 < len(key) <= METADATA_KEY_MAX or not _printable(key):
+            raise RequestError(f"metadata keys must be 1 to {METADATA_KEY_MAX} printable US-ASCII "
+                               f"characters: {str(key)[:64]!r}", INVALID)
+        if not isinstance(value, str) or not _printable(value):
+            raise RequestError(f"the value of metadata key {key!r} must be printable US-ASCII", INVALID)
+        total += metadata_size(key, value)
+    if total > METADATA_TOTAL_MAX:
+        raise RequestError(f"metadata is {total} bytes (keys with their prefix {METADATA_XATTR_PREFIX!r}, "
+                           f"and values); at most {METADATA_TOTAL_MAX}", INVALID)
+    return dict(metadata)
 
 
 def check_env(env: object) -> dict[str, str]:

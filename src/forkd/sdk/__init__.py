@@ -25,7 +25,8 @@ sync twins (``client``, ``sandbox``) are generated from them by
 from forkd.sdk._defaults import default_async_controller, default_controller
 from forkd.sdk.async_client import AsyncController
 from forkd.sdk.async_guest import AsyncCommands, AsyncFiles
-from forkd.sdk.async_sandbox import AsyncSandbox, AsyncSnapshot
+from forkd.sdk.async_sandbox import AsyncSandbox
+from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
@@ -41,7 +42,8 @@ from forkd.sdk.errors import (
     Unauthorized,
 )
 from forkd.sdk.guest import Commands, Files
-from forkd.sdk.sandbox import Sandbox, Snapshot
+from forkd.sdk.sandbox import Sandbox
+from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.types import (
     CheckpointPolicy,
     Checkpoints,

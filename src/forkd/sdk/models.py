@@ -426,6 +426,11 @@ class FileInfo(TypedDict, total=False):
     group: str | None
     """The group's name (its gid when the guest has no name)."""
 
+    metadata: dict[str, str] | None
+    """The file's metadata (its user.e2b.* extended attributes, the prefix stripped; set by an upload's
+    X-Metadata-<key> headers); absent when it has none.
+    """
+
 
 class FileList(TypedDict, total=False):
     """The ``FileList`` schema."""

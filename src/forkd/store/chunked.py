@@ -321,6 +321,21 @@ def _batches(chunks: tuple[Chunk, ...], limit: int) -> list[list[Chunk]]:
     return out
 
 
+def verified(c: Chunk, frame: memoryview | bytes, blob: str, grid: int,
+             dctx: zstandard.ZstdDecompressor | None = None) -> bytes:
+    """The bytes of chunk ``c``'s runs from its ``frame``, once they hash to its digest;
+    :class:`CorruptBlob` naming the chunk otherwise (never a byte of an unverified chunk)."""
+    what = c.describe(blob, grid)
+    try:
+        data = (dctx or zstandard.ZstdDecompressor()).decompress(frame, max_output_size=c.data_bytes)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlob(f"{what} does not decompress ({exc}): corrupt or tampered") from None
+    if len(data) != c.data_bytes or _hash(data, c.extents) != c.sha256:
+        raise CorruptBlob(f"{what}: its sha256 is not the manifest's {c.sha256[:12]}… "
+                          "(corrupt or tampered)")
+    return data
+
+
 def decode(index: ChunkIndex, expect: str, read: ReadRange, dest: Path, *, read_bytes: int = 8 << 20,
            threads: int = THREADS, progress: Callable[[int], None] | None = None) -> None:
     """Write the file ``index`` describes into the new file ``dest``, every chunk verified first.
@@ -346,15 +361,7 @@ def decode(index: ChunkIndex, expect: str, read: ReadRange, dest: Path, *, read_
         view = memoryview(raw)
         dctx = zstandard.ZstdDecompressor()
         for c in batch:
-            what = c.describe(expect, index.grid)
-            try:
-                frame = view[c.zoff - base: c.zoff - base + c.zlen]
-                data = dctx.decompress(frame, max_output_size=c.data_bytes)
-            except zstandard.ZstdError as exc:
-                raise CorruptBlob(f"{what} does not decompress ({exc}): corrupt or tampered") from None
-            if len(data) != c.data_bytes or _hash(data, c.extents) != c.sha256:
-                raise CorruptBlob(f"{what}: its sha256 is not the manifest's {c.sha256[:12]}… "
-                                  "(corrupt or tampered)")
+            data = verified(c, view[c.zoff - base: c.zoff - base + c.zlen], expect, index.grid, dctx)
             at = 0
             for offset, n in c.extents:
                 os.pwrite(fd, data[at: at + n], offset)
@@ -381,4 +388,5 @@ def decode(index: ChunkIndex, expect: str, read: ReadRange, dest: Path, *, read_
     os.close(fd)
 
 
-__all__ = ["GRID", "Chunk", "ChunkIndex", "CorruptBlob", "decode", "digest", "encode", "ordered_map"]
+__all__ = ["GRID", "Chunk", "ChunkIndex", "CorruptBlob", "decode", "digest", "encode", "ordered_map",
+           "verified"]

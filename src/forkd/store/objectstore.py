@@ -171,9 +171,9 @@ class ObjectStore:
         self.stats.add(blobs_uploaded=1, bytes_uploaded=sent, parts_uploaded=upload.parts_sent)
         return sent
 
-    def get_blob(self, sha: str, dest: Path, size: int) -> int:
-        """Download blob ``sha`` into the new file ``dest`` (sparse), every chunk verified;
-        returns the bytes fetched."""
+    def open_blob(self, sha: str, size: int) -> tuple[chunked.ChunkIndex, chunked.ReadRange]:
+        """Blob ``sha``'s index (checked against the bounds, not yet against its digest: the
+        caller does that) and a reader of its frames by range GET, each one counted."""
         key = self._key("chunked", sha)
         what = f"downloading blob {sha[:12]}"
         try:
@@ -186,31 +186,39 @@ class ObjectStore:
             raise self._fail(what, exc) from None
         except botocore.exceptions.BotoCoreError as exc:
             raise self._fail(what, exc) from None
-        fetched = [len(raw)]
-        lock = threading.Lock()
+        self.stats.add(bytes_downloaded=len(raw))
+        try:
+            index = chunked.ChunkIndex.parse(raw, size)
+        except chunked.CorruptBlob as exc:
+            raise StoreError(f"store {self.url}: blob {sha[:12]}… is corrupt: {exc}") from None
 
         def read(offset: int, length: int) -> bytes:
             try:
                 part = self._s3.get_object(Bucket=self.url.bucket, Key=key,
                                            Range=f"bytes={offset}-{offset + length - 1}")
-                data: bytes = part["Body"].read()
+                data: bytes = part["Body"].read(length + 1)
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
                 raise self._fail(what, exc) from None
-            with lock:
-                fetched[0] += len(data)
-            self.stats.add(ranges_downloaded=1)
+            self.stats.add(ranges_downloaded=1, bytes_downloaded=len(data))
             return data
 
+        return index, read
+
+    def get_blob(self, sha: str, dest: Path, size: int) -> int:
+        """Download blob ``sha`` into the new file ``dest`` (sparse), every chunk verified;
+        returns the bytes fetched."""
+        before = self.stats.snapshot()["bytes_downloaded"]
+        index, read = self.open_blob(sha, size)
         try:
-            index = chunked.ChunkIndex.parse(raw, size)
             span = min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, -(-index.stored_bytes // TRANSFER_THREADS)))
             chunked.decode(index, sha, read, dest, read_bytes=span, threads=TRANSFER_THREADS)
         except chunked.CorruptBlob as exc:
             raise StoreError(f"store {self.url}: blob {sha[:12]}… is corrupt: {exc}") from None
         except OSError as exc:
-            raise self._fail(what, exc) from None
-        self.stats.add(blobs_downloaded=1, bytes_downloaded=fetched[0])
-        return fetched[0]
+            raise self._fail(f"downloading blob {sha[:12]}", exc) from None
+        self.stats.add(blobs_downloaded=1)
+        # (Shared with concurrent transfers: exact when this blob is the only one moving.)
+        return self.stats.snapshot()["bytes_downloaded"] - before
 
     # ------------------------------------------------------------ manifests
 

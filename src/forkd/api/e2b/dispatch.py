@@ -20,11 +20,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.e2b.control import create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
-from forkd.api.e2b.errors import CONNECT_CODE
-from forkd.api.e2b.paths import is_control_path, is_e2b_request, is_sandbox_request
+from forkd.api.e2b.errors import CONNECT_CODE, rest_body, send_json
+from forkd.api.e2b.paths import SANDBOX_HEADER, is_control_path, is_e2b_request, is_sandbox_request
+from forkd.api.e2b.signed import SignedFileRequest, signed_file_request
 from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
+from forkd.errors import ForkdError
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -58,13 +60,41 @@ class E2BDispatch:
     def __init__(self, app: ASGIApp, runtime: Callable[[], Runtime | None], tokens: AccessTokens,
                  api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int) -> None:
         self.app = app
+        self._runtime = runtime
+        self._tokens = tokens
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
                                                max_body_bytes, exempt=template_uploads, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)
 
+    def _signer(self, signed: SignedFileRequest) -> str | None:
+        """The sandbox whose token made ``signed``'s signature, if one of the running ones did."""
+        runtime = self._runtime()
+        if runtime is None:
+            return None
+        for record in runtime.list_sandboxes():
+            if self._tokens.accepts_signature(record.id, signed.signature, signed.path, signed.operation,
+                                              signed.user, signed.expiration):
+                return record.id
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not is_sandbox_request(scope):
+            # A signed file URL names its sandbox by its signature alone (e2b/signed.py).
+            try:
+                signed = signed_file_request(scope)
+            except ForkdError as exc:
+                await send_json(send, exc.status, rest_body(exc.status, str(exc)))
+                return
+            if signed is not None:
+                sandbox_id = self._signer(signed)
+                if sandbox_id is None:
+                    await send_json(send, 401, rest_body(401, "invalid signature: no running sandbox "
+                                                              "signed this URL"))
+                    return
+                scope = {**scope, "headers": [*scope.get("headers", ()),
+                                              (SANDBOX_HEADER, sandbox_id.encode())]}
         if is_sandbox_request(scope):
             await self.sandbox(scope, receive, send)
         elif scope["type"] == "http" and is_control_path(scope["path"]):

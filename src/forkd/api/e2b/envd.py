@@ -36,8 +36,9 @@ from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_ru
 from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serving
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
+from forkd.api.e2b.signed import signed_file_request
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.file_routes import streamed_body
+from forkd.api.file_routes import metadata_headers, streamed_body
 from forkd.bounds import SANDBOX_ID_RE, check_guest_user
 from forkd.errors import Busy, ForkdError, InvalidRequest, TooLarge
 
@@ -89,6 +90,17 @@ class SandboxTraffic:
             return
         presented = headers.get("x-access-token") or (
             headers.get("e2b-traffic-access-token") if port == INTERPRETER_PORT else None)
+        try:
+            signed = None if presented or port != ENVD_PORT else signed_file_request(scope)
+            # A signed file URL stands for the token (e2b/signed.py), until it expires.
+            if signed is not None and self._tokens.accepts_signature(
+                    sandbox_id, signed.signature, signed.path, signed.operation, signed.user,
+                    signed.expiration):
+                signed.check_not_expired()
+                presented = self._tokens.envd(sandbox_id)
+        except ForkdError as exc:
+            await fail(exc.status, str(exc))
+            return
         if not self._tokens.accepts(sandbox_id, presented, traffic_too=port == INTERPRETER_PORT):
             await fail(401, f"missing or wrong access token for sandbox {sandbox_id}: use the "
                        "envdAccessToken its create, connect or fork answered with")
@@ -157,14 +169,20 @@ class SandboxTraffic:
             raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
         content_type = request.headers.get("content-type", "")
         default_path = request.query_params.get("path") or None
+        # Every file of the upload gets the same metadata (envd's rule); checked before any write.
+        metadata = metadata_headers(request.headers.items())
 
         async def write(target: str, pieces: AsyncIterator[bytes]) -> dict[str, Any]:
             full = guest_path(target, user)
             parent = posixpath.dirname(full)
             if parent != "/":
                 await self._runtime().files.mkdir(sandbox_id, parent, parents=True, user=user)
-            info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user)
-            return {"name": info["name"], "type": "file", "path": info["path"]}
+            info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user,
+                                                     metadata=metadata)
+            answer = {"name": info["name"], "type": "file", "path": info["path"]}
+            if info.get("metadata"):
+                answer["metadata"] = info["metadata"]
+            return answer
 
         if content_type.startswith("multipart/form-data"):
             return await uploads.multipart(streamed_body(request), content_type, default_path, write)

@@ -6,7 +6,8 @@ The messages and the ASGI application are the pinned ``e2b`` package's own
 was there), ``Remove`` (recursive; a path that is not there is removed already,
 as in envd) and ``Move``. Entries carry the owner's and group's names, and a
 symbolic link its resolved ``symlinkTarget`` (``Stat`` follows the link for the
-type, as envd does; a listing shows the link itself). Watching a directory, as a
+type, as envd does; a listing shows the link itself), and a file's ``metadata``
+(its ``user.e2b.*`` extended attributes, envd 0.6.2). Watching a directory, as a
 stream or polled, is ``watch.py``'s.
 
 Users: as in envd, every call acts as a guest user: the one the SDK names in its
@@ -100,6 +101,7 @@ def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
         modified_time=Timestamp(seconds=int(mtime), nanos=int((mtime % 1) * 1e9)),
         symlink_target=target,
         is_symlink=info["type"] == "symlink" or target is not None,
+        metadata=info.get("metadata") or None,
     )
 
 
@@ -204,21 +206,21 @@ class FilesystemService(filesystem_connect.Filesystem):
                   ctx: RequestContext[filesystem_pb.WatchDirRequest, filesystem_pb.WatchDirResponse], /,
                   ) -> AsyncIterator[filesystem_pb.WatchDirResponse]:
         return watch.watch_stream(self._runtime(), sandbox_of(ctx), guest_path(request.path),
-                                  request.recursive, ctx.timeout_ms)
+                                  watch.WatchOptions.of(request), ctx.timeout_ms, entry)
 
     async def create_watcher(self, request: filesystem_pb.CreateWatcherRequest,
                              ctx: RequestContext[filesystem_pb.CreateWatcherRequest,
                                                  filesystem_pb.CreateWatcherResponse], /,
                              ) -> filesystem_pb.CreateWatcherResponse:
         watcher = await watch.create_watcher(self._runtime(), sandbox_of(ctx), guest_path(request.path),
-                                             request.recursive)
+                                             watch.WatchOptions.of(request))
         return filesystem_pb.CreateWatcherResponse(watcher_id=watcher)
 
     async def get_watcher_events(self, request: filesystem_pb.GetWatcherEventsRequest,
                                  ctx: RequestContext[filesystem_pb.GetWatcherEventsRequest,
                                                      filesystem_pb.GetWatcherEventsResponse], /,
                                  ) -> filesystem_pb.GetWatcherEventsResponse:
-        found = await watch.watcher_events(self._runtime(), sandbox_of(ctx), request.watcher_id)
+        found = await watch.watcher_events(self._runtime(), sandbox_of(ctx), request.watcher_id, entry)
         return filesystem_pb.GetWatcherEventsResponse(events=found)
 
     async def remove_watcher(self, request: filesystem_pb.RemoveWatcherRequest,

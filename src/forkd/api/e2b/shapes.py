@@ -13,10 +13,12 @@ from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, Sandbox
 
 from forkd.api.e2b.tokens import AccessTokens
 
-# The envd protocol version this layer speaks. The SDK turns features on by it:
-# >= 0.4.0 no default user, >= 0.5.2 close_stdin, >= 0.5.7 octet-stream uploads;
-# file metadata (xattrs, 0.6.2) stays off, because it is not served.
-ENVD_VERSION = "0.5.7"
+# The envd protocol version this layer speaks. Every gate of the pinned SDK (e2b/envd/versions.py,
+# get_metrics' 0.1.5 and 0.2.4) refuses or warns below a version, and each is served here:
+# >= 0.4.0 no default user, >= 0.5.2 close_stdin, >= 0.5.7 octet-stream uploads,
+# >= 0.6.2 file metadata (xattrs), >= 0.6.3 watch events with their entry (include_entry),
+# >= 0.6.4 allow_network_mounts on a watch (accepted: a forkd guest has no network mounts).
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "forkd"
 # A sandbox without a deadline (forked through /v1 without timeout_secs) "ends" here.
 NO_END = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)

@@ -9,10 +9,16 @@ sandbox's token opens no other sandbox.
 
 The secret is the daemon's bearer token when it has one; otherwise a random
 key kept in ``<data dir>/e2b.key`` (mode 0600), made on first use.
+
+A file URL the SDK signs (``download_url``/``upload_url``) carries no token, only
+``signature=v1_<base64 sha256 of "path:operation:user:envd token[:expiration]">``;
+``file_signature`` computes the same, so only a holder of the sandbox's token could
+have made it.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -21,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 KEY_FILE = "e2b.key"
+# Sandbox ids whose envd token is kept computed (a sandbox id is at most 64 bytes).
+MAX_KEPT_TOKENS = 1 << 16
 
 
 def load_or_make_key(data_root: Path) -> bytes:
@@ -44,6 +52,7 @@ class AccessTokens:
 
     def __init__(self, secret: bytes | Callable[[], bytes]) -> None:
         self._secret = secret
+        self._envd_tokens: dict[str, str] = {}
 
     def _key(self) -> bytes:
         if callable(self._secret):
@@ -54,10 +63,30 @@ class AccessTokens:
         return hmac.new(self._key(), f"{kind}:{sandbox_id}".encode(), hashlib.sha256).hexdigest()
 
     def envd(self, sandbox_id: str) -> str:
-        return self._token("envd", sandbox_id)
+        # Kept: a signed file URL is matched against every running sandbox's token (e2b/signed.py).
+        token = self._envd_tokens.get(sandbox_id)
+        if token is None:
+            if len(self._envd_tokens) >= MAX_KEPT_TOKENS:
+                self._envd_tokens.clear()
+            token = self._envd_tokens[sandbox_id] = self._token("envd", sandbox_id)
+        return token
 
     def traffic(self, sandbox_id: str) -> str:
         return self._token("traffic", sandbox_id)
+
+    def file_signature(self, sandbox_id: str, path: str, operation: str, user: str,
+                       expiration: int | None) -> str:
+        """E2B's v1 signature of a file URL (``e2b.sandbox.signature.get_signature``'s scheme)."""
+        raw = f"{path}:{operation}:{user}:{self.envd(sandbox_id)}"
+        if expiration is not None:
+            raw += f":{expiration}"
+        digest = hashlib.sha256(raw.encode()).digest()
+        return "v1_" + base64.b64encode(digest).rstrip(b"=").decode("ascii")
+
+    def accepts_signature(self, sandbox_id: str, signature: str, path: str, operation: str, user: str,
+                          expiration: int | None) -> bool:
+        wanted = self.file_signature(sandbox_id, path, operation, user, expiration)
+        return hmac.compare_digest(signature.encode(), wanted.encode())
 
     def accepts(self, sandbox_id: str, presented: str | None, *, traffic_too: bool = False) -> bool:
         """Whether ``presented`` is this sandbox's envd token (or, with ``traffic_too``, its

@@ -6,7 +6,8 @@ default for file-like data) or any number as ``multipart/form-data`` (field
 whole: multipart is parsed as it arrives (``python-multipart``'s streaming
 parser) and each part's bytes are handed on piece by piece, with backpressure;
 gzip is inflated piece by piece, and its output counted, so a small bomb cannot
-grow past the size limit.
+grow past the size limit. (``X-Metadata-*`` headers, the files' metadata, are read by
+``file_routes.metadata_headers``, shared with forkd's own upload.)
 """
 
 from __future__ import annotations

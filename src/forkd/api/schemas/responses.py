@@ -203,6 +203,9 @@ class FileInfo(ResponseModel):
     mtime: float = Field(description="Last modification, seconds since the epoch (guest clock).")
     owner: str | None = Field(None, description="The owner's user name (its uid when the guest has no name).")
     group: str | None = Field(None, description="The group's name (its gid when the guest has no name).")
+    metadata: dict[str, str] | None = Field(None, description=(
+        "The file's metadata (its user.e2b.* extended attributes, the prefix stripped; set by an "
+        "upload's X-Metadata-<key> headers); absent when it has none."))
 
 
 class FileList(ResponseModel):

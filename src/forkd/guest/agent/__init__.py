@@ -47,5 +47,7 @@ MIN_GUEST_PYTHON = (3, 11)
 # processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
 # "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
 # "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION), "9" terminals (a proc_start's
-# pty, proc_resize; protocol.PTY_AGENT_VERSION).
-AGENT_VERSION = "9"
+# pty, proc_resize; protocol.PTY_AGENT_VERSION), "10" file metadata (xattrs; an upload's
+# metadata, a FileInfo's; protocol.METADATA_AGENT_VERSION) and watch events with their entry
+# (protocol.WATCH_ENTRY_AGENT_VERSION).
+AGENT_VERSION = "10"

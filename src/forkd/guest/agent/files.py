@@ -23,9 +23,14 @@ from forkd.guest.protocol import (
     FILE_LIST_MAX,
     INVALID,
     MAX_REPLY_LINE,
+    METADATA_MAX_KEYS,
+    METADATA_TOTAL_MAX,
+    METADATA_XATTR_PREFIX,
     NOT_FOUND,
     RequestError,
+    check_metadata,
     check_path,
+    metadata_size,
 )
 
 # A listing stops (truncated) before its reply would outgrow the line limit.
@@ -43,6 +48,11 @@ _KIND_OF_ERRNO = {
     # Acting as a user (``users.as_user``): a path they may not touch is their request's fault.
     errno.EACCES: INVALID,
     errno.EPERM: INVALID,
+    # Setting metadata: a filesystem without user extended attributes (tmpfs before Linux 6.6),
+    # or more than the inode holds.
+    errno.EOPNOTSUPP: INVALID,
+    errno.E2BIG: INVALID,
+    errno.ERANGE: INVALID,
 }
 
 
@@ -73,8 +83,38 @@ def file_type(mode: int) -> str:
     return "other"
 
 
-def info(path: str, st: os.stat_result, target: str | None = None) -> dict[str, Any]:
-    """A FileInfo; ``target``: where a symbolic link at ``path`` resolves to (absolute)."""
+def read_metadata(path: str, follow: bool) -> dict[str, str]:
+    """The file's metadata: its ``user.e2b.*`` extended attributes, prefix stripped. Only pairs
+    that ``check_metadata`` accepts, within its bounds (a pair set out of band that is not, or
+    that would outgrow them, is left out), so the host's check of the reply holds. A file whose
+    attributes cannot be read (a filesystem without them, a file the user may not read) has none.
+    """
+    found: dict[str, str] = {}
+    total = 0
+    try:
+        names = sorted(os.listxattr(path, follow_symlinks=follow))
+    except OSError:
+        return found
+    for name in names:
+        if not name.startswith(METADATA_XATTR_PREFIX) or len(found) >= METADATA_MAX_KEYS:
+            continue
+        key = name[len(METADATA_XATTR_PREFIX):]
+        try:
+            value = os.getxattr(path, name, follow_symlinks=follow).decode("ascii")
+            check_metadata({key: value})
+        except (OSError, UnicodeDecodeError, RequestError):
+            continue  # gone meanwhile, unreadable, or not a pair E2B could have written
+        if total + metadata_size(key, value) > METADATA_TOTAL_MAX:
+            continue
+        total += metadata_size(key, value)
+        found[key] = value
+    return found
+
+
+def info(path: str, st: os.stat_result, target: str | None = None, *,
+         follow: bool = False) -> dict[str, Any]:
+    """A FileInfo; ``target``: where a symbolic link at ``path`` resolves to (absolute);
+    ``follow``: ``st`` is what a link at ``path`` points to, so its metadata is the target's."""
     out: dict[str, Any] = {
         "path": path,
         "name": os.path.basename(path.rstrip("/")) or "/",
@@ -87,7 +127,23 @@ def info(path: str, st: os.stat_result, target: str | None = None) -> dict[str, 
     }
     if target is not None:
         out["target"] = target
+    metadata = read_metadata(path, follow)
+    if metadata:
+        out["metadata"] = metadata
     return out
+
+
+def stat_info(path: str) -> dict[str, Any]:
+    """``path``'s FileInfo as ``file_stat`` answers it: a symbolic link shows its target's type,
+    size and metadata (and the resolved ``target``). Raises OSError."""
+    st = os.lstat(path)
+    if not stat.S_ISLNK(st.st_mode):
+        return info(path, st)
+    target = os.path.realpath(path)
+    try:
+        return info(path, os.stat(path), target, follow=True)
+    except FileNotFoundError:  # a dangling symlink is still there
+        return info(path, st, target)
 
 
 def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
@@ -107,14 +163,7 @@ class Files:
     def stat(req: dict[str, Any]) -> dict[str, Any]:
         path = check_path(req.get("path"))
         try:
-            st = os.lstat(path)
-            if not stat.S_ISLNK(st.st_mode):
-                return info(path, st)
-            target = os.path.realpath(path)
-            try:
-                return info(path, os.stat(path), target)
-            except FileNotFoundError:  # a dangling symlink is still there
-                return info(path, st, target)
+            return stat_info(path)
         except OSError as exc:
             raise os_error(path, exc) from None
 

@@ -2,6 +2,7 @@
 
 Its own job because an upload is the agent's only state that spans requests:
 ``file_write_open`` makes a temp file beside the target and a handle for it;
+the upload's metadata (extended attributes) is set on the temp file first;
 pieces land with ``pwrite`` at their offset (so the host may keep a few in
 flight, in any order); ``file_write_close`` renames the temp file over the
 target, or removes it, so a failed upload never leaves half a file at the
@@ -24,7 +25,16 @@ from typing import Any
 
 from forkd.guest.agent.files import info, int_arg, os_error
 from forkd.guest.agent.users import GuestUser, as_requester, as_user, user_field
-from forkd.guest.protocol import CONFLICT, FILE_CHUNK, INVALID, NOT_FOUND, RequestError, check_path
+from forkd.guest.protocol import (
+    CONFLICT,
+    FILE_CHUNK,
+    INVALID,
+    METADATA_XATTR_PREFIX,
+    NOT_FOUND,
+    RequestError,
+    check_metadata,
+    check_path,
+)
 
 MAX_OPEN_WRITES = 64
 IDLE_HANDLE_SECS = 600.0
@@ -80,6 +90,7 @@ class Uploads:
         mode = req.get("mode")
         if mode is not None:
             mode = int_arg(req, "mode", 0, 0o7777)
+        metadata = check_metadata(req.get("metadata"))
         self._drop_idle()
         parent = os.path.dirname(target) or "/"
         try:
@@ -103,6 +114,17 @@ class Uploads:
                 fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=parent)
             except OSError as exc:
                 raise os_error(parent, exc) from None
+            try:
+                # Before any data, so a filesystem without them refuses the upload at once; on
+                # the temp file, so the target changes, metadata and all, only at the rename.
+                for key, value in metadata.items():
+                    os.setxattr(fd, METADATA_XATTR_PREFIX + key, value.encode("ascii"))
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise os_error(target, exc) from None
             handle = secrets.token_hex(8)
             self.uploads[handle] = _Upload(fd, temp, target, mode, user_field(req))
         return {"handle": handle}
@@ -150,7 +172,7 @@ class Uploads:
                 os.close(upload.fd)
                 _note_landing(upload.target)
                 os.replace(upload.temp, upload.target)
-                return info(upload.target, os.stat(upload.target))
+                return info(upload.target, os.stat(upload.target), follow=True)
         except OSError as exc:
             upload.discard()
             raise os_error(upload.target, exc) from None

@@ -7,7 +7,9 @@ polls; a reader thread per watcher takes them as they come (so that a new
 directory is watched at once) into a bounded queue, and ``events`` waits (at
 most ``MAX_WAIT_MS``, on a worker) until the queue has something and answers
 the events as ``{"name": path relative to the watched directory,
-"type": create|write|remove|rename|chmod}``. A queue that overflowed is said
+"type": create|write|remove|rename|chmod}`` (a watcher made with ``entries``: and
+the ``entry``, the FileInfo of what the event names, when it is still there). A
+queue that overflowed is said
 (``overflowed``) rather than hidden. Watchers are bounded per guest; the host
 removes the ones it made, and a restored child drops its parent's.
 
@@ -28,6 +30,7 @@ import threading
 from typing import Any
 
 from forkd.guest.agent import inotify
+from forkd.guest.agent.files import stat_info
 from forkd.guest.agent.inotify import (
     IN_CREATE,
     IN_DELETE_SELF,
@@ -44,13 +47,30 @@ MAX_WATCHERS = 8
 MAX_WAIT_MS = 1000
 MAX_DIRS = 4096  # watches per watcher (recursive): each costs kernel memory
 MAX_EVENTS = 1000  # per answer; the rest stay queued for the next poll
+# Per answer of a watcher whose events carry their entry (a FileInfo, metadata included: ~4.5 KiB
+# at most), so that the answer stays well inside the reply line's limit.
+MAX_ENTRY_EVENTS = 200
+# The events whose path no longer names what they were about: they carry no entry (as envd's).
+NO_ENTRY = ("remove", "rename")
 QUEUE_MAX = 10_000  # events read but not yet polled, per watcher
 READ_BYTES = 64 << 10
 
+def with_entry(root: str, event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` with the ``entry`` (FileInfo) of what it names, as it is now: none for a removal
+    or a move away, or for what is gone by the time of the poll."""
+    if event["type"] in NO_ENTRY:
+        return event
+    try:
+        return {**event, "entry": stat_info(os.path.join(root, event["name"]))}
+    except OSError:
+        return event
+
+
 class Watcher:
-    def __init__(self, path: str, recursive: bool) -> None:
+    def __init__(self, path: str, recursive: bool, entries: bool = False) -> None:
         self.root = path
         self.recursive = recursive
+        self.entries = entries  # each event answered with its entry (E2B's include_entry)
         self.dirs: dict[int, str] = {}  # watch descriptor -> directory, relative to root ("" for it)
         self.overflowed = False
         self.uploads_moving: set[int] = set()  # rename cookies of upload temp files moving out
@@ -123,14 +143,17 @@ class Watcher:
                     self.events.extend(found)
                     self.cond.notify_all()
 
-    def poll(self, wait_ms: int) -> list[dict[str, str]]:
+    def poll(self, wait_ms: int) -> list[dict[str, Any]]:
         self._drain()  # what the reader has not taken yet: a request's own effects are never missed
+        most = MAX_ENTRY_EVENTS if self.entries else MAX_EVENTS
         with self.cond:
             if not self.events and not self.closed:
                 self.cond.wait(wait_ms / 1000)
             if self.closed:
                 raise ValueError("closed")
-            return [self.events.popleft() for _ in range(min(len(self.events), MAX_EVENTS))]
+            found: list[dict[str, Any]] = [self.events.popleft() for _ in range(min(len(self.events), most))]
+        # Outside the lock: stat calls on a slow filesystem must not hold up the reader.
+        return [with_entry(self.root, ev) for ev in found] if self.entries else found
 
     def _parse(self, buf: bytes) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
@@ -196,7 +219,7 @@ class Watches:
                 if len(self._watchers) >= MAX_WATCHERS:
                     raise RequestError(f"this sandbox already has {MAX_WATCHERS} directory watchers; "
                                        "stop one first", CONFLICT)
-                watcher = Watcher(path, req.get("recursive") is True)
+                watcher = Watcher(path, req.get("recursive") is True, req.get("entries") is True)
                 new_id = f"w{next(self._ids)}"
                 self._watchers[new_id] = watcher
             return {"watcher": new_id}
