@@ -50,6 +50,7 @@ EXTRAS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ForkRequest", "ForkExtra", ("fork_sandbox", "fork_tree")),
     ("BranchRequest", "BranchExtra", ("branch_sandbox",)),
     ("PoolRequest", "PoolExtra", ("set_pool",)),
+    ("TemplateBuildRequest", "TemplateBuildExtra", ("build_template",)),
 )
 
 HEADER = '''\

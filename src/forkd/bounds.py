@@ -86,6 +86,18 @@ SETUP_TIMEOUT_SECS = Range("setup_timeout_secs", 0, 86400, exclusive_min=True)
 MAX_SETUP_STEPS = 256
 MAX_WARM_IMPORTS = 256
 
+# --- templates as code (controller/dockerfile.py, controller/template_build.py)
+MAX_DOCKERFILE_BYTES = 256 * 1024
+# Instructions in one Dockerfile: each RUN or COPY is a layer (a disk in the chain).
+MAX_TEMPLATE_STEPS = 64
+MAX_BUILD_ARGS = 64
+# A build context (a tar of the files COPY may name): stored on the host, uploaded into the VM.
+MAX_BUILD_CONTEXT_BYTES = 512 * 1024 * 1024
+MAX_BUILD_CONTEXT_MEMBERS = 100_000
+MAX_BUILD_CONTEXTS = 64  # kept on the host at once; the oldest is dropped first
+# The tags of a build's cached layers (controller/template_build.py): ``layer-`` and 20 hex digits.
+TEMPLATE_LAYER_PREFIX = "layer-"
+
 # --- sandboxes
 SPAWN_N = Range("n", 1, 1000, integer=True)
 # QEMU alone needs tens of MiB; below this a child is OOM-killed before it answers.

@@ -144,6 +144,21 @@ def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program
     assert left == ["base", "code-interpreter-v1"], left
 
 
+def test_e2b_template_build_runs_unchanged(clients_python: Path, clean: Daemon) -> None:
+    """Template.build (copy, run_cmd as user and as root, set_envs), Sandbox.create from it, a
+    rebuild from the layer cache; no network (no apt or pip installs: CI has no registry)."""
+    out = run_program(clients_python, CLIENTS / "e2b" / "templates.py", e2b_env(clean))
+    assert out.strip().endswith("templates ok"), out
+    with clean.client() as c:
+        layers = [s["tag"] for s in c.get("/v1/snapshots").json() if s["tag"].startswith("layer-")]
+        assert layers, "the build's layers are forkd snapshots"
+        # The cache is dropped as a whole by deleting its base layer with what builds on it.
+        roots = [t for t in layers if c.get(f"/v1/snapshots/{t}").json().get("parent_tag") is None]
+        for root in roots:
+            assert c.delete(f"/v1/snapshots/{root}?cascade=true").status_code == 204
+        assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["base", "code-interpreter-v1"]
+
+
 def test_v1_runs_as_root_unless_a_user_is_named(clean: Daemon) -> None:
     """forkd's own routes: root by default (as before), ``user`` honoured on exec, processes and
     files, an unknown user a 400 with the guest's words (issue 20)."""

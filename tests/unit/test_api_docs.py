@@ -47,6 +47,8 @@ PATTERN_WORDS = {
     schemas.NON_EMPTY_NO_NUL_PATTERN: "non-empty, no NUL",
     schemas.ENV_NAME_PATTERN: "no `=`, no NUL",
     schemas.TREE_ID_PATTERN: "fork-tree id",
+    schemas.DIGEST_PATTERN: "64 hex digits",
+    schemas.VAR_NAME_PATTERN: "a variable name",
     schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
     schemas.GUEST_USER_PATTERN: "a guest user's name",
     code_routes.CONTEXT_PATTERN: "context id",

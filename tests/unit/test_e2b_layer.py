@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import gzip
+import io
 import json
+import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -505,3 +507,43 @@ def test_a_signed_file_url_names_its_sandbox_and_stands_for_its_token(client: Te
     # Not a signature at all: a clear 400 before any hashing.
     resp = client.get("/files", params={"path": "s.txt", "signature": "x" * 500})
     assert resp.status_code == 400 and "v1 file signature" in resp.json()["message"], resp.text
+
+
+def test_template_build_through_the_control_plane(client: TestClient, fake: FakeRuntime) -> None:
+    """The calls Template.build makes, in its order, with the statuses the SDK's client parses."""
+    key = {"X-API-KEY": TOKEN}
+    made = client.post("/v3/templates", json={"name": "web", "cpuCount": 1, "memoryMB": 512}, headers=key)
+    assert made.status_code == 202, made.text
+    build_id = made.json()["buildID"]
+    assert made.json()["templateID"] == "web" and made.json()["names"] == ["web"]
+    files_hash = "c" * 64
+    link = client.get(f"/templates/web/files/{files_hash}", headers=key)
+    assert link.status_code == 201 and link.json()["present"] is False
+    assert link.json()["url"].endswith(f"/templates/web/files/{files_hash}")
+    assert link.json()["headers"] == {"X-API-KEY": TOKEN}  # the SDK sends them with the upload
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("app/a.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"a"))
+    assert client.put(link.json()["url"], content=buf.getvalue(), headers=key).status_code == 200
+    assert client.get(f"/templates/web/files/{files_hash}", headers=key).json()["present"] is True
+    steps = [{"type": "COPY", "args": ["app/*", "app", "", ""], "filesHash": files_hash},
+             {"type": "RUN", "args": ["echo hi"]}]
+    started = client.post(f"/v2/templates/web/builds/{build_id}", json={"steps": steps}, headers=key)
+    assert started.status_code == 202, started.text
+    status: dict[str, Any] = {}
+    for _ in range(100):
+        status = client.get(f"/templates/web/builds/{build_id}/status", headers=key).json()
+        if status["status"] not in ("waiting", "building"):
+            break
+    assert status["status"] == "ready", status
+    assert [e["step"] for e in status["logEntries"][:3]] == ["1", "2", "finalize"]
+    assert "web" in fake.snapshots
+    assert client.get("/templates/aliases/web", headers=key).json() == {"templateID": "web", "public": False}
+    assert client.get("/templates/aliases/nope", headers=key).status_code == 404
+    # Refused up front, in the SDK's shape.
+    other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
+    assert "not a forkd image" in rest_error(client.post(
+        f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
+    assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)

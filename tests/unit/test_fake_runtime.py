@@ -20,9 +20,11 @@ import forkd.api.fork_routes
 import forkd.api.pool_routes
 import forkd.api.process_routes
 import forkd.api.routes
+import forkd.api.template_routes
 import forkd.api.travel_routes
 import forkd.api.workspace_routes
 from forkd.api.deps import (
+    BuildsLike,
     CheckpointsLike,
     FilesLike,
     HibernationLike,
@@ -41,10 +43,12 @@ from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import SandboxProcesses
 from forkd.controller.runtime import Runtime
+from forkd.controller.template_build import TemplateBuilds
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import (
+    FakeBuilds,
     FakeCheckpoints,
     FakeFiles,
     FakeHibernation,
@@ -66,13 +70,14 @@ SUB_APIS: dict[str, tuple[type, type, type]] = {
     "workspaces": (Workspaces, WorkspacesLike, FakeWorkspaces),
     "pools": (PoolKeeper, PoolsLike, FakePools),
     "hibernation": (Hibernator, HibernationLike, FakeHibernation),
+    "builds": (TemplateBuilds, BuildsLike, FakeBuilds),
 }
 
 
 def _route_modules() -> list[Any]:
     return [forkd.api.routes, forkd.api.code_routes, forkd.api.pool_routes, forkd.api.file_routes,
             forkd.api.fork_routes, forkd.api.travel_routes, forkd.api.process_routes,
-            forkd.api.workspace_routes]
+            forkd.api.workspace_routes, forkd.api.template_routes]
 
 
 def _attributes_of_rt() -> list[ast.Attribute]:

@@ -579,6 +579,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/templates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Build a Dockerfile into a snapshot, layer by cached layer; progress as NDJSON */
+        post: operations["build_template_v1_templates_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/contexts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** Upload a build context (a tar of the files COPY may name), streamed */
+        put: operations["put_context_v1_templates_contexts_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces": {
         parameters: {
             query?: never;
@@ -710,6 +744,21 @@ export interface components {
              */
             wait?: boolean;
         } & (unknown & unknown & unknown & unknown & unknown);
+        /** BuildContextInfo */
+        BuildContextInfo: {
+            /**
+             * Bytes
+             * @description The tar's size.
+             */
+            bytes: number;
+            /**
+             * Context
+             * @description The tar's sha256: name it as a build's `context`.
+             */
+            context: string;
+        } & {
+            [key: string]: unknown;
+        };
         /** CancelEvalResponse */
         CancelEvalResponse: {
             /**
@@ -2162,6 +2211,76 @@ export interface components {
              * @default false
              */
             diff?: boolean;
+        };
+        /** TemplateBuildRequest */
+        TemplateBuildRequest: {
+            /**
+             * Allow Internet Access
+             * @description The build's own egress while RUN steps run (e.g. pip install). Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
+            /**
+             * Boot Wait Secs
+             * @description Upper bound on the base layer's boot.
+             * @default 180
+             */
+            boot_wait_secs?: number;
+            /**
+             * Build Args
+             * @description Values of the Dockerfile's ARGs.
+             */
+            build_args?: {
+                [key: string]: string;
+            };
+            /**
+             * Context
+             * @description The build context COPY reads: the digest PUT /v1/templates/contexts answered.
+             */
+            context?: string | null;
+            /**
+             * Dockerfile
+             * @description The Dockerfile's text: FROM (a forkd image), RUN, COPY/ADD, ENV, ARG, WORKDIR, USER (docs/TEMPLATES.md).
+             */
+            dockerfile: string;
+            /**
+             * Mem Mib
+             * @description Guest RAM in MiB.
+             * @default 512
+             */
+            mem_mib?: number;
+            /** @description The build's own egress. Finer egress: allow_out / deny_out lists of destinations. Needs a snapshot with a NIC. */
+            network?: components["schemas"]["NetworkPolicy"] | null;
+            /**
+             * Nic
+             * @description Give the template, and so every child, a network device.
+             * @default false
+             */
+            nic?: boolean;
+            /**
+             * Replace
+             * @description Replace an existing snapshot of this tag once the build has succeeded.
+             * @default false
+             */
+            replace?: boolean;
+            /**
+             * Step Timeout Secs
+             * @description Timeout of each RUN and COPY step.
+             * @default 1800
+             */
+            step_timeout_secs?: number;
+            /**
+             * Tag
+             * @description Name of the template's snapshot.
+             * @example web
+             */
+            tag: string;
+            /**
+             * Vcpus
+             * @description Guest vCPUs.
+             * @default 1
+             */
+            vcpus?: number;
         };
         /** TimeoutRequest */
         TimeoutRequest: {
@@ -5693,6 +5812,126 @@ export interface operations {
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    build_template_v1_templates_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TemplateBuildRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: plan, step (cached or not), log, then done or error (see docs/TEMPLATES.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The FROM image is not built, or the context was not uploaded. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The tag exists (and replace is false). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    put_context_v1_templates_contexts_put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BuildContextInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The tar is over 512 MiB. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
                 headers: {
                     [name: string]: unknown;
                 };

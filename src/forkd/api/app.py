@@ -17,6 +17,7 @@ from forkd.api import (
     fork_routes,
     pool_routes,
     process_routes,
+    template_routes,
     travel_routes,
     ui,
     workspace_routes,
@@ -210,6 +211,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
     app.include_router(travel_routes.router)
+    app.include_router(template_routes.router)
     app.include_router(ui.make_router())
     install_exception_handlers(app)
 
@@ -222,7 +224,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     # The E2B apps (api/e2b) authenticate by their own credentials: the API key,
     # or a sandbox's access token (an HMAC of its id under the daemon's secret).
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       exempt=file_routes.streams_body)
+                       exempt=lambda scope: file_routes.streams_body(scope)
+                       or template_routes.streams_body(scope))
     if token is not None:
         app.add_middleware(BearerAuthMiddleware, token=token)
     secret = token.encode() if token is not None else (lambda: load_or_make_key(settings.data().root))

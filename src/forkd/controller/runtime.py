@@ -63,6 +63,7 @@ from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
 from forkd.controller.suspend import view as suspend_view
 from forkd.controller.tags import TagReservations
+from forkd.controller.template_build import BuildRequest, TemplateBuilds
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
@@ -87,7 +88,8 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec", "SpawnOptions",
+    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec",
+    "SpawnOptions",
     "WatchBatch", "WatchEvent", "offline_travel",
 ]
 
@@ -154,6 +156,8 @@ class Runtime:
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
         self.spawner.fetch_missing_from(self.travel)
+        # Dockerfile builds (controller/template_build.py): a sub-API the template routes call.
+        self.builds = TemplateBuilds(data, self.templates, self)
 
     # ---------------------------------------------------------------- open/close
 

@@ -393,3 +393,13 @@ def resume_workspace(name: str) -> Call:
     return Call("POST", _workspace(name, "/resume"), read_timeout=None)
 
 
+
+
+def put_build_context() -> Call:
+    return Call("PUT", "/v1/templates/contexts", read_timeout=None)
+
+
+def build_template(tag: str, dockerfile: str, *, context: str | None, extra: Mapping[str, object]) -> Call:
+    body = _extra({"tag": tag, "dockerfile": dockerfile, "context": context}, extra)
+    # The stream lasts as long as the build (minutes): no read timeout between its lines.
+    return Call("POST", "/v1/templates", json=body, read_timeout=None)

@@ -41,6 +41,16 @@ class BranchRequest(TypedDict, total=False):
     """
 
 
+class BuildContextInfo(TypedDict, total=False):
+    """The ``BuildContextInfo`` schema."""
+
+    context: Required[str]
+    """The tar's sha256: name it as a build's `context`."""
+
+    bytes: Required[int]
+    """The tar's size."""
+
+
 class CancelEvalResponse(TypedDict, total=False):
     """The ``CancelEvalResponse`` schema."""
 
@@ -1094,6 +1104,54 @@ class SuspendWorkspaceRequest(TypedDict, total=False):
     """
 
 
+class TemplateBuildRequest(TypedDict, total=False):
+    """The ``TemplateBuildRequest`` schema."""
+
+    tag: Required[str]
+    """Name of the template's snapshot."""
+
+    dockerfile: Required[str]
+    """The Dockerfile's text: FROM (a forkd image), RUN, COPY/ADD, ENV, ARG, WORKDIR, USER
+    (docs/TEMPLATES.md).
+    """
+
+    context: str | None
+    """The build context COPY reads: the digest PUT /v1/templates/contexts answered."""
+
+    build_args: dict[str, str]
+    """Values of the Dockerfile's ARGs."""
+
+    mem_mib: int
+    """Guest RAM in MiB."""
+
+    vcpus: int
+    """Guest vCPUs."""
+
+    nic: bool
+    """Give the template, and so every child, a network device."""
+
+    allow_internet_access: bool
+    """The build's own egress while RUN steps run (e.g. pip install). Open outbound traffic to the
+    public internet (denied by default): every destination but private, link-local, loopback and
+    multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and
+    net.ipv4.ip_forward=1 on the host.
+    """
+
+    network: NetworkPolicy | None
+    """The build's own egress. Finer egress: allow_out / deny_out lists of destinations. Needs a
+    snapshot with a NIC.
+    """
+
+    replace: bool
+    """Replace an existing snapshot of this tag once the build has succeeded."""
+
+    step_timeout_secs: float
+    """Timeout of each RUN and COPY step."""
+
+    boot_wait_secs: float
+    """Upper bound on the base layer's boot."""
+
+
 class TimeoutRequest(TypedDict, total=False):
     """The ``TimeoutRequest`` schema."""
 
@@ -1237,9 +1295,49 @@ class PoolExtra(TypedDict, total=False):
     """
 
 
+class TemplateBuildExtra(TypedDict, total=False):
+    """The optional fields of ``TemplateBuildRequest`` that ``build_template`` takes as keyword
+    arguments (the rest are parameters of their own).
+    """
+
+    build_args: dict[str, str]
+    """Values of the Dockerfile's ARGs."""
+
+    mem_mib: int
+    """Guest RAM in MiB."""
+
+    vcpus: int
+    """Guest vCPUs."""
+
+    nic: bool
+    """Give the template, and so every child, a network device."""
+
+    allow_internet_access: bool
+    """The build's own egress while RUN steps run (e.g. pip install). Open outbound traffic to the
+    public internet (denied by default): every destination but private, link-local, loopback and
+    multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and
+    net.ipv4.ip_forward=1 on the host.
+    """
+
+    network: NetworkPolicy | None
+    """The build's own egress. Finer egress: allow_out / deny_out lists of destinations. Needs a
+    snapshot with a NIC.
+    """
+
+    replace: bool
+    """Replace an existing snapshot of this tag once the build has succeeded."""
+
+    step_timeout_secs: float
+    """Timeout of each RUN and COPY step."""
+
+    boot_wait_secs: float
+    """Upper bound on the base layer's boot."""
+
+
 __all__ = [
     "BranchExtra",
     "BranchRequest",
+    "BuildContextInfo",
     "CancelEvalResponse",
     "CheckpointList",
     "CheckpointPolicy",
@@ -1289,6 +1387,8 @@ __all__ = [
     "StdinRequest",
     "StdinResponse",
     "SuspendWorkspaceRequest",
+    "TemplateBuildExtra",
+    "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
     "WorkspaceInfo",

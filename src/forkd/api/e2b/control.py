@@ -1,9 +1,10 @@
 """E2B's control plane: sandboxes created, connected (and so resumed), killed, listed,
-described, given a new timeout, paused and forked. A template is a forkd snapshot tag.
+described, given a new timeout, paused and forked. A template is a forkd snapshot tag;
+``Template.build`` is served by ``templates.py``, snapshots of sandboxes by ``snapshots.py``.
 
 Each route checks the request, calls the Runtime, and answers in the SDK's own
 models (``shapes``); every error is ``{"code": <status>, "message"}``. Routes
-the SDK has but forkd does not serve (logs, templates,
+the SDK has but forkd does not serve (logs, template tags,
 volumes, secrets, network updates, ...) answer ``501`` in that shape, naming
 docs/E2B.md.
 
@@ -30,6 +31,7 @@ from forkd import bounds
 from forkd.api.e2b import shapes
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
+from forkd.api.e2b.templates import TemplateError, add_template_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
 from forkd.controller.options import SpawnOptions
@@ -129,6 +131,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     @app.exception_handler(SnapshotError)
     async def snapshot_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SnapshotError)
+        return _json_error(exc.status, str(exc))
+
+    @app.exception_handler(TemplateError)
+    async def template_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, TemplateError)
         return _json_error(exc.status, str(exc))
 
     @app.exception_handler(ForkdError)
@@ -325,6 +332,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return [shapes.listed(v) for v in page]
 
     add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
+    add_template_routes(app, rt)  # Template.build: /v3/templates, uploads, builds and their status
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app

@@ -23,6 +23,7 @@ from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
 from forkd.api.e2b.errors import CONNECT_CODE, rest_body, send_json
 from forkd.api.e2b.paths import SANDBOX_HEADER, is_control_path, is_e2b_request, is_sandbox_request
 from forkd.api.e2b.signed import SignedFileRequest, signed_file_request
+from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
 from forkd.errors import ForkdError
@@ -62,7 +63,7 @@ class E2BDispatch:
         self._runtime = runtime
         self._tokens = tokens
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
-                                               max_body_bytes, shape=_rest_shape)
+                                               max_body_bytes, exempt=template_uploads, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)

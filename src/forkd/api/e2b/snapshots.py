@@ -27,7 +27,7 @@ from e2b.api.client.models import SandboxSnapshotRequest, SnapshotInfo
 from fastapi import FastAPI, Request, Response
 
 from forkd.api.limits import BranchGate
-from forkd.bounds import TAG_RE
+from forkd.bounds import TAG_RE, TEMPLATE_LAYER_PREFIX
 from forkd.errors import NotFound
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ def info(record: SnapshotRecord) -> dict[str, Any]:
 def is_user_snapshot(record: SnapshotRecord, held: set[str]) -> bool:
     """A snapshot someone made of a sandbox: a BRANCH, not one forkd keeps for itself (a paused
     sandbox's state, ``held``; a fork's or a resumed sandbox's, ``auto_delete``)."""
-    return record.branched_from is not None and not record.auto_delete and record.tag not in held
+    return (record.branched_from is not None and not record.auto_delete and record.tag not in held
+            and not record.tag.startswith(TEMPLATE_LAYER_PREFIX))  # a template build's cached layer
 
 
 def select(records: list[SnapshotRecord], held: set[str], *, sandbox_id: str | None,

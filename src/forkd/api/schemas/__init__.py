@@ -5,6 +5,7 @@ importable from here, as it was when this was one module."""
 from __future__ import annotations
 
 from forkd.api.schemas.common import (
+    DIGEST_PATTERN,
     EGRESS_ENTRY_HELP,
     ENV_NAME_PATTERN,
     GUEST_PATH_PATTERN,
@@ -19,7 +20,9 @@ from forkd.api.schemas.common import (
     TAG_PATTERN,
     TAP_PATTERN,
     TREE_ID_PATTERN,
+    VAR_NAME_PATTERN,
     BranchMode,
+    BuildArgs,
     CpuLimit,
     CString,
     DiskQuotaMib,
@@ -67,9 +70,11 @@ from forkd.api.schemas.requests import (
     SpawnRequest,
     StdinRequest,
     SuspendWorkspaceRequest,
+    TemplateBuildRequest,
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
+    BuildContextInfo,
     CancelEvalResponse,
     CheckpointList,
     CheckpointPolicy,
@@ -102,6 +107,7 @@ from forkd.api.schemas.responses import (
 
 __all__ = [
     "BASE64_PATTERN",
+    "DIGEST_PATTERN",
     "EGRESS_ENTRY_HELP",
     "ENV_NAME_PATTERN",
     "GUEST_PATH_PATTERN",
@@ -116,8 +122,11 @@ __all__ = [
     "TAG_PATTERN",
     "TAP_PATTERN",
     "TREE_ID_PATTERN",
+    "VAR_NAME_PATTERN",
     "BranchMode",
     "BranchRequest",
+    "BuildArgs",
+    "BuildContextInfo",
     "CString",
     "CancelEvalResponse",
     "CheckpointList",
@@ -187,6 +196,7 @@ __all__ = [
     "StdinResponse",
     "SuspendWorkspaceRequest",
     "Tag",
+    "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
     "WorkspaceInfo",

@@ -21,6 +21,9 @@ from forkd.host.egress import ENTRY_PATTERN, Destination
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
+# A Dockerfile ARG's name (controller/dockerfile.py's rule).
+VAR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"  # a sha256 in hex: a build context (controller/build_contexts.py)
 TREE_ID_PATTERN = r"^ft-[0-9a-f]{12}$"  # controller/forks.py: f"ft-{secrets.token_hex(6)}"
 SANDBOX_ID_PATTERN = bounds.SANDBOX_ID_RE.pattern
 TAP_PATTERN = bounds.TAP_RE.pattern
@@ -68,6 +71,12 @@ EnvMap = Annotated[
          Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN, max_length=bounds.ENV.max_value)]],
     Field(max_length=bounds.ENV.max_entries, json_schema_extra={
         "propertyNames": {"pattern": ENV_NAME_PATTERN, "maxLength": bounds.ENV.max_key}}),
+]
+BuildArgs = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=VAR_NAME_PATTERN)],
+         Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN, max_length=bounds.ENV.max_value)]],
+    Field(max_length=bounds.MAX_BUILD_ARGS,
+          json_schema_extra={"propertyNames": {"pattern": VAR_NAME_PATTERN}}),
 ]
 Labels = Annotated[
     dict[Annotated[str, StringConstraints(min_length=1, max_length=bounds.METADATA.max_key)],

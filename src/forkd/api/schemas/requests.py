@@ -18,14 +18,17 @@ from pydantic import (
 
 from forkd import bounds
 from forkd.api.schemas.common import (
+    DIGEST_PATTERN,
     ENV_NAME_PATTERN,
     GUEST_PATH_PATTERN,
     INTERNET_HELP,
     MODULE_PATTERN,
     NETWORK_HELP,
+    NO_NUL_PATTERN,
     TAP_PATTERN,
     TREE_ID_PATTERN,
     BranchMode,
+    BuildArgs,
     CpuLimit,
     CString,
     DiskQuotaMib,
@@ -448,3 +451,29 @@ class PoolRequest(RequestModel):
 
 class PushRequest(RequestModel):
     force: bool = Field(False, description="Replace a different snapshot of the same tag in the store.")
+
+
+class TemplateBuildRequest(RequestModel):
+    tag: Tag = Field(description="Name of the template's snapshot.", examples=["web"])
+    dockerfile: Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN,
+                                                 max_length=bounds.MAX_DOCKERFILE_BYTES)] = Field(
+        description="The Dockerfile's text: FROM (a forkd image), RUN, COPY/ADD, ENV, ARG, WORKDIR, USER "
+        "(docs/TEMPLATES.md).",
+    )
+    context: Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)] | None = Field(
+        None, description="The build context COPY reads: the digest PUT /v1/templates/contexts answered.",
+    )
+    build_args: BuildArgs = Field(default_factory=dict, description="Values of the Dockerfile's ARGs.")
+    mem_mib: JSONInt = Field(DEFAULT_MEM_MIB, **bounds.MEM_MIB.field_kwargs(),
+                             description="Guest RAM in MiB.")
+    vcpus: JSONInt = Field(DEFAULT_VCPUS, **bounds.VCPUS.field_kwargs(), description="Guest vCPUs.")
+    nic: bool = Field(False, description="Give the template, and so every child, a network device.")
+    allow_internet_access: bool = Field(False, description="The build's own egress while RUN steps run "
+                                        "(e.g. pip install). " + INTERNET_HELP)
+    network: NetworkPolicy | None = Field(None, description="The build's own egress. " + NETWORK_HELP)
+    replace: bool = Field(False, description="Replace an existing snapshot of this tag once the build "
+                          "has succeeded.")
+    step_timeout_secs: float = Field(1800, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
+                                     description="Timeout of each RUN and COPY step.")
+    boot_wait_secs: float = Field(180, **bounds.BOOT_WAIT_SECS.field_kwargs(),
+                                  description="Upper bound on the base layer's boot.")

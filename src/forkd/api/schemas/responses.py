@@ -329,3 +329,8 @@ class Health(BaseModel):
 class Version(BaseModel):
     version: str = Field(examples=["0.1.0"])
     api: str = Field(examples=["v1"])
+
+
+class BuildContextInfo(ResponseModel):
+    context: str = Field(description="The tar's sha256: name it as a build's `context`.")
+    bytes: int = Field(description="The tar's size.")

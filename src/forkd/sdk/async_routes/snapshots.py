@@ -4,25 +4,35 @@ waited for, compacted, pushed and pulled."""
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import time
 from collections.abc import Mapping, Sequence
-from typing import Unpack, cast
+from typing import IO, Unpack, cast
+
+import httpx
 
 from forkd.sdk import _calls
 from forkd.sdk._http import (
     DEFAULT_WAIT_SECS,
+    Progress,
+    parse_response,
     snapshot_is_ready,
+    timeout_for,
+    translate,
 )
 from forkd.sdk.errors import ForkdTimeoutError
 from forkd.sdk.models import (
+    BuildContextInfo,
     CreateSnapshotExtra,
     Health,
     PullResult,
     PushResult,
     SnapshotDetail,
+    TemplateBuildExtra,
     Version,
 )
 from forkd.sdk.types import (
+    JSONDict,
     SnapshotInfo,
 )
 
@@ -167,3 +177,39 @@ class AsyncSnapshotRoutes(AsyncTransport):
         then be deleted without losing ``to``.
         """
         return cast(SnapshotInfo, await self._send(_calls.compact_snapshot(tag, to)))
+
+    # ---------------------------------------------------------------- templates
+
+    async def put_build_context(
+        self, tar: bytes | IO[bytes], progress: Progress | None = None
+    ) -> BuildContextInfo:
+        """``PUT /v1/templates/contexts``: upload a build context (a tar of the files COPY may
+        name; a file object is streamed a piece at a time) → ``{"context": sha256, "bytes"}``."""
+        call = _calls.put_build_context()
+        content: bytes | collections.abc.AsyncIterator[bytes]
+        if isinstance(tar, bytes | bytearray | memoryview):
+            content = bytes(tar)
+        else:
+            content = self._pieces(tar, progress)
+        try:
+            response = await self._client.request(
+                call.method, call.path, content=content, headers={"Content-Type": "application/x-tar"},
+                timeout=timeout_for(call, self.timeout))
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.url, call) from exc
+        return cast(BuildContextInfo, parse_response(call, response))
+
+    def build_template(
+        self, tag: str, dockerfile: str, context: str | None = None, **extra: Unpack[TemplateBuildExtra]
+    ) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """``POST /v1/templates``: build ``dockerfile`` into the snapshot ``tag``, its progress
+        streamed: ``plan``, a ``step`` per instruction (``cached``: not run), ``log`` lines as a
+        step runs, last ``done`` (``snapshot``, ``cache_hits``, ``steps_run``, ``layers``). A
+        failed build raises :class:`~forkd.sdk.errors.ServerError` with its message.
+
+        Args:
+            context: the digest :meth:`put_build_context` answered (needed by COPY).
+            **extra: the request's other optional fields
+                (:class:`~forkd.sdk.models.TemplateBuildExtra`: build_args, mem_mib, nic, replace, …).
+        """
+        return self._stream(_calls.build_template(tag, dockerfile, context=context, extra=extra))

@@ -1,0 +1,419 @@
+"""E2B's template build API on forkd's Dockerfile builds (``rt.builds``, docs/TEMPLATES.md).
+
+The SDK's ``Template.build`` makes four kinds of call; each maps onto forkd:
+
+* ``POST /v3/templates {name, cpuCount, memoryMB}``: a build is registered (``waiting``). The
+  template's id is its name, which is the forkd snapshot tag the build makes, so
+  ``Sandbox.create(name)`` forks from it.
+* ``GET /templates/{id}/files/{hash}`` and ``PUT`` there: each ``copy`` step's files, a tar
+  (gzipped or not) the SDK made of them, stored once per hash as a forkd build context
+  (``present`` when it is already here). The upload URL is this daemon's, and the answer's
+  ``headers`` carry the caller's own API key, which the SDK sends with the upload.
+* ``POST /v2/templates/{id}/builds/{buildID} {fromImage|fromTemplate, steps, force, startCmd,
+  readyCmd}``: the steps become a Dockerfile (exec-form ``RUN ["/bin/bash", "-c", cmd]``,
+  ``COPY``, ``ENV``, ``WORKDIR``, ``USER``) on a context made of the steps' uploads, built in
+  the background with forkd's layer cache (``force``: none of it, the base layer apart). The
+  build starts as E2B's templates do: ``USER user`` and ``WORKDIR /home/user``.
+* ``GET /templates/{id}/builds/{buildID}/status?logsOffset``: the build's state and its log
+  entries from that offset (at most 100 a call), ``reason`` (message, failed step) on an error.
+
+The base is forkd's ``default`` image for E2B's base image (``e2bdev/base``), any forkd image
+by name, or (``fromTemplate``) a snapshot; nothing is pulled, so other images are ``400``.
+``GET /templates/aliases/{alias}`` (``Template.exists``) says whether a snapshot of that tag
+exists. Builds are kept in memory (the last 64), so a daemon restart forgets their status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import io
+import json
+import re
+import tarfile
+import tempfile
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request, Response
+from starlette.types import Scope
+
+from forkd import bounds
+from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
+
+if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
+
+MAX_BUILDS = 64
+MAX_LOG_ENTRIES = 10_000
+MAX_MESSAGE = 4096
+STATUS_PAGE = 100
+HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+_UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
+BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
+DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
+STEP_TYPES = {"RUN", "COPY", "ENV", "WORKDIR", "USER"}
+MAX_STEPS = bounds.MAX_TEMPLATE_STEPS
+
+
+class TemplateError(Exception):
+    """An answer in the SDK's REST error shape (the control app's handler turns it into one)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def streams_body(scope: Scope) -> bool:
+    """A file upload (a tar of a copy step's files), which the JSON body limit must not buffer."""
+    return scope.get("method") == "PUT" and bool(_UPLOAD_PATH.match(str(scope.get("path", ""))))
+
+
+@dataclass
+class _Build:
+    template_id: str
+    build_id: str
+    vcpus: int | None
+    mem_mib: int | None
+    status: str = "waiting"  # waiting | building | ready | error
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    reason: dict[str, Any] | None = None
+    task: asyncio.Task[None] | None = None
+
+    def log(self, message: str, level: str = "info", step: str | None = None) -> None:
+        if len(self.entries) >= MAX_LOG_ENTRIES:
+            return
+        entry: dict[str, Any] = {"timestamp": datetime.now(UTC).isoformat(), "level": level,
+                                 "message": message[:MAX_MESSAGE]}
+        if step is not None:
+            entry["step"] = step
+        self.entries.append(entry)
+
+
+def _quote_env(value: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise TemplateError(400, "an environment variable's value cannot hold a line break here")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def _word(value: str, what: str) -> str:
+    if not value or any(c.isspace() for c in value) or "\0" in value:
+        raise TemplateError(400, f"{what} {value[:80]!r} must be one word")
+    return value
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """A glob over whole path segments (``folder/*`` matches ``folder/a``, not ``folder/a/b``)."""
+    want, have = pattern.strip("/").split("/"), name.split("/")
+    return len(want) == len(have) and all(fnmatch.fnmatchcase(h, w) for h, w in zip(have, want, strict=True))
+
+
+class E2BTemplates:
+    """The builds E2B's SDK asked for and the copy steps' uploads, by hash (in memory)."""
+
+    def __init__(self, rt: Callable[[], Runtime]) -> None:
+        self._rt = rt
+        self._builds: OrderedDict[str, _Build] = OrderedDict()  # build id -> build
+        self._files: dict[str, Path] = {}  # E2B's files hash -> the upload, a plain tar
+        self._dir = tempfile.TemporaryDirectory(prefix="forkd-e2b-files-")
+
+    # --------------------------------------------------------------- requests
+
+    def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("name") or body.get("alias")
+        if not isinstance(name, str):
+            raise TemplateError(400, "name is required")
+        if ":" in name or body.get("tags"):
+            raise TemplateError(400, "template tags (name:tag) are not supported by forkd: a template is "
+                                "one snapshot tag")
+        if not bounds.TAG_RE.match(name):
+            raise TemplateError(400, f"template name {name[:80]!r} must be a forkd tag: letters, digits, "
+                                "'.', '_' and '-', at most 64")
+        vcpus, mem = body.get("cpuCount"), body.get("memoryMB")
+        for value, rule in ((vcpus, bounds.VCPUS), (mem, bounds.MEM_MIB)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TemplateError(400, f"{rule.name} must be an integer")
+                rule.check(value)
+        build = _Build(name, str(uuid.uuid4()), vcpus, mem)
+        self._builds[build.build_id] = build
+        while len(self._builds) > MAX_BUILDS:
+            oldest = next(iter(self._builds))
+            if self._builds[oldest].status in ("waiting", "building"):
+                break  # never forget a build that runs
+            del self._builds[oldest]
+        return {"templateID": name, "buildID": build.build_id, "public": False, "names": [name],
+                "tags": [], "aliases": [name]}
+
+    def file_link(self, request: Request, template_id: str, files_hash: str) -> dict[str, Any]:
+        if not HASH_RE.match(files_hash):
+            raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
+        url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}"
+        key = request.headers.get("x-api-key") or request.headers.get("authorization", "").partition(" ")[2]
+        return {"present": files_hash in self._files, "url": url, "headers": {"X-API-KEY": key}}
+
+    async def upload(self, files_hash: str, chunks: AsyncIterator[bytes]) -> None:
+        """Store an upload as a plain tar (gunzipped as it arrives, bounded after decompression)."""
+        if not HASH_RE.match(files_hash):
+            raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
+        path = Path(self._dir.name) / f"{files_hash}.tar"
+        part = path.with_suffix(".part")
+        inflate: Any = None
+        size = 0
+        try:
+            with part.open("wb") as out:
+                async for chunk in chunks:
+                    if inflate is None:
+                        inflate = zlib.decompressobj(47) if chunk[:2] == b"\x1f\x8b" else False
+                    data = inflate.decompress(chunk, bounds.MAX_BUILD_CONTEXT_BYTES + 1) if inflate else chunk
+                    size += len(data)
+                    if size > bounds.MAX_BUILD_CONTEXT_BYTES or (inflate and inflate.unconsumed_tail):
+                        raise TooLarge(f"an upload is at most {bounds.MAX_BUILD_CONTEXT_BYTES} bytes "
+                                       "unpacked")
+                    out.write(data)
+            part.replace(path)
+            self._files[files_hash] = path
+        finally:
+            part.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- builds
+
+    def _build(self, template_id: str, build_id: str) -> _Build:
+        build = self._builds.get(build_id)
+        if build is None or build.template_id != template_id:
+            raise TemplateError(404, f"build {build_id[:64]} of template {template_id[:64]} was not found")
+        return build
+
+    async def start(self, template_id: str, build_id: str, body: dict[str, Any]) -> None:
+        build = self._build(template_id, build_id)
+        if build.status != "waiting":
+            raise TemplateError(409, f"build {build_id} was already started")
+        dockerfile, sources, step_names = self._dockerfile(body)
+        context = await self._context(sources) if sources else None
+        req = self._request(build, body, dockerfile, context)
+        build.status = "building"
+        build.task = asyncio.create_task(self._run(build, req, step_names))
+
+    def _request(self, build: _Build, body: dict[str, Any], dockerfile: str, context: str | None) -> Any:
+        from forkd.controller.runtime import BuildRequest  # the controller pulls in the VMM stack
+
+        start, ready = body.get("startCmd"), body.get("readyCmd")
+        for value, name in ((start, "startCmd"), (ready, "readyCmd")):
+            if value is not None and not isinstance(value, str):
+                raise TemplateError(400, f"{name} must be a string")
+        return BuildRequest(tag=build.template_id, dockerfile=dockerfile, context=context,
+                            mem_mib=build.mem_mib, vcpus=build.vcpus, replace=True,
+                            cache_from=0 if body.get("force") is True else None,
+                            start_cmd=start or None, ready_cmd=ready or None)
+
+    def _base(self, body: dict[str, Any]) -> str:
+        template = body.get("fromTemplate")
+        if template is not None:
+            if not isinstance(template, str) or not bounds.TAG_RE.match(template):
+                raise TemplateError(400, f"fromTemplate {str(template)[:80]!r} is not a forkd snapshot tag")
+            try:
+                self._rt().get_snapshot(template)
+            except NotFound:
+                raise TemplateError(404, f"template {template!r} was not found") from None
+            return f"snapshot:{template}"
+        if body.get("fromImageRegistry") is not None:
+            raise TemplateError(400, "registries are not supported by forkd: nothing is pulled")
+        image = body.get("fromImage")
+        if image is None or image in BASE_IMAGES:
+            return "default"
+        if isinstance(image, str) and bounds.TAG_RE.match(image.removeprefix("forkd/")):
+            return image.removeprefix("forkd/")
+        raise TemplateError(400, f"image {str(image)[:100]!r} is not a forkd image; forkd pulls nothing: use "
+                            "the base image (e2bdev/base) or a forkd image built with forkd image build")
+
+    def _dockerfile(self, body: dict[str, Any]) -> tuple[str, list[str], dict[int, str]]:
+        """The Dockerfile of E2B's steps; the uploads it copies from; each RUN/COPY's E2B step number."""
+        steps = body.get("steps") or []
+        if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+            raise TemplateError(400, f"steps must be a list of at most {MAX_STEPS}")
+        lines = [f"FROM {self._base(body)}", f"USER {DEFAULT_USER}", f"WORKDIR {DEFAULT_WORKDIR}"]
+        user, uploads = DEFAULT_USER, []
+        names: dict[int, str] = {}  # a RUN/COPY of the plan (1-based) -> its E2B step number
+        for number, step in enumerate(steps, 1):
+            if not isinstance(step, dict):
+                raise TemplateError(400, "each step must be an object")
+            kind, args = step.get("type"), step.get("args") or []
+            if kind not in STEP_TYPES or not isinstance(args, list) or not all(isinstance(a, str)
+                                                                                 for a in args):
+                raise TemplateError(400, f"step {number}: type {str(kind)[:20]!r} is not supported "
+                                    f"(forkd builds {', '.join(sorted(STEP_TYPES))})")
+            if kind == "RUN":
+                if not args:
+                    raise TemplateError(400, f"step {number}: RUN needs a command")
+                run = "RUN " + json.dumps(["/bin/bash", "-c", args[0]])
+                names[len(names) + 1] = str(number)
+                if len(args) > 1 and args[1] and args[1] != user:
+                    lines += [f"USER {_word(args[1], 'user')}", run, f"USER {user}"]
+                else:
+                    lines.append(run)
+            elif kind == "COPY":
+                src, dest, owner, mode = [*args, "", "", "", ""][:4]
+                files_hash = step.get("filesHash")
+                if not isinstance(files_hash, str) or files_hash not in self._files:
+                    raise TemplateError(400, f"step {number}: the files of {src[:80]!r} were not uploaded")
+                uploads.append(files_hash)
+                sources = self._sources(files_hash, src)
+                flags = (f"--chown={_word(owner, 'owner')} " if owner else "") + (
+                    f"--chmod={_word(mode, 'mode')} " if mode else "")
+                if not dest:
+                    raise TemplateError(400, f"step {number}: COPY needs a destination")
+                into_dir = dest.endswith("/") or len(sources) > 1 or any(c in src for c in "*?[")
+                target = dest.rstrip("/") + "/" if into_dir else dest
+                lines.append(f"COPY {flags}{json.dumps([*sources, target])}")
+                names[len(names) + 1] = str(number)
+            elif kind == "ENV":
+                pairs = [f"{_word(args[i], 'name')}={_quote_env(args[i + 1])}"
+                         for i in range(0, len(args) - 1, 2)]
+                if pairs:
+                    lines.append("ENV " + " ".join(pairs))
+            elif kind == "WORKDIR":
+                lines.append(f"WORKDIR {_word(args[0] if args else '', 'workdir')}")
+            else:  # USER
+                user = _word(args[0] if args else "", "user")
+                lines.append(f"USER {user}")
+        return "\n".join(lines) + "\n", uploads, names
+
+    def _sources(self, files_hash: str, src: str) -> list[str]:
+        """The context paths a copy step names: its globs matched against what was uploaded."""
+        if not any(c in src for c in "*?["):
+            return [src.strip("/") or "."]
+        names: set[str] = set()
+        with tarfile.open(self._files[files_hash]) as tar:
+            for member in tar:
+                parts = member.name.strip("/").split("/")
+                names.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))  # and its directories
+        found = sorted(n for n in names if _matches(src, n))
+        if not found:
+            raise TemplateError(400, f"{src[:80]!r} matches no uploaded file")
+        return found
+
+    async def _context(self, uploads: list[str]) -> str:
+        """One build context holding every upload (they are all relative to the same directory)."""
+        def merged() -> bytes:
+            seen: set[str] = set()
+            out = io.BytesIO()
+            with tarfile.open(fileobj=out, mode="w:") as dst:
+                for files_hash in dict.fromkeys(uploads):
+                    with tarfile.open(self._files[files_hash]) as src:
+                        for member in src:
+                            if member.name in seen:
+                                continue
+                            seen.add(member.name)
+                            dst.addfile(member, src.extractfile(member) if member.isreg() else None)
+            return out.getvalue()
+
+        try:
+            data = await asyncio.to_thread(merged)
+        except tarfile.TarError as exc:
+            raise TemplateError(400, f"an upload is not a tar archive: {exc}") from None
+
+        async def one() -> AsyncIterator[bytes]:
+            yield data
+
+        info = await self._rt().builds.put_context(one())
+        return str(info["context"])
+
+    async def _run(self, build: _Build, req: Any, step_names: dict[int, str]) -> None:
+        current = {"step": "base"}
+
+        def emit(event: dict[str, Any]) -> None:
+            kind = event.get("type")
+            index = int(event.get("index", 0))
+            # The SDK's step names: "base", an instruction's number, "finalize" (the start command).
+            if kind in ("step", "log"):
+                current["step"] = "base" if index == 0 else step_names.get(index, "finalize")
+            if kind == "step":
+                cached = " (cached)" if event.get("cached") else ""
+                build.log(f"[{index}/{event.get('of')}] {event.get('text')}{cached}", step=current["step"])
+            elif kind == "log":
+                for line in str(event.get("data", "")).splitlines():
+                    build.log(line, step=current["step"])
+            elif kind == "done":
+                build.log(f"Built {build.template_id}: {event.get('steps_run')} step(s) run, "
+                          f"{event.get('cache_hits')} from the cache", step="finalize")
+
+        started = time.monotonic()
+        try:
+            await self._rt().builds.build(req, emit)
+        except ForkdError as exc:
+            self._failed(build, str(exc), current["step"])
+        except Exception as exc:  # a build's failure must reach its status, whatever it is
+            self._failed(build, f"{type(exc).__name__}: {exc}", current["step"])
+        else:
+            build.status = "ready"
+            build.log(f"Template ready in {time.monotonic() - started:.1f} s", step="finalize")
+
+    @staticmethod
+    def _failed(build: _Build, message: str, step: str) -> None:
+        build.log(message, level="error", step=step)
+        build.status = "error"
+        build.reason = {"message": message[:MAX_MESSAGE], "step": step}
+
+    def status(self, template_id: str, build_id: str, offset: int, limit: int) -> dict[str, Any]:
+        build = self._build(template_id, build_id)
+        body: dict[str, Any] = {"templateID": template_id, "buildID": build_id, "status": build.status,
+                                "logs": [], "logEntries": build.entries[offset:offset + limit]}
+        if build.reason is not None:
+            body["reason"] = build.reason
+        return body
+
+
+def add_template_routes(app: FastAPI, rt: Callable[[], Runtime]) -> E2BTemplates:
+    templates = E2BTemplates(rt)
+
+    async def json_body(request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            raise TemplateError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise TemplateError(400, "the body must be a JSON object")
+        return body
+
+    @app.post("/v3/templates", status_code=202)
+    async def request_build(request: Request) -> dict[str, Any]:
+        return templates.request(await json_body(request))
+
+    @app.get("/templates/{template_id}/files/{files_hash}", status_code=201)
+    async def file_link(template_id: str, files_hash: str, request: Request) -> dict[str, Any]:
+        return templates.file_link(request, template_id, files_hash)
+
+    @app.put("/templates/{template_id}/files/{files_hash}")
+    async def upload(template_id: str, files_hash: str, request: Request) -> Response:
+        await templates.upload(files_hash, request.stream())
+        return Response(status_code=200)
+
+    @app.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
+    async def start(template_id: str, build_id: str, request: Request) -> Response:
+        try:
+            await templates.start(template_id, build_id, await json_body(request))
+        except InvalidRequest as exc:
+            raise TemplateError(400, str(exc)) from None
+        return Response(status_code=202)
+
+    @app.get("/templates/{template_id}/builds/{build_id}/status")
+    async def status(template_id: str, build_id: str, logsOffset: int = 0,  # E2B's parameter name
+                     limit: int = STATUS_PAGE) -> dict[str, Any]:
+        return templates.status(template_id, build_id, max(0, logsOffset), max(1, min(limit, STATUS_PAGE)))
+
+    @app.get("/templates/aliases/{alias}")
+    async def alias(alias: str) -> dict[str, Any]:
+        try:
+            record = rt().get_snapshot(alias)
+        except (NotFound, InvalidRequest):
+            raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
+        return {"templateID": record.info()["tag"], "public": False}
+
+    return templates

@@ -1,0 +1,247 @@
+"""The Dockerfile parser (controller/dockerfile.py), the layer cache key and build contexts."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd import bounds
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
+from forkd.controller.build_contexts import BuildContexts
+from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
+from forkd.controller.template_build import layer_tag, step_key
+from forkd.errors import InvalidRequest, NotFound, TooLarge
+from tests.fakes.runtime import FakeRuntime
+
+
+def test_steps_carry_the_env_workdir_and_user_in_effect() -> None:
+    plan = parse("""\
+ARG BASE=default
+FROM forkd/${BASE}
+ARG V=1
+ENV A="a b" PATH=/opt/bin:$PATH
+RUN echo $A && \\
+    echo hi
+WORKDIR /app
+WORKDIR sub
+USER user
+COPY --chown=user:user --chmod=755 src/ ./lib/
+RUN ["ls", "-l"]
+ENV B=$A-$V
+CMD ["python"]
+""", {"V": "2"})
+    assert plan.base == "default"
+    run, copy, run2 = plan.steps
+    assert isinstance(run, Run) and isinstance(copy, Copy) and isinstance(run2, Run)
+    assert run.argv == ("/bin/sh", "-c", "echo $A &&     echo hi")
+    path = "/opt/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the guest's PATH
+    assert dict(run.env) == {"A": "a b", "PATH": path, "V": "2"}
+    assert run.workdir == "/" and run.user is None
+    assert copy.sources == ("src",) and copy.dest == "/app/sub/lib/"
+    assert copy.chown == "user:user" and copy.chmod == "755"
+    assert run2.argv == ("ls", "-l") and run2.workdir == "/app/sub" and run2.user == "user"
+    assert plan.env == {"A": "a b", "PATH": path, "B": "a b-2"}  # ARG is build-time only
+    assert plan.workdir == "/app/sub" and plan.user == "user"
+    assert any("CMD is skipped" in w for w in plan.warnings)
+
+
+def test_copy_destination_rules() -> None:
+    steps = parse("FROM default\nCOPY a /x\nCOPY a b /y\nCOPY ../../etc/passwd /z/\n").steps
+    assert [(s.sources, s.dest) for s in steps if isinstance(s, Copy)] == [
+        (("a",), "/x"), (("a", "b"), "/y/"), (("etc/passwd",), "/z/")]  # cannot climb out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("RUN true", "before FROM"),
+    ("FROM default\nFROM default", "multi-stage"),
+    ("FROM debian:12", "forkd image name"),
+    ("FROM default\nRUN --mount=type=cache,target=/x true", "--mount"),
+    ("FROM default\nCOPY --from=build /a /b", "--from"),
+    ("FROM default\nCOPY *.py /app/", "wildcards"),
+    ("FROM default\nADD https://example.com/x /x", "URL"),
+    ("FROM default\nSHELL [\"/bin/bash\", \"-c\"]", "SHELL is not supported"),
+    ("FROM default\nRUN <<EOF\necho\nEOF", "heredocs"),
+    ("FROM default\nUSER 'bad name'", "invalid user"),
+    ("", "no FROM"),
+])
+def test_unsupported_is_refused_with_its_line(text: str, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse(text)
+
+
+def test_bounds() -> None:
+    with pytest.raises(InvalidRequest, match="bytes"):
+        parse("FROM default\n" + "#" * bounds.MAX_DOCKERFILE_BYTES)
+    with pytest.raises(InvalidRequest, match="instructions"):
+        parse("FROM default\n" + "RUN true\n" * bounds.MAX_TEMPLATE_STEPS)
+    with pytest.raises(InvalidRequest, match="build arg"):
+        parse("FROM default", {"bad-name": "x"})
+
+
+def test_the_cache_key_chains_parent_step_and_files() -> None:
+    a, b = parse("FROM default\nRUN a\nRUN b\n").steps
+    base = "0" * 64
+    k1 = step_key(base, a)
+    assert k1 == step_key(base, a)  # stable
+    assert step_key(k1, b) != step_key(step_key("1" * 64, a), b)  # a parent's change reaches children
+    assert step_key(base, a, "f1") != step_key(base, a, "f2")  # COPY: the files' digest
+    # ENV changes the environment the next RUN sees, so its key; a trailing ENV changes no key.
+    env_a, = parse("FROM default\nENV X=1\nRUN a\n").steps
+    env_b, = parse("FROM default\nENV X=2\nRUN a\nENV Y=3\n").steps
+    assert step_canonical(env_a) != step_canonical(env_b)
+    assert step_canonical(a) == step_canonical(parse("FROM default\nRUN a\nENV Y=3\n").steps[0])
+    assert layer_tag(k1) == "layer-" + k1[:20] and bounds.TAG_RE.match(layer_tag(k1))
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _tar(files: dict[str, bytes], extra: tarfile.TarInfo | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if extra is not None:
+            tar.addfile(extra)
+    return buf.getvalue()
+
+
+def test_contexts_select_and_digest(tmp_path: Path) -> None:
+    store = BuildContexts(tmp_path / "ctx")
+    digest = asyncio.run(store.put(_one(_tar({"app/a.py": b"a", "app/b/c.txt": b"c", "other": b"o"}))))
+    assert store.path(digest).is_file()
+    d1 = store.select(digest, ("app",), tmp_path / "s1.tar")
+    with tarfile.open(tmp_path / "s1.tar") as sub:
+        assert sorted(sub.getnames()) == ["app/a.py", "app/b/c.txt"]
+    changed = asyncio.run(store.put(_one(_tar({"app/a.py": b"A", "app/b/c.txt": b"c", "other": b"o"}))))
+    assert store.select(changed, ("app",), tmp_path / "s2.tar") != d1  # content is in the key
+    other = asyncio.run(store.put(_one(_tar({"app/a.py": b"a", "app/b/c.txt": b"c", "other": b"X"}))))
+    assert store.select(other, ("app",), tmp_path / "s3.tar") == d1  # files it does not copy are not
+    with pytest.raises(InvalidRequest, match="not in the build context"):
+        store.select(digest, ("missing",), tmp_path / "s4.tar")
+    with pytest.raises(NotFound):
+        store.path("f" * 64)
+    with pytest.raises(InvalidRequest):
+        store.path("../etc")
+
+
+def test_contexts_refuse_escapes_devices_and_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = BuildContexts(tmp_path / "ctx")
+    with pytest.raises(InvalidRequest, match="leaves the context"):
+        asyncio.run(store.put(_one(_tar({"../x": b"1"}))))
+    dev = tarfile.TarInfo("dev")
+    dev.type = tarfile.CHRTYPE
+    with pytest.raises(InvalidRequest, match="only files"):
+        asyncio.run(store.put(_one(_tar({}, dev))))
+    with pytest.raises(InvalidRequest, match="not a tar"):
+        asyncio.run(store.put(_one(b"not a tar" * 100)))
+    empty = asyncio.run(store.put(_one(b"")))  # an empty context: a build that copies nothing
+    assert store.path(empty).stat().st_size == 0
+    with pytest.raises(InvalidRequest, match="is empty"):
+        store.select(empty, ("a",), tmp_path / "none.tar")
+    monkeypatch.setattr(bounds, "MAX_BUILD_CONTEXT_BYTES", 100)
+    with pytest.raises(TooLarge):
+        asyncio.run(store.put(_one(_tar({"a": b"x" * 200}))))
+    assert [p.name for p in (tmp_path / "ctx").iterdir()] == [f"{empty}.tar"]  # nothing half-written
+
+
+# ------------------------------------------------------------------ the routes, on the fake runtime
+
+TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, FakeRuntime]]:
+    (tmp_path / "token").write_text(TOKEN)
+    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
+                        audit_log=tmp_path / "audit.log", max_body_bytes=4096)
+    fake = FakeRuntime()
+    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False,
+                    headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c, fake
+
+
+def test_the_routes_upload_a_context_and_stream_a_build(client: tuple[TestClient, FakeRuntime]) -> None:
+    c, fake = client
+    tar = _tar({"app/a.py": b"x" * 10_000})  # over max_body_bytes: the upload streams past it
+    resp = c.put("/v1/templates/contexts", content=tar, headers={"Content-Type": "application/x-tar"})
+    assert resp.status_code == 200, resp.text
+    digest = resp.json()["context"]
+    body = {"tag": "web", "context": digest, "dockerfile": "FROM default\nCOPY app /app\nRUN true\nENV A=1"}
+    lines = [json.loads(line) for line in c.post("/v1/templates", json=body).iter_lines() if line]
+    assert [e["type"] for e in lines] == ["plan", "step", "step", "done"]
+    assert lines[-1]["env"] == {"A": "1"} and "web" in fake.snapshots
+    again = [json.loads(line) for line in c.post("/v1/templates", json={**body, "replace": True}).iter_lines()
+             if line]
+    assert again[-1]["cache_hits"] == 2
+
+
+def test_the_routes_refuse_up_front(client: tuple[TestClient, FakeRuntime]) -> None:
+    c, fake = client
+    fake.add_snapshot("web")
+    bad = c.post("/v1/templates", json={"tag": "x", "dockerfile": "FROM default\nSHELL [\"a\"]"})
+    assert bad.status_code == 400 and "line 2" in bad.json()["error"]
+    taken = c.post("/v1/templates", json={"tag": "web", "dockerfile": "FROM default"})
+    assert taken.status_code == 409, taken.text
+    unknown = c.post("/v1/templates", json={"tag": "x", "dockerfile": "FROM default", "squash": True})
+    assert unknown.status_code == 400
+
+
+def test_the_guest_path_matches_the_agent() -> None:
+    from forkd.controller.dockerfile import GUEST_PATH
+    from forkd.guest.agent.setup import DEFAULT_PATH
+
+    assert GUEST_PATH == DEFAULT_PATH
+
+
+def test_from_a_snapshot() -> None:
+    assert parse("FROM snapshot:py\nRUN true").base == "snapshot:py"
+    with pytest.raises(InvalidRequest, match="forkd image name"):
+        parse("FROM snapshot:../x")
+
+
+# ------------------------------------------------------------------ E2B's steps as a Dockerfile
+
+def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
+    from forkd.api.e2b.templates import E2BTemplates, TemplateError
+
+    e2b = E2BTemplates(lambda: FakeRuntime())  # type: ignore[arg-type, return-value]
+    files_hash = "a" * 64
+    upload = tmp_path / "up.tar"
+    upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))
+    e2b._files[files_hash] = upload
+    text, uploads, names = e2b._dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
+        {"type": "COPY", "args": ["folder/*", "folder", "user", "0755"], "filesHash": files_hash},
+        {"type": "ENV", "args": ["A", 'x "y" $z', "B", "2"]},
+        {"type": "RUN", "args": ["apt-get update && echo 'hi'", "root"]},
+        {"type": "WORKDIR", "args": ["/app"]},
+        {"type": "RUN", "args": ["pwd"]},
+    ]})
+    plan = parse(text)
+    assert plan.base == "default" and uploads == [files_hash]
+    copy, root_run, run = plan.steps
+    assert isinstance(copy, Copy) and copy.sources == ("folder/a.txt", "folder/b.txt", "folder/sub")
+    assert copy.dest == "/home/user/folder/" and copy.chown == "user" and copy.chmod == "0755"
+    assert isinstance(root_run, Run) and root_run.user is None and root_run.workdir == "/home/user"
+    assert root_run.argv == ("/bin/bash", "-c", "apt-get update && echo 'hi'")
+    assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
+    assert plan.env == {"A": 'x "y" $z', "B": "2"}
+    assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
+    for bad, message in [({"fromImage": "ubuntu:22.04"}, "not a forkd image"),
+                         ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
+                         ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
+                          "not uploaded"),
+                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break")]:
+        with pytest.raises(TemplateError, match=message):
+            e2b._dockerfile(bad)
