@@ -59,13 +59,14 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
     """A sandbox, running or paused, as the E2B layer describes it (a hibernated one is paused:
     E2B's ``connect`` and any envd traffic resume it)."""
     if isinstance(record, PausedRecord):
-        return {"id": record.id, "template": template, "state": "paused", "started": record.created_at_unix,
+        return {"id": record.id, "template": template, "state": record.state.e2b,
+                "started": record.created_at_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
                 "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info()}
-    state = "paused" if record.hibernation is not None else "running"
-    return {"id": record.id, "template": template, "state": state, "started": record.created_at_unix,
-            "ends": record.expires_at_unix, "vcpus": record.config.vcpus, "mem_mib": record.config.mem_mib,
-            "disk_mb": disk_mib(record), "metadata": dict(record.metadata), "egress": record.egress.info()}
+    return {"id": record.id, "template": template, "state": record.state.e2b,
+            "started": record.created_at_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
+            "mem_mib": record.config.mem_mib, "disk_mb": disk_mib(record), "metadata": dict(record.metadata),
+            "egress": record.egress.info()}
 
 
 class Suspender:

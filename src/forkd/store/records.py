@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,34 @@ class PoolConfig:
         return self.key.tag
 
 
+class SandboxState(StrEnum):
+    """A sandbox's one state: what ``/v1`` (SandboxInfo ``state``), E2B (``e2b``) and the console
+    all show, derived here from the record alone (``SandboxRecord.state``, ``PausedRecord.state``).
+
+    * ``running``: its VM runs.
+    * ``paused``: its vCPUs stopped, in memory (``idle_pause_secs``); its next request resumes it.
+    * ``hibernated``: its changed memory and device state on disk, no QEMU (controller/hibernation.py);
+      its next request wakes it.
+    * ``suspended``: branched to a state snapshot and stopped (E2B's pause, a workspace's suspend);
+      ``resume``/``connect`` starts it again under the same id.
+    * ``pool``: a warm-pool member nobody has claimed (hidden from every list); a spawn claims it.
+
+    Every state but ``pool`` goes back to ``running``; only ``running`` goes to another.
+    """
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    HIBERNATED = "hibernated"
+    SUSPENDED = "suspended"
+    POOL = "pool"
+
+    @property
+    def e2b(self) -> str:
+        """E2B's two states: "paused" is what needs ``connect`` (or its traffic) to run again; an
+        idle-paused sandbox is "running" there, since any request resumes it at once."""
+        return "paused" if self in (SandboxState.HIBERNATED, SandboxState.SUSPENDED) else "running"
+
+
 @dataclass
 class PausedRecord:
     """A sandbox stopped after a branch of its state (E2B's pause, a workspace's suspend).
@@ -102,6 +131,10 @@ class PausedRecord:
     disk_quota_mib: int | None = None  # kept through the pause too
     idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
     hibernate_on_timeout: bool = False
+
+    @property
+    def state(self) -> SandboxState:
+        return SandboxState.SUSPENDED
 
     def info(self) -> dict[str, Any]:
         return asdict(self)
@@ -311,10 +344,17 @@ class SandboxRecord:
             out["hibernate_on_timeout"] = True
         if self.hibernation is not None:
             out["hibernation"] = self.hibernation.info()
-            out["state"] = "hibernated"
-        else:
-            out["state"] = "paused" if self.paused else "running"
+        out["state"] = self.state.value
         return out
+
+    @property
+    def state(self) -> SandboxState:
+        """Its one state (``SandboxState``); ``paused`` is set by the runtime from the IdlePauser."""
+        if self.pooled:
+            return SandboxState.POOL
+        if self.hibernation is not None:
+            return SandboxState.HIBERNATED
+        return SandboxState.PAUSED if self.paused else SandboxState.RUNNING
 
 
 def now_unix() -> int:
