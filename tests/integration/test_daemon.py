@@ -669,7 +669,8 @@ def test_200_concurrent_exec_and_eval_over_10_sandboxes(http: httpx.Client, daem
         assert not wrong, f"{len(wrong)} wrong answers, first: {wrong[:3]}"
         # Every sandbox is still healthy afterwards.
         for sb_id in ids:
-            assert http.post(f"/v1/sandboxes/{sb_id}/ping").json()["pong"] is True
+            pong = http.post(f"/v1/sandboxes/{sb_id}/ping")
+            assert pong.json().get("pong") is True, pong.text
     finally:
         kill_all(http, sandboxes)
 

@@ -405,7 +405,7 @@ def test_eval_timeout_interrupts_and_the_next_eval_runs(agent: AgentProcess) -> 
     assert elapsed < 5, f"a 0.5 s eval timeout took {elapsed:.1f}s"
     # The evaluator is free again, and the namespace kept what the loop did.
     assert int(agent.result("eval", code="counter", timeout_secs=5)["result"]) > 0
-    assert agent.result("ping")["agent_version"] >= "2"  # "2" brought eval timeouts
+    assert int(agent.result("ping")["agent_version"]) >= 2  # 2 brought eval timeouts
 
 
 @pytest.mark.parametrize("value", [0, -1, "10", True, None, [1]])

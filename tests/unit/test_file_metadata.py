@@ -25,7 +25,7 @@ from forkd.controller import files as controller_files
 from forkd.controller.watches import WatchEvent, _batch
 from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
-from forkd.guest.agent import files as agent_files
+from forkd.guest.agent import fileinfo as agent_fileinfo
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.watches import Watches
@@ -145,7 +145,7 @@ def test_the_agent_shows_only_e2b_pairs_within_bounds(xdir: Path, monkeypatch: p
     os.setxattr(target, "user.other", b"x")  # not E2B's: not shown
     os.setxattr(target, PREFIX + "binary", b"\xff\x00")  # not printable ASCII: left out
     os.setxattr(target, PREFIX + "zbig", b"v" * 100)  # past the total (ext4 holds no 4 KiB more)
-    monkeypatch.setattr(agent_files, "METADATA_TOTAL_MAX", 60)
+    monkeypatch.setattr(agent_fileinfo, "METADATA_TOTAL_MAX", 60)
     assert Files.stat({"path": str(target)})["metadata"] == {"author": "mish"}
 
 

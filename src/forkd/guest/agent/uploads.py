@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any
 
-from forkd.guest.agent.files import info, int_arg, os_error
+from forkd.guest.agent.fileinfo import info
+from forkd.guest.agent.files import int_arg, os_error
 from forkd.guest.agent.users import GuestUser, as_requester, as_user, user_field
 from forkd.guest.protocol import (
     CONFLICT,

@@ -30,16 +30,7 @@ import threading
 from typing import Any
 
 from forkd.guest.agent import inotify
-from forkd.guest.agent.files import stat_info
-from forkd.guest.agent.inotify import (
-    IN_CREATE,
-    IN_DELETE_SELF,
-    IN_IGNORED,
-    IN_ISDIR,
-    IN_MOVED_FROM,
-    IN_MOVED_TO,
-    IN_Q_OVERFLOW,
-)
+from forkd.guest.agent.fileinfo import stat_info
 from forkd.guest.agent.uploads import TEMP_PREFIX, landed_over
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError, check_path
 
@@ -158,10 +149,10 @@ class Watcher:
     def _parse(self, buf: bytes) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
         for wd, mask, cookie, raw in inotify.decode(buf):
-            if mask & IN_Q_OVERFLOW:
+            if mask & inotify.IN_Q_OVERFLOW:
                 self.overflowed = True
                 continue
-            if mask & IN_IGNORED:
+            if mask & inotify.IN_IGNORED:
                 self.dirs.pop(wd, None)
                 continue
             base = self.dirs.get(wd)
@@ -170,20 +161,21 @@ class Watcher:
                 continue
             name = os.path.join(base, os.fsdecode(raw)) if raw else base
             if raw.startswith(TEMP_PREFIX.encode()):  # an upload's temp file: the agent's own
-                if mask & IN_MOVED_FROM:
+                if mask & inotify.IN_MOVED_FROM:
                     self._upload_cookies(cookie)
                 continue
-            if mask & IN_MOVED_TO and cookie in self.uploads_moving:
+            if mask & inotify.IN_MOVED_TO and cookie in self.uploads_moving:
                 self.uploads_moving.discard(cookie)
                 replaced = landed_over(os.path.join(self.root, name))
                 # As envd's in-place write shows it: the file made (if new), written, given its mode.
                 out += [{"name": name, "type": k} for k in
                         (("write", "chmod") if replaced else ("create", "write", "chmod"))]
                 continue
-            if mask & IN_DELETE_SELF and base != "":
+            if mask & inotify.IN_DELETE_SELF and base != "":
                 continue  # the parent's IN_DELETE already said it
             out.append({"name": name, "type": kind})
-            if self.recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+            arrived = mask & (inotify.IN_CREATE | inotify.IN_MOVED_TO)
+            if self.recursive and mask & inotify.IN_ISDIR and arrived:
                 full = os.path.join(self.root, name)
                 self._add(full, name)
                 self._add_below(full, name)  # what was made inside before the watch existed
