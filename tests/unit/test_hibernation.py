@@ -6,20 +6,15 @@ SandboxTable and registry; stand-ins for QEMU (tests/unit/test_idle.py's). The m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from forkd.controller.hibernation import Hibernator
-from forkd.controller.idle import IdlePauser
-from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, NotFound, VMError
 from forkd.store.records import Hibernation, SandboxRecord
-from forkd.store.registry import Registry
-from tests.unit.test_idle import Clock, Harness, StubVM, run
+from tests.unit.test_idle import Harness, StubVM, h, run
 
 SB = "sb-000000-0000"
 
@@ -32,16 +27,6 @@ class NoDisks:
         return None
 
 
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    registry = Registry(tmp_path / "registry.db")
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
-    clock = Clock()
-    pauser = IdlePauser(registry.sandboxes, table, clock=clock)
-    table.watch_activity(pauser)
-    table.on_removed(pauser.after_removed)
-    yield Harness(registry, table, pauser, clock, {})
-    registry.close()
 
 
 def hibernator(h: Harness) -> Hibernator:
@@ -258,3 +243,6 @@ def test_a_request_that_waited_out_a_hibernation_wakes_the_sandbox(h: Harness) -
 
     run(main())
     assert "agent:ping" not in vm.log and woken.log == ["agent:ping"] and hib.wakes == 1
+
+
+__all__ = ["h"]  # the idle tests' harness fixture, shared
