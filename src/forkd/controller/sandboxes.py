@@ -363,16 +363,16 @@ class SandboxTable:
         as a reset agent connection; report that as the sandbox's death, by id. A sandbox
         paused because it was idle is resumed first (``watch_activity``)."""
         sandbox_id = self.resolve(sandbox_id)
-        try:
-            with self._request(sandbox_id):
-                vm = await self.for_call(sandbox_id)
+        with self._request(sandbox_id):
+            vm = await self.for_call(sandbox_id)  # a dead QEMU: its GuestError says so already
+            try:
                 async with self._activity.during(sandbox_id):
                     return await vm.call(action, timeout=timeout, **args)
-        except GuestError as exc:
-            explained = self.explain(sandbox_id, vm, exc)
-            if explained is exc:
-                raise
-            raise explained from exc
+            except GuestError as exc:
+                explained = self.explain(sandbox_id, vm, exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
 
     async def require_agent(self, sandbox_id: str, version: int, feature: str) -> None:
         """Refuse (409) a request that needs agent ``version`` on an older guest agent, which would
