@@ -39,7 +39,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from forkd import bounds
 from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
@@ -47,6 +47,28 @@ from forkd.controller.files import check_metadata, check_path
 from forkd.controller.forks import ForkReport
 from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvent, check_pty_size, signal_number
+from forkd.controller.results import (
+    CancelResult,
+    CheckpointReport,
+    ContextReport,
+    Deletion,
+    DirListing,
+    EvalResult,
+    ExecResult,
+    FileEntry,
+    MkdirResult,
+    PingResult,
+    PoolReport,
+    ProcessEntry,
+    PromoteResult,
+    PullReport,
+    PushReport,
+    RecordJson,
+    SandboxView,
+    SignalResult,
+    StdinResult,
+    WorkspaceReport,
+)
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.controller.suspend import STATE_PREFIX
 from forkd.controller.suspend import view as suspend_view
@@ -149,9 +171,10 @@ class FakeProcess:
         self.stdin_open = False
         self.publish(self.exit)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ProcessEntry:
         return {"pid": self.pid, "tag": self.tag, "args": self.args, "env": self.env, "cwd": self.cwd,
-                "running": self.exit is None, "exit_code": self.exit.exit_code if self.exit else None,
+                "user": None, "running": self.exit is None,
+                "exit_code": self.exit.exit_code if self.exit else None,
                 "signal": self.exit.signal if self.exit else None, "timed_out": False,
                 "stdin_open": self.stdin_open, "started_at": float(CREATED), "ended_at": None,
                 "pty": self.pty}
@@ -299,6 +322,8 @@ class FakeRuntime:
     pools: FakePools = field(init=False)
     hibernation: FakeHibernation = field(init=False)
     builds: FakeBuilds = field(init=False)
+    tags: FakeTags = field(init=False)
+    suspender: FakePaused = field(init=False)
 
     def __post_init__(self) -> None:
         self.watches = FakeDirWatches(self)
@@ -311,6 +336,8 @@ class FakeRuntime:
         self.pools = FakePools(self)
         self.hibernation = FakeHibernation(self)
         self.builds = FakeBuilds(self)
+        self.tags = FakeTags(self)
+        self.suspender = FakePaused(self)
 
     # ---------------------------------------------------------------- set-up
 
@@ -331,10 +358,6 @@ class FakeRuntime:
         )
         self.sandboxes[sandbox_id] = record
         return record
-
-    def tag_in_flight(self, tag: str) -> bool:
-        """A branch to ``tag`` is still running (the routes' same-tag check asks this)."""
-        return tag in self._in_flight
 
     def names(self) -> list[str]:
         """The names of the calls so far, in order."""
@@ -396,7 +419,7 @@ class FakeRuntime:
                 record.status = "ready"
         return record
 
-    def snapshot_lineage(self, tag: str) -> dict[str, Any]:
+    def snapshot_lineage(self, tag: str) -> RecordJson:
         snap = self._snapshot(tag)
         ancestors: list[str] = []
         parent = snap.parent_tag
@@ -498,14 +521,14 @@ class FakeRuntime:
         return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
-                      replace_parent: bool = False) -> dict[str, Any]:
+                      replace_parent: bool = False) -> PromoteResult:
         self._call("promote", sandbox_id, tree_id=tree_id, cleanup_siblings=cleanup_siblings,
                    replace_parent=replace_parent)
         winner = self._sandbox(self._resolve(sandbox_id))
         tree = tree_id or winner.metadata.get("fork_tree_id")
         if tree is None or winner.metadata.get("fork_tree_id") != tree:
             raise Conflict(f"sandbox {winner.id} is not a child of fork-tree {tree!r}")
-        deleted = []
+        deleted: list[Deletion] = []
         if cleanup_siblings:
             for sb in [s for s in self.sandboxes.values()
                        if s.metadata.get("fork_tree_id") == tree and s.id != winner.id]:
@@ -553,16 +576,16 @@ class FakeRuntime:
         record.expires_at_unix = CREATED + timeout_secs
         return record
 
-    async def ping(self, sandbox_id: str) -> dict[str, Any]:
+    async def ping(self, sandbox_id: str) -> PingResult:
         self._call("ping", sandbox_id)
         self._sandbox(sandbox_id)
         if self.raise_on_ping is not None:
             raise self.raise_on_ping
-        return {"pong": True, "numpy_version": "1.24.2", "pid": 1, "uptime_s": 3.5}
+        return {"pong": True, "numpy_version": "1.24.2", "pid": 1}
 
     async def exec(self, sandbox_id: str, args: list[str], timeout_secs: float = 30,
                    env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
-                   max_output_bytes: int | None = None, user: str | None = None) -> dict[str, Any]:
+                   max_output_bytes: int | None = None, user: str | None = None) -> ExecResult:
         """Echoes its argv on stdout (joined by spaces), like ``echo``."""
         self._call("exec", sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
                    user=user)
@@ -578,7 +601,7 @@ class FakeRuntime:
         return fs, posixpath.normpath(path).replace("//", "/")
 
     @staticmethod
-    def _info(path: str, data: bytes | None) -> dict[str, Any]:
+    def _info(path: str, data: bytes | None) -> FileEntry:
         return {"path": path, "name": posixpath.basename(path) or "/",
                 "type": "dir" if data is None else "file",
                 "size": 0 if data is None else len(data), "mode": 0o755 if data is None else 0o644,
@@ -617,13 +640,13 @@ class FakeRuntime:
         if proc.exit is None:
             proc.finish(-9, 9)
 
-    async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
+    async def cancel_eval(self, sandbox_id: str) -> CancelResult:
         self._call("cancel_eval", sandbox_id)
         self._sandbox(self._resolve(sandbox_id))
         self.cancelled_evals += 1
         return {"cancelled": False}
 
-    async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> dict[str, Any]:
+    async def eval(self, sandbox_id: str, code: str, timeout_secs: float = 60) -> EvalResult:
         """Arithmetic and ``eval_answers``; anything else fails the way the guest agent reports it."""
         self._call("eval", sandbox_id, code)
         self._sandbox(sandbox_id)
@@ -694,9 +717,6 @@ class FakeRuntime:
             tag = str(self.snapshots[tag].parent_tag)
         return tag
 
-    def list_paused(self) -> list[PausedRecord]:
-        return list(self.paused.values())
-
     async def pause(self, sandbox_id: str, *, mode: str = "full") -> PausedRecord:
         self._call("pause", sandbox_id, mode=mode)
         check_sandbox_id(sandbox_id)
@@ -736,7 +756,7 @@ class FakeRuntime:
             record.expires_at_unix = CREATED + timeout_secs
         return record
 
-    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+    def describe_sandbox(self, sandbox_id: str) -> SandboxView:
         """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``)."""
         self._call("describe_sandbox", sandbox_id)
         check_sandbox_id(sandbox_id)
@@ -746,7 +766,7 @@ class FakeRuntime:
         record = self._sandbox(self._resolve(sandbox_id))
         return suspend_view(record, self._template_of(record))
 
-    def describe_sandboxes(self) -> list[dict[str, Any]]:
+    def describe_sandboxes(self) -> list[SandboxView]:
         out = [suspend_view(sb, self._template_of(sb)) for sb in self.sandboxes.values()]
         out += [suspend_view(p, p.template) for p in self.paused.values()]
         return sorted(out, key=lambda v: (v["started"], v["id"]))
@@ -774,20 +794,20 @@ class FakeFiles:
         # Each file's metadata (the guest's user.e2b.* xattrs), by (sandbox, path).
         self.metadata: dict[tuple[str, str], dict[str, str]] = {}
 
-    def _info(self, sandbox_id: str, norm: str, data: bytes | None) -> dict[str, Any]:
+    def _info(self, sandbox_id: str, norm: str, data: bytes | None) -> FileEntry:
         info = self._rt._info(norm, data)
         if found := self.metadata.get((sandbox_id, norm)):
             info["metadata"] = dict(found)
         return info
 
-    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> FileEntry:
         self._rt._call("file_stat", sandbox_id, path, user=user)
         fs, norm = self._rt._fs(sandbox_id, path)
         if norm not in fs:
             raise NotFound(f"{path}: No such file or directory")
         return self._info(sandbox_id, norm, fs[norm])
 
-    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> DirListing:
         self._rt._call("file_list", sandbox_id, path, user=user)
         fs, norm = self._rt._fs(sandbox_id, path)
         if norm not in fs:
@@ -799,7 +819,7 @@ class FakeFiles:
         return {"path": path, "entries": entries, "truncated": False}
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
-                    user: str | None = None) -> dict[str, Any]:
+                    user: str | None = None) -> MkdirResult:
         self._rt._call("file_mkdir", sandbox_id, path, parents=parents, user=user)
         fs, norm = self._rt._fs(sandbox_id, path)
         if norm in fs:
@@ -829,7 +849,7 @@ class FakeFiles:
             del fs[p]
 
     async def move(self, sandbox_id: str, source: str, destination: str, *,
-                   user: str | None = None) -> dict[str, Any]:
+                   user: str | None = None) -> FileEntry:
         """Renames ``source`` (a file or a directory with what is inside) to ``destination``,
         making its parents, as the agent does; answers the destination's FileInfo."""
         self._rt._call("file_move", sandbox_id, source, destination, user=user)
@@ -853,7 +873,7 @@ class FakeFiles:
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                     max_bytes: int, mode: int | None = None, user: str | None = None,
-                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
+                    metadata: dict[str, str] | None = None) -> FileEntry:
         self._rt._call("file_write", sandbox_id, path, max_bytes=max_bytes, mode=mode, user=user,
                        **({"metadata": metadata} if metadata else {}))
         metadata = check_metadata(metadata)
@@ -874,7 +894,7 @@ class FakeFiles:
         return self._info(sandbox_id, norm, fs[norm])
 
     async def open_read(self, sandbox_id: str, path: str, *,
-                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+                        user: str | None = None) -> tuple[FileEntry, AsyncIterator[bytes]]:
         self._rt._call("file_read", sandbox_id, path, user=user)
         info = await self.stat(sandbox_id, path, user=user)
         if info["type"] != "file":
@@ -913,7 +933,7 @@ class FakeProcesses:
         self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
         tag: str | None = None, timeout_secs: float | None = None, user: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ProcessEntry:
         self._rt._call("process_start", sandbox_id, args, env=env, cwd=cwd, stdin=stdin,
                    stdin_open=stdin_open, tag=tag, timeout_secs=timeout_secs, user=user)
         return self._rt._new_process(sandbox_id, args, env, cwd, stdin, stdin_open, tag).info()
@@ -922,16 +942,16 @@ class FakeProcesses:
         self._rt._call("process_stream", sandbox_id, pid, from_start=from_start)
         return FakeEvents(self._rt._proc(sandbox_id, pid), from_start, lambda _p: None)
 
-    async def list(self, sandbox_id: str) -> list[dict[str, Any]]:
+    async def list(self, sandbox_id: str) -> list[ProcessEntry]:
         self._rt._call("process_list", sandbox_id)
         return [p.info() for p in self._rt._procs(sandbox_id).values() if p.exit is None]
 
-    async def get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+    async def get(self, sandbox_id: str, pid: int) -> ProcessEntry:
         self._rt._call("process_get", sandbox_id, pid)
         return self._rt._proc(sandbox_id, pid).info()
 
     async def write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
-                          eof: bool = False) -> dict[str, Any]:
+                          eof: bool = False) -> StdinResult:
         self._rt._call("process_write_stdin", sandbox_id, pid, data, eof=eof)
         proc = self._rt._proc(sandbox_id, pid)
         if not proc.stdin_open:
@@ -945,7 +965,7 @@ class FakeProcesses:
         return {"pid": pid, "written": len(data), "stdin_open": not eof}
 
     async def signal(self, sandbox_id: str, pid: int, sig: int | str, *,
-                     group: bool = True) -> dict[str, Any]:
+                     group: bool = True) -> SignalResult:
         self._rt._call("process_signal", sandbox_id, pid, sig, group=group)
         number = signal_number(sig)
         proc = self._rt._proc(sandbox_id, pid)
@@ -993,19 +1013,19 @@ class FakeCheckpoints:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._rt = runtime
 
-    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> dict[str, Any]:
+    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> CheckpointReport:
         self._rt._call("set_checkpoints", sandbox_id, every=every, keep=keep, mode=mode)
         record = self._rt._sandbox(self._rt._resolve(sandbox_id))
         record.checkpoints = AutoCheckpoint(every=every, keep=keep, mode=mode)
         return self.get(sandbox_id)
 
-    def get(self, sandbox_id: str) -> dict[str, Any]:
+    def get(self, sandbox_id: str) -> CheckpointReport:
         record = self._rt._sandbox(self._rt._resolve(sandbox_id))
         kept = [s.info() for s in self._rt.snapshots.values() if s.checkpoint_of == record.id]
         return {"sandbox_id": record.id, "policy": record.checkpoints.info() if record.checkpoints else None,
                 "calls": 0, "checkpoints": kept}
 
-    def delete(self, sandbox_id: str) -> dict[str, Any]:
+    def delete(self, sandbox_id: str) -> CheckpointReport:
         record = self._rt._sandbox(self._rt._resolve(sandbox_id))
         record.checkpoints = None
         return self.get(sandbox_id)
@@ -1020,7 +1040,7 @@ class FakeBuilds:
         self.contexts: dict[str, int] = {}
         self.built: set[str] = set()  # canonical steps already "run"
 
-    async def put_context(self, chunks: AsyncIterable[bytes]) -> dict[str, Any]:
+    async def put_context(self, chunks: AsyncIterable[bytes]) -> ContextReport:
         sha, size = hashlib.sha256(), 0
         async for chunk in chunks:
             sha.update(chunk)
@@ -1060,7 +1080,7 @@ class FakeTravel:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._rt = runtime
 
-    async def push(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+    async def push(self, tag: str, *, force: bool = False) -> PushReport:
         self._rt._call("push_snapshot", tag, force=force)
         url = self._rt._need_store()
         self._rt._snapshot(tag).check_forkable()
@@ -1071,7 +1091,7 @@ class FakeTravel:
         return {"tag": tag, "store": url, "lineage": lineage, "blobs": 3 * len(lineage) + 1,
                 "blobs_uploaded": 3 * len(fresh), "bytes_uploaded": 1000 * len(fresh)}
 
-    async def pull(self, tag: str) -> dict[str, Any]:
+    async def pull(self, tag: str) -> PullReport:
         self._rt._call("pull_snapshot", tag)
         url = self._rt._need_store()
         if tag in self._rt.snapshots:
@@ -1097,14 +1117,16 @@ class FakeWorkspaces:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._rt = runtime
 
-    def info(self, ws: dict[str, Any]) -> dict[str, Any]:
+    def info(self, ws: dict[str, Any]) -> WorkspaceReport:
         sandbox = ws["sandbox_id"]
         info = {k: v for k, v in ws.items() if k != "sandbox_id"}
         if sandbox in self._rt.sandboxes:
-            return {**info, "status": "running", "live_sandbox_id": sandbox}
-        if sandbox in self._rt.suspended:
-            return {**info, "status": "suspended", "current_state_tag": self._rt.suspended[sandbox].tag}
-        return {**info, "status": "stale"}
+            info |= {"status": "running", "live_sandbox_id": sandbox}
+        elif sandbox in self._rt.suspended:
+            info |= {"status": "suspended", "current_state_tag": self._rt.suspended[sandbox].tag}
+        else:
+            info["status"] = "stale"
+        return cast(WorkspaceReport, info)
 
     def get(self, name: str) -> dict[str, Any]:
         if name not in self._rt.workspace_rows:
@@ -1164,7 +1186,7 @@ class FakePools:
     async def configure(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
                         per_child_netns: bool = False, live_fork: bool = False,
                         allow_internet_access: bool | None = None,
-                        network: dict[str, Any] | None = None) -> dict[str, Any]:
+                        network: dict[str, Any] | None = None) -> PoolReport:
         self._rt._call("set_pool", tag, size, memory_limit_mib=memory_limit_mib,
                        per_child_netns=per_child_netns, live_fork=live_fork,
                        **_egress_kwargs(allow_internet_access, network))
@@ -1176,17 +1198,17 @@ class FakePools:
         self._rt.pool_rows[tag] = {"tag": tag, "size": size, "ready": size,
                                    "memory_limit_mib": memory_limit_mib, "per_child_netns": per_child_netns,
                                    "live_fork": live_fork, "claims": 0, "misses": 0}
-        return dict(self._rt.pool_rows[tag])
+        return cast(PoolReport, dict(self._rt.pool_rows[tag]))
 
-    def get(self, tag: str) -> dict[str, Any]:
+    def get(self, tag: str) -> PoolReport:
         if tag not in self._rt.pool_rows:
             self._rt._snapshot(tag)
         empty = {"tag": tag, "size": 0, "ready": 0, "memory_limit_mib": None, "per_child_netns": False,
                  "live_fork": False, "claims": 0, "misses": 0}
-        return dict(self._rt.pool_rows.get(tag) or empty)
+        return cast(PoolReport, dict(self._rt.pool_rows.get(tag) or empty))
 
-    def all(self) -> list[dict[str, Any]]:
-        return [dict(self._rt.pool_rows[t]) for t in sorted(self._rt.pool_rows)]
+    def all(self) -> list[PoolReport]:
+        return [cast(PoolReport, dict(self._rt.pool_rows[t])) for t in sorted(self._rt.pool_rows)]
 
     def take_refill_times(self) -> list[tuple[str, float]]:
         out, self._rt.refill_times = self._rt.refill_times, []
@@ -1221,3 +1243,23 @@ __all__ = [
     "FakeTravel",
     "FakeWorkspaces",
 ]
+
+
+class FakeTags:
+    """``Runtime.tags``: a branch to a tag is in flight until the fake's branch returns."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    def in_flight(self, tag: str) -> bool:
+        return tag in self._rt._in_flight
+
+
+class FakePaused:
+    """``Runtime.suspender``, as E2B's snapshot routes read it: the paused sandboxes."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    def all(self) -> list[PausedRecord]:
+        return list(self._rt.paused.values())

@@ -29,9 +29,11 @@ from forkd.api.deps import (
     FilesLike,
     HibernationLike,
     KernelsLike,
+    PausedLike,
     PoolsLike,
     ProcessesLike,
     RuntimeLike,
+    TagsLike,
     TravelLike,
     WorkspacesLike,
 )
@@ -43,6 +45,8 @@ from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import SandboxProcesses
 from forkd.controller.runtime import Runtime
+from forkd.controller.suspend import Suspender
+from forkd.controller.tags import TagReservations
 from forkd.controller.template_build import TemplateBuilds
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.workspaces import Workspaces
@@ -53,9 +57,11 @@ from tests.fakes.runtime import (
     FakeFiles,
     FakeHibernation,
     FakeKernels,
+    FakePaused,
     FakePools,
     FakeProcesses,
     FakeRuntime,
+    FakeTags,
     FakeTravel,
     FakeWorkspaces,
 )
@@ -71,6 +77,8 @@ SUB_APIS: dict[str, tuple[type, type, type]] = {
     "pools": (PoolKeeper, PoolsLike, FakePools),
     "hibernation": (Hibernator, HibernationLike, FakeHibernation),
     "builds": (TemplateBuilds, BuildsLike, FakeBuilds),
+    "tags": (TagReservations, TagsLike, FakeTags),
+    "suspender": (Suspender, PausedLike, FakePaused),
 }
 
 

@@ -34,6 +34,7 @@ from forkd.api.routes import status_router, v1
 from forkd.api.schemas import ErrorBody
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION, VERSION
+from forkd.controller.results import PoolReport
 
 if TYPE_CHECKING:
     from forkd.fleet.hosts import HostRecord
@@ -66,7 +67,7 @@ def _hibernation(app: FastAPI) -> dict[str, Any]:
     return hibernation.counts() if hibernation is not None else {}
 
 
-def _pools(app: FastAPI) -> list[dict[str, Any]]:
+def _pools(app: FastAPI) -> list[PoolReport]:
     runtime: RuntimeLike | None = app.state.runtime
     return runtime.pools.all() if runtime is not None else []
 

@@ -40,6 +40,7 @@ from forkd.api.schemas import (
 )
 from forkd.api.settings import Settings
 from forkd.config import API_VERSION
+from forkd.controller.results import DirListing, FileEntry, MkdirResult
 from forkd.errors import InvalidRequest, TooLarge
 from forkd.guest import protocol
 from forkd.guest.protocol import FILE_PATH_MAX
@@ -96,7 +97,7 @@ def _settings(request: Request) -> Settings:
 async def put_file(sandbox_id: SandboxIdPath, path: PathQuery, request: Request, rt: Runtime,
                    mode: Annotated[int | None, Query(ge=0, le=0o7777, description=(
                        "Permission bits of the file (default: keep an existing file's, else 0644)."))] = None,
-                   user: UserQuery = None) -> dict[str, Any]:
+                   user: UserQuery = None) -> FileEntry:
     limit = _settings(request).max_file_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -182,7 +183,7 @@ async def remove_file(
     responses=MISSING,
 )
 async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
-                    user: UserQuery = None) -> dict[str, Any]:
+                    user: UserQuery = None) -> FileEntry:
     return await rt.files.stat(sandbox_id, path, user=user)
 
 
@@ -193,7 +194,7 @@ async def stat_file(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
     responses={**MISSING, 409: _err("The path is not a directory.")},
 )
 async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
-                     user: UserQuery = None) -> dict[str, Any]:
+                     user: UserQuery = None) -> DirListing:
     return await rt.files.list(sandbox_id, path, user=user)
 
 
@@ -204,5 +205,5 @@ async def list_files(sandbox_id: SandboxIdPath, path: PathQuery, rt: Runtime,
     responses={**MISSING, **TOO_LARGE, 409: _err("The path exists (without parents=true), or a parent "
                                                   "is not a directory.")},
 )
-async def mkdir(sandbox_id: SandboxIdPath, req: MkdirRequest, rt: Runtime) -> dict[str, Any]:
+async def mkdir(sandbox_id: SandboxIdPath, req: MkdirRequest, rt: Runtime) -> MkdirResult:
     return await rt.files.mkdir(sandbox_id, req.path, parents=req.parents, user=req.user)

@@ -34,6 +34,7 @@ from forkd.api.schemas import (
     PromoteResponse,
 )
 from forkd.config import API_VERSION
+from forkd.controller.results import CheckpointReport, PromoteResult
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["fork"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
@@ -53,7 +54,7 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 async def _fork(sandbox_id: str, req: ForkRequest, rt: Runtime, m: MetricsDep, gate: BranchGate,
                 *, tree: bool) -> dict[str, Any]:
     started = time.perf_counter()
-    with gate.enter(None, rt.tag_in_flight):
+    with gate.enter(None, rt.tags.in_flight):
         result = await rt.fork(
             sandbox_id, req.count, tree=tree, per_child_netns=req.per_child_netns,
             memory_limit_mib=req.memory_limit_mib, live_fork=req.live_fork, env=req.env,
@@ -111,7 +112,7 @@ async def fork_tree(
 )
 async def promote(
     sandbox_id: SandboxIdPath, rt: Runtime, req: Annotated[PromoteRequest | None, Body()] = None,
-) -> dict[str, Any]:
+) -> PromoteResult:
     req = req or PromoteRequest()
     return await rt.promote(sandbox_id, tree_id=req.tree_id, cleanup_siblings=req.cleanup_siblings,
                             replace_parent=req.replace_parent)
@@ -125,7 +126,7 @@ async def promote(
 )
 async def set_checkpoints(
     sandbox_id: SandboxIdPath, req: CheckpointPolicyRequest, rt: Runtime,
-) -> dict[str, Any]:
+) -> CheckpointReport:
     return rt.checkpoints.set(sandbox_id, req.every, req.keep, req.mode)
 
 
@@ -135,7 +136,7 @@ async def set_checkpoints(
     summary="The auto-checkpoint policy and the kept checkpoints (oldest first)",
     responses=NO_SANDBOX,
 )
-async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> CheckpointReport:
     return rt.checkpoints.get(sandbox_id)
 
 
@@ -145,5 +146,5 @@ async def get_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, A
     summary="Stop the auto-checkpoint policy (the checkpoints taken stay)",
     responses=NO_SANDBOX,
 )
-async def delete_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+async def delete_checkpoints(sandbox_id: SandboxIdPath, rt: Runtime) -> CheckpointReport:
     return rt.checkpoints.delete(sandbox_id)

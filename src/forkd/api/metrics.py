@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from forkd.config import VERSION
+from forkd.controller.results import PoolReport
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def _safe_count(count: Callable[[], int]) -> Callable[[], float]:
     return sample
 
 
-PoolsSource = Callable[[], list[dict[str, Any]]]
+PoolsSource = Callable[[], list[PoolReport]]
 RefillSource = Callable[[], list[tuple[str, float]]]
 
 

@@ -13,6 +13,7 @@ from fastapi import APIRouter
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, STARTING, TOO_LARGE, Runtime, TagPath
 from forkd.api.schemas import ErrorBody, PoolInfo, PoolRequest
 from forkd.config import API_VERSION
+from forkd.controller.results import PoolReport
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["pools"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
@@ -30,7 +31,7 @@ NO_SNAPSHOT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "descr
               "incompatible host."},
     },
 )
-async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> dict[str, Any]:
+async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> PoolReport:
     return await rt.pools.configure(tag, req.size, memory_limit_mib=req.memory_limit_mib,
                                     per_child_netns=req.per_child_netns, live_fork=req.live_fork,
                                     allow_internet_access=req.allow_internet_access,
@@ -43,7 +44,7 @@ async def set_pool(tag: TagPath, req: PoolRequest, rt: Runtime) -> dict[str, Any
     summary="The snapshot's warm pool: target, ready members, options, claims and misses",
     responses=NO_SNAPSHOT,
 )
-async def get_pool(tag: TagPath, rt: Runtime) -> dict[str, Any]:
+async def get_pool(tag: TagPath, rt: Runtime) -> PoolReport:
     return rt.pools.get(tag)
 
 
@@ -52,5 +53,5 @@ async def get_pool(tag: TagPath, rt: Runtime) -> dict[str, Any]:
     response_model=list[PoolInfo],
     summary="Every warm pool (drained ones too, until their snapshot is deleted)",
 )
-async def list_pools(rt: Runtime) -> list[dict[str, Any]]:
+async def list_pools(rt: Runtime) -> list[PoolReport]:
     return rt.pools.all()

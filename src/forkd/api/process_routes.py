@@ -47,6 +47,7 @@ from forkd.api.schemas import (
     StdinResponse,
 )
 from forkd.config import API_VERSION
+from forkd.controller.results import CancelResult, ProcessEntry, SignalResult, StdinResult
 from forkd.errors import ForkdError, InvalidRequest
 
 NDJSON = "application/x-ndjson"
@@ -161,7 +162,7 @@ async def exec_stream(sandbox_id: SandboxIdPath, req: ExecStreamRequest, rt: Run
     summary="Start a background process",
     responses={**TOO_LARGE, 409: _err("The sandbox already runs 64 processes that forkd started.")},
 )
-async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt: Runtime) -> dict[str, Any]:
+async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt: Runtime) -> ProcessEntry:
     return await rt.processes.start(
         sandbox_id, req.args, env=req.env, cwd=req.cwd,
         stdin=req.stdin.encode() if req.stdin is not None else None, stdin_open=req.stdin_open,
@@ -173,7 +174,7 @@ async def start_process(sandbox_id: SandboxIdPath, req: ProcessStartRequest, rt:
     response_model=list[ProcessInfo],
     summary="The running processes that forkd started in the sandbox",
 )
-async def list_processes(sandbox_id: SandboxIdPath, rt: Runtime) -> list[dict[str, Any]]:
+async def list_processes(sandbox_id: SandboxIdPath, rt: Runtime) -> list[ProcessEntry]:
     return await rt.processes.list(sandbox_id)
 
 
@@ -183,7 +184,7 @@ async def list_processes(sandbox_id: SandboxIdPath, rt: Runtime) -> list[dict[st
     summary="One process, running or recently exited",
     responses=NO_PROCESS,
 )
-async def get_process(sandbox_id: SandboxIdPath, pid: PidPath, rt: Runtime) -> dict[str, Any]:
+async def get_process(sandbox_id: SandboxIdPath, pid: PidPath, rt: Runtime) -> ProcessEntry:
     return await rt.processes.get(sandbox_id, pid)
 
 
@@ -213,7 +214,7 @@ async def stream_process(
                          "yet is pending.")},
 )
 async def write_stdin(sandbox_id: SandboxIdPath, pid: PidPath, req: StdinRequest,
-                      rt: Runtime) -> dict[str, Any]:
+                      rt: Runtime) -> StdinResult:
     if req.encoding == "base64":
         try:
             data = base64.b64decode(req.data, validate=True)
@@ -231,7 +232,7 @@ async def write_stdin(sandbox_id: SandboxIdPath, pid: PidPath, req: StdinRequest
     responses={**NOT_RUNNING, **TOO_LARGE},
 )
 async def signal_process(sandbox_id: SandboxIdPath, pid: PidPath, req: SignalRequest,
-                         rt: Runtime) -> dict[str, Any]:
+                         rt: Runtime) -> SignalResult:
     return await rt.processes.signal(sandbox_id, pid, req.signal, group=req.group)
 
 
@@ -252,5 +253,5 @@ async def kill_process(sandbox_id: SandboxIdPath, pid: PidPath, rt: Runtime) -> 
     response_model=CancelEvalResponse,
     summary="Interrupt the sandbox's running eval (it answers CancelledError)",
 )
-async def cancel_eval(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+async def cancel_eval(sandbox_id: SandboxIdPath, rt: Runtime) -> CancelResult:
     return await rt.cancel_eval(sandbox_id)

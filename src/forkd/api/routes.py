@@ -37,6 +37,7 @@ from forkd.api.schemas import (
     Version,
 )
 from forkd.config import API_VERSION, VERSION
+from forkd.controller.results import EvalResult, ExecResult, PingResult
 from forkd.errors import InvalidRequest
 
 
@@ -323,7 +324,7 @@ async def hibernate_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str,
     summary="Round trip to the guest agent",
     responses={**NO_SANDBOX, **GUEST_ERRORS},
 )
-async def ping(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+async def ping(sandbox_id: SandboxIdPath, rt: Runtime) -> PingResult:
     return await rt.ping(sandbox_id)
 
 
@@ -337,7 +338,7 @@ async def ping(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
 )
 async def exec_in_sandbox(
     sandbox_id: SandboxIdPath, req: ExecRequest, rt: Runtime, m: MetricsDep
-) -> dict[str, Any]:
+) -> ExecResult:
     started = time.perf_counter()
     try:
         return await rt.exec(
@@ -360,7 +361,7 @@ async def exec_in_sandbox(
     summary="Evaluate a Python expression in the warm PID 1 interpreter",
     responses={**NO_SANDBOX, **GUEST_ERRORS, **TOO_LARGE},
 )
-async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runtime) -> dict[str, Any]:
+async def eval_in_sandbox(sandbox_id: SandboxIdPath, req: EvalRequest, rt: Runtime) -> EvalResult:
     return await rt.eval(sandbox_id, req.code, timeout_secs=req.timeout_secs)
 
 
@@ -390,7 +391,7 @@ async def branch(
     req: Annotated[BranchRequest | None, Body()] = None,
 ) -> dict[str, Any]:
     req = req or BranchRequest()
-    with gate.enter(req.tag, rt.tag_in_flight):
+    with gate.enter(req.tag, rt.tags.in_flight):
         record = await rt.branch(sandbox_id, tag=req.tag, mode=req.effective_mode, wait=req.wait,
                                  measure_diff=req.measure_diff, parent_tag=req.parent_tag)
     info = record.info()

@@ -25,6 +25,7 @@ from forkd.api.file_routes import streamed_body
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, TOO_LARGE, Runtime
 from forkd.api.schemas import BuildContextInfo, ErrorBody, TemplateBuildRequest
 from forkd.config import API_VERSION
+from forkd.controller.results import ContextReport
 from forkd.errors import ForkdError, InvalidRequest, TooLarge
 
 NDJSON = "application/x-ndjson"
@@ -53,7 +54,7 @@ def streams_body(scope: Scope) -> bool:
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
 )
-async def put_context(request: Request, rt: Runtime) -> dict[str, Any]:
+async def put_context(request: Request, rt: Runtime) -> ContextReport:
     if "content-type" not in request.headers:  # no body was sent (an empty one is an empty context)
         raise InvalidRequest("send the build context as the body (Content-Type: application/x-tar)")
     declared = request.headers.get("content-length")

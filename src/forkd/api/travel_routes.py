@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, STARTING, TOO_LARGE, Runtime, TagPath
 from forkd.api.schemas import ErrorBody, PullResult, PushRequest, PushResult
 from forkd.config import API_VERSION
+from forkd.controller.results import PullReport, PushReport
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["snapshots"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
@@ -35,7 +36,7 @@ def _err(description: str) -> dict[str, Any]:
     },
 )
 async def push(tag: TagPath, rt: Runtime,
-               req: Annotated[PushRequest | None, Body()] = None) -> dict[str, Any]:
+               req: Annotated[PushRequest | None, Body()] = None) -> PushReport:
     return await rt.travel.push(tag, force=(req or PushRequest()).force)
 
 
@@ -51,5 +52,5 @@ async def push(tag: TagPath, rt: Runtime,
         502: _err("The object store failed, refused the request or served a corrupt blob."),
     },
 )
-async def pull(tag: TagPath, rt: Runtime) -> dict[str, Any]:
+async def pull(tag: TagPath, rt: Runtime) -> PullReport:
     return await rt.travel.pull(tag)

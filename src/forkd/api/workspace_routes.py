@@ -29,6 +29,7 @@ from forkd.api.schemas import (
     WorkspaceInfo,
 )
 from forkd.config import API_VERSION
+from forkd.controller.results import WorkspaceReport
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["workspaces"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
@@ -50,20 +51,20 @@ _AS_GIVEN: dict[str, Any] = {"response_model_exclude_unset": True}
                      "ready."}},
     **_AS_GIVEN,
 )
-async def create_workspace(req: CreateWorkspaceRequest, rt: Runtime) -> dict[str, Any]:
+async def create_workspace(req: CreateWorkspaceRequest, rt: Runtime) -> WorkspaceReport:
     ws = await rt.workspaces.create(req.name, req.snapshot_tag, per_child_netns=req.per_child_netns,
                                     memory_limit_mib=req.memory_limit_mib)
     return rt.workspaces.info(ws)
 
 
 @router.get("/workspaces", response_model=list[WorkspaceInfo], summary="List workspaces", **_AS_GIVEN)
-async def list_workspaces(rt: Runtime) -> list[dict[str, Any]]:
+async def list_workspaces(rt: Runtime) -> list[WorkspaceReport]:
     return [rt.workspaces.info(ws) for ws in rt.workspaces.all()]
 
 
 @router.get("/workspaces/{name}", response_model=WorkspaceInfo, summary="One workspace",
             responses=NO_WORKSPACE, **_AS_GIVEN)
-async def get_workspace(name: NamePath, rt: Runtime) -> dict[str, Any]:
+async def get_workspace(name: NamePath, rt: Runtime) -> WorkspaceReport:
     return rt.workspaces.info(rt.workspaces.get(name))
 
 
@@ -91,9 +92,9 @@ async def delete_workspace(name: NamePath, rt: Runtime) -> Response:
 async def suspend_workspace(
     name: NamePath, rt: Runtime, gate: Annotated[BranchGate, Depends(get_branch_gate)],
     req: Annotated[SuspendWorkspaceRequest | None, Body()] = None,
-) -> dict[str, Any]:
+) -> WorkspaceReport:
     mode = "diff" if req is not None and req.diff else "full"
-    with gate.enter(None, rt.tag_in_flight):  # a suspend is a branch: it counts against the cap
+    with gate.enter(None, rt.tags.in_flight):  # a suspend is a branch: it counts against the cap
         return rt.workspaces.info(await rt.workspaces.suspend(name, mode=mode))
 
 
@@ -104,5 +105,5 @@ async def suspend_workspace(
     responses={**NO_WORKSPACE, **GUEST_ERRORS, 409: {"model": ErrorBody, "description": "It is running."}},
     **_AS_GIVEN,
 )
-async def resume_workspace(name: NamePath, rt: Runtime) -> dict[str, Any]:
+async def resume_workspace(name: NamePath, rt: Runtime) -> WorkspaceReport:
     return rt.workspaces.info(await rt.workspaces.resume(name))

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker
+from forkd.controller.results import CheckpointReport
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import Conflict, ForkdError, InvalidRequest
@@ -57,7 +57,7 @@ class Checkpointer:
             if sb.checkpoints is not None:
                 self._calls.setdefault(sb.id, 0)
 
-    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> dict[str, Any]:
+    def set(self, sandbox_id: str, every: int, keep: int, mode: str = "diff") -> CheckpointReport:
         sandbox_id = self._table.resolve(sandbox_id)
         self._table.get(sandbox_id)
         bounds.CHECKPOINT_EVERY.check(every)
@@ -72,10 +72,10 @@ class Checkpointer:
         self._errors.pop(sandbox_id, None)
         return self.get(sandbox_id)
 
-    def get(self, sandbox_id: str) -> dict[str, Any]:
+    def get(self, sandbox_id: str) -> CheckpointReport:
         sandbox_id = self._table.resolve(sandbox_id)
         record = self._sandboxes.get(sandbox_id)
-        out: dict[str, Any] = {
+        out: CheckpointReport = {
             "sandbox_id": sandbox_id,
             "policy": record.checkpoints.info() if record.checkpoints else None,
             "calls": self._calls.get(sandbox_id, 0),
@@ -85,7 +85,7 @@ class Checkpointer:
             out["last_error"] = self._errors[sandbox_id]
         return out
 
-    def delete(self, sandbox_id: str) -> dict[str, Any]:
+    def delete(self, sandbox_id: str) -> CheckpointReport:
         """Stop the policy; the checkpoints already taken stay."""
         sandbox_id = self._table.resolve(sandbox_id)
         self._sandboxes.get(sandbox_id)

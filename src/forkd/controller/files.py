@@ -16,9 +16,10 @@ import base64
 import binascii
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from forkd import bounds
+from forkd.controller.results import DirListing, FileEntry, MkdirResult
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, GuestError, InvalidRequest, TooLarge
 from forkd.guest import protocol
@@ -52,7 +53,7 @@ def _piece(result: dict[str, Any], asked: int) -> tuple[bytes, bool]:
     return data, eof
 
 
-def checked_info(result: dict[str, Any]) -> dict[str, Any]:
+def checked_info(result: dict[str, Any]) -> FileEntry:
     """A FileInfo from the guest, with only the documented keys of the documented types."""
     out: dict[str, Any] = {}
     for key, kinds in (("path", str), ("name", str), ("type", str), ("size", int), ("mode", int),
@@ -78,7 +79,7 @@ def checked_info(result: dict[str, Any]) -> dict[str, Any]:
             out["metadata"] = protocol.check_metadata(result["metadata"])
         except protocol.RequestError:
             raise GuestError("guest agent sent malformed file metadata") from None
-    return out
+    return cast(FileEntry, out)  # each key checked above
 
 
 def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
@@ -116,11 +117,11 @@ class SandboxFiles:
 
     # --------------------------------------------------------------- metadata
 
-    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+    async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> FileEntry:
         result = await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user)
         return checked_info(result)
 
-    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
+    async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> DirListing:
         result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path), user=user)
         entries = result.get("entries")
         if not isinstance(entries, list) or len(entries) > protocol.FILE_LIST_MAX:
@@ -129,7 +130,7 @@ class SandboxFiles:
                 "truncated": bool(result.get("truncated"))}
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
-                    user: str | None = None) -> dict[str, Any]:
+                    user: str | None = None) -> MkdirResult:
         result = await self._call(sandbox_id, protocol.FILE_MKDIR, path=check_path(path), parents=parents,
                                   user=user)
         return {"path": path, "created": bool(result.get("created"))}
@@ -140,7 +141,7 @@ class SandboxFiles:
                          user=user)
 
     async def move(self, sandbox_id: str, source: str, destination: str, *,
-                   user: str | None = None) -> dict[str, Any]:
+                   user: str | None = None) -> FileEntry:
         """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
         return checked_info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
                                              destination=check_path(destination), user=user))
@@ -149,7 +150,7 @@ class SandboxFiles:
 
     async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *,
                     max_bytes: int, mode: int | None = None, user: str | None = None,
-                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
+                    metadata: dict[str, str] | None = None) -> FileEntry:
         """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``.
         As ``user``, the file is theirs (the pieces and the close act as the open did). The file
         lands with exactly ``metadata`` (none: none, whatever the file it replaces had)."""
@@ -200,7 +201,7 @@ class SandboxFiles:
     # ------------------------------------------------------------------ reads
 
     async def open_read(self, sandbox_id: str, path: str, *,
-                        user: str | None = None) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+                        user: str | None = None) -> tuple[FileEntry, AsyncIterator[bytes]]:
         """The file's FileInfo and its bytes, read ahead at most ``WINDOW`` pieces.
 
         The stat comes first so that a missing file (404) or a directory (409)

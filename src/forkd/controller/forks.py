@@ -30,6 +30,7 @@ from typing import Any
 from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.options import ForkOptions, SpawnOptions
+from forkd.controller.results import Deletion, PromoteResult
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
@@ -125,7 +126,7 @@ class Forker:
         return result
 
     async def promote(self, winner_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
-                      replace_parent: bool = False) -> dict[str, Any]:
+                      replace_parent: bool = False) -> PromoteResult:
         winner = self._table.resolve(winner_id)
         self._table.get(winner)  # 404 / died
         record = self._sandboxes.get(winner)
@@ -147,16 +148,16 @@ class Forker:
             if taken != parent:
                 raise Conflict(f"the parent {parent} was already replaced by {taken}; "
                                "a sandbox id can be replaced once")
-        deleted: list[dict[str, Any]] = []
+        deleted: list[Deletion] = []
         if cleanup_siblings:
             siblings = [sb.id for sb in self._sandboxes.all()
                         if sb.metadata.get(TREE_ID_KEY) == tree_id and sb.id != winner]
             for sb_id in siblings:
                 deleted.append(await self._kill_reported(sb_id))
-        out: dict[str, Any] = {"winner": record.info(), "tree_id": tree_id, "deleted": deleted,
+        out: PromoteResult = {"winner": record.info(), "tree_id": tree_id, "deleted": deleted,
                                "replaced_parent": None}
         if replace_parent and parent:
-            report: dict[str, Any] = {"id": parent, "deleted": True}
+            report: Deletion = {"id": parent, "deleted": True}
             if parent in self._table or self._sandboxes.has(parent):
                 report = await self._kill_reported(parent)
                 deleted.append(report)
@@ -166,7 +167,7 @@ class Forker:
                 out["replaced_parent"] = parent
         return out
 
-    async def _kill_reported(self, sb_id: str) -> dict[str, Any]:
+    async def _kill_reported(self, sb_id: str) -> Deletion:
         try:
             await self._table.kill(sb_id)
         except ForkdError as exc:

@@ -38,6 +38,7 @@ from typing import Any
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.options import SpawnOptions
+from forkd.controller.results import PoolReport
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -77,9 +78,9 @@ class _Pool:
     retry_at: float = 0.0  # monotonic time before which no refill is tried
     last_error: str | None = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> PoolReport:
         key = self.config.key
-        out: dict[str, Any] = {
+        out: PoolReport = {
             "tag": key.tag, "size": self.config.size, "ready": len(self.ready),
             "memory_limit_mib": key.memory_limit_mib, "per_child_netns": key.per_child_netns,
             "live_fork": key.live_fork, "claims": self.claims, "misses": self.misses,
@@ -91,7 +92,7 @@ class _Pool:
         return out
 
 
-def empty_pool_info(tag: str) -> dict[str, Any]:
+def empty_pool_info(tag: str) -> PoolReport:
     """What GET says for a snapshot that has no pool."""
     return _Pool(PoolConfig(PoolKey(tag), 0)).info()
 
@@ -162,18 +163,18 @@ class PoolKeeper:
 
     # ---------------------------------------------------------------- targets
 
-    def info(self, tag: str) -> dict[str, Any]:
+    def info(self, tag: str) -> PoolReport:
         pool = self._pools.get(tag)
         return pool.info() if pool is not None else empty_pool_info(tag)
 
     def has(self, tag: str) -> bool:
         return tag in self._pools
 
-    def all(self) -> list[dict[str, Any]]:
+    def all(self) -> list[PoolReport]:
         """Every pool this daemon knows, drained ones (size 0) included for their counters."""
         return [self._pools[t].info() for t in sorted(self._pools)]
 
-    def get(self, tag: str) -> dict[str, Any]:
+    def get(self, tag: str) -> PoolReport:
         """One pool's PoolInfo (404 unless its snapshot exists or a target is kept for it)."""
         check_tag(tag)
         if not self.has(tag):
@@ -183,7 +184,7 @@ class PoolKeeper:
     async def configure(self, tag: str, size: int, *, memory_limit_mib: int | None = None,
                         per_child_netns: bool = False, live_fork: bool = False,
                         allow_internet_access: bool | None = None,
-                        network: dict[str, Any] | None = None) -> dict[str, Any]:
+                        network: dict[str, Any] | None = None) -> PoolReport:
         """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
         bounds.POOL_SIZE.check(size)
         egress = EgressPolicy.from_request(allow_internet_access, network)
@@ -225,7 +226,7 @@ class PoolKeeper:
         self._refill_times.clear()
         return out
 
-    async def set(self, config: PoolConfig) -> dict[str, Any]:
+    async def set(self, config: PoolConfig) -> PoolReport:
         """Set a pool's target; members beyond it (or restored with other options) are killed."""
         bounds.POOL_SIZE.check(config.size)
         async with self._lock:

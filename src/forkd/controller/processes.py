@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from forkd import bounds
 from forkd.controller.guest_streams import GuestEvents, StreamSlots
+from forkd.controller.results import ProcessEntry, SignalResult, StdinResult
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
@@ -64,7 +65,7 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def process_info(raw: Any) -> dict[str, Any]:
+def process_info(raw: Any) -> ProcessEntry:
     """A ProcessInfo from the guest, with only the documented keys of the documented types."""
     if not isinstance(raw, dict) or isinstance(raw.get("pid"), bool) or not isinstance(raw.get("pid"), int):
         raise GuestError("guest agent sent a malformed process record")
@@ -235,7 +236,7 @@ class SandboxProcesses:
     async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
                     cwd: str | None = None, stdin: bytes | None = None, stdin_open: bool = False,
                     tag: str | None = None, timeout_secs: float | None = None,
-                    user: str | None = None) -> dict[str, Any]:
+                    user: str | None = None) -> ProcessEntry:
         """Start a background process (as ``user``: None is root); its ProcessInfo."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
         await self._sandboxes.require_user_support(sandbox_id, user)
@@ -258,18 +259,18 @@ class SandboxProcesses:
         await self._sandboxes.require_agent(sandbox_id, protocol.PTY_AGENT_VERSION, "terminals (pty)")
         await self._call(sandbox_id, protocol.PROC_RESIZE, pid=pid, cols=cols, rows=rows)
 
-    async def list(self, sandbox_id: str) -> list[dict[str, Any]]:
+    async def list(self, sandbox_id: str) -> list[ProcessEntry]:
         result = await self._call(sandbox_id, protocol.PROC_LIST)
         processes = result.get("processes")
         if not isinstance(processes, list) or len(processes) > protocol.MAX_PROCESSES:
             raise GuestError("guest agent sent a malformed or overlong process list")
         return [process_info(p) for p in processes]
 
-    async def get(self, sandbox_id: str, pid: int) -> dict[str, Any]:
+    async def get(self, sandbox_id: str, pid: int) -> ProcessEntry:
         return process_info(await self._call(sandbox_id, protocol.PROC_INFO, pid=pid))
 
     async def write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
-                          eof: bool = False) -> dict[str, Any]:
+                          eof: bool = False) -> StdinResult:
         """Queue ``data`` for the process's stdin (409 if its stdin is closed or its buffer full)."""
         result = await self._call(sandbox_id, protocol.PROC_INPUT, pid=pid,
                                   data=base64.b64encode(data).decode("ascii"), eof=eof)
@@ -279,7 +280,7 @@ class SandboxProcesses:
         return {"pid": pid, "written": written, "stdin_open": not eof}
 
     async def signal(self, sandbox_id: str, pid: int, sig: int | str, *,
-                     group: bool = True) -> dict[str, Any]:
+                     group: bool = True) -> SignalResult:
         """Send ``sig`` to the process (its whole process group unless ``group`` is False)."""
         number = signal_number(sig)
         await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=number, group=group)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, cast
 
 from forkd import bounds
 from forkd.config import DataDir
@@ -57,6 +57,15 @@ from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.processes import ProcessEvent, ProcessEvents, SandboxProcesses
 from forkd.controller.recovery import recover
+from forkd.controller.results import (
+    CancelResult,
+    EvalResult,
+    ExecResult,
+    PingResult,
+    PromoteResult,
+    RecordJson,
+    SandboxView,
+)
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
@@ -72,11 +81,9 @@ from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest
 from forkd.guest import protocol
 from forkd.host import cgroups
-from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
-from forkd.image.builder import Image
 from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id
 from forkd.store.objectstore import ObjectStore
@@ -242,9 +249,6 @@ class Runtime:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def host_accel(self, image: Image) -> Accel:
-        return await self.accel.for_image(image)
-
     # ---------------------------------------------------------------- snapshots
 
     def list_snapshots(self) -> list[SnapshotRecord]:
@@ -253,13 +257,10 @@ class Runtime:
     def get_snapshot(self, tag: str) -> SnapshotRecord:
         return self.snapshots.get(tag)
 
-    def tag_in_flight(self, tag: str) -> bool:
-        return self.tags.in_flight(tag)
-
     async def create_snapshot(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
         return await self.templates.create(spec, progress)
 
-    def snapshot_lineage(self, tag: str) -> dict[str, Any]:
+    def snapshot_lineage(self, tag: str) -> RecordJson:
         users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag == tag]
         return self.snapshots.lineage(tag, users)
 
@@ -338,7 +339,7 @@ class Runtime:
         return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
-                      replace_parent: bool = False) -> dict[str, Any]:
+                      replace_parent: bool = False) -> PromoteResult:
         return await self.forker.promote(sandbox_id, tree_id=tree_id, cleanup_siblings=cleanup_siblings,
                                          replace_parent=replace_parent)
 
@@ -357,14 +358,14 @@ class Runtime:
         self.reaper.set_timeout(sandbox_id, timeout_secs)
         return self.get_sandbox(sandbox_id)
 
-    async def ping(self, sandbox_id: str) -> dict[str, Any]:
-        return await self.sandboxes.call(sandbox_id, "ping", timeout=30)
+    async def ping(self, sandbox_id: str) -> PingResult:
+        return cast(PingResult, await self.sandboxes.call(sandbox_id, "ping", timeout=30))
 
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
         cwd: str | None = None, stdin: str | None = None, max_output_bytes: int | None = None,
         user: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ExecResult:
         """Run ``args`` to its end (as ``user``, a guest user's name; None: root, the agent itself)."""
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
@@ -378,10 +379,10 @@ class Runtime:
         # The agent enforces the timeout; ours only catches a wedged guest.
         result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
         await self.sandboxes.turn_done(sandbox_id)
-        return result
+        return cast(ExecResult, result)  # checked against ExecResponse on the way out
 
     async def eval(self, sandbox_id: str, code: str,
-                   timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> dict[str, Any]:
+                   timeout_secs: float = bounds.EVAL_TIMEOUT_SECS) -> EvalResult:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
         bounds.EVAL_TIMEOUT.check(timeout_secs)
@@ -391,9 +392,9 @@ class Runtime:
                                            timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
                                            code=code, timeout_secs=timeout_secs)
         await self.sandboxes.turn_done(sandbox_id)
-        return result
+        return cast(EvalResult, result)  # checked against EvalResponse on the way out
 
-    async def cancel_eval(self, sandbox_id: str) -> dict[str, Any]:
+    async def cancel_eval(self, sandbox_id: str) -> CancelResult:
         """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
         result = await self.sandboxes.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
         return {"cancelled": bool(result.get("cancelled"))}
@@ -433,13 +434,7 @@ class Runtime:
         self.reaper.apply([record], timeout_secs, hibernate=record.hibernate_on_timeout)
         return record
 
-    def get_paused(self, sandbox_id: str) -> PausedRecord:
-        return self.suspender.get(sandbox_id)
-
-    def list_paused(self) -> list[PausedRecord]:
-        return self.suspender.all()
-
-    def describe_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+    def describe_sandbox(self, sandbox_id: str) -> SandboxView:
         """A running or paused sandbox as the E2B layer shows it (``controller.suspend.view``):
         id, template (the snapshot it was first forked from), state, started, ends, vcpus,
         mem_mib, disk_mb, metadata, egress. 404 if it is neither."""
@@ -452,7 +447,7 @@ class Runtime:
         paused = self.suspender.get(sandbox_id)
         return suspend_view(paused, paused.template)
 
-    def describe_sandboxes(self) -> list[dict[str, Any]]:
+    def describe_sandboxes(self) -> list[SandboxView]:
         """Every running and every paused sandbox (``describe_sandbox``), oldest first (started in
         the same second: running ones in their order of creation, then paused ones)."""
         out = [suspend_view(sb, self.suspender.template_of(sb)) for sb in self.list_sandboxes()]

@@ -26,11 +26,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from forkd.controller.branch import Brancher
 from forkd.controller.idle import IdlePauser
 from forkd.controller.options import SpawnOptions
+from forkd.controller.results import SandboxView
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -55,7 +55,7 @@ def disk_mib(record: SandboxRecord) -> int:
         return 0
 
 
-def view(record: SandboxRecord | PausedRecord, template: str) -> dict[str, Any]:
+def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
     """A sandbox, running or paused, as the E2B layer describes it (a hibernated one is paused:
     E2B's ``connect`` and any envd traffic resume it)."""
     if isinstance(record, PausedRecord):

@@ -47,6 +47,7 @@ from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import SNAPSHOT_BASE, BuildPlan, Copy, Run, Step, parse, step_canonical
 from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvents
+from forkd.controller.results import ContextReport, EvalResult, ExecResult
 from forkd.controller.templates import SnapshotSpec, TemplateBuilder
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.host.egress import EgressPolicy
@@ -99,8 +100,8 @@ class BuildHost(Protocol):
                     options: SpawnOptions | None = None) -> list[SandboxRecord]: ...
     async def exec(self, sandbox_id: str, args: list[str], timeout_secs: float = 30,
                    env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
-                   max_output_bytes: int | None = None, user: str | None = None) -> dict[str, Any]: ...
-    async def eval(self, sandbox_id: str, code: str, timeout_secs: float = ...) -> dict[str, Any]: ...
+                   max_output_bytes: int | None = None, user: str | None = None) -> ExecResult: ...
+    async def eval(self, sandbox_id: str, code: str, timeout_secs: float = ...) -> EvalResult: ...
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,
                      parent_tag: str | None = None) -> SnapshotRecord: ...
@@ -185,7 +186,7 @@ class TemplateBuilds:
         self.contexts = BuildContexts(data.root / "build-contexts")
         self._lock = asyncio.Lock()  # builds share layers: one at a time keeps that simple
 
-    async def put_context(self, chunks: AsyncIterable[bytes]) -> dict[str, Any]:
+    async def put_context(self, chunks: AsyncIterable[bytes]) -> ContextReport:
         """Store a build context (a tar); its digest and size (see BuildContexts)."""
         digest = await self.contexts.put(chunks)
         return {"context": digest, "bytes": self.contexts.path(digest).stat().st_size}

@@ -40,6 +40,7 @@ from typing import Any
 
 from forkd.config import DataDir
 from forkd.controller.host_accel import HostAccelerator
+from forkd.controller.results import PullReport, PushReport
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.travel_export import Export, SnapshotExporter
@@ -329,7 +330,7 @@ class SnapshotTravel:
 
     # ================================================================ object store
 
-    async def push(self, tag: str, *, force: bool = False) -> dict[str, Any]:
+    async def push(self, tag: str, *, force: bool = False) -> PushReport:
         store = self._require_store()
         exp = await asyncio.to_thread(self.export, tag)
         try:
@@ -337,7 +338,7 @@ class SnapshotTravel:
         finally:
             exp.cleanup()
 
-    def _push(self, store: ObjectStore, exp: Export, force: bool) -> dict[str, Any]:
+    def _push(self, store: ObjectStore, exp: Export, force: bool) -> PushReport:
         manifest = exp.manifest
         if not force:
             for t in manifest.lineage:
@@ -353,7 +354,7 @@ class SnapshotTravel:
         return {"tag": manifest.tag, "store": str(store.url), "lineage": manifest.lineage,
                 "blobs": len(exp.blobs), "blobs_uploaded": len(missing), "bytes_uploaded": sum(sent)}
 
-    async def pull(self, tag: str) -> dict[str, Any]:
+    async def pull(self, tag: str) -> PullReport:
         """Fetch ``tag`` (and the ancestors it needs) from the store; a no-op if it is here already."""
         store = self._require_store()
         check_tag(tag)
@@ -398,7 +399,7 @@ class SnapshotTravel:
         """At start: what a previous daemon left mid-way through a lazy import."""
         self.lazily.recover()
 
-    async def _import_from_store(self, store: ObjectStore, manifest: Manifest) -> dict[str, Any]:
+    async def _import_from_store(self, store: ObjectStore, manifest: Manifest) -> PullReport:
         started = time.monotonic()
         before = store.stats.snapshot()["bytes_downloaded"]
         plan = await self.plan(manifest)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from forkd.controller.files import check_path, checked_info
+from forkd.controller.results import FileEntry
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
@@ -30,7 +31,7 @@ class WatchEvent:
     type: WatchEventType
     # What it names, as ``SandboxFiles.stat`` answers (a watcher made with include_entry; None
     # when gone, and for remove and rename).
-    entry: dict[str, Any] | None = None
+    entry: FileEntry | None = None
 
 
 @dataclass(frozen=True)

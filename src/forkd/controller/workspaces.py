@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from forkd.controller.options import SpawnOptions
+from forkd.controller.results import WorkspaceReport
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.controller.suspend import Suspender
@@ -48,10 +48,10 @@ class Workspaces:
             return SUSPENDED
         return STALE
 
-    def info(self, ws: WorkspaceRecord) -> dict[str, Any]:
-        """forkd 0.5's WorkspaceInfo."""
+    def info(self, ws: WorkspaceRecord) -> WorkspaceReport:
+        """forkd 0.5's WorkspaceReport."""
         status = self._status(ws)
-        out: dict[str, Any] = {"id": f"ws-{ws.name}", "name": ws.name, "source_snapshot_tag": ws.source_tag,
+        out: WorkspaceReport = {"id": f"ws-{ws.name}", "name": ws.name, "source_snapshot_tag": ws.source_tag,
                                "status": status, "created_at_unix": ws.created_at_unix,
                                "last_active_unix": ws.last_active_unix}
         if status == RUNNING:

@@ -271,7 +271,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # restores the running guest rather than booting it afresh; docs/E2B.md).
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
-        with gate.enter(None, rt().tag_in_flight):
+        with gate.enter(None, rt().tags.in_flight):
             await rt().pause(sandbox_id)
         return Response(status_code=204)
 
@@ -288,7 +288,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # The forks carry the source's labels, but not a fork-tree's, which only fork-tree sets.
         labels = {k: v for k, v in view["metadata"].items() if k not in bounds.FORK_LABELS}
         egress = view["egress"]  # the forks get the source's, as copies of it
-        with gate.enter(None, rt().tag_in_flight):
+        with gate.enter(None, rt().tags.in_flight):
             result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,
                                      allow_internet_access=egress["allow_internet_access"],
                                      network={k: egress[k] for k in ("allow_out", "deny_out")})

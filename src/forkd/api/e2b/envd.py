@@ -179,7 +179,7 @@ class SandboxTraffic:
                 await self._runtime().files.mkdir(sandbox_id, parent, parents=True, user=user)
             info = await self._runtime().files.write(sandbox_id, full, pieces, max_bytes=limit, user=user,
                                                      metadata=metadata)
-            answer = {"name": info["name"], "type": "file", "path": info["path"]}
+            answer: dict[str, Any] = {"name": info["name"], "type": "file", "path": info["path"]}
             if info.get("metadata"):
                 answer["metadata"] = info["metadata"]
             return answer

@@ -38,6 +38,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from forkd.api.e2b import watch
 from forkd.api.e2b.errors import connect_errors, not_running
 from forkd.bounds import check_guest_user
+from forkd.controller.results import FileEntry
 from forkd.errors import InvalidRequest, NotFound
 from forkd.guest import protocol
 
@@ -89,7 +90,7 @@ def guest_path(path: str, user: str | None = None) -> str:
     return path if path.startswith("/") else posixpath.join(home, path)
 
 
-def entry(info: dict[str, Any]) -> filesystem_pb.EntryInfo:
+def entry(info: FileEntry) -> filesystem_pb.EntryInfo:
     """forkd's FileInfo as envd's EntryInfo."""
     kind, bits = _TYPES.get(info["type"], (filesystem_pb.FileType.UNSPECIFIED, 0))
     mtime = float(info["mtime"])

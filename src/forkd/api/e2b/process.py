@@ -47,6 +47,7 @@ from protobuf import Oneof
 
 from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
+from forkd.controller.results import ProcessEntry
 from forkd.errors import ForkdError, GuestError
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ def _size(pty: process_pb.PTY | None) -> tuple[int, int]:
     return int(size.cols), int(size.rows)
 
 
-def _info(raw: dict[str, Any]) -> process_pb.ProcessInfo:
+def _info(raw: ProcessEntry) -> process_pb.ProcessInfo:
     args = raw["args"] or [""]
     config = process_pb.ProcessConfig(cmd=args[0], args=args[1:], envs=raw["env"], cwd=raw["cwd"])
     return process_pb.ProcessInfo(config=config, pid=raw["pid"], tag=raw["tag"])

@@ -12,6 +12,7 @@ from typing import Any
 from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxState
 
 from forkd.api.e2b.tokens import AccessTokens
+from forkd.controller.results import SandboxView
 
 # The envd protocol version this layer speaks. Every gate of the pinned SDK (e2b/envd/versions.py,
 # get_metrics' 0.1.5 and 0.2.4) refuses or warns below a version, and each is served here:
@@ -37,7 +38,7 @@ def created(sandbox_id: str, template: str, tokens: AccessTokens) -> dict[str, A
     return body
 
 
-def detail(info: dict[str, Any], tokens: AccessTokens) -> dict[str, Any]:
+def detail(info: SandboxView, tokens: AccessTokens) -> dict[str, Any]:
     """``SandboxDetail`` (get_info) from ``described`` below."""
     body: dict[str, Any] = SandboxDetail(
         template_id=info["template"], sandbox_id=info["id"], client_id=CLIENT_ID,
@@ -50,7 +51,7 @@ def detail(info: dict[str, Any], tokens: AccessTokens) -> dict[str, Any]:
     return body
 
 
-def listed(info: dict[str, Any]) -> dict[str, Any]:
+def listed(info: SandboxView) -> dict[str, Any]:
     """``ListedSandbox`` (one entry of list)."""
     body: dict[str, Any] = ListedSandbox(
         template_id=info["template"], sandbox_id=info["id"], client_id=CLIENT_ID,

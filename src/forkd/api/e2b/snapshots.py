@@ -95,7 +95,7 @@ def add_snapshot_routes(app: FastAPI, rt: Callable[[], Runtime], gate: BranchGat
     forkd's errors in the SDK's shape."""
 
     def held() -> set[str]:
-        return {p.state_tag for p in rt().list_paused()}
+        return {p.state_tag for p in rt().suspender.all()}
 
     @app.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
     async def create_snapshot(sandbox_id: str, request: Request) -> dict[str, Any]:
@@ -104,10 +104,10 @@ def add_snapshot_routes(app: FastAPI, rt: Callable[[], Runtime], gate: BranchGat
         if view["state"] == "paused":
             raise SnapshotError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then snapshot "
                                 "it")
-        if tag is not None and (rt().tag_in_flight(tag) or _exists(rt(), tag)):
+        if tag is not None and (rt().tags.in_flight(tag) or _exists(rt(), tag)):
             raise SnapshotError(409, f"a snapshot named {tag!r} exists already; forkd snapshots are "
                                 "immutable tags: delete it first or choose another name")
-        with gate.enter(tag, rt().tag_in_flight):
+        with gate.enter(tag, rt().tags.in_flight):
             record = await rt().branch(sandbox_id, tag, "full")
         return info(record)
 

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -26,6 +26,7 @@ from e2b.envd.filesystem import filesystem_pb
 from protobuf import Oneof
 
 from forkd.api.e2b.errors import connect_errors
+from forkd.controller.results import FileEntry
 from forkd.errors import ForkdError
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ _KEEPALIVE: Oneof[Literal["keepalive"], filesystem_pb.WatchDirResponse.KeepAlive
 
 
 # forkd's FileInfo as envd's EntryInfo (filesystem.entry, passed in: that module imports this one).
-ToEntry = Callable[[dict[str, Any]], filesystem_pb.EntryInfo]
+ToEntry = Callable[[FileEntry], filesystem_pb.EntryInfo]
 
 
 def events(batch: WatchBatch, to_entry: ToEntry) -> list[filesystem_pb.FilesystemEvent]:
