@@ -119,7 +119,7 @@ async def pooled(rt: Runtime, tag: str, n: int) -> float:
 async def cold_boots(rt: Runtime, workdir: Path, n: int, parallel: int) -> float:
     """Boot the image ``n`` times, ``parallel`` at once, each until its agent answered (numpy warm)."""
     image = load_image(rt.data)
-    accel = await rt.host_accel(image)
+    accel = await rt.accel.for_image(image)
     gate = asyncio.Semaphore(parallel)
 
     async def one(i: int) -> None:
