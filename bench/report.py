@@ -559,6 +559,8 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
         ("the next spawn of it there", "spawn_after_s", ""),
     ]
     if tr.get("lazy_to_answer_s") is not None:  # each in a fresh data dir, until an eval reads memory
+        here = (f", holding {tr['lazy_chunks_here_before_answer']} of them"
+                if tr.get("lazy_chunks_here_before_answer") is not None else "")
         rows += [
             ("eager: pull, spawn, until `int(arr.sum())` answers", "eager_to_answer_s",
              f"{tr['eager_fetched_mib']} MiB fetched before the answer"),
@@ -566,7 +568,8 @@ def travel_section(doc: Doc, tr: Result | None) -> None:
              f"{tr['lazy_fetched_mib']} MiB fetched before the answer "
              f"(of {tr['lazy_total_fetched_mib']} MiB; "
              f"{tr['lazy_chunks_fetched_before_answer']} GETs of the {tr['lazy_chunks']} chunks of the tag's "
-             f"`mem`); the whole chain's memory was here {sec(tr['lazy_complete_after_answer_s'])} later"),
+             f"`mem`{here}); the whole chain's memory was here "
+             f"{sec(tr['lazy_complete_after_answer_s'])} later"),
             ("local: the next spawn there, until `int(arr.sum())` answers", "local_to_answer_s",
              "nothing fetched"),
         ]

@@ -177,7 +177,9 @@ async def to_answer(tag: str, store: str, roots: list[Path]) -> dict[str, Any]:
                 # Without FUSE (or with it failing to start) the spawn pulls eagerly: say so, never
                 # report that as a lazy figure.
                 assert lazy is not None, "the lazy spawn did not arrive lazily (FUSE unavailable?)"
-                out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")
+                out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")  # range GETs (a key kept)
+                # The background fill takes several adjacent chunks per GET: the chunks they held.
+                out["lazy_chunks_here_before_answer"] = len(lazy.get("fetched_by_chunk", {}))
                 out["lazy_chunks"] = lazy.get("chunks")
                 started = time.perf_counter()
                 await rt.travel.lazily.wait(tag, timeout=600)
