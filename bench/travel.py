@@ -173,8 +173,13 @@ async def to_answer(tag: str, store: str, roots: list[Path]) -> dict[str, Any]:
             assert rt.travel.store is not None
             out[f"{how}_fetched_mib"] = round(rt.travel.store.stats.snapshot()["bytes_downloaded"] / 2**20, 1)
             if how == "lazy":
-                lazy = rt.travel.lazily.stats().get(tag, {})
-                out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")
+                lazy = rt.travel.lazily.stats().get(tag)
+                # Without FUSE (or with it failing to start) the spawn pulls eagerly: say so, never
+                # report that as a lazy figure.
+                assert lazy is not None, "the lazy spawn did not arrive lazily (FUSE unavailable?)"
+                out["lazy_chunks_fetched_before_answer"] = lazy.get("gets")  # range GETs (a key kept)
+                # The background fill takes several adjacent chunks per GET: the chunks they held.
+                out["lazy_chunks_here_before_answer"] = len(lazy.get("fetched_by_chunk", {}))
                 out["lazy_chunks"] = lazy.get("chunks")
                 started = time.perf_counter()
                 await rt.travel.lazily.wait(tag, timeout=600)
@@ -243,6 +248,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "travel.json")
     parser.add_argument("--figures-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.depth < 1:
+        parser.error("--depth must be at least 1: the first branch holds the array the evals read")
     if args.figures_only:  # a baseline's child: its figures on stdout, nothing written
         print(json.dumps(measure(args.mem_mib, args.depth)))
         return

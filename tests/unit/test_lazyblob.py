@@ -75,7 +75,8 @@ def test_reads_match_and_fetch_only_what_they_cover(tmp_path: Path, original: tu
     assert blob.complete
     assert (tmp_path / "fill").read_bytes() == data
     assert set(frames.reads.values()) == {1}  # every chunk fetched exactly once
-    assert blob.gets == len(frames.index.chunks) == 6
+    assert sum(blob.fetched_by_chunk.values()) == len(frames.index.chunks) == 6
+    assert blob.gets <= 6  # the fill takes adjacent frames together
 
 
 def test_concurrent_readers_share_one_fetch_per_chunk(tmp_path: Path, original: tuple[Path, bytes]) -> None:
@@ -95,7 +96,8 @@ def test_concurrent_readers_share_one_fetch_per_chunk(tmp_path: Path, original: 
         off = (i * 7919) % (16 * GRID - 4096)
         assert part == data[off: off + 3 * GRID]
     assert set(frames.reads.values()) == {1}
-    assert sum(blob.fetched_by_chunk.values()) == blob.gets == 6
+    assert sum(blob.fetched_by_chunk.values()) == 6 and set(blob.fetched_by_chunk.values()) == {1}
+    assert blob.gets <= 6
 
 
 def test_a_corrupt_chunk_fails_its_readers_naming_it(tmp_path: Path, original: tuple[Path, bytes]) -> None:
@@ -115,6 +117,40 @@ def test_a_corrupt_chunk_fails_its_readers_naming_it(tmp_path: Path, original: t
     with pytest.raises(LazyBlobFailed):
         blob.fill()
     assert frames.reads[bad.zoff] == 1
+
+
+def test_fill_takes_adjacent_frames_together_and_leaves_readers_theirs(
+        tmp_path: Path, original: tuple[Path, bytes]) -> None:
+    src, data = original
+    frames = Frames(src)
+    blob = LazyBlob(frames.sha, frames.index, frames.read, tmp_path / "fill")
+    assert blob.read(GRID, 10) == data[GRID: GRID + 10]  # a reader took chunk 1 first
+    blob.fill()
+    assert (tmp_path / "fill").read_bytes() == data
+    assert set(blob.fetched_by_chunk.values()) == {1} and len(blob.fetched_by_chunk) == 6
+    # chunk 1 alone, then chunk 0 and the run 3, 7, 8, 15 (their frames are adjacent): 3 GETs
+    assert blob.gets == 3 < len(frames.index.chunks)
+
+
+def test_a_corrupt_chunk_in_a_fill_run_fails_its_waiters_too(
+        tmp_path: Path, original: tuple[Path, bytes]) -> None:
+    src, data = original
+    frames = Frames(src, delay=0.2)
+    bad = next(c for c in frames.index.chunks if c.index == 3)
+    raw = bytearray(frames.frames)
+    raw[bad.zoff + bad.zlen // 2] ^= 0xFF
+    frames.frames = bytes(raw)
+    blob = LazyBlob(frames.sha, frames.index, frames.read, tmp_path / "fill")
+    with ThreadPoolExecutor(2) as pool:
+        filler = pool.submit(blob.fill, threads=1)
+        time.sleep(0.05)  # the fill's one GET of every frame is under way
+        late = pool.submit(blob.read, 15 * GRID, 10)  # waits on it, not a GET of its own
+        with pytest.raises(LazyBlobFailed, match="chunk 3"):
+            filler.result(timeout=10)
+        with pytest.raises(LazyBlobFailed, match="chunk 3"):
+            late.result(timeout=10)  # woken with the failure, not left waiting
+    assert blob.read(0, 10) == data[:10]  # landed before the bad one: verified, readable
+    assert blob.gets == 1
 
 
 def test_an_unreachable_store_fails_reads(tmp_path: Path, original: tuple[Path, bytes]) -> None:

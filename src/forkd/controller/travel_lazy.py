@@ -5,9 +5,11 @@ files through FUSE: every small part (manifest, device state, config, disk layer
 only if missing) is fetched, but each new snapshot's ``mem`` is a FUSE file
 (host/fusefile.py) whose reads fetch and verify the covering chunk (store/lazyblob.py), so
 the child starts at once and its page faults bring the memory it touches. A background
-thread fetches the rest; once a ``mem`` is complete it replaces the served file and the
-mount is detached (children that map it keep being served until the last one exits). A
-failure removes the import's snapshots, and the spawner reports it (``failure``).
+thread fetches the rest with parallel range GETs (LazyBlob.fill) from the moment the blobs
+are opened, while the small parts are still arriving; once a ``mem`` is complete it replaces
+the served file and the mount is detached (children that map it keep being served until the
+last one exits). A failure removes the import's snapshots, and the spawner reports it
+(``failure``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class _LazyImport:
     thread: threading.Thread | None = None
     started: float = field(default_factory=time.monotonic)
     settled: threading.Event = field(default_factory=threading.Event)  # every mem here, or failed
+    # Set once start() registered the snapshots (snap_mem known) or gave up (then stop is set too):
+    # the fill, which starts before, waits for it to swap files in or to clean up.
+    registered: threading.Event = field(default_factory=threading.Event)
 
 
 class LazyImports:
@@ -152,19 +157,26 @@ class LazyImports:
                 imp.created = await asyncio.to_thread(self._travel.apply, plan, place,
                                                       f"store {store.url} (lazily)")
         except BaseException:
+            imp.stop.set()
+            imp.registered.set()
+            if imp.thread is not None:  # its GETs still write to the fill files: let them end first
+                await asyncio.to_thread(imp.thread.join, 30)
             await asyncio.to_thread(self._drop, imp, unregister=False)
             raise
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        for m in imp.mems:
-            m.snap_mem = Path(self._snapshots.get(m.tag).dir) / "mem"
-        for record in imp.created:
-            self._imports[record.tag] = imp
+        try:
+            for m in imp.mems:
+                m.snap_mem = Path(self._snapshots.get(m.tag).dir) / "mem"
+            for record in imp.created:
+                self._imports[record.tag] = imp
+        finally:
+            imp.registered.set()  # whatever happens: the fill thread must not wait forever
         self._travel.pulls += 1
         self.count += 1
-        imp.thread = threading.Thread(target=self._fill, args=(imp,), name=f"lazy-{manifest.tag}",
-                                      daemon=True)
-        imp.thread.start()
+        # A chunk the fill already found corrupt or missing: say so now rather than start children
+        # that would fail on it (the fill thread removes the snapshots).
+        self.raise_failure(manifest.tag)
         log.info("%s is here lazily from %s in %.2fs: %d snapshot(s), memory arriving in the background",
                  manifest.tag, store.url, time.monotonic() - started, len(imp.created))
 
@@ -184,6 +196,10 @@ class LazyImports:
             mem = _LazyMem(mem_of[sha], blob, fuse, Path())  # snap_mem: once registered
             imp.mems.append(mem)  # before start: a failure from here on unmounts it
             fuse.start()
+        # The rest of the memory starts now, not once the small parts are here and registered.
+        imp.thread = threading.Thread(target=self._fill, args=(imp,), name=f"lazy-{plan.manifest.tag}",
+                                      daemon=True)
+        imp.thread.start()
         return imp.mems
 
     def _fill(self, imp: _LazyImport) -> None:
@@ -192,6 +208,7 @@ class LazyImports:
         try:
             for m in imp.mems:
                 m.blob.fill(stop=imp.stop)
+                imp.registered.wait()  # snap_mem is known once start() registered the snapshots
                 if imp.stop.is_set():
                     imp.settled.set()
                     return
@@ -202,8 +219,12 @@ class LazyImports:
                          time.monotonic() - imp.started, m.blob.gets, m.blob.bytes_fetched)
         except BaseException as exc:  # reported through lazy_failure and the log
             imp.failure = exc
-            log.error("lazy import of %s failed: %s; its snapshots are removed", imp.manifest.tag, exc)
-            self._drop(imp, unregister=True)
+            # Once start() registered the snapshots they are ours to remove; if it gave up
+            # (stop), it undoes the import itself.
+            imp.registered.wait()
+            if not imp.stop.is_set():
+                log.error("lazy import of %s failed: %s; its snapshots are removed", imp.manifest.tag, exc)
+                self._drop(imp, unregister=True)
             imp.settled.set()
             return
         imp.settled.set()

@@ -18,9 +18,14 @@ and writing it at its extents, then answers from the file. So:
   from the file's holes, never fetched.
 
 ``fill`` fetches every chunk not yet here, in ``order`` (the chunks a restore
-touched first, when known) then in file order, a few at a time, sharing the
-same single-flight with the readers; when it returns the file is complete and
-can replace the lazily served one.
+touched first, when known) then in file order, in ``threads`` parallel workers,
+sharing the same single-flight with the readers; when it returns the file is
+complete and can replace the lazily served one. Its workers take runs of
+adjacent frames of up to ``FILL_READ_BYTES`` per range GET: a store's cost is
+mostly per request (latency on a network; moto's server even reads the whole
+object for each range), so a 100 MiB blob in ~4 MiB chunks comes down in a
+dozen GETs instead of ~70. A reader wanting a chunk a worker has claimed waits
+for that GET; one that no worker has reached yet is fetched alone, at once.
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ from forkd.store import chunked
 from forkd.store.chunked import Chunk, ChunkIndex
 
 ReadRange = Callable[[int, int], bytes]  # (offset, length) in the blob's frames -> those bytes
-FILL_THREADS = 2  # background fetches at once: leaves CPU for the restoring children on 2 cores
+# Background range GETs at once: enough that a restore rarely waits on a chunk the fill has not
+# reached, few enough to leave the restoring children CPU on a small host (each GET is a
+# decompress + sha256 of its chunks here).
+FILL_THREADS = 4
+FILL_READ_BYTES = 8 << 20  # frame bytes one background GET takes at most (as eager pulls' 8 MiB+)
 
 
 class LazyBlobFailed(OSError):
@@ -116,44 +125,74 @@ class LazyBlob:
             if self._failed is not None:
                 raise self._failed
             future = self._inflight.get(chunk.index)
-            mine = future is None
             if future is None:
-                future = self._inflight[chunk.index] = Future()
-        if not mine:
+                self._inflight[chunk.index] = Future()
+        if future is not None:
             future.result()  # raises the fetcher's failure
             return
+        self._fetch([chunk])
+
+    def _claim(self, chunks: list[Chunk]) -> list[Chunk]:
+        """Those of ``chunks`` neither here nor being fetched, now marked in flight for the caller,
+        who must then ``_fetch`` them (anyone else wanting one waits on its future)."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            mine = [c for c in chunks if c.index not in self._here and c.index not in self._inflight]
+            for c in mine:
+                self._inflight[c.index] = Future()
+        return mine
+
+    def _fetch(self, claimed: list[Chunk]) -> None:
+        """Fetch the ``claimed`` chunks (in frame order) with one range GET per run of adjacent
+        frames, then verify and write each chunk, waking its waiters as it lands. A failure fails
+        the blob (sticky) and every claimed chunk not yet landed, naming the first of those: no
+        claimed chunk may be left in flight, its waiters would wait forever."""
+        runs: list[list[Chunk]] = []
+        for c in claimed:
+            if runs and runs[-1][-1].zoff + runs[-1][-1].zlen == c.zoff:
+                runs[-1].append(c)
+            else:
+                runs.append([c])
+        landed = 0
         try:
-            self._fetch(chunk)
+            for run in runs:
+                base = run[0].zoff
+                frames = self._read_range(base, run[-1].zoff + run[-1].zlen - base)
+                with self._lock:
+                    self.gets += 1
+                    self.bytes_fetched += len(frames)
+                    for c in run:
+                        self.fetched_by_chunk[c.index] = self.fetched_by_chunk.get(c.index, 0) + 1
+                view = memoryview(frames)
+                for c in run:
+                    frame = view[c.zoff - base: c.zoff - base + c.zlen]
+                    if len(frame) != c.zlen:
+                        raise LazyBlobFailed(f"{c.describe(self.sha, self.index.grid)}: {len(frame)} "
+                                             f"of {c.zlen} bytes came back (truncated)")
+                    try:
+                        data = chunked.verified(c, frame, self.sha, self.index.grid)
+                    except chunked.CorruptBlob as exc:
+                        raise LazyBlobFailed(str(exc)) from None
+                    at = 0
+                    for offset, n in c.extents:
+                        os.pwrite(self._fd, data[at: at + n], offset)
+                        at += n
+                    with self._lock:
+                        self._here.add(c.index)
+                        future = self._inflight.pop(c.index)
+                    future.set_result(None)
+                    landed += 1
         except BaseException as exc:
+            first = claimed[landed]
             failure = exc if isinstance(exc, LazyBlobFailed) else LazyBlobFailed(
-                f"{chunk.describe(self.sha, self.index.grid)}: {exc}")
+                f"{first.describe(self.sha, self.index.grid)}: {exc}")
             with self._lock:
                 self._failed = self._failed or failure
-                del self._inflight[chunk.index]
-            future.set_exception(failure)
+                futures = [self._inflight.pop(c.index) for c in claimed[landed:]]
+            for f in futures:
+                f.set_exception(failure)
             raise failure from exc
-        with self._lock:
-            self._here.add(chunk.index)
-            del self._inflight[chunk.index]
-        future.set_result(None)
-
-    def _fetch(self, chunk: Chunk) -> None:
-        frame = self._read_range(chunk.zoff, chunk.zlen)
-        with self._lock:
-            self.gets += 1
-            self.bytes_fetched += len(frame)
-            self.fetched_by_chunk[chunk.index] = self.fetched_by_chunk.get(chunk.index, 0) + 1
-        if len(frame) != chunk.zlen:
-            raise LazyBlobFailed(f"{chunk.describe(self.sha, self.index.grid)}: {len(frame)} of "
-                                 f"{chunk.zlen} bytes came back (truncated)")
-        try:
-            data = chunked.verified(chunk, frame, self.sha, self.index.grid)
-        except chunked.CorruptBlob as exc:
-            raise LazyBlobFailed(str(exc)) from None
-        at = 0
-        for offset, n in chunk.extents:
-            os.pwrite(self._fd, data[at: at + n], offset)
-            at += n
 
     # ------------------------------------------------------------ background
 
@@ -164,13 +203,29 @@ class LazyBlob:
         first = [self._by_pos[p] for p in dict.fromkeys(order) if p in self._by_pos]
         seen = {c.index for c in first}
         todo = first + [c for c in self.index.chunks if c.index not in seen]
+        # Spans of adjacent frames in ``todo``'s order, each one GET (unless readers took part).
+        spans: list[list[Chunk]] = []
+        for c in todo:
+            last = spans[-1] if spans else None
+            if last and last[-1].zoff + last[-1].zlen == c.zoff and \
+                    c.zoff + c.zlen - last[0].zoff <= FILL_READ_BYTES:
+                last.append(c)
+            else:
+                spans.append([c])
 
-        def one(c: Chunk) -> None:
-            if stop is None or not stop.is_set():
+        def one(span: list[Chunk]) -> None:
+            if stop is not None and stop.is_set():
+                return
+            # Claimed when the worker gets to it, not up front: until then a reader that wants
+            # one of these chunks fetches it alone rather than waiting behind the queue.
+            mine = self._claim(span)
+            if mine:
+                self._fetch(mine)  # split where a reader had already taken a chunk
+            for c in span:  # those readers fetched: here, or wait for them
                 self.ensure(c)
 
         with ThreadPoolExecutor(threads) as pool:
-            futures = [pool.submit(one, c) for c in todo]
+            futures = [pool.submit(one, s) for s in spans]
             try:
                 for f in futures:
                     f.result()
@@ -181,4 +236,4 @@ class LazyBlob:
             os.fsync(self._fd)
 
 
-__all__ = ["FILL_THREADS", "LazyBlob", "LazyBlobFailed"]
+__all__ = ["FILL_READ_BYTES", "FILL_THREADS", "LazyBlob", "LazyBlobFailed"]
