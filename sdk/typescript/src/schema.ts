@@ -2458,6 +2458,12 @@ export interface operations {
                 snapshot_tag?: string | null;
                 /** @description Only sandboxes whose metadata has this key=value (repeatable: all must match). */
                 metadata?: string[] | null;
+                /** @description Only sandboxes in this state. */
+                state?: ("running" | "paused" | "hibernated") | null;
+                /** @description At most this many sandboxes (a page); the next page starts after the last one's id. */
+                limit?: number | null;
+                /** @description Only sandboxes listed after this one (the last id of the previous page). A page cursor that is no longer alive is 404: list again from the start. */
+                after?: string | null;
             };
             header?: never;
             path?: never;

@@ -7,12 +7,14 @@ ones (list/get/lineage) are SQLite lookups of a millisecond, fine on the loop.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 from pydantic import StringConstraints
 
+from forkd import bounds
 from forkd.api.deps import RuntimeLike, get_branch_gate, get_metrics, get_runtime
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -38,7 +40,7 @@ from forkd.api.schemas import (
 )
 from forkd.config import API_VERSION, VERSION
 from forkd.controller.results import EvalResult, ExecResult, PingResult
-from forkd.errors import InvalidRequest
+from forkd.errors import InvalidRequest, NotFound
 
 
 def _err(description: str) -> dict[str, Any]:
@@ -253,6 +255,13 @@ async def list_sandboxes(
     metadata: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[^=]+=")]] | None, Query(
         description="Only sandboxes whose metadata has this key=value (repeatable: all must match).",
         examples=["fork_tree_id=ft-0123456789ab"])] = None,
+    state: Annotated[Literal["running", "paused", "hibernated"] | None, Query(
+        description="Only sandboxes in this state.")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=bounds.LIST_LIMIT_MAX, description=(
+        "At most this many sandboxes (a page); the next page starts after the last one's id."))] = None,
+    after: Annotated[str | None, Query(pattern=SANDBOX_ID_PATTERN, description=(
+        "Only sandboxes listed after this one (the last id of the previous page). A page cursor "
+        "that is no longer alive is 404: list again from the start."))] = None,
 ) -> list[dict[str, Any]]:
     wanted: dict[str, str] = {}
     for item in metadata or []:
@@ -260,9 +269,19 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidRequest(f"metadata filter {item!r} must be key=value")
         wanted[key] = value
-    return [s.info() for s in rt.list_sandboxes()
-            if (snapshot_tag is None or s.snapshot_tag == snapshot_tag)
-            and all(s.metadata.get(k) == v for k, v in wanted.items())]
+    records = rt.list_sandboxes()  # in the order they were made, oldest first
+    if after is not None:
+        ids = [s.id for s in records]
+        if after not in ids:
+            raise NotFound(f"sandbox {after!r} (the page cursor `after`) is not alive: list again "
+                           "without `after`")
+        records = records[ids.index(after) + 1:]
+    chosen = (s for s in records
+              if (snapshot_tag is None or s.snapshot_tag == snapshot_tag)
+              and (state is None or s.state == state)
+              and all(s.metadata.get(k) == v for k, v in wanted.items()))
+    # Serialise only the page: info() measures each sandbox's disk.
+    return [s.info() for s in itertools.islice(chosen, limit)]
 
 
 @v1.get(
