@@ -59,6 +59,26 @@ def test_sandboxes_are_listed_in_their_order_of_creation(registry: Registry, tmp
     assert listed == ["sb-777777-0000", "sb-ffffff-0000", "sb-000000-0000"]
 
 
+def test_a_scan_reads_the_same_order_in_batches_from_after_a_cursor(registry: Registry, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scan`` (one page of GET /v1/sandboxes) reads ``all()``'s order a batch at a time, across
+    batch edges and ties in the second, and starts after a given id; an id with no row is 404."""
+    from dataclasses import replace
+
+    import forkd.store.rows.sandboxes as rows
+
+    monkeypatch.setattr(rows, "SCAN_BATCH", 3)
+    base = _sandbox(tmp_path)
+    for i in range(10):
+        registry.sandboxes.insert(replace(base, id=f"sb-{(7 * i) % 10:06x}-0000", created_at_unix=i // 4))
+    order = [sb.id for sb in registry.sandboxes.all()]
+    assert [sb.id for sb in registry.sandboxes.scan()] == order
+    for k, after in enumerate(order):
+        assert [sb.id for sb in registry.sandboxes.scan(after)] == order[k + 1:]
+    with pytest.raises(NotFound, match="list again"):
+        next(registry.sandboxes.scan("sb-abcdef-0000"))
+
+
 def test_registry_survives_reopening(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "forkd.db")
     reg.sandboxes.insert(_sandbox(tmp_path))

@@ -7,7 +7,6 @@ ones (list/get/lineage) are SQLite lookups of a millisecond, fine on the loop.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from typing import Annotated, Any, Literal
 
@@ -40,7 +39,7 @@ from forkd.api.schemas import (
 )
 from forkd.config import API_VERSION, VERSION
 from forkd.controller.results import EvalResult, ExecResult, PingResult
-from forkd.errors import InvalidRequest, NotFound
+from forkd.errors import InvalidRequest
 
 
 def _err(description: str) -> dict[str, Any]:
@@ -246,6 +245,7 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
     response_model=list[SandboxInfo],
     tags=["sandboxes"],
     summary="List alive sandboxes",
+    responses=NO_SANDBOX,  # a page cursor (after) that is not alive
     **_AS_GIVEN,
 )
 async def list_sandboxes(
@@ -269,19 +269,14 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidRequest(f"metadata filter {item!r} must be key=value")
         wanted[key] = value
-    records = rt.list_sandboxes()  # in the order they were made, oldest first
-    if after is not None:
-        ids = [s.id for s in records]
-        if after not in ids:
-            raise NotFound(f"sandbox {after!r} (the page cursor `after`) is not alive: list again "
-                           "without `after`")
-        records = records[ids.index(after) + 1:]
-    chosen = (s for s in records
-              if (snapshot_tag is None or s.snapshot_tag == snapshot_tag)
-              and (state is None or s.state == state)
-              and all(s.metadata.get(k) == v for k, v in wanted.items()))
-    # Serialise only the page: info() measures each sandbox's disk.
-    return [s.info() for s in itertools.islice(chosen, limit)]
+
+    def keep(s: Any) -> bool:
+        return ((snapshot_tag is None or s.snapshot_tag == snapshot_tag)
+                and (state is None or s.state == state)
+                and all(s.metadata.get(k) == v for k, v in wanted.items()))
+
+    # Only the page is read from the registry and serialised (info() measures each sandbox's disk).
+    return [s.info() for s in rt.list_sandboxes(after=after, limit=limit, where=keep)]
 
 
 @v1.get(
