@@ -64,6 +64,7 @@ from forkd.controller.results import (
     PullReport,
     PushReport,
     RecordJson,
+    SandboxCounts,
     SandboxView,
     SignalResult,
     StdinResult,
@@ -567,6 +568,9 @@ class FakeRuntime:
                 raise NotFound(f"sandbox {after!r} to list after is not alive: list again from the start")
             records = records[ids.index(after) + 1:]
         return [r for r in records if where is None or where(r)][:limit]
+
+    def count_sandboxes(self) -> SandboxCounts:
+        return {"listed": len(self.sandboxes), "paused": sum(bool(r.paused) for r in self.sandboxes.values())}
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         self._call("get_sandbox", sandbox_id)

@@ -165,3 +165,16 @@ def test_the_sandbox_table_draws_again_on_a_used_prefix(registry: Registry, tmp_
     table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     assert table.new_batch_prefix() == "sb-111111"
     assert table.new_batch_prefix() == "sb-222222"  # the second draw was a repeat
+
+
+def test_the_listed_count_leaves_unclaimed_pool_members_out(registry: Registry, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    base = _sandbox(tmp_path)
+    for i, pooled in enumerate((False, True, False, True, True)):
+        registry.sandboxes.insert(replace(base, id=f"sb-00000{i}-0000", pooled=pooled))
+    assert registry.sandboxes.count_listed() == 2
+    claimed = registry.sandboxes.get("sb-000001-0000")
+    claimed.pooled = False
+    registry.sandboxes.save(claimed)
+    assert registry.sandboxes.count_listed() == 3

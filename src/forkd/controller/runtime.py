@@ -66,6 +66,7 @@ from forkd.controller.results import (
     PingResult,
     PromoteResult,
     RecordJson,
+    SandboxCounts,
     SandboxView,
 )
 from forkd.controller.sandboxes import SandboxTable
@@ -298,6 +299,11 @@ class Runtime:
         (404 if it is not alive), at most ``limit`` of them (read from the registry as taken)."""
         alive = (self._with_state(sb) for sb in self.sandboxes.records.scan(after) if not sb.pooled)
         return list(itertools.islice((sb for sb in alive if where is None or where(sb)), limit))
+
+    def count_sandboxes(self) -> SandboxCounts:
+        """How many sandboxes a list shows, and how many of those are idle-paused (both read
+        without parsing a row: /metrics asks on every scrape)."""
+        return {"listed": self.sandboxes.records.count_listed(), "paused": self.idle.counts()["paused"]}
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self._with_state(
