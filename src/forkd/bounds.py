@@ -136,6 +136,8 @@ POOL_SIZE = Range("size", 0, 100, integer=True)
 # --- fork of a running sandbox, checkpoints
 CHECKPOINT_EVERY = Range("every", 1, 100000, integer=True)
 CHECKPOINT_KEEP = Range("keep", 1, 100, integer=True)
+# One page of GET /v1/sandboxes (``limit``): each listed sandbox has its disk use measured.
+LIST_LIMIT_MAX = 1000
 
 # --- JSON from outside the daemon (request bodies, Connect messages, agent lines): how deep it
 # may nest. Parsers recurse once a level: deep enough, json raises RecursionError and protobuf's

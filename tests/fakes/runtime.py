@@ -64,6 +64,7 @@ from forkd.controller.results import (
     PullReport,
     PushReport,
     RecordJson,
+    SandboxCounts,
     SandboxView,
     SignalResult,
     StdinResult,
@@ -558,8 +559,18 @@ class FakeRuntime:
             sandbox_id = self.aliases[sandbox_id]
         return sandbox_id
 
-    def list_sandboxes(self) -> list[SandboxRecord]:
-        return list(self.sandboxes.values())
+    def list_sandboxes(self, *, after: str | None = None, limit: int | None = None,
+                       where: Callable[[SandboxRecord], bool] | None = None) -> list[SandboxRecord]:
+        records = list(self.sandboxes.values())
+        if after is not None:
+            ids = [r.id for r in records]
+            if after not in ids:
+                raise NotFound(f"sandbox {after!r} to list after is not alive: list again from the start")
+            records = records[ids.index(after) + 1:]
+        return [r for r in records if where is None or where(r)][:limit]
+
+    def count_sandboxes(self) -> SandboxCounts:
+        return {"listed": len(self.sandboxes), "paused": sum(bool(r.paused) for r in self.sandboxes.values())}
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         self._call("get_sandbox", sandbox_id)

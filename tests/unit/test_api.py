@@ -25,6 +25,7 @@ from forkd.api.auth import check_bind_safety, load_token, validate_token
 from forkd.api.server import validate_settings
 from forkd.api.settings import ConfigError, Settings, parse_bind
 from forkd.errors import Busy, Conflict, GuestError
+from forkd.store.records import Hibernation
 from tests.fakes.runtime import FakeRuntime
 
 TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
@@ -745,7 +746,36 @@ def test_openapi_fuzz(case: Any) -> None:
 def test_unknown_query_parameters_are_400(client: TestClient, fake: FakeRuntime) -> None:
     # A misspelt filter or flag must not be silently ignored (it would list or delete too much).
     assert_error(client.get("/v1/sandboxes", params={"snapshot-tag": "py"}), 400,
-                 "unknown query parameter 'snapshot-tag'; this route takes: metadata, snapshot_tag")
+                 "unknown query parameter 'snapshot-tag'; this route takes: after, limit, metadata, "
+                 "snapshot_tag, state")
     assert_error(client.delete("/v1/snapshots/py", params={"cascde": "true"}), 400, "'cascde'")
     assert "delete_snapshot" not in fake.names()
     assert client.get("/v1/sandboxes", params={"snapshot_tag": "py"}).status_code == 200
+
+
+def test_the_sandbox_list_pages_and_filters_by_state(client: TestClient, fake: FakeRuntime) -> None:
+    fake.add_snapshot("py")
+    ids = [f"sb-67a1b3-{i:04d}" for i in range(5)]
+    for sb in ids:
+        fake.add_sandbox(sb)
+    fake.sandboxes[ids[3]].hibernation = Hibernation(at_unix=1.0, pages=1, memory_bytes=4096,
+                                                     devices_bytes=4096, pause_ms=1.0)
+
+    def listed(query: str) -> list[str]:
+        r = client.get(f"/v1/sandboxes{query}")
+        assert r.status_code == 200, r.text
+        return [s["id"] for s in r.json()]
+
+    assert listed("") == ids
+    assert listed("?limit=2") == ids[:2]
+    assert listed(f"?limit=2&after={ids[1]}") == ids[2:4]
+    assert listed(f"?limit=2&after={ids[3]}") == ids[4:]
+    assert listed(f"?after={ids[4]}") == []
+    assert listed("?state=hibernated") == [ids[3]]
+    assert listed(f"?state=running&after={ids[0]}&limit=3") == [ids[1], ids[2], ids[4]]
+    gone = client.get("/v1/sandboxes?after=sb-67a1b3-0999")
+    assert gone.status_code == 404 and "list again" in gone.json()["error"]
+    for bad in ("?limit=0", "?limit=1001", "?state=pool", "?after=../x"):
+        r = client.get(f"/v1/sandboxes{bad}")
+        assert r.status_code == 400 or r.status_code == 422, (bad, r.status_code)
+        assert r.json()["error"]

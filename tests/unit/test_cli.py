@@ -73,6 +73,8 @@ def run(runner: CliRunner, *args: str, input: str | None = None) -> Any:
         (["fork", "--tag", "py", "--env", "A"], "--env expects KEY=VALUE"),
         (["fork", "--from-sandbox", SB, "--label", "=x"], "--label expects KEY=VALUE"),
         (["ls", "--snapshots", "--label", "a=b"], "cannot be used with --snapshots"),
+        (["ls", "--snapshots", "--limit", "5"], "cannot be used with --snapshots"),
+        (["ls", "--state", "pool"], "pool"),
         (["ls", "--label", "novalue"], "--label expects KEY=VALUE"),
         (["checkpoints", SB, "--keep", "3"], "--keep and --mode need --every"),
         (["checkpoints", SB, "--mode", "live"], "--keep and --mode need --every"),
@@ -258,6 +260,11 @@ def test_ls_filters(runner: CliRunner, daemon: FakeDaemon) -> None:
     assert daemon.calls() == [("GET", "/v1/sandboxes")]  # a filter lists sandboxes only
     assert daemon.requests[0].url.params.multi_items() == [
         ("snapshot_tag", "py"), ("metadata", "a=1"), ("metadata", "b=2")]
+
+    page = run(runner, "ls", "--state", "hibernated", "--limit", "100", "--after", "sb-abcdef-0099")
+    assert page.exit_code == 0, page.output
+    assert daemon.requests[1].url.params.multi_items() == [
+        ("state", "hibernated"), ("after", "sb-abcdef-0099"), ("limit", "100")]
 
 
 def test_fork_table(runner: CliRunner, daemon: FakeDaemon) -> None:

@@ -707,6 +707,10 @@ def test_list_sandboxes_filters_are_query_parameters(fake: FakeDaemon) -> None:
     assert fake.requests[1].url.params.multi_items() == [
         ("snapshot_tag", "py"), ("metadata", "fork_tree_id=ft-0123456789ab"), ("metadata", "team=ml"),
     ]
+    c.list_sandboxes(state="hibernated", limit=100, after="sb-67a1b3-0099")
+    assert fake.requests[2].url.params.multi_items() == [
+        ("state", "hibernated"), ("after", "sb-67a1b3-0099"), ("limit", "100"),
+    ]
 
 
 def test_fork_bodies_send_only_what_was_set(fake: FakeDaemon) -> None:

@@ -59,6 +59,26 @@ def test_sandboxes_are_listed_in_their_order_of_creation(registry: Registry, tmp
     assert listed == ["sb-777777-0000", "sb-ffffff-0000", "sb-000000-0000"]
 
 
+def test_a_scan_reads_the_same_order_in_batches_from_after_a_cursor(registry: Registry, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scan`` (one page of GET /v1/sandboxes) reads ``all()``'s order a batch at a time, across
+    batch edges and ties in the second, and starts after a given id; an id with no row is 404."""
+    from dataclasses import replace
+
+    import forkd.store.rows.sandboxes as rows
+
+    monkeypatch.setattr(rows, "SCAN_BATCH", 3)
+    base = _sandbox(tmp_path)
+    for i in range(10):
+        registry.sandboxes.insert(replace(base, id=f"sb-{(7 * i) % 10:06x}-0000", created_at_unix=i // 4))
+    order = [sb.id for sb in registry.sandboxes.all()]
+    assert [sb.id for sb in registry.sandboxes.scan()] == order
+    for k, after in enumerate(order):
+        assert [sb.id for sb in registry.sandboxes.scan(after)] == order[k + 1:]
+    with pytest.raises(NotFound, match="list again"):
+        next(registry.sandboxes.scan("sb-abcdef-0000"))
+
+
 def test_registry_survives_reopening(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "forkd.db")
     reg.sandboxes.insert(_sandbox(tmp_path))
@@ -145,3 +165,16 @@ def test_the_sandbox_table_draws_again_on_a_used_prefix(registry: Registry, tmp_
     table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
     assert table.new_batch_prefix() == "sb-111111"
     assert table.new_batch_prefix() == "sb-222222"  # the second draw was a repeat
+
+
+def test_the_listed_count_leaves_unclaimed_pool_members_out(registry: Registry, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    base = _sandbox(tmp_path)
+    for i, pooled in enumerate((False, True, False, True, True)):
+        registry.sandboxes.insert(replace(base, id=f"sb-00000{i}-0000", pooled=pooled))
+    assert registry.sandboxes.count_listed() == 2
+    claimed = registry.sandboxes.get("sb-000001-0000")
+    claimed.pooled = False
+    registry.sandboxes.save(claimed)
+    assert registry.sandboxes.count_listed() == 3

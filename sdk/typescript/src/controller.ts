@@ -286,7 +286,13 @@ export class Controller {
     return this.#http.json({
       method: "GET",
       path: "/v1/sandboxes",
-      query: { snapshot_tag: options.snapshotTag, metadata: metadata.length ? metadata : undefined },
+      query: {
+        snapshot_tag: options.snapshotTag,
+        metadata: metadata.length ? metadata : undefined,
+        state: options.state,
+        limit: options.limit === undefined ? undefined : String(options.limit),
+        after: options.after,
+      },
     });
   }
 

@@ -2458,6 +2458,12 @@ export interface operations {
                 snapshot_tag?: string | null;
                 /** @description Only sandboxes whose metadata has this key=value (repeatable: all must match). */
                 metadata?: string[] | null;
+                /** @description Only sandboxes in this state. */
+                state?: ("running" | "paused" | "hibernated") | null;
+                /** @description At most this many sandboxes (a page); the next page starts after the last one's id. */
+                limit?: number | null;
+                /** @description Only sandboxes listed after this one (the last id of the previous page). A page cursor that is no longer alive is 404: list again from the start. */
+                after?: string | null;
             };
             header?: never;
             path?: never;
@@ -2476,6 +2482,15 @@ export interface operations {
             };
             /** @description Malformed request: invalid field, unknown field or bad path parameter. */
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -282,6 +282,12 @@ export interface ListSandboxesOptions {
   snapshotTag?: string;
   /** Only sandboxes whose metadata has every one of these pairs. */
   metadata?: Record<string, string>;
+  /** Only sandboxes in this state. */
+  state?: "running" | "paused" | "hibernated";
+  /** A page of at most this many (1 to 1000), oldest first. */
+  limit?: number;
+  /** The page after this sandbox id (the last id of the previous page). */
+  after?: string;
 }
 
 /** Waiting for a snapshot a live `wait: false` branch is still writing. */

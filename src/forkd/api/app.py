@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -54,11 +54,9 @@ def _count(app: FastAPI, what: str) -> int:
     return len(getattr(runtime, what)())
 
 
-def _count_paused(app: FastAPI) -> int:
-    runtime = app.state.runtime
-    if runtime is None:
-        return 0
-    return sum(1 for sb in runtime.list_sandboxes() if getattr(sb, "paused", False))
+def _count_sandboxes(app: FastAPI, which: Literal["listed", "paused"]) -> int:
+    runtime: RuntimeLike | None = app.state.runtime
+    return runtime.count_sandboxes()[which] if runtime is not None else 0
 
 
 def _hibernation(app: FastAPI) -> dict[str, Any]:
@@ -121,7 +119,7 @@ def host_record(rt: Any, host_id: str, url: str, capacity: int | None) -> HostRe
     ready = [s.tag for s in rt.list_snapshots() if s.status == "ready"]
     return HostRecord(
         host_id=host_id, url=url, capacity=capacity or default_capacity(),
-        sandboxes=len(rt.list_sandboxes()), snapshots=ready[-MAX_TAGS:],
+        sandboxes=rt.count_sandboxes()["listed"], snapshots=ready[-MAX_TAGS:],
         pools={p["tag"]: int(p["ready"]) for p in rt.pools.all() if p.get("size")},
         mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
         updated_at_unix=time.time())
@@ -197,8 +195,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.state.branch_gate = BranchGate(settings.branch_concurrency)
     app.state.metrics = Metrics(
         count_snapshots=lambda: _count(app, "list_snapshots"),
-        count_sandboxes=lambda: _count(app, "list_sandboxes"),
-        count_paused=lambda: _count_paused(app),
+        count_sandboxes=lambda: _count_sandboxes(app, "listed"),
+        count_paused=lambda: _count_sandboxes(app, "paused"),
         hibernation=lambda: _hibernation(app),
         pools=lambda: _pools(app),
         refill_times=lambda: _refill_times(app),

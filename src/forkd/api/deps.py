@@ -7,7 +7,7 @@ the API uses, so the routes type-check without importing the controller
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
@@ -33,6 +33,7 @@ from forkd.controller.results import (
     PullReport,
     PushReport,
     RecordJson,
+    SandboxCounts,
     SandboxView,
     SignalResult,
     StdinResult,
@@ -238,7 +239,9 @@ class RuntimeLike(Protocol):
         cleanup_siblings: bool = True,
         replace_parent: bool = False,
     ) -> PromoteResult: ...
-    def list_sandboxes(self) -> list[Any]: ...
+    def list_sandboxes(self, *, after: str | None = None, limit: int | None = None,
+                       where: Callable[[Any], bool] | None = None) -> list[Any]: ...
+    def count_sandboxes(self) -> SandboxCounts: ...
     def get_sandbox(self, sandbox_id: str) -> Record: ...
     async def kill(self, sandbox_id: str) -> None: ...
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> Record: ...

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 from pydantic import StringConstraints
 
+from forkd import bounds
 from forkd.api.deps import RuntimeLike, get_branch_gate, get_metrics, get_runtime
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -244,6 +245,7 @@ async def spawn(req: SpawnRequest, rt: Runtime, m: MetricsDep) -> list[dict[str,
     response_model=list[SandboxInfo],
     tags=["sandboxes"],
     summary="List alive sandboxes",
+    responses=NO_SANDBOX,  # a page cursor (after) that is not alive
     **_AS_GIVEN,
 )
 async def list_sandboxes(
@@ -253,6 +255,13 @@ async def list_sandboxes(
     metadata: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[^=]+=")]] | None, Query(
         description="Only sandboxes whose metadata has this key=value (repeatable: all must match).",
         examples=["fork_tree_id=ft-0123456789ab"])] = None,
+    state: Annotated[Literal["running", "paused", "hibernated"] | None, Query(
+        description="Only sandboxes in this state.")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=bounds.LIST_LIMIT_MAX, description=(
+        "At most this many sandboxes (a page); the next page starts after the last one's id."))] = None,
+    after: Annotated[str | None, Query(pattern=SANDBOX_ID_PATTERN, description=(
+        "Only sandboxes listed after this one (the last id of the previous page). A page cursor "
+        "that is no longer alive is 404: list again from the start."))] = None,
 ) -> list[dict[str, Any]]:
     wanted: dict[str, str] = {}
     for item in metadata or []:
@@ -260,9 +269,14 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidRequest(f"metadata filter {item!r} must be key=value")
         wanted[key] = value
-    return [s.info() for s in rt.list_sandboxes()
-            if (snapshot_tag is None or s.snapshot_tag == snapshot_tag)
-            and all(s.metadata.get(k) == v for k, v in wanted.items())]
+
+    def keep(s: Any) -> bool:
+        return ((snapshot_tag is None or s.snapshot_tag == snapshot_tag)
+                and (state is None or s.state == state)
+                and all(s.metadata.get(k) == v for k, v in wanted.items()))
+
+    # Only the page is read from the registry and serialised (info() measures each sandbox's disk).
+    return [s.info() for s in rt.list_sandboxes(after=after, limit=limit, where=keep)]
 
 
 @v1.get(

@@ -3,6 +3,7 @@ checkpoints: forks.py; streamed and background processes: processes.py)."""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -17,6 +18,14 @@ from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.cli.pools import active_pools, pools_table
 from forkd.cli.snapshots import branch_mode, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
+
+
+class SandboxStateChoice(enum.StrEnum):
+    """The states ``forkd ls --state`` filters on (SandboxInfo's ``state``)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    HIBERNATED = "hibernated"
 
 N = Annotated[
     int,
@@ -262,6 +271,20 @@ def ls(
                      help="Only sandboxes with this label (repeatable, all must match; implies "
                      "--sandboxes)."),
     ] = None,
+    in_state: Annotated[
+        SandboxStateChoice | None,
+        typer.Option("--state", help="Only sandboxes in this state (implies --sandboxes)."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=1000, help="At most this many sandboxes, oldest first (a page; "
+                     "implies --sandboxes)."),
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option("--after", metavar="SANDBOX_ID", help="The page after this sandbox id (implies "
+                     "--sandboxes)."),
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """List sandboxes and snapshots.
@@ -273,17 +296,22 @@ def ls(
       forkd ls
       forkd ls --sandboxes --json
       forkd ls --label fork_tree_id=ft-0123456789ab
+      forkd ls --state hibernated --limit 100
     """
     labels = parse_pairs(ctx, label, "--label")
-    if tag is not None or labels:
+    filtered = tag is not None or bool(labels) or in_state is not None
+    if filtered or limit is not None or after is not None:
         if snapshots:
-            usage_error(ctx, "--tag and --label filter sandboxes; they cannot be used with --snapshots")
+            usage_error(ctx, "--tag, --label, --state, --limit and --after list sandboxes; they cannot be "
+                        "used with --snapshots")
         sandboxes = True
     both = snapshots == sandboxes  # neither flag (or both) shows everything
     controller = state(ctx).controller()
     result: dict[str, Sequence[Mapping[str, Any]]] = {}
     if sandboxes or both:
-        result["sandboxes"] = controller.list_sandboxes(snapshot_tag=tag, metadata=labels)
+        result["sandboxes"] = controller.list_sandboxes(
+            snapshot_tag=tag, metadata=labels, state=in_state.value if in_state else None, limit=limit,
+            after=after)
     if snapshots or both:
         result["snapshots"] = controller.list_snapshots()
     if both and (pools := active_pools(controller)):
@@ -295,7 +323,6 @@ def ls(
         if result["sandboxes"]:
             output.console.print(output.sandboxes_table(result["sandboxes"], title="sandboxes"))
         else:
-            filtered = tag is not None or labels
             output.console.print("no sandboxes match" if filtered else "no sandboxes running")
     if "snapshots" in result:
         if result["snapshots"]:

@@ -48,6 +48,13 @@ class EvalResult(TypedDict):
     exit_code: int
 
 
+class SandboxCounts(TypedDict):
+    """What /metrics and the fleet's host record count, without reading every row."""
+
+    listed: int  # every sandbox a list shows (running, paused, hibernated)
+    paused: int  # of those, paused in memory by their idle policy
+
+
 class CancelResult(TypedDict):
     cancelled: bool
 

@@ -34,7 +34,9 @@ half-made is ever registered, and no QEMU process outlives a failure.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 from forkd import bounds
@@ -64,6 +66,7 @@ from forkd.controller.results import (
     PingResult,
     PromoteResult,
     RecordJson,
+    SandboxCounts,
     SandboxView,
 )
 from forkd.controller.sandboxes import SandboxTable
@@ -290,8 +293,17 @@ class Runtime:
 
     # ---------------------------------------------------------------- sandboxes
 
-    def list_sandboxes(self) -> list[SandboxRecord]:
-        return [self._with_state(sb) for sb in self.sandboxes.records.all() if not sb.pooled]
+    def list_sandboxes(self, *, after: str | None = None, limit: int | None = None,
+                       where: Callable[[SandboxRecord], bool] | None = None) -> list[SandboxRecord]:
+        """The alive sandboxes, oldest first: those ``where`` keeps, from the one after ``after``
+        (404 if it is not alive), at most ``limit`` of them (read from the registry as taken)."""
+        alive = (self._with_state(sb) for sb in self.sandboxes.records.scan(after) if not sb.pooled)
+        return list(itertools.islice((sb for sb in alive if where is None or where(sb)), limit))
+
+    def count_sandboxes(self) -> SandboxCounts:
+        """How many sandboxes a list shows, and how many of those are idle-paused (both read
+        without parsing a row: /metrics asks on every scrape)."""
+        return {"listed": self.sandboxes.records.count_listed(), "paused": self.idle.counts()["paused"]}
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self._with_state(

@@ -157,11 +157,15 @@ def spawn_sandboxes(
 
 
 def list_sandboxes(
-    *, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None
+    *, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None,
+    state: str | None = None, limit: int | None = None, after: str | None = None,
 ) -> Call:
     params: dict[str, str | list[str]] = {}
-    if snapshot_tag is not None:
-        params["snapshot_tag"] = snapshot_tag
+    for key, value in (("snapshot_tag", snapshot_tag), ("state", state), ("after", after)):
+        if value is not None:
+            params[key] = value
+    if limit is not None:
+        params["limit"] = str(limit)
     if metadata:
         # Repeated, one key=value each; the daemon keeps sandboxes matching all.
         params["metadata"] = [f"{key}={value}" for key, value in metadata.items()]

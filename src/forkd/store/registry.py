@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     branch_seq INTEGER NOT NULL DEFAULT 0,
     meta TEXT NOT NULL DEFAULT '{}'
 );
+-- The list's order (creation time, then rowid): a page of thousands reads no more than it shows.
+CREATE INDEX IF NOT EXISTS sandboxes_by_creation ON sandboxes (created_at_unix);
 CREATE TABLE IF NOT EXISTS sandbox_aliases (
     alias TEXT PRIMARY KEY,
     target TEXT NOT NULL

@@ -90,16 +90,21 @@ class AsyncSandboxRoutes(AsyncTransport):
         return cast(list[SandboxInfo], await self._send(call))
 
     async def list_sandboxes(
-        self, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None
+        self, snapshot_tag: str | None = None, metadata: Mapping[str, str] | None = None, *,
+        state: str | None = None, limit: int | None = None, after: str | None = None,
     ) -> list[SandboxInfo]:
-        """``GET /v1/sandboxes``: every live sandbox, or those matching the filters.
+        """``GET /v1/sandboxes``: every live sandbox, or those matching the filters, oldest first.
 
         Args:
             snapshot_tag: only children of this snapshot.
             metadata: only sandboxes whose metadata has every one of these
                 key/value pairs, e.g. ``{"fork_tree_id": tree_id}``.
+            state: only sandboxes in this state (``running``, ``paused`` or ``hibernated``).
+            limit: a page of at most this many (1 to 1000).
+            after: the page after this sandbox id (the last id of the previous page).
         """
-        call = _calls.list_sandboxes(snapshot_tag=snapshot_tag, metadata=metadata)
+        call = _calls.list_sandboxes(snapshot_tag=snapshot_tag, metadata=metadata, state=state,
+                                     limit=limit, after=after)
         return cast(list[SandboxInfo], await self._send(call))
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +26,10 @@ class SandboxReader(Protocol):
     def has(self, sandbox_id: str) -> bool: ...
 
     def all(self) -> list[SandboxRecord]: ...
+
+    def scan(self, after: str | None = None) -> Iterator[SandboxRecord]: ...
+
+    def count_listed(self) -> int: ...
 
 
 class DiskChainRows(SandboxReader, Protocol):
@@ -70,6 +75,9 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "hibernation": asdict(s.hibernation) if s.hibernation is not None else None,
             "network": s.network.to_json() if s.network is not None else None}
 
+
+# Rows read per query of a scan: a page of a long list parses only the rows it shows.
+SCAN_BATCH = 256
 
 _SANDBOX_COLUMNS = ("id", "snapshot_tag", "dir", "created_at_unix", "pid", "netns", "memory_limit_mib",
                     "live_fork", "branch_seq")
@@ -179,6 +187,42 @@ class SandboxRows(Table):
             # rowid: the order of creation within a second (created_at_unix is whole seconds).
             rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, rowid").fetchall()
         return [_sandbox_from_row(r) for r in rows]
+
+    def count_listed(self) -> int:
+        """The rows a list shows (every sandbox but unclaimed pool members), counted in SQL: the
+        metrics scrape asks on every scrape, and parsing ten thousand rows takes a second."""
+        with self._lock:
+            row = self._db.execute("SELECT COUNT(*) FROM sandboxes "
+                                   "WHERE NOT coalesce(json_extract(meta, '$.pooled'), 0)").fetchone()
+        return int(row[0])
+
+    def scan(self, after: str | None = None) -> Iterator[SandboxRecord]:
+        """Every row in ``all()``'s order, from the one after ``after`` (404 if it has no row), read
+        SCAN_BATCH rows per query, so a caller that stops early (one page of thousands) parses only
+        what it took, and no lock is held between batches."""
+        cursor: tuple[Any, int] | None = None
+        if after is not None:
+            with self._lock:
+                row = self._db.execute("SELECT created_at_unix, rowid FROM sandboxes WHERE id = ?",
+                                       (after,)).fetchone()
+            if row is None:
+                raise NotFound(f"sandbox {after!r} to list after is not alive: list again from the start")
+            cursor = (row[0], row[1])
+        while True:
+            with self._lock:
+                if cursor is None:
+                    rows = self._db.execute(
+                        "SELECT *, rowid AS row_order FROM sandboxes ORDER BY created_at_unix, rowid LIMIT ?",
+                        (SCAN_BATCH,)).fetchall()
+                else:
+                    rows = self._db.execute(
+                        "SELECT *, rowid AS row_order FROM sandboxes WHERE (created_at_unix, rowid) > (?, ?) "
+                        "ORDER BY created_at_unix, rowid LIMIT ?", (*cursor, SCAN_BATCH)).fetchall()
+            for r in rows:
+                yield _sandbox_from_row(r)
+            if len(rows) < SCAN_BATCH:
+                return
+            cursor = (rows[-1]["created_at_unix"], rows[-1]["row_order"])
 
     def delete(self, sandbox_id: str) -> None:
         with self._lock:
