@@ -178,3 +178,47 @@ def test_the_listed_count_leaves_unclaimed_pool_members_out(registry: Registry, 
     claimed.pooled = False
     registry.sandboxes.save(claimed)
     assert registry.sandboxes.count_listed() == 3
+
+
+def test_reads_kept_parse_once_until_a_write(registry: Registry, tmp_path: Path) -> None:
+    """The daemon's start reads every row a dozen times: inside ``reads_kept`` all() parses once
+    and hands the same records out until a write; outside it, every call reads the table again."""
+    from dataclasses import replace
+
+    base = _sandbox(tmp_path)
+    for i in range(3):
+        registry.sandboxes.insert(replace(base, id=f"sb-00000{i}-0000"))
+    rows = registry.sandboxes
+    assert rows.all()[0] is not rows.all()[0]
+    with rows.reads_kept():
+        first = rows.all()
+        assert rows.all()[0] is first[0] and rows.all() is not first  # a new list of the same records
+        rows.set_expiry("sb-000000-0000", 123.0)
+        again = rows.all()
+        assert again[0] is not first[0] and again[0].expires_at_unix == 123.0
+        rows.delete("sb-000001-0000")
+        assert [sb.id for sb in rows.all()] == ["sb-000000-0000", "sb-000002-0000"]
+    assert rows.all()[0] is not rows.all()[0]
+
+
+def test_pool_membership_moves_from_meta_to_its_column_on_open(tmp_path: Path) -> None:
+    """A registry an older forkd wrote kept ``pooled`` in the row's meta; opening it adds the
+    column and fills it from there, so a pool member stays one (and stays out of the count)."""
+    import json
+    import sqlite3
+    from dataclasses import replace
+
+    reg = Registry(tmp_path / "forkd.db")
+    reg.sandboxes.insert(_sandbox(tmp_path))
+    reg.sandboxes.insert(replace(_sandbox(tmp_path), id="sb-000001-0000"))
+    reg.close()
+    db = sqlite3.connect(tmp_path / "forkd.db")
+    db.execute("ALTER TABLE sandboxes DROP COLUMN pooled")  # as an older forkd made the table
+    meta = json.loads(db.execute("SELECT meta FROM sandboxes WHERE id = ?", (SB,)).fetchone()[0])
+    db.execute("UPDATE sandboxes SET meta = ? WHERE id = ?", (json.dumps({**meta, "pooled": True}), SB))
+    db.commit()
+    db.close()
+    reg = Registry(tmp_path / "forkd.db")
+    assert reg.sandboxes.get(SB).pooled and not reg.sandboxes.get("sb-000001-0000").pooled
+    assert reg.sandboxes.count_listed() == 1
+    reg.close()

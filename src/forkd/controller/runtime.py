@@ -203,6 +203,10 @@ class Runtime:
         ``stack`` as it starts, so ``close`` (or a failed start) stops them in reverse:
         the pool keeper first (no refill may start a VM once the rest are stopping),
         the sandboxes' teardown last."""
+        with self.registry.sandboxes.reads_kept():  # every owner below reads every row
+            await self._start_owners(stack)
+
+    async def _start_owners(self, stack: contextlib.AsyncExitStack) -> None:
         self.travel.recover()  # mounts and half-arrived snapshots of a lazy import
         await recover(self.data, self.snapshots, self.sandboxes, self.shm)
         stack.push_async_callback(self.travel.close)  # after the sandboxes: nothing maps them then

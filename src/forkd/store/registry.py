@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     memory_limit_mib INTEGER,
     live_fork INTEGER NOT NULL DEFAULT 0,
     branch_seq INTEGER NOT NULL DEFAULT 0,
+    pooled INTEGER NOT NULL DEFAULT 0,
     meta TEXT NOT NULL DEFAULT '{}'
 );
 -- The list's order (creation time, then rowid): a page of thousands reads no more than it shows.
@@ -97,7 +98,10 @@ CREATE TABLE IF NOT EXISTS pools (
 );
 """
 # Columns added after a table was first shipped: (table, column, declaration).
-MIGRATIONS = (("pools", "egress", "TEXT"),)
+MIGRATIONS = (("pools", "egress", "TEXT"), ("sandboxes", "pooled", "INTEGER NOT NULL DEFAULT 0"))
+# What a new column is filled with from the rows an older forkd wrote (it kept the flag in meta).
+BACKFILLS = {("sandboxes", "pooled"):
+             "UPDATE sandboxes SET pooled = 1 WHERE coalesce(json_extract(meta, '$.pooled'), 0)"}
 
 
 class Registry:
@@ -136,6 +140,8 @@ class Registry:
                 have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                    if (table, column) in BACKFILLS:
+                        self._db.execute(BACKFILLS[table, column])
 
     def _record_issued_prefixes(self) -> None:
         """The prefixes of the ids already here (a registry older than the table) count as issued."""
