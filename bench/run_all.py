@@ -40,6 +40,7 @@ PARTS: list[tuple[str, list[str], float]] = [
     ("travel", [], 150),
     ("network_setup", ["--children", "100"], 150),
     ("control_plane", [], 150),
+    ("control_plane_rows", [], 150),
 ]
 # The reserve leaves other users of a shared host room; on a dedicated host lower it
 # (bench/density.py --capacity --reserve-mib 1024).
