@@ -547,3 +547,22 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     assert "not a forkd image" in rest_error(client.post(
         f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
     assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)
+
+
+def test_the_template_upload_dir_is_made_at_the_first_upload(tmp_path: Path, fake: FakeRuntime,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon that never builds an E2B template leaves no directory in /tmp (a killed one
+    used to leave one per start); the first upload makes it."""
+    import tempfile
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # only this test's directories are counted
+    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
+        assert not list(private.glob("forkd-e2b-files-*"))
+        key = {"X-API-KEY": TOKEN}
+        assert c.post("/v3/templates", json={"name": "web"}, headers=key).status_code == 202
+        assert not list(private.glob("forkd-e2b-files-*"))
+        upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
+        assert upload.status_code == 200, upload.text
+        assert len(list(private.glob("forkd-e2b-files-*"))) == 1

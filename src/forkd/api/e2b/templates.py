@@ -122,7 +122,9 @@ class E2BTemplates:
         self._rt = rt
         self._builds: OrderedDict[str, _Build] = OrderedDict()  # build id -> build
         self._files: dict[str, Path] = {}  # E2B's files hash -> the upload, a plain tar
-        self._dir = tempfile.TemporaryDirectory(prefix="forkd-e2b-files-")
+        # Made at the first upload, not with the app: a daemon that never builds leaves nothing in
+        # /tmp, even when it is killed. (TemporaryDirectory removes it when the daemon exits.)
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     # --------------------------------------------------------------- requests
 
@@ -163,6 +165,8 @@ class E2BTemplates:
         """Store an upload as a plain tar (gunzipped as it arrives, bounded after decompression)."""
         if not HASH_RE.match(files_hash):
             raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="forkd-e2b-files-")
         path = Path(self._dir.name) / f"{files_hash}.tar"
         part = path.with_suffix(".part")
         inflate: Any = None
