@@ -17,13 +17,18 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime
@@ -188,3 +193,59 @@ def write_result(name: str, results: dict[str, Any], out: str | None = None) -> 
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results written to {path}", flush=True)
     return path
+
+
+# ---------------------------------------------------------------- a daemon process
+
+FORKD = Path(sys.executable).with_name("forkd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    url: str
+    process: subprocess.Popen[bytes]
+    serving_s: float  # from the spawn to the first 200 of /healthz
+
+
+@contextlib.contextmanager
+def forkd_daemon(data: DataDir, token_file: Path, log_path: Path, *, extra_args: tuple[str, ...] = (),
+                 timeout_s: float = 120) -> Iterator[Daemon]:
+    """A real ``forkd daemon`` on a free loopback port over ``data``, once it answers /healthz;
+    stopped with SIGTERM on the way out (it kills its sandboxes unless told to keep them)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    env["FORKD_IMAGES_DIR"] = str(data.images)
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("ab") as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            [str(FORKD), "daemon", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data.root),
+             "--token-file", str(token_file), *extra_args],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with {process.returncode}; see {log_path}")
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.perf_counter() - started > timeout_s:
+                    raise RuntimeError(f"the daemon did not answer /healthz within {timeout_s:.0f} s; "
+                                       f"see {log_path}")
+                time.sleep(0.05)
+            yield Daemon(url, process, time.perf_counter() - started)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

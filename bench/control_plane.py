@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,9 +36,8 @@ from typing import Any
 
 import httpx
 
-from common import cpu_ms, host_facts, kill_qemus_under, scratch_data, write_result
+from common import cpu_ms, forkd_daemon, host_facts, kill_qemus_under, scratch_data, write_result
 
-FORKD = Path(sys.executable).with_name("forkd")
 TAG = "cp"
 CALLS = {"eval": '{"code": "1+1"}', "ping": ""}
 
@@ -53,12 +49,6 @@ request = function()
   return wrk.format("POST", paths[i], nil, %(body)s)
 end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wrk_ms(text: str) -> float:
@@ -116,26 +106,11 @@ def main() -> int:
     token = secrets.token_hex(16)
     (scratch / "token").write_text(token)
     (scratch / "token").chmod(0o600)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    env["FORKD_IMAGES_DIR"] = str(data.images)
-    log = (scratch / "daemon.log").open("wb")
-    daemon = subprocess.Popen([str(FORKD), "daemon", "--bind", f"127.0.0.1:{port}", "--data-dir",
-                               str(data.root), "--token-file", str(scratch / "token")],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as c:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    if c.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise RuntimeError("the daemon did not come up")
-                time.sleep(0.2)
+        with forkd_daemon(data, scratch / "token", scratch / "daemon.log", timeout_s=90) as daemon, \
+                httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token}"},
+                             timeout=300) as c:
+            url = daemon.url
             c.post("/v1/snapshots", json={"tag": TAG, "boot_wait_secs": 240}).raise_for_status()
             kids = c.post("/v1/sandboxes", json={"snapshot_tag": TAG, "n": args.children}).json()
             ids = [k["id"] for k in kids]
@@ -147,14 +122,9 @@ def main() -> int:
             for name, body in CALLS.items():
                 paths = [f"/v1/sandboxes/{sb}/{name}" for sb in ids]
                 results[name] = run_wrk(url, token, paths, body, args.seconds, args.connections,
-                                        daemon.pid, scratch)
+                                        daemon.process.pid, scratch)
             results["one_client_eval_p50_ms"] = one_client_eval_p50(c, ids[0])
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
         kill_qemus_under(data.root)
         shutil.rmtree(data.root, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -24,34 +24,23 @@ Usage: .venv/bin/python bench/control_plane_rows.py [--rows 10000] [--samples 20
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from common import host_facts, scratch_data, summary, write_result
+from common import forkd_daemon, host_facts, scratch_data, summary, write_result
 from forkd.config import DataDir
 from forkd.host.accel import Accel, VMConfig
 from forkd.store.records import DiskChain, Hibernation, SandboxRecord
 from forkd.store.registry import Registry
-
-FORKD = Path(sys.executable).parent / "forkd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_rows(data: DataDir, n: int) -> list[str]:
@@ -85,54 +74,30 @@ def timed(client: httpx.Client, path: str, samples: int) -> dict[str, Any]:
 
 
 def one_start(data: DataDir, scratch: Path, token: str, ids: list[str], samples: int) -> dict[str, Any]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    env["FORKD_IMAGES_DIR"] = str(data.images)
-    log = (scratch / "daemon.log").open("ab")
-    started = time.perf_counter()
-    daemon = subprocess.Popen([str(FORKD), "daemon", "--bind", f"127.0.0.1:{port}", "--data-dir",
-                               str(data.root), "--token-file", str(scratch / "token")],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}",
-                          headers={"Authorization": f"Bearer {token}"}, timeout=300) as c:
-            while True:
-                try:
-                    if c.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if daemon.poll() is not None or time.perf_counter() - started > 300:
-                    raise RuntimeError(f"the daemon did not come up; see {scratch / 'daemon.log'}")
-                time.sleep(0.05)
-            serving_s = time.perf_counter() - started
-            listed = c.get("/v1/sandboxes", params={"limit": 100}).json()
-            assert len(listed) == min(100, len(ids)) and listed[0]["state"] == "hibernated", listed[:1]
-            middle = ids[len(ids) // 2]
-            rng = random.Random(7)
-            get_times = []
-            for _ in range(samples):
-                t = time.perf_counter()
-                c.get(f"/v1/sandboxes/{rng.choice(ids)}").raise_for_status()
-                get_times.append((time.perf_counter() - t) * 1000)
+    with forkd_daemon(data, scratch / "token", scratch / "daemon.log", timeout_s=300) as daemon, \
+            httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as c:
+        serving_s = daemon.serving_s
+        listed = c.get("/v1/sandboxes", params={"limit": 100}).json()
+        assert len(listed) == min(100, len(ids)) and listed[0]["state"] == "hibernated", listed[:1]
+        middle = ids[len(ids) // 2]
+        rng = random.Random(7)
+        get_times = []
+        for _ in range(samples):
             t = time.perf_counter()
-            every = c.get("/v1/sandboxes").json()
-            list_all_ms = (time.perf_counter() - t) * 1000
-            assert len(every) == len(ids), len(every)
-            return {
-                "serving_after_start_s": round(serving_s, 3),
-                "list_first_page_ms": timed(c, "/v1/sandboxes?limit=100", samples),
-                "list_middle_page_ms": timed(c, f"/v1/sandboxes?limit=100&after={middle}", samples),
-                "list_all_ms": round(list_all_ms, 1),
-                "get_ms": summary(get_times, 2),
-                "metrics_ms": timed(c, "/metrics", max(10, samples // 10)),
-            }
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(120)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+            c.get(f"/v1/sandboxes/{rng.choice(ids)}").raise_for_status()
+            get_times.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        every = c.get("/v1/sandboxes").json()
+        list_all_ms = (time.perf_counter() - t) * 1000
+        assert len(every) == len(ids), len(every)
+        return {
+            "serving_after_start_s": round(serving_s, 3),
+            "list_first_page_ms": timed(c, "/v1/sandboxes?limit=100", samples),
+            "list_middle_page_ms": timed(c, f"/v1/sandboxes?limit=100&after={middle}", samples),
+            "list_all_ms": round(list_all_ms, 1),
+            "get_ms": summary(get_times, 2),
+            "metrics_ms": timed(c, "/metrics", max(10, samples // 10)),
+        }
 
 
 def main() -> int:
@@ -159,7 +124,8 @@ def main() -> int:
                                "host": host_facts(), **runs}
     print(f"\n{args.rows} hibernated rows (synthetic, no VMs), {args.samples} samples per call")
     print(f"{'':<34} {'start':>10} {'restart':>10}")
-    rows = [("serving after start (s)", lambda r: r["serving_after_start_s"]),
+    rows: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+            ("serving after start (s)", lambda r: r["serving_after_start_s"]),
             ("GET ?limit=100 first page p50 (ms)", lambda r: r["list_first_page_ms"]["p50"]),
             ("GET ?limit=100 middle page p50 (ms)", lambda r: r["list_middle_page_ms"]["p50"]),
             ("GET ?limit=100 first page p99 (ms)", lambda r: r["list_first_page_ms"]["p99"]),

@@ -35,11 +35,7 @@ import os
 import platform
 import secrets
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -47,12 +43,11 @@ from typing import Any
 
 import httpx
 
-from common import scratch_data
+from common import forkd_daemon, scratch_data
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FORKD = Path(sys.executable).with_name("forkd")
 TAG = "latency"
 
 # name -> (HTTP route suffix, JSON body); the runtime calls are in _runtime_call.
@@ -135,57 +130,23 @@ async def _in_process(data: DataDir, samples: int, warmup: int) -> tuple[str, di
     return sb.id, figures
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _over_http(data: DataDir, sandbox_id: str, samples: int, warmup: int) -> dict[str, Any]:
     token = secrets.token_hex(16)
     token_file = data.root / "token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    env["FORKD_IMAGES_DIR"] = str(data.images)
-    log = (data.root / "daemon.log").open("ab")
-    daemon = subprocess.Popen(
-        [str(FORKD), "daemon", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data.root),
-         "--token-file", str(token_file), "--log-level", "warning"],
-        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if daemon.poll() is not None:
-                raise RuntimeError(f"the daemon exited with {daemon.returncode}; see {data.root}/daemon.log")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not answer /healthz within 120 s")
-            time.sleep(0.1)
+    # The daemon kills its sandboxes on the way out.
+    with forkd_daemon(data, token_file, data.root / "daemon.log",
+                      extra_args=("--log-level", "warning")) as daemon:
         figures = {}
         headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+        with httpx.Client(base_url=daemon.url, headers=headers, timeout=120) as http:
             for name, (route, body) in CALLS.items():
                 n = _samples_for(name, samples)
                 path = f"/v1/sandboxes/{sandbox_id}/{route}"
                 figures[name] = percentiles(_time_http(http, path, body, n, warmup))
                 print(f"  over HTTP  {name:22} {figures[name]}", flush=True)
         return figures
-    finally:
-        daemon.send_signal(signal.SIGTERM)  # the daemon kills its sandboxes on the way out
-        try:
-            daemon.wait(120)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
 
 
 def measure_latency(samples: int = 200, warmup: int = 20) -> dict[str, Any]:
