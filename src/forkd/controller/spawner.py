@@ -35,7 +35,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
-from forkd.host import cgroups, pagecache
+from forkd.host import cgroups, memdiff, pagecache, restore_chunks
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
@@ -427,4 +427,22 @@ class Spawner:
             network=network, disk_quota_mib=child.disk_quota_mib,
         )
         self._table.add(record, vm)
+        if not restore_chunks.recorded(snap.dir.path):
+            await self._record_restore_chunks(snap, mem, vm.pid)
         return record
+
+    @staticmethod
+    async def _record_restore_chunks(snap: Forkable, mem: Path, pid: int) -> None:
+        """The first child of ``snap`` restored here has answered its agent: record which chunks
+        of its ``mem`` the restore touched (host/restore_chunks.py). A hint for lazy imports
+        elsewhere: a failure is logged, never the spawn's."""
+        try:
+            ram = memdiff.RamMapping.find(pid, mem, snap.config.mem_mib << 20)
+            chunks = await asyncio.to_thread(restore_chunks.record, snap.dir.path, ram)
+        except (OSError, VMError) as exc:
+            log.warning("could not record the memory chunks a restore of %s touched: %s",
+                        snap.record.tag, exc)
+            return
+        if chunks is not None:
+            log.info("%s: a restore touched %d memory chunk(s), recorded for lazy imports",
+                     snap.record.tag, len(chunks))
