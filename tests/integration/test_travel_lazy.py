@@ -8,6 +8,7 @@ memory arrives through a FUSE file as the guest touches it (controller/travel.py
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import boto3
@@ -15,7 +16,7 @@ import pytest
 
 from forkd.controller.runtime import Runtime
 from forkd.errors import ForkdError
-from forkd.host import fusefile
+from forkd.host import fusefile, restore_chunks
 
 from .conftest import Loop, qemu_processes_of
 from .services import S3Server
@@ -148,5 +149,44 @@ def test_a_store_that_loses_the_memory_fails_the_spawn_cleanly(loop: Loop, sourc
         assert not dest.list_sandboxes()
         assert CHAIN[0] not in [r.tag for r in dest.list_snapshots()]  # removed, not left half-here
         no_mounts_left(dest)
+    finally:
+        close_clean(loop, dest)
+
+
+def test_a_pushed_snapshot_carries_the_chunks_a_restore_touched_and_a_lazy_fill_fetches_them_first(
+        loop: Loop, source: Runtime, chain: dict[str, Any], s3: S3Server) -> None:
+    # The chain fixture restored a child of CHAIN[1] on the source (to branch CHAIN[2] from it):
+    # that first restore recorded which chunks of CHAIN[1]'s mem it touched.
+    recorded_file = source.snapshots.dir(CHAIN[1]).path / restore_chunks.FILE
+    assert recorded_file.is_file()
+    loop.run(source.travel.push(CHAIN[1]))
+    assert source.travel.store is not None
+    manifest = source.travel.store.get_manifest(CHAIN[1])
+    assert manifest is not None
+    recorded = manifest.snapshot(CHAIN[1]).restore_chunks
+    assert recorded and list(recorded) == json.loads(recorded_file.read_text())["chunks"]
+    dest = open_runtime(loop, s3)
+    try:
+        async def lazily() -> dict[str, Any]:
+            [sb] = await dest.spawn(CHAIN[1])
+            assert (await dest.eval(sb.id, "counter"))["result"] == "2"
+            return dict(dest.travel.lazily.stats()[CHAIN[1]])
+
+        stats = loop.run(lazily(), timeout=600)
+        loop.run(dest.travel.lazily.wait(CHAIN[1], timeout=600))
+        stats = dest.travel.lazily.stats().get(CHAIN[1], stats)
+        present = set(stats["fetched_by_chunk"])
+        first = [p for p in recorded if p in present or p in stats["fill_first"]]
+        # The fill was told to take the recorded chunks (those with data) before the rest...
+        assert stats["fill_first"] == first, stats
+        # ... and they arrived early: on average before the chunks no restore touched.
+        landed = stats["landed"]
+        at = {p: i for i, p in enumerate(landed)}
+        hot = [at[p] for p in first if p in at]
+        cold = [i for p, i in at.items() if p not in set(first)]
+        print(f"\nrecorded {len(recorded)} chunk(s); {stats['chunks']} present; landing order: {landed}")
+        assert len(hot) == len(first) and set(stats["fetched_by_chunk"].values()) == {1}
+        if cold:
+            assert sum(hot) / len(hot) < sum(cold) / len(cold), landed
     finally:
         close_clean(loop, dest)

@@ -35,7 +35,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
-from forkd.host import cgroups, pagecache
+from forkd.host import cgroups, memdiff, pagecache, restore_chunks
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
@@ -149,6 +149,8 @@ class Spawner:
         self._networks = networks
         self._shm = shm
         self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
+        # Snapshots whose restore-touched chunks were recorded, or tried (host/restore_chunks.py).
+        self._touch_tried: set[str] = set()
         self._pool: PoolSource | None = None
         self._missing: MissingSnapshots | None = None
         self._disks: DiskLimits | None = None
@@ -427,4 +429,23 @@ class Spawner:
             network=network, disk_quota_mib=child.disk_quota_mib,
         )
         self._table.add(record, vm)
+        if snap.record.tag not in self._touch_tried and not restore_chunks.recorded(snap.dir.path):
+            self._touch_tried.add(snap.record.tag)  # once per snapshot per daemon, even if it fails
+            await self._record_restore_chunks(snap, mem, vm.pid)
         return record
+
+    @staticmethod
+    async def _record_restore_chunks(snap: Forkable, mem: Path, pid: int) -> None:
+        """The first child of ``snap`` restored here has answered its agent: record which chunks
+        of its ``mem`` the restore touched (host/restore_chunks.py). A hint for lazy imports
+        elsewhere: a failure of any kind is logged, never the spawn's (its child is registered)."""
+        try:
+            ram = memdiff.RamMapping.find(pid, mem, snap.config.mem_mib << 20)
+            chunks = await asyncio.to_thread(restore_chunks.record, snap.dir.path, ram)
+        except Exception as exc:  # a hint: nothing here may fail a registered child
+            log.warning("could not record the memory chunks a restore of %s touched: %s",
+                        snap.record.tag, exc)
+            return
+        if chunks is not None:
+            log.info("%s: a restore touched %d memory chunk(s), recorded for lazy imports",
+                     snap.record.tag, len(chunks))

@@ -21,6 +21,7 @@ from typing import Any
 from forkd.config import VERSION, DataDir
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import VMError
+from forkd.host import restore_chunks
 from forkd.host.accel import Accel
 from forkd.image.builder import list_images
 from forkd.store import chunked, sparse
@@ -96,7 +97,8 @@ class SnapshotExporter:
             accel = Accel(meta["config"]["accel"], meta["config"]["cpu"])
             entries.append(SnapshotEntry(
                 t, record.parent_tag, record.created_at_unix, tuple(files), meta,
-                {"branched_from": record.branched_from, "pause_ms": record.pause_ms, "mode": record.mode}))
+                {"branched_from": record.branched_from, "pause_ms": record.pause_ms, "mode": record.mode},
+                restore_chunks.read(sdir.path, files[0].size)))
         accels = {(Accel(e.meta["config"]["accel"], e.meta["config"]["cpu"])) for e in entries}
         if len(accels) != 1:
             raise VMError(f"cannot pack {tag!r}: its chain mixes accelerators {sorted(map(str, accels))}")

@@ -110,7 +110,8 @@ class LazyImports:
                 if m.tag == tag:
                     out[tag] = {"gets": m.blob.gets, "bytes_fetched": m.blob.bytes_fetched,
                                 "chunks": len(m.blob.index.chunks), "complete": m.done,
-                                "fetched_by_chunk": dict(m.blob.fetched_by_chunk)}
+                                "fetched_by_chunk": dict(m.blob.fetched_by_chunk),
+                                "fill_first": list(m.blob.fill_first), "landed": list(m.blob.landed)}
         return out
 
     async def wait(self, tag: str, timeout: float | None = None) -> None:
@@ -207,7 +208,9 @@ class LazyImports:
         ordinary file and its mount is detached; a failure removes the import's snapshots."""
         try:
             for m in imp.mems:
-                m.blob.fill(stop=imp.stop)
+                # The chunks a restore touched where the snapshot was made first: what the
+                # children restoring here now fault on.
+                m.blob.fill(imp.manifest.snapshot(m.tag).restore_chunks, stop=imp.stop)
                 imp.registered.wait()  # snap_mem is known once start() registered the snapshots
                 if imp.stop.is_set():
                     imp.settled.set()

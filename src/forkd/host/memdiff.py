@@ -59,6 +59,8 @@ Run = tuple[int, int]  # (first page, count)
 # or swapped out), else 0.
 _CHANGED_BY_TOP_BYTE = bytes(int((b & 0xA0) == 0x80 or bool(b & 0x40)) for b in range(256))
 _RUN_OF_CHANGED = re.compile(b"\x01+")
+# ... -> 1 if its page is in this process's page tables at all (present or swapped): touched.
+_TOUCHED_BY_TOP_BYTE = bytes(int(bool(b & 0xC0)) for b in range(256))
 
 
 def changed_runs(pagemap: bytes) -> list[Run]:
@@ -72,6 +74,15 @@ def changed_runs(pagemap: bytes) -> list[Run]:
     if len(pagemap) % 8:
         raise DiffError(f"a pagemap read of {len(pagemap)} bytes is not whole entries")
     flags = pagemap[7::8].translate(_CHANGED_BY_TOP_BYTE)
+    return [(m.start(), m.end() - m.start()) for m in _RUN_OF_CHANGED.finditer(flags)]
+
+
+def touched_runs(pagemap: bytes) -> list[Run]:
+    """The runs of pages a process has touched (read or written: present or swapped), from its
+    RAM mapping's pagemap entries; the file pages it only read included."""
+    if len(pagemap) % 8:
+        raise DiffError(f"a pagemap read of {len(pagemap)} bytes is not whole entries")
+    flags = pagemap[7::8].translate(_TOUCHED_BY_TOP_BYTE)
     return [(m.start(), m.end() - m.start()) for m in _RUN_OF_CHANGED.finditer(flags)]
 
 
@@ -125,12 +136,19 @@ class RamMapping:
 
     def changed(self, proc: Path = Path("/proc")) -> list[Run]:
         """The runs of guest pages this process changed (anonymous copies of the file's)."""
+        return changed_runs(self._pagemap(proc))
+
+    def touched(self, proc: Path = Path("/proc")) -> list[Run]:
+        """The runs of guest pages this process has touched so far (read or written)."""
+        return touched_runs(self._pagemap(proc))
+
+    def _pagemap(self, proc: Path) -> bytes:
         pages = self.ram_bytes // PAGE
         with open(proc / str(self.pid) / "pagemap", "rb", buffering=0) as f:
             data = os.pread(f.fileno(), pages * 8, (self.start // PAGE) * 8)
         if len(data) != pages * 8:
             raise VMError(f"short pagemap read of QEMU pid {self.pid}")
-        return changed_runs(data)
+        return data
 
 
 def _chunks(runs: list[Run]) -> Iterator[Run]:
@@ -223,5 +241,16 @@ def _read_exactly(reader: zstandard.ZstdDecompressionReader, n: int) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["PAGE", "DiffError", "RamMapping", "changed_runs", "load", "pages_in", "read_header",
-           "restore_file_pages", "save", "subtract"]
+__all__ = [
+    "PAGE",
+    "DiffError",
+    "RamMapping",
+    "changed_runs",
+    "load",
+    "pages_in",
+    "read_header",
+    "restore_file_pages",
+    "save",
+    "subtract",
+    "touched_runs",
+]

@@ -71,6 +71,8 @@ class LazyBlob:
         self.gets = 0  # range GETs made (one per chunk fetched)
         self.bytes_fetched = 0  # frame bytes those GETs brought
         self.fetched_by_chunk: dict[int, int] = {}  # chunk position -> GETs of it (tests)
+        self.landed: list[int] = []  # chunk positions in the order they arrived (tests, stats)
+        self.fill_first: list[int] = []  # the chunks ``fill`` was asked to fetch first (present ones)
         self._fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(self._fd, index.size)  # holes: the absent chunks, zeros without a fetch
@@ -180,6 +182,7 @@ class LazyBlob:
                         at += n
                     with self._lock:
                         self._here.add(c.index)
+                        self.landed.append(c.index)
                         future = self._inflight.pop(c.index)
                     future.set_result(None)
                     landed += 1
@@ -202,6 +205,7 @@ class LazyBlob:
         ``stop`` set: return early (the file is then incomplete)."""
         first = [self._by_pos[p] for p in dict.fromkeys(order) if p in self._by_pos]
         seen = {c.index for c in first}
+        self.fill_first = [c.index for c in first]
         todo = first + [c for c in self.index.chunks if c.index not in seen]
         # Spans of adjacent frames in ``todo``'s order, each one GET (unless readers took part).
         spans: list[list[Chunk]] = []

@@ -23,6 +23,7 @@ from typing import Any
 from forkd import bounds
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
+from forkd.store.chunked import GRID
 
 FORMAT = "forkd-snapshot"
 # 2: files are named by their chunked digest (store/chunked.py), no longer by the sha256 of
@@ -74,6 +75,9 @@ class SnapshotEntry:
     files: tuple[FileEntry, ...]
     meta: dict[str, Any] = field(default_factory=dict)  # its snapshot.json
     record: dict[str, Any] = field(default_factory=dict)  # branched_from, pause_ms, mode
+    # The GRID chunks of ``mem`` a restore touched on the host that made it (fetched first by a
+    # lazy import); empty when none was recorded.
+    restore_chunks: tuple[int, ...] = ()
 
     def file(self, name: str) -> FileEntry:
         for f in self.files:
@@ -84,7 +88,8 @@ class SnapshotEntry:
     def to_json(self) -> dict[str, Any]:
         return {"tag": self.tag, "parent_tag": self.parent_tag, "created_at_unix": self.created_at_unix,
                 "files": {f.name: f.to_json() for f in self.files}, "meta": self.meta,
-                "record": self.record}
+                "record": self.record,
+                **({"restore_chunks": list(self.restore_chunks)} if self.restore_chunks else {})}
 
 
 @dataclass(frozen=True)
@@ -232,8 +237,26 @@ def _parse_snapshot(raw: Any, earlier: list[SnapshotEntry]) -> SnapshotEntry:
     meta, record = raw.get("meta") or {}, raw.get("record") or {}
     if not isinstance(meta, dict) or not isinstance(record, dict):
         raise BadManifest(f"snapshot {tag!r}: meta and record must be objects")
+    mem_size = next(f.size for f in files if f.name == "mem")
+    chunks = parse_restore_chunks(raw.get("restore_chunks"), mem_size, f"snapshot {tag!r}")
     return SnapshotEntry(tag, parent, _int(raw["created_at_unix"], f"{tag} created_at_unix", 1 << 40),
-                         tuple(files), meta, record)
+                         tuple(files), meta, record, chunks)
+
+
+def parse_restore_chunks(v: Any, mem_size: int, what: str) -> tuple[int, ...]:
+    """A list of distinct chunk positions of a ``mem`` of ``mem_size`` bytes (None: none), checked:
+    at most as many as the file has chunks, each below that count."""
+    if v is None:
+        return ()
+    count = -(-mem_size // GRID)
+    if not isinstance(v, list) or len(v) > count:
+        raise BadManifest(f"{what}: restore_chunks must be a list of at most {count} chunk positions")
+    for i in v:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count:
+            raise BadManifest(f"{what}: restore_chunks entry {i!r} is not a chunk position below {count}")
+    if len(set(v)) != len(v):
+        raise BadManifest(f"{what}: restore_chunks lists a chunk twice")
+    return tuple(v)
 
 
 def _layer_rank(name: str) -> int:
@@ -268,4 +291,5 @@ def _parse_backing(b: Any, tag: str, name: str, earlier: list[SnapshotEntry],
     return Backing(target, file, fmt)
 
 
-__all__ = ["Backing", "BadManifest", "BaseEntry", "FileEntry", "Manifest", "SnapshotEntry"]
+__all__ = ["Backing", "BadManifest", "BaseEntry", "FileEntry", "Manifest", "SnapshotEntry",
+           "parse_restore_chunks"]
