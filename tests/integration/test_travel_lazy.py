@@ -16,7 +16,8 @@ import pytest
 
 from forkd.controller.runtime import Runtime
 from forkd.errors import ForkdError
-from forkd.host import fusefile, restore_chunks
+from forkd.host import fusefile
+from forkd.store import restore_chunks
 
 from .conftest import Loop, qemu_processes_of
 from .services import S3Server

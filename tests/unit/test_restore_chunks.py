@@ -1,4 +1,4 @@
-"""The chunks a restore touched: recorded (host/restore_chunks.py), carried in the manifest
+"""The chunks a restore touched: recorded (store/restore_chunks.py), carried in the manifest
 (store/manifest.py ``restore_chunks``), fetched first by a lazy fill (store/lazyblob.py)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from forkd.host import memdiff, restore_chunks
+from forkd.host import memdiff
 from forkd.host.accel import Accel
-from forkd.store import chunked
+from forkd.store import chunked, restore_chunks
 from forkd.store.lazyblob import LazyBlob
 from forkd.store.manifest import BadManifest, BaseEntry, FileEntry, Manifest, SnapshotEntry
 

@@ -35,12 +35,13 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
-from forkd.host import cgroups, memdiff, pagecache, restore_chunks
+from forkd.host import cgroups, memdiff, pagecache
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
+from forkd.store import restore_chunks
 from forkd.store.records import DiskChain, PoolKey, SandboxRecord, now_unix
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
@@ -149,7 +150,7 @@ class Spawner:
         self._networks = networks
         self._shm = shm
         self._busy: dict[str, int] = {}  # tag -> spawns of it in progress (pool refills included)
-        # Snapshots whose restore-touched chunks were recorded, or tried (host/restore_chunks.py).
+        # Snapshots whose restore-touched chunks were recorded, or tried (store/restore_chunks.py).
         self._touch_tried: set[str] = set()
         self._pool: PoolSource | None = None
         self._missing: MissingSnapshots | None = None
@@ -437,7 +438,7 @@ class Spawner:
     @staticmethod
     async def _record_restore_chunks(snap: Forkable, mem: Path, pid: int) -> None:
         """The first child of ``snap`` restored here has answered its agent: record which chunks
-        of its ``mem`` the restore touched (host/restore_chunks.py). A hint for lazy imports
+        of its ``mem`` the restore touched (store/restore_chunks.py). A hint for lazy imports
         elsewhere: a failure of any kind is logged, never the spawn's (its child is registered)."""
         try:
             ram = memdiff.RamMapping.find(pid, mem, snap.config.mem_mib << 20)

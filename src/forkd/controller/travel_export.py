@@ -21,10 +21,9 @@ from typing import Any
 from forkd.config import VERSION, DataDir
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import VMError
-from forkd.host import restore_chunks
 from forkd.host.accel import Accel
 from forkd.image.builder import list_images
-from forkd.store import chunked, sparse
+from forkd.store import chunked, restore_chunks, sparse
 from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.manifest import FILE_RE, Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry

@@ -6,7 +6,7 @@
     ``disk.qcow2``     the guest disk, frozen at snapshot time (children get overlays on it)
     ``snapshot.json``  metadata: VM config (accel, CPU model), image, lineage
     ``restore-chunks.json``  the chunks of ``mem`` its first restore here touched (optional;
-                       host/restore_chunks.py)
+                       store/restore_chunks.py)
 ``<data>/sandboxes/<id>/``
     ``disk.qcow2`` (overlay), ``qmp.sock``, ``agent.sock``, ``pid``, ``qemu.log``, ``console.log``
 
