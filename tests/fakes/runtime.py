@@ -45,7 +45,7 @@ from forkd import bounds
 from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.files import check_metadata, check_path
 from forkd.controller.forks import ForkReport
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.processes import ProcessEvent, check_pty_size, signal_number
 from forkd.controller.results import (
     CancelResult,
@@ -487,19 +487,25 @@ class FakeRuntime:
             record.expires_at_unix = CREATED + timeout_secs
         return record
 
-    async def fork(
-        self, sandbox_id: str, count: int = 1, *, tree: bool = False, per_child_netns: bool = False,
-        memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
-        child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
-        metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
-        network: dict[str, Any] | None = None,
-    ) -> ForkReport:
+    async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
+                   tree: bool = False) -> ForkReport:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
-        extra = {"timeout_secs": timeout_secs} if timeout_secs is not None else {}
-        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=keep_snapshot, **extra,
-                   **_egress_kwargs(allow_internet_access, network))
+        o = options or ForkOptions()
+        given: dict[str, Any] = {k: v for k, v in (("timeout_secs", o.timeout_secs),
+                                                   ("idle_pause_secs", o.idle_pause_secs),
+                                                   ("idle_hibernate_secs", o.idle_hibernate_secs))
+                                 if v is not None}
+        if o.egress is not None:  # recorded as the request's two fields, as the spawn's are
+            info = o.egress.info()
+            given.update({"allow_internet_access": True} if o.egress.allow_internet_access else {})
+            network = {k: info[k] for k in ("allow_out", "deny_out") if info[k]}
+            given.update({"network": network} if network else {})
+        self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=o.keep_snapshot, **given)
+        memory_limit_mib, env, child_env, metadata = o.memory_limit_mib, o.env, o.child_env, o.metadata
+        child_memory_limit_mib, keep_snapshot = o.child_memory_limit_mib, o.keep_snapshot
+        live_fork = o.live_fork
+        per_child_netns, timeout_secs = o.per_child_netns, o.timeout_secs
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
         specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
 from forkd.host import cgroups
@@ -84,7 +84,7 @@ def test_keep_snapshot_outlives_the_children(loop: Loop, runtime: Runtime, snaps
     tag = None
     try:
         ev(loop, runtime, src.id, "kept = 7")
-        result = loop.run(runtime.fork(src.id, 1, keep_snapshot=True))
+        result = loop.run(runtime.fork(src.id, 1, ForkOptions(keep_snapshot=True)))
         tag = result.snapshot_tag
         loop.run(runtime.kill(result.children[0].id))
         assert runtime.get_snapshot(tag).auto_delete is False
@@ -100,7 +100,7 @@ def test_keep_snapshot_outlives_the_children(loop: Loop, runtime: Runtime, snaps
 def test_fork_tree_and_promote_with_cleanup(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     [src] = loop.run(runtime.spawn(snapshot, 1))
     try:
-        result = loop.run(runtime.fork(src.id, 3, tree=True, metadata={"task": "t1"}))
+        result = loop.run(runtime.fork(src.id, 3, ForkOptions(metadata={"task": "t1"}), tree=True))
         assert result.tree_id and result.tree_id.startswith("ft-")
         for i, child in enumerate(result.children):
             assert child.metadata == {"task": "t1", "fork_tree_id": result.tree_id,
@@ -146,8 +146,9 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
     child_env = [{"HINT": f"try-{i}"} for i in range(3)]
     spawned = loop.run(runtime.spawn(snapshot, 3, SpawnOptions(env=env, child_env=child_env)))
     [src] = loop.run(runtime.spawn(snapshot, 1))
-    forked = loop.run(runtime.fork(src.id, 2, child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
-                                   env={"HINT": "overridden", "FORKD_SHARED": "fork"}))
+    options = ForkOptions(child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
+                          env={"HINT": "overridden", "FORKD_SHARED": "fork"})
+    forked = loop.run(runtime.fork(src.id, 2, options))
     try:
         assert forked.errors == []
         cases = [(sb.id, f"try-{i}", "all") for i, sb in enumerate(spawned)]
@@ -233,7 +234,7 @@ def test_one_failed_child_leaves_nothing_and_spares_the_rest(loop: Loop, runtime
         # Only child 1 runs in a cgroup, under forkd's parent, which an operator capped at
         # 8 MiB: less than a restored child's QEMU needs, so the kernel OOM-kills it.
         with parent_cgroup_limit(8):
-            result = loop.run(runtime.fork(src.id, 3, child_memory_limit_mib=[None, 64, None]))
+            result = loop.run(runtime.fork(src.id, 3, ForkOptions(child_memory_limit_mib=[None, 64, None])))
         assert [e["index"] for e in result.errors] == [1], result.errors
         assert "OOM-killed while restoring" in result.errors[0]["error"], result.errors
         assert len(result.children) == 2

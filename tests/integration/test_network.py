@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from forkd.config import DataDir
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import InvalidRequest
 from forkd.host import childnet, netplan
@@ -303,7 +303,7 @@ def test_pool_members_and_forks_of_a_running_sandbox_get_networks_of_their_own(
         assert env.eval(pooled, f"_try({gateway!r}, {allowed.port})")["ok"]  # the pool's rules
         # Fork the running pooled child: each fork child has its own namespace and address.
         env.eval(pooled, GUEST_SERVER)
-        result = env.loop.run(env.rt.fork(pooled.id, 2, network=network))
+        result = env.loop.run(env.rt.fork(pooled.id, 2, ForkOptions.from_request({"network": network})))
         assert not result.errors, result.errors
         env.made += result.children
         ips = {c.info()["ip"] for c in result.children} | {pooled.info()["ip"], plain.info()["ip"]}

@@ -260,3 +260,21 @@ def test_an_expired_sandbox_that_cannot_be_hibernated_is_killed(tmp_path: Path) 
         assert vms["sb-aaaaaa-0000"].destroyed and not registry.sandboxes.has("sb-aaaaaa-0000")
 
     asyncio.run(main())
+
+
+def test_a_fork_gives_its_children_idle_policies(client: tuple[TestClient, FakeRuntime]) -> None:
+    """idle_pause_secs and idle_hibernate_secs on a fork are the children's, as on a spawn; one that
+    cannot be hibernated (live_fork) is refused before the source is paused for the branch."""
+    http, fake = client
+    fake.add_sandbox("sb-abcdef-0060")
+    r = http.post("/v1/sandboxes/sb-abcdef-0060/fork",
+                  json={"idle_pause_secs": 30, "idle_hibernate_secs": 600})
+    assert r.status_code == 201, r.text
+    [fork] = [c for c in fake.calls if c.name == "fork"]
+    assert fork.kwargs["idle_pause_secs"] == 30 and fork.kwargs["idle_hibernate_secs"] == 600
+    calls = len(fake.calls)
+    refused = http.post("/v1/sandboxes/sb-abcdef-0060/fork",
+                        json={"idle_hibernate_secs": 600, "live_fork": True})
+    assert refused.status_code == 409 and "cannot be hibernated" in refused.json()["error"], refused.text
+    assert len(fake.calls) == calls  # refused before any call reached the runtime
+    assert http.post("/v1/sandboxes/sb-abcdef-0060/fork", json={"idle_pause_secs": 0}).status_code == 400

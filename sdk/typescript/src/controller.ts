@@ -100,6 +100,8 @@ function childFields(o: ChildOptions) {
     child_env: o.childEnv,
     metadata: o.metadata,
     timeout_secs: o.timeoutSecs,
+    idle_pause_secs: o.idlePauseSecs,
+    idle_hibernate_secs: o.idleHibernateSecs,
   };
 }
 
@@ -275,7 +277,6 @@ export class Controller {
       ...childFields(o),
       cpu_limit: o.cpuLimit,
       pids_limit: o.pidsLimit,
-      idle_pause_secs: o.idlePauseSecs,
     });
     return this.#http.json({ method: "POST", path: "/v1/sandboxes", json: body, wait: "unbounded" });
   }

@@ -1275,6 +1275,16 @@ export interface components {
                 [key: string]: string;
             } | null;
             /**
+             * Idle Hibernate Secs
+             * @description As in POST /v1/sandboxes, for each child.
+             */
+            idle_hibernate_secs?: number | null;
+            /**
+             * Idle Pause Secs
+             * @description As in POST /v1/sandboxes, for each child.
+             */
+            idle_pause_secs?: number | null;
+            /**
              * Keep Snapshot
              * @description Keep the intermediate snapshot. Default: it is deleted once its last child is gone (and no snapshot depends on it).
              * @default false

@@ -89,6 +89,10 @@ export interface ChildOptions extends EgressOptions {
   metadata?: Record<string, string>;
   /** Each child is killed this many seconds after the call returns. */
   timeoutSecs?: number;
+  /** Pause each child after this many seconds without a request; its next request resumes it. */
+  idlePauseSecs?: number;
+  /** Hibernate each child (to disk, its QEMU gone) after this many idle seconds; its next request wakes it. */
+  idleHibernateSecs?: number;
 }
 
 /** `POST /v1/sandboxes`: fork `n` children of a snapshot. */
@@ -101,8 +105,6 @@ export interface SpawnOptions extends ChildOptions {
   cpuLimit?: number;
   /** Most host tasks (threads) of each child's QEMU. */
   pidsLimit?: number;
-  /** Pause each child after this many seconds without a request; its next request resumes it. */
-  idlePauseSecs?: number;
 }
 
 /** `POST /v1/sandboxes/{id}/fork` and `/fork-tree`: fork a running sandbox. */

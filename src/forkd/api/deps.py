@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.results import (
     CancelResult,
     CheckpointReport,
@@ -213,24 +213,8 @@ class RuntimeLike(Protocol):
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None: ...
     def snapshot_lineage(self, tag: str) -> RecordJson: ...
     async def spawn(self, tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[Any]: ...
-    async def fork(
-        self,
-        sandbox_id: str,
-        count: int = 1,
-        *,
-        tree: bool = False,
-        per_child_netns: bool = False,
-        memory_limit_mib: int | None = None,
-        live_fork: bool = False,
-        env: dict[str, str] | None = None,
-        child_env: list[dict[str, str]] | None = None,
-        child_memory_limit_mib: list[int | None] | None = None,
-        metadata: dict[str, str] | None = None,
-        keep_snapshot: bool = False,
-        timeout_secs: float | None = None,
-        allow_internet_access: bool | None = None,
-        network: dict[str, Any] | None = None,
-    ) -> Any: ...
+    async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
+                   tree: bool = False) -> Any: ...
     async def promote(
         self,
         sandbox_id: str,

@@ -55,14 +55,7 @@ async def _fork(sandbox_id: str, req: ForkRequest, rt: Runtime, m: MetricsDep, g
                 *, tree: bool) -> dict[str, Any]:
     started = time.perf_counter()
     with gate.enter(None, rt.tags.in_flight):
-        result = await rt.fork(
-            sandbox_id, req.count, tree=tree, per_child_netns=req.per_child_netns,
-            memory_limit_mib=req.memory_limit_mib, live_fork=req.live_fork, env=req.env,
-            child_env=req.child_env, child_memory_limit_mib=req.child_memory_limit_mib,
-            metadata=req.metadata, keep_snapshot=req.keep_snapshot, timeout_secs=req.timeout_secs,
-            allow_internet_access=req.allow_internet_access,
-            network=req.network.model_dump() if req.network else None,
-        )
+        result = await rt.fork(sandbox_id, req.count, req.options(), tree=tree)
     m.fork_seconds.observe(time.perf_counter() - started)
     if result.pause_ms is not None:
         m.branch_pause_ms.observe(result.pause_ms)

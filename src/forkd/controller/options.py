@@ -62,35 +62,18 @@ class SpawnOptions:
 
     def __post_init__(self) -> None:
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest).
-        if self.timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(self.timeout_secs)
-        if self.idle_pause_secs is not None:
-            bounds.IDLE_PAUSE_SECS.check(self.idle_pause_secs)
         if self.disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(self.disk_quota_mib)
-        if self.idle_hibernate_secs is not None:
-            bounds.IDLE_HIBERNATE_SECS.check(self.idle_hibernate_secs)
-        if self.idle_hibernate_secs is not None or self.hibernate_on_timeout:
-            # Refused now rather than at the first idle period (controller/hibernation.py says why).
-            for name, on in (("live_fork", self.live_fork), ("per_child_netns", self.per_child_netns)):
-                if on:
-                    raise Conflict(f"{name} sandboxes cannot be hibernated: idle_hibernate_secs and "
-                                         f"hibernate_on_timeout do not go with {name}")
+        _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs,
+                         self.hibernate_on_timeout, live_fork=self.live_fork,
+                         per_child_netns=self.per_child_netns)
 
     @classmethod
     def from_request(cls, given: Mapping[str, Any]) -> SpawnOptions:
         """The options of a request body's fields (``model_dump(exclude_unset=True)``):
         each field of the same name as it is, the egress pair as one policy, and a
         400 for a field this daemon does not know. Unset fields keep the defaults above."""
-        fields = dict(given)
-        if any(name in fields for name in EGRESS_FIELDS):
-            fields["egress"] = EgressPolicy.from_request(fields.pop("allow_internet_access", None),
-                                                         fields.pop("network", None))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise InvalidRequest(f"this daemon does not support spawn option(s): {', '.join(unknown)}")
-        return cls(**fields)
+        return cls(**_fields(cls, given, "spawn"))
 
     def given(self) -> dict[str, Any]:
         """The options that differ from the defaults (what a request set), by name."""
@@ -112,6 +95,51 @@ class ForkOptions:
     metadata: dict[str, str] | None = None
     keep_snapshot: bool = False
     egress: EgressPolicy | None = None  # the children's (the source keeps its own)
+    # The children's lifetimes, as in SpawnOptions (the source keeps its own).
+    timeout_secs: float | None = None
+    idle_pause_secs: float | None = None
+    idle_hibernate_secs: float | None = None
+
+    def __post_init__(self) -> None:
+        # Before the source is paused for the branch: a bad value costs it nothing.
+        _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs, False,
+                         live_fork=self.live_fork, per_child_netns=self.per_child_netns)
+
+    @classmethod
+    def from_request(cls, given: Mapping[str, Any]) -> ForkOptions:
+        """As ``SpawnOptions.from_request``, for a fork's request body."""
+        return cls(**_fields(cls, given, "fork"))
+
+
+def _fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A request's fields by option name: the egress pair as one policy; 400 for an unknown one."""
+    fields = dict(given)
+    if any(name in fields for name in EGRESS_FIELDS):
+        fields["egress"] = EgressPolicy.from_request(fields.pop("allow_internet_access", None),
+                                                     fields.pop("network", None))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InvalidRequest(f"this daemon does not support {what} option(s): {', '.join(unknown)}")
+    return fields
+
+
+def _check_lifetimes(timeout_secs: float | None, idle_pause_secs: float | None,
+                     idle_hibernate_secs: float | None, hibernate_on_timeout: bool, *,
+                     live_fork: bool, per_child_netns: bool) -> None:
+    """The bounds of a child's lifetime options, and the sandboxes that cannot be hibernated."""
+    if timeout_secs is not None:
+        bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+    if idle_pause_secs is not None:
+        bounds.IDLE_PAUSE_SECS.check(idle_pause_secs)
+    if idle_hibernate_secs is not None:
+        bounds.IDLE_HIBERNATE_SECS.check(idle_hibernate_secs)
+    if idle_hibernate_secs is not None or hibernate_on_timeout:
+        # Refused now rather than at the first idle period (controller/hibernation.py says why).
+        for name, on in (("live_fork", live_fork), ("per_child_netns", per_child_netns)):
+            if on:
+                raise Conflict(f"{name} sandboxes cannot be hibernated: idle_hibernate_secs and "
+                               f"hibernate_on_timeout do not go with {name}")
 
 
 __all__ = ["EGRESS_FIELDS", "ForkOptions", "SpawnOptions"]

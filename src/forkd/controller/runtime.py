@@ -84,7 +84,6 @@ from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest
 from forkd.guest import protocol
 from forkd.host import cgroups
-from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.store.datalock import DataDirLock
@@ -330,28 +329,16 @@ class Runtime:
         self.idle.apply_hibernate(records, options.idle_hibernate_secs)
         return records
 
-    async def fork(
-        self, sandbox_id: str, count: int = 1, *, tree: bool = False, per_child_netns: bool = False,
-        memory_limit_mib: int | None = None, live_fork: bool = False, env: dict[str, str] | None = None,
-        child_env: list[dict[str, str]] | None = None, child_memory_limit_mib: list[int | None] | None = None,
-        metadata: dict[str, str] | None = None, keep_snapshot: bool = False,
-        timeout_secs: float | None = None, allow_internet_access: bool | None = None,
-        network: dict[str, Any] | None = None,
-    ) -> ForkReport:
-        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py).
-
-        ``timeout_secs`` applies to the children (the source keeps its own deadline).
-        """
-        if timeout_secs is not None:
-            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)  # before the source is paused
-        options = ForkOptions(per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
-                              live_fork=live_fork, env=env, child_env=child_env,
-                              child_memory_limit_mib=child_memory_limit_mib, metadata=metadata,
-                              keep_snapshot=keep_snapshot,
-                              egress=EgressPolicy.from_request(allow_internet_access, network))
+    async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
+                   tree: bool = False) -> ForkReport:
+        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py
+        and ForkOptions); the children's lifetimes are their own (the source keeps its deadline)."""
+        options = options or ForkOptions()
         await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
-        self.reaper.apply(result.children, timeout_secs)
+        self.reaper.apply(result.children, options.timeout_secs)
+        self.idle.apply(result.children, options.idle_pause_secs)
+        self.idle.apply_hibernate(result.children, options.idle_hibernate_secs)
         return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,

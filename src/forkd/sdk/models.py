@@ -502,6 +502,12 @@ class ForkRequest(TypedDict, total=False):
     snapshot depends on it).
     """
 
+    idle_pause_secs: float | None
+    """As in POST /v1/sandboxes, for each child."""
+
+    idle_hibernate_secs: float | None
+    """As in POST /v1/sandboxes, for each child."""
+
 
 class HibernationInfo(TypedDict, total=False):
     """The ``HibernationInfo`` schema."""
@@ -1267,6 +1273,12 @@ class ForkExtra(TypedDict, total=False):
     """The optional fields of ``ForkRequest`` that ``fork_sandbox`` and ``fork_tree`` take as keyword
     arguments (the rest are parameters of their own).
     """
+
+    idle_pause_secs: float | None
+    """As in POST /v1/sandboxes, for each child."""
+
+    idle_hibernate_secs: float | None
+    """As in POST /v1/sandboxes, for each child."""
 
 
 class BranchExtra(TypedDict, total=False):

@@ -34,7 +34,7 @@ from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
 from forkd.api.e2b.templates import TemplateError, add_template_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.errors import Busy, ForkdError, NotFound
 
 if TYPE_CHECKING:
@@ -289,9 +289,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         labels = {k: v for k, v in view["metadata"].items() if k not in bounds.FORK_LABELS}
         egress = view["egress"]  # the forks get the source's, as copies of it
         with gate.enter(None, rt().tags.in_flight):
-            result = await rt().fork(sandbox_id, count, metadata=labels or None, timeout_secs=timeout,
-                                     allow_internet_access=egress["allow_internet_access"],
-                                     network={k: egress[k] for k in ("allow_out", "deny_out")})
+            options = ForkOptions.from_request({
+                "metadata": labels or None, "timeout_secs": timeout,
+                "allow_internet_access": egress["allow_internet_access"],
+                "network": {k: egress[k] for k in ("allow_out", "deny_out")}})
+            result = await rt().fork(sandbox_id, count, options)
         entries: list[dict[str, Any] | None] = [None] * count
         for child, index in zip(result.children, _indices(count, result.errors), strict=True):
             entries[index] = {"sandbox": shapes.created(child.id, view["template"], tokens)}

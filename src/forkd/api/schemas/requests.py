@@ -48,7 +48,7 @@ from forkd.api.schemas.common import (
     Tag,
 )
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.guest.protocol import FILE_PATH_MAX, TAG_MAX
 
 
@@ -386,6 +386,18 @@ class ForkRequest(RequestModel):
         False, description="Keep the intermediate snapshot. Default: it is deleted once its last child "
         "is gone (and no snapshot depends on it).",
     )
+    idle_pause_secs: IdlePause | None = Field(None, description="As in POST /v1/sandboxes, for each "
+                                                  "child.")
+    idle_hibernate_secs: IdleHibernate | None = Field(None, description="As in POST /v1/sandboxes, "
+                                                          "for each child.")
+
+    # Fields of the request that are not fork options.
+    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count"})
+
+    def options(self) -> ForkOptions:
+        """The fork options this request asks for: every field by its name (a new field needs no
+        code here), unset ones left to ForkOptions' defaults."""
+        return ForkOptions.from_request(self.model_dump(exclude=set(self.NOT_OPTIONS), exclude_unset=True))
 
 
 class CompactRequest(RequestModel):
