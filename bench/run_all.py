@@ -46,6 +46,12 @@ PARTS: list[tuple[str, list[str], float]] = [
 # (bench/density.py --capacity --reserve-mib 1024).
 CAPACITY = ("density", ["--sizes", "10", "--no-knobs", "--capacity", "--capacity-minutes", "10",
                         "--reserve-mib", "4096", "--out", str(RESULTS / "density_capacity_run.json")], 720)
+
+
+def hibernation_capacity(n: int) -> tuple[str, list[str], float]:
+    """The capacity probe's second part: ``n`` sandboxes held, all but 100 hibernated (about a
+    second each on a 2-core TCG host, so the limit grows with ``n``)."""
+    return ("hibernate_scale", ["--n", str(n), "--running", str(min(100, n))], 600 + 3 * n)
 GRACE_S = 60  # after SIGTERM, for a part's own clean-up (it kills its VMs and removes its files)
 REPORT_S = 60
 
@@ -103,11 +109,16 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated parts (default: all)")
     ap.add_argument("--budget-minutes", type=float, default=16.5, help="the whole run's bound (default 16.5)")
     ap.add_argument("--capacity", action="store_true",
-                    help="only the opt-in capacity probe (up to 1000 children; ~12 min), then the report")
+                    help="only the opt-in capacity probes, then the report: idle children held (up to 1000; "
+                    "~12 min), then --hibernate-n sandboxes held, all but 100 hibernated")
+    ap.add_argument("--hibernate-n", type=int, default=1000,
+                    help="sandboxes the hibernation probe holds (default 1000, about 20 min; 10000 takes "
+                    "hours)")
     args = ap.parse_args()
     only = [x for x in args.only.split(",") if x]
-    parts = [CAPACITY] if args.capacity else [p for p in PARTS if not only or p[0] in only]
-    budget = args.budget_minutes * 60 if not args.capacity else CAPACITY[2] + REPORT_S
+    capacity = [CAPACITY, hibernation_capacity(args.hibernate_n)]
+    parts = capacity if args.capacity else [p for p in PARTS if not only or p[0] in only]
+    budget = args.budget_minutes * 60 if not args.capacity else sum(p[2] for p in capacity) + REPORT_S
     deadline = time.monotonic() + budget
     scratch = Path(tempfile.mkdtemp(prefix="fkb-", dir="/tmp"))  # short: QEMU's socket paths
     record: list[dict[str, object]] = []

@@ -472,6 +472,8 @@ class FakeRuntime:
             out[-1].cpu_limit, out[-1].pids_limit = options.cpu_limit, options.pids_limit
             out[-1].idle_pause_secs = options.idle_pause_secs  # the fake never pauses: it has no clock
             out[-1].disk_quota_mib = quota or None  # the fake's disks never grow
+            out[-1].hibernate_on_timeout = options.hibernate_on_timeout
+            out[-1].auto_resume = options.auto_resume
         return out
 
     def _new_child(self, tag: str, i: int, *, live_fork: bool, memory_limit_mib: int | None,

@@ -25,6 +25,7 @@ from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.controller.watches import WatchEvent
 from forkd.errors import InvalidRequest, NotFound, TooLarge
+from forkd.store.records import Hibernation
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
@@ -106,7 +107,7 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
 
 
 def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:
-    for refused in ({"autoResume": {"enabled": False}, "autoPause": True},
+    for refused in ({"autoResume": {"enabled": "no"}, "autoPause": True},
                     {"autoResume": {"enabled": True}}):
         assert "autoResume" in rest_error(client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                                                       json={"templateID": "base", **refused}), 400)
@@ -566,3 +567,27 @@ def test_the_template_upload_dir_is_made_at_the_first_upload(tmp_path: Path, fak
         upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
         assert upload.status_code == 200, upload.text
         assert len(list(private.glob("forkd-e2b-files-*"))) == 1
+
+
+def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: TestClient,
+                                                                      fake: FakeRuntime) -> None:
+    """E2B's autoResume {"enabled": false}: once its timeout paused (hibernated) it, envd traffic
+    answers 502 (the SDK's is_running() is False) instead of waking it; connect resumes it."""
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "autoPause": True, "timeout": 60,
+                             "autoResume": {"enabled": False}})
+    assert resp.status_code == 201, resp.text
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["auto_resume"] is False
+    sandbox_id, token = resp.json()["sandboxID"], resp.json()["envdAccessToken"]
+    headers = envd_headers(sandbox_id, token)
+    assert client.get("/health", headers=headers).status_code == 204  # running: served as ever
+    fake.sandboxes[sandbox_id].hibernation = Hibernation(at_unix=1.0, pages=1, memory_bytes=4096,
+                                                         devices_bytes=4096, pause_ms=1.0)
+    asleep = client.get("/health", headers=headers)
+    assert asleep.status_code == 502 and "autoResume is off" in asleep.json()["message"], asleep.text
+    info = client.get(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": TOKEN})
+    assert info.json()["state"] == "paused", info.text
+    # With autoResume on (the default), the same request would have been served (and woken it).
+    fake.sandboxes[sandbox_id].auto_resume = True
+    assert client.get("/health", headers=headers).status_code == 204

@@ -77,9 +77,15 @@ class DeadlineKeeper:
     # -------------------------------------------------------------- deadlines
 
     def apply(self, records: Iterable[SandboxRecord], timeout_secs: float | None, *,
-              hibernate: bool = False) -> None:
+              hibernate: bool = False, auto_resume: bool = True) -> None:
         """Give freshly spawned (or claimed, or forked) sandboxes ``timeout_secs`` to live;
-        ``hibernate``: then hibernate them rather than kill them."""
+        ``hibernate``: then hibernate them rather than kill them; ``auto_resume`` False: once
+        hibernated, E2B traffic does not wake them (E2B's ``autoResume``), only a resume."""
+        records = list(records)
+        if not auto_resume:
+            for record in records:
+                record.auto_resume = False
+                self._sandboxes.set_auto_resume(record.id, False)
         if timeout_secs is None:
             return
         bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)

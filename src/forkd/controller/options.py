@@ -36,7 +36,9 @@ class SpawnOptions:
     request is paused and resumed by its next one (controller/idle.py);
     ``idle_hibernate_secs``: hibernated (to disk, its QEMU gone) and woken by its
     next one (controller/hibernation.py). ``hibernate_on_timeout``: at its
-    ``timeout_secs`` a child is hibernated rather than killed (E2B's ``autoPause``).
+    ``timeout_secs`` a child is hibernated rather than killed (E2B's ``autoPause``);
+    ``auto_resume`` False: once hibernated, E2B traffic no longer wakes it, only a resume
+    (E2B's ``connect``) does (E2B's ``autoResume``; forkd's own API always wakes it).
     ``egress`` opens the children's outbound traffic, denied by default
     (host/egress.py). ``prewarm``: read the snapshot's memory into the page
     cache first. ``disk_quota_mib``: how far each child's own disk layers may
@@ -59,6 +61,7 @@ class SpawnOptions:
     disk_quota_mib: int | None = None
     idle_hibernate_secs: float | None = None
     hibernate_on_timeout: bool = False
+    auto_resume: bool = True
 
     def __post_init__(self) -> None:
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest).

@@ -152,6 +152,7 @@ class SandboxView(TypedDict):
     disk_mb: int
     metadata: dict[str, str]
     egress: RecordJson
+    auto_resume: bool  # False: E2B traffic does not wake it once hibernated (only connect does)
 
 
 # -------------------------------------------------------------------- pools, workspaces, travel

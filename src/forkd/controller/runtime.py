@@ -324,7 +324,8 @@ class Runtime:
         """
         options = options or SpawnOptions()
         records = await self.spawner.spawn(tag, n, options)
-        self.reaper.apply(records, options.timeout_secs, hibernate=options.hibernate_on_timeout)
+        self.reaper.apply(records, options.timeout_secs, hibernate=options.hibernate_on_timeout,
+                          auto_resume=options.auto_resume)
         self.idle.apply(records, options.idle_pause_secs)
         self.idle.apply_hibernate(records, options.idle_hibernate_secs)
         return records

@@ -62,11 +62,12 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
         return {"id": record.id, "template": template, "state": record.state.e2b,
                 "started": record.created_at_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
-                "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info()}
+                "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info(),
+                "auto_resume": True}
     return {"id": record.id, "template": template, "state": record.state.e2b,
             "started": record.created_at_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
             "mem_mib": record.config.mem_mib, "disk_mb": disk_mib(record), "metadata": dict(record.metadata),
-            "egress": record.egress.info()}
+            "egress": record.egress.info(), "auto_resume": record.auto_resume}
 
 
 class Suspender:

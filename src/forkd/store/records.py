@@ -266,6 +266,9 @@ class SandboxRecord:
     idle_hibernate_secs: float | None = None
     # At its deadline it is hibernated rather than killed (E2B's autoPause; controller/lifetimes.py).
     hibernate_on_timeout: bool = False
+    # E2B's autoResume: whether E2B traffic (envd, the interpreter) wakes it once hibernated.
+    # False: only an explicit resume does (E2B's connect); forkd's own API always wakes it.
+    auto_resume: bool = True
     # On disk, no QEMU (controller/hibernation.py); None: running (or paused).
     hibernation: Hibernation | None = None
 

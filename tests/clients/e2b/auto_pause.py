@@ -1,6 +1,7 @@
 """E2B's autoPause, unchanged: a sandbox created with ``lifecycle={"on_timeout": "pause"}`` is
 paused at its timeout instead of killed (forkd hibernates it); connect wakes it, and so does
-any envd request, its files and memory as they were."""
+any envd request, its files and memory as they were. With ``auto_resume: False`` its traffic
+does not wake it (``is_running()`` is False) until connect does."""
 
 import time
 
@@ -16,11 +17,21 @@ def wait_paused(sandbox: Sandbox) -> None:
 
 sbx = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause"})
 other = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": True})
+asleep = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": False})
+asleep.commands.run("echo mine > /tmp/mine")
 sbx.files.write("/home/user/state.txt", "written before the timeout")
 sbx.commands.run("echo $((6 * 7)) > /tmp/answer")
 other.commands.run("echo kept > /tmp/kept")
 wait_paused(sbx)
 wait_paused(other)
+wait_paused(asleep)
+
+# auto_resume off: its envd answers "not running" instead of waking it; connect resumes it.
+assert not asleep.is_running()
+assert Sandbox.get_info(asleep.sandbox_id).state.value == "paused"
+resumed = Sandbox.connect(asleep.sandbox_id, timeout=60)
+assert resumed.is_running() and resumed.commands.run("cat /tmp/mine").stdout.strip() == "mine"
+assert resumed.kill()
 
 # envd traffic to a paused sandbox wakes it (no connect first).
 assert other.commands.run("cat /tmp/kept").stdout.strip() == "kept"

@@ -172,10 +172,13 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # connect, or any envd request, wakes it: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
         resume = body.get("autoResume")
-        if resume not in (None, {}) and not (auto_pause and resume == {"enabled": True}):
-            # What forkd does is autoResume on: a hibernated sandbox wakes on any traffic.
-            raise E2BError(400, "autoResume is served only as {\"enabled\": true} with autoPause: a paused "
-                           f"sandbox always wakes on its next request ({UNSUPPORTED})")
+        if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
+                                                                       {"enabled": False})):
+            raise E2BError(400, "autoResume is {\"enabled\": true} or {\"enabled\": false}, with autoPause: "
+                           "whether traffic to the sandbox, once paused at its timeout, resumes it")
+        # autoResume off: once paused (hibernated), its envd and interpreter traffic answers 502
+        # "not running" until connect resumes it. On (the default), any request wakes it.
+        auto_resume = resume != {"enabled": False}
         for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
@@ -186,7 +189,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
                                                  "network": _network(body.get("network")),
-                                                 "hibernate_on_timeout": auto_pause})
+                                                 "hibernate_on_timeout": auto_pause,
+                                                 "auto_resume": auto_resume})
             [record] = await rt().spawn(req.template_id, 1, options)
         except NotFound:
             try:

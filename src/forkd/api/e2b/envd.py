@@ -111,12 +111,16 @@ class SandboxTraffic:
                        "sandbox; reach other ports over the sandbox's own network, if it has one")
             return
         try:
-            self._runtime().get_sandbox(sandbox_id)
+            record = self._runtime().get_sandbox(sandbox_id)
         except ForkdError as exc:
             if exc.status == 404:
                 await fail(502, not_running(sandbox_id))
             else:
                 await fail(exc.status, str(exc))
+            return
+        if record.hibernation is not None and not record.auto_resume:
+            # autoResume off: its traffic does not wake it (E2B's SDK reads 502 as "not running").
+            await fail(502, f"{not_running(sandbox_id)}; its autoResume is off: connect resumes it")
             return
         try:
             user = call_user(headers.get("authorization"))

@@ -64,6 +64,8 @@ class ExpiryRows(SandboxReader, Protocol):
 
     def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None: ...
 
+    def set_auto_resume(self, sandbox_id: str, auto_resume: bool) -> None: ...
+
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
     return {"config": s.config.to_json(), "disk": asdict(s.disk), "cgroup": s.cgroup, "tap": s.tap,
@@ -72,7 +74,7 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
             "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
             "disk_quota_mib": s.disk_quota_mib, "idle_hibernate_secs": s.idle_hibernate_secs,
-            "hibernate_on_timeout": s.hibernate_on_timeout,
+            "hibernate_on_timeout": s.hibernate_on_timeout, "auto_resume": s.auto_resume,
             "hibernation": asdict(s.hibernation) if s.hibernation is not None else None,
             "network": s.network.to_json() if s.network is not None else None}
 
@@ -107,6 +109,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          disk_quota_mib=meta.get("disk_quota_mib"),
                          idle_hibernate_secs=meta.get("idle_hibernate_secs"),
                          hibernate_on_timeout=bool(meta.get("hibernate_on_timeout")),
+                         auto_resume=bool(meta.get("auto_resume", True)),
                          hibernation=Hibernation(**meta["hibernation"]) if meta.get("hibernation") else None,
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
 
@@ -174,6 +177,10 @@ class SandboxRows(Table):
     def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None:
         """At its deadline the sandbox is hibernated (True) or killed."""
         self._update_meta(sandbox_id, "hibernate_on_timeout", hibernate)
+
+    def set_auto_resume(self, sandbox_id: str, auto_resume: bool) -> None:
+        """Whether E2B traffic wakes the sandbox once hibernated (E2B's autoResume)."""
+        self._update_meta(sandbox_id, "auto_resume", auto_resume)
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
         self._update_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
