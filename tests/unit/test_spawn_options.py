@@ -13,7 +13,7 @@ from forkd.api.app import create_app
 from forkd.api.schemas import SpawnRequest
 from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
-from forkd.controller.options import EGRESS_FIELDS, SpawnOptions
+from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
@@ -26,7 +26,7 @@ from tests.fakes.runtime import FakeRuntime
 def test_every_request_field_is_a_spawn_option() -> None:
     """A field added to SpawnRequest must exist in SpawnOptions (or be declared not an option)."""
     request = set(SpawnRequest.model_fields) - SpawnRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
-    options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"}
+    options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"} - set(E2B_ONLY_FIELDS)
     assert request == options
 
 

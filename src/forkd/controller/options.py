@@ -23,6 +23,9 @@ from forkd.host.egress import EgressPolicy
 
 # The request's two egress fields, which become one ``EgressPolicy``.
 EGRESS_FIELDS = ("allow_internet_access", "network")
+# Options only the E2B layer sets: forkd's own API always wakes a hibernated sandbox,
+# so /v1's SpawnRequest has no field for them.
+E2B_ONLY_FIELDS = ("auto_resume",)
 
 
 @dataclass(frozen=True)
@@ -145,4 +148,4 @@ def _check_lifetimes(timeout_secs: float | None, idle_pause_secs: float | None,
                                f"hibernate_on_timeout do not go with {name}")
 
 
-__all__ = ["EGRESS_FIELDS", "ForkOptions", "SpawnOptions"]
+__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions"]
