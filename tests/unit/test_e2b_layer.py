@@ -550,23 +550,23 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)
 
 
-def test_the_template_upload_dir_is_made_at_the_first_upload(tmp_path: Path, fake: FakeRuntime,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A daemon that never builds an E2B template leaves no directory in /tmp (a killed one
-    used to leave one per start); the first upload makes it."""
-    import tempfile
-
-    private = tmp_path / "tmp"
-    private.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(private))  # only this test's directories are counted
+def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(tmp_path: Path,
+                                                                        fake: FakeRuntime) -> None:
+    """Nothing in /tmp (a killed daemon used to leave a directory there per start): the
+    uploads go to <data>/e2b-uploads, made at the first upload, and a daemon's first upload
+    clears what an earlier daemon on that data dir left."""
+    uploads = tmp_path / "data" / "e2b-uploads"
+    uploads.mkdir(parents=True)
+    (uploads / "left-by-a-killed-daemon.tar").write_bytes(b"old")
     with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
-        assert not list(private.glob("forkd-e2b-files-*"))
         key = {"X-API-KEY": TOKEN}
         assert c.post("/v3/templates", json={"name": "web"}, headers=key).status_code == 202
-        assert not list(private.glob("forkd-e2b-files-*"))
+        assert (uploads / "left-by-a-killed-daemon.tar").exists()  # not touched before an upload
         upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
         assert upload.status_code == 200, upload.text
-        assert len(list(private.glob("forkd-e2b-files-*"))) == 1
+        assert sorted(p.name for p in uploads.iterdir()) == [f"{'d' * 64}.tar"]
+        assert (uploads / f"{'d' * 64}.tar").read_bytes() == b"plain tar bytes"
+        assert uploads.stat().st_mode & 0o077 == 0
 
 
 def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: TestClient,

@@ -19,6 +19,7 @@ import hmac
 import json
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from e2b.api.client.models import ConnectSandboxV2, NewSandboxV2, SandboxForkRequest, SandboxPauseRequest
@@ -100,9 +101,10 @@ def _set(value: object) -> bool:
 
 
 def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: str | None,
-                       gate: BranchGate) -> FastAPI:
+                       gate: BranchGate, uploads: Path) -> FastAPI:
     """``gate``: the daemon's BRANCH concurrency gate, which a pause and a fork enter as forkd's
-    own branch and fork routes do (503 at the cap)."""
+    own branch and fork routes do (503 at the cap). ``uploads``: where template builds' file
+    uploads are kept (in the data dir)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     def rt() -> Runtime:
@@ -338,7 +340,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return [shapes.listed(v) for v in page]
 
     add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
-    add_template_routes(app, rt)  # Template.build: /v3/templates, uploads, builds and their status
+    add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds and their status
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app
