@@ -53,6 +53,7 @@ def test_one_record_gets_one_decision_on_every_handler() -> None:
 
 def test_the_daemon_serves_httptools_guarded() -> None:
     assert connections.http_protocol() is connections.GuardedHttpToolsProtocol
+    assert connections.http_protocol("h11") is connections.GuardedH11Protocol
 
 
 def test_writes_of_one_loop_turn_leave_as_one() -> None:

@@ -221,10 +221,15 @@ if HttpToolsProtocol is not None:
             super().send_400_response(msg)
 
 
-def http_protocol() -> type[asyncio.Protocol]:
-    """The protocol the daemon serves HTTP with: httptools' when installed, else h11's."""
-    if HttpToolsProtocol is not None:
+HTTP_PARSERS = ("httptools", "h11")
+
+
+def http_protocol(parser: str = "httptools") -> type[asyncio.Protocol]:
+    """The guarded protocol for ``parser`` (``HTTP_PARSERS``); h11's where httptools is missing."""
+    if parser == "httptools" and HttpToolsProtocol is not None:
         return GuardedHttpToolsProtocol
+    if parser == "httptools":
+        log.warning("httptools is not installed: serving with h11, which costs more CPU per request")
     return GuardedH11Protocol
 
 
@@ -278,5 +283,5 @@ def install_log_filter(window: float = 10.0) -> LogRepeatFilter:
     return flt
 
 
-__all__ = ["ACCEPT_BATCH", "FIRST_REQUEST_SECS", "MAX_HEAD_BYTES", "GuardedH11Protocol", "LogRepeatFilter",
-           "connection_cap", "http_protocol", "install_log_filter", "raise_fd_limit"]
+__all__ = ["ACCEPT_BATCH", "FIRST_REQUEST_SECS", "HTTP_PARSERS", "MAX_HEAD_BYTES", "GuardedH11Protocol",
+           "LogRepeatFilter", "connection_cap", "http_protocol", "install_log_filter", "raise_fd_limit"]
