@@ -53,6 +53,7 @@ from pathlib import Path
 import uvicorn
 
 from forkd.api.app import create_app
+from forkd.api.connections import http_protocol
 from forkd.api.settings import Settings
 from tests.fakes.runtime import FakeRuntime
 
@@ -64,7 +65,8 @@ for sandbox in sys.argv[4:]:
     rt.guest_files[sandbox] = {"/": None, "/tmp": None, "/root": None}
 (tmp / "token").write_text(token)
 settings = Settings(token_file=tmp / "token", data_dir=tmp / "data", audit_log=tmp / "audit.log")
-uvicorn.run(create_app(settings, runtime=rt), host="127.0.0.1", port=port, log_level="warning")
+uvicorn.run(create_app(settings, runtime=rt), host="127.0.0.1", port=port, log_level="warning",
+            http=http_protocol())  # as the daemon serves
 """
 
 
