@@ -145,5 +145,8 @@ def test_a_request_head_over_the_bound_is_refused_with_431_and_serving_goes_on()
             error = json.loads(body)["error"]
             assert error.startswith("request line and headers exceed")
         assert _exchange(port, ok).startswith(b"HTTP/1.1 200")
+        # Pipelined: both answers, whole and in order, through the coalescing writer.
+        two = b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n" + ok
+        assert _exchange(port, two).count(b"HTTP/1.1 200 OK\r\n") == 2
     finally:
         server.should_exit = True
