@@ -119,6 +119,15 @@ def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClien
     assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60
 
 
+def test_set_timeout_zero_is_now_and_negative_is_refused(client: TestClient, fake: FakeRuntime) -> None:
+    """The SDK's ``set_timeout(0)`` (its tests use it to force the timeout's pause at once)."""
+    key = {"X-API-KEY": TOKEN}
+    assert client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": 0}).status_code == 204
+    assert [c.args for c in fake.calls if c.name == "set_timeout"] == [(SB, 0)]
+    negative = client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": -1})
+    assert "timeout" in rest_error(negative, 400)
+
+
 def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "allow_internet_access": True,

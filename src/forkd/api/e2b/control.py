@@ -238,7 +238,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     @app.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, request: Request) -> Response:
         body = await _body(request)
-        timeout = _int(body.get("timeout"), "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high))
+        # 0 is E2B's "now": the sandbox's timeout action (kill, or pause) comes at once.
+        timeout = _int(body.get("timeout"), "timeout", 0, int(bounds.SANDBOX_TIMEOUT_SECS.high))
         if set(body) - {"timeout"}:
             raise E2BError(400, f"unknown field {sorted(set(body) - {'timeout'})[0]!r}")
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
