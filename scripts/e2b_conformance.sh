@@ -49,7 +49,8 @@ if [[ ! -f "$STAMP" ]]; then
 fi
 
 DATA="$(mktemp -d /tmp/fkd-e2b-XXXXXX)"  # short: unix socket paths are limited
-TOKEN="$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
+# E2B's key format (e2b_ and 40 hex digits): SDKs before 2.46 refuse any other key client-side.
+TOKEN="e2b_$(python3 -c 'import secrets; print(secrets.token_hex(20))')"
 printf '%s\n' "$TOKEN" >"$DATA/token"
 chmod 600 "$DATA/token"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
