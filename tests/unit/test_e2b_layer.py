@@ -117,6 +117,12 @@ def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClien
     assert resp.status_code == 201, resp.text
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60
+    assert call.kwargs.get("auto_resume", True) is True  # the option's default: not given
+    # Omitted, as E2B's API takes it: off (traffic does not wake it; connect does).
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "autoPause": True, "timeout": 60})
+    assert resp.status_code == 201, resp.text
+    assert [c for c in fake.calls if c.name == "spawn"][-1].kwargs["auto_resume"] is False
 
 
 def test_set_timeout_zero_is_now_and_negative_is_refused(client: TestClient, fake: FakeRuntime) -> None:
@@ -597,6 +603,6 @@ def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: Tes
     assert asleep.status_code == 502 and "autoResume is off" in asleep.json()["message"], asleep.text
     info = client.get(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": TOKEN})
     assert info.json()["state"] == "paused", info.text
-    # With autoResume on (the default), the same request would have been served (and woken it).
+    # With autoResume on, the same request would have been served (and woken it).
     fake.sandboxes[sandbox_id].auto_resume = True
     assert client.get("/health", headers=headers).status_code == 204

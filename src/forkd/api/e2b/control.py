@@ -171,16 +171,17 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
-        # connect, or any envd request, wakes it: controller/hibernation.py).
+        # connect wakes it, and with autoResume any envd request too: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
         resume = body.get("autoResume")
         if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
                                                                        {"enabled": False})):
             raise E2BError(400, "autoResume is {\"enabled\": true} or {\"enabled\": false}, with autoPause: "
                            "whether traffic to the sandbox, once paused at its timeout, resumes it")
-        # autoResume off: once paused (hibernated), its envd and interpreter traffic answers 502
-        # "not running" until connect resumes it. On (the default), any request wakes it.
-        auto_resume = resume != {"enabled": False}
+        # autoResume on: once paused (hibernated), any envd or interpreter request wakes it. Off,
+        # as E2B's API takes an omitted one (its SDK's is_running() must then say False): that
+        # traffic answers 502 "not running" until connect resumes it.
+        auto_resume = resume == {"enabled": True}
         for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
