@@ -144,6 +144,24 @@ def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: 
     assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
 
 
+def test_older_sdks_create_and_connect_through_the_v1_routes(client: TestClient, fake: FakeRuntime) -> None:
+    """SDKs before 2.46 POST /sandboxes (with ``secure``, ignored as E2B ignores it) and
+    /sandboxes/{id}/connect (its timeout required)."""
+    key = {"X-API-KEY": TOKEN}
+    resp = client.post("/sandboxes", headers=key,
+                       json={"templateID": "base", "timeout": 60, "secure": True, "metadata": {"a": "b"}})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["templateID"] == "base" and resp.json()["envdAccessToken"]
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["timeout_secs"] == 60 and call.kwargs["metadata"] == {"a": "b"}
+    assert "no_such" in rest_error(client.post("/sandboxes", headers=key,
+                                               json={"templateID": "base", "no_such": 1}), 400)
+    assert client.post(f"/sandboxes/{SB}/pause", headers=key).status_code == 204
+    assert "timeout" in rest_error(client.post(f"/sandboxes/{SB}/connect", headers=key, json={}), 400)
+    resumed = client.post(f"/sandboxes/{SB}/connect", headers=key, json={"timeout": 60})
+    assert resumed.status_code == 201 and resumed.json()["sandboxID"] == SB, resumed.text
+
+
 def test_pause_info_list_and_connect_resume(client: TestClient, fake: FakeRuntime) -> None:
     """E2B's pause, info, list and connect on the fake (it covers the whole RuntimeLike)."""
     key = {"X-API-KEY": TOKEN}

@@ -22,7 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e2b.api.client.models import ConnectSandboxV2, NewSandboxV2, SandboxForkRequest, SandboxPauseRequest
+from e2b.api.client.models import (
+    ConnectSandbox,
+    ConnectSandboxV2,
+    NewSandbox,
+    NewSandboxV2,
+    SandboxForkRequest,
+    SandboxPauseRequest,
+)
 from e2b.api.client.types import Unset
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -159,12 +166,21 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     # ------------------------------------------------------------------ create / connect
 
+    # The SDK before 2.46 creates through /sandboxes and connects through /sandboxes/{id}/connect:
+    # the same bodies but for NewSandbox's ``secure``, which E2B's own API ignores (every sandbox
+    # is secured; forkd hands out an envd token for each) and so does forkd.
     @app.post("/v2/sandboxes", status_code=201)
     async def create(request: Request) -> dict[str, Any]:
-        body = await _body(request)
+        return await _create(await _body(request), NewSandboxV2)
+
+    @app.post("/sandboxes", status_code=201)
+    async def create_v1(request: Request) -> dict[str, Any]:
+        return await _create(await _body(request), NewSandbox)
+
+    async def _create(body: dict[str, Any], model: type[NewSandbox] | type[NewSandboxV2]) -> dict[str, Any]:
         if not isinstance(body.get("templateID"), str):
             raise E2BError(400, "templateID (a forkd snapshot tag) is required")
-        req = NewSandboxV2.from_dict(body)
+        req = model.from_dict(body)
         _unknown(req)
         timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
@@ -207,7 +223,17 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     @app.post("/v2/sandboxes/{sandbox_id}/connect")
     async def connect(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
-        req = ConnectSandboxV2.from_dict(await _body(request))
+        return await _connect(sandbox_id, ConnectSandboxV2.from_dict(await _body(request)), response)
+
+    @app.post("/sandboxes/{sandbox_id}/connect")
+    async def connect_v1(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
+        body = await _body(request)
+        if not isinstance(body.get("timeout"), int):
+            raise E2BError(400, "timeout (seconds) is required")
+        return await _connect(sandbox_id, ConnectSandbox.from_dict(body), response)
+
+    async def _connect(sandbox_id: str, req: ConnectSandbox | ConnectSandboxV2,
+                       response: Response) -> dict[str, Any]:
         _unknown(req)
         timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
