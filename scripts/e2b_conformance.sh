@@ -16,7 +16,8 @@
 #   FORKD_TEMPLATES='code-interpreter-v1=code-interpreter' \
 #   scripts/e2b_conformance.sh /tmp/ci-suite/python tests/sync tests/charts tests/images
 # (E2B_PIP: the SDK packages to install, default e2b==E2B_VERSION; FORKD_TEMPLATES: the snapshots
-# to make first, TAG=IMAGE comma-separated, default base=default.) Compare with the SDK version
+# to make first, TAG=IMAGE[+nic] comma-separated, default base=default; +nic gives the snapshot a
+# network device, which SDKs before 2.46 need: they ask for allow_internet_access by default.) Compare with the SDK version
 # the suite was written for: an older suite's mocks fail against a newer SDK's signatures.
 #
 # It makes a virtualenv (E2B_VENV, default /tmp/e2b-venv) with the pinned e2b SDK and the suite's
@@ -72,10 +73,11 @@ for _ in $(seq 900); do
 done
 IFS=, read -ra PAIRS <<<"$TEMPLATES"
 for pair in "${PAIRS[@]}"; do
-    tag="${pair%%=*}" image="${pair#*=}"
-    echo "daemon $URL (data $DATA); snapshotting $tag (image $image)..." >&2
+    tag="${pair%%=*}" image="${pair#*=}" nic=false
+    if [[ "$image" == *+nic ]]; then image="${image%+nic}" nic=true; fi
+    echo "daemon $URL (data $DATA); snapshotting $tag (image $image, nic $nic)..." >&2
     curl -fsS -X POST "$URL/v1/snapshots" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-        -d "{\"tag\": \"$tag\", \"image\": \"$image\", \"boot_wait_secs\": 300}" >/dev/null
+        -d "{\"tag\": \"$tag\", \"image\": \"$image\", \"nic\": $nic, \"boot_wait_secs\": 300}" >/dev/null
 done
 
 cd "$SUITE"
