@@ -45,8 +45,13 @@ FIRST_REQUEST_SECS = 10.0
 # The share of RLIMIT_NOFILE that client connections may hold.
 CONNECTION_SHARE = 4
 MIN_CONNECTIONS = 16
-# The listen backlog, which is also how many sockets asyncio accepts in one go.
-ACCEPT_BATCH = 512
+# The listen backlog, which is also how many sockets asyncio accepts in one go. Sockets
+# are over the cap for a loop turn or two: accepted but not yet through connection_made,
+# or evicted but not yet closed (asyncio closes a transport's socket on its next turn).
+# Up to four batches can be in that state during a burst, and they must fit, with the
+# daemon's own fds, in the three quarters of the limit the cap leaves: 4 x 512 did not
+# at a limit of 2,048 (one EMFILE on accept, in CI, on a loaded host); 4 x 128 does.
+ACCEPT_BATCH = 128
 # A request line and headers larger than this are refused (h11's own default bound).
 MAX_HEAD_BYTES = 16 * 1024
 
