@@ -553,14 +553,21 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     files_hash = "c" * 64
     link = client.get(f"/templates/web/files/{files_hash}", headers=key)
     assert link.status_code == 201 and link.json()["present"] is False
-    assert link.json()["url"].endswith(f"/templates/web/files/{files_hash}")
-    assert link.json()["headers"] == {"X-API-KEY": TOKEN}  # the SDK sends them with the upload
+    url = link.json()["url"]
+    assert f"/templates/web/files/{files_hash}?expires=" in url and "&signature=" in url
+    assert link.json()["headers"] == {"X-API-KEY": TOKEN}  # SDKs from 2.46 send them with the upload
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         info = tarfile.TarInfo("app/a.txt")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"a"))
-    assert client.put(link.json()["url"], content=buf.getvalue(), headers=key).status_code == 200
+    # Older SDKs send no key: the URL's signature lets the upload in, for that hash only.
+    other_hash = url.replace(files_hash, "e" * 64)
+    assert "API key" in rest_error(client.put(other_hash, content=buf.getvalue()), 401)
+    assert "API key" in rest_error(client.put(url.replace("signature=", "signature=0"), content=b"x"), 401)
+    expired = url.split("?")[0] + "?expires=1&signature=" + url.split("signature=")[1]
+    assert "API key" in rest_error(client.put(expired, content=b"x"), 401)
+    assert client.put(url, content=buf.getvalue()).status_code == 200
     assert client.get(f"/templates/web/files/{files_hash}", headers=key).json()["present"] is True
     steps = [{"type": "COPY", "args": ["app/*", "app", "", ""], "filesHash": files_hash},
              {"type": "RUN", "args": ["echo hi"]}]

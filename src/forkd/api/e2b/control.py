@@ -120,8 +120,13 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             raise Busy("the daemon is still starting; retry shortly")
         return current
 
+    templates = add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds
+
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        if templates.signed_upload(request.scope):  # E2B's upload URLs carry no API key
+            signed: Response = await call_next(request)
+            return signed
         presented = request.headers.get("x-api-key") or ""
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
@@ -368,7 +373,6 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return [shapes.listed(v) for v in page]
 
     add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
-    add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds and their status
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app

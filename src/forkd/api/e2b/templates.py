@@ -7,8 +7,11 @@ The SDK's ``Template.build`` makes four kinds of call; each maps onto forkd:
   ``Sandbox.create(name)`` forks from it.
 * ``GET /templates/{id}/files/{hash}`` and ``PUT`` there: each ``copy`` step's files, a tar
   (gzipped or not) the SDK made of them, stored once per hash as a forkd build context
-  (``present`` when it is already here). The upload URL is this daemon's, and the answer's
-  ``headers`` carry the caller's own API key, which the SDK sends with the upload.
+  (``present`` when it is already here). The upload URL is this daemon's, signed as E2B's
+  storage URLs are: SDKs before 2.46 send the upload with no API key, so the ``PUT`` is let
+  through on the URL's signature (an HMAC of the hash and the expiry, under a key this daemon
+  made at start, good for ``UPLOAD_URL_SECS``). Newer SDKs also send the answer's ``headers``,
+  the caller's own API key.
 * ``POST /v2/templates/{id}/builds/{buildID} {fromImage|fromTemplate, steps, force, startCmd,
   readyCmd}``: the steps become a Dockerfile (exec-form ``RUN ["/bin/bash", "-c", cmd]``,
   ``COPY``, ``ENV``, ``WORKDIR``, ``USER``) on a context made of the steps' uploads, built in
@@ -27,12 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
+import hmac
 import io
 import json
 import re
+import secrets
 import shutil
 import tarfile
 import time
+import urllib.parse
 import uuid
 import zlib
 from collections import OrderedDict
@@ -57,6 +64,7 @@ MAX_MESSAGE = 4096
 STATUS_PAGE = 100
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
+UPLOAD_URL_SECS = 3600  # how long a files link's signed upload URL is good for
 BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
 DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
 STEP_TYPES = {"RUN", "COPY", "ENV", "WORKDIR", "USER"}
@@ -126,6 +134,8 @@ class E2BTemplates:
         # In the data dir, not /tmp: a daemon killed mid-life leaves its uploads where the next
         # daemon on that dir clears them (at its first upload); made only when one comes.
         self._dir: Path | None = None
+        # Signs upload URLs; a restart makes a new one, as it forgets the uploads too.
+        self._url_key = secrets.token_bytes(32)
 
     # --------------------------------------------------------------- requests
 
@@ -158,9 +168,29 @@ class E2BTemplates:
     def file_link(self, request: Request, template_id: str, files_hash: str) -> dict[str, Any]:
         if not HASH_RE.match(files_hash):
             raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
-        url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}"
+        expires = int(time.time()) + UPLOAD_URL_SECS
+        query = urllib.parse.urlencode({"expires": expires, "signature": self._signature(files_hash, expires)})
+        url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}?{query}"
         key = request.headers.get("x-api-key") or request.headers.get("authorization", "").partition(" ")[2]
         return {"present": files_hash in self._files, "url": url, "headers": {"X-API-KEY": key}}
+
+    def _signature(self, files_hash: str, expires: int) -> str:
+        return hmac.new(self._url_key, f"{files_hash}:{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def signed_upload(self, scope: Scope) -> bool:
+        """Whether ``scope`` is an upload whose URL this daemon signed and that has not expired."""
+        path = str(scope.get("path", ""))
+        if scope.get("method") != "PUT" or not _UPLOAD_PATH.match(path):
+            return False
+        raw: bytes = scope.get("query_string", b"")
+        if len(raw) > 256:  # an expiry and a hex HMAC are far shorter
+            return False
+        query = urllib.parse.parse_qs(raw.decode("latin-1"), max_num_fields=4)
+        expires, signature = query.get("expires", [""])[0], query.get("signature", [""])[0]
+        if not (expires.isdigit() and len(expires) <= 12) or int(expires) < time.time():
+            return False
+        files_hash = path.rstrip("/").rsplit("/", 1)[1]
+        return hmac.compare_digest(signature, self._signature(files_hash, int(expires)))
 
     async def upload(self, files_hash: str, chunks: AsyncIterator[bytes]) -> None:
         """Store an upload as a plain tar (gunzipped as it arrives, bounded after decompression)."""
