@@ -587,7 +587,46 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
     assert "not a forkd image" in rest_error(client.post(
         f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
-    assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)
+    assert "more tags" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": ["a"]},
+                                                 headers=key), 400)
+    assert "neither part empty" in rest_error(client.post("/v3/templates", json={"name": "web:"},
+                                                          headers=key), 400)
+
+
+def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's alias:tag: built as the snapshot alias.tag, found and started by that name."""
+    key = {"X-API-KEY": TOKEN}
+    made = client.post("/v3/templates", json={"name": "web:v1-0"}, headers=key)
+    assert made.status_code == 202, made.text
+    assert made.json()["templateID"] == "web.v1-0" and made.json()["tags"] == ["v1-0"]
+    assert made.json()["names"] == ["web:v1-0"] and made.json()["aliases"] == ["web"]
+    build_id = made.json()["buildID"]
+    started = client.post(f"/v2/templates/web.v1-0/builds/{build_id}", json={"steps": []}, headers=key)
+    assert started.status_code == 202, started.text
+    for _ in range(100):
+        if client.get(f"/templates/web.v1-0/builds/{build_id}/status",
+                      headers=key).json()["status"] not in ("waiting", "building"):
+            break
+    assert "web.v1-0" in fake.snapshots
+    assert client.get("/templates/aliases/web:v1-0", headers=key).json()["templateID"] == "web.v1-0"
+    created = client.post("/sandboxes", json={"templateID": "web:v1-0"}, headers=key)
+    assert created.status_code == 201, created.text
+    assert created.json()["templateID"] == "web.v1-0"
+    missing = client.post("/sandboxes", json={"templateID": "web:nope"}, headers=key)
+    assert "web.nope" in rest_error(missing, 404)
+
+
+def test_template_names() -> None:
+    from forkd.api.e2b.template_names import snapshot_tag, tag_of
+
+    assert snapshot_tag("base") == "base" and snapshot_tag("base:default") == "base"
+    assert snapshot_tag("my-env:v1.2") == "my-env.v1.2" and tag_of("my-env:v1.2") == "v1.2"
+    assert snapshot_tag("a.b") == "a.b" and tag_of("a.b") == "default"
+    for bad, message in ((":x", "neither part empty"), ("x:", "neither part empty"),
+                         ("a.b:c", "may not hold"), ("a:b:c", "may not hold"), ("a/b", "forkd tag"),
+                         ("a:" + "b" * 64, "forkd tag")):
+        with pytest.raises(InvalidRequest, match=message):
+            snapshot_tag(bad)
 
 
 def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(tmp_path: Path,

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from forkd import bounds
-from forkd.api.e2b import shapes
+from forkd.api.e2b import shapes, template_names
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
 from forkd.api.e2b.templates import TemplateError, add_template_routes
@@ -209,22 +209,23 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         allow = body.get("allow_internet_access")
         if allow is not None and not isinstance(allow, bool):
             raise E2BError(400, "allow_internet_access must be true or false")
+        template = template_names.snapshot_tag(req.template_id)  # alias:tag is the snapshot alias.tag
         try:
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
                                                  "network": _network(body.get("network")),
                                                  "hibernate_on_timeout": auto_pause,
                                                  "auto_resume": auto_resume})
-            [record] = await rt().spawn(req.template_id, 1, options)
+            [record] = await rt().spawn(template, 1, options)
         except NotFound:
             try:
-                rt().get_snapshot(req.template_id)
+                rt().get_snapshot(template)
             except NotFound as missing:  # the template itself (not something the spawn needed)
                 raise E2BError(404, f"template {req.template_id!r} is not a snapshot on this daemon: make "
-                               f"one with `forkd snapshot --tag {req.template_id}` (a template is a forkd "
-                               "snapshot tag; see docs/E2B.md)") from missing
+                               f"one with `forkd snapshot --tag {template}` (a template is a forkd "
+                               "snapshot tag, alias:tag the tag alias.tag; see docs/E2B.md)") from missing
             raise
-        return shapes.created(record.id, req.template_id, tokens)
+        return shapes.created(record.id, template, tokens)
 
     @app.post("/v2/sandboxes/{sandbox_id}/connect")
     async def connect(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:

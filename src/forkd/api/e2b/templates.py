@@ -53,6 +53,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import Scope
 
 from forkd import bounds
+from forkd.api.e2b import template_names
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 
 if TYPE_CHECKING:
@@ -143,33 +144,36 @@ class E2BTemplates:
         name = body.get("name") or body.get("alias")
         if not isinstance(name, str):
             raise TemplateError(400, "name is required")
-        if ":" in name or body.get("tags"):
-            raise TemplateError(400, "template tags (name:tag) are not supported by forkd: a template is "
-                                "one snapshot tag")
-        if not bounds.TAG_RE.match(name):
-            raise TemplateError(400, f"template name {name[:80]!r} must be a forkd tag: letters, digits, "
-                                "'.', '_' and '-', at most 64")
+        if body.get("tags"):
+            raise TemplateError(400, "more tags on one build are not supported by forkd: each "
+                                "alias:tag is a snapshot of its own (see docs/E2B.md)")
+        try:
+            tag = template_names.snapshot_tag(name)
+        except InvalidRequest as exc:
+            raise TemplateError(400, str(exc)) from None
         vcpus, mem = body.get("cpuCount"), body.get("memoryMB")
         for value, rule in ((vcpus, bounds.VCPUS), (mem, bounds.MEM_MIB)):
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise TemplateError(400, f"{rule.name} must be an integer")
                 rule.check(value)
-        build = _Build(name, str(uuid.uuid4()), vcpus, mem)
+        build = _Build(tag, str(uuid.uuid4()), vcpus, mem)
         self._builds[build.build_id] = build
         while len(self._builds) > MAX_BUILDS:
             oldest = next(iter(self._builds))
             if self._builds[oldest].status in ("waiting", "building"):
                 break  # never forget a build that runs
             del self._builds[oldest]
-        return {"templateID": name, "buildID": build.build_id, "public": False, "names": [name],
-                "tags": [], "aliases": [name]}
+        # The template's id is its snapshot tag, which the SDK puts in the build's paths.
+        return {"templateID": tag, "buildID": build.build_id, "public": False, "names": [name],
+                "tags": [template_names.tag_of(name)], "aliases": [name.partition(":")[0]]}
 
     def file_link(self, request: Request, template_id: str, files_hash: str) -> dict[str, Any]:
         if not HASH_RE.match(files_hash):
             raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
         expires = int(time.time()) + UPLOAD_URL_SECS
-        query = urllib.parse.urlencode({"expires": expires, "signature": self._signature(files_hash, expires)})
+        signature = self._signature(files_hash, expires)
+        query = urllib.parse.urlencode({"expires": expires, "signature": signature})
         url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}?{query}"
         key = request.headers.get("x-api-key") or request.headers.get("authorization", "").partition(" ")[2]
         return {"present": files_hash in self._files, "url": url, "headers": {"X-API-KEY": key}}
@@ -448,7 +452,7 @@ def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) 
     @app.get("/templates/aliases/{alias}")
     async def alias(alias: str) -> dict[str, Any]:
         try:
-            record = rt().get_snapshot(alias)
+            record = rt().get_snapshot(template_names.snapshot_tag(alias))
         except (NotFound, InvalidRequest):
             raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
         return {"templateID": record.info()["tag"], "public": False}
