@@ -45,8 +45,10 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
+from forkd.api.e2b import stream_cut
 from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
+from forkd.api.e2b.stream_cut import sandbox_alive
 from forkd.controller.results import ProcessEntry
 from forkd.errors import ForkdError, GuestError
 
@@ -144,10 +146,11 @@ def _gone(sandbox_id: str, exc: ForkdError) -> ConnectError:
 
 async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
                 on_deadline: Callable[[int], Awaitable[None]] | None, pty: bool = False,
-                ) -> AsyncIterator[process_pb.ProcessEvent]:
+                alive: Callable[[], bool] = lambda: True) -> AsyncIterator[process_pb.ProcessEvent]:
     """``events_with_keepalive`` with its endings as Connect errors: ``deadline_exceeded`` at the
     deadline (``on_deadline(pid)`` first: a ``Start`` kills its process) and ``unavailable`` when
-    the sandbox goes away mid-stream."""
+    the stream breaks mid-way. If ``alive()`` then says the sandbox is gone, the stream is cut off
+    unfinished instead, as E2B's proxy cuts it (``stream_cut``)."""
     try:
         async for ev in events_with_keepalive(events, deadline, pty):
             yield ev
@@ -160,6 +163,8 @@ async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
     except ForkdError as exc:
         if exc.status in (400, 409, 413, 429):
             raise as_connect(exc) from None
+        if not alive():
+            stream_cut.cut()
         raise _gone(sandbox_id, exc) from None
 
 
@@ -204,7 +209,10 @@ class ProcessService(process_connect.Process):
         async def kill(pid: int) -> None:
             await self._runtime().processes.kill(sandbox, pid)
 
-        async for ev in relay(events, sandbox, deadline, kill, pty is not None):
+        def alive() -> bool:
+            return sandbox_alive(self._runtime(), sandbox)
+
+        async for ev in relay(events, sandbox, deadline, kill, pty is not None, alive):
             yield process_pb.StartResponse(event=ev)
 
     def connect(self, request: process_pb.ConnectRequest,
@@ -220,7 +228,10 @@ class ProcessService(process_connect.Process):
         with connect_errors():
             on_pty = (await self._runtime().processes.get(sandbox, pid))["pty"] is not None
             events = await self._runtime().processes.attach(sandbox, pid, from_start=False)
-        async for ev in relay(events, sandbox, deadline, None, on_pty):
+        def alive() -> bool:
+            return sandbox_alive(self._runtime(), sandbox)
+
+        async for ev in relay(events, sandbox, deadline, None, on_pty, alive):
             yield process_pb.ConnectResponse(event=ev)
 
     async def list(self, request: process_pb.ListRequest,
