@@ -13,6 +13,7 @@ import io
 import json
 import tarfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -614,6 +615,35 @@ def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient
     assert created.json()["templateID"] == "web.v1-0"
     missing = client.post("/sandboxes", json={"templateID": "web:nope"}, headers=key)
     assert "web.nope" in rest_error(missing, 404)
+
+
+def test_assigned_tags_are_more_names_of_a_build(client: TestClient, fake: FakeRuntime) -> None:
+    """Template.assign_tags / remove_tags / get_tags: alias:prod stands for the build alias:v1."""
+    key = {"X-API-KEY": TOKEN}
+    fake.add_snapshot("web.v1")
+    made = client.post("/templates/tags", json={"target": "web:v1", "tags": ["prod", "web:latest"]},
+                       headers=key)
+    assert made.status_code == 201, made.text
+    assert made.json()["tags"] == ["prod", "latest"]
+    build_id = made.json()["buildID"]
+    assert str(uuid.UUID(build_id)) == build_id
+    created = client.post("/sandboxes", json={"templateID": "web:prod"}, headers=key)
+    assert created.status_code == 201 and created.json()["templateID"] == "web.v1", created.text
+    assert client.get("/templates/aliases/web:latest", headers=key).json()["templateID"] == "web.v1"
+    listed = client.get("/templates/web/tags", headers=key).json()
+    assert [t["tag"] for t in listed] == ["v1", "prod", "latest"]
+    assert {t["buildID"] for t in listed} == {build_id}
+    for bad in (":x", "web:", "other:x"):
+        assert "tag" in rest_error(client.post("/templates/tags", json={"target": "web:v1", "tags": [bad]},
+                                               headers=key), 400)
+    rest_error(client.post("/templates/tags", json={"target": "web:nope", "tags": ["x"]}, headers=key), 404)
+    gone = client.request("DELETE", "/templates/tags", json={"name": "web", "tags": ["prod"]}, headers=key)
+    assert gone.status_code == 204, gone.text
+    rest_error(client.post("/sandboxes", json={"templateID": "web:prod"}, headers=key), 404)
+    assert "own name" in rest_error(client.request("DELETE", "/templates/tags", json={
+        "name": "web", "tags": ["v1"]}, headers=key), 400)
+    rest_error(client.request("DELETE", "/templates/tags", json={"name": "web", "tags": ["prod"]},
+                              headers=key), 404)
 
 
 def test_template_names() -> None:

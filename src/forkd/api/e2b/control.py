@@ -209,7 +209,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         allow = body.get("allow_internet_access")
         if allow is not None and not isinstance(allow, bool):
             raise E2BError(400, "allow_internet_access must be true or false")
-        template = template_names.snapshot_tag(req.template_id)  # alias:tag is the snapshot alias.tag
+        # alias:tag is the snapshot alias.tag, or the one an assigned tag of that name stands for.
+        template = rt().resolve_snapshot(template_names.snapshot_tag(req.template_id))
         try:
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,

@@ -7,8 +7,9 @@ tag, whose rules (``bounds.TAG_RE``) have no ``:``; so ``alias:tag`` is the snap
 mapping to be one-to-one, the alias of a tagged name may not hold a ``.``: ``a.b:c``
 would otherwise be ``a:b.c`` as well.
 
-Several tags on one build (E2B's ``assign_tags``, a build's ``tags`` list) are not
-served: each tag here is a snapshot of its own.
+More tags on one build (E2B's ``assign_tags``) are more names of its snapshot
+(``Runtime.name_snapshot``): ``alias:prod`` assigned to ``alias:v1`` makes the
+name ``alias.prod`` stand for the snapshot ``alias.v1``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,20 @@ def snapshot_tag(name: str) -> str:
     return alias
 
 
+def tag_name(alias: str, tag: str) -> tuple[str, str]:
+    """The snapshot name of ``tag`` (``t`` or ``alias:t``) on the template ``alias``, and its tag part."""
+    given_alias, sep, part = tag.rpartition(":")
+    if sep and given_alias != alias:
+        raise InvalidRequest(f"tag {tag[:80]!r}: a tag is a tag alone, or {alias}:tag")
+    if not part:
+        raise InvalidRequest(f"tag {tag[:80]!r} is empty")
+    return snapshot_tag(f"{alias}:{part}"), part
+
+
 def tag_of(name: str) -> str:
     """The tag part of an E2B template name (``default`` without one)."""
     _, sep, tag = name.partition(":")
     return tag if sep else DEFAULT_TAG
 
 
-__all__ = ["DEFAULT_TAG", "snapshot_tag", "tag_of"]
+__all__ = ["DEFAULT_TAG", "snapshot_tag", "tag_name", "tag_of"]
