@@ -82,6 +82,7 @@ def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient)
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
     ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
     ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
+    ({"templateID": "base", "mcp": ["not", "an", "object"]}, "mcp must be an object"),
     ({"templateID": "base", "timeout": "300"}, "timeout"),
     ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
     ({"templateID": "base", "bogus": 1}, "unknown field"),
@@ -105,6 +106,10 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
     assert call.kwargs["timeout_secs"] == 60
+    # mcp is the SDK's to act on (it starts mcp-gateway in the sandbox): accepted as it is.
+    with_mcp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                           json={"templateID": "base", "mcp": {"github": {"token": "x"}}})
+    assert with_mcp.status_code == 201, with_mcp.text
 
 
 def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:

@@ -203,9 +203,13 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # as E2B's API takes an omitted one (its SDK's is_running() must then say False): that
         # traffic answers 502 "not running" until connect resumes it.
         auto_resume = resume == {"enabled": True}
-        for name in ("mcp", "iam", "volumeMounts"):
+        for name in ("iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+        # mcp: the SDK itself starts E2B's `mcp-gateway` in the new sandbox with this config (and
+        # kills the sandbox if that fails); the API has nothing to do with it but accept it.
+        if body.get("mcp") is not None and not isinstance(body.get("mcp"), dict):
+            raise E2BError(400, "mcp must be an object (the MCP gateway's configuration)")
         allow = body.get("allow_internet_access")
         if allow is not None and not isinstance(allow, bool):
             raise E2BError(400, "allow_internet_access must be true or false")
