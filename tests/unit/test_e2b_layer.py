@@ -593,8 +593,8 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
     assert "not a forkd image" in rest_error(client.post(
         f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
-    assert "more tags" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": ["a"]},
-                                                 headers=key), 400)
+    assert "tags must be" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": "a"},
+                                                    headers=key), 400)
     assert "neither part empty" in rest_error(client.post("/v3/templates", json={"name": "web:"},
                                                           headers=key), 400)
 
@@ -615,6 +615,17 @@ def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient
             break
     assert "web.v1-0" in fake.snapshots
     assert client.get("/templates/aliases/web:v1-0", headers=key).json()["templateID"] == "web.v1-0"
+    # Tags given with a build are more names of its snapshot once it is built.
+    tagged = client.post("/v3/templates", json={"name": "api:v2", "tags": ["stable", "api:prod"]},
+                         headers=key).json()
+    assert tagged["tags"] == ["v2", "stable", "prod"]
+    client.post(f"/v2/templates/api.v2/builds/{tagged['buildID']}", json={"steps": []}, headers=key)
+    for _ in range(100):
+        if client.get(f"/templates/api.v2/builds/{tagged['buildID']}/status",
+                      headers=key).json()["status"] not in ("waiting", "building"):
+            break
+    assert client.get("/templates/aliases/api:prod", headers=key).json()["templateID"] == "api.v2"
+    assert client.get("/templates/aliases/api:stable", headers=key).json()["templateID"] == "api.v2"
     created = client.post("/sandboxes", json={"templateID": "web:v1-0"}, headers=key)
     assert created.status_code == 201, created.text
     assert created.json()["templateID"] == "web.v1-0"

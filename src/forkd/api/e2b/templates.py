@@ -102,6 +102,7 @@ class _Build:
     entries: list[dict[str, Any]] = field(default_factory=list)
     reason: dict[str, Any] | None = None
     task: asyncio.Task[None] | None = None
+    names: list[str] = field(default_factory=list)  # more names its snapshot gets once built (tags)
 
     def log(self, message: str, level: str = "info", step: str | None = None) -> None:
         if len(self.entries) >= MAX_LOG_ENTRIES:
@@ -151,11 +152,13 @@ class E2BTemplates:
         name = body.get("name") or body.get("alias")
         if not isinstance(name, str):
             raise TemplateError(400, "name is required")
-        if body.get("tags"):
-            raise TemplateError(400, "more tags on one build are not supported by forkd: each "
-                                "alias:tag is a snapshot of its own (see docs/E2B.md)")
+        extra = body.get("tags") or []
+        if not isinstance(extra, list) or len(extra) > MAX_TAGS or not all(isinstance(t, str) for t in extra):
+            raise TemplateError(400, f"tags must be a list of at most {MAX_TAGS} strings")
         try:
             tag = template_names.snapshot_tag(name)
+            # More tags of this build: more names of its snapshot, given once it is built.
+            names = [template_names.tag_name(name.partition(":")[0], t) for t in extra]
         except InvalidRequest as exc:
             raise TemplateError(400, str(exc)) from None
         vcpus, mem = body.get("cpuCount"), body.get("memoryMB")
@@ -164,7 +167,7 @@ class E2BTemplates:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise TemplateError(400, f"{rule.name} must be an integer")
                 rule.check(value)
-        build = _Build(tag, str(uuid.uuid4()), vcpus, mem)
+        build = _Build(tag, str(uuid.uuid4()), vcpus, mem, names=[n for n, _ in names if n != tag])
         self._builds[build.build_id] = build
         while len(self._builds) > MAX_BUILDS:
             oldest = next(iter(self._builds))
@@ -173,7 +176,8 @@ class E2BTemplates:
             del self._builds[oldest]
         # The template's id is its snapshot tag, which the SDK puts in the build's paths.
         return {"templateID": tag, "buildID": build.build_id, "public": False, "names": [name],
-                "tags": [template_names.tag_of(name)], "aliases": [name.partition(":")[0]]}
+                "tags": [template_names.tag_of(name), *(t for _, t in names)],
+                "aliases": [name.partition(":")[0]]}
 
     def file_link(self, request: Request, template_id: str, files_hash: str) -> dict[str, Any]:
         if not HASH_RE.match(files_hash):
@@ -400,6 +404,12 @@ class E2BTemplates:
         except Exception as exc:  # a build's failure must reach its status, whatever it is
             self._failed(build, f"{type(exc).__name__}: {exc}", current["step"])
         else:
+            try:
+                for name in build.names:
+                    self._rt().name_snapshot(name, build.template_id)
+            except ForkdError as exc:
+                self._failed(build, f"built, but its tags were not given: {exc}", "finalize")
+                return
             build.status = "ready"
             build.log(f"Template ready in {time.monotonic() - started:.1f} s", step="finalize")
 
