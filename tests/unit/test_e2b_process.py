@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import process as process_mod
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller.processes import ProcessEvent
-from forkd.errors import GuestError
+from forkd.errors import GuestError, SandboxGone
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
@@ -189,6 +189,15 @@ def test_a_stream_whose_sandbox_is_gone_is_cut_off_unfinished(client: TestClient
     fake.processes.run = exec_stream  # type: ignore[method-assign]
     frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
     assert [list(f) for f in frames] == [["message"]], frames  # the start event, and no end frame
+    # The controller says so itself while the kill is under way (its row not yet gone).
+    fake.permissive = True
+
+    async def killed_stream(*_args: Any, **_kwargs: Any) -> _Cut:
+        return _Cut(SandboxGone(f"sandbox {SB!r} was killed"))
+
+    fake.processes.run = killed_stream  # type: ignore[method-assign]
+    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
+    assert [list(f) for f in frames] == [["message"]], frames
     fake.sandboxes.clear()
     fake.permissive = True  # a sandbox whose stream breaks while it lives still gets its end frame
     fake.processes.run = lambda *_a, **_k: _async(_Cut(GuestError("the agent's stream broke")))  # type: ignore[method-assign]

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from forkd.api.e2b.stream_cut import sandbox_alive
-from forkd.errors import ForkdError, InvalidRequest, NotFound
+from forkd.errors import ForkdError, InvalidRequest, NotFound, SandboxGone
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -116,7 +116,7 @@ async def kernel_stream(events: Any, alive: Callable[[], bool]) -> AsyncIterator
             for line in kernel_line(event):
                 yield (json.dumps(line) + "\n").encode()
     except ForkdError as exc:
-        if "was killed" in str(exc) or not alive():
+        if isinstance(exc, SandboxGone) or not alive():
             raise
         for line in kernel_line({"type": "end", "error": str(exc)}):
             yield (json.dumps(line) + "\n").encode()

@@ -50,7 +50,7 @@ from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
 from forkd.api.e2b.stream_cut import sandbox_alive
 from forkd.controller.results import ProcessEntry
-from forkd.errors import ForkdError, GuestError
+from forkd.errors import ForkdError, GuestError, SandboxGone
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import ProcessEvent, ProcessEvents, Runtime
@@ -149,8 +149,8 @@ async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
                 alive: Callable[[], bool] = lambda: True) -> AsyncIterator[process_pb.ProcessEvent]:
     """``events_with_keepalive`` with its endings as Connect errors: ``deadline_exceeded`` at the
     deadline (``on_deadline(pid)`` first: a ``Start`` kills its process) and ``unavailable`` when
-    the stream breaks mid-way. If ``alive()`` then says the sandbox is gone, the stream is cut off
-    unfinished instead, as E2B's proxy cuts it (``stream_cut``)."""
+    the stream breaks mid-way. If its sandbox is gone (killed or dead, or ``alive()`` says so), the
+    stream is cut off unfinished instead, as E2B's proxy cuts it (``stream_cut``)."""
     try:
         async for ev in events_with_keepalive(events, deadline, pty):
             yield ev
@@ -163,7 +163,7 @@ async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
     except ForkdError as exc:
         if exc.status in (400, 409, 413, 429):
             raise as_connect(exc) from None
-        if not alive():
+        if isinstance(exc, SandboxGone) or not alive():
             stream_cut.cut()
         raise _gone(sandbox_id, exc) from None
 
