@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import process as process_mod
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller.processes import ProcessEvent
-from forkd.errors import GuestError, SandboxGone
+from forkd.errors import GuestError
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
 
@@ -169,43 +169,6 @@ def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, fak
     frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
     error = frames[-1]["end"]["error"]
     assert error["code"] == "unavailable" and "was not found" not in error["message"], frames
-
-
-def test_a_stream_whose_sandbox_is_gone_is_cut_off_unfinished(client: TestClient, fake: FakeRuntime) -> None:
-    """When the sandbox itself is gone, the stream gets no end frame: the connection closes under
-    it, as E2B's proxy drops it, so the SDK probes the sandbox and raises "the sandbox was killed
-    or reached its end of life" (E2B's test_kill_sandbox_while_command_is_running)."""
-    fake.permissive = False
-
-    class _Killed(_Cut):
-        async def __anext__(self) -> ProcessEvent:
-            if self.sent:
-                del fake.sandboxes[SB]  # killed while the command ran
-            return await super().__anext__()
-
-    async def exec_stream(*_args: Any, **_kwargs: Any) -> _Cut:
-        return _Killed(GuestError(f"sandbox {SB!r} was killed"))
-
-    fake.processes.run = exec_stream  # type: ignore[method-assign]
-    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
-    assert [list(f) for f in frames] == [["message"]], frames  # the start event, and no end frame
-    # The controller says so itself while the kill is under way (its row not yet gone).
-    fake.permissive = True
-
-    async def killed_stream(*_args: Any, **_kwargs: Any) -> _Cut:
-        return _Cut(SandboxGone(f"sandbox {SB!r} was killed"))
-
-    fake.processes.run = killed_stream  # type: ignore[method-assign]
-    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
-    assert [list(f) for f in frames] == [["message"]], frames
-    fake.sandboxes.clear()
-    fake.permissive = True  # a sandbox whose stream breaks while it lives still gets its end frame
-    fake.processes.run = lambda *_a, **_k: _async(_Cut(GuestError("the agent's stream broke")))  # type: ignore[method-assign]
-    assert stream(client, "Start", {"process": {"cmd": "sleep"}})[-1]["end"]["error"]["code"] == "unavailable"
-
-
-async def _async(value: Any) -> Any:
-    return value
 
 
 def test_terminals_stream_pty_output_take_input_and_resize(client: TestClient, fake: FakeRuntime) -> None:

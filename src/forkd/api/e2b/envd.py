@@ -37,7 +37,6 @@ from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serv
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.api.e2b.process import process_app
 from forkd.api.e2b.signed import signed_file_request
-from forkd.api.e2b.stream_cut import cuttable
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.file_routes import metadata_headers, streamed_body
 from forkd.bounds import SANDBOX_ID_RE, check_guest_user
@@ -130,9 +129,8 @@ class SandboxTraffic:
             return
         if connect and port == ENVD_PORT:
             app = self._filesystem if path.startswith("/filesystem.") else self._process
-            # A stream whose sandbox dies is cut off unfinished, as E2B's proxy cuts it (stream_cut.py).
-            with serving(sandbox_id, user), cuttable(send) as stream:
-                await app(scope, receive, stream.send)
+            with serving(sandbox_id, user):
+                await app(scope, receive, send)
             return
         request = Request(scope, receive)
         try:

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from forkd.api.e2b.stream_cut import sandbox_alive
 from forkd.errors import ForkdError, InvalidRequest, NotFound, SandboxGone
 
 if TYPE_CHECKING:
@@ -124,6 +123,14 @@ async def kernel_stream(events: Any, alive: Callable[[], bool]) -> AsyncIterator
         await events.aclose()
 
 
+def _alive(rt: Runtime, sandbox_id: str) -> bool:
+    try:
+        rt.get_sandbox(sandbox_id)
+    except ForkdError:
+        return False
+    return True
+
+
 class Interpreter:
     def __init__(self, runtime: Callable[[], Runtime]) -> None:
         self._runtime = runtime
@@ -148,7 +155,7 @@ class Interpreter:
                     cwd = known[context]
                 events = await rt.kernels.run(sandbox_id, code, context=context,
                                               timeout_secs=CELL_TIMEOUT_SECS, env=env, cwd=cwd)
-                return StreamingResponse(kernel_stream(events, lambda: sandbox_alive(rt, sandbox_id)),
+                return StreamingResponse(kernel_stream(events, lambda: _alive(rt, sandbox_id)),
                                          media_type="application/x-ndjson",
                                          headers={"Cache-Control": "no-cache, no-transform"})
             cell = await rt.code.run(sandbox_id, code, context=body.get("context_id") or None,

@@ -45,12 +45,10 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
-from forkd.api.e2b import stream_cut
 from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
-from forkd.api.e2b.stream_cut import sandbox_alive
 from forkd.controller.results import ProcessEntry
-from forkd.errors import ForkdError, GuestError, SandboxGone
+from forkd.errors import ForkdError, GuestError
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import ProcessEvent, ProcessEvents, Runtime
@@ -146,11 +144,10 @@ def _gone(sandbox_id: str, exc: ForkdError) -> ConnectError:
 
 async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
                 on_deadline: Callable[[int], Awaitable[None]] | None, pty: bool = False,
-                alive: Callable[[], bool] = lambda: True) -> AsyncIterator[process_pb.ProcessEvent]:
+                ) -> AsyncIterator[process_pb.ProcessEvent]:
     """``events_with_keepalive`` with its endings as Connect errors: ``deadline_exceeded`` at the
     deadline (``on_deadline(pid)`` first: a ``Start`` kills its process) and ``unavailable`` when
-    the stream breaks mid-way. If its sandbox is gone (killed or dead, or ``alive()`` says so), the
-    stream is cut off unfinished instead, as E2B's proxy cuts it (``stream_cut``)."""
+    the sandbox goes away mid-stream."""
     try:
         async for ev in events_with_keepalive(events, deadline, pty):
             yield ev
@@ -163,8 +160,6 @@ async def relay(events: ProcessEvents, sandbox_id: str, deadline: float | None,
     except ForkdError as exc:
         if exc.status in (400, 409, 413, 429):
             raise as_connect(exc) from None
-        if isinstance(exc, SandboxGone) or not alive():
-            stream_cut.cut()
         raise _gone(sandbox_id, exc) from None
 
 
@@ -209,10 +204,7 @@ class ProcessService(process_connect.Process):
         async def kill(pid: int) -> None:
             await self._runtime().processes.kill(sandbox, pid)
 
-        def alive() -> bool:
-            return sandbox_alive(self._runtime(), sandbox)
-
-        async for ev in relay(events, sandbox, deadline, kill, pty is not None, alive):
+        async for ev in relay(events, sandbox, deadline, kill, pty is not None):
             yield process_pb.StartResponse(event=ev)
 
     def connect(self, request: process_pb.ConnectRequest,
@@ -228,10 +220,7 @@ class ProcessService(process_connect.Process):
         with connect_errors():
             on_pty = (await self._runtime().processes.get(sandbox, pid))["pty"] is not None
             events = await self._runtime().processes.attach(sandbox, pid, from_start=False)
-        def alive() -> bool:
-            return sandbox_alive(self._runtime(), sandbox)
-
-        async for ev in relay(events, sandbox, deadline, None, on_pty, alive):
+        async for ev in relay(events, sandbox, deadline, None, on_pty):
             yield process_pb.ConnectResponse(event=ev)
 
     async def list(self, request: process_pb.ListRequest,
