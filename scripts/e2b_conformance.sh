@@ -88,25 +88,6 @@ env -u E2B_DOMAIN -u E2B_DEBUG E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_API
 STATUS=$?
 set -e
 
-python3 - "$DATA/junit.xml" <<'EOF'
-import collections, sys, xml.etree.ElementTree as ET
-counts = collections.defaultdict(collections.Counter)
-for case in ET.parse(sys.argv[1]).iter("testcase"):
-    # tests.sync.sandbox_sync.commands.test_run[.Class]: counted by the suite's directory
-    parts = case.get("classname", "").split(".")
-    where = ".".join(parts[: 4 if len(parts) > 4 and not parts[3].startswith("test_") else 3])
-    if any(case.find(t) is not None for t in ("failure", "error")):
-        outcome = "failed"
-    elif case.find("skipped") is not None:
-        outcome = "skipped"
-    else:
-        outcome = "passed"
-    counts[where][outcome] += 1
-print(f"{'directory':50} passed failed skipped")
-for where, c in sorted(counts.items()):
-    print(f"{where:50} {c['passed']:6} {c['failed']:6} {c['skipped']:7}")
-total = sum(counts.values(), collections.Counter())
-print(f"{'total':50} {total['passed']:6} {total['failed']:6} {total['skipped']:7}")
-EOF
+python3 "$HERE/scripts/e2b_results.py" "$DATA/junit.xml"  # counts per directory, and the failures
 echo "junit: $DATA/junit.xml, daemon log: $DATA/daemon.log" >&2
 exit "$STATUS"

@@ -62,6 +62,10 @@ class GuestError(ForkdError):
     status = 502
 
 
+class SandboxGone(GuestError):
+    """A call or stream broke because its sandbox was killed or died while it ran."""
+
+
 class IncompatibleSnapshot(ForkdError):
     """A snapshot made with another accelerator/CPU model cannot be restored here."""
 

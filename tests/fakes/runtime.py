@@ -77,7 +77,7 @@ from forkd.controller.watches import WatchBatch, WatchEvent
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
-from forkd.store.layout import check_sandbox_id
+from forkd.store.layout import check_sandbox_id, check_tag
 from forkd.store.records import Hibernation
 from forkd.store.registry import AutoCheckpoint, DiskChain, PausedRecord, SandboxRecord, SnapshotRecord
 
@@ -290,6 +290,7 @@ class FakeRuntime:
     eval_answers: dict[str, str] = field(default_factory=lambda: {"numpy.zeros(5).sum()": "0.0"})
     closed_with: dict[str, Any] | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
+    snapshot_name_rows: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (tag, when)
     pool_rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
     refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
     # Every sandbox's files: path -> contents (bytes) or None for a directory.
@@ -409,6 +410,26 @@ class FakeRuntime:
 
     def list_snapshots(self) -> list[SnapshotRecord]:
         return list(self.snapshots.values())
+
+    def name_snapshot(self, name: str, tag: str) -> None:
+        self._call("name_snapshot", name, tag)
+        check_tag(name)
+        self._snapshot(tag)
+        if name != tag and name in self.snapshots:
+            raise Conflict(f"{name!r} is a snapshot's own tag; a name cannot stand for another")
+        self.snapshot_name_rows[name] = (tag, time.time())
+
+    def unname_snapshot(self, name: str) -> bool:
+        return self.snapshot_name_rows.pop(name, None) is not None
+
+    def snapshot_names(self, tag: str) -> list[tuple[str, float]]:
+        return sorted(((n, when) for n, (t, when) in self.snapshot_name_rows.items() if t == tag),
+                      key=lambda item: (item[1], item[0]))
+
+    def resolve_snapshot(self, name: str) -> str:
+        if name in self.snapshots:
+            return name
+        return self.snapshot_name_rows.get(name, (name, 0.0))[0]
 
     def get_snapshot(self, tag: str) -> SnapshotRecord:
         self._call("get_snapshot", tag)

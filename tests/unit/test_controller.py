@@ -97,7 +97,8 @@ def test_tag_reservations_are_exclusive() -> None:
 
 def _store(registry: Registry, tmp_path: Path, tags: TagReservations | None = None) -> SnapshotStore:
     tags = tags or TagReservations(lambda _t: False)
-    return SnapshotStore(registry.snapshots, tmp_path / "snapshots", tags, ShmMemory(tmp_path))
+    return SnapshotStore(registry.snapshots, registry.snapshot_names,
+                         tmp_path / "snapshots", tags, ShmMemory(tmp_path))
 
 
 def test_lineage_and_deletion_plan(registry: Registry, tmp_path: Path) -> None:
@@ -232,3 +233,24 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit(monkeypatch: pytest.Mo
     assert fdlimit.raise_fd_limit() == 524288 and calls == [(524288, 524288)]
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (4096, 4096))
     assert fdlimit.raise_fd_limit() == 4096 and len(calls) == 1
+
+
+def test_a_snapshots_names_stand_for_it_and_go_with_it(registry: Registry, tmp_path: Path) -> None:
+    """E2B's template tags: more names of one snapshot, in the registry, dropped with the snapshot."""
+    for tag in ("web.v1", "web.v2"):
+        registry.snapshots.insert(SnapshotRecord(tag=tag, dir=f"/d/{tag}", created_at_unix=1))
+    store = _store(registry, tmp_path)
+    store.name("web.prod", "web.v1")
+    store.name("web.latest", "web.v1")
+    assert store.resolve("web.prod") == "web.v1" and store.resolve("web.v2") == "web.v2"
+    assert store.resolve("web.nope") == "web.nope"  # not a name: the caller's get says 404
+    assert [n for n, _ in store.names("web.v1")] == ["web.prod", "web.latest"]
+    store.name("web.prod", "web.v2")  # a name moves
+    assert store.resolve("web.prod") == "web.v2"
+    with pytest.raises(Conflict, match="own tag"):
+        store.name("web.v2", "web.v1")
+    with pytest.raises(NotFound):
+        store.name("web.x", "web.v9")
+    store.remove("web.v1")
+    assert store.names("web.v1") == [] and store.resolve("web.latest") == "web.latest"
+    assert store.unname("web.prod") and not store.unname("web.prod")

@@ -13,6 +13,7 @@ import io
 import json
 import tarfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient)
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
     ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
     ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
+    ({"templateID": "base", "mcp": ["not", "an", "object"]}, "mcp must be an object"),
     ({"templateID": "base", "timeout": "300"}, "timeout"),
     ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
     ({"templateID": "base", "bogus": 1}, "unknown field"),
@@ -104,6 +106,10 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
     assert call.kwargs["timeout_secs"] == 60
+    # mcp is the SDK's to act on (it starts mcp-gateway in the sandbox): accepted as it is.
+    with_mcp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                           json={"templateID": "base", "mcp": {"github": {"token": "x"}}})
+    assert with_mcp.status_code == 201, with_mcp.text
 
 
 def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:
@@ -553,14 +559,21 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     files_hash = "c" * 64
     link = client.get(f"/templates/web/files/{files_hash}", headers=key)
     assert link.status_code == 201 and link.json()["present"] is False
-    assert link.json()["url"].endswith(f"/templates/web/files/{files_hash}")
-    assert link.json()["headers"] == {"X-API-KEY": TOKEN}  # the SDK sends them with the upload
+    url = link.json()["url"]
+    assert f"/templates/web/files/{files_hash}?expires=" in url and "&signature=" in url
+    assert link.json()["headers"] == {"X-API-KEY": TOKEN}  # SDKs from 2.46 send them with the upload
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         info = tarfile.TarInfo("app/a.txt")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"a"))
-    assert client.put(link.json()["url"], content=buf.getvalue(), headers=key).status_code == 200
+    # Older SDKs send no key: the URL's signature lets the upload in, for that hash only.
+    other_hash = url.replace(files_hash, "e" * 64)
+    assert "API key" in rest_error(client.put(other_hash, content=buf.getvalue()), 401)
+    assert "API key" in rest_error(client.put(url.replace("signature=", "signature=0"), content=b"x"), 401)
+    expired = url.split("?")[0] + "?expires=1&signature=" + url.split("signature=")[1]
+    assert "API key" in rest_error(client.put(expired, content=b"x"), 401)
+    assert client.put(url, content=buf.getvalue()).status_code == 200
     assert client.get(f"/templates/web/files/{files_hash}", headers=key).json()["present"] is True
     steps = [{"type": "COPY", "args": ["app/*", "app", "", ""], "filesHash": files_hash},
              {"type": "RUN", "args": ["echo hi"]}]
@@ -580,7 +593,86 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
     assert "not a forkd image" in rest_error(client.post(
         f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
-    assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)
+    assert "tags must be" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": "a"},
+                                                    headers=key), 400)
+    assert "neither part empty" in rest_error(client.post("/v3/templates", json={"name": "web:"},
+                                                          headers=key), 400)
+
+
+def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's alias:tag: built as the snapshot alias.tag, found and started by that name."""
+    key = {"X-API-KEY": TOKEN}
+    made = client.post("/v3/templates", json={"name": "web:v1-0"}, headers=key)
+    assert made.status_code == 202, made.text
+    assert made.json()["templateID"] == "web.v1-0" and made.json()["tags"] == ["v1-0"]
+    assert made.json()["names"] == ["web:v1-0"] and made.json()["aliases"] == ["web"]
+    build_id = made.json()["buildID"]
+    started = client.post(f"/v2/templates/web.v1-0/builds/{build_id}", json={"steps": []}, headers=key)
+    assert started.status_code == 202, started.text
+    for _ in range(100):
+        if client.get(f"/templates/web.v1-0/builds/{build_id}/status",
+                      headers=key).json()["status"] not in ("waiting", "building"):
+            break
+    assert "web.v1-0" in fake.snapshots
+    assert client.get("/templates/aliases/web:v1-0", headers=key).json()["templateID"] == "web.v1-0"
+    # Tags given with a build are more names of its snapshot once it is built.
+    tagged = client.post("/v3/templates", json={"name": "api:v2", "tags": ["stable", "api:prod"]},
+                         headers=key).json()
+    assert tagged["tags"] == ["v2", "stable", "prod"]
+    client.post(f"/v2/templates/api.v2/builds/{tagged['buildID']}", json={"steps": []}, headers=key)
+    for _ in range(100):
+        if client.get(f"/templates/api.v2/builds/{tagged['buildID']}/status",
+                      headers=key).json()["status"] not in ("waiting", "building"):
+            break
+    assert client.get("/templates/aliases/api:prod", headers=key).json()["templateID"] == "api.v2"
+    assert client.get("/templates/aliases/api:stable", headers=key).json()["templateID"] == "api.v2"
+    created = client.post("/sandboxes", json={"templateID": "web:v1-0"}, headers=key)
+    assert created.status_code == 201, created.text
+    assert created.json()["templateID"] == "web.v1-0"
+    missing = client.post("/sandboxes", json={"templateID": "web:nope"}, headers=key)
+    assert "web.nope" in rest_error(missing, 404)
+
+
+def test_assigned_tags_are_more_names_of_a_build(client: TestClient, fake: FakeRuntime) -> None:
+    """Template.assign_tags / remove_tags / get_tags: alias:prod stands for the build alias:v1."""
+    key = {"X-API-KEY": TOKEN}
+    fake.add_snapshot("web.v1")
+    made = client.post("/templates/tags", json={"target": "web:v1", "tags": ["prod", "web:latest"]},
+                       headers=key)
+    assert made.status_code == 201, made.text
+    assert made.json()["tags"] == ["prod", "latest"]
+    build_id = made.json()["buildID"]
+    assert str(uuid.UUID(build_id)) == build_id
+    created = client.post("/sandboxes", json={"templateID": "web:prod"}, headers=key)
+    assert created.status_code == 201 and created.json()["templateID"] == "web.v1", created.text
+    assert client.get("/templates/aliases/web:latest", headers=key).json()["templateID"] == "web.v1"
+    listed = client.get("/templates/web/tags", headers=key).json()
+    assert [t["tag"] for t in listed] == ["v1", "prod", "latest"]
+    assert {t["buildID"] for t in listed} == {build_id}
+    for bad in (":x", "web:", "other:x"):
+        assert "tag" in rest_error(client.post("/templates/tags", json={"target": "web:v1", "tags": [bad]},
+                                               headers=key), 400)
+    rest_error(client.post("/templates/tags", json={"target": "web:nope", "tags": ["x"]}, headers=key), 404)
+    gone = client.request("DELETE", "/templates/tags", json={"name": "web", "tags": ["prod"]}, headers=key)
+    assert gone.status_code == 204, gone.text
+    rest_error(client.post("/sandboxes", json={"templateID": "web:prod"}, headers=key), 404)
+    assert "own name" in rest_error(client.request("DELETE", "/templates/tags", json={
+        "name": "web", "tags": ["v1"]}, headers=key), 400)
+    rest_error(client.request("DELETE", "/templates/tags", json={"name": "web", "tags": ["prod"]},
+                              headers=key), 404)
+
+
+def test_template_names() -> None:
+    from forkd.api.e2b.template_names import snapshot_tag, tag_of
+
+    assert snapshot_tag("base") == "base" and snapshot_tag("base:default") == "base"
+    assert snapshot_tag("my-env:v1.2") == "my-env.v1.2" and tag_of("my-env:v1.2") == "v1.2"
+    assert snapshot_tag("a.b") == "a.b" and tag_of("a.b") == "default"
+    for bad, message in ((":x", "neither part empty"), ("x:", "neither part empty"),
+                         ("a.b:c", "may not hold"), ("a:b:c", "may not hold"), ("a/b", "forkd tag"),
+                         ("a:" + "b" * 64, "forkd tag")):
+        with pytest.raises(InvalidRequest, match=message):
+            snapshot_tag(bad)
 
 
 def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(tmp_path: Path,

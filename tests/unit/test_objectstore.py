@@ -131,7 +131,8 @@ def test_a_host_that_cannot_restore_refuses_before_fetching_anything(tmp_path: P
     data = DataDir(tmp_path / "data", tmp_path / "images").ensure()
     registry = Registry(data.registry)
     tags = TagReservations(registry.snapshots.has)
-    store = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+    store = SnapshotStore(registry.snapshots, registry.snapshot_names,
+                          data.snapshots, tags, ShmMemory(data.root))
     travel = SnapshotTravel(data, store, tags, HostAccelerator(data))
     try:
         with pytest.raises(IncompatibleSnapshot, match="taken under kvm"):
@@ -176,7 +177,8 @@ def test_a_host_that_has_the_base_by_digest_does_not_fetch_it(s3_env: S3Server, 
     data = DataDir(tmp_path / "data", tmp_path / "images").ensure()
     registry = Registry(data.registry)
     tags = TagReservations(registry.snapshots.has)
-    snapshots = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+    snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names,
+                              data.snapshots, tags, ShmMemory(data.root))
     travel = SnapshotTravel(data, snapshots, tags, HostAccelerator(data), store)
     travel.bases.mkdir(parents=True)
     shutil.copyfile(base, travel.bases / f"{shas['base.raw']}.raw")  # it travelled here before

@@ -121,6 +121,17 @@ def test_staging_is_published_atomically_and_never_overwrites(tmp_path: Path) ->
     assert sorted(p.name for p in snapshots.iterdir()) == ["py"]
 
 
+def test_a_long_tags_staging_leaves_room_for_a_helpers_sockets(tmp_path: Path) -> None:
+    """E2B's template tags run long (alias.v1-<32 hex>): a BRANCH to such a tag failed, its helper's
+    qmp.sock under the staging folder was over the 107 bytes a unix socket's path may hold."""
+    tag = "e2b-tags-test.v1-" + "d" * 32 + "x" * 15  # 64 characters, the most a tag holds
+    staging = layout.staging_dir(tmp_path, tag)
+    assert staging.path.name.startswith(".e2b-tags-test.v1-ddddd") and ".tmp-" in staging.path.name
+    # Under the default data dir, the helper's socket fits.
+    assert len(f"/var/lib/forkd/snapshots/{staging.path.name}/helper/qmp.sock") <= 107
+    assert layout.remove_stale_staging(tmp_path) == [staging.path.name]
+
+
 @pytest.mark.parametrize("bad", ["", ".hidden", "-x", "a/b", "../x", "x" * 65, "a b"])
 def test_bad_tags_are_refused_before_any_path_is_built(bad: str) -> None:
     with pytest.raises(InvalidRequest, match="invalid tag"):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Busy, ForkdError, GuestError
+from forkd.errors import Busy, ForkdError, GuestError, SandboxGone
 from forkd.guest.client import AgentStream
 
 E = TypeVar("E")
@@ -52,7 +52,7 @@ class StreamSlots:
         """``exc``, or the sandbox's kill or death if that is what broke the stream."""
         vm = self._sandboxes.vm(sandbox_id)
         if vm is None:
-            return GuestError(f"sandbox {sandbox_id!r} was killed")
+            return SandboxGone(f"sandbox {sandbox_id!r} was killed")
         return self._sandboxes.explain(sandbox_id, vm, exc)
 
 

@@ -126,7 +126,8 @@ class Runtime:
         self.processes = SandboxProcesses(self.sandboxes)
         self.watches = DirWatches(self.sandboxes)
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
-        self.snapshots = SnapshotStore(registry.snapshots, data.snapshots, self.tags, self.shm)
+        self.snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names, data.snapshots, self.tags,
+                                       self.shm)
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
@@ -262,6 +263,20 @@ class Runtime:
 
     def get_snapshot(self, tag: str) -> SnapshotRecord:
         return self.snapshots.get(tag)
+
+    def name_snapshot(self, name: str, tag: str) -> None:
+        """``name`` stands for the snapshot ``tag`` (E2B's template tags); see ``resolve_snapshot``."""
+        self.snapshots.name(name, tag)
+
+    def unname_snapshot(self, name: str) -> bool:
+        return self.snapshots.unname(name)
+
+    def snapshot_names(self, tag: str) -> list[tuple[str, float]]:
+        return self.snapshots.names(tag)
+
+    def resolve_snapshot(self, name: str) -> str:
+        """The tag ``name`` is: a snapshot's own, or the one a name given by ``name_snapshot`` stands for."""
+        return self.snapshots.resolve(name)
 
     async def create_snapshot(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
         return await self.templates.create(spec, progress)

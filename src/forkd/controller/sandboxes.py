@@ -32,7 +32,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from forkd.errors import Conflict, GuestError, NotFound
+from forkd.errors import Conflict, GuestError, NotFound, SandboxGone
 from forkd.guest import protocol
 from forkd.guest.client import AgentStream
 from forkd.host import cgroups
@@ -422,7 +422,7 @@ class SandboxTable:
         """``exc`` as it is, or as the sandbox's death or kill if that is what broke the call."""
         name = vm.process.dir.name
         if name not in self._vms:
-            return GuestError(f"sandbox {sandbox_id!r} was killed")
+            return SandboxGone(f"sandbox {sandbox_id!r} was killed")
         if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
             return exc
-        return GuestError(f"sandbox {sandbox_id!r} has died ({self.death_cause(name)}); kill it to clean up")
+        return SandboxGone(f"sandbox {sandbox_id!r} has died ({self.death_cause(name)}); kill it to clean up")

@@ -13,6 +13,7 @@ once, when it is published); the registry row holds only lifecycle and lineage.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from forkd.host.accel import VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.records import SnapshotRecord
+from forkd.store.rows.snapshot_names import SnapshotNameRows
 from forkd.store.rows.snapshots import SnapshotReader, SnapshotRows
 
 
@@ -38,9 +40,10 @@ class Forkable:
 
 
 class SnapshotStore:
-    def __init__(self, rows: SnapshotRows, snapshots_dir: Path, tags: TagReservations,
-                 shm: ShmMemory) -> None:
+    def __init__(self, rows: SnapshotRows, names: SnapshotNameRows, snapshots_dir: Path,
+                 tags: TagReservations, shm: ShmMemory) -> None:
         self._rows = rows
+        self._names = names
         self._dir = snapshots_dir
         self._tags = tags
         self._shm = shm
@@ -95,6 +98,30 @@ class SnapshotStore:
         """Drop ``tag``'s row only (a write that failed; its files are the caller's)."""
         self._rows.delete(tag)
 
+    # ---------------------------------------------------------------- names
+
+    def name(self, name: str, tag: str) -> None:
+        """``name`` stands for the snapshot ``tag`` from now on (moved if it stood for another)."""
+        check_tag(name)
+        self.get(tag)  # 404 unless registered
+        if name != tag and self._rows.has(name):
+            raise Conflict(f"{name!r} is a snapshot's own tag; a name cannot stand for another")
+        self._names.set(name, tag, time.time())
+
+    def unname(self, name: str) -> bool:
+        """Forget ``name``; False if it stood for nothing."""
+        return self._names.delete(name)
+
+    def names(self, tag: str) -> list[tuple[str, float]]:
+        """The names that stand for ``tag``, oldest first, each with when it was given."""
+        return self._names.of(tag)
+
+    def resolve(self, name: str) -> str:
+        """The tag of the snapshot ``name`` is: a registered tag itself, else what it stands for."""
+        if self._rows.has(name):
+            return name
+        return self._names.get(name) or name
+
     # ---------------------------------------------------------------- lineage
 
     def lineage(self, tag: str, sandboxes: list[str]) -> dict[str, Any]:
@@ -148,5 +175,6 @@ class SnapshotStore:
     def remove(self, tag: str) -> None:
         """Unregister ``tag`` and delete its files (the caller checked it may go)."""
         self._rows.delete(tag)
+        self._names.delete_of(tag)
         shutil.rmtree(self._dir / tag, ignore_errors=True)
         self._shm.remove(tag)

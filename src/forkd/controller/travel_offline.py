@@ -30,7 +30,8 @@ async def offline_travel(data: DataDir) -> AsyncIterator[SnapshotTravel]:
         try:
             # The daemon's wiring, for this one owner: snapshot rows only through the SnapshotStore.
             tags = TagReservations(lambda t: snapshots.exists(t))
-            snapshots = SnapshotStore(registry.snapshots, data.snapshots, tags, ShmMemory(data.root))
+            snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names,
+                                      data.snapshots, tags, ShmMemory(data.root))
             yield SnapshotTravel(data, snapshots, tags, HostAccelerator(data))
         finally:
             registry.close()

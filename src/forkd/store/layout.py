@@ -95,8 +95,14 @@ class SnapshotDir:
 
 
 
+# A staging folder's name holds at most this much of its tag. A boot's or a branch helper's
+# unix sockets live below it, and a socket's path holds at most 107 bytes: with a whole
+# 64-character tag, /var/lib/forkd/snapshots/.<tag>.tmp-xxxxxxxx/helper/qmp.sock is 124.
+STAGING_TAG_CHARS = 24
+
+
 def staging_dir(snapshots: Path, tag: str) -> SnapshotDir:
-    path = snapshots / f".{tag}.tmp-{secrets.token_hex(4)}"
+    path = snapshots / f".{tag[:STAGING_TAG_CHARS]}.tmp-{secrets.token_hex(4)}"
     path.mkdir(parents=True)
     return SnapshotDir(path)
 

@@ -31,6 +31,7 @@ from forkd.store.rows.paused import PausedRows
 from forkd.store.rows.pools import PoolRows
 from forkd.store.rows.prefixes import PrefixRows
 from forkd.store.rows.sandboxes import SandboxRows
+from forkd.store.rows.snapshot_names import SnapshotNameRows
 from forkd.store.rows.snapshots import SnapshotRows
 from forkd.store.rows.workspaces import WorkspaceRows
 
@@ -66,6 +67,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 -- The list's order (creation time, then rowid): a page of thousands reads no more than it shows.
 CREATE INDEX IF NOT EXISTS sandboxes_by_creation ON sandboxes (created_at_unix);
+CREATE TABLE IF NOT EXISTS snapshot_names (
+    name TEXT PRIMARY KEY,
+    tag TEXT NOT NULL,
+    created_unix REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS sandbox_aliases (
     alias TEXT PRIMARY KEY,
     target TEXT NOT NULL
@@ -126,6 +132,7 @@ class Registry:
         self._migrate()
         self._record_issued_prefixes()
         self.snapshots = SnapshotRows(self._db, self._lock)
+        self.snapshot_names = SnapshotNameRows(self._db, self._lock)
         self.sandboxes = SandboxRows(self._db, self._lock)
         self.aliases = AliasRows(self._db, self._lock)
         self.paused = PausedRows(self._db, self._lock)

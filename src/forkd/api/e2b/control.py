@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from forkd import bounds
-from forkd.api.e2b import shapes
+from forkd.api.e2b import shapes, template_names
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
 from forkd.api.e2b.templates import TemplateError, add_template_routes
@@ -120,8 +120,13 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             raise Busy("the daemon is still starting; retry shortly")
         return current
 
+    templates = add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds
+
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        if templates.signed_upload(request.scope):  # E2B's upload URLs carry no API key
+            signed: Response = await call_next(request)
+            return signed
         presented = request.headers.get("x-api-key") or ""
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
@@ -198,28 +203,34 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # as E2B's API takes an omitted one (its SDK's is_running() must then say False): that
         # traffic answers 502 "not running" until connect resumes it.
         auto_resume = resume == {"enabled": True}
-        for name in ("mcp", "iam", "volumeMounts"):
+        for name in ("iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+        # mcp: the SDK itself starts E2B's `mcp-gateway` in the new sandbox with this config (and
+        # kills the sandbox if that fails); the API has nothing to do with it but accept it.
+        if body.get("mcp") is not None and not isinstance(body.get("mcp"), dict):
+            raise E2BError(400, "mcp must be an object (the MCP gateway's configuration)")
         allow = body.get("allow_internet_access")
         if allow is not None and not isinstance(allow, bool):
             raise E2BError(400, "allow_internet_access must be true or false")
+        # alias:tag is the snapshot alias.tag, or the one an assigned tag of that name stands for.
+        template = rt().resolve_snapshot(template_names.snapshot_tag(req.template_id))
         try:
             options = SpawnOptions.from_request({"env": env or None, "metadata": metadata or None,
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
                                                  "network": _network(body.get("network")),
                                                  "hibernate_on_timeout": auto_pause,
                                                  "auto_resume": auto_resume})
-            [record] = await rt().spawn(req.template_id, 1, options)
+            [record] = await rt().spawn(template, 1, options)
         except NotFound:
             try:
-                rt().get_snapshot(req.template_id)
+                rt().get_snapshot(template)
             except NotFound as missing:  # the template itself (not something the spawn needed)
                 raise E2BError(404, f"template {req.template_id!r} is not a snapshot on this daemon: make "
-                               f"one with `forkd snapshot --tag {req.template_id}` (a template is a forkd "
-                               "snapshot tag; see docs/E2B.md)") from missing
+                               f"one with `forkd snapshot --tag {template}` (a template is a forkd "
+                               "snapshot tag, alias:tag the tag alias.tag; see docs/E2B.md)") from missing
             raise
-        return shapes.created(record.id, req.template_id, tokens)
+        return shapes.created(record.id, template, tokens)
 
     @app.post("/v2/sandboxes/{sandbox_id}/connect")
     async def connect(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
@@ -368,7 +379,6 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return [shapes.listed(v) for v in page]
 
     add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
-    add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds and their status
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app

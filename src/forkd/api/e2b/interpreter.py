@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from forkd.errors import ForkdError, InvalidRequest, NotFound
+from forkd.errors import ForkdError, InvalidRequest, NotFound, SandboxGone
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -115,7 +115,7 @@ async def kernel_stream(events: Any, alive: Callable[[], bool]) -> AsyncIterator
             for line in kernel_line(event):
                 yield (json.dumps(line) + "\n").encode()
     except ForkdError as exc:
-        if "was killed" in str(exc) or not alive():
+        if isinstance(exc, SandboxGone) or not alive():
             raise
         for line in kernel_line({"type": "end", "error": str(exc)}):
             yield (json.dumps(line) + "\n").encode()

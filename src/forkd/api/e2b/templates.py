@@ -7,8 +7,11 @@ The SDK's ``Template.build`` makes four kinds of call; each maps onto forkd:
   ``Sandbox.create(name)`` forks from it.
 * ``GET /templates/{id}/files/{hash}`` and ``PUT`` there: each ``copy`` step's files, a tar
   (gzipped or not) the SDK made of them, stored once per hash as a forkd build context
-  (``present`` when it is already here). The upload URL is this daemon's, and the answer's
-  ``headers`` carry the caller's own API key, which the SDK sends with the upload.
+  (``present`` when it is already here). The upload URL is this daemon's, signed as E2B's
+  storage URLs are: SDKs before 2.46 send the upload with no API key, so the ``PUT`` is let
+  through on the URL's signature (an HMAC of the hash and the expiry, under a key this daemon
+  made at start, good for ``UPLOAD_URL_SECS``). Newer SDKs also send the answer's ``headers``,
+  the caller's own API key.
 * ``POST /v2/templates/{id}/builds/{buildID} {fromImage|fromTemplate, steps, force, startCmd,
   readyCmd}``: the steps become a Dockerfile (exec-form ``RUN ["/bin/bash", "-c", cmd]``,
   ``COPY``, ``ENV``, ``WORKDIR``, ``USER``) on a context made of the steps' uploads, built in
@@ -27,12 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
+import hmac
 import io
 import json
 import re
+import secrets
 import shutil
 import tarfile
 import time
+import urllib.parse
 import uuid
 import zlib
 from collections import OrderedDict
@@ -46,10 +53,12 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import Scope
 
 from forkd import bounds
+from forkd.api.e2b import template_names
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
+    from forkd.store.records import SnapshotRecord
 
 MAX_BUILDS = 64
 MAX_LOG_ENTRIES = 10_000
@@ -57,6 +66,8 @@ MAX_MESSAGE = 4096
 STATUS_PAGE = 100
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
+MAX_TAGS = 32  # tags in one assign or remove
+UPLOAD_URL_SECS = 3600  # how long a files link's signed upload URL is good for
 BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
 DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
 STEP_TYPES = {"RUN", "COPY", "ENV", "WORKDIR", "USER"}
@@ -69,6 +80,11 @@ class TemplateError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def build_id_of(record: SnapshotRecord) -> str:
+    """A snapshot as E2B's build of a template: a UUID, the same for as long as the snapshot lives."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"forkd-snapshot:{record.tag}:{record.created_at_unix}"))
 
 
 def streams_body(scope: Scope) -> bool:
@@ -86,6 +102,7 @@ class _Build:
     entries: list[dict[str, Any]] = field(default_factory=list)
     reason: dict[str, Any] | None = None
     task: asyncio.Task[None] | None = None
+    names: list[str] = field(default_factory=list)  # more names its snapshot gets once built (tags)
 
     def log(self, message: str, level: str = "info", step: str | None = None) -> None:
         if len(self.entries) >= MAX_LOG_ENTRIES:
@@ -126,6 +143,8 @@ class E2BTemplates:
         # In the data dir, not /tmp: a daemon killed mid-life leaves its uploads where the next
         # daemon on that dir clears them (at its first upload); made only when one comes.
         self._dir: Path | None = None
+        # Signs upload URLs; a restart makes a new one, as it forgets the uploads too.
+        self._url_key = secrets.token_bytes(32)
 
     # --------------------------------------------------------------- requests
 
@@ -133,34 +152,60 @@ class E2BTemplates:
         name = body.get("name") or body.get("alias")
         if not isinstance(name, str):
             raise TemplateError(400, "name is required")
-        if ":" in name or body.get("tags"):
-            raise TemplateError(400, "template tags (name:tag) are not supported by forkd: a template is "
-                                "one snapshot tag")
-        if not bounds.TAG_RE.match(name):
-            raise TemplateError(400, f"template name {name[:80]!r} must be a forkd tag: letters, digits, "
-                                "'.', '_' and '-', at most 64")
+        extra = body.get("tags") or []
+        if not isinstance(extra, list) or len(extra) > MAX_TAGS or not all(isinstance(t, str) for t in extra):
+            raise TemplateError(400, f"tags must be a list of at most {MAX_TAGS} strings")
+        try:
+            tag = template_names.snapshot_tag(name)
+            # More tags of this build: more names of its snapshot, given once it is built.
+            names = [template_names.tag_name(name.partition(":")[0], t) for t in extra]
+        except InvalidRequest as exc:
+            raise TemplateError(400, str(exc)) from None
         vcpus, mem = body.get("cpuCount"), body.get("memoryMB")
         for value, rule in ((vcpus, bounds.VCPUS), (mem, bounds.MEM_MIB)):
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise TemplateError(400, f"{rule.name} must be an integer")
                 rule.check(value)
-        build = _Build(name, str(uuid.uuid4()), vcpus, mem)
+        build = _Build(tag, str(uuid.uuid4()), vcpus, mem, names=[n for n, _ in names if n != tag])
         self._builds[build.build_id] = build
         while len(self._builds) > MAX_BUILDS:
             oldest = next(iter(self._builds))
             if self._builds[oldest].status in ("waiting", "building"):
                 break  # never forget a build that runs
             del self._builds[oldest]
-        return {"templateID": name, "buildID": build.build_id, "public": False, "names": [name],
-                "tags": [], "aliases": [name]}
+        # The template's id is its snapshot tag, which the SDK puts in the build's paths.
+        return {"templateID": tag, "buildID": build.build_id, "public": False, "names": [name],
+                "tags": [template_names.tag_of(name), *(t for _, t in names)],
+                "aliases": [name.partition(":")[0]]}
 
     def file_link(self, request: Request, template_id: str, files_hash: str) -> dict[str, Any]:
         if not HASH_RE.match(files_hash):
             raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
-        url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}"
+        expires = int(time.time()) + UPLOAD_URL_SECS
+        signature = self._signature(files_hash, expires)
+        query = urllib.parse.urlencode({"expires": expires, "signature": signature})
+        url = f"{str(request.base_url).rstrip('/')}/templates/{template_id}/files/{files_hash}?{query}"
         key = request.headers.get("x-api-key") or request.headers.get("authorization", "").partition(" ")[2]
         return {"present": files_hash in self._files, "url": url, "headers": {"X-API-KEY": key}}
+
+    def _signature(self, files_hash: str, expires: int) -> str:
+        return hmac.new(self._url_key, f"{files_hash}:{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def signed_upload(self, scope: Scope) -> bool:
+        """Whether ``scope`` is an upload whose URL this daemon signed and that has not expired."""
+        path = str(scope.get("path", ""))
+        if scope.get("method") != "PUT" or not _UPLOAD_PATH.match(path):
+            return False
+        raw: bytes = scope.get("query_string", b"")
+        if len(raw) > 256:  # an expiry and a hex HMAC are far shorter
+            return False
+        query = urllib.parse.parse_qs(raw.decode("latin-1"), max_num_fields=4)
+        expires, signature = query.get("expires", [""])[0], query.get("signature", [""])[0]
+        if not (expires.isdigit() and len(expires) <= 12) or int(expires) < time.time():
+            return False
+        files_hash = path.rstrip("/").rsplit("/", 1)[1]
+        return hmac.compare_digest(signature, self._signature(files_hash, int(expires)))
 
     async def upload(self, files_hash: str, chunks: AsyncIterator[bytes]) -> None:
         """Store an upload as a plain tar (gunzipped as it arrives, bounded after decompression)."""
@@ -359,6 +404,12 @@ class E2BTemplates:
         except Exception as exc:  # a build's failure must reach its status, whatever it is
             self._failed(build, f"{type(exc).__name__}: {exc}", current["step"])
         else:
+            try:
+                for name in build.names:
+                    self._rt().name_snapshot(name, build.template_id)
+            except ForkdError as exc:
+                self._failed(build, f"built, but its tags were not given: {exc}", "finalize")
+                return
             build.status = "ready"
             build.log(f"Template ready in {time.monotonic() - started:.1f} s", step="finalize")
 
@@ -418,9 +469,66 @@ def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) 
     @app.get("/templates/aliases/{alias}")
     async def alias(alias: str) -> dict[str, Any]:
         try:
-            record = rt().get_snapshot(alias)
+            record = rt().get_snapshot(rt().resolve_snapshot(template_names.snapshot_tag(alias)))
         except (NotFound, InvalidRequest):
             raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
         return {"templateID": record.info()["tag"], "public": False}
+
+    @app.post("/templates/tags", status_code=201)
+    async def assign_tags(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        target, tags = body.get("target"), body.get("tags")
+        if not isinstance(target, str) or not isinstance(tags, list) or not tags \
+                or len(tags) > MAX_TAGS or not all(isinstance(t, str) for t in tags):
+            raise TemplateError(400, f"target (alias:tag) and tags (1 to {MAX_TAGS} strings) are required")
+        try:
+            record = rt().get_snapshot(rt().resolve_snapshot(template_names.snapshot_tag(target)))
+            alias = target.partition(":")[0]
+            names = [template_names.tag_name(alias, tag) for tag in tags]
+            for name, _ in names:
+                rt().name_snapshot(name, record.tag)
+        except NotFound:
+            raise TemplateError(404, f"template {target[:80]!r} was not found") from None
+        except InvalidRequest as exc:
+            raise TemplateError(400, str(exc)) from None
+        return {"tags": [tag for _, tag in names], "buildID": build_id_of(record)}
+
+    @app.delete("/templates/tags", status_code=204)
+    async def remove_tags(request: Request) -> Response:
+        body = await json_body(request)
+        name, tags = body.get("name"), body.get("tags")
+        if not isinstance(name, str) or not isinstance(tags, list) or not tags \
+                or len(tags) > MAX_TAGS or not all(isinstance(t, str) for t in tags):
+            raise TemplateError(400, f"name (the template's alias) and tags (1 to {MAX_TAGS} strings) "
+                                "are required")
+        try:
+            names = [template_names.tag_name(name.partition(":")[0], tag)[0] for tag in tags]
+        except InvalidRequest as exc:
+            raise TemplateError(400, str(exc)) from None
+        for tag_name, tag in zip(names, tags, strict=True):
+            if rt().unname_snapshot(tag_name):
+                continue
+            if any(record.tag == tag_name for record in rt().list_snapshots()):
+                raise TemplateError(400, f"tag {tag[:80]!r} of {name[:80]!r} is a build's own name, which "
+                                    f"goes with it: delete the snapshot {tag_name!r} instead")
+            raise TemplateError(404, f"tag {tag[:80]!r} of {name[:80]!r} was not found")
+        return Response(status_code=204)
+
+    @app.get("/templates/{template_id}/tags")
+    async def get_tags(template_id: str) -> list[dict[str, Any]]:
+        alias = template_id.partition(":")[0]
+        out = []
+        for record in rt().list_snapshots():
+            if record.tag != alias and not record.tag.startswith(f"{alias}."):
+                continue
+            given = [(record.tag, record.created_at_unix), *rt().snapshot_names(record.tag)]
+            for name, when in given:
+                if name == alias or name.startswith(f"{alias}."):
+                    out.append({"tag": name[len(alias) + 1:] or template_names.DEFAULT_TAG,
+                                "buildID": build_id_of(record),
+                                "createdAt": datetime.fromtimestamp(when, UTC).isoformat()})
+        if not out:
+            raise TemplateError(404, f"template {template_id[:80]!r} was not found")
+        return out
 
     return templates
