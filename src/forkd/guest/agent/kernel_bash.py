@@ -4,9 +4,11 @@ bash runs as an interactive shell (``-i``), without line editing, prompts,
 history or job control, because that is what makes an interrupt behave as at a
 terminal: SIGINT aborts the whole cell, a loop of builtins included, and bash
 goes on to its next command. A cell's code is written to a file and sourced at
-the top level (``. FILE </dev/null``): its variables, functions and working
-directory persist, a syntax error fails that cell alone, and a command that
-reads stdin reads nothing rather than the kernel's next requests. The command
+the top level (``. /dev/fd/N </dev/null``, N an unlinked file that bash holds
+open, so nothing is left behind however the kernel ends): its variables,
+functions and working directory persist, a syntax error fails that cell alone,
+and a command that reads stdin reads nothing rather than the kernel's next
+requests. The command
 after it (``__forkd_end``) ends the cell: it writes the mark with the cell's
 exit status, and leaves that status in ``$?`` for the next cell.
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,8 +43,10 @@ class BashKernel(ChildKernel):
     child_name = "bash"
 
     def spawn(self) -> subprocess.Popen[bytes]:
-        self.folder = tempfile.mkdtemp(prefix="forkd-bash-")
-        child = popen(["bash", "--norc", "--noprofile", "--noediting", "-i"], stdin=subprocess.PIPE)
+        self.cell, path = tempfile.mkstemp(prefix="forkd-bash-cell-")
+        os.unlink(path)
+        child = popen(["bash", "--norc", "--noprofile", "--noediting", "-i"], stdin=subprocess.PIPE,
+                      pass_fds=(self.cell,))
         self.stdin = child.stdin
         mark = "$'\\036" + self.mark[1:] + "'"
         self.send("set +m +H +o history; PS1= PS2= PS0=; unset PROMPT_COMMAND HISTFILE MAILCHECK",
@@ -60,11 +63,10 @@ class BashKernel(ChildKernel):
             pass  # bash is gone: its pipes' end says so
 
     def submit(self, code: str, env: dict[str, str]) -> None:
-        cell = os.path.join(self.folder, "cell")
-        with open(cell, "w", encoding="utf-8") as f:
-            f.write(code if code.endswith("\n") else code + "\n")
+        os.ftruncate(self.cell, 0)
+        os.pwrite(self.cell, (code if code.endswith("\n") else code + "\n").encode(), 0)
         assign = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items() if NAME.match(k))
-        self.send(f"{assign}. {shlex.quote(cell)} </dev/null", "__forkd_end")
+        self.send(f"{assign}. /dev/fd/{self.cell} </dev/null", "__forkd_end")
 
     def restored(self, env: dict[str, str], seed: str) -> None:
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if NAME.match(k))
@@ -80,7 +82,7 @@ class BashKernel(ChildKernel):
     def closed(self) -> None:
         if self.stdin is not None:
             self.stdin.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        os.close(self.cell)
 
 
 if __name__ == "__main__":

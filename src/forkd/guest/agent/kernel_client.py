@@ -66,7 +66,8 @@ _specs: list[KernelSpecManager] = []  # forkd's kernel.json files, written on fi
 
 def forkd_specs() -> KernelSpecManager:
     if not _specs:
-        folder = kernel_specs.write(tempfile.mkdtemp(prefix="forkd-kernelspecs-"))
+        run = "/run" if os.access("/run", os.W_OK) else None  # the guest's tmpfs, beside the runner's log
+        folder = kernel_specs.write(tempfile.mkdtemp(prefix="forkd-kernelspecs-", dir=run))
         _specs.append(KernelSpecManager(kernel_dirs=[folder], ensure_native_kernel=False))
     return _specs[0]
 

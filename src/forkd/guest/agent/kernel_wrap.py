@@ -9,7 +9,8 @@ runner, they run with the guest's python3 and the agent never imports them.
 
 The child runs in a session of its own, so the SIGINT with which jupyter_client
 interrupts the kernel's process group reaches this process alone, which passes
-it on to the child's group once. A child that has not ended the cell
+it on to the child's group (again every ``REINTERRUPT_SECS`` while the cell goes
+on, as one presses Ctrl-C again). A child that has not ended the cell
 ``INTERRUPT_GRACE_SECS`` later (it ignores SIGINT) is killed and started anew,
 and so is one that exits; the cell's error says so, and that the state is lost.
 The child dies with this process (``PR_SET_PDEATHSIG``), however it ends.
@@ -41,6 +42,7 @@ from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
 INTERRUPT_GRACE_SECS = 2.0  # within the runner's own grace (5 s), after which it restarts the kernel
+REINTERRUPT_SECS = 0.5  # the interrupt again, while the cell has not ended
 START_TIMEOUT_SECS = 60.0
 READ_CHUNK = 64 << 10
 PR_SET_PDEATHSIG = 1
@@ -143,7 +145,7 @@ class ChildKernel(Kernel):
     def collect(self, silent: bool, timeout: float | None = None) -> str | None:
         """Stream the child's output until it ends the request: the stdout end's payload, or None
         when it exited or ignored an interrupt (``lost_why`` says which)."""
-        child, ends = self.child, dict[str, str]()
+        child, ends, interrupted = self.child, dict[str, str](), 0.0
         deadline = None if timeout is None else time.monotonic() + timeout
         self.lost_why = "it did not answer in time"
         while len(ends) < 2:
@@ -153,11 +155,15 @@ class ChildKernel(Kernel):
                 except queue.Empty:
                     if deadline is not None and time.monotonic() > deadline:
                         return None
+                    if interrupted and time.monotonic() - interrupted > REINTERRUPT_SECS:
+                        interrupted = self._interrupt(child)
                     continue
                 if source is not child:
                     continue  # what a child that is gone wrote last
                 if text is None:
-                    status = child.wait(5) if isinstance(child, subprocess.Popen) else None
+                    status = None
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        status = child.wait(5) if isinstance(child, subprocess.Popen) else None
                     self.lost_why = f"it exited (status {status})"
                     return None
                 if kind.endswith("-end"):
@@ -165,13 +171,19 @@ class ChildKernel(Kernel):
                 elif not silent:
                     self.publish("stream", {"name": kind, "text": text})
             except KeyboardInterrupt:  # the kernel's interrupt: passed on to the child's group
-                if isinstance(child, subprocess.Popen):
-                    with contextlib.suppress(OSError):
-                        os.killpg(child.pid, signal.SIGINT)
+                interrupted = self._interrupt(child)
                 if deadline is None or deadline - time.monotonic() > INTERRUPT_GRACE_SECS:
                     deadline = time.monotonic() + INTERRUPT_GRACE_SECS
                 self.lost_why = f"it did not stop within {INTERRUPT_GRACE_SECS:g}s of the interrupt"
         return ends["stdout-end"]
+
+    def _interrupt(self, child: object) -> float:
+        """SIGINT to the child's group; when. Sent again while the cell goes on: bash, for one, lets
+        a loop go on when the command that got the signal exited without dying of it."""
+        if isinstance(child, subprocess.Popen):
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGINT)
+        return time.monotonic()
 
     # ------------------------------------------------------------------ Jupyter
 
