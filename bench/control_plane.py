@@ -14,9 +14,14 @@ round-robin to the 8 children. Reported side by side, per call:
 
 plus one client's sequential eval p50 (one keep-alive httpx connection), for scale.
 
-Prints a table and writes ``bench/results/control_plane.json``.
+Side by side, once per HTTP parser the daemon can serve with (``--http-parser``: httptools,
+the default, and h11), each on a daemon of its own over the same snapshot.
+
+Prints a table and writes ``bench/results/control_plane.json`` (the default parser's figures at
+the top level, every parser's under ``by_parser``).
 
 Usage: .venv/bin/python bench/control_plane.py [--seconds 20] [--connections 64] [--children 8]
+                                               [--parsers httptools,h11]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 import httpx
 
 from common import cpu_ms, forkd_daemon, host_facts, kill_qemus_under, scratch_data, write_result
+from forkd.config import DataDir
 
 TAG = "cp"
 CALLS = {"eval": '{"code": "1+1"}', "ping": ""}
@@ -91,11 +97,38 @@ def one_client_eval_p50(client: httpx.Client, sandbox_id: str, samples: int = 20
     return round(statistics.median(times[20:]), 3)
 
 
+def one_daemon(data: DataDir, scratch: Path, token: str, parser: str,
+               args: argparse.Namespace) -> dict[str, Any]:
+    """A daemon serving with ``parser``: its children, wrk's figures per call, one client's p50."""
+    with forkd_daemon(data, scratch / "token", scratch / f"daemon-{parser}.log", timeout_s=90,
+                      extra_args=("--http-parser", parser)) as daemon, \
+            httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token}"},
+                         timeout=300) as c:
+        if c.get(f"/v1/snapshots/{TAG}").status_code == 404:  # made by the first daemon only
+            c.post("/v1/snapshots", json={"tag": TAG, "boot_wait_secs": 240}).raise_for_status()
+        kids = c.post("/v1/sandboxes", json={"snapshot_tag": TAG, "n": args.children}).json()
+        ids = [k["id"] for k in kids]
+        for sb in ids:  # warm each child's request path (TCG translates on first use)
+            for _ in range(5):
+                c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "1+1"}).raise_for_status()
+        figures: dict[str, Any] = {}
+        for name, body in CALLS.items():
+            paths = [f"/v1/sandboxes/{sb}/{name}" for sb in ids]
+            figures[name] = run_wrk(daemon.url, token, paths, body, args.seconds, args.connections,
+                                    daemon.process.pid, scratch)
+        figures["one_client_eval_p50_ms"] = one_client_eval_p50(c, ids[0])
+        for sb in ids:
+            c.delete(f"/v1/sandboxes/{sb}")
+        return figures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--children", type=int, default=8)
+    ap.add_argument("--parsers", default="httptools,h11",
+                    help="the daemon's --http-parser values to compare, the default's first")
     ap.add_argument("--out")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
@@ -106,37 +139,27 @@ def main() -> int:
     token = secrets.token_hex(16)
     (scratch / "token").write_text(token)
     (scratch / "token").chmod(0o600)
+    parsers = [p for p in args.parsers.split(",") if p]
+    results: dict[str, Any] = {"seconds": args.seconds, "connections": args.connections,
+                               "children": args.children, "host": host_facts(), "by_parser": {}}
     try:
-        with forkd_daemon(data, scratch / "token", scratch / "daemon.log", timeout_s=90) as daemon, \
-                httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token}"},
-                             timeout=300) as c:
-            url = daemon.url
-            c.post("/v1/snapshots", json={"tag": TAG, "boot_wait_secs": 240}).raise_for_status()
-            kids = c.post("/v1/sandboxes", json={"snapshot_tag": TAG, "n": args.children}).json()
-            ids = [k["id"] for k in kids]
-            for sb in ids:  # warm each child's request path (TCG translates on first use)
-                for _ in range(5):
-                    c.post(f"/v1/sandboxes/{sb}/eval", json={"code": "1+1"}).raise_for_status()
-            results: dict[str, Any] = {"seconds": args.seconds, "connections": args.connections,
-                                       "children": len(ids), "host": host_facts()}
-            for name, body in CALLS.items():
-                paths = [f"/v1/sandboxes/{sb}/{name}" for sb in ids]
-                results[name] = run_wrk(url, token, paths, body, args.seconds, args.connections,
-                                        daemon.process.pid, scratch)
-            results["one_client_eval_p50_ms"] = one_client_eval_p50(c, ids[0])
+        for parser in parsers:
+            results["by_parser"][parser] = one_daemon(data, scratch, token, parser, args)
     finally:
         kill_qemus_under(data.root)
         shutil.rmtree(data.root, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+    results.update(results["by_parser"][parsers[0]])  # the default's figures where report.py reads them
     print(f"\ncontrol plane: wrk -t2 -c{args.connections} -d{args.seconds}s, round-robin over "
-          f"{results['children']} children")
-    print(f"{'call':<6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'daemon ms CPU/req':>18} "
+          f"{args.children} children")
+    print(f"{'parser':<10} {'call':<6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'daemon ms CPU/req':>18} "
           f"{'daemon cores':>13}")
-    for name in CALLS:
-        r = results[name]
-        print(f"{name:<6} {r['req_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
-              f"{r['daemon_cpu_ms_per_request']:>18} {r['daemon_cores']:>13}")
-    print(f"one client's sequential eval p50: {results['one_client_eval_p50_ms']} ms")
+    for parser, figures in results["by_parser"].items():
+        for name in CALLS:
+            r = figures[name]
+            print(f"{parser:<10} {name:<6} {r['req_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+                  f"{r['daemon_cpu_ms_per_request']:>18} {r['daemon_cores']:>13}")
+        print(f"{parser:<10} one client's sequential eval p50: {figures['one_client_eval_p50_ms']} ms")
     write_result("control_plane", results, args.out)
     return 0
 

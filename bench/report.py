@@ -370,13 +370,20 @@ def control_plane_section(doc: Doc, cp: Result | None) -> None:
             f"against a real `forkd daemon`, each request sent round-robin to {cp.get('children')} children. "
             "The daemon's CPU is its process's user + system time over the run, divided by the requests "
             "wrk completed.", "")
-    doc.table("call", "req/s", "p50", "p99", "daemon CPU per request", "daemon cores")
-    for name in ("eval", "ping"):
-        r = cp.get(name)
-        if r:
-            doc.add(f"| {name} | {r['req_per_s']:.0f} | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | "
-                    f"{r['daemon_cpu_ms_per_request']:.2f} ms | {r['daemon_cores']:.2f} |")
-    doc.add("", f"One client's sequential `eval` p50: {cp.get('one_client_eval_p50_ms')} ms.", "")
+    by_parser = cp.get("by_parser") or {"": cp}
+    doc.table("HTTP parser", "call", "req/s", "p50", "p99", "daemon CPU per request", "daemon cores")
+    for parser, figures in by_parser.items():
+        for name in ("eval", "ping"):
+            r = figures.get(name)
+            if r:
+                doc.add(f"| {parser or '?'} | {name} | {r['req_per_s']:.0f} | {r['p50_ms']:.1f} ms | "
+                        f"{r['p99_ms']:.1f} ms | {r['daemon_cpu_ms_per_request']:.2f} ms | "
+                        f"{r['daemon_cores']:.2f} |")
+    one_client = ", ".join(f"{figures.get('one_client_eval_p50_ms')} ms ({parser or '?'})"
+                           for parser, figures in by_parser.items())
+    doc.add("", f"One client's sequential `eval` p50: {one_client}.", "",
+            "httptools is the daemon's default parser (`--http-parser`); h11 is the pure-Python one "
+            "it served with before.", "")
 
 
 def control_plane_rows_section(doc: Doc, cpr: Result | None) -> None:

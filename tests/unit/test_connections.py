@@ -3,10 +3,18 @@ tests/integration/test_hostile_client.py, against a real daemon)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import resource
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
 
 import pytest
+import uvicorn
 
 from forkd.api import connections
 from forkd.api.connections import CONNECTION_SHARE, MIN_CONNECTIONS, LogRepeatFilter, connection_cap
@@ -41,3 +49,104 @@ def test_one_record_gets_one_decision_on_every_handler() -> None:
     assert [flt.filter(first) for _ in range(3)] == [True, True, True]
     again = record("token file is readable by others")
     assert [flt.filter(again) for _ in range(3)] == [False, False, False]
+
+
+def test_the_daemon_serves_httptools_guarded() -> None:
+    assert connections.http_protocol() is connections.GuardedHttpToolsProtocol
+    assert connections.http_protocol("h11") is connections.GuardedH11Protocol
+
+
+def test_writes_of_one_loop_turn_leave_as_one() -> None:
+    """A response's head and body (two writes) reach the transport once, in order."""
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+        def get_extra_info(self, name: str) -> str:
+            return f"info:{name}"
+
+    async def run() -> Transport:
+        transport = Transport()
+        writer = connections._CoalescingWriter(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        writer.write(b"body")
+        assert transport.written == []  # held until the loop turns
+        await asyncio.sleep(0)
+        assert transport.written == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+        writer.write(b"x" * connections._CoalescingWriter.FLUSH_BYTES)  # a large write is not held
+        assert len(transport.written) == 2
+        writer.write(b"last")
+        writer.close()  # flushes before closing
+        assert transport.written[-1] == b"last" and transport.closed
+        assert writer.get_extra_info("peername") == "info:peername"
+        return transport
+
+    asyncio.run(run())
+
+
+def _serve(port: int) -> uvicorn.Server:
+    Send = Callable[[dict[str, object]], Awaitable[None]]
+
+    async def app(scope: dict[str, object], receive: object, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=connections.http_protocol(),
+                            lifespan="off", log_level="error", access_log=False)
+    server = uvicorn.Server(config)
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    return server
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        with contextlib.suppress(OSError):  # the server closed while we still wrote: read its answer
+            sock.sendall(data)
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_a_request_head_over_the_bound_is_refused_with_431_and_serving_goes_on() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = _serve(port)
+    try:
+        ok = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        assert _exchange(port, ok).startswith(b"HTTP/1.1 200")
+        headers = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 60) for i in range(400))
+        many = b"GET / HTTP/1.1\r\nHost: x\r\n" + headers
+        long_url = b"GET /" + b"a" * (connections.MAX_HEAD_BYTES + 1) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        for head in (many + b"\r\n", long_url):
+            answer = _exchange(port, head)
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+            head_lines, body = answer.split(b"\r\n\r\n", 1)
+            assert f"content-length: {len(body)}".encode() in head_lines
+            error = json.loads(body)["error"]
+            assert error.startswith("request line and headers exceed")
+        assert _exchange(port, ok).startswith(b"HTTP/1.1 200")
+        # Pipelined: both answers, whole and in order, through the coalescing writer.
+        two = b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n" + ok
+        assert _exchange(port, two).count(b"HTTP/1.1 200 OK\r\n") == 2
+    finally:
+        server.should_exit = True

@@ -117,6 +117,21 @@ def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClien
     assert resp.status_code == 201, resp.text
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60
+    assert call.kwargs.get("auto_resume", True) is True  # the option's default: not given
+    # Omitted, as E2B's API takes it: off (traffic does not wake it; connect does).
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "autoPause": True, "timeout": 60})
+    assert resp.status_code == 201, resp.text
+    assert [c for c in fake.calls if c.name == "spawn"][-1].kwargs["auto_resume"] is False
+
+
+def test_set_timeout_zero_is_now_and_negative_is_refused(client: TestClient, fake: FakeRuntime) -> None:
+    """The SDK's ``set_timeout(0)`` (its tests use it to force the timeout's pause at once)."""
+    key = {"X-API-KEY": TOKEN}
+    assert client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": 0}).status_code == 204
+    assert [c.args for c in fake.calls if c.name == "set_timeout"] == [(SB, 0)]
+    negative = client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": -1})
+    assert "timeout" in rest_error(negative, 400)
 
 
 def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:
@@ -127,6 +142,24 @@ def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: 
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["allow_internet_access"] is True
     assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
+
+
+def test_older_sdks_create_and_connect_through_the_v1_routes(client: TestClient, fake: FakeRuntime) -> None:
+    """SDKs before 2.46 POST /sandboxes (with ``secure``, ignored as E2B ignores it) and
+    /sandboxes/{id}/connect (its timeout required)."""
+    key = {"X-API-KEY": TOKEN}
+    resp = client.post("/sandboxes", headers=key,
+                       json={"templateID": "base", "timeout": 60, "secure": True, "metadata": {"a": "b"}})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["templateID"] == "base" and resp.json()["envdAccessToken"]
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["timeout_secs"] == 60 and call.kwargs["metadata"] == {"a": "b"}
+    assert "no_such" in rest_error(client.post("/sandboxes", headers=key,
+                                               json={"templateID": "base", "no_such": 1}), 400)
+    assert client.post(f"/sandboxes/{SB}/pause", headers=key).status_code == 204
+    assert "timeout" in rest_error(client.post(f"/sandboxes/{SB}/connect", headers=key, json={}), 400)
+    resumed = client.post(f"/sandboxes/{SB}/connect", headers=key, json={"timeout": 60})
+    assert resumed.status_code == 201 and resumed.json()["sandboxID"] == SB, resumed.text
 
 
 def test_pause_info_list_and_connect_resume(client: TestClient, fake: FakeRuntime) -> None:
@@ -550,23 +583,23 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     assert "tags" in rest_error(client.post("/v3/templates", json={"name": "web:v1"}, headers=key), 400)
 
 
-def test_the_template_upload_dir_is_made_at_the_first_upload(tmp_path: Path, fake: FakeRuntime,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A daemon that never builds an E2B template leaves no directory in /tmp (a killed one
-    used to leave one per start); the first upload makes it."""
-    import tempfile
-
-    private = tmp_path / "tmp"
-    private.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(private))  # only this test's directories are counted
+def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(tmp_path: Path,
+                                                                        fake: FakeRuntime) -> None:
+    """Nothing in /tmp (a killed daemon used to leave a directory there per start): the
+    uploads go to <data>/e2b-uploads, made at the first upload, and a daemon's first upload
+    clears what an earlier daemon on that data dir left."""
+    uploads = tmp_path / "data" / "e2b-uploads"
+    uploads.mkdir(parents=True)
+    (uploads / "left-by-a-killed-daemon.tar").write_bytes(b"old")
     with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
-        assert not list(private.glob("forkd-e2b-files-*"))
         key = {"X-API-KEY": TOKEN}
         assert c.post("/v3/templates", json={"name": "web"}, headers=key).status_code == 202
-        assert not list(private.glob("forkd-e2b-files-*"))
+        assert (uploads / "left-by-a-killed-daemon.tar").exists()  # not touched before an upload
         upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
         assert upload.status_code == 200, upload.text
-        assert len(list(private.glob("forkd-e2b-files-*"))) == 1
+        assert sorted(p.name for p in uploads.iterdir()) == [f"{'d' * 64}.tar"]
+        assert (uploads / f"{'d' * 64}.tar").read_bytes() == b"plain tar bytes"
+        assert uploads.stat().st_mode & 0o077 == 0
 
 
 def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: TestClient,
@@ -588,6 +621,6 @@ def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: Tes
     assert asleep.status_code == 502 and "autoResume is off" in asleep.json()["message"], asleep.text
     info = client.get(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": TOKEN})
     assert info.json()["state"] == "paused", info.text
-    # With autoResume on (the default), the same request would have been served (and woken it).
+    # With autoResume on, the same request would have been served (and woken it).
     fake.sandboxes[sandbox_id].auto_resume = True
     assert client.get("/health", headers=headers).status_code == 204

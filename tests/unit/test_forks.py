@@ -21,7 +21,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.errors import BootTimeout, Conflict, InvalidRequest, NotFound
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
 from tests.fakes.runtime import FakeRuntime
@@ -169,6 +169,80 @@ def test_egress_for_a_source_without_a_nic_is_refused_before_its_pause(
     with pytest.raises(InvalidRequest, match="has no network device"):
         asyncio.run(forker.fork(SRC, 1, options))
     assert registry.snapshots.all()[0].tag == "py" and len(registry.snapshots.all()) == 1  # no branch
+
+
+class _BranchesInSequence:
+    """Stands in for ``Brancher.branch`` alone (the capture needs a VM): a real branch row per call."""
+
+    def __init__(self, registry: Registry, tmp_path: Path) -> None:
+        self.registry, self.tmp_path = registry, tmp_path
+        self.tags: list[str] = []
+
+    async def branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool) -> SnapshotRecord:
+        tag = f"branch-{sandbox_id}-{len(self.tags) + 1}"
+        self.tags.append(tag)
+        _snap(self.registry, self.tmp_path, tag, parent_tag="py", pause_ms=10.0)
+        return self.registry.snapshots.get(tag)
+
+
+class _FirstBranchIsBad(_NoSpawns):
+    """Restores from the first branch: child 0 comes up, child 1 never answers (as a branch whose
+    every restore panics in the guest); from any later branch, every child comes up."""
+
+    def __init__(self, networks: Networks, registry: Registry, table: SandboxTable, tmp_path: Path) -> None:
+        super().__init__(networks)
+        self.registry, self.table, self.tmp_path = registry, table, tmp_path
+        self.spawned_from: list[str] = []
+
+    async def spawn_each(self, tag: str, specs: list[Any], options: Any) -> list[Any]:
+        out: list[Any] = []
+        for i, _spec in enumerate(specs):
+            self.spawned_from.append(tag)
+            if tag.endswith("-1") and i == 1:
+                out.append(BootTimeout(f"child of {tag!r} did not come up after 2 restores: Kernel panic"))
+                continue
+            sb_id = f"sb-{'abcdef' if tag.endswith('-1') else 'bcdefa'}-000{i}"
+            _child(self.registry, self.table, self.tmp_path, sb_id, tag)
+            out.append(self.registry.sandboxes.get(sb_id))
+        return out
+
+
+def test_a_fork_whose_children_cannot_come_up_branches_once_more(registry: Registry, tmp_path: Path) -> None:
+    """Siblings from one state: what came up from the bad branch is killed, the bad branch goes
+    (even with keep_snapshot), and every child comes from the second branch."""
+    forker, table, _store = _forker(registry, tmp_path)
+    brancher = _BranchesInSequence(registry, tmp_path)
+    spawner = _FirstBranchIsBad(Networks(tmp_path, registry.sandboxes), registry, table, tmp_path)
+    forker._brancher.branch = brancher.branch  # type: ignore[method-assign]
+    forker._spawner = spawner  # type: ignore[assignment]
+    _snap(registry, tmp_path, "py")
+    _child(registry, table, tmp_path, SRC, "py")
+    report = asyncio.run(forker.fork(SRC, 2, ForkOptions(keep_snapshot=True)))
+    assert brancher.tags == [f"branch-{SRC}-1", f"branch-{SRC}-2"]
+    assert report.errors == [] and report.snapshot_tag == f"branch-{SRC}-2"
+    assert [c.snapshot_tag for c in report.children] == [f"branch-{SRC}-2"] * 2
+    assert report.pause_ms == 20.0  # the source was paused twice
+    assert not registry.sandboxes.has("sb-abcdef-0000")  # the first branch's child was killed
+    assert not registry.snapshots.has(f"branch-{SRC}-1") and registry.snapshots.has(f"branch-{SRC}-2")
+
+
+def test_a_second_bad_branch_is_reported_per_child(registry: Registry, tmp_path: Path) -> None:
+    forker, table, _store = _forker(registry, tmp_path)
+    brancher = _BranchesInSequence(registry, tmp_path)
+    spawner = _FirstBranchIsBad(Networks(tmp_path, registry.sandboxes), registry, table, tmp_path)
+
+    async def always_bad(tag: str, specs: list[Any], options: Any) -> list[Any]:
+        return [BootTimeout(f"child {i} of {tag!r} did not come up") for i in range(len(specs))]
+
+    spawner.spawn_each = always_bad  # type: ignore[method-assign]
+    forker._brancher.branch = brancher.branch  # type: ignore[method-assign]
+    forker._spawner = spawner  # type: ignore[assignment]
+    _snap(registry, tmp_path, "py")
+    _child(registry, table, tmp_path, SRC, "py")
+    report = asyncio.run(forker.fork(SRC, 2))
+    assert len(brancher.tags) == 2  # one retry, no more
+    assert [e["index"] for e in report.errors] == [0, 1] and report.children == []
+    assert not any(registry.snapshots.has(tag) for tag in brancher.tags)  # both collected
 
 
 def test_promote_refuses_what_is_not_a_fork_tree_child(registry: Registry, tmp_path: Path) -> None:

@@ -87,8 +87,9 @@ def test_bad_timeouts_are_refused(tmp_path: Path, bad: object) -> None:
     registry, _, reaper, _ = setup(tmp_path)
     with pytest.raises(InvalidRequest, match="timeout_secs"):
         reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequest, match="timeout_secs"):
-        reaper.set_timeout("sb-aaaaaa-0000", bad)  # type: ignore[arg-type]
+    if bad != 0:  # set_timeout(0) is "now" (below)
+        with pytest.raises(InvalidRequest, match="timeout_secs"):
+            reaper.set_timeout("sb-aaaaaa-0000", bad)  # type: ignore[arg-type]
 
 
 def test_next_sleep_is_until_the_earliest_deadline(tmp_path: Path) -> None:
@@ -114,6 +115,8 @@ def test_set_timeout_moves_the_deadline_either_way(tmp_path: Path) -> None:
     assert registry.sandboxes.get("sb-aaaaaa-0000").expires_at_unix == 1060
     with pytest.raises(NotFound):
         reaper.set_timeout("sb-aaaaaa-0009", 10)
+    assert reaper.set_timeout("sb-aaaaaa-0000", 0) == 1050  # E2B's set_timeout(0): due now
+    assert reaper.next_sleep() == 0
 
 
 def test_the_task_kills_what_expires_and_only_that(tmp_path: Path) -> None:

@@ -216,7 +216,7 @@ def test_from_a_snapshot() -> None:
 def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
     from forkd.api.e2b.templates import E2BTemplates, TemplateError
 
-    e2b = E2BTemplates(lambda: FakeRuntime())  # type: ignore[arg-type, return-value]
+    e2b = E2BTemplates(lambda: FakeRuntime(), tmp_path / "uploads")  # type: ignore[arg-type, return-value]
     files_hash = "a" * 64
     upload = tmp_path / "up.tar"
     upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))

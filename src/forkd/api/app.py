@@ -230,7 +230,8 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     secret = token.encode() if token is not None else (lambda: load_or_make_key(settings.data().root))
     app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=AccessTokens(secret),
                        api_key=token, gate=app.state.branch_gate, max_body_bytes=settings.max_body_bytes,
-                       max_file_bytes=settings.max_file_bytes)
+                       max_file_bytes=settings.max_file_bytes,
+                       uploads=settings.data().root / "e2b-uploads")
     app.add_middleware(SingleHeadersMiddleware, shape_of=error_shape)
     app.add_middleware(AuditMiddleware, audit=audit)
 

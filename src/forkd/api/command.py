@@ -82,6 +82,11 @@ class LogLevel(StrEnum):
     error = "error"
 
 
+class HttpParser(StrEnum):
+    httptools = "httptools"
+    h11 = "h11"
+
+
 @handle_errors
 def daemon(
     ctx: typer.Context,
@@ -210,6 +215,14 @@ def daemon(
             "grow past it is stopped. 0: no quota.",
         ),
     ] = bounds.DEFAULT_DISK_QUOTA_MIB,
+    http_parser: Annotated[
+        HttpParser,
+        typer.Option(
+            "--http-parser", envvar="FORKD_HTTP_PARSER", case_sensitive=False,
+            help="The HTTP/1.1 parser: httptools (C; the default) or h11 (pure Python, more CPU per "
+            "request).",
+        ),
+    ] = HttpParser.httptools,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -255,7 +268,7 @@ def daemon(
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
-        disk_quota_mib=disk_quota_mib,
+        disk_quota_mib=disk_quota_mib, http_parser=http_parser.value,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
     # command needs and `pip install forkd` (the SDK and CLI) does not bring.
@@ -297,6 +310,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "etcd": settings.etcd,
         "advertise_url": settings.reachable_url if settings.etcd else None,
         "disk_quota_mib": settings.disk_quota_mib,
+        "http_parser": settings.http_parser,
     }
 
 

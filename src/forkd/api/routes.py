@@ -6,7 +6,6 @@ ones (list/get/lineage) are SQLite lookups of a millisecond, fine on the loop.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Annotated, Any, Literal
 
@@ -38,6 +37,7 @@ from forkd.api.schemas import (
     Version,
 )
 from forkd.config import API_VERSION, VERSION
+from forkd.controller.options import request_fields
 from forkd.controller.results import EvalResult, ExecResult, PingResult
 from forkd.errors import InvalidRequest
 
@@ -111,18 +111,8 @@ def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
     # and the API (with a fake runtime) must import without it.
     from forkd.controller.runtime import SnapshotSpec
 
-    given = req.model_dump(exclude_unset=True)
-    if "allow_internet_access" in given or "network" in given:
-        from forkd.host.egress import EgressPolicy
-
-        given["egress"] = EgressPolicy.from_request(given.pop("allow_internet_access", None),
-                                                    given.pop("network", None))
-    supported = {f.name for f in dataclasses.fields(SnapshotSpec)}
-    unsupported = sorted(set(given) - supported)
-    if unsupported:
-        raise InvalidRequest(f"this daemon does not support field(s): {', '.join(unsupported)}")
     # Unset fields take SnapshotSpec's own defaults, so there is one source of truth.
-    return SnapshotSpec(**given)
+    return SnapshotSpec(**request_fields(SnapshotSpec, req.model_dump(exclude_unset=True), "snapshot"))
 
 
 @v1.post(

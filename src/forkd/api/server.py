@@ -13,7 +13,13 @@ import uvicorn
 from forkd import bounds
 from forkd.api.app import create_app
 from forkd.api.auth import check_bind_safety, load_token, token_warnings
-from forkd.api.connections import ACCEPT_BATCH, GuardedH11Protocol, install_log_filter, raise_fd_limit
+from forkd.api.connections import (
+    ACCEPT_BATCH,
+    HTTP_PARSERS,
+    http_protocol,
+    install_log_filter,
+    raise_fd_limit,
+)
 from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
 from forkd.errors import InvalidRequest
 from forkd.host.netplan import AddressPlan
@@ -73,6 +79,9 @@ def validate_settings(settings: Settings) -> None:
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
     validate_fleet_settings(settings)
+    if settings.http_parser not in HTTP_PARSERS:
+        raise ConfigError(f"unknown HTTP parser {settings.http_parser!r}: "
+                          f"use one of {', '.join(HTTP_PARSERS)}")
 
 
 def validate_fleet_settings(settings: Settings) -> None:
@@ -133,7 +142,10 @@ def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], No
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
         # Bounded connections: a first-request timeout and a cap with eviction (api/connections.py).
-        http=GuardedH11Protocol,
+        http=http_protocol(settings.http_parser),
+        # The audit log already writes one line per request (api/audit.py); uvicorn's access
+        # line would say the same again, at a cost in CPU on every request.
+        access_log=False,
         # asyncio accepts up to `backlog` sockets per wake-up before any of them is checked
         # against the cap; a smaller batch keeps a burst's peak of fds well under the limit.
         backlog=ACCEPT_BATCH,

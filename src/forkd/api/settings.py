@@ -164,6 +164,9 @@ class Settings:
     capacity: int | None = None  # sandboxes this host is planned for (None: one per 512 MiB of RAM)
     # The disk quota of a spawn that gives none, MiB (0: none; controller/disk_quota.py).
     disk_quota_mib: int = bounds.DEFAULT_DISK_QUOTA_MIB
+    # The HTTP/1.1 parser uvicorn serves with (api/connections.py): "httptools" (C, the default
+    # when installed) or "h11" (pure Python: more CPU per request; kept to compare and fall back).
+    http_parser: str = "httptools"
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
@@ -195,6 +198,7 @@ class Settings:
             lease_ttl=_env_int("FORKD_LEASE_TTL", DEFAULT_LEASE_TTL),
             capacity=_env_int("FORKD_CAPACITY", 0) or None,
             disk_quota_mib=_env_int("FORKD_DISK_QUOTA_MIB", bounds.DEFAULT_DISK_QUOTA_MIB),
+            http_parser=os.environ.get("FORKD_HTTP_PARSER") or "httptools",
         )
 
     @property

@@ -105,11 +105,15 @@ def gateway(
         max_body_bytes=max_body_bytes)
     import uvicorn
 
+    from forkd.api.connections import http_protocol
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per proxied call and etcd read
     config = uvicorn.Config(create_gateway_app(settings), host=host, port=port, log_level=log_level,
                             lifespan="on", proxy_headers=False, server_header=False,
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10,
+                            # The daemon's guarded protocol: uvicorn's own httptools one bounds no header.
+                            http=http_protocol())
     server = uvicorn.Server(config)
     server.run()
     if not server.started:

@@ -114,6 +114,7 @@ def mcp(
     import uvicorn
 
     from forkd.api.auth import load_token
+    from forkd.api.connections import http_protocol
 
     try:
         host, port = parse_bind(bind)
@@ -127,8 +128,9 @@ def mcp(
     if token is None:
         token, generated = generated_token_file()
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{MCP_PATH}"
+    # The daemon's guarded protocol: uvicorn's own httptools one bounds no header.
     config = uvicorn.Config(http_app(server, host, token), host=host, port=port, log_level="warning",
-                            lifespan="on")
+                            lifespan="on", http=http_protocol())
     uv = uvicorn.Server(config)
     where = generated or token_file
 

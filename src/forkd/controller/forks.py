@@ -13,6 +13,9 @@ The intermediate snapshot is, by default, *dropped once its last child is gone*
 sandbox runs from it and no snapshot depends on it. ``keep_snapshot: true``
 keeps it like any other branch.
 
+A branch none of whose children can come up is taken once more (``BRANCH_ATTEMPTS``):
+see there.
+
 A fork-tree stamps each child's ``metadata`` with ``fork_tree_id``,
 ``fork_parent_id`` and ``fork_index``. ``promote`` keeps one child of a tree:
 it kills the others and, with ``replace_parent``, kills the source too and
@@ -33,15 +36,23 @@ from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.results import Deletion, PromoteResult
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import Spawner, child_specs
+from forkd.controller.spawner import ChildSpec, Spawner, child_specs
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, ForkdError
+from forkd.errors import BootTimeout, Conflict, ForkdError
 from forkd.host.egress import EgressPolicy
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.aliases import AliasRows
 from forkd.store.rows.sandboxes import SandboxReader
 
 log = logging.getLogger("forkd.forks")
+
+# A child that does not come up from a fork's branch (BootTimeout, after the spawner's own second
+# restore) points at the branch, not the child: on this project's TCG hosts, once in about 55 runs
+# of a test that forks a claimed pool member, the branch was saved such that every restore of it
+# panicked in the guest kernel (cause not found yet; docs/BRANCHING.md). The source still runs,
+# so the fork branches it once more and restores every child from the new branch: siblings must
+# start from one state, so what came up from the first branch is killed first.
+BRANCH_ATTEMPTS = 2
 
 TREE_ID_KEY, PARENT_ID_KEY, INDEX_KEY = bounds.FORK_LABELS  # stamped on every fork-tree child
 
@@ -100,30 +111,49 @@ class Forker:
             tap=source.tap, dns=source.network.dns if source.network else (), egress=options.egress,
             per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
-        snap = await self._brancher.branch(source_id, None, mode, wait=True)
+        pause_ms = 0.0
+        for attempt in range(1, BRANCH_ATTEMPTS + 1):
+            snap = await self._brancher.branch(source_id, None, mode, wait=True)
+            pause_ms += snap.pause_ms or 0.0
+            outcomes = await self._children(snap.tag, specs, options)
+            silent = [o for o in outcomes if isinstance(o, BootTimeout)]
+            if not silent or attempt == BRANCH_ATTEMPTS:
+                break
+            log.warning("fork of %s: %d of %d children did not come up from branch %s; branching "
+                        "again: %s", source_id, len(silent), count, snap.tag, silent[0])
+            for outcome in outcomes:
+                if isinstance(outcome, SandboxRecord):
+                    await self._table.kill(outcome.id)
+            if options.keep_snapshot:  # asked to be kept, but a bad branch goes too
+                self._store.set_auto_delete(snap.tag, True)
+            await self.collect()
         result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
-                            pause_ms=snap.pause_ms)
-        if not options.keep_snapshot:
-            # Before the restores, so a crash during them leaves nothing registered for good:
-            # collect() skips it while the spawner restores from it, and after a restart
-            # it goes with its children.
-            self._store.set_auto_delete(snap.tag, True)
-        try:
-            outcomes = await self._spawner.spawn_each(snap.tag, specs, SpawnOptions(
-                per_child_netns=options.per_child_netns, live_fork=options.live_fork,
-                egress=options.egress or EgressPolicy()))
-        except ForkdError as exc:
-            # A request-wide refusal (e.g. a missing namespace): no child started.
-            outcomes = [exc] * count
-        finally:
-            if not options.keep_snapshot:
-                await self.collect()
+                            pause_ms=pause_ms if snap.pause_ms is not None else None)
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, SandboxRecord):
                 result.children.append(outcome)
             else:
                 result.errors.append({"index": i, "error": str(outcome)})
         return result
+
+    async def _children(self, tag: str, specs: list[ChildSpec],
+                        options: ForkOptions) -> list[SandboxRecord | ForkdError]:
+        """Restore one child per spec from the branch ``tag``: each a record or why it failed."""
+        if not options.keep_snapshot:
+            # Before the restores, so a crash during them leaves nothing registered for good:
+            # collect() skips it while the spawner restores from it, and after a restart
+            # it goes with its children.
+            self._store.set_auto_delete(tag, True)
+        try:
+            return await self._spawner.spawn_each(tag, specs, SpawnOptions(
+                per_child_netns=options.per_child_netns, live_fork=options.live_fork,
+                egress=options.egress or EgressPolicy()))
+        except ForkdError as exc:
+            # A request-wide refusal (e.g. a missing namespace): no child started.
+            return [exc] * len(specs)
+        finally:
+            if not options.keep_snapshot:
+                await self.collect()
 
     async def promote(self, winner_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,
                       replace_parent: bool = False) -> PromoteResult:

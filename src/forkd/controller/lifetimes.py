@@ -98,8 +98,10 @@ class DeadlineKeeper:
             self._set(record.id, expires)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> float:
-        """The sandbox now expires ``timeout_secs`` from now (sooner or later than before)."""
-        bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
+        """The sandbox now expires ``timeout_secs`` from now (sooner or later than before);
+        0: now (E2B's ``set_timeout(0)``, which SDK users call to pause or kill at once)."""
+        if timeout_secs != 0:
+            bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         sandbox_id = self._table.resolve(sandbox_id)
         if not self._sandboxes.has(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")

@@ -79,7 +79,7 @@ class SpawnOptions:
         """The options of a request body's fields (``model_dump(exclude_unset=True)``):
         each field of the same name as it is, the egress pair as one policy, and a
         400 for a field this daemon does not know. Unset fields keep the defaults above."""
-        return cls(**_fields(cls, given, "spawn"))
+        return cls(**request_fields(cls, given, "spawn"))
 
     def given(self) -> dict[str, Any]:
         """The options that differ from the defaults (what a request set), by name."""
@@ -114,11 +114,12 @@ class ForkOptions:
     @classmethod
     def from_request(cls, given: Mapping[str, Any]) -> ForkOptions:
         """As ``SpawnOptions.from_request``, for a fork's request body."""
-        return cls(**_fields(cls, given, "fork"))
+        return cls(**request_fields(cls, given, "fork"))
 
 
-def _fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """A request's fields by option name: the egress pair as one policy; 400 for an unknown one."""
+def request_fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A request's fields as ``cls``'s (a dataclass of options) keyword arguments: the egress pair
+    as one policy; 400 for a field ``cls`` lacks."""
     fields = dict(given)
     if any(name in fields for name in EGRESS_FIELDS):
         fields["egress"] = EgressPolicy.from_request(fields.pop("allow_internet_access", None),
@@ -148,4 +149,4 @@ def _check_lifetimes(timeout_secs: float | None, idle_pause_secs: float | None,
                                f"hibernate_on_timeout do not go with {name}")
 
 
-__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions"]
+__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions", "request_fields"]

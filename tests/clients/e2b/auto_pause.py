@@ -1,7 +1,8 @@
 """E2B's autoPause, unchanged: a sandbox created with ``lifecycle={"on_timeout": "pause"}`` is
-paused at its timeout instead of killed (forkd hibernates it); connect wakes it, and so does
-any envd request, its files and memory as they were. With ``auto_resume: False`` its traffic
-does not wake it (``is_running()`` is False) until connect does."""
+paused at its timeout instead of killed (forkd hibernates it); connect wakes it, its files and
+memory as they were, and with ``auto_resume: True`` so does any envd request. Without it (or
+with ``auto_resume: False``) its traffic does not wake it (``is_running()`` is False) until
+connect does."""
 
 import time
 

@@ -19,9 +19,17 @@ import hmac
 import json
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e2b.api.client.models import ConnectSandboxV2, NewSandboxV2, SandboxForkRequest, SandboxPauseRequest
+from e2b.api.client.models import (
+    ConnectSandbox,
+    ConnectSandboxV2,
+    NewSandbox,
+    NewSandboxV2,
+    SandboxForkRequest,
+    SandboxPauseRequest,
+)
 from e2b.api.client.types import Unset
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -100,9 +108,10 @@ def _set(value: object) -> bool:
 
 
 def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: str | None,
-                       gate: BranchGate) -> FastAPI:
+                       gate: BranchGate, uploads: Path) -> FastAPI:
     """``gate``: the daemon's BRANCH concurrency gate, which a pause and a fork enter as forkd's
-    own branch and fork routes do (503 at the cap)."""
+    own branch and fork routes do (503 at the cap). ``uploads``: where template builds' file
+    uploads are kept (in the data dir)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     def rt() -> Runtime:
@@ -157,28 +166,38 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     # ------------------------------------------------------------------ create / connect
 
+    # The SDK before 2.46 creates through /sandboxes and connects through /sandboxes/{id}/connect:
+    # the same bodies but for NewSandbox's ``secure``, which E2B's own API ignores (every sandbox
+    # is secured; forkd hands out an envd token for each) and so does forkd.
     @app.post("/v2/sandboxes", status_code=201)
     async def create(request: Request) -> dict[str, Any]:
-        body = await _body(request)
+        return await _create(await _body(request), NewSandboxV2)
+
+    @app.post("/sandboxes", status_code=201)
+    async def create_v1(request: Request) -> dict[str, Any]:
+        return await _create(await _body(request), NewSandbox)
+
+    async def _create(body: dict[str, Any], model: type[NewSandbox] | type[NewSandboxV2]) -> dict[str, Any]:
         if not isinstance(body.get("templateID"), str):
             raise E2BError(400, "templateID (a forkd snapshot tag) is required")
-        req = NewSandboxV2.from_dict(body)
+        req = model.from_dict(body)
         _unknown(req)
         timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
         metadata = _strings(req.metadata, "metadata") if _set(req.metadata) else {}
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
-        # connect, or any envd request, wakes it: controller/hibernation.py).
+        # connect wakes it, and with autoResume any envd request too: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
         resume = body.get("autoResume")
         if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
                                                                        {"enabled": False})):
             raise E2BError(400, "autoResume is {\"enabled\": true} or {\"enabled\": false}, with autoPause: "
                            "whether traffic to the sandbox, once paused at its timeout, resumes it")
-        # autoResume off: once paused (hibernated), its envd and interpreter traffic answers 502
-        # "not running" until connect resumes it. On (the default), any request wakes it.
-        auto_resume = resume != {"enabled": False}
+        # autoResume on: once paused (hibernated), any envd or interpreter request wakes it. Off,
+        # as E2B's API takes an omitted one (its SDK's is_running() must then say False): that
+        # traffic answers 502 "not running" until connect resumes it.
+        auto_resume = resume == {"enabled": True}
         for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name) not in (None, [], {}):
                 raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
@@ -204,7 +223,17 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     @app.post("/v2/sandboxes/{sandbox_id}/connect")
     async def connect(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
-        req = ConnectSandboxV2.from_dict(await _body(request))
+        return await _connect(sandbox_id, ConnectSandboxV2.from_dict(await _body(request)), response)
+
+    @app.post("/sandboxes/{sandbox_id}/connect")
+    async def connect_v1(sandbox_id: str, request: Request, response: Response) -> dict[str, Any]:
+        body = await _body(request)
+        if not isinstance(body.get("timeout"), int):
+            raise E2BError(400, "timeout (seconds) is required")
+        return await _connect(sandbox_id, ConnectSandbox.from_dict(body), response)
+
+    async def _connect(sandbox_id: str, req: ConnectSandbox | ConnectSandboxV2,
+                       response: Response) -> dict[str, Any]:
         _unknown(req)
         timeout = _int(req.timeout, "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high)) \
             if _set(req.timeout) else CREATE_TIMEOUT_SECS
@@ -236,7 +265,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     @app.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, request: Request) -> Response:
         body = await _body(request)
-        timeout = _int(body.get("timeout"), "timeout", 1, int(bounds.SANDBOX_TIMEOUT_SECS.high))
+        # 0 is E2B's "now": the sandbox's timeout action (kill, or pause) comes at once.
+        timeout = _int(body.get("timeout"), "timeout", 0, int(bounds.SANDBOX_TIMEOUT_SECS.high))
         if set(body) - {"timeout"}:
             raise E2BError(400, f"unknown field {sorted(set(body) - {'timeout'})[0]!r}")
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
@@ -338,7 +368,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return [shapes.listed(v) for v in page]
 
     add_snapshot_routes(app, rt, gate)  # create_snapshot, list_snapshots, delete_snapshot
-    add_template_routes(app, rt)  # Template.build: /v3/templates, uploads, builds and their status
+    add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds and their status
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app

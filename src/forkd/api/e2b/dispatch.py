@@ -13,6 +13,7 @@ answered in, for the checks that run before the dispatch (repeated headers).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connectrpc.code import Code
@@ -58,11 +59,12 @@ class E2BDispatch:
     """ASGI middleware: E2B's requests to the E2B apps, the rest to ``app``."""
 
     def __init__(self, app: ASGIApp, runtime: Callable[[], Runtime | None], tokens: AccessTokens,
-                 api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int) -> None:
+                 api_key: str | None, gate: BranchGate, max_body_bytes: int, max_file_bytes: int,
+                 uploads: Path) -> None:
         self.app = app
         self._runtime = runtime
         self._tokens = tokens
-        self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate),
+        self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate, uploads),
                                                max_body_bytes, exempt=template_uploads, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),

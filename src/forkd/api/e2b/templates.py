@@ -30,8 +30,8 @@ import fnmatch
 import io
 import json
 import re
+import shutil
 import tarfile
-import tempfile
 import time
 import uuid
 import zlib
@@ -118,13 +118,14 @@ def _matches(pattern: str, name: str) -> bool:
 class E2BTemplates:
     """The builds E2B's SDK asked for and the copy steps' uploads, by hash (in memory)."""
 
-    def __init__(self, rt: Callable[[], Runtime]) -> None:
+    def __init__(self, rt: Callable[[], Runtime], uploads: Path) -> None:
         self._rt = rt
+        self._uploads = uploads
         self._builds: OrderedDict[str, _Build] = OrderedDict()  # build id -> build
         self._files: dict[str, Path] = {}  # E2B's files hash -> the upload, a plain tar
-        # Made at the first upload, not with the app: a daemon that never builds leaves nothing in
-        # /tmp, even when it is killed. (TemporaryDirectory removes it when the daemon exits.)
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        # In the data dir, not /tmp: a daemon killed mid-life leaves its uploads where the next
+        # daemon on that dir clears them (at its first upload); made only when one comes.
+        self._dir: Path | None = None
 
     # --------------------------------------------------------------- requests
 
@@ -166,8 +167,10 @@ class E2BTemplates:
         if not HASH_RE.match(files_hash):
             raise TemplateError(400, "a files hash is a lowercase hex SHA-256")
         if self._dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="forkd-e2b-files-")
-        path = Path(self._dir.name) / f"{files_hash}.tar"
+            shutil.rmtree(self._uploads, ignore_errors=True)  # an earlier daemon's: its builds are gone
+            self._uploads.mkdir(mode=0o700, parents=True)
+            self._dir = self._uploads
+        path = self._dir / f"{files_hash}.tar"
         part = path.with_suffix(".part")
         inflate: Any = None
         size = 0
@@ -374,8 +377,8 @@ class E2BTemplates:
         return body
 
 
-def add_template_routes(app: FastAPI, rt: Callable[[], Runtime]) -> E2BTemplates:
-    templates = E2BTemplates(rt)
+def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) -> E2BTemplates:
+    templates = E2BTemplates(rt, uploads)
 
     async def json_body(request: Request) -> dict[str, Any]:
         try:
