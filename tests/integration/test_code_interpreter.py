@@ -203,6 +203,8 @@ def test_bash_cells_stream_and_keep_their_shell(http: httpx.Client, sandbox: str
     cell(http, sandbox, "greeting=hello; cd /tmp", language="bash")
     assert stdout(cell(http, sandbox, "echo $greeting; pwd", language="bash")) == "hello\n/tmp\n"
     assert errors(cell(http, sandbox, "ls /nowhere", language="bash")) == [("", "2")]  # E2B's shape
+    # Process substitution reads /dev/fd, which the agent links as an init would.
+    assert stdout(cell(http, sandbox, "cat <(echo substituted)", language="bash")) == "substituted\n"
     r = http.post(f"/v1/sandboxes/{sandbox}/code", json={"code": "1", "context": "default-bash",
                                                          "language": "python"})
     assert r.status_code == 400 and "runs bash" in r.text, r.text

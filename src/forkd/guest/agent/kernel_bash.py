@@ -4,7 +4,7 @@ bash runs as an interactive shell (``-i``), without line editing, prompts,
 history or job control, because that is what makes an interrupt behave as at a
 terminal: SIGINT aborts the whole cell, a loop of builtins included, and bash
 goes on to its next command. A cell's code is written to a file and sourced at
-the top level (``. /dev/fd/N </dev/null``, N an unlinked file that bash holds
+the top level (``. /proc/self/fd/N </dev/null``, N an unlinked file that bash holds
 open, so nothing is left behind however the kernel ends): its variables,
 functions and working directory persist, a syntax error fails that cell alone,
 and a command that reads stdin reads nothing rather than the kernel's next
@@ -66,7 +66,9 @@ class BashKernel(ChildKernel):
         os.ftruncate(self.cell, 0)
         os.pwrite(self.cell, (code if code.endswith("\n") else code + "\n").encode(), 0)
         assign = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items() if NAME.match(k))
-        self.send(f"{assign}. /dev/fd/{self.cell} </dev/null", "__forkd_end")
+        # /proc/self/fd, not /dev/fd: an image's /dev need not have the link (the agent makes it,
+        # but an older agent's template lacks it), and `.` opens the path as it is written.
+        self.send(f"{assign}. /proc/self/fd/{self.cell} </dev/null", "__forkd_end")
 
     def restored(self, env: dict[str, str], seed: str) -> None:
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if NAME.match(k))
