@@ -279,7 +279,7 @@ def test_the_agent_settles_a_cells_language_context_and_cwd(tmp_path: Path,
     contexts = CodeContexts(warm, Evaluator(warm), lambda: ("python", "bash", "javascript"))
     listed = contexts.handle({"op": "list"})["contexts"]
     assert [(c["id"], c["language"], c["cwd"]) for c in listed] == [
-        ("default", "python", "/"), ("default-bash", "bash", str(tmp_path)),
+        ("default", "python", str(tmp_path)), ("default-bash", "bash", str(tmp_path)),
         ("default-javascript", "javascript", str(tmp_path))]
     made = contexts.handle({"op": "create", "language": "js", "cwd": "/tmp"})
     assert made["language"] == "javascript" and contexts.handle({"op": "list"})["contexts"][-1] == made
@@ -301,7 +301,7 @@ def test_the_agent_settles_a_cells_language_context_and_cwd(tmp_path: Path,
         kernels._settle(made["id"], "python", None)
     assert exc.value.kind == INVALID
     kernels.languages["adhoc"] = "bash"  # a kernel started without a made context keeps its language
-    assert kernels._settle("adhoc", None, None) == ("bash", "/")
+    assert kernels._settle("adhoc", None, None) == ("bash", str(tmp_path))
     monkeypatch.setattr(kernel_specs, "languages", lambda _jupyter=None: ("python", "bash"))
     with pytest.raises(RequestError, match="no node"):
         kernels._settle("default-javascript", None, None)

@@ -77,8 +77,11 @@ class CodeContexts:
         self._evaluator = evaluator
         self._languages = languages  # what the image's kernels run (none: PID 1's Python alone)
         self._lock = threading.Lock()  # the table of contexts and the results
-        self._contexts: dict[str, _Context] = {DEFAULT: _Context(DEFAULT, warm_namespace, "/")}
         home = protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/"
+        # With kernels, python's default context is IPython's kernel, which starts in the home as
+        # E2B's do; without, it is PID 1's own namespace, whose eval runs where PID 1 does (/).
+        self._contexts: dict[str, _Context] = {
+            DEFAULT: _Context(DEFAULT, warm_namespace, home if languages() else "/")}
         for language in languages():
             if (name := protocol.default_context(language)) != DEFAULT:
                 self._contexts[name] = self._new(name, home, language)

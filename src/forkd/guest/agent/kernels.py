@@ -116,7 +116,8 @@ class Kernels:
         language = language or known or "python"
         if self.available() and language not in kernel_specs.languages(True):
             raise RequestError(kernel_specs.missing(language), NOT_FOUND)
-        cwd = cwd or (made or {}).get("cwd") or "/"
+        cwd = cwd or (made or {}).get("cwd") or (
+            protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/")  # as E2B's kernels
         if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
             raise RequestError("cwd must be an absolute path", INVALID)
         return language, cwd
