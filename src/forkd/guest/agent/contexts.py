@@ -77,7 +77,7 @@ class CodeContexts:
         self._evaluator = evaluator
         self._languages = languages  # what the image's kernels run (none: PID 1's Python alone)
         self._lock = threading.Lock()  # the table of contexts and the results
-        home = protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/"
+        home = self._home = protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/"
         # With kernels, python's default context is IPython's kernel, which starts in the home as
         # E2B's do; without, it is PID 1's own namespace, whose eval runs where PID 1 does (/).
         self._contexts: dict[str, _Context] = {
@@ -134,7 +134,7 @@ class CodeContexts:
         language = protocol.kernel_language(req.get("language"))
         if language != LANGUAGE and language not in self._languages():
             raise RequestError(kernel_specs.missing(language), INVALID)
-        cwd = req.get("cwd") or "/"
+        cwd = req.get("cwd") or (self._home if self._languages() else "/")  # where its kernel starts
         if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
             raise RequestError("cwd must be an absolute path", INVALID)
         with self._lock:
