@@ -1038,11 +1038,11 @@ class FakeKernels:
 
     async def run(
         self, sandbox_id: str, code: str, *, context: str | None = None, timeout_secs: float = 300.0,
-        env: dict[str, str] | None = None, cwd: str | None = None,
+        env: dict[str, str] | None = None, cwd: str | None = None, language: str | None = None,
     ) -> FakeCell:
         """A kernel that prints the cell's code and ends: enough for the route's shape."""
         self._rt._call("run_cell", sandbox_id, code, context=context, timeout_secs=timeout_secs, env=env,
-                       cwd=cwd)
+                       cwd=cwd, language=language)
         return FakeCell([{"type": "stdout", "text": code},
                          {"type": "end", "execution_count": 1, "timed_out": False, "restarted": False}])
 

@@ -1,8 +1,9 @@
-"""Cells on a real IPython kernel in real sandboxes (the code-interpreter image), through a real daemon.
+"""Cells on real Jupyter kernels in real sandboxes (the code-interpreter image), through a real daemon.
 
 One daemon and one template of the ``code-interpreter`` image for the module:
-the template warms its kernel before the snapshot, so every child starts with
-a live kernel. The image is built here if missing (cached by its recipe, like
+the template warms its IPython kernel before the snapshot, so every child
+starts with a live kernel (forkd's bash and JavaScript kernels start on their
+first cell). The image is built here if missing (cached by its recipe, like
 the default image: instant when nothing changed, minutes the first time).
 """
 
@@ -185,6 +186,47 @@ def test_forked_children_continue_one_kernel_session(http: httpx.Client, sandbox
     finally:
         for child in children:
             http.delete(f"/v1/sandboxes/{child}")
+
+
+def errors(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["name"], e["value"]) for e in of_type(events, "error")]
+
+
+def text(events: list[dict[str, Any]]) -> str:
+    return str(of_type(events, "result")[0]["data"]["text/plain"])
+
+
+def test_bash_cells_stream_and_keep_their_shell(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "echo one; sleep 2; echo two", language="bash")
+    assert stdout(events) == "one\ntwo\n" and errors(events) == [], events
+    assert events[-1]["_at"] - of_type(events, "stdout")[0]["_at"] > 1.5, events  # "one" came first
+    cell(http, sandbox, "greeting=hello; cd /tmp", language="bash")
+    assert stdout(cell(http, sandbox, "echo $greeting; pwd", language="bash")) == "hello\n/tmp\n"
+    assert errors(cell(http, sandbox, "ls /nowhere", language="bash")) == [("", "2")]  # E2B's shape
+    # Process substitution reads /dev/fd, which the agent links as an init would.
+    assert stdout(cell(http, sandbox, "cat <(echo substituted)", language="bash")) == "substituted\n"
+    # A cell in another language than its context's: refused by the guest, in the stream's end.
+    (refused,) = cell(http, sandbox, "1", context="default-bash", language="python")
+    assert refused["type"] == "end" and "runs bash, not python" in refused["error"], refused
+
+
+def test_javascript_cells_return_values_and_keep_declarations(http: httpx.Client, sandbox: str) -> None:
+    events = cell(http, sandbox, "console.log('hi'); 1 + 1", language="javascript")
+    assert stdout(events) == "hi\n" and text(events) == "2", events
+    cell(http, sandbox, "let kept = 40", language="js")
+    assert text(cell(http, sandbox, "kept + 2", language="js")) == "42"
+    assert text(cell(http, sandbox, "await Promise.resolve(process.cwd())", language="js")) == "'/home/user'"
+    (error,) = of_type(cell(http, sandbox, "null.x", language="js"), "error")
+    assert error["name"] == "TypeError" and "null" in error["value"], error
+
+
+def test_an_interrupted_javascript_loop_leaves_its_kernel_usable(http: httpx.Client, sandbox: str) -> None:
+    cell(http, sandbox, "const survivor = 7", language="js")
+    events = cell(http, sandbox, "while (true) {}", language="js", timeout=3)
+    assert events[-1]["timed_out"] is True and events[-1]["restarted"] is False, events
+    assert "SIGINT" in errors(events)[0][1], events
+    after = cell(http, sandbox, "survivor * 6", language="js")
+    assert text(after) == "42" and after[-1]["_at"] < 10, after  # the same context, at once
 
 
 def test_e2b_code_interpreter_sdk_runs_unchanged(daemon: Daemon) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from forkd.guest.agent.contexts import OUTPUT_CAP, CodeContexts
+from forkd.guest.agent.cell_output import OUTPUT_CAP
+from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.files import Files
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError

@@ -157,7 +157,7 @@ def test_bad_requests_and_an_image_without_a_kernel(relay: Any) -> None:
     with pytest.raises(RequestError, match="no Jupyter kernel") as exc:
         kernels.handle({"id": 5, "op": "run", "code": "1"})
     assert exc.value.kind == protocol.NOT_FOUND
-    assert kernels.handle({"op": "available"}) == {"available": False, "running": False}
+    assert kernels.handle({"op": "available"}) == {"available": False, "running": False, "languages": []}
 
 
 # ------------------------------------------------------------------ the host's side

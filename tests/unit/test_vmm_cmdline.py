@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forkd.guest.agent.setup import cmdline_options
+from forkd.guest.agent.setup import cmdline_options, dev_links
 from forkd.guest.agent.warm import warm_list
 from forkd.host.accel import Accel, VMConfig
 from forkd.vmm import cmdline as vmm_cmdline
@@ -52,3 +52,13 @@ def test_new_tcg_templates_have_no_pit_when_the_tsc_rate_is_known(monkeypatch: p
 def test_kernel_cmdline_quiets_idle_wakeups() -> None:
     words = vmm_cmdline.kernel_cmdline(["numpy"], accel=Accel.tcg()).split()
     assert set(vmm_cmdline.IDLE_QUIET) <= set(words)
+
+
+def test_the_agent_links_dev_fd_and_the_std_streams_as_an_init_would(tmp_path: Path) -> None:
+    """devtmpfs has no /dev/fd: bash's `. /dev/fd/N` and `<(...)` failed in the guest without it."""
+    (tmp_path / "stdin").symlink_to("/elsewhere")  # one that is there stays as it is
+    dev_links(str(tmp_path))
+    dev_links(str(tmp_path))  # again: nothing to do, no error
+    assert {p.name: str(p.readlink()) for p in tmp_path.iterdir()} == {
+        "fd": "/proc/self/fd", "stdin": "/elsewhere", "stdout": "/proc/self/fd/1",
+        "stderr": "/proc/self/fd/2"}

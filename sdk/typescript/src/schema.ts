@@ -136,7 +136,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Run a cell on the sandbox's IPython kernel and stream its output (NDJSON) */
+        /** Run a cell on one of the sandbox's Jupyter kernels and stream its output (NDJSON) */
         post: operations["run_code_v1_sandboxes__id__code_post"];
         delete?: never;
         options?: never;
@@ -829,12 +829,12 @@ export interface components {
         CodeRequest: {
             /**
              * Code
-             * @description The cell: Python, run by IPython (magics, `!shell`, top-level await, display()).
+             * @description The cell, in its kernel's language: Python run by IPython (magics, `!shell`, top-level await, display()), bash, or JavaScript (node; top-level await).
              */
             code: string;
             /**
              * Context
-             * @description The kernel to run on; one kernel per context, started on its first cell (default: `default`).
+             * @description The kernel to run on; one kernel per context, started on its first cell (default: the language's default context: `default` for python, `default-bash`, `default-javascript`).
              */
             context?: string | null;
             /**
@@ -851,11 +851,9 @@ export interface components {
             } | null;
             /**
              * Language
-             * @description Only python kernels are served.
-             * @default python
-             * @constant
+             * @description The kernel's language (`js` is `javascript`); default: the context's, python for a new one. Another language than the context's is a 400.
              */
-            language?: "python";
+            language?: ("python" | "bash" | "javascript" | "js") | null;
             /**
              * Timeout
              * @description Seconds the cell may run; then the kernel is interrupted.

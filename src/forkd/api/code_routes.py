@@ -1,4 +1,4 @@
-"""REST route for cells on a sandbox's IPython kernel: ``POST /v1/sandboxes/{id}/code``.
+"""REST route for cells on a sandbox's Jupyter kernels: ``POST /v1/sandboxes/{id}/code``.
 
 The answer is NDJSON (``application/x-ndjson``), one event a line, written as
 the kernel produces it: ``stdout``/``stderr`` (``text``), ``result`` (``data``:
@@ -40,15 +40,22 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["code"],
 
 CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DEFAULT_TIMEOUT_SECS = 300.0  # as KernelCells.run's (Runtime.kernels)
+# The kernel languages by every name the guest takes: protocol.KERNEL_LANGUAGES and its aliases,
+# spelt out for the schema (tests/unit/test_kernel_languages.py holds the two together).
+KernelLanguage = Literal["python", "bash", "javascript", "js"]
 
 
 class CodeRequest(RequestModel):
-    code: str = Field(max_length=16 << 20, description="The cell: Python, run by IPython (magics, "
-                      "`!shell`, top-level await, display()).")
+    code: str = Field(max_length=16 << 20, description="The cell, in its kernel's language: Python run by "
+                      "IPython (magics, `!shell`, top-level await, display()), bash, or JavaScript (node; "
+                      "top-level await).")
     context: str | None = Field(None, pattern=CONTEXT_PATTERN,
                                 description="The kernel to run on; one kernel per context, started on "
-                                "its first cell (default: `default`).")
-    language: Literal["python"] = Field("python", description="Only python kernels are served.")
+                                "its first cell (default: the language's default context: `default` "
+                                "for python, `default-bash`, `default-javascript`).")
+    language: KernelLanguage | None = Field(None, description="The kernel's language (`js` is "
+                                            "`javascript`); default: the context's, python for a new "
+                                            "one. Another language than the context's is a 400.")
     timeout: float = Field(DEFAULT_TIMEOUT_SECS, gt=0, le=86400,
                            description="Seconds the cell may run; then the kernel is interrupted.")
     env: ProcessEnv = None
@@ -84,12 +91,12 @@ STREAM_DOC: dict[int | str, dict[str, Any]] = {
 @router.post(
     "/sandboxes/{id}/code",
     response_class=StreamingResponse,
-    summary="Run a cell on the sandbox's IPython kernel and stream its output (NDJSON)",
+    summary="Run a cell on one of the sandbox's Jupyter kernels and stream its output (NDJSON)",
     responses=STREAM_DOC,
 )
 async def run_code(sandbox_id: SandboxIdPath, req: CodeRequest, rt: Runtime) -> StreamingResponse:
     events = await rt.kernels.run(sandbox_id, req.code, context=req.context, timeout_secs=req.timeout,
-                               env=req.env, cwd=req.cwd)
+                                  env=req.env, cwd=req.cwd, language=req.language)
     # no-transform / X-Accel-Buffering: proxies must pass each line on as it comes.
     return StreamingResponse(ndjson(events), media_type=NDJSON,
                              headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"})

@@ -111,7 +111,7 @@ class KernelsLike(Protocol):
 
     async def run(
         self, sandbox_id: str, code: str, *, context: str | None = None, timeout_secs: float = 300.0,
-        env: dict[str, str] | None = None, cwd: str | None = None,
+        env: dict[str, str] | None = None, cwd: str | None = None, language: str | None = None,
     ) -> Any: ...
 
 

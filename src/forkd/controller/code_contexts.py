@@ -1,9 +1,12 @@
 """`CodeRunner`: the host side of the agent's named code contexts (``forkd.guest.agent.contexts``).
 
 The code interpreter (E2B's ``run_code``) runs cells in PID 1's warm
-interpreter: the ``default`` context is the namespace ``eval`` uses, others are
-made with ``create``. Everything the guest answers is checked and bounded here
-before it is passed on: the guest is not trusted.
+interpreter where the image has no Jupyter kernel: the ``default`` context is
+the namespace ``eval`` uses, others are made with ``create``. Where it has one,
+the contexts are those of the kernels (``KernelCells``), each with its
+language; the guest lists a default context for each language it runs.
+Everything the guest answers is checked and bounded here before it is passed
+on: the guest is not trusted.
 """
 
 from __future__ import annotations
@@ -81,9 +84,16 @@ class CodeRunner:
 
     async def create(self, sandbox_id: str, *, language: str | None = None,
                      cwd: str | None = None) -> dict[str, str]:
+        """A new context: python (PID 1's, or the kernel's), or bash or javascript on a kernel."""
         args: dict[str, object] = {"op": "create"}
         if language is not None:
-            args["language"] = language
+            try:
+                args["language"] = language = protocol.kernel_language(language)
+            except protocol.RequestError as exc:
+                raise InvalidRequest(str(exc)) from None
+            if language != "python":  # an older agent refuses it, but says only python is served
+                await self._sandboxes.require_agent(sandbox_id, protocol.LANGUAGE_AGENT_VERSION,
+                                                    "bash and JavaScript kernels")
         if cwd is not None:
             args["cwd"] = cwd
         return _context(await self._call(sandbox_id, 30, **args))

@@ -1,4 +1,4 @@
-"""`KernelCells`: cells on the IPython kernels inside a sandbox (``forkd.guest.agent.kernels``).
+"""`KernelCells`: cells on the Jupyter kernels inside a sandbox (``forkd.guest.agent.kernels``).
 
 A cell is a stream: its output (``stdout``/``stderr`` text, each ``result``
 with its MIME bundle, the ``error``) comes while it runs, then its ``end``.
@@ -9,8 +9,11 @@ so the next cell runs at once. A cell past its ``timeout_secs`` is interrupted
 by the guest, which then answers its end with ``timed_out``.
 
 Kernels run only on images that have one (``forkd image build --name
-code-interpreter``); ``available`` tells. Everything the guest sends is checked
-for shape and size here before anyone sees it: the guest is not trusted.
+code-interpreter``); ``available`` tells. A cell's ``language`` (python, bash or
+javascript, ``protocol.KERNEL_LANGUAGES``) picks its context's kernel; a guest
+agent too old to know it would run bash as Python, so it is refused first
+(``require_agent``). Everything the guest sends is checked for shape and size
+here before anyone sees it: the guest is not trusted.
 """
 
 from __future__ import annotations
@@ -142,13 +145,17 @@ class KernelCells:
 
     async def run(self, sandbox_id: str, code: str, *, context: str | None = None,
                   timeout_secs: float = DEFAULT_TIMEOUT_SECS, env: dict[str, str] | None = None,
-                  cwd: str | None = None) -> CellEvents:
-        """Start a cell on the context's kernel (started on its first cell) and stream it."""
+                  cwd: str | None = None, language: str | None = None) -> CellEvents:
+        """Start a cell on the context's kernel (started on its first cell) and stream it.
+
+        ``language`` None: the context's own (python for a new one); a context omitted: the
+        language's default context."""
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
         bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
         try:
             env = protocol.check_env(env)
+            language = None if language is None else protocol.kernel_language(language)
         except protocol.RequestError as exc:
             raise InvalidRequest(str(exc)) from None
         sandbox_id = self._sandboxes.resolve(sandbox_id)
@@ -156,6 +163,11 @@ class KernelCells:
             raise Conflict(f"sandbox {sandbox_id!r} has no Jupyter kernel: start it from a snapshot of "
                            "the code-interpreter image (forkd image build --name code-interpreter)")
         args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
+        if language is not None:
+            if language != "python":
+                await self._sandboxes.require_agent(sandbox_id, protocol.LANGUAGE_AGENT_VERSION,
+                                                    "bash and JavaScript kernels")
+            args["language"] = language
         if context is not None:
             args["context"] = context
         if cwd is not None:

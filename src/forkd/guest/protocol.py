@@ -80,13 +80,23 @@ FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
 METADATA_AGENT_VERSION = 10
 # Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
 CONTEXT = "context"
-# Cells on IPython kernels (forkd.guest.agent.kernels), one kernel per context:
-# op run (code, context, timeout_secs, env, cwd) -> a stream of KERNEL_EVENTS, then
+# Cells on Jupyter kernels (forkd.guest.agent.kernels), one kernel per context:
+# op run (code, context, language, timeout_secs, env, cwd) -> a stream of KERNEL_EVENTS, then
 # {"type": "end", "execution_count", "timed_out", "restarted"}; op interrupt (context)
-# -> {"interrupted"}; op available -> {"available", "running"}; op shutdown|restart
+# -> {"interrupted"}; op available -> {"available", "running", "languages"}; op shutdown|restart
 # (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
 # proc_ack and proc_detach, like process streams; each event costs line_cost.
 KERNEL = "kernel"
+# A context's language (context create, kernel run): one of KERNEL_LANGUAGES, by any of its names
+# (kernel_language). A run without a context runs on its language's default context
+# (default_context); one without a language on its context's, python for a new one. Agents older
+# than LANGUAGE_AGENT_VERSION ignore "language" (every kernel is IPython's): the host asks first.
+KERNEL_LANGUAGES = ("python", "bash", "javascript")
+KERNEL_LANGUAGE_ALIASES = {"js": "javascript"}  # E2B's SDK sends "js" and "javascript"
+LANGUAGE_AGENT_VERSION = 11
+# Where the default bash and JavaScript contexts, and the contexts E2B's interpreter makes without a
+# cwd, start: the home of the sandbox's user, as in E2B's sandboxes.
+KERNEL_HOME = "/home/user"
 # Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive, entries?)
 # -> {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
 # {"events": [{"name", "type": create|write|remove|rename|chmod, "entry"?}], "overflowed"}; op remove.
@@ -278,6 +288,23 @@ def check_metadata(metadata: object) -> dict[str, str]:
         raise RequestError(f"metadata is {total} bytes (keys with their prefix {METADATA_XATTR_PREFIX!r}, "
                            f"and values); at most {METADATA_TOTAL_MAX}", INVALID)
     return dict(metadata)
+
+
+def kernel_language(name: object) -> str:
+    """A context's language by any of its names, case aside (None or "": python)."""
+    if name is None or name == "":
+        return "python"
+    key = name.strip().lower() if isinstance(name, str) else None
+    language = KERNEL_LANGUAGE_ALIASES.get(key or "", key)
+    if language not in KERNEL_LANGUAGES:
+        raise RequestError(f"language must be one of {', '.join(KERNEL_LANGUAGES)} (or "
+                           f"{', '.join(KERNEL_LANGUAGE_ALIASES)}), not {str(name)[:40]!r}", INVALID)
+    return language
+
+
+def default_context(language: str) -> str:
+    """The context a cell of ``language`` runs on when it names none."""
+    return "default" if language == "python" else f"default-{language}"
 
 
 def check_env(env: object) -> dict[str, str]:

@@ -61,9 +61,11 @@ BASE_PACKAGES: tuple[str, ...] = ("python3", "python3-numpy", "sudo")
 # Built-in named recipes: ``forkd image build --name NAME`` installs these Debian
 # packages with apt-get on top of the base tree (debootstrap's --include cannot
 # configure a tree this large: python3-zmq fails). ``code-interpreter`` carries
-# IPython's kernel, which the agent's kernel runner (guest/agent/kernel_runner.py) drives.
+# IPython's kernel, which the agent's kernel runner (guest/agent/kernel_runner.py) drives,
+# and Node.js for forkd's JavaScript kernel (guest/agent/kernel_js.py; bash is in every image).
 NAMED_RECIPES: dict[str, tuple[str, ...]] = {
     "code-interpreter": (
+        "nodejs",
         "python3-ipykernel",
         "python3-jupyter-client",
         "python3-matplotlib",

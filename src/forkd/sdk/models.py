@@ -154,14 +154,19 @@ class CodeRequest(TypedDict, total=False):
     """The ``CodeRequest`` schema."""
 
     code: Required[str]
-    """The cell: Python, run by IPython (magics, `!shell`, top-level await, display())."""
-
-    context: str | None
-    """The kernel to run on; one kernel per context, started on its first cell (default: `default`).
+    """The cell, in its kernel's language: Python run by IPython (magics, `!shell`, top-level await,
+    display()), bash, or JavaScript (node; top-level await).
     """
 
-    language: Literal["python"]
-    """Only python kernels are served."""
+    context: str | None
+    """The kernel to run on; one kernel per context, started on its first cell (default: the language's
+    default context: `default` for python, `default-bash`, `default-javascript`).
+    """
+
+    language: Literal["python", "bash", "javascript", "js"] | None
+    """The kernel's language (`js` is `javascript`); default: the context's, python for a new one.
+    Another language than the context's is a 400.
+    """
 
     timeout: float
     """Seconds the cell may run; then the kernel is interrupted."""

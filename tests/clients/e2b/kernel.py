@@ -1,5 +1,6 @@
 """An E2B user's code interpreter session on the code-interpreter image, unchanged: a chart as a
-PNG, a DataFrame as HTML, output that streams, an interrupted cell, a context, the sandbox's envs."""
+PNG, a DataFrame as HTML, output that streams, an interrupted cell, a context, the sandbox's envs,
+and bash and JavaScript cells."""
 
 import base64
 import time
@@ -42,4 +43,18 @@ with Sandbox.create(envs={"GREETING": "hello from the host"}) as sbx:
     assert sbx.run_code("kept", context=ctx).error.name == "NameError"
     assert sbx.run_code("y = 5\ny", context=ctx).text == "5"
     sbx.remove_code_context(ctx)
+
+    # bash and JavaScript, as E2B's own tests call them
+    assert sbx.run_code("echo $GREETING", language="bash").logs.stdout == ["hello from the host\n"]
+    assert sbx.run_code("echo $FOO", envs={"FOO": "bar"}, language="bash").logs.stdout == ["bar\n"]
+    assert sbx.run_code("echo ${FOO:-default}", language="bash").logs.stdout == ["default\n"]
+    assert sbx.run_code("pwd", language="bash").logs.stdout == ["/home/user\n"]
+    assert sbx.run_code("console.log('Hello, World!')", language="js").logs.stdout == ["Hello, World!\n"]
+    sbx.run_code("const x = 1", language="js")
+    assert sbx.run_code("x", language="js").results[0].text == "1"
+    assert sbx.run_code("await Promise.resolve('Hello World!')", language="js").text == "Hello World!"
+    assert sbx.run_code("process.env.FOO", envs={"FOO": "bar"}, language="javascript").text == "bar"
+    assert "javascript" in [c.language for c in sbx.list_code_contexts()]
+    js = sbx.create_code_context("/home", language="js")
+    assert sbx.run_code("process.cwd()", context=js).text == "/home"
     print("kernel ok")

@@ -9,14 +9,18 @@ nanoseconds), each ``result`` with E2B's fields (``text``, ``html``,
 ``number_of_executions``.
 
 On a sandbox whose image has a Jupyter kernel (the ``code-interpreter``
-image) the cell runs on the context's IPython kernel (``Runtime.kernels.run``)
-and its output streams while it runs; a client that leaves interrupts it.
-Elsewhere it runs in PID 1's warm interpreter (``Runtime.code.run``: the
-``default`` context is the namespace ``eval`` uses) and its output is sent
-when the cell ends. A cell may run ``CELL_TIMEOUT_SECS`` (the SDK's own
-default timeout), then it is interrupted.
+image) the cell runs on the context's kernel (``Runtime.kernels.run``): python
+(IPython), bash or javascript (``language``, E2B's names: ``js`` is
+``javascript``; a cell that names a language and no context runs on that
+language's default context, as E2B's does), and its output streams while it
+runs; a client that leaves interrupts it. Elsewhere it runs in PID 1's warm
+interpreter (``Runtime.code.run``: the ``default`` context is the namespace
+``eval`` uses; Python only) and its output is sent when the cell ends. A cell
+may run ``CELL_TIMEOUT_SECS`` (the SDK's own default timeout), then it is
+interrupted.
 
-``/contexts``: create (python only), list, remove, restart.
+``/contexts``: create (a language, and a cwd: ``/home/user`` by default where the
+kernels run, as in E2B), list (with the default context of each language), remove, restart.
 """
 
 from __future__ import annotations
@@ -30,17 +34,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from forkd.errors import ForkdError, InvalidRequest, NotFound, SandboxGone
+from forkd.guest import protocol
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
 
 CELL_TIMEOUT_SECS = 300.0
-LANGUAGES = (None, "python")
 
 
-def _language(value: object) -> None:
-    if value not in LANGUAGES:
-        raise InvalidRequest(f"only python code runs here, not {value!r} (see docs/E2B.md)")
+def _language(value: object) -> str | None:
+    """E2B's name of a language as forkd's (None: not given); a 400 names the languages served."""
+    if value is None or value == "":
+        return None
+    try:
+        return protocol.kernel_language(value)
+    except protocol.RequestError as exc:
+        raise InvalidRequest(f"{exc} (see docs/E2B.md)") from None
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -140,12 +149,14 @@ class Interpreter:
         rt = self._runtime()
         if path == "/execute" and method == "POST":
             body = await _json(request)
-            _language(body.get("language"))
             code = body.get("code")
             if not isinstance(code, str):
                 raise InvalidRequest("code must be a string")
             env = body.get("env_vars") or None
             context = body.get("context_id") or None
+            if context is not None and body.get("language"):  # E2B's rule, and its words
+                raise InvalidRequest("Only one of context_id or language can be provided")
+            language = _language(body.get("language"))
             if await rt.kernels.available(sandbox_id):
                 cwd = None
                 if context is not None and context != "default":  # a context's kernel starts in its cwd
@@ -153,13 +164,16 @@ class Interpreter:
                     if context not in known:
                         raise NotFound(f"no code context {context!r}")
                     cwd = known[context]
-                events = await rt.kernels.run(sandbox_id, code, context=context,
+                events = await rt.kernels.run(sandbox_id, code, context=context, language=language,
                                               timeout_secs=CELL_TIMEOUT_SECS, env=env, cwd=cwd)
                 return StreamingResponse(kernel_stream(events, lambda: _alive(rt, sandbox_id)),
                                          media_type="application/x-ndjson",
                                          headers={"Cache-Control": "no-cache, no-transform"})
-            cell = await rt.code.run(sandbox_id, code, context=body.get("context_id") or None,
-                                     timeout_secs=CELL_TIMEOUT_SECS, env=env)
+            if language not in (None, "python"):
+                raise InvalidRequest(f"{language} cells run on a Jupyter kernel, which this sandbox's image "
+                                     "has not: start it from the code-interpreter image (see docs/E2B.md)")
+            cell = await rt.code.run(sandbox_id, code, context=context, timeout_secs=CELL_TIMEOUT_SECS,
+                                     env=env)
 
             async def stream() -> AsyncIterator[bytes]:
                 for line in lines(cell):
@@ -168,9 +182,10 @@ class Interpreter:
             return StreamingResponse(stream(), media_type="application/x-ndjson")
         if path == "/contexts" and method == "POST":
             body = await _json(request)
-            _language(body.get("language"))
-            return JSONResponse(await rt.code.create(sandbox_id, language=body.get("language"),
-                                                             cwd=body.get("cwd")))
+            language = _language(body.get("language"))
+            kernels = await rt.kernels.available(sandbox_id)
+            cwd = body.get("cwd") or (protocol.KERNEL_HOME if kernels else None)
+            return JSONResponse(await rt.code.create(sandbox_id, language=language, cwd=cwd))
         if path == "/contexts" and method == "GET":
             return JSONResponse(await rt.code.list(sandbox_id))
         parts = path.split("/")

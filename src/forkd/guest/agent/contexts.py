@@ -15,8 +15,12 @@ and leaves the cell's result beside the call, by a token, rather than as the
 call's value: no helper name ever appears among the user's variables, and the
 evaluator's own bound on a value's length never cuts a cell's output.
 
-Captured output is bounded (``OUTPUT_CAP`` per stream; the rest is dropped and
-said so), and so is the number of contexts.
+Captured output is bounded (``cell_output.OUTPUT_CAP`` per stream; the rest is
+dropped and said so), and so is the number of contexts.
+
+A context has a language: where the image runs Jupyter kernels (which then
+run every cell, ``forkd.guest.agent.kernels``) also bash or javascript, each
+with a default context (``protocol.default_context``). PID 1 runs Python only.
 """
 
 from __future__ import annotations
@@ -24,66 +28,37 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import io
 import os
 import re
 import threading
-import traceback
 import types
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from forkd.guest import protocol
+from forkd.guest.agent import kernel_specs
+from forkd.guest.agent.cell_output import CELL, Capped, cell_error
 from forkd.guest.agent.evaluator import EvalTimeout, Evaluator
 from forkd.guest.protocol import EVAL_DEFAULT_TIMEOUT_SECS, INVALID, NOT_FOUND, RequestError, request_timeout
 
 DEFAULT = "default"
 MAX_CONTEXTS = 64
-OUTPUT_CAP = 1 << 20  # characters kept per stream of one run
 CONTEXT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 LANGUAGE = "python"
 
 
-class _Capped(io.StringIO):
-    """A stdout/stderr stand-in that keeps the first ``OUTPUT_CAP`` characters."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dropped = 0
-
-    def write(self, s: str) -> int:
-        room = OUTPUT_CAP - self.tell()
-        if room > 0:
-            super().write(s[:room])
-        self.dropped += max(0, len(s) - max(room, 0))
-        return len(s)
-
-    def text(self) -> str:
-        tail = f"\n[forkd: {self.dropped} more characters dropped]\n" if self.dropped else ""
-        return self.getvalue() + tail
-
-
-CELL = "<cell>"  # the file name a cell's code is compiled under
-
-
-def _error(exc: BaseException) -> dict[str, str]:
-    """Name, value and traceback of a cell's exception; the traceback starts at the cell
-    (the agent's own frames above it are nobody's business)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != CELL:
-        tb = tb.tb_next
-    return {"name": type(exc).__name__, "value": str(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
-
-
 class _Context:
-    def __init__(self, context_id: str, namespace: dict[str, Any], cwd: str) -> None:
+    def __init__(self, context_id: str, namespace: dict[str, Any], cwd: str,
+                 language: str = LANGUAGE) -> None:
         self.id = context_id
-        self.namespace = namespace
+        self.namespace = namespace  # a kernel's context (not python) has none of its own
         self.cwd = cwd
+        self.language = language
         self.executions = 0
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.id, "language": LANGUAGE, "cwd": self.cwd}
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
 
 # The agent's CodeContexts by key, for run_cell: the one-line call names its instance.
@@ -96,11 +71,20 @@ def run_cell(instance: int, token: str, context_id: str, code: str, env: dict[st
 
 
 class CodeContexts:
-    def __init__(self, warm_namespace: dict[str, Any], evaluator: Evaluator) -> None:
+    def __init__(self, warm_namespace: dict[str, Any], evaluator: Evaluator,
+                 languages: Callable[[], tuple[str, ...]] = tuple) -> None:
         self._warm = warm_namespace
         self._evaluator = evaluator
+        self._languages = languages  # what the image's kernels run (none: PID 1's Python alone)
         self._lock = threading.Lock()  # the table of contexts and the results
-        self._contexts: dict[str, _Context] = {DEFAULT: _Context(DEFAULT, warm_namespace, "/")}
+        home = self._home = protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/"
+        # With kernels, python's default context is IPython's kernel, which starts in the home as
+        # E2B's do; without, it is PID 1's own namespace, whose eval runs where PID 1 does (/).
+        self._contexts: dict[str, _Context] = {
+            DEFAULT: _Context(DEFAULT, warm_namespace, home if languages() else "/")}
+        for language in languages():
+            if (name := protocol.default_context(language)) != DEFAULT:
+                self._contexts[name] = self._new(name, home, language)
         self._results: dict[str, dict[str, Any]] = {}
         self._abandoned: set[str] = set()  # tokens whose caller stopped waiting
         _INSTANCES[id(self)] = self
@@ -120,11 +104,21 @@ class CodeContexts:
 
     # ------------------------------------------------------------------ table
 
+    def _new(self, context_id: str, cwd: str, language: str) -> _Context:
+        namespace = self._fresh_namespace() if language == LANGUAGE else {}
+        return _Context(context_id, namespace, cwd, language)
+
     def _fresh_namespace(self) -> dict[str, Any]:
         """Empty but for the warm modules (numpy, ...), which cost nothing to share."""
         ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         ns.update({k: v for k, v in self._warm.items() if isinstance(v, types.ModuleType)})
         return ns
+
+    def describe(self, context_id: str) -> dict[str, Any] | None:
+        """A context's language and cwd, for its kernel (None: not made here)."""
+        with self._lock:
+            context = self._contexts.get(context_id)
+        return None if context is None else context.info()
 
     def _get(self, req: dict[str, Any]) -> _Context:
         context_id = req.get("context") or DEFAULT
@@ -137,25 +131,25 @@ class CodeContexts:
         return context
 
     def create(self, req: dict[str, Any]) -> dict[str, Any]:
-        language = req.get("language") or LANGUAGE
-        if language != LANGUAGE:
-            raise RequestError(f"only python contexts are served, not {language!r}", INVALID)
-        cwd = req.get("cwd") or "/"
+        language = protocol.kernel_language(req.get("language"))
+        if language != LANGUAGE and language not in self._languages():
+            raise RequestError(kernel_specs.missing(language), INVALID)
+        cwd = req.get("cwd") or (self._home if self._languages() else "/")  # where its kernel starts
         if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
             raise RequestError("cwd must be an absolute path", INVALID)
         with self._lock:
             if len(self._contexts) >= MAX_CONTEXTS:
                 raise RequestError(f"at most {MAX_CONTEXTS} code contexts; remove one first", INVALID)
-            context = _Context(uuid.uuid4().hex, self._fresh_namespace(), cwd)
+            context = self._new(uuid.uuid4().hex, cwd, language)
             self._contexts[context.id] = context
         return context.info()
 
     def remove_or_restart(self, req: dict[str, Any], *, restart: bool) -> dict[str, Any]:
         context = self._get(req)
+        if not restart and context.id.startswith(DEFAULT):  # python's, and a language's
+            raise RequestError(f"the default context {context.id!r} cannot be removed", INVALID)
         with self._lock:
             if context.id == DEFAULT:
-                if not restart:
-                    raise RequestError("the default context cannot be removed", INVALID)
                 # PID 1's namespace is the warm state every child inherited: keep the warm
                 # modules, drop what runs added.
                 kept = {k: v for k, v in self._warm.items() if k.startswith("__") or
@@ -164,7 +158,7 @@ class CodeContexts:
                 self._warm.update(kept)
                 context.executions = 0
             elif restart:
-                self._contexts[context.id] = _Context(context.id, self._fresh_namespace(), context.cwd)
+                self._contexts[context.id] = self._new(context.id, context.cwd, context.language)
             else:
                 del self._contexts[context.id]
         return context.info()
@@ -181,6 +175,9 @@ class CodeContexts:
                 for k, v in env.items()):
             raise RequestError("env must map variable names to strings", INVALID)
         context = self._get(req)
+        if context.language != LANGUAGE:
+            raise RequestError(f"{context.id!r} is a {context.language} context: its cells run on its "
+                               "Jupyter kernel", INVALID)
         timeout = request_timeout(req, EVAL_DEFAULT_TIMEOUT_SECS)
         token = uuid.uuid4().hex
         answer = self._evaluator.evaluate(
@@ -213,7 +210,7 @@ class CodeContexts:
             missing = {"name": "KeyError", "value": f"no code context {context_id!r}", "traceback": ""}
             return {"text": None, "stdout": "", "stderr": "", "execution_count": 0, "error": missing}
         context.executions += 1
-        out, err = _Capped(), _Capped()
+        out, err = Capped(), Capped()
         text: str | None = None
         error: dict[str, str] | None = None
         saved = {k: os.environ.get(k) for k in env}
@@ -233,7 +230,7 @@ class CodeContexts:
         except EvalTimeout:
             raise  # the watchdog's: the evaluator answers with the time limit
         except BaseException as exc:  # the user's code failed: report it as Jupyter does
-            error = _error(exc)
+            error = cell_error(exc)
         finally:
             for k, v in saved.items():
                 if v is None:

@@ -1,4 +1,4 @@
-"""The ``kernel`` action: cells run on IPython kernels, their output streamed as it comes.
+"""The ``kernel`` action: cells run on Jupyter kernels, their output streamed as it comes.
 
 PID 1 stays stdlib only: it starts ``kernel_runner.py`` (beside this file) with
 the guest's python3 the first time a kernel is needed, writes it requests as
@@ -9,6 +9,12 @@ stream: each event costs its line's length (``protocol.line_cost``) against the
 window the host acknowledges with ``proc_ack``; while the window is full the
 runner is not read, so it stops reading its kernel.
 
+Each context's kernel runs its language (``protocol.KERNEL_LANGUAGES``):
+as its cell asks, else as the context was made (``contexts``) or its kernel
+started, else python; a cell in another language than its context's is
+refused. A cell without a context runs on its language's default context, in
+that context's cwd. Which languages the image runs: ``kernel_specs``.
+
 A host that stops watching a cell (``proc_detach``: its client went away)
 interrupts the cell's kernel, so the next cell runs at once. The runner and its
 kernels survive a snapshot like any process of the guest: every child restored
@@ -17,7 +23,6 @@ from it continues their sessions.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -27,8 +32,9 @@ import threading
 from typing import IO, Any
 
 from forkd.guest import protocol
+from forkd.guest.agent import kernel_specs
 from forkd.guest.agent.channel import Channel
-from forkd.guest.agent.contexts import CONTEXT_ID
+from forkd.guest.agent.contexts import CONTEXT_ID, CodeContexts
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError
 
@@ -47,9 +53,11 @@ class _Run:
 
 
 class Kernels:
-    def __init__(self, channel: Channel, reaper: Reaper) -> None:
+    def __init__(self, channel: Channel, reaper: Reaper, contexts: CodeContexts | None = None) -> None:
         self.channel = channel
         self.reaper = reaper
+        self.contexts = contexts
+        self.languages: dict[str, str] = {}  # context -> the language its kernel was started in
         self.cond = threading.Condition()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ids = itertools.count(1)
@@ -59,16 +67,17 @@ class Kernels:
 
     def available(self) -> bool:
         if self._available is None:
-            self._available = importlib.util.find_spec("jupyter_client") is not None and \
-                importlib.util.find_spec("ipykernel") is not None
+            self._available = kernel_specs.jupyter()
         return self._available
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
         op = req.get("op")
         if op == "available":
             with self.cond:
-                return {"available": self.available(), "running": self.proc is not None}
-        context = req.get("context") or "default"
+                return {"available": self.available(), "running": self.proc is not None,
+                        "languages": list(kernel_specs.languages(self.available()))}
+        language = None if req.get("language") is None else protocol.kernel_language(req.get("language"))
+        context = req.get("context") or protocol.default_context(language or "python")
         if not isinstance(context, str) or not CONTEXT_ID.match(context):
             raise RequestError("context must be 1 to 64 letters, digits, '_' or '-'", INVALID)
         if op == "interrupt":
@@ -82,12 +91,10 @@ class Kernels:
             if not isinstance(code, str):
                 raise RequestError("kernel run needs 'code': a string", INVALID)
             env = protocol.check_env(req.get("env"))
-            cwd = req.get("cwd") or "/"
-            if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
-                raise RequestError("cwd must be an absolute path", INVALID)
+            language, cwd = self._settle(context, language, req.get("cwd"))
             timeout = protocol.request_timeout(req, protocol.EVAL_DEFAULT_TIMEOUT_SECS)
-            self._submit(req.get("id"), context, {"op": "run", "context": context, "code": code, "env": env,
-                                                   "cwd": cwd, "timeout": timeout,
+            self._submit(req.get("id"), context, {"op": "run", "context": context, "language": language,
+                                                   "code": code, "env": env, "cwd": cwd, "timeout": timeout,
                                                    "silent": req.get("silent") is True})
             return None
         if op in CALL_OPS:
@@ -99,6 +106,22 @@ class Kernels:
         raise RequestError(f"kernel op must be run, interrupt, available, shutdown or restart, not {op!r}",
                            INVALID)
 
+    def _settle(self, context: str, language: str | None, cwd: object) -> tuple[str, str]:
+        """The language and working directory of a cell's kernel (see the module's docstring)."""
+        made = self.contexts.describe(context) if self.contexts is not None else None
+        with self.cond:
+            known = self.languages.get(context) or (made or {}).get("language")
+        if known is not None and language is not None and language != known:
+            raise RequestError(f"context {context!r} runs {known}, not {language}", INVALID)
+        language = language or known or "python"
+        if self.available() and language not in kernel_specs.languages(True):
+            raise RequestError(kernel_specs.missing(language), NOT_FOUND)
+        cwd = cwd or (made or {}).get("cwd") or (
+            protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/")  # as E2B's kernels
+        if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
+            raise RequestError("cwd must be an absolute path", INVALID)
+        return language, cwd
+
     def _submit(self, host_id: Any, context: str, msg: dict[str, Any]) -> None:
         if not self.available():
             raise RequestError("this image has no Jupyter kernel (see forkd image build --name "
@@ -109,6 +132,10 @@ class Kernels:
             if self.proc is None:
                 self._start()
             rid = next(self.ids)
+            if msg["op"] == "run":
+                self.languages.setdefault(context, msg["language"])
+            elif msg["op"] == "shutdown":
+                self.languages.pop(context, None)
             run = _Run(host_id, context)
             self.runs[rid] = run
             self.streams[host_id] = run
@@ -168,6 +195,7 @@ class Kernels:
         with self.cond:  # the runner is gone, and the kernels with it
             if self.proc is proc:
                 self.proc = None
+                self.languages.clear()
             for rid, run in list(self.runs.items()):
                 self._finish(rid, run)
                 if not run.detached:

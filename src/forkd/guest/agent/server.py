@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forkd.guest import protocol
-from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.agent import AGENT_VERSION, kernel_specs
 from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
@@ -65,10 +65,10 @@ class Agent:
         self.warm = warm
         self.channel = Channel()
         self.evaluator = Evaluator(self.namespace)
-        self.contexts = CodeContexts(self.namespace, self.evaluator)
+        self.contexts = CodeContexts(self.namespace, self.evaluator, kernel_specs.languages)
         self.reaper = Reaper()
         self.processes = Processes(self.reaper, self.channel)
-        self.kernels = Kernels(self.channel, self.reaper)
+        self.kernels = Kernels(self.channel, self.reaper, self.contexts)
         self.workers = Workers()
         self.fs = RootFreezer()
         self.files = Files()

@@ -1,8 +1,9 @@
-"""PID 1's environment: the kernel command line, mounts, hostname, loopback, the port.
+"""PID 1's environment: the kernel command line, mounts, /dev's links, hostname, loopback, the port.
 
 The agent is the guest's init (there is no systemd in the image), so before it
-can serve it does what an init would: mount the pseudo filesystems, set the
-hostname, bring up ``lo``, and find its virtio-serial port by name.
+can serve it does what an init would: mount the pseudo filesystems, link
+/dev/fd and /dev/std*, set the hostname, bring up ``lo``, and find its
+virtio-serial port by name.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ PID1_MOUNTS = (
     ("tmpfs", "/run", "tmpfs", "mode=755"),
     ("tmpfs", "/tmp", "tmpfs", "mode=1777"),
 )
+
+# The links an init's /dev has (udev and systemd-tmpfiles make them; devtmpfs has none): bash's
+# process substitution, `. /dev/fd/N` and programs that open /dev/stdin need them.
+DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"), ("/proc/self/fd/1", "stdout"),
+             ("/proc/self/fd/2", "stderr"))
 
 # <linux/sockios.h>, <net/if.h>
 SIOCGIFFLAGS = 0x8913
@@ -61,6 +67,13 @@ def _mount(source: str, target: str, fstype: str, options: str = "") -> None:
         subprocess.run([*args, source, target], stderr=subprocess.DEVNULL, check=False)
 
 
+def dev_links(dev: str = "/dev") -> None:
+    """``DEV_LINKS`` in ``dev``, where missing."""
+    for target, name in DEV_LINKS:
+        with contextlib.suppress(OSError):
+            os.symlink(target, os.path.join(dev, name))
+
+
 def loopback_up() -> None:
     """``ip link set lo up`` without iproute2 (minbase images have none)."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -80,6 +93,7 @@ def setup_pid1_environment() -> None:
     for src, target, fstype, options in PID1_MOUNTS:
         if target not in mounted:
             _mount(src, target, fstype, options)
+    dev_links()
     with contextlib.suppress(OSError):
         with open("/etc/hostname") as f:
             name = f.read().strip() or "forkd"
