@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
@@ -76,49 +75,86 @@ def test_an_unknown_language_is_refused_naming_those_served() -> None:
 # ------------------------------------------------------------------ the kernels
 
 
+# jupyter_client's blocking client applies nest_asyncio, which swaps asyncio's tasks, futures and
+# asyncio.run for its own in the whole process: the rest of the unit tests (test_sdk's per-loop
+# controllers) then fail. So the client runs in a child interpreter, driven over its stdin/stdout.
+_CLIENT = r"""
+import json, queue, sys, time
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from forkd.guest.agent import kernel_specs
+
+language, cwd = sys.argv[1], sys.argv[2]
+specs = KernelSpecManager(kernel_dirs=[kernel_specs.write(cwd + "/.specs")], ensure_native_kernel=False)
+km = KernelManager(kernel_name=kernel_specs.KERNEL_NAMES[language], kernel_spec_manager=specs)
+km.start_kernel(cwd=cwd)
+kc = km.blocking_client()
+kc.start_channels()
+kc.wait_for_ready(timeout=60)
+print(json.dumps("ready"), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    metadata = {"forkd_env": req["env"]} if req["env"] else {}
+    msg = kc.session.msg("execute_request", {"code": req["code"], "silent": False, "store_history": True,
+                                             "user_expressions": {}, "allow_stdin": False}, metadata=metadata)
+    kc.shell_channel.send(msg)
+    interrupt_after, started, out, ended = req["interrupt_after"], time.monotonic(), [], False
+    while time.monotonic() - started < 30:
+        if interrupt_after is not None and time.monotonic() - started > interrupt_after:
+            km.interrupt_kernel()
+            interrupt_after = None
+        try:
+            got = kc.get_iopub_msg(timeout=0.1)
+        except queue.Empty:
+            continue
+        if got["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            continue
+        if got["msg_type"] == "status" and got["content"]["execution_state"] == "idle":
+            ended = True
+            break
+        out.append({"type": got["msg_type"], "at": time.monotonic(), **got["content"]})
+    print(json.dumps({"ended": ended, "messages": out}, default=str), flush=True)
+kc.stop_channels()
+km.shutdown_kernel(now=True)
+"""
+
+
 class Kernel:
-    """A wrapper kernel under a real KernelManager, from the runner's kernel.json files."""
+    """A wrapper kernel under a real KernelManager (in a child interpreter), from the runner's
+    kernel.json files."""
 
     def __init__(self, language: str, cwd: Path) -> None:
-        from jupyter_client.kernelspec import KernelSpecManager
-        from jupyter_client.manager import KernelManager
-
-        specs = KernelSpecManager(kernel_dirs=[kernel_specs.write(str(cwd / ".specs"))],
-                                  ensure_native_kernel=False)
         self.cwd = cwd
-        self.km = KernelManager(kernel_name=kernel_specs.KERNEL_NAMES[language], kernel_spec_manager=specs)
-        self.km.start_kernel(cwd=str(cwd))
-        self.kc = self.km.blocking_client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        self.proc = subprocess.Popen([sys.executable, "-c", _CLIENT, language, str(cwd)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._answer() == "ready"
+
+    def _answer(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"the Jupyter client exited ({self.proc.poll()})"
+        return json.loads(line)
 
     def run(self, code: str, env: dict[str, str] | None = None,
             interrupt_after: float | None = None) -> list[dict[str, Any]]:
         """One cell's iopub messages (type, content, arrival time), up to its idle."""
-        metadata = {"forkd_env": env} if env else {}
-        msg = self.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
-                                                      "user_expressions": {}, "allow_stdin": False},
-                                  metadata=metadata)
-        self.kc.shell_channel.send(msg)
-        started, out = time.monotonic(), []
-        while time.monotonic() - started < 30:
-            if interrupt_after is not None and time.monotonic() - started > interrupt_after:
-                self.km.interrupt_kernel()
-                interrupt_after = None
-            try:
-                got = self.kc.get_iopub_msg(timeout=0.1)
-            except queue.Empty:
-                continue
-            if got["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
-                continue
-            if got["msg_type"] == "status" and got["content"]["execution_state"] == "idle":
-                return out
-            out.append({"type": got["msg_type"], "at": time.monotonic(), **got["content"]})
-        raise AssertionError(f"the cell did not end: {out}")
+        assert self.proc.stdin is not None
+        request = {"code": code, "env": env, "interrupt_after": interrupt_after}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        if not answer["ended"]:
+            raise AssertionError(f"the cell did not end: {answer['messages']}")
+        return list(answer["messages"])
 
     def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def stdout(messages: list[dict[str, Any]]) -> str:
