@@ -254,6 +254,13 @@ def plain_daemon() -> Iterator[ForkdDaemon]:
         shutdown_and_check(daemon)
 
 
+def log_since(daemon: ForkdDaemon, offset: int) -> bytes:
+    """What the daemon's log gained after ``offset``."""
+    with daemon.log_path.open("rb") as log:
+        log.seek(offset)
+        return log.read()
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -301,9 +308,7 @@ def test_idle_connections_cannot_exhaust_the_daemons_fds(plain_daemon: ForkdDaem
         for s in silent:
             s.close()
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
-    with plain_daemon.log_path.open("rb") as log:
-        log.seek(log_before)
-        written = log.read()
+    written = log_since(plain_daemon, log_before)
     assert b"Too many open files" not in written
     assert len(written) < 64 * 1024, "the daemon's log grew by more than 64 KiB during the flood"
 
@@ -352,9 +357,7 @@ def test_a_flood_on_a_starved_daemon_stays_under_the_fd_limit(plain_daemon: Fork
         for s in flood:
             s.close()
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
-    with plain_daemon.log_path.open("rb") as log:
-        log.seek(log_before)
-        written = log.read()
+    written = log_since(plain_daemon, log_before)
     assert b"Too many open files" not in written
 
 

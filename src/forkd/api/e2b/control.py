@@ -39,6 +39,7 @@ from forkd import bounds
 from forkd.api.e2b import shapes, template_names
 from forkd.api.e2b.errors import rest_body
 from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
+from forkd.api.e2b.template_tags import add_tag_routes
 from forkd.api.e2b.templates import TemplateError, add_template_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
@@ -121,6 +122,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         return current
 
     templates = add_template_routes(app, rt, uploads)  # Template.build: /v3/templates, uploads, builds
+    add_tag_routes(app, rt)  # Template.assign_tags, remove_tags, get_tags
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:

@@ -18,6 +18,7 @@ from forkd.bounds import TAG_RE
 from forkd.errors import InvalidRequest
 
 DEFAULT_TAG = "default"  # E2B's tag for a name without one
+MAX_TAGS = 32  # tags in one build, assign or remove
 
 
 def snapshot_tag(name: str) -> str:
@@ -52,4 +53,4 @@ def tag_of(name: str) -> str:
     return tag if sep else DEFAULT_TAG
 
 
-__all__ = ["DEFAULT_TAG", "snapshot_tag", "tag_name", "tag_of"]
+__all__ = ["DEFAULT_TAG", "MAX_TAGS", "snapshot_tag", "tag_name", "tag_of"]

@@ -58,7 +58,6 @@ from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
-    from forkd.store.records import SnapshotRecord
 
 MAX_BUILDS = 64
 MAX_LOG_ENTRIES = 10_000
@@ -66,7 +65,6 @@ MAX_MESSAGE = 4096
 STATUS_PAGE = 100
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
-MAX_TAGS = 32  # tags in one assign or remove
 UPLOAD_URL_SECS = 3600  # how long a files link's signed upload URL is good for
 BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
 DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
@@ -80,11 +78,6 @@ class TemplateError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def build_id_of(record: SnapshotRecord) -> str:
-    """A snapshot as E2B's build of a template: a UUID, the same for as long as the snapshot lives."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"forkd-snapshot:{record.tag}:{record.created_at_unix}"))
 
 
 def streams_body(scope: Scope) -> bool:
@@ -153,8 +146,9 @@ class E2BTemplates:
         if not isinstance(name, str):
             raise TemplateError(400, "name is required")
         extra = body.get("tags") or []
-        if not isinstance(extra, list) or len(extra) > MAX_TAGS or not all(isinstance(t, str) for t in extra):
-            raise TemplateError(400, f"tags must be a list of at most {MAX_TAGS} strings")
+        if not isinstance(extra, list) or len(extra) > template_names.MAX_TAGS \
+                or not all(isinstance(t, str) for t in extra):
+            raise TemplateError(400, f"tags must be a list of at most {template_names.MAX_TAGS} strings")
         try:
             tag = template_names.snapshot_tag(name)
             # More tags of this build: more names of its snapshot, given once it is built.
@@ -428,17 +422,18 @@ class E2BTemplates:
         return body
 
 
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        raise TemplateError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise TemplateError(400, "the body must be a JSON object")
+    return body
+
+
 def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) -> E2BTemplates:
     templates = E2BTemplates(rt, uploads)
-
-    async def json_body(request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            raise TemplateError(400, "the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise TemplateError(400, "the body must be a JSON object")
-        return body
 
     @app.post("/v3/templates", status_code=202)
     async def request_build(request: Request) -> dict[str, Any]:
@@ -473,62 +468,5 @@ def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) 
         except (NotFound, InvalidRequest):
             raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
         return {"templateID": record.info()["tag"], "public": False}
-
-    @app.post("/templates/tags", status_code=201)
-    async def assign_tags(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        target, tags = body.get("target"), body.get("tags")
-        if not isinstance(target, str) or not isinstance(tags, list) or not tags \
-                or len(tags) > MAX_TAGS or not all(isinstance(t, str) for t in tags):
-            raise TemplateError(400, f"target (alias:tag) and tags (1 to {MAX_TAGS} strings) are required")
-        try:
-            record = rt().get_snapshot(rt().resolve_snapshot(template_names.snapshot_tag(target)))
-            alias = target.partition(":")[0]
-            names = [template_names.tag_name(alias, tag) for tag in tags]
-            for name, _ in names:
-                rt().name_snapshot(name, record.tag)
-        except NotFound:
-            raise TemplateError(404, f"template {target[:80]!r} was not found") from None
-        except InvalidRequest as exc:
-            raise TemplateError(400, str(exc)) from None
-        return {"tags": [tag for _, tag in names], "buildID": build_id_of(record)}
-
-    @app.delete("/templates/tags", status_code=204)
-    async def remove_tags(request: Request) -> Response:
-        body = await json_body(request)
-        name, tags = body.get("name"), body.get("tags")
-        if not isinstance(name, str) or not isinstance(tags, list) or not tags \
-                or len(tags) > MAX_TAGS or not all(isinstance(t, str) for t in tags):
-            raise TemplateError(400, f"name (the template's alias) and tags (1 to {MAX_TAGS} strings) "
-                                "are required")
-        try:
-            names = [template_names.tag_name(name.partition(":")[0], tag)[0] for tag in tags]
-        except InvalidRequest as exc:
-            raise TemplateError(400, str(exc)) from None
-        for tag_name, tag in zip(names, tags, strict=True):
-            if rt().unname_snapshot(tag_name):
-                continue
-            if any(record.tag == tag_name for record in rt().list_snapshots()):
-                raise TemplateError(400, f"tag {tag[:80]!r} of {name[:80]!r} is a build's own name, which "
-                                    f"goes with it: delete the snapshot {tag_name!r} instead")
-            raise TemplateError(404, f"tag {tag[:80]!r} of {name[:80]!r} was not found")
-        return Response(status_code=204)
-
-    @app.get("/templates/{template_id}/tags")
-    async def get_tags(template_id: str) -> list[dict[str, Any]]:
-        alias = template_id.partition(":")[0]
-        out = []
-        for record in rt().list_snapshots():
-            if record.tag != alias and not record.tag.startswith(f"{alias}."):
-                continue
-            given = [(record.tag, record.created_at_unix), *rt().snapshot_names(record.tag)]
-            for name, when in given:
-                if name == alias or name.startswith(f"{alias}."):
-                    out.append({"tag": name[len(alias) + 1:] or template_names.DEFAULT_TAG,
-                                "buildID": build_id_of(record),
-                                "createdAt": datetime.fromtimestamp(when, UTC).isoformat()})
-        if not out:
-            raise TemplateError(404, f"template {template_id[:80]!r} was not found")
-        return out
 
     return templates
