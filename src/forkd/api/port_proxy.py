@@ -169,7 +169,7 @@ class PortProxy:
         out = [(k, v) for k, v in headers
                if k not in _HOP and not (k == "authorization" and self._is_api_token(v))]
         host = masked_host or next((v for k, v in headers if k == "host"), None)
-        return [("host", host), *out] if host else out
+        return [("Host", host), *out] if host else out  # as a client spells it: some servers care
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
         if scope["type"] == "websocket":
