@@ -16,8 +16,8 @@ help:
 
 setup: deps venv clients node-deps image
 
-# The TypeScript SDK's and the browser test's npm packages, exactly as locked.
-NODE_DIRS := sdk/typescript tests/browser
+# The TypeScript SDK's, the browser test's and the E2B JS clients' npm packages, exactly as locked.
+NODE_DIRS := sdk/typescript tests/browser tests/clients/e2b-js
 node-deps: deps $(addsuffix /node_modules/.installed,$(NODE_DIRS))
 
 %/node_modules/.installed: %/package-lock.json %/package.json

@@ -25,6 +25,14 @@
 # the interpreter that runs forkd from this checkout's src/), snapshots `base`, runs pytest with
 # E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY pointing at the daemon, prints pass/fail counts per
 # directory, and stops the daemon. The junit report and the daemon's log stay in the data dir.
+#
+# The daemon serves HTTPS with a throwaway CA made here (openssl), because E2B's SDK reaches a
+# sandbox's port as https://{port}-{sandbox id}.{E2B_DOMAIN} (get_host): E2B_DOMAIN is
+# forkd.localhost:PORT (two labels: TLS wildcards need them), the daemon's port proxy serves those
+# hosts, its certificate names *.forkd.localhost, and the CA is trusted by the suite's
+# virtualenv only (SSL_CERT_FILE, and its certifi bundle, which httpcore reads). `*.localhost` must
+# resolve to 127.0.0.1 on the host (libnss-myhostname, or systemd-resolved); the script says so if
+# it does not, and the get_host tests then fail. E2B_TLS=0 serves plain HTTP (no get_host).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 SUITE="$(cd "${1:?usage: $0 SUITE [PYTEST ARGS...]}" && pwd)"
@@ -55,11 +63,31 @@ TOKEN="e2b_$(python3 -c 'import secrets; print(secrets.token_hex(20))')"
 printf '%s\n' "$TOKEN" >"$DATA/token"
 chmod 600 "$DATA/token"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-URL="http://127.0.0.1:$PORT"
 export FORKD_IMAGES_DIR="${FORKD_IMAGES_DIR:-$HOME/.local/share/forkd/images}"
+TLS_ARGS=() CURL_CA=() PYTEST_TLS=()
+if [[ "${E2B_TLS:-1}" != 0 ]]; then
+    URL="https://127.0.0.1:$PORT"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=forkd conformance CA" \
+        -keyout "$DATA/ca.key" -out "$DATA/ca.pem" -addext basicConstraints=critical,CA:TRUE 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$DATA/tls.key" -out "$DATA/tls.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,DNS:*.forkd.localhost,IP:127.0.0.1\n' >"$DATA/san.ext"
+    openssl x509 -req -in "$DATA/tls.csr" -CA "$DATA/ca.pem" -CAkey "$DATA/ca.key" -CAcreateserial -days 2 \
+        -extfile "$DATA/san.ext" -out "$DATA/tls.pem" 2>/dev/null
+    TLS_ARGS=(--tls-cert "$DATA/tls.pem" --tls-key "$DATA/tls.key")
+    CURL_CA=(--cacert "$DATA/ca.pem")
+    BUNDLE="$("$VENV/bin/python" -c 'import certifi; print(certifi.where())')"
+    cat "$BUNDLE" "$DATA/ca.pem" >"$DATA/trust.pem"
+    PYTEST_TLS=(SSL_CERT_FILE="$DATA/trust.pem" E2B_DOMAIN="forkd.localhost:$PORT")
+    if ! getent hosts "1-probe.forkd.localhost" >/dev/null; then
+        echo "warning: *.localhost does not resolve here, so get_host's tests fail: apt-get install" \
+             "libnss-myhostname and add 'myhostname' to the hosts line of /etc/nsswitch.conf" >&2
+    fi
+else
+    URL="http://127.0.0.1:$PORT"
+fi
 
 PYTHONPATH="$HERE/src" "$FORKD_PYTHON" -c "from forkd.cli.main import app; app()" daemon --bind "127.0.0.1:$PORT" \
-    --data-dir "$DATA" --token-file "$DATA/token" >"$DATA/daemon.log" 2>&1 &
+    --data-dir "$DATA" --token-file "$DATA/token" "${TLS_ARGS[@]}" >"$DATA/daemon.log" 2>&1 &
 DAEMON=$!
 stop_daemon() {
     kill -TERM "$DAEMON" 2>/dev/null || true
@@ -67,7 +95,7 @@ stop_daemon() {
 }
 trap stop_daemon EXIT
 for _ in $(seq 900); do
-    curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
+    curl -fsS "${CURL_CA[@]}" "$URL/healthz" >/dev/null 2>&1 && break
     kill -0 "$DAEMON" 2>/dev/null || { tail -20 "$DATA/daemon.log"; exit 1; }
     sleep 0.1
 done
@@ -76,13 +104,13 @@ for pair in "${PAIRS[@]}"; do
     tag="${pair%%=*}" image="${pair#*=}" nic=false
     if [[ "$image" == *+nic ]]; then image="${image%+nic}" nic=true; fi
     echo "daemon $URL (data $DATA); snapshotting $tag (image $image, nic $nic)..." >&2
-    curl -fsS -X POST "$URL/v1/snapshots" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    curl -fsS "${CURL_CA[@]}" -X POST "$URL/v1/snapshots" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
         -d "{\"tag\": \"$tag\", \"image\": \"$image\", \"nic\": $nic, \"boot_wait_secs\": 300}" >/dev/null
 done
 
 cd "$SUITE"
 set +e
-env -u E2B_DOMAIN -u E2B_DEBUG E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$TOKEN" \
+env -u E2B_DOMAIN -u E2B_DEBUG E2B_API_URL="$URL" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$TOKEN" "${PYTEST_TLS[@]}" \
     "$VENV/bin/pytest" -p no:cacheprovider -q -rfE --timeout "$TIMEOUT" \
     --junitxml "$DATA/junit.xml" "$@"
 STATUS=$?

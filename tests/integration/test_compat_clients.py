@@ -3,8 +3,8 @@
 * the published ``forkd`` 0.5.3 SDK through every ``Controller`` method;
 * ``forkd-mcp`` 0.2.1, driven by an MCP client over stdio;
 * programs written the way an E2B user writes them, on ``e2b`` 2.63.0 and
-  ``e2b-code-interpreter`` 2.11.5, with only ``E2B_API_URL``, ``E2B_SANDBOX_URL``
-  and ``E2B_API_KEY`` set;
+  ``e2b-code-interpreter`` 2.11.5, and on E2B's JavaScript SDK (npm ``e2b`` 2.51.0),
+  with only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` set;
 * forkd 0.5's compact and workspaces (suspend/resume), over plain HTTP, and through
   our own CLI (``forkd compact``, ``forkd workspace``) and SDK.
 
@@ -142,6 +142,24 @@ def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program
         left = [s["tag"] for s in c.get("/v1/snapshots").json()]
     # Pause states and fork snapshots go with their last sandbox.
     assert left == ["base", "code-interpreter-v1"], left
+
+
+def test_e2b_js_program_runs_unchanged(clean: Daemon) -> None:
+    """E2B's JavaScript SDK (npm ``e2b``, locked in tests/clients/e2b-js, installed by
+    ``make node-deps``): create, streamed and background commands, files, pause and connect,
+    fork and kill, in one program run by node as its user would."""
+    js = CLIENTS / "e2b-js"
+    assert (js / "node_modules" / "e2b").is_dir(), "run `make node-deps` first"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    started = time.monotonic()
+    proc = subprocess.run(["node", "sandbox.mjs"], env={**base, **e2b_env(clean)}, capture_output=True,
+                          text=True, timeout=PROGRAM_TIMEOUT, cwd=js)
+    print(f"\nE2B JS SDK program: {time.monotonic() - started:.1f} s")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("sandbox ok"), (
+        f"node sandbox.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    with clean.client() as c:
+        assert c.get("/v1/sandboxes").json() == []
+        assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["base", "code-interpreter-v1"]
 
 
 def test_e2b_template_build_runs_unchanged(clients_python: Path, clean: Daemon) -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 import zlib
@@ -468,3 +469,144 @@ def test_web_console_in_headless_chromium(daemon: Daemon, http: httpx.Client, py
         assert width >= 300 and height >= 100 and colours >= 8, (name, width, height, colours)
     if os.environ.get("FORKD_UPDATE_DOCS_SCREENSHOT"):
         shutil.copyfile(tmp_path / "console.png", DOCS_SCREENSHOT)
+
+
+# ------------------------------------------------------------ the port proxy (E2B's get_host)
+
+# A stdlib HTTP server for the guest that answers with the headers it got, and a WebSocket echo
+# server (the guest image has no WebSocket library): what the proxy passes on is then visible.
+GUEST_SERVERS = r'''
+import base64, hashlib, http.server, json, socket, struct, threading
+
+class Headers(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({k.lower(): v for k, v in self.headers.items()} | {"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+
+def echo(conn):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.recv(4096)
+    lines = head.split(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    key = dict(l.split(": ", 1) for l in lines)["Sec-WebSocket-Key"]
+    accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    f = conn.makefile("rb")
+    while True:
+        b1, b2 = f.read(2)
+        n = b2 & 0x7F
+        if n == 126:
+            n = struct.unpack(">H", f.read(2))[0]
+        mask = f.read(4)
+        data = bytes(c ^ mask[i % 4] for i, c in enumerate(f.read(n)))
+        if b1 & 0x0F == 8:
+            conn.sendall(b"\x88\x02\x03\xe8")
+            return
+        reply = b"echo:" + data
+        conn.sendall(bytes([0x80 | (b1 & 0x0F), len(reply)]) + reply)
+
+def websockets():
+    s = socket.create_server(("0.0.0.0", 8002))
+    while True:
+        threading.Thread(target=echo, args=(s.accept()[0],), daemon=True).start()
+
+threading.Thread(target=websockets, daemon=True).start()
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), Headers).serve_forever()
+'''
+
+
+def serve_in(http: httpx.Client, sandbox_id: str) -> None:
+    files = http.put(f"/v1/sandboxes/{sandbox_id}/files", params={"path": "/tmp/servers.py"},
+                     content=GUEST_SERVERS.encode())
+    assert files.status_code < 300, files.text
+    started = http.post(f"/v1/sandboxes/{sandbox_id}/processes",
+                        json={"args": ["python3", "/tmp/servers.py"]})
+    assert started.status_code == 201, started.text
+
+
+def through_proxy(daemon: Daemon, port: int, sandbox_id: str, path: str = "/",
+                  **headers: str) -> httpx.Response:
+    """A request as E2B's get_host makes it: to the daemon, the sandbox's port named in Host."""
+    host = {"Host": f"{port}-{sandbox_id}.localhost:{daemon.port}"}
+    deadline = time.monotonic() + 30
+    while True:  # until the guest's server listens
+        r = httpx.get(f"http://127.0.0.1:{daemon.port}{path}", headers={**host, **headers}, timeout=30)
+        if r.status_code != 502 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.3)
+
+
+def test_port_proxy_relays_http_and_websocket_with_the_sandboxs_policy(
+        daemon: Daemon, http: httpx.Client, pynet: str) -> None:
+    from websockets.sync.client import connect
+
+    private = http.post("/v1/sandboxes", json={"snapshot_tag": pynet}).json()[0]["id"]
+    public = http.post("/v1/sandboxes", json={
+        "snapshot_tag": pynet, "network": {"allow_public_traffic": True,
+                                           "mask_request_host": "masked.example:${PORT}"}}).json()[0]["id"]
+    try:
+        for sb in (private, public):
+            serve_in(http, sb)
+        bearer = f"Bearer {daemon.token}"
+        # forkd's default: not public. The daemon's token opens it, and does not reach the guest.
+        refused = through_proxy(daemon, 8001, private)
+        assert refused.status_code == 403 and "allow_public_traffic" in refused.json()["error"]
+        seen = through_proxy(daemon, 8001, private, "/a?b=c", Authorization=bearer)
+        assert seen.status_code == 200, seen.text
+        got = seen.json()
+        assert got["path"] == "/a?b=c" and "authorization" not in got
+        assert got["host"] == f"8001-{private}.localhost:{daemon.port}"
+        # Public, with the Host the guest is to see instead of the proxy's.
+        opened = through_proxy(daemon, 8001, public)
+        assert opened.status_code == 200 and opened.json()["host"] == "masked.example:8001"
+        # A port nothing listens on.
+        closed = through_proxy(daemon, 8009, public)
+        assert closed.status_code == 502 and "port 8009 is not open" in closed.json()["error"]
+        # A WebSocket, both ways, through the same proxy.
+        sock = socket.create_connection(("127.0.0.1", daemon.port))
+        with connect(f"ws://8002-{private}.localhost:{daemon.port}/ws", sock=sock,
+                     additional_headers={"Authorization": bearer}, open_timeout=30) as ws:
+            ws.send("hello")
+            assert ws.recv(timeout=30) == "echo:hello"
+            ws.send(b"\x00\x01")
+            assert ws.recv(timeout=30) == b"echo:\x00\x01"
+        # A hibernated sandbox is woken by traffic to its port, its server still there.
+        slept = http.post(f"/v1/sandboxes/{public}/hibernate")
+        assert slept.status_code < 300 and slept.json()["state"] == "hibernated", slept.text
+        woken = through_proxy(daemon, 8001, public)
+        assert woken.status_code == 200 and woken.json()["host"] == "masked.example:8001"
+    finally:
+        for sb in (private, public):
+            http.delete(f"/v1/sandboxes/{sb}")
+
+
+def test_e2b_ports_follow_allow_public_traffic_and_the_traffic_token(
+        daemon: Daemon, http: httpx.Client, pynet: str) -> None:
+    e2b = {"X-API-Key": daemon.token}
+    made = http.post("/sandboxes", headers=e2b, json={"templateID": pynet,
+                                                      "network": {"allowPublicTraffic": False}})
+    assert made.status_code == 201, made.text
+    sb, traffic = made.json()["sandboxID"], made.json()["trafficAccessToken"]
+    try:
+        serve_in(http, sb)
+        assert through_proxy(daemon, 8001, sb).status_code == 403
+        wrong = through_proxy(daemon, 8001, sb, **{"E2B-Traffic-Access-Token": "x" * len(traffic)})
+        assert wrong.status_code == 403
+        ok = through_proxy(daemon, 8001, sb, **{"E2B-Traffic-Access-Token": traffic})
+        assert ok.status_code == 200 and "e2b-traffic-access-token" not in ok.json()
+    finally:
+        http.delete(f"/v1/sandboxes/{sb}")
+    # E2B's default is public.
+    made = http.post("/sandboxes", headers=e2b, json={"templateID": pynet})
+    sb = made.json()["sandboxID"]
+    try:
+        serve_in(http, sb)
+        assert through_proxy(daemon, 8001, sb).status_code == 200
+    finally:
+        http.delete(f"/v1/sandboxes/{sb}")

@@ -1433,10 +1433,21 @@ export interface components {
              */
             allow_out?: string[];
             /**
+             * Allow Public Traffic
+             * @description Whether anyone who reaches the daemon may reach the sandbox's ports through its port proxy (`{port}-{sandbox id}.<domain>` as the Host; docs/API.md). Off: a request needs the daemon's bearer token or the sandbox's traffic token (`E2B-Traffic-Access-Token`).
+             * @default false
+             */
+            allow_public_traffic?: boolean;
+            /**
              * Deny Out
              * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
              */
             deny_out?: string[];
+            /**
+             * Mask Request Host
+             * @description The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}` stands for the port, e.g. `localhost:${PORT}`.
+             */
+            mask_request_host?: string | null;
         };
         /** PingResponse */
         PingResponse: {
@@ -1865,6 +1876,12 @@ export interface components {
             allow_internet_access: boolean;
             /** Allow Out */
             allow_out: string[];
+            /**
+             * Allow Public Traffic
+             * @description Whether its ports are open to anyone through the daemon's port proxy, without a token.
+             * @default false
+             */
+            allow_public_traffic?: boolean;
             /** Deny Out */
             deny_out: string[];
             /**
@@ -1884,6 +1901,11 @@ export interface components {
              * @example 10.201.0.1
              */
             host_gateway: string;
+            /**
+             * Mask Request Host
+             * @description The Host header its ports get from the proxy.
+             */
+            mask_request_host?: string | null;
         } & {
             [key: string]: unknown;
         };

@@ -30,6 +30,7 @@ from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.api.handlers import install_exception_handlers
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, SingleHeadersMiddleware
 from forkd.api.metrics import Metrics
+from forkd.api.port_proxy import PortClients, PortProxy
 from forkd.api.routes import status_router, v1
 from forkd.api.schemas import ErrorBody
 from forkd.api.settings import Settings
@@ -177,6 +178,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
                 log.info("closing runtime (keep_sandboxes=%s)", settings.keep_sandboxes)
                 await app.state.runtime.close(keep_sandboxes=settings.keep_sandboxes)
                 app.state.runtime = None
+            await app.state.port_clients.aclose()
             audit.close()
 
     app = FastAPI(
@@ -192,6 +194,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.fleet_member = None
+    app.state.port_clients = PortClients()
     app.state.branch_gate = BranchGate(settings.branch_concurrency)
     app.state.metrics = Metrics(
         count_snapshots=lambda: _count(app, "list_snapshots"),
@@ -215,7 +218,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is
-    # audit -> single headers -> E2B dispatch -> auth -> body limit -> routes, so
+    # audit -> port proxy -> single headers -> E2B dispatch -> auth -> body limit -> routes, so
     # rejected requests are still audited, a routing or credential header that
     # comes twice is refused before anything reads it, and unauthenticated
     # callers never get their bodies read. The body limit bounds size and JSON
@@ -228,11 +231,16 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     if token is not None:
         app.add_middleware(BearerAuthMiddleware, token=token)
     secret = token.encode() if token is not None else (lambda: load_or_make_key(settings.data().root))
-    app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=AccessTokens(secret),
+    tokens = AccessTokens(secret)
+    app.add_middleware(E2BDispatch, runtime=lambda: app.state.runtime, tokens=tokens,
                        api_key=token, gate=app.state.branch_gate, max_body_bytes=settings.max_body_bytes,
                        max_file_bytes=settings.max_file_bytes,
                        uploads=settings.data().root / "e2b-uploads")
     app.add_middleware(SingleHeadersMiddleware, shape_of=error_shape)
+    # Traffic for a sandbox's port (Host: {port}-{id}.<domain>) is relayed before any of the above:
+    # it carries the sandbox's traffic token or nothing, and its body is the guest's business.
+    app.add_middleware(PortProxy, runtime=lambda: app.state.runtime, tokens=tokens, api_token=token,
+                       max_body_bytes=settings.max_file_bytes, clients=app.state.port_clients)
     app.add_middleware(AuditMiddleware, audit=audit)
 
     app.openapi = _openapi_factory(app, auth=token is not None)  # type: ignore[method-assign]

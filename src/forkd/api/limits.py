@@ -23,7 +23,7 @@ def forkd_error(_status: int, message: str) -> dict[str, object]:
     return {"error": message}
 
 
-async def _send_error(send: Send, status: int, message: str, shape: ErrorShape = forkd_error) -> None:
+async def send_error(send: Send, status: int, message: str, shape: ErrorShape = forkd_error) -> None:
     body = json.dumps(shape(status, message)).encode()
     await send(
         {
@@ -88,10 +88,10 @@ class BodySizeLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _send_error(send, 400, "invalid Content-Length header", self.shape)
+                    await send_error(send, 400, "invalid Content-Length header", self.shape)
                     return
                 if declared > self.max_bytes:
-                    await _send_error(send, 413, self._too_large(), self.shape)
+                    await send_error(send, 413, self._too_large(), self.shape)
                     return
 
         chunks: list[bytes] = []
@@ -103,14 +103,14 @@ class BodySizeLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await _send_error(send, 413, self._too_large(), self.shape)
+                await send_error(send, 413, self._too_large(), self.shape)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
         if jsondepth.too_deep(body, self.max_depth):
-            await _send_error(send, 400, jsondepth.refusal(self.max_depth), self.shape)
+            await send_error(send, 400, jsondepth.refusal(self.max_depth), self.shape)
             return
 
         await self.app(scope, replaying(body, receive), send)
@@ -183,7 +183,7 @@ class SingleHeadersMiddleware:
         if scope["type"] == "http":
             name = repeated_header(scope)
             if name is not None:
-                await _send_error(send, 400, f"the {name} header is given more than once; send it once",
+                await send_error(send, 400, f"the {name} header is given more than once; send it once",
                                   self.shape_of(scope))
                 return
         await self.app(scope, receive, send)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # In-flight requests get this long to finish on SIGTERM/SIGINT before they are
 # cancelled; a snapshot build can take minutes and must not hold shutdown hostage.
 GRACEFUL_SHUTDOWN_SECS = 30
+KEEP_ALIVE_SECS = 65  # longer than clients keep idle connections pooled before reusing them
 
 
 def _readable(path: Path, what: str) -> None:
@@ -143,6 +144,10 @@ def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], No
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
         # Bounded connections: a first-request timeout and a cap with eviction (api/connections.py).
         http=http_protocol(settings.http_parser),
+        # A kept-alive connection waits this long for its next request. uvicorn's 5 s races clients
+        # that pause about that long and then reuse their connection (E2B's SDK over TLS: "connection
+        # closed before message completed"); the cap above still evicts idle ones under pressure.
+        timeout_keep_alive=KEEP_ALIVE_SECS,
         # The audit log already writes one line per request (api/audit.py); uvicorn's access
         # line would say the same again, at a cost in CPU on every request.
         access_log=False,

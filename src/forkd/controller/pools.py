@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -289,19 +290,21 @@ class PoolKeeper:
         taken: list[tuple[int, str]] = []
         for i, child in enumerate(children):
             key = PoolKey(tag, child.memory_limit_mib, options.per_child_netns, options.live_fork,
-                          options.egress)
-            if key == pool.config.key and pool.ready:
+                          options.egress.outbound())
+            if key == pool.config.key.outbound() and pool.ready:
                 taken.append((i, pool.ready.popleft()))  # no await since the check: nobody else gets it
             else:
                 pool.misses += 1
         if taken:
             self._wake.set()  # refill what was taken, once the foreground is idle
-        resumed = await asyncio.gather(*(self._resume(pool, sb_id, children[i]) for i, sb_id in taken))
+        resumed = await asyncio.gather(*(self._resume(pool, sb_id, children[i], options.egress)
+                                         for i, sb_id in taken))
         for (i, _), record in zip(taken, resumed, strict=True):
             out[i] = record
         return out
 
-    async def _resume(self, pool: _Pool, sb_id: str, child: ChildSpec) -> SandboxRecord | None:
+    async def _resume(self, pool: _Pool, sb_id: str, child: ChildSpec, egress: EgressPolicy
+                      ) -> SandboxRecord | None:
         started = time.monotonic()
         try:
             vm = self._table.vm(sb_id)
@@ -331,6 +334,8 @@ class PoolKeeper:
         record.created_at_unix = now_unix()
         record.metadata = dict(child.metadata)
         record.disk_quota_mib = child.disk_quota_mib
+        if record.network is not None:  # the same rules (the key matched); the claimer's port settings
+            record.network = dataclasses.replace(record.network, egress=egress)
         record.timings = {"claimed_s": resumed, "ready_s": time.monotonic() - started}
         self._table.reveal(record)
         pool.claims += 1

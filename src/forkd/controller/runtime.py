@@ -37,6 +37,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 from forkd import bounds
@@ -326,6 +327,11 @@ class Runtime:
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self._with_state(
             self.sandboxes.records.get(self.sandboxes.resolve(check_sandbox_id(sandbox_id))))
+
+    def relaying(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxRecord]:
+        """Around traffic the daemon relays to one of its ports (api/port_proxy.py): woken or
+        resumed first, then busy and in use until the relay ends."""
+        return self.sandboxes.relaying(check_sandbox_id(sandbox_id))
 
     def _with_state(self, record: SandboxRecord) -> SandboxRecord:
         record.paused = self.idle.paused(record.id)

@@ -231,6 +231,17 @@ class SandboxTable:
             # Hibernated (or killed) while we waited for its lock: wake it (or say 404).
         return self.get(sandbox_id)
 
+    @contextlib.asynccontextmanager
+    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        """Around traffic the daemon relays to one of the sandbox's ports (api/port_proxy.py): it is
+        woken or resumed first, and until the relay ends it counts as busy (no idle hibernation cuts
+        the stream) and as in use (its idle clock waits)."""
+        sandbox_id = self.resolve(sandbox_id)
+        with self._request(sandbox_id):
+            await self.for_call(sandbox_id)
+            async with self._activity.during(sandbox_id):
+                yield self._rows.get(sandbox_id)
+
     def busy(self, sandbox_id: str) -> bool:
         """Whether a request to ``sandbox_id`` is under way (looking its VM up, awaiting an answer
         or streaming): a hibernation now would cut it off."""

@@ -11,6 +11,14 @@ users know (``allow_internet_access``, ``network.allow_out`` / ``deny_out``):
   allow wins over deny); an entry can open one of the ranges above;
 * ``deny_out`` entries close destinations ``allow_internet_access`` opened.
 
+The same policy says who may reach the sandbox's ports through the daemon's
+port proxy (api/port_proxy.py, E2B's ``get_host``), the other way in:
+``allow_public_traffic`` (E2B's name; forkd's default is off, E2B's on) lets
+anyone who reaches the daemon in; otherwise a request needs the sandbox's
+traffic token or the daemon's bearer token. ``mask_request_host`` is the Host
+header the guest sees instead of the proxy's (``${PORT}``: the port asked for).
+E2B keeps these in its one ``network`` object too, so they flow with it.
+
 An entry is an IPv4 address or CIDR, optionally with a port or a port range:
 ``"10.0.0.0/8"`` (every protocol and port), ``"192.0.2.7:443"``,
 ``"198.51.100.0/24:8000-8100"`` (TCP and UDP to those ports); ``ENTRY_PATTERN``
@@ -22,7 +30,9 @@ and the rules are address-based.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
@@ -43,7 +53,10 @@ NOT_INTERNET = tuple(IPv4Network(n) for n in (
     "224.0.0.0/4", "240.0.0.0/4",  # multicast, reserved and broadcast
 ))
 
-NETWORK_KEYS = ("allow_out", "deny_out")
+NETWORK_KEYS = ("allow_out", "deny_out", "allow_public_traffic", "mask_request_host")
+PORT_PLACEHOLDER = "${PORT}"
+# A Host header: a DNS name or IPv4 address, an optional port, and E2B's ${PORT} anywhere in it.
+MASK_HOST_PATTERN = r"^[A-Za-z0-9.${}_-]{1,253}(:[0-9${}A-Z]{1,7})?$"
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
@@ -112,6 +125,15 @@ def _port(text: str, where: str, entry: str) -> int:
     return int(text)
 
 
+def _mask_host(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(MASK_HOST_PATTERN, value):
+        raise InvalidRequest(f"network.mask_request_host must be a host name with an optional :port "
+                             f"(${{PORT}} stands for the port asked for), not {str(value)[:80]!r}")
+    return value
+
+
 def _destinations(entries: object, where: str) -> tuple[Destination, ...]:
     if entries is None:
         return ()
@@ -131,6 +153,8 @@ class EgressPolicy:
     allow_internet_access: bool = False
     allow_out: tuple[Destination, ...] = ()
     deny_out: tuple[Destination, ...] = ()
+    allow_public_traffic: bool = False  # inbound, through the daemon's port proxy
+    mask_request_host: str | None = None
 
     @classmethod
     def from_request(cls, allow_internet_access: bool | None = None,
@@ -145,19 +169,37 @@ class EgressPolicy:
         unknown = sorted(set(network) - set(NETWORK_KEYS))
         if unknown:
             raise InvalidRequest(f"network has unknown keys {unknown}; it takes {list(NETWORK_KEYS)}")
+        public = network.get("allow_public_traffic", False)
+        if not isinstance(public, bool):
+            raise InvalidRequest(f"network.allow_public_traffic must be true or false, not {public!r}")
         return cls(bool(allow_internet_access),
                    _destinations(network.get("allow_out"), "network.allow_out"),
-                   _destinations(network.get("deny_out"), "network.deny_out"))
+                   _destinations(network.get("deny_out"), "network.deny_out"),
+                   public, _mask_host(network.get("mask_request_host")))
 
     @property
     def is_default(self) -> bool:
-        """Everything denied (what a spawn gets without asking)."""
-        return self == EgressPolicy()
+        """Every outbound destination denied (what a spawn gets without asking). The inbound
+        settings do not count: without a NIC there is no port to reach, so they cost nothing."""
+        return (self.allow_internet_access, self.allow_out, self.deny_out) == (False, (), ())
 
     def info(self) -> dict[str, Any]:
         """As SandboxInfo and PoolInfo show it (and as the registry stores it)."""
         return {"allow_internet_access": self.allow_internet_access,
-                "allow_out": [str(d) for d in self.allow_out], "deny_out": [str(d) for d in self.deny_out]}
+                "allow_out": [str(d) for d in self.allow_out], "deny_out": [str(d) for d in self.deny_out],
+                "allow_public_traffic": self.allow_public_traffic,
+                "mask_request_host": self.mask_request_host}
+
+    def outbound(self) -> EgressPolicy:
+        """Only what shapes a VM's network (its rules): a warm pool's members are matched by it, and
+        a claimed one takes the inbound settings of the spawn that claims it."""
+        return dataclasses.replace(self, allow_public_traffic=False, mask_request_host=None)
+
+    def request_host(self, port: int) -> str | None:
+        """The Host header the guest gets for traffic to ``port`` (None: the client's)."""
+        if self.mask_request_host is None:
+            return None
+        return self.mask_request_host.replace(PORT_PLACEHOLDER, str(port))
 
     @classmethod
     def from_info(cls, d: Mapping[str, Any] | None) -> EgressPolicy:

@@ -56,7 +56,8 @@ def _debian_mirror() -> str:
 
 # The packages every image has; the default image is exactly these. sudo (about 2 MB) lets the
 # account ``user`` (rootfs.add_user) do what E2B's sandboxes allow it: ``sudo`` without a password.
-BASE_PACKAGES: tuple[str, ...] = ("python3", "python3-numpy", "sudo")
+# python-is-python3 (a symlink): E2B's images answer to ``python``, and programs written for them call it.
+BASE_PACKAGES: tuple[str, ...] = ("python3", "python-is-python3", "python3-numpy", "sudo")
 
 # Built-in named recipes: ``forkd image build --name NAME`` installs these Debian
 # packages with apt-get on top of the base tree (debootstrap's --include cannot

@@ -201,6 +201,17 @@ class NetworkPolicy(TypedDict, total=False):
     "198.51.100.0/24:8000-8100".
     """
 
+    allow_public_traffic: bool
+    """Whether anyone who reaches the daemon may reach the sandbox's ports through its port proxy
+    (`{port}-{sandbox id}.<domain>` as the Host; docs/API.md). Off: a request needs the daemon's
+    bearer token or the sandbox's traffic token (`E2B-Traffic-Access-Token`).
+    """
+
+    mask_request_host: str | None
+    """The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}`
+    stands for the port, e.g. `localhost:${PORT}`.
+    """
+
 
 class CreateSnapshotRequest(TypedDict, total=False):
     """The ``CreateSnapshotRequest`` schema."""
@@ -556,6 +567,12 @@ class SandboxNetwork(TypedDict, total=False):
     allow_out: Required[list[str]]
 
     deny_out: Required[list[str]]
+
+    allow_public_traffic: bool
+    """Whether its ports are open to anyone through the daemon's port proxy, without a token."""
+
+    mask_request_host: str | None
+    """The Host header its ports get from the proxy."""
 
 
 class SandboxInfo(TypedDict, total=False):

@@ -6,6 +6,7 @@ Plain data: the tables that read and write them are under ``store/rows/``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -63,6 +64,10 @@ class PoolKey:
     per_child_netns: bool = False
     live_fork: bool = False
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+
+    def outbound(self) -> PoolKey:
+        """The key without the egress policy's inbound settings, which do not shape a child."""
+        return dataclasses.replace(self, egress=self.egress.outbound())
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,11 @@ class SandboxRecord:
     @property
     def egress(self) -> EgressPolicy:
         return self.network.egress if self.network is not None else EgressPolicy()
+
+    @property
+    def ip(self) -> str | None:
+        """Where the host reaches the guest (every port of it), if it has a network."""
+        return self.network.ip if self.network is not None else None
 
     @property
     def pool_key(self) -> PoolKey:

@@ -424,18 +424,24 @@ def guest_metrics(out: str) -> dict[str, float]:
     return figures
 
 
-def _network(raw: object) -> dict[str, Any] | None:
-    """E2B's ``network`` (``allowOut``/``denyOut``) as forkd's egress lists; 400 for the rest."""
+def _network(raw: object) -> dict[str, Any]:
+    """E2B's ``network`` as forkd's network policy (host/egress.py); 400 for what forkd lacks.
+    A sandbox's ports are public unless ``allowPublicTraffic`` is false, as in E2B (forkd's own
+    default is the other way)."""
     if raw is None:
-        return None
+        raw = {}
     if not isinstance(raw, dict):
         raise E2BError(400, "network must be an object")
-    served = {"allowOut": "allow_out", "denyOut": "deny_out"}
+    served = {"allowOut": "allow_out", "denyOut": "deny_out", "allowPublicTraffic": "allow_public_traffic",
+              "maskRequestHost": "mask_request_host"}
     other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
     if other:
-        raise E2BError(400, f"network.{other[0]} is not supported by forkd (only allowOut and denyOut, "
-                       f"as IPv4 networks with optional ports; {UNSUPPORTED})")
-    return {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs)}
+        raise E2BError(400, f"network.{other[0]} is not supported by forkd (allowOut and denyOut, as "
+                       "IPv4 networks with optional ports, allowPublicTraffic and maskRequestHost; "
+                       f"{UNSUPPORTED})")
+    ours = {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs) is not None}
+    ours.setdefault("allow_public_traffic", True)
+    return ours
 
 
 def _indices(count: int, errors: list[dict[str, Any]]) -> list[int]:

@@ -17,7 +17,7 @@ from pydantic import (
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
-from forkd.host.egress import ENTRY_PATTERN, Destination
+from forkd.host.egress import ENTRY_PATTERN, MASK_HOST_PATTERN, Destination
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
@@ -133,6 +133,16 @@ class NetworkPolicy(RequestModel):
     deny_out: list[EgressEntry] = Field(
         default_factory=list, max_length=bounds.MAX_EGRESS_ENTRIES,
         description=f"Destinations closed even with allow_internet_access; each {EGRESS_ENTRY_HELP}.",
+    )
+    allow_public_traffic: bool = Field(
+        False, description="Whether anyone who reaches the daemon may reach the sandbox's ports through its "
+        "port proxy (`{port}-{sandbox id}.<domain>` as the Host; docs/API.md). Off: a request needs "
+        "the daemon's bearer token or the sandbox's traffic token (`E2B-Traffic-Access-Token`).",
+    )
+    mask_request_host: str | None = Field(
+        None, max_length=260, pattern=MASK_HOST_PATTERN,
+        description="The Host header the sandbox's ports get from the port proxy instead of the client's; "
+        "`${PORT}` stands for the port, e.g. `localhost:${PORT}`.",
     )
 
 

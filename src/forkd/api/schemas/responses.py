@@ -73,6 +73,9 @@ class SandboxNetwork(ResponseModel):
     allow_internet_access: bool
     allow_out: list[str]
     deny_out: list[str]
+    allow_public_traffic: bool = Field(False, description="Whether its ports are open to anyone through the "
+                                       "daemon's port proxy, without a token.")
+    mask_request_host: str | None = Field(None, description="The Host header its ports get from the proxy.")
 
 
 class HibernationInfo(ResponseModel):

@@ -1,0 +1,316 @@
+"""The port proxy: HTTP and WebSocket traffic to a sandbox's ports, addressed by the Host header.
+
+E2B's ``get_host(port)`` names a sandbox's port as the host ``{port}-{sandbox id}.{domain}``.
+Where ``{domain}`` resolves to the daemon (docs/E2B.md says how to set that up), a
+request with such a Host reaches this middleware before anything else of the API,
+which relays it to ``port`` of the sandbox's guest, over the host's route to the
+sandbox (its SandboxInfo ``ip``). So a sandbox needs a network device (a snapshot
+made with ``nic``) for its ports to be reached.
+
+Who may come in is the sandbox's network policy (host/egress.py):
+``allow_public_traffic`` lets anyone who reaches the daemon in; otherwise the
+request needs the sandbox's traffic token (``E2B-Traffic-Access-Token``, what E2B
+answers a create with) or the daemon's bearer token. Neither goes on to the guest:
+a tenant's server must not learn the daemon's token. ``mask_request_host`` replaces
+the Host header the guest sees (HTTP only: a WebSocket's Host is the guest's own
+address).
+
+A relayed request wakes a hibernated sandbox and resumes a paused one, as any
+request does (its ``autoResume``, for E2B's, is respected), and holds it awake
+until the response or the WebSocket ends. A port nothing listens on is a 502;
+every answer the proxy makes itself is ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from forkd.api.limits import send_error
+from forkd.errors import ForkdError
+
+if TYPE_CHECKING:
+    from forkd.api.deps import RuntimeLike, SandboxLike
+    from forkd.api.e2b.tokens import AccessTokens
+
+log = logging.getLogger("forkd.api.port_proxy")
+
+# {port}-{sandbox id}. then the domain (at least one more label). Ids with a '.' cannot be
+# named this way (they would split the label); forkd's own ids have none.
+HOST_RE = re.compile(r"^(?P<port>[1-9][0-9]{0,4})-(?P<id>[A-Za-z0-9][A-Za-z0-9_-]{0,47})\.[^.]")
+TRAFFIC_HEADER = "e2b-traffic-access-token"
+# Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own, and the credentials are the daemon's.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                  "transfer-encoding", "upgrade", "host", TRAFFIC_HEADER})
+_WS_OWN = _HOP | {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                  "sec-websocket-protocol", "content-length"}
+CONNECT_TIMEOUT_SECS = 5.0
+# A response that sends nothing for this long is cut (a long poll or a slow stream stays under it).
+READ_TIMEOUT_SECS = 600.0
+MAX_WS_MESSAGE_BYTES = 16 << 20  # as uvicorn bounds what clients send (ws_max_size)
+
+
+def target(scope: Scope) -> tuple[int, str] | None:
+    """The ``(port, sandbox id)`` a request's Host names, or None for the daemon's own traffic."""
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            match = HOST_RE.match(value.decode("latin-1"))
+            if match is None or not 1 <= int(match["port"]) <= 65535:
+                return None
+            return int(match["port"]), match["id"]
+    return None
+
+
+class PortClients:
+    """The proxy's HTTP client (its connections to guests kept alive), made on first use and closed
+    with the daemon (the app's lifespan)."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    def http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            # No proxies from the environment, no redirects followed, no decoding: relayed as is.
+            self._client = httpx.AsyncClient(
+                trust_env=False, follow_redirects=False,
+                timeout=httpx.Timeout(READ_TIMEOUT_SECS, connect=CONNECT_TIMEOUT_SECS),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class PortProxy:
+    """ASGI middleware: requests whose Host names a sandbox port are relayed there, the rest go on."""
+
+    def __init__(self, app: ASGIApp, runtime: Callable[[], RuntimeLike | None], tokens: AccessTokens,
+                 api_token: str | None, max_body_bytes: int, clients: PortClients) -> None:
+        self.app = app
+        self._runtime = runtime
+        self._tokens = tokens
+        self._api_token = api_token
+        self._max_body_bytes = max_body_bytes
+        self._clients = clients
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        where = target(scope) if scope["type"] in ("http", "websocket") else None
+        if where is None:
+            await self.app(scope, receive, send)
+            return
+        port, sandbox_id = where
+        runtime = self._runtime()
+        if runtime is None:
+            await self._refuse(scope, receive, send, 503, "the daemon is starting")
+            return
+        try:
+            record = runtime.get_sandbox(sandbox_id)
+        except ForkdError as exc:
+            status = 502 if exc.status == 404 else exc.status
+            await self._refuse(scope, receive, send, status, f"sandbox {sandbox_id} is not running: {exc}")
+            return
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())]
+        if not self._admits(sandbox_id, record, headers):
+            await self._refuse(scope, receive, send, 403, (
+                f"sandbox {sandbox_id}'s ports are not public: send its traffic access token in "
+                f"{TRAFFIC_HEADER} (or create it with network.allow_public_traffic)"))
+            return
+        if record.hibernation is not None and not record.auto_resume:
+            await self._refuse(scope, receive, send, 502, (
+                f"sandbox {sandbox_id} is paused and its autoResume is off: connect resumes it"))
+            return
+        if record.ip is None:
+            await self._refuse(scope, receive, send, 502, (
+                f"sandbox {sandbox_id} has no network device, so none of its ports can be reached: "
+                "fork it from a snapshot made with nic"))
+            return
+        try:
+            async with runtime.relaying(sandbox_id) as awake:
+                ip = awake.ip or record.ip
+                forwarded = self._forwarded(headers, record.egress.request_host(port))
+                if scope["type"] == "websocket":
+                    await self._websocket(scope, receive, send, f"ws://{ip}:{port}", forwarded)
+                else:
+                    await self._http(scope, receive, send, f"http://{ip}:{port}", port, sandbox_id,
+                                     forwarded)
+        except ForkdError as exc:  # the wake or resume failed: nothing was sent yet
+            await self._refuse(scope, receive, send, exc.status if 400 <= exc.status <= 599 else 502,
+                               f"sandbox {sandbox_id} could not be woken: {exc}")
+
+    def _admits(self, sandbox_id: str, record: SandboxLike, headers: list[tuple[str, str]]) -> bool:
+        if record.egress.allow_public_traffic:
+            return True
+        for name, value in headers:
+            if name == TRAFFIC_HEADER and hmac.compare_digest(
+                    value.encode(), self._tokens.traffic(sandbox_id).encode()):
+                return True
+            if name == "authorization" and self._is_api_token(value):
+                return True
+        return False
+
+    def _is_api_token(self, authorization: str) -> bool:
+        scheme, _, token = authorization.partition(" ")
+        return (self._api_token is not None and scheme.lower() == "bearer"
+                and hmac.compare_digest(token.strip().encode(), self._api_token.encode()))
+
+    def _forwarded(self, headers: list[tuple[str, str]], masked_host: str | None) -> list[tuple[str, str]]:
+        out = [(k, v) for k, v in headers
+               if k not in _HOP and not (k == "authorization" and self._is_api_token(v))]
+        host = masked_host or next((v for k, v in headers if k == "host"), None)
+        return [("Host", host), *out] if host else out  # as a client spells it: some servers care
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+        if scope["type"] == "websocket":
+            # Closed before the handshake is accepted: the client gets an HTTP 403 from the server.
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008 if status == 403 else 1011,
+                        "reason": message[:120]})
+            return
+        await send_error(send, status, message)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send, base: str, port: int,
+                    sandbox_id: str, headers: list[tuple[str, str]]) -> None:
+        path = scope.get("raw_path") or scope["path"].encode()
+        url = base + path.decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        too_large = False
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal too_large
+            seen = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                seen += len(chunk)
+                if seen > self._max_body_bytes:
+                    too_large = True
+                    raise _BodyTooLarge
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    return
+
+        client = self._clients.http()
+        request = client.build_request(scope["method"], url, headers=headers,
+                                       content=body() if _has_body(scope) else None)
+        try:
+            response = await client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            await send_error(send, 502, f"The sandbox {sandbox_id} is running but port {port} is not open "
+                             "(nothing accepts connections there)")
+            return
+        except (httpx.TransportError, _BodyTooLarge) as exc:
+            if too_large:
+                await send_error(send, 413, f"request body exceeds the daemon's {self._max_body_bytes}-byte "
+                                 "limit for relayed traffic")
+            else:
+                await send_error(send, 502, f"port {port} of sandbox {sandbox_id} failed: "
+                                 f"{type(exc).__name__}")
+            return
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": [(k.encode("latin-1"), v.encode("latin-1"))
+                                    for k, v in response.headers.multi_items()
+                                    if k.lower() not in _HOP and k.lower() != "date"]})  # uvicorn's own
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.TransportError as exc:
+                # Headers are gone already: the client sees the stream cut short.
+                log.info("relay from port %d of %s cut: %s", port, sandbox_id, type(exc).__name__)
+                return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+    # ------------------------------------------------------------------ WebSocket
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, base: str,
+                         headers: list[tuple[str, str]]) -> None:
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        path = scope.get("raw_path") or scope["path"].encode()
+        url = base + path.decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        try:
+            upstream = await connect(
+                url, additional_headers=[(k, v) for k, v in headers if k not in _WS_OWN],
+                subprotocols=scope.get("subprotocols") or None, open_timeout=CONNECT_TIMEOUT_SECS,
+                max_size=MAX_WS_MESSAGE_BYTES, compression=None, proxy=None)
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
+            status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
+            reason = f"upstream answered {status}" if status else f"port not open ({type(exc).__name__})"
+            await send({"type": "websocket.close", "code": 1011, "reason": reason})
+            return
+        async with upstream:
+            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+            await _pump(receive, send, upstream)
+
+
+async def _pump(receive: Receive, send: Send, upstream: ClientConnection) -> None:
+    """Both directions until either side closes; the other side is then closed with its code."""
+
+    async def from_client() -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "websocket.disconnect":
+                await upstream.close(code=int(message.get("code", 1000)))
+                return
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            elif message.get("text") is not None:
+                await upstream.send(message["text"])
+
+    async def from_guest() -> None:
+        try:
+            async for data in upstream:
+                key = "bytes" if isinstance(data, bytes) else "text"
+                await send({"type": "websocket.send", key: data})
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or 1000
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await send({"type": "websocket.close", "code": code if code != 1005 else 1000,
+                        "reason": upstream.close_reason or ""})
+
+    tasks = [asyncio.create_task(from_client()), asyncio.create_task(from_guest())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        results: list[Any] = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, ConnectionClosed):
+                log.info("websocket relay ended: %s", type(result).__name__)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _has_body(scope: Scope) -> bool:
+    return scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE") or any(
+        name in (b"content-length", b"transfer-encoding") for name, _ in scope.get("headers", ()))
+
+
+__all__ = ["HOST_RE", "PortClients", "PortProxy", "target"]
