@@ -387,7 +387,7 @@ def test_a_failed_cold_boot_leaves_it_hibernated_with_its_disk_and_no_qemu(http:
     sb_id, run_dir = sb["id"], daemon.root / "sandboxes" / sb["id"]
     run(http, sb_id, "sh", "-c", "echo kept > /home/user/kept.txt")
     ok(http.post(f"/v1/sandboxes/{sb_id}/hibernate", json={"memory": False}))
-    meta_path = daemon.root / "snapshots" / "base" / "meta.json"
+    meta_path = daemon.root / "snapshots" / "base" / "snapshot.json"
     original = meta_path.read_text()
     junk = daemon.root / "not-a-kernel"
     junk.write_bytes(b"\0" * 4096)

@@ -299,6 +299,10 @@ def test_a_filesystem_only_pause_is_a_disk_only_hibernation(client: TestClient, 
     assert client.get("/health", headers=envd_headers(SB)).status_code == 204
     assert "memory" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": "no"},
                                               headers=key), 400)
+    # At a timeout, the pause keeps the memory: a filesystem-only one there is refused, not ignored.
+    refused = client.post("/v2/sandboxes", headers=key, json={"templateID": "base", "autoPause": True,
+                                                              "autoPauseMemory": False})
+    assert "autoPauseMemory" in rest_error(refused, 400)
     # With its memory (the default, or memory: true): forkd's pause, a branch of its state.
     assert client.post(f"/sandboxes/{SB}/pause", json={"memory": True}, headers=key).status_code == 204
     [call] = [c for c in fake.calls if c.name == "pause"]

@@ -196,6 +196,10 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
         # connect wakes it, and with autoResume any envd request too: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
+        if body.get("autoPauseMemory") not in (None, True):
+            raise E2BError(400, "autoPauseMemory false (a filesystem-only pause at the timeout) is not "
+                           "supported by forkd: the timeout's pause keeps the memory; pause(keep_memory="
+                           "False) pauses a sandbox filesystem-only")
         resume = body.get("autoResume")
         if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
                                                                        {"enabled": False})):
