@@ -786,6 +786,12 @@ class FakeRuntime:
         if timeout_secs is not None:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         check_sandbox_id(sandbox_id)
+        hibernated = self.sandboxes.get(sandbox_id)
+        if hibernated is not None and hibernated.hibernation is not None:  # woken, as Runtime.resume
+            hibernated.hibernation = None
+            if timeout_secs is not None:
+                hibernated.expires_at_unix = CREATED + timeout_secs
+            return hibernated
         if sandbox_id not in self.paused:
             raise NotFound(f"no paused sandbox {sandbox_id!r}")
         paused = self.paused.pop(sandbox_id)
@@ -1263,13 +1269,17 @@ class FakeHibernation:
     def __init__(self, runtime: FakeRuntime) -> None:
         self._rt = runtime
 
-    async def hibernate(self, sandbox_id: str, *, idle: bool = False) -> SandboxRecord:
-        self._rt._call("hibernate", sandbox_id)
+    async def hibernate(self, sandbox_id: str, *, idle: bool = False, memory: bool = True) -> SandboxRecord:
+        self._rt._call("hibernate", sandbox_id, memory=memory)
         record = self._rt._sandbox(sandbox_id)
         if record.hibernation is not None:
             raise Conflict(f"sandbox {sandbox_id!r} is hibernated already")
-        record.hibernation = Hibernation(at_unix=float(CREATED), pages=300, memory_bytes=1 << 20,
-                                         devices_bytes=16384, pause_ms=40.0)
+        if memory:
+            record.hibernation = Hibernation(at_unix=float(CREATED), pages=300, memory_bytes=1 << 20,
+                                             devices_bytes=16384, pause_ms=40.0)
+        else:
+            record.hibernation = Hibernation(at_unix=float(CREATED), pages=0, memory_bytes=0,
+                                             devices_bytes=0, pause_ms=12.0, memory=False)
         return record
 
 

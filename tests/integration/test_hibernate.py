@@ -324,3 +324,94 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
         for sb in (asleep, cut_hibernating, cut_waking):
             assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
     assert not qemu_processes_of(daemon.root)
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_a_disk_only_hibernation_cold_boots_its_disk_under_the_same_id_and_network(
+        http: httpx.Client, daemon: Daemon) -> None:
+    """``memory: false``: the guest syncs, its QEMU goes, only its disk overlay stays. Its next
+    request cold-boots the template's kernel on that disk: files kept, a new boot_id, no process
+    of before, the same address and egress; exec and eval work; and it can hibernate (with its
+    memory) and wake again like any sandbox."""
+    sb = spawn(http)
+    sb_id, run_dir = sb["id"], daemon.root / "sandboxes" / sb["id"]
+    run(http, sb_id, "sh", "-c", "echo persisted > /home/user/fs-only-marker.txt")
+    boot_before = run(http, sb_id, "cat", BOOT_ID).strip()
+    ok(http.post(f"/v1/sandboxes/{sb_id}/processes", json={"args": COUNTER}))
+    before = ok(http.get(f"/v1/sandboxes/{sb_id}"))
+
+    started = time.monotonic()
+    info = ok(http.post(f"/v1/sandboxes/{sb_id}/hibernate", json={"memory": False}))
+    pause_s = time.monotonic() - started
+    hib = info["hibernation"]
+    assert info["state"] == "hibernated" and hib["memory"] is False and hib["pages"] == 0, info
+    assert not (run_dir / "hibernation").exists() and not (run_dir / "hibernation.tmp").exists()
+    assert not pid_alive(before["pid"]) and not netns_exists(before["netns"])
+    assert not qemu_processes_of(run_dir)
+    listed = [s for s in ok(http.get("/v1/sandboxes")) if s["id"] == sb_id]
+    assert listed[0]["state"] == "hibernated" and listed[0]["hibernation"]["memory"] is False
+
+    started = time.monotonic()
+    assert run(http, sb_id, "cat", "/home/user/fs-only-marker.txt").strip() == "persisted"
+    wake_s = time.monotonic() - started
+    print(f"\ndisk-only hibernation: {pause_s * 1000:.0f} ms ({hib['pause_ms']:.0f} ms stopped); "
+          f"cold boot to first answer: {wake_s:.1f} s")
+    boot_after = run(http, sb_id, "cat", BOOT_ID).strip()
+    assert boot_after and boot_after != boot_before
+    assert ok(http.get(f"/v1/sandboxes/{sb_id}/processes")) == []  # a fresh boot: none of before
+    assert evaluate(http, sb_id, "6 * 7") == "42"
+    assert abs(float(evaluate(http, sb_id, "import time; time.time()")) - time.time()) < 1.5
+    after = ok(http.get(f"/v1/sandboxes/{sb_id}"))
+    assert after["state"] == "running" and after["pid"] != before["pid"] and "hibernation" not in after
+    for key in ("ip", "netns", "network"):
+        assert after[key] == before[key], key
+    evaluate(http, sb_id, GUEST_SERVER + "'serving'")
+    assert host_fetch(after["ip"]) == "still here"  # its network, made again at the same address
+
+    # A cold-booted sandbox hibernates with its memory and wakes as any other.
+    evaluate(http, sb_id, "kept = 'in memory'")
+    assert hibernate(http, sb_id)["hibernation"]["memory"] is True
+    assert evaluate(http, sb_id, "kept") == "'in memory'"
+    assert run(http, sb_id, "cat", BOOT_ID).strip() == boot_after
+    assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+
+
+def test_a_failed_cold_boot_leaves_it_hibernated_with_its_disk_and_no_qemu(http: httpx.Client,
+                                                                             daemon: Daemon) -> None:
+    """The template's kernel made unbootable after the hibernation: the wake fails with
+    ``{"error": ...}``, no QEMU of it is left, it stays hibernated with its disk; once the kernel
+    is back, the next request boots it with its files."""
+    sb = spawn(http)
+    sb_id, run_dir = sb["id"], daemon.root / "sandboxes" / sb["id"]
+    run(http, sb_id, "sh", "-c", "echo kept > /home/user/kept.txt")
+    ok(http.post(f"/v1/sandboxes/{sb_id}/hibernate", json={"memory": False}))
+    meta_path = daemon.root / "snapshots" / "base" / "snapshot.json"
+    original = meta_path.read_text()
+    junk = daemon.root / "not-a-kernel"
+    junk.write_bytes(b"\0" * 4096)
+    try:
+        meta_path.write_text(original.replace('"kernel": "', f'"kernel": "{junk}", "was": "', 1))
+        r = http.post(f"/v1/sandboxes/{sb_id}/exec", json={"args": ["true"]}, timeout=300)
+        assert r.status_code >= 500 and set(r.json()) == {"error"}, r.text
+        assert not qemu_processes_of(run_dir)
+        info = ok(http.get(f"/v1/sandboxes/{sb_id}"))
+        assert info["state"] == "hibernated" and info["hibernation"]["memory"] is False
+        assert list(run_dir.glob("disk*.qcow2"))
+    finally:
+        meta_path.write_text(original)
+    assert run(http, sb_id, "cat", "/home/user/kept.txt").strip() == "kept"
+    assert metric(http, "forkd_hibernation_wake_failures") >= 1
+    assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+
+
+@pytest.mark.skipif(not CLIENTS_PYTHON.exists(), reason="no .venv-clients (make clients)")
+def test_e2b_filesystem_only_pause_cold_boots_on_connect(http: httpx.Client, daemon: Daemon) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    env.update({"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token})
+    proc = subprocess.run([str(CLIENTS_PYTHON), str(ROOT / "tests/clients/e2b/fs_pause.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd="/tmp")
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    print("\n" + proc.stdout.strip().splitlines()[-1])
+    assert "fs_pause ok" in proc.stdout, proc.stdout

@@ -753,6 +753,25 @@ def test_unknown_query_parameters_are_400(client: TestClient, fake: FakeRuntime)
     assert client.get("/v1/sandboxes", params={"snapshot_tag": "py"}).status_code == 200
 
 
+def test_hibernate_keeps_memory_unless_asked_for_the_disk_only(client: TestClient, fake: FakeRuntime) -> None:
+    fake.add_snapshot("py")
+    fake.add_sandbox("sb-67a1b3-0000")
+    fake.add_sandbox("sb-67a1b3-0001")
+    r = client.post("/v1/sandboxes/sb-67a1b3-0000/hibernate")  # no body, as before the option
+    assert r.status_code == 200, r.text
+    assert r.json()["hibernation"]["memory"] is True and r.json()["state"] == "hibernated"
+    r = client.post("/v1/sandboxes/sb-67a1b3-0001/hibernate", json={"memory": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["hibernation"]["memory"] is False and r.json()["hibernation"]["pages"] == 0
+    assert [c.kwargs for c in fake.calls if c.name == "hibernate"] == [{"memory": True}, {"memory": False}]
+    listed = {s["id"]: s for s in client.get("/v1/sandboxes?state=hibernated").json()}
+    assert listed["sb-67a1b3-0001"]["hibernation"]["memory"] is False
+    assert_error(client.post("/v1/sandboxes/sb-67a1b3-0001/hibernate", json={"memory": False}), 409,
+                 "hibernated already")
+    r = client.post("/v1/sandboxes/sb-67a1b3-0001/hibernate", json={"memory": "no"})
+    assert r.status_code in (400, 422) and "error" in r.json(), r.text
+
+
 def test_the_sandbox_list_pages_and_filters_by_state(client: TestClient, fake: FakeRuntime) -> None:
     fake.add_snapshot("py")
     ids = [f"sb-67a1b3-{i:04d}" for i in range(5)]

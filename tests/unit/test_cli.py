@@ -325,6 +325,14 @@ def test_hibernate(runner: CliRunner, daemon: FakeDaemon) -> None:
     result = run(runner, "hibernate", "sb-abcdef-0001")
     assert result.exit_code == 0, result.output
     assert "hibernated: 1.016 MiB on disk, 41 ms stopped" in result.stdout
+    assert not daemon.requests[-1].content  # no body: memory kept
+    daemon.on("POST", "/v1/sandboxes/sb-abcdef-0002/hibernate", httpx.Response(200, json={
+        **sandbox_info(2), "state": "hibernated",
+        "hibernation": {**saved, "memory": False, "pages": 0, "disk_mib": 0}}))
+    result = run(runner, "hibernate", "--disk-only", "sb-abcdef-0002")
+    assert result.exit_code == 0, result.output
+    assert json.loads(daemon.requests[-1].content) == {"memory": False}
+    assert "disk only: its wake cold-boots it" in result.stdout
     daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info(0)]))
     result = run(runner, "fork", "--tag", "py", "--idle-hibernate", "300", "--json")
     assert result.exit_code == 0, result.output

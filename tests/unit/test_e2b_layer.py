@@ -275,13 +275,38 @@ def test_list_is_newest_first_unless_asked_otherwise(client: TestClient, fake: F
     assert "order" in rest_error(client.get("/v2/sandboxes", params={"order": "up"}, headers=key), 400)
 
 
-def test_a_filesystem_only_pause_is_a_pause(client: TestClient, fake: FakeRuntime) -> None:
-    """``pause(mode="filesystem")`` (``memory: false``) keeps the filesystem, as E2B's does, and the
-    memory state with it: forkd's pause (issue 20)."""
-    resp = client.post(f"/sandboxes/{SB}/pause", json={"memory": False}, headers={"X-API-KEY": TOKEN})
+def test_a_filesystem_only_pause_is_a_disk_only_hibernation(client: TestClient, fake: FakeRuntime) -> None:
+    """``pause(keep_memory=False)`` (``memory: false``) keeps the disk alone: a disk-only hibernation,
+    listed as paused, that envd traffic does not wake even with autoResume on (E2B's auto-resume
+    refuses such a sandbox); connect resumes it (a cold boot) under the same id and token."""
+    key = {"X-API-KEY": TOKEN}
+    fake.sandboxes[SB].auto_resume = True
+    resp = client.post(f"/sandboxes/{SB}/pause", json={"memory": False}, headers=key)
     assert resp.status_code == 204, resp.text
+    assert not [c for c in fake.calls if c.name == "pause"]
+    [call] = [c for c in fake.calls if c.name == "hibernate"]
+    assert call.args == (SB,) and call.kwargs == {"memory": False}
+    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "paused"
+    asleep = client.get("/health", headers=envd_headers(SB))
+    assert asleep.status_code == 502 and "filesystem-only" in asleep.json()["message"], asleep.text
+    assert "already paused" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": False},
+                                                      headers=key), 409)
+    resumed = client.post(f"/sandboxes/{SB}/connect", json={"timeout": 60}, headers=key)
+    assert resumed.status_code == 201, resumed.text
+    assert resumed.json()["sandboxID"] == SB
+    assert resumed.json()["envdAccessToken"] == client.post(
+        f"/sandboxes/{SB}/connect", json={"timeout": 60}, headers=key).json()["envdAccessToken"]
+    assert client.get("/health", headers=envd_headers(SB)).status_code == 204
+    assert "memory" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": "no"},
+                                              headers=key), 400)
+    # At a timeout, the pause keeps the memory: a filesystem-only one there is refused, not ignored.
+    refused = client.post("/v2/sandboxes", headers=key, json={"templateID": "base", "autoPause": True,
+                                                              "autoPauseMemory": False})
+    assert "autoPauseMemory" in rest_error(refused, 400)
+    # With its memory (the default, or memory: true): forkd's pause, a branch of its state.
+    assert client.post(f"/sandboxes/{SB}/pause", json={"memory": True}, headers=key).status_code == 204
     [call] = [c for c in fake.calls if c.name == "pause"]
-    assert call.args == (SB,) and call.kwargs == {"mode": "full"}
+    assert call.kwargs == {"mode": "full"}
 
 
 GUEST_METRICS = """MemTotal:         482012 kB

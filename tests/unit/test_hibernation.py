@@ -6,14 +6,22 @@ SandboxTable and registry; stand-ins for QEMU (tests/unit/test_idle.py's). The m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from forkd.config import DataDir
 from forkd.controller.hibernation import Hibernator
+from forkd.controller.snapshots import Forkable
+from forkd.controller.templates import TemplateBuilder
 from forkd.errors import Conflict, NotFound, VMError
-from forkd.store.records import Hibernation, SandboxRecord
+from forkd.host.accel import Accel, VMConfig
+from forkd.store.layout import SnapshotDir
+from forkd.store.records import Hibernation, SandboxRecord, SnapshotRecord
 from tests.unit.test_idle import Harness, StubVM, h, run
 
 SB = "sb-000000-0000"
@@ -30,7 +38,7 @@ class NoDisks:
 
 
 def hibernator(h: Harness) -> Hibernator:
-    hib = Hibernator(h.table, None, None, h.pauser, NoDisks())  # type: ignore[arg-type]
+    hib = Hibernator(h.table, None, None, h.pauser, NoDisks(), None)  # type: ignore[arg-type]
     h.table.wake_with(hib)
     h.table.on_removed(hib.after_removed)
     return hib
@@ -246,3 +254,67 @@ def test_a_request_that_waited_out_a_hibernation_wakes_the_sandbox(h: Harness) -
 
 
 __all__ = ["h"]  # the idle tests' harness fixture, shared
+
+
+def test_a_disk_only_hibernation_is_kept_in_its_row_and_old_rows_kept_memory(h: Harness) -> None:
+    """The row says which kind it is (a restart wakes a disk-only one by a cold boot); rows written
+    before disk-only hibernations existed read as memory-keeping ones."""
+    h.add(SB)
+    record = h.registry.sandboxes.get(SB)
+    record.hibernation = Hibernation(at_unix=1.0, pages=0, memory_bytes=0, devices_bytes=0, pause_ms=3,
+                                     memory=False)
+    h.table.park(record)
+    again = h.registry.sandboxes.get(SB)
+    assert again.hibernation is not None and again.hibernation.memory is False
+    assert again.info()["hibernation"]["memory"] is False and again.info()["state"] == "hibernated"
+    old = {k: v for k, v in dataclasses.asdict(again.hibernation).items() if k != "memory"}
+    assert Hibernation(**old).memory is True
+
+
+def make_image(data: DataDir, name: str, key: str) -> None:
+    d = data.images / name
+    d.mkdir(parents=True)
+    (d / "image.json").write_text(json.dumps({"key": key}))
+    for f in ("vmlinux", "initramfs.img", "rootfs.ext4"):
+        (d / f).write_bytes(b"x")
+
+
+def make_snapshot(data: DataDir, tag: str, meta: dict[str, Any]) -> Forkable:
+    sdir = SnapshotDir(data.snapshots / tag)
+    sdir.path.mkdir(parents=True)
+    sdir.write_meta({"tag": tag, **meta})
+    config = VMConfig(512, 1, Accel.tcg())
+    return Forkable(SnapshotRecord(tag=tag, dir=str(sdir.path), created_at_unix=1), sdir, config,
+                    meta.get("tap"), tuple(meta.get("dns") or ()))
+
+
+def test_a_cold_boot_uses_what_the_template_booted_through_its_branches(tmp_path: Path) -> None:
+    """A disk-only wake boots the kernel its template booted (found through the branches, which
+    name only the image), the image's initramfs, the same warm imports and guest network; a
+    rebuilt or missing image is a 409 (checked before the sandbox is stopped)."""
+    data = DataDir(tmp_path)
+    make_image(data, "default", "k1")
+    custom = tmp_path / "custom-vmlinux"
+    custom.write_bytes(b"x")
+    make_snapshot(data, "base", {"image": {"name": "default", "key": "k1"}, "kernel": str(custom),
+                                 "warm_imports": ["json"], "parent_tag": None, "tap": "forkd-tap0",
+                                 "dns": ["9.9.9.9"]})
+    fork = make_snapshot(data, "fork-1", {"image": {"name": "default", "key": "k1"}, "parent_tag": "base",
+                                          "warm_imports": ["json"], "tap": "forkd-tap0", "dns": ["9.9.9.9"]})
+    store = SimpleNamespace(dir=lambda tag: SnapshotDir(data.snapshots / tag))
+    builder = TemplateBuilder(data, store, None, None, None)  # type: ignore[arg-type]
+    boot = builder.cold_boot(fork)
+    assert boot.kernel == custom and boot.initrd == data.images / "default" / "initramfs.img"
+    assert "forkd.warm=json" in boot.append and "forkd.net=" in boot.append and "9.9.9.9" in boot.append
+    # No kernel named anywhere: the image's own.
+    plain = make_snapshot(data, "plain", {"image": {"name": "default", "key": "k1"}, "warm_imports": []})
+    assert builder.cold_boot(plain).kernel == data.images / "default" / "vmlinux"
+    assert "forkd.net=" not in builder.cold_boot(plain).append
+    rebuilt = make_snapshot(data, "old", {"image": {"name": "default", "key": "k0"}})
+    with pytest.raises(Conflict, match="rebuilt"):
+        builder.cold_boot(rebuilt)
+    gone = make_snapshot(data, "gone", {"image": {"name": "nosuch", "key": "k1"}})
+    with pytest.raises(Conflict, match="gone"):
+        builder.cold_boot(gone)
+    with pytest.raises(Conflict, match="names no guest image"):
+        builder.cold_boot(make_snapshot(data, "bare", {}))

@@ -328,7 +328,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Hibernate the sandbox: its changed memory and device state to disk, its QEMU released; its next request of any kind wakes it */
+        /** Hibernate the sandbox: its changed memory and device state (or, with memory false, its disk alone) to disk, its QEMU released; its next request of any kind wakes it (memory false: cold-boots it) */
         post: operations["hibernate_sandbox_v1_sandboxes__id__hibernate_post"];
         delete?: never;
         options?: never;
@@ -1357,6 +1357,15 @@ export interface components {
             /** Ok */
             ok: boolean;
         };
+        /** HibernateRequest */
+        HibernateRequest: {
+            /**
+             * Memory
+             * @description Keep its memory (the pages it changed and its device state): its wake resumes it where it stopped. False: keep its disk alone (the guest syncs it first): its wake cold-boots its template's kernel on that disk, same id, address and egress policy; files survive, processes, kernels and memory do not (E2B's pause(keep_memory=False)).
+             * @default true
+             */
+            memory?: boolean;
+        };
         /** HibernationInfo */
         HibernationInfo: {
             /**
@@ -1371,6 +1380,11 @@ export interface components {
             disk_mib: number;
             /** Hibernated At Unix */
             hibernated_at_unix: number;
+            /**
+             * Memory
+             * @description Whether its memory was kept. False: a disk-only hibernation (pages and devices_bytes 0); its wake cold-boots its disk: a fresh kernel, no process, cell or file descriptor of before.
+             */
+            memory: boolean;
             /**
              * Memory Bytes
              * @description Those pages on disk, compressed.
@@ -4281,7 +4295,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["HibernateRequest"] | null;
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {
@@ -4310,7 +4328,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Hibernated already, requests under way, or a live_fork or per_child_netns sandbox (which cannot be hibernated). */
+            /** @description Hibernated already, requests under way, a live_fork or per_child_netns sandbox (which cannot be hibernated), or (memory false) a template whose kernel and initramfs are gone. */
             409: {
                 headers: {
                     [name: string]: unknown;

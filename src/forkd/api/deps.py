@@ -166,7 +166,7 @@ class PoolsLike(Protocol):
 class HibernationLike(Protocol):
     """``Runtime.hibernation`` (controller/hibernation.py): sandboxes to disk and back on use."""
 
-    async def hibernate(self, sandbox_id: str, *, idle: bool = False) -> Record: ...
+    async def hibernate(self, sandbox_id: str, *, idle: bool = False, memory: bool = True) -> Record: ...
 
 
 class TagsLike(Protocol):

@@ -28,6 +28,7 @@ from forkd.api.schemas import (
     ExecRequest,
     ExecResponse,
     Health,
+    HibernateRequest,
     PingResponse,
     SandboxInfo,
     SnapshotDetail,
@@ -310,15 +311,19 @@ async def set_timeout(sandbox_id: SandboxIdPath, req: TimeoutRequest, rt: Runtim
     "/sandboxes/{id}/hibernate",
     response_model=SandboxInfo,
     tags=["sandboxes"],
-    summary="Hibernate the sandbox: its changed memory and device state to disk, its QEMU released; "
-    "its next request of any kind wakes it",
+    summary="Hibernate the sandbox: its changed memory and device state (or, with memory false, its "
+    "disk alone) to disk, its QEMU released; its next request of any kind wakes it (memory false: "
+    "cold-boots it)",
     responses={**NO_SANDBOX, **GUEST_ERRORS,
-               409: _err("Hibernated already, requests under way, or a live_fork or per_child_netns "
-                         "sandbox (which cannot be hibernated).")},
+               409: _err("Hibernated already, requests under way, a live_fork or per_child_netns "
+                         "sandbox (which cannot be hibernated), or (memory false) a template whose "
+                         "kernel and initramfs are gone.")},
     **_AS_GIVEN,
 )
-async def hibernate_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
-    return (await rt.hibernation.hibernate(sandbox_id)).info()
+async def hibernate_sandbox(sandbox_id: SandboxIdPath, rt: Runtime,
+                            req: Annotated[HibernateRequest | None, Body()] = None) -> dict[str, Any]:
+    req = req or HibernateRequest()
+    return (await rt.hibernation.hibernate(sandbox_id, memory=req.memory)).info()
 
 
 @v1.post(

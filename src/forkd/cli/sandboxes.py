@@ -398,20 +398,25 @@ def timeout(
 
 
 @handle_errors
-def hibernate(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
+def hibernate(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False,
+              disk_only: Annotated[bool, typer.Option(
+                  "--disk-only", help="Keep its disk alone, not its memory: the wake cold-boots it "
+                  "(files survive; processes and memory do not).")] = False) -> None:
     """Put a sandbox to disk (its changed memory and device state) and release its QEMU; its next
     request of any kind (exec, eval, ping, files, ...) wakes it.
 
     Example:
       forkd hibernate sb-67a1b3-0000
+      forkd hibernate --disk-only sb-67a1b3-0000
     """
-    info = state(ctx).controller().hibernate(sandbox_id)
+    info = state(ctx).controller().hibernate(sandbox_id, memory=not disk_only)
     if want_json(ctx, json_):
         output.emit_json(info)
         return
     saved: Mapping[str, Any] = info.get("hibernation") or {}
-    output.console.print(f"{escape(sandbox_id)} hibernated: {saved.get('disk_mib', 0):g} MiB on disk, "
-                         f"{saved.get('pause_ms', 0):g} ms stopped")
+    kept = "" if saved.get("memory", True) else " (disk only: its wake cold-boots it)"
+    output.console.print(f"{escape(sandbox_id)} hibernated{kept}: {saved.get('disk_mib', 0):g} MiB on "
+                         f"disk, {saved.get('pause_ms', 0):g} ms stopped")
 
 
 @handle_errors

@@ -13,7 +13,20 @@ of killing, controller/lifetimes.py) all end in ``Hibernator.hibernate``:
   lease (controller/network.py ``park``): its namespace name, address and
   egress rules are its own until it is killed.
 
-Its disk layers stay in its run directory, untouched. Any request to it
+Its disk layers stay in its run directory, untouched.
+
+A disk-only hibernation (``memory=False``: the forkd API's ``memory: false``,
+E2B's ``pause(keep_memory=False)``) keeps nothing else: the guest syncs its
+filesystems, the VM is stopped (QEMU flushes its disk caches) and killed, and
+its row says ``memory: false``. Its wake cold-boots its template's kernel and
+initramfs on its own disk overlay (``TemplateBuilder.cold_boot``, the same
+command line: warm imports, the guest's network) under the same id, address
+and egress rules, and waits for the guest agent as a template boot does: files
+survive, processes, kernels and memory do not, and the guest's ``boot_id`` is
+new. Whether its template can still be booted (its image there, not rebuilt)
+is checked before the VM is stopped: 409, and it runs on.
+
+Any request to it
 (``SandboxTable.for_call``: exec, eval, files, processes, code, E2B's envd
 traffic and ``connect``) wakes it first: one wake per sandbox at a time, which
 every concurrent request awaits (``wake``). A wake makes the cgroup and
@@ -22,7 +35,8 @@ into its RAM, loads the device state, steps the guest's clock, and only then
 rewrites the row (``SandboxTable.unpark``) and removes the files.
 
 A failed hibernation leaves the sandbox running (its VM is resumed) and nothing
-recorded; a failed wake keeps the files and the row, so it can be tried again.
+recorded; a failed wake (a cold boot that fails too) kills the QEMU it started
+and keeps the files and the row, so it can be tried again.
 A daemon killed in the middle: before the row's commit, the sandbox is
 re-adopted running (``start`` removes the partial files and resumes it); after
 it, recovery keeps the hibernated row and its files and kills any QEMU of it.
@@ -47,7 +61,8 @@ from typing import Any, Protocol
 from forkd.controller.idle import IdlePauser
 from forkd.controller.network import Networks
 from forkd.controller.sandboxes import SandboxTable, remove_cgroup
-from forkd.controller.snapshots import SnapshotStore
+from forkd.controller.snapshots import Forkable, SnapshotStore
+from forkd.controller.templates import ColdBoot
 from forkd.errors import Conflict, ForkdError, NotFound, NotHibernatable
 from forkd.host import cgroups
 from forkd.store.layout import check_sandbox_id
@@ -70,6 +85,12 @@ class DiskWatch(Protocol):
     async def after_removed(self, record: SandboxRecord) -> None: ...
 
 
+class ColdBoots(Protocol):
+    """How a child of a snapshot boots afresh on its disk (controller/templates.py)."""
+
+    def cold_boot(self, snap: Forkable) -> ColdBoot: ...
+
+
 def saved_bytes(record: SandboxRecord) -> int:
     """What a hibernated sandbox's saved state takes on disk (0 if it is not hibernated)."""
     h = record.hibernation
@@ -78,8 +99,9 @@ def saved_bytes(record: SandboxRecord) -> int:
 
 class Hibernator:
     def __init__(self, table: SandboxTable, store: SnapshotStore, networks: Networks, idle: IdlePauser,
-                 disks: DiskWatch) -> None:
+                 disks: DiskWatch, boots: ColdBoots) -> None:
         self._table = table
+        self._boots = boots
         self._store = store
         self._networks = networks
         self._idle = idle
@@ -144,11 +166,12 @@ class Hibernator:
                 f"sandbox {record.id!r} lives in the host's namespace {record.netns}, which is not its own "
                 "to release and make again: per_child_netns sandboxes cannot be hibernated")
 
-    async def hibernate(self, sandbox_id: str, *, idle: bool = False) -> SandboxRecord:
+    async def hibernate(self, sandbox_id: str, *, idle: bool = False, memory: bool = True) -> SandboxRecord:
         """Hibernate a running sandbox; its record. 409 if hibernated already, busy, or unsupported.
 
         ``idle``: the idle policy asks; a sandbox that became busy meanwhile is left alone
-        (``Conflict``, which the idle pauser takes as "later").
+        (``Conflict``, which the idle pauser takes as "later"). ``memory=False``: disk only; its
+        wake cold-boots it (409 now if its template could not be booted again).
         """
         check_sandbox_id(sandbox_id)
         sandbox_id = self._table.resolve(sandbox_id)
@@ -165,22 +188,32 @@ class Hibernator:
                                "hibernate it once they end")
             record = self._table.records.get(sandbox_id)
             snap = self._store.forkable(record.snapshot_tag)
+            if not memory:
+                self._boots.cold_boot(snap)  # 409 while it still runs, rather than at its wake
             run_dir = Path(record.dir)
             partial, saved = run_dir / PARTIAL_DIR, run_dir / SAVED_DIR
             started = time.monotonic()
             try:
                 for d in (partial, saved):
                     shutil.rmtree(d, ignore_errors=True)
+                # Disk only, it stays empty: a daemon that dies before the commit finds it, and
+                # runs the stopped sandbox on (start).
                 partial.mkdir()
-                captured = await mechanics.capture(vm, snap.dir.mem, partial)
-                partial.rename(saved)
+                if memory:
+                    captured = await mechanics.capture(vm, snap.dir.mem, partial)
+                    partial.rename(saved)
+                    hibernation = Hibernation(
+                        at_unix=time.time(), pages=captured.pages, memory_bytes=captured.memory_bytes,
+                        devices_bytes=captured.devices_bytes, pause_ms=captured.stopped_ms)
+                else:
+                    hibernation = Hibernation(at_unix=time.time(), pages=0, memory_bytes=0, devices_bytes=0,
+                                              pause_ms=await mechanics.flush(vm), memory=False)
                 cgroup, cgroup_extra = record.cgroup, record.cgroup_extra
-                record.hibernation = Hibernation(
-                    at_unix=time.time(), pages=captured.pages, memory_bytes=captured.memory_bytes,
-                    devices_bytes=captured.devices_bytes, pause_ms=captured.stopped_ms)
+                record.hibernation = hibernation
                 record.pid, record.cgroup, record.cgroup_extra = None, None, []
                 self._table.park(record)  # the commit
                 self._asleep[sandbox_id] = saved_bytes(record)
+                shutil.rmtree(partial, ignore_errors=True)  # disk only: the empty marker
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
                 shutil.rmtree(saved, ignore_errors=True)
@@ -197,10 +230,11 @@ class Hibernator:
             for name in ("qmp.sock", "agent.sock", "pid"):
                 (run_dir / name).unlink(missing_ok=True)
             self.hibernations += 1
-            self.pause_ms.append(captured.stopped_ms)
-            log.info("hibernated %s%s: %d pages in %.1f MiB, %.0f ms stopped, %.0f ms in all", sandbox_id,
-                     " (idle)" if idle else "", captured.pages, saved_bytes(record) / (1 << 20),
-                     captured.stopped_ms, (time.monotonic() - started) * 1000)
+            self.pause_ms.append(hibernation.pause_ms)
+            log.info("hibernated %s%s%s: %d pages in %.1f MiB, %.0f ms stopped, %.0f ms in all", sandbox_id,
+                     " (idle)" if idle else "", "" if memory else " (disk only)", hibernation.pages,
+                     saved_bytes(record) / (1 << 20), hibernation.pause_ms,
+                     (time.monotonic() - started) * 1000)
             return record
 
     async def hibernate_idle(self, sandbox_id: str) -> None:
@@ -233,6 +267,7 @@ class Hibernator:
             if record.hibernation is None:
                 return
             started = time.monotonic()
+            how = "woke" if record.hibernation.memory else "cold-booted"
             try:
                 record = await self._restart(record)
             except BaseException:
@@ -241,7 +276,7 @@ class Hibernator:
             self.wakes += 1
             elapsed = (time.monotonic() - started) * 1000
             self.wake_ms.append(elapsed)
-            log.info("woke %s in %.0f ms", sandbox_id, elapsed)
+            log.info("%s %s in %.0f ms", how, sandbox_id, elapsed)
         self._idle.track(record)
         if record.disk_quota_mib:
             try:
@@ -264,9 +299,17 @@ class Hibernator:
             if record.network is not None:
                 await self._networks.unpark(record.network)
                 launcher += self._networks.launcher(record.network)
-            vm = await mechanics.wake(run_dir, record.config, mem_path=snap.dir.mem,
-                                      snapshot_state=snap.dir.state, disk=Path(record.disk.file),
-                                      saved=run_dir / SAVED_DIR, tap=record.tap, launcher=launcher)
+            assert record.hibernation is not None  # the caller checked
+            if record.hibernation.memory:
+                vm = await mechanics.wake(run_dir, record.config, mem_path=snap.dir.mem,
+                                          snapshot_state=snap.dir.state, disk=Path(record.disk.file),
+                                          saved=run_dir / SAVED_DIR, tap=record.tap, launcher=launcher)
+            else:
+                boot = self._boots.cold_boot(snap)
+                vm = await mechanics.cold_boot(run_dir, record.config, mem_path=snap.dir.mem,
+                                               disk=Path(record.disk.file), kernel=boot.kernel,
+                                               initrd=boot.initrd, append=boot.append, tap=record.tap,
+                                               launcher=launcher)
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()

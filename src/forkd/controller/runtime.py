@@ -155,7 +155,7 @@ class Runtime:
         self.sandboxes.watch_activity(self.idle)
         self.sandboxes.on_removed(self.idle.after_removed)
         self.hibernation = Hibernator(self.sandboxes, self.snapshots, self.networks, self.idle,
-                                      self.disk_quotas)
+                                      self.disk_quotas, self.templates)
         self.sandboxes.wake_with(self.hibernation)  # every request to a hibernated sandbox wakes it
         self.sandboxes.on_removed(self.hibernation.after_removed)
         self.idle.hibernate_with(self.hibernation.hibernate_idle)

@@ -67,7 +67,9 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
     return {"id": record.id, "template": template, "state": record.state.e2b,
             "started": record.created_at_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
             "mem_mib": record.config.mem_mib, "disk_mb": disk_mib(record), "metadata": dict(record.metadata),
-            "egress": record.egress.info(), "auto_resume": record.auto_resume}
+            "egress": record.egress.info(),
+            # A disk-only hibernation is woken by an explicit resume alone in E2B's terms.
+            "auto_resume": record.auto_resume and (record.hibernation is None or record.hibernation.memory)}
 
 
 class Suspender:

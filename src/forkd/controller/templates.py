@@ -24,9 +24,9 @@ from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.kernel_cells import warm_template
 from forkd.controller.network import NetRequest, Networks
-from forkd.controller.snapshots import SnapshotStore
+from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.tags import TagReservations
-from forkd.errors import InvalidRequest
+from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
@@ -43,6 +43,17 @@ from forkd.vmm.disk import create_overlay
 from forkd.vmm.machine import VM
 
 Progress = Callable[[str, float], None]
+LINEAGE_MAX = 256  # snapshots between a branch and its template; the bound only guards a corrupt registry
+
+
+@dataclass(frozen=True)
+class ColdBoot:
+    """How a sandbox boots afresh from its own disk: its template's kernel, initramfs and command
+    line (warm imports, the guest's network)."""
+
+    kernel: Path
+    initrd: Path
+    append: str
 
 
 def no_progress(_step: str, _fraction: float) -> None:
@@ -127,6 +138,39 @@ class TemplateBuilder:
             if not rootfs.is_file():
                 raise InvalidRequest(f"rootfs {spec.rootfs} does not exist")
         return image, kernel, image.initrd, rootfs
+
+    def cold_boot(self, snap: Forkable) -> ColdBoot:
+        """How a child of ``snap`` boots afresh on its own disk (a disk-only hibernation's wake):
+        what its template booted. 409 if that is gone (the image deleted or rebuilt since)."""
+        meta = snap.dir.read_meta()
+        image_of = meta.get("image") or {}
+        kernel: str | None = meta.get("kernel")
+        parent = meta.get("parent_tag")
+        for _ in range(LINEAGE_MAX):  # a branch names its image, not its kernel: its template does
+            if kernel is not None or not parent:
+                break
+            parent_dir = self._store.dir(parent)
+            parent_meta = parent_dir.read_meta() if parent_dir.meta_path.exists() else {}
+            kernel, parent = parent_meta.get("kernel"), parent_meta.get("parent_tag")
+        name = image_of.get("name") if isinstance(image_of, dict) else None
+        if not isinstance(name, str):
+            raise Conflict(f"snapshot {snap.record.tag!r} names no guest image to boot its children from")
+        try:
+            image = load_image(self._data, name)
+        except NotFound as exc:
+            raise Conflict(f"snapshot {snap.record.tag!r} was made from guest image {name!r}, which is "
+                           f"gone: {exc}") from None
+        if image_of.get("key") not in (None, image.key):
+            raise Conflict(f"guest image {name!r} was rebuilt since snapshot {snap.record.tag!r} was "
+                           "made: its kernel and initramfs are not the ones its disk was booted with")
+        boot_kernel = Path(kernel) if kernel else image.kernel
+        if not boot_kernel.is_file():
+            raise Conflict(f"the kernel snapshot {snap.record.tag!r} was booted with ({boot_kernel}) is gone")
+        warm = meta.get("warm_imports")
+        warm = [m for m in warm if isinstance(m, str)] if isinstance(warm, list) else []
+        extra = (netplan.guest_cmdline(snap.dns),) if snap.tap else ()
+        return ColdBoot(boot_kernel, image.initrd,
+                        kernel_cmdline(warm, accel=snap.config.accel, extra=extra))
 
     async def create(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
         """Boot a template, wait until its agent is warm, run setup, snapshot it."""

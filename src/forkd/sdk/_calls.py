@@ -180,8 +180,10 @@ def kill_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
 
 
-def hibernate(sandbox_id: str) -> Call:
-    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/hibernate")
+def hibernate(sandbox_id: str, memory: bool = True) -> Call:
+    # The memory-keeping default sends no body, as before the option.
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/hibernate",
+                json=None if memory else {"memory": False})
 
 
 def set_timeout(sandbox_id: str, timeout_secs: float) -> Call:

@@ -450,9 +450,10 @@ class AsyncSandbox:
         self._info = info
         return info
 
-    async def hibernate(self) -> SandboxInfo:
-        """Put this sandbox to disk, its QEMU released, until its next request wakes it."""
-        info = await self.controller.hibernate(self.id)
+    async def hibernate(self, *, memory: bool = True) -> SandboxInfo:
+        """Put this sandbox to disk, its QEMU released, until its next request wakes it;
+        ``memory=False``: its disk alone, and the wake cold-boots it."""
+        info = await self.controller.hibernate(self.id, memory=memory)
         self._info = info
         return info
 

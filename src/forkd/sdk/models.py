@@ -530,6 +530,11 @@ class HibernationInfo(TypedDict, total=False):
 
     hibernated_at_unix: Required[float]
 
+    memory: Required[bool]
+    """Whether its memory was kept. False: a disk-only hibernation (pages and devices_bytes 0); its
+    wake cold-boots its disk: a fresh kernel, no process, cell or file descriptor of before.
+    """
+
     pages: Required[int]
     """Guest pages (4 KiB) it had changed since its restore: all that was saved of its memory (the rest
     is its snapshot's).
@@ -678,6 +683,17 @@ class Health(TypedDict, total=False):
     """The ``Health`` schema."""
 
     ok: Required[bool]
+
+
+class HibernateRequest(TypedDict, total=False):
+    """The ``HibernateRequest`` schema."""
+
+    memory: bool
+    """Keep its memory (the pages it changed and its device state): its wake resumes it where it
+    stopped. False: keep its disk alone (the guest syncs it first): its wake cold-boots its
+    template's kernel on that disk, same id, address and egress policy; files survive, processes,
+    kernels and memory do not (E2B's pause(keep_memory=False)).
+    """
 
 
 class MkdirRequest(TypedDict, total=False):
@@ -1395,6 +1411,7 @@ __all__ = [
     "ForkRequest",
     "ForkResponse",
     "Health",
+    "HibernateRequest",
     "HibernationInfo",
     "MkdirRequest",
     "MkdirResponse",

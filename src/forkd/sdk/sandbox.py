@@ -451,9 +451,10 @@ class Sandbox:
         self._info = info
         return info
 
-    def hibernate(self) -> SandboxInfo:
-        """Put this sandbox to disk, its QEMU released, until its next request wakes it."""
-        info = self.controller.hibernate(self.id)
+    def hibernate(self, *, memory: bool = True) -> SandboxInfo:
+        """Put this sandbox to disk, its QEMU released, until its next request wakes it;
+        ``memory=False``: its disk alone, and the wake cold-boots it."""
+        info = self.controller.hibernate(self.id, memory=memory)
         self._info = info
         return info
 

@@ -89,7 +89,7 @@ class SandboxState(StrEnum):
     * ``running``: its VM runs.
     * ``paused``: its vCPUs stopped, in memory (``idle_pause_secs``); its next request resumes it.
     * ``hibernated``: its changed memory and device state on disk, no QEMU (controller/hibernation.py);
-      its next request wakes it.
+      its next request wakes it. A disk-only hibernation keeps only its disk: the wake cold-boots it.
     * ``suspended``: branched to a state snapshot and stopped (E2B's pause, a workspace's suspend);
       ``resume``/``connect`` starts it again under the same id.
     * ``pool``: a warm-pool member nobody has claimed (hidden from every list); a spawn claims it.
@@ -224,9 +224,11 @@ class Hibernation:
     memory_bytes: int  # those pages compressed, on disk
     devices_bytes: int  # its device state
     pause_ms: float  # from the VM's stop to its state on disk
+    # False: disk only (no pages, no device state); its wake cold-boots its disk.
+    memory: bool = True
 
     def info(self) -> dict[str, Any]:
-        return {"hibernated_at_unix": round(self.at_unix, 3), "pages": self.pages,
+        return {"hibernated_at_unix": round(self.at_unix, 3), "memory": self.memory, "pages": self.pages,
                 "memory_bytes": self.memory_bytes, "devices_bytes": self.devices_bytes,
                 "disk_mib": round((self.memory_bytes + self.devices_bytes) / (1 << 20), 3),
                 "pause_ms": round(self.pause_ms, 1)}

@@ -16,7 +16,17 @@ the device state through ``migrate-incoming``, and runs.
 not write. The stream is the saved file with that section put back: taken from
 the snapshot's own ``state`` file (same machine), without the capability list
 that follows it there, so the new QEMU loads it with ``x-ignore-shared`` off.
+
+A disk-only hibernation keeps no memory at all: ``flush`` has the guest write
+its page cache out (``sync``) and stops the VM (QMP ``stop`` flushes QEMU's
+disk caches too), so its disk overlay holds everything once its QEMU is killed.
+``cold_boot`` then boots the template's kernel and initramfs afresh on that
+overlay, in a QEMU with the child's own device configuration and its RAM a
+private mapping of its snapshot's ``mem`` file as always (the new kernel
+overwrites what it uses; a later memory hibernation diffs against that file as
+for any child), and waits for the guest agent as a template boot does.
 """
+
 
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import VMError
+from forkd.guest import protocol
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
 from forkd.vmm.cmdline import LaunchSpec
@@ -129,4 +140,43 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
     return vm
 
 
-__all__ = ["ACTIVE_NODE", "DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "incoming_stream", "wake"]
+async def flush(vm: VM, timeout: float = 60) -> float:
+    """Have the guest write its dirty pages to its disk, then stop the VM (QEMU flushes its own
+    caches on ``stop``): its disk overlay is complete. The ms it took."""
+    started = time.monotonic()
+    await vm.await_or_exit(vm.call(protocol.SYNC, timeout=timeout), timeout + 5, "the guest's sync")
+    await vm.pause()
+    return (time.monotonic() - started) * 1000
+
+
+async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path, kernel: Path,
+                    initrd: Path, append: str, tap: str | None = None, launcher: Sequence[str] = (),
+                    timeout: float = 120) -> VM:
+    """A new QEMU in ``run_dir`` booting ``kernel`` on ``disk``; returned once its agent answers
+    (warm imports done) and its clock is the host's. Killed if it fails."""
+    started = time.monotonic()
+    sockets = AgentSockets.bind(run_dir)
+    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
+                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                      console_log=run_dir / "console.log", kernel=kernel, initrd=initrd,
+                      append=append, tap=tap)
+    vm = await VM.launch(run_dir, spec, sockets, launcher)
+    try:
+        vm.timings["qemu_up_s"] = time.monotonic() - started
+        ping = await vm.await_or_exit(vm.agent.call(protocol.PING, timeout=None), timeout,
+                                      "the guest agent to boot and warm up")
+        if ping.get("warm_errors"):
+            raise VMError(f"the cold-booted guest's warm imports failed: {ping['warm_errors']}")
+        vm.timings["boot_s"] = time.monotonic() - started
+        # Its clock comes from no RTC worth the name under TCG: the host's, as after a restore.
+        await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5,
+                               "the cold-booted guest agent (clock step)")
+        vm.timings["ready_s"] = time.monotonic() - started
+    except BaseException:
+        await vm.destroy()
+        raise
+    return vm
+
+
+__all__ = ["ACTIVE_NODE", "DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "cold_boot", "flush",
+           "incoming_stream", "wake"]

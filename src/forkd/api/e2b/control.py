@@ -196,6 +196,10 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
         # connect wakes it, and with autoResume any envd request too: controller/hibernation.py).
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
+        if body.get("autoPauseMemory") not in (None, True):
+            raise E2BError(400, "autoPauseMemory false (a filesystem-only pause at the timeout) is not "
+                           "supported by forkd: the timeout's pause keeps the memory; pause(keep_memory="
+                           "False) pauses a sandbox filesystem-only")
         resume = body.get("autoResume")
         if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
                                                                        {"enabled": False})):
@@ -313,11 +317,16 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     async def pause(sandbox_id: str, request: Request) -> Response:
         req = SandboxPauseRequest.from_dict(await _body(request))
         _unknown(req)
-        # A filesystem-only pause (``memory: false``, the SDK's mode="filesystem") is served as a
-        # full one: the filesystem is kept as E2B keeps it, and the memory state with it (a resume
-        # restores the running guest rather than booting it afresh; docs/E2B.md).
+        if _set(req.memory) and not isinstance(req.memory, bool):
+            raise E2BError(400, "memory must be true or false")
         if rt().describe_sandbox(sandbox_id)["state"] == "paused":
             raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+        if req.memory is False:
+            # Filesystem only (the SDK's keep_memory=False): a disk-only hibernation. Listed as
+            # paused; connect cold-boots it from its disk, and its envd traffic does not (E2B's
+            # auto-resume refuses such a sandbox): controller/hibernation.py, docs/E2B.md.
+            await rt().hibernation.hibernate(sandbox_id, memory=False)
+            return Response(status_code=204)
         with gate.enter(None, rt().tags.in_flight):
             await rt().pause(sandbox_id)
         return Response(status_code=204)

@@ -118,9 +118,11 @@ class SandboxTraffic:
             else:
                 await fail(exc.status, str(exc))
             return
-        if record.hibernation is not None and not record.auto_resume:
-            # autoResume off: its traffic does not wake it (E2B's SDK reads 502 as "not running").
-            await fail(502, f"{not_running(sandbox_id)}; its autoResume is off: connect resumes it")
+        if record.hibernation is not None and not (record.auto_resume and record.hibernation.memory):
+            # autoResume off, or paused filesystem-only (E2B's auto-resume refuses to cold-boot one):
+            # its traffic does not wake it (E2B's SDK reads 502 as "not running").
+            why = "its autoResume is off" if record.hibernation.memory else "it was paused filesystem-only"
+            await fail(502, f"{not_running(sandbox_id)}; {why}: connect resumes it")
             return
         try:
             user = call_user(headers.get("authorization"))

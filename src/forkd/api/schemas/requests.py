@@ -419,6 +419,15 @@ class SuspendWorkspaceRequest(RequestModel):
     )
 
 
+class HibernateRequest(RequestModel):
+    memory: bool = Field(
+        True, description="Keep its memory (the pages it changed and its device state): its wake "
+        "resumes it where it stopped. False: keep its disk alone (the guest syncs it first): its wake "
+        "cold-boots its template's kernel on that disk, same id, address and egress policy; files "
+        "survive, processes, kernels and memory do not (E2B's pause(keep_memory=False)).",
+    )
+
+
 class TimeoutRequest(RequestModel):
     timeout_secs: SandboxTimeout = Field(
         description="The sandbox is killed this many seconds from now, whether that is sooner or later "

@@ -80,6 +80,9 @@ class SandboxNetwork(ResponseModel):
 
 class HibernationInfo(ResponseModel):
     hibernated_at_unix: float
+    memory: bool = Field(description="Whether its memory was kept. False: a disk-only "
+                         "hibernation (pages and devices_bytes 0); its wake cold-boots its disk: "
+                         "a fresh kernel, no process, cell or file descriptor of before.")
     pages: int = Field(description="Guest pages (4 KiB) it had changed since its restore: all that "
                        "was saved of its memory (the rest is its snapshot's).")
     memory_bytes: int = Field(description="Those pages on disk, compressed.")

@@ -117,10 +117,12 @@ class SandboxRoutes(Transport):
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""
         self._send(_calls.kill_sandbox(sandbox_id))
 
-    def hibernate(self, sandbox_id: str) -> SandboxInfo:
+    def hibernate(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/hibernate``: its changed memory and device state to disk, its
-        QEMU released; its next request of any kind wakes it (``state``: ``"hibernated"``)."""
-        return cast(SandboxInfo, self._send(_calls.hibernate(sandbox_id)))
+        QEMU released; its next request of any kind wakes it (``state``: ``"hibernated"``).
+        ``memory=False``: its disk alone is kept, and the wake cold-boots it (files survive,
+        processes and memory do not)."""
+        return cast(SandboxInfo, self._send(_calls.hibernate(sandbox_id, memory)))
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/timeout``: kill the sandbox ``timeout_secs`` from now.
