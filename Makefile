@@ -16,8 +16,9 @@ help:
 
 setup: deps venv clients node-deps image
 
-# The TypeScript SDK's, the browser test's and the E2B JS clients' npm packages, exactly as locked.
-NODE_DIRS := sdk/typescript tests/browser tests/clients/e2b-js
+# The TypeScript SDK's, the browser test's, the E2B JS clients' and the console's (xterm.js) npm
+# packages, exactly as locked.
+NODE_DIRS := sdk/typescript tests/browser tests/clients/e2b-js src/forkd/api/ui_vendor
 node-deps: deps $(addsuffix /node_modules/.installed,$(NODE_DIRS))
 
 %/node_modules/.installed: %/package-lock.json %/package.json

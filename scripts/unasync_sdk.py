@@ -93,6 +93,7 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bAsyncCommands\b", "Commands"),
     (r"\bAsyncCommandHandle\b", "CommandHandle"),
     (r"\bAsyncFiles\b", "Files"),
+    (r"\bAsyncTerminal\b", "Terminal"),
     (r"\bdefault_async_controller\b", "default_controller"),
 )
 

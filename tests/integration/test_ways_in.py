@@ -610,3 +610,56 @@ def test_e2b_ports_follow_allow_public_traffic_and_the_traffic_token(
         assert through_proxy(daemon, 8001, sb).status_code == 200
     finally:
         http.delete(f"/v1/sandboxes/{sb}")
+
+
+# ------------------------------------------------------------ terminals (a pty over a WebSocket)
+
+
+def test_terminal_through_the_sdk_and_in_the_web_console(daemon: Daemon, http: httpx.Client, pyagent: str,
+                                                          tmp_path: Path) -> None:
+    """A login shell on a pty: through the Python SDK (keys in, output out, a resize, the exit
+    code), refused without the token, and in the web console (xterm.js in headless Chromium)."""
+    from forkd.sdk import Controller
+    from forkd.sdk.terminal import TerminalClosed
+
+    sb = http.post("/v1/sandboxes", json={"snapshot_tag": pyagent}).json()[0]["id"]
+    try:
+        with Controller(daemon.url, token=daemon.token) as c, \
+                c.open_terminal(sb, cols=90, rows=20, user="user") as term:
+            term.send("stty size; whoami; pwd\n")
+            out = b""
+            while b"/home/user" not in out.split(b"pwd", 1)[-1]:
+                out += term.recv(timeout=60)
+            assert b"20 90" in out and b"\nuser" in out.replace(b"\r", b""), out
+            term.resize(120, 40)
+            term.send("stty size; exit 3\n")
+            with pytest.raises(TerminalClosed) as ended:
+                while True:
+                    out += term.recv(timeout=60)
+            assert ended.value.exit_code == 3 and b"40 120" in out, out
+        # No token, no terminal (and a wrong one likewise).
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect
+        for protocols in (["forkd.terminal.v1"], ["forkd.terminal.v1", "bearer.d3Jvbmc"]):
+            with pytest.raises(InvalidStatus) as refused:
+                connect(f"ws://127.0.0.1:{daemon.port}/v1/sandboxes/{sb}/terminal", subprotocols=protocols)
+            assert refused.value.response.status_code == 403
+
+        assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
+        env = node_env(daemon) | {"OUT_DIR": str(tmp_path), "SANDBOX": sb, "CHROMIUM": str(CHROMIUM)}
+        started = time.monotonic()
+        out_js = subprocess.run(["node", "terminal.mjs"], cwd=BROWSER_TEST, env=env, capture_output=True,
+                                text=True, timeout=300)
+        print(f"\nheadless chromium terminal session: {time.monotonic() - started:.1f} s")
+        assert out_js.returncode == 0, out_js.stdout[-4000:] + out_js.stderr[-8000:]
+        seen = json.loads(out_js.stdout.strip().splitlines()[-1])
+        assert "forkd-42" in seen["afterCommand"] and "28 100" in seen["afterCommand"], seen["afterCommand"]
+        assert seen["status"].endswith("shell exited with 7") and not seen["tokenInUrl"]
+        # The page's first refresh, before the token is typed in, is refused (401); nothing else is.
+        errors = [line for line in seen["console"]
+                  if line.startswith("error") and "status of 401" not in line]
+        assert not errors, seen["console"]
+        width, height, _ = png_pixels(tmp_path / "terminal.png")
+        assert width >= 300 and height >= 100
+    finally:
+        http.delete(f"/v1/sandboxes/{sb}")

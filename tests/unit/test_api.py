@@ -90,6 +90,21 @@ def test_healthz_needs_no_token(settings: Settings, fake: FakeRuntime) -> None:
     assert resp.json() == {"ok": True}
 
 
+@pytest.mark.parametrize("offer", [
+    {}, {"subprotocols": ["forkd.terminal.v1"]}, {"subprotocols": ["forkd.terminal.v1", "bearer.d3Jvbmc"]},
+    {"subprotocols": ["forkd.terminal.v1", "bearer.!!"]}, {"headers": {"Authorization": "Bearer wrong"}},
+])
+def test_a_websocket_needs_the_token_too(settings: Settings, fake: FakeRuntime,
+                                         offer: dict[str, Any]) -> None:
+    """Before any WebSocket route runs (a terminal), in a header or as a browser's subprotocol."""
+    from starlette.websockets import WebSocketDisconnect
+
+    with (TestClient(create_app(settings, runtime=fake)) as c, pytest.raises(WebSocketDisconnect) as refused,
+          c.websocket_connect(f"/v1/sandboxes/{SB}/terminal", **offer)):
+        pass
+    assert refused.value.code == 1008
+
+
 @pytest.mark.parametrize("path", ["/version", "/metrics", "/v1/snapshots", "/openapi.json", "/no/such/route"])
 @pytest.mark.parametrize(
     "header", [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}", "Bearer", f"Bearer {TOKEN}x"]

@@ -18,6 +18,7 @@ from forkd.api import (
     pool_routes,
     process_routes,
     template_routes,
+    terminal_routes,
     travel_routes,
     ui,
     workspace_routes,
@@ -210,6 +211,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
     app.include_router(process_routes.router)
+    app.include_router(terminal_routes.router)
     app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
     app.include_router(travel_routes.router)

@@ -7,6 +7,8 @@ behind the token, and an unauthenticated caller cannot probe which routes exist.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import os
@@ -170,14 +172,39 @@ def _bearer_from_scope(scope: Scope) -> bytes | None:
     return None
 
 
+# A browser cannot set headers on a WebSocket: it offers the token as a subprotocol instead,
+# ``bearer.<base64url of the token, unpadded>``, beside the one it speaks (the server never echoes it).
+WS_BEARER_PREFIX = "bearer."
+
+
+def _bearer_from_subprotocols(scope: Scope) -> bytes | None:
+    for offered in scope.get("subprotocols", ()):
+        if offered.startswith(WS_BEARER_PREFIX):
+            encoded = offered[len(WS_BEARER_PREFIX):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except (binascii.Error, ValueError):
+                return None
+    return None
+
+
 class BearerAuthMiddleware:
-    """Rejects requests without ``Authorization: Bearer <token>`` with 401 ``{"error"}``."""
+    """Rejects requests without ``Authorization: Bearer <token>`` with 401 ``{"error"}``; a
+    WebSocket without it (or its ``bearer.`` subprotocol) is closed before the handshake (403)."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self._token = token.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            presented = _bearer_from_scope(scope) or _bearer_from_subprotocols(scope)
+            if presented is not None and hmac.compare_digest(presented, self._token):
+                await self.app(scope, receive, send)
+                return
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008, "reason": UNAUTHORIZED_MESSAGE[:120]})
+            return
         if scope["type"] != "http" or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return

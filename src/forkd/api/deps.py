@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from starlette.requests import HTTPConnection
 
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
@@ -280,7 +281,8 @@ if TYPE_CHECKING:
 
 # The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in
 # its thread pool, a thread hand-off per request that cost more daemon CPU than the route.
-async def get_runtime(request: Request) -> RuntimeLike:
+async def get_runtime(request: HTTPConnection) -> RuntimeLike:
+    # HTTPConnection: a WebSocket route (api/terminal_routes.py) asks for it too.
     runtime: RuntimeLike | None = request.app.state.runtime
     if runtime is None:
         # Only reachable between process start and the end of lifespan start-up.
@@ -298,7 +300,7 @@ async def get_branch_gate(request: Request) -> BranchGate:
     return gate
 
 
-async def reject_unknown_query(request: Request) -> None:
+async def reject_unknown_query(request: HTTPConnection) -> None:
     """400 for a query parameter the route does not take (a typo must not be silently ignored,
     e.g. ``?cascde=true`` on a DELETE, or a misspelt list filter that would list everything)."""
     route = request.scope.get("route")

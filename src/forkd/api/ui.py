@@ -27,12 +27,15 @@ INDEX = "index.html"
 _CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
 }
+# style-src 'unsafe-inline': xterm.js (the terminal) sizes and colours its rows with <style>
+# elements it makes; styles cannot run code, and scripts stay 'self' only.
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
         "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
@@ -52,8 +55,24 @@ def _assets() -> dict[str, bytes]:
     }
 
 
+# Third-party browser code, from npm (ui_vendor/package.json, installed by `make node-deps`, never
+# committed): served at /ui/vendor/<name> when installed.
+VENDOR = {"xterm.mjs": "@xterm/xterm/lib/xterm.mjs", "xterm.css": "@xterm/xterm/css/xterm.css"}
+
+
+def _vendor() -> dict[str, bytes]:
+    modules = resources.files("forkd.api").joinpath("ui_vendor").joinpath("node_modules")
+    out = {}
+    for name, path in VENDOR.items():
+        entry = modules.joinpath(path)
+        if entry.is_file():
+            out[name] = entry.read_bytes()
+    return out
+
+
 def make_router() -> APIRouter:
     assets = _assets()
+    vendor = _vendor()
     router = APIRouter(include_in_schema=False)
 
     def serve(name: str) -> Response:
@@ -67,6 +86,14 @@ def make_router() -> APIRouter:
     @router.get(UI_PREFIX + "/")
     def index() -> Response:
         return serve(INDEX)
+
+    @router.get(UI_PREFIX + "/vendor/{name}")
+    def vendored(name: str) -> Response:
+        body = vendor.get(name)
+        if body is None:
+            missing = ": the console's npm packages are not installed; run `make node-deps`"
+            raise NotFound(f"no console file vendor/{name!r}" + (missing if name in VENDOR else ""))
+        return Response(body, media_type=_CONTENT_TYPES[name[name.rindex("."):]], headers=_SECURITY_HEADERS)
 
     @router.get(UI_PREFIX + "/{name}")
     def asset(name: str) -> Response:

@@ -32,6 +32,7 @@ from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
 from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.models import PingResponse, SpawnExtra
+from forkd.sdk.terminal import AsyncTerminal
 from forkd.sdk.types import (
     CandidateT,
     Checkpoints,
@@ -192,6 +193,11 @@ class AsyncSandbox:
         if self._info is None:
             self._info = await self.controller.get_sandbox(self.id)
         return self._info
+
+    async def terminal(self, cols: int = 80, rows: int = 24, *, user: str | None = None) -> AsyncTerminal:
+        """A login shell on a ``cols`` x ``rows`` pty in this sandbox, as ``user`` (None: root), over
+        the daemon's WebSocket: ``send`` keys, ``recv`` output, ``resize``; closing it kills the shell."""
+        return await self.controller.open_terminal(self.id, cols=cols, rows=rows, user=user)
 
     async def get_host(self, port: int) -> str:
         """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).

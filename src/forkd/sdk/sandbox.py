@@ -33,6 +33,7 @@ from forkd.sdk.guest import CommandHandle, Commands, Files
 from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.models import PingResponse, SpawnExtra
+from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
     Checkpoints,
@@ -193,6 +194,11 @@ class Sandbox:
         if self._info is None:
             self._info = self.controller.get_sandbox(self.id)
         return self._info
+
+    def terminal(self, cols: int = 80, rows: int = 24, *, user: str | None = None) -> Terminal:
+        """A login shell on a ``cols`` x ``rows`` pty in this sandbox, as ``user`` (None: root), over
+        the daemon's WebSocket: ``send`` keys, ``recv`` output, ``resize``; closing it kills the shell."""
+        return self.controller.open_terminal(self.id, cols=cols, rows=rows, user=user)
 
     def get_host(self, port: int) -> str:
         """``"<ip>:<port>"``: where the host reaches ``port`` in the guest (E2B's ``get_host``).

@@ -5,6 +5,7 @@
 import { ApiError, api, token } from "./api.js";
 import { drawLineage } from "./lineage.js";
 import { histogram, parseMetrics } from "./metrics.js";
+import { closeTerminal, openTerminal } from "./terminal.js";
 
 const $ = (id) => document.getElementById(id);
 const REFRESH_MS = 2000;
@@ -128,6 +129,9 @@ function renderSandboxes(sandboxes) {
           onclick: () => act(`fork of ${sb.id}`, () =>
             api("POST", `/v1/sandboxes/${sb.id}/fork-tree`, { count: Number(n.value) })) },
           "Fork tree"),
+        h("button", { type: "button", class: "terminal",
+          onclick: () => act(`terminal on ${sb.id}`, () => openTerminal(sb.id)) },
+          "Terminal"),
         h("button", { type: "button", class: "kill danger",
           onclick: () => act(`kill of ${sb.id}`, () => api("DELETE", `/v1/sandboxes/${sb.id}`)) },
           "Kill")));
@@ -190,6 +194,7 @@ function show(signedIn) {
 
 function signOut(reason = "") {
   clearTimeout(timer);
+  closeTerminal();
   token.clear();
   show(false);
   $("login-error").textContent = reason;
@@ -213,5 +218,6 @@ async function signIn(event) {
 
 $("login-form").addEventListener("submit", signIn);
 $("logout").addEventListener("click", () => signOut());
+$("terminal-close").addEventListener("click", () => closeTerminal());
 show(Boolean(token.get()));
 refresh();

@@ -12,6 +12,7 @@ from forkd.sdk.models import (
     SignalResponse,
     StdinResponse,
 )
+from forkd.sdk.terminal import AsyncTerminal, terminal_url
 from forkd.sdk.types import (
     JSONDict,
     ProcessInfo,
@@ -108,6 +109,14 @@ class AsyncProcessRoutes(AsyncTransport):
         """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
         call = _guest_calls.signal_process(sandbox_id, pid, signal, group=group)
         return cast(SignalResponse, await self._send(call))
+
+    async def open_terminal(self, sandbox_id: str, *, cols: int = 80, rows: int = 24,
+                            user: str | None = None) -> AsyncTerminal:
+        """``GET /v1/sandboxes/{id}/terminal`` (a WebSocket): a login shell on a ``cols`` x ``rows``
+        pty, as ``user`` (None: root). Send keys, read output, resize; closing it kills the shell
+        (:class:`forkd.sdk.terminal.AsyncTerminal`)."""
+        url = terminal_url(self.url, sandbox_id, cols, rows, user)
+        return await AsyncTerminal.open(url, self._token, self._verify)
 
     async def kill_process(self, sandbox_id: str, pid: int) -> bool:
         """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""

@@ -42,11 +42,14 @@ class AsyncTransport:
     ) -> None:
         self.url = resolve_url(url)
         self.timeout = timeout
+        # Kept for the WebSocket calls (a terminal), which do not go through httpx.
+        self._token = resolve_token(token)
+        self._verify = resolve_verify(verify)
         self._client = httpx.AsyncClient(
             base_url=self.url,
-            headers=headers(resolve_token(token)),
+            headers=headers(self._token),
             timeout=timeout,
-            verify=resolve_verify(verify),
+            verify=self._verify,
             transport=transport,
         )
 

@@ -14,6 +14,7 @@ from forkd.sdk.models import (
     SignalResponse,
     StdinResponse,
 )
+from forkd.sdk.terminal import Terminal, terminal_url
 from forkd.sdk.types import (
     JSONDict,
     ProcessInfo,
@@ -110,6 +111,14 @@ class ProcessRoutes(Transport):
         """``POST /v1/sandboxes/{id}/processes/{pid}/signal``: ``SIGTERM``, ``"INT"``, ``9``, ..."""
         call = _guest_calls.signal_process(sandbox_id, pid, signal, group=group)
         return cast(SignalResponse, self._send(call))
+
+    def open_terminal(self, sandbox_id: str, *, cols: int = 80, rows: int = 24,
+                            user: str | None = None) -> Terminal:
+        """``GET /v1/sandboxes/{id}/terminal`` (a WebSocket): a login shell on a ``cols`` x ``rows``
+        pty, as ``user`` (None: root). Send keys, read output, resize; closing it kills the shell
+        (:class:`forkd.sdk.terminal.Terminal`)."""
+        url = terminal_url(self.url, sandbox_id, cols, rows, user)
+        return Terminal.open(url, self._token, self._verify)
 
     def kill_process(self, sandbox_id: str, pid: int) -> bool:
         """``DELETE /v1/sandboxes/{id}/processes/{pid}``: SIGKILL its group; False if it was not running."""

@@ -44,11 +44,14 @@ class Transport:
     ) -> None:
         self.url = resolve_url(url)
         self.timeout = timeout
+        # Kept for the WebSocket calls (a terminal), which do not go through httpx.
+        self._token = resolve_token(token)
+        self._verify = resolve_verify(verify)
         self._client = httpx.Client(
             base_url=self.url,
-            headers=headers(resolve_token(token)),
+            headers=headers(self._token),
             timeout=timeout,
-            verify=resolve_verify(verify),
+            verify=self._verify,
             transport=transport,
         )
 
