@@ -113,6 +113,32 @@ def test_matplotlib_cell_returns_a_png(http: httpx.Client, sandbox: str) -> None
     assert width > 100 and height > 100, (width, height)
 
 
+def test_matplotlib_line_and_bar_plots_carry_their_chart_data(http: httpx.Client, sandbox: str) -> None:
+    """Each shown figure: a PNG that decodes, and beside it E2B's chart data (``e2b/chart``,
+    the SDK's ``Result.chart``) with the plotted values, from the image's e2b_charts."""
+    events = cell(http, sandbox, "import matplotlib.pyplot as plt\n"
+                                 "plt.plot([1, 2, 3], [4, 1, 9], label='sales')\nplt.title('Sales')\n"
+                                 "plt.xlabel('day')\nplt.ylabel('units')\nplt.show()\n"
+                                 "plt.bar(['a', 'b', 'c'], [3, 5, 2], label='stock')\nplt.title('Stock')\n"
+                                 "plt.show()")
+    assert not of_type(events, "error"), events
+    line, bar = [e["data"] for e in of_type(events, "result")]
+    for shown in (line, bar):
+        png = base64.b64decode(shown["image/png"])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(png[16:20], "big") > 100 and int.from_bytes(png[20:24], "big") > 100
+    chart = line["e2b/chart"]
+    assert [chart[k] for k in ("type", "title", "x_label", "y_label")] == ["line", "Sales", "day", "units"]
+    assert [(e["label"], e["points"]) for e in chart["elements"]] == [("sales", [[1, 4], [2, 1], [3, 9]])]
+    chart = bar["e2b/chart"]
+    assert (chart["type"], chart["title"]) == ("bar", "Stock")
+    assert [(e["label"], e["value"], e["group"]) for e in chart["elements"]] == [
+        ("a", 3, "stock"), ("b", 5, "stock"), ("c", 2, "stock")]
+    blank = cell(http, sandbox, "plt.subplots()\nplt.show()")  # axes, no data: the PNG alone, as in E2B
+    (shown,) = [e["data"] for e in of_type(blank, "result")]
+    assert "image/png" in shown and "e2b/chart" not in shown
+
+
 def test_dataframe_returns_html(http: httpx.Client, sandbox: str) -> None:
     events = cell(http, sandbox, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
     (result,) = of_type(events, "result")

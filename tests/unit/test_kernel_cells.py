@@ -214,6 +214,11 @@ def test_e2b_results_use_e2b_field_names() -> None:
     broke = kernel_line({"type": "end", "error": "sandbox died"})
     assert broke == [{"type": "error", "name": "SandboxError", "value": "sandbox died", "traceback": ""}]
     assert kernel_line({"type": "stdout", "text": "a"})[0]["timestamp"] > 0
+    chart = {"type": "bar", "title": "t", "elements": [{"label": "a", "group": "g", "value": 3.0}]}
+    (shown,) = kernel_line({"type": "result", "is_main_result": False, "data": {
+        "image/png": "iVBO", "e2b/chart": chart, "e2b/data": {"a": [1]}}})
+    assert shown == {"type": "result", "is_main_result": False, "png": "iVBO", "chart": chart,
+                     "data": {"a": [1]}}  # the SDK's Result.chart and Result.data
 
 
 def test_the_route_streams_ndjson(tmp_path: Path) -> None:

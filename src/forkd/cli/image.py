@@ -72,7 +72,7 @@ def build(
     Examples:
       sudo forkd image build
       sudo forkd image build --name ml --packages python3-pandas,git
-      sudo forkd image build --name code-interpreter   # built-in recipe: IPython's kernel, pandas, matplotlib
+      sudo forkd image build --name code-interpreter   # built-in: IPython, pandas, matplotlib, e2b-charts
       sudo forkd image build --name custom --rootfs ./rootfs.tar
     """
     from forkd.image.builder import build_image, recipe_for
@@ -121,7 +121,8 @@ def build(
             "kernel": meta.get("kernel_version"),
             "packages": [*meta.get("recipe", {}).get("packages", []),
                          *meta.get("recipe", {}).get("extra_packages", []),
-                         *meta.get("recipe", {}).get("apt_packages", [])],
+                         *meta.get("recipe", {}).get("apt_packages", []),
+                         *meta.get("recipe", {}).get("pip_packages", [])],
             "built_at_unix": meta.get("built_at_unix"),
         })
     )
@@ -160,7 +161,7 @@ def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False)
             output.fmt(image.name),
             output.fmt(image.meta.get("kernel_version")),
             output.fmt([*recipe.get("packages", []), *recipe.get("extra_packages", []),
-                        *recipe.get("apt_packages", [])]),
+                        *recipe.get("apt_packages", []), *recipe.get("pip_packages", [])]),
             f"{size} MiB" if size else "-",
             output.fmt_time(image.meta.get("built_at_unix")),
             output.fmt(str(image.dir)),

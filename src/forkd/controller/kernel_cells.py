@@ -40,13 +40,17 @@ DEFAULT_TIMEOUT_SECS = 300.0
 
 # What a template of an image with a kernel runs before its snapshot (silently: no output,
 # no execution count), so that every child's first cell finds the kernel started, the data
-# libraries imported and matplotlib's font cache built. Nothing is left in the namespace.
+# libraries imported and matplotlib's font cache built: a figure and a DataFrame go through
+# every display formatter, as a shown one does (the PNG, the chart data, the HTML and the
+# table data: kernel_client's SETUP_CELL). Nothing is left in the namespace.
 WARM_CELL = """\
 def __forkd_warm():
-    import io
     import numpy, pandas, matplotlib.pyplot as plt
-    plt.figure(); plt.plot([0, 1]); plt.savefig(io.BytesIO(), format="png"); plt.close("all")
-    pandas.DataFrame({"a": [1]})._repr_html_()
+    from IPython import get_ipython
+    shown = get_ipython().display_formatter
+    figure, (line, bars) = plt.subplots(1, 2); line.plot([0, 1]); bars.bar(["a"], [1])
+    shown.format(figure); plt.close("all")
+    shown.format(pandas.DataFrame({"a": [1]}))
 __forkd_warm(); del __forkd_warm
 """
 

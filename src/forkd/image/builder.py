@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -59,20 +60,60 @@ def _debian_mirror() -> str:
 # python-is-python3 (a symlink): E2B's images answer to ``python``, and programs written for them call it.
 BASE_PACKAGES: tuple[str, ...] = ("python3", "python-is-python3", "python3-numpy", "sudo")
 
+@dataclass(frozen=True)
+class NamedRecipe:
+    """A built-in recipe's packages: Debian's (apt-get) and PyPI's (pip, exact pins)."""
+
+    apt: tuple[str, ...]
+    pip: tuple[str, ...] = ()
+
+
 # Built-in named recipes: ``forkd image build --name NAME`` installs these Debian
 # packages with apt-get on top of the base tree (debootstrap's --include cannot
-# configure a tree this large: python3-zmq fails). ``code-interpreter`` carries
-# IPython's kernel, which the agent's kernel runner (guest/agent/kernel_runner.py) drives,
-# and Node.js for forkd's JavaScript kernel (guest/agent/kernel_js.py; bash is in every image).
-NAMED_RECIPES: dict[str, tuple[str, ...]] = {
-    "code-interpreter": (
-        "nodejs",
-        "python3-ipykernel",
-        "python3-jupyter-client",
-        "python3-matplotlib",
-        "python3-pandas",
+# configure a tree this large: python3-zmq fails), then these wheels with pip.
+# ``code-interpreter`` carries IPython's kernel, which the agent's kernel runner
+# (guest/agent/kernel_runner.py) drives, and Node.js for forkd's JavaScript kernel
+# (guest/agent/kernel_js.py; bash is in every image). Its data libraries are
+# PyPI's wheels, not Debian's: ``e2b-charts`` (the chart data of a matplotlib
+# figure, E2B's ``Result.chart``) needs matplotlib >= 3.10, numpy >= 2.2 and
+# pydantic 2, newer than Debian 12's; pandas comes as a wheel too, as Debian's is
+# built against numpy 1.24 (and pulls in scipy, sympy and a compiler). The pip
+# list is the whole set, dependencies included (installed without resolving).
+NAMED_RECIPES: dict[str, NamedRecipe] = {
+    "code-interpreter": NamedRecipe(
+        apt=(
+            "nodejs",
+            "python3-ipykernel",
+            "python3-jupyter-client",
+        ),
+        pip=(
+            "e2b-charts==1.0.0",
+            "matplotlib==3.10.9",
+            "numpy==2.3.5",
+            "pandas==2.2.3",
+            "pydantic==2.14.4",
+            # their dependencies
+            "annotated-types==0.8.0",
+            "contourpy==1.3.3",
+            "cycler==0.12.1",
+            "fonttools==4.68.0",
+            "kiwisolver==1.5.1",
+            "packaging==26.4",
+            "pillow==13.0.0",
+            "pydantic-core==2.50.5",
+            "pyparsing==3.3.3",
+            "python-dateutil==2.9.0.post0",
+            "pytz==2026.6",
+            "six==1.17.0",
+            "typing-extensions==4.16.0",
+            "typing-inspection==0.4.5",
+            "tzdata==2026.6",
+        ),
     ),
 }
+
+# A pip package of a recipe: an exact pin, NAME==VERSION.
+PIP_PIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*")
 
 
 @dataclass(frozen=True)
@@ -85,18 +126,20 @@ class ImageRecipe:
     packages: tuple[str, ...] = BASE_PACKAGES
     extra_packages: tuple[str, ...] = ()
     apt_packages: tuple[str, ...] = ()  # apt-get install'ed on the debootstrap tree (a named recipe's)
+    pip_packages: tuple[str, ...] = ()  # exact pins, pip-installed after apt (rootfs.install_pip_packages)
     rootfs_source: str | None = None  # a directory or tarball instead of debootstrap
     size_mib: int = 2048
     kernel_package: str = kernel.KERNEL_PACKAGE
 
     def validate(self) -> None:
-        import re
-
         if not TAG_RE.match(self.name):  # image names follow the snapshot tag rules
             raise InvalidRequest(f"invalid image name {self.name!r}: use {NAME_RE_HELP}")
         for pkg in (*self.packages, *self.extra_packages, *self.apt_packages):
             if not re.fullmatch(r"[a-z0-9][a-z0-9+.:=~-]*", pkg):
                 raise InvalidRequest(f"invalid Debian package name {pkg!r}")
+        for pin in self.pip_packages:
+            if not PIP_PIN_RE.fullmatch(pin):
+                raise InvalidRequest(f"invalid pip package {pin!r}: pin it exactly, NAME==VERSION")
         if not 256 <= self.size_mib <= 1 << 20:
             raise InvalidRequest("image size must be between 256 MiB and 1 TiB")
         if self.rootfs_source and not Path(self.rootfs_source).exists():
@@ -127,7 +170,8 @@ def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
     """The recipe for image ``name``: a built-in named recipe's packages when it has one."""
     named = NAMED_RECIPES.get(name)
     if named is not None and not fields.get("rootfs_source"):
-        fields.setdefault("apt_packages", named)
+        fields.setdefault("apt_packages", named.apt)
+        fields.setdefault("pip_packages", named.pip)
     return ImageRecipe(name=name, **fields)
 
 
@@ -235,9 +279,10 @@ def build_image(
             rootfs.unpack_user_rootfs(Path(recipe.rootfs_source), tree)
             progress("installing packages", 0.4)
             rootfs.install_packages(tree, [*recipe.extra_packages, *recipe.apt_packages], log)
+            rootfs.install_pip_packages(tree, list(recipe.pip_packages), log)
         else:
             tree = _cached_debootstrap(cache, recipe, log, progress)
-            if recipe.apt_packages:
+            if recipe.apt_packages or recipe.pip_packages:
                 tree = _cached_apt_tree(cache, tree, recipe, log, progress)
         rootfs.install_agent(tree)
         progress("ext4 image", 0.85)
@@ -312,8 +357,12 @@ def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
 
 
 def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
-    """The debootstrap tree plus the recipe's ``apt_packages``, cached by both."""
-    key = _digest({"base": recipe.base_key(), "apt": sorted(recipe.apt_packages)})[:16]
+    """The debootstrap tree plus the recipe's ``apt_packages`` and then its ``pip_packages``, cached
+    by all three (a recipe without pip packages keeps the key it had before they existed)."""
+    parts: dict[str, object] = {"base": recipe.base_key(), "apt": sorted(recipe.apt_packages)}
+    if recipe.pip_packages:
+        parts["pip"] = sorted(recipe.pip_packages)
+    key = _digest(parts)[:16]
     target = cache / f"rootfs-{key}"
     complete = cache / f"rootfs-{key}.complete"
     if complete.exists() and target.is_dir():
@@ -325,6 +374,9 @@ def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, pr
         tmp.mkdir(parents=True)
         rootfs.unpack_user_rootfs(base, tmp)  # cp -a: device nodes, owners and links as they are
         rootfs.install_packages(tmp, list(recipe.apt_packages), log)
+        if recipe.pip_packages:
+            progress("pip install", 0.7)
+            rootfs.install_pip_packages(tmp, list(recipe.pip_packages), log)
         shutil.rmtree(tmp / "var/lib/apt/lists", ignore_errors=True)
         (tmp / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
         shutil.rmtree(target, ignore_errors=True)
@@ -362,5 +414,5 @@ def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: P
     return target
 
 
-__all__ = ["NAMED_RECIPES", "Image", "ImageRecipe", "build_image", "list_images", "load_image", "prereqs",
-           "recipe_for"]
+__all__ = ["NAMED_RECIPES", "Image", "ImageRecipe", "NamedRecipe", "build_image", "list_images", "load_image",
+           "prereqs", "recipe_for"]

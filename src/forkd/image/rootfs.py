@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from importlib import resources
 from importlib.abc import Traversable
@@ -157,6 +158,62 @@ def install_packages(root: Path, packages: list[str], log: Path) -> None:
         log,
     )
     _run(["chroot", str(root), "apt-get", "clean"], "apt-get clean in rootfs", log)
+
+
+def _guest_platform(root: Path, log: Path) -> tuple[str, tuple[int, int]]:
+    """The tree's machine and glibc version, as its own python3 reports them (in a chroot)."""
+    proc = subprocess.run(
+        ["chroot", str(root), "python3", "-c",
+         "import platform; print(platform.machine(), platform.libc_ver()[1])"],
+        capture_output=True, text=True,
+    )
+    with open(log, "a") as f:
+        f.write(f"$ chroot {root} python3 -c platform...\n{proc.stdout}\n{proc.stderr}\n")
+    words = proc.stdout.split()
+    match = re.fullmatch(r"(\d+)\.(\d+)", words[1]) if proc.returncode == 0 and len(words) == 2 else None
+    if match is None:
+        raise ImageError(f"cannot tell the rootfs's machine and glibc for pip packages: {proc.stderr[-400:]}")
+    return words[0], (int(match[1]), int(match[2]))
+
+
+def install_pip_packages(root: Path, pins: list[str], log: Path) -> None:
+    """pip-install exact pins into the tree's ``/usr/local/lib/python3.X/dist-packages``.
+
+    Debian's python3 puts that folder ahead of its own packages, so these shadow
+    Debian's of the same name for every program in the guest. The host's pip
+    fetches wheels built for the tree's python, machine and glibc (never a source
+    build), without dependencies: the list is the whole set. The console
+    scripts pip writes name the host's interpreter, so they are dropped; the
+    guest's own python3 compiles the bytecode.
+    """
+    if not pins:
+        return
+    prereqs.require_root("installing pip packages into a root filesystem")
+    version = guest_python_version(root)
+    if version is None:
+        raise InvalidRequest("pip packages need the rootfs's python3 (its version could not be told)")
+    machine, (glibc_major, glibc_minor) = _guest_platform(root, log)
+    platforms = [f"--platform=manylinux_{glibc_major}_{minor}_{machine}"
+                 for minor in range(17, glibc_minor + 1)]
+    platforms.append(f"--platform=manylinux2014_{machine}")
+    guest_dir = f"/usr/local/lib/python{version[0]}.{version[1]}/dist-packages"
+    target = root / guest_dir.lstrip("/")
+    staging = root / "tmp" / f"forkd-pip-{os.getpid()}"  # pip --target replaces what it installs
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:",
+              "--no-compile", "--disable-pip-version-check", "--target", str(staging),
+              f"--python-version={version[0]}.{version[1]}", "--implementation=cp", *platforms, *pins],
+             f"pip install {' '.join(pins)} (the host's pip, for the rootfs's python3)", log)
+        shutil.rmtree(staging / "bin", ignore_errors=True)
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in staging.iterdir():
+            shutil.rmtree(target / entry.name, ignore_errors=True)
+            os.rename(entry, target / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _run(["chroot", str(root), "python3", "-m", "compileall", "-q", "-j0", guest_dir],
+         "compiling the pip packages' bytecode in rootfs", log)
 
 
 def install_agent(root: Path) -> None:

@@ -1,18 +1,23 @@
 """An E2B user's code interpreter session on the code-interpreter image, unchanged: a chart as a
-PNG, a DataFrame as HTML, output that streams, an interrupted cell, a context, the sandbox's envs,
-and bash and JavaScript cells."""
+PNG and as chart data, a DataFrame as HTML, output that streams, an interrupted cell, a context, the
+sandbox's envs, and bash and JavaScript cells."""
 
 import base64
 import time
 
 from e2b.exceptions import TimeoutException
 from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter.charts import BarChart, LineChart
 
 with Sandbox.create(envs={"GREETING": "hello from the host"}) as sbx:
     chart = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()")
     pngs = [r.png for r in chart.results if r.png]
     assert chart.error is None and len(pngs) == 1, chart
     assert base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    line = chart.results[0].chart  # the SDK's own chart classes, from the e2b/chart MIME type
+    assert isinstance(line, LineChart) and line.elements[0].points == [(1, 3), (2, 1), (3, 2)], chart
+    bars = sbx.run_code("plt.bar(['a', 'b'], [4, 2])\nplt.show()").results[0].chart
+    assert isinstance(bars, BarChart) and [(b.label, b.value) for b in bars.elements] == [("a", 4), ("b", 2)]
 
     frame = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
     assert frame.results[0].is_main_result and "<table" in frame.results[0].html, frame

@@ -36,13 +36,17 @@ del __o, __r, __s
 """
 
 
-# Run silently in every new kernel: DataFrames also display as {column: [values]}, under the
-# MIME type E2B's ``data`` result field carries ("e2b/data").
+# Run silently in every new kernel, E2B's result fields as extra MIME types of a display:
+# a DataFrame's {column: [values]} ("e2b/data", the ``data`` field) and a matplotlib figure's
+# chart data ("e2b/chart", the ``chart`` field: what the ``e2b_charts`` package the
+# code-interpreter image has makes of it; none for a blank figure, or without that package).
+# And as in E2B's sandboxes, a PIL image saved to a file name is also displayed.
 SETUP_CELL = """\
 def __forkd_setup():
     import json, sys
     from IPython import get_ipython
     from IPython.core.formatters import BaseFormatter
+    from IPython.display import display
     from traitlets import Unicode
 
     class TableData(BaseFormatter):
@@ -55,8 +59,34 @@ def __forkd_setup():
             columns = json.loads(obj.to_json(orient="columns", date_format="iso"))
             return {name: list(cells.values()) for name, cells in columns.items()}
 
+    class ChartData(BaseFormatter):
+        format_type = Unicode("e2b/chart")
+
+        def __call__(self, obj):
+            figure = sys.modules.get("matplotlib.figure")
+            if figure is None or not isinstance(obj, figure.Figure):
+                return None
+            try:
+                from e2b_charts import chart_figure_to_dict
+                return chart_figure_to_dict(obj) or None
+            except Exception:  # no e2b_charts, or a figure it cannot read: the PNG alone
+                return None
+
     formatter = get_ipython().display_formatter
     formatter.formatters["e2b/data"] = TableData(parent=formatter)
+    formatter.formatters["e2b/chart"] = ChartData(parent=formatter)
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    save = Image.Image.save
+
+    def save_and_display(image, fp, format=None, **params):
+        if isinstance(fp, str):
+            display(image)
+        return save(image, fp, format, **params)
+
+    Image.Image.save = save_and_display
 __forkd_setup(); del __forkd_setup
 """
 
