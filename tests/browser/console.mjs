@@ -5,24 +5,15 @@
 //   EXPECT                   JSON: {sandboxes: [ids], snapshots: [tags], tree: [ids], kill: id, fork_tag: tag, pool: tag,
 //                                  net: id of a sandbox with a NIC and idle_pause_secs: 1}
 // Prints one JSON line of what the page showed; exits non-zero if a wait failed.
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { chromium } from "playwright-core";
+import { launch } from "./browser.mjs";
 
 const { FORKD_URL: url, FORKD_TOKEN: token, OUT_DIR: out } = process.env;
 const expect = JSON.parse(process.env.EXPECT);
-const profile = mkdtempSync(join(tmpdir(), "forkd-chromium-"));
 const seen = { console: [], requests: [] };
 
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic"],
-});
+const { context, done } = await launch();
 try {
   const page = context.pages()[0] ?? (await context.newPage());
   page.setDefaultTimeout(60_000);
@@ -102,7 +93,6 @@ try {
   seen.signedOut = (await page.evaluate(() => sessionStorage.getItem("forkd-token"))) === null &&
     (await page.locator("#login").isVisible());
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await done();
 }
 console.log(JSON.stringify(seen));

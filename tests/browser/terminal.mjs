@@ -2,22 +2,13 @@
 // tests/integration/test_ways_in.py. Input (environment): FORKD_URL, FORKD_TOKEN, SANDBOX (an id),
 // OUT_DIR (the screenshot). Types into the terminal (xterm.js) and reads what the shell answered
 // from the page; prints one JSON line of what it saw; exits non-zero if a wait failed.
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { chromium } from "playwright-core";
+import { launch } from "./browser.mjs";
 
 const { FORKD_URL: url, FORKD_TOKEN: token, SANDBOX: id, OUT_DIR: out } = process.env;
-const profile = mkdtempSync(join(tmpdir(), "forkd-chromium-"));
 const seen = { console: [], requests: [] };
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic"],
-});
+const { context, done } = await launch();
 const screenText = (page) => page.locator("#terminal-screen .xterm-rows").innerText();
 try {
   const page = context.pages()[0] ?? (await context.newPage());
@@ -45,6 +36,5 @@ try {
   seen.tokenInUrl = seen.requests.some((u) => u.includes(token));
   process.stdout.write(JSON.stringify(seen) + "\n");
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await done();
 }

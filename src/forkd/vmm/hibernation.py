@@ -129,15 +129,19 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
                 await vm.resume()
             vm.timings.update(restore_phases(events, started_wall))
         # The guest's clock stood still while it was on disk (nothing was cloned: no reseed).
-        await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5,
-                               "the woken guest agent (clock step)")
-        vm.timings["ready_s"] = time.monotonic() - started
+        await _clock_set(vm, started, "the woken guest agent (clock step)")
     except BaseException:
         await vm.destroy()
         raise
     finally:
         (saved / INCOMING).unlink(missing_ok=True)
     return vm
+
+
+async def _clock_set(vm: VM, started: float, what: str) -> None:
+    """Step the guest's clock to the host's; the VM is ready then (``ready_s``)."""
+    await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5, what)
+    vm.timings["ready_s"] = time.monotonic() - started
 
 
 async def flush(vm: VM, timeout: float = 60) -> float:
@@ -169,9 +173,7 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
             raise VMError(f"the cold-booted guest's warm imports failed: {ping['warm_errors']}")
         vm.timings["boot_s"] = time.monotonic() - started
         # Its clock comes from no RTC worth the name under TCG: the host's, as after a restore.
-        await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5,
-                               "the cold-booted guest agent (clock step)")
-        vm.timings["ready_s"] = time.monotonic() - started
+        await _clock_set(vm, started, "the cold-booted guest agent (clock step)")
     except BaseException:
         await vm.destroy()
         raise
