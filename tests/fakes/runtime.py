@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import hashlib
 import operator
 import posixpath
@@ -604,6 +605,11 @@ class FakeRuntime:
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         self._call("get_sandbox", sandbox_id)
         return self._sandbox(self._resolve(sandbox_id))
+
+    @contextlib.asynccontextmanager
+    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        self._call("relaying", sandbox_id)
+        yield self._sandbox(self._resolve(sandbox_id))
 
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
