@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import hashlib
 import operator
 import posixpath
@@ -615,6 +616,16 @@ class FakeRuntime:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         record = self._sandbox(self._resolve(sandbox_id))
         record.expires_at_unix = CREATED + timeout_secs
+        return record
+
+    async def update_network(self, sandbox_id: str, egress: EgressPolicy) -> SandboxRecord:
+        self._call("update_network", sandbox_id, egress.info())
+        record = self._sandbox(self._resolve(sandbox_id))
+        if record.network is None or record.network.tap is None:
+            if self.permissive:  # the fuzzer's sandboxes have no NIC; the 400 is the real one's
+                return record
+            raise InvalidRequest(f"sandbox {record.id} has no network device")
+        record.network = dataclasses.replace(record.network, egress=egress)
         return record
 
     async def ping(self, sandbox_id: str) -> PingResult:
