@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import operator
@@ -617,6 +618,12 @@ class FakeRuntime:
         record = self._sandbox(self._resolve(sandbox_id))
         record.expires_at_unix = CREATED + timeout_secs
         return record
+
+    @contextlib.asynccontextmanager
+    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        """The port proxy's relay: the sandbox, as the real one hands it over once awake."""
+        self._call("relaying", sandbox_id)
+        yield self._sandbox(self._resolve(sandbox_id))
 
     async def update_network(self, sandbox_id: str, egress: EgressPolicy) -> SandboxRecord:
         self._call("update_network", sandbox_id, egress.info())
