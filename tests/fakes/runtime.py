@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import operator
 import posixpath
@@ -606,11 +607,6 @@ class FakeRuntime:
         self._call("get_sandbox", sandbox_id)
         return self._sandbox(self._resolve(sandbox_id))
 
-    @contextlib.asynccontextmanager
-    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
-        self._call("relaying", sandbox_id)
-        yield self._sandbox(self._resolve(sandbox_id))
-
     async def kill(self, sandbox_id: str) -> None:
         self._call("kill", sandbox_id)
         del self.sandboxes[self._sandbox(sandbox_id).id]
@@ -621,6 +617,22 @@ class FakeRuntime:
             bounds.SANDBOX_TIMEOUT_SECS.check(timeout_secs)
         record = self._sandbox(self._resolve(sandbox_id))
         record.expires_at_unix = CREATED + timeout_secs
+        return record
+
+    @contextlib.asynccontextmanager
+    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        """The port proxy's relay: the sandbox, as the real one hands it over once awake."""
+        self._call("relaying", sandbox_id)
+        yield self._sandbox(self._resolve(sandbox_id))
+
+    async def update_network(self, sandbox_id: str, egress: EgressPolicy) -> SandboxRecord:
+        self._call("update_network", sandbox_id, egress.info())
+        record = self._sandbox(self._resolve(sandbox_id))
+        if record.network is None or record.network.tap is None:
+            if self.permissive:  # the fuzzer's sandboxes have no NIC; the 400 is the real one's
+                return record
+            raise InvalidRequest(f"sandbox {record.id} has no network device")
+        record.network = dataclasses.replace(record.network, egress=egress)
         return record
 
     async def ping(self, sandbox_id: str) -> PingResult:

@@ -415,3 +415,15 @@ def test_e2b_filesystem_only_pause_cold_boots_on_connect(http: httpx.Client, dae
     assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     print("\n" + proc.stdout.strip().splitlines()[-1])
     assert "fs_pause ok" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(not CLIENTS_PYTHON.exists(), reason="no .venv-clients (make clients)")
+def test_e2b_filesystem_only_pause_at_the_timeout_cold_boots_on_connect(http: httpx.Client,
+                                                                        daemon: Daemon) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    env.update({"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token})
+    proc = subprocess.run([str(CLIENTS_PYTHON), str(ROOT / "tests/clients/e2b/fs_auto_pause.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd="/tmp")
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    print("\n" + proc.stdout.strip().splitlines()[-1])
+    assert "fs_auto_pause ok" in proc.stdout, proc.stdout

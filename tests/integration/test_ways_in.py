@@ -663,3 +663,100 @@ def test_terminal_through_the_sdk_and_in_the_web_console(daemon: Daemon, http: h
         assert width >= 300 and height >= 100
     finally:
         http.delete(f"/v1/sandboxes/{sb}")
+
+
+# ------------------------------------------------------------ network updates of a running sandbox
+
+
+class HostListener:
+    """A TCP server on the host, on every address (the sandboxes' gateway 10.201.0.1 among them),
+    that greets each connection: what a guest reaches when its egress policy lets it."""
+
+    def __init__(self) -> None:
+        import threading
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"hello from the host\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def reach_host(http: httpx.Client, sandbox_id: str, port: int) -> tuple[int, str]:
+    """The guest connects to the host's ``port`` at its gateway: (exit code, what it read or why not)."""
+    code = ("import socket, sys\n"
+            "try:\n"
+            f"    s = socket.create_connection(('10.201.0.1', {port}), timeout=10)\n"
+            "    print(s.recv(64).decode().strip())\n"
+            "except OSError as e:\n"
+            "    print(type(e).__name__); sys.exit(3)\n")
+    r = http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"args": ["python3", "-c", code],
+                                                            "timeout_secs": 60}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["exit_code"], r.json()["stdout"].strip()
+
+
+def test_network_update_opens_and_closes_a_host_port_of_a_running_sandbox(
+        daemon: Daemon, http: httpx.Client, pynet: str) -> None:
+    """PUT /v1/sandboxes/{id}/network replaces the egress rules while the guest runs: a host port
+    the first policy refuses opens, a bad update is a 400 that leaves it open, and an update that
+    drops it refuses it again; E2B's route does the same, and a hibernated sandbox gets its update
+    at its wake."""
+    listener = HostListener()
+    port = listener.port
+    sb = http.post("/v1/sandboxes", json={"snapshot_tag": pynet,
+                                          "network": {"allow_public_traffic": True}}).json()[0]["id"]
+    e2b = {"X-API-Key": daemon.token}
+    try:
+        assert reach_host(http, sb, port) == (3, "ConnectionRefusedError")  # denied by default
+        started = time.monotonic()
+        opened = http.put(f"/v1/sandboxes/{sb}/network", json={"allow_out": [f"10.201.0.1:{port}"]})
+        print(f"\nnetwork update (open): {(time.monotonic() - started) * 1000:.0f} ms")
+        assert opened.status_code == 200, opened.text
+        net = opened.json()["network"]
+        assert net["allow_out"] == [f"10.201.0.1:{port}"] and net["allow_public_traffic"] is False, net
+        assert reach_host(http, sb, port) == (0, "hello from the host")
+        bad = http.put(f"/v1/sandboxes/{sb}/network", json={"allow_out": ["example.com"]})
+        assert bad.status_code == 400 and "domain names" in bad.json()["error"], bad.text
+        assert http.get(f"/v1/sandboxes/{sb}").json()["network"]["allow_out"] == [f"10.201.0.1:{port}"]
+        assert reach_host(http, sb, port) == (0, "hello from the host")
+        started = time.monotonic()
+        closed = http.put(f"/v1/sandboxes/{sb}/network", json={"deny_out": ["192.0.2.0/24"]})
+        print(f"network update (close): {(time.monotonic() - started) * 1000:.0f} ms")
+        assert closed.status_code == 200 and closed.json()["network"]["allow_out"] == [], closed.text
+        assert reach_host(http, sb, port) == (3, "ConnectionRefusedError")
+        # E2B's update_network: the same owner call.
+        r = http.put(f"/sandboxes/{sb}/network", headers=e2b, json={"allowOut": [f"10.201.0.1:{port}"]})
+        assert r.status_code == 204, r.text
+        assert reach_host(http, sb, port) == (0, "hello from the host")
+        # Hibernated: the update is written down, and its wake makes the network with it.
+        slept = http.post(f"/v1/sandboxes/{sb}/hibernate", timeout=300)
+        assert slept.status_code == 200 and slept.json()["state"] == "hibernated", slept.text
+        r = http.put(f"/sandboxes/{sb}/network", headers=e2b, json={})
+        assert r.status_code == 204, r.text
+        asleep = http.get(f"/v1/sandboxes/{sb}").json()
+        assert asleep["state"] == "hibernated" and asleep["network"]["allow_out"] == [], asleep
+        assert reach_host(http, sb, port) == (3, "ConnectionRefusedError")  # woken by the exec
+    finally:
+        http.delete(f"/v1/sandboxes/{sb}")
+        listener.close()
+    # A sandbox without a NIC has no network to update: 400 naming the fix.
+    plain = http.post("/v1/sandboxes", json={"snapshot_tag": TAG}).json()[0]["id"]
+    try:
+        r = http.put(f"/v1/sandboxes/{plain}/network", json={})
+        assert r.status_code == 400 and '"nic": true' in r.json()["error"], r.text
+    finally:
+        http.delete(f"/v1/sandboxes/{plain}")

@@ -31,6 +31,7 @@ import pytest
 from forkd.api import code_routes, schemas
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
+from forkd.host import egress
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "API.md"
 HIDDEN = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -52,6 +53,8 @@ PATTERN_WORDS = {
     schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
     schemas.GUEST_USER_PATTERN: "a guest user's name",
     code_routes.CONTEXT_PATTERN: "context id",
+    egress.ENTRY_PATTERN: "IPv4 address or CIDR, optional :PORT or :FIRST-LAST",
+    egress.MASK_HOST_PATTERN: "host name, optional :port",
 }
 EN_DASH = "\N{EN DASH}"  # ranges read 128–16384 in API.md  # noqa: RUF003
 JSON_TYPE_WORDS = {

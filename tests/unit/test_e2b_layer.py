@@ -299,10 +299,19 @@ def test_a_filesystem_only_pause_is_a_disk_only_hibernation(client: TestClient, 
     assert client.get("/health", headers=envd_headers(SB)).status_code == 204
     assert "memory" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": "no"},
                                               headers=key), 400)
-    # At a timeout, the pause keeps the memory: a filesystem-only one there is refused, not ignored.
-    refused = client.post("/v2/sandboxes", headers=key, json={"templateID": "base", "autoPause": True,
-                                                              "autoPauseMemory": False})
-    assert "autoPauseMemory" in rest_error(refused, 400)
+    # At a timeout: autoPauseMemory false asks for the filesystem-only pause then (a disk-only
+    # hibernation), without autoResume; it means nothing without autoPause.
+    made = client.post("/v2/sandboxes", headers=key, json={"templateID": "base", "autoPause": True,
+                                                           "autoPauseMemory": False, "timeout": 3})
+    assert made.status_code == 201, made.text
+    [call] = [c for c in fake.calls if c.name == "spawn"]
+    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["hibernate_on_timeout_memory"] is False
+    assert call.kwargs["auto_resume"] is False
+    for body in ({"autoPauseMemory": False}, {"autoPause": True, "autoPauseMemory": False,
+                                              "autoResume": {"enabled": True}},
+                 {"autoPause": True, "autoPauseMemory": "no"}):
+        assert "autoPauseMemory" in rest_error(client.post("/v2/sandboxes", headers=key,
+                                                           json={"templateID": "base", **body}), 400)
     # With its memory (the default, or memory: true): forkd's pause, a branch of its state.
     assert client.post(f"/sandboxes/{SB}/pause", json={"memory": True}, headers=key).status_code == 204
     [call] = [c for c in fake.calls if c.name == "pause"]
@@ -741,3 +750,33 @@ def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: Tes
     # With autoResume on, the same request would have been served (and woken it).
     fake.sandboxes[sandbox_id].auto_resume = True
     assert client.get("/health", headers=headers).status_code == 204
+
+
+def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
+        client: TestClient, fake: FakeRuntime) -> None:
+    """E2B's ``update_network`` (PUT /sandboxes/{id}/network): allowOut and denyOut replace the old
+    lists (omitted: cleared), an omitted allow_internet_access keeps the sandbox's, its port
+    settings stay; what forkd lacks is a 400, as is a bad entry."""
+    from forkd.host.egress import EgressPolicy
+    from forkd.host.netplan import ChildNet
+    key = {"X-API-KEY": TOKEN}
+    record = fake.sandboxes[SB]
+    record.network = ChildNet(owner=SB, netns=f"forkd-{SB}", owns_netns=True, tap="forkd-tap0", owns_tap=True,
+                              index=1, ip="10.201.0.3", gateway="10.201.0.1",
+                              egress=EgressPolicy.from_request(True, {"deny_out": ["0.0.0.0/0"],
+                                                                     "allow_out": ["1.1.1.1"],
+                                                                     "allow_public_traffic": True}))
+    resp = client.put(f"/sandboxes/{SB}/network", headers=key, json={"denyOut": ["8.8.8.8"]})
+    assert resp.status_code == 204, resp.text
+    assert record.egress.info() == {"allow_internet_access": True, "allow_out": [], "deny_out": ["8.8.8.8"],
+                                    "allow_public_traffic": True, "mask_request_host": None}
+    assert client.put(f"/sandboxes/{SB}/network", headers=key,
+                      json={"allow_internet_access": False}).status_code == 204
+    assert record.egress.info()["allow_internet_access"] is False and record.egress.info()["deny_out"] == []
+    assert "domain names" in rest_error(client.put(f"/sandboxes/{SB}/network", headers=key,
+                                                   json={"allowOut": ["example.com"]}), 400)
+    assert "egressProxy" in rest_error(client.put(f"/sandboxes/{SB}/network", headers=key,
+                                                  json={"egressProxy": {"address": "x:1"}}), 400)
+    assert record.egress.info()["allow_internet_access"] is False  # the refused ones changed nothing
+    no_nic = client.put(f"/sandboxes/{OTHER}/network", headers=key, json={})
+    assert "network device" in rest_error(no_nic, 400)

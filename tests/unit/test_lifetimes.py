@@ -224,7 +224,8 @@ def test_a_deadline_with_hibernate_on_timeout_hibernates_retries_when_busy_and_e
         asked: list[str] = []
         busy = [True]
 
-        async def hibernate(sb_id: str) -> None:
+        async def hibernate(sb_id: str, *, memory: bool = True) -> None:
+            assert memory
             asked.append(sb_id)
             if busy[0]:
                 raise Conflict("requests under way")
@@ -248,12 +249,40 @@ def test_a_deadline_with_hibernate_on_timeout_hibernates_retries_when_busy_and_e
     asyncio.run(main())
 
 
+def test_a_disk_only_timeout_hibernation_is_asked_for_and_survives_a_restart(tmp_path: Path) -> None:
+    """E2B's filesystem-only pause at the timeout (``autoPauseMemory: false``): the deadline asks
+    for a hibernation with ``memory=False``, and a daemon started afterwards still does."""
+    async def main() -> None:
+        clock = Clock()
+        registry, table, reaper, _ = setup(tmp_path, clock)
+        asked: list[tuple[str, bool]] = []
+
+        async def hibernate(sb_id: str, *, memory: bool = True) -> None:
+            asked.append((sb_id, memory))
+
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5, hibernate=True, memory=False)
+        reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 5, hibernate=True)
+        row = registry.sandboxes.get("sb-aaaaaa-0000")
+        assert row.hibernate_on_timeout and not row.hibernate_on_timeout_memory
+        assert registry.sandboxes.get("sb-aaaaaa-0001").hibernate_on_timeout_memory
+        # The next daemon: a new keeper over the same registry, whose start adopts the deadlines.
+        await reaper.stop()
+        again = DeadlineKeeper(registry.sandboxes, table, clock)
+        again.hibernate_with(hibernate)
+        clock.now += 5
+        await again.start()
+        await again.stop()
+        assert sorted(asked) == [("sb-aaaaaa-0000", False), ("sb-aaaaaa-0001", True)]
+
+    asyncio.run(main())
+
+
 def test_an_expired_sandbox_that_cannot_be_hibernated_is_killed(tmp_path: Path) -> None:
     async def main() -> None:
         clock = Clock()
         registry, _, reaper, vms = setup(tmp_path, clock)
 
-        async def hibernate(sb_id: str) -> None:
+        async def hibernate(sb_id: str, *, memory: bool = True) -> None:
             raise NotHibernatable("a per_child_netns sandbox cannot be hibernated")
 
         reaper.hibernate_with(hibernate)

@@ -709,3 +709,139 @@ def test_the_daemon_refuses_a_bad_address_plan_before_it_starts(
     monkeypatch.setenv(netplan.CIDR_ENV, "10.0.0.0/31")
     assert main(["--data-dir", str(tmp_path)]) == 2
     assert "FORKD_NET_CIDR '10.0.0.0/31' is too small" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ updates of a running sandbox
+
+
+def test_an_update_is_one_transaction_and_moves_the_masquerade_element(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The namespace's table is flushed and filled again in one ``nft -f``; the host's masquerade
+    element comes before the rules that need it and goes after the rules that no longer do; a
+    failed ruleset takes back the element the update added."""
+    import asyncio
+
+    from forkd.errors import VMError
+
+    ran: list[tuple[str, str]] = []
+    fail: set[str] = set()
+
+    async def run(argv: list[str], stdin: str = "", *, what: str) -> None:
+        ran.append((what, stdin))
+        if any(w in what for w in fail):
+            raise VMError(f"{what} failed: Error: syntax error")
+
+    monkeypatch.setattr(childnet, "_run", run)
+    closed, internet = _net(), _net(egress=EgressPolicy.from_request(True), nat=True)
+    asyncio.run(childnet.update(closed, internet, []))
+    assert [w for w, _ in ran] == ["adding the sandbox to the host's masquerade set",
+                                   "replacing the nftables rules of forkd-sb-abcdef-0001"]
+    assert ran[1][1].startswith("table inet forkd\nflush table inet forkd\ntable inet forkd {")
+    ran.clear()
+    asyncio.run(childnet.update(internet, closed, []))
+    assert [w for w, _ in ran] == ["replacing the nftables rules of forkd-sb-abcdef-0001",
+                                   "leaving the masquerade set"]
+    assert "delete element ip forkd egress { 10.201.0.7 }" in ran[1][1]
+    ran.clear()
+    fail.add("replacing")
+    with pytest.raises(VMError, match="syntax error"):
+        asyncio.run(childnet.update(closed, internet, []))
+    assert [w for w, _ in ran][-1] == "leaving the masquerade set"
+    ran.clear()
+    with pytest.raises(VMError):  # nothing else changes when the rules fail
+        asyncio.run(childnet.update(internet, closed, []))
+    assert [w for w, _ in ran] == ["replacing the nftables rules of forkd-sb-abcdef-0001"]
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("nft") is None, reason="needs nft and root")
+def test_the_kernel_accepts_a_replacing_ruleset() -> None:
+    rules = netplan.netns_ruleset_replace(_net(egress=EgressPolicy.from_request(True)),
+                                          [IPv4Network("10.201.0.0/16")])
+    proc = subprocess.run(["nft", "-c", "-f", "-"], input=rules, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + rules
+
+
+def _record_with(rows: Any, net: ChildNet | None, **kw: Any) -> Any:
+    from forkd.host.accel import Accel, VMConfig
+    from forkd.store.records import DiskChain, SandboxRecord
+    record = SandboxRecord(id=net.owner if net else "sb-abcdef-0009", snapshot_tag="py",
+                           dir="/tmp/nowhere", created_at_unix=1, config=VMConfig(512, 1, Accel.tcg()),
+                           disk=DiskChain.fresh(Path("/tmp/nowhere"), "py"), pid=1, network=net, **kw)
+    rows.insert(record)
+    return rows.get(record.id)
+
+
+def test_networks_update_writes_lease_and_row_only_once_the_rules_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from forkd.errors import VMError
+    from forkd.store.records import Hibernation
+
+    rows = Registry(tmp_path / "forkd.db").sandboxes
+    networks = Networks(tmp_path, rows, AddressPlan.parse(netplan.DEFAULT_CIDR))
+    monkeypatch.setattr(childnet, "missing_prerequisites", lambda: [])
+    monkeypatch.setattr(childnet, "host_addresses", lambda: [IPv4Address("192.0.2.2")])
+    monkeypatch.setattr(childnet, "forwarding_enabled", lambda path=None: True)
+    updates: list[tuple[ChildNet, ChildNet]] = []
+    failing: list[bool] = [False]
+
+    async def update(old: ChildNet, new: ChildNet, blocked: list[IPv4Network]) -> None:
+        assert IPv4Network("10.201.0.0/16") in blocked
+        if failing[0]:
+            raise VMError("the nftables rules failed: boom")
+        updates.append((old, new))
+
+    monkeypatch.setattr(childnet, "update", update)
+    net = _net()
+    networks._write_lease(net)
+    record = _record_with(rows, net)
+    lease = tmp_path / "net" / f"{net.owner}.json"
+    opened = EgressPolicy.from_request(None, {"allow_out": ["10.201.0.1:8080"]})
+    new = asyncio.run(networks.update(record, opened))
+    assert new.egress == opened and not new.nat and updates == [(net, new)]
+    assert rows.get(net.owner).network == new
+    assert ChildNet.from_json(json.loads(lease.read_text())) == new
+    # A failure: rules, lease and row as they were.
+    failing[0] = True
+    with pytest.raises(VMError, match="boom"):
+        asyncio.run(networks.update(rows.get(net.owner), EgressPolicy.from_request(True)))
+    assert rows.get(net.owner).network == new
+    assert ChildNet.from_json(json.loads(lease.read_text())) == new
+    # Hibernated: no rules to touch (its network is off the host); its wake makes the new ones.
+    failing[0] = False
+    updates.clear()
+    asleep = _record_with(rows, _net(owner="sb-abcdef-0002", netns="forkd-sb-abcdef-0002", index=6,
+                                     ip="10.201.0.8"),
+                          hibernation=Hibernation(at_unix=1, pages=0, memory_bytes=0, devices_bytes=0,
+                                                  pause_ms=1, memory=False))
+    woken = asyncio.run(networks.update(asleep, EgressPolicy.from_request(True)))
+    assert updates == [] and woken.nat and rows.get(asleep.id).network == woken
+    # No NIC: 400 naming the fix.
+    with pytest.raises(InvalidRequest, match='created with "nic": true'):
+        asyncio.run(networks.update(_record_with(rows, None), opened))
+
+
+def test_api_updates_the_network_and_refuses_a_bad_entry(api: tuple[TestClient, FakeRuntime]) -> None:
+    client, fake = api
+    record = fake.add_sandbox("sb-abcdef-0001", "py")
+    record.network = _net()
+    r = client.put("/v1/sandboxes/sb-abcdef-0001/network",
+                   json={"allow_out": ["10.201.0.1:8080"], "allow_public_traffic": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["network"]["allow_out"] == ["10.201.0.1:8080"]
+    assert r.json()["network"]["allow_public_traffic"] is True
+    assert r.json()["network"]["allow_internet_access"] is False
+    bad = client.put("/v1/sandboxes/sb-abcdef-0001/network", json={"allow_out": ["example.com"]})
+    assert bad.status_code == 400 and "domain names" in bad.json()["error"], bad.text
+    assert client.put("/v1/sandboxes/sb-abcdef-0001/network", json={"allowOut": []}).status_code == 400
+    assert record.network.egress.allow_out[0].first_port == 8080  # the old policy stays
+    assert [c.name for c in fake.calls].count("update_network") == 1
+
+
+def test_sdk_update_network_sends_the_whole_policy() -> None:
+    call = _calls.update_network("sb-abcdef-0001", network={"allow_out": ("10.201.0.1:8080",),
+                                                            "allow_public_traffic": True})
+    assert (call.method, call.path) == ("PUT", "/v1/sandboxes/sb-abcdef-0001/network")
+    assert call.json == {"allow_out": ["10.201.0.1:8080"], "allow_public_traffic": True,
+                         "allow_internet_access": False}

@@ -33,6 +33,7 @@ OWNERS = {
     "CheckpointPolicyRows": ("forkd.controller.checkpoints", "Checkpointer"),
     "IdlePauseRows": ("forkd.controller.idle", "IdlePauser"),
     "ExpiryRows": ("forkd.controller.lifetimes", "DeadlineKeeper"),
+    "NetworkRows": ("forkd.controller.network", "Networks"),
 }
 # The wiring: the only modules that open the database and hand its tables out.
 WIRING = {"forkd.controller.runtime", "forkd.controller.travel_offline"}

@@ -49,6 +49,7 @@ import type {
   ForkResponse,
   Health,
   ListSandboxesOptions,
+  NetworkUpdateRequest,
   MkdirResponse,
   PingResponse,
   PoolInfo,
@@ -320,6 +321,12 @@ export class Controller {
       path: `/v1/sandboxes/${seg(id)}/timeout`,
       json: { timeout_secs: timeoutSecs },
     });
+  }
+
+  /** `PUT /v1/sandboxes/{id}/network`: replace the sandbox's network policy while it runs (what the
+   * body omits takes a spawn's default); a hibernated sandbox gets it at its wake. */
+  updateSandboxNetwork(id: string, policy: NetworkUpdateRequest): Promise<SandboxInfo> {
+    return this.#http.json({ method: "PUT", path: `/v1/sandboxes/${seg(id)}/network`, json: policy });
   }
 
   /** `POST /v1/sandboxes/{id}/ping` → `{pong: true, pid: 1, ...}`. */

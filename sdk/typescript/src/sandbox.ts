@@ -32,6 +32,7 @@ import type {
   PingResponse,
   PromoteOptions,
   PromoteResponse,
+  NetworkUpdateRequest,
   SandboxInfo,
   SnapshotInfo,
   WaitOptions,
@@ -389,6 +390,12 @@ export class Sandbox {
   /** Kill this sandbox `timeoutSecs` from now (sooner or later than before). */
   async setTimeout(timeoutSecs: number): Promise<SandboxInfo> {
     this.#info = await this.controller.setSandboxTimeout(this.id, timeoutSecs);
+    return this.#info;
+  }
+
+  /** Replace this sandbox's network policy (egress rules, port proxy settings) while it runs. */
+  async updateNetwork(policy: NetworkUpdateRequest): Promise<SandboxInfo> {
+    this.#info = await this.controller.updateSandboxNetwork(this.id, policy);
     return this.#info;
   }
 

@@ -336,6 +336,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** Replace the sandbox's network policy (egress rules, port proxy settings) while it runs; a hibernated sandbox gets it at its wake */
+        put: operations["update_network_v1_sandboxes__id__network_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -1441,6 +1458,40 @@ export interface components {
          * @description Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations.
          */
         NetworkPolicy: {
+            /**
+             * Allow Out
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             */
+            allow_out?: string[];
+            /**
+             * Allow Public Traffic
+             * @description Whether anyone who reaches the daemon may reach the sandbox's ports through its port proxy (`{port}-{sandbox id}.<domain>` as the Host; docs/API.md). Off: a request needs the daemon's bearer token or the sandbox's traffic token (`E2B-Traffic-Access-Token`).
+             * @default false
+             */
+            allow_public_traffic?: boolean;
+            /**
+             * Deny Out
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             */
+            deny_out?: string[];
+            /**
+             * Mask Request Host
+             * @description The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}` stands for the port, e.g. `localhost:${PORT}`.
+             */
+            mask_request_host?: string | null;
+        };
+        /**
+         * NetworkUpdateRequest
+         * @description A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a
+         *     spawn would set it (an omitted field takes a spawn's default).
+         */
+        NetworkUpdateRequest: {
+            /**
+             * Allow Internet Access
+             * @description Open outbound traffic to the public internet (denied by default): every destination but private, link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a NIC, and net.ipv4.ip_forward=1 on the host.
+             * @default false
+             */
+            allow_internet_access?: boolean;
             /**
              * Allow Out
              * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
@@ -4366,6 +4417,87 @@ export interface operations {
             };
             /** @description The guest did not answer in time. */
             504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    update_network_v1_sandboxes__id__network_put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NetworkUpdateRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxInfo"];
+                };
+            };
+            /** @description A bad entry, a sandbox without a NIC, or egress beyond the host with IP forwarding off; the old policy stays. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is paused (resume it first). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body larger than the daemon's limit (default 1 MiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -49,6 +49,7 @@ export type ExecStreamRequest = Schemas["ExecStreamRequest"];
 export type ProcessStartRequest = Schemas["ProcessStartRequest"];
 export type StdinRequest = Schemas["StdinRequest"];
 export type SignalRequest = Schemas["SignalRequest"];
+export type NetworkUpdateRequest = Schemas["NetworkUpdateRequest"];
 
 /** The signals a process may be sent, by name. */
 export type SignalName = SignalRequest["signal"];

@@ -29,6 +29,7 @@ from forkd.api.schemas import (
     ExecResponse,
     Health,
     HibernateRequest,
+    NetworkUpdateRequest,
     PingResponse,
     SandboxInfo,
     SnapshotDetail,
@@ -305,6 +306,22 @@ async def kill_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> Response:
 )
 async def set_timeout(sandbox_id: SandboxIdPath, req: TimeoutRequest, rt: Runtime) -> dict[str, Any]:
     return rt.set_timeout(sandbox_id, req.timeout_secs).info()
+
+
+@v1.put(
+    "/sandboxes/{id}/network",
+    response_model=SandboxInfo,
+    tags=["sandboxes"],
+    summary="Replace the sandbox's network policy (egress rules, port proxy settings) while it runs; a "
+    "hibernated sandbox gets it at its wake",
+    responses={**NO_SANDBOX, **TOO_LARGE,
+               400: _err("A bad entry, a sandbox without a NIC, or egress beyond the host with IP "
+                         "forwarding off; the old policy stays."),
+               409: _err("The sandbox is paused (resume it first).")},
+    **_AS_GIVEN,
+)
+async def update_network(sandbox_id: SandboxIdPath, req: NetworkUpdateRequest, rt: Runtime) -> dict[str, Any]:
+    return (await rt.update_network(sandbox_id, req.egress())).info()
 
 
 @v1.post(

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
@@ -44,6 +45,12 @@ HIBERNATE_RETRY_SECS = 2.0
 HIBERNATE_FAILED_RETRY_SECS = 30.0
 
 
+class Hibernate(Protocol):
+    """``Hibernator.hibernate``: ``memory`` False keeps the disk alone."""
+
+    def __call__(self, sandbox_id: str, *, memory: bool = True) -> Awaitable[object]: ...
+
+
 class DeadlineKeeper:
     def __init__(self, sandboxes: ExpiryRows, table: SandboxTable,
                  clock: Callable[[], float] = time.time) -> None:
@@ -54,10 +61,11 @@ class DeadlineKeeper:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Who hibernates a sandbox whose deadline says so (``hibernate_on_timeout``).
-        self._hibernate: Callable[[str], Awaitable[object]] | None = None
+        self._hibernate: Hibernate | None = None
 
-    def hibernate_with(self, hibernate: Callable[[str], Awaitable[object]]) -> None:
-        """From now on a due sandbox spawned with ``hibernate_on_timeout`` goes to ``hibernate(id)``."""
+    def hibernate_with(self, hibernate: Hibernate) -> None:
+        """From now on a due sandbox spawned with ``hibernate_on_timeout`` goes to ``hibernate(id)``
+        (with ``memory=False`` for one whose ``hibernate_on_timeout_memory`` is False)."""
         self._hibernate = hibernate
 
     # ----------------------------------------------------------------- life
@@ -77,9 +85,10 @@ class DeadlineKeeper:
     # -------------------------------------------------------------- deadlines
 
     def apply(self, records: Iterable[SandboxRecord], timeout_secs: float | None, *,
-              hibernate: bool = False, auto_resume: bool = True) -> None:
+              hibernate: bool = False, memory: bool = True, auto_resume: bool = True) -> None:
         """Give freshly spawned (or claimed, or forked) sandboxes ``timeout_secs`` to live;
-        ``hibernate``: then hibernate them rather than kill them; ``auto_resume`` False: once
+        ``hibernate``: then hibernate them rather than kill them (``memory`` False: to their disk
+        alone, E2B's filesystem-only pause); ``auto_resume`` False: once
         hibernated, E2B traffic does not wake them (E2B's ``autoResume``), only a resume."""
         records = list(records)
         if not auto_resume:
@@ -93,8 +102,8 @@ class DeadlineKeeper:
         for record in records:
             record.expires_at_unix = expires
             if hibernate:
-                record.hibernate_on_timeout = True
-                self._sandboxes.set_hibernate_on_timeout(record.id, True)
+                record.hibernate_on_timeout, record.hibernate_on_timeout_memory = True, memory
+                self._sandboxes.set_hibernate_on_timeout(record.id, True, memory)
             self._set(record.id, expires)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> float:
@@ -155,8 +164,10 @@ class DeadlineKeeper:
         if record.hibernate_on_timeout and self._hibernate is not None:
             if record.hibernation is None:
                 try:
-                    log.info("sandbox %s expired; hibernating it", sandbox_id)
-                    await self._hibernate(sandbox_id)
+                    memory = record.hibernate_on_timeout_memory
+                    log.info("sandbox %s expired; hibernating it%s", sandbox_id,
+                             "" if memory else " (disk only)")
+                    await self._hibernate(sandbox_id, memory=memory)
                 except (GuestError, NotHibernatable) as exc:  # its QEMU died, or it cannot be
                     log.warning("expired sandbox %s cannot be hibernated (%s); killing it", sandbox_id, exc)
                     await self._table.kill(sandbox_id)

@@ -11,12 +11,19 @@ Every network is a *lease*: a JSON file under ``<data dir>/net/`` written
 before anything is made on the host and deleted after everything is removed,
 so a daemon that dies half-way leaves a record that the next one reaps
 (``reap``), whether or not a sandbox row got written.
+
+A sandbox's egress policy can be replaced while it lives (``update``): its
+namespace's table is rewritten in one ``nft -f`` transaction, its host
+masquerade element added or removed, then its lease and its row's ``network``
+(this class is the one writer of that column). A hibernated sandbox's policy
+is only written down: its wake makes its network from the row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +39,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.hostlock import HostClaims
 from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
 from forkd.store.records import SandboxRecord
-from forkd.store.rows.sandboxes import SandboxReader
+from forkd.store.rows.sandboxes import NetworkRows
 
 log = logging.getLogger("forkd.network")
 # How often a spawn takes another address when another daemon made the same veth first.
@@ -56,7 +63,7 @@ def no_nic_message(what: str) -> str:
 
 
 class Networks:
-    def __init__(self, root: Path, sandboxes: SandboxReader, plan: AddressPlan | None = None,
+    def __init__(self, root: Path, sandboxes: NetworkRows, plan: AddressPlan | None = None,
                  host_claims: HostClaims | None = None) -> None:
         self._dir = root / "net"
         self._sandboxes = sandboxes
@@ -211,6 +218,33 @@ class Networks:
         blocked = list(req.blocked) if req is not None else []
         await childnet.create(net, blocked)
         self._leases[net.owner] = net
+
+    async def update(self, record: SandboxRecord, egress: EgressPolicy) -> ChildNet:
+        """Replace the egress policy of sandbox ``record`` (the caller holds its lock): its rules
+        now (one transaction), or, hibernated, at its wake; then its lease and row. 400 without a
+        NIC or for a policy this host cannot serve (forwarding off); on any failure the old rules,
+        lease and row stay."""
+        what = f"sandbox {record.id}"
+        net = self._leases.get(record.id) or record.network
+        if net is None or net.tap is None:
+            raise InvalidRequest(f"{what} has no network device, so it has no network to update; "
+                                 "spawn it from a snapshot created with \"nic\": true")
+        req = await self.prepare(tap=net.tap, dns=net.dns, egress=egress, per_child_netns=True, what=what)
+        assert req is not None
+        new = dataclasses.replace(net, egress=egress, nat=req.nat)
+        if record.hibernation is None:
+            await childnet.update(net, new, list(req.blocked))
+        try:
+            self._write_lease(new)
+            self._sandboxes.set_network(record.id, new)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._write_lease(net)
+            if record.hibernation is None:
+                await childnet.update(new, net, list(req.blocked))
+            raise
+        log.info("egress of %s is now %s", record.id, json.dumps(egress.info()))
+        return new
 
     async def after_removed(self, record: SandboxRecord) -> None:
         """SandboxTable hook: a torn-down sandbox's network goes with it."""

@@ -25,7 +25,7 @@ from forkd.host.egress import EgressPolicy
 EGRESS_FIELDS = ("allow_internet_access", "network")
 # Options only the E2B layer sets: forkd's own API always wakes a hibernated sandbox,
 # so /v1's SpawnRequest has no field for them.
-E2B_ONLY_FIELDS = ("auto_resume",)
+E2B_ONLY_FIELDS = ("auto_resume", "hibernate_on_timeout_memory")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class SpawnOptions:
     ``idle_hibernate_secs``: hibernated (to disk, its QEMU gone) and woken by its
     next one (controller/hibernation.py). ``hibernate_on_timeout``: at its
     ``timeout_secs`` a child is hibernated rather than killed (E2B's ``autoPause``);
+    ``hibernate_on_timeout_memory`` False: that hibernation keeps the disk alone, and the wake
+    cold-boots it (E2B's ``autoPauseMemory: false``, a filesystem-only pause at the timeout);
     ``auto_resume`` False: once hibernated, E2B traffic no longer wakes it, only a resume
     (E2B's ``connect``) does (E2B's ``autoResume``; forkd's own API always wakes it).
     ``egress`` opens the children's outbound traffic, denied by default
@@ -64,6 +66,7 @@ class SpawnOptions:
     disk_quota_mib: int | None = None
     idle_hibernate_secs: float | None = None
     hibernate_on_timeout: bool = False
+    hibernate_on_timeout_memory: bool = True
     auto_resume: bool = True
 
     def __post_init__(self) -> None:
@@ -73,6 +76,9 @@ class SpawnOptions:
         _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs,
                          self.hibernate_on_timeout, live_fork=self.live_fork,
                          per_child_netns=self.per_child_netns)
+        if not self.hibernate_on_timeout_memory and not self.hibernate_on_timeout:
+            raise InvalidRequest("hibernate_on_timeout_memory false says what the timeout's hibernation "
+                                 "keeps: it needs hibernate_on_timeout")
 
     @classmethod
     def from_request(cls, given: Mapping[str, Any]) -> SpawnOptions:

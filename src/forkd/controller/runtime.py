@@ -82,9 +82,10 @@ from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
-from forkd.errors import Conflict, InvalidRequest
+from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.guest import protocol
 from forkd.host import cgroups
+from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
 from forkd.store.datalock import DataDirLock
@@ -346,7 +347,7 @@ class Runtime:
         options = options or SpawnOptions()
         records = await self.spawner.spawn(tag, n, options)
         self.reaper.apply(records, options.timeout_secs, hibernate=options.hibernate_on_timeout,
-                          auto_resume=options.auto_resume)
+                          memory=options.hibernate_on_timeout_memory, auto_resume=options.auto_resume)
         self.idle.apply(records, options.idle_pause_secs)
         self.idle.apply_hibernate(records, options.idle_hibernate_secs)
         return records
@@ -382,6 +383,22 @@ class Runtime:
         check_sandbox_id(sandbox_id)
         self.reaper.set_timeout(sandbox_id, timeout_secs)
         return self.get_sandbox(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, egress: EgressPolicy) -> SandboxRecord:
+        """Replace a running or hibernated sandbox's egress policy (controller/network.py
+        ``Networks.update``; a hibernated one's applies at its wake). 409 for a paused one."""
+        check_sandbox_id(sandbox_id)
+        resolved = self.sandboxes.resolve(sandbox_id)
+        if resolved not in self.sandboxes and not self.hibernation.hibernated(resolved) \
+                and self.suspender.has(sandbox_id):
+            raise Conflict(f"sandbox {sandbox_id!r} is paused: resume it (E2B: connect), then update "
+                           "its network")
+        if self.sandboxes.hidden(resolved):
+            raise NotFound(f"sandbox {sandbox_id!r} is not alive")
+        async with self.sandboxes.lock(resolved):
+            record = self.sandboxes.records.get(resolved)  # 404: killed meanwhile
+            await self.networks.update(record, egress)
+        return self.sandboxes.records.get(resolved)
 
     async def ping(self, sandbox_id: str) -> PingResult:
         return cast(PingResult, await self.sandboxes.call(sandbox_id, "ping", timeout=30))
@@ -456,7 +473,8 @@ class Runtime:
             record = self.sandboxes.records.get(self.sandboxes.resolve(sandbox_id))  # E2B's connect
         else:
             record = await self.suspender.resume(sandbox_id)
-        self.reaper.apply([record], timeout_secs, hibernate=record.hibernate_on_timeout)
+        self.reaper.apply([record], timeout_secs, hibernate=record.hibernate_on_timeout,
+                          memory=record.hibernate_on_timeout_memory)
         return record
 
     def describe_sandbox(self, sandbox_id: str) -> SandboxView:

@@ -139,7 +139,8 @@ class Suspender:
                 vcpus=record.config.vcpus, mem_mib=record.config.mem_mib, disk_mib=disk_mib(record),
                 egress=record.egress.info(), idle_pause_secs=record.idle_pause_secs,
                 disk_quota_mib=record.disk_quota_mib, idle_hibernate_secs=record.idle_hibernate_secs,
-                hibernate_on_timeout=record.hibernate_on_timeout)
+                hibernate_on_timeout=record.hibernate_on_timeout,
+                hibernate_on_timeout_memory=record.hibernate_on_timeout_memory)
             # Recorded before the kill: a daemon that dies in between finds the sandbox
             # alive and paused, and a resume then keeps the live one (see resume).
             self._paused.insert(paused)
@@ -176,6 +177,7 @@ class Suspender:
             self._idle.apply_hibernate([outcome], paused.idle_hibernate_secs)
             # Not in its row yet: the caller's deadline (Runtime.resume) writes it with the timeout.
             outcome.hibernate_on_timeout = paused.hibernate_on_timeout
+            outcome.hibernate_on_timeout_memory = paused.hibernate_on_timeout_memory
             log.info("resumed %s from %s", sandbox_id, paused.state_tag)
             return outcome
 

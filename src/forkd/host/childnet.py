@@ -189,6 +189,32 @@ async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
         raise
 
 
+async def update(old: ChildNet, new: ChildNet, blocked: list[IPv4Network]) -> None:
+    """Replace the egress rules of a running sandbox's network ``old`` by ``new``'s (same namespace,
+    links and address): the host's masquerade element first if ``new`` now leaves the host, the
+    namespace's table in one transaction, and the element last if it no longer does. On a failure
+    the old rules and element stay as they were, and ``VMError`` says why."""
+    assert new.tap is not None and new.ip and (old.netns, old.ip) == (new.netns, new.ip)
+    nat_added = False
+    if new.nat and not old.nat:
+        async with hostlock.host_lock(HOST_NAT_LOCK):
+            await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(new.ip),
+                       what="adding the sandbox to the host's masquerade set")
+        nat_added = True
+    try:
+        rules = netplan.netns_ruleset_replace(new, blocked)
+        await _run(_in_netns(new.netns, f"exec {_path(NFT)} -f -"), rules,
+                   what=f"replacing the nftables rules of {new.netns}")
+    except BaseException:
+        if nat_added:
+            await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(new.ip),
+                       what="leaving the masquerade set")
+        raise
+    if old.nat and not new.nat:
+        await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(new.ip),
+                   what="leaving the masquerade set")
+
+
 async def remove(net: ChildNet) -> list[str]:
     """Remove what ``create`` made (every step, whatever failed before); the errors, for the log."""
     errors: list[str] = []

@@ -266,6 +266,12 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
 """
 
 
+def netns_ruleset_replace(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
+    """``netns_ruleset`` over the one already there, as one transaction (``nft -f``): the table is
+    flushed and filled again, so there is no moment without rules, and a failure leaves the old ones."""
+    return f"table inet {NFT_TABLE}\nflush table inet {NFT_TABLE}\n" + netns_ruleset(net, blocked)
+
+
 def host_nat_add(ip: str) -> str:
     """The host's masquerade for sandboxes that reach beyond it, and ``ip`` in its set (idempotent)."""
     t = f"ip {NFT_TABLE}"

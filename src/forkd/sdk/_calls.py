@@ -190,6 +190,15 @@ def set_timeout(sandbox_id: str, timeout_secs: float) -> Call:
     return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/timeout", json={"timeout_secs": timeout_secs})
 
 
+def update_network(sandbox_id: str, *, allow_internet_access: bool = False,
+                   network: Mapping[str, Any] | None = None) -> Call:
+    """The whole new policy: what ``network`` omits takes a spawn's default."""
+    body: dict[str, Any] = {key: list(value) if key in ("allow_out", "deny_out") else value
+                            for key, value in (network or {}).items()}
+    body["allow_internet_access"] = allow_internet_access
+    return Call("PUT", f"/v1/sandboxes/{_seg(sandbox_id)}/network", json=body)
+
+
 def ping(sandbox_id: str) -> Call:
     return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/ping")
 

@@ -456,6 +456,15 @@ class AsyncSandbox:
         self._info = info
         return info
 
+    async def update_network(self, *, allow_internet_access: bool = False,
+                             network: Mapping[str, Any] | None = None) -> SandboxInfo:
+        """Replace this sandbox's network policy (egress rules and port proxy settings) while it
+        runs; what ``network`` omits takes a spawn's default."""
+        info = await self.controller.update_network(self.id, allow_internet_access=allow_internet_access,
+                                                    network=network)
+        self._info = info
+        return info
+
     async def hibernate(self, *, memory: bool = True) -> SandboxInfo:
         """Put this sandbox to disk, its QEMU released, until its next request wakes it;
         ``memory=False``: its disk alone, and the wake cold-boots it."""

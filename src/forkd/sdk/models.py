@@ -722,6 +722,42 @@ class MkdirResponse(TypedDict, total=False):
     """False when parents=true and the directory already existed."""
 
 
+class NetworkUpdateRequest(TypedDict, total=False):
+    """A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a spawn
+    would set it (an omitted field takes a spawn's default).
+    """
+
+    allow_out: list[str]
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
+    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
+    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    gateway, e.g. 10.201.0.1).
+    """
+
+    deny_out: list[str]
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
+    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
+    "198.51.100.0/24:8000-8100".
+    """
+
+    allow_public_traffic: bool
+    """Whether anyone who reaches the daemon may reach the sandbox's ports through its port proxy
+    (`{port}-{sandbox id}.<domain>` as the Host; docs/API.md). Off: a request needs the daemon's
+    bearer token or the sandbox's traffic token (`E2B-Traffic-Access-Token`).
+    """
+
+    mask_request_host: str | None
+    """The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}`
+    stands for the port, e.g. `localhost:${PORT}`.
+    """
+
+    allow_internet_access: bool
+    """Open outbound traffic to the public internet (denied by default): every destination but private,
+    link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a
+    NIC, and net.ipv4.ip_forward=1 on the host.
+    """
+
+
 class PingResponse(TypedDict, total=False):
     """The ``PingResponse`` schema."""
 
@@ -1416,6 +1452,7 @@ __all__ = [
     "MkdirRequest",
     "MkdirResponse",
     "NetworkPolicy",
+    "NetworkUpdateRequest",
     "PingResponse",
     "PoolExtra",
     "PoolInfo",

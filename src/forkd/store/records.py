@@ -136,6 +136,7 @@ class PausedRecord:
     disk_quota_mib: int | None = None  # kept through the pause too
     idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
     hibernate_on_timeout: bool = False
+    hibernate_on_timeout_memory: bool = True
 
     @property
     def state(self) -> SandboxState:
@@ -273,6 +274,8 @@ class SandboxRecord:
     idle_hibernate_secs: float | None = None
     # At its deadline it is hibernated rather than killed (E2B's autoPause; controller/lifetimes.py).
     hibernate_on_timeout: bool = False
+    # False: that hibernation keeps its disk alone, and its wake cold-boots it (E2B's autoPauseMemory).
+    hibernate_on_timeout_memory: bool = True
     # E2B's autoResume: whether E2B traffic (envd, the interpreter) wakes it once hibernated.
     # False: only an explicit resume does (E2B's connect); forkd's own API always wakes it.
     auto_resume: bool = True

@@ -4,8 +4,7 @@ described, given a new timeout, paused and forked. A template is a forkd snapsho
 
 Each route checks the request, calls the Runtime, and answers in the SDK's own
 models (``shapes``); every error is ``{"code": <status>, "message"}``. Routes
-the SDK has but forkd does not serve (logs, template tags,
-volumes, secrets, network updates, ...) answer ``501`` in that shape, naming
+the SDK has but forkd does not serve (logs, volumes, secrets, ...) answer ``501`` in that shape, naming
 docs/E2B.md.
 
 Authentication: ``X-API-KEY`` (what the SDK sends) or ``Authorization: Bearer``
@@ -45,6 +44,7 @@ from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.errors import Busy, ForkdError, NotFound
+from forkd.host.egress import EgressPolicy
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -195,12 +195,16 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         env = _strings(req.env_vars, "envVars") if _set(req.env_vars) else {}
         # autoPause: at its timeout the sandbox is hibernated rather than killed (listed as paused;
         # connect wakes it, and with autoResume any envd request too: controller/hibernation.py).
+        # autoPauseMemory false: that hibernation keeps the disk alone, and connect cold-boots it.
         auto_pause = bool(_set(req.auto_pause) and req.auto_pause)
-        if body.get("autoPauseMemory") not in (None, True):
-            raise E2BError(400, "autoPauseMemory false (a filesystem-only pause at the timeout) is not "
-                           "supported by forkd: the timeout's pause keeps the memory; pause(keep_memory="
-                           "False) pauses a sandbox filesystem-only")
+        keep_memory = body.get("autoPauseMemory")
+        if keep_memory is not None and (not isinstance(keep_memory, bool) or not auto_pause):
+            raise E2BError(400, "autoPauseMemory is true or false, with autoPause: whether the pause at "
+                           "the timeout keeps the memory (false: the filesystem only)")
         resume = body.get("autoResume")
+        if keep_memory is False and resume == {"enabled": True}:
+            raise E2BError(400, "autoResume cannot be enabled with autoPauseMemory false: a filesystem-only "
+                           "pause is resumed by connect alone")
         if resume not in (None, {}) and not (auto_pause and resume in ({"enabled": True},
                                                                        {"enabled": False})):
             raise E2BError(400, "autoResume is {\"enabled\": true} or {\"enabled\": false}, with autoPause: "
@@ -226,6 +230,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
                                                  "timeout_secs": timeout, "allow_internet_access": allow,
                                                  "network": _network(body.get("network")),
                                                  "hibernate_on_timeout": auto_pause,
+                                                 "hibernate_on_timeout_memory": keep_memory is not False,
                                                  "auto_resume": auto_resume})
             [record] = await rt().spawn(template, 1, options)
         except NotFound:
@@ -329,6 +334,27 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
             return Response(status_code=204)
         with gate.enter(None, rt().tags.in_flight):
             await rt().pause(sandbox_id)
+        return Response(status_code=204)
+
+    @app.put("/sandboxes/{sandbox_id}/network", status_code=204)
+    async def update_network(sandbox_id: str, request: Request) -> Response:
+        """``update_network``: the new allowOut and denyOut replace the old (omitted: cleared);
+        ``allow_internet_access`` omitted keeps the sandbox's; its inbound settings
+        (allowPublicTraffic, maskRequestHost) stay. A hibernated sandbox gets it at its wake."""
+        body = await _body(request)
+        allow = body.pop("allow_internet_access", None)
+        if allow is not None and not isinstance(allow, bool):
+            raise E2BError(400, "allow_internet_access must be true or false")
+        for name in ("egressProxy", "rules"):
+            if body.get(name) not in (None, {}):
+                raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+            body.pop(name, None)
+        current = rt().describe_sandbox(sandbox_id)["egress"]
+        network = _network(body)
+        network.update({k: current[k] for k in ("allow_public_traffic", "mask_request_host")})
+        egress = EgressPolicy.from_request(current["allow_internet_access"] if allow is None else allow,
+                                           network)
+        await rt().update_network(sandbox_id, egress)
         return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/fork", status_code=201)

@@ -50,6 +50,7 @@ from forkd.api.schemas.common import (
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.guest.protocol import FILE_PATH_MAX, TAG_MAX
+from forkd.host.egress import EgressPolicy
 
 
 class CreateSnapshotRequest(RequestModel):
@@ -433,6 +434,17 @@ class TimeoutRequest(RequestModel):
         description="The sandbox is killed this many seconds from now, whether that is sooner or later "
         "than its previous deadline (E2B's set_timeout).",
     )
+
+
+class NetworkUpdateRequest(NetworkPolicy):
+    """A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a
+    spawn would set it (an omitted field takes a spawn's default)."""
+
+    allow_internet_access: bool = Field(False, description=INTERNET_HELP)
+
+    def egress(self) -> EgressPolicy:
+        network = self.model_dump(exclude={"allow_internet_access"})
+        return EgressPolicy.from_request(self.allow_internet_access, network)
 
 
 class PromoteRequest(RequestModel):

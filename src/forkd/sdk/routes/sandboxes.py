@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Unpack, cast
+from typing import Any, Unpack, cast
 
 from forkd.sdk import _calls
 from forkd.sdk.models import (
@@ -130,6 +130,17 @@ class SandboxRoutes(Transport):
         Sooner or later than its previous deadline, like E2B's ``set_timeout``.
         """
         return cast(SandboxInfo, self._send(_calls.set_timeout(sandbox_id, timeout_secs)))
+
+    def update_network(self, sandbox_id: str, *, allow_internet_access: bool = False,
+                             network: Mapping[str, Any] | None = None) -> SandboxInfo:
+        """``PUT /v1/sandboxes/{id}/network``: replace the sandbox's network policy while it runs.
+
+        The same fields as a spawn's ``allow_internet_access`` and ``network``
+        (``allow_out``, ``deny_out``, ``allow_public_traffic``, ``mask_request_host``);
+        what is omitted takes a spawn's default. A hibernated sandbox gets it at its wake.
+        """
+        return cast(SandboxInfo, self._send(_calls.update_network(
+            sandbox_id, allow_internet_access=allow_internet_access, network=network)))
 
     def ping(self, sandbox_id: str) -> PingResponse:
         """``POST /v1/sandboxes/{id}/ping`` → ``{"pong": true, "pid": 1, ...}``."""

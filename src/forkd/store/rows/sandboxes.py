@@ -62,9 +62,15 @@ class ExpiryRows(SandboxReader, Protocol):
 
     def set_expiry(self, sandbox_id: str, expires_at_unix: float | None) -> None: ...
 
-    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None: ...
+    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool, memory: bool = True) -> None: ...
 
     def set_auto_resume(self, sandbox_id: str, auto_resume: bool) -> None: ...
+
+
+class NetworkRows(SandboxReader, Protocol):
+    """The network owner's column: a sandbox's network, with its egress policy (an update)."""
+
+    def set_network(self, sandbox_id: str, net: ChildNet) -> None: ...
 
 
 def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
@@ -74,7 +80,8 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "expires_at_unix": s.expires_at_unix, "cpu_limit": s.cpu_limit, "pids_limit": s.pids_limit,
             "cgroup_extra": s.cgroup_extra, "idle_pause_secs": s.idle_pause_secs,
             "disk_quota_mib": s.disk_quota_mib, "idle_hibernate_secs": s.idle_hibernate_secs,
-            "hibernate_on_timeout": s.hibernate_on_timeout, "auto_resume": s.auto_resume,
+            "hibernate_on_timeout": s.hibernate_on_timeout,
+            "hibernate_on_timeout_memory": s.hibernate_on_timeout_memory, "auto_resume": s.auto_resume,
             "hibernation": asdict(s.hibernation) if s.hibernation is not None else None,
             "network": s.network.to_json() if s.network is not None else None}
 
@@ -109,6 +116,7 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          disk_quota_mib=meta.get("disk_quota_mib"),
                          idle_hibernate_secs=meta.get("idle_hibernate_secs"),
                          hibernate_on_timeout=bool(meta.get("hibernate_on_timeout")),
+                         hibernate_on_timeout_memory=bool(meta.get("hibernate_on_timeout_memory", True)),
                          auto_resume=bool(meta.get("auto_resume", True)),
                          hibernation=Hibernation(**meta["hibernation"]) if meta.get("hibernation") else None,
                          network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
@@ -174,13 +182,19 @@ class SandboxRows(Table):
         """After how many idle seconds the sandbox is hibernated (None: never)."""
         self._update_meta(sandbox_id, "idle_hibernate_secs", idle_hibernate_secs)
 
-    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool) -> None:
-        """At its deadline the sandbox is hibernated (True) or killed."""
+    def set_hibernate_on_timeout(self, sandbox_id: str, hibernate: bool, memory: bool = True) -> None:
+        """At its deadline the sandbox is hibernated (True) or killed; ``memory`` False: that
+        hibernation keeps its disk alone."""
         self._update_meta(sandbox_id, "hibernate_on_timeout", hibernate)
+        self._update_meta(sandbox_id, "hibernate_on_timeout_memory", memory)
 
     def set_auto_resume(self, sandbox_id: str, auto_resume: bool) -> None:
         """Whether E2B traffic wakes the sandbox once hibernated (E2B's autoResume)."""
         self._update_meta(sandbox_id, "auto_resume", auto_resume)
+
+    def set_network(self, sandbox_id: str, net: ChildNet) -> None:
+        """The sandbox's network as its owner last made it (an egress update rewrites it)."""
+        self._update_meta(sandbox_id, "network", net.to_json())
 
     def set_checkpoint_policy(self, sandbox_id: str, policy: AutoCheckpoint | None) -> None:
         self._update_meta(sandbox_id, "checkpoints", policy.info() if policy else None)
