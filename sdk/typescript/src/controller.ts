@@ -12,6 +12,7 @@ import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 import { ForkdTimeoutError, NotFoundError, SnapshotFailedError } from "./errors.js";
 import { type Call, type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
 import { ProcessEventStream } from "./stream.js";
+import { Terminal, type TerminalOptions } from "./terminal.js";
 import type {
   BranchOptions,
   CancelEvalResponse,
@@ -477,6 +478,14 @@ export class Controller {
     const body: SignalRequest = { signal: signalName(signal) };
     if (options.group === false) body.group = false;
     return this.#http.json({ method: "POST", path: this.#processes(id, `/${pidSegment(pid)}/signal`), json: body });
+  }
+
+  /**
+   * `/v1/sandboxes/{id}/terminal` (a WebSocket): a login shell on a pty in the sandbox;
+   * closing the terminal kills it. See {@link Terminal}.
+   */
+  openTerminal(id: string, options: TerminalOptions = {}): Promise<Terminal> {
+    return Terminal.open(this.#http.url, this.#http.token, id, options);
   }
 
   /** `DELETE .../processes/{pid}`: SIGKILL its process group; false if it was not running. */

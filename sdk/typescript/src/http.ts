@@ -98,6 +98,8 @@ async function errorMessage(response: Response): Promise<string> {
 export class Transport {
   readonly url: string;
   readonly timeoutMs: number;
+  /** The bearer token (for a terminal's WebSocket, which does not go through fetch). */
+  readonly token: string | undefined;
   readonly #headers: Record<string, string>;
   readonly #fetch: typeof fetch;
 
@@ -105,6 +107,7 @@ export class Transport {
     this.url = resolveUrl(options.url);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const token = resolveToken(options.token);
+    this.token = token;
     this.#headers = {
       "User-Agent": `forkd-sdk-ts/${SDK_VERSION}`,
       Accept: "application/json",

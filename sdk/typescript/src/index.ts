@@ -13,6 +13,7 @@
 export { Controller, commandArgs, signalName, snapshotIsReady } from "./controller.js";
 export { CommandHandle, Commands, type OutputCallbacks, type OutputChunk } from "./commands.js";
 export { ProcessEventStream } from "./stream.js";
+export { TERMINAL_PROTOCOL, Terminal, type TerminalOptions, type WebSocketConstructor } from "./terminal.js";
 export { DEFAULT_URL, type ClientOptions } from "./http.js";
 export * from "./errors.js";
 export * from "./types.js";

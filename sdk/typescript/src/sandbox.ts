@@ -17,6 +17,7 @@
 import { Commands } from "./commands.js";
 import { Controller } from "./controller.js";
 import { ExploreError, ForkdError, NotFoundError } from "./errors.js";
+import type { Terminal, TerminalOptions } from "./terminal.js";
 import type {
   BranchOptions,
   ChildOptions,
@@ -397,6 +398,11 @@ export class Sandbox {
   async updateNetwork(policy: NetworkUpdateRequest): Promise<SandboxInfo> {
     this.#info = await this.controller.updateSandboxNetwork(this.id, policy);
     return this.#info;
+  }
+
+  /** A login shell on a pty in this sandbox, over the daemon's WebSocket (see {@link Terminal}). */
+  terminal(options: TerminalOptions = {}): Promise<Terminal> {
+    return this.controller.openTerminal(this.id, options);
   }
 
   /** Put this sandbox to disk, its QEMU released, until its next request wakes it. */

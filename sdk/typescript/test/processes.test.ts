@@ -211,3 +211,18 @@ describe("networking", () => {
     }
   });
 });
+
+describe("terminal", () => {
+  test("a shell on a pty: keys in, output out, a resize, its exit code", async () => {
+    const chunks: Uint8Array[] = [];
+    const term = await sb.terminal({ cols: 90, rows: 20, onData: (d) => chunks.push(d) });
+    const text = () => Buffer.concat(chunks).toString("utf8");
+    term.send("stty size; echo hi-$((6*7))\n");
+    for (let i = 0; i < 300 && !/hi-42/.test(text()); i++) await sleep(100);
+    assert.match(text(), /20 90/);
+    term.resize(120, 40);
+    term.send("stty size; exit 4\n");
+    assert.equal(await term.exited, 4);
+    assert.match(text(), /40 120/);
+  });
+});
