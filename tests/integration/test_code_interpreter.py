@@ -2,8 +2,8 @@
 
 One daemon and one template of the ``code-interpreter`` image for the module:
 the template warms its IPython kernel before the snapshot, so every child
-starts with a live kernel (forkd's bash and JavaScript kernels start on their
-first cell). The image is built here if missing (cached by its recipe, like
+starts with a live kernel (forkd's bash and JavaScript kernels, and IRkernel
+for R, start on their first cell). The image is built here if missing (cached by its recipe, like
 the default image: instant when nothing changed, minutes the first time).
 """
 
@@ -253,6 +253,41 @@ def test_an_interrupted_javascript_loop_leaves_its_kernel_usable(http: httpx.Cli
     assert "SIGINT" in errors(events)[0][1], events
     after = cell(http, sandbox, "survivor * 6", language="js")
     assert text(after) == "42" and after[-1]["_at"] < 10, after  # the same context, at once
+
+
+def test_r_cells_print_return_values_take_env_and_start_in_home(http: httpx.Client, sandbox: str) -> None:
+    first = cell(http, sandbox, 'print("Hello, World!")', language="r")  # IRkernel starts here
+    print(f"\nfirst R cell (IRkernel starts): {first[-1]['_at']:.1f}s")
+    assert stdout(first) == '[1] "Hello, World!"\n' and errors(first) == [], first
+    cell(http, sandbox, "kept <- 40", language="r")
+    assert text(cell(http, sandbox, "kept + 2", language="r")) == "[1] 42"
+    odd = 'say "hi" \\ \t done\n'  # R's string escapes are JSON's
+    events = cell(http, sandbox, "cat(Sys.getenv('ODD')); Sys.getenv('FOO')", language="r",
+                  env={"FOO": "bar", "ODD": odd})
+    assert text(events) == '[1] "bar"' and stdout(events) == odd, events
+    after = cell(http, sandbox, "Sys.getenv('FOO', unset = 'default')", language="r")
+    assert text(after) == '[1] "default"', after  # the cell's env alone
+    assert text(cell(http, sandbox, "getwd()", language="r")) == '[1] "/home/user"'
+    (error,) = of_type(cell(http, sandbox, 'stop("boom")', language="r"), "error")
+    assert error["name"] == "ERROR" and error["value"] == "Error in eval(expr, envir, enclos): boom\n", error
+    assert text(cell(http, sandbox, "ls()", language="r")) == '[1] "kept"'  # nothing of forkd's left
+
+
+def test_forked_children_continue_one_r_session_each_reseeded(http: httpx.Client, sandbox: str) -> None:
+    cell(http, sandbox, "kept <- 'before-fork'; set.seed(1)", language="r")
+    r = http.post(f"/v1/sandboxes/{sandbox}/fork", json={"count": 2})
+    assert r.status_code in (200, 201), r.text
+    children = [c["id"] for c in r.json()["children"]]
+    try:
+        draws = set()
+        for child in children:
+            events = cell(http, child, "cat(kept); runif(1)", language="r")
+            assert stdout(events) == "before-fork" and errors(events) == [], events
+            draws.add(text(events))
+        assert len(draws) == 2, draws  # each child's R was seeded anew at its restore
+    finally:
+        for child in children:
+            http.delete(f"/v1/sandboxes/{child}")
 
 
 def test_e2b_code_interpreter_sdk_runs_unchanged(daemon: Daemon) -> None:

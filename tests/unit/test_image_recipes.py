@@ -28,7 +28,8 @@ def test_code_interpreter_recipe_pins_e2b_charts_and_its_wheels() -> None:
     assert "e2b-charts" in pins and version("matplotlib") >= (3, 10) and version("numpy") >= (2, 2)
     # Debian's data libraries are built against numpy 1.24: the wheels replace them, not shadow them.
     assert not {"python3-matplotlib", "python3-pandas"} & set(recipe.apt_packages)
-    assert {"python3-ipykernel", "python3-jupyter-client", "nodejs"} <= set(recipe.apt_packages)
+    kernels = {"python3-ipykernel", "python3-jupyter-client", "nodejs", "r-base-core", "r-cran-irkernel"}
+    assert kernels <= set(recipe.apt_packages)
     # A user's tree takes no named packages.
     assert builder.recipe_for("code-interpreter", rootfs_source="/").pip_packages == ()
 

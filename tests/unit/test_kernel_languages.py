@@ -34,7 +34,7 @@ from forkd.api.code_routes import CodeRequest, KernelLanguage
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.errors import ForkdError
 from forkd.guest import protocol
-from forkd.guest.agent import kernel_specs
+from forkd.guest.agent import kernel_r, kernel_specs
 from forkd.guest.agent import kernels as agent_kernels
 from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CodeContexts
@@ -59,17 +59,51 @@ def test_the_api_names_the_languages_the_protocol_has() -> None:
 
 @pytest.mark.parametrize(("name", "language"), [(None, "python"), ("", "python"), ("Python", "python"),
                                                 ("js", "javascript"), (" JavaScript ", "javascript"),
-                                                ("bash", "bash")])
+                                                ("bash", "bash"), ("r", "r"), ("R", "r")])
 def test_a_language_by_any_of_its_names(name: object, language: str) -> None:
     assert protocol.kernel_language(name) == language
 
 
 def test_an_unknown_language_is_refused_naming_those_served() -> None:
-    with pytest.raises(RequestError, match="python, bash, javascript") as exc:
+    with pytest.raises(RequestError, match="python, bash, javascript, r") as exc:
         protocol.kernel_language("typescript")
     assert exc.value.kind == INVALID
     assert protocol.default_context("python") == "default"
     assert protocol.default_context("bash") == "default-bash"
+    assert protocol.default_context("r") == "default-r"
+
+
+# ---------------------------------------------------------------- R (IRkernel)
+
+
+def test_r_runs_on_irkernel_where_the_image_has_r(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = kernel_specs.write(str(tmp_path), python="/usr/bin/python3")
+    spec = json.loads((Path(folder) / kernel_specs.KERNEL_NAMES["r"] / "kernel.json").read_text())
+    assert spec["argv"] == ["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"]
+    assert spec["language"] == "R" and spec["interrupt_mode"] == "signal"
+    bash = json.loads((Path(folder) / "forkd-bash" / "kernel.json").read_text())
+    assert bash["argv"][:2] == ["/usr/bin/python3", str(AGENT / "kernel_bash.py")]
+    on_path = {"bash", "R"}
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if name in on_path else None)
+    assert kernel_specs.languages(True) == ("python", "bash", "r")
+    assert kernel_specs.languages(False) == ()
+    monkeypatch.setattr(kernel_specs, "jupyter", lambda: True)
+    assert "no R for r kernels" in kernel_specs.missing("r")
+
+
+def test_rs_silent_cells_quote_names_and_values_as_r_strings() -> None:
+    env = {"FOO": "bar", "ODD": 'say "hi" \\ \t\n ü'}
+    code = kernel_r.env_in(env)
+    assert code.startswith("invisible(local({") and code.endswith("}))")
+    # JSON's escapes without ensure_ascii, which R reads alike: no \u escape of a printable character
+    assert r'c("bar", "say \"hi\" \\ \t\n ü")' in code and 'c("FOO", "ODD")' in code
+    assert "Sys.getenv(c(\"FOO\", \"ODD\"), unset = NA, names = TRUE)" in code
+    assert "'.forkd_saved'" in code and "'.forkd_saved'" in kernel_r.ENV_OUT  # hidden from ls()
+    assert "Sys.unsetenv" in kernel_r.ENV_OUT
+    seeded = kernel_r.restored({"CHILD": "c1"}, b"\xff" * 16)
+    seed = int(seeded.split("set.seed(")[1].split(")")[0])
+    assert 0 <= seed < 2**31 - 1 and 'c("CHILD")' in seeded
+    assert kernel_r.restored({}, bytes(16)) == "invisible(local({set.seed(0)}))"
 
 
 # ------------------------------------------------------------------ the kernels
@@ -82,7 +116,7 @@ _CLIENT = r"""
 import json, queue, sys, time
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from forkd.guest.agent import kernel_specs
+from forkd.guest.agent import kernel_r, kernel_specs
 
 language, cwd = sys.argv[1], sys.argv[2]
 specs = KernelSpecManager(kernel_dirs=[kernel_specs.write(cwd + "/.specs")], ensure_native_kernel=False)
@@ -404,12 +438,13 @@ def test_e2b_execute_passes_the_language_on(e2b: tuple[TestClient, _Runtime]) ->
     assert client.post("/execute", json={"code": "echo hi", "language": "bash"}).status_code == 200
     assert client.post("/execute", json={"code": "1", "language": "js"}).status_code == 200
     assert client.post("/execute", json={"code": "1", "context_id": "c1"}).status_code == 200
+    assert client.post("/execute", json={"code": "1", "language": "R"}).status_code == 200
     assert [(kw["language"], kw["context"], kw["cwd"]) for _, kw in rt.calls] == [
-        ("bash", None, None), ("javascript", None, None), (None, "c1", "/srv")]
+        ("bash", None, None), ("javascript", None, None), (None, "c1", "/srv"), ("r", None, None)]
 
 
 @pytest.mark.parametrize(("body", "says"), [
-    ({"code": "1", "language": "r"}, "python, bash, javascript"),
+    ({"code": "1", "language": "java"}, "python, bash, javascript, r"),
     ({"code": "1", "language": "js", "context_id": "c1"}, "Only one of context_id or language"),
 ])
 def test_e2b_refuses_what_it_cannot_run(e2b: tuple[TestClient, _Runtime], body: dict[str, Any],

@@ -846,12 +846,12 @@ export interface components {
         CodeRequest: {
             /**
              * Code
-             * @description The cell, in its kernel's language: Python run by IPython (magics, `!shell`, top-level await, display()), bash, or JavaScript (node; top-level await).
+             * @description The cell, in its kernel's language: Python run by IPython (magics, `!shell`, top-level await, display()), bash, JavaScript (node; top-level await), or R (IRkernel).
              */
             code: string;
             /**
              * Context
-             * @description The kernel to run on; one kernel per context, started on its first cell (default: the language's default context: `default` for python, `default-bash`, `default-javascript`).
+             * @description The kernel to run on; one kernel per context, started on its first cell (default: the language's default context: `default` for python, `default-bash`, `default-javascript`, `default-r`).
              */
             context?: string | null;
             /**
@@ -870,7 +870,7 @@ export interface components {
              * Language
              * @description The kernel's language (`js` is `javascript`); default: the context's, python for a new one. Another language than the context's is a 400.
              */
-            language?: ("python" | "bash" | "javascript" | "js") | null;
+            language?: ("python" | "bash" | "javascript" | "js" | "r") | null;
             /**
              * Timeout
              * @description Seconds the cell may run; then the kernel is interrupted.

@@ -42,17 +42,17 @@ CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DEFAULT_TIMEOUT_SECS = 300.0  # as KernelCells.run's (Runtime.kernels)
 # The kernel languages by every name the guest takes: protocol.KERNEL_LANGUAGES and its aliases,
 # spelt out for the schema (tests/unit/test_kernel_languages.py holds the two together).
-KernelLanguage = Literal["python", "bash", "javascript", "js"]
+KernelLanguage = Literal["python", "bash", "javascript", "js", "r"]
 
 
 class CodeRequest(RequestModel):
     code: str = Field(max_length=16 << 20, description="The cell, in its kernel's language: Python run by "
-                      "IPython (magics, `!shell`, top-level await, display()), bash, or JavaScript (node; "
-                      "top-level await).")
+                      "IPython (magics, `!shell`, top-level await, display()), bash, JavaScript (node; "
+                      "top-level await), or R (IRkernel).")
     context: str | None = Field(None, pattern=CONTEXT_PATTERN,
                                 description="The kernel to run on; one kernel per context, started on "
                                 "its first cell (default: the language's default context: `default` "
-                                "for python, `default-bash`, `default-javascript`).")
+                                "for python, `default-bash`, `default-javascript`, `default-r`).")
     language: KernelLanguage | None = Field(None, description="The kernel's language (`js` is "
                                             "`javascript`); default: the context's, python for a new "
                                             "one. Another language than the context's is a 400.")

@@ -9,8 +9,8 @@ so the next cell runs at once. A cell past its ``timeout_secs`` is interrupted
 by the guest, which then answers its end with ``timed_out``.
 
 Kernels run only on images that have one (``forkd image build --name
-code-interpreter``); ``available`` tells. A cell's ``language`` (python, bash or
-javascript, ``protocol.KERNEL_LANGUAGES``) picks its context's kernel; a guest
+code-interpreter``); ``available`` tells. A cell's ``language`` (python, bash,
+javascript or r, ``protocol.KERNEL_LANGUAGES``) picks its context's kernel; a guest
 agent too old to know it would run bash as Python, so it is refused first
 (``require_agent``). Everything the guest sends is checked for shape and size
 here before anyone sees it: the guest is not trusted.
@@ -170,7 +170,7 @@ class KernelCells:
         if language is not None:
             if language != "python":
                 await self._sandboxes.require_agent(sandbox_id, protocol.LANGUAGE_AGENT_VERSION,
-                                                    "bash and JavaScript kernels")
+                                                    "bash, JavaScript and R kernels")
             args["language"] = language
         if context is not None:
             args["context"] = context

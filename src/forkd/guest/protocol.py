@@ -91,10 +91,11 @@ KERNEL = "kernel"
 # (kernel_language). A run without a context runs on its language's default context
 # (default_context); one without a language on its context's, python for a new one. Agents older
 # than LANGUAGE_AGENT_VERSION ignore "language" (every kernel is IPython's): the host asks first.
-KERNEL_LANGUAGES = ("python", "bash", "javascript")
-KERNEL_LANGUAGE_ALIASES = {"js": "javascript"}  # E2B's SDK sends "js" and "javascript"
+KERNEL_LANGUAGES = ("python", "bash", "javascript", "r")
+# E2B's SDK sends "js" and "javascript" ("r" and "R" are r: names are taken case aside).
+KERNEL_LANGUAGE_ALIASES = {"js": "javascript"}
 LANGUAGE_AGENT_VERSION = 11
-# Where the default bash and JavaScript contexts, and the contexts E2B's interpreter makes without a
+# Where the default bash, JavaScript and R contexts, and the contexts E2B's interpreter makes without a
 # cwd, start: the home of the sandbox's user, as in E2B's sandboxes.
 KERNEL_HOME = "/home/user"
 # Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive, entries?)

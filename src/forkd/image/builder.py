@@ -72,8 +72,10 @@ class NamedRecipe:
 # packages with apt-get on top of the base tree (debootstrap's --include cannot
 # configure a tree this large: python3-zmq fails), then these wheels with pip.
 # ``code-interpreter`` carries IPython's kernel, which the agent's kernel runner
-# (guest/agent/kernel_runner.py) drives, and Node.js for forkd's JavaScript kernel
-# (guest/agent/kernel_js.py; bash is in every image). Its data libraries are
+# (guest/agent/kernel_runner.py) drives, Node.js for forkd's JavaScript kernel
+# (guest/agent/kernel_js.py; bash is in every image), and R with IRkernel, R's
+# Jupyter kernel (Debian's r-base-core without its recommends: no compilers, no
+# r-recommended packages, no HTML docs). Its data libraries are
 # PyPI's wheels, not Debian's: ``e2b-charts`` (the chart data of a matplotlib
 # figure, E2B's ``Result.chart``) needs matplotlib >= 3.10, numpy >= 2.2 and
 # pydantic 2, newer than Debian 12's; pandas comes as a wheel too, as Debian's is
@@ -85,6 +87,8 @@ NAMED_RECIPES: dict[str, NamedRecipe] = {
             "nodejs",
             "python3-ipykernel",
             "python3-jupyter-client",
+            "r-base-core",
+            "r-cran-irkernel",
         ),
         pip=(
             "e2b-charts==1.0.0",

@@ -155,15 +155,15 @@ class CodeRequest(TypedDict, total=False):
 
     code: Required[str]
     """The cell, in its kernel's language: Python run by IPython (magics, `!shell`, top-level await,
-    display()), bash, or JavaScript (node; top-level await).
+    display()), bash, JavaScript (node; top-level await), or R (IRkernel).
     """
 
     context: str | None
     """The kernel to run on; one kernel per context, started on its first cell (default: the language's
-    default context: `default` for python, `default-bash`, `default-javascript`).
+    default context: `default` for python, `default-bash`, `default-javascript`, `default-r`).
     """
 
-    language: Literal["python", "bash", "javascript", "js"] | None
+    language: Literal["python", "bash", "javascript", "js", "r"] | None
     """The kernel's language (`js` is `javascript`); default: the context's, python for a new one.
     Another language than the context's is a 400.
     """

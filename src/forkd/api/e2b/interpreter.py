@@ -10,8 +10,8 @@ nanoseconds), each ``result`` with E2B's fields (``text``, ``html``,
 
 On a sandbox whose image has a Jupyter kernel (the ``code-interpreter``
 image) the cell runs on the context's kernel (``Runtime.kernels.run``): python
-(IPython), bash or javascript (``language``, E2B's names: ``js`` is
-``javascript``; a cell that names a language and no context runs on that
+(IPython), bash, javascript or r (IRkernel) (``language``, E2B's names: ``js``
+is ``javascript``, ``R`` is ``r``; a cell that names a language and no context runs on that
 language's default context, as E2B's does), and its output streams while it
 runs; a client that leaves interrupts it. Elsewhere it runs in PID 1's warm
 interpreter (``Runtime.code.run``: the ``default`` context is the namespace

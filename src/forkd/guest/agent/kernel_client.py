@@ -2,11 +2,12 @@
 
 A helper of the runner, with the runner's needs (the guest's python3 with
 jupyter_client; never imported by the agent). The kernel is IPython's for
-python, one of forkd's wrapper kernels for bash and javascript: their
-kernel.json files are written by the runner on first use into a directory of
-its own (``kernel_specs``). What differs by language is here: IPython gets a
-cell's environment variables and a restored copy's new seed as silent cells of
-Python; forkd's kernels get them as the metadata of a cell (``kernel_wrap``).
+python, one of forkd's wrapper kernels for bash and javascript, IRkernel for r:
+the kernel.json files of the last three are written by the runner on first use
+into a directory of its own (``kernel_specs``). What differs by language is
+here: IPython gets a cell's environment variables and a restored copy's new
+seed as silent cells of Python, IRkernel as silent cells of R (``kernel_r``);
+forkd's kernels get them as the metadata of a cell (``kernel_wrap``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from forkd.guest.agent import kernel_specs
+from forkd.guest.agent import kernel_r, kernel_specs
 
 START_TIMEOUT_SECS = 300.0
 
@@ -140,24 +141,30 @@ class Kernel:
         self._drain_until_idle(self.execute(code, silent=True, **metadata), 30.0)
 
     def env_in(self, env: dict[str, str]) -> dict[str, Any]:
-        """A cell's own environment variables: set in IPython by a silent cell (``env_out`` undoes
-        it); the metadata of the cell itself for forkd's kernels."""
-        if self.language != "python":
+        """A cell's own environment variables: set in IPython and IRkernel by a silent cell
+        (``env_out`` undoes it); the metadata of the cell itself for forkd's kernels."""
+        if self.language not in ("python", "r"):
             return {"forkd_env": env} if env else {}
-        if env:
+        if env and self.language == "r":
+            self.silent(kernel_r.env_in(env))
+        elif env:
             self.silent(f"import os as __forkd_os; __forkd_saved = {{k: __forkd_os.environ.get(k) "
                         f"for k in {list(env)!r}}}; __forkd_os.environ.update({env!r})")
         return {}
 
     def env_out(self, env: dict[str, str]) -> None:
-        if env and self.language == "python":
+        if env and self.language == "r":
+            self.silent(kernel_r.ENV_OUT)
+        elif env and self.language == "python":
             self.silent("[__forkd_os.environ.pop(k, None) if v is None else "
                         "__forkd_os.environ.__setitem__(k, v) for k, v in __forkd_saved.items()]; "
                         "del __forkd_saved")
 
     def restored(self, env: dict[str, str]) -> None:
         seed = os.urandom(16)
-        if self.language != "python":
+        if self.language == "r":
+            self.silent(kernel_r.restored(env, seed))
+        elif self.language != "python":
             self.silent("", forkd_restored={"env": env, "seed": seed.hex()})
         else:
             seed32 = int.from_bytes(seed[:4], "big")

@@ -12,7 +12,8 @@ parts of the agent package that need more than the stdlib
 One kernel per context, started on the context's first cell: IPython's for
 python, forkd's wrapper kernels for bash and javascript (``kernel_specs``;
 their per-cell environment and a restored copy's reseeding travel as cell
-metadata, see ``kernel_wrap``). The kernels, this runner and the ZMQ sockets
+metadata, see ``kernel_wrap``), IRkernel for r (those as silent cells of R,
+``kernel_r``). The kernels, this runner and the ZMQ sockets
 between them all live inside the guest, so a snapshot taken after a cell keeps
 them alive: every child restored from it continues the same kernel session.
 
