@@ -24,6 +24,7 @@ import pytest
 
 from forkd.config import DataDir
 from forkd.image.builder import build_image, recipe_for
+from forkd.sdk import Controller, ExecutionError, Result, Sandbox
 
 from .conftest import images_dir
 from .daemon_fixture import Daemon, new_daemon, shutdown_and_check
@@ -154,6 +155,29 @@ def test_error_has_name_value_and_traceback(http: httpx.Client, sandbox: str) ->
     assert (error["name"], error["value"]) == ("ValueError", "boom")
     plain = re.sub(r"\x1b\[[0-9;]*m", "", error["traceback"])  # IPython colours it
     assert "raise ValueError('boom')" in plain and "f()" in plain, plain
+
+
+def test_sdk_run_code_calls_back_and_types_its_results(daemon: Daemon, sandbox: str) -> None:
+    """``Sandbox.run_code``: the callbacks as the events come, typed results, the PNG, the error."""
+    with Controller(daemon.url, daemon.token) as controller:
+        sb = Sandbox(sandbox_id=sandbox, controller=controller)
+        seen: list[tuple[str, Any]] = []
+        execution = sb.run_code("import sys\nprint(6 * 7)\nprint('w', file=sys.stderr)\n6 * 7",
+                                on_stdout=lambda text: seen.append(("stdout", text)),
+                                on_stderr=lambda text: seen.append(("stderr", text)))
+        assert seen == [("stdout", "42\n"), ("stderr", "w\n")], seen
+        assert execution.logs.stdout == ["42\n"] and execution.text == "42" and execution.error is None
+        results: list[Result] = []
+        figure = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.show()",
+                             on_result=results.append)
+        assert results == figure.results and len(results) == 1, figure
+        assert not results[0].is_main_result and figure.text is None
+        assert base64.b64decode(results[0].png or "")[:8] == b"\x89PNG\r\n\x1a\n"
+        assert results[0].chart and results[0].chart["type"] == "line", results[0].chart
+        errors: list[ExecutionError] = []
+        failed = sb.run_code("1 / 0", on_error=errors.append)
+        assert failed.error is not None and failed.error.name == "ZeroDivisionError", failed
+        assert errors == [failed.error] and "division by zero" in failed.error.value
 
 
 def test_output_streams_before_the_cell_ends(http: httpx.Client, sandbox: str) -> None:

@@ -8,6 +8,8 @@ classes, waiting for a snapshot, sandbox ownership). No daemon, no VM.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import threading
 import time
 from pathlib import Path
@@ -30,6 +32,8 @@ from forkd.sdk import (
     Controller,
     Deletion,
     EvalResult,
+    Execution,
+    ExecutionError,
     ForkdAPIError,
     ForkdConnectionError,
     ForkdTimeoutError,
@@ -879,3 +883,87 @@ def test_twins_concurrently_bounds_the_calls_in_flight() -> None:
     peak = 0
     assert asyncio.run(concurrently(awork, list(range(6)), limit=3)) == list(range(6))
     assert peak == 3
+
+
+# ------------------------------------------------------------------ run_code
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+CELL_EVENTS: list[dict[str, Any]] = [
+    {"type": "stdout", "text": "1\n"},
+    {"type": "stderr", "text": "warn\n"},
+    {"type": "stdout", "text": "2\n"},
+    {"type": "result", "data": {"image/png": PNG, "text/plain": "<Figure>", "e2b/chart": {"type": "line"},
+                                "application/x-other": "x"}, "is_main_result": False},
+    {"type": "result", "data": {"text/plain": "42", "text/html": "<b>42</b>"}, "is_main_result": True},
+    {"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
+     "traceback": "Traceback ...\nZeroDivisionError: division by zero"},
+    {"type": "end", "execution_count": 3, "timed_out": False, "restarted": False},
+]
+CODE_PATH = "/v1/sandboxes/sb-abcdef-0000/code"
+
+
+def ndjson_reply(events: list[dict[str, Any]]) -> httpx.Response:
+    return httpx.Response(200, content="".join(json.dumps(e) + "\n" for e in events).encode(),
+                          headers={"content-type": "application/x-ndjson"})
+
+
+def check_execution(execution: Execution, seen: list[tuple[str, Any]]) -> None:
+    assert execution.logs.stdout == ["1\n", "2\n"] and execution.logs.stderr == ["warn\n"]
+    assert execution.text == "42"
+    figure, main = execution.results
+    assert base64.b64decode(figure.png or "")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert figure.chart == {"type": "line"} and figure.extra == {"application/x-other": "x"}
+    assert not figure.is_main_result and figure.formats() == ["text", "png", "chart", "application/x-other"]
+    assert main.is_main_result and main.html == "<b>42</b>"
+    assert execution.error == ExecutionError("ZeroDivisionError", "division by zero",
+                                             "Traceback ...\nZeroDivisionError: division by zero")
+    assert (execution.execution_count, execution.timed_out, execution.restarted) == (3, False, False)
+    # Each callback, in the stream's order.
+    assert [kind for kind, _ in seen] == ["stdout", "stderr", "stdout", "result", "result", "error"]
+    assert seen[0][1] == "1\n" and seen[3][1] is figure and seen[5][1] is execution.error
+
+
+def callbacks(seen: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {f"on_{kind}": (lambda value, kind=kind: seen.append((kind, value)))
+            for kind in ("stdout", "stderr", "result", "error")}
+
+
+def test_run_code_sync(fake: FakeDaemon) -> None:
+    fake.on("POST", CODE_PATH, ndjson_reply(CELL_EVENTS))
+    seen: list[tuple[str, Any]] = []
+    sb = Sandbox(sandbox_id="sb-abcdef-0000", controller=fake.controller())
+    execution = sb.run_code("print(1)", language="python", timeout=5, env={"A": "1"}, **callbacks(seen))
+    check_execution(execution, seen)
+    # Only the fields set are sent; the route has no read timeout (the cell may run long).
+    assert fake.body() == {"code": "print(1)", "language": "python", "timeout": 5, "env": {"A": "1"}}
+    assert fake.requests[-1].extensions["timeout"]["read"] is None
+    assert Sandbox(sandbox_id="sb-abcdef-0000", controller=fake.controller()).run_code("x").text == "42"
+    assert fake.body() == {"code": "x"}
+
+
+def test_run_code_async(fake: FakeDaemon) -> None:
+    fake.on("POST", CODE_PATH, ndjson_reply(CELL_EVENTS))
+
+    async def main() -> None:
+        seen: list[tuple[str, Any]] = []
+        async with fake.async_controller() as c:
+            sb = AsyncSandbox(sandbox_id="sb-abcdef-0000", controller=c)
+            check_execution(await sb.run_code("print(1)", context="ctx", **callbacks(seen)), seen)
+            assert fake.body() == {"code": "print(1)", "context": "ctx"}
+            events = [e async for e in c.code_stream("sb-abcdef-0000", "print(1)")]
+            assert [e["type"] for e in events] == [e["type"] for e in CELL_EVENTS]
+
+    asyncio.run(main())
+
+
+def test_run_code_errors(fake: FakeDaemon) -> None:
+    sb = Sandbox(sandbox_id="sb-abcdef-0000", controller=fake.controller())
+    fake.on("POST", CODE_PATH, httpx.Response(409, json={"error": "sandbox has no Jupyter kernel"}))
+    with pytest.raises(ConflictError, match="no Jupyter kernel"):
+        sb.run_code("1")
+    fake.routes.clear()
+    refused = {"type": "end", "execution_count": None, "timed_out": False, "restarted": False,
+               "error": "context 'default-bash' runs bash, not python"}
+    fake.on("POST", CODE_PATH, ndjson_reply([refused]))
+    with pytest.raises(ServerError, match="runs bash"):
+        sb.run_code("1")

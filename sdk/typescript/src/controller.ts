@@ -11,11 +11,13 @@ import type { ReadableStream as NodeReadableStream } from "node:stream/web";
 
 import { ForkdTimeoutError, NotFoundError, SnapshotFailedError } from "./errors.js";
 import { type Call, type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
-import { ProcessEventStream } from "./stream.js";
+import { CodeEventStream, ProcessEventStream } from "./stream.js";
 import { Terminal, type TerminalOptions } from "./terminal.js";
 import type {
   BranchOptions,
   CancelEvalResponse,
+  CodeOptions,
+  CodeRequest,
   EvalOptions,
   EvalRequest,
   ExecStreamOptions,
@@ -410,6 +412,31 @@ export class Controller {
       encoding: options.encoding === "base64" ? "base64" : undefined,
     });
     return this.#stream({ method: "POST", path: `/v1/sandboxes/${seg(id)}/exec/stream`, json: body });
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/code`: run a cell on one of the sandbox's
+   * Jupyter kernels and stream its events as it runs. Resolves once the daemon
+   * has answered (a sandbox without a kernel rejects with a `ConflictError`);
+   * then `for await (const ev of stream)` yields `stdout`/`stderr` (`text`),
+   * `result` (`data`: the MIME bundle, `is_main_result`), `error` (the cell
+   * raised: `name`, `value`, `traceback`), last `end`. Leaving the loop early
+   * (or `stream.close()`) interrupts the cell. `Sandbox.runCode` folds these
+   * into an `Execution`.
+   */
+  async codeStream(id: string, code: string, options: CodeOptions = {}): Promise<CodeEventStream> {
+    const body: CodeRequest = defined({
+      code,
+      language: options.language,
+      context: options.context,
+      timeout: options.timeoutSecs,
+      env: options.env,
+      cwd: options.cwd,
+    });
+    const abort = new AbortController();
+    const call: Call = { method: "POST", path: `/v1/sandboxes/${seg(id)}/code`, json: body };
+    const response = await this.#http.send({ ...call, wait: "unbounded", signal: abort.signal });
+    return new CodeEventStream(response.body, abort, `${call.method} ${call.path}`);
   }
 
   /**

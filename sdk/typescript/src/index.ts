@@ -12,7 +12,8 @@
 
 export { Controller, commandArgs, signalName, snapshotIsReady } from "./controller.js";
 export { CommandHandle, Commands, type OutputCallbacks, type OutputChunk } from "./commands.js";
-export { ProcessEventStream } from "./stream.js";
+export { CodeEventStream, EventStream, ProcessEventStream } from "./stream.js";
+export { Execution, Result, type ExecutionCallbacks, type ExecutionError, type Logs } from "./execution.js";
 export { TERMINAL_PROTOCOL, Terminal, type TerminalOptions, type WebSocketConstructor } from "./terminal.js";
 export { DEFAULT_URL, type ClientOptions } from "./http.js";
 export * from "./errors.js";
@@ -23,6 +24,7 @@ export {
   type ExploreOutcome,
   type ExploreResult,
   type ForkResult,
+  type RunCodeOptions,
   type SandboxCreateOptions,
 } from "./sandbox.js";
 export type { components, paths } from "./schema.js";

@@ -17,12 +17,14 @@
 import { Commands } from "./commands.js";
 import { Controller } from "./controller.js";
 import { ExploreError, ForkdError, NotFoundError } from "./errors.js";
+import { Execution, type ExecutionCallbacks } from "./execution.js";
 import type { Terminal, TerminalOptions } from "./terminal.js";
 import type {
   BranchOptions,
   ChildOptions,
   CheckpointList,
   CheckpointOptions,
+  CodeOptions,
   EvalOptions,
   EvalResponse,
   FileData,
@@ -46,6 +48,9 @@ function defaultController(): Controller {
   shared ??= new Controller();
   return shared;
 }
+
+/** Options of `Sandbox.runCode`: where the cell runs, and its callbacks. */
+export interface RunCodeOptions extends CodeOptions, ExecutionCallbacks {}
 
 /** Options of `Sandbox.create` (and `Snapshot.fork`, without the controller). */
 export interface SandboxCreateOptions extends Omit<ChildOptions, "childEnv"> {
@@ -255,6 +260,28 @@ export class Sandbox {
    */
   eval(code: string, options: EvalOptions = {}): Promise<EvalResponse> {
     return this.controller.eval(this.id, code, options);
+  }
+
+  /**
+   * Run a cell on one of this sandbox's Jupyter kernels (a snapshot of the
+   * `code-interpreter` image; else a `ConflictError`) → its {@link Execution}.
+   * `language`: `python`, `bash`, `javascript` (`js`) or `r` (default: the
+   * context's, python for a new one); `context`: the kernel (default: the
+   * language's); `timeoutSecs`: interrupt the kernel after that long (daemon
+   * default 300); `env`: for this cell only. The callbacks are called in the
+   * kernel's order as the events arrive (a returned promise is awaited). A
+   * cell that raises resolves, with `error` set.
+   */
+  async runCode(code: string, options: RunCodeOptions = {}): Promise<Execution> {
+    const { onStdout, onStderr, onResult, onError, ...codeOptions } = options;
+    const execution = new Execution();
+    const stream = await this.controller.codeStream(this.id, code, codeOptions);
+    try {
+      for await (const event of stream) await execution.add(event, { onStdout, onStderr, onResult, onError });
+    } finally {
+      stream.close();
+    }
+    return execution;
   }
 
   /** Interrupt the eval running in this sandbox (it answers `CancelledError`); false if none was running. */

@@ -50,6 +50,9 @@ export type ProcessStartRequest = Schemas["ProcessStartRequest"];
 export type StdinRequest = Schemas["StdinRequest"];
 export type SignalRequest = Schemas["SignalRequest"];
 export type NetworkUpdateRequest = Schemas["NetworkUpdateRequest"];
+export type CodeRequest = Schemas["CodeRequest"];
+/** A kernel's language, by every name the daemon takes (`js` is `javascript`). */
+export type KernelLanguage = NonNullable<CodeRequest["language"]>;
 
 /** The signals a process may be sent, by name. */
 export type SignalName = SignalRequest["signal"];
@@ -235,6 +238,53 @@ export interface ExitEvent {
 
 /** One line of a process stream (NDJSON); see docs/API.md "Processes in a sandbox". */
 export type ProcessEvent = StartEvent | OutputEvent | DroppedEvent | ExitEvent;
+
+/** `POST /v1/sandboxes/{id}/code`: where and how a cell runs. */
+export interface CodeOptions {
+  /** `python`, `bash`, `javascript` (or `js`), `r`; default: the context's (python for a new one). */
+  language?: KernelLanguage;
+  /** The kernel to run on, one per context (default: the language's default context). */
+  context?: string;
+  /** Interrupt the kernel after this many seconds (daemon default 300). */
+  timeoutSecs?: number;
+  /** Environment variables for this cell only. */
+  env?: Env;
+  /** The kernel's working directory when the context's kernel starts. */
+  cwd?: string;
+}
+
+/** What the cell wrote. */
+export interface CodeOutputEvent {
+  type: "stdout" | "stderr";
+  text: string;
+}
+
+/** The cell's value (`is_main_result`), or a `display()`/figure: its MIME bundle. */
+export interface CodeResultEvent {
+  type: "result";
+  data: Record<string, unknown>;
+  is_main_result: boolean;
+}
+
+/** The cell raised (an event of the cell, not a broken stream). */
+export interface CodeErrorEvent {
+  type: "error";
+  name: string;
+  value: string;
+  traceback: string;
+}
+
+/** The last event; an `error` means the stream broke (or the guest refused the cell). */
+export interface CodeEndEvent {
+  type: "end";
+  execution_count: number | null;
+  timed_out: boolean;
+  restarted: boolean;
+  error?: string;
+}
+
+/** One line of a cell's stream (NDJSON); see docs/API.md "Code on a Jupyter kernel". */
+export type CodeEvent = CodeOutputEvent | CodeResultEvent | CodeErrorEvent | CodeEndEvent;
 
 /** Called with each piece of output text; a returned promise is awaited before the next. */
 export type OutputCallback = (data: string) => void | Promise<void>;

@@ -1,6 +1,7 @@
 // Processes, evals and networking through the SDK, against a real daemon with real VMs
 // (FORKD_URL, FORKD_TOKEN; the snapshot FORKD_TEST_TAG, default "pyagent", and
-// FORKD_TEST_NET_TAG, a snapshot made with a NIC). One sandbox serves the process
+// FORKD_TEST_NET_TAG, a snapshot made with a NIC; FORKD_TEST_CODE_TAG, a snapshot of the
+// code-interpreter image, for the cells on a Jupyter kernel). One sandbox serves the process
 // tests; every test kills what it made.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -11,13 +12,16 @@ import {
   ConflictError,
   Controller,
   NotFoundError,
+  Result,
   Sandbox,
   signalName,
+  type ExecutionError,
   type ProcessEvent,
 } from "@deeplethe/forkd";
 
 const TAG = process.env.FORKD_TEST_TAG ?? "pyagent";
 const NET_TAG = process.env.FORKD_TEST_NET_TAG;
+const CODE_TAG = process.env.FORKD_TEST_CODE_TAG;
 const ctrl = new Controller();
 let sb: Sandbox;
 
@@ -210,6 +214,45 @@ describe("networking", () => {
       await net.close();
     }
   });
+});
+
+describe("code cells", () => {
+  test("runCode on a sandbox without a Jupyter kernel (the default image) rejects with a ConflictError",
+    { skip: TAG !== "pyagent" && "FORKD_TEST_TAG is not the default image" }, async () => {
+      await assert.rejects(sb.runCode("print(6*7)\n6*7"), (err: unknown) =>
+        err instanceof ConflictError && /no Jupyter kernel/.test(err.message));
+    });
+
+  test("runCode: stdout and text as callbacks and fields, a PNG result, an error's name",
+    { skip: !CODE_TAG && "set FORKD_TEST_CODE_TAG to a snapshot of the code-interpreter image" }, async () => {
+      const cells = await Sandbox.create(CODE_TAG!, { controller: ctrl });
+      try {
+        const out: string[] = [];
+        const execution = await cells.runCode("print(6*7)\n6*7", { onStdout: (text) => { out.push(text); } });
+        assert.deepEqual(out, ["42\n"]);
+        assert.deepEqual(execution.logs, { stdout: ["42\n"], stderr: [] });
+        assert.equal(execution.text, "42");
+        assert.equal(execution.error, undefined);
+        const results: Result[] = [];
+        const figure = await cells.runCode(
+          "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.show()",
+          { onResult: (r) => { results.push(r); } });
+        assert.equal(results.length, 1);
+        assert.equal(figure.results[0], results[0]);
+        assert.equal(results[0].isMainResult, false);
+        assert.deepEqual([...Buffer.from(results[0].png ?? "", "base64").subarray(0, 8)],
+          [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+        const errors: ExecutionError[] = [];
+        const failed = await cells.runCode("1 / 0", { onError: (e) => { errors.push(e); } });
+        assert.equal(failed.error?.name, "ZeroDivisionError");
+        assert.deepEqual(errors, [failed.error]);
+        // Another language's kernel, by name.
+        const bash = await cells.runCode("echo hi-$((6*7))", { language: "bash" });
+        assert.deepEqual(bash.logs.stdout.join(""), "hi-42\n");
+      } finally {
+        await cells.close();
+      }
+    });
 });
 
 describe("terminal", () => {

@@ -41,6 +41,7 @@ from forkd.sdk.errors import (
     SnapshotFailedError,
     Unauthorized,
 )
+from forkd.sdk.execution import Execution, ExecutionError, Logs, Result
 from forkd.sdk.guest import Commands, Files
 from forkd.sdk.sandbox import Sandbox
 from forkd.sdk.snapshot import Snapshot
@@ -76,6 +77,8 @@ __all__ = [
     "Controller",
     "Deletion",
     "EvalResult",
+    "Execution",
+    "ExecutionError",
     "ExploreError",
     "ExploreResult",
     "Files",
@@ -84,9 +87,11 @@ __all__ = [
     "ForkdAPIError",
     "ForkdConnectionError",
     "ForkdTimeoutError",
+    "Logs",
     "NotFoundError",
     "Outcome",
     "PromoteResult",
+    "Result",
     "Sandbox",
     "SandboxInfo",
     "ServerError",

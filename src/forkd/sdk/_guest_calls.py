@@ -6,12 +6,13 @@ from __future__ import annotations
 import base64
 import signal as signals
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from forkd.sdk._build import command_args
 from forkd.sdk._build import put as _put
 from forkd.sdk._build import seg as _seg
 from forkd.sdk._http import Call
+from forkd.sdk.models import CodeRequest
 
 # --------------------------------------------------------------- processes
 
@@ -41,6 +42,17 @@ def exec_stream(
         body["encoding"] = encoding
     # The stream lasts as long as the process: no read timeout between its lines.
     return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/exec/stream", json=body, read_timeout=None)
+
+
+def code(
+    sandbox_id: str, code: str, *, language: str | None, context: str | None, timeout: float | None,
+    env: Mapping[str, str] | None, cwd: str | None,
+) -> Call:
+    body = cast(CodeRequest, _put({"code": code}, language=language, context=context, timeout=timeout,
+                                  env=dict(env) if env is not None else None, cwd=cwd))
+    # The stream lasts as long as the cell; its error events are the cell's exceptions.
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/code", json=body, read_timeout=None,
+                error_events=True)
 
 
 def start_process(

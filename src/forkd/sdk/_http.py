@@ -51,6 +51,8 @@ class Call:
     client's, ``None`` waits as long as the daemon takes (snapshot builds, spawns
     and branches legitimately take minutes under TCG; the daemon bounds an eval
     itself, see :func:`forkd.sdk._calls.eval_`), a number waits that many seconds.
+    ``error_events``: in an NDJSON answer, an ``{"type": "error"}`` line is an event
+    like any other (a cell's exception, ``/code``) rather than the stream breaking.
     """
 
     method: str
@@ -60,6 +62,7 @@ class Call:
     params: Mapping[str, str | list[str]] = field(default_factory=dict)
     read_timeout: float | Default | None = "default"
     expect: Literal["json", "text"] = "json"
+    error_events: bool = False
 
 
 def resolve_url(url: str | None) -> str:
@@ -161,7 +164,8 @@ def parse_response(call: Call, response: httpx.Response) -> Any:
 
 
 def stream_event(call: Call, line: str) -> dict[str, Any]:
-    """One line of an NDJSON stream; an ``error`` event (the stream broke) raises."""
+    """One line of an NDJSON stream; an ``error`` event (the stream broke) raises, unless the call
+    has ``error_events`` (then it is returned as any other event)."""
     try:
         event = json.loads(line)
     except ValueError:
@@ -169,7 +173,7 @@ def stream_event(call: Call, line: str) -> dict[str, Any]:
                                f"{line[:200]!r}") from None
     if not isinstance(event, dict):
         raise ServerError(502, f"daemon sent a non-object line in {call.method} {call.path}")
-    if event.get("type") == "error":
+    if event.get("type") == "error" and not call.error_events:
         raise ServerError(502, str(event.get("error")))
     return event
 

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
@@ -32,6 +33,7 @@ from forkd.sdk.explore import explore_tree
 from forkd.sdk.guest import CommandHandle, Commands, Files
 from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
+from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
 from forkd.sdk.models import PingResponse, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
@@ -227,6 +229,40 @@ class Sandbox:
 
         ``timeout``: interrupt it after this many seconds (default: the daemon's 60 s)."""
         return EvalResult.from_json(self.controller.eval(self.id, code, timeout=timeout))
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        context: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: OnText | None = None,
+        on_stderr: OnText | None = None,
+        on_result: OnResult | None = None,
+        on_error: OnError | None = None,
+    ) -> Execution:
+        """Run a cell on one of this sandbox's Jupyter kernels (a snapshot of the ``code-interpreter``
+        image; else :class:`~forkd.sdk.errors.ConflictError`) → its :class:`Execution`.
+
+        ``language``: ``python``, ``bash``, ``javascript`` (``js``) or ``r``; None: the context's
+        (python for a new one). ``context``: the kernel, one per context (None: the language's
+        default). ``timeout``: seconds before the kernel is interrupted (None: the daemon's 300).
+        ``env``: environment for this cell only. The callbacks are called, in the kernel's order,
+        as the events arrive: ``on_stdout``/``on_stderr`` with each piece of text, ``on_result``
+        with each :class:`~forkd.sdk.execution.Result`, ``on_error`` with the
+        :class:`~forkd.sdk.execution.ExecutionError`. A cell that raises returns normally, with
+        ``error`` set.
+        """
+        execution = Execution()
+        callbacks = Callbacks(on_stdout, on_stderr, on_result, on_error)
+        events = self.controller.code_stream(self.id, code, language=language, context=context,
+                                             timeout=timeout, env=env)
+        with contextlib.closing(events):
+            for event in events:
+                execution.add(event, callbacks)
+        return execution
 
     def cancel_eval(self) -> bool:
         """Interrupt the eval running in this sandbox (it answers ``CancelledError``);

@@ -54,6 +54,32 @@ class ProcessRoutes(Transport):
             sandbox_id, args, timeout_secs=timeout_secs, env=env, cwd=cwd, stdin=stdin,
             stdin_open=stdin_open, tag=tag, encoding=encoding, user=user))
 
+    def code_stream(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        language: str | None = None,
+        context: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> collections.abc.Generator[JSONDict, None, None]:
+        """``POST /v1/sandboxes/{id}/code``: run a cell on a Jupyter kernel and stream its events.
+
+        Yields ``{"type": "stdout"|"stderr", "text"}`` as the cell writes, ``{"type": "result",
+        "data": {MIME: value}, "is_main_result"}``, ``{"type": "error", "name", "value",
+        "traceback"}`` if it raised (an event here, not a broken stream), and last ``{"type":
+        "end", "execution_count", "timed_out", "restarted"}`` (with ``error`` if the stream
+        broke). ``language``: ``python``, ``bash``, ``javascript`` (``js``), ``r``; None: the
+        context's. ``context``: the kernel (None: the language's default). ``timeout``: seconds
+        before the kernel is interrupted (None: the daemon's 300). Leaving the iteration early
+        interrupts the cell. :meth:`~forkd.sdk.sandbox.Sandbox.run_code` folds these
+        into an :class:`~forkd.sdk.execution.Execution`.
+        """
+        return self._stream(_guest_calls.code(sandbox_id, code, language=language, context=context,
+                                              timeout=timeout, env=env, cwd=cwd))
+
     def start_process(
         self,
         sandbox_id: str,
