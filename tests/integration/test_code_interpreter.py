@@ -27,7 +27,8 @@ from forkd.image.builder import build_image, recipe_for
 from forkd.sdk import Controller, ExecutionError, Result, Sandbox
 
 from .conftest import images_dir
-from .daemon_fixture import Daemon, new_daemon, shutdown_and_check
+from .daemon_fixture import FORKD, Daemon, new_daemon, shutdown_and_check
+from .test_ways_in import BROWSER_TEST, CHROMIUM, distinct_colours, png_pixels
 
 pytestmark = pytest.mark.vm
 
@@ -327,3 +328,63 @@ def test_e2b_code_interpreter_sdk_runs_unchanged(daemon: Daemon) -> None:
         f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
     with daemon.client() as http:
         assert http.get("/v1/sandboxes").json() == []
+
+
+PLOT = ("import matplotlib.pyplot as plt\nprint('forkd-' + str(6 * 7))\n"
+        "plt.plot([1, 2, 3], [4, 1, 9], color='tab:red')\nplt.title('t')\nplt.show()")
+
+
+def forkd_env(daemon: Daemon) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    return env | {"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
+
+
+def test_mcp_run_code_over_stdio_returns_the_plot_as_an_image(daemon: Daemon, sandbox: str) -> None:
+    """An MCP client starts `forkd mcp` and calls run_code: the print comes back as text, the
+    matplotlib figure as an image block, and a raised exception as its name and value."""
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    params = StdioServerParameters(command=str(FORKD), args=["mcp"], env=forkd_env(daemon))
+
+    async def run() -> tuple[Any, Any]:
+        async with Client(params) as client:
+            plot = await client.call_tool("run_code", {"sandbox_id": sandbox, "code": PLOT})
+            failing = await client.call_tool("run_code", {"sandbox_id": sandbox, "code": "1 / 0"})
+            return plot, failing
+
+    plot, failing = asyncio.run(asyncio.wait_for(run(), 600))
+    assert not plot.is_error, plot.content
+    texts = [b.text for b in plot.content if b.type == "text"]
+    images = [b for b in plot.content if b.type == "image"]
+    assert any("forkd-42" in t for t in texts), texts
+    assert len(images) == 1 and images[0].mime_type == "image/png", plot.content
+    png = base64.b64decode(images[0].data)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.structured_content["stdout"] == "forkd-42\n" and plot.structured_content["images"] == 1
+    assert "ZeroDivisionError" in failing.content[0].text, failing.content
+    assert failing.structured_content["error"]["name"] == "ZeroDivisionError"
+
+
+def test_a_cell_in_the_web_console_shows_its_print_and_its_plot(daemon: Daemon, sandbox: str,
+                                                                 tmp_path: Path) -> None:
+    """The console's Code panel in headless Chromium: a matplotlib cell's print as text and its
+    figure as a loaded PNG <img>; the token never in a URL."""
+    assert CHROMIUM.exists(), "chromium is not installed; scripts/install-deps.sh installs it"
+    env = forkd_env(daemon) | {"OUT_DIR": str(tmp_path), "SANDBOX": sandbox, "CHROMIUM": str(CHROMIUM)}
+    started = time.monotonic()
+    out = subprocess.run(["node", "cell.mjs"], cwd=BROWSER_TEST, env=env, capture_output=True, text=True,
+                         timeout=300)
+    print(f"\nheadless chromium code cell: {time.monotonic() - started:.1f} s")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-8000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "forkd-42" in seen["stdout"] and seen["status"].startswith("done"), seen
+    assert seen["image"]["naturalWidth"] > 100 and seen["image"]["naturalHeight"] > 100, seen["image"]
+    assert seen["image"]["src"].startswith("data:image/png;base64,") and not seen["tokenInUrl"]
+    errors = [line for line in seen["console"] if line.startswith("error") and "status of 401" not in line]
+    assert not errors, seen["console"]
+    width, height, _ = png_pixels(tmp_path / "cell.png")
+    assert width >= 300 and height >= 300
+    assert distinct_colours(tmp_path / "cell.png") > 4  # the plot's red line among the page's greys

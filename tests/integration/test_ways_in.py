@@ -150,7 +150,7 @@ MCP_TOOLS = {
     "spawn_sandboxes", "list_sandboxes", "kill_sandbox", "exec_command", "eval_python",
     "read_file", "write_file", "list_files", "branch_sandbox", "fork_sandbox", "fork_tree",
     "promote_sandbox", "start_process", "read_process_output", "send_process_input", "list_processes",
-    "kill_process", "cancel_eval",
+    "kill_process", "cancel_eval", "run_code",
 }
 
 

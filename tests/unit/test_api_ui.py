@@ -26,6 +26,7 @@ def client(tmp_path: Path) -> TestClient:
     ("/ui", "text/html"), ("/ui/", "text/html"), ("/ui/index.html", "text/html"),
     ("/ui/app.js", "text/javascript"), ("/ui/api.js", "text/javascript"),
     ("/ui/lineage.js", "text/javascript"), ("/ui/metrics.js", "text/javascript"),
+    ("/ui/cell.js", "text/javascript"),
     ("/ui/style.css", "text/css"),
 ])
 def test_console_files_need_no_token(client: TestClient, path: str, kind: str) -> None:
@@ -44,7 +45,7 @@ def test_the_page_loads_only_its_own_module_and_keeps_the_token_out_of_urls(clie
     assert "<script>" not in html and "style=" not in html  # nothing inline: the CSP forbids it
     api = client.get("/ui/api.js").text
     assert "sessionStorage" in api and "Authorization" in api and 'credentials: "omit"' in api
-    for name in ("app.js", "lineage.js", "metrics.js", "api.js"):
+    for name in ("app.js", "lineage.js", "metrics.js", "api.js", "cell.js", "terminal.js"):
         assert "innerHTML" not in client.get(f"/ui/{name}").text, name
 
 

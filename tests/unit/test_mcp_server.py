@@ -27,7 +27,7 @@ EXPECTED_TOOLS = {
     "list_sandboxes", "kill_sandbox", "exec_command", "eval_python", "read_file", "write_file",
     "list_files", "branch_sandbox", "fork_sandbox", "fork_tree", "promote_sandbox",
     "start_process", "read_process_output", "send_process_input", "list_processes", "kill_process",
-    "cancel_eval",
+    "cancel_eval", "run_code",
 }
 
 
@@ -333,3 +333,25 @@ def test_spawn_sends_egress_and_eval_its_timeout(fake: FakeDaemon) -> None:
         "snapshot_tag": "net", "n": 1, "allow_internet_access": True,
         "network": {"allow_out": [], "deny_out": ["192.0.2.0/24"]}}]
     assert fake.bodies("POST", f"/v1/sandboxes/{SB}/eval") == [{"code": "1", "timeout_secs": 5}]
+
+
+def test_run_code_returns_the_cells_text_and_each_png_as_an_image_block(fake: FakeDaemon) -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
+    events = [
+        {"type": "stdout", "text": "hello\n"},
+        {"type": "result", "data": {"image/png": png, "text/plain": "<Figure>"}, "is_main_result": False},
+        {"type": "result", "data": {"text/plain": "42"}, "is_main_result": True},
+        {"type": "error", "name": "ValueError", "value": "bad", "traceback": ["Tb", "ValueError: bad"]},
+        {"type": "end", "execution_count": 3, "timed_out": False, "restarted": False},
+    ]
+    ndjson = "".join(json.dumps(e) + "\n" for e in events)
+    fake.on("POST", f"/v1/sandboxes/{SB}/code",
+            httpx.Response(200, text=ndjson, headers={"content-type": "application/x-ndjson"}))
+    result = run(fake, lambda c: c.call_tool("run_code", {"sandbox_id": SB, "code": "x", "timeout_secs": 9}))
+    assert not result.is_error
+    assert fake.body() == {"code": "x", "language": "python", "timeout": 9}
+    text, image = result.content
+    assert "hello" in text.text and "42" in text.text and "ValueError: bad" in text.text
+    assert image.type == "image" and image.mime_type == "image/png" and image.data == png
+    assert result.structured_content["error"]["name"] == "ValueError"
+    assert result.structured_content["text"] == "42" and result.structured_content["images"] == 1

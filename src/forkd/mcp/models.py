@@ -53,3 +53,24 @@ class ProcessOutput(BaseModel):
                                   "signal; 124: its timeout_secs passed).")
     timed_out: bool = Field(False, description="True if it was killed because its timeout_secs passed.")
     error: str | None = Field(None, description="Why it failed, when the sandbox says.")
+
+
+class CellError(BaseModel):
+    name: str = Field(description="The exception's class, e.g. 'ZeroDivisionError'.")
+    value: str = Field(description="Its message.")
+    traceback: list[str] = Field(description="The traceback, a line each (may carry ANSI colours).")
+
+
+class CellOutput(BaseModel):
+    """What a cell on a Jupyter kernel wrote and returned; its images are the tool result's image blocks."""
+
+    stdout: str = Field(description="What it printed.")
+    stderr: str = Field(description="What it wrote to standard error.")
+    text: str | None = Field(None, description="The main result's text/plain (the value of a trailing "
+                             "expression), if any.")
+    results: list[str] = Field(default_factory=list, description="The text/plain of every result, main "
+                               "or displayed (a plot's is e.g. '<Figure size 640x480 with 1 Axes>').")
+    images: int = Field(0, description="How many PNG images it displayed (each an image block).")
+    error: CellError | None = Field(None, description="The exception the cell raised, if it did.")
+    execution_count: int | None = Field(None, description="The kernel's execution count for this cell.")
+    timed_out: bool = Field(False, description="True if its timeout passed and the kernel was interrupted.")

@@ -32,6 +32,7 @@ from forkd.api.schemas import (
     SnapshotInfo,
 )
 from forkd.config import VERSION
+from forkd.mcp.cells import code_tools
 from forkd.mcp.models import Deleted, FileContent, SandboxList, SnapshotList
 from forkd.mcp.processes import process_tools
 from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
@@ -48,7 +49,8 @@ INSTRUCTIONS = """\
 forkd runs sandboxes: QEMU microVMs forked copy-on-write from snapshots of a warm
 VM (Python with numpy already imported). Typical flow: list_snapshots (or
 create_snapshot once), spawn_sandboxes, then exec_command / eval_python /
-read_file / write_file in a sandbox. For anything that runs long (a server, a
+read_file / write_file in a sandbox (run_code for notebook cells with plots, on
+images with a Jupyter kernel). For anything that runs long (a server, a
 build, training), start_process, then read_process_output / send_process_input /
 kill_process. Sandboxes reach no network unless their snapshot has a NIC and
 spawn_sandboxes opens egress. To try several ideas from one state, use
@@ -135,6 +137,7 @@ def build_server(
     _file_tools(server)
     _fork_tools(server)
     process_tools(server)
+    code_tools(server)
     return server
 
 

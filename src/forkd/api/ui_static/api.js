@@ -16,8 +16,7 @@ export const token = {
   clear: () => sessionStorage.removeItem(KEY),
 };
 
-/** One call; resolves to the JSON (or text) answer, rejects with ApiError(status, the daemon's message). */
-export async function api(method, path, body, { text = false } = {}) {
+async function send(method, path, body) {
   const headers = { Authorization: `Bearer ${token.get() ?? ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
@@ -36,6 +35,27 @@ export async function api(method, path, body, { text = false } = {}) {
     }
     throw new ApiError(response.status, message);
   }
+  return response;
+}
+
+/** One call; resolves to the JSON (or text) answer, rejects with ApiError(status, the daemon's message). */
+export async function api(method, path, body, { text = false } = {}) {
+  const response = await send(method, path, body);
   if (response.status === 204) return null;
   return text ? response.text() : response.json();
+}
+
+/** A call answered with NDJSON: `onEvent` gets each line's object as it arrives; resolves at the end. */
+export async function stream(method, path, body, onEvent) {
+  const reader = (await send(method, path, body)).body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    pending += value;
+    const lines = pending.split("\n");
+    pending = lines.pop();
+    for (const line of lines) if (line.trim()) onEvent(JSON.parse(line));
+  }
+  if (pending.trim()) onEvent(JSON.parse(pending));
 }

@@ -1,10 +1,12 @@
 // The console: sign in, then every 2 s read snapshots, sandboxes, pools and
-// /metrics and redraw; the buttons call the same REST API (fork N, branch, kill).
+// /metrics and redraw; the buttons call the same REST API (fork N, branch, kill), open a terminal
+// or a code cell.
 // Everything is built with DOM calls and textContent, never parsed as HTML.
 
 import { ApiError, api, token } from "./api.js";
 import { drawLineage } from "./lineage.js";
 import { histogram, parseMetrics } from "./metrics.js";
+import { closeCell, openCell, runCell } from "./cell.js";
 import { closeTerminal, openTerminal } from "./terminal.js";
 
 const $ = (id) => document.getElementById(id);
@@ -132,6 +134,7 @@ function renderSandboxes(sandboxes) {
         h("button", { type: "button", class: "terminal",
           onclick: () => act(`terminal on ${sb.id}`, () => openTerminal(sb.id)) },
           "Terminal"),
+        h("button", { type: "button", class: "code", onclick: () => openCell(sb.id) }, "Code"),
         h("button", { type: "button", class: "kill danger",
           onclick: () => act(`kill of ${sb.id}`, () => api("DELETE", `/v1/sandboxes/${sb.id}`)) },
           "Kill")));
@@ -219,5 +222,7 @@ async function signIn(event) {
 $("login-form").addEventListener("submit", signIn);
 $("logout").addEventListener("click", () => signOut());
 $("terminal-close").addEventListener("click", () => closeTerminal());
+$("cell-close").addEventListener("click", () => closeCell());
+$("cell-form").addEventListener("submit", (event) => { event.preventDefault(); runCell(); });
 show(Boolean(token.get()));
 refresh();

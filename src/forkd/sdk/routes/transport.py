@@ -99,10 +99,12 @@ class Transport:
                 progress(done)
             yield chunk
 
-    def _stream(self, call: Call) -> collections.abc.Generator[JSONDict, None, None]:
-        """An NDJSON response, one event at a time, as the daemon writes them.
+    def _stream(
+        self, call: Call, parse: collections.abc.Callable[[Call, str], JSONDict] = stream_event
+    ) -> collections.abc.Generator[JSONDict, None, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them, each read by ``parse``.
 
-        An ``{"type": "error"}`` line (the stream broke after it had begun)
+        By default an ``{"type": "error"}`` line (the stream broke after it had begun)
         raises :class:`~forkd.sdk.errors.ServerError`.
         """
         try:
@@ -115,6 +117,6 @@ class Transport:
                     parse_response(call, response)  # raises the mapped error
                 for line in response.iter_lines():
                     if line.strip():
-                        yield stream_event(call, line)
+                        yield parse(call, line)
         except httpx.HTTPError as exc:
             raise translate(exc, self.url, call) from exc
