@@ -90,7 +90,7 @@ def code_tools(server: MCPServer[AsyncController]) -> None:
         pandas); for a quick Python expression in the plain interpreter, eval_python."""
 
         async def cell(c: AsyncController) -> list[dict[str, Any]]:
-            return [dict(e) async for e in c.code_cell(
+            return [dict(e) async for e in c.code_stream(
                 sandbox_id, code, language=language, context=context, timeout=timeout_secs)]
 
         out, pngs = fold(await call(ctx, cell))

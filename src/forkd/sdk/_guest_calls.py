@@ -80,12 +80,6 @@ def stream_process(sandbox_id: str, pid: int, *, from_start: bool, encoding: str
     return Call("GET", _processes(sandbox_id, f"/{int(pid)}/stream"), params=params, read_timeout=None)
 
 
-def code_cell(sandbox_id: str, code: str, *, language: str | None, context: str | None,
-              timeout: float | None) -> Call:
-    body = _put({"code": code}, language=language, context=context, timeout=timeout)
-    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/code", json=body, read_timeout=None)
-
-
 def send_stdin(sandbox_id: str, pid: int, data: str | bytes, *, eof: bool) -> Call:
     if isinstance(data, str):
         body: dict[str, Any] = {"data": data}

@@ -178,18 +178,6 @@ def stream_event(call: Call, line: str) -> dict[str, Any]:
     return event
 
 
-def cell_event(call: Call, line: str) -> dict[str, Any]:
-    """One line of a code cell's NDJSON stream: an ``error`` event is the cell's exception, not a break."""
-    try:
-        event = json.loads(line)
-    except ValueError:
-        raise ServerError(502, f"daemon sent a non-JSON line in {call.method} {call.path}: "
-                               f"{line[:200]!r}") from None
-    if not isinstance(event, dict):
-        raise ServerError(502, f"daemon sent a non-object line in {call.method} {call.path}")
-    return event
-
-
 def translate(exc: httpx.HTTPError, url: str, call: Call) -> ForkdError:
     """Turn an httpx transport failure into the SDK's exceptions."""
     if isinstance(exc, httpx.ConnectTimeout):

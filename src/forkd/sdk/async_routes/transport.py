@@ -97,13 +97,11 @@ class AsyncTransport:
                 progress(done)
             yield chunk
 
-    async def _stream(
-        self, call: Call, parse: collections.abc.Callable[[Call, str], JSONDict] = stream_event
-    ) -> collections.abc.AsyncGenerator[JSONDict, None]:
-        """An NDJSON response, one event at a time, as the daemon writes them, each read by ``parse``.
+    async def _stream(self, call: Call) -> collections.abc.AsyncGenerator[JSONDict, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them.
 
-        By default an ``{"type": "error"}`` line (the stream broke after it had begun)
-        raises :class:`~forkd.sdk.errors.ServerError`.
+        An ``{"type": "error"}`` line (the stream broke after it had begun) raises
+        :class:`~forkd.sdk.errors.ServerError`, unless the call has ``error_events``.
         """
         try:
             async with self._client.stream(
@@ -115,6 +113,6 @@ class AsyncTransport:
                     parse_response(call, response)  # raises the mapped error
                 async for line in response.aiter_lines():
                     if line.strip():
-                        yield parse(call, line)
+                        yield stream_event(call, line)
         except httpx.HTTPError as exc:
             raise translate(exc, self.url, call) from exc

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from forkd.sdk import _guest_calls
-from forkd.sdk._http import cell_event
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.models import (
     SignalResponse,
@@ -121,16 +120,6 @@ class ProcessRoutes(Transport):
         iteration leaves the process running."""
         return self._stream(_guest_calls.stream_process(sandbox_id, pid, from_start=from_start,
                                                   encoding=encoding))
-
-    def code_cell(
-        self, sandbox_id: str, code: str, language: str | None = None, context: str | None = None,
-        timeout: float | None = None,
-    ) -> collections.abc.Generator[JSONDict, None, None]:
-        """``POST /v1/sandboxes/{id}/code``: a cell's events on a Jupyter kernel, as it runs:
-        ``stdout``/``stderr`` (``text``), ``result`` (``data``, a MIME bundle), ``error``
-        (the cell's exception: ``name``, ``value``, ``traceback``), then ``end``."""
-        return self._stream(_guest_calls.code_cell(sandbox_id, code, language=language, context=context,
-                                                   timeout=timeout), parse=cell_event)
 
     def send_stdin(
         self, sandbox_id: str, pid: int, data: str | bytes, eof: bool = False

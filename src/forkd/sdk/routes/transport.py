@@ -99,13 +99,11 @@ class Transport:
                 progress(done)
             yield chunk
 
-    def _stream(
-        self, call: Call, parse: collections.abc.Callable[[Call, str], JSONDict] = stream_event
-    ) -> collections.abc.Generator[JSONDict, None, None]:
-        """An NDJSON response, one event at a time, as the daemon writes them, each read by ``parse``.
+    def _stream(self, call: Call) -> collections.abc.Generator[JSONDict, None, None]:
+        """An NDJSON response, one event at a time, as the daemon writes them.
 
-        By default an ``{"type": "error"}`` line (the stream broke after it had begun)
-        raises :class:`~forkd.sdk.errors.ServerError`.
+        An ``{"type": "error"}`` line (the stream broke after it had begun) raises
+        :class:`~forkd.sdk.errors.ServerError`, unless the call has ``error_events``.
         """
         try:
             with self._client.stream(
@@ -117,6 +115,6 @@ class Transport:
                     parse_response(call, response)  # raises the mapped error
                 for line in response.iter_lines():
                     if line.strip():
-                        yield parse(call, line)
+                        yield stream_event(call, line)
         except httpx.HTTPError as exc:
             raise translate(exc, self.url, call) from exc
