@@ -388,3 +388,22 @@ def test_a_cell_in_the_web_console_shows_its_print_and_its_plot(daemon: Daemon, 
     width, height, _ = png_pixels(tmp_path / "cell.png")
     assert width >= 300 and height >= 300
     assert distinct_colours(tmp_path / "cell.png") > 4  # the plot's red line among the page's greys
+
+
+def test_typescript_sdk_run_code_on_the_kernel_template(daemon: Daemon) -> None:
+    """The TypeScript SDK's runCode (sdk/typescript/test/processes.test.ts, "code cells") on this
+    module's kernel template: output through the callback, the text, a PNG, an error's name."""
+    ts = ROOT / "sdk" / "typescript"
+    assert (ts / "node_modules").is_dir(), "run `make node-deps` (npm ci) first; `make test` does"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    env.update(FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_TAG=TAG, FORKD_TEST_CODE_TAG=TAG)
+    for script in ("build", "build:test"):
+        built = subprocess.run(["npm", "run", "--silent", script], cwd=ts, capture_output=True, text=True,
+                               timeout=300)
+        assert built.returncode == 0, built.stdout + built.stderr
+    out = subprocess.run(["node", "--experimental-websocket", "--test", "--test-name-pattern", "code cells",
+                          "build/test/processes.test.js"], cwd=ts, env=env, capture_output=True, text=True,
+                         timeout=600)
+    report = out.stdout + out.stderr
+    assert out.returncode == 0 and "# fail 0" in report, report[-4000:]
+    assert re.search(r"^# pass [1-9]", report, re.M), report[-4000:]
