@@ -99,7 +99,7 @@ print(f"{len(df)} rows loaded")
 plt.plot(df.x, df.y)
 plt.title("y = x squared")
 plt.show()
-df.y.sum()
+int(df.y.sum())
 """
 
 
