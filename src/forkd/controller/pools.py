@@ -86,7 +86,7 @@ class _Pool:
             "memory_limit_mib": key.memory_limit_mib, "per_child_netns": key.per_child_netns,
             "live_fork": key.live_fork, "claims": self.claims, "misses": self.misses,
             "allow_internet_access": key.egress.allow_internet_access,
-            "network": {k: v for k, v in key.egress.info().items() if k != "allow_internet_access"},
+            "network": {k: key.egress.info()[k] for k in ("allow_out", "deny_out")},
         }
         if self.last_error:
             out["last_error"] = self.last_error
@@ -188,7 +188,8 @@ class PoolKeeper:
                         network: dict[str, Any] | None = None) -> PoolReport:
         """Keep ``size`` paused children of ``tag`` ready for spawns with these options (0 drains)."""
         bounds.POOL_SIZE.check(size)
-        egress = EgressPolicy.from_request(allow_internet_access, network)
+        # Only the rules shape a member; the inbound settings are the claimer's (claim()).
+        egress = EgressPolicy.from_request(allow_internet_access, network).outbound()
         if size or not self.has(tag):
             self._store.get(tag)  # 404 (a start-up target of a missing tag may still be drained)
         if size:
