@@ -22,3 +22,17 @@ export async function launch() {
   };
   return { context, done };
 }
+
+/** The console's page, signed in with `token`: what the browser logged, each request's URL and each
+ * refused response go into `seen.console` and `seen.requests`. */
+export async function signedIn(context, url, token, seen, timeoutMs) {
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.setDefaultTimeout(timeoutMs);
+  page.on("console", (m) => seen.console.push(`${m.type()}: ${m.text()}`));
+  page.on("request", (r) => seen.requests.push(r.url()));
+  page.on("response", (r) => { if (r.status() >= 400) seen.console.push(`response ${r.status()} ${r.url()}`); });
+  await page.goto(`${url}/ui`);
+  await page.fill("#token", token);
+  await page.click("#login-form button[type=submit]");
+  return page;
+}

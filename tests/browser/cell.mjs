@@ -5,7 +5,7 @@
 // non-zero if a wait failed.
 import { join } from "node:path";
 
-import { launch } from "./browser.mjs";
+import { launch, signedIn } from "./browser.mjs";
 
 const { FORKD_URL: url, FORKD_TOKEN: token, SANDBOX: id, OUT_DIR: out } = process.env;
 const CODE = [
@@ -18,14 +18,7 @@ const CODE = [
 const seen = { console: [], requests: [] };
 const { context, done } = await launch();
 try {
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.setDefaultTimeout(120_000);
-  page.on("console", (m) => seen.console.push(`${m.type()}: ${m.text()}`));
-  page.on("request", (r) => seen.requests.push(r.url()));
-  page.on("response", (r) => { if (r.status() >= 400) seen.console.push(`response ${r.status()} ${r.url()}`); });
-  await page.goto(`${url}/ui`);
-  await page.fill("#token", token);
-  await page.click("#login-form button[type=submit]");
+  const page = await signedIn(context, url, token, seen, 120_000);
   await page.locator(`#sandboxes tr[data-sandbox="${id}"] button.code`).click();
   await page.locator("#cell").waitFor();
   await page.fill("#cell-code", CODE);

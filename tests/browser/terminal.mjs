@@ -4,21 +4,14 @@
 // from the page; prints one JSON line of what it saw; exits non-zero if a wait failed.
 import { join } from "node:path";
 
-import { launch } from "./browser.mjs";
+import { launch, signedIn } from "./browser.mjs";
 
 const { FORKD_URL: url, FORKD_TOKEN: token, SANDBOX: id, OUT_DIR: out } = process.env;
 const seen = { console: [], requests: [] };
 const { context, done } = await launch();
 const screenText = (page) => page.locator("#terminal-screen .xterm-rows").innerText();
 try {
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.setDefaultTimeout(60_000);
-  page.on("console", (m) => seen.console.push(`${m.type()}: ${m.text()}`));
-  page.on("request", (r) => seen.requests.push(r.url()));
-  page.on("response", (r) => { if (r.status() >= 400) seen.console.push(`response ${r.status()} ${r.url()}`); });
-  await page.goto(`${url}/ui`);
-  await page.fill("#token", token);
-  await page.click("#login-form button[type=submit]");
+  const page = await signedIn(context, url, token, seen, 60_000);
   await page.locator(`#sandboxes tr[data-sandbox="${id}"] button.terminal`).click();
   await page.locator("#terminal-status", { hasText: "connected" }).waitFor();
   await page.waitForFunction(() => /[#$] *$/m.test(document.querySelector("#terminal-screen .xterm-rows")?.innerText ?? ""));
