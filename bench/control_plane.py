@@ -14,14 +14,15 @@ round-robin to the 8 children. Reported side by side, per call:
 
 plus one client's sequential eval p50 (one keep-alive httpx connection), for scale.
 
-Side by side, once per HTTP parser the daemon can serve with (``--http-parser``: httptools,
-the default, and h11), each on a daemon of its own over the same snapshot.
+Side by side, once per daemon configuration (``--daemons``), each a daemon of its own over the
+same snapshot: the default (httptools, with the fast path for plain JSON routes), the same with
+``--no-fast-path`` (every request through FastAPI's routing), and h11 (the pure-Python parser).
 
-Prints a table and writes ``bench/results/control_plane.json`` (the default parser's figures at
-the top level, every parser's under ``by_parser``).
+Prints a table and writes ``bench/results/control_plane.json`` (the first configuration's figures
+at the top level, every one's under ``by_daemon``).
 
 Usage: .venv/bin/python bench/control_plane.py [--seconds 20] [--connections 64] [--children 8]
-                                               [--parsers httptools,h11]
+                                               [--daemons httptools,httptools:no-fast-path,h11]
 """
 
 from __future__ import annotations
@@ -97,11 +98,17 @@ def one_client_eval_p50(client: httpx.Client, sandbox_id: str, samples: int = 20
     return round(statistics.median(times[20:]), 3)
 
 
-def one_daemon(data: DataDir, scratch: Path, token: str, parser: str,
+def daemon_args(config: str) -> tuple[str, ...]:
+    """``httptools`` or ``h11``, optionally ``:no-fast-path``: the daemon's flags for it."""
+    parser, _, option = config.partition(":")
+    return ("--http-parser", parser, *(("--no-fast-path",) if option == "no-fast-path" else ()))
+
+
+def one_daemon(data: DataDir, scratch: Path, token: str, config: str,
                args: argparse.Namespace) -> dict[str, Any]:
-    """A daemon serving with ``parser``: its children, wrk's figures per call, one client's p50."""
-    with forkd_daemon(data, scratch / "token", scratch / f"daemon-{parser}.log", timeout_s=90,
-                      extra_args=("--http-parser", parser)) as daemon, \
+    """A daemon of ``config``: its children, wrk's figures per call, one client's p50."""
+    with forkd_daemon(data, scratch / "token", scratch / f"daemon-{config}.log", timeout_s=90,
+                      extra_args=daemon_args(config)) as daemon, \
             httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token}"},
                          timeout=300) as c:
         if c.get(f"/v1/snapshots/{TAG}").status_code == 404:  # made by the first daemon only
@@ -127,8 +134,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--children", type=int, default=8)
-    ap.add_argument("--parsers", default="httptools,h11",
-                    help="the daemon's --http-parser values to compare, the default's first")
+    ap.add_argument("--daemons", default="httptools,httptools:no-fast-path,h11",
+                    help="daemon configurations to compare, the default's first: an --http-parser "
+                    "value, with ':no-fast-path' for --no-fast-path")
     ap.add_argument("--out")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
@@ -139,27 +147,27 @@ def main() -> int:
     token = secrets.token_hex(16)
     (scratch / "token").write_text(token)
     (scratch / "token").chmod(0o600)
-    parsers = [p for p in args.parsers.split(",") if p]
+    configs = [c for c in args.daemons.split(",") if c]
     results: dict[str, Any] = {"seconds": args.seconds, "connections": args.connections,
-                               "children": args.children, "host": host_facts(), "by_parser": {}}
+                               "children": args.children, "host": host_facts(), "by_daemon": {}}
     try:
-        for parser in parsers:
-            results["by_parser"][parser] = one_daemon(data, scratch, token, parser, args)
+        for config in configs:
+            results["by_daemon"][config] = one_daemon(data, scratch, token, config, args)
     finally:
         kill_qemus_under(data.root)
         shutil.rmtree(data.root, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    results.update(results["by_parser"][parsers[0]])  # the default's figures where report.py reads them
+    results.update(results["by_daemon"][configs[0]])  # the default's figures where report.py reads them
     print(f"\ncontrol plane: wrk -t2 -c{args.connections} -d{args.seconds}s, round-robin over "
           f"{args.children} children")
-    print(f"{'parser':<10} {'call':<6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'daemon ms CPU/req':>18} "
+    print(f"{'daemon':<24} {'call':<6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'daemon ms CPU/req':>18} "
           f"{'daemon cores':>13}")
-    for parser, figures in results["by_parser"].items():
+    for config, figures in results["by_daemon"].items():
         for name in CALLS:
             r = figures[name]
-            print(f"{parser:<10} {name:<6} {r['req_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+            print(f"{config:<24} {name:<6} {r['req_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
                   f"{r['daemon_cpu_ms_per_request']:>18} {r['daemon_cores']:>13}")
-        print(f"{parser:<10} one client's sequential eval p50: {figures['one_client_eval_p50_ms']} ms")
+        print(f"{config:<24} one client's sequential eval p50: {figures['one_client_eval_p50_ms']} ms")
     write_result("control_plane", results, args.out)
     return 0
 

@@ -370,9 +370,9 @@ def control_plane_section(doc: Doc, cp: Result | None) -> None:
             f"against a real `forkd daemon`, each request sent round-robin to {cp.get('children')} children. "
             "The daemon's CPU is its process's user + system time over the run, divided by the requests "
             "wrk completed.", "")
-    by_parser = cp.get("by_parser") or {"": cp}
-    doc.table("HTTP parser", "call", "req/s", "p50", "p99", "daemon CPU per request", "daemon cores")
-    for parser, figures in by_parser.items():
+    by_daemon = cp.get("by_daemon") or cp.get("by_parser") or {"": cp}
+    doc.table("daemon", "call", "req/s", "p50", "p99", "daemon CPU per request", "daemon cores")
+    for parser, figures in by_daemon.items():
         for name in ("eval", "ping"):
             r = figures.get(name)
             if r:
@@ -380,10 +380,12 @@ def control_plane_section(doc: Doc, cp: Result | None) -> None:
                         f"{r['p99_ms']:.1f} ms | {r['daemon_cpu_ms_per_request']:.2f} ms | "
                         f"{r['daemon_cores']:.2f} |")
     one_client = ", ".join(f"{figures.get('one_client_eval_p50_ms')} ms ({parser or '?'})"
-                           for parser, figures in by_parser.items())
+                           for parser, figures in by_daemon.items())
     doc.add("", f"One client's sequential `eval` p50: {one_client}.", "",
-            "httptools is the daemon's default parser (`--http-parser`); h11 is the pure-Python one "
-            "it served with before.", "")
+            "`httptools` is the daemon's default: the C HTTP parser, with plain JSON routes served "
+            "by the fast path (api/fast_path.py). `:no-fast-path` is the same daemon with "
+            "`--no-fast-path`, every request through FastAPI's routing; `h11` is the pure-Python "
+            "parser (`--http-parser h11`).", "")
 
 
 def control_plane_rows_section(doc: Doc, cpr: Result | None) -> None:

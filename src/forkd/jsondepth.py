@@ -65,6 +65,11 @@ def deepest(data: bytes | bytearray, stop_above: int | None = None) -> int:
 
 def too_deep(data: bytes | bytearray, limit: int) -> bool:
     """Whether ``data`` nests deeper than ``limit``, read as bytes or as the text json would decode."""
+    # A text cannot nest deeper than it has openers; counting them is C-speed, the scan is not, and
+    # nearly every text (an agent's reply, a request body) has few. In UTF-16 or UTF-32 every opener
+    # still has its byte, so the count is never below the depth there either.
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
     if deepest(data, limit) > limit:
         return True
     if len(data) < 2:

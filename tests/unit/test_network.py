@@ -104,6 +104,9 @@ def test_policy_from_request_validates_and_canonicalises() -> None:
     assert p == EgressPolicy.from_request(False, {"allow_out": ["10.0.0.0/8", "192.0.2.7:443"]})
     assert EgressPolicy.from_info(p.info()) == p
     assert EgressPolicy.from_request().is_default and not p.is_default
+    # A whole address and its ports together (found by the OpenAPI fuzz: a 500 once).
+    mixed = EgressPolicy.from_request(None, {"allow_out": ["250.0.0.1:1", "250.0.0.1", "250.0.0.1:1-9"]})
+    assert mixed.info()["allow_out"] == ["250.0.0.1", "250.0.0.1:1", "250.0.0.1:1-9"]
     with pytest.raises(InvalidRequest, match=r"unknown keys \['allowOut'\]"):
         EgressPolicy.from_request(None, {"allowOut": []})
     with pytest.raises(InvalidRequest, match="must be a list"):

@@ -28,6 +28,7 @@ from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_tok
 from forkd.api.deps import RuntimeLike, reject_unknown_query
 from forkd.api.e2b.dispatch import E2BDispatch, error_shape
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
+from forkd.api.fast_path import FastPath
 from forkd.api.handlers import install_exception_handlers
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, SingleHeadersMiddleware
 from forkd.api.metrics import Metrics
@@ -191,6 +192,9 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
         ),
         lifespan=lifespan,
         dependencies=[Depends(reject_unknown_query)],
+        # forkd exports Prometheus metrics (/metrics), not OpenTelemetry; left on, FastAPI asks
+        # OpenTelemetry's global providers on every request whether anyone is listening.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.runtime = runtime
@@ -220,13 +224,18 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     install_exception_handlers(app)
 
     # add_middleware wraps: the last added runs first. Request order is
-    # audit -> port proxy -> single headers -> E2B dispatch -> auth -> body limit -> routes, so
+    # audit -> port proxy -> single headers -> E2B dispatch -> auth -> body limit -> fast path ->
+    # routes, so
     # rejected requests are still audited, a routing or credential header that
     # comes twice is refused before anything reads it, and unauthenticated
     # callers never get their bodies read. The body limit bounds size and JSON
     # nesting before any parser runs (the E2B apps: the same, and Connect's own).
     # The E2B apps (api/e2b) authenticate by their own credentials: the API key,
     # or a sandbox's access token (an HMAC of its id under the daemon's secret).
+    # Innermost: the plain JSON routes are served without FastAPI's routing and dependency
+    # machinery, by FastAPI's own route, models and handlers (api/fast_path.py).
+    if settings.fast_path:
+        app.add_middleware(FastPath, owner=app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
                        exempt=lambda scope: file_routes.streams_body(scope)
                        or template_routes.streams_body(scope))

@@ -223,6 +223,14 @@ def daemon(
             "request).",
         ),
     ] = HttpParser.httptools,
+    fast_path: Annotated[
+        bool,
+        typer.Option(
+            "--fast-path/--no-fast-path", envvar="FORKD_FAST_PATH",
+            help="Serve plain JSON routes (eval, exec, ping, ...) without FastAPI's per-request "
+            "routing: the same answers for less CPU. --no-fast-path sends every request through FastAPI.",
+        ),
+    ] = True,
     log_level: Annotated[
         LogLevel,
         typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", case_sensitive=False,
@@ -268,7 +276,7 @@ def daemon(
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
-        disk_quota_mib=disk_quota_mib, http_parser=http_parser.value,
+        disk_quota_mib=disk_quota_mib, http_parser=http_parser.value, fast_path=fast_path,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
     # command needs and `pip install forkd` (the SDK and CLI) does not bring.
@@ -311,6 +319,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "advertise_url": settings.reachable_url if settings.etcd else None,
         "disk_quota_mib": settings.disk_quota_mib,
         "http_parser": settings.http_parser,
+        "fast_path": settings.fast_path,
     }
 
 

@@ -304,6 +304,8 @@ async def get_branch_gate(request: Request) -> BranchGate:
 async def reject_unknown_query(request: HTTPConnection) -> None:
     """400 for a query parameter the route does not take (a typo must not be silently ignored,
     e.g. ``?cascde=true`` on a DELETE, or a misspelt list filter that would list everything)."""
+    if not request.scope.get("query_string"):  # most requests: nothing to parse
+        return
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.query_params:
         return

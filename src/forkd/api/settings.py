@@ -167,6 +167,9 @@ class Settings:
     # The HTTP/1.1 parser uvicorn serves with (api/connections.py): "httptools" (C, the default
     # when installed) or "h11" (pure Python: more CPU per request; kept to compare and fall back).
     http_parser: str = "httptools"
+    # Plain JSON routes served without FastAPI's per-request routing (api/fast_path.py); off: every
+    # request goes through FastAPI (the same answers, more CPU: kept to compare and fall back).
+    fast_path: bool = True
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
@@ -199,6 +202,7 @@ class Settings:
             capacity=_env_int("FORKD_CAPACITY", 0) or None,
             disk_quota_mib=_env_int("FORKD_DISK_QUOTA_MIB", bounds.DEFAULT_DISK_QUOTA_MIB),
             http_parser=os.environ.get("FORKD_HTTP_PARSER") or "httptools",
+            fast_path=_env_bool("FORKD_FAST_PATH", True),
         )
 
     @property

@@ -224,6 +224,12 @@ class _Protocol(asyncio.Protocol):
         self.client.resume_writing()
 
 
+def _expire(future: asyncio.Future[Any]) -> None:
+    """A call's timer: its reply did not come in time."""
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class AgentClient:
     def __init__(self, path: Path, max_line: int = protocol.MAX_REPLY_LINE) -> None:
         self.path = path
@@ -426,17 +432,25 @@ class AgentClient:
         output_cap = None
         if action == protocol.EXEC:
             output_cap = args.get("max_output_bytes", protocol.EXEC_OUTPUT_CAP)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         call = _Call(action, future, output_cap)
         self._calls[req_id] = call
+        timer: asyncio.TimerHandle | None = None
         try:
             await self._send(protocol.request(req_id, action, args))
-            reply = await asyncio.wait_for(future, timeout)
+            # One timer on the reply's own future (wait_for's waiter future and callbacks cost more
+            # on every call, and every request to a sandbox is one).
+            if timeout is not None:
+                timer = loop.call_later(timeout, _expire, future)
+            reply = await future
         except TimeoutError:
             raise GuestError(f"guest agent did not answer {action} within {timeout:g}s") from None
         except OSError as exc:
             raise GuestError(f"guest agent connection failed: {exc}") from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             self._calls.pop(req_id, None)
         if not reply.get("ok"):
             raise error_of(reply, action)

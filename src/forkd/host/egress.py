@@ -65,13 +65,19 @@ _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2]
 ENTRY_PATTERN = rf"^{_OCTET}(\.{_OCTET}){{3}}(/(3[0-2]|[12]?[0-9]))?(:{_PORT}(-{_PORT})?)?$"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Destination:
     """An allow_out / deny_out entry: a network, and optionally a port range (TCP and UDP)."""
 
     network: IPv4Network
     first_port: int | None = None
     last_port: int | None = None
+
+    def sort_key(self) -> tuple[IPv4Network, int, int]:
+        """An order for every mix of entries: a whole address (no ports) sorts before its ports
+        (the generated ``order`` compares None with an int, a TypeError and so a 500)."""
+        return (self.network, -1 if self.first_port is None else self.first_port,
+                -1 if self.last_port is None else self.last_port)
 
     @classmethod
     def parse(cls, text: object, where: str) -> Destination:
@@ -143,7 +149,7 @@ def _destinations(entries: object, where: str) -> tuple[Destination, ...]:
         raise InvalidRequest(f"{where} may have at most {bounds.MAX_EGRESS_ENTRIES} entries "
                              f"(got {len(entries)})")
     parsed = [Destination.parse(e, f"{where}[{i}]") for i, e in enumerate(entries)]
-    return tuple(sorted(set(parsed)))  # canonical: the pool key compares policies
+    return tuple(sorted(set(parsed), key=Destination.sort_key))  # canonical: the pool key compares policies
 
 
 @dataclass(frozen=True)

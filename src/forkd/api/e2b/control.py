@@ -113,7 +113,8 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     """``gate``: the daemon's BRANCH concurrency gate, which a pause and a fork enter as forkd's
     own branch and fork routes do (503 at the cap). ``uploads``: where template builds' file
     uploads are kept (in the data dir)."""
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # as the daemon's app
 
     def rt() -> Runtime:
         current = runtime()

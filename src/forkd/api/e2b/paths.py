@@ -13,10 +13,11 @@ PREFIXES = ("/sandboxes", "/v2/sandboxes", "/v3/sandboxes", "/templates", "/v2/t
             "/v3/templates", "/snapshots", "/volumes", "/secrets", "/tags", "/teams", "/nodes",
             "/access-tokens", "/api-keys")
 SANDBOX_HEADER = b"e2b-sandbox-id"
+_UNDER = tuple(p + "/" for p in PREFIXES)  # one C-level startswith per request (every request asks)
 
 
 def is_control_path(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
+    return path.startswith(_UNDER) or path in PREFIXES
 
 
 def is_sandbox_request(scope: Scope) -> bool:
