@@ -18,6 +18,8 @@ from typing import IO, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
+# One encoder for every line: json.dumps with any non-default option builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 class AuditLog:
@@ -35,7 +37,7 @@ class AuditLog:
         self._broken = False
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        line = _ENCODER.encode(record) + "\n"
         with self._lock:
             if self._broken:
                 return

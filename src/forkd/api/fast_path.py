@@ -8,17 +8,18 @@ Request, an exit stack and a dependency solve. For ``POST /v1/sandboxes/{id}/eva
 over half of the app's CPU (``bench/control_plane.py`` measures it).
 
 What it serves: a route qualifies when it is a plain coroutine endpoint whose parameters are
-path parameters, at most one JSON body model, and dependencies that each take only the
-connection (``get_runtime``); that answers with its ``response_model``. Nothing is declared
-twice: the route, its validation (FastAPI's ``request_params_to_args`` and
-``request_body_to_args``), its serialization (``serialize_response``) and the app's exception
-handlers are FastAPI's own, called directly.
+path parameters (a string or a number each), at most one JSON body model, and dependencies
+that each take only the connection (``get_runtime``); that answers with its ``response_model``.
+Nothing is declared twice: the route, its validation, its serialization (``serialize_response``)
+and the app's exception handlers are FastAPI's own, called directly. A path parameter and the
+body model are validated by their own fields, as FastAPI's ``request_params_to_args`` and
+``request_body_to_args`` do for them.
 
 What it leaves to FastAPI, unchanged: any request with a query string, a body that is empty or
 not ``application/json``, a path or body that does not validate (so every 400 is FastAPI's
 own message), WebSockets, dependency overrides (tests), and every route that does not qualify.
-A route is served here only if no route before it (in the order FastAPI matches them) could
-match the same method and path, so the route chosen is the one FastAPI would choose.
+A route is served here only if no other route could match the same method and path, so the
+route chosen is the one FastAPI would choose, whatever order it tries them in.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, params
+from fastapi._compat import ModelField
 from fastapi.datastructures import DefaultPlaceholder
 from fastapi.dependencies.models import Dependant
-from fastapi.dependencies.utils import request_body_to_args, request_params_to_args
 from fastapi.routing import APIRoute, serialize_response
 from fastapi.utils import is_body_allowed_for_status_code
 from starlette.exceptions import HTTPException
@@ -95,6 +96,8 @@ class _Plain:
     """A route this path serves, with what it needs per request worked out once."""
 
     route: APIRoute
+    path_fields: tuple[tuple[str, str, ModelField], ...]  # (name, alias, field) of each path parameter
+    body_field: ModelField | None  # the one JSON body model, validated whole (not embedded)
     dependencies: tuple[tuple[str | None, Callable[..., Awaitable[Any]], str], ...]  # (name, call, its param)
     status: int
 
@@ -107,7 +110,11 @@ class _Plain:
                 or not inspect.iscoroutinefunction(d.call) or inspect.isasyncgenfunction(d.call)
                 or route.response_field is None or not isinstance(route.response_class, DefaultPlaceholder)
                 or getattr(route, "_embed_body_fields", True)
-                or not is_body_allowed_for_status_code(route.status_code)):
+                or not is_body_allowed_for_status_code(route.status_code)
+                # A path parameter is one string (or number) from the path: FastAPI's validation of it
+                # is the field's own. Form bodies are FastAPI's to read.
+                or any(f.field_info.annotation not in (str, int) for f in d.path_params)
+                or any(isinstance(f.field_info, params.Form) for f in d.body_params)):
             return None
         dependencies = []
         for dep in d.dependencies:
@@ -115,7 +122,9 @@ class _Plain:
             if param is None or dep.call is None:
                 return None
             dependencies.append((dep.name, dep.call, param))
-        return _Plain(route, tuple(dependencies), route.status_code or 200)
+        return _Plain(route, tuple((f.name, f.alias, f) for f in d.path_params),
+                      d.body_params[0] if d.body_params else None, tuple(dependencies),
+                      route.status_code or 200)
 
 
 def _flatten(entries: Sequence[BaseRoute], allowed: bool, app_calls: set[Any],
@@ -212,10 +221,15 @@ class FastPath:
     async def _serve(self, plain: _Plain, params: dict[str, str], scope: Scope, receive: Receive,
                      send: Send) -> None:
         route = plain.route
-        dependant = route.dependant
-        values, errors = request_params_to_args(
-            dependant.path_params, {k: route.param_convertors[k].convert(v) for k, v in params.items()})
-        if dependant.body_params and not errors:
+        path = {k: route.param_convertors[k].convert(v) for k, v in params.items()}
+        values: dict[str, Any] = {}
+        errors: list[Any] = []
+        for name, alias, field in plain.path_fields:  # what request_params_to_args does for a path
+            value, errors = field.validate(path[alias], values, loc=("path", alias))
+            if errors:
+                break
+            values[name] = value
+        if plain.body_field is not None and not errors:
             body = await _read_body(receive)
             receive = replaying(body, receive)  # for FastAPI, should it have to answer after all
             if not body or not _is_json(scope):
@@ -225,23 +239,23 @@ class FastPath:
                     parsed = json.loads(body)
                 except ValueError:
                     errors = ["not JSON"]
-                else:
-                    body_values, errors = await request_body_to_args(dependant.body_params, parsed, False)
-                    values.update(body_values)
+                else:  # what request_body_to_args does for one model, not embedded
+                    value, errors = plain.body_field.validate(parsed, values, loc=("body",))
+                    values[plain.body_field.name] = value
         if errors:  # FastAPI says what is wrong, in its own words
             await self.app(scope, receive, send)
             return
         scope["route"] = route
         scope["endpoint"] = route.endpoint
-        scope["path_params"] = params
+        scope["path_params"] = path
         connection = Request(scope, receive)
         try:
             for call, param in self._app_dependencies:
                 await call(**{param: connection})
-            for name, call, param in plain.dependencies:
+            for dep_name, call, param in plain.dependencies:
                 value = await call(**{param: connection})
-                if name is not None:
-                    values[name] = value
+                if dep_name is not None:
+                    values[dep_name] = value
             result = await route.endpoint(**values)
             if isinstance(result, Response):  # the endpoint answered for itself, as FastAPI allows
                 await result(scope, receive, send)
