@@ -206,7 +206,7 @@ class FastPath:
                       for _, plain in entries)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["query_string"] or scope.get("root_path") \
+        if scope["type"] != "http" or scope.get("query_string") or scope.get("root_path") \
                 or self._owner.dependency_overrides:
             await self.app(scope, receive, send)
             return
