@@ -780,3 +780,12 @@ def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
     assert record.egress.info()["allow_internet_access"] is False  # the refused ones changed nothing
     no_nic = client.put(f"/sandboxes/{OTHER}/network", headers=key, json={})
     assert "network device" in rest_error(no_nic, 400)
+
+
+def test_guest_metrics_refuses_what_the_script_does_not_print() -> None:
+    from forkd.api.e2b.guest_metrics import guest_metrics
+
+    assert guest_metrics(GUEST_METRICS)["cpu_count"] >= 1
+    for garbage in ("", "MemTotal: lots kB", GUEST_METRICS.replace("ncpu", "n")):
+        with pytest.raises(ValueError):
+            guest_metrics(garbage)

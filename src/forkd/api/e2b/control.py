@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from forkd import bounds
 from forkd.api.e2b import shapes, template_names
 from forkd.api.e2b.errors import rest_body
+from forkd.api.e2b.guest_metrics import METRICS_SCRIPT, guest_metrics
 from forkd.api.e2b.snapshots import SnapshotError, add_snapshot_routes
 from forkd.api.e2b.template_tags import add_tag_routes
 from forkd.api.e2b.templates import TemplateError, add_template_routes
@@ -317,7 +318,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
         result = await rt().exec(sandbox_id, ["/bin/sh", "-c", METRICS_SCRIPT], timeout_secs=10)
         if result.get("exit_code") != 0:
             raise E2BError(502, f"could not read the sandbox's metrics: {str(result.get('stderr'))[:200]}")
-        return [shapes.metric(now, guest_metrics(str(result.get("stdout", ""))))]
+        try:
+            figures = guest_metrics(str(result.get("stdout", "")))
+        except ValueError:
+            raise E2BError(502, "the sandbox's metrics could not be read") from None
+        return [shapes.metric(now, figures)]
 
     @app.post("/sandboxes/{sandbox_id}/pause", status_code=204)
     async def pause(sandbox_id: str, request: Request) -> Response:
@@ -420,44 +425,6 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
 
     # Everything else the SDK can call: 501 in its shape (see http_error above).
     return app
-
-
-# What the guest reports for a metrics sample: memory (kB), two CPU samples 0.2 s apart,
-# the CPU count and the root filesystem's use (bytes).
-METRICS_SCRIPT = ("grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; head -1 /proc/stat; sleep 0.2; "
-                  "head -1 /proc/stat; echo ncpu $(nproc); df -P -B1 / | tail -1")
-
-
-def guest_metrics(out: str) -> dict[str, float]:
-    """``METRICS_SCRIPT``'s output: cpu_count, cpu_used_pct, mem_used/total/cache, disk_used/total."""
-    kb: dict[str, int] = {}
-    cpu: list[list[int]] = []
-    figures: dict[str, float] = {}
-    try:
-        for line in out.splitlines():
-            words = line.split()
-            if not words:
-                continue
-            if words[0].endswith(":"):
-                kb[words[0][:-1]] = int(words[1])
-            elif words[0] == "cpu":
-                cpu.append([int(w) for w in words[1:]])
-            elif words[0] == "ncpu":
-                figures["cpu_count"] = int(words[1])
-            elif words[0].startswith("/"):  # df: device, size, used, available, use%, mount
-                figures["disk_total"], figures["disk_used"] = int(words[1]), int(words[2])
-        busy = [sum(c) - c[3] - (c[4] if len(c) > 4 else 0) for c in cpu]  # all but idle and iowait
-        total = [sum(c) for c in cpu]
-        figures["cpu_used_pct"] = round(100.0 * (busy[1] - busy[0]) / max(1, total[1] - total[0]), 2)
-        figures["mem_total"] = kb["MemTotal"] * 1024
-        figures["mem_used"] = (kb["MemTotal"] - kb["MemAvailable"]) * 1024
-        figures["mem_cache"] = kb.get("Cached", 0) * 1024
-    except (ValueError, IndexError, KeyError):
-        raise E2BError(502, "the sandbox's metrics could not be read") from None
-    for name in ("cpu_count", "disk_total", "disk_used"):
-        if name not in figures:
-            raise E2BError(502, "the sandbox's metrics could not be read")
-    return figures
 
 
 def _network(raw: object) -> dict[str, Any]:

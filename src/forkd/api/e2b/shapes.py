@@ -63,7 +63,7 @@ def listed(info: SandboxView) -> dict[str, Any]:
 
 
 def metric(at: float, figures: dict[str, float]) -> dict[str, Any]:
-    """``SandboxMetric``: one sample (``control.guest_metrics``'s figures) taken at ``at``."""
+    """``SandboxMetric``: one sample (``guest_metrics.guest_metrics``'s figures) taken at ``at``."""
     body: dict[str, Any] = SandboxMetric(
         timestamp=when(at), timestamp_unix=int(at), cpu_count=int(figures["cpu_count"]),
         cpu_used_pct=float(figures["cpu_used_pct"]), mem_used=int(figures["mem_used"]),
