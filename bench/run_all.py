@@ -39,7 +39,7 @@ PARTS: list[tuple[str, list[str], float]] = [
     ("fork_running", ["--repeat", "2"], 150),
     ("travel", [], 150),
     ("network_setup", ["--children", "100"], 150),
-    ("control_plane", [], 150),
+    ("control_plane", [], 240),  # three daemons side by side (parser, fast path)
     ("control_plane_rows", [], 150),
 ]
 # The reserve leaves other users of a shared host room; on a dedicated host lower it
