@@ -16,8 +16,8 @@ At the end: a list of every sandbox (its count must be ``--n``), the first page 
 reads its own earlier state (wake to first answer, p50 and p99).
 
 Long: about a second per sandbox on a 2-core TCG host, so 10,000 take hours (``make
-bench-capacity HIBERNATE_N=10000``); its disk use is about 2 MiB per sandbox. Prints,
-writes bench/results/hibernate_scale.json and draws docs/perf/hibernate_scale.png.
+bench-capacity HIBERNATE_N=10000``); its disk use is about 2 MiB per sandbox. Prints and
+writes bench/results/hibernate_scale.json; bench/report.py charts it in docs/PERFORMANCE.md.
 
 Usage: .venv/bin/python bench/hibernate_scale.py [--n 1000] [--running 100] [--sample 100]
 """
@@ -42,7 +42,6 @@ from forkd.controller.runtime import Runtime, SnapshotSpec
 
 TAG = "scale"
 MARK = "import numpy as np; mark = ({sid!r}, {secret}); a = np.arange(1000) * {secret}; int(a.sum())"
-CHART = Path(__file__).resolve().parent.parent / "docs" / "perf" / "hibernate_scale.png"
 
 
 def used_memory_mib() -> float:
@@ -121,27 +120,6 @@ async def measure(rt: Runtime, n: int, running: int, sample: int, batch: int, ev
             "wake_to_first_answer_ms": summary(wake_ms, 1) if wake_ms else None}
 
 
-def chart(results: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = results["points"]
-    held = [p["held"] for p in points]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(held, [p["memory_used_mib"] for p in points], marker="o", label="host memory used (MiB)")
-    ax.plot(held, [p["disk_mib"] for p in points], marker="s", label="sandboxes on disk (MiB)")
-    ax.set_xlabel(f"sandboxes held (all but the last {results['running']} hibernated)")
-    ax.set_ylabel("MiB")
-    ax.set_title("Hibernated sandboxes held at once")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    CHART.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(CHART, dpi=100, bbox_inches="tight")
-    print(f"chart written to {CHART}")
-
-
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,8 +145,7 @@ async def main() -> int:
           f"{results['disk_mib_per_sandbox']} MiB per sandbox; list page p50 "
           f"{results['list_page_ms']['p50']} ms; {results['sample']} woken: wake to first answer p50 "
           f"{wake.get('p50')} ms, p99 {wake.get('p99')} ms")
-    write_result("hibernate_scale", results, args.out)
-    chart(results)
+    write_result("hibernate_scale", results, args.out)  # bench/report.py draws its chart
     return 0
 
 

@@ -363,6 +363,55 @@ def density_section(doc: Doc, den: Result | None, cap: Result | None) -> None:
         doc.chart(fig, "capacity.png", "memory and fds as children are added")
 
 
+def hibernation_section(doc: Doc, hib: Result | None, scale: Result | None) -> None:
+    if doc.section(hib, "## Hibernation: idle sandboxes to disk", "hibernate"):
+        doc.add(f"`bench/hibernate.py` → `bench/results/hibernate.json` ({load_note(hib)}). "
+                f"{hib.get('n')} children of a numpy "
+                "template, each after a small eval, hibernated one at a time (memory that differs from the "
+                "snapshot's and the device state to disk, zstd-compressed; QEMU, cgroup and namespace "
+                "released), "
+                "then woken by an eval that reads its earlier state.", "")
+        doc.table("what", "p50", "p99", "max")
+        for key, label, unit in (("pause_ms", "pause (the guest stopped)", "ms"),
+                                 ("hibernate_call_ms", "hibernate call", "ms"),
+                                 ("wake_ready_ms", "wake: QEMU restored and the agent answering", "ms"),
+                                 ("wake_to_first_answer_ms", "wake to the eval's answer", "ms"),
+                                 ("disk_mib_per_sandbox", "disk per hibernated sandbox", "MiB"),
+                                 ("changed_pages", "pages saved (differing from the snapshot)", "")):
+            r = hib.get(key)
+            if r:
+                doc.add(f"| {label} | {r['p50']} {unit} | {r['p99']} {unit} | {r['max']} {unit} |")
+        doc.add("")
+    if not doc.section(scale, "### Thousands held at once (`make bench-capacity HIBERNATE_N=10000`)",
+                       "hibernate_scale"):
+        return
+    last = scale["points"][-1]
+    wake = scale.get("wake_to_first_answer_ms") or {}
+    page = scale.get("list_page_ms") or {}
+    doc.add(f"`bench/hibernate_scale.py` → `bench/results/hibernate_scale.json` ({load_note(scale)}). "
+            f"{scale['n']} sandboxes made "
+            f"from one numpy template, each with its own state (an eval), all but the last "
+            f"{scale['running']} hibernated: {scale['states']} after {last['seconds']:.0f} s. Every one was "
+            f"listed; a page of 100 took {page.get('p50')} ms (p50). {scale['sample']} hibernated ones "
+            f"chosen at random were woken, each by an eval that reads its own earlier state: "
+            f"p50 {wake.get('p50')} ms, p99 {wake.get('p99')} ms to the answer.", "",
+            f"Host memory used: {scale['before']['memory_used_mib']:.0f} MiB before, "
+            f"{last['memory_used_mib']:.0f} MiB with all of them held. Disk: "
+            f"{scale['disk_mib_per_sandbox']} MiB per sandbox (the data dir's sandboxes, allocated "
+            "blocks).", "")
+    points = scale["points"]
+    held = [p["held"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(held, [p["memory_used_mib"] for p in points], marker="o", label="host memory used (MiB)")
+    ax.plot(held, [p["disk_mib"] for p in points], marker="s", label="sandboxes on disk (MiB)")
+    ax.set_xlabel(f"sandboxes held (all but the last {scale['running']} hibernated)")
+    ax.set_ylabel("MiB")
+    ax.set_title("Hibernated sandboxes held at once")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    doc.chart(fig, "hibernate_scale.png", "memory and disk against sandboxes held")
+
+
 def control_plane_section(doc: Doc, cp: Result | None) -> None:
     if not doc.section(cp, "## Control plane: many clients at once", "control_plane"):
         return
@@ -645,7 +694,7 @@ STATIC_TAIL = (Path(__file__).resolve().parent / "performance_notes.md")
 
 def render(results: Path, doc_path: Path) -> None:
     names = ("fanout", "density", "capacity", "latency", "branch", "fork_running", "travel", "network_setup",
-             "control_plane", "control_plane_rows", "run")
+             "control_plane", "control_plane_rows", "hibernate", "hibernate_scale", "run")
     rs = {n: load(results, n) for n in names}
     doc = Doc(doc_path.parent / "perf")
     doc.add("# Performance", "",
@@ -663,6 +712,7 @@ def render(results: Path, doc_path: Path) -> None:
     fanout_section(doc, rs.get("fanout"))
     restore_section(doc, rs.get("fanout"))
     density_section(doc, rs.get("density"), rs.get("capacity"))
+    hibernation_section(doc, rs.get("hibernate"), rs.get("hibernate_scale"))
     latency_section(doc, rs.get("latency"))
     control_plane_section(doc, rs.get("control_plane"))
     control_plane_rows_section(doc, rs.get("control_plane_rows"))
