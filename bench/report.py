@@ -65,9 +65,10 @@ def sec(x: float | None) -> str:
 
 def measured_by(script: str, r: Result) -> str:
     """Where a section's figures come from, when, and under what load."""
-    host = r.get("host") or {}
+    start = (r.get("host") or {}).get("loadavg", "?")
+    end = (r.get("host_end") or {}).get("loadavg", "?")
     return (f"`bench/{script}.py` → `bench/results/{script}.json` (measured {when(r)}; load average "
-            f"{host.get('load_average_1m_at_end', '?')} (1 min) at the end)")
+            f"{start} at the start, {end} at the end)")
 
 
 class Doc:
