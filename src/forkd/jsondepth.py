@@ -87,3 +87,12 @@ def too_deep(data: bytes | bytearray, limit: int) -> bool:
 def refusal(limit: int) -> str:
     """The message a refused text is answered with."""
     return f"JSON nested deeper than {limit} levels is refused"
+
+
+def loads(data: bytes | bytearray | str, limit: int) -> object:
+    """``json.loads`` of a text from outside (a store, an archive), refused with ``ValueError`` past
+    ``limit`` levels before the recursive parser sees it."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if too_deep(raw, limit):
+        raise ValueError(refusal(limit))
+    return json.loads(raw)

@@ -72,7 +72,9 @@ class SnapshotStore:
         sdir = SnapshotDir(Path(snap.dir))
         if not sdir.complete():
             raise VMError(f"snapshot {tag!r} is missing files under {sdir.path}")
-        meta = sdir.read_meta()
+        meta = sdir.read_meta()  # each field checked (store/snapshot_meta.py)
+        if "config" not in meta:
+            raise VMError(f"snapshot {tag!r} records no VM config in {sdir.meta_path}")
         return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"),
                         tuple(meta.get("dns") or ()))
 

@@ -49,7 +49,7 @@ from forkd.errors import Conflict, ForkdError, IncompatibleSnapshot, NotFound, V
 from forkd.host import fusefile
 from forkd.host.accel import check_compatible
 from forkd.image.builder import list_images
-from forkd.store import archive, layout, sparse
+from forkd.store import archive, layout, snapshot_meta, sparse
 from forkd.store.digests import DigestCache
 from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.manifest import BaseEntry, Manifest, SnapshotEntry
@@ -225,8 +225,10 @@ class SnapshotTravel:
                         target = (str(base_path) if f.backing.tag is None
                                   else str(self._data.snapshots / f.backing.tag / f.backing.file))
                         disk_mod.set_backing(staging.path / f.name, target, f.backing.format)
-                meta = dict(entry.meta)
-                if "rootfs" in meta and base_path is not None:
+                # The paths of the host that wrote it mean nothing here (and must reach nothing):
+                # its rootfs is the base this host has, its template's kernel this host's image's.
+                meta = snapshot_meta.for_import(entry.meta, f"snapshot {entry.tag!r} meta")
+                if "rootfs" in entry.meta and base_path is not None:
                     meta["rootfs"] = str(base_path)
                 meta["imported"] = {"from": origin, "at_unix": now_unix(), "chain_of": plan.manifest.tag}
                 staging.write_meta(meta)

@@ -14,6 +14,10 @@ from typing import Any
 
 from forkd.errors import IncompatibleSnapshot
 
+# Bounds of a config read back from anywhere (bounds.MEM_MIB and bounds.VCPUS bound new ones).
+MAX_MEM_MIB = 1 << 20
+MAX_VCPUS = 64
+
 
 @dataclass(frozen=True)
 class Accel:
@@ -48,6 +52,13 @@ def check_compatible(snapshot_accel: Accel, host_accel: Accel, tag: str) -> None
 
 # QEMU's -machine options of a snapshot that recorded none (vmm/cmdline.py: MACHINE).
 LEGACY_MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=on,memory-backend=mem"
+# New TCG templates drop the PIT (vmm/cmdline.py: machine_for says why).
+NO_PIT = ",pit=off"
+# Every -machine a forkd makes. A snapshot's config may come from a store or an archive, and its
+# machine reaches QEMU's command line: anything else (",firmware=/host/file") is refused.
+KNOWN_MACHINES = frozenset({LEGACY_MACHINE, LEGACY_MACHINE + NO_PIT})
+# The only accelerator and CPU model pairs a forkd runs guests with (Accel.tcg(), Accel.kvm()).
+KNOWN_CPUS = {"tcg": "max", "kvm": "host,-arch-capabilities"}
 
 
 @dataclass(frozen=True)
@@ -63,10 +74,28 @@ class VMConfig:
         return {"mem_mib": self.mem_mib, "vcpus": self.vcpus,
                 "accel": self.accel.name, "cpu": self.accel.cpu, "machine": self.machine}
 
+    def __post_init__(self) -> None:
+        # Every field reaches QEMU's command line: a config is only ever one forkd could have made.
+        if self.machine not in KNOWN_MACHINES:
+            raise ValueError(f"machine {self.machine[:200]!r} is not one forkd makes")
+        if KNOWN_CPUS.get(self.accel.name) != self.accel.cpu:
+            raise ValueError(f"accelerator {self.accel.name[:32]!r} with cpu {self.accel.cpu[:64]!r} is not "
+                             f"one forkd runs guests with ({KNOWN_CPUS})")
+        for name, value, high in (("mem_mib", self.mem_mib, MAX_MEM_MIB), ("vcpus", self.vcpus, MAX_VCPUS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise ValueError(f"{name} must be an integer from 1 to {high}")
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VMConfig:
-        return cls(int(d["mem_mib"]), int(d["vcpus"]), Accel(d["accel"], d["cpu"]),
-                   str(d.get("machine") or LEGACY_MACHINE))
+        """Checked field by field (``ValueError`` names the one that is wrong): a snapshot's config
+        may come from a store or an archive (store/snapshot_meta.py)."""
+        if not isinstance(d, dict):
+            raise ValueError("config must be an object")
+        machine = d.get("machine") or LEGACY_MACHINE
+        accel, cpu = d.get("accel"), d.get("cpu")
+        if not isinstance(machine, str) or not isinstance(accel, str) or not isinstance(cpu, str):
+            raise ValueError("config's accel, cpu and machine must be strings")
+        return cls(d.get("mem_mib"), d.get("vcpus"), Accel(accel, cpu), machine)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,13 @@ runs in::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, collapse_addresses
 from typing import Any
 
+from forkd.bounds import TAP_RE
 from forkd.errors import InvalidRequest
 from forkd.host.egress import NOT_INTERNET, Destination, EgressPolicy
 
@@ -59,6 +61,8 @@ HOST_NAT_SET = "egress"
 FALLBACK_DNS = ("1.1.1.1", "8.8.8.8")
 # Sandbox namespaces this daemon names itself (forkd-child-<i> are the seeds').
 NETNS_PREFIX = "forkd-"
+# A namespace name (the seeds' forkd-child-<i>, ours, or one a user made with scripts/netns-setup.sh).
+NETNS_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,16 @@ class ChildNet:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     dns: tuple[str, ...] = ()
     nat: bool = False  # an element of the host's masquerade set
+
+    def __post_init__(self) -> None:
+        # Its names and addresses are written into ``ip -batch`` and nftables scripts: only plain
+        # device names and addresses, wherever the record came from (a row, a snapshot's meta).
+        if not NETNS_NAME_RE.match(self.netns) or (self.tap is not None and not TAP_RE.match(self.tap)):
+            raise ValueError(f"network names {self.netns[:80]!r} / {str(self.tap)[:80]!r} are not plain "
+                             "names")
+        for address in (self.ip, self.gateway, *self.dns):
+            if address is not None:
+                IPv4Address(address)  # ValueError unless a plain dotted quad
 
     @property
     def veth(self) -> str | None:

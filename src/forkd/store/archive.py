@@ -37,6 +37,7 @@ from typing import IO, Literal
 
 import zstandard
 
+from forkd import bounds, jsondepth
 from forkd.errors import InvalidRequest
 from forkd.store import chunked, sparse
 from forkd.store.manifest import Manifest
@@ -257,7 +258,7 @@ def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Manifest:
     f = tar.extractfile(member)
     assert f is not None
     try:
-        data = json.loads(f.read())
+        data = jsondepth.loads(f.read(), bounds.MAX_JSON_DEPTH)
     except ValueError as exc:
         raise ArchiveError("corrupt", f"{MANIFEST} is not JSON: {exc}") from None
     try:

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import zstandard
 
+from forkd import bounds, jsondepth
 from forkd.errors import InvalidRequest
 from forkd.store import sparse
 
@@ -126,7 +127,7 @@ class ChunkIndex:
         if len(raw) > MAX_INDEX_BYTES:
             raise CorruptBlob(f"the chunk index is {len(raw)} bytes (at most {MAX_INDEX_BYTES})")
         try:
-            d = json.loads(raw)
+            d: Any = jsondepth.loads(raw, bounds.MAX_JSON_DEPTH)
             if d.get("format") != FORMAT or d.get("version") != VERSION:
                 raise CorruptBlob(f"not a {FORMAT} version {VERSION} index")
             size, grid = _int(d["size"]), _int(d["grid"])

@@ -24,8 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forkd import bounds, jsondepth
 from forkd.bounds import HOST_ID_RE, HOSTED_SANDBOX_ID_RE, SANDBOX_ID_RE, SANDBOX_ID_RULE, TAG_RE
 from forkd.errors import InvalidRequest
+from forkd.store import snapshot_meta
+
+# A snapshot.json is a few KiB (setup steps included); anything far larger was not written by forkd.
+MAX_META_BYTES = 4 << 20
 
 
 def check_tag(tag: str) -> str:
@@ -82,8 +87,17 @@ class SnapshotDir:
         return self.path / "snapshot.json"
 
     def read_meta(self) -> dict[str, Any]:
-        meta: dict[str, Any] = json.loads(self.meta_path.read_text())
-        return meta
+        """Its snapshot.json, each field checked (store/snapshot_meta.py): whoever wrote the file,
+        nothing out of bounds reaches a command line. ``BadMeta`` (a 400) names the bad field."""
+        text = self.meta_path.read_bytes()
+        if len(text) > MAX_META_BYTES or jsondepth.too_deep(text, bounds.MAX_JSON_DEPTH):
+            raise snapshot_meta.BadMeta(f"{self.meta_path} is larger than {MAX_META_BYTES} bytes or "
+                                        "nested too deeply")
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise snapshot_meta.BadMeta(f"{self.meta_path} is not JSON: {exc}") from None
+        return snapshot_meta.check(raw, str(self.meta_path))
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         tmp = self.meta_path.with_suffix(".tmp")

@@ -22,7 +22,8 @@ from typing import Any
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
-from forkd.host.accel import Accel
+from forkd.host.accel import KNOWN_CPUS, Accel
+from forkd.store import snapshot_meta
 from forkd.store.chunked import GRID
 
 FORMAT = "forkd-snapshot"
@@ -194,8 +195,10 @@ def _parse(d: Any) -> Manifest:
     if fmt not in DISK_FORMATS:
         raise BadManifest(f"manifest base format {fmt!r} is not one of {DISK_FORMATS}")
     image = base_d.get("image") or {}
-    if not isinstance(image, dict):
-        raise BadManifest("manifest base image must be an object")
+    if not isinstance(image, dict) or len(image) > 8 or \
+            not all(isinstance(v, (str, int, float, bool, type(None))) for v in image.values()):
+        raise BadManifest("manifest base image must be an object of at most 8 plain values")
+    image = {k: v for k, v in image.items() if not isinstance(v, str) or len(v) <= 1024}
     base = BaseEntry(_sha(base_d["sha256"], "base sha256"), _int(base_d["size"], "base size", MAX_FILE_BYTES),
                      fmt, image)
     raw_snaps = d["snapshots"]
@@ -209,9 +212,13 @@ def _parse(d: Any) -> Manifest:
         raise BadManifest(f"manifest tag {tag!r} is not the last snapshot of its chain")
     if d.get("lineage") not in (None, [s.tag for s in snaps]):
         raise BadManifest("manifest lineage does not match its snapshots")
+    accel_name, accel_cpu = _str(accel, "name", 16), _str(accel, "cpu", 256)
+    if KNOWN_CPUS.get(accel_name) != accel_cpu:
+        raise BadManifest(f"manifest accel {accel_name!r} (cpu {accel_cpu!r}) is not one forkd runs "
+                          "guests with")
     return Manifest(tag, _int(d["created_at_unix"], "created_at_unix", 1 << 40),
                     _str(d, "forkd_version", 64), _str(d, "qemu_version", 256),
-                    Accel(_str(accel, "name", 16), _str(accel, "cpu", 256)), base, tuple(snaps))
+                    Accel(accel_name, accel_cpu), base, tuple(snaps))
 
 
 def _parse_snapshot(raw: Any, earlier: list[SnapshotEntry]) -> SnapshotEntry:
@@ -234,9 +241,12 @@ def _parse_snapshot(raw: Any, earlier: list[SnapshotEntry]) -> SnapshotEntry:
     missing = [n for n in REQUIRED_FILES if n not in files_d]
     if missing:
         raise BadManifest(f"snapshot {tag!r} lacks {', '.join(missing)}")
-    meta, record = raw.get("meta") or {}, raw.get("record") or {}
-    if not isinstance(meta, dict) or not isinstance(record, dict):
-        raise BadManifest(f"snapshot {tag!r}: meta and record must be objects")
+    # Its snapshot.json and record are checked field by field like any (store/snapshot_meta.py).
+    try:
+        meta = snapshot_meta.check(raw.get("meta"), f"snapshot {tag!r} meta")
+        record = snapshot_meta.check_record(raw.get("record") or {}, f"snapshot {tag!r} record")
+    except snapshot_meta.BadMeta as exc:
+        raise BadManifest(str(exc)) from None
     mem_size = next(f.size for f in files if f.name == "mem")
     chunks = parse_restore_chunks(raw.get("restore_chunks"), mem_size, f"snapshot {tag!r}")
     return SnapshotEntry(tag, parent, _int(raw["created_at_unix"], f"{tag} created_at_unix", 1 << 40),

@@ -39,10 +39,10 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from forkd import bounds
+from forkd import bounds, jsondepth
 from forkd.errors import ForkdError, InvalidRequest, NotFound
 from forkd.store import chunked
-from forkd.store.manifest import Manifest
+from forkd.store.manifest import BadManifest, Manifest
 
 MAX_MANIFEST_BYTES = 16 << 20
 PART_BYTES = 8 << 20  # multipart part size (S3's minimum is 5 MiB, but for the last part)
@@ -238,8 +238,9 @@ class ObjectStore:
             raise StoreError(f"store {self.url}: the manifest of {tag!r} is larger than {MAX_MANIFEST_BYTES}")
         self.stats.add(manifests_downloaded=1)
         try:
-            manifest = Manifest.from_json(json.loads(raw))
-        except ValueError as exc:
+            manifest = Manifest.from_json(jsondepth.loads(raw, bounds.MAX_JSON_DEPTH))
+        except (ValueError, BadManifest) as exc:
+            # The store answered with something no forkd wrote: a dependency failed (502), not the client.
             raise StoreError(f"store {self.url}: the manifest of {tag!r} is not valid: {exc}") from None
         if manifest.tag != tag:
             raise StoreError(f"store {self.url}: snapshots/{tag}.json describes {manifest.tag!r}")

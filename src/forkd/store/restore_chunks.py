@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from forkd import bounds, jsondepth
 from forkd.host import memdiff
 from forkd.store.chunked import GRID
 from forkd.store.manifest import BadManifest, parse_restore_chunks
@@ -64,7 +65,7 @@ def read(snapshot_dir: Path, mem_size: int) -> tuple[int, ...]:
     """The recorded chunks of ``snapshot_dir`` (checked against its ``mem`` of ``mem_size``
     bytes); () when none were recorded or the file is unusable (it is only a hint)."""
     try:
-        d = json.loads((snapshot_dir / FILE).read_text())
+        d = jsondepth.loads((snapshot_dir / FILE).read_bytes(), bounds.MAX_JSON_DEPTH)
     except (OSError, ValueError):
         return ()
     if not isinstance(d, dict) or d.get("grid") != GRID:

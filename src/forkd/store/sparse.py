@@ -22,8 +22,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
+from forkd import bounds, jsondepth
 from forkd.errors import InvalidRequest
 
 MAGIC = b"FORKD-SPARSE 1 "
@@ -190,7 +191,7 @@ def _read_header(src: _Buffered, max_size: int) -> SparseInfo:
     if not line.startswith(MAGIC):
         raise CorruptStream("not a forkd sparse stream (bad magic)")
     try:
-        head = json.loads(line[len(MAGIC):])
+        head: Any = jsondepth.loads(line[len(MAGIC):], bounds.MAX_JSON_DEPTH)
         size = int(head["size"])
         extents = tuple((int(o), int(n)) for o, n in head["extents"])
     except (ValueError, KeyError, TypeError) as exc:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd.guest import protocol
-from forkd.host.accel import LEGACY_MACHINE, Accel, VMConfig
+from forkd.host.accel import LEGACY_MACHINE, NO_PIT, Accel, VMConfig
 
 # microvm needs acpi=on for this kernel to find its virtio-mmio devices (it lacks
 # VIRTIO_MMIO_CMDLINE_DEVICES); no option ROMs keeps start-up short.
@@ -23,8 +23,7 @@ MACHINE = LEGACY_MACHINE
 # 6.9 that does not use it never stops it: QEMU then wakes ~36 times a second to
 # toggle a masked interrupt (~5 ms of CPU a second per idle child under TCG).
 # Without a PIT the guest calibrates nothing against it: under TCG it is told
-# the TSC rate (tsc_early_khz, see kernel_cmdline), so new TCG snapshots have none.
-NO_PIT = ",pit=off"
+# the TSC rate (tsc_early_khz, see kernel_cmdline), so new TCG snapshots have none (NO_PIT).
 AGENT_PORT_NAME = protocol.PORT_NAME
 RAM_ID = "mem"  # the migration stream names RAM blocks by this id: keep it fixed
 # Every VM of a snapshot gets the same MAC: children are clones of the template, and
