@@ -25,6 +25,9 @@ import asyncio
 import copy
 import json
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +48,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.shm import ShmMemory
 from forkd.store import chunked
 from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
-from forkd.store.objectstore import ObjectStore
+from forkd.store.objectstore import ObjectStore, StoreError
 from forkd.store.registry import Registry
 from forkd.vmm import cmdline, probe
 from forkd.vmm import disk as disk_mod
@@ -309,3 +312,44 @@ def test_a_deeply_nested_or_oversized_manifest_is_a_clean_refusal(origin: Origin
     p = pull(origin, "big", "big")
     assert p.error is not None and "larger than" in str(p.error) and p.error.status == 502, p.error
     assert p.registered == []
+
+
+def test_a_store_that_drips_its_answer_is_given_up_on(origin: Origin,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store answering one byte at a time never trips a per-read timeout; the call's deadline ends it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n"
+                         b"Content-Type: application/json\r\n\r\n")
+            while not stop.wait(0.2):
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        store = ObjectStore(origin.s3.url(PREFIX))
+        store.deadline_secs = 1.5
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="did not arrive within"):
+            store.get_manifest("anything")
+        with pytest.raises(StoreError, match="did not arrive within"):
+            store.open_blob("0" * 64, 10)
+        print(f"\ntwo dripping answers given up on in {time.monotonic() - started:.1f} s")
+    finally:
+        stop.set()
+        listener.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from urllib.parse import urlparse
 import boto3
 import botocore.config
 import botocore.exceptions
+import urllib3.exceptions
 
 from forkd import bounds, jsondepth
 from forkd.errors import ForkdError, InvalidRequest, NotFound
@@ -45,6 +47,10 @@ from forkd.store import chunked
 from forkd.store.manifest import BadManifest, Manifest
 
 MAX_MANIFEST_BYTES = 16 << 20
+# A store that answers one byte at a time never trips a per-read timeout, so every body read has an
+# overall deadline: this long for a manifest or an index, plus a second per MIN_RATE bytes for a range.
+CALL_DEADLINE_SECS = 60.0
+MIN_RATE = 256 << 10
 PART_BYTES = 8 << 20  # multipart part size (S3's minimum is 5 MiB, but for the last part)
 # A blob comes down as up to TRANSFER_THREADS concurrent range GETs of 8 to 64 MiB: enough
 # connections to fill a link, few enough requests that per-request costs stay small (moto's
@@ -59,7 +65,7 @@ _CLIENT_CONFIG = botocore.config.Config(
     response_checksum_validation="when_required",
     retries={"max_attempts": 5, "mode": "standard"},
     connect_timeout=10,
-    read_timeout=120,
+    read_timeout=30,  # per socket read; a whole answer has a deadline of its own (_read_body)
     max_pool_connections=4 * TRANSFER_THREADS,  # several blobs' transfers share the client
 )
 
@@ -117,6 +123,7 @@ class ObjectStore:
     def __init__(self, url: str) -> None:
         self.url = StoreURL.parse(url)
         self.stats = TransferStats()
+        self.deadline_secs = CALL_DEADLINE_SECS
         try:
             self._s3 = boto3.session.Session().client("s3", config=_CLIENT_CONFIG)
         except botocore.exceptions.BotoCoreError as exc:
@@ -137,6 +144,35 @@ class ObjectStore:
         return StoreError(f"store {self.url}: {what} failed: {exc}")
 
     # ------------------------------------------------------------ blobs
+
+    def _read_body(self, body: Any, limit: int, what: str, per_byte: bool = False) -> bytes:
+        """At most ``limit + 1`` bytes of a response body (the caller refuses more), given up with a
+        StoreError after ``deadline_secs`` (plus a second per MIN_RATE bytes of ``limit`` if
+        ``per_byte``), however the store paces them."""
+        allowed = self.deadline_secs + (limit / MIN_RATE if per_byte else 0)
+        deadline = time.monotonic() + allowed
+        # urllib3's read1 returns what one socket read brought; StreamingBody.read(n) would wait for
+        # all n bytes, a byte every 20 s included.
+        raw = getattr(body, "_raw_stream", body)
+        read = getattr(raw, "read1", raw.read)
+        buf = bytearray()
+        ended = False
+        try:
+            while len(buf) <= limit:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"store {self.url}: {what} did not arrive within {allowed:.0f} s "
+                                     "(the store answers too slowly)")
+                data = read(min(1 << 20, limit + 1 - len(buf)))
+                if not data:
+                    ended = True
+                    break
+                buf += data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise StoreError(f"store {self.url}: reading {what} failed: {exc}") from None
+        finally:
+            if not ended:  # a whole body hands its connection back to the pool by itself
+                body.close()
+        return bytes(buf)
 
     def has_blob(self, sha: str) -> bool:
         """Whether the store holds the blob (its index, which goes up after its frames)."""
@@ -178,7 +214,7 @@ class ObjectStore:
         what = f"downloading blob {sha[:12]}"
         try:
             obj = self._s3.get_object(Bucket=self.url.bucket, Key=f"{key}.index")
-            raw = obj["Body"].read(chunked.MAX_INDEX_BYTES + 1)
+            raw = self._read_body(obj["Body"], chunked.MAX_INDEX_BYTES, f"the index of blob {sha[:12]}")
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 raise NotFound(f"store {self.url} lacks blob {sha[:12]}… (a manifest names it: "
@@ -196,7 +232,8 @@ class ObjectStore:
             try:
                 part = self._s3.get_object(Bucket=self.url.bucket, Key=key,
                                            Range=f"bytes={offset}-{offset + length - 1}")
-                data: bytes = part["Body"].read(length + 1)
+                data = self._read_body(part["Body"], length, f"blob {sha[:12]} (bytes {offset}+{length})",
+                                       per_byte=True)
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
                 raise self._fail(what, exc) from None
             self.stats.add(ranges_downloaded=1, bytes_downloaded=len(data))
@@ -227,7 +264,7 @@ class ObjectStore:
             raise InvalidRequest(f"invalid tag {tag!r}")
         try:
             obj = self._s3.get_object(Bucket=self.url.bucket, Key=self._key("snapshots", f"{tag}.json"))
-            raw = obj["Body"].read(MAX_MANIFEST_BYTES + 1)
+            raw = self._read_body(obj["Body"], MAX_MANIFEST_BYTES, f"the manifest of {tag!r}")
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 return None
