@@ -813,3 +813,21 @@ def test_the_sandbox_list_pages_and_filters_by_state(client: TestClient, fake: F
         r = client.get(f"/v1/sandboxes{bad}")
         assert r.status_code == 400 or r.status_code == 422, (bad, r.status_code)
         assert r.json()["error"]
+
+
+@pytest.mark.parametrize("forged", [
+    {"stdout": 7, "stderr": "", "exit_code": "x", "error": None, "timed_out": 1.5},
+    {"result": {"nested": []}}, {}])
+def test_a_forged_agent_reply_is_a_502_naming_what_does_not_fit(client: TestClient, fake: FakeRuntime,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                forged: dict[str, Any]) -> None:
+    """The tenant is root in its VM and can answer its agent's calls with anything: a reply its
+    response model refuses is the guest failing (502, like any bad answer of its agent), not a 500."""
+    async def exec_(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return forged  # what a replaced agent made of its exec reply
+
+    monkeypatch.setattr(fake, "exec", exec_)
+    monkeypatch.setattr(fake, "eval", exec_)
+    for path, body in (("exec", {"args": ["id"]}), ("eval", {"code": "1"})):
+        error = assert_error(client.post(f"/v1/sandboxes/{SB}/{path}", json=body), 502, "does not fit")
+        assert "guest agent" in error

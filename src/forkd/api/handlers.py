@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -124,6 +124,19 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, message, headers=headers)
 
 
+async def _response_invalid(request: Request, exc: Exception) -> JSONResponse:
+    """A response model refused what a route returned. What routes return about a sandbox comes from
+    its guest agent, which the tenant (root in its VM) can replace and make answer anything: that is
+    the guest failing, a 502 as for any bad answer of its agent, never a daemon error."""
+    assert isinstance(exc, ResponseValidationError)
+    problems = "; ".join(dict.fromkeys(_describe(dict(e)).replace("invalid request: ", "")
+                                       for e in exc.errors()[:5]))
+    log.warning("%s %s -> 502: the answer does not fit its schema: %s", request.method, request.url.path,
+                problems)
+    return error_response(502, "the sandbox answered with a reply that does not fit its schema (its guest "
+                               f"agent may have been replaced or broken): {problems}")
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Starlette's ServerErrorMiddleware sends this and then re-raises, so the
     # server still logs the full traceback.
@@ -133,5 +146,6 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ForkdError, _forkd_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ResponseValidationError, _response_invalid)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
