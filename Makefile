@@ -11,7 +11,7 @@ help:
 	@echo "make test   - set up everything, then run the whole test suite (real QEMU VMs)"
 	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
 	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000), and HIBERNATE_N (1000) hibernated ones"
-	@echo "make stress - opt-in: branch and restore many times under CPU load"
+	@echo "make stress - opt-in: branch and restore many times under CPU load, and the floods and soaks in full"
 	@echo "make lint   - ruff, mypy (strict), the layer contract (lint-imports), the SDK twin check, the TypeScript SDK (types from the OpenAPI, tsc)"
 
 setup: deps venv clients node-deps image
@@ -59,9 +59,12 @@ test-unit: venv node-deps
 test-integration: setup
 	$(BIN)/pytest -ra tests/integration $(PYTEST_ARGS)
 
-# Opt-in: branch and restore many times under CPU load (minutes).
+# Opt-in: branch and restore many times under CPU load, then the floods and soaks (marker "soak") in
+# their full form: a minute of console flood, 20 s on the agent port, 200 networked children, 100 MiB
+# transfers (make test runs each in a short form with the same checks). Tens of minutes.
 stress: setup
 	$(BIN)/pytest -ra -s -m stress tests/stress $(PYTEST_ARGS)
+	FORKD_FULL_SOAKS=1 $(BIN)/pytest -ra -s -m soak tests/integration $(PYTEST_ARGS)
 
 # Every benchmark, then docs/PERFORMANCE.md regenerated (< 17 min on 2 cores; see bench/run_all.py).
 bench: setup

@@ -120,7 +120,7 @@ def host_section(doc: Doc, rs: dict[str, Result | None]) -> None:
     if fan and fan.get("guest"):
         g = fan["guest"]
         doc.add(f"| guest accelerator | {g['accel']} (a `/dev/kvm` here is PVM and cannot run the guest; "
-                "see FIELD-NOTES) |",
+                "see [FIELD-NOTES](FIELD-NOTES.md)) |",
                 f"| guest | {g['mem_mib']} MiB, 1 vCPU, numpy {g['numpy']}, `-machine {g.get('machine')}` |")
     doc.add("", "**Load matters**: each section gives the host's load average at its start and end (the "
             "parts themselves load it; a start near 1 or below means nothing else ran). Under TCG every "

@@ -7,9 +7,12 @@ TCG, forking costs milliseconds, so tests fork from the ``py`` snapshot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,8 +22,67 @@ import pytest
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
+from forkd.vmm import console
 
 T = TypeVar("T")
+
+# The long floods and soaks (a minute of console flood, 20 s on the agent port, 200 networked
+# children, 100 MiB transfers) run in a short form in `make test`, with the same checks, and in
+# full in `make stress`, which sets FORKD_FULL_SOAKS=1 and selects them by the "soak" marker.
+FULL_SOAKS = os.environ.get("FORKD_FULL_SOAKS") == "1"
+
+
+def soak(short: T, full: T) -> T:
+    """``full`` under `make stress`, ``short`` in `make test`."""
+    return full if FULL_SOAKS else short
+
+
+# A failed VM test keeps the consoles of the VMs that ran during it: the sandboxes it killed (copied
+# aside by the daemon as their run directories go: forkd.vmm.console.keep_for_debugging) and the ones
+# still running, under test-artifacts/<test>/ (or $FORKD_TEST_ARTIFACTS), named in the report.
+ARTIFACTS = Path(os.environ.get("FORKD_TEST_ARTIFACTS") or Path(__file__).parents[2] / "test-artifacts")
+_KEPT_CONSOLES = Path(tempfile.mkdtemp(prefix="forkd-consoles-"))
+os.environ[console.KEEP_DIR_ENV] = str(_KEPT_CONSOLES)  # daemons this session starts inherit it
+_SESSION_START = time.time()
+
+
+def _consoles_since(started: float) -> list[Path]:
+    kept = [p for p in _KEPT_CONSOLES.glob("*.console.log") if p.stat().st_mtime >= started]
+    # Running sandboxes of this session's data dirs (scratch ones under /tmp, made since it began).
+    live = [p for p in Path("/tmp").glob("*/sandboxes/*/console.log")
+            if p.parents[2].stat().st_ctime >= _SESSION_START and p.stat().st_mtime >= started]
+    return kept + live
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "setup":
+        item.stash[_STARTED] = time.time()
+        # Consoles of tests that passed are not needed: keep the kept directory small.
+        for old in _KEPT_CONSOLES.glob("*.console.log"):
+            with contextlib.suppress(OSError):
+                old.unlink()
+    if not report.failed or item.get_closest_marker("vm") is None:
+        return
+    dest = ARTIFACTS / item.nodeid.replace("/", "_").replace("::", "__")[:200]
+    copied = 0
+    for log in _consoles_since(item.stash.get(_STARTED, _SESSION_START)):
+        with contextlib.suppress(OSError):
+            dest.mkdir(parents=True, exist_ok=True)
+            name = log.name if log.parent == _KEPT_CONSOLES else f"{log.parent.name}.console.log"
+            shutil.copyfile(log, dest / name)
+            copied += 1
+    if copied:
+        report.sections.append(("VM consoles", f"{copied} console log(s) kept in {dest}"))
+
+
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(_KEPT_CONSOLES, ignore_errors=True)
 
 
 class Loop:

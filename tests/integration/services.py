@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import signal
@@ -61,6 +62,21 @@ def s3_server() -> Iterator[S3Server]:
         yield s3
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in this process (and the daemons and clients it starts) for a while, then undone."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Files in a real sandbox: the agent's file actions through the runtime, and a
-100 MiB round trip through a real daemon (PUT/GET and ``forkd cp``) whose RSS
-must not grow by the file's size.
+big file's round trip (32 MiB; 100 MiB in make stress) through a real daemon (PUT/GET
+and ``forkd cp``) whose RSS must not grow by the file's size.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 
-from .conftest import Loop
+from .conftest import Loop, soak
 from .daemon_fixture import FORKD, Daemon, new_daemon, shutdown_and_check
 
 pytestmark = pytest.mark.vm
@@ -143,11 +143,16 @@ def daemon() -> Iterator[Daemon]:
         shutdown_and_check(d)
 
 
-def test_100_mib_round_trip_through_the_daemon_in_bounded_memory(daemon: Daemon, tmp_path: Path) -> None:
+ROUND_TRIP_MIB = soak(32, 100)
+
+
+@pytest.mark.soak
+def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(daemon: Daemon, tmp_path: Path) -> None:
+    """ROUND_TRIP_MIB (32 in make test, 100 in make stress) up and down, four ways, in bounded memory."""
     src = tmp_path / "random.bin"
     digest = hashlib.sha256()
     with src.open("wb") as f:
-        for _ in range(100):
+        for _ in range(ROUND_TRIP_MIB):
             block = os.urandom(MIB)
             digest.update(block)
             f.write(block)
@@ -180,7 +185,7 @@ def test_100_mib_round_trip_through_the_daemon_in_bounded_memory(daemon: Daemon,
 
         r = http.put(f"/v1/sandboxes/{sb}/files", params={"path": "/tmp/put.bin"}, content=body())
         assert r.status_code == 200, r.text
-        assert r.json()["size"] == 100 * MIB
+        assert r.json()["size"] == ROUND_TRIP_MIB * MIB
         got = tmp_path / "get.bin"
         with http.stream("GET", f"/v1/sandboxes/{sb}/files", params={"path": "/tmp/put.bin"}) as resp:
             assert resp.status_code == 200
@@ -203,7 +208,7 @@ def test_100_mib_round_trip_through_the_daemon_in_bounded_memory(daemon: Daemon,
         after = memory_kib(pid)
         grown_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
         print(f"\ndaemon RSS {before['VmRSS'] // 1024} MiB before, peak {after['VmHWM'] // 1024} MiB "
-              f"during 4 x 100 MiB transfers (+{grown_mib:.1f} MiB)")
+              f"during 4 x {ROUND_TRIP_MIB} MiB transfers (+{grown_mib:.1f} MiB)")
         assert grown_mib < 50, f"the daemon's peak RSS grew by {grown_mib:.1f} MiB"
 
         # 413 past --max-file-bytes, from the Content-Length alone (raw HTTP: clients

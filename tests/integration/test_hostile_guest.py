@@ -19,7 +19,7 @@ from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.host import childnet, netplan
 from forkd.vmm import console
 
-from .conftest import Loop
+from .conftest import Loop, soak
 
 pytestmark = pytest.mark.vm
 
@@ -54,17 +54,23 @@ def _console_bytes(sandbox_dir: Path) -> int:
     return total
 
 
-def test_a_minute_of_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    """The guest writes as fast as its UART goes for a minute (it tries for 1 GB)."""
+CONSOLE_FLOOD_SECS = soak(25, 60)
+
+
+@pytest.mark.soak
+def test_a_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    """The guest writes as fast as its UART goes for CONSOLE_FLOOD_SECS (it tries for 1 GB): 25 s in
+    make test, a minute in make stress."""
     sb = loop.run(runtime.spawn(snapshot, 1))[0]
     sandbox_dir = Path(sb.dir)
     try:
         flood = "head -c 1073741824 /dev/zero | tr '\\0' x > /dev/ttyS0"
-        info = loop.run(runtime.processes.start(sb.id, ["sh", "-c", flood], timeout_secs=60))
+        info = loop.run(runtime.processes.start(sb.id, ["sh", "-c", flood],
+                                                timeout_secs=CONSOLE_FLOOD_SECS))
 
         async def watch_disk() -> int:  # the runtime's loop runs meanwhile: its console warden too
             largest = 0
-            deadline = time.monotonic() + 62
+            deadline = time.monotonic() + CONSOLE_FLOOD_SECS + 2
             while time.monotonic() < deadline:
                 largest = max(largest, _console_bytes(sandbox_dir))
                 await asyncio.sleep(0.25)
@@ -73,15 +79,15 @@ def test_a_minute_of_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime
         largest = loop.run(watch_disk())
         written = 0
         ended = loop.run(runtime.processes.get(sb.id, info["pid"]))
-        assert ended["timed_out"] is True, ended  # it was still writing when its minute was up
+        assert ended["timed_out"] is True, ended  # it was still writing when its time was up
         # What went through the UART, from the guest's own counter of bytes sent on ttyS0.
         stats = loop.run(runtime.exec(sb.id, ["cat", "/proc/tty/driver/serial"]))["stdout"]
         for line in stats.splitlines():
             if line.startswith("0:") and "tx:" in line:
                 written = int(line.split("tx:")[1].split()[0])
-        print(f"\nthe guest wrote {written / MIB:.1f} MiB to its console in a minute; the host kept at "
-              f"most {largest / MIB:.2f} MiB of it on disk")
-        assert written > 4 * console.MAX_BYTES  # the cap was really exercised
+        print(f"\nthe guest wrote {written / MIB:.1f} MiB to its console in {CONSOLE_FLOOD_SECS} s; the host "
+              f"kept at most {largest / MIB:.2f} MiB of it on disk")
+        assert written > 3 * console.MAX_BYTES  # the cap was really exercised
         assert largest <= console.MAX_BYTES + console.KEEP_BYTES + 2 * MIB  # two sweeps' worth of slack
         assert loop.run(runtime.ping(sb.id))["pong"] is True
     finally:
@@ -109,7 +115,7 @@ while time.time() < end:
 os.write(fd, b"\n")
 print(sent)
 """
-FLOOD_SECS = 20
+FLOOD_SECS = soak(8, 20)
 
 
 def _rss_kib() -> int:
@@ -119,6 +125,7 @@ def _rss_kib() -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.soak
 def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandboxes(
         loop: Loop, runtime: Runtime, snapshot: str) -> None:
     flooder, bystander = loop.run(runtime.spawn(snapshot, 2))
@@ -169,7 +176,8 @@ def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandbox
               f"{dropped / MIB:.1f} MiB ({vm.agent.garbage_lines} lines) of it; host RSS "
               f"{rss_before / 1024:.1f} -> at most {peak / 1024:.1f} MiB; another sandbox's ping "
               f"p50 {p50(before):.2f} ms before, {p50(during):.2f} ms (max {max(during):.1f}) during")
-        assert dropped > 8 * MIB  # the flood reached the host and was thrown away
+        # The flood reached the host and was thrown away (1.4 MiB a second was measured; 0.4 asked).
+        assert dropped > FLOOD_SECS * 0.4 * MIB
         assert peak - rss_before < 48 * 1024
         assert len(during) >= FLOOD_SECS  # the other sandbox answered all along
     finally:

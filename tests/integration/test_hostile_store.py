@@ -53,7 +53,7 @@ from forkd.store.registry import Registry
 from forkd.vmm import cmdline, probe
 from forkd.vmm import disk as disk_mod
 
-from .services import S3Server, s3_server
+from .services import S3Server, environ, s3_server
 
 MIB = 1 << 20
 PREFIX = "hostile"
@@ -103,21 +103,12 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
                   Backing(None, "", "raw"))), meta, {"mode": None})
     manifest = Manifest("good", 1, "0.1.0", probe.qemu_version(), Accel.tcg(),
                         BaseEntry(shas["base.raw"], 8 * MIB, "raw", {"name": "default"}), (snap,))
-    with s3_server() as s3:
-        env = {**s3.env, "FORKD_ACCEL": "tcg"}  # the importer checks the host can run it: say it can
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            store = ObjectStore(s3.url(PREFIX))
-            for p in files.iterdir():
-                store.put_blob(shas[p.name], p)
-            yield Origin(s3, store, manifest.to_json(), work)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    # FORKD_ACCEL: the importer checks that this host can run the snapshot; say it can.
+    with s3_server() as s3, environ({**s3.env, "FORKD_ACCEL": "tcg"}):
+        store = ObjectStore(s3.url(PREFIX))
+        for p in files.iterdir():
+            store.put_blob(shas[p.name], p)
+        yield Origin(s3, store, manifest.to_json(), work)
 
 
 def serve(origin: Origin, tag: str, doc: dict[str, Any] | bytes) -> None:
@@ -197,6 +188,14 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def pull_with(origin: Origin, tag: str, path: str, value: Any) -> Pulled:
+    """The good manifest as ``tag``, with the field at ``path`` set to ``value``, served and pulled."""
+    doc = renamed(origin.good, tag)
+    _set(path, value)(doc)
+    serve(origin, tag, doc)
+    return pull(origin, tag, tag)
+
+
 INJECT = f'forkd-tap0\nnetns exec forkd-child-0 /bin/sh -c "touch {MARKER}-{SENTINEL}"'
 # Beyond the bounds: each is refused, naming the field.
 HOSTILE: list[tuple[str, Any, str]] = [
@@ -272,10 +271,7 @@ def test_the_good_manifest_imports(origin: Origin) -> None:
 def test_a_field_beyond_its_bounds_is_refused_and_nothing_is_kept(origin: Origin, path: str, value: Any,
                                                                    field: str) -> None:
     tag = f"hostile-{HOSTILE.index((path, value, field))}"
-    doc = renamed(origin.good, tag)
-    _set(path, value)(doc)
-    serve(origin, tag, doc)
-    p = pull(origin, tag, tag)
+    p = pull_with(origin, tag, path, value)
     assert p.error is not None, f"{path}={value!r} was imported"
     # 502: the store (a dependency) answered with what no forkd writes; never a 500.
     assert p.error.status == 502 and "not valid" in str(p.error), (p.error.status, str(p.error))
@@ -288,10 +284,7 @@ def test_a_field_beyond_its_bounds_is_refused_and_nothing_is_kept(origin: Origin
 def test_a_field_within_its_bounds_is_imported_and_reaches_no_command_unchecked(origin: Origin, path: str,
                                                                                 value: Any) -> None:
     tag = f"benign-{BENIGN.index((path, value))}"
-    doc = renamed(origin.good, tag)
-    _set(path, value)(doc)
-    serve(origin, tag, doc)
-    p = pull(origin, tag, tag)
+    p = pull_with(origin, tag, path, value)
     assert p.error is None, f"{path}={value!r} was refused: {p.error}"
     assert p.registered == [tag] and p.meta is not None
     assert "kernel" not in p.meta and "unknown_field" not in p.meta

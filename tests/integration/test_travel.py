@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from forkd.errors import NotFound
 from forkd.store import archive, sparse
 
 from .conftest import Loop, images_dir, qemu_processes_of
-from .services import S3Server, s3_server
+from .services import S3Server, environ, s3_server
 
 pytestmark = pytest.mark.vm
 
@@ -44,17 +43,8 @@ def scratch() -> DataDir:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    with s3_server() as server:
-        saved = {k: os.environ.get(k) for k in server.env}
-        os.environ.update(server.env)
-        try:
-            yield server
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with s3_server() as server, environ(server.env):
+        yield server
 
 
 def open_runtime(loop: Loop, s3: S3Server, prefix: str = "tv") -> Runtime:

@@ -1,7 +1,7 @@
 """Warm pools: per snapshot, children already restored, reseeded and paused.
 
 Under TCG most of a fork's time is the restored guest's first answer (the
-post-restore call, FIELD-NOTES §9), and a child that is only *paused* (QMP
+post-restore call, docs/FIELD-NOTES.md §9), and a child that is only *paused* (QMP
 ``stop``) costs no CPU. So a pool keeps ``size`` children of one snapshot
 restored, post-restored and then stopped; a spawn with the same snapshot and
 options (``PoolKey``: memory limit, per-child namespace, ``live_fork``, egress policy)

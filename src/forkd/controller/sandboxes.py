@@ -42,6 +42,7 @@ from forkd.store.records import SandboxRecord
 from forkd.store.rows.aliases import AliasReader
 from forkd.store.rows.prefixes import PrefixRows
 from forkd.store.rows.sandboxes import SandboxReader, SandboxRows
+from forkd.vmm import console
 from forkd.vmm.machine import VM
 from forkd.vmm.process import kill_pid_now, pid_is_qemu
 
@@ -352,6 +353,7 @@ class SandboxTable:
         if record is not None:
             await remove_cgroup(record.cgroup, record.cgroup_extra)
         self._rows.delete(sandbox_id)
+        console.keep_for_debugging(self._dir / sandbox_id)
         shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
         # Whoever holds or waits for the lock keeps their reference; a later
         # lookup finds no sandbox, so no new lock is ever needed for this id.

@@ -43,6 +43,7 @@ from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
 from forkd.store import restore_chunks
 from forkd.store.records import DiskChain, PoolKey, SandboxRecord, now_unix
+from forkd.vmm import console
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
 
@@ -411,6 +412,7 @@ class Spawner:
                 cgroup.remove()  # VM.restore killed and reaped QEMU before raising
             if network is not None:
                 await self._networks.release(network)
+            console.keep_for_debugging(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True)
             if oom_killed and isinstance(exc, Exception):
                 # Say why, rather than leave "QEMU exited (code -9)" a mystery.

@@ -1,4 +1,4 @@
-"""Capture a *running* child's memory, device and disk state (BRANCH), FIELD-NOTES §6-7.
+"""Capture a *running* child's memory, device and disk state (BRANCH), docs/FIELD-NOTES.md §6-7.
 
 A child's RAM is a private (copy-on-write) mapping, so unlike a template it
 cannot skip RAM with ``x-ignore-shared``: the capture is a migration stream that

@@ -59,3 +59,24 @@ def read_tail(log: Path, lines: int) -> str:
             f.seek(max(0, path.stat().st_size - KEEP_BYTES))
             text += f.read().decode(errors="replace")
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# The test suite names a directory here: a sandbox's console is copied into it when its run
+# directory goes, so a failed test can keep the consoles of the VMs it used (tests/integration).
+KEEP_DIR_ENV = "FORKD_KEEP_CONSOLES"
+
+
+def keep_for_debugging(run_dir: Path) -> None:
+    """Copy ``run_dir``'s console (its tail too) to ``$FORKD_KEEP_CONSOLES/<run dir name>.console.log``,
+    if that is set; best effort, never in the way of a teardown."""
+    keep = os.environ.get(KEEP_DIR_ENV)
+    if not keep:
+        return
+    log = run_dir / "console.log"
+    with contextlib.suppress(OSError):
+        if not log.exists():
+            return
+        # An empty one says something too: a restored guest prints nothing unless it fails.
+        data = b"".join(p.read_bytes() for p in (previous(log), log) if p.exists())
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"{run_dir.name}.console.log").write_bytes(data[-(MAX_BYTES + KEEP_BYTES):])

@@ -1,6 +1,6 @@
 """A running microVM: boot a template, snapshot it, restore children from it.
 
-The fork mechanism (FIELD-NOTES §5): the template's RAM *is* the snapshot's
+The fork mechanism (docs/FIELD-NOTES.md §5): the template's RAM *is* the snapshot's
 ``mem`` file (``share=on``), so its snapshot is just the device state, written
 with ``x-ignore-shared`` (tens of KB, milliseconds). A child maps the same file
 ``share=off`` (MAP_PRIVATE): the kernel shares every page until the child
