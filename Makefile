@@ -50,11 +50,14 @@ image: venv
 demo: setup
 	$(BIN)/python examples/demo.py
 
+# Unit tests on every core (pytest-xdist), then the VM tests, which share their template boots
+# and daemons within one process.
 test: setup
-	$(BIN)/pytest -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -n auto tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -ra tests/integration $(PYTEST_ARGS)
 
 test-unit: venv node-deps
-	$(BIN)/pytest -ra tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -n auto tests/unit $(PYTEST_ARGS)
 
 test-integration: setup
 	$(BIN)/pytest -ra tests/integration $(PYTEST_ARGS)
