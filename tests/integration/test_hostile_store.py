@@ -288,6 +288,7 @@ def test_a_field_within_its_bounds_is_imported_and_reaches_no_command_unchecked(
     assert p.error is None, f"{path}={value!r} was refused: {p.error}"
     assert p.registered == [tag] and p.meta is not None
     assert "kernel" not in p.meta and "unknown_field" not in p.meta
+    assert p.meta.get("tap") in (None, netplan.DEFAULT_TAP), "a tap name the store chose was kept"
     assert p.meta["rootfs"].startswith(str(p.data.root)), p.meta["rootfs"]
     commands = host_commands(p, tag)
     assert SENTINEL not in commands and "/etc/shadow" not in commands

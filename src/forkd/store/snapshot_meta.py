@@ -11,7 +11,7 @@ dropped, so nothing unchecked can reach a use.
 
 The host-local paths (``kernel``, ``rootfs``) only mean something on the host that wrote them:
 :func:`for_import` drops them from a snapshot that travelled, and the importer sets ``rootfs`` from
-its own configuration (the base image it installed).
+its own configuration (the base image it installed); a tap's name is this host's default one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
-from forkd.host import childnet, netns
+from forkd.host import childnet, netns, netplan
 from forkd.host.accel import VMConfig
 
 # A guest module name for ``warm_imports`` (it reaches the guest's kernel command line).
@@ -198,6 +198,10 @@ def for_import(raw: Any, what: str) -> dict[str, Any]:
     meta = check(raw, what)
     for key in LOCAL_PATHS:
         meta.pop(key, None)
+    if meta.get("tap") is not None:
+        # Only the NIC is part of the device state, not its tap's name: children of an imported
+        # snapshot get this host's default tap, a name no store chose.
+        meta["tap"] = netplan.DEFAULT_TAP
     return meta
 
 
