@@ -57,10 +57,12 @@ def cached_probe(data: DataDir) -> dict[str, Any] | None:
         return None
 
 
-async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float) -> tuple[bool, str]:
-    """Boot kernel + initramfs only; True if init ran and printed the marker."""
+async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float, tmp: Path) -> tuple[bool, str]:
+    """Boot kernel + initramfs only; True if init ran and printed the marker. Its console goes
+    under ``tmp`` (the data dir's scratch, collected at start if this process dies)."""
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
-    workdir = Path(tempfile.mkdtemp(prefix="forkd-probe-"))
+    tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=tmp))
     console = workdir / "console.log"
     argv = [
         qemu, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
@@ -108,13 +110,13 @@ async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dic
     kvm_ok, kvm_error = False, "/dev/kvm is missing"
     if os.path.exists("/dev/kvm"):
         if os.access("/dev/kvm", os.R_OK | os.W_OK):
-            kvm_ok, kvm_error = await boot_probe(guest, Accel.kvm(), KVM_PROBE_TIMEOUT)
+            kvm_ok, kvm_error = await boot_probe(guest, Accel.kvm(), KVM_PROBE_TIMEOUT, data.tmp)
         else:
             kvm_error = "/dev/kvm is not accessible to this user"
     if kvm_ok:
         accel = Accel.kvm()
     else:
-        tcg_ok, tcg_error = await boot_probe(guest, Accel.tcg(), TCG_PROBE_TIMEOUT)
+        tcg_ok, tcg_error = await boot_probe(guest, Accel.tcg(), TCG_PROBE_TIMEOUT, data.tmp)
         if not tcg_ok:
             raise VMError(f"the guest kernel boots under neither KVM ({kvm_error}) nor TCG ({tcg_error})")
         accel = Accel.tcg()
