@@ -117,21 +117,34 @@ def host_table_exists(d: Daemon) -> bool:
     return subprocess.run(["nft", "list", "table", "ip", table], capture_output=True).returncode == 0
 
 
+def hibernate(c: httpx.Client, sb_id: str, *, memory: bool = True) -> None:
+    r = c.post(f"/v1/sandboxes/{sb_id}/hibernate", json={"memory": memory})
+    assert r.status_code == 200 and r.json()["state"] == "hibernated", r.text
+
+
+def wake(c: httpx.Client, sb_id: str) -> dict[str, Any]:
+    woke = c.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": "1 + 1"}, timeout=300)
+    assert woke.status_code == 200 and woke.json()["result"] == "2", woke.text
+    return dict(ok(c.get(f"/v1/sandboxes/{sb_id}")))
+
+
 def test_two_daemons_keep_their_addresses_host_rules_and_private_ports(
         daemons: tuple[Daemon, Daemon]) -> None:
     a, b = daemons
     with a.client() as ca, b.client() as cb:
         asleep = spawn_serving(ca)
         assert host_fetch(asleep["ip"]) == "still here"
-        hib = ok(ca.post(f"/v1/sandboxes/{asleep['id']}/hibernate"))
-        assert hib["state"] == "hibernated"
-        # Its host device is gone; the other daemon's next spawn must not take its address.
-        other = spawn_serving(cb)
-        assert other["ip"] != asleep["ip"], "another daemon took a hibernated sandbox's address"
-        woke = ca.post(f"/v1/sandboxes/{asleep['id']}/eval", json={"code": "1 + 1"})
-        assert woke.status_code == 200 and woke.json()["result"] == "2", woke.text
-        assert ok(ca.get(f"/v1/sandboxes/{asleep['id']}"))["ip"] == asleep["ip"]
-        assert host_fetch(asleep["ip"]) == "still here" and host_fetch(other["ip"]) == "still here"
+        # Item 8, for both kinds of hibernation: its host device is gone while it sleeps, and the
+        # other daemon's next spawn must not take its address, or the wake cannot make it again.
+        others = []
+        for memory in (True, False):
+            hibernate(ca, asleep["id"], memory=memory)
+            other = spawn_serving(cb)
+            others.append(other)
+            assert other["ip"] != asleep["ip"], "another daemon took a hibernated sandbox's address"
+            assert wake(ca, asleep["id"])["ip"] == asleep["ip"]
+        other = others[0]
+        assert host_fetch(other["ip"]) == "still here"
 
         # Item 15: another local user cannot reach the private sandbox's port around the proxy.
         refused = as_nobody_connect(other["ip"])
@@ -139,6 +152,20 @@ def test_two_daemons_keep_their_addresses_host_rules_and_private_ports(
         assert host_fetch(other["ip"]) == "still here"  # root, the daemon's user, still can
         assert through_proxy(b, other["id"]).status_code == 403  # private: no token, no way in
         assert through_proxy(b, other["id"], Authorization=f"Bearer {b.token}").status_code == 200
+
+        # The claim dies with its daemon: if the index is taken while none runs, the wake moves.
+        ok(ca.post(f"/v1/sandboxes/{asleep['id']}/eval", json={"code": GUEST_SERVERS + "'serving'"}))
+        hibernate(ca, asleep["id"])
+    a.kill9()
+    with b.client() as cb:
+        meanwhile = spawn_serving(cb)
+    a.start()
+    with a.client() as ca, b.client() as cb:
+        woken = wake(ca, asleep["id"])
+        print(f"\nasleep at {asleep['ip']}, the other daemon's spawn meanwhile at {meanwhile['ip']}, "
+              f"woken at {woken['ip']}")
+        assert woken["ip"] != meanwhile["ip"]
+        assert host_fetch(woken["ip"]) == "still here" and host_fetch(meanwhile["ip"]) == "still here"
 
         # One daemon's stop leaves the other's host table (its masquerade set and guard).
         assert host_table_exists(a) and host_table_exists(b)
