@@ -35,10 +35,11 @@ class DataDirLock:
             except Conflict:
                 pass  # another Runtime (or an offline command) has it: its files are its own
             else:
+                assert alone._fd is not None
                 try:
                     when_alone()
                     # Never a failed upgrade (which would drop the lock): a downgrade of our own.
-                    fcntl.flock(alone._fd or -1, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(alone._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except BaseException:
                     alone.release()
                     raise
