@@ -74,6 +74,23 @@ class DataDir:
     def host_probe(self) -> Path:
         return self.root / "host-probe.json"
 
+    @property
+    def tmp(self) -> Path:
+        """The daemon's scratch files (template builds, the accelerator probe's console): under the
+        data dir, not /tmp, so a crash leaves them where the next start collects them
+        (``clear_tmp``) and nothing of forkd's lingers in the host's shared /tmp."""
+        return self.root / "tmp"
+
+    def clear_tmp(self) -> None:
+        """Remove what a dead process left in ``tmp`` (only call it with the dir held alone)."""
+        if not self.tmp.is_dir():
+            return
+        for entry in self.tmp.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
     @classmethod
     def scratch(cls, prefix: str = "forkd-") -> DataDir:
         """A throwaway data dir (tests, benchmarks, the demo) that shares the real one's image.
@@ -91,11 +108,11 @@ class DataDir:
         return cls(root, Path(images) if images else real / "images")
 
     def ensure(self) -> DataDir:
-        for path in (self.root, self.images, self.snapshots, self.sandboxes):
+        for path in (self.root, self.images, self.snapshots, self.sandboxes, self.tmp):
             path.mkdir(parents=True, exist_ok=True)
         # Guest memory (a warm parent's secrets), disks, sockets and logs live
         # below these two: private to the daemon's user whatever the umask. The
         # root itself may be shared (e.g. a FORKD_DATA_DIR of /tmp): left alone.
-        for path in (self.snapshots, self.sandboxes):
+        for path in (self.snapshots, self.sandboxes, self.tmp):
             path.chmod(0o700)
         return self

@@ -29,7 +29,7 @@ from typing import Any
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError
-from forkd.host import childnet, prereqs
+from forkd.host import childnet, kvmflavour, prereqs
 from forkd.host.netplan import AddressPlan
 
 MIN_FREE_BYTES = 5 << 30  # a rootfs image, its debootstrap cache and a few snapshots
@@ -127,7 +127,8 @@ def check_root() -> Check:
 
 def check_kvm() -> Check:
     # Informational only: on PVM hosts /dev/kvm opens fine yet a stock guest
-    # kernel hangs under it, so only the boot probe (next check) decides.
+    # kernel hangs under it, so the boot probe (next check) decides, unless the
+    # host says it is PVM (host/kvmflavour.py), which the probe then believes too.
     if not os.path.exists("/dev/kvm"):
         return Check(
             "/dev/kvm", False, "absent: guests will run under TCG (software emulation, slow)",
@@ -143,6 +144,10 @@ def check_kvm() -> Check:
             required=False,
         )
     os.close(fd)
+    if pvm := kvmflavour.pvm_reason():
+        return Check("/dev/kvm", False, f"present, but {pvm}: guests run under TCG (the probe skips "
+                     "its KVM boot)", "none needed; for KVM speed, run forkd on a host with hardware "
+                     "virtualisation (VMX or SVM) rather than inside a PVM guest", required=False)
     return Check(
         "/dev/kvm", True, "present and opens (whether it boots guests is the probe's call)",
         required=False,
@@ -163,10 +168,12 @@ def check_accel(data: DataDir, qemu_detail: str | None = None) -> Check:
         )
     override = f"; FORKD_ACCEL={forced} overrides it" if forced != "auto" else ""
     if not probe:
+        plan = ("boot-probe TCG alone (this /dev/kvm is PVM: no KVM boot to wait for)"
+                if os.path.exists("/dev/kvm") and kvmflavour.pvm_reason()
+                else "boot-probe KVM, then fall back to TCG")
         return Check(
             "accelerator", False,
-            "never probed: the first sandbox will boot-probe KVM, then fall back to TCG"
-            + override,
+            f"never probed: the first sandbox will {plan}" + override,
             fix, required=False,
         )
     name, cpu = probe.get("accel", "?"), probe.get("cpu", "?")

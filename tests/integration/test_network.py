@@ -115,8 +115,8 @@ def env(loop: Loop) -> Iterator[Env]:
         loop.run(e.rt.close())
         assert not qemu_processes_of(data.root)
         assert_nothing_left(e.made)
-        # The host's masquerade table went with the last sandbox that needed it.
-        assert not _sh("nft", "list", "table", "ip", netplan.NFT_TABLE)
+        # The daemon's host table (masquerade, guard) went with the last sandbox that needed it.
+        assert not _sh("nft", "list", "table", "ip", e.rt.networks.nat_table)
         shutil.rmtree(data.root, ignore_errors=True)
 
 
@@ -124,8 +124,9 @@ def _sh(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
 
-def nat_elements() -> set[str]:
-    out = _sh("nft", "-j", "list", "set", "ip", netplan.NFT_TABLE, netplan.HOST_NAT_SET)
+def nat_elements(table: str) -> set[str]:
+    """The masquerade set of a daemon's host table (each daemon has its own)."""
+    out = _sh("nft", "-j", "list", "set", "ip", table, netplan.HOST_NAT_SET)
     if not out:
         return set()
     sets = [o["set"] for o in json.loads(out)["nftables"] if "set" in o]
@@ -140,7 +141,7 @@ def assert_nothing_left(sbs: list[SandboxRecord]) -> None:
             assert not Path("/run/netns", sb.netns).exists(), f"namespace {sb.netns} left behind"
         if net is not None and net.veth:
             assert not Path("/sys/class/net", net.veth).exists(), f"veth {net.veth} left behind"
-            assert net.ip not in nat_elements()
+            assert net.ip not in nat_elements(net.nat_table)
         assert not (Path(sb.dir).parent.parent / "net" / f"{sb.id}.json").exists(), f"lease of {sb.id}"
         for cg in [sb.cgroup, *sb.cgroup_extra]:
             assert not cg or not Path(cg).exists(), f"cgroup {cg} left behind"
@@ -460,7 +461,7 @@ def test_internet_access_goes_out_through_the_hosts_masquerade(
     try:
         for sb in (free, limited):
             assert sb.network is not None and sb.network.nat
-            assert sb.info()["ip"] in nat_elements()
+            assert sb.info()["ip"] in nat_elements(env.rt.networks.nat_table)
             env.eval(sb, GUEST_CLIENT)
         # Out to a public address: seen there as the host (masqueraded), not as the sandbox.
         got = env.eval(free, f"_try({fake_internet!r}, 80)")
@@ -476,7 +477,7 @@ def test_internet_access_goes_out_through_the_hosts_masquerade(
     finally:
         env.kill([free, limited])
     assert_nothing_left([free, limited])
-    assert not nat_elements() & {free.info()["ip"], limited.info()["ip"]}
+    assert not nat_elements(env.rt.networks.nat_table) & {free.info()["ip"], limited.info()["ip"]}
 
 
 # ------------------------------------------------------------------ scale

@@ -434,7 +434,11 @@ def test_a_veth_another_daemon_made_first_sends_the_spawn_to_another_address(
             other_daemons.add(0)  # made by someone else between our look and our link add
             raise VMError("creating the veth pair of x failed: RTNETLINK answers: File exists")
 
+    async def guard(table: str, plan: AddressPlan, uids: set[int]) -> None:
+        pass
+
     monkeypatch.setattr(childnet, "create", create)
+    monkeypatch.setattr(childnet, "install_host_guard", guard)
     monkeypatch.setattr(childnet, "veths_in_use", lambda: set(other_daemons))
     monkeypatch.setattr(netns_mod, "netns_exists", lambda name: False)
     req = NetRequest(tap="forkd-tap0", dns=(), egress=EgressPolicy(), blocked=(), nat=False)
@@ -505,7 +509,7 @@ def test_the_host_masquerade_table_is_not_dropped_while_another_daemon_adds_to_i
     monkeypatch.setattr(childnet, "NFT", Tool("sh", "dash", "stands in for nft: only its path is used"))
     looked: list[str] = []
 
-    async def look(nft: str) -> None:
+    async def look(nft: str, table: str = "") -> None:
         looked.append(nft)
 
     monkeypatch.setattr(childnet, "_remove_host_nat_if_empty", look)
@@ -561,8 +565,11 @@ def test_missing_tools_are_named_with_their_package(monkeypatch: pytest.MonkeyPa
 
 
 def _networks(tmp_path: Path) -> Networks:
+    from forkd.host.hostlock import HostClaims
+
     rows = Registry(tmp_path / "forkd.db").sandboxes
-    return Networks(tmp_path, rows, AddressPlan.parse(netplan.DEFAULT_CIDR))
+    # Claims of the test's own, never the host's /run/forkd (real daemons hold theirs there).
+    return Networks(tmp_path, rows, AddressPlan.parse(netplan.DEFAULT_CIDR), HostClaims(tmp_path / "locks"))
 
 
 def test_egress_needs_a_nic_and_forwarding_beyond_the_host(tmp_path: Path,

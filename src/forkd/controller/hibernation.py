@@ -297,7 +297,8 @@ class Hibernator:
                 (run_dir / CGROUP_FILE).write_text("".join(f"{p}\n" for p in cgroup.paths))
                 launcher += cgroup.launcher()
             if record.network is not None:
-                await self._networks.unpark(record.network)
+                # Its address may be a new one (its old index taken meanwhile): the row says so.
+                record.network = await self._networks.unpark(record.network)
                 launcher += self._networks.launcher(record.network)
             assert record.hibernation is not None  # the caller checked
             if record.hibernation.memory:

@@ -12,6 +12,18 @@ before anything is made on the host and deleted after everything is removed,
 so a daemon that dies half-way leaves a record that the next one reaps
 (``reap``), whether or not a sandbox row got written.
 
+An address index is held host-wide for as long as its lease lives (a claim on
+the name of its host device, ``fkn<i>``: ``host/hostlock.py``), also while its
+sandbox is hibernated and that device is gone: no other daemon takes it. A
+claim dies with its daemon, so a restarted daemon may find the index of a
+hibernated sandbox taken meanwhile: its wake then gives it another (``unpark``;
+the guest does not see it, only the host's side of its address changes).
+
+The host-side rules (masquerade, and the guard that keeps other local users
+off the sandboxes' addresses) are in this daemon's own host table
+(``netplan.host_nat_table``), made with its first network and dropped when it
+stops with no element left: another daemon's stop never touches them.
+
 A sandbox's egress policy can be replaced while it lives (``update``): its
 namespace's table is rewritten in one ``nft -f`` transaction, its host
 masquerade element added or removed, then its lease and its row's ``network``
@@ -33,7 +45,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from forkd.errors import InvalidRequest, VMError
-from forkd.host import childnet
+from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
 from forkd.host.hostlock import HostClaims
@@ -73,6 +85,9 @@ class Networks:
         self._leases: dict[str, ChildNet] = {}  # owner -> its network
         self._indices: set[int] = set()  # being made right now (no lease yet in _leases)
         self._child_netns: set[int] = set()  # forkd-child-<i> being claimed right now
+        self.nat_table = netplan.host_nat_table(root)  # this daemon's host table
+        self._guarded = False  # its guard is installed (once per daemon: it outlives no sandbox)
+        self._guard_lock = asyncio.Lock()
 
     # ---------------------------------------------------------------- checks
 
@@ -124,15 +139,35 @@ class Networks:
     # ---------------------------------------------------------------- leases
 
     def _claim_index(self) -> int:
-        """The lowest address index nobody holds, on this host (no await: atomic)."""
+        """The lowest address index nobody holds, on this host (no await: atomic), claimed host-wide
+        (the caller's lease holds the claim from then on; ``_drop_lease`` gives it back)."""
         taken = self._indices | {n.index for n in self._leases.values() if n.index is not None}
         taken |= childnet.veths_in_use()  # other daemons on this host share the device names
-        index = netns_mod.lowest_free(taken, 1)[0]
-        if index >= self.plan.capacity:
-            raise VMError(f"the sandbox network {self.plan.network} is full ({self.plan.capacity} "
-                          "sandboxes); give a larger one with FORKD_NET_CIDR")
+        while True:
+            index = netns_mod.lowest_free(taken, 1)[0]
+            if index >= self.plan.capacity:
+                raise VMError(f"the sandbox network {self.plan.network} is full ({self.plan.capacity} "
+                              "sandboxes); give a larger one with FORKD_NET_CIDR")
+            # A hibernated sandbox of another daemon holds its index with no device on the host.
+            if self._host_claims.try_claim(AddressPlan.veth(index)):
+                break
+            taken.add(index)
         self._indices.add(index)
         return index
+
+    def _unclaim_index(self, index: int | None) -> None:
+        if index is not None and index not in self._indices and \
+                not any(n.index == index for n in self._leases.values()):
+            self._host_claims.release(AddressPlan.veth(index))
+
+    async def _ensure_guard(self) -> None:
+        """This daemon's host table and its guard, before its first sandbox address exists."""
+        if self._guarded:
+            return
+        async with self._guard_lock:
+            if not self._guarded:
+                await childnet.install_host_guard(self.nat_table, self.plan, {0, os.geteuid()})
+                self._guarded = True
 
     def _lease_path(self, owner: str) -> Path:
         return self._dir / f"{owner}.json"
@@ -145,9 +180,11 @@ class Networks:
         self._leases[net.owner] = net
 
     def _drop_lease(self, owner: str) -> None:
-        self._leases.pop(owner, None)
+        net = self._leases.pop(owner, None)
         with contextlib.suppress(FileNotFoundError):
             self._lease_path(owner).unlink()
+        if net is not None:
+            self._unclaim_index(net.index)
 
     @staticmethod
     def template_owner() -> str:
@@ -166,17 +203,20 @@ class Networks:
                 raise VMError(f"network namespace {name} already has an interface {UPLINK}, which is "
                               f"not forkd's: delete it (ip -n {name} link del {UPLINK}) or the namespace")
             owns_tap = req.tap not in links
+        if req.tap is not None:
+            await self._ensure_guard()
         for attempt in range(VETH_RACE_RETRIES + 1):
             index = self._claim_index() if req.tap is not None else None
             try:
                 net = ChildNet(owner=owner, netns=name, owns_netns=owns, tap=req.tap, owns_tap=owns_tap,
                                index=index, ip=str(self.plan.address(index)) if index is not None else None,
                                gateway=str(self.plan.gateway) if index is not None else None,
-                               egress=req.egress, dns=req.dns, nat=req.nat)
+                               egress=req.egress, dns=req.dns, nat=req.nat, nat_table=self.nat_table)
                 self._write_lease(net)  # before anything exists: a crash from here on is reaped
             finally:
                 if index is not None:
                     self._indices.discard(index)  # from now on the lease holds it
+                    self._unclaim_index(index)  # unless the lease was not written
             try:
                 await childnet.create(net, list(req.blocked))
             except VMError:
@@ -208,16 +248,56 @@ class Networks:
         for err in await childnet.remove(net):
             log.warning("removing the network of hibernated %s: %s", net.owner, err)
 
-    async def unpark(self, net: ChildNet) -> None:
+    async def unpark(self, net: ChildNet) -> ChildNet:
         """Make a hibernated sandbox's network again as its lease says: same namespace, address,
-        egress rules. What a daemon that died mid-hibernation left of it goes first."""
+        egress rules; the network made. What a daemon that died mid-hibernation left of it goes
+        first. If its address index is another's now (another daemon took it while no daemon of
+        ours held its claim), it gets another one: lease and row say so before anything is made."""
         if netns_mod.netns_exists(net.netns):
             await self.park(net)
         req = await self.prepare(tap=net.tap, dns=net.dns, egress=net.egress, per_child_netns=True,
                                  what=f"sandbox {net.owner}")
         blocked = list(req.blocked) if req is not None else []
-        await childnet.create(net, blocked)
-        self._leases[net.owner] = net
+        if net.tap is not None:
+            await self._ensure_guard()
+        for attempt in range(VETH_RACE_RETRIES + 1):
+            if net.index is not None and not self._holds_index(net.index):
+                net = self._reindex(net)
+            try:
+                await childnet.create(net, blocked)
+            except VMError:
+                # Someone without a claim (an older forkd) made the device between our look and ours.
+                if net.index is not None and attempt < VETH_RACE_RETRIES and \
+                        net.index in await asyncio.to_thread(childnet.veths_in_use):
+                    continue
+                raise
+            self._leases[net.owner] = net
+            return net
+        raise AssertionError("unreachable")
+
+    def _holds_index(self, index: int) -> bool:
+        """Whether this daemon holds ``index`` host-wide and nobody's device has it."""
+        if not self._host_claims.try_claim(AddressPlan.veth(index)):
+            return False
+        return index not in childnet.veths_in_use()
+
+    def _reindex(self, net: ChildNet) -> ChildNet:
+        """``net`` at a new address index (no await: atomic); its lease and row rewritten."""
+        assert net.index is not None
+        old = net.index
+        index = self._claim_index()
+        try:
+            new = dataclasses.replace(net, index=index, ip=str(self.plan.address(index)),
+                                      gateway=str(self.plan.gateway))
+            self._write_lease(new)
+            self._sandboxes.set_network(net.owner, new)
+        finally:
+            self._indices.discard(index)
+            self._unclaim_index(index)  # unless the lease was written
+        self._unclaim_index(old)
+        log.warning("the address of hibernated %s (%s, index %d) was taken by another daemon on this "
+                    "host while no daemon of ours held it; it wakes at %s", net.owner, net.ip, old, new.ip)
+        return new
 
     async def update(self, record: SandboxRecord, egress: EgressPolicy) -> ChildNet:
         """Replace the egress policy of sandbox ``record`` (the caller holds its lock): its rules
@@ -261,7 +341,8 @@ class Networks:
     # ---------------------------------------------------------------- restart
 
     async def reap(self, alive: set[str]) -> None:
-        """Start-up: keep the leases of sandboxes still alive, remove every other network."""
+        """Start-up: keep the leases of sandboxes still alive (their address indices claimed again,
+        where nobody took them meanwhile), remove every other network."""
         for i in sorted(self._child_netns_held()):
             # Our claims died with the previous daemon; a survivor takes its name back.
             if not self._host_claims.try_claim(netns_mod.child_netns(i)):
@@ -283,15 +364,23 @@ class Networks:
             if net.owner not in alive:
                 log.info("removing the network of %s (%s), left by an earlier daemon", net.owner, net.netns)
                 await self.release(net)
+            elif net.index is not None and not self._host_claims.try_claim(AddressPlan.veth(net.index)):
+                log.warning("the address index %d of %s is claimed by another daemon on this host "
+                            "meanwhile", net.index, net.owner)
+            elif net.tap is not None and netns_mod.netns_exists(net.netns):
+                try:
+                    await self._ensure_guard()  # a re-adopted running sandbox: its guard again
+                except (VMError, OSError) as exc:  # the next spawn tries again; the start goes on
+                    log.warning("the host's guard of the sandbox addresses: %s", exc)
 
     def owners(self) -> list[str]:
         """Who holds a network now (the tests check that teardown leaves none)."""
         return sorted(self._leases)
 
     async def close(self) -> None:
-        """The daemon stops: drop the host's masquerade table if no sandbox (of any daemon) uses it."""
+        """The daemon stops: drop its host table (masquerade, guard) if no sandbox of it uses it."""
         self._host_claims.close()
         try:
-            await childnet.remove_host_nat_if_unused()
+            await childnet.remove_host_nat_if_unused(self.nat_table)
         except (VMError, OSError) as exc:
             log.warning("could not remove the host's masquerade table: %s", exc)

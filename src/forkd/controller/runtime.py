@@ -188,8 +188,9 @@ class Runtime:
         if disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(disk_quota_mib)
         async with contextlib.AsyncExitStack() as stack:
-            # Refused during an offline pack/unpack of this dir; released last.
-            stack.callback(DataDirLock.shared(data).release)
+            # Refused during an offline pack/unpack of this dir; released last. Opened alone, the
+            # scratch files a crashed daemon left behind go first.
+            stack.callback(DataDirLock.shared(data, when_alone=data.clear_tmp).release)
             rt = cls(data, Registry(data.registry))
             stack.callback(rt.registry.close)
             rt.travel.store = object_store

@@ -214,7 +214,7 @@ class TemplateBuilds:
         if not req.replace and self._exists(req.tag):
             raise Conflict(f"snapshot {req.tag!r} already exists (pass replace to rebuild it)")
         async with self._lock:
-            with tempfile.TemporaryDirectory(prefix="forkd-build-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="build-", dir=self._data.tmp) as tmp:
                 return await self._build(req, plan, spec, Path(tmp), emit)
 
     def _exists(self, tag: str) -> bool:

@@ -179,7 +179,7 @@ async def create(net: ChildNet, blocked: list[IPv4Network]) -> None:
                        netplan.netns_ruleset(net, blocked), what=f"the nftables rules of {net.netns}")
         if net.nat and net.ip:
             async with hostlock.host_lock(HOST_NAT_LOCK):  # not while another daemon drops the table
-                await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(net.ip),
+                await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(net.ip, net.nat_table),
                            what="adding the sandbox to the host's masquerade set")
             nat_added = True
     except BaseException:
@@ -198,7 +198,7 @@ async def update(old: ChildNet, new: ChildNet, blocked: list[IPv4Network]) -> No
     nat_added = False
     if new.nat and not old.nat:
         async with hostlock.host_lock(HOST_NAT_LOCK):
-            await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(new.ip),
+            await _run([_path(NFT), "-f", "-"], netplan.host_nat_add(new.ip, new.nat_table),
                        what="adding the sandbox to the host's masquerade set")
         nat_added = True
     try:
@@ -207,11 +207,11 @@ async def update(old: ChildNet, new: ChildNet, blocked: list[IPv4Network]) -> No
                    what=f"replacing the nftables rules of {new.netns}")
     except BaseException:
         if nat_added:
-            await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(new.ip),
+            await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(new.ip, new.nat_table),
                        what="leaving the masquerade set")
         raise
     if old.nat and not new.nat:
-        await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(new.ip),
+        await _run([_path(NFT), "-f", "-"], netplan.host_nat_remove(old.ip or new.ip, old.nat_table),
                    what="leaving the masquerade set")
 
 
@@ -226,7 +226,8 @@ async def remove(net: ChildNet) -> list[str]:
             errors.append(str(exc))
 
     if net.nat and net.ip:
-        await step([_path(NFT), "-f", "-"], netplan.host_nat_remove(net.ip), "leaving the masquerade set")
+        await step([_path(NFT), "-f", "-"], netplan.host_nat_remove(net.ip, net.nat_table),
+                   "leaving the masquerade set")
     if not netns_mod.netns_exists(net.netns):
         return errors
     # Deleting the namespace's end of the veth pair deletes both, at once (the namespace's own
@@ -246,27 +247,35 @@ async def remove(net: ChildNet) -> list[str]:
     return errors
 
 
-async def remove_host_nat_if_unused() -> None:
-    """Delete the host's masquerade table once its set is empty (no sandbox of any daemon needs it)."""
+async def install_host_guard(table: str, plan: netplan.AddressPlan, uids: set[int]) -> None:
+    """The daemon's host table with its guard (``netplan.host_guard``); idempotent."""
+    async with hostlock.host_lock(HOST_NAT_LOCK):  # not while a close looks at the table to drop it
+        await _run([_path(NFT), "-f", "-"], netplan.host_guard(table, plan, uids),
+                   what="installing the host's guard of the sandbox addresses")
+
+
+async def remove_host_nat_if_unused(table: str = netplan.NFT_TABLE) -> None:
+    """Delete the daemon's host ``table`` (masquerade, guard) once its masquerade set is empty or
+    absent: no sandbox of it needs the table."""
     nft = _path(NFT)
     if NFT.path() is None:
         return
-    # Between our look at the set and the delete, another daemon could add its first element
-    # (its create holds the same lock), and the delete would take it away with the table.
+    # Between our look at the set and the delete, another Runtime on the same data dir could add
+    # its first element (its create holds the same lock), and the delete would take it away.
     async with hostlock.host_lock(HOST_NAT_LOCK):
-        await _remove_host_nat_if_empty(nft)
+        await _remove_host_nat_if_empty(nft, table)
 
 
-async def _remove_host_nat_if_empty(nft: str) -> None:
+async def _remove_host_nat_if_empty(nft: str, table: str = netplan.NFT_TABLE) -> None:
     proc = await asyncio.create_subprocess_exec(
-        nft, "-j", "list", "set", "ip", netplan.NFT_TABLE, netplan.HOST_NAT_SET,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        nft, "-j", "list", "table", "ip", table, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         return  # no such table: nothing to remove
     try:
-        sets = [o["set"] for o in json.loads(out)["nftables"] if "set" in o]
-    except (ValueError, KeyError, TypeError):
+        sets = [o["set"] for o in json.loads(out)["nftables"]
+                if "set" in o and o["set"].get("name") == netplan.HOST_NAT_SET]
+    except (ValueError, KeyError, TypeError, AttributeError):
         return
-    if sets and not sets[0].get("elem"):
-        await _run([nft, "delete", "table", "ip", netplan.NFT_TABLE], what="deleting the host's masquerade")
+    if not sets or not sets[0].get("elem"):
+        await _run([nft, "delete", "table", "ip", table], what="deleting the host's masquerade and guard")

@@ -2,7 +2,9 @@
 
 Most of a daemon's state is its own (its data directory, its ``/dev/shm``
 directory), but a few names belong to the host: the seeds' ``forkd-child-<i>``
-network namespaces and the host's masquerade table. Two daemons that each
+network namespaces, the address indices (``fkn<i>``, the host devices' names,
+held also while a hibernated sandbox has no device) and the lock around each
+daemon's host table. Two daemons that each
 decide alone who holds such a name can meet in one namespace, or one can drop
 the table the other just added an element to.
 

@@ -18,9 +18,14 @@ runs in::
   host end of every veth (a point-to-point address, as PPP servers do): from
   any sandbox, ``<gateway>`` is the host. A /16 holds 65533 sandboxes.
 * Every rule lives in the sandbox's own namespace (table ``inet forkd``) and so
-  dies with it. The only host-side rule is the masquerade for sandboxes whose
-  policy reaches beyond the host: one set element per sandbox in table
-  ``ip forkd``, removed with the sandbox.
+  dies with it. The host-side rules are each daemon's own, in a table named
+  after its data dir (``ip forkd-<hash>``, ``host_nat_table``), so one daemon
+  never removes what another relies on: the masquerade for sandboxes whose
+  policy reaches beyond the host (one set element per sandbox, removed with
+  it) and the guard (``host_guard``): a new connection from the host to a
+  sandbox's address is refused unless its socket is root's or the daemon's
+  user's, so another local user cannot reach a sandbox's ports around the
+  daemon's port proxy and its traffic token.
 * A sandbox accepts new connections only from the host (source ``<gateway>``),
   so sandboxes never reach each other, whatever their egress policy says.
 * A packet from the tap whose source is not ``GUEST_IP`` is dropped, never
@@ -32,11 +37,13 @@ runs in::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, collapse_addresses
+from pathlib import Path
 from typing import Any
 
 from forkd.bounds import TAP_RE
@@ -54,8 +61,10 @@ DEFAULT_TAP = "forkd-tap0"
 DEFAULT_CIDR = "10.201.0.0/16"
 CIDR_ENV = "FORKD_NET_CIDR"
 VETH_PREFIX = "fkn"  # host end: fkn<index> (at most 15 characters: fkn + 5 digits at a /16)
-NFT_TABLE = "forkd"  # in each namespace: inet forkd; on the host: ip forkd (masquerade only)
+NFT_TABLE = "forkd"  # in each namespace: inet forkd; on the host: ip forkd-<hash> per daemon
 HOST_NAT_SET = "egress"
+# The host table of one daemon (a lease written before per-daemon tables names none: "forkd").
+HOST_TABLE_RE = re.compile(r"^forkd(-[0-9a-f]{12})?$")
 # Public resolvers for guests of a host whose own resolvers are all loopback ones
 # (a local stub such as systemd-resolved's 127.0.0.53, unreachable from a namespace).
 FALLBACK_DNS = ("1.1.1.1", "8.8.8.8")
@@ -133,6 +142,7 @@ class ChildNet:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     dns: tuple[str, ...] = ()
     nat: bool = False  # an element of the host's masquerade set
+    nat_table: str = NFT_TABLE  # the host table holding that element: its daemon's (host_nat_table)
 
     def __post_init__(self) -> None:
         # Its names and addresses are written into ``ip -batch`` and nftables scripts: only plain
@@ -151,14 +161,19 @@ class ChildNet:
     def to_json(self) -> dict[str, Any]:
         return {"owner": self.owner, "netns": self.netns, "owns_netns": self.owns_netns, "tap": self.tap,
                 "owns_tap": self.owns_tap, "index": self.index, "ip": self.ip, "gateway": self.gateway,
-                "egress": self.egress.info(), "dns": list(self.dns), "nat": self.nat}
+                "egress": self.egress.info(), "dns": list(self.dns), "nat": self.nat,
+                "nat_table": self.nat_table}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ChildNet:
+        table = d.get("nat_table") or NFT_TABLE
+        if not isinstance(table, str) or not HOST_TABLE_RE.match(table):
+            # It is written into an nft script: only a name this module makes.
+            raise InvalidRequest(f"a network's nat_table must be a forkd host table name, not {table!r:.80}")
         return cls(owner=str(d["owner"]), netns=str(d["netns"]), owns_netns=bool(d["owns_netns"]),
                    tap=d.get("tap"), owns_tap=bool(d.get("owns_tap")), index=d.get("index"),
                    ip=d.get("ip"), gateway=d.get("gateway"), egress=EgressPolicy.from_info(d.get("egress")),
-                   dns=tuple(d.get("dns") or ()), nat=bool(d.get("nat")))
+                   dns=tuple(d.get("dns") or ()), nat=bool(d.get("nat")), nat_table=table)
 
     def info(self) -> dict[str, Any]:
         """SandboxInfo's ``network``: how the guest sees its network, and what it may reach."""
@@ -286,9 +301,33 @@ def netns_ruleset_replace(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     return f"table inet {NFT_TABLE}\nflush table inet {NFT_TABLE}\n" + netns_ruleset(net, blocked)
 
 
-def host_nat_add(ip: str) -> str:
+def host_nat_table(data_root: Path) -> str:
+    """The host table of the daemon on ``data_root``: its masquerade and its guard. Named after the
+    data dir, so a restarted daemon finds its own, and two daemons never share one (the first to
+    stop would take the other's rules along)."""
+    digest = hashlib.sha256(str(data_root.resolve()).encode()).hexdigest()[:12]
+    return f"{NFT_TABLE}-{digest}"
+
+
+def host_guard(table: str, plan: AddressPlan, uids: Iterable[int]) -> str:
+    """The daemon's table with its ``output`` chain (idempotent): a new connection from this host to
+    a sandbox address is refused unless its socket belongs to one of ``uids`` (root, the daemon's
+    user). Only a flow's first packet is looked at (``ct state new``): replies of a host service of
+    any user to a sandbox that reached it stay allowed. The gateway is the host's own address."""
+    t = f"ip {table}"
+    owners = ", ".join(str(u) for u in sorted(set(uids)))
+    match = (f"ip daddr {plan.network} ip daddr != {plan.gateway} ct state new "
+             f"meta skuid != {{ {owners} }}")
+    return (f"add table {t}\n"
+            f"add chain {t} output {{ type filter hook output priority filter; policy accept; }}\n"
+            f"flush chain {t} output\n"
+            f"add rule {t} output {match} meta l4proto tcp reject with tcp reset\n"
+            f"add rule {t} output {match} reject\n")
+
+
+def host_nat_add(ip: str, table: str = NFT_TABLE) -> str:
     """The host's masquerade for sandboxes that reach beyond it, and ``ip`` in its set (idempotent)."""
-    t = f"ip {NFT_TABLE}"
+    t = f"ip {table}"
     return (f"add table {t}\n"
             f"add set {t} {HOST_NAT_SET} {{ type ipv4_addr; }}\n"
             f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
@@ -297,8 +336,8 @@ def host_nat_add(ip: str) -> str:
             f"add element {t} {HOST_NAT_SET} {{ {ip} }}\n")
 
 
-def host_nat_remove(ip: str) -> str:
-    return f"delete element ip {NFT_TABLE} {HOST_NAT_SET} {{ {ip} }}\n"
+def host_nat_remove(ip: str, table: str = NFT_TABLE) -> str:
+    return f"delete element ip {table} {HOST_NAT_SET} {{ {ip} }}\n"
 
 
 def guest_cmdline(dns: Iterable[str]) -> str:

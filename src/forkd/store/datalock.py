@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 
 from forkd.config import DataDir
 from forkd.errors import Conflict
@@ -21,9 +22,29 @@ class DataDirLock:
         self._fd: int | None = fd
 
     @classmethod
-    def shared(cls, data: DataDir) -> DataDirLock:
-        """Held by a Runtime for as long as it is open (Conflict during an offline pack/unpack)."""
-        return cls._take(data, fcntl.LOCK_SH, "an offline forkd pack/unpack is using it; retry when it ends")
+    def shared(cls, data: DataDir, *, when_alone: Callable[[], None] | None = None) -> DataDirLock:
+        """Held by a Runtime for as long as it is open (Conflict during an offline pack/unpack).
+
+        ``when_alone`` runs first if nobody else has the dir open (the lock taken exclusively for
+        it, then shared): a clean-up that must not pull files from under a live Runtime.
+        """
+        why = "an offline forkd pack/unpack is using it; retry when it ends"
+        if when_alone is not None:
+            try:
+                alone = cls._take(data, fcntl.LOCK_EX, why)
+            except Conflict:
+                pass  # another Runtime (or an offline command) has it: its files are its own
+            else:
+                assert alone._fd is not None
+                try:
+                    when_alone()
+                    # Never a failed upgrade (which would drop the lock): a downgrade of our own.
+                    fcntl.flock(alone._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BaseException:
+                    alone.release()
+                    raise
+                return alone
+        return cls._take(data, fcntl.LOCK_SH, why)
 
     @classmethod
     def exclusive(cls, data: DataDir) -> DataDirLock:

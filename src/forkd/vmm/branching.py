@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import os
 import shlex
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +65,10 @@ class BranchCapture:
 
 
 def _err_path(stream: Path) -> Path:
-    # Not next to the stream: when that filesystem is full, the message would be lost too.
-    return Path(tempfile.gettempdir()) / f"forkd-{stream.parent.name}.err"
+    # Beside the stream, in its staging directory under the data dir: a crash leaves it where the
+    # next start's stale-staging sweep removes it (never in the host's /tmp). When that
+    # filesystem is full, the message may be lost with it; ``stream_error`` then says so itself.
+    return stream.with_name(f"{stream.name}.err")
 
 
 def _stream_uri(stream: Path) -> str:

@@ -6,7 +6,9 @@ picks (``Accel``) are plain host records in :mod:`forkd.host.accel`.
 On our CI hosts /dev/kvm exists but is PVM (paging-based nested virt), under
 which a stock kernel hangs silently. So the probe boots the image's kernel and
 initramfs in probe mode (``forkd.probe=1``: init prints a marker and powers off)
-under KVM; if the marker does not appear in time, TCG it is. The answer is
+under KVM; if the marker does not appear in time, TCG it is. A host whose
+/dev/kvm is recognisably PVM (``host/kvmflavour.py``: its kvm_pvm module or
+its PVM MSR) skips the KVM boot and its 20 s wait. The answer is
 cached per (QEMU version, host kernel, guest kernel), and ``FORKD_ACCEL``
 (kvm | tcg | auto) overrides it.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from forkd.config import DataDir
 from forkd.errors import VMError
-from forkd.host import prereqs
+from forkd.host import kvmflavour, prereqs
 from forkd.host.accel import Accel, ProbeGuest
 from forkd.vmm.cmdline import MACHINE, kernel_cmdline
 
@@ -57,10 +59,12 @@ def cached_probe(data: DataDir) -> dict[str, Any] | None:
         return None
 
 
-async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float) -> tuple[bool, str]:
-    """Boot kernel + initramfs only; True if init ran and printed the marker."""
+async def boot_probe(guest: ProbeGuest, accel: Accel, timeout: float, tmp: Path) -> tuple[bool, str]:
+    """Boot kernel + initramfs only; True if init ran and printed the marker. Its console goes
+    under ``tmp`` (the data dir's scratch, collected at start if this process dies)."""
     qemu = prereqs.require(prereqs.QEMU)["qemu-system-x86_64"]
-    workdir = Path(tempfile.mkdtemp(prefix="forkd-probe-"))
+    tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=tmp))
     console = workdir / "console.log"
     argv = [
         qemu, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
@@ -107,14 +111,16 @@ async def probe(data: DataDir, guest: ProbeGuest, *, force: bool = False) -> dic
     result: dict[str, Any] = {"key": key, "probed_at_unix": int(time.time())}
     kvm_ok, kvm_error = False, "/dev/kvm is missing"
     if os.path.exists("/dev/kvm"):
-        if os.access("/dev/kvm", os.R_OK | os.W_OK):
-            kvm_ok, kvm_error = await boot_probe(guest, Accel.kvm(), KVM_PROBE_TIMEOUT)
+        if pvm := kvmflavour.pvm_reason():
+            kvm_error = f"{pvm} (recognised without a boot)"
+        elif os.access("/dev/kvm", os.R_OK | os.W_OK):
+            kvm_ok, kvm_error = await boot_probe(guest, Accel.kvm(), KVM_PROBE_TIMEOUT, data.tmp)
         else:
             kvm_error = "/dev/kvm is not accessible to this user"
     if kvm_ok:
         accel = Accel.kvm()
     else:
-        tcg_ok, tcg_error = await boot_probe(guest, Accel.tcg(), TCG_PROBE_TIMEOUT)
+        tcg_ok, tcg_error = await boot_probe(guest, Accel.tcg(), TCG_PROBE_TIMEOUT, data.tmp)
         if not tcg_ok:
             raise VMError(f"the guest kernel boots under neither KVM ({kvm_error}) nor TCG ({tcg_error})")
         accel = Accel.tcg()
