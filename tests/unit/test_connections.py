@@ -223,3 +223,12 @@ def test_requests_without_a_credential_leave_a_reserve(monkeypatch: pytest.Monke
         for s in held:
             s.close()
         server.should_exit = True
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), 601.0])
+def test_a_header_timeout_out_of_range_is_refused_before_serving(seconds: float) -> None:
+    from forkd.api.server import validate_settings
+    from forkd.api.settings import ConfigError, Settings
+
+    with pytest.raises(ConfigError, match="--header-timeout"):
+        validate_settings(Settings(header_timeout=seconds))

@@ -64,7 +64,8 @@ RESERVE_SHARE = 8
 MIN_RESERVE = 8
 # A request carrying one of these is served from the reserve. Its credential is checked by the
 # app, at once and before any work: a forged one is a quick 401, which frees the slot.
-CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-access-token"})
+CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-access-token",
+                                b"e2b-traffic-access-token"})
 RESERVED_PATHS = frozenset({b"/healthz"})
 # The listen backlog, which is also how many sockets asyncio accepts in one go. Sockets
 # are over the cap for a loop turn or two: accepted but not yet through connection_made,
@@ -142,12 +143,15 @@ class _ConnectionGuard:
                                                             self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
-        # The first bytes of a head start its deadline (uvicorn stops the keep-alive timer here).
-        if self._head_timer is None and self.waiting_for_head():
-            self.head_since = time.monotonic()
-            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+        # uvicorn's own stops the keep-alive timer at the first byte, and arms nothing in its place.
         super().data_received(data)  # type: ignore[misc]
-        if self._head_timer is not None and (not self.waiting_for_head() or self not in self.connections):
+        if self._head_timer is None:
+            # Bytes arrived and no request is in flight: a head began and is not complete. Armed
+            # only then, so a head that arrives in one read (the usual case) costs no timer.
+            if self.waiting_for_head() and self in self.connections and not self.transport.is_closing():
+                self.head_since = time.monotonic()
+                self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+        elif not self.waiting_for_head() or self not in self.connections:
             self._stop_head_timer()  # complete (or upgraded to a WebSocket, or closed)
 
     def waiting_for_head(self) -> bool:
