@@ -95,16 +95,21 @@ def test_writes_of_one_loop_turn_leave_as_one() -> None:
     asyncio.run(run())
 
 
-def _serve(port: int) -> uvicorn.Server:
+def _serve(port: int, parser: str = "httptools", head_timeout: float = connections.HEAD_TIMEOUT_SECS,
+           hold: threading.Event | None = None) -> uvicorn.Server:
+    """A uvicorn server on the daemon's protocol; ``/hold`` answers once ``hold`` is set."""
     Send = Callable[[dict[str, object]], Awaitable[None]]
 
     async def app(scope: dict[str, object], receive: object, send: Send) -> None:
         if scope["type"] != "http":
             return
+        while scope["path"] == "/hold" and hold is not None and not hold.is_set():
+            await asyncio.sleep(0.02)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=connections.http_protocol(),
+    config = uvicorn.Config(app, host="127.0.0.1", port=port,
+                            http=connections.http_protocol(parser, head_timeout),
                             lifespan="off", log_level="error", access_log=False)
     server = uvicorn.Server(config)
     threading.Thread(target=server.run, daemon=True).start()
@@ -150,3 +155,80 @@ def test_a_request_head_over_the_bound_is_refused_with_431_and_serving_goes_on()
         assert _exchange(port, two).count(b"HTTP/1.1 200 OK\r\n") == 2
     finally:
         server.should_exit = True
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("parser", connections.HTTP_PARSERS)
+def test_a_head_not_complete_in_time_is_answered_408_and_closed(parser: str) -> None:
+    """Issue 38 (slowloris): uvicorn's keep-alive timer stops at the first byte of a head."""
+    port = _free_port()
+    server = _serve(port, parser, head_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /heal")
+            answer = b""
+            while chunk := s.recv(4096):  # the server closes it: recv ends
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert json.loads(body) == {"error": "request head not complete within 0.5 s"}
+        # A head that completes in time is served as before, and the deadline is per head.
+        ok = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        assert _exchange(port, ok).startswith(b"HTTP/1.1 200")
+    finally:
+        server.should_exit = True
+
+
+def test_requests_without_a_credential_leave_a_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests in flight that anyone can make (no credential, not /healthz) take at most
+    ``open_share`` of the cap; past it one is answered 503, and /healthz and a request with
+    a credential are still served."""
+    monkeypatch.setattr(connections, "connection_cap", lambda: MIN_CONNECTIONS)
+    share = connections.open_share(MIN_CONNECTIONS)
+    assert 0 < share < MIN_CONNECTIONS
+    hold = threading.Event()
+    port = _free_port()
+    server = _serve(port, hold=hold)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(share):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while sum(1 for t in server.server_state.tasks if not t.done()) < share:
+            assert time.monotonic() < deadline, "the held requests did not start"
+            time.sleep(0.02)
+        close = b"Host: x\r\nConnection: close\r\n\r\n"
+        refused = _exchange(port, b"GET /other HTTP/1.1\r\n" + close)
+        head, _, body = refused.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), refused[:200]
+        assert "connection cap" in json.loads(body)["error"]
+        for reserved in (b"GET /healthz HTTP/1.1\r\n" + close,
+                         b"GET /other HTTP/1.1\r\nAuthorization: Bearer t\r\n" + close,
+                         b"GET /other HTTP/1.1\r\nX-API-Key: k\r\n" + close):
+            assert _exchange(port, reserved).startswith(b"HTTP/1.1 200"), reserved
+        assert sum(1 for t in server.server_state.tasks if not t.done()) == share  # still held
+        hold.set()
+        for s in held:  # released, they are answered
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _exchange(port, b"GET /other HTTP/1.1\r\n" + close).startswith(b"HTTP/1.1 200")
+    finally:
+        hold.set()
+        for s in held:
+            s.close()
+        server.should_exit = True
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), 601.0])
+def test_a_header_timeout_out_of_range_is_refused_before_serving(seconds: float) -> None:
+    from forkd.api.server import validate_settings
+    from forkd.api.settings import ConfigError, Settings
+
+    with pytest.raises(ConfigError, match="--header-timeout"):
+        validate_settings(Settings(header_timeout=seconds))

@@ -24,6 +24,7 @@ import typer
 from forkd import bounds
 from forkd.api.settings import (
     DEFAULT_BRANCH_CONCURRENCY,
+    DEFAULT_HEADER_TIMEOUT,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_FILE_BYTES,
@@ -223,6 +224,14 @@ def daemon(
             "request).",
         ),
     ] = HttpParser.httptools,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout", envvar="FORKD_HEADER_TIMEOUT", metavar="SECS",
+            help="Seconds a client has to finish a request's line and headers once it began sending "
+            "them; a slower one is answered 408 and disconnected.",
+        ),
+    ] = DEFAULT_HEADER_TIMEOUT,
     fast_path: Annotated[
         bool,
         typer.Option(
@@ -277,6 +286,7 @@ def daemon(
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
         disk_quota_mib=disk_quota_mib, http_parser=http_parser.value, fast_path=fast_path,
+        header_timeout=header_timeout,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
     # command needs and `pip install forkd` (the SDK and CLI) does not bring.
@@ -320,6 +330,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "disk_quota_mib": settings.disk_quota_mib,
         "http_parser": settings.http_parser,
         "fast_path": settings.fast_path,
+        "header_timeout": settings.header_timeout,
     }
 
 

@@ -7,10 +7,19 @@ and authenticated calls timed out, and asyncio logged "Too many open files"
 
 * a connection that has sent nothing gets ``FIRST_REQUEST_SECS`` to start a
   request, as a kept-alive one gets uvicorn's keep-alive timeout;
+* a request head (request line and headers) once begun must be complete within
+  the head timeout (``--header-timeout``, ``HEAD_TIMEOUT_SECS`` by default), or the
+  connection is answered 408 and closed. uvicorn has no such deadline: its keep-alive
+  timer stops at the first byte, so 600 connections that each sent 9 bytes and
+  stopped held every slot for as long as they liked (issue 38, slowloris);
 * at most a quarter of the daemon's file-descriptor limit is spent on client
   connections (the rest is for QEMU sockets, disks and the registry). At that
-  cap, a new connection evicts the connection idle the longest; a request in
-  flight is never evicted. Only when none is idle is the new one refused;
+  cap, a new connection evicts the connection with the oldest unfinished head,
+  else the one idle the longest; a request in flight is never evicted. Only when
+  none is idle or partial is the new one refused;
+* a reserve of the cap (``RESERVE_SHARE``) is kept for ``/healthz`` and for requests
+  that carry a credential: once the others in flight would take it, another one is
+  answered 503 at once (httptools only: the h11 fallback has the cap and deadlines);
 * a log line repeated within ``LogRepeatFilter.window`` is counted, not written.
 
 * a request's head (request line and headers) may hold at most ``MAX_HEAD_BYTES``,
@@ -38,13 +47,26 @@ try:
 except ImportError:  # httptools is not installed: h11 serves
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+from forkd.api.settings import DEFAULT_HEADER_TIMEOUT
+
 log = logging.getLogger("forkd.connections")
 
 # Seconds a new connection may stay silent before its first request.
 FIRST_REQUEST_SECS = 10.0
+# Seconds a request head, once begun, has to be complete (the default of --header-timeout).
+HEAD_TIMEOUT_SECS = DEFAULT_HEADER_TIMEOUT
 # The share of RLIMIT_NOFILE that client connections may hold.
 CONNECTION_SHARE = 4
 MIN_CONNECTIONS = 16
+# 1/RESERVE_SHARE of the cap (at least MIN_RESERVE) is never taken by requests in flight that
+# carry no credential (and are not /healthz): those are the ones anyone can hold open.
+RESERVE_SHARE = 8
+MIN_RESERVE = 8
+# A request carrying one of these is served from the reserve. Its credential is checked by the
+# app, at once and before any work: a forged one is a quick 401, which frees the slot.
+CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-access-token",
+                                b"e2b-traffic-access-token"})
+RESERVED_PATHS = frozenset({b"/healthz"})
 # The listen backlog, which is also how many sockets asyncio accepts in one go. Sockets
 # are over the cap for a loop turn or two: accepted but not yet through connection_made,
 # or evicted but not yet closed (asyncio closes a transport's socket on its next turn).
@@ -77,23 +99,37 @@ def connection_cap() -> int:
     return max(MIN_CONNECTIONS, soft // CONNECTION_SHARE)
 
 
+def open_share(cap: int) -> int:
+    """How many of ``cap`` connections may have a request without a credential in flight."""
+    return cap - min(cap // 2, max(MIN_RESERVE, cap // RESERVE_SHARE))
+
+
 class _ConnectionGuard:
-    """The first-request timeout and the connection cap, for either of uvicorn's protocols.
+    """The first-request and head timeouts and the connection cap, for either of uvicorn's protocols.
 
     Mixed in before the protocol class; it uses only what both share: ``connections``
-    (the server's set), ``timeout_keep_alive_task``/``_handler`` and ``on_response_complete``.
+    (the server's set), ``cycle`` (the request in flight, once its head is complete),
+    ``timeout_keep_alive_task``/``_handler`` and ``on_response_complete``.
     """
 
     refused = 0  # connections closed at once: at the cap with none idle (all protocols)
-    evicted = 0  # idle connections closed to make room
+    evicted = 0  # idle or partial connections closed to make room
+    head_timeouts = 0  # connections closed for a head not complete in time
+    head_timeout = HEAD_TIMEOUT_SECS  # set per server by http_protocol()
 
     connections: set[Any]
+    cycle: Any
+    transport: asyncio.Transport
     timeout_keep_alive_task: asyncio.TimerHandle | None
     loop: asyncio.AbstractEventLoop
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_since = time.monotonic()
+        self.head_since = 0.0
+        self._head_timer: asyncio.TimerHandle | None = None
+        # The request in flight carries no credential and is not /healthz (see RESERVE_SHARE).
+        self.open_request = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if len(self.connections) >= connection_cap() and not self._evict_one():
@@ -106,6 +142,45 @@ class _ConnectionGuard:
         self.timeout_keep_alive_task = self.loop.call_later(FIRST_REQUEST_SECS,
                                                             self.timeout_keep_alive_handler)
 
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's own stops the keep-alive timer at the first byte, and arms nothing in its place.
+        super().data_received(data)  # type: ignore[misc]
+        if self._head_timer is None:
+            # Bytes arrived and no request is in flight: a head began and is not complete. Armed
+            # only then, so a head that arrives in one read (the usual case) costs no timer.
+            if self.waiting_for_head() and self in self.connections and not self.transport.is_closing():
+                self.head_since = time.monotonic()
+                self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+        elif not self.waiting_for_head() or self not in self.connections:
+            self._stop_head_timer()  # complete (or upgraded to a WebSocket, or closed)
+
+    def waiting_for_head(self) -> bool:
+        """No request in flight: what arrives now is (part of) the next head."""
+        return self.cycle is None or bool(self.cycle.response_complete)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or not self.waiting_for_head():
+            return
+        _ConnectionGuard.head_timeouts += 1
+        error = f"request head not complete within {self.head_timeout:g} s"
+        self._answer_and_close(b"408 Request Timeout", error)
+
+    def _answer_and_close(self, status: bytes, error: str) -> None:
+        body = json.dumps({"error": error}).encode()
+        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (status, len(body), body))
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def timeout_keep_alive_handler(self) -> None:
         super().timeout_keep_alive_handler()  # type: ignore[misc]
 
@@ -114,16 +189,37 @@ class _ConnectionGuard:
         self.idle_since = time.monotonic()
 
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for a request; False if none waits."""
-        idle = [c for c in self.connections
-                if isinstance(c, _ConnectionGuard) and c.timeout_keep_alive_task is not None]
-        if not idle:
+        """Close the connection whose head began longest ago, else the one that has waited
+        longest for a request; False if none is partial or idle."""
+        partial: _ConnectionGuard | None = None
+        idle: _ConnectionGuard | None = None
+        for c in self.connections:
+            if not isinstance(c, _ConnectionGuard):
+                continue
+            if c._head_timer is not None:
+                if partial is None or c.head_since < partial.head_since:
+                    partial = c
+            elif c.timeout_keep_alive_task is not None and (idle is None or c.idle_since < idle.idle_since):
+                idle = c
+        victim = partial or idle
+        if victim is None:
             return False
-        oldest = min(idle, key=lambda c: c.idle_since)
-        oldest.timeout_keep_alive_handler()
-        oldest.connections.discard(oldest)  # counted free now, not when the loop gets to it
+        victim._stop_head_timer()
+        victim.timeout_keep_alive_handler()  # closes the transport (a partial one too)
+        victim.connections.discard(victim)  # counted free now, not when the loop gets to it
         _ConnectionGuard.evicted += 1
         return True
+
+    def reserve_refuses(self) -> bool:
+        """True if a request with no credential must not start now: the others in flight
+        already take every slot outside the reserve."""
+        share = open_share(connection_cap())
+        if len(self.connections) <= share:  # the common case: no count needed
+            return False
+        in_flight = sum(1 for c in self.connections
+                        if c is not self and isinstance(c, _ConnectionGuard) and c.open_request
+                        and not c.waiting_for_head())
+        return in_flight >= share
 
 
 class GuardedH11Protocol(_ConnectionGuard, H11Protocol):
@@ -180,11 +276,22 @@ if HttpToolsProtocol is not None:
         could grow the daemon's memory without end.
         """
 
+        _credentialed = False  # the head being read carries one of CREDENTIAL_HEADERS
+
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             self._writer = _CoalescingWriter(cast(asyncio.Transport, transport), self.loop)
 
         def on_headers_complete(self) -> None:
+            if not self.parser.should_upgrade():  # a WebSocket leaves this protocol: not counted
+                reserved = self._credentialed or self.url.partition(b"?")[0] in RESERVED_PATHS
+                if not reserved and self.reserve_refuses():
+                    self._head_refused = True
+                    self._answer_and_close(b"503 Service Unavailable",
+                                           "the daemon is at its connection cap for requests without "
+                                           "a credential; retry shortly")
+                    raise ValueError("connection reserve")  # stops the parser, as _count_head does
+                self.open_request = not reserved
             # The cycle made here answers through the coalescing writer; the protocol's
             # own writes (400s, upgrades) keep the transport itself.
             transport = self.transport
@@ -198,6 +305,7 @@ if HttpToolsProtocol is not None:
             super().on_message_begin()
             self._head_bytes = 0
             self._head_refused = False
+            self._credentialed = False
 
         def on_url(self, url: bytes) -> None:
             self._count_head(len(url))
@@ -205,37 +313,45 @@ if HttpToolsProtocol is not None:
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._count_head(len(name) + len(value) + 4)
+            if not self._credentialed and name.lower() in CREDENTIAL_HEADERS:
+                self._credentialed = True
             super().on_header(name, value)
 
         def _count_head(self, size: int) -> None:
             self._head_bytes += size
             if self._head_bytes > MAX_HEAD_BYTES and not self._head_refused:
                 self._head_refused = True
-                error = f"request line and headers exceed {MAX_HEAD_BYTES} bytes"
-                body = json.dumps({"error": error}).encode()
-                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                                     b"content-type: application/json\r\nconnection: close\r\n"
-                                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
-                self.transport.close()
+                self._answer_and_close(b"431 Request Header Fields Too Large",
+                                       f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
                 # Stops the parser; uvicorn then answers 400, which send_400_response drops.
                 raise ValueError("request head too large")
 
         def send_400_response(self, msg: str) -> None:
             if getattr(self, "_head_refused", False):
-                return  # answered 431 already
+                return  # answered 431 or 503 already
             super().send_400_response(msg)
 
 
 HTTP_PARSERS = ("httptools", "h11")
 
 
-def http_protocol(parser: str = "httptools") -> type[asyncio.Protocol]:
-    """The guarded protocol for ``parser`` (``HTTP_PARSERS``); h11's where httptools is missing."""
+def http_protocol(parser: str = "httptools",
+                  head_timeout: float = HEAD_TIMEOUT_SECS) -> type[asyncio.Protocol]:
+    """The guarded protocol for ``parser`` (``HTTP_PARSERS``); h11's where httptools is missing.
+
+    ``head_timeout``: seconds a begun request head has to be complete (``--header-timeout``).
+    """
+    chosen: type[_ConnectionGuard]
     if parser == "httptools" and HttpToolsProtocol is not None:
-        return GuardedHttpToolsProtocol
-    if parser == "httptools":
-        log.warning("httptools is not installed: serving with h11, which costs more CPU per request")
-    return GuardedH11Protocol
+        chosen = GuardedHttpToolsProtocol
+    else:
+        if parser == "httptools":
+            log.warning("httptools is not installed: serving with h11, which costs more CPU per request")
+        chosen = GuardedH11Protocol
+    if head_timeout != chosen.head_timeout:
+        # uvicorn builds the protocol itself, from a class: the timeout travels as a class attribute.
+        chosen = type(chosen.__name__, (chosen,), {"head_timeout": head_timeout})
+    return cast(type[asyncio.Protocol], chosen)
 
 
 class LogRepeatFilter(logging.Filter):
@@ -288,5 +404,6 @@ def install_log_filter(window: float = 10.0) -> LogRepeatFilter:
     return flt
 
 
-__all__ = ["ACCEPT_BATCH", "FIRST_REQUEST_SECS", "HTTP_PARSERS", "MAX_HEAD_BYTES", "GuardedH11Protocol",
-           "LogRepeatFilter", "connection_cap", "http_protocol", "install_log_filter", "raise_fd_limit"]
+__all__ = ["ACCEPT_BATCH", "FIRST_REQUEST_SECS", "HEAD_TIMEOUT_SECS", "HTTP_PARSERS", "MAX_HEAD_BYTES",
+           "GuardedH11Protocol", "LogRepeatFilter", "connection_cap", "http_protocol", "install_log_filter",
+           "open_share", "raise_fd_limit"]

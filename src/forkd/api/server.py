@@ -20,7 +20,13 @@ from forkd.api.connections import (
     install_log_filter,
     raise_fd_limit,
 )
-from forkd.api.settings import MAX_BRANCH_CONCURRENCY, MIN_MAX_BODY_BYTES, ConfigError, Settings
+from forkd.api.settings import (
+    HEADER_TIMEOUT_RANGE,
+    MAX_BRANCH_CONCURRENCY,
+    MIN_MAX_BODY_BYTES,
+    ConfigError,
+    Settings,
+)
 from forkd.errors import InvalidRequest
 from forkd.host.netplan import AddressPlan
 from forkd.store.objectstore import StoreURL
@@ -80,6 +86,9 @@ def validate_settings(settings: Settings) -> None:
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
     validate_fleet_settings(settings)
+    low, high = HEADER_TIMEOUT_RANGE
+    if not low <= settings.header_timeout <= high:  # also refuses nan
+        raise ConfigError(f"--header-timeout must be between {low:g} and {high:g} seconds")
     if settings.http_parser not in HTTP_PARSERS:
         raise ConfigError(f"unknown HTTP parser {settings.http_parser!r}: "
                           f"use one of {', '.join(HTTP_PARSERS)}")
@@ -142,8 +151,9 @@ def serve(settings: Settings, log_level: str = "info", on_ready: Callable[[], No
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS,
-        # Bounded connections: a first-request timeout and a cap with eviction (api/connections.py).
-        http=http_protocol(settings.http_parser),
+        # Bounded connections: first-request and head timeouts, a cap with eviction and a reserve
+        # for /healthz and credentialed requests (api/connections.py).
+        http=http_protocol(settings.http_parser, settings.header_timeout),
         # A kept-alive connection waits this long for its next request. uvicorn's 5 s races clients
         # that pause about that long and then reuse their connection (E2B's SDK over TLS: "connection
         # closed before message completed"); the cap above still evicts idle ones under pressure.

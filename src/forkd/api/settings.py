@@ -23,6 +23,9 @@ MIN_MAX_BODY_BYTES = 1024  # below this even a spawn request does not fit
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 DEFAULT_BRANCH_CONCURRENCY = 4
 DEFAULT_LEASE_TTL = 10  # seconds a fleet host stays listed after its last keepalive
+# Seconds a client has to complete a request head it began (api/connections.py: slowloris).
+DEFAULT_HEADER_TIMEOUT = 10.0
+HEADER_TIMEOUT_RANGE = (0.1, 600.0)
 MAX_BRANCH_CONCURRENCY = 64
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -97,6 +100,16 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw!r}: expected an integer") from None
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+
+
 def parse_pools(items: list[str] | str | None) -> dict[str, int]:
     """``--pool TAG=N`` (repeatable) or ``FORKD_POOLS="a=2,b=3"`` -> ``{"a": 2, "b": 3}``."""
     if items is None:
@@ -167,6 +180,8 @@ class Settings:
     # The HTTP/1.1 parser uvicorn serves with (api/connections.py): "httptools" (C, the default
     # when installed) or "h11" (pure Python: more CPU per request; kept to compare and fall back).
     http_parser: str = "httptools"
+    # Seconds a client has to complete a request head once it began sending it (api/connections.py).
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
     # Plain JSON routes served without FastAPI's per-request routing (api/fast_path.py); off: every
     # request goes through FastAPI (the same answers, more CPU: kept to compare and fall back).
     fast_path: bool = True
@@ -202,6 +217,7 @@ class Settings:
             capacity=_env_int("FORKD_CAPACITY", 0) or None,
             disk_quota_mib=_env_int("FORKD_DISK_QUOTA_MIB", bounds.DEFAULT_DISK_QUOTA_MIB),
             http_parser=os.environ.get("FORKD_HTTP_PARSER") or "httptools",
+            header_timeout=_env_float("FORKD_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
             fast_path=_env_bool("FORKD_FAST_PATH", True),
         )
 

@@ -23,7 +23,7 @@ from forkd.api.e2b.control import create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
 from forkd.api.e2b.errors import CONNECT_CODE, rest_body, send_json
 from forkd.api.e2b.paths import SANDBOX_HEADER, is_control_path, is_e2b_request, is_sandbox_request
-from forkd.api.e2b.signed import SignedFileRequest, signed_file_request
+from forkd.api.e2b.signed import SignedFileRequest, SignerSearch, signed_file_request
 from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
@@ -64,6 +64,7 @@ class E2BDispatch:
         self.app = app
         self._runtime = runtime
         self._tokens = tokens
+        self._signers = SignerSearch()
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate, uploads),
                                                max_body_bytes, exempt=template_uploads, shape=_rest_shape)
         self.sandbox = BodySizeLimitMiddleware(
@@ -71,26 +72,28 @@ class E2BDispatch:
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)
 
     def _signer(self, signed: SignedFileRequest) -> str | None:
-        """The sandbox whose token made ``signed``'s signature, if one of the running ones did."""
+        """The sandbox whose token made ``signed``'s signature, if one of the running ones did
+        (bounded in cost: e2b/signed.py); ScanBudgetSpent past the budget."""
         runtime = self._runtime()
         if runtime is None:
             return None
-        for record in runtime.list_sandboxes():
-            if self._tokens.accepts_signature(record.id, signed.signature, signed.path, signed.operation,
-                                              signed.user, signed.expiration):
-                return record.id
-        return None
+
+        def accepts(sandbox_id: str) -> bool:
+            return self._tokens.accepts_signature(sandbox_id, signed.signature, signed.path,
+                                                  signed.operation, signed.user, signed.expiration)
+
+        return self._signers.find(signed.signature, (r.id for r in runtime.list_sandboxes()), accepts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not is_sandbox_request(scope):
             # A signed file URL names its sandbox by its signature alone (e2b/signed.py).
             try:
                 signed = signed_file_request(scope)
+                sandbox_id = None if signed is None else self._signer(signed)
             except ForkdError as exc:
                 await send_json(send, exc.status, rest_body(exc.status, str(exc)))
                 return
             if signed is not None:
-                sandbox_id = self._signer(signed)
                 if sandbox_id is None:
                     await send_json(send, 401, rest_body(401, "invalid signature: no running sandbox "
                                                               "signed this URL"))

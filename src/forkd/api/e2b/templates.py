@@ -65,6 +65,7 @@ MAX_MESSAGE = 4096
 STATUS_PAGE = 100
 HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
+_EXPIRES_RE = re.compile(r"[0-9]{1,12}", re.ASCII)  # unix seconds, ASCII digits only
 UPLOAD_URL_SECS = 3600  # how long a files link's signed upload URL is good for
 BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
 DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
@@ -194,12 +195,19 @@ class E2BTemplates:
         raw: bytes = scope.get("query_string", b"")
         if len(raw) > 256:  # an expiry and a hex HMAC are far shorter
             return False
-        query = urllib.parse.parse_qs(raw.decode("latin-1"), max_num_fields=4)
-        expires, signature = query.get("expires", [""])[0], query.get("signature", [""])[0]
-        if not (expires.isdigit() and len(expires) <= 12) or int(expires) < time.time():
+        try:
+            query = urllib.parse.parse_qs(raw.decode("latin-1"), max_num_fields=4)
+        except ValueError:  # more fields than this daemon's URL has: not one of its URLs
+            return False
+        expires, signature = query.get("expires", [""]), query.get("signature", [""])
+        if len(expires) != 1 or len(signature) != 1 or not _EXPIRES_RE.fullmatch(expires[0]):
+            return False  # str.isdigit() is true for "²", on which int() raises
+        if int(expires[0]) < time.time():
             return False
         files_hash = path.rstrip("/").rsplit("/", 1)[1]
-        return hmac.compare_digest(signature, self._signature(files_hash, int(expires)))
+        # As bytes: compare_digest raises on a str with non-ASCII characters.
+        wanted = self._signature(files_hash, int(expires[0]))
+        return hmac.compare_digest(signature[0].encode(), wanted.encode())
 
     async def upload(self, files_hash: str, chunks: AsyncIterator[bytes]) -> None:
         """Store an upload as a plain tar (gunzipped as it arrives, bounded after decompression)."""
