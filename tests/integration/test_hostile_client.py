@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import os
 import resource
 import selectors
@@ -370,3 +371,41 @@ def test_a_slow_client_gets_its_answer(plain_daemon: ForkdDaemon) -> None:
             time.sleep(0.3)
         reply = s.recv(4096)
     assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+
+# ------------------------------------------------ issue 38: the port proxy's request-target, raw
+
+
+def _raw(daemon: ForkdDaemon, request: bytes) -> tuple[int, dict[str, object]]:
+    """One request as sent, byte for byte (no client library tidies its target); the answer's
+    status and JSON body."""
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=20) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):  # the proxy's own answers close the connection
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_the_port_proxy_relays_only_origin_form_targets(plain_daemon: ForkdDaemon) -> None:
+    """Issue 38, HIGH 2 and 11: ``GET *@127.0.0.1:22/`` with a sandbox port's Host connected to the
+    host's port 22 (the target pasted after the guest's address); ``OPTIONS *`` was a 500. Both are
+    400s now, before the sandbox is even looked up, and nothing is connected to."""
+    with socket.create_server(("127.0.0.1", 0)) as host_port:
+        port = host_port.getsockname()[1]
+        for line in (f"GET *@127.0.0.1:{port}/ HTTP/1.1", "OPTIONS * HTTP/1.1"):
+            status, body = _raw(plain_daemon, f"{line}\r\nHost: 8000-{A}.localhost\r\n\r\n".encode())
+            assert status == 400 and "origin-form" in str(body["error"]), (line, body)
+        with selectors.DefaultSelector() as sel:
+            sel.register(host_port, selectors.EVENT_READ)
+            assert not sel.select(timeout=0), "the daemon connected to the host's port"
+    with plain_daemon.client() as c:
+        assert c.get("/healthz").status_code == 200
+
+
+def test_the_port_proxys_missing_sandbox_is_e2bs_502(plain_daemon: ForkdDaemon) -> None:
+    """Issue 38, LOW 20: E2B's SDK reads its proxy's ``{"message", "sandboxId", "code"}``."""
+    status, body = _raw(plain_daemon, f"GET / HTTP/1.1\r\nHost: 8000-{A}.localhost\r\n\r\n".encode())
+    assert status == 502 and body["code"] == 502 and body["sandboxId"] == A, body
+    assert "was not found" in str(body["message"]) and body["error"] == body["message"]

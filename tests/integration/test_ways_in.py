@@ -10,6 +10,7 @@ with SIGTERM and checks that none of its QEMUs is left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -568,6 +569,20 @@ def test_port_proxy_relays_http_and_websocket_with_the_sandboxs_policy(
         # A port nothing listens on.
         closed = through_proxy(daemon, 8009, public)
         assert closed.status_code == 502 and "port 8009 is not open" in closed.json()["error"]
+        # Issue 38: a request-target that is not a path is refused, and reaches nothing of the host
+        # (pasted after the guest's address, `*@127.0.0.1:<port>/` named the host's port).
+        with socket.create_server(("127.0.0.1", 0)) as host_port:
+            for line in (f"GET *@127.0.0.1:{host_port.getsockname()[1]}/ HTTP/1.1", "OPTIONS * HTTP/1.1"):
+                with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as raw:
+                    raw.sendall(f"{line}\r\nHost: 8001-{public}.localhost:{daemon.port}\r\n\r\n".encode())
+                    answer = b""
+                    with contextlib.suppress(TimeoutError):
+                        while chunk := raw.recv(65536):  # the proxy's own answers close the connection
+                            answer += chunk
+                host_port.settimeout(0)
+                with pytest.raises(BlockingIOError):  # nothing connected to it
+                    host_port.accept()
+                assert answer.startswith(b"HTTP/1.1 400") and b"origin-form" in answer, answer[:300]
         # A WebSocket, both ways, through the same proxy.
         sock = socket.create_connection(("127.0.0.1", daemon.port))
         with connect(f"ws://8002-{private}.localhost:{daemon.port}/ws", sock=sock,

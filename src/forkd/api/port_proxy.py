@@ -18,7 +18,20 @@ address).
 A relayed request wakes a hibernated sandbox and resumes a paused one, as any
 request does (its ``autoResume``, for E2B's, is respected), and holds it awake
 until the response or the WebSocket ends. A port nothing listens on is a 502;
-every answer the proxy makes itself is ``{"error": ...}``.
+every answer the proxy makes itself is ``{"error": ...}`` (a sandbox that is not
+running also carries E2B's proxy shape, ``{"message", "sandboxId", "code"}``).
+
+What a client sends is bounded before it goes anywhere (docs/SECURITY.md):
+
+* Only an origin-form request-target (a path beginning with ``/``) is relayed;
+  ``*`` (``OPTIONS *``, ``*@host:port/``) and absolute or authority forms are a
+  400. The upstream URL is built from its parts (scheme, the guest's address,
+  the port, the path, the query), never by pasting the target after an address.
+* A relay ends with its client: an HTTP response stops being read from the guest
+  (and its connection is closed) once the client hangs up.
+* A WebSocket message is at most ``MAX_WS_MESSAGE_BYTES`` either way, and each
+  direction reads only as fast as the other end takes: at most
+  ``WS_QUEUE_FRAMES`` frames are read ahead of a client that does not read.
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from forkd.api.limits import send_error
+from forkd.api.e2b.errors import not_running, not_running_body
+from forkd.api.limits import ErrorShape, forkd_error, send_error
 from forkd.errors import ForkdError
 
 if TYPE_CHECKING:
@@ -58,6 +72,40 @@ CONNECT_TIMEOUT_SECS = 5.0
 # A response that sends nothing for this long is cut (a long poll or a slow stream stays under it).
 READ_TIMEOUT_SECS = 600.0
 MAX_WS_MESSAGE_BYTES = 16 << 20  # as uvicorn bounds what clients send (ws_max_size)
+# Frames the relay reads from the guest ahead of its client: past this, the guest's socket is not
+# read until the client has taken what is queued (websockets' own default is 16, i.e. up to 16 times
+# MAX_WS_MESSAGE_BYTES held for a client that never reads). uvicorn, on the client's side, holds at
+# most one message per direction (it waits for its write buffer to drain, and pauses reading until
+# the app takes what it queued).
+WS_QUEUE_FRAMES = 1
+WS_WRITE_LIMIT_BYTES = 64 << 10  # what a send to the guest may leave buffered before it waits
+
+
+# Bytes a URL cannot carry as they are: escaped as a browser would (the guest decodes the same bytes).
+_UNSAFE = re.compile(rb"[^\x21-\x7e]|#")
+
+
+def request_target(scope: Scope) -> bytes | None:
+    """A request's path and query, if its request-target is origin-form (a path beginning with
+    ``/``); None for any other form (``*``, authority or absolute), which the proxy refuses.
+
+    httptools hands over ``*...`` targets as the path, and one pasted after ``http://ip:port``
+    named another host: ``*@127.0.0.1:22/`` reached the host's port 22."""
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    if not raw_path.startswith(b"/"):
+        return None
+    query: bytes = scope.get("query_string") or b""
+    target = raw_path + (b"?" + query if query else b"")
+    return _UNSAFE.sub(lambda m: b"%%%02X" % m[0][0], target)
+
+
+def upstream_url(scheme: str, ip: str, port: int, target: bytes) -> httpx.URL:
+    """The guest's URL: built from its parts (``target`` from request_target), never by pasting
+    text after an address, so the host and port are the guest's whatever the target says."""
+    url = httpx.URL(scheme=scheme, host=ip, port=port, raw_path=target)
+    if url.host != ip or url.port != port:  # not possible with the parts above; never relay if it were
+        raise ValueError(f"upstream URL {url} is not port {port} of {ip}")
+    return url
 
 
 def target(scope: Scope) -> tuple[int, str] | None:
@@ -111,6 +159,12 @@ class PortProxy:
             await self.app(scope, receive, send)
             return
         port, sandbox_id = where
+        path = request_target(scope)
+        if path is None:  # before anything else: no lookup, no wake, no connection for these
+            await self._refuse(scope, receive, send, 400, (
+                "the port proxy relays only origin-form request-targets (a path beginning with '/'); "
+                "'*', authority and absolute forms are refused"))
+            return
         runtime = self._runtime()
         if runtime is None:
             await self._refuse(scope, receive, send, 503, "the daemon is starting")
@@ -118,8 +172,12 @@ class PortProxy:
         try:
             record = runtime.get_sandbox(sandbox_id)
         except ForkdError as exc:
-            status = 502 if exc.status == 404 else exc.status
-            await self._refuse(scope, receive, send, status, f"sandbox {sandbox_id} is not running: {exc}")
+            if exc.status == 404:  # as E2B's proxy answers, which its SDK reads as "not running"
+                body = {"error": not_running(sandbox_id), **not_running_body(sandbox_id)}
+                await self._refuse(scope, receive, send, 502, not_running(sandbox_id), shape=lambda *_: body)
+            else:
+                await self._refuse(scope, receive, send, exc.status,
+                                   f"sandbox {sandbox_id} is not running: {exc}")
             return
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())]
         if not self._admits(sandbox_id, record, headers):
@@ -141,10 +199,10 @@ class PortProxy:
                 ip = awake.ip or record.ip
                 forwarded = self._forwarded(headers, record.egress.request_host(port))
                 if scope["type"] == "websocket":
-                    await self._websocket(scope, receive, send, f"ws://{ip}:{port}", forwarded)
+                    await self._websocket(scope, receive, send, upstream_url("ws", ip, port, path), forwarded)
                 else:
-                    await self._http(scope, receive, send, f"http://{ip}:{port}", port, sandbox_id,
-                                     forwarded)
+                    await self._http(scope, receive, send, upstream_url("http", ip, port, path), port,
+                                     sandbox_id, forwarded)
         except ForkdError as exc:  # the wake or resume failed: nothing was sent yet
             await self._refuse(scope, receive, send, exc.status if 400 <= exc.status <= 599 else 502,
                                f"sandbox {sandbox_id} could not be woken: {exc}")
@@ -171,91 +229,119 @@ class PortProxy:
         host = masked_host or next((v for k, v in headers if k == "host"), None)
         return [("Host", host), *out] if host else out  # as a client spells it: some servers care
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str,
+                      shape: ErrorShape = forkd_error) -> None:
         if scope["type"] == "websocket":
             # Closed before the handshake is accepted: the client gets an HTTP 403 from the server.
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008 if status == 403 else 1011,
                         "reason": message[:120]})
             return
-        await send_error(send, status, message)
+        await send_error(send, status, message, shape)
 
     # ------------------------------------------------------------------ HTTP
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send, base: str, port: int,
+    async def _http(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL, port: int,
                     sandbox_id: str, headers: list[tuple[str, str]]) -> None:
-        path = scope.get("raw_path") or scope["path"].encode()
-        url = base + path.decode("latin-1")
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
+        """Relay one request, and its response until the guest ends it or the client hangs up.
+
+        uvicorn's ``send`` to a client that is gone returns without a word, so a relay that only
+        sent would read an endless response for ever (and hold the sandbox awake, and the
+        daemon's shutdown): what the client sends after its request (only ever its hang-up) is
+        watched beside the relay, and ends it."""
         too_large = False
+        has_body = _has_body(scope)
+        body_read = asyncio.Event()  # after it, the client's next message is its hang-up
 
         async def body() -> AsyncIterator[bytes]:
             nonlocal too_large
             seen = 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                seen += len(chunk)
-                if seen > self._max_body_bytes:
-                    too_large = True
-                    raise _BodyTooLarge
-                if chunk:
-                    yield chunk
-                if not message.get("more_body", False):
-                    return
-
-        client = self._clients.http()
-        request = client.build_request(scope["method"], url, headers=headers,
-                                       content=body() if _has_body(scope) else None)
-        try:
-            response = await client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            await send_error(send, 502, f"The sandbox {sandbox_id} is running but port {port} is not open "
-                             "(nothing accepts connections there)")
-            return
-        except (httpx.TransportError, _BodyTooLarge) as exc:
-            if too_large:
-                await send_error(send, 413, f"request body exceeds the daemon's {self._max_body_bytes}-byte "
-                                 "limit for relayed traffic")
-            else:
-                await send_error(send, 502, f"port {port} of sandbox {sandbox_id} failed: "
-                                 f"{type(exc).__name__}")
-            return
-        try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": [(k.encode("latin-1"), v.encode("latin-1"))
-                                    for k, v in response.headers.multi_items()
-                                    if k.lower() not in _HOP and k.lower() != "date"]})  # uvicorn's own
             try:
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.TransportError as exc:
-                # Headers are gone already: the client sees the stream cut short.
-                log.info("relay from port %d of %s cut: %s", port, sandbox_id, type(exc).__name__)
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone  # not a shorter body: the guest must not take it as whole
+                    chunk = message.get("body", b"")
+                    seen += len(chunk)
+                    if seen > self._max_body_bytes:
+                        too_large = True
+                        raise _BodyTooLarge
+                    if chunk:
+                        yield chunk
+                    if not message.get("more_body", False):
+                        return
+            finally:
+                body_read.set()
+
+        async def hang_up() -> None:
+            if has_body:
+                await body_read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        async def relay() -> None:
+            client = self._clients.http()
+            request = client.build_request(scope["method"], url, headers=headers,
+                                           content=body() if has_body else None)
+            try:
+                response = await client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                await send_error(send, 502, f"The sandbox {sandbox_id} is running but port {port} is not "
+                                 "open (nothing accepts connections there)")
                 return
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except _ClientGone:
+                return
+            except (httpx.TransportError, _BodyTooLarge) as exc:
+                if too_large:
+                    await send_error(send, 413, f"request body exceeds the daemon's {self._max_body_bytes}-"
+                                     "byte limit for relayed traffic")
+                else:
+                    await send_error(send, 502, f"port {port} of sandbox {sandbox_id} failed: "
+                                     f"{type(exc).__name__}")
+                return
+            try:
+                await send({"type": "http.response.start", "status": response.status_code,
+                            "headers": [(k.encode("latin-1"), v.encode("latin-1"))
+                                        for k, v in response.headers.multi_items()
+                                        if k.lower() not in _HOP and k.lower() != "date"]})  # uvicorn's own
+                try:
+                    async for chunk in response.aiter_raw():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except httpx.TransportError as exc:
+                    # Headers are gone already: the client sees the stream cut short.
+                    log.info("relay from port %d of %s cut: %s", port, sandbox_id, type(exc).__name__)
+                    return
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                # Unread, the guest's connection cannot be kept: closing it tells the guest to stop.
+                await response.aclose()
+
+        relaying = asyncio.create_task(relay())
+        watching = asyncio.create_task(hang_up())
+        try:
+            await asyncio.wait((relaying, watching), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await response.aclose()
+            for task in (relaying, watching):
+                task.cancel()
+            await asyncio.gather(relaying, watching, return_exceptions=True)
+        if not relaying.cancelled() and (failed := relaying.exception()) is not None:
+            raise failed
 
     # ------------------------------------------------------------------ WebSocket
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send, base: str,
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL,
                          headers: list[tuple[str, str]]) -> None:
         first = await receive()
         if first["type"] != "websocket.connect":
             return
-        path = scope.get("raw_path") or scope["path"].encode()
-        url = base + path.decode("latin-1")
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
         try:
             upstream = await connect(
-                url, additional_headers=[(k, v) for k, v in headers if k not in _WS_OWN],
+                str(url), additional_headers=[(k, v) for k, v in headers if k not in _WS_OWN],
                 subprotocols=scope.get("subprotocols") or None, open_timeout=CONNECT_TIMEOUT_SECS,
-                max_size=MAX_WS_MESSAGE_BYTES, compression=None, proxy=None)
+                # Bounded both ways: a message's size, and what is read ahead of the client
+                # (max_queue); sends wait for the guest to take the data (write_limit, bytes).
+                max_size=MAX_WS_MESSAGE_BYTES, max_queue=WS_QUEUE_FRAMES, write_limit=WS_WRITE_LIMIT_BYTES,
+                compression=None, proxy=None)
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
             reason = f"upstream answered {status}" if status else f"port not open ({type(exc).__name__})"
@@ -306,6 +392,10 @@ async def _pump(receive: Receive, send: Send, upstream: ClientConnection) -> Non
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class _ClientGone(Exception):
+    """The client hung up before its request body was whole."""
 
 
 def _has_body(scope: Scope) -> bool:

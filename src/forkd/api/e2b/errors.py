@@ -69,3 +69,9 @@ async def send_json(send: Send, status: int, body: bytes, headers: list[tuple[by
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
+
+
+def not_running_body(sandbox_id: str) -> dict[str, object]:
+    """What E2B's proxy answers (502) for a sandbox that is not running: ``code`` and ``message``,
+    as every REST error, and the ``sandboxId``. The port proxy answers it (api/port_proxy.py)."""
+    return {"code": 502, "message": not_running(sandbox_id), "sandboxId": sandbox_id}
