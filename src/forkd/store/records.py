@@ -137,6 +137,13 @@ class PausedRecord:
     idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
     hibernate_on_timeout: bool = False
     hibernate_on_timeout_memory: bool = True
+    started_unix: float = 0.0  # the sandbox's, sub-second (SandboxRecord.started_unix)
+
+    def __post_init__(self) -> None:
+        # Not given, or out of step with created_at_unix (a copy made with another one): the
+        # whole second stands for it.
+        if int(self.started_unix) != self.created_at_unix:
+            self.started_unix = float(self.created_at_unix)
 
     @property
     def state(self) -> SandboxState:
@@ -281,6 +288,15 @@ class SandboxRecord:
     auto_resume: bool = True
     # On disk, no QEMU (controller/hibernation.py); None: running (or paused).
     hibernation: Hibernation | None = None
+    # When it was started, to the sub-second (``created_at_unix`` is whole seconds): what lists
+    # sort by, as E2B's does by startedAt. Not given: created_at_unix stands for it.
+    started_unix: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Not given, or out of step with created_at_unix (a copy made with another one): the
+        # whole second stands for it.
+        if int(self.started_unix) != self.created_at_unix:
+            self.started_unix = float(self.created_at_unix)
 
     @property
     def per_child_netns(self) -> bool:
