@@ -234,6 +234,9 @@ class Hibernation:
     pause_ms: float  # from the VM's stop to its state on disk
     # False: disk only (no pages, no device state); its wake cold-boots its disk.
     memory: bool = True
+    # Each saved file's BLAKE2b, taken as it was written, checked before a wake (vmm/hibernation.py);
+    # empty for a disk-only one, and for one an older forkd wrote.
+    digests: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
         return {"hibernated_at_unix": round(self.at_unix, 3), "memory": self.memory, "pages": self.pages,
