@@ -208,7 +208,10 @@ class Brancher:
         frozen = Path(src.disk.file)
         cut = {"mode": mode, "node": new_node, "file": str(new_disk), "frozen": str(frozen)}
         marker = src.run_dir / CUT_MARKER
-        marker.write_text(json.dumps(cut))  # before QEMU is touched: a restart finds it
+        try:
+            marker.write_text(json.dumps(cut))  # before QEMU is touched: a restart finds it
+        except OSError as exc:
+            raise VMError(f"branch of {src.id} could not start: {marker}: {exc.strerror or exc}") from exc
         try:
             try:
                 cap = await branching.capture(
