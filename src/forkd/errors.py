@@ -52,6 +52,12 @@ class VMError(ForkdError):
     status = 500
 
 
+class CorruptState(VMError):
+    """Saved state (a hibernation's files) that is not what was written: refused, never loaded."""
+
+    status = 500
+
+
 class BootTimeout(VMError):
     status = 504
 

@@ -165,6 +165,31 @@ def test_hibernate_and_wake_keep_memory_files_processes_and_network(http: httpx.
     assert http.get(f"/v1/sandboxes/{sb_id}").status_code == 404
 
 
+def test_a_flipped_byte_in_a_hibernation_file_refuses_the_wake_and_loses_nothing(
+        http: httpx.Client, daemon: Daemon) -> None:
+    """Each saved file is checked against the digest taken as it was written: a changed one is a
+    500 naming it, the sandbox stays hibernated with its files, and once the file is whole again
+    it wakes with its memory."""
+    sb = spawn(http)
+    sb_id, run_dir = sb["id"], daemon.root / "sandboxes" / sb["id"]
+    assert evaluate(http, sb_id, "y = 1234; y") == "1234"
+    hibernate(http, sb_id)
+    diff = run_dir / "hibernation" / "memory.diff"
+    whole = diff.read_bytes()
+    at = len(whole) // 2  # in the compressed pages, past the header and the run table
+    diff.write_bytes(whole[:at] + bytes([whole[at] ^ 0x01]) + whole[at + 1:])
+
+    refused = http.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": "y"})
+    assert refused.status_code == 500, refused.text
+    assert str(diff) in refused.json()["error"] and "digest" in refused.json()["error"]
+    assert ok(http.get(f"/v1/sandboxes/{sb_id}"))["state"] == "hibernated"
+    assert not [p for p in qemu_processes_of(daemon.root) if sb_id in p] and diff.exists()
+
+    diff.write_bytes(whole)
+    assert evaluate(http, sb_id, "y + 1") == "1235"
+    assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+
+
 def test_concurrent_requests_share_one_wake(http: httpx.Client) -> None:
     sb = spawn(http)
     sb_id = sb["id"]

@@ -8,7 +8,9 @@ The daemon's routes and the E2B layer over a real daemon are in test_compat_clie
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +104,34 @@ def test_files_as_user_are_theirs(loop: Loop, runtime: Runtime, sandbox: str) ->
     loop.run(runtime.files.remove(sandbox, "/home/user/proj", recursive=True, user="user"))
     # The agent's worker threads are root again after acting as the user.
     assert loop.run(read_all(runtime, sandbox, "/tmp/root-only")) == b"secret"
+
+
+def test_the_agent_makes_a_users_missing_parents_under_a_root_owned_folder(
+        loop: Loop, runtime: Runtime, sandbox: str) -> None:
+    """E2B's envd rule (its EnsureDirs) on a real guest: ``mkdir(parents)`` as ``user`` under
+    root-owned ``/opt`` and ``/`` makes the missing folders, each the user's; the user then
+    writes into them. Run with this tree's agent code, shipped into the guest (the session's
+    image may carry an older agent; a template built by this tree runs the same code)."""
+    src = Path(__file__).resolve().parents[2] / "src" / "forkd" / "guest"
+    shipped = {"forkd/__init__.py": b"", "forkd/guest/__init__.py": b"",
+               "forkd/guest/protocol.py": (src / "protocol.py").read_bytes(),
+               **{f"forkd/guest/agent/{f.name}": f.read_bytes() for f in (src / "agent").glob("*.py")}}
+    for name, data in shipped.items():
+        loop.run(runtime.files.mkdir(sandbox, posixpath.dirname(f"/tmp/tree/{name}"), parents=True))
+        loop.run(runtime.files.write(sandbox, f"/tmp/tree/{name}", one_piece(data), max_bytes=1 << 20))
+    call = ("import json, sys; sys.path.insert(0, '/tmp/tree'); from forkd.guest.agent.files import Files; "
+            "print(json.dumps([Files.mkdir({'path': p, 'parents': True, 'user': 'user'}) "
+            "for p in ('/opt/new/deeper', '/0')]))")
+    out = loop.run(runtime.exec(sandbox, ["python3", "-c", call]))
+    assert out["exit_code"] == 0, out
+    assert json.loads(out["stdout"]) == [{"created": True}, {"created": True}]
+    writes = "echo hi > /opt/new/deeper/x.txt && echo hi > /0/x.txt"
+    out = loop.run(runtime.exec(sandbox, ["sh", "-c", writes], user="user"))
+    assert out["exit_code"] == 0, out
+    out = loop.run(runtime.exec(sandbox, ["stat", "-c", "%U:%G", "/opt", "/opt/new", "/opt/new/deeper",
+                                          "/opt/new/deeper/x.txt", "/0", "/0/x.txt"]))
+    assert out["stdout"].split() == ["root:root"] + ["user:user"] * 5, out
+    loop.run(runtime.exec(sandbox, ["rm", "-rf", "/opt/new", "/0", "/tmp/tree"]))
 
 
 def test_unknown_user_is_a_clear_400(loop: Loop, runtime: Runtime, sandbox: str) -> None:

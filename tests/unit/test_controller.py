@@ -159,6 +159,37 @@ def test_table_lookups_and_death(registry: Registry, tmp_path: Path) -> None:
         asyncio.run(table.kill(SB))
 
 
+def test_a_killed_sandbox_is_gone_to_every_lookup_before_its_qemu_ends(
+        registry: Registry, tmp_path: Path) -> None:
+    """Kill during run_code: the QEMU's end breaks the client's stream, and E2B's SDK then asks
+    /health. By then every lookup (the envd routes' get_sandbox included) must say not found,
+    so the SDK reports a killed sandbox rather than a raw protocol error."""
+    from types import SimpleNamespace
+
+    from forkd.controller.runtime import Runtime
+
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    seen: list[str] = []
+
+    class EndingVM(FakeVM):
+        async def destroy(self) -> None:  # the moment the guest's streams end
+            rt = SimpleNamespace(sandboxes=table, _with_state=lambda record: record)
+            for lookup in (table.resolve, table.get, lambda i: Runtime.get_sandbox(rt, i)):  # type: ignore[arg-type]
+                try:
+                    lookup(SB)
+                    seen.append("found")
+                except NotFound:
+                    seen.append("not found")
+            await super().destroy()
+
+    table.add(_sandbox(tmp_path), EndingVM([]))  # type: ignore[arg-type]
+    asyncio.run(table.kill(SB))
+    assert seen == ["not found"] * 3
+    assert not registry.sandboxes.has(SB)
+    with pytest.raises(NotFound):
+        table.get(SB)
+
+
 def test_kill_during_a_branch_waits_for_the_pause_window(
         registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kill that arrives mid-branch waits until the source has resumed, then removes it:

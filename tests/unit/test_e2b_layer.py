@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import uploads
 from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
+from forkd.controller.options import SpawnOptions
 from forkd.controller.watches import WatchEvent
 from forkd.errors import InvalidRequest, NotFound, TooLarge
 from forkd.store.records import Hibernation
@@ -148,6 +149,43 @@ def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: 
     [call] = [c for c in fake.calls if c.name == "spawn"]
     assert call.kwargs["allow_internet_access"] is True
     assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
+
+
+@pytest.mark.parametrize(("network", "why"), [
+    ({"allow_public_traffic": False}, "spells it allowPublicTraffic"),
+    ({"allowPublicTrafic": False}, "network.allowPublicTrafic"),
+    ({"denyIn": []}, "network.denyIn"),
+])
+def test_an_unknown_network_field_is_refused_never_a_looser_policy(
+        client: TestClient, fake: FakeRuntime, network: dict[str, Any], why: str) -> None:
+    """A restriction spelled wrong (even as false or empty) is a 400, not a sandbox with public ports."""
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "network": network})
+    assert why in rest_error(resp, 400)
+    assert "spawn" not in fake.names()
+    # The same field in an update is refused too, and the sandbox's policy is untouched.
+    update = client.put(f"/sandboxes/{SB}/network", headers={"X-API-KEY": TOKEN}, json=network)
+    assert why in rest_error(update, 400)
+    assert "update_network" not in fake.names()
+
+
+def test_the_sdks_camel_case_allow_public_traffic_makes_the_ports_private(
+        client: TestClient, fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    given: list[SpawnOptions | None] = []
+    real_spawn = fake.spawn
+
+    async def spawn(tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[Any]:
+        given.append(options)
+        return await real_spawn(tag, n, options)
+
+    monkeypatch.setattr(fake, "spawn", spawn)
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base",
+                             "network": {"allowPublicTraffic": False, "dnsServers": []}})
+    assert resp.status_code == 201, resp.text
+    [options] = given
+    assert options is not None and options.egress is not None
+    assert options.egress.info()["allow_public_traffic"] is False
 
 
 def test_older_sdks_create_and_connect_through_the_v1_routes(client: TestClient, fake: FakeRuntime) -> None:

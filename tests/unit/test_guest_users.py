@@ -99,6 +99,35 @@ def test_as_user_acts_on_this_thread_only_and_restores_root(open_dir: Path) -> N
     assert (st.st_uid, st.st_gid) == (nobody.uid, nobody.gid)
 
 
+@as_root
+def test_a_user_mkdir_with_parents_under_a_root_owned_folder_gets_them(open_dir: Path) -> None:
+    """E2B's envd makes a write's missing parents and hands them to the user (its EnsureDirs):
+    ``/opt/new/x.txt`` as ``user`` works. The existing root-owned folder keeps its owner, and
+    a user still may not make a directory directly in it, nor anywhere without ``parents``."""
+    from forkd.guest.agent.files import Files
+
+    nobody = users.lookup("nobody")
+    root_owned = open_dir / "opt"
+    root_owned.mkdir(mode=0o755)
+    target = root_owned / "new" / "deeper"
+    assert Files.mkdir({"path": str(target), "parents": True, "user": "nobody"}) == {"created": True}
+    for made in (root_owned / "new", target):
+        st = made.stat()
+        assert (st.st_uid, st.st_gid) == (nobody.uid, nobody.gid)
+    assert root_owned.stat().st_uid == 0
+    # The user now writes into it as themselves.
+    with users.as_user(nobody):
+        (target / "x.txt").write_text("theirs")
+    assert (target / "x.txt").stat().st_uid == nobody.uid
+    assert Files.mkdir({"path": str(target), "parents": True, "user": "nobody"}) == {"created": False}
+    with pytest.raises(RequestError) as refused:
+        Files.mkdir({"path": str(root_owned / "other"), "user": "nobody"})
+    assert refused.value.kind == INVALID and not (root_owned / "other").exists()
+    (root_owned / "file").write_text("")
+    with pytest.raises(RequestError, match="Not a directory"):
+        Files.mkdir({"path": str(root_owned / "file" / "sub"), "parents": True, "user": "nobody"})
+
+
 def test_add_user_writes_the_account_once(tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     (etc / "sudoers.d").mkdir(parents=True)

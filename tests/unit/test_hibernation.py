@@ -18,7 +18,7 @@ from forkd.config import DataDir
 from forkd.controller.hibernation import Hibernator
 from forkd.controller.snapshots import Forkable
 from forkd.controller.templates import TemplateBuilder
-from forkd.errors import Conflict, NotFound, VMError
+from forkd.errors import Conflict, CorruptState, NotFound, VMError
 from forkd.host.accel import Accel, VMConfig
 from forkd.store.layout import SnapshotDir
 from forkd.store.records import Hibernation, SandboxRecord, SnapshotRecord
@@ -269,6 +269,60 @@ def test_a_disk_only_hibernation_is_kept_in_its_row_and_old_rows_kept_memory(h: 
     assert again.info()["hibernation"]["memory"] is False and again.info()["state"] == "hibernated"
     old = {k: v for k, v in dataclasses.asdict(again.hibernation).items() if k != "memory"}
     assert Hibernation(**old).memory is True
+
+
+def test_hibernation_files_are_checked_against_the_digests_taken_as_they_were_written(
+        tmp_path: Path) -> None:
+    """The file format's integrity: a flipped byte, a missing file or a missing digest is refused,
+    naming the file; the untouched files pass."""
+    from forkd.vmm import hibernation as mechanics
+
+    (tmp_path / mechanics.DEVICES).write_bytes(b"QEVM" + bytes(range(256)) * 40)
+    (tmp_path / mechanics.MEMORY).write_bytes(bytes(range(256)) * 4000)
+    digests = {name: mechanics.digest(tmp_path / name) for name in (mechanics.DEVICES, mechanics.MEMORY)}
+    mechanics.verify(tmp_path, digests)
+    with open(tmp_path / mechanics.MEMORY, "r+b") as f:  # one bit, deep inside
+        f.seek(500_000)
+        byte = f.read(1)[0]
+        f.seek(500_000)
+        f.write(bytes([byte ^ 0x10]))
+    with pytest.raises(CorruptState, match=f"{tmp_path / mechanics.MEMORY} does not match") as exc:
+        mechanics.verify(tmp_path, digests)
+    assert exc.value.status == 500
+    with pytest.raises(CorruptState, match=f"{tmp_path / mechanics.DEVICES}: no digest"):
+        mechanics.verify(tmp_path, {mechanics.MEMORY: digests[mechanics.MEMORY]})
+    (tmp_path / mechanics.DEVICES).unlink()
+    with pytest.raises(CorruptState, match=f"{tmp_path / mechanics.DEVICES}: cannot be read"):
+        mechanics.verify(tmp_path, digests)
+
+
+def test_a_wake_from_a_changed_file_is_refused_and_it_stays_hibernated(h: Harness, tmp_path: Path) -> None:
+    """The controller checks before it makes anything (cgroup, network, QEMU): the request gets the
+    500 naming the file, and the row and the files stay for a retry or a kill."""
+    from forkd.controller.hibernation import SAVED_DIR
+    from forkd.vmm import hibernation as mechanics
+
+    hib = hibernator(h)
+    hib._store = SimpleNamespace(forkable=lambda tag: SimpleNamespace(dir=None))  # type: ignore[assignment]
+    put_to_sleep(h, hib)
+    record = h.registry.sandboxes.get(SB)
+    record.dir = str(tmp_path)  # the harness's run dirs are not on disk
+    saved = tmp_path / SAVED_DIR
+    saved.mkdir()
+    for name in (mechanics.DEVICES, mechanics.MEMORY):
+        (saved / name).write_bytes(name.encode() * 1000)
+    assert record.hibernation is not None
+    names = (mechanics.DEVICES, mechanics.MEMORY)
+    record.hibernation.digests = {n: mechanics.digest(saved / n) for n in names}
+    h.registry.sandboxes.save(record)
+    assert h.registry.sandboxes.get(SB).hibernation == record.hibernation  # the digests are kept
+    (saved / mechanics.DEVICES).write_bytes(b"X" + (saved / mechanics.DEVICES).read_bytes()[1:])
+
+    with pytest.raises(CorruptState, match=f"{saved / mechanics.DEVICES} does not match"):
+        run(h.table.call(SB, "ping", 5))
+    assert hib.hibernated(SB) and h.registry.sandboxes.get(SB).hibernation is not None
+    assert hib.wake_failures == 1 and SB not in h.table
+    assert sorted(p.name for p in saved.iterdir()) == sorted(names)
 
 
 def make_image(data: DataDir, name: str, key: str) -> None:

@@ -10,7 +10,13 @@ rules (seed 000's failure-mode table):
 * resume fails after a good capture → the snapshot is still finished and
   returned; the source is reported dead;
 * branches of one source form a chain: the n-th branch's disk is layered on the
-  (n-1)-th's, so ``parent_tag`` records it and deleting a layer others need is 409.
+  (n-1)-th's, so ``parent_tag`` records it and deleting a layer others need is 409;
+* the daemon killed mid-branch (or mid fork of a running sandbox) → the next start
+  finishes or undoes what the branch had begun on the source (``recover``): its
+  migration cancelled, its filesystem thawed, its VM run again, and the overlay its
+  QEMU writes since the disk cut recorded. A marker file in its run directory,
+  written before the capture and removed once the disk chain is recorded, says
+  which sources need it (nothing is asked of the others at start).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, InvalidRequest, VMError
+from forkd.guest import protocol
 from forkd.host import procmem
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
@@ -35,7 +44,7 @@ from forkd.store.records import DiskChain, SandboxRecord, SnapshotRecord, now_un
 from forkd.store.rows.sandboxes import DiskChainRows
 from forkd.vmm import branching
 from forkd.vmm import disk as disk_mod
-from forkd.vmm.machine import VM
+from forkd.vmm.machine import MIGRATION_ACTIVE, VM
 
 log = logging.getLogger("forkd.branch")
 
@@ -45,6 +54,11 @@ MODES = ("full", "diff", "live")
 # copying RAM. The copy of a 512 MiB guest takes seconds even under TCG; past
 # this bound the kill goes ahead and the branch is recorded failed, saying why.
 KILL_WAITS_FOR_LIVE_BRANCH_SECS = 300.0
+# In a source's run directory while a branch's capture and disk cut are under way (JSON: the mode,
+# the new overlay and node, the overlay frozen): what a restart must finish or undo (``recover``).
+CUT_MARKER = "branch-cut.json"
+# How long a restart waits for QEMU to cancel a migration a dead daemon left under way.
+CANCEL_SETTLE_SECS = 30.0
 
 
 @dataclass
@@ -136,9 +150,11 @@ class Brancher:
                 "live_fork: true"
             )
         seq = self._sandboxes.next_branch_seq(sandbox_id)
-        while tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}"):
+        while (tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}")) \
+                or (src.run_dir / f"disk-{seq}.qcow2").exists():
             # A sandbox resumed under its old id (controller/suspend.py) counts from 1
-            # again, while its earlier branches may still be there.
+            # again, while its earlier branches may still be there; and an overlay of this
+            # number may be there already (a cut a restart recorded).
             seq = self._sandboxes.next_branch_seq(sandbox_id)
         tag = tag or f"branch-{sandbox_id}-{seq}"
         self._tags.reserve(tag)
@@ -190,22 +206,34 @@ class Brancher:
         new_node = f"disk{seq}"
         new_disk = src.run_dir / f"disk-{seq}.qcow2"
         frozen = Path(src.disk.file)
+        cut = {"mode": mode, "node": new_node, "file": str(new_disk), "frozen": str(frozen)}
+        marker = src.run_dir / CUT_MARKER
         try:
-            cap = await branching.capture(
-                src.vm, mode, active_node=src.disk.node, frozen_disk=frozen,
-                new_disk=new_disk, new_node=new_node, stream=staging.path / "stream",
-            )
-        except BaseException as exc:
-            raise await self._capture_failed(src, staging, exc) from exc
-        if cap.resume_error:
-            log.warning("branch of %s captured, but the source did not resume: %s",
-                        src.id, cap.resume_error)
-        # The source now writes new_disk and the frozen overlay joins its
-        # unpublished layers; record that before anything else can fail.
-        layers = [*(Path(p) for p in src.disk.pending_layers), frozen]
-        self._sandboxes.set_disk_chain(src.id, DiskChain(
-            node=new_node, file=str(new_disk), parent_tag=src.disk.parent_tag,
-            pending_layers=[str(p) for p in layers]))
+            marker.write_text(json.dumps(cut))  # before QEMU is touched: a restart finds it
+        except OSError as exc:
+            raise VMError(f"branch of {src.id} could not start: {marker}: {exc.strerror or exc}") from exc
+        try:
+            try:
+                cap = await branching.capture(
+                    src.vm, mode, active_node=src.disk.node, frozen_disk=frozen,
+                    new_disk=new_disk, new_node=new_node, stream=staging.path / "stream",
+                )
+            except BaseException as exc:
+                # The cut may have happened before the failure: the row follows QEMU.
+                with contextlib.suppress(ForkdError, OSError):
+                    await self._record_cut(src.id, src.vm, cut)
+                raise await self._capture_failed(src, staging, exc) from exc
+            if cap.resume_error:
+                log.warning("branch of %s captured, but the source did not resume: %s",
+                            src.id, cap.resume_error)
+            # The source now writes new_disk and the frozen overlay joins its
+            # unpublished layers; record that before anything else can fail.
+            layers = [*(Path(p) for p in src.disk.pending_layers), frozen]
+            self._sandboxes.set_disk_chain(src.id, DiskChain(
+                node=new_node, file=str(new_disk), parent_tag=src.disk.parent_tag,
+                pending_layers=[str(p) for p in layers]))
+        finally:
+            marker.unlink(missing_ok=True)
         for hook in self._disk_cut_hooks:
             try:
                 await hook(src.id)
@@ -226,6 +254,56 @@ class Brancher:
             raise VMError(f"branch of {src.id} failed copying its disk: "
                           f"{branching.stream_error(cap.stream) or exc}") from exc
         return cap, layers
+
+    async def _record_cut(self, sandbox_id: str, vm: VM, cut: dict[str, str]) -> None:
+        """Make the row say what QEMU does: if the branch's new overlay node exists, the source
+        writes it, and the overlay it froze joins its unpublished layers; if not, a file the cut
+        may have left is removed."""
+        nodes: list[dict[str, object]] = await vm.qmp.cmd("query-named-block-nodes", flat=True)
+        disk = self._sandboxes.get(sandbox_id).disk
+        if not any(n.get("node-name") == cut["node"] for n in nodes):
+            if disk.file != cut["file"]:
+                Path(cut["file"]).unlink(missing_ok=True)
+            return
+        if disk.file == cut["frozen"]:
+            self._sandboxes.set_disk_chain(sandbox_id, DiskChain(
+                node=cut["node"], file=cut["file"], parent_tag=disk.parent_tag,
+                pending_layers=[*disk.pending_layers, cut["frozen"]]))
+
+    async def recover(self) -> None:
+        """After a restart: finish or undo the branches a dead daemon left under way on sources
+        that were re-adopted (those with a ``CUT_MARKER``). Their migration is cancelled, their
+        guest filesystem thawed (live), their VM run again, and the disk cut recorded."""
+        for record in self._sandboxes.all():
+            sandbox_id, vm = record.id, self._table.vm(record.id)
+            marker = Path(record.dir) / CUT_MARKER
+            if vm is None or not marker.exists():
+                continue
+            try:
+                cut = json.loads(marker.read_text())
+                await self._undo_capture(vm, str(cut.get("mode")))
+                await self._record_cut(sandbox_id, vm, cut)
+                log.warning("sandbox %s was mid-branch when the daemon stopped: its capture was undone "
+                            "and it runs again on %s", sandbox_id, self._sandboxes.get(sandbox_id).disk.file)
+            except (ForkdError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("sandbox %s was mid-branch when the daemon stopped, and could not be settled: "
+                            "%s", sandbox_id, exc)
+            finally:
+                marker.unlink(missing_ok=True)
+
+    @staticmethod
+    async def _undo_capture(vm: VM, mode: str) -> None:
+        """A capture's effects on the source, undone: migration cancelled, filesystem thawed, running."""
+        if (await vm.qmp.cmd("query-migrate")).get("status") in MIGRATION_ACTIVE:
+            await vm.cancel_migration()
+            deadline = time.monotonic() + CANCEL_SETTLE_SECS
+            while (await vm.qmp.cmd("query-migrate")).get("status") in (*MIGRATION_ACTIVE, "cancelling"):
+                if time.monotonic() > deadline:
+                    raise VMError("its unfinished migration did not cancel")
+                await asyncio.sleep(0.05)
+        await branching.resume(vm)
+        if mode == "live":  # the guest froze its root filesystem around the cut
+            await vm.call(protocol.FSTHAW, timeout=60)
 
     @staticmethod
     async def _written_ram(src: _Source) -> int:
@@ -401,4 +479,4 @@ class Brancher:
             await asyncio.wait({task})
 
 
-__all__ = ["MODES", "Brancher"]
+__all__ = ["CUT_MARKER", "MODES", "Brancher"]

@@ -34,6 +34,10 @@ network again, starts a QEMU from the same snapshot, writes the saved pages
 into its RAM, loads the device state, steps the guest's clock, and only then
 rewrites the row (``SandboxTable.unpark``) and removes the files.
 
+A memory wake first checks each saved file against the BLAKE2b digest taken
+when it was written (vmm/hibernation.py ``verify``): one that changed on disk
+is refused (500, naming the file) before anything is made for it.
+
 A failed hibernation leaves the sandbox running (its VM is resumed) and nothing
 recorded; a failed wake (a cold boot that fails too) kills the QEMU it started
 and keeps the files and the row, so it can be tried again.
@@ -204,7 +208,8 @@ class Hibernator:
                     partial.rename(saved)
                     hibernation = Hibernation(
                         at_unix=time.time(), pages=captured.pages, memory_bytes=captured.memory_bytes,
-                        devices_bytes=captured.devices_bytes, pause_ms=captured.stopped_ms)
+                        devices_bytes=captured.devices_bytes, pause_ms=captured.stopped_ms,
+                        digests=captured.digests)
                 else:
                     hibernation = Hibernation(at_unix=time.time(), pages=0, memory_bytes=0, devices_bytes=0,
                                               pause_ms=await mechanics.flush(vm), memory=False)
@@ -287,6 +292,15 @@ class Hibernator:
     async def _restart(self, record: SandboxRecord) -> SandboxRecord:
         snap = self._store.forkable(record.snapshot_tag)
         run_dir = Path(record.dir)
+        assert record.hibernation is not None  # the caller checked
+        if record.hibernation.memory:
+            # Before anything is made for it: a file that changed on disk is refused (500, naming
+            # it), and the sandbox stays hibernated with its files, as after any failed wake.
+            if record.hibernation.digests:
+                await asyncio.to_thread(mechanics.verify, run_dir / SAVED_DIR, record.hibernation.digests)
+            else:
+                log.warning("sandbox %s was hibernated by a forkd that recorded no digests: its files "
+                            "are loaded unchecked", record.id)
         cgroup: cgroups.CgroupHandle | None = None
         launcher: list[str] = []
         try:
@@ -300,7 +314,6 @@ class Hibernator:
                 # Its address may be a new one (its old index taken meanwhile): the row says so.
                 record.network = await self._networks.unpark(record.network)
                 launcher += self._networks.launcher(record.network)
-            assert record.hibernation is not None  # the caller checked
             if record.hibernation.memory:
                 vm = await mechanics.wake(run_dir, record.config, mem_path=snap.dir.mem,
                                           snapshot_state=snap.dir.state, disk=Path(record.disk.file),

@@ -47,7 +47,7 @@ from forkd.errors import ForkdError, NotFound, VMError
 from forkd.guest import protocol
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_tag
-from forkd.store.records import PoolConfig, PoolKey, SandboxRecord, now_unix
+from forkd.store.records import PoolConfig, PoolKey, SandboxRecord
 from forkd.store.rows.pools import PoolRows
 from forkd.store.rows.sandboxes import SandboxReader
 from forkd.vmm.machine import VM
@@ -332,7 +332,8 @@ class PoolKeeper:
             with contextlib.suppress(ForkdError, OSError):
                 await self._table.discard(sb_id)
             return None
-        record.created_at_unix = now_unix()
+        record.started_unix = time.time()  # its start is its claim (lists sort by it)
+        record.created_at_unix = int(record.started_unix)
         record.metadata = dict(child.metadata)
         record.disk_quota_mib = child.disk_quota_mib
         if record.network is not None:  # the same rules (the key matched); the claimer's port settings

@@ -212,6 +212,7 @@ class Runtime:
     async def _start_owners(self, stack: contextlib.AsyncExitStack) -> None:
         self.travel.recover()  # mounts and half-arrived snapshots of a lazy import
         await recover(self.data, self.snapshots, self.sandboxes, self.shm)
+        await self.brancher.recover()  # sources a dead daemon left mid-branch
         stack.push_async_callback(self.travel.close)  # after the sandboxes: nothing maps them then
         stack.push_async_callback(self._teardown_sandboxes)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.

@@ -99,6 +99,9 @@ class SandboxTable:
         self._vms: dict[str, VM] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._hidden: set[str] = set()  # pool members nobody has claimed yet
+        # Sandboxes being killed: gone to every lookup before their QEMU (and so their streams)
+        # ends, so a client that asks after its stream broke hears "not found", not "healthy".
+        self._dying: set[str] = set()
         self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
         self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
         self._turn_hooks: list[Callable[[str], Awaitable[None]]] = []
@@ -166,7 +169,7 @@ class SandboxTable:
     def resolve(self, sandbox_id: str) -> str:
         """The id ``sandbox_id`` stands for now (itself unless a promote replaced it)."""
         check_sandbox_id(sandbox_id)
-        if sandbox_id in self._hidden:
+        if sandbox_id in self._hidden or sandbox_id in self._dying:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         if sandbox_id in self._vms:
             return sandbox_id
@@ -339,21 +342,25 @@ class SandboxTable:
 
     async def kill_locked(self, sandbox_id: str) -> None:
         """Tear down a sandbox whose lock the caller holds (or that no one else knows)."""
-        vm = self._vms.pop(sandbox_id, None)
-        self._hidden.discard(sandbox_id)
-        self._agent_versions.pop(sandbox_id, None)
+        self._dying.add(sandbox_id)  # first: gone before its QEMU's streams end
         try:
-            record: SandboxRecord | None = self._rows.get(sandbox_id)
-        except NotFound:
-            record = None
-        if vm is not None:
-            await vm.destroy()
-        elif record is not None:
-            kill_pid_now(record.pid or 0, Path(record.dir))
-        if record is not None:
-            await remove_cgroup(record.cgroup, record.cgroup_extra)
-        self._rows.delete(sandbox_id)
-        console.keep_for_debugging(self._dir / sandbox_id)
+            vm = self._vms.pop(sandbox_id, None)
+            self._hidden.discard(sandbox_id)
+            self._agent_versions.pop(sandbox_id, None)
+            try:
+                record: SandboxRecord | None = self._rows.get(sandbox_id)
+            except NotFound:
+                record = None
+            if vm is not None:
+                await vm.destroy()
+            elif record is not None:
+                kill_pid_now(record.pid or 0, Path(record.dir))
+            if record is not None:
+                await remove_cgroup(record.cgroup, record.cgroup_extra)
+            self._rows.delete(sandbox_id)
+            console.keep_for_debugging(self._dir / sandbox_id)
+        finally:
+            self._dying.discard(sandbox_id)
         shutil.rmtree(self._dir / sandbox_id, ignore_errors=True)
         # Whoever holds or waits for the lock keeps their reference; a later
         # lookup finds no sandbox, so no new lock is ever needed for this id.

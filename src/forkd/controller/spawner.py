@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,7 +43,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
 from forkd.store import restore_chunks
-from forkd.store.records import DiskChain, PoolKey, SandboxRecord, now_unix
+from forkd.store.records import DiskChain, PoolKey, SandboxRecord
 from forkd.vmm import console
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
@@ -421,8 +422,10 @@ class Spawner:
                     "MiB (or a limit on forkd's parent cgroup) is below what a restored child needs; "
                     f"raise memory_limit_mib ({exc})") from exc
             raise
+        started = time.time()  # sub-second: lists sort by it (E2B's startedAt)
         record = SandboxRecord(
-            id=sb_id, snapshot_tag=snap.record.tag, dir=str(run_dir), created_at_unix=now_unix(),
+            id=sb_id, snapshot_tag=snap.record.tag, dir=str(run_dir), created_at_unix=int(started),
+            started_unix=started,
             config=snap.config, disk=DiskChain.fresh(run_dir, snap.record.tag), pid=vm.pid,
             netns=network.netns if network is not None else None, memory_limit_mib=memory_limit_mib,
             live_fork=live_fork,

@@ -60,12 +60,12 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
     E2B's ``connect`` and any envd traffic resume it)."""
     if isinstance(record, PausedRecord):
         return {"id": record.id, "template": template, "state": record.state.e2b,
-                "started": record.created_at_unix,
+                "started": record.started_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
                 "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info(),
                 "auto_resume": True}
     return {"id": record.id, "template": template, "state": record.state.e2b,
-            "started": record.created_at_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
+            "started": record.started_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
             "mem_mib": record.config.mem_mib, "disk_mb": disk_mib(record), "metadata": dict(record.metadata),
             "egress": record.egress.info(),
             # A disk-only hibernation is woken by an explicit resume alone in E2B's terms.
@@ -130,7 +130,8 @@ class Suspender:
             state = await self._brancher.branch(sandbox_id, self._state_tag(sandbox_id), mode, wait=True)
             paused = PausedRecord(
                 id=sandbox_id, state_tag=state.tag, template=self.template_of(record),
-                created_at_unix=record.created_at_unix, paused_at_unix=now_unix(),
+                created_at_unix=record.created_at_unix, started_unix=record.started_unix,
+                paused_at_unix=now_unix(),
                 metadata=dict(record.metadata), memory_limit_mib=record.memory_limit_mib,
                 cpu_limit=record.cpu_limit, pids_limit=record.pids_limit,
                 # Its own forkd-<id> namespace (a snapshot with a NIC) comes back by itself; only a

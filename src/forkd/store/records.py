@@ -137,6 +137,13 @@ class PausedRecord:
     idle_hibernate_secs: float | None = None  # and its hibernation policies (E2B's autoPause)
     hibernate_on_timeout: bool = False
     hibernate_on_timeout_memory: bool = True
+    started_unix: float = 0.0  # the sandbox's, sub-second (SandboxRecord.started_unix)
+
+    def __post_init__(self) -> None:
+        # Not given, or out of step with created_at_unix (a copy made with another one): the
+        # whole second stands for it.
+        if int(self.started_unix) != self.created_at_unix:
+            self.started_unix = float(self.created_at_unix)
 
     @property
     def state(self) -> SandboxState:
@@ -227,6 +234,9 @@ class Hibernation:
     pause_ms: float  # from the VM's stop to its state on disk
     # False: disk only (no pages, no device state); its wake cold-boots its disk.
     memory: bool = True
+    # Each saved file's BLAKE2b, taken as it was written, checked before a wake (vmm/hibernation.py);
+    # empty for a disk-only one, and for one an older forkd wrote.
+    digests: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
         return {"hibernated_at_unix": round(self.at_unix, 3), "memory": self.memory, "pages": self.pages,
@@ -281,6 +291,15 @@ class SandboxRecord:
     auto_resume: bool = True
     # On disk, no QEMU (controller/hibernation.py); None: running (or paused).
     hibernation: Hibernation | None = None
+    # When it was started, to the sub-second (``created_at_unix`` is whole seconds): what lists
+    # sort by, as E2B's does by startedAt. Not given: created_at_unix stands for it.
+    started_unix: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Not given, or out of step with created_at_unix (a copy made with another one): the
+        # whole second stands for it.
+        if int(self.started_unix) != self.created_at_unix:
+            self.started_unix = float(self.created_at_unix)
 
     @property
     def per_child_netns(self) -> bool:

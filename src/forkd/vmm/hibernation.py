@@ -17,6 +17,11 @@ not write. The stream is the saved file with that section put back: taken from
 the snapshot's own ``state`` file (same machine), without the capability list
 that follows it there, so the new QEMU loads it with ``x-ignore-shared`` off.
 
+Integrity: each file's BLAKE2b digest is taken right after it is written and
+recorded in the sandbox's row (``Hibernation.digests``); a wake checks both
+before any QEMU starts, and refuses (500, naming the file) one that changed on
+disk, so a flipped byte never becomes silently wrong guest memory.
+
 A disk-only hibernation keeps no memory at all: ``flush`` has the guest write
 its page cache out (``sync``) and stops the VM (QMP ``stop`` flushes QEMU's
 disk caches too), so its disk overlay holds everything once its QEMU is killed.
@@ -31,6 +36,8 @@ for any child), and waits for the guest agent as a template boot does.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import os
 import struct
 import time
@@ -38,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.errors import VMError
+from forkd.errors import CorruptState, VMError
 from forkd.guest import protocol
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
@@ -58,12 +65,43 @@ MAX_MACHINE_NAME = 255
 WAKE_TIMEOUT_SECS = 30.0
 
 
+DIGEST = "blake2b"  # what Captured.digests holds: hashlib's name, hex digests of 32 bytes
+_DIGEST_BYTES = 32
+
+
 @dataclass(frozen=True)
 class Captured:
     pages: int  # guest pages saved
     memory_bytes: int  # the compressed diff on disk
     devices_bytes: int
     stopped_ms: float  # from the stop to everything on disk
+    digests: dict[str, str]  # each file's name -> its BLAKE2b (``digest``), to check at the wake
+
+
+def digest(path: Path) -> str:
+    """The hex BLAKE2b-256 of the file at ``path``, read in 1 MiB pieces."""
+    h = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def verify(saved: Path, digests: dict[str, str]) -> None:
+    """Refuse (``CorruptState``, naming the file) saved state that is not what was written: each of
+    DEVICES and MEMORY must be there with the digest recorded at its capture."""
+    for name in (DEVICES, MEMORY):
+        expected = digests.get(name)
+        if not isinstance(expected, str):
+            raise CorruptState(f"{saved / name}: no digest was recorded for it, so it cannot be trusted")
+        try:
+            actual = digest(saved / name)
+        except OSError as exc:
+            raise CorruptState(f"{saved / name}: cannot be read ({exc.strerror or exc})") from None
+        if not hmac.compare_digest(actual, expected):
+            raise CorruptState(f"{saved / name} does not match the {DIGEST} digest recorded when it was "
+                               "written: the file changed on disk, and waking from it would give the guest "
+                               "wrong memory; the sandbox stays hibernated (kill it, or restore the file)")
 
 
 async def capture(vm: VM, mem_path: Path, into: Path) -> Captured:
@@ -76,8 +114,10 @@ async def capture(vm: VM, mem_path: Path, into: Path) -> Captured:
     devices = into / DEVICES
     with open(devices, "rb+") as f:
         os.fsync(f.fileno())
-    return Captured(memdiff.pages_in(runs), size, devices.stat().st_size,
-                    (time.monotonic() - started) * 1000)
+    stopped_ms = (time.monotonic() - started) * 1000
+    # Right after the writes, from the page cache: what the wake must find again.
+    digests = {name: await asyncio.to_thread(digest, into / name) for name in (DEVICES, MEMORY)}
+    return Captured(memdiff.pages_in(runs), size, devices.stat().st_size, stopped_ms, digests)
 
 
 def incoming_stream(snapshot_state: Path, devices: Path, out: Path) -> None:
@@ -180,5 +220,5 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
     return vm
 
 
-__all__ = ["ACTIVE_NODE", "DEVICES", "INCOMING", "MEMORY", "Captured", "capture", "cold_boot", "flush",
-           "incoming_stream", "wake"]
+__all__ = ["ACTIVE_NODE", "DEVICES", "DIGEST", "INCOMING", "MEMORY", "Captured", "capture", "cold_boot",
+           "digest", "flush", "incoming_stream", "verify", "wake"]

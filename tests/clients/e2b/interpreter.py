@@ -1,7 +1,10 @@
 """An E2B user's code interpreter session, unchanged: state across calls, stdout, errors,
 environment variables, a second context."""
 
-from e2b_code_interpreter import Sandbox
+import threading
+import time
+
+from e2b_code_interpreter import Sandbox, TimeoutException
 
 with Sandbox.create(envs={"GREETING": "hello from the host"}) as sbx:
     first = sbx.run_code("x = 1")
@@ -27,4 +30,28 @@ with Sandbox.create(envs={"GREETING": "hello from the host"}) as sbx:
     assert sbx.run_code("y = 5\ny", context=ctx).text == "5"
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]
     sbx.remove_code_context(ctx)
-    print("interpreter ok")
+
+# Killed while run_code runs: once its stream breaks, the SDK asks /health, which answers "not
+# found" from the moment the kill begins, so it says the sandbox was killed (not a raw
+# httpx.RemoteProtocolError, as when /health still answered during the teardown).
+with Sandbox.create() as doomed:
+    outcome: list[BaseException | None] = []
+
+    def long_cell() -> None:
+        try:
+            doomed.run_code("open('/tmp/started', 'w').close()\nimport time\ntime.sleep(120)")
+            outcome.append(None)
+        except BaseException as exc:  # what the SDK raised is the finding
+            outcome.append(exc)
+
+    worker = threading.Thread(target=long_cell)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not doomed.files.exists("/tmp/started"):
+        assert time.monotonic() < deadline, "the cell did not start"
+        time.sleep(0.1)
+    doomed.kill()
+    worker.join(60)
+    [raised] = outcome
+    assert isinstance(raised, TimeoutException) and "was killed" in str(raised), repr(raised)
+print("interpreter ok")

@@ -427,6 +427,11 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     return app
 
 
+# Fields of E2B's network config that forkd does not serve: accepted when empty (the SDK may
+# send them so), refused otherwise.
+_E2B_NETWORK_UNSERVED = frozenset({"dnsServers", "egressProxy", "httpsPorts", "rules"})
+
+
 def _network(raw: object) -> dict[str, Any]:
     """E2B's ``network`` as forkd's network policy (host/egress.py); 400 for what forkd lacks.
     A sandbox's ports are public unless ``allowPublicTraffic`` is false, as in E2B (forkd's own
@@ -437,6 +442,16 @@ def _network(raw: object) -> dict[str, Any]:
         raise E2BError(400, "network must be an object")
     served = {"allowOut": "allow_out", "denyOut": "deny_out", "allowPublicTraffic": "allow_public_traffic",
               "maskRequestHost": "mask_request_host"}
+    # A key outside E2B's schema is refused rather than skipped: a misspelled restriction
+    # (``allow_public_traffic: false``, snake_case, which neither SDK sends) must never leave
+    # the sandbox with a looser policy than its creator asked for.
+    unknown = sorted(k for k in raw if k not in served and k not in _E2B_NETWORK_UNSERVED)
+    if unknown:
+        name = unknown[0][:64]
+        camel = "".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))
+        hint = f" (E2B's API spells it {camel})" if camel in served else ""
+        raise E2BError(400, f"network.{name} is not a field of E2B's network{hint}: forkd takes allowOut, "
+                       "denyOut, allowPublicTraffic and maskRequestHost")
     other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
     if other:
         raise E2BError(400, f"network.{other[0]} is not supported by forkd (allowOut and denyOut, as "

@@ -17,7 +17,7 @@ import stat
 from typing import Any
 
 from forkd.guest.agent.fileinfo import info, stat_info
-from forkd.guest.agent.users import as_requester
+from forkd.guest.agent.users import GuestUser, as_requester, as_user, user_field
 from forkd.guest.protocol import (
     CONFLICT,
     FILE_CHUNK,
@@ -76,6 +76,32 @@ def int_arg(req: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
+def ensure_dirs(path: str, user: GuestUser) -> bool:
+    """Make each missing directory of ``path`` (itself included) and hand it to ``user``, as
+    E2B's envd does for a write or a MakeDir (its ``permissions.EnsureDirs``): made by the agent
+    (root), so a user may write into a new folder under a root-owned one (``/opt/new/x``);
+    existing directories keep their owner. Whether the last one was made.
+
+    The user is no boundary here: any caller of the agent may act as root.
+    """
+    current = "/"
+    created = False
+    for part in os.path.normpath(path).split("/"):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(current):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), current) from None
+            created = False
+            continue
+        os.chown(current, user.uid, user.gid, follow_symlinks=False)
+        created = True
+    return created
+
+
 class Files:
     """The stateless file actions, each as the request's ``user``."""
 
@@ -120,16 +146,21 @@ class Files:
         return {"path": path, "entries": entries, "truncated": truncated}
 
     @staticmethod
-    @as_requester
     def mkdir(req: dict[str, Any]) -> dict[str, Any]:
+        """Make ``path``; with ``parents``, its missing parents too, and as a user those are
+        theirs even under a root-owned folder (``ensure_dirs``, E2B's rule)."""
         path = check_path(req.get("path"))
         parents = bool(req.get("parents", False))
+        user = user_field(req)
         try:
-            if parents:
-                existed = os.path.isdir(path)
-                os.makedirs(path, exist_ok=True)
-                return {"created": not existed}
-            os.mkdir(path)
+            if parents and user is not None and user.uid != 0:
+                return {"created": ensure_dirs(path, user)}
+            with as_user(user):
+                if parents:
+                    existed = os.path.isdir(path)
+                    os.makedirs(path, exist_ok=True)
+                    return {"created": not existed}
+                os.mkdir(path)
         except OSError as exc:
             raise os_error(path, exc) from None
         return {"created": True}

@@ -93,9 +93,19 @@ _SANDBOX_COLUMNS = ("id", "snapshot_tag", "dir", "created_at_unix", "pid", "netn
                     "live_fork", "branch_seq", "pooled")
 
 
+def _started(sb: SandboxRecord) -> float:
+    """The created_at_unix column's value: the sub-second start, unless created_at_unix was
+    changed alone since (then the whole second it names)."""
+    return sb.started_unix if int(sb.started_unix) == sb.created_at_unix else float(sb.created_at_unix)
+
+
 def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
     meta = json.loads(row["meta"] or "{}")
     values = {k: row[k] for k in _SANDBOX_COLUMNS}
+    # The column holds the sub-second start (rows before it: whole seconds), so that the list's
+    # ORDER BY, on its index, is the order of start; the record's created_at_unix stays whole.
+    values["created_at_unix"] = int(row["created_at_unix"])
+    values["started_unix"] = float(row["created_at_unix"])
     values["live_fork"] = bool(values["live_fork"])
     values["pooled"] = bool(values["pooled"])
     disk = meta.get("disk") or {  # rows written before the disk chain was typed
@@ -147,6 +157,7 @@ class SandboxRows(Table):
 
     def insert(self, sb: SandboxRecord) -> None:
         row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS}
+        row["created_at_unix"] = _started(sb)
         row["meta"] = json.dumps(_sandbox_meta(sb))
         row["live_fork"], row["pooled"] = int(sb.live_fork), int(sb.pooled)
         with self._lock:
@@ -159,6 +170,7 @@ class SandboxRows(Table):
     def save(self, sb: SandboxRecord) -> None:
         """Write every field of an already registered sandbox (a pool member being claimed)."""
         row = {k: getattr(sb, k) for k in _SANDBOX_COLUMNS if k != "id"}
+        row["created_at_unix"] = _started(sb)
         row["meta"] = json.dumps(_sandbox_meta(sb))
         row["live_fork"], row["pooled"] = int(sb.live_fork), int(sb.pooled)
         sets = ", ".join(f"{k} = ?" for k in row)
@@ -235,7 +247,7 @@ class SandboxRows(Table):
         with self._lock:
             if self._kept is not None:
                 return list(self._kept)
-            # rowid: the order of creation within a second (created_at_unix is whole seconds).
+            # created_at_unix holds the sub-second start; rowid breaks a tie.
             rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at_unix, rowid").fetchall()
             writes = self._writes
         records = [_sandbox_from_row(r) for r in rows]  # outside the lock: 10,000 rows take a while
