@@ -294,10 +294,10 @@ class Brancher:
     @staticmethod
     async def _undo_capture(vm: VM, mode: str) -> None:
         """A capture's effects on the source, undone: migration cancelled, filesystem thawed, running."""
-        if (await vm.qmp.cmd("query-migrate")).get("status") in MIGRATION_ACTIVE:
+        if await vm.migrating():
             await vm.cancel_migration()
             deadline = time.monotonic() + CANCEL_SETTLE_SECS
-            while (await vm.qmp.cmd("query-migrate")).get("status") in (*MIGRATION_ACTIVE, "cancelling"):
+            while await vm.migration_status() in (*MIGRATION_ACTIVE, "cancelling"):
                 if time.monotonic() > deadline:
                     raise VMError("its unfinished migration did not cancel")
                 await asyncio.sleep(0.05)

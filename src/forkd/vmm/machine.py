@@ -310,10 +310,14 @@ class VM:
         """Whether QEMU reports the vCPUs stopped."""
         return await self.qmp.status() == "paused"
 
+    async def migration_status(self) -> str | None:
+        """QEMU's migration status ("active", "cancelling", "completed", ...); None before any."""
+        status = (await self.qmp.cmd("query-migrate")).get("status")
+        return status if isinstance(status, str) else None
+
     async def migrating(self) -> bool:
         """Whether a migration (a live branch copying RAM) is still in progress."""
-        reply = await self.qmp.cmd("query-migrate")
-        return reply.get("status") in MIGRATION_ACTIVE
+        return await self.migration_status() in MIGRATION_ACTIVE
 
     async def cancel_migration(self) -> None:
         """Stop a migration in progress (a live branch that failed copying its disk)."""
