@@ -259,9 +259,8 @@ class Brancher:
         """Make the row say what QEMU does: if the branch's new overlay node exists, the source
         writes it, and the overlay it froze joins its unpublished layers; if not, a file the cut
         may have left is removed."""
-        nodes: list[dict[str, object]] = await vm.qmp.cmd("query-named-block-nodes", flat=True)
         disk = self._sandboxes.get(sandbox_id).disk
-        if not any(n.get("node-name") == cut["node"] for n in nodes):
+        if not await vm.has_block_node(cut["node"]):
             if disk.file != cut["file"]:
                 Path(cut["file"]).unlink(missing_ok=True)
             return

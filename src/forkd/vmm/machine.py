@@ -325,6 +325,11 @@ class VM:
 
     # ------------------------------------------------------------- disk writes
 
+    async def has_block_node(self, name: str) -> bool:
+        """Whether QEMU's block graph has a node of this name (a branch's new overlay, after a cut)."""
+        nodes: list[dict[str, Any]] = await self.qmp.cmd("query-named-block-nodes", flat=True)
+        return any(node.get("node-name") == name for node in nodes)
+
     async def file_node(self, disk: Path) -> str:
         """The name of the protocol (``file``) node through which QEMU writes the image ``disk``."""
         nodes: list[dict[str, Any]] = await self.qmp.cmd("query-named-block-nodes", flat=True)
