@@ -100,7 +100,8 @@ def test_keep_snapshot_outlives_the_children(loop: Loop, runtime: Runtime, snaps
 def test_fork_tree_and_promote_with_cleanup(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     [src] = loop.run(runtime.spawn(snapshot, 1))
     try:
-        result = loop.run(runtime.fork(src.id, 3, ForkOptions(metadata={"task": "t1"}), tree=True))
+        options = ForkOptions(SpawnOptions(metadata={"task": "t1"}))
+        result = loop.run(runtime.fork(src.id, 3, options, tree=True))
         assert result.tree_id and result.tree_id.startswith("ft-")
         for i, child in enumerate(result.children):
             assert child.metadata == {"task": "t1", "fork_tree_id": result.tree_id,
@@ -146,8 +147,8 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
     child_env = [{"HINT": f"try-{i}"} for i in range(3)]
     spawned = loop.run(runtime.spawn(snapshot, 3, SpawnOptions(env=env, child_env=child_env)))
     [src] = loop.run(runtime.spawn(snapshot, 1))
-    options = ForkOptions(child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
-                          env={"HINT": "overridden", "FORKD_SHARED": "fork"})
+    options = ForkOptions(SpawnOptions(child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
+                                       env={"HINT": "overridden", "FORKD_SHARED": "fork"}))
     forked = loop.run(runtime.fork(src.id, 2, options))
     try:
         assert forked.errors == []

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from forkd.guest.agent import restore
+from forkd.guest.agent import AGENT_VERSION, restore
 from forkd.guest.protocol import RequestError
 
 
@@ -62,6 +62,8 @@ def test_restore_reseeds_every_generator_and_steps_the_clock(stubbed: dict[str, 
     assert list(out["steps_us"]) == list(restore.STEPS)
     assert all(isinstance(v, int) and v >= 0 for v in out["steps_us"].values())
     assert restore.os.environ["A"] == "1" and ns[restore.RESTORES_KEY] == [1]
+    # The host refuses inputs an older agent would have ignored by this (RestoreInputs.too_new_for).
+    assert out["agent_version"] == AGENT_VERSION
 
 
 def test_two_restores_draw_different_numpy_keys(stubbed: dict[str, Any]) -> None:

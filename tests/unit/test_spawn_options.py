@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from forkd import bounds
 from forkd.api.app import create_app
-from forkd.api.schemas import SpawnRequest
+from forkd.api.schemas import ForkRequest, SpawnRequest
 from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
-from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, SpawnOptions
+from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
@@ -28,6 +28,19 @@ def test_every_request_field_is_a_spawn_option() -> None:
     request = set(SpawnRequest.model_fields) - SpawnRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
     options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"} - set(E2B_ONLY_FIELDS)
     assert request == options
+
+
+def test_every_fork_request_field_is_a_fork_option() -> None:
+    """ForkOptions is its children's SpawnOptions plus a fork's own fields: a field added to
+    ForkRequest must be one or the other."""
+    request = set(ForkRequest.model_fields) - ForkRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
+    spawn = {f.name for f in dataclasses.fields(SpawnOptions)}
+    assert request - spawn == set(ForkOptions.OWN)
+    assert ForkRequest().options() == ForkOptions()
+    options = ForkRequest.model_validate({"env": {"K": "v"}, "keep_snapshot": True, "count": 2,
+                                          "allow_internet_access": True}).options()
+    assert options == ForkOptions(SpawnOptions(env={"K": "v"}, egress=EgressPolicy.from_request(True)),
+                                  keep_snapshot=True)
 
 
 def test_an_empty_request_gives_the_defaults() -> None:

@@ -28,7 +28,8 @@ import sys
 import time
 from typing import Any
 
-from forkd.guest.protocol import RequestError, check_env
+from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.protocol import RequestError, RestoreInputs
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -71,7 +72,7 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
             raise RequestError("'time_ns' must be a positive integer")
         return {"clock_stepped": step_clock(time_ns), "time_ns": time.time_ns()}
     marks = [time.perf_counter_ns()]
-    env = check_env(req.get("env"))  # refuse a bad map before touching the CRNG or the clock
+    inputs = RestoreInputs.from_wire(req)  # refuse bad inputs before touching the CRNG or the clock
     entropy_hex = req.get("entropy")
     if not isinstance(entropy_hex, str) or len(entropy_hex) < MIN_ENTROPY_HEX:
         raise RequestError("'entropy' must be at least 16 bytes of hex")
@@ -98,14 +99,15 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
         clock_stepped = step_clock(time_ns)
     marks.append(time.perf_counter_ns())
     # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
-    if env:
-        os.environ.update(env)
+    if inputs.env:
+        os.environ.update(inputs.env)
     # setdefault: eval'd code may have deleted the counter from its namespace.
     namespace.setdefault(RESTORES_KEY, [0])[0] += 1
     marks.append(time.perf_counter_ns())
     steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
+    # agent_version: the host refuses inputs this agent would have ignored (RestoreInputs.too_new_for).
     return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
-            "env_set": len(env), "steps_us": steps}
+            "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION}
 
 
 def reseed_kernel(entropy: bytes) -> bool:
