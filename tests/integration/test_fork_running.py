@@ -164,6 +164,23 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
         loop.gather(*(runtime.kill(i) for i in alive_ids(runtime)))
 
 
+def test_hostname_reaches_the_guest_at_spawn_and_fork(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    """A spawn's and a fork's hostname is the guest's: the kernel's, /etc/hostname's, and it resolves."""
+    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(hostname="worker-1.lab")))
+    try:
+        forked = loop.run(runtime.fork(sb.id, 1, ForkOptions(SpawnOptions(hostname="worker-2"))))
+        assert forked.errors == []
+        for sb_id, name in ((sb.id, "worker-1.lab"), (forked.children[0].id, "worker-2")):
+            script = "hostname; cat /etc/hostname; getent hosts $(hostname)"
+            out = loop.run(runtime.exec(sb_id, ["sh", "-c", script]))
+            assert out["exit_code"] == 0, out
+            kernel, etc, hosts = out["stdout"].splitlines()
+            assert (kernel, etc, hosts.split()) == (name, name, ["127.0.1.1", name])
+            assert ev(loop, runtime, sb_id, "__import__('socket').gethostname()") == repr(name)
+    finally:
+        loop.gather(*(runtime.kill(i) for i in alive_ids(runtime)))
+
+
 def _wait_checkpoints(loop: Loop, runtime: Runtime, sb_id: str, count: int) -> list[dict[str, object]]:
     deadline = time.monotonic() + 180
     while True:

@@ -39,12 +39,12 @@ SRC = "sb-abcdef-9999"
 
 def test_child_env_applies_over_env_one_per_child() -> None:
     options = SpawnOptions(env={"A": "all", "B": "all"}, child_env=[{"B": "0"}, {}, {"A": "2"}],
-                           metadata={"task": "t"}, memory_limit_mib=256)
+                           metadata={"task": "t"}, memory_limit_mib=256, hostname="box-1")
     specs = child_specs(3, options, [None, 512, None])
     assert [s.restore for s in specs] == [
-        RestoreInputs(env={"A": "all", "B": "0"}),
-        RestoreInputs(env={"A": "all", "B": "all"}),
-        RestoreInputs(env={"A": "2", "B": "all"})]
+        RestoreInputs(env={"A": "all", "B": "0"}, hostname="box-1"),
+        RestoreInputs(env={"A": "all", "B": "all"}, hostname="box-1"),
+        RestoreInputs(env={"A": "2", "B": "all"}, hostname="box-1")]
     assert [s.memory_limit_mib for s in specs] == [256, 512, 256]
     assert all(s.metadata == {"task": "t"} for s in specs)
 
@@ -54,9 +54,9 @@ def test_every_restore_input_is_a_spawn_option_of_the_same_name() -> None:
     then no code in between (ForkOptions has it too: its children's options are SpawnOptions)."""
     spawn_fields = {f.name for f in dataclasses.fields(SpawnOptions)}
     assert {f.name for f in dataclasses.fields(RestoreInputs)} <= spawn_fields
-    fork = ForkOptions.from_request({"env": {"K": "v"}, "keep_snapshot": True})
-    assert fork == ForkOptions(SpawnOptions(env={"K": "v"}), keep_snapshot=True)
-    assert child_specs(1, fork.spawn)[0].restore == RestoreInputs(env={"K": "v"})
+    fork = ForkOptions.from_request({"hostname": "a.b", "env": {"K": "v"}, "keep_snapshot": True})
+    assert fork == ForkOptions(SpawnOptions(hostname="a.b", env={"K": "v"}), keep_snapshot=True)
+    assert child_specs(1, fork.spawn)[0].restore == RestoreInputs(env={"K": "v"}, hostname="a.b")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -67,6 +67,10 @@ def test_every_restore_input_is_a_spawn_option_of_the_same_name() -> None:
     ({"child_env": [{"A": "nul\0"}, {}]}, "without NUL"),
     ({"env": {f"V{i}": "x" for i in range(257)}}, "env may have at most 256 entries"),
     ({"metadata": {"k" * 129: "v"}}, "metadata keys must be 1 to 128"),
+    ({"hostname": "-box"}, "hostname must be RFC 1123 labels"),
+    ({"hostname": "a" * 64}, "hostname must be RFC 1123 labels"),  # a label is at most 63
+    ({"hostname": ".".join(["a" * 30] * 3)}, "at most 64 characters"),
+    ({"hostname": "under_score"}, "hostname must be RFC 1123 labels"),
 ])
 def test_bad_per_child_inputs_are_400_before_any_vm(kwargs: dict[str, Any], message: str) -> None:
     child_memory_limit_mib = kwargs.pop("child_memory_limit_mib", None)

@@ -210,7 +210,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             # Three matching children, two members: two claims, one miss.
             # The claim gives each child the very RestoreInputs a restore would (VM.restore's).
             asked = SpawnOptions(memory_limit_mib=256, child_env=[{"I": str(i)} for i in range(3)],
-                                 metadata={"n": "x"})
+                                 hostname="pooled-box", metadata={"n": "x"})
             specs = child_specs(3, asked)
             got = await h.keeper.claim("py", specs, SpawnOptions())
             assert got[2] is None and {g.id for g in got[:2] if g} == {m.id for m in members}
@@ -219,7 +219,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
                 assert "claimed_s" in g.timings and "ready_s" in g.timings
                 vm = h.spawner.vms[g.id]
                 assert vm.qmp.commands == ["stop", "cont"]
-                assert vm.post_restores == [RestoreInputs(env={"I": str(i)})]
+                assert vm.post_restores == [RestoreInputs(env={"I": str(i)}, hostname="pooled-box")]
                 assert h.table.resolve(g.id) == g.id  # visible now
                 assert not h.registry.sandboxes.get(g.id).pooled
             info = h.keeper.info("py")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from forkd.errors import BootTimeout
+from forkd.errors import BootTimeout, Conflict
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
 from forkd.guest.protocol import RestoreInputs
@@ -96,11 +96,21 @@ def _post_restore(path: Path, inputs: RestoreInputs) -> dict[str, Any]:
 
 
 def test_restore_inputs_go_to_the_guest_whole(tmp_path: Path) -> None:
-    inputs = RestoreInputs(env={"K": "v"})
-    with AgentPeer(tmp_path / "agent.sock", _restored_by(None)) as peer:
+    inputs = RestoreInputs(env={"K": "v"}, hostname="box-1")
+    with AgentPeer(tmp_path / "agent.sock", _restored_by(str(protocol.HOSTNAME_AGENT_VERSION))) as peer:
         _post_restore(tmp_path / "agent.sock", inputs)
     [req] = peer.requests
     assert RestoreInputs.from_wire(req) == inputs and {"entropy", "time_ns"} <= req.keys()
+
+
+@pytest.mark.parametrize("version", [None, "11"])
+def test_an_agent_too_old_for_an_input_is_refused(tmp_path: Path, version: str | None) -> None:
+    with AgentPeer(tmp_path / "agent.sock", _restored_by(version)), \
+            pytest.raises(Conflict, match="predates hostname at restore: create the snapshot again"):
+        _post_restore(tmp_path / "agent.sock", RestoreInputs(hostname="box-1"))
+    # Inputs every agent takes are not refused by an old one.
+    with AgentPeer(tmp_path / "agent2.sock", _restored_by(version)):
+        assert _post_restore(tmp_path / "agent2.sock", RestoreInputs(env={"K": "v"}))["reseeded"]
 
 
 def test_no_layer_above_the_vmm_speaks_qmp() -> None:

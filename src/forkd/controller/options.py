@@ -51,7 +51,8 @@ class SpawnOptions:
     (host/egress.py). ``prewarm``: read the snapshot's memory into the page
     cache first. ``disk_quota_mib``: how far each child's own disk layers may
     grow on the host before it is stopped (controller/disk_quota.py); None: the
-    daemon's default, 0: no quota.
+    daemon's default, 0: no quota. ``hostname``: each child's hostname, set in the guest at
+    its restore (guest/protocol.py's ``RestoreInputs``, as ``env`` is).
     """
 
     per_child_netns: bool = False
@@ -71,6 +72,7 @@ class SpawnOptions:
     hibernate_on_timeout: bool = False
     hibernate_on_timeout_memory: bool = True
     auto_resume: bool = True
+    hostname: str | None = None
 
     def __post_init__(self) -> None:
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest).

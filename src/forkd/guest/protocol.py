@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -327,6 +328,28 @@ def check_env(env: object) -> dict[str, str]:
     return env
 
 
+# A guest hostname: RFC 1123 labels (letters, digits, inner hyphens; 1-63 each) joined by dots, at
+# most HOSTNAME_MAX characters in all (the kernel's __NEW_UTS_LEN).
+HOSTNAME_MAX = 64
+HOSTNAME_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME_RE = re.compile(rf"{HOSTNAME_LABEL}(\.{HOSTNAME_LABEL})*")
+# Agents older than this ignore a RestoreInputs' hostname (RestoreInputs.AGENT_VERSIONS).
+HOSTNAME_AGENT_VERSION = 12
+
+
+def check_hostname(hostname: object) -> str | None:
+    """A per-child hostname (the ``restored`` action's ``hostname``), validated; None is none.
+
+    Checked by the daemon before any VM starts, and again by the agent.
+    """
+    if hostname is None:
+        return None
+    if not isinstance(hostname, str) or len(hostname) > HOSTNAME_MAX or not HOSTNAME_RE.fullmatch(hostname):
+        raise RequestError(f"hostname must be RFC 1123 labels (letters, digits and inner hyphens, 1-63 "
+                           f"characters each) joined by dots, at most {HOSTNAME_MAX} characters in all")
+    return hostname
+
+
 @dataclass(frozen=True)
 class RestoreInputs:
     """What one child is given with its post-restore call, beside the fresh entropy and the clock
@@ -335,16 +358,19 @@ class RestoreInputs:
     A new input is one field here (validated in ``__post_init__``, which the daemon runs before
     any VM starts and the agent runs again on ``from_wire``), its step in
     forkd/guest/agent/restore.py and, where older agents would ignore it, its entry in
-    ``AGENT_VERSIONS``. ``env``: set in the agent's environment (eval's os.environ, every exec's).
+    ``AGENT_VERSIONS``. ``env``: set in the agent's environment (eval's os.environ, every exec's);
+    ``hostname``: the guest's hostname (the kernel's, /etc/hostname and /etc/hosts).
     """
 
     env: dict[str, str] = field(default_factory=dict)
+    hostname: str | None = None
 
     # The first agent version that applies a field (others ignore it): refused on an older one.
-    AGENT_VERSIONS: ClassVar[dict[str, int]] = {}
+    AGENT_VERSIONS: ClassVar[dict[str, int]] = {"hostname": HOSTNAME_AGENT_VERSION}
 
     def __post_init__(self) -> None:
         check_env(self.env)
+        check_hostname(self.hostname)
 
     def to_wire(self) -> dict[str, Any]:
         """The fields of a ``restored`` request: those that differ from the defaults."""
