@@ -481,9 +481,7 @@ class FakeRuntime:
             network = {k: info[k] for k in ("allow_out", "deny_out") if info[k]}
             given.update({"network": network} if network else {})
         self._call("spawn", tag, n, **given)
-        self._child_specs(n, memory_limit_mib=options.memory_limit_mib, env=options.env,
-                          child_env=options.child_env, metadata=options.metadata)
-        child_specs(n, cpu_limit=options.cpu_limit, pids_limit=options.pids_limit)  # the real bounds checks
+        self._child_specs(n, options)  # the real per-child checks
         self._snapshot(tag).check_forkable()  # the real rule and its 409 messages
         quota = DEFAULT_DISK_QUOTA_MIB if options.disk_quota_mib is None else options.disk_quota_mib
         out = []
@@ -517,24 +515,22 @@ class FakeRuntime:
         """Branch (diff, or live for a live_fork source) and spawn; a child whose limit is below
         ``FAKE_MIN_CHILD_MIB`` fails on its own, as a real child OOM-killed at restore would."""
         o = options or ForkOptions()
-        given: dict[str, Any] = {k: v for k, v in (("timeout_secs", o.timeout_secs),
-                                                   ("idle_pause_secs", o.idle_pause_secs),
-                                                   ("idle_hibernate_secs", o.idle_hibernate_secs))
+        spawn = o.spawn
+        given: dict[str, Any] = {k: v for k, v in (("timeout_secs", spawn.timeout_secs),
+                                                   ("idle_pause_secs", spawn.idle_pause_secs),
+                                                   ("idle_hibernate_secs", spawn.idle_hibernate_secs))
                                  if v is not None}
-        if o.egress is not None:  # recorded as the request's two fields, as the spawn's are
-            info = o.egress.info()
-            given.update({"allow_internet_access": True} if o.egress.allow_internet_access else {})
+        if spawn.egress != EgressPolicy():  # recorded as the request's two fields, as the spawn's are
+            info = spawn.egress.info()
+            given.update({"allow_internet_access": True} if spawn.egress.allow_internet_access else {})
             network = {k: info[k] for k in ("allow_out", "deny_out") if info[k]}
             given.update({"network": network} if network else {})
         self._call("fork", sandbox_id, count, tree=tree, keep_snapshot=o.keep_snapshot, **given)
-        memory_limit_mib, env, child_env, metadata = o.memory_limit_mib, o.env, o.child_env, o.metadata
-        child_memory_limit_mib, keep_snapshot = o.child_memory_limit_mib, o.keep_snapshot
-        live_fork = o.live_fork
-        per_child_netns, timeout_secs = o.per_child_netns, o.timeout_secs
+        keep_snapshot, live_fork = o.keep_snapshot, spawn.live_fork
+        per_child_netns, timeout_secs = spawn.per_child_netns, spawn.timeout_secs
         source_id = self._resolve(sandbox_id)
         source = self._sandbox(source_id)
-        specs = self._child_specs(count, memory_limit_mib=memory_limit_mib, env=env, child_env=child_env,
-                                  metadata=metadata, child_memory_limit_mib=child_memory_limit_mib)
+        specs = self._child_specs(count, spawn, o.child_memory_limit_mib)
         snap = await self.branch(source_id, None, "live" if source.live_fork else "diff")
         snap.auto_delete = not keep_snapshot
         tree_id = "ft-00000000000" + str(len(self.calls) % 10) if tree else None
@@ -574,16 +570,16 @@ class FakeRuntime:
             self.aliases[parent] = winner.id
         return {"winner": winner.info(), "tree_id": tree, "deleted": deleted, "replaced_parent": parent}
 
-    def _child_specs(self, n: int, *, child_env: list[dict[str, str]] | None = None,
-                     child_memory_limit_mib: list[int | None] | None = None,
-                     **common: Any) -> list[ChildSpec]:
+    def _child_specs(self, n: int, options: SpawnOptions,
+                     child_memory_limit_mib: list[int | None] | None = None) -> list[ChildSpec]:
         """The real per-child checks and their 400 messages. ``permissive`` (the fuzzer) drops the
         one rule JSON Schema cannot state, one ``child_*`` entry per child, by trimming/padding."""
         if self.permissive:
-            child_env = None if child_env is None else (child_env + [{}] * n)[:n]
+            if options.child_env is not None:
+                options = dataclasses.replace(options, child_env=(options.child_env + [{}] * n)[:n])
             if child_memory_limit_mib is not None:
                 child_memory_limit_mib = (child_memory_limit_mib + [None] * n)[:n]
-        return child_specs(n, child_env=child_env, child_memory_limit_mib=child_memory_limit_mib, **common)
+        return child_specs(n, options, child_memory_limit_mib)
 
     def _resolve(self, sandbox_id: str) -> str:
         while sandbox_id in self.aliases:

@@ -100,7 +100,8 @@ def test_keep_snapshot_outlives_the_children(loop: Loop, runtime: Runtime, snaps
 def test_fork_tree_and_promote_with_cleanup(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     [src] = loop.run(runtime.spawn(snapshot, 1))
     try:
-        result = loop.run(runtime.fork(src.id, 3, ForkOptions(metadata={"task": "t1"}), tree=True))
+        options = ForkOptions(SpawnOptions(metadata={"task": "t1"}))
+        result = loop.run(runtime.fork(src.id, 3, options, tree=True))
         assert result.tree_id and result.tree_id.startswith("ft-")
         for i, child in enumerate(result.children):
             assert child.metadata == {"task": "t1", "fork_tree_id": result.tree_id,
@@ -146,8 +147,8 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
     child_env = [{"HINT": f"try-{i}"} for i in range(3)]
     spawned = loop.run(runtime.spawn(snapshot, 3, SpawnOptions(env=env, child_env=child_env)))
     [src] = loop.run(runtime.spawn(snapshot, 1))
-    options = ForkOptions(child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
-                          env={"HINT": "overridden", "FORKD_SHARED": "fork"})
+    options = ForkOptions(SpawnOptions(child_env=[{"HINT": "fork-0"}, {"HINT": "fork-1"}],
+                                       env={"HINT": "overridden", "FORKD_SHARED": "fork"}))
     forked = loop.run(runtime.fork(src.id, 2, options))
     try:
         assert forked.errors == []
@@ -159,6 +160,23 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
             assert out["stdout"] == f"{hint} {shared}\n"
         # The source's own environment is untouched.
         assert ev(loop, runtime, src.id, "'HINT' in __import__('os').environ") == "False"
+    finally:
+        loop.gather(*(runtime.kill(i) for i in alive_ids(runtime)))
+
+
+def test_hostname_reaches_the_guest_at_spawn_and_fork(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    """A spawn's and a fork's hostname is the guest's: the kernel's, /etc/hostname's, and it resolves."""
+    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(hostname="worker-1.lab")))
+    try:
+        forked = loop.run(runtime.fork(sb.id, 1, ForkOptions(SpawnOptions(hostname="worker-2"))))
+        assert forked.errors == []
+        for sb_id, name in ((sb.id, "worker-1.lab"), (forked.children[0].id, "worker-2")):
+            script = "hostname; cat /etc/hostname; getent hosts $(hostname)"
+            out = loop.run(runtime.exec(sb_id, ["sh", "-c", script]))
+            assert out["exit_code"] == 0, out
+            kernel, etc, hosts = out["stdout"].splitlines()
+            assert (kernel, etc, hosts.split()) == (name, name, ["127.0.1.1", name])
+            assert ev(loop, runtime, sb_id, "__import__('socket').gethostname()") == repr(name)
     finally:
         loop.gather(*(runtime.kill(i) for i in alive_ids(runtime)))
 

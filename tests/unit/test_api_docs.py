@@ -30,6 +30,7 @@ import pytest
 
 from forkd.api import code_routes, schemas
 from forkd.api.app import create_app
+from forkd.api.schemas import requests
 from forkd.api.settings import Settings
 from forkd.host import egress
 
@@ -55,6 +56,7 @@ PATTERN_WORDS = {
     code_routes.CONTEXT_PATTERN: "context id",
     egress.ENTRY_PATTERN: "IPv4 address or CIDR, optional :PORT or :FIRST-LAST",
     egress.MASK_HOST_PATTERN: "host name, optional :port",
+    requests.HOSTNAME_PATTERN: "RFC 1123 host name",
 }
 EN_DASH = "\N{EN DASH}"  # ranges read 128–16384 in API.md  # noqa: RUF003
 JSON_TYPE_WORDS = {

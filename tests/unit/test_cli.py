@@ -252,6 +252,16 @@ def test_fork_from_sandbox_body(runner: CliRunner, daemon: FakeDaemon) -> None:
                              "keep_snapshot": True}
 
 
+def test_fork_hostname_for_a_snapshot_and_a_running_sandbox(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    answer = {"parent_id": SB, "snapshot_tag": "b", "children": [sandbox_info(1, "b")], "errors": []}
+    daemon.on("POST", f"/v1/sandboxes/{SB}/fork", httpx.Response(201, json=answer))
+    assert run(runner, "fork", "--tag", "py", "--hostname", "box-1").exit_code == 0
+    assert daemon.body() == {"snapshot_tag": "py", "n": 1, "hostname": "box-1"}
+    assert run(runner, "fork", "--from-sandbox", SB, "--hostname", "box-2.lab", "--json").exit_code == 0
+    assert daemon.body() == {"count": 1, "hostname": "box-2.lab"}
+
+
 def test_ls_filters(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
     result = run(runner, "ls", "--tag", "py", "-l", "a=1", "-l", "b=2")

@@ -4,6 +4,7 @@ promote's rules, and the REST routes (against the FakeRuntime). Real VMs: integr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ from forkd.api.settings import Settings
 from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker, ForkOptions
 from forkd.controller.network import Networks
+from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import BootTimeout, Conflict, InvalidRequest, NotFound
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
 from tests.fakes.runtime import FakeRuntime
@@ -35,13 +38,25 @@ SRC = "sb-abcdef-9999"
 # ------------------------------------------------------------------ child specs
 
 def test_child_env_applies_over_env_one_per_child() -> None:
-    specs = child_specs(3, env={"A": "all", "B": "all"}, child_env=[{"B": "0"}, {}, {"A": "2"}],
-                        metadata={"task": "t"}, memory_limit_mib=256,
-                        child_memory_limit_mib=[None, 512, None])
-    assert [s.env for s in specs] == [{"A": "all", "B": "0"}, {"A": "all", "B": "all"},
-                                      {"A": "2", "B": "all"}]
+    options = SpawnOptions(env={"A": "all", "B": "all"}, child_env=[{"B": "0"}, {}, {"A": "2"}],
+                           metadata={"task": "t"}, memory_limit_mib=256, hostname="box-1")
+    specs = child_specs(3, options, [None, 512, None])
+    assert [s.restore for s in specs] == [
+        RestoreInputs(env={"A": "all", "B": "0"}, hostname="box-1"),
+        RestoreInputs(env={"A": "all", "B": "all"}, hostname="box-1"),
+        RestoreInputs(env={"A": "2", "B": "all"}, hostname="box-1")]
     assert [s.memory_limit_mib for s in specs] == [256, 512, 256]
     assert all(s.metadata == {"task": "t"} for s in specs)
+
+
+def test_every_restore_input_is_a_spawn_option_of_the_same_name() -> None:
+    """child_specs copies them by name: a new RestoreInputs field needs a SpawnOptions field, and
+    then no code in between (ForkOptions has it too: its children's options are SpawnOptions)."""
+    spawn_fields = {f.name for f in dataclasses.fields(SpawnOptions)}
+    assert {f.name for f in dataclasses.fields(RestoreInputs)} <= spawn_fields
+    fork = ForkOptions.from_request({"hostname": "a.b", "env": {"K": "v"}, "keep_snapshot": True})
+    assert fork == ForkOptions(SpawnOptions(hostname="a.b", env={"K": "v"}), keep_snapshot=True)
+    assert child_specs(1, fork.spawn)[0].restore == RestoreInputs(env={"K": "v"}, hostname="a.b")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -52,10 +67,15 @@ def test_child_env_applies_over_env_one_per_child() -> None:
     ({"child_env": [{"A": "nul\0"}, {}]}, "without NUL"),
     ({"env": {f"V{i}": "x" for i in range(257)}}, "env may have at most 256 entries"),
     ({"metadata": {"k" * 129: "v"}}, "metadata keys must be 1 to 128"),
+    ({"hostname": "-box"}, "hostname must be RFC 1123 labels"),
+    ({"hostname": "a" * 64}, "hostname must be RFC 1123 labels"),  # a label is at most 63
+    ({"hostname": ".".join(["a" * 30] * 3)}, "at most 64 characters"),
+    ({"hostname": "under_score"}, "hostname must be RFC 1123 labels"),
 ])
 def test_bad_per_child_inputs_are_400_before_any_vm(kwargs: dict[str, Any], message: str) -> None:
+    child_memory_limit_mib = kwargs.pop("child_memory_limit_mib", None)
     with pytest.raises(InvalidRequest, match=message):
-        child_specs(2, **kwargs)
+        child_specs(2, SpawnOptions(**kwargs), child_memory_limit_mib)
 
 
 # ------------------------------------------------------------------ aliases
@@ -165,7 +185,7 @@ def test_egress_for_a_source_without_a_nic_is_refused_before_its_pause(
     forker, table, _store = _forker(registry, tmp_path)
     _snap(registry, tmp_path, "py")
     _child(registry, table, tmp_path, SRC, "py")
-    options = ForkOptions(egress=EgressPolicy.from_request(True))
+    options = ForkOptions(SpawnOptions(egress=EgressPolicy.from_request(True)))
     with pytest.raises(InvalidRequest, match="has no network device"):
         asyncio.run(forker.fork(SRC, 1, options))
     assert registry.snapshots.all()[0].tag == "py" and len(registry.snapshots.all()) == 1  # no branch

@@ -7,14 +7,16 @@ this host's CRNG and step its clock); the real reseed is checked in real VMs
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from forkd.guest.agent import restore
+from forkd.guest.agent import AGENT_VERSION, restore
 from forkd.guest.protocol import RequestError
 
 
@@ -62,6 +64,8 @@ def test_restore_reseeds_every_generator_and_steps_the_clock(stubbed: dict[str, 
     assert list(out["steps_us"]) == list(restore.STEPS)
     assert all(isinstance(v, int) and v >= 0 for v in out["steps_us"].values())
     assert restore.os.environ["A"] == "1" and ns[restore.RESTORES_KEY] == [1]
+    # The host refuses inputs an older agent would have ignored by this (RestoreInputs.too_new_for).
+    assert out["agent_version"] == AGENT_VERSION
 
 
 def test_two_restores_draw_different_numpy_keys(stubbed: dict[str, Any]) -> None:
@@ -91,3 +95,28 @@ def test_bad_env_is_refused_before_anything_is_touched(stubbed: dict[str, Any]) 
     with pytest.raises(RequestError):
         restore.reseed_after_restore({"entropy": "ab" * 32, "env": {"A": 1}}, {})
     assert stubbed["kernel"] == [] and stubbed["clock"] == []
+
+
+def test_a_hostname_is_set_in_the_kernel_and_etc(stubbed: dict[str, Any], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    names: list[str] = []
+    monkeypatch.setattr(restore.socket, "sethostname", names.append)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "hosts").write_text("127.0.0.1\tlocalhost\n127.0.1.1\tsnapshot-box\n")
+    monkeypatch.setattr(restore, "set_hostname", functools.partial(restore.set_hostname, etc=etc))
+    for _ in range(2):  # the call is idempotent: a claim or a re-sent call gives the same files
+        out = restore.reseed_after_restore({"entropy": "ab" * 32, "hostname": "worker-7.lab"}, {})
+    assert names == ["worker-7.lab"] * 2 and "hostname" in out["steps_us"]
+    assert (etc / "hostname").read_text() == "worker-7.lab\n"
+    assert (etc / "hosts").read_text() == "127.0.0.1\tlocalhost\n127.0.1.1\tworker-7.lab\n"
+
+
+@pytest.mark.parametrize("hostname", ["", "-a", "a-", "a..b", "a_b", "x" * 64, ".".join(["a" * 32] * 2), 7])
+def test_a_bad_hostname_is_refused_before_anything_is_touched(
+        stubbed: dict[str, Any], monkeypatch: pytest.MonkeyPatch, hostname: Any) -> None:
+    names: list[str] = []
+    monkeypatch.setattr(restore.socket, "sethostname", names.append)
+    with pytest.raises(RequestError, match="hostname must be RFC 1123"):
+        restore.reseed_after_restore({"entropy": "ab" * 32, "hostname": hostname}, {})
+    assert stubbed["kernel"] == [] and stubbed["clock"] == [] and names == []

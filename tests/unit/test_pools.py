@@ -22,8 +22,9 @@ from forkd.cli.main import app as cli_app
 from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandboxes import SandboxTable
-from forkd.controller.spawner import ChildSpec
+from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import InvalidRequest, NotFound
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
@@ -87,7 +88,7 @@ class StubVM:
     """What the keeper uses of a VM: QMP, the post-restore call, teardown."""
 
     qmp: StubQMP = field(default_factory=StubQMP)
-    post_restores: list[dict[str, str] | None] = field(default_factory=list)
+    post_restores: list[RestoreInputs | None] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)  # agent calls besides the post-restore one
     destroyed: bool = False
 
@@ -97,8 +98,8 @@ class StubVM:
     is_paused = VM.is_paused
     migrating = VM.migrating
 
-    async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-        self.post_restores.append(env)
+    async def post_restore(self, timeout: float, inputs: RestoreInputs | None = None) -> dict[str, Any]:
+        self.post_restores.append(inputs)
         return {"reseeded": True}
 
     async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
@@ -207,15 +208,18 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             assert h.keeper.info("py")["misses"] == 2
             assert await h.keeper.claim("other", [ChildSpec()], SpawnOptions()) == [None]
             # Three matching children, two members: two claims, one miss.
-            specs = [ChildSpec(memory_limit_mib=256, env={"I": str(i)}, metadata={"n": str(i)})
-                     for i in range(3)]
+            # The claim gives each child the very RestoreInputs a restore would (VM.restore's).
+            asked = SpawnOptions(memory_limit_mib=256, child_env=[{"I": str(i)} for i in range(3)],
+                                 hostname="pooled-box", metadata={"n": "x"})
+            specs = child_specs(3, asked)
             got = await h.keeper.claim("py", specs, SpawnOptions())
             assert got[2] is None and {g.id for g in got[:2] if g} == {m.id for m in members}
             for i, g in enumerate(got[:2]):
-                assert g is not None and not g.pooled and g.metadata == {"n": str(i)}
+                assert g is not None and not g.pooled and g.metadata == {"n": "x"}
                 assert "claimed_s" in g.timings and "ready_s" in g.timings
                 vm = h.spawner.vms[g.id]
-                assert vm.qmp.commands == ["stop", "cont"] and vm.post_restores == [{"I": str(i)}]
+                assert vm.qmp.commands == ["stop", "cont"]
+                assert vm.post_restores == [RestoreInputs(env={"I": str(i)}, hostname="pooled-box")]
                 assert h.table.resolve(g.id) == g.id  # visible now
                 assert not h.registry.sandboxes.get(g.id).pooled
             info = h.keeper.info("py")

@@ -702,6 +702,20 @@ def test_spawn_sends_env_child_env_and_metadata(fake: FakeDaemon) -> None:
     ]
 
 
+def test_the_generated_extras_go_with_every_spawn_and_fork(fake: FakeDaemon) -> None:
+    """Sandbox.fork and fork_tree take ForkExtra like every other call."""
+    sandbox_routes(fake)
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork", httpx.Response(201, json=fork_info()))
+    fake.on("POST", f"/v1/sandboxes/{SB}/fork-tree", httpx.Response(201, json=fork_info(tree_id="ft-1")))
+    c = fake.controller()
+    sb = Sandbox.create("py", controller=c, idle_hibernate_secs=60)
+    sb.fork(1, idle_pause_secs=30)
+    sb.fork_tree(1, idle_hibernate_secs=90)
+    assert fake.bodies("POST", "/v1/sandboxes") == [{"snapshot_tag": "py", "n": 1, "idle_hibernate_secs": 60}]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/fork") == [{"count": 1, "idle_pause_secs": 30}]
+    assert fake.bodies("POST", f"/v1/sandboxes/{SB}/fork-tree") == [{"count": 1, "idle_hibernate_secs": 90}]
+
+
 def test_list_sandboxes_filters_are_query_parameters(fake: FakeDaemon) -> None:
     fake.on("GET", "/v1/sandboxes", httpx.Response(200, json=[]))
     c = fake.controller()

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from forkd import bounds
 from forkd.api.app import create_app
-from forkd.api.schemas import SpawnRequest
+from forkd.api.schemas import ForkRequest, SpawnRequest
 from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
-from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, SpawnOptions
+from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
@@ -30,6 +30,35 @@ def test_every_request_field_is_a_spawn_option() -> None:
     assert request == options
 
 
+def test_every_fork_request_field_is_a_fork_option() -> None:
+    """ForkOptions is its children's SpawnOptions plus a fork's own fields: a field added to
+    ForkRequest must be one or the other."""
+    request = set(ForkRequest.model_fields) - ForkRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
+    spawn = {f.name for f in dataclasses.fields(SpawnOptions)}
+    assert request - spawn == set(ForkOptions.OWN)
+    assert ForkRequest().options() == ForkOptions()
+    options = ForkRequest.model_validate({"hostname": "box-1", "keep_snapshot": True, "count": 2,
+                                          "allow_internet_access": True}).options()
+    assert options == ForkOptions(SpawnOptions(hostname="box-1", egress=EgressPolicy.from_request(True)),
+                                  keep_snapshot=True)
+
+
+@pytest.mark.parametrize("hostname", ["-a", "a..b", "a_b", "x" * 64, ".".join(["a" * 32] * 2), "a\nb", 7])
+@pytest.mark.parametrize("route", ["/v1/sandboxes", "/v1/sandboxes/sb-abcdef-0000/fork"])
+def test_a_bad_hostname_is_a_400_naming_it(route: str, hostname: object) -> None:
+    fake = FakeRuntime()
+    fake.add_snapshot("py")
+    fake.add_sandbox("sb-abcdef-0000", "py")
+    with TestClient(create_app(Settings(), runtime=fake)) as client:
+        r = client.post(route, json={"snapshot_tag": "py", "hostname": hostname} if "fork" not in route
+                        else {"hostname": hostname})
+        assert r.status_code == 400, r.text
+        assert "hostname" in r.json()["error"]
+        ok = client.post(route, json={"snapshot_tag": "py", "hostname": "a-1.b"} if "fork" not in route
+                         else {"hostname": "a-1.b"})
+        assert ok.status_code == 201, ok.text
+
+
 def test_an_empty_request_gives_the_defaults() -> None:
     assert SpawnRequest(snapshot_tag="py").options() == SpawnOptions()
 
@@ -40,13 +69,13 @@ def test_every_field_reaches_the_options() -> None:
         "env": {"A": "1"}, "child_env": [{"B": "0"}, {"B": "1"}], "metadata": {"team": "ml"},
         "cpu_limit": 0.5, "pids_limit": 64, "timeout_secs": 30, "idle_pause_secs": 5, "prewarm": True,
         "hugepages": True, "disk_quota_mib": 64, "allow_internet_access": True,
-        "network": {"allow_out": ["192.0.2.7:443"]},
+        "network": {"allow_out": ["192.0.2.7:443"]}, "hostname": "box-1",
     }
     options = SpawnRequest.model_validate(body).options()
     assert options == SpawnOptions(
         per_child_netns=True, memory_limit_mib=256, live_fork=True, env={"A": "1"},
         child_env=[{"B": "0"}, {"B": "1"}], metadata={"team": "ml"}, cpu_limit=0.5, pids_limit=64,
-        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64,
+        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64, hostname="box-1",
         egress=EgressPolicy.from_request(True, {"allow_out": ["192.0.2.7:443"]}))
     assert options.given()["disk_quota_mib"] == 64 and "per_child_netns" in options.given()
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from forkd.errors import BootTimeout
+from forkd.errors import BootTimeout, Conflict
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import Accel, VMConfig
 from forkd.vmm import machine
 from forkd.vmm.machine import VM
@@ -73,6 +75,42 @@ def test_a_silent_guest_is_a_boot_timeout_naming_the_phase(tmp_path: Path,
         asyncio.run(main(tmp_path / "agent.sock"))
     assert "Kernel panic" in str(failure.value)  # the console's last words come with it
     assert len(peer.requests) >= 2
+
+
+def _restored_by(agent_version: str | None) -> Callable[[AgentPeer, dict[str, Any]], None]:
+    """An agent that answers ``restored`` as one of ``agent_version`` would (None: one before 12,
+    whose answer has no version)."""
+    def answer(peer: AgentPeer, req: dict[str, Any]) -> None:
+        peer.reply(req, {"reseeded": True} | ({"agent_version": agent_version} if agent_version else {}))
+    return answer
+
+
+def _post_restore(path: Path, inputs: RestoreInputs) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        vm = _vm(path)
+        try:
+            return await vm.post_restore(timeout=10, inputs=inputs)
+        finally:
+            await vm.agent.close()
+    return asyncio.run(main())
+
+
+def test_restore_inputs_go_to_the_guest_whole(tmp_path: Path) -> None:
+    inputs = RestoreInputs(env={"K": "v"}, hostname="box-1")
+    with AgentPeer(tmp_path / "agent.sock", _restored_by(str(protocol.HOSTNAME_AGENT_VERSION))) as peer:
+        _post_restore(tmp_path / "agent.sock", inputs)
+    [req] = peer.requests
+    assert RestoreInputs.from_wire(req) == inputs and {"entropy", "time_ns"} <= req.keys()
+
+
+@pytest.mark.parametrize("version", [None, "11"])
+def test_an_agent_too_old_for_an_input_is_refused(tmp_path: Path, version: str | None) -> None:
+    with AgentPeer(tmp_path / "agent.sock", _restored_by(version)), \
+            pytest.raises(Conflict, match="predates hostname at restore: create the snapshot again"):
+        _post_restore(tmp_path / "agent.sock", RestoreInputs(hostname="box-1"))
+    # Inputs every agent takes are not refused by an old one.
+    with AgentPeer(tmp_path / "agent2.sock", _restored_by(version)):
+        assert _post_restore(tmp_path / "agent2.sock", RestoreInputs(env={"K": "v"}))["reseeded"]
 
 
 def test_no_layer_above_the_vmm_speaks_qmp() -> None:

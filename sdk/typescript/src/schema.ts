@@ -1290,6 +1290,11 @@ export interface components {
                 [key: string]: string;
             } | null;
             /**
+             * Hostname
+             * @description Each child's hostname, set in the guest at its restore (what hostname and uname -n say, /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64 characters. Default: the snapshot's.
+             */
+            hostname?: string | null;
+            /**
              * Idle Hibernate Secs
              * @description As in POST /v1/sandboxes, for each child.
              */
@@ -2191,6 +2196,11 @@ export interface components {
              * @default false
              */
             hibernate_on_timeout?: boolean;
+            /**
+             * Hostname
+             * @description Each child's hostname, set in the guest at its restore (what hostname and uname -n say, /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64 characters. Default: the snapshot's.
+             */
+            hostname?: string | null;
             /**
              * Hugepages
              * @description Accepted from forkd 0.5 clients and without effect: children map their snapshot's memory file privately (copy-on-write), which hugetlbfs pages cannot back; forkd 0.5 also fell back to 4 KiB pages when none were free.

@@ -75,6 +75,12 @@ DiskQuota = Annotated[
                  "(default: the daemon's --disk-quota-mib; 0: no quota)."),
 ]
 
+Hostname = Annotated[
+    str | None,
+    typer.Option("--hostname", metavar="NAME", help="Each child's hostname in the guest, set at its "
+                 "restore (RFC 1123; the daemon checks it)."),
+]
+
 
 EnvPairs = Annotated[
     list[str] | None,
@@ -119,6 +125,7 @@ def fork(
     idle_pause: IdlePause = None,
     idle_hibernate: IdleHibernate = None,
     disk_quota_mib: DiskQuota = None,
+    hostname: Hostname = None,
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
@@ -139,6 +146,7 @@ def fork(
       forkd fork --tag py -n 50 --idle-pause 30
       forkd fork --tag py -n 50 --idle-hibernate 300
       forkd fork --tag py --disk-quota-mib 256
+      forkd fork --tag py --hostname worker-1
       forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
       forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
@@ -171,6 +179,7 @@ def fork(
                 from_sandbox, n, per_child_netns=per_child_netns, memory_limit_mib=memory_limit_mib,
                 live_fork=live_fork, env=env_map, metadata=labels, keep_snapshot=keep_snapshot,
                 timeout_secs=timeout, allow_internet_access=allow_internet_access, network=network,
+                hostname=hostname,
             )
         if as_json:
             output.emit_json(result)
@@ -186,6 +195,7 @@ def fork(
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
             timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
             network=network, disk_quota_mib=disk_quota_mib, idle_hibernate_secs=idle_hibernate,
+            hostname=hostname,
         )
     if as_json:
         output.emit_json(sandboxes)

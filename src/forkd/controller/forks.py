@@ -32,14 +32,13 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
-from forkd.controller.options import ForkOptions, SpawnOptions
+from forkd.controller.options import ForkOptions
 from forkd.controller.results import Deletion, PromoteResult
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import BootTimeout, Conflict, ForkdError
-from forkd.host.egress import EgressPolicy
 from forkd.store.records import SandboxRecord
 from forkd.store.rows.aliases import AliasRows
 from forkd.store.rows.sandboxes import SandboxReader
@@ -95,11 +94,8 @@ class Forker:
         source_id = self._table.resolve(sandbox_id)
         self._table.get(source_id)  # 404 / died, before anything is paused
         source = self._sandboxes.get(source_id)
-        metadata = dict(options.metadata or {})
         # Every per-child input is checked before the source is paused.
-        specs = child_specs(count, memory_limit_mib=options.memory_limit_mib, env=options.env,
-                            child_env=options.child_env, metadata=metadata,
-                            child_memory_limit_mib=options.child_memory_limit_mib)
+        specs = child_specs(count, options.spawn, options.child_memory_limit_mib)
         tree_id = f"ft-{secrets.token_hex(6)}" if tree else None
         if tree_id is not None:
             specs = [dataclasses.replace(spec, metadata={
@@ -108,8 +104,8 @@ class Forker:
         # Refuse what the spawn would refuse before the source is paused, not after.
         self._spawner.check_limits([s.memory_limit_mib for s in specs])
         await self._spawner.check_network(
-            tap=source.tap, dns=source.network.dns if source.network else (), egress=options.egress,
-            per_child_netns=options.per_child_netns, what=f"sandbox {source_id}")
+            tap=source.tap, dns=source.network.dns if source.network else (), egress=options.spawn.egress,
+            per_child_netns=options.spawn.per_child_netns, what=f"sandbox {source_id}")
         mode = "live" if source.live_fork else "diff"
         pause_ms = 0.0
         for attempt in range(1, BRANCH_ATTEMPTS + 1):
@@ -145,9 +141,7 @@ class Forker:
             # it goes with its children.
             self._store.set_auto_delete(tag, True)
         try:
-            return await self._spawner.spawn_each(tag, specs, SpawnOptions(
-                per_child_netns=options.per_child_netns, live_fork=options.live_fork,
-                egress=options.egress or EgressPolicy()))
+            return await self._spawner.spawn_each(tag, specs, options.spawn)
         except ForkdError as exc:
             # A request-wide refusal (e.g. a missing namespace): no child started.
             return [exc] * len(specs)

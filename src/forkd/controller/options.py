@@ -3,8 +3,10 @@
 ``SpawnOptions`` flows unchanged from the request model (``SpawnRequest.options()``
 in api/schemas/requests.py) to ``Runtime.spawn``, the ``Spawner`` and the warm pools'
 claim key: a new spawn option is one field here and one in the request model,
-and nothing unpacks it by hand in between. ``ForkOptions`` is the same for a
-fork of a running sandbox.
+and nothing unpacks it by hand in between. What a child's guest is given at restore
+goes on from the Spawner as one ``RestoreInputs`` (guest/protocol.py) per child, to
+``VM.restore`` and to a warm-pool claim alike. ``ForkOptions`` is a fork's: the
+SpawnOptions of its children plus the fields only a fork has.
 
 Import-light on purpose (no VMM, no QEMU client): the API's schemas build these
 values even where only a fake runtime runs.
@@ -15,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from forkd import bounds
 from forkd.errors import Conflict, InvalidRequest
+from forkd.guest.protocol import RequestError, RestoreInputs
 from forkd.host.egress import EgressPolicy
 
 # The request's two egress fields, which become one ``EgressPolicy``.
@@ -48,7 +51,8 @@ class SpawnOptions:
     (host/egress.py). ``prewarm``: read the snapshot's memory into the page
     cache first. ``disk_quota_mib``: how far each child's own disk layers may
     grow on the host before it is stopped (controller/disk_quota.py); None: the
-    daemon's default, 0: no quota.
+    daemon's default, 0: no quota. ``hostname``: each child's hostname, set in the guest at
+    its restore (guest/protocol.py's ``RestoreInputs``, as ``env`` is).
     """
 
     per_child_netns: bool = False
@@ -68,9 +72,15 @@ class SpawnOptions:
     hibernate_on_timeout: bool = False
     hibernate_on_timeout_memory: bool = True
     auto_resume: bool = True
+    hostname: str | None = None
 
     def __post_init__(self) -> None:
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest).
+        try:  # what the guest is given besides env (child_specs merges env with child_env)
+            RestoreInputs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RestoreInputs)
+                             if f.name != "env"})
+        except RequestError as exc:
+            raise InvalidRequest(str(exc)) from None
         if self.disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(self.disk_quota_mib)
         _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs,
@@ -96,31 +106,23 @@ class SpawnOptions:
 
 @dataclass(frozen=True)
 class ForkOptions:
-    """The spawn options of a fork, applied to every child (``child_*``: one entry per child)."""
+    """A fork of a running sandbox: its children's ``SpawnOptions`` (the source keeps its own egress
+    and lifetimes), plus what only a fork has: ``child_memory_limit_mib`` (one entry per child)
+    and ``keep_snapshot`` (keep the branch the children come from)."""
 
-    per_child_netns: bool = False
-    memory_limit_mib: int | None = None
-    live_fork: bool = False
-    env: dict[str, str] | None = None
-    child_env: list[dict[str, str]] | None = None
+    spawn: SpawnOptions = field(default_factory=SpawnOptions)
     child_memory_limit_mib: list[int | None] | None = None
-    metadata: dict[str, str] | None = None
     keep_snapshot: bool = False
-    egress: EgressPolicy | None = None  # the children's (the source keeps its own)
-    # The children's lifetimes, as in SpawnOptions (the source keeps its own).
-    timeout_secs: float | None = None
-    idle_pause_secs: float | None = None
-    idle_hibernate_secs: float | None = None
 
-    def __post_init__(self) -> None:
-        # Before the source is paused for the branch: a bad value costs it nothing.
-        _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs, False,
-                         live_fork=self.live_fork, per_child_netns=self.per_child_netns)
+    # The request fields that are a fork's own; every other one is a spawn option of its children.
+    OWN: ClassVar[tuple[str, ...]] = ("child_memory_limit_mib", "keep_snapshot")
 
     @classmethod
     def from_request(cls, given: Mapping[str, Any]) -> ForkOptions:
         """As ``SpawnOptions.from_request``, for a fork's request body."""
-        return cls(**request_fields(cls, given, "fork"))
+        fields = dict(given)
+        own = {name: fields.pop(name) for name in cls.OWN if name in fields}
+        return cls(spawn=SpawnOptions(**request_fields(SpawnOptions, fields, "fork")), **own)
 
 
 def request_fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:

@@ -7,7 +7,8 @@ restored, post-restored and then stopped; a spawn with the same snapshot and
 options (``PoolKey``: memory limit, per-child namespace, ``live_fork``, egress policy)
 claims them instead of restoring: ``cont``, then the post-restore call again
 (it is idempotent: fresh entropy reseeds the kernel CRNG, Python's and
-numpy's RNGs, the clock is stepped to the host's, the child's ``env`` is set),
+numpy's RNGs, the clock is stepped to the host's, the child's ``RestoreInputs`` are
+given, the very value a restore gives it),
 so siblings of one pool never share random streams and the clock is now.
 A member that fails its claim is torn down and that child is restored fresh.
 
@@ -313,9 +314,10 @@ class PoolKeeper:
                 raise VMError("it is gone")
             record = self._sandboxes.get(sb_id)
             # The same idempotent call as after a restore: the member's own RNG streams (its
-            # siblings were restored from the same snapshot), the clock of now, the child's env.
+            # siblings were restored from the same snapshot), the clock of now, the child's
+            # RestoreInputs (the same value VM.restore would have given it).
             # Sent before "cont" (the paused guest reads it once it runs): one round trip less.
-            call = asyncio.ensure_future(vm.post_restore(CLAIM_TIMEOUT_SECS, child.env))
+            call = asyncio.ensure_future(vm.post_restore(CLAIM_TIMEOUT_SECS, child.restore))
             try:
                 await vm.resume()
             except BaseException:

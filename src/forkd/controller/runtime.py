@@ -348,11 +348,15 @@ class Runtime:
         """
         options = options or SpawnOptions()
         records = await self.spawner.spawn(tag, n, options)
+        self._apply_lifetimes(records, options)
+        return records
+
+    def _apply_lifetimes(self, records: list[SandboxRecord], options: SpawnOptions) -> None:
+        """The deadlines and idle pauses ``options`` ask for, from now (a spawn's, a fork's children's)."""
         self.reaper.apply(records, options.timeout_secs, hibernate=options.hibernate_on_timeout,
                           memory=options.hibernate_on_timeout_memory, auto_resume=options.auto_resume)
         self.idle.apply(records, options.idle_pause_secs)
         self.idle.apply_hibernate(records, options.idle_hibernate_secs)
-        return records
 
     async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
                    tree: bool = False) -> ForkReport:
@@ -361,9 +365,7 @@ class Runtime:
         options = options or ForkOptions()
         await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
-        self.reaper.apply(result.children, options.timeout_secs)
-        self.idle.apply(result.children, options.idle_pause_secs)
-        self.idle.apply_hibernate(result.children, options.idle_hibernate_secs)
+        self._apply_lifetimes(result.children, options.spawn)
         return result
 
     async def promote(self, sandbox_id: str, *, tree_id: str | None = None, cleanup_siblings: bool = True,

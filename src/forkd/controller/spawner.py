@@ -36,6 +36,7 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
+from forkd.guest.protocol import RestoreInputs
 from forkd.host import cgroups, memdiff, pagecache
 from forkd.host import netns as netns_mod
 from forkd.host.accel import check_compatible
@@ -59,14 +60,15 @@ RESTORE_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """What one child gets besides the snapshot: its limit, environment and labels."""
+    """What one child gets besides the snapshot: its host limits, labels, and what its guest is
+    given at restore (``restore``: the one value ``VM.restore`` and a warm-pool claim both take)."""
 
     memory_limit_mib: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     cpu_limit: float | None = None
     pids_limit: int | None = None
     disk_quota_mib: int | None = None  # None: the daemon's default (DiskLimits.quota_for)
+    restore: RestoreInputs = field(default_factory=RestoreInputs)
     # The id to register it under; None: a fresh one. A paused sandbox resumes
     # under the id it had (controller/suspend.py), which must be free by then.
     sandbox_id: str | None = None
@@ -77,36 +79,40 @@ class ChildSpec:
         return any(v is not None for v in (self.memory_limit_mib, self.cpu_limit, self.pids_limit))
 
 
-def child_specs(n: int, *, memory_limit_mib: int | None = None, env: dict[str, str] | None = None,
-                child_env: list[dict[str, str]] | None = None, metadata: dict[str, str] | None = None,
-                child_memory_limit_mib: list[int | None] | None = None, cpu_limit: float | None = None,
-                pids_limit: int | None = None, disk_quota_mib: int | None = None) -> list[ChildSpec]:
-    """One spec per child: ``env`` for all, then ``child_env[i]`` over it for child i."""
+def child_specs(n: int, options: SpawnOptions, child_memory_limit_mib: list[int | None] | None = None
+                ) -> list[ChildSpec]:
+    """One spec per child of a spawn (or fork, whose ``child_memory_limit_mib`` gives each child its
+    own limit): ``env`` for all, then ``child_env[i]`` over it for child i. Every other field of
+    ``RestoreInputs`` is the option of the same name, as it is: a new one needs no code here."""
     bounds.SPAWN_N.check(n)
+    child_env = options.child_env
     for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
         if per_child is not None and len(per_child) != n:
             raise InvalidRequest(f"{name} has {len(per_child)} entries but {n} children were asked for; "
                                  "give one entry per child")
+    shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(RestoreInputs) if f.name != "env"}
     try:
-        common = protocol.check_env(env)
+        common = protocol.check_env(options.env)
         own = [protocol.check_env(e) for e in child_env] if child_env is not None else [{}] * n
+        for e in (common, *own):
+            bounds.ENV.check_map(e)
+        restore = [RestoreInputs(env={**common, **own[i]}, **shared) for i in range(n)]
     except protocol.RequestError as exc:
         raise InvalidRequest(str(exc)) from None
-    for e in (common, *own):
-        bounds.ENV.check_map(e)
-    bounds.METADATA.check_map(metadata or {})
-    reserved = sorted(k for k in metadata or {} if k in bounds.FORK_LABELS)
+    metadata = options.metadata or {}
+    bounds.METADATA.check_map(metadata)
+    reserved = sorted(k for k in metadata if k in bounds.FORK_LABELS)
     if reserved:
         # promote trusts these labels (replace_parent kills fork_parent_id): only a fork-tree sets them.
         raise InvalidRequest(f"metadata keys {', '.join(reserved)} are set by fork-tree itself")
-    if cpu_limit is not None:
-        bounds.CPU_LIMIT.check(cpu_limit)
-    if pids_limit is not None:
-        bounds.PIDS_LIMIT.check(pids_limit)
+    if options.cpu_limit is not None:
+        bounds.CPU_LIMIT.check(options.cpu_limit)
+    if options.pids_limit is not None:
+        bounds.PIDS_LIMIT.check(options.pids_limit)
     limits = child_memory_limit_mib or [None] * n
-    return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else memory_limit_mib,
-                      env={**common, **own[i]}, metadata=dict(metadata or {}), cpu_limit=cpu_limit,
-                      pids_limit=pids_limit, disk_quota_mib=disk_quota_mib) for i in range(n)]
+    return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else options.memory_limit_mib,
+                      metadata=dict(metadata), cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
+                      disk_quota_mib=options.disk_quota_mib, restore=restore[i]) for i in range(n)]
 
 
 class PoolSource(Protocol):
@@ -192,10 +198,7 @@ class Spawner:
         (host/pagecache.py). (Deadlines and idle pauses are the Runtime's.)
         """
         options = options or SpawnOptions()
-        children = child_specs(n, memory_limit_mib=options.memory_limit_mib, env=options.env,
-                               child_env=options.child_env, metadata=options.metadata,
-                               cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
-                               disk_quota_mib=options.disk_quota_mib)
+        children = child_specs(n, options)
         if options.prewarm:
             snap = self._store.forkable(tag)
             read = await asyncio.to_thread(pagecache.prefetch, snap.dir.mem)
@@ -406,7 +409,7 @@ class Spawner:
             clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
                                   disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
-                                  env=child.env)
+                                  inputs=child.restore)
         except BaseException as exc:
             oom_killed = cgroup is not None and cgroup.oom_kills() > 0
             if cgroup is not None:

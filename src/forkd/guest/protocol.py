@@ -35,10 +35,13 @@ agent sends is at most ``MAX_REPLY_LINE`` bytes; the host drops longer ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import threading
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 # The virtio-serial port's name (the kernel command line's forkd.port= overrides it).
 PORT_NAME = "org.forkd.agent"
@@ -51,7 +54,9 @@ PING = "ping"  # -> {"pong": true, "pid", "agent_version", "python_version", "wa
 EXEC = "exec"
 EVAL = "eval"  # code, timeout_secs -> {"result", "error", "exit_code"}
 EVAL_CANCEL = "eval_cancel"  # -> {"cancelled": bool}: interrupts the eval that is running, if any
-RESTORED = "restored"  # entropy (hex), time_ns, env? -> {"reseeded", "clock_stepped", "thawed", ...}
+# entropy (hex), time_ns, and a RestoreInputs' fields (to_wire) -> {"reseeded", "clock_stepped",
+# "agent_version", ...}; or clock_only, time_ns -> {"clock_stepped", "time_ns"}
+RESTORED = "restored"
 SYNC = "sync"  # -> {"synced": true}
 FSFREEZE = "fsfreeze"  # -> {"frozen": true}
 FSTHAW = "fsthaw"  # -> {"thawed": bool}
@@ -321,6 +326,75 @@ def check_env(env: object) -> dict[str, str]:
     ):
         raise RequestError("env must map variable names (non-empty, no '=' or NUL) to strings without NUL")
     return env
+
+
+# A guest hostname: RFC 1123 labels (letters, digits, inner hyphens; 1-63 each) joined by dots, at
+# most HOSTNAME_MAX characters in all (the kernel's __NEW_UTS_LEN).
+HOSTNAME_MAX = 64
+HOSTNAME_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME_RE = re.compile(rf"{HOSTNAME_LABEL}(\.{HOSTNAME_LABEL})*")
+# Agents older than this ignore a RestoreInputs' hostname (RestoreInputs.AGENT_VERSIONS).
+HOSTNAME_AGENT_VERSION = 12
+
+
+def check_hostname(hostname: object) -> str | None:
+    """A per-child hostname (the ``restored`` action's ``hostname``), validated; None is none.
+
+    Checked by the daemon before any VM starts, and again by the agent.
+    """
+    if hostname is None:
+        return None
+    if not isinstance(hostname, str) or len(hostname) > HOSTNAME_MAX or not HOSTNAME_RE.fullmatch(hostname):
+        raise RequestError(f"hostname must be RFC 1123 labels (letters, digits and inner hyphens, 1-63 "
+                           f"characters each) joined by dots, at most {HOSTNAME_MAX} characters in all")
+    return hostname
+
+
+@dataclass(frozen=True)
+class RestoreInputs:
+    """What one child is given with its post-restore call, beside the fresh entropy and the clock
+    that every call carries: the same value goes to ``VM.restore`` and to a warm-pool claim.
+
+    A new input is one field here (validated in ``__post_init__``, which the daemon runs before
+    any VM starts and the agent runs again on ``from_wire``), its step in
+    forkd/guest/agent/restore.py and, where older agents would ignore it, its entry in
+    ``AGENT_VERSIONS``. ``env``: set in the agent's environment (eval's os.environ, every exec's);
+    ``hostname``: the guest's hostname (the kernel's, /etc/hostname and /etc/hosts).
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    hostname: str | None = None
+
+    # The first agent version that applies a field (others ignore it): refused on an older one.
+    AGENT_VERSIONS: ClassVar[dict[str, int]] = {"hostname": HOSTNAME_AGENT_VERSION}
+
+    def __post_init__(self) -> None:
+        check_env(self.env)
+        check_hostname(self.hostname)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields of a ``restored`` request: those that differ from the defaults."""
+        default = RestoreInputs()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+    @classmethod
+    def from_wire(cls, req: dict[str, Any]) -> RestoreInputs:
+        """A ``restored`` request's inputs (other keys are the envelope's, entropy and time_ns)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: req[n] for n in names if req.get(n) is not None})
+
+    def too_new_for(self, agent_version: int) -> list[str]:
+        """The fields set here that an agent of ``agent_version`` would ignore."""
+        given = self.to_wire()
+        return [name for name, since in self.AGENT_VERSIONS.items()
+                if name in given and agent_version < since]
+
+
+def agent_version_of(reply: dict[str, Any]) -> int:
+    """The ``agent_version`` an answer (ping's, restored's) reports; 0 where it has none."""
+    reported = str(reply.get("agent_version", "0"))
+    return int(reported) if reported.isdigit() else 0
 
 
 def request(req_id: int, action: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
 from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import PingResponse, SpawnExtra
+from forkd.sdk.models import ForkExtra, PingResponse, SpawnExtra
 from forkd.sdk.terminal import AsyncTerminal
 from forkd.sdk.types import (
     CandidateT,
@@ -297,14 +297,17 @@ class AsyncSandbox:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkResult[AsyncSandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
         Each child succeeds or fails on its own: the result lists the
         children that came up (owned by the caller: :meth:`close` or
         :meth:`kill` each) and an error per child that did not. The options
-        are those of :meth:`AsyncController.fork_sandbox`; ``child_env`` and
-        ``child_memory_limit_mib`` give each child its own (length ``count``).
+        are those of :meth:`AsyncController.fork_sandbox`, its generated ``**options``
+        (:class:`~forkd.sdk.models.ForkExtra`: ``idle_pause_secs``, ...)
+        included; ``child_env`` and ``child_memory_limit_mib`` give each child its own
+        (length ``count``).
 
         Example::
 
@@ -326,6 +329,7 @@ class AsyncSandbox:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -344,6 +348,7 @@ class AsyncSandbox:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkResult[AsyncSandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -362,6 +367,7 @@ class AsyncSandbox:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return ForkResult.from_json(body, self._child)
 

@@ -524,6 +524,12 @@ class ForkRequest(TypedDict, total=False):
     idle_hibernate_secs: float | None
     """As in POST /v1/sandboxes, for each child."""
 
+    hostname: str | None
+    """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
+    /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
+    characters. Default: the snapshot's.
+    """
+
 
 class HibernationInfo(TypedDict, total=False):
     """The ``HibernationInfo`` schema."""
@@ -1150,6 +1156,12 @@ class SpawnRequest(TypedDict, total=False):
     daemon's --disk-quota-mib (1024 unless set); 0: no quota.
     """
 
+    hostname: str | None
+    """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
+    /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
+    characters. Default: the snapshot's.
+    """
+
 
 class StdinRequest(TypedDict, total=False):
     """The ``StdinRequest`` schema."""
@@ -1342,6 +1354,12 @@ class SpawnExtra(TypedDict, total=False):
     daemon's --disk-quota-mib (1024 unless set); 0: no quota.
     """
 
+    hostname: str | None
+    """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
+    /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
+    characters. Default: the snapshot's.
+    """
+
 
 class ForkExtra(TypedDict, total=False):
     """The optional fields of ``ForkRequest`` that ``fork_sandbox`` and ``fork_tree`` take as keyword
@@ -1353,6 +1371,12 @@ class ForkExtra(TypedDict, total=False):
 
     idle_hibernate_secs: float | None
     """As in POST /v1/sandboxes, for each child."""
+
+    hostname: str | None
+    """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
+    /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
+    characters. Default: the snapshot's.
+    """
 
 
 class BranchExtra(TypedDict, total=False):

@@ -34,7 +34,7 @@ from forkd.sdk.guest import CommandHandle, Commands, Files
 from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import PingResponse, SpawnExtra
+from forkd.sdk.models import ForkExtra, PingResponse, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -298,14 +298,17 @@ class Sandbox:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkResult[Sandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
 
         Each child succeeds or fails on its own: the result lists the
         children that came up (owned by the caller: :meth:`close` or
         :meth:`kill` each) and an error per child that did not. The options
-        are those of :meth:`Controller.fork_sandbox`; ``child_env`` and
-        ``child_memory_limit_mib`` give each child its own (length ``count``).
+        are those of :meth:`Controller.fork_sandbox`, its generated ``**options``
+        (:class:`~forkd.sdk.models.ForkExtra`: ``idle_pause_secs``, ...)
+        included; ``child_env`` and ``child_memory_limit_mib`` give each child its own
+        (length ``count``).
 
         Example::
 
@@ -327,6 +330,7 @@ class Sandbox:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return ForkResult.from_json(body, self._child)
 
@@ -345,6 +349,7 @@ class Sandbox:
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
         network: Mapping[str, Sequence[str]] | None = None,
+        **options: Unpack[ForkExtra],
     ) -> ForkResult[Sandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child
         can :meth:`promote` itself (keep it, kill its siblings).
@@ -363,6 +368,7 @@ class Sandbox:
             timeout_secs=timeout_secs,
             allow_internet_access=allow_internet_access,
             network=network,
+            **options,
         )
         return ForkResult.from_json(body, self._child)
 

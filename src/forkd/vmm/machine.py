@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 
 from qemu.qmp import EventListener
 
-from forkd.errors import BootTimeout, GuestError, VMError
+from forkd.errors import BootTimeout, Conflict, GuestError, VMError
 from forkd.guest import protocol
 from forkd.guest.client import AgentClient
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import VMConfig
 from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
@@ -169,13 +170,13 @@ class VM:
     async def restore(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, state_path: Path, disk: Path,
         share_ram: bool = False, timeout: float = 60, tap: str | None = None,
-        launcher: Sequence[str] = (), env: dict[str, str] | None = None,
+        launcher: Sequence[str] = (), inputs: RestoreInputs | None = None,
     ) -> VM:
         """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state.
 
         ``tap`` must be the snapshot's (same devices); ``launcher`` is an argv prefix
-        that execs QEMU in the same process (cgroup, network namespace); ``env``
-        goes into the guest agent's environment with the post-restore call.
+        that execs QEMU in the same process (cgroup, network namespace); ``inputs``
+        (its ``RestoreInputs``: env, ...) go to the guest with the post-restore call.
         """
         started, started_wall = time.monotonic(), time.time()
 
@@ -199,7 +200,7 @@ class VM:
                 if not running:  # saved from a stopped VM: QEMU leaves it paused
                     await vm.qmp.cmd("cont")
                 vm.timings.update(restore_phases(events, started_wall))
-            reply = await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT, env),
+            reply = await vm.await_or_exit(vm.post_restore(POST_RESTORE_TIMEOUT, inputs),
                                            POST_RESTORE_TIMEOUT + 5,
                                            "the restored guest agent (post-restore call)")
             vm.timings["ready_s"] = time.monotonic() - started
@@ -218,16 +219,18 @@ class VM:
                                if isinstance(v, int) and 0 <= v < 10**9}
         self.timings["guest_hook_s"] = sum(self.guest_steps_us.values()) / 1e6
 
-    async def post_restore(self, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """Tell a freshly restored guest to reseed its RNGs, step its clock and thaw.
+    async def post_restore(self, timeout: float, inputs: RestoreInputs | None = None) -> dict[str, Any]:
+        """Tell a freshly restored guest to reseed its RNGs, step its clock and take ``inputs``.
 
         The call is idempotent, so it is sent again if unanswered after
         ``POST_RESTORE_RESEND`` seconds: on a loaded host a restored child has
-        been seen to leave its first post-restore call unanswered.
+        been seen to leave its first post-restore call unanswered. An agent too old
+        for ``inputs`` (it would have ignored some) is a 409: the one place it is refused.
         """
+        inputs = inputs or RestoreInputs()
         deadline = time.monotonic() + timeout
         attempt = 0
-        extra: dict[str, Any] = {"env": env} if env else {}
+        extra = inputs.to_wire()
         while True:
             attempt += 1
             each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
@@ -237,13 +240,20 @@ class VM:
                                               time_ns=time.time_ns(), **extra)
                 if clock_lag(reply, sent) > CLOCK_TOLERANCE_SECS:
                     await self.step_clock(max(1.0, deadline - time.monotonic()))
-                return reply
             except GuestError as exc:
                 if not self.agent.connected or time.monotonic() >= deadline:
                     raise BootTimeout(
                         f"the restored guest agent did not answer its post-restore call "
                         f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
+                continue
+            version = protocol.agent_version_of(reply)
+            ignored = inputs.too_new_for(version)
+            if ignored:
+                raise Conflict(f"this snapshot's guest agent (version {version}) "
+                               f"predates {', '.join(ignored)} at restore: create the snapshot again "
+                               "with this version of forkd")
+            return reply
 
     async def step_clock(self, timeout: float) -> dict[str, Any]:
         """Step the guest's clock to the host's, after a pause (nothing was cloned: no reseed).

@@ -49,7 +49,7 @@ from forkd.api.schemas.common import (
 )
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.controller.options import ForkOptions, SpawnOptions
-from forkd.guest.protocol import FILE_PATH_MAX
+from forkd.guest.protocol import FILE_PATH_MAX, HOSTNAME_MAX, HOSTNAME_RE
 from forkd.host.egress import EgressPolicy
 
 
@@ -109,6 +109,15 @@ class CreateSnapshotRequest(RequestModel):
         600, **bounds.SETUP_TIMEOUT_SECS.field_kwargs(),
         description="Timeout of each setup command and each setup_eval step.",
     )
+
+
+# A child's hostname: RFC 1123 labels, as guest/protocol.py's check_hostname says (the daemon, through
+# SpawnOptions, and the agent check it again); the length bound comes before the pattern.
+HOSTNAME_PATTERN = f"^{HOSTNAME_RE.pattern}$"
+Hostname = Annotated[str, StringConstraints(max_length=HOSTNAME_MAX, pattern=HOSTNAME_PATTERN)]
+HOSTNAME_HELP = ("Each child's hostname, set in the guest at its restore (what hostname and uname -n say, "
+                 "/etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at "
+                 "most 64 characters. Default: the snapshot's.")
 
 
 class SpawnRequest(RequestModel):
@@ -181,6 +190,7 @@ class SpawnRequest(RequestModel):
         "QEMU is killed and every call answers 502 saying so, as after an OOM kill by memory_limit_mib. "
         "Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.",
     )
+    hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
 
     # Request fields that are not spawn options: the tag and count, and what is accepted without effect.
     NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"snapshot_tag", "n", "hugepages"})
@@ -333,6 +343,7 @@ class ForkRequest(RequestModel):
                                                   "child.")
     idle_hibernate_secs: IdleHibernate | None = Field(None, description="As in POST /v1/sandboxes, "
                                                           "for each child.")
+    hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
 
     # Fields of the request that are not fork options.
     NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count"})

@@ -23,12 +23,15 @@ import ctypes
 import fcntl
 import os
 import random
+import socket
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from forkd.guest.protocol import RequestError, check_env
+from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.protocol import RequestError, RestoreInputs
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -41,7 +44,9 @@ MT19937_WORDS = 624  # numpy's legacy RandomState key, uint32 words
 PY_SEED_BYTES = 32
 
 # What reseed_after_restore reports the time of, in order (``steps_us``).
-STEPS = ("check", "kernel_crng", "python_random", "numpy_random", "clock", "env")
+STEPS = ("check", "kernel_crng", "python_random", "numpy_random", "clock", "env", "hostname")
+# Debian's line for the machine's own name in /etc/hosts (so sudo and friends resolve it).
+HOSTS_SELF = "127.0.1.1"
 
 RESTORES_KEY = "__forkd_restores__"  # in the eval namespace: [count of restores]
 
@@ -71,7 +76,7 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
             raise RequestError("'time_ns' must be a positive integer")
         return {"clock_stepped": step_clock(time_ns), "time_ns": time.time_ns()}
     marks = [time.perf_counter_ns()]
-    env = check_env(req.get("env"))  # refuse a bad map before touching the CRNG or the clock
+    inputs = RestoreInputs.from_wire(req)  # refuse bad inputs before touching the CRNG or the clock
     entropy_hex = req.get("entropy")
     if not isinstance(entropy_hex, str) or len(entropy_hex) < MIN_ENTROPY_HEX:
         raise RequestError("'entropy' must be at least 16 bytes of hex")
@@ -98,14 +103,34 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
         clock_stepped = step_clock(time_ns)
     marks.append(time.perf_counter_ns())
     # Per-child inputs: eval'd code reads os.environ, and every exec inherits it.
-    if env:
-        os.environ.update(env)
+    if inputs.env:
+        os.environ.update(inputs.env)
     # setdefault: eval'd code may have deleted the counter from its namespace.
     namespace.setdefault(RESTORES_KEY, [0])[0] += 1
     marks.append(time.perf_counter_ns())
+    if inputs.hostname is not None:
+        set_hostname(inputs.hostname)
+    marks.append(time.perf_counter_ns())
     steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
+    # agent_version: the host refuses inputs this agent would have ignored (RestoreInputs.too_new_for).
     return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
-            "env_set": len(env), "steps_us": steps}
+            "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION}
+
+
+def set_hostname(name: str, etc: Path = Path("/etc")) -> None:
+    """Make ``name`` (checked: RFC 1123) this guest's hostname: the kernel's (what ``hostname`` and
+    ``uname -n`` say), /etc/hostname (for whatever reads the file) and /etc/hosts (so that the name
+    resolves, as sudo wants). Idempotent, as the post-restore call must be."""
+    try:
+        socket.sethostname(name)
+    except OSError as exc:
+        raise RequestError(f"could not set the hostname: {exc}") from None
+    with contextlib.suppress(OSError):  # the kernel's name is what counts; a read-only /etc is no failure
+        (etc / "hostname").write_text(name + "\n")
+        hosts = etc / "hosts"
+        lines = hosts.read_text().splitlines() if hosts.exists() else []
+        kept = [line for line in lines if line.split()[:1] != [HOSTS_SELF]]
+        hosts.write_text("\n".join([*kept, f"{HOSTS_SELF}\t{name}"]) + "\n")
 
 
 def reseed_kernel(entropy: bytes) -> bool:
