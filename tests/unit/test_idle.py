@@ -57,6 +57,7 @@ class StubVM:
     pause = VM.pause
     resume = VM.resume
     is_paused = VM.is_paused
+    migration_status = VM.migration_status
     migrating = VM.migrating
 
     async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:

@@ -96,6 +96,7 @@ class StubVM:
     pause = VM.pause
     resume = VM.resume
     is_paused = VM.is_paused
+    migration_status = VM.migration_status
     migrating = VM.migrating
 
     async def post_restore(self, timeout: float, inputs: RestoreInputs | None = None) -> dict[str, Any]:
