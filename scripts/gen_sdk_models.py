@@ -7,7 +7,7 @@ Every schema becomes a ``TypedDict`` of the same name: required fields are
 ``Required[...]``, the rest may be missing (``total=False``), enums are
 ``Literal``s and a ``$ref`` is the referenced TypedDict. The SDK's answers stay
 the plain dicts the daemon sends (``info["id"]`` keeps working); these types only
-describe them, as ``sdk/typescript/src/schema.ts`` does for the TypeScript SDK.
+describe them, as ``sdk/typescript/src/generated/schema.ts`` does for the TypeScript SDK.
 
 For the request bodies in ``EXTRAS`` it also writes a ``<Name>Extra`` TypedDict:
 the request's optional fields that the hand-written ``AsyncController`` method

@@ -1,7 +1,9 @@
 """The TypeScript SDK's generated types match the OpenAPI document the daemon serves.
 
-Regenerates sdk/typescript/openapi.json and src/schema.ts (openapi-typescript from
-npm, installed by `make node-deps`) and diffs them against the committed files.
+Regenerates sdk/typescript/openapi.json, src/generated/schema.ts (openapi-typescript from
+npm, installed by `make node-deps`) and src/generated/options.ts (the camelCase options and
+their snake_case names) and diffs them against the committed files; a file in src/generated/
+that the generator does not write fails too.
 """
 
 from __future__ import annotations

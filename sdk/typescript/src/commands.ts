@@ -175,9 +175,7 @@ export class Commands {
       return new CommandHandle(this.#sandbox, info.pid, callbacks);
     }
     if (!onStdout && !onStderr && !rest.stdinOpen && limit !== undefined) {
-      return ctrl.exec(this.#sandbox.id, cmd, {
-        timeoutSecs: limit, env: rest.env, cwd: rest.cwd, stdin: rest.stdin, user: rest.user,
-      });
+      return ctrl.exec(this.#sandbox.id, cmd, { ...rest, timeoutSecs: limit });
     }
     const events = await ctrl.execStream(this.#sandbox.id, cmd, started);
     let handle: CommandHandle | undefined;

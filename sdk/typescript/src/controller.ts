@@ -13,42 +13,36 @@ import { ForkdTimeoutError, NotFoundError, SnapshotFailedError } from "./errors.
 import { type Call, type ClientOptions, EXEC_GRACE_SECS, type RequestBody, Transport, seg } from "./http.js";
 import { CodeEventStream, ProcessEventStream } from "./stream.js";
 import { Terminal, type TerminalOptions } from "./terminal.js";
+import { toWire, toWireOrNone } from "./wire.js";
 import type {
   BranchOptions,
   CancelEvalResponse,
   CodeOptions,
-  CodeRequest,
   EvalOptions,
-  EvalRequest,
   ExecStreamOptions,
-  ExecStreamRequest,
   ProcessInfo,
   ProcessOptions,
-  ProcessStartRequest,
   SignalName,
   SignalRequest,
   SignalResponse,
   StdinRequest,
   StdinResponse,
   StreamProcessOptions,
-  BranchRequest,
   CheckpointList,
   CheckpointOptions,
-  CheckpointPolicyRequest,
-  ChildOptions,
   CreateSnapshotOptions,
-  EgressOptions,
-  CreateSnapshotRequest,
+  CreateWorkspaceOptions,
+  HibernateOptions,
+  PushOptions,
+  SuspendWorkspaceOptions,
   EvalResponse,
   ExecOptions,
-  ExecRequest,
   ExecResponse,
   FileData,
   FileUser,
   FileInfo,
   FileList,
   ForkOptions,
-  ForkRequest,
   ForkResponse,
   Health,
   ListSandboxesOptions,
@@ -57,9 +51,7 @@ import type {
   PingResponse,
   PoolInfo,
   PoolOptions,
-  PoolRequest,
   PromoteOptions,
-  PromoteRequest,
   PromoteResponse,
   PullResult,
   WorkspaceInfo,
@@ -68,7 +60,6 @@ import type {
   SnapshotDetail,
   SnapshotInfo,
   SpawnOptions,
-  SpawnRequest,
   Version,
   WaitOptions,
 } from "./types.js";
@@ -78,49 +69,6 @@ export function commandArgs(cmd: string | readonly string[]): string[] {
   if (typeof cmd === "string") return ["/bin/sh", "-c", cmd];
   if (cmd.length === 0) throw new TypeError("command must not be empty");
   return [...cmd];
-}
-
-/** Drop the keys whose value is undefined, so the daemon's defaults apply. */
-function defined<T extends object>(body: T): T {
-  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined)) as T;
-}
-
-/** The egress fields (sent only when they open something). */
-function egressFields(o: EgressOptions) {
-  const network = o.network && {
-    allow_out: o.network.allowOut ?? [],
-    deny_out: o.network.denyOut ?? [],
-  };
-  return { allow_internet_access: o.allowInternetAccess || undefined, network };
-}
-
-function childFields(o: ChildOptions) {
-  return {
-    ...egressFields(o),
-    per_child_netns: o.perChildNetns || undefined,
-    memory_limit_mib: o.memoryLimitMib,
-    live_fork: o.liveFork || undefined,
-    env: o.env,
-    child_env: o.childEnv,
-    metadata: o.metadata,
-    timeout_secs: o.timeoutSecs,
-    idle_pause_secs: o.idlePauseSecs,
-    idle_hibernate_secs: o.idleHibernateSecs,
-  };
-}
-
-/** The request fields of a process started by `execStream` or `startProcess`. */
-function processFields(cmd: string | readonly string[], o: ProcessOptions) {
-  return {
-    args: commandArgs(cmd),
-    timeout_secs: o.timeoutSecs,
-    env: o.env,
-    cwd: o.cwd,
-    stdin: o.stdin,
-    stdin_open: o.stdinOpen || undefined,
-    tag: o.tag,
-    user: o.user,
-  };
 }
 
 /** A pid as a path segment: a positive integer, never anything that adds a path level. */
@@ -210,21 +158,9 @@ export class Controller {
 
   /** `POST /v1/snapshots`: boot a template VM, warm it up, snapshot it. Resolves once it is ready. */
   createSnapshot(options: CreateSnapshotOptions): Promise<SnapshotInfo> {
-    const body: CreateSnapshotRequest = defined({
-      tag: options.tag,
-      image: options.image,
-      kernel: options.kernel,
-      rootfs: options.rootfs,
-      nic: options.nic || undefined,
-      tap: options.tap,
-      ...egressFields(options),
-      boot_wait_secs: options.bootWaitSecs,
-      mem_mib: options.memMib,
-      vcpus: options.vcpus,
-      warm_imports: options.warmImports,
+    const body = toWire("CreateSnapshotRequest", {
+      ...options,
       setup: options.setup?.map((step) => commandArgs(step)),
-      setup_eval: options.setupEval,
-      setup_timeout_secs: options.setupTimeoutSecs,
     });
     return this.#http.json({ method: "POST", path: "/v1/snapshots", json: body, wait: "unbounded" });
   }
@@ -275,13 +211,7 @@ export class Controller {
     rest: Omit<SpawnOptions, "snapshotTag"> = {},
   ): Promise<SandboxInfo[]> {
     const o: SpawnOptions = typeof first === "string" ? { ...rest, snapshotTag: first } : first;
-    const body: SpawnRequest = defined({
-      snapshot_tag: o.snapshotTag,
-      n: o.n ?? 1,
-      ...childFields(o),
-      cpu_limit: o.cpuLimit,
-      pids_limit: o.pidsLimit,
-    });
+    const body = toWire("SpawnRequest", o);
     return this.#http.json({ method: "POST", path: "/v1/sandboxes", json: body, wait: "unbounded" });
   }
 
@@ -313,8 +243,13 @@ export class Controller {
 
   /** `POST /v1/sandboxes/{id}/hibernate`: its changed memory and device state to disk, its QEMU
    * released; its next request of any kind wakes it (`state`: `"hibernated"` meanwhile). */
-  hibernateSandbox(id: string): Promise<SandboxInfo> {
-    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/hibernate`, wait: 60_000 });
+  hibernateSandbox(id: string, options: HibernateOptions = {}): Promise<SandboxInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/sandboxes/${seg(id)}/hibernate`,
+      json: toWireOrNone("HibernateRequest", options),
+      wait: 60_000,
+    });
   }
 
   /** `POST /v1/sandboxes/{id}/timeout`: kill the sandbox `timeoutSecs` from now. */
@@ -344,14 +279,7 @@ export class Controller {
    */
   exec(id: string, cmd: string | readonly string[], options: ExecOptions = {}): Promise<ExecResponse> {
     const timeoutSecs = options.timeoutSecs ?? 30;
-    const body: ExecRequest = defined({
-      args: commandArgs(cmd),
-      timeout_secs: timeoutSecs,
-      env: options.env,
-      cwd: options.cwd,
-      stdin: options.stdin,
-      user: options.user,
-    });
+    const body = toWire("ExecRequest", { ...options, args: commandArgs(cmd), timeoutSecs });
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/exec`,
@@ -367,13 +295,13 @@ export class Controller {
    * `"TimeoutError: ..."`; {@link cancelEval} interrupts it sooner.
    */
   eval(id: string, code: string, options: EvalOptions = {}): Promise<EvalResponse> {
-    const body: EvalRequest = defined({ code, timeout_secs: options.timeoutSecs });
+    const body = toWire("EvalRequest", { ...options, code });
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/eval`,
       json: body,
       // The daemon answers within the eval's limit; wait that long plus a grace.
-      wait: options.timeoutSecs === undefined ? "unbounded" : (options.timeoutSecs + EXEC_GRACE_SECS) * 1000,
+      wait: options.timeoutSecs == null ? "unbounded" : (options.timeoutSecs + EXEC_GRACE_SECS) * 1000,
     });
   }
 
@@ -407,10 +335,7 @@ export class Controller {
    * `stream.close()`) kills the command.
    */
   execStream(id: string, cmd: string | readonly string[], options: ExecStreamOptions = {}): Promise<ProcessEventStream> {
-    const body: ExecStreamRequest = defined({
-      ...processFields(cmd, options),
-      encoding: options.encoding === "base64" ? "base64" : undefined,
-    });
+    const body = toWire("ExecStreamRequest", { ...options, args: commandArgs(cmd) });
     return this.#stream({ method: "POST", path: `/v1/sandboxes/${seg(id)}/exec/stream`, json: body });
   }
 
@@ -425,14 +350,8 @@ export class Controller {
    * into an `Execution`.
    */
   async codeStream(id: string, code: string, options: CodeOptions = {}): Promise<CodeEventStream> {
-    const body: CodeRequest = defined({
-      code,
-      language: options.language,
-      context: options.context,
-      timeout: options.timeoutSecs,
-      env: options.env,
-      cwd: options.cwd,
-    });
+    const { timeoutSecs, ...rest } = options;
+    const body = toWire("CodeRequest", { ...rest, code, timeout: rest.timeout ?? timeoutSecs });
     const abort = new AbortController();
     const call: Call = { method: "POST", path: `/v1/sandboxes/${seg(id)}/code`, json: body };
     const response = await this.#http.send({ ...call, wait: "unbounded", signal: abort.signal });
@@ -445,7 +364,7 @@ export class Controller {
    * `timeoutSecs` pass; watch it with {@link streamProcess}.
    */
   startProcess(id: string, cmd: string | readonly string[], options: ProcessOptions = {}): Promise<ProcessInfo> {
-    const body: ProcessStartRequest = defined(processFields(cmd, options));
+    const body = toWire("ProcessStartRequest", { ...options, args: commandArgs(cmd) });
     return this.#http.json({ method: "POST", path: this.#processes(id), json: body });
   }
 
@@ -532,13 +451,7 @@ export class Controller {
    * answer comes while the memory is still copied (`status: "writing"`).
    */
   branchSandbox(id: string, options: BranchOptions = {}): Promise<SnapshotInfo> {
-    const body: BranchRequest = defined({
-      tag: options.tag,
-      mode: options.mode,
-      diff: options.diff,
-      // The daemon's default is true: only the opt-out is sent.
-      wait: options.wait === false ? false : undefined,
-    });
+    const body = toWire("BranchRequest", options);
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/branch`,
@@ -564,12 +477,7 @@ export class Controller {
   }
 
   #fork(id: string, route: "fork" | "fork-tree", o: ForkOptions): Promise<ForkResponse> {
-    const body: ForkRequest = defined({
-      count: o.count ?? 1,
-      ...childFields(o),
-      child_memory_limit_mib: o.childMemoryLimitMib,
-      keep_snapshot: o.keepSnapshot || undefined,
-    });
+    const body = toWire("ForkRequest", o);
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/${route}`,
@@ -583,11 +491,7 @@ export class Controller {
    * siblings; with `replaceParent` the source goes too and its id names the winner.
    */
   promoteSandbox(id: string, options: PromoteOptions = {}): Promise<PromoteResponse> {
-    const body: PromoteRequest = defined({
-      tree_id: options.treeId,
-      cleanup_siblings: options.cleanupSiblings === false ? false : undefined,
-      replace_parent: options.replaceParent || undefined,
-    });
+    const body = toWire("PromoteRequest", options);
     return this.#http.json({
       method: "POST",
       path: `/v1/sandboxes/${seg(id)}/promote`,
@@ -598,7 +502,7 @@ export class Controller {
 
   /** `POST /v1/sandboxes/{id}/checkpoints`: branch after every `every`-th exec/eval call, keep the newest `keep`. */
   setCheckpoints(id: string, every: number, options: CheckpointOptions = {}): Promise<CheckpointList> {
-    const body: CheckpointPolicyRequest = defined({ every, keep: options.keep, mode: options.mode });
+    const body = toWire("CheckpointPolicyRequest", { ...options, every });
     return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/checkpoints`, json: body });
   }
 
@@ -616,13 +520,7 @@ export class Controller {
 
   /** `PUT /v1/snapshots/{tag}/pool`: keep `size` children restored and paused (0 drains). */
   setPool(tag: string, size: number, options: PoolOptions = {}): Promise<PoolInfo> {
-    const body: PoolRequest = defined({
-      size,
-      memory_limit_mib: options.memoryLimitMib,
-      per_child_netns: options.perChildNetns || undefined,
-      live_fork: options.liveFork || undefined,
-      ...egressFields(options),
-    });
+    const body = toWire("PoolRequest", { ...options, size });
     return this.#http.json({
       method: "PUT",
       path: `/v1/snapshots/${seg(tag)}/pool`,
@@ -644,11 +542,11 @@ export class Controller {
   // ------------------------------------------------------- the object store
 
   /** `POST /v1/snapshots/{tag}/push`: publish it (and the chain its disk needs) to the object store. */
-  pushSnapshot(tag: string, options: { force?: boolean } = {}): Promise<PushResult> {
+  pushSnapshot(tag: string, options: PushOptions = {}): Promise<PushResult> {
     return this.#http.json({
       method: "POST",
       path: `/v1/snapshots/${seg(tag)}/push`,
-      json: options.force ? { force: true } : undefined,
+      json: toWireOrNone("PushRequest", options),
       wait: "unbounded",
     });
   }
@@ -677,17 +575,12 @@ export class Controller {
   createWorkspace(
     name: string,
     snapshotTag: string,
-    options: { perChildNetns?: boolean; memoryLimitMib?: number } = {},
+    options: CreateWorkspaceOptions = {},
   ): Promise<WorkspaceInfo> {
     return this.#http.json({
       method: "POST",
       path: "/v1/workspaces",
-      json: defined({
-        name,
-        snapshot_tag: snapshotTag,
-        per_child_netns: options.perChildNetns || undefined,
-        memory_limit_mib: options.memoryLimitMib,
-      }),
+      json: toWire("CreateWorkspaceRequest", { ...options, name, snapshotTag }),
       wait: "unbounded",
     });
   }
@@ -708,11 +601,11 @@ export class Controller {
   }
 
   /** `POST /v1/workspaces/{name}/suspend`: branch its sandbox to a state snapshot, then stop it. */
-  suspendWorkspace(name: string, options: { diff?: boolean } = {}): Promise<WorkspaceInfo> {
+  suspendWorkspace(name: string, options: SuspendWorkspaceOptions = {}): Promise<WorkspaceInfo> {
     return this.#http.json({
       method: "POST",
       path: `/v1/workspaces/${seg(name)}/suspend`,
-      json: options.diff ? { diff: true } : undefined,
+      json: toWireOrNone("SuspendWorkspaceRequest", options),
       wait: "unbounded",
     });
   }
@@ -746,7 +639,7 @@ export class Controller {
     return this.#http.json({
       method: "POST",
       path: this.#files(id, "/mkdir"),
-      json: defined({ path, parents: options.parents ?? false, user: options.user }),
+      json: toWire("MkdirRequest", { ...options, path }),
     });
   }
 

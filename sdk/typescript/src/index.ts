@@ -27,4 +27,4 @@ export {
   type RunCodeOptions,
   type SandboxCreateOptions,
 } from "./sandbox.js";
-export type { components, paths } from "./schema.js";
+export type { components, paths } from "./generated/schema.js";

@@ -21,7 +21,6 @@ import { Execution, type ExecutionCallbacks } from "./execution.js";
 import type { Terminal, TerminalOptions } from "./terminal.js";
 import type {
   BranchOptions,
-  ChildOptions,
   CheckpointList,
   CheckpointOptions,
   CodeOptions,
@@ -32,12 +31,14 @@ import type {
   FileInfo,
   ForkError,
   ForkOptions,
+  HibernateOptions,
   PingResponse,
   PromoteOptions,
   PromoteResponse,
   NetworkUpdateRequest,
   SandboxInfo,
   SnapshotInfo,
+  SpawnOptions,
   WaitOptions,
 } from "./types.js";
 
@@ -52,14 +53,10 @@ function defaultController(): Controller {
 /** Options of `Sandbox.runCode`: where the cell runs, and its callbacks. */
 export interface RunCodeOptions extends CodeOptions, ExecutionCallbacks {}
 
-/** Options of `Sandbox.create` (and `Snapshot.fork`, without the controller). */
-export interface SandboxCreateOptions extends Omit<ChildOptions, "childEnv"> {
+/** Options of `Sandbox.create`: a spawn's (every field of the daemon's `SpawnRequest`) for one child. */
+export interface SandboxCreateOptions extends Omit<SpawnOptions, "snapshotTag" | "n" | "childEnv"> {
   /** The controller to use; default one built from the environment. */
   controller?: Controller;
-  cpuLimit?: number;
-  pidsLimit?: number;
-  /** Paused after this many idle seconds, resumed by its next request (see `spawnSandboxes`). */
-  idlePauseSecs?: number;
 }
 
 /** A fork of a running sandbox: the children that came up, as `Sandbox`es, and the errors. */
@@ -128,7 +125,7 @@ export class Snapshot {
   }
 
   /** Spawn `n` sandboxes of this snapshot (after {@link waitReady}); the caller owns them. */
-  async fork(n = 1, options: Omit<SandboxCreateOptions, "controller"> & { childEnv?: Record<string, string>[] } = {}): Promise<Sandbox[]> {
+  async fork(n = 1, options: Omit<SpawnOptions, "snapshotTag" | "n"> = {}): Promise<Sandbox[]> {
     await this.waitReady();
     const infos = await this.controller.spawnSandboxes({ ...options, snapshotTag: this.tag, n });
     return infos.map((info) => Sandbox.fromInfo(info, this.controller));
@@ -433,8 +430,8 @@ export class Sandbox {
   }
 
   /** Put this sandbox to disk, its QEMU released, until its next request wakes it. */
-  async hibernate(): Promise<SandboxInfo> {
-    this.#info = await this.controller.hibernateSandbox(this.id);
+  async hibernate(options: HibernateOptions = {}): Promise<SandboxInfo> {
+    this.#info = await this.controller.hibernateSandbox(this.id, options);
     return this.#info;
   }
 
