@@ -45,6 +45,7 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
+from forkd.api.e2b.connect_bounds import checked_codecs
 from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
 from forkd.controller.results import ProcessEntry
@@ -317,4 +318,5 @@ def _info(raw: ProcessEntry) -> process_pb.ProcessInfo:
 
 def process_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:
     """The SDK package's own Connect ASGI application, serving ``ProcessService``."""
-    return process_connect.ProcessASGIApplication(ProcessService(runtime), read_max_bytes=read_max_bytes)
+    return process_connect.ProcessASGIApplication(ProcessService(runtime), read_max_bytes=read_max_bytes,
+                                                 codecs=checked_codecs())
