@@ -123,7 +123,7 @@ def h2_client(tmp_path: Path) -> Iterator[TestClient]:
 def refusal(resp: httpx.Response, client: TestClient | None = None) -> tuple[str, str]:
     """The (code, message) of a clean refusal in the call's protocol; fails on anything else."""
     # 501 is Connect's status for unimplemented (an unknown compression); never a 500.
-    assert resp.status_code in (200, 400, 404, 415, 429, 501), (resp.status_code, resp.text)
+    assert resp.status_code in (200, 400, 404, 405, 415, 429, 501), (resp.status_code, resp.text)
     content_type = resp.headers.get("content-type", "")
     if resp.status_code >= 400:  # Connect's error shape
         body = resp.json()
@@ -213,6 +213,8 @@ def test_a_streams_framing_follows_its_method(client: TestClient, spy: ParserSpy
     resp = client.post("/process.Process/Nope", content=b"{}",
                        headers={**ENVD, "Content-Type": "application/json"})
     assert resp.status_code == 404 and refusal(resp)[0] == "not_found"
+    resp = client.put(STAT, content=b"{}", headers={**ENVD, "Content-Type": "application/json"})
+    assert resp.status_code == 405 and "are POST" in refusal(resp)[1]
     assert spy.calls == 0
 
 

@@ -25,7 +25,9 @@ bounds nesting itself. A refused request is answered in its protocol's error
 shape (Connect's JSON, ``invalid_argument``, ``resource_exhausted`` past the
 size, ``415`` for a content type not served; gRPC's ``grpc-status`` headers); a
 refused frame after the app has started answering ends the call (the app sees a
-disconnect) instead.
+disconnect) instead. The apps' codecs are ``checked_codecs``: a message their
+parser cannot decode (not JSON, not UTF-8, not the message's shape) is the
+client's ``invalid_argument``, not a 500.
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ class ConnectBounds:
                 raise Refused(Code.NOT_FOUND, f"{scope['path'][:128]!r} is not a method of this service")
             if scope.get("method") == "GET":
                 self._check_get(scope)
+            elif scope.get("method") != "POST":
+                raise Refused(Code.UNIMPLEMENTED, f"method {str(scope.get('method'))[:16]} is not served: "
+                              "Connect calls are POST (or GET, for a call without side effects)", 405)
             else:
                 framing = decide(scope, self.methods)
             # The app reads the framing and compression decided here, and nothing else.
