@@ -174,3 +174,28 @@ def check_guest_user(user: str | None) -> str | None:
     if user is not None and (not isinstance(user, str) or not GUEST_USER_RE.match(user)):
         raise InvalidRequest(f"invalid user {str(user)[:64]!r}: {GUEST_USER_RULE}")
     return user
+
+
+# A lone surrogate (a JSON "\ud800" escape decodes to one) has no UTF-8 form: on its way to the
+# guest it was a UnicodeEncodeError, a 500 or 502 (issue 38).
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(value: str, *, nul: bool = True) -> str | None:
+    """Why ``value`` cannot reach the guest as text, or None: a lone surrogate (never UTF-8), or
+    (``nul``) a NUL, which no C string (argv, environment, path) can carry."""
+    found = _SURROGATE_RE.search(value)
+    if found is not None:
+        return f"contains the lone surrogate U+{ord(found.group()):04X} at {found.start()}: it is not UTF-8"
+    if nul and "\0" in value:
+        return f"contains NUL at {value.index(chr(0))}: a C string (argv, environment, path) cannot"
+    return None
+
+
+def check_guest_text(field: str, value: str, *, nul: bool = True) -> str:
+    """``value`` unchanged when it can reach the guest as text (``text_problem``); else a 400
+    naming ``field``."""
+    problem = text_problem(value, nul=nul)
+    if problem is not None:
+        raise InvalidRequest(f"field {field} {problem}")
+    return value

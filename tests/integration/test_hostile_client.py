@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,6 +177,26 @@ def test_deep_json_in_a_streaming_connect_frame_is_refused(daemon: Daemon) -> No
         headers = [*envd(A), *CONNECT_STREAM] + ([("Connect-Content-Encoding", "gzip")] if flags else [])
         resp = _post(daemon, "/process.Process/Start", frame(payload, flags), headers)
         _connect_refusal(resp, 400, "invalid_argument", NESTED)
+    assert daemon.alive()
+
+
+def test_framings_the_bound_misread_are_refused_and_the_daemon_lives(daemon: Daemon) -> None:
+    """Issue 38 (HIGH 3, LOW 11): a bare ``json`` content type, or gRPC-web with a foreign
+    Connect-Content-Encoding, carried a gzip'd deep frame past the bound (a segfault), and
+    ``application/grpc+json`` was a 500 (uvicorn's HTTP/1.1 sends no trailers)."""
+    body = frame(gzip.compress(DEEP), 1)
+    for path in ("/filesystem.Filesystem/WatchDir", "/process.Process/Start"):
+        resp = _post(daemon, path, body, [*envd(A), ("Content-Type", "json"),
+                                          ("Connect-Content-Encoding", "gzip")])
+        _connect_refusal(resp, 415, "unimplemented", "application/connect+json")
+        resp = _post(daemon, path, body, [
+            *envd(A), ("Content-Type", "application/grpc-web+json"),
+            ("Connect-Content-Encoding", "identity"), ("grpc-encoding", "gzip")])
+        assert resp.status_code == 200 and resp.headers["grpc-status"] == "3", (resp.headers, resp.content)
+        assert NESTED in urllib.parse.unquote(resp.headers["grpc-message"])
+        resp = _post(daemon, path, frame(b'{"path": "/tmp"}'),
+                     [*envd(A), ("Content-Type", "application/grpc+json")])
+        _connect_refusal(resp, 415, "unimplemented", "needs HTTP trailers")
     assert daemon.alive()
 
 

@@ -2,25 +2,32 @@
 
 The Connect services (``filesystem``, ``process``) decode requests with
 protobuf's JSON parser, which recurses in C: a small body of nested arrays
-overflows the stack and kills the daemon (issue 24). ``ConnectBounds`` wraps
-their ASGI app and hands it no JSON message that nests deeper than
-``bounds.MAX_JSON_DEPTH`` (``forkd.jsondepth``) or is larger than the read limit,
-in every form the Connect app accepts:
+overflows the stack and kills the daemon (issues 24, 38). ``ConnectBounds``
+wraps their ASGI app and hands it no JSON message that nests deeper than
+``bounds.MAX_JSON_DEPTH`` (``forkd.jsondepth``) or is larger than the read limit
+once inflated, in every form the Connect app accepts. How a body is framed and
+compressed is decided once (``connect_framing.decide``: unsupported content
+types are refused) and the app is handed headers that say exactly that, so it
+cannot read the body any other way:
 
 * unary ``POST`` (``application/json``; ``Content-Encoding: gzip`` inflated
   first, as the app would): read whole, scanned, replayed;
 * ``GET`` (``?encoding=json&message=...``, ``base64``, ``compression``): the
   message decoded as the app would, scanned;
-* enveloped streams (``application/connect+json``, ``application/grpc+json``,
-  ``application/grpc-web+json``): each length-prefixed frame is held until it is
-  whole, inflated if flagged compressed, scanned, and only then passed on, so a
-  client stream (stdin) still flows frame by frame.
+* enveloped streams (``application/connect+json``, ``application/grpc-web+json``,
+  and ``application/grpc+json`` where the server sends trailers): each
+  length-prefixed frame is held until it is whole, inflated if flagged
+  compressed (with the one compression its protocol names), scanned, and only
+  then passed on, so a client stream (stdin) still flows frame by frame.
 
-The protobuf binary codec (``proto``) is left to the app: its parser bounds
-nesting itself. A refused request is answered in Connect's error shape
-(``invalid_argument``, or ``resource_exhausted`` past the size); a refused
-frame after the app has started answering ends the call (the app sees a
-disconnect) instead.
+The protobuf binary codec (``proto``) is bounded in size alone: its parser
+bounds nesting itself. A refused request is answered in its protocol's error
+shape (Connect's JSON, ``invalid_argument``, ``resource_exhausted`` past the
+size, ``415`` for a content type not served; gRPC's ``grpc-status`` headers); a
+refused frame after the app has started answering ends the call (the app sees a
+disconnect) instead. The apps' codecs are ``checked_codecs``: a message their
+parser cannot decode (not JSON, not UTF-8, not the message's shape) is the
+client's ``invalid_argument``, not a 500.
 """
 
 from __future__ import annotations
@@ -28,40 +35,40 @@ from __future__ import annotations
 import base64
 import binascii
 import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.compression.gzip import GzipCompression
 from connectrpc.errors import ConnectError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkd import bounds, jsondepth
+from forkd.api.e2b.connect_framing import (
+    GRPC_STATUS,
+    Framing,
+    Refused,
+    canonical_headers,
+    check_utf8_headers,
+    decide,
+    streaming_methods,
+)
 from forkd.api.e2b.errors import HTTP_STATUS, connect_body, send_json
 from forkd.api.limits import replaying
 
-FRAMED = ("application/connect+", "application/grpc")
 _GZIP = GzipCompression()
 _HEADER = 5  # an envelope's flags byte and big-endian length
 _COMPRESSED = 0x01
 
 
-class Refused(Exception):
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _header(scope: Scope, name: bytes) -> str:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return ""
-
-
 class ConnectBounds:
     """ASGI middleware in front of a Connect app: see the module's docstring."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int = bounds.MAX_JSON_DEPTH) -> None:
+    def __init__(self, app: ASGIApp, methods: Mapping[str, bool], max_bytes: int,
+                 max_depth: int = bounds.MAX_JSON_DEPTH) -> None:
         self.app = app
+        self.methods = methods  # each method's path: whether it streams (connect_framing.streaming_methods)
         self.max_bytes = max_bytes
         self.max_depth = max_depth
 
@@ -80,16 +87,19 @@ class ConnectBounds:
         except Exception as exc:  # zlib.error, EOFError
             raise Refused(Code.INVALID_ARGUMENT, f"the message is not valid gzip ({exc})") from None
 
-    def check(self, message: bytes) -> None:
-        if jsondepth.too_deep(message, self.max_depth):
+    def check(self, message: bytes, codec: str = "json") -> None:
+        if codec == "json" and jsondepth.too_deep(message, self.max_depth):
             raise Refused(Code.INVALID_ARGUMENT, jsondepth.refusal(self.max_depth))
 
     def too_large(self) -> str:
         return f"message exceeds the {self.max_bytes}-byte limit"
 
     def _check_get(self, scope: Scope) -> None:
-        params = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("utf-8", "replace"),
-                                       keep_blank_values=True)
+        try:  # the app decodes the query as strict UTF-8 (a 500 otherwise)
+            query = bytes(scope.get("query_string", b"")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise Refused(Code.INVALID_ARGUMENT, "the query string is not UTF-8") from None
+        params = urllib.parse.parse_qs(query, keep_blank_values=True)
         if params.get("encoding", [""])[0] == "proto" or "message" not in params:
             return  # the app refuses a GET without a message before decoding anything
         message = params["message"][0]
@@ -108,27 +118,34 @@ class ConnectBounds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        content_type = _header(scope, b"content-type").partition(";")[0].strip().lower()
+        framing: Framing | None = None
         try:
+            check_utf8_headers(scope)
+            if scope["path"] not in self.methods:
+                raise Refused(Code.NOT_FOUND, f"{scope['path'][:128]!r} is not a method of this service")
             if scope.get("method") == "GET":
                 self._check_get(scope)
-            elif content_type.startswith(FRAMED):
-                _, plus, codec = content_type.partition("+")
-                if plus and codec != "proto":
-                    encoding = _header(scope, b"connect-content-encoding") or _header(scope, b"grpc-encoding")
-                    await _Frames(self, scope, receive, send, encoding.lower()).run()
-                    return
-            elif content_type.removeprefix("application/") != "proto":
-                replay = await self._unary(receive, _header(scope, b"content-encoding").lower())
+            elif scope.get("method") != "POST":
+                raise Refused(Code.UNIMPLEMENTED, f"method {str(scope.get('method'))[:16]} is not served: "
+                              "Connect calls are POST (or GET, for a call without side effects)", 405)
+            else:
+                framing = decide(scope, self.methods)
+            # The app reads the framing and compression decided here, and nothing else.
+            scope = {**scope, "headers": canonical_headers(scope, framing)}
+            if framing is not None and framing.enveloped:
+                await _Frames(self, scope, receive, send, framing).run()
+                return
+            if framing is not None:
+                replay = await self._unary(receive, framing)
                 if replay is None:
                     return  # the client went away
                 receive = replay
         except Refused as refused:
-            await _refuse(send, refused)
+            await _refuse(send, refused, framing)
             return
         await self.app(scope, receive, send)
 
-    async def _unary(self, receive: Receive, encoding: str) -> Receive | None:
+    async def _unary(self, receive: Receive, framing: Framing) -> Receive | None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -143,24 +160,62 @@ class ConnectBounds:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        self.check(self.inflate(body, encoding))
+        self.check(self.inflate(body, framing.compression), framing.codec)
         return replaying(body, receive)
 
 
-async def _refuse(send: Send, refused: Refused) -> None:
-    await send_json(send, HTTP_STATUS.get(refused.code, 400), connect_body(refused.code, str(refused)))
+class CheckedCodec:
+    """A codec of the app's whose decode failure is the client's (``invalid_argument``): connectrpc
+    answers any other exception as a 500 ``unknown``."""
+
+    def __init__(self, codec: Codec[Any, Any]) -> None:
+        self.codec = codec
+
+    def name(self) -> str:
+        return self.codec.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self.codec.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self.codec.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"the {self.name()} message is not a valid "
+                               f"{message_class.__name__}: {str(exc)[:200]}") from None
+
+
+def checked_codecs() -> list[Codec[Any, Any]]:
+    """The app's codecs (connectrpc's defaults: binary and JSON), decode failures as invalid_argument."""
+    return [CheckedCodec(proto_binary_codec()), CheckedCodec(proto_json_codec())]
+
+
+async def _refuse(send: Send, refused: Refused, framing: Framing | None) -> None:
+    grpc = refused.grpc or (framing.content_type if framing and framing.protocol != "connect" else None)
+    if grpc is not None:
+        # gRPC's "trailers-only" answer: the status in the headers of an empty 200.
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", grpc.encode()),
+            (b"grpc-status", GRPC_STATUS[refused.code].encode()),
+            (b"grpc-message", urllib.parse.quote(str(refused), safe="").encode())]})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    status = refused.status or HTTP_STATUS.get(refused.code, 400)
+    await send_json(send, status, connect_body(refused.code, str(refused)))
 
 
 class _Frames:
     """One enveloped call: frames reach the app only once whole and checked."""
 
     def __init__(self, bounds_: ConnectBounds, scope: Scope, receive: Receive, send: Send,
-                 encoding: str) -> None:
+                 framing: Framing) -> None:
         self.bounds = bounds_
         self.scope = scope
         self.receive = receive
         self.send = send
-        self.encoding = encoding
+        self.framing = framing
         self.pending = bytearray()  # bytes of a frame not yet whole
         self.started = False  # the app has begun its answer
         self.refused = False  # a frame was refused: the app gets a disconnect, its output is dropped
@@ -176,8 +231,11 @@ class _Frames:
                 break
             payload = bytes(self.pending[_HEADER:_HEADER + length])
             if self.pending[0] & _COMPRESSED:
-                payload = self.bounds.inflate(payload, self.encoding or "identity")
-            self.bounds.check(payload)
+                if self.framing.compression == "identity":  # as the app: not with identity
+                    raise Refused(Code.INVALID_ARGUMENT, "a message is flagged compressed, but the call "
+                                  f"names no compression ({self.framing.compression_header.decode()})")
+                payload = self.bounds.inflate(payload, self.framing.compression)
+            self.bounds.check(payload, self.framing.codec)
             out += self.pending[:_HEADER + length]
             del self.pending[:_HEADER + length]
         return bytes(out)
@@ -198,7 +256,7 @@ class _Frames:
                 self.pending.clear()
                 if not self.started:
                     self.started = True
-                    await _refuse(self.send, refused)
+                    await _refuse(self.send, refused, self.framing)
                 return {"type": "http.disconnect"}
             if not more:  # a torn last frame goes on as it is: the app refuses it without decoding
                 ready += bytes(self.pending)
@@ -222,4 +280,4 @@ class _Frames:
                 raise  # after a refusal, the app's complaint about the disconnect is no news
 
 
-__all__ = ["ConnectBounds", "Refused"]
+__all__ = ["CheckedCodec", "ConnectBounds", "Refused", "checked_codecs", "streaming_methods"]

@@ -26,12 +26,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
+from e2b.envd.filesystem import filesystem_pb
+from e2b.envd.process import process_pb
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from forkd.api.e2b import uploads
-from forkd.api.e2b.connect_bounds import ConnectBounds
+from forkd.api.e2b.connect_bounds import ConnectBounds, streaming_methods
 from forkd.api.e2b.errors import CONNECT_CODE, HTTP_STATUS, connect_body, not_running, rest_body, send_json
 from forkd.api.e2b.filesystem import call_user, filesystem_app, guest_path, serving
 from forkd.api.e2b.interpreter import Interpreter
@@ -59,8 +61,10 @@ class SandboxTraffic:
         self._tokens = tokens
         self._max_file_bytes = max_file_bytes
         # Connect messages reach protobuf's parser only bounded in size and JSON nesting.
-        self._filesystem = ConnectBounds(filesystem_app(self._runtime, max_body_bytes), max_body_bytes)
-        self._process = ConnectBounds(process_app(self._runtime, max_body_bytes), max_body_bytes)
+        self._filesystem = ConnectBounds(filesystem_app(self._runtime, max_body_bytes),
+                                         streaming_methods(filesystem_pb.desc()), max_body_bytes)
+        self._process = ConnectBounds(process_app(self._runtime, max_body_bytes),
+                                      streaming_methods(process_pb.desc()), max_body_bytes)
         self._interpreter = Interpreter(self._runtime)
 
     def _runtime(self) -> Runtime:

@@ -36,6 +36,7 @@ from e2b.envd.filesystem import filesystem_connect, filesystem_pb
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from forkd.api.e2b import watch
+from forkd.api.e2b.connect_bounds import checked_codecs
 from forkd.api.e2b.errors import connect_errors, not_running
 from forkd.bounds import check_guest_user
 from forkd.controller.results import FileEntry
@@ -234,5 +235,5 @@ class FilesystemService(filesystem_connect.Filesystem):
 
 def filesystem_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:
     """The SDK package's own Connect ASGI application, serving ``FilesystemService``."""
-    return filesystem_connect.FilesystemASGIApplication(FilesystemService(runtime),
-                                                        read_max_bytes=read_max_bytes)
+    return filesystem_connect.FilesystemASGIApplication(
+        FilesystemService(runtime), read_max_bytes=read_max_bytes, codecs=checked_codecs())

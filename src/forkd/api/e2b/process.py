@@ -45,10 +45,12 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
+from forkd.api.e2b.connect_bounds import checked_codecs
 from forkd.api.e2b.errors import as_connect, connect_errors
 from forkd.api.e2b.filesystem import guest_path, sandbox_of, user_of
+from forkd.bounds import check_guest_text
 from forkd.controller.results import ProcessEntry
-from forkd.errors import ForkdError, GuestError
+from forkd.errors import ForkdError, GuestError, InvalidRequest
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import ProcessEvent, ProcessEvents, Runtime
@@ -194,9 +196,9 @@ class ProcessService(process_connect.Process):
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
         sandbox, deadline = sandbox_of(ctx), deadline_of(ctx)
         with connect_errors():
+            argv, env, cwd = _command(config)
             events = await self._runtime().processes.run(
-                sandbox, [config.cmd, *config.args], env=dict(config.envs) or None,
-                cwd=guest_path(config.cwd) if config.has_field("cwd") and config.cwd else None,
+                sandbox, argv, env=env or None, cwd=cwd,
                 user=user_of(ctx),
                 stdin_open=pty is not None or (request.stdin if request.has_field("stdin") else False),
                 tag=request.tag if request.has_field("tag") else None, kill_on_close=False, pty=pty)
@@ -301,6 +303,24 @@ class ProcessService(process_connect.Process):
         return process_pb.SendSignalResponse()
 
 
+def _command(config: process_pb.ProcessConfig) -> tuple[list[str], dict[str, str], str | None]:
+    """argv, environment and working directory of a Start, each string one the guest can take (400
+    naming the field otherwise: a NUL or lone surrogate was a 500/502 from deep in the guest call,
+    issue 38)."""
+    argv = [check_guest_text("process.cmd", config.cmd),
+            *(check_guest_text(f"process.args[{i}]", arg) for i, arg in enumerate(config.args))]
+    env: dict[str, str] = {}
+    for name, value in config.envs.items():
+        field = f"process.envs[{name!a}]"
+        if not name or "=" in name:
+            raise InvalidRequest(f"field {field}: an environment variable's name is non-empty, without '='")
+        env[check_guest_text(f"{field} (its name)", name)] = check_guest_text(field, value)
+    cwd = None
+    if config.has_field("cwd") and config.cwd:
+        cwd = guest_path(check_guest_text("process.cwd", config.cwd))
+    return argv, env, cwd
+
+
 def _size(pty: process_pb.PTY | None) -> tuple[int, int]:
     """A ``PTY``'s size as (cols, rows); its bounds are checked where the terminal is made."""
     size = pty.size if pty is not None and pty.has_field("size") else None
@@ -317,4 +337,5 @@ def _info(raw: ProcessEntry) -> process_pb.ProcessInfo:
 
 def process_app(runtime: Callable[[], Runtime], read_max_bytes: int) -> Any:
     """The SDK package's own Connect ASGI application, serving ``ProcessService``."""
-    return process_connect.ProcessASGIApplication(ProcessService(runtime), read_max_bytes=read_max_bytes)
+    return process_connect.ProcessASGIApplication(ProcessService(runtime), read_max_bytes=read_max_bytes,
+                                                 codecs=checked_codecs())

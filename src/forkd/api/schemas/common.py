@@ -13,7 +13,9 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
@@ -98,8 +100,41 @@ DiskQuotaMib = Annotated[
 ]
 
 
+def _first_bad_text(value: Any, where: str) -> tuple[str, str] | None:
+    """The first string in a request (keys too, however nested) that is not UTF-8 text, and why."""
+    if isinstance(value, str):
+        problem = bounds.text_problem(value, nul=False)
+        return (where, problem) if problem else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{where}.{key}" if where else str(key)
+            found = _first_bad_text(key, f"{here} (its name)") or _first_bad_text(item, here)
+            if found:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _first_bad_text(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
 class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_text(cls, data: Any) -> Any:
+        # Every string of a request may reach the guest (args, env, stdin, paths, metadata): one
+        # check for them all, before any field's. NUL is refused per field (the C-string patterns):
+        # stdin may carry it.
+        found = _first_bad_text(data, "")
+        if found is not None:
+            where, problem = found
+            # repr() of the field name: a surrogate in a key would not survive the JSON answer.
+            raise PydanticCustomError("not_utf8", "field {where} {problem}",
+                                      {"where": ascii(where)[1:-1], "problem": problem})
+        return data
 
 
 class ResponseModel(BaseModel):
