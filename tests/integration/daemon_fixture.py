@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -237,3 +238,16 @@ def shutdown_and_check(daemon: Daemon) -> None:
     # uvicorn finishes its graceful shutdown, then re-raises the signal it caught.
     assert status in (0, -signal.SIGTERM), f"daemon exited with {status} on SIGTERM:\n{daemon.log_tail()}"
     shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+def ok(r: httpx.Response) -> Any:
+    """A successful answer's JSON (None if empty); the body in the failure otherwise."""
+    assert r.status_code < 300, r.text
+    return r.json() if r.content else None
+
+
+def evaluate(c: httpx.Client, sb_id: str, code: str) -> str:
+    """``code`` evaluated in the sandbox, which must succeed: its result."""
+    out = ok(c.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": code}))
+    assert out["exit_code"] == 0, out
+    return str(out["result"])

@@ -15,14 +15,12 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from forkd.vmm.qmp import QMP
 
-from .daemon_fixture import Daemon, new_daemon, shutdown_and_check, start_or_clean_up
+from .daemon_fixture import Daemon, evaluate, new_daemon, ok, shutdown_and_check, start_or_clean_up
 
 pytestmark = pytest.mark.vm
 
@@ -37,17 +35,6 @@ def daemon() -> Iterator[Daemon]:
         yield d
     finally:
         shutdown_and_check(d)
-
-
-def ok(r: httpx.Response) -> Any:
-    assert r.status_code < 300, r.text
-    return r.json() if r.content else None
-
-
-def evaluate(c: httpx.Client, sb_id: str, code: str) -> str:
-    out = ok(c.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": code}))
-    assert out["exit_code"] == 0, out
-    return str(out["result"])
 
 
 async def _await_migration(qmp: QMP, status: str) -> None:

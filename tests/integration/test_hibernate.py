@@ -24,8 +24,10 @@ import pytest
 from .conftest import qemu_processes_of
 from .daemon_fixture import (
     Daemon,
+    evaluate,
     kill_leftover_sandboxes,
     new_daemon,
+    ok,
     pid_alive,
     shutdown_and_check,
     start_or_clean_up,
@@ -75,17 +77,6 @@ def spawn(c: httpx.Client, **options: Any) -> dict[str, Any]:
     assert r.status_code == 201, r.text
     [sb] = r.json()
     return dict(sb)
-
-
-def ok(r: httpx.Response) -> Any:
-    assert r.status_code < 300, r.text
-    return r.json() if r.content else None
-
-
-def evaluate(c: httpx.Client, sb_id: str, code: str) -> str:
-    out = ok(c.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": code}))
-    assert out["exit_code"] == 0, out
-    return str(out["result"])
 
 
 def run(c: httpx.Client, sb_id: str, *args: str) -> str:

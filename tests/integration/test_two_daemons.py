@@ -25,7 +25,7 @@ import pytest
 
 from forkd.host import childnet, netplan
 
-from .daemon_fixture import Daemon, new_daemon, shutdown_and_check, start_or_clean_up
+from .daemon_fixture import Daemon, new_daemon, ok, shutdown_and_check, start_or_clean_up
 
 pytestmark = [
     pytest.mark.vm,
@@ -75,11 +75,6 @@ def daemons() -> Iterator[tuple[Daemon, Daemon]]:
         for d in (a, b):
             if d.proc is not None and d.proc.poll() is None:
                 shutdown_and_check(d)
-
-
-def ok(r: httpx.Response) -> Any:
-    assert r.status_code < 300, r.text
-    return r.json() if r.content else None
 
 
 def spawn_serving(c: httpx.Client) -> dict[str, Any]:
