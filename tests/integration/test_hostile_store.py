@@ -102,7 +102,9 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
         FileEntry("disk.qcow2", shas["disk.qcow2"], (files / "disk.qcow2").stat().st_size,
                   Backing(None, "", "raw"))), meta, {"mode": None})
     manifest = Manifest("good", 1, "0.1.0", probe.qemu_version(), Accel.tcg(),
-                        BaseEntry(shas["base.raw"], 8 * MIB, "raw", {"name": "default"}), (snap,))
+                        BaseEntry(shas["base.raw"], 8 * MIB, "raw",
+                                  {"name": "default", "key": "abc123", "kernel_version": "6.1.0-28-amd64",
+                                   "recipe": {"suite": "bookworm", "packages": ["python3"]}}), (snap,))
     # FORKD_ACCEL: the importer checks that this host can run the snapshot; say it can.
     with s3_server() as s3, environ({**s3.env, "FORKD_ACCEL": "tcg"}):
         store = ObjectStore(s3.url(PREFIX))

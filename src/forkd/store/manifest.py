@@ -195,10 +195,13 @@ def _parse(d: Any) -> Manifest:
     if fmt not in DISK_FORMATS:
         raise BadManifest(f"manifest base format {fmt!r} is not one of {DISK_FORMATS}")
     image = base_d.get("image") or {}
-    if not isinstance(image, dict) or len(image) > 8 or \
-            not all(isinstance(v, (str, int, float, bool, type(None))) for v in image.values()):
-        raise BadManifest("manifest base image must be an object of at most 8 plain values")
-    image = {k: v for k, v in image.items() if not isinstance(v, str) or len(v) <= 1024}
+    # What the base was built from (name, key, kernel version, recipe): informational, but its name
+    # and key are compared with this host's images, so they are short strings.
+    if not isinstance(image, dict) or len(image) > 16 or \
+            not all(isinstance(image.get(k), (str, type(None))) and len(image.get(k) or "") <= 128
+                    for k in ("name", "key", "kernel_version")):
+        raise BadManifest("manifest base image must be an object whose name, key and kernel_version are "
+                          "strings of at most 128 characters")
     base = BaseEntry(_sha(base_d["sha256"], "base sha256"), _int(base_d["size"], "base size", MAX_FILE_BYTES),
                      fmt, image)
     raw_snaps = d["snapshots"]
