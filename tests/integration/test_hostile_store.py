@@ -92,7 +92,8 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
                    "machine": LEGACY_MACHINE + NO_PIT},
         "image": {"name": "default", "key": "abc123", "kernel_version": "6.1.0-28-amd64"},
         "kernel": "/var/lib/forkd/kernels/vmlinux-6.1", "rootfs": "/var/lib/forkd/rootfs/default.ext4",
-        "warm_imports": ["numpy"], "setup": ["pip install x"], "setup_eval": [], "jupyter_kernel": False,
+        "warm_imports": ["numpy"], "setup": [["pip", "install", "x"]], "setup_eval": [],
+        "jupyter_kernel": False,
         "numpy_version": "1.26.4", "python_version": "3.11.2", "qemu_version": "7.2.19",
         "boot_secs": 3.2, "save_state_ms": 120.5, "parent_tag": None, "branched_from": None,
         "tap": "forkd-tap0", "dns": ["9.9.9.9"],
@@ -229,7 +230,8 @@ HOSTILE: list[tuple[str, Any, str]] = [
     ("S.meta.branched_from", f"a/{SENTINEL}", "branched_from"),
     ("S.meta.mode", SENTINEL, "mode"),
     ("S.meta.numpy_version", f"1.0\n{SENTINEL}", "numpy_version"),
-    ("S.meta.setup", ["x" * 70_000], "setup"),
+    ("S.meta.setup", [["x" * 70_000]], "setup"),
+    ("S.meta.setup", ["pip install x"], "setup"),
     ("S.meta.boot_secs", float("nan"), "boot_secs"),
     ("S.meta.boot_secs", -1, "boot_secs"),
     ("S.meta.imported", {"from": 5}, "imported"),
@@ -299,8 +301,9 @@ def test_a_field_within_its_bounds_is_imported_and_reaches_no_command_unchecked(
 def test_a_deeply_nested_or_oversized_manifest_is_a_clean_refusal(origin: Origin) -> None:
     """50,000 levels of nesting once raised RecursionError (a 500); a store's text is scanned first."""
     deep = renamed(origin.good, "deep")
-    text = json.dumps(deep).replace('"setup": ["pip install x"]',
+    text = json.dumps(deep).replace('"setup": [["pip", "install", "x"]]',
                                     '"setup": ' + "[" * 50_000 + "]" * 50_000)
+    assert "[" * 50_000 in text
     serve(origin, "deep", text.encode())
     p = pull(origin, "deep", "deep")
     assert p.error is not None and "nested deeper" in str(p.error) and p.error.status == 502, p.error

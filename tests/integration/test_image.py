@@ -11,7 +11,9 @@ import pytest
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import IncompatibleSnapshot, InvalidRequest
+from forkd.host.accel import KNOWN_CPUS
 from forkd.image.builder import ImageRecipe, build_image, load_image
+from forkd.store import snapshot_meta
 
 from .conftest import Loop
 
@@ -58,7 +60,8 @@ def test_snapshot_from_another_accelerator_is_refused(loop: Loop, runtime: Runti
     original = meta_path.read_text()
     meta = json.loads(original)
     other = "kvm" if meta["config"]["accel"] == "tcg" else "tcg"
-    meta["config"]["accel"] = other
+    meta["config"]["accel"] = other  # with the CPU model that goes with it, as a real one has
+    meta["config"]["cpu"] = KNOWN_CPUS[other]
     meta_path.write_text(json.dumps(meta))
     try:
         with pytest.raises(IncompatibleSnapshot, match=f"taken under {other}"):
@@ -66,3 +69,23 @@ def test_snapshot_from_another_accelerator_is_refused(loop: Loop, runtime: Runti
     finally:
         meta_path.write_text(original)
     assert {sb.id for sb in runtime.list_sandboxes()} == before  # nothing half-spawned
+
+
+def test_the_snapshot_json_forkd_writes_fits_its_schema_whole(loop: Loop, runtime: Runtime,
+                                                               snapshot: str) -> None:
+    """store/snapshot_meta.py checks every snapshot.json that is read or imported: what a template
+    boot, a BRANCH and a compaction write must pass it unchanged, with no field dropped."""
+    [sb] = loop.run(runtime.spawn(snapshot, 1))
+    try:
+        loop.run(runtime.branch(sb.id, "img-meta-branch", mode="diff"))
+    finally:
+        loop.run(runtime.kill(sb.id))
+    loop.run(runtime.compact_snapshot("img-meta-branch", "img-meta-compact"))
+    try:
+        for tag in (snapshot, "img-meta-branch", "img-meta-compact"):
+            raw = json.loads((Path(runtime.get_snapshot(tag).dir) / "snapshot.json").read_text())
+            assert snapshot_meta.check(raw) == raw, tag
+            assert set(raw) <= set(snapshot_meta.FIELDS), set(raw) - set(snapshot_meta.FIELDS)
+    finally:
+        for tag in ("img-meta-compact", "img-meta-branch"):
+            loop.run(runtime.delete_snapshot(tag))

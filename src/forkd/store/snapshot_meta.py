@@ -27,11 +27,10 @@ from forkd.errors import InvalidRequest
 from forkd.host import childnet, netns, netplan
 from forkd.host.accel import VMConfig
 
-# A guest module name for ``warm_imports`` (it reaches the guest's kernel command line).
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,9}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_~:() -]{0,127}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MAX_STEP_CHARS = 64 * 1024
+MAX_ARGV = 4096  # words in one setup step
 MAX_PATH_CHARS = 4096
 MAX_TEXT = 1024
 MODES = ("full", "diff", "live")
@@ -163,8 +162,10 @@ FIELDS: dict[str, Check] = {
     "image": _optional(_image),
     "kernel": _optional(_path),
     "rootfs": _optional(_path),
-    "warm_imports": _optional(_list(_text(1009, MODULE_RE), bounds.MAX_WARM_IMPORTS)),
-    "setup": _optional(_list(_text(MAX_STEP_CHARS), bounds.MAX_SETUP_STEPS)),
+    # Module names, as a request's warm_imports (they reach the guest's kernel command line).
+    "warm_imports": _optional(_list(_text(256, bounds.MODULE_RE), bounds.MAX_WARM_IMPORTS)),
+    # Each setup step is an argv (controller/templates.py: SnapshotSpec.setup).
+    "setup": _optional(_list(_list(_text(MAX_STEP_CHARS), MAX_ARGV), bounds.MAX_SETUP_STEPS)),
     "setup_eval": _optional(_list(_text(MAX_STEP_CHARS), bounds.MAX_SETUP_STEPS)),
     "jupyter_kernel": _optional(_bool),
     "numpy_version": _optional(_text(128, VERSION_RE)),
