@@ -1,4 +1,5 @@
-"""A hostile object store: manifests whose every field is fuzzed, within its schema and beyond it.
+"""A hostile object store and hostile archives: manifests whose every field is fuzzed, within its
+schema and beyond it.
 
 The store is a real S3-compatible server (moto's, tests/integration/services.py) whose objects the
 test writes itself, as a malicious store would serve them. A small snapshot (its files, and the base
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import json
 import os
 import socket
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +49,7 @@ from forkd.host import netplan
 from forkd.host.accel import LEGACY_MACHINE, NO_PIT, Accel, VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.host.shm import ShmMemory
-from forkd.store import chunked
+from forkd.store import archive, chunked
 from forkd.store.manifest import Backing, BaseEntry, FileEntry, Manifest, SnapshotEntry
 from forkd.store.objectstore import ObjectStore, StoreError
 from forkd.store.registry import Registry
@@ -69,6 +72,7 @@ class Origin:
     store: ObjectStore
     good: dict[str, Any]
     work: Path
+    archive: Path  # a pack archive of the same snapshot (its blobs, the base included)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +115,9 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
         store = ObjectStore(s3.url(PREFIX))
         for p in files.iterdir():
             store.put_blob(shas[p.name], p)
-        yield Origin(s3, store, manifest.to_json(), work)
+        packed = work / "good.forkd"
+        archive.write(packed, manifest, {shas[p.name]: p for p in files.iterdir()})
+        yield Origin(s3, store, manifest.to_json(), work, packed)
 
 
 def serve(origin: Origin, tag: str, doc: dict[str, Any] | bytes) -> None:
@@ -138,8 +144,22 @@ class Pulled:
     meta: dict[str, Any] | None
 
 
-def pull(origin: Origin, tag: str, name: str) -> Pulled:
-    """Pull ``tag`` into a fresh data dir through the real importer."""
+def packed(origin: Origin, doc: dict[str, Any] | bytes, out: Path) -> Path:
+    """The good archive with ``doc`` as its manifest, as a hostile archive's maker would write it."""
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    with tarfile.open(origin.archive, "r:") as src, tarfile.open(out, "w:", format=tarfile.PAX_FORMAT) as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()  # type: ignore[union-attr]
+            if member.name == archive.MANIFEST:
+                data = body
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    return out
+
+
+def pull(origin: Origin, tag: str, name: str, via_archive: Path | None = None) -> Pulled:
+    """Pull ``tag`` from the store (or unpack ``via_archive``) into a fresh data dir through the
+    real importer."""
     data = DataDir(origin.work / name / "data", origin.work / name / "images").ensure()
     registry = Registry(data.registry)
     tags = TagReservations(registry.snapshots.has)
@@ -148,7 +168,7 @@ def pull(origin: Origin, tag: str, name: str) -> Pulled:
     travel = SnapshotTravel(data, snapshots, tags, HostAccelerator(data), ObjectStore(origin.s3.url(PREFIX)))
     error: ForkdError | None = None
     try:
-        asyncio.run(travel.pull(tag))
+        asyncio.run(travel.unpack(via_archive) if via_archive is not None else travel.pull(tag))
     except ForkdError as exc:
         error = exc
     try:
@@ -191,12 +211,18 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
-def pull_with(origin: Origin, tag: str, path: str, value: Any) -> Pulled:
-    """The good manifest as ``tag``, with the field at ``path`` set to ``value``, served and pulled."""
+def pull_with(origin: Origin, tag: str, path: str, value: Any, via: str) -> Pulled:
+    """The good manifest as ``tag``, with the field at ``path`` set to ``value``, served by the
+    store and pulled, or packed into an archive and unpacked (``via``)."""
     doc = renamed(origin.good, tag)
     _set(path, value)(doc)
+    if via == "archive":
+        return pull(origin, tag, f"{tag}-a", packed(origin, doc, origin.work / f"{tag}.forkd"))
     serve(origin, tag, doc)
     return pull(origin, tag, tag)
+
+
+VIAS = ("store", "archive")
 
 
 INJECT = f'forkd-tap0\nnetns exec forkd-child-0 /bin/sh -c "touch {MARKER}-{SENTINEL}"'
@@ -270,25 +296,29 @@ def test_the_good_manifest_imports(origin: Origin) -> None:
     assert SENTINEL not in host_commands(p, "control")
 
 
+@pytest.mark.parametrize("via", VIAS)
 @pytest.mark.parametrize(("path", "value", "field"), HOSTILE,
                          ids=[f"{i}-{p}" for i, (p, _, _) in enumerate(HOSTILE)])
 def test_a_field_beyond_its_bounds_is_refused_and_nothing_is_kept(origin: Origin, path: str, value: Any,
-                                                                   field: str) -> None:
+                                                                   field: str, via: str) -> None:
     tag = f"hostile-{HOSTILE.index((path, value, field))}"
-    p = pull_with(origin, tag, path, value)
+    p = pull_with(origin, tag, path, value, via)
     assert p.error is not None, f"{path}={value!r} was imported"
-    # 502: the store (a dependency) answered with what no forkd writes; never a 500.
-    assert p.error.status == 502 and "not valid" in str(p.error), (p.error.status, str(p.error))
+    if via == "store":  # 502: the store (a dependency) answered with what no forkd writes
+        assert p.error.status == 502 and "not valid" in str(p.error), (p.error.status, str(p.error))
+    else:  # 400: the archive the client handed over is corrupt
+        assert p.error.status == 400 and "corrupt archive" in str(p.error), (p.error.status, str(p.error))
     assert field in str(p.error), f"the error does not name {field!r}: {p.error}"
     assert p.registered == [] and not list(p.data.snapshots.iterdir()), "a refused pull left something"
     assert not Path(f"{MARKER}-{SENTINEL}").exists(), "the store ran a command on the host"
 
 
+@pytest.mark.parametrize("via", VIAS)
 @pytest.mark.parametrize(("path", "value"), BENIGN, ids=[f"{i}-{p}" for i, (p, _) in enumerate(BENIGN)])
 def test_a_field_within_its_bounds_is_imported_and_reaches_no_command_unchecked(origin: Origin, path: str,
-                                                                                value: Any) -> None:
+                                                                                value: Any, via: str) -> None:
     tag = f"benign-{BENIGN.index((path, value))}"
-    p = pull_with(origin, tag, path, value)
+    p = pull_with(origin, tag, path, value, via)
     assert p.error is None, f"{path}={value!r} was refused: {p.error}"
     assert p.registered == [tag] and p.meta is not None
     assert "kernel" not in p.meta and "unknown_field" not in p.meta

@@ -40,7 +40,7 @@ import zstandard
 from forkd import bounds, jsondepth
 from forkd.errors import InvalidRequest
 from forkd.store import chunked, sparse
-from forkd.store.manifest import Manifest
+from forkd.store.manifest import Manifest, UnsupportedManifest
 
 MANIFEST = "manifest.json"
 BLOB_RE = re.compile(r"^blobs/([0-9a-f]{64})(\.index)?$")
@@ -264,7 +264,8 @@ def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Manifest:
     try:
         return Manifest.from_json(data)
     except InvalidRequest as exc:
-        raise ArchiveError("unsupported" if "version" in str(exc) else "corrupt", str(exc)) from None
+        kind = "unsupported" if isinstance(exc, UnsupportedManifest) else "corrupt"
+        raise ArchiveError(kind, str(exc)) from None
 
 
 __all__ = ["ArchiveError", "read", "write"]

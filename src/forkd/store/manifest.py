@@ -44,6 +44,10 @@ class BadManifest(InvalidRequest):
     """A manifest that does not parse or does not hold together; the message says where."""
 
 
+class UnsupportedManifest(BadManifest):
+    """A manifest of another format version: another forkd's, not a damaged one."""
+
+
 @dataclass(frozen=True)
 class Backing:
     """What a disk layer sits on: a file of a snapshot in the chain, or (``tag`` None) the base."""
@@ -187,7 +191,7 @@ def _parse(d: Any) -> Manifest:
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise BadManifest(f"not a forkd snapshot manifest (format must be {FORMAT!r})")
     if d.get("version") != VERSION:
-        raise BadManifest(f"manifest version {d.get('version')!r} is not supported (this forkd reads "
+        raise UnsupportedManifest(f"manifest version {d.get('version')!r} is not supported (this forkd reads "
                           f"version {VERSION}); unpack it with the forkd that packed it")
     accel = d["accel"]
     base_d = d["base"]
@@ -305,4 +309,4 @@ def _parse_backing(b: Any, tag: str, name: str, earlier: list[SnapshotEntry],
 
 
 __all__ = ["Backing", "BadManifest", "BaseEntry", "FileEntry", "Manifest", "SnapshotEntry",
-           "parse_restore_chunks"]
+           "UnsupportedManifest", "parse_restore_chunks"]
