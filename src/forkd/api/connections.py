@@ -152,13 +152,18 @@ class _ConnectionGuard:
                 self.head_since = time.monotonic()
                 self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
         elif not self.waiting_for_head() or self not in self.connections:
-            self._stop_head_timer()  # complete (or upgraded to a WebSocket, or closed)
+            self.stop_head_timer()  # complete (or upgraded to a WebSocket, or closed)
 
     def waiting_for_head(self) -> bool:
         """No request in flight: what arrives now is (part of) the next head."""
         return self.cycle is None or bool(self.cycle.response_complete)
 
-    def _stop_head_timer(self) -> None:
+    @property
+    def head_pending(self) -> bool:
+        """Whether a request head has begun and not completed (its deadline is running)."""
+        return self._head_timer is not None
+
+    def stop_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -178,7 +183,7 @@ class _ConnectionGuard:
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_head_timer()
+        self.stop_head_timer()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def timeout_keep_alive_handler(self) -> None:
@@ -196,7 +201,7 @@ class _ConnectionGuard:
         for c in self.connections:
             if not isinstance(c, _ConnectionGuard):
                 continue
-            if c._head_timer is not None:
+            if c.head_pending:
                 if partial is None or c.head_since < partial.head_since:
                     partial = c
             elif c.timeout_keep_alive_task is not None and (idle is None or c.idle_since < idle.idle_since):
@@ -204,7 +209,7 @@ class _ConnectionGuard:
         victim = partial or idle
         if victim is None:
             return False
-        victim._stop_head_timer()
+        victim.stop_head_timer()
         victim.timeout_keep_alive_handler()  # closes the transport (a partial one too)
         victim.connections.discard(victim)  # counted free now, not when the loop gets to it
         _ConnectionGuard.evicted += 1

@@ -35,16 +35,19 @@ class DataDirLock:
             except Conflict:
                 pass  # another Runtime (or an offline command) has it: its files are its own
             else:
-                assert alone._fd is not None
                 try:
                     when_alone()
-                    # Never a failed upgrade (which would drop the lock): a downgrade of our own.
-                    fcntl.flock(alone._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    alone.downgrade()
                 except BaseException:
                     alone.release()
                     raise
                 return alone
         return cls._take(data, fcntl.LOCK_SH, why)
+
+    def downgrade(self) -> None:
+        """From exclusive to shared, never released in between (a failed upgrade would drop it)."""
+        assert self._fd is not None
+        fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
 
     @classmethod
     def exclusive(cls, data: DataDir) -> DataDirLock:
