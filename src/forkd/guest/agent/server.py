@@ -126,6 +126,8 @@ class Agent:
             "numpy_version": getattr(numpy, "__version__", None),
             "pid": os.getpid(),
             "agent_version": AGENT_VERSION,
+            # What this agent can do, by name: the host refuses a request that needs more.
+            "capabilities": protocol.capabilities_since(int(AGENT_VERSION)),
             "python_version": sys.version.split()[0],
             "warm": self.warm,
             "warm_errors": self.warm_errors,
