@@ -243,7 +243,7 @@ class PingReply(TypedDict):
     agent_version: str
     python_version: str
     numpy_version: str | None
-    warm: bool
+    warm: list[str]  # the modules it imported at boot
     warm_errors: Any
     restores: int
     capabilities: NotRequired[list[str]]  # absent from agents older than "13": see Capabilities.of

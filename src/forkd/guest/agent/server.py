@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from forkd.guest import protocol
@@ -50,7 +50,8 @@ MAX_SIGNAL_WAIT_SECS = 10.0
 
 # A handler answers with a result, or None when the answer comes later (a stream,
 # an eval, an exec), through the channel.
-Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
+# A reply is one of protocol's reply types (a TypedDict) or, for actions not typed yet, a dict.
+Handler = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 
 # Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
 INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
@@ -119,7 +120,7 @@ class Agent:
 
     # ------------------------------------------------------------- actions
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> protocol.PingReply:
         numpy = sys.modules.get("numpy")
         return {
             "pong": True,
@@ -155,7 +156,7 @@ class Agent:
         self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
+    def handle(self, req: dict[str, Any]) -> Mapping[str, Any] | None:
         action = req.get("action")
         handler = self.handlers.get(action) if isinstance(action, str) else None
         if handler is None:
