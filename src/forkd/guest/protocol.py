@@ -302,6 +302,7 @@ class RestoredReply(TypedDict, total=False):
     time_ns: int
     env_set: int
     steps_us: dict[str, int]
+    thawed: bool  # a live branch's frozen filesystem, thawed in the child
     agent_version: str  # from "12"
     capabilities: list[str]  # from "13"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.guest.agent import AGENT_VERSION
-from forkd.guest.protocol import RequestError, RestoreInputs, capabilities_since
+from forkd.guest.protocol import RequestError, RestoredReply, RestoreInputs, capabilities_since
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -63,7 +63,7 @@ def _open_urandom() -> int | None:
 _URANDOM_FD = _open_urandom()
 
 
-def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
+def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> RestoredReply:
     """Give this child its own randomness and the host's clock.
 
     With ``clock_only`` (a child resumed after an idle pause: nothing was

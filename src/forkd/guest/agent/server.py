@@ -144,7 +144,7 @@ class Agent:
         spec, cap = parse_exec(req)
         return self.processes.exec(req.get("id"), spec, cap)
 
-    def restored(self, req: dict[str, Any]) -> dict[str, Any]:
+    def restored(self, req: dict[str, Any]) -> protocol.RestoredReply:
         result = reseed_after_restore(req, self.namespace)
         # A live branch froze the filesystem while its state was captured;
         # children restored from that state must thaw their copy.
