@@ -50,7 +50,6 @@ MAX_SIGNAL_WAIT_SECS = 10.0
 
 # A handler answers with a result, or None when the answer comes later (a stream,
 # an eval, an exec), through the channel.
-# A reply is one of protocol's reply types (a TypedDict) or, for actions not typed yet, a dict.
 Handler = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 
 # Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
@@ -127,8 +126,7 @@ class Agent:
             "numpy_version": getattr(numpy, "__version__", None),
             "pid": os.getpid(),
             "agent_version": AGENT_VERSION,
-            # What this agent can do, by name: the host refuses a request that needs more.
-            "capabilities": protocol.capabilities_since(int(AGENT_VERSION)),
+            "capabilities": protocol.capabilities_since(int(AGENT_VERSION)),  # the host refuses more
             "python_version": sys.version.split()[0],
             "warm": self.warm,
             "warm_errors": self.warm_errors,
