@@ -13,15 +13,14 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict
 from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
-from forkd.guest.client import FEATURES, AgentClient, require
+from forkd.guest.client import AgentClient, require
 from tests.fakes.agent_peer import AgentPeer
 from tests.unit.test_guest_client import real_agent, run
 
 
-def test_every_capability_has_a_version_and_a_refusal_text() -> None:
-    assert FEATURES.keys() == protocol.CAPABILITY_SINCE.keys()
-    # This agent has them all: a capability is added with the agent version that brings it.
-    assert protocol.capabilities_since(int(AGENT_VERSION)) == sorted(protocol.CAPABILITY_SINCE)
+def test_this_agent_has_every_capability() -> None:
+    # A capability is added with the agent version that brings it.
+    assert protocol.capabilities_since(int(AGENT_VERSION)) == sorted(protocol.CAPABILITIES)
 
 
 def test_ping_reports_capabilities_and_typed_calls_work(tmp_path: Path) -> None:
@@ -34,8 +33,8 @@ def test_ping_reports_capabilities_and_typed_calls_work(tmp_path: Path) -> None:
             assert pong["pong"] is True and pong["agent_version"] == AGENT_VERSION
             assert pong.get("capabilities") == protocol.capabilities_since(int(AGENT_VERSION))
             caps = await client.capabilities()
-            assert caps.names == frozenset(protocol.CAPABILITY_SINCE)
-            require(caps, *protocol.CAPABILITY_SINCE)  # this agent can do everything: no refusal
+            assert caps.names == frozenset(protocol.CAPABILITIES)
+            require(caps, *protocol.CAPABILITIES)  # this agent can do everything: no refusal
             done = await client.exec({"args": ["echo", "hi"]}, timeout=30)
             assert done["stdout"] == "hi\n" and done["exit_code"] == 0
             assert (await client.eval({"code": "6 * 7"}, timeout=30))["result"] == "42"

@@ -109,7 +109,7 @@ class SandboxTable:
         self._sleepers: Sleepers | None = None
         # Agent requests under way per sandbox, from before their VM lookup (``busy``).
         self._requests: dict[str, int] = {}
-        # Each VM's agent version, asked once (``require_agent``), with its VM: a new VM asks again.
+        # Each VM's agent capabilities, asked once (``require_agent``), with its VM: a new VM asks again.
         self._capabilities: dict[str, tuple[VM, protocol.Capabilities]] = {}
 
     def watch_activity(self, activity: Activity) -> None:

@@ -24,18 +24,7 @@ from forkd.guest.transport import AgentStream, AgentTransport, decode_output, er
 # How long a call waits for its answer (None: for ever).
 Timeout = float | None
 
-__all__ = ["FEATURES", "AgentClient", "AgentStream", "decode_output", "error_of", "require"]
-
-# What each capability lets a request do, as the refusal names it.
-FEATURES: dict[str, str] = {
-    protocol.CAP_USER: "acting as a user",
-    protocol.CAP_WATCH: "directory watching",
-    protocol.CAP_PTY: "terminals (pty)",
-    protocol.CAP_METADATA: "file metadata",
-    protocol.CAP_WATCH_ENTRIES: "watch events with their entry",
-    protocol.CAP_KERNEL_LANGUAGE: "bash, JavaScript and R kernels",
-    protocol.CAP_RESTORE_HOSTNAME: "a hostname at restore",
-}
+__all__ = ["AgentClient", "AgentStream", "decode_output", "error_of", "require"]
 
 
 def require(capabilities: protocol.Capabilities, *needed: str, subject: str = "the sandbox") -> None:
@@ -43,7 +32,8 @@ def require(capabilities: protocol.Capabilities, *needed: str, subject: str = "t
     ignore the request's new fields, or not know its action (a snapshot made by an older forkd)."""
     missing = capabilities.lacks(*needed)
     if missing:
-        what = ", ".join(FEATURES.get(name, name) for name in missing)
+        what = ", ".join(protocol.CAPABILITIES[name].feature if name in protocol.CAPABILITIES else name
+                         for name in missing)
         raise Conflict(f"{subject} runs guest agent version {capabilities.agent_version}, which predates "
                        f"{what}: create its snapshot again with this version of forkd")
 

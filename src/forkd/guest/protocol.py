@@ -546,23 +546,34 @@ CAP_METADATA = "metadata"  # file metadata (file_write_open's, a FileInfo's)
 CAP_WATCH_ENTRIES = "watch_entries"  # a watcher's "entries"
 CAP_KERNEL_LANGUAGE = "kernel_language"  # a context's and a kernel run's "language"
 CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
-# The agent version that brought each, for agents older than "capabilities" (they report only
-# their agent_version) and for the agent itself, which derives its list from its version.
-CAPABILITY_SINCE: dict[str, int] = {
-    CAP_USER: USER_AGENT_VERSION,
-    CAP_WATCH: WATCH_AGENT_VERSION,
-    CAP_PTY: PTY_AGENT_VERSION,
-    CAP_METADATA: METADATA_AGENT_VERSION,
-    CAP_WATCH_ENTRIES: WATCH_ENTRY_AGENT_VERSION,
-    CAP_KERNEL_LANGUAGE: LANGUAGE_AGENT_VERSION,
-    CAP_RESTORE_HOSTNAME: HOSTNAME_AGENT_VERSION,
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One capability: the agent version that brought it (agents older than "capabilities" report
+    only their agent_version, and the agent derives its own list from its version), and what it
+    lets a request do, as the host's refusal names it."""
+
+    since: int
+    feature: str
+
+
+# A new capability is one entry here (and its CAP_ name): the agent lists it, the host refuses without it.
+CAPABILITIES: dict[str, Capability] = {
+    CAP_USER: Capability(USER_AGENT_VERSION, "acting as a user"),
+    CAP_WATCH: Capability(WATCH_AGENT_VERSION, "directory watching"),
+    CAP_PTY: Capability(PTY_AGENT_VERSION, "terminals (pty)"),
+    CAP_METADATA: Capability(METADATA_AGENT_VERSION, "file metadata"),
+    CAP_WATCH_ENTRIES: Capability(WATCH_ENTRY_AGENT_VERSION, "watch events with their entry"),
+    CAP_KERNEL_LANGUAGE: Capability(LANGUAGE_AGENT_VERSION, "bash, JavaScript and R kernels"),
+    CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
 }
 CAPABILITIES_MAX = 256  # names read from one answer; more is a hostile agent's
 
 
 def capabilities_since(agent_version: int) -> list[str]:
     """The capabilities of an agent of ``agent_version``, sorted."""
-    return sorted(name for name, since in CAPABILITY_SINCE.items() if agent_version >= since)
+    return sorted(name for name, cap in CAPABILITIES.items() if agent_version >= cap.since)
 
 
 @dataclass(frozen=True)
