@@ -6,7 +6,7 @@ overflows the C stack in the other (a segfault: the whole daemon gone). So
 every JSON text that reaches a parser from outside the daemon is scanned here
 first and refused past ``forkd.bounds.MAX_JSON_DEPTH``: request bodies
 (``api.limits``), Connect messages (``api.e2b.connect_bounds``) and the guest
-agent's lines (``guest.client``).
+agent's lines (``guest.transport``).
 
 The scan counts ``[`` and ``{`` outside strings (a backslash escapes the next
 byte inside one); a closer that matches nothing is ignored, so the count is

@@ -29,6 +29,7 @@ from forkd.guest.agent import fileinfo as agent_fileinfo
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.watches import Watches
+from forkd.guest.client import require
 from forkd.guest.protocol import INVALID, RequestError
 from tests.fakes.app import TOKEN, app_client
 from tests.fakes.runtime import FakeRuntime
@@ -189,9 +190,8 @@ class _Sandboxes:
     async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
         pass
 
-    async def require_agent(self, sandbox_id: str, version: int, feature: str) -> None:
-        if self.version < version:
-            raise Conflict(f"agent {self.version} predates {feature}")
+    async def require_agent(self, sandbox_id: str, *features: str) -> None:
+        require(protocol.Capabilities.of({"agent_version": str(self.version)}), *features)
 
     async def call(self, sandbox_id: str, action: str, timeout: float, **args: Any) -> dict[str, Any]:
         self.calls.append((action, args))

@@ -19,7 +19,7 @@ from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.agent import users
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.spawn import parse_common, spawn
-from forkd.guest.protocol import INVALID, PING, USER_AGENT_VERSION, RequestError
+from forkd.guest.protocol import CAP_USER, INVALID, PING, RequestError
 from forkd.image import rootfs
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -170,7 +170,7 @@ def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
     pings: list[str] = []
     vm, version = object(), {"v": "6"}
     table = object.__new__(SandboxTable)
-    table._agent_versions = {}  # the one attribute require_agent keeps
+    table._capabilities = {}  # the one attribute require_agent keeps
 
     async def for_call(sandbox_id: str) -> object:
         return vm
@@ -183,11 +183,11 @@ def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
     table.for_call = for_call  # type: ignore[method-assign,assignment]
     table.call = call  # type: ignore[method-assign]
     with pytest.raises(Conflict, match="version 6, which predates acting as a user: create its snapshot"):
-        asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+        asyncio.run(table.require_agent("sb-1", CAP_USER))
     version["v"] = "7"
     with pytest.raises(Conflict):  # known for this VM: not asked again
-        asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+        asyncio.run(table.require_agent("sb-1", CAP_USER))
     assert pings == [PING]
     vm = object()  # a new VM under the id (a resume): asked again
-    asyncio.run(table.require_agent("sb-1", USER_AGENT_VERSION, "acting as a user"))
+    asyncio.run(table.require_agent("sb-1", CAP_USER))
     assert pings == [PING, PING]

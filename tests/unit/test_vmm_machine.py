@@ -106,7 +106,7 @@ def test_restore_inputs_go_to_the_guest_whole(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", [None, "11"])
 def test_an_agent_too_old_for_an_input_is_refused(tmp_path: Path, version: str | None) -> None:
     with AgentPeer(tmp_path / "agent.sock", _restored_by(version)), \
-            pytest.raises(Conflict, match="predates hostname at restore: create the snapshot again"):
+            pytest.raises(Conflict, match="predates a hostname at restore: create its snapshot again"):
         _post_restore(tmp_path / "agent.sock", RestoreInputs(hostname="box-1"))
     # Inputs every agent takes are not refused by an old one.
     with AgentPeer(tmp_path / "agent2.sock", _restored_by(version)):

@@ -92,8 +92,7 @@ class CodeRunner:
             except protocol.RequestError as exc:
                 raise InvalidRequest(str(exc)) from None
             if language != "python":  # an older agent refuses it, but says only python is served
-                await self._sandboxes.require_agent(sandbox_id, protocol.LANGUAGE_AGENT_VERSION,
-                                                    "bash and JavaScript kernels")
+                await self._sandboxes.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
         if cwd is not None:
             args["cwd"] = cwd
         return _context(await self._call(sandbox_id, 30, **args))

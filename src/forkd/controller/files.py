@@ -158,8 +158,7 @@ class SandboxFiles:
         extra: dict[str, object] = {"mode": mode} if mode is not None else {}
         if metadata := check_metadata(metadata):
             # An older agent would drop it and answer as if it were stored.
-            await self._sandboxes.require_agent(sandbox_id, protocol.METADATA_AGENT_VERSION,
-                                                "file metadata")
+            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_METADATA)
             extra["metadata"] = metadata
         opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user, **extra)
         handle = opened.get("handle")

@@ -169,8 +169,7 @@ class KernelCells:
         args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
         if language is not None:
             if language != "python":
-                await self._sandboxes.require_agent(sandbox_id, protocol.LANGUAGE_AGENT_VERSION,
-                                                    "bash, JavaScript and R kernels")
+                await self._sandboxes.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
             args["language"] = language
         if context is not None:
             args["context"] = context

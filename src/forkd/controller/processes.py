@@ -215,7 +215,7 @@ class SandboxProcesses:
         """409 on an agent too old for the request's user or terminal (it would ignore them)."""
         await self._sandboxes.require_user_support(sandbox_id, user)
         if pty is not None:
-            await self._sandboxes.require_agent(sandbox_id, protocol.PTY_AGENT_VERSION, "terminals (pty)")
+            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_PTY)
 
     # ------------------------------------------------------------- requests
 
@@ -256,7 +256,7 @@ class SandboxProcesses:
     async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
         """Set the size of a process's terminal (409 for a process without one, 404 once ended)."""
         cols, rows = check_pty_size(cols, rows)
-        await self._sandboxes.require_agent(sandbox_id, protocol.PTY_AGENT_VERSION, "terminals (pty)")
+        await self._sandboxes.require_agent(sandbox_id, protocol.CAP_PTY)
         await self._call(sandbox_id, protocol.PROC_RESIZE, pid=pid, cols=cols, rows=rows)
 
     async def list(self, sandbox_id: str) -> list[ProcessEntry]:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from forkd.errors import Conflict, GuestError, NotFound, SandboxGone
 from forkd.guest import protocol
-from forkd.guest.client import AgentStream
+from forkd.guest.client import AgentStream, require
 from forkd.host import cgroups
 from forkd.store import layout
 from forkd.store.layout import check_sandbox_id
@@ -109,8 +109,8 @@ class SandboxTable:
         self._sleepers: Sleepers | None = None
         # Agent requests under way per sandbox, from before their VM lookup (``busy``).
         self._requests: dict[str, int] = {}
-        # Each VM's agent version, asked once (``require_agent``), with its VM: a new VM asks again.
-        self._agent_versions: dict[str, tuple[VM, int]] = {}
+        # Each VM's agent capabilities, asked once (``require_agent``), with its VM: a new VM asks again.
+        self._capabilities: dict[str, tuple[VM, protocol.Capabilities]] = {}
 
     def watch_activity(self, activity: Activity) -> None:
         """Every agent request from now on runs inside ``activity.during`` (one watcher)."""
@@ -284,7 +284,7 @@ class SandboxTable:
         row rewritten (hibernated, no pid), then its VM out of the table, returned to be killed.
         The row is the commit: a daemon that dies after it keeps the sandbox hibernated."""
         self._rows.save(record)
-        self._agent_versions.pop(record.id, None)
+        self._capabilities.pop(record.id, None)
         return self._vms.pop(record.id, None)
 
     def unpark(self, record: SandboxRecord, vm: VM) -> None:
@@ -346,7 +346,7 @@ class SandboxTable:
         try:
             vm = self._vms.pop(sandbox_id, None)
             self._hidden.discard(sandbox_id)
-            self._agent_versions.pop(sandbox_id, None)
+            self._capabilities.pop(sandbox_id, None)
             try:
                 record: SandboxRecord | None = self._rows.get(sandbox_id)
             except NotFound:
@@ -394,25 +394,23 @@ class SandboxTable:
                     raise
                 raise explained from exc
 
-    async def require_agent(self, sandbox_id: str, version: int, feature: str) -> None:
-        """Refuse (409) a request that needs agent ``version`` on an older guest agent, which would
-        ignore the request's new fields (a snapshot made by an older forkd): asked once per VM."""
+    async def require_agent(self, sandbox_id: str, *features: str) -> None:
+        """Refuse (409) a request that needs capabilities (``protocol.CAP_*``) its guest agent lacks,
+        which would ignore the request's new fields (a snapshot made by an older forkd): the agent
+        is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
         sandbox_id = self.resolve(sandbox_id)
         vm = await self.for_call(sandbox_id)
-        known = self._agent_versions.get(sandbox_id)
+        known = self._capabilities.get(sandbox_id)
         if known is None or known[0] is not vm:
             pong = await self.call(sandbox_id, protocol.PING, 30)
-            reported = str(pong.get("agent_version", "0"))
-            known = (vm, int(reported) if reported.isdigit() else 0)
-            self._agent_versions[sandbox_id] = known
-        if known[1] < version:
-            raise Conflict(f"sandbox {sandbox_id!r} runs guest agent version {known[1]}, which predates "
-                           f"{feature}: create its snapshot again with this version of forkd")
+            known = (vm, protocol.Capabilities.of(pong))
+            self._capabilities[sandbox_id] = known
+        require(known[1], *features, subject=f"sandbox {sandbox_id!r}")
 
     async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
         """``require_agent`` for a request that acts as ``user`` (None: as root, any agent will do)."""
         if user is not None:
-            await self.require_agent(sandbox_id, protocol.USER_AGENT_VERSION, "acting as a user")
+            await self.require_agent(sandbox_id, protocol.CAP_USER)
 
     async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
         """A streaming agent request (its events are read from the stream)."""

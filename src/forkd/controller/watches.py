@@ -67,11 +67,10 @@ class DirWatches:
         """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``).
         With ``include_entry``, its events carry the entry they name."""
         path = check_path(path)
-        await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_AGENT_VERSION, "directory watching")
+        await self._sandboxes.require_agent(sandbox_id, protocol.CAP_WATCH)
         extra: dict[str, object] = {}
         if include_entry:
-            await self._sandboxes.require_agent(sandbox_id, protocol.WATCH_ENTRY_AGENT_VERSION,
-                                                "watch events with their entry")
+            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_WATCH_ENTRIES)
             extra["entries"] = True
         result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
                                             path=path, recursive=recursive, **extra)

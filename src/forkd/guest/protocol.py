@@ -40,15 +40,16 @@ import json
 import math
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypedDict
 
 # The virtio-serial port's name (the kernel command line's forkd.port= overrides it).
 PORT_NAME = "org.forkd.agent"
 
 # --------------------------------------------------------------------- actions
 
-PING = "ping"  # -> {"pong": true, "pid", "agent_version", "python_version", "warm", ...}
+PING = "ping"  # -> PingReply: {"pong": true, "pid", "agent_version", "capabilities", ...}
 # args, timeout_secs, env, cwd, stdin, max_output_bytes -> a stream of "stdout"/"stderr" events
 # (base64; at most max_output_bytes of each in all), then {"exit_code", "error", "timed_out", ...}
 EXEC = "exec"
@@ -228,6 +229,189 @@ CONFLICT = "conflict"  # 409: a directory where a file is expected, a non-empty 
 ERROR_KINDS = (NOT_FOUND, INVALID, CONFLICT)
 
 
+# --------------------------------------------------------------------- schema
+
+# One request and one reply type per action (the fields beside the envelope's id and action). The
+# host's typed calls (forkd.guest.client.AgentClient) build the requests and read the replies with
+# these, so mypy checks both; the agent reads a request field by field anyway (it trusts nothing).
+# total=False where a field may be absent; the agent supplies defaults.
+
+
+class PingReply(TypedDict):
+    pong: bool
+    pid: int
+    agent_version: str
+    python_version: str
+    numpy_version: str | None
+    warm: list[str]  # the modules it imported at boot
+    warm_errors: Any
+    restores: int
+    capabilities: NotRequired[list[str]]  # absent from agents older than "13": see Capabilities.of
+
+
+class ExecRequest(TypedDict, total=False):
+    args: list[str]  # required
+    timeout_secs: float
+    env: dict[str, str]
+    cwd: str
+    stdin: str
+    max_output_bytes: int
+    user: str  # CAP_USER
+
+
+class ExecReply(TypedDict):
+    exit_code: int | None
+    error: str | None
+    timed_out: bool
+    duration_ms: NotRequired[float]
+    stdout: str  # the stdout events' bytes, decoded by the host
+    stderr: str
+    stdout_bytes: NotRequired[int]
+    stderr_bytes: NotRequired[int]
+    stdout_truncated: NotRequired[bool]
+    stderr_truncated: NotRequired[bool]
+    signal: NotRequired[int]
+
+
+class EvalRequest(TypedDict, total=False):
+    code: str  # required
+    timeout_secs: float
+
+
+class EvalReply(TypedDict):
+    result: str | None
+    error: str | None
+    exit_code: int
+
+
+class EvalCancelReply(TypedDict):
+    cancelled: bool
+
+
+class RestoredRequest(TypedDict, total=False):
+    entropy: str  # hex
+    time_ns: int
+    clock_only: bool  # only step the clock (a resume after a pause): no reseed, no inputs
+    env: dict[str, str]  # and every other RestoreInputs field (RestoreInputs.to_wire)
+    hostname: str
+
+
+class RestoredReply(TypedDict, total=False):
+    reseeded: bool
+    clock_stepped: bool
+    time_ns: int
+    env_set: int
+    steps_us: dict[str, int]
+    thawed: bool  # a live branch's frozen filesystem, thawed in the child
+    agent_version: str  # from "12"
+    capabilities: list[str]  # from "13"
+
+
+class SyncReply(TypedDict):
+    synced: bool
+
+
+class FsfreezeReply(TypedDict):
+    frozen: bool
+
+
+class FsthawReply(TypedDict):
+    thawed: bool
+
+
+class FileInfo(TypedDict):
+    path: str
+    name: str
+    type: str  # file, dir, symlink, other
+    size: int
+    mode: int
+    mtime: float
+    owner: NotRequired[str]
+    group: NotRequired[str]
+    target: NotRequired[str]
+    metadata: NotRequired[dict[str, str]]  # CAP_METADATA
+
+
+class FileStatRequest(TypedDict, total=False):
+    path: str  # required
+    user: str
+
+
+class FileListRequest(TypedDict, total=False):
+    path: str  # required
+    user: str
+
+
+class FileListReply(TypedDict):
+    path: str
+    entries: list[FileInfo]
+    truncated: bool
+
+
+class FileMkdirRequest(TypedDict, total=False):
+    path: str  # required
+    parents: bool
+    user: str
+
+
+class FileMkdirReply(TypedDict):
+    created: bool
+
+
+class FileRemoveRequest(TypedDict, total=False):
+    path: str  # required
+    recursive: bool
+    user: str
+
+
+class FileRemoveReply(TypedDict):
+    removed: bool
+
+
+class FileReadRequest(TypedDict, total=False):
+    path: str  # required
+    offset: int
+    length: int
+    user: str
+
+
+class FileReadReply(TypedDict):
+    data: str  # base64
+    eof: bool
+
+
+class FileWriteOpenRequest(TypedDict, total=False):
+    path: str  # required
+    mode: int
+    metadata: dict[str, str]  # CAP_METADATA
+    user: str
+
+
+class FileWriteOpenReply(TypedDict):
+    handle: str
+
+
+class FileWriteRequest(TypedDict):
+    handle: str
+    offset: int
+    data: str  # base64
+
+
+class FileWriteReply(TypedDict):
+    written: int
+
+
+class FileWriteCloseRequest(TypedDict):
+    handle: str
+    commit: bool
+
+
+class FileMoveRequest(TypedDict, total=False):
+    source: str  # required
+    destination: str  # required
+    user: str
+
+
 # ------------------------------------------------------------------- requests
 
 
@@ -333,7 +517,7 @@ def check_env(env: object) -> dict[str, str]:
 HOSTNAME_MAX = 64
 HOSTNAME_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME_RE = re.compile(rf"{HOSTNAME_LABEL}(\.{HOSTNAME_LABEL})*")
-# Agents older than this ignore a RestoreInputs' hostname (RestoreInputs.AGENT_VERSIONS).
+# Agents older than this ignore a RestoreInputs' hostname (CAP_RESTORE_HOSTNAME).
 HOSTNAME_AGENT_VERSION = 12
 
 
@@ -350,6 +534,71 @@ def check_hostname(hostname: object) -> str | None:
     return hostname
 
 
+# ---------------------------------------------------------------- capabilities
+
+# What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
+# restored's) answer, "capabilities"; the host refuses a request that needs one the agent lacks, in
+# one place (forkd.guest.client.require), rather than have an old agent ignore a field it does not know.
+CAP_USER = "user"  # a request's "user" (exec, proc_start, the file actions)
+CAP_WATCH = "watch"  # the watch action
+CAP_PTY = "pty"  # proc_start's "pty", proc_resize
+CAP_METADATA = "metadata"  # file metadata (file_write_open's, a FileInfo's)
+CAP_WATCH_ENTRIES = "watch_entries"  # a watcher's "entries"
+CAP_KERNEL_LANGUAGE = "kernel_language"  # a context's and a kernel run's "language"
+CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One capability: the agent version that brought it (agents older than "capabilities" report
+    only their agent_version, and the agent derives its own list from its version), and what it
+    lets a request do, as the host's refusal names it."""
+
+    since: int
+    feature: str
+
+
+# A new capability is one entry here (and its CAP_ name): the agent lists it, the host refuses without it.
+CAPABILITIES: dict[str, Capability] = {
+    CAP_USER: Capability(USER_AGENT_VERSION, "acting as a user"),
+    CAP_WATCH: Capability(WATCH_AGENT_VERSION, "directory watching"),
+    CAP_PTY: Capability(PTY_AGENT_VERSION, "terminals (pty)"),
+    CAP_METADATA: Capability(METADATA_AGENT_VERSION, "file metadata"),
+    CAP_WATCH_ENTRIES: Capability(WATCH_ENTRY_AGENT_VERSION, "watch events with their entry"),
+    CAP_KERNEL_LANGUAGE: Capability(LANGUAGE_AGENT_VERSION, "bash, JavaScript and R kernels"),
+    CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
+}
+CAPABILITIES_MAX = 256  # names read from one answer; more is a hostile agent's
+
+
+def capabilities_since(agent_version: int) -> list[str]:
+    """The capabilities of an agent of ``agent_version``, sorted."""
+    return sorted(name for name, cap in CAPABILITIES.items() if agent_version >= cap.since)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an agent says it can do (ping's or restored's answer), read defensively: the guest is
+    not trusted, so anything malformed counts as nothing."""
+
+    agent_version: int
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, reply: Mapping[str, object]) -> Capabilities:
+        """From an answer; one without a list of names (an agent older than "capabilities") is
+        mapped from its agent_version."""
+        version = agent_version_of(reply)
+        listed = reply.get("capabilities")
+        if isinstance(listed, list) and len(listed) <= CAPABILITIES_MAX:
+            return cls(version, frozenset(name for name in listed if isinstance(name, str)))
+        return cls(version, frozenset(capabilities_since(version)))
+
+    def lacks(self, *names: str) -> list[str]:
+        """Those of ``names`` this agent cannot do."""
+        return [name for name in names if name not in self.names]
+
+
 @dataclass(frozen=True)
 class RestoreInputs:
     """What one child is given with its post-restore call, beside the fresh entropy and the clock
@@ -358,15 +607,15 @@ class RestoreInputs:
     A new input is one field here (validated in ``__post_init__``, which the daemon runs before
     any VM starts and the agent runs again on ``from_wire``), its step in
     forkd/guest/agent/restore.py and, where older agents would ignore it, its entry in
-    ``AGENT_VERSIONS``. ``env``: set in the agent's environment (eval's os.environ, every exec's);
+    ``CAPABILITIES``. ``env``: set in the agent's environment (eval's os.environ, every exec's);
     ``hostname``: the guest's hostname (the kernel's, /etc/hostname and /etc/hosts).
     """
 
     env: dict[str, str] = field(default_factory=dict)
     hostname: str | None = None
 
-    # The first agent version that applies a field (others ignore it): refused on an older one.
-    AGENT_VERSIONS: ClassVar[dict[str, int]] = {"hostname": HOSTNAME_AGENT_VERSION}
+    # The capability an agent needs to apply a field (others ignore it): refused on one without it.
+    CAPABILITIES: ClassVar[dict[str, str]] = {"hostname": CAP_RESTORE_HOSTNAME}
 
     def __post_init__(self) -> None:
         check_env(self.env)
@@ -384,14 +633,13 @@ class RestoreInputs:
         names = [f.name for f in dataclasses.fields(cls)]
         return cls(**{n: req[n] for n in names if req.get(n) is not None})
 
-    def too_new_for(self, agent_version: int) -> list[str]:
-        """The fields set here that an agent of ``agent_version`` would ignore."""
+    def needs(self) -> list[str]:
+        """The capabilities the fields set here need (an agent without one would ignore its field)."""
         given = self.to_wire()
-        return [name for name, since in self.AGENT_VERSIONS.items()
-                if name in given and agent_version < since]
+        return [cap for name, cap in self.CAPABILITIES.items() if name in given]
 
 
-def agent_version_of(reply: dict[str, Any]) -> int:
+def agent_version_of(reply: Mapping[str, object]) -> int:
     """The ``agent_version`` an answer (ping's, restored's) reports; 0 where it has none."""
     reported = str(reply.get("agent_version", "0"))
     return int(reported) if reported.isdigit() else 0

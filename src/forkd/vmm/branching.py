@@ -192,7 +192,7 @@ async def _capture_live(
     fs_freeze_ms: float | None = None
     try:
         with vm.qmp.client.listen(listener):
-            await vm.call("fsfreeze", timeout=120)
+            await vm.agent.fsfreeze(timeout=120)
             fs_frozen_at = time.monotonic()
             await _freeze_disk(vm, active_node, new_disk, new_node)
             await vm.qmp.cmd("migrate", uri=_stream_uri(stream))

@@ -207,7 +207,7 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
     vm = await VM.launch(run_dir, spec, sockets, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started
-        ping = await vm.await_or_exit(vm.agent.call(protocol.PING, timeout=None), timeout,
+        ping = await vm.await_or_exit(vm.agent.ping(timeout=None), timeout,
                                       "the guest agent to boot and warm up")
         if ping.get("warm_errors"):
             raise VMError(f"the cold-booted guest's warm imports failed: {ping['warm_errors']}")

@@ -14,16 +14,16 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from qemu.qmp import EventListener
 
-from forkd.errors import BootTimeout, Conflict, GuestError, VMError
+from forkd.errors import BootTimeout, GuestError, VMError
 from forkd.guest import protocol
-from forkd.guest.client import AgentClient
+from forkd.guest.client import AgentClient, require
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import VMConfig
 from forkd.vmm.cmdline import LaunchSpec
@@ -49,7 +49,7 @@ WRITE_THRESHOLD_EVENT = "BLOCK_WRITE_THRESHOLD"
 MIGRATION_ACTIVE = ("setup", "active", "pre-switchover", "device", "postcopy-active")
 
 
-def clock_lag(reply: dict[str, Any], sent: float) -> float:
+def clock_lag(reply: Mapping[str, object], sent: float) -> float:
     """How far the guest's clock (the answer's ``time_ns``) is behind the host's, now, in seconds.
 
     Without ``time_ns`` (an older agent), the round trip since ``sent`` bounds it.
@@ -142,7 +142,7 @@ class VM:
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
         kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
         launcher: Sequence[str] = (),
-    ) -> tuple[VM, dict[str, Any]]:
+    ) -> tuple[VM, protocol.PingReply]:
         """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm.
 
         ``launcher``: an argv prefix that execs QEMU in the same process (its network namespace).
@@ -158,7 +158,7 @@ class VM:
                           kernel=kernel, initrd=initrd, append=append, tap=tap)
         vm = await cls.launch(run_dir, spec, sockets, launcher)
         try:
-            ping = await vm.await_or_exit(vm.agent.call("ping", timeout=None), timeout,
+            ping = await vm.await_or_exit(vm.agent.ping(timeout=None), timeout,
                                            "the guest agent to boot and warm up")
         except BaseException:
             await vm.destroy()
@@ -210,7 +210,7 @@ class VM:
             raise
         return vm
 
-    def note_guest_steps(self, reply: dict[str, Any]) -> None:
+    def note_guest_steps(self, reply: Mapping[str, object]) -> None:
         """Keep the guest's own timing of its post-restore steps (``steps_us``, bounded)."""
         steps = reply.get("steps_us")
         if not isinstance(steps, dict):
@@ -219,25 +219,24 @@ class VM:
                                if isinstance(v, int) and 0 <= v < 10**9}
         self.timings["guest_hook_s"] = sum(self.guest_steps_us.values()) / 1e6
 
-    async def post_restore(self, timeout: float, inputs: RestoreInputs | None = None) -> dict[str, Any]:
+    async def post_restore(self, timeout: float,
+                           inputs: RestoreInputs | None = None) -> protocol.RestoredReply:
         """Tell a freshly restored guest to reseed its RNGs, step its clock and take ``inputs``.
 
         The call is idempotent, so it is sent again if unanswered after
         ``POST_RESTORE_RESEND`` seconds: on a loaded host a restored child has
         been seen to leave its first post-restore call unanswered. An agent too old
-        for ``inputs`` (it would have ignored some) is a 409: the one place it is refused.
+        for ``inputs`` (it would have ignored some) is a 409 (``forkd.guest.client.require``).
         """
         inputs = inputs or RestoreInputs()
         deadline = time.monotonic() + timeout
         attempt = 0
-        extra = inputs.to_wire()
         while True:
             attempt += 1
             each = max(0.5, min(POST_RESTORE_RESEND, deadline - time.monotonic()))
             sent = time.monotonic()
             try:
-                reply = await self.agent.call(protocol.RESTORED, timeout=each, entropy=os.urandom(64).hex(),
-                                              time_ns=time.time_ns(), **extra)
+                reply = await self.agent.restored(inputs, timeout=each)
                 if clock_lag(reply, sent) > CLOCK_TOLERANCE_SECS:
                     await self.step_clock(max(1.0, deadline - time.monotonic()))
             except GuestError as exc:
@@ -247,26 +246,18 @@ class VM:
                         f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
                 continue
-            version = protocol.agent_version_of(reply)
-            ignored = inputs.too_new_for(version)
-            if ignored:
-                raise Conflict(f"this snapshot's guest agent (version {version}) "
-                               f"predates {', '.join(ignored)} at restore: create the snapshot again "
-                               "with this version of forkd")
+            require(protocol.Capabilities.of(reply), *inputs.needs(), subject="the restored child")
             return reply
 
-    async def step_clock(self, timeout: float) -> dict[str, Any]:
+    async def step_clock(self, timeout: float) -> protocol.RestoredReply:
         """Step the guest's clock to the host's, after a pause (nothing was cloned: no reseed).
 
-        Fresh entropy goes along only so that an agent older than ``clock_only``
-        still accepts the call (it then reseeds too, which is harmless). The guest
-        sets the time it was sent: when its clock is still behind on the answer's
+        The guest sets the time it was sent: when its clock is still behind on the answer's
         arrival (a loaded host), the step is made again (now translated, it is quick).
         """
         for _ in range(CLOCK_STEPS):
             sent = time.monotonic()
-            reply = await self.agent.call(protocol.RESTORED, timeout=timeout, clock_only=True,
-                                          time_ns=time.time_ns(), entropy=os.urandom(32).hex())
+            reply = await self.agent.step_clock(timeout)
             if clock_lag(reply, sent) <= CLOCK_TOLERANCE_SECS:
                 break
         return reply

@@ -51,5 +51,6 @@ MIN_GUEST_PYTHON = (3, 11)
 # metadata, a FileInfo's; protocol.METADATA_AGENT_VERSION) and watch events with their entry
 # (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
 # context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
-# (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version.
-AGENT_VERSION = "12"
+# (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
+# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities).
+AGENT_VERSION = "13"

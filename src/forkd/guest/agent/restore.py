@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.guest.agent import AGENT_VERSION
-from forkd.guest.protocol import RequestError, RestoreInputs
+from forkd.guest.protocol import RequestError, RestoredReply, RestoreInputs, capabilities_since
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -63,7 +63,7 @@ def _open_urandom() -> int | None:
 _URANDOM_FD = _open_urandom()
 
 
-def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
+def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> RestoredReply:
     """Give this child its own randomness and the host's clock.
 
     With ``clock_only`` (a child resumed after an idle pause: nothing was
@@ -112,9 +112,11 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> dict
         set_hostname(inputs.hostname)
     marks.append(time.perf_counter_ns())
     steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
-    # agent_version: the host refuses inputs this agent would have ignored (RestoreInputs.too_new_for).
+    # agent_version, capabilities: the host refuses inputs this agent would have ignored
+    # (RestoreInputs.needs, protocol.Capabilities).
     return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
-            "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION}
+            "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION,
+            "capabilities": capabilities_since(int(AGENT_VERSION))}
 
 
 def set_hostname(name: str, etc: Path = Path("/etc")) -> None:

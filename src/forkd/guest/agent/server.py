@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from forkd.guest import protocol
@@ -50,7 +50,7 @@ MAX_SIGNAL_WAIT_SECS = 10.0
 
 # A handler answers with a result, or None when the answer comes later (a stream,
 # an eval, an exec), through the channel.
-Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
+Handler = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 
 # Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
 INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
@@ -119,13 +119,14 @@ class Agent:
 
     # ------------------------------------------------------------- actions
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> protocol.PingReply:
         numpy = sys.modules.get("numpy")
         return {
             "pong": True,
             "numpy_version": getattr(numpy, "__version__", None),
             "pid": os.getpid(),
             "agent_version": AGENT_VERSION,
+            "capabilities": protocol.capabilities_since(int(AGENT_VERSION)),  # the host refuses more
             "python_version": sys.version.split()[0],
             "warm": self.warm,
             "warm_errors": self.warm_errors,
@@ -141,7 +142,7 @@ class Agent:
         spec, cap = parse_exec(req)
         return self.processes.exec(req.get("id"), spec, cap)
 
-    def restored(self, req: dict[str, Any]) -> dict[str, Any]:
+    def restored(self, req: dict[str, Any]) -> protocol.RestoredReply:
         result = reseed_after_restore(req, self.namespace)
         # A live branch froze the filesystem while its state was captured;
         # children restored from that state must thaw their copy.
@@ -153,7 +154,7 @@ class Agent:
         self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any] | None:
+    def handle(self, req: dict[str, Any]) -> Mapping[str, Any] | None:
         action = req.get("action")
         handler = self.handlers.get(action) if isinstance(action, str) else None
         if handler is None:
