@@ -78,6 +78,24 @@ def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient)
     assert client.get("/v1/sandboxes", headers={"X-API-KEY": TOKEN}).status_code == 401
 
 
+def test_the_control_plane_before_the_runtime_is_made_is_503_in_the_sdk_shape(tmp_path: Path) -> None:
+    """Its routes take the runtime by ``Depends`` (e2b/deps.py): until the daemon's lifespan made
+    one, each answers 503 in E2B's shape, and the unserved paths still answer 501."""
+    from forkd.api.e2b.control import create_control_app
+    from forkd.api.limits import BranchGate
+
+    app = create_control_app(lambda: None, AccessTokens(TOKEN.encode()), TOKEN, BranchGate(1),
+                             tmp_path / "uploads")
+    key = {"X-API-KEY": TOKEN}
+    with TestClient(app, raise_server_exceptions=False) as early:
+        for resp in (early.get(f"/sandboxes/{SB}", headers=key), early.get("/v2/sandboxes", headers=key),
+                     early.get("/snapshots", headers=key), early.get("/templates/web/tags", headers=key),
+                     early.get("/templates/aliases/web", headers=key)):
+            assert "still starting" in rest_error(resp, 503)
+        assert "not supported by forkd" in rest_error(early.get("/volumes", headers=key), 501)
+        assert "E2B_API_KEY" in rest_error(early.get(f"/sandboxes/{SB}"), 401)
+
+
 @pytest.mark.parametrize(("body", "why"), [
     ({}, "templateID"),
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),

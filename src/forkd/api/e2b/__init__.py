@@ -9,8 +9,10 @@ in-sandbox protocol (``envd`` on port 49983, ``interpreter`` on 49999, by the
 
 Modules: ``dispatch`` (routing and the middleware), ``tokens`` (per-sandbox
 access tokens), ``errors`` (the SDK's two error shapes), ``shapes`` (forkd
-records as the SDK's models), ``control`` (sandboxes: create, connect, kill,
-list, info, timeout, pause, fork), ``envd`` (``/health``, ``/files`` and the
+records as the SDK's models), ``control`` (the control-plane app, made of
+routers: ``sandbox_routes`` for create, connect, kill, list, info, timeout, pause,
+fork; ``templates``, ``template_tags``, ``snapshots``; their ``Depends`` in
+``deps``, their request checks in ``inputs``), ``envd`` (``/health``, ``/files`` and the
 Connect-RPC services), ``filesystem`` (the Connect filesystem service),
 ``interpreter`` (``/execute`` and ``/contexts``). What is not supported, and
 why: docs/E2B.md.

@@ -36,6 +36,14 @@ HTTP_STATUS = {
 }
 
 
+class E2BError(Exception):
+    """An answer in the SDK's REST error shape (the control app's handler turns it into one)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def not_running(sandbox_id: str) -> str:
     """E2B's proxy wording (the SDK looks for "was not found")."""
     return f"The sandbox {sandbox_id} was not found: it is not running here (killed, paused or expired)"

@@ -20,13 +20,12 @@ template), and its ``snapshotID`` is that snapshot's tag.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from e2b.api.client.models import SandboxSnapshotRequest, SnapshotInfo
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 
-from forkd.api.limits import BranchGate
+from forkd.api.e2b.deps import GateDep, RuntimeDep
 from forkd.bounds import TAG_RE, TEMPLATE_LAYER_PREFIX
 from forkd.errors import NotFound
 
@@ -90,54 +89,57 @@ def parse_request(raw: bytes) -> str | None:
     return name
 
 
-def add_snapshot_routes(app: FastAPI, rt: Callable[[], Runtime], gate: BranchGate) -> None:
-    """The snapshot routes on the control app, whose handlers answer ``SnapshotError``s and
-    forkd's errors in the SDK's shape."""
+router = APIRouter()
 
-    def held() -> set[str]:
-        return {p.state_tag for p in rt().suspender.all()}
 
-    @app.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
-    async def create_snapshot(sandbox_id: str, request: Request) -> dict[str, Any]:
-        tag = parse_request(await request.body())
-        view = rt().describe_sandbox(sandbox_id)  # 404 for no such sandbox
-        if view["state"] == "paused":
-            raise SnapshotError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then snapshot "
-                                "it")
-        if tag is not None and (rt().tags.in_flight(tag) or _exists(rt(), tag)):
-            raise SnapshotError(409, f"a snapshot named {tag!r} exists already; forkd snapshots are "
-                                "immutable tags: delete it first or choose another name")
-        with gate.enter(tag, rt().tags.in_flight):
-            record = await rt().branch(sandbox_id, tag, "full")
-        return info(record)
+def _held(rt: Runtime) -> set[str]:
+    return {p.state_tag for p in rt.suspender.all()}
 
-    @app.get("/snapshots")
-    async def list_snapshots(request: Request, response: Response) -> list[dict[str, Any]]:
-        query = request.query_params
-        known = {"sandboxID", "name", "limit", "nextToken"}
-        if set(query) - known:
-            raise SnapshotError(400, f"unknown query parameter {sorted(set(query) - known)[0]!r}")
-        limit = _int(query.get("limit"), "limit", 1, LIST_LIMIT) if query.get("limit") else LIST_LIMIT
-        start = _int(query.get("nextToken"), "nextToken", 0, 1 << 31) if query.get("nextToken") else 0
-        chosen = select(rt().list_snapshots(), held(), sandbox_id=query.get("sandboxID") or None,
-                        name=query.get("name") or None)
-        if start + limit < len(chosen):
-            response.headers["x-next-token"] = str(start + limit)
-        return [info(r) for r in chosen[start:start + limit]]
 
-    @app.delete("/templates/{template_id}", status_code=204)
-    async def delete_snapshot(template_id: str) -> Response:
-        try:
-            record = rt().get_snapshot(template_id) if TAG_RE.match(template_id) else None
-        except NotFound:
-            record = None
-        if record is None:
-            raise SnapshotError(404, f"snapshot {template_id!r} was not found")
-        if not is_user_snapshot(record, held()):
-            raise SnapshotError(400, f"{template_id!r} is not a snapshot of a sandbox: forkd deletes "
-                                f"templates with DELETE /v1/snapshots/{template_id} (see docs/E2B.md)")
-        await rt().delete_snapshot(template_id)
-        return Response(status_code=204)
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+async def create_snapshot(sandbox_id: str, request: Request, rt: RuntimeDep, gate: GateDep) -> dict[str, Any]:
+    """A BRANCH, which enters the daemon's BRANCH gate as forkd's own branch route does."""
+    tag = parse_request(await request.body())
+    view = rt.describe_sandbox(sandbox_id)  # 404 for no such sandbox
+    if view["state"] == "paused":
+        raise SnapshotError(409, f"sandbox {sandbox_id} is paused: connect to resume it, then snapshot "
+                            "it")
+    if tag is not None and (rt.tags.in_flight(tag) or _exists(rt, tag)):
+        raise SnapshotError(409, f"a snapshot named {tag!r} exists already; forkd snapshots are "
+                            "immutable tags: delete it first or choose another name")
+    with gate.enter(tag, rt.tags.in_flight):
+        record = await rt.branch(sandbox_id, tag, "full")
+    return info(record)
+
+
+@router.get("/snapshots")
+async def list_snapshots(request: Request, response: Response, rt: RuntimeDep) -> list[dict[str, Any]]:
+    query = request.query_params
+    known = {"sandboxID", "name", "limit", "nextToken"}
+    if set(query) - known:
+        raise SnapshotError(400, f"unknown query parameter {sorted(set(query) - known)[0]!r}")
+    limit = _int(query.get("limit"), "limit", 1, LIST_LIMIT) if query.get("limit") else LIST_LIMIT
+    start = _int(query.get("nextToken"), "nextToken", 0, 1 << 31) if query.get("nextToken") else 0
+    chosen = select(rt.list_snapshots(), _held(rt), sandbox_id=query.get("sandboxID") or None,
+                    name=query.get("name") or None)
+    if start + limit < len(chosen):
+        response.headers["x-next-token"] = str(start + limit)
+    return [info(r) for r in chosen[start:start + limit]]
+
+
+@router.delete("/templates/{template_id}", status_code=204)
+async def delete_snapshot(template_id: str, rt: RuntimeDep) -> Response:
+    try:
+        record = rt.get_snapshot(template_id) if TAG_RE.match(template_id) else None
+    except NotFound:
+        record = None
+    if record is None:
+        raise SnapshotError(404, f"snapshot {template_id!r} was not found")
+    if not is_user_snapshot(record, _held(rt)):
+        raise SnapshotError(400, f"{template_id!r} is not a snapshot of a sandbox: forkd deletes "
+                            f"templates with DELETE /v1/snapshots/{template_id} (see docs/E2B.md)")
+    await rt.delete_snapshot(template_id)
+    return Response(status_code=204)
 
 
 def _exists(runtime: Runtime, tag: str) -> bool:
@@ -158,4 +160,4 @@ def _int(value: str | None, name: str, low: int, high: int) -> int:
     return number
 
 
-__all__ = ["add_snapshot_routes", "info", "is_user_snapshot", "parse_request", "select"]
+__all__ = ["info", "is_user_snapshot", "parse_request", "router", "select"]

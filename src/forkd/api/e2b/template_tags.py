@@ -9,19 +9,18 @@ snapshot stands for E2B's build of a template, with a UUID of its own (``build_i
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from forkd.api.e2b import template_names
+from forkd.api.e2b.deps import RuntimeDep
 from forkd.api.e2b.template_names import MAX_TAGS
 from forkd.api.e2b.templates import TemplateError, json_body
 from forkd.errors import InvalidRequest, NotFound
 
 if TYPE_CHECKING:
-    from forkd.controller.runtime import Runtime
     from forkd.store.records import SnapshotRecord
 
 
@@ -36,59 +35,63 @@ def _tag_list(value: object) -> TypeGuard[list[str]]:
     return isinstance(value, list) and 0 < len(value) <= MAX_TAGS and all(isinstance(t, str) for t in value)
 
 
-def add_tag_routes(app: FastAPI, rt: Callable[[], Runtime]) -> None:
-    @app.post("/templates/tags", status_code=201)
-    async def assign_tags(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        target, tags = body.get("target"), body.get("tags")
-        if not isinstance(target, str) or not _tag_list(tags):
-            raise TemplateError(400, f"target (alias:tag) and tags (1 to {MAX_TAGS} strings) are required")
-        try:
-            record = rt().get_snapshot(rt().resolve_snapshot(template_names.snapshot_tag(target)))
-            alias = target.partition(":")[0]
-            names = [template_names.tag_name(alias, tag) for tag in tags]
-            for name, _ in names:
-                rt().name_snapshot(name, record.tag)
-        except NotFound:
-            raise TemplateError(404, f"template {target[:80]!r} was not found") from None
-        except InvalidRequest as exc:
-            raise TemplateError(400, str(exc)) from None
-        return {"tags": [tag for _, tag in names], "buildID": build_id_of(record)}
+router = APIRouter()
 
-    @app.delete("/templates/tags", status_code=204)
-    async def remove_tags(request: Request) -> Response:
-        body = await json_body(request)
-        name, tags = body.get("name"), body.get("tags")
-        if not isinstance(name, str) or not _tag_list(tags):
-            raise TemplateError(400, f"name (the template's alias) and tags (1 to {MAX_TAGS} strings) "
-                                "are required")
-        try:
-            names = [template_names.tag_name(name.partition(":")[0], tag)[0] for tag in tags]
-        except InvalidRequest as exc:
-            raise TemplateError(400, str(exc)) from None
-        for tag_name, tag in zip(names, tags, strict=True):
-            if rt().unname_snapshot(tag_name):
-                continue
-            if any(record.tag == tag_name for record in rt().list_snapshots()):
-                raise TemplateError(400, f"tag {tag[:80]!r} of {name[:80]!r} is a build's own name, which "
-                                    f"goes with it: delete the snapshot {tag_name!r} instead")
-            raise TemplateError(404, f"tag {tag[:80]!r} of {name[:80]!r} was not found")
-        return Response(status_code=204)
 
-    @app.get("/templates/{template_id}/tags")
-    async def get_tags(template_id: str) -> list[dict[str, Any]]:
-        alias = template_id.partition(":")[0]
-        out = []
-        for record in rt().list_snapshots():
-            if record.tag != alias and not record.tag.startswith(f"{alias}."):
-                continue
-            given = [(record.tag, record.created_at_unix), *rt().snapshot_names(record.tag)]
-            for name, when in given:
-                if name == alias or name.startswith(f"{alias}."):
-                    out.append({"tag": name[len(alias) + 1:] or template_names.DEFAULT_TAG,
-                                "buildID": build_id_of(record),
-                                "createdAt": datetime.fromtimestamp(when, UTC).isoformat()})
-        if not out:
-            raise TemplateError(404, f"template {template_id[:80]!r} was not found")
-        return out
+@router.post("/templates/tags", status_code=201)
+async def assign_tags(request: Request, rt: RuntimeDep) -> dict[str, Any]:
+    body = await json_body(request)
+    target, tags = body.get("target"), body.get("tags")
+    if not isinstance(target, str) or not _tag_list(tags):
+        raise TemplateError(400, f"target (alias:tag) and tags (1 to {MAX_TAGS} strings) are required")
+    try:
+        record = rt.get_snapshot(rt.resolve_snapshot(template_names.snapshot_tag(target)))
+        alias = target.partition(":")[0]
+        names = [template_names.tag_name(alias, tag) for tag in tags]
+        for name, _ in names:
+            rt.name_snapshot(name, record.tag)
+    except NotFound:
+        raise TemplateError(404, f"template {target[:80]!r} was not found") from None
+    except InvalidRequest as exc:
+        raise TemplateError(400, str(exc)) from None
+    return {"tags": [tag for _, tag in names], "buildID": build_id_of(record)}
+
+
+@router.delete("/templates/tags", status_code=204)
+async def remove_tags(request: Request, rt: RuntimeDep) -> Response:
+    body = await json_body(request)
+    name, tags = body.get("name"), body.get("tags")
+    if not isinstance(name, str) or not _tag_list(tags):
+        raise TemplateError(400, f"name (the template's alias) and tags (1 to {MAX_TAGS} strings) "
+                            "are required")
+    try:
+        names = [template_names.tag_name(name.partition(":")[0], tag)[0] for tag in tags]
+    except InvalidRequest as exc:
+        raise TemplateError(400, str(exc)) from None
+    for tag_name, tag in zip(names, tags, strict=True):
+        if rt.unname_snapshot(tag_name):
+            continue
+        if any(record.tag == tag_name for record in rt.list_snapshots()):
+            raise TemplateError(400, f"tag {tag[:80]!r} of {name[:80]!r} is a build's own name, which "
+                                f"goes with it: delete the snapshot {tag_name!r} instead")
+        raise TemplateError(404, f"tag {tag[:80]!r} of {name[:80]!r} was not found")
+    return Response(status_code=204)
+
+
+@router.get("/templates/{template_id}/tags")
+async def get_tags(template_id: str, rt: RuntimeDep) -> list[dict[str, Any]]:
+    alias = template_id.partition(":")[0]
+    out = []
+    for record in rt.list_snapshots():
+        if record.tag != alias and not record.tag.startswith(f"{alias}."):
+            continue
+        given = [(record.tag, record.created_at_unix), *rt.snapshot_names(record.tag)]
+        for name, when in given:
+            if name == alias or name.startswith(f"{alias}."):
+                out.append({"tag": name[len(alias) + 1:] or template_names.DEFAULT_TAG,
+                            "buildID": build_id_of(record),
+                            "createdAt": datetime.fromtimestamp(when, UTC).isoformat()})
+    if not out:
+        raise TemplateError(404, f"template {template_id[:80]!r} was not found")
+    return out
 

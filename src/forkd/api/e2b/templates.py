@@ -49,11 +49,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 from starlette.types import Scope
 
 from forkd import bounds
 from forkd.api.e2b import template_names
+from forkd.api.e2b.deps import RuntimeDep, TemplatesDep
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 
 if TYPE_CHECKING:
@@ -440,41 +441,46 @@ async def json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def add_template_routes(app: FastAPI, rt: Callable[[], Runtime], uploads: Path) -> E2BTemplates:
-    templates = E2BTemplates(rt, uploads)
+router = APIRouter()
 
-    @app.post("/v3/templates", status_code=202)
-    async def request_build(request: Request) -> dict[str, Any]:
-        return templates.request(await json_body(request))
 
-    @app.get("/templates/{template_id}/files/{files_hash}", status_code=201)
-    async def file_link(template_id: str, files_hash: str, request: Request) -> dict[str, Any]:
-        return templates.file_link(request, template_id, files_hash)
+@router.post("/v3/templates", status_code=202)
+async def request_build(request: Request, templates: TemplatesDep) -> dict[str, Any]:
+    return templates.request(await json_body(request))
 
-    @app.put("/templates/{template_id}/files/{files_hash}")
-    async def upload(template_id: str, files_hash: str, request: Request) -> Response:
-        await templates.upload(files_hash, request.stream())
-        return Response(status_code=200)
 
-    @app.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
-    async def start(template_id: str, build_id: str, request: Request) -> Response:
-        try:
-            await templates.start(template_id, build_id, await json_body(request))
-        except InvalidRequest as exc:
-            raise TemplateError(400, str(exc)) from None
-        return Response(status_code=202)
+@router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
+async def file_link(template_id: str, files_hash: str, request: Request,
+                    templates: TemplatesDep) -> dict[str, Any]:
+    return templates.file_link(request, template_id, files_hash)
 
-    @app.get("/templates/{template_id}/builds/{build_id}/status")
-    async def status(template_id: str, build_id: str, logsOffset: int = 0,  # E2B's parameter name
-                     limit: int = STATUS_PAGE) -> dict[str, Any]:
-        return templates.status(template_id, build_id, max(0, logsOffset), max(1, min(limit, STATUS_PAGE)))
 
-    @app.get("/templates/aliases/{alias}")
-    async def alias(alias: str) -> dict[str, Any]:
-        try:
-            record = rt().get_snapshot(rt().resolve_snapshot(template_names.snapshot_tag(alias)))
-        except (NotFound, InvalidRequest):
-            raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
-        return {"templateID": record.info()["tag"], "public": False}
+@router.put("/templates/{template_id}/files/{files_hash}")
+async def upload(template_id: str, files_hash: str, request: Request, templates: TemplatesDep) -> Response:
+    await templates.upload(files_hash, request.stream())
+    return Response(status_code=200)
 
-    return templates
+
+@router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
+async def start(template_id: str, build_id: str, request: Request, templates: TemplatesDep) -> Response:
+    try:
+        await templates.start(template_id, build_id, await json_body(request))
+    except InvalidRequest as exc:
+        raise TemplateError(400, str(exc)) from None
+    return Response(status_code=202)
+
+
+@router.get("/templates/{template_id}/builds/{build_id}/status")
+async def status(template_id: str, build_id: str, templates: TemplatesDep,
+                 logsOffset: int = 0,  # E2B's parameter name
+                 limit: int = STATUS_PAGE) -> dict[str, Any]:
+    return templates.status(template_id, build_id, max(0, logsOffset), max(1, min(limit, STATUS_PAGE)))
+
+
+@router.get("/templates/aliases/{alias}")
+async def alias(alias: str, rt: RuntimeDep) -> dict[str, Any]:
+    try:
+        record = rt.get_snapshot(rt.resolve_snapshot(template_names.snapshot_tag(alias)))
+    except (NotFound, InvalidRequest):
+        raise TemplateError(404, f"template {alias[:80]!r} was not found") from None
+    return {"templateID": record.info()["tag"], "public": False}
