@@ -349,6 +349,9 @@ def guest_websocket(count: int) -> Iterator[GuestServer]:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)  # what the guest's kernel holds
     listener.bind(("127.0.0.1", 0))
+    # Listening before the server's thread runs: a connection that comes first waits in the backlog
+    # (refused, the proxy would turn the client away with a 403).
+    listener.listen(16)
     guest = GuestServer(listener.getsockname()[1])
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
