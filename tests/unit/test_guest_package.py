@@ -22,7 +22,7 @@ import pytest
 
 import forkd.guest.agent
 from forkd.errors import InvalidRequest
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.image import builder, initramfs, rootfs
 
@@ -83,7 +83,7 @@ HELPER_MODULES = {rel[: -len(".py")].replace("/", ".") for rel in HELPERS}
 
 def _agent_modules() -> list[str]:
     """The modules the agent may import (not the helpers it runs as processes)."""
-    names = ["forkd.guest.protocol"]
+    names = ["forkd.guest.protocol", "forkd.guest.messages"]
     for rel in rootfs.agent_files():
         if rel.startswith("forkd/guest/agent/") and rel.endswith(".py") and rel not in HELPERS:
             names.append(rel[: -len(".py")].replace("/", ".").removesuffix(".__init__"))
@@ -230,8 +230,10 @@ def test_agent_files_are_the_whole_package_and_the_protocol() -> None:
     }
     files = rootfs.agent_files()
     assert on_disk <= set(files)
-    assert set(files) - on_disk == {"forkd/__init__.py", "forkd/guest/__init__.py", "forkd/guest/protocol.py"}
+    assert set(files) - on_disk == {"forkd/__init__.py", "forkd/guest/__init__.py", "forkd/guest/protocol.py",
+                                    "forkd/guest/messages.py"}
     assert files["forkd/guest/protocol.py"] == Path(protocol.__file__).read_bytes()
+    assert files["forkd/guest/messages.py"] == Path(messages.__file__).read_bytes()
     assert list(files) == sorted(files)
 
 

@@ -18,8 +18,9 @@ from forkd.errors import ImageError, InvalidRequest
 from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.host import prereqs
 
-# The agent package and its protocol module live under this directory in the guest,
-# as forkd/guest/agent/ and forkd/guest/protocol.py; init.sh runs AGENT_ENTRY by path.
+# The agent package and its protocol modules live under this directory in the guest, as
+# forkd/guest/agent/, forkd/guest/protocol.py and forkd/guest/messages.py; init.sh runs AGENT_ENTRY
+# by path.
 AGENT_GUEST_ROOT = "opt/forkd"
 AGENT_ENTRY = f"{AGENT_GUEST_ROOT}/forkd/guest/agent/__main__.py"
 # The guest's forkd and forkd.guest packages hold nothing but the agent and its
@@ -47,13 +48,15 @@ def _walk(folder: Traversable, prefix: str) -> dict[str, bytes]:
 def agent_files() -> dict[str, bytes]:
     """What the guest gets, by path under ``AGENT_GUEST_ROOT``, sorted by path.
 
-    Every file of the ``forkd.guest.agent`` package, ``forkd/guest/protocol.py``
-    and the two stub ``__init__.py`` files that make them importable.
+    Every file of the ``forkd.guest.agent`` package, ``forkd/guest/protocol.py`` and
+    ``forkd/guest/messages.py`` (the wire protocol and its schema), and the two stub
+    ``__init__.py`` files that make them importable.
     """
     guest = resources.files("forkd.guest")
     files = {
         "forkd/__init__.py": GUEST_PACKAGE_STUB,
         "forkd/guest/__init__.py": GUEST_PACKAGE_STUB,
+        "forkd/guest/messages.py": guest.joinpath("messages.py").read_bytes(),
         "forkd/guest/protocol.py": guest.joinpath("protocol.py").read_bytes(),
         **_walk(guest.joinpath("agent"), "forkd/guest/agent/"),
     }

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from qemu.qmp import EventListener
 
 from forkd.errors import BootTimeout, GuestError, VMError
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 from forkd.guest.client import AgentClient, require
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import VMConfig
@@ -142,7 +142,7 @@ class VM:
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
         kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
         launcher: Sequence[str] = (),
-    ) -> tuple[VM, protocol.PingReply]:
+    ) -> tuple[VM, messages.PingReply]:
         """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm.
 
         ``launcher``: an argv prefix that execs QEMU in the same process (its network namespace).
@@ -220,7 +220,7 @@ class VM:
         self.timings["guest_hook_s"] = sum(self.guest_steps_us.values()) / 1e6
 
     async def post_restore(self, timeout: float,
-                           inputs: RestoreInputs | None = None) -> protocol.RestoredReply:
+                           inputs: RestoreInputs | None = None) -> messages.RestoredReply:
         """Tell a freshly restored guest to reseed its RNGs, step its clock and take ``inputs``.
 
         The call is idempotent, so it is sent again if unanswered after
@@ -249,7 +249,7 @@ class VM:
             require(protocol.Capabilities.of(reply), *inputs.needs(), subject="the restored child")
             return reply
 
-    async def step_clock(self, timeout: float) -> protocol.RestoredReply:
+    async def step_clock(self, timeout: float) -> messages.RestoredReply:
         """Step the guest's clock to the host's, after a pause (nothing was cloned: no reseed).
 
         The guest sets the time it was sent: when its clock is still behind on the answer's

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from forkd.guest.agent import AGENT_VERSION
-from forkd.guest.protocol import RequestError, RestoredReply, RestoreInputs, capabilities_since
+from forkd.guest.messages import RestoredReply
+from forkd.guest.protocol import RequestError, RestoreInputs, capabilities_since
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 from forkd.guest.agent import AGENT_VERSION, kernel_specs
 from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CodeContexts
@@ -119,7 +119,7 @@ class Agent:
 
     # ------------------------------------------------------------- actions
 
-    def ping(self) -> protocol.PingReply:
+    def ping(self) -> messages.PingReply:
         numpy = sys.modules.get("numpy")
         return {
             "pong": True,
@@ -142,7 +142,7 @@ class Agent:
         spec, cap = parse_exec(req)
         return self.processes.exec(req.get("id"), spec, cap)
 
-    def restored(self, req: dict[str, Any]) -> protocol.RestoredReply:
+    def restored(self, req: dict[str, Any]) -> messages.RestoredReply:
         result = reseed_after_restore(req, self.namespace)
         # A live branch froze the filesystem while its state was captured;
         # children restored from that state must thaw their copy.
