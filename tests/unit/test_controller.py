@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from forkd.controller.branch import Brancher
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
@@ -142,7 +143,8 @@ def test_forkable_refuses_writing_and_failed(registry: Registry, tmp_path: Path)
 
 
 def test_table_lookups_and_death(registry: Registry, tmp_path: Path) -> None:
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", SandboxEvents())
     vm = FakeVM([])
     table.add(_sandbox(tmp_path), vm)  # type: ignore[arg-type]
     assert table.get(SB) is vm
@@ -168,7 +170,8 @@ def test_a_killed_sandbox_is_gone_to_every_lookup_before_its_qemu_ends(
 
     from forkd.controller.runtime import Runtime
 
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", SandboxEvents())
     seen: list[str] = []
 
     class EndingVM(FakeVM):
@@ -228,10 +231,12 @@ def test_kill_during_a_branch_waits_for_the_pause_window(
     snapshots = tmp_path / "snapshots"
     (snapshots / "py").mkdir(parents=True)
     registry.snapshots.insert(SnapshotRecord(tag="py", dir=str(snapshots / "py"), created_at_unix=1))
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    hooks = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", hooks)
     tags = TagReservations(lambda t: registry.snapshots.has(t))
     store = _store(registry, tmp_path, tags)
-    brancher = Brancher(registry.sandboxes, snapshots, table, store, tags)
+    brancher = Brancher(registry.sandboxes, snapshots, table, hooks, store, tags)
     table.add(_sandbox(tmp_path), vm)  # type: ignore[arg-type]
 
     async def main() -> None:

@@ -181,7 +181,7 @@ def test_a_filesystem_without_xattrs_refuses_the_upload_at_once(
 
 
 class _Sandboxes:
-    """A SandboxTable stand-in: records calls, answers as an agent of ``version`` would."""
+    """An AgentGateway stand-in: records calls, answers as an agent of ``version`` would."""
 
     def __init__(self, version: int) -> None:
         self.version = version

@@ -19,6 +19,7 @@ from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker, ForkOptions
 from forkd.controller.network import Networks
 from forkd.controller.options import SpawnOptions
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
@@ -127,13 +128,15 @@ class _NoSpawns:
 
 
 def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, SnapshotStore]:
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", events)
     tags = TagReservations(registry.snapshots.has)
     store = _store(registry, tmp_path, tags)
-    brancher = Brancher(registry.sandboxes, tmp_path / "snapshots", table, store, tags)
+    brancher = Brancher(registry.sandboxes, tmp_path / "snapshots", table, events, store, tags)
     spawner = _NoSpawns(Networks(tmp_path, registry.sandboxes))
-    forker = Forker(registry.sandboxes, registry.aliases, table, brancher, spawner, store, tags)  # type: ignore[arg-type]
-    table.on_removed(forker.after_removed)
+    forker = Forker(registry.sandboxes, registry.aliases, table, events, brancher, spawner, store,  # type: ignore[arg-type]
+                    tags)
     return forker, table, store
 
 

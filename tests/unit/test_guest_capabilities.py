@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.agent_gateway import AgentGateway
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict
 from forkd.guest import protocol
 from forkd.guest.agent import AGENT_VERSION
@@ -75,12 +76,22 @@ def test_require_is_one_clear_409() -> None:
                                   "with this version of forkd")
 
 
-def _table(path: Path) -> tuple[SandboxTable, list[AgentClient]]:
-    """The SandboxTable's agent-facing part over a real AgentClient (to a scripted peer)."""
+class _VM:
+    """A VM as the gateway's capability cache sees it: an identity (weakly referenced)."""
+
+
+class _Ids:
+    """The table as ``require_agent`` asks it: every id stands for itself."""
+
+    def resolve(self, sandbox_id: str) -> str:
+        return sandbox_id
+
+
+def _table(path: Path) -> tuple[AgentGateway, list[AgentClient]]:
+    """The AgentGateway over a real AgentClient (to a scripted peer)."""
     clients: list[AgentClient] = []
-    table = object.__new__(SandboxTable)
-    table._capabilities = {}
-    vm = object()
+    table = AgentGateway(_Ids(), SandboxEvents())  # type: ignore[arg-type]
+    vm = _VM()
 
     async def for_call(sandbox_id: str) -> object:
         return vm
@@ -90,7 +101,6 @@ def _table(path: Path) -> tuple[SandboxTable, list[AgentClient]]:
             clients.append(await AgentClient(path).connect())
         return await clients[0].call(action, timeout=timeout, **args)
 
-    table.resolve = lambda sandbox_id: sandbox_id  # type: ignore[method-assign]
     table.for_call = for_call  # type: ignore[method-assign,assignment]
     table.call = call  # type: ignore[method-assign]
     return table, clients
@@ -100,7 +110,7 @@ def _table(path: Path) -> tuple[SandboxTable, list[AgentClient]]:
     {"pong": True, "agent_version": "8"},  # before capabilities: mapped from the version
     {"pong": True, "agent_version": "13", "capabilities": ["user", "watch"]},  # listed: as listed
 ])
-def test_the_sandbox_table_refuses_a_missing_capability(tmp_path: Path, pong: dict[str, Any]) -> None:
+def test_the_agent_gateway_refuses_a_missing_capability(tmp_path: Path, pong: dict[str, Any]) -> None:
     sock = tmp_path / "agent.sock"
     table, clients = _table(sock)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.agent_gateway import AgentGateway
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.agent import users
 from forkd.guest.agent.reaper import Reaper
@@ -164,13 +165,24 @@ def test_add_user_keeps_an_existing_user_and_refuses_a_taken_uid(tmp_path: Path)
         rootfs.add_user(tmp_path)
 
 
+class _VM:
+    """A VM as the gateway's capability cache sees it: an identity (weakly referenced)."""
+
+
+class _Ids:
+    """The table as ``require_agent`` asks it: every id stands for itself."""
+
+    def resolve(self, sandbox_id: str) -> str:
+        return sandbox_id
+
+
 def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
     """A snapshot from an older forkd has an agent that ignores ``user`` (it would run as root):
     the host asks its version once per VM and refuses with a 409 that says what to do."""
     pings: list[str] = []
-    vm, version = object(), {"v": "6"}
-    table = object.__new__(SandboxTable)
-    table._capabilities = {}  # the one attribute require_agent keeps
+    version = {"v": "6"}
+    vm = _VM()
+    table = AgentGateway(_Ids(), SandboxEvents())  # type: ignore[arg-type]
 
     async def for_call(sandbox_id: str) -> object:
         return vm
@@ -179,7 +191,6 @@ def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
         pings.append(action)
         return {"pong": True, "agent_version": version["v"]}
 
-    table.resolve = lambda sandbox_id: sandbox_id  # type: ignore[method-assign]
     table.for_call = for_call  # type: ignore[method-assign,assignment]
     table.call = call  # type: ignore[method-assign]
     with pytest.raises(Conflict, match="version 6, which predates acting as a user: create its snapshot"):
@@ -188,6 +199,6 @@ def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
     with pytest.raises(Conflict):  # known for this VM: not asked again
         asyncio.run(table.require_agent("sb-1", CAP_USER))
     assert pings == [PING]
-    vm = object()  # a new VM under the id (a resume): asked again
+    vm = _VM()  # a new VM under the id (a resume): asked again
     asyncio.run(table.require_agent("sb-1", CAP_USER))
     assert pings == [PING, PING]

@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 from forkd import bounds
 from forkd.api.app import create_app
 from forkd.cli.main import app as cli_app
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.idle import IdlePauser
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel, VMConfig
@@ -92,6 +94,8 @@ class Harness:
     pauser: IdlePauser
     clock: Clock
     vms: dict[str, StubVM]
+    events: SandboxEvents
+    agents: AgentGateway
 
     def add(self, sb_id: str) -> StubVM:
         run_dir = Path(f"/nonexistent/sandboxes/{sb_id}")
@@ -105,12 +109,12 @@ class Harness:
 @pytest.fixture
 def h(tmp_path: Path) -> Iterator[Harness]:
     registry = Registry(tmp_path / "registry.db")
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", events)
     clock = Clock()
-    pauser = IdlePauser(registry.sandboxes, table, clock=clock)
-    table.watch_activity(pauser)
-    table.on_removed(pauser.after_removed)
-    yield Harness(registry, table, pauser, clock, {})
+    pauser = IdlePauser(registry.sandboxes, table, events, clock=clock)  # it watches the activity
+    yield Harness(registry, table, pauser, clock, {}, events, AgentGateway(table, events))
     registry.close()
 
 
@@ -131,7 +135,7 @@ def test_an_idle_sandbox_is_paused_and_its_next_request_resumes_it_first(h: Harn
         assert h.pauser.paused("sb-000000-0000") and vm.log == ["query-migrate", "stop"]
         assert h.pauser.counts() == {"tracked": 1, "paused": 1, "pauses": 1, "resumes": 0}
         vm.log.clear()
-        await h.table.call("sb-000000-0000", "ping", 5)
+        await h.agents.call("sb-000000-0000", "ping", 5)
         # Resumed, clock stepped, and only then the request itself.
         assert vm.log == ["cont", "agent:clock", "agent:ping"]
         assert not h.pauser.paused("sb-000000-0000")
@@ -148,7 +152,7 @@ def test_no_pause_while_a_request_is_in_flight(h: Harness) -> None:
         vm = h.add("sb-000000-0000")
         h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         vm.gate = asyncio.Event()
-        call = asyncio.create_task(h.table.call("sb-000000-0000", "exec", 60))
+        call = asyncio.create_task(h.agents.call("sb-000000-0000", "exec", 60))
         await asyncio.sleep(0.01)
         h.clock.now += 60  # a long exec
         assert await h.pauser.pause_due() == [] and "stop" not in vm.log
@@ -184,7 +188,7 @@ def test_a_branch_wakes_its_paused_source_under_the_lock(h: Harness) -> None:
         await h.pauser.pause_due()
         vm.log.clear()
         async with h.table.lock("sb-000000-0000"):
-            await h.table.wake_locked("sb-000000-0000")
+            await h.events.wake_locked("sb-000000-0000")
         assert vm.log == ["cont", "agent:clock"] and not h.pauser.paused("sb-000000-0000")
 
     run(main())
@@ -195,7 +199,8 @@ def test_a_restart_takes_back_policies_and_paused_sandboxes(h: Harness) -> None:
         paused, running = h.add("sb-000000-0000"), h.add("sb-000000-0001")
         h.pauser.apply([h.registry.sandboxes.get(i) for i in ("sb-000000-0000", "sb-000000-0001")], 5)
         paused.qmp.status_ = "paused"
-        again = IdlePauser(h.registry.sandboxes, h.table, clock=h.clock)  # a new daemon, same VMs
+        # A new daemon (its own events), same VMs.
+        again = IdlePauser(h.registry.sandboxes, h.table, SandboxEvents(), clock=h.clock)
         await again.start()
         try:
             assert again.paused("sb-000000-0000") and not again.paused("sb-000000-0001")

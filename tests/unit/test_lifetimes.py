@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
-from forkd.controller.lifetimes import HIBERNATE_RETRY_SECS, MAX_SLEEP_SECS, DeadlineKeeper
+from forkd.controller.lifetimes import HIBERNATE_RETRY_SECS, MAX_SLEEP_SECS, DeadlineKeeper, Hibernate
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, InvalidRequest, NotFound, NotHibernatable
 from forkd.store.registry import Registry
@@ -58,11 +59,13 @@ class Clock:
 Setup = tuple[Registry, SandboxTable, DeadlineKeeper, dict[str, StubVM]]
 
 
-def setup(tmp_path: Path, clock: Callable[[], float] | None = None) -> Setup:
+def setup(tmp_path: Path, clock: Callable[[], float] | None = None,
+          hibernate: Hibernate | None = None) -> Setup:
     registry = Registry(tmp_path / "registry.db")
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
-    reaper = DeadlineKeeper(registry.sandboxes, table, clock or Clock())
-    table.on_removed(reaper.after_removed)
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", events)
+    reaper = DeadlineKeeper(registry.sandboxes, table, events, clock or Clock(), hibernate=hibernate)
     vms: dict[str, StubVM] = {}
     for i in range(3):
         sb_id = f"sb-aaaaaa-000{i}"
@@ -153,8 +156,7 @@ def test_start_kills_the_expired_at_once_and_schedules_the_rest(tmp_path: Path) 
         registry.sandboxes.save(pooled)
         # "Restart": a new reaper reads the rows, later on the clock.
         clock.now += 10
-        fresh = DeadlineKeeper(registry.sandboxes, table, clock)
-        table.on_removed(fresh.after_removed)
+        fresh = DeadlineKeeper(registry.sandboxes, table, table._events, clock)  # told of kills too
         await fresh.start()
         try:
             assert vms["sb-aaaaaa-0000"].destroyed and not registry.sandboxes.has("sb-aaaaaa-0000")
@@ -220,7 +222,6 @@ def test_api_refuses_bad_timeouts(client: tuple[TestClient, FakeRuntime], body: 
 def test_a_deadline_with_hibernate_on_timeout_hibernates_retries_when_busy_and_ends(tmp_path: Path) -> None:
     async def main() -> None:
         clock = Clock()
-        registry, table, reaper, vms = setup(tmp_path, clock)
         asked: list[str] = []
         busy = [True]
 
@@ -230,7 +231,7 @@ def test_a_deadline_with_hibernate_on_timeout_hibernates_retries_when_busy_and_e
             if busy[0]:
                 raise Conflict("requests under way")
 
-        reaper.hibernate_with(hibernate)
+        registry, table, reaper, vms = setup(tmp_path, clock, hibernate)
         reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5, hibernate=True)
         reaper.apply([registry.sandboxes.get("sb-aaaaaa-0001")], 5)  # killed as ever
         assert registry.sandboxes.get("sb-aaaaaa-0000").hibernate_on_timeout  # kept for a restart
@@ -267,8 +268,7 @@ def test_a_disk_only_timeout_hibernation_is_asked_for_and_survives_a_restart(tmp
         assert registry.sandboxes.get("sb-aaaaaa-0001").hibernate_on_timeout_memory
         # The next daemon: a new keeper over the same registry, whose start adopts the deadlines.
         await reaper.stop()
-        again = DeadlineKeeper(registry.sandboxes, table, clock)
-        again.hibernate_with(hibernate)
+        again = DeadlineKeeper(registry.sandboxes, table, SandboxEvents(), clock, hibernate=hibernate)
         clock.now += 5
         await again.start()
         await again.stop()
@@ -280,12 +280,11 @@ def test_a_disk_only_timeout_hibernation_is_asked_for_and_survives_a_restart(tmp
 def test_an_expired_sandbox_that_cannot_be_hibernated_is_killed(tmp_path: Path) -> None:
     async def main() -> None:
         clock = Clock()
-        registry, _, reaper, vms = setup(tmp_path, clock)
 
         async def hibernate(sb_id: str, *, memory: bool = True) -> None:
             raise NotHibernatable("a per_child_netns sandbox cannot be hibernated")
 
-        reaper.hibernate_with(hibernate)
+        registry, _, reaper, vms = setup(tmp_path, clock, hibernate)
         reaper.apply([registry.sandboxes.get("sb-aaaaaa-0000")], 5, hibernate=True)
         clock.now += 5
         await reaper._reap_due()

@@ -21,6 +21,7 @@ from forkd.api.settings import ConfigError, Settings, parse_pools
 from forkd.cli.main import app as cli_app
 from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import InvalidRequest, NotFound
@@ -123,6 +124,10 @@ class StubSpawner:
         self.vms: dict[str, StubVM] = {}
         self.restored: list[PoolKey] = []
         self.fail_with: Exception | None = None
+        self.pool: object = None
+
+    def draw_from(self, pool: object) -> None:  # the keeper says so at its construction
+        self.pool = pool
 
     async def wait_idle(self) -> None:
         pass
@@ -177,10 +182,13 @@ def fast_refill(monkeypatch: pytest.MonkeyPatch) -> None:
 def harness(tmp_path: Path, registry: Registry | None = None) -> Harness:
     registry = registry or Registry(tmp_path / "registry.db")
     (tmp_path / "sandboxes").mkdir(exist_ok=True)
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", events)
     spawner = StubSpawner(table)
-    keeper = PoolKeeper(registry.pools, registry.sandboxes, table, spawner, StubStore("py", "other"))  # type: ignore[arg-type]
-    table.on_removed(keeper.after_removed)
+    keeper = PoolKeeper(registry.pools, registry.sandboxes, table, events, spawner,  # type: ignore[arg-type]
+                        StubStore("py", "other"))
+    assert spawner.pool is keeper  # spawns claim from it
     return Harness(registry, table, spawner, keeper)
 
 

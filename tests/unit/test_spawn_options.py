@@ -14,6 +14,7 @@ from forkd.api.schemas import ForkRequest, SpawnRequest
 from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel
@@ -91,8 +92,9 @@ def test_bounds_are_checked_by_the_options_themselves() -> None:
 
 def test_the_daemon_default_quota_and_zero_for_none(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "forkd.db")
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path)
-    quotas = DiskQuotas(registry.sandboxes, table)
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path, events)
+    quotas = DiskQuotas(registry.sandboxes, table, events)
     assert quotas.quota_for(None) == bounds.DEFAULT_DISK_QUOTA_MIB
     assert quotas.quota_for(64) == 64 and quotas.quota_for(0) is None
     quotas.default_mib = 0

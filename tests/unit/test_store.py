@@ -169,11 +169,13 @@ def test_the_prefixes_of_an_older_registrys_ids_count_as_issued(tmp_path: Path) 
 
 def test_the_sandbox_table_draws_again_on_a_used_prefix(registry: Registry, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkd.controller.sandbox_events import SandboxEvents
     from forkd.controller.sandboxes import SandboxTable
 
     draws = iter(["sb-111111", "sb-111111", "sb-222222"])
     monkeypatch.setattr(layout, "new_batch_prefix", lambda host_id=None: next(draws))
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", SandboxEvents())
     assert table.new_batch_prefix() == "sb-111111"
     assert table.new_batch_prefix() == "sb-222222"  # the second draw was a repeat
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from forkd.controller.idle import IdlePauser
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec
 from forkd.controller.suspend import Suspender, view
@@ -67,13 +68,15 @@ class StubSpawner:
 def parts(tmp_path: Path) -> Iterator[tuple[Registry, SandboxTable, Suspender, StubBrancher, StubSpawner]]:
     registry = Registry(tmp_path / "forkd.db")
     registry.snapshots.insert(SnapshotRecord(tag="py", dir="/d/py", created_at_unix=1))
-    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes, tmp_path / "sandboxes")
+    events = SandboxEvents()
+    table = SandboxTable(registry.sandboxes, registry.aliases, registry.prefixes,
+                         tmp_path / "sandboxes", events)
     store = _store(registry, tmp_path, TagReservations(registry.snapshots.has))
     brancher, spawner = StubBrancher(registry), StubSpawner(table, tmp_path)
     record = _sandbox(tmp_path, SB)
     record.metadata = {"team": "a"}
     table.add(record, FakeVM([]))  # type: ignore[arg-type]
-    idle = IdlePauser(registry.sandboxes, table)
+    idle = IdlePauser(registry.sandboxes, table, events)
     suspender = Suspender(registry.paused, registry.sandboxes, table, brancher, spawner, store,  # type: ignore[arg-type]
                           idle)
     yield registry, table, suspender, brancher, spawner

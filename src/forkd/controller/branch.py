@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
@@ -81,7 +82,10 @@ class _Source:
 
 class Brancher:
     def __init__(self, sandboxes: DiskChainRows, snapshots_dir: Path, table: SandboxTable,
-                 store: SnapshotStore, tags: TagReservations) -> None:
+                 events: SandboxEvents, store: SnapshotStore, tags: TagReservations, *,
+                 after_disk_cut: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """``after_disk_cut``: awaited with the source's id once a branch has moved it onto a new
+        overlay (the caller holds the source's lock; the disk quota arms the new overlay)."""
         self._sandboxes = sandboxes  # read, plus the disk chain and branch sequence columns
         self._snapshots = snapshots_dir
         self._table = table
@@ -89,13 +93,9 @@ class Brancher:
         self._tags = tags
         self._background: dict[str, asyncio.Task[SnapshotRecord]] = {}  # tag -> its finish
         self._background_source: dict[str, str] = {}  # tag -> the sandbox it copies from
-        self._disk_cut_hooks: list[Callable[[str], Awaitable[None]]] = []
-        table.before_kill(self._let_branches_finish)
-
-    def on_disk_cut(self, hook: Callable[[str], Awaitable[None]]) -> None:
-        """Await ``hook(sandbox_id)`` once a branch has moved the source onto a new overlay
-        (the caller holds the source's lock; the disk quota arms the new overlay)."""
-        self._disk_cut_hooks.append(hook)
+        self._events = events
+        self._after_disk_cut = after_disk_cut
+        events.before_kill(self._let_branches_finish)
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -164,7 +164,7 @@ class Brancher:
             async with self._table.lock(sandbox_id):
                 # Re-read under the lock: a previous branch moved its disk, a kill removed it.
                 src = self._source(sandbox_id)
-                await self._table.wake_locked(sandbox_id)  # one paused for being idle runs again
+                await self._events.wake_locked(sandbox_id)  # one paused for being idle runs again
                 staging = layout.staging_dir(self._snapshots, tag)
                 written = await self._written_ram(src) if measure_diff else None
                 cap, layers = await self._capture(src, seq, mode, staging, tag, standalone=checkpoint)
@@ -234,9 +234,9 @@ class Brancher:
                 pending_layers=[str(p) for p in layers]))
         finally:
             marker.unlink(missing_ok=True)
-        for hook in self._disk_cut_hooks:
+        if self._after_disk_cut is not None:
             try:
-                await hook(src.id)
+                await self._after_disk_cut(src.id)
             except (ForkdError, OSError) as exc:  # the branch itself is good
                 log.warning("after the disk cut of %s: %s", src.id, exc)
         try:

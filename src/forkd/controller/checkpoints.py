@@ -24,6 +24,7 @@ from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker
 from forkd.controller.results import CheckpointReport
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import Conflict, ForkdError, InvalidRequest
@@ -36,8 +37,8 @@ MODES = ("diff", "live")
 
 
 class Checkpointer:
-    def __init__(self, sandboxes: CheckpointPolicyRows, table: SandboxTable, brancher: Brancher,
-                 store: SnapshotStore, forker: Forker) -> None:
+    def __init__(self, sandboxes: CheckpointPolicyRows, table: SandboxTable, events: SandboxEvents,
+                 brancher: Brancher, store: SnapshotStore, forker: Forker) -> None:
         self._sandboxes = sandboxes  # read, plus the checkpoint policy column and branch sequence
         self._table = table
         self._brancher = brancher
@@ -48,6 +49,8 @@ class Checkpointer:
         self._errors: dict[str, str] = {}  # sandbox id -> why its last checkpoint failed
         self._prune_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        events.after_turn(self.after_call)
+        events.on_removed(self.after_removed)
 
     # ------------------------------------------------------------------ policy
 
@@ -159,7 +162,7 @@ class Checkpointer:
         self._store.remove(tag)
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: forget the call count of a sandbox that is gone."""
+        """``SandboxEvents.removed`` hook: forget the call count of a sandbox that is gone."""
         self._calls.pop(record.id, None)
         self._errors.pop(record.id, None)
         self._prune_locks.pop(record.id, None)

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from forkd import bounds
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.kernel_cells import KernelCells
-from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
 
@@ -57,12 +58,13 @@ def _cell(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class CodeRunner:
-    def __init__(self, sandboxes: SandboxTable, kernels: KernelCells) -> None:
-        self._sandboxes = sandboxes
+    def __init__(self, agents: AgentGateway, kernels: KernelCells, events: SandboxEvents) -> None:
+        self._agents = agents
+        self._events = events  # told of every cell run (a turn of work)
         self._kernels = kernels  # a context's kernel, if it started one, goes with the context
 
     async def _call(self, sandbox_id: str, timeout: float, **args: object) -> dict[str, Any]:
-        return await self._sandboxes.call(sandbox_id, protocol.CONTEXT, timeout, **args)
+        return await self._agents.call(sandbox_id, protocol.CONTEXT, timeout, **args)
 
     async def run(self, sandbox_id: str, code: str, *, context: str | None = None,
                   timeout_secs: float = bounds.EVAL_TIMEOUT_SECS,
@@ -79,7 +81,7 @@ class CodeRunner:
         if context is not None:
             args["context"] = context
         cell = _cell(await self._call(sandbox_id, timeout_secs + protocol.REPLY_GRACE_SECS, **args))
-        await self._sandboxes.turn_done(sandbox_id)
+        await self._events.turn_done(sandbox_id)
         return cell
 
     async def create(self, sandbox_id: str, *, language: str | None = None,
@@ -92,7 +94,7 @@ class CodeRunner:
             except protocol.RequestError as exc:
                 raise InvalidRequest(str(exc)) from None
             if language != "python":  # an older agent refuses it, but says only python is served
-                await self._sandboxes.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
+                await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
         if cwd is not None:
             args["cwd"] = cwd
         return _context(await self._call(sandbox_id, 30, **args))

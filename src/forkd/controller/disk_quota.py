@@ -29,6 +29,7 @@ from typing import Any
 
 from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.background import cancel_and_wait
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import ForkdError, VMError
 from forkd.store.records import SandboxRecord
@@ -47,9 +48,10 @@ def stop_reason(record: SandboxRecord, used: int | None) -> str:
 
 
 class DiskQuotas:
-    def __init__(self, sandboxes: SandboxReader, table: SandboxTable) -> None:
+    def __init__(self, sandboxes: SandboxReader, table: SandboxTable, events: SandboxEvents) -> None:
         self._sandboxes = sandboxes
         self._table = table
+        events.on_removed(self.after_removed)
         self.default_mib = DEFAULT_DISK_QUOTA_MIB
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._armed: dict[str, str] = {}  # sandbox id -> the file node its threshold is on
@@ -74,7 +76,7 @@ class DiskQuotas:
             await self._forget(sandbox_id)
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: its watcher goes with it."""
+        """``SandboxEvents.removed`` hook: its watcher goes with it."""
         await self._forget(record.id)
 
     async def _forget(self, sandbox_id: str) -> None:

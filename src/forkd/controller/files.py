@@ -19,8 +19,8 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, cast
 
 from forkd import bounds
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.results import DirListing, FileEntry, MkdirResult
-from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, GuestError, InvalidRequest, TooLarge
 from forkd.guest import protocol
 
@@ -103,17 +103,17 @@ async def rechunk(chunks: AsyncIterable[bytes], size: int) -> AsyncIterator[byte
 
 
 class SandboxFiles:
-    def __init__(self, sandboxes: SandboxTable) -> None:
-        self._sandboxes = sandboxes
+    def __init__(self, agents: AgentGateway) -> None:
+        self._agents = agents
         self._aborts: set[asyncio.Task[None]] = set()
 
     async def _call(self, sandbox_id: str, action: str, *, user: str | None = None,
                     **args: object) -> dict[str, Any]:
         """One agent call; ``user``: the guest user it acts as (None: root, the agent itself)."""
         if bounds.check_guest_user(user) is not None:
-            await self._sandboxes.require_user_support(sandbox_id, user)
+            await self._agents.require_user_support(sandbox_id, user)
             args["user"] = user
-        return await self._sandboxes.call(sandbox_id, action, PIECE_TIMEOUT_SECS, **args)
+        return await self._agents.call(sandbox_id, action, PIECE_TIMEOUT_SECS, **args)
 
     # --------------------------------------------------------------- metadata
 
@@ -158,7 +158,7 @@ class SandboxFiles:
         extra: dict[str, object] = {"mode": mode} if mode is not None else {}
         if metadata := check_metadata(metadata):
             # An older agent would drop it and answer as if it were stored.
-            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_METADATA)
+            await self._agents.require_agent(sandbox_id, protocol.CAP_METADATA)
             extra["metadata"] = metadata
         opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user, **extra)
         handle = opened.get("handle")

@@ -34,6 +34,7 @@ from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.options import ForkOptions
 from forkd.controller.results import Deletion, PromoteResult
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner, child_specs
@@ -78,8 +79,9 @@ class ForkReport:
 
 
 class Forker:
-    def __init__(self, sandboxes: SandboxReader, aliases: AliasRows, table: SandboxTable, brancher: Brancher,
-                 spawner: Spawner, store: SnapshotStore, tags: TagReservations) -> None:
+    def __init__(self, sandboxes: SandboxReader, aliases: AliasRows, table: SandboxTable,
+                 events: SandboxEvents, brancher: Brancher, spawner: Spawner, store: SnapshotStore,
+                 tags: TagReservations) -> None:
         self._sandboxes = sandboxes
         self._aliases = aliases  # the sandbox_aliases table: only promote writes it
         self._table = table
@@ -87,6 +89,7 @@ class Forker:
         self._spawner = spawner
         self._store = store
         self._tags = tags
+        events.on_removed(self.after_removed)
 
     async def fork(self, sandbox_id: str, count: int, options: ForkOptions | None = None, *,
                    tree: bool = False) -> ForkReport:
@@ -218,7 +221,7 @@ class Forker:
         return dropped
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: a child is gone, so its fork snapshot may be too.
+        """``SandboxEvents.removed`` hook: a child is gone, so its fork snapshot may be too.
 
         Only a child of an ``auto_delete`` snapshot can free one (collect walks every
         snapshot), so killing the children of ordinary snapshots costs no scan.

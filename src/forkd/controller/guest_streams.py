@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from forkd.controller.sandboxes import SandboxTable
-from forkd.errors import Busy, ForkdError, GuestError, SandboxGone
+from forkd.controller.agent_gateway import AgentGateway
+from forkd.errors import Busy, ForkdError, GuestError
 from forkd.guest.client import AgentStream
 
 E = TypeVar("E")
@@ -23,8 +23,8 @@ E = TypeVar("E")
 class StreamSlots:
     """How many streams each sandbox has open, bounded by ``limit``."""
 
-    def __init__(self, sandboxes: SandboxTable, limit: int, what: str, when_full: str) -> None:
-        self._sandboxes = sandboxes
+    def __init__(self, agents: AgentGateway, limit: int, what: str, when_full: str) -> None:
+        self._agents = agents
         self._limit = limit
         self._what = what  # "process streams", for the 429's message
         self._when_full = when_full  # what the caller can do about it
@@ -50,10 +50,7 @@ class StreamSlots:
 
     def explain(self, sandbox_id: str, exc: GuestError) -> GuestError:
         """``exc``, or the sandbox's kill or death if that is what broke the stream."""
-        vm = self._sandboxes.vm(sandbox_id)
-        if vm is None:
-            return SandboxGone(f"sandbox {sandbox_id!r} was killed")
-        return self._sandboxes.explain(sandbox_id, vm, exc)
+        return self._agents.explain(sandbox_id, exc)
 
 
 class GuestEvents(Generic[E]):

@@ -4,7 +4,7 @@
 controller/idle.py) and E2B's ``autoPause`` (a deadline that hibernates instead
 of killing, controller/lifetimes.py) all end in ``Hibernator.hibernate``:
 
-* under the sandbox's lock, with no request under way (``SandboxTable.busy``):
+* under the sandbox's lock, with no request under way (``AgentGateway.busy``):
   stop the VM, write its device state and the guest pages it changed since its
   restore (a diff against its snapshot's memory, compressed: vmm/hibernation.py,
   host/memdiff.py) into ``<run dir>/hibernation.tmp``, rename it ``hibernation``;
@@ -27,7 +27,7 @@ new. Whether its template can still be booted (its image there, not rebuilt)
 is checked before the VM is stopped: 409, and it runs on.
 
 Any request to it
-(``SandboxTable.for_call``: exec, eval, files, processes, code, E2B's envd
+(``AgentGateway.for_call``: exec, eval, files, processes, code, E2B's envd
 traffic and ``connect``) wakes it first: one wake per sandbox at a time, which
 every concurrent request awaits (``wake``). A wake makes the cgroup and
 network again, starts a QEMU from the same snapshot, writes the saved pages
@@ -62,8 +62,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.idle import IdlePauser
 from forkd.controller.network import Networks
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable, remove_cgroup
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.templates import ColdBoot
@@ -102,9 +104,10 @@ def saved_bytes(record: SandboxRecord) -> int:
 
 
 class Hibernator:
-    def __init__(self, table: SandboxTable, store: SnapshotStore, networks: Networks, idle: IdlePauser,
-                 disks: DiskWatch, boots: ColdBoots) -> None:
+    def __init__(self, table: SandboxTable, agents: AgentGateway, events: SandboxEvents, store: SnapshotStore,
+                 networks: Networks, idle: IdlePauser, disks: DiskWatch, boots: ColdBoots) -> None:
         self._table = table
+        self._agents = agents  # only to ask whether a request is under way (``busy``)
         self._boots = boots
         self._store = store
         self._networks = networks
@@ -119,6 +122,9 @@ class Hibernator:
         self.wake_failures = 0
         self.wake_ms: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self.pause_ms: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        events.wake_with(self)  # every request to a hibernated sandbox wakes it first
+        events.on_removed(self.after_removed)
+        idle.hibernate_with(self.hibernate_idle)  # a cycle: this needs the pauser, so it comes later
 
     # ----------------------------------------------------------------- life
 
@@ -154,7 +160,7 @@ class Hibernator:
                 "wake_failures": self.wake_failures, "hibernated_bytes": sum(self._asleep.values())}
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """``SandboxTable.on_removed`` hook: a killed hibernated sandbox took its files along."""
+        """``SandboxEvents.removed`` hook: a killed hibernated sandbox took its files along."""
         self._asleep.pop(record.id, None)
 
     # ------------------------------------------------------------- hibernate
@@ -187,7 +193,7 @@ class Hibernator:
         self.check_supported(record)
         async with self._table.lock(sandbox_id):
             vm = self._table.get(sandbox_id)  # 404, or 502 for one whose QEMU died
-            if self._table.busy(sandbox_id) or await vm.migrating():
+            if self._agents.busy(sandbox_id) or await vm.migrating():
                 raise Conflict(f"sandbox {sandbox_id!r} has requests or a live branch under way; "
                                "hibernate it once they end")
             record = self._table.records.get(sandbox_id)

@@ -9,10 +9,10 @@ while the vCPUs were stopped; nothing was cloned, so nothing is reseeded).
 
 ``IdlePauser`` owns, for every sandbox with a policy: its idle limit (kept in
 the sandbox's registry row, so a restart keeps it), when it was last used, the
-requests in flight and whether it is paused. It hooks into the
-``SandboxTable`` in one place (``SandboxTable.watch_activity``): every agent
-call runs inside ``during``, and the table's ``wake_locked`` (called by the
-Brancher under the sandbox's lock before a capture) resumes a paused source.
+requests in flight and whether it is paused. It watches activity in one place
+(``SandboxEvents.watch_activity``, at its construction): every agent call runs
+inside ``during``, and the events' ``wake_locked`` (called by the Brancher
+under the sandbox's lock before a capture) resumes a paused source.
 
 One background task sleeps until the next sandbox is due and pauses it under
 the sandbox's lock, so a pause never overlaps a branch's pause window or a
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import ForkdError
 from forkd.store.records import SandboxRecord
@@ -71,7 +72,7 @@ class _Idle:
 
 
 class IdlePauser:
-    def __init__(self, sandboxes: IdlePauseRows, table: SandboxTable,
+    def __init__(self, sandboxes: IdlePauseRows, table: SandboxTable, events: SandboxEvents,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._sandboxes = sandboxes
         self._table = table
@@ -83,9 +84,12 @@ class IdlePauser:
         self.resumes = 0
         # Who hibernates a sandbox idle for its ``idle_hibernate_secs`` (controller/hibernation.py).
         self._hibernate: Callable[[str], Awaitable[object]] | None = None
+        events.watch_activity(self)
+        events.on_removed(self.after_removed)
 
     def hibernate_with(self, hibernate: Callable[[str], Awaitable[object]]) -> None:
-        """From now on sandboxes idle for their ``idle_hibernate_secs`` go to ``hibernate(id)``."""
+        """From now on sandboxes idle for their ``idle_hibernate_secs`` go to ``hibernate(id)``
+        (the Hibernator says so at its construction: it needs this pauser, so it comes later)."""
         self._hibernate = hibernate
 
     # ----------------------------------------------------------------- life
@@ -151,10 +155,10 @@ class IdlePauser:
                 "pauses": self.pauses, "resumes": self.resumes}
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """``SandboxTable.on_removed`` hook."""
+        """``SandboxEvents.removed`` hook."""
         self._idle.pop(record.id, None)
 
-    # ---------------------------------------------------- the table's hooks
+    # ------------------------------------------------- the activity watcher
 
     @contextlib.asynccontextmanager
     async def during(self, sandbox_id: str) -> AsyncIterator[None]:

@@ -23,8 +23,9 @@ import time
 from typing import Any
 
 from forkd import bounds
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.guest_streams import GuestEvents, StreamSlots
-from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.client import AgentStream
@@ -133,14 +134,15 @@ class CellEvents(GuestEvents[dict[str, Any]]):
 
 
 class KernelCells:
-    def __init__(self, sandboxes: SandboxTable) -> None:
-        self._sandboxes = sandboxes
-        self._slots = StreamSlots(sandboxes, MAX_STREAMS_PER_SANDBOX, "cells running", "wait for one to end")
+    def __init__(self, agents: AgentGateway, events: SandboxEvents) -> None:
+        self._agents = agents
+        self._events = events  # told of every cell started (a turn of work)
+        self._slots = StreamSlots(agents, MAX_STREAMS_PER_SANDBOX, "cells running", "wait for one to end")
 
     async def available(self, sandbox_id: str) -> bool:
         """Whether the sandbox's image has a Jupyter kernel (an older agent: no)."""
         try:
-            result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="available")
+            result = await self._agents.call(sandbox_id, protocol.KERNEL, 30, op="available")
         except GuestError as exc:
             if _older_agent(exc):
                 return False
@@ -162,34 +164,34 @@ class KernelCells:
             language = None if language is None else protocol.kernel_language(language)
         except protocol.RequestError as exc:
             raise InvalidRequest(str(exc)) from None
-        sandbox_id = self._sandboxes.resolve(sandbox_id)
+        sandbox_id = self._agents.resolve(sandbox_id)
         if not await self.available(sandbox_id):
             raise Conflict(f"sandbox {sandbox_id!r} has no Jupyter kernel: start it from a snapshot of "
                            "the code-interpreter image (forkd image build --name code-interpreter)")
         args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
         if language is not None:
             if language != "python":
-                await self._sandboxes.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
+                await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
             args["language"] = language
         if context is not None:
             args["context"] = context
         if cwd is not None:
             args["cwd"] = cwd
-        stream = await self._slots.open(sandbox_id, lambda: self._sandboxes.open_stream(
+        stream = await self._slots.open(sandbox_id, lambda: self._agents.open_stream(
             sandbox_id, protocol.KERNEL, args, line_cost=True))
         events = CellEvents(self._slots, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
-        await self._sandboxes.turn_done(sandbox_id)
+        await self._events.turn_done(sandbox_id)
         return events
 
     async def interrupt(self, sandbox_id: str, context: str | None = None) -> bool:
-        result = await self._sandboxes.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",
-                                            context=context or "default")
+        result = await self._agents.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",
+                                         context=context or "default")
         return result.get("interrupted") is True
 
     async def remove(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
         """Shut the context's kernel down (or restart it); nothing if it never started."""
-        await self._sandboxes.call(sandbox_id, protocol.KERNEL, 120, op="restart" if restart else "shutdown",
-                                   context=context)
+        await self._agents.call(sandbox_id, protocol.KERNEL, 120, op="restart" if restart else "shutdown",
+                                context=context)
 
 
 __all__ = ["WARM_CELL", "CellEvents", "KernelCells", "cell_event", "warm_template"]

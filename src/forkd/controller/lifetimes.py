@@ -30,6 +30,7 @@ from typing import Protocol
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, ForkdError, GuestError, NotFound, NotHibernatable
 from forkd.store.records import SandboxRecord
@@ -52,21 +53,19 @@ class Hibernate(Protocol):
 
 
 class DeadlineKeeper:
-    def __init__(self, sandboxes: ExpiryRows, table: SandboxTable,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, sandboxes: ExpiryRows, table: SandboxTable, events: SandboxEvents,
+                 clock: Callable[[], float] = time.time, *, hibernate: Hibernate | None = None) -> None:
+        """``hibernate``: where a due sandbox spawned with ``hibernate_on_timeout`` goes
+        (``Hibernator.hibernate``; with ``memory=False`` for one whose ``hibernate_on_timeout_memory``
+        is False); None: it is killed like any other."""
         self._sandboxes = sandboxes
         self._table = table
         self._clock = clock
         self._deadlines: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        # Who hibernates a sandbox whose deadline says so (``hibernate_on_timeout``).
-        self._hibernate: Hibernate | None = None
-
-    def hibernate_with(self, hibernate: Hibernate) -> None:
-        """From now on a due sandbox spawned with ``hibernate_on_timeout`` goes to ``hibernate(id)``
-        (with ``memory=False`` for one whose ``hibernate_on_timeout_memory`` is False)."""
         self._hibernate = hibernate
+        events.on_removed(self.after_removed)
 
     # ----------------------------------------------------------------- life
 
@@ -127,7 +126,7 @@ class DeadlineKeeper:
         self._wake.set()
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """``SandboxTable.on_removed`` hook: a killed sandbox has no deadline any more."""
+        """``SandboxEvents.removed`` hook: a killed sandbox has no deadline any more."""
         self._deadlines.pop(record.id, None)
 
     # ------------------------------------------------------------------ task

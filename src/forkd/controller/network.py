@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import InvalidRequest, VMError
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
@@ -76,7 +77,9 @@ def no_nic_message(what: str) -> str:
 
 class Networks:
     def __init__(self, root: Path, sandboxes: NetworkRows, plan: AddressPlan | None = None,
-                 host_claims: HostClaims | None = None) -> None:
+                 host_claims: HostClaims | None = None, *, events: SandboxEvents | None = None) -> None:
+        """``events``: where it hears of teardowns (a sandbox's network goes with it); None for a
+        ``Networks`` on its own, whose caller releases networks itself."""
         self._dir = root / "net"
         self._sandboxes = sandboxes
         self.plan = plan or AddressPlan.from_env()
@@ -88,6 +91,8 @@ class Networks:
         self.nat_table = netplan.host_nat_table(root)  # this daemon's host table
         self._guarded = False  # its guard is installed (once per daemon: it outlives no sandbox)
         self._guard_lock = asyncio.Lock()
+        if events is not None:
+            events.on_removed(self.after_removed)
 
     # ---------------------------------------------------------------- checks
 
@@ -327,7 +332,7 @@ class Networks:
         return new
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: a torn-down sandbox's network goes with it."""
+        """``SandboxEvents.removed`` hook: a torn-down sandbox's network goes with it."""
         net = self._leases.get(record.id) or record.network
         if net is not None:
             await self.release(net)

@@ -41,6 +41,7 @@ from forkd import bounds
 from forkd.controller.background import cancel_and_wait
 from forkd.controller.options import SpawnOptions
 from forkd.controller.results import PoolReport
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
@@ -113,8 +114,8 @@ async def warm_request_paths(vm: VM) -> None:
 
 
 class PoolKeeper:
-    def __init__(self, pools: PoolRows, sandboxes: SandboxReader, table: SandboxTable, spawner: Spawner,
-                 store: SnapshotStore) -> None:
+    def __init__(self, pools: PoolRows, sandboxes: SandboxReader, table: SandboxTable, events: SandboxEvents,
+                 spawner: Spawner, store: SnapshotStore) -> None:
         self._rows = pools  # the pools table (targets): only this owner writes it
         self._sandboxes = sandboxes
         self._table = table
@@ -127,6 +128,10 @@ class PoolKeeper:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._refill_times: deque[tuple[str, float]] = deque(maxlen=MAX_PENDING_REFILL_TIMES)
+        events.on_removed(self.after_removed)
+        # A cycle, closed here rather than by the Runtime: the spawner restores this keeper's
+        # members, and its spawns claim from this keeper first.
+        spawner.draw_from(self)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -270,7 +275,7 @@ class PoolKeeper:
                 log.warning("could not tear down pool member %s: %s", sb_id, result)
 
     async def after_removed(self, record: SandboxRecord) -> None:
-        """SandboxTable hook: a member torn down by anyone leaves its pool's ready list."""
+        """``SandboxEvents.removed`` hook: a member torn down by anyone leaves its pool's ready list."""
         pool = self._pools.get(record.snapshot_tag)
         if pool is not None and record.id in pool.ready:
             pool.ready.remove(record.id)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from forkd import bounds
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.results import ProcessEntry, SignalResult, StdinResult
-from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.client import AgentStream
@@ -172,19 +173,20 @@ class ProcessEvents(GuestEvents[ProcessEvent]):
 
 
 class SandboxProcesses:
-    def __init__(self, sandboxes: SandboxTable) -> None:
-        self._sandboxes = sandboxes
-        self._slots = StreamSlots(sandboxes, MAX_STREAMS_PER_SANDBOX, "process streams open",
+    def __init__(self, agents: AgentGateway, events: SandboxEvents) -> None:
+        self._agents = agents
+        self._events = events  # told of every process started (a turn of work)
+        self._slots = StreamSlots(agents, MAX_STREAMS_PER_SANDBOX, "process streams open",
                                   "close one (or let it end) and retry")
 
     async def _call(self, sandbox_id: str, action: str, **args: object) -> dict[str, Any]:
-        return await self._sandboxes.call(sandbox_id, action, CALL_TIMEOUT_SECS, **args)
+        return await self._agents.call(sandbox_id, action, CALL_TIMEOUT_SECS, **args)
 
     async def _open_stream(self, sandbox_id: str, action: str, kill_on_close: bool,
                            **args: object) -> ProcessEvents:
-        sandbox_id = self._sandboxes.resolve(sandbox_id)
+        sandbox_id = self._agents.resolve(sandbox_id)
         stream = await self._slots.open(sandbox_id,
-                                        lambda: self._sandboxes.stream(sandbox_id, action, **args))
+                                        lambda: self._agents.stream(sandbox_id, action, **args))
         return ProcessEvents(self, self._slots, sandbox_id, stream, kill_on_close)
 
     @staticmethod
@@ -213,9 +215,9 @@ class SandboxProcesses:
 
     async def _require(self, sandbox_id: str, user: str | None, pty: tuple[int, int] | None) -> None:
         """409 on an agent too old for the request's user or terminal (it would ignore them)."""
-        await self._sandboxes.require_user_support(sandbox_id, user)
+        await self._agents.require_user_support(sandbox_id, user)
         if pty is not None:
-            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_PTY)
+            await self._agents.require_agent(sandbox_id, protocol.CAP_PTY)
 
     # ------------------------------------------------------------- requests
 
@@ -230,7 +232,7 @@ class SandboxProcesses:
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user, pty)
         await self._require(sandbox_id, user, pty)
         events = await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
-        await self._sandboxes.turn_done(sandbox_id)
+        await self._events.turn_done(sandbox_id)
         return events
 
     async def start(self, sandbox_id: str, args: list[str], *, env: dict[str, str] | None = None,
@@ -239,9 +241,9 @@ class SandboxProcesses:
                     user: str | None = None) -> ProcessEntry:
         """Start a background process (as ``user``: None is root); its ProcessInfo."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
-        await self._sandboxes.require_user_support(sandbox_id, user)
+        await self._agents.require_user_support(sandbox_id, user)
         info = process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
-        await self._sandboxes.turn_done(sandbox_id)
+        await self._events.turn_done(sandbox_id)
         return info
 
     async def attach(self, sandbox_id: str, pid: int, *, from_start: bool = True) -> ProcessEvents:
@@ -256,7 +258,7 @@ class SandboxProcesses:
     async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
         """Set the size of a process's terminal (409 for a process without one, 404 once ended)."""
         cols, rows = check_pty_size(cols, rows)
-        await self._sandboxes.require_agent(sandbox_id, protocol.CAP_PTY)
+        await self._agents.require_agent(sandbox_id, protocol.CAP_PTY)
         await self._call(sandbox_id, protocol.PROC_RESIZE, pid=pid, cols=cols, rows=rows)
 
     async def list(self, sandbox_id: str) -> list[ProcessEntry]:
@@ -294,5 +296,5 @@ class SandboxProcesses:
 
     def kill_now(self, sandbox_id: str, pid: int) -> None:
         """SIGKILL a process's group without waiting (a foreground run whose client left)."""
-        self._sandboxes.notify(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL),
+        self._agents.notify(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL),
                                group=True)

@@ -5,7 +5,11 @@ state and is the only code that changes it:
 
 * ``TagReservations`` (tags.py): snapshot tags being written right now;
 * ``SnapshotStore`` (snapshots.py): registered snapshots, lineage, deletion;
+* ``SandboxEvents`` (sandbox_events.py): made first and given to each owner, which subscribes
+  itself to the events it must hear (a teardown, a turn of work, a kill, activity, a wake);
 * ``SandboxTable`` (sandboxes.py): live VMs, one lock per sandbox, teardown;
+* ``AgentGateway`` (agent_gateway.py): every request to a guest agent, with its bookkeeping
+  (busy, wake, activity, errors explained by the sandbox's death or kill);
 * ``SandboxFiles`` (files.py), ``SandboxProcesses`` (processes.py): files and
   processes in a sandbox, through its agent, in bounded pieces and streams;
 * ``Networks`` (network.py): sandbox namespaces, addresses, links and egress rules;
@@ -42,6 +46,7 @@ from typing import Any, cast
 
 from forkd import bounds
 from forkd.config import DataDir
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.branch import Brancher
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
@@ -70,6 +75,7 @@ from forkd.controller.results import (
     SandboxCounts,
     SandboxView,
 )
+from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
@@ -120,54 +126,48 @@ class Runtime:
         # The stops of what open() started, in reverse order (an empty stack until then).
         self._lifecycle = contextlib.AsyncExitStack()
         self.shm = ShmMemory(data.root)
+        # Owners are made in order, each given what it needs; an owner that must hear of
+        # teardowns, turns of work, kills or activity subscribes itself to ``events`` in its own
+        # constructor. Two cycles close inside the later owner's constructor (PoolKeeper: the
+        # spawner draws from it; Hibernator: the idle pauser hibernates through it).
+        self.events = SandboxEvents()
         rows = registry.sandboxes  # owned by the SandboxTable; the others read it, or set one column
-        self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes)
-        self.files = SandboxFiles(self.sandboxes)
-        self.kernels = KernelCells(self.sandboxes)  # sub-APIs: routes call these five directly
-        self.code = CodeRunner(self.sandboxes, self.kernels)
-        self.processes = SandboxProcesses(self.sandboxes)
-        self.watches = DirWatches(self.sandboxes)
+        self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes, self.events)
+        self.agents = AgentGateway(self.sandboxes, self.events)  # every request to a guest agent
+        self.files = SandboxFiles(self.agents)
+        self.kernels = KernelCells(self.agents, self.events)  # sub-APIs: routes call these five directly
+        self.code = CodeRunner(self.agents, self.kernels, self.events)
+        self.processes = SandboxProcesses(self.agents, self.events)
+        self.watches = DirWatches(self.agents)
+        # Reservations ask the store, made next, whether a tag is taken: late-bound through the lambda.
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names, data.snapshots, self.tags,
                                        self.shm)
         self.accel = HostAccelerator(data)
-        self.networks = Networks(data.root, rows)
+        self.networks = Networks(data.root, rows, events=self.events)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
-        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm)
-        self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.snapshots, self.tags)
-        self.forker = Forker(rows, registry.aliases, self.sandboxes, self.brancher, self.spawner,
+        self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
+        self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events)
+        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm,
+                               disks=self.disk_quotas, missing=self.travel)
+        self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
+                                 after_disk_cut=self.disk_quotas.after_disk_cut)
+        self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
                              self.snapshots, self.tags)
-        self.checkpoints = Checkpointer(rows, self.sandboxes, self.brancher, self.snapshots, self.forker)
-        self.pools = PoolKeeper(registry.pools, rows, self.sandboxes, self.spawner, self.snapshots)
-        self.spawner.draw_from(self.pools)
-        self.sandboxes.on_removed(self.forker.after_removed)
-        self.sandboxes.on_removed(self.checkpoints.after_removed)
-        self.sandboxes.after_turn(self.checkpoints.after_call)
-        self.sandboxes.on_removed(self.pools.after_removed)
-        self.sandboxes.on_removed(self.networks.after_removed)
+        self.checkpoints = Checkpointer(rows, self.sandboxes, self.events, self.brancher, self.snapshots,
+                                        self.forker)
+        self.pools = PoolKeeper(registry.pools, rows, self.sandboxes, self.events, self.spawner,
+                                self.snapshots)
         self.console_warden = ConsoleWarden(data)
-        self.reaper = DeadlineKeeper(rows, self.sandboxes)
-        self.sandboxes.on_removed(self.reaper.after_removed)
-        self.idle = IdlePauser(rows, self.sandboxes)
-        self.disk_quotas = DiskQuotas(rows, self.sandboxes)
-        self.spawner.limit_disks_with(self.disk_quotas)
-        self.brancher.on_disk_cut(self.disk_quotas.after_disk_cut)
-        self.sandboxes.on_removed(self.disk_quotas.after_removed)
-        self.sandboxes.watch_activity(self.idle)
-        self.sandboxes.on_removed(self.idle.after_removed)
-        self.hibernation = Hibernator(self.sandboxes, self.snapshots, self.networks, self.idle,
-                                      self.disk_quotas, self.templates)
-        self.sandboxes.wake_with(self.hibernation)  # every request to a hibernated sandbox wakes it
-        self.sandboxes.on_removed(self.hibernation.after_removed)
-        self.idle.hibernate_with(self.hibernation.hibernate_idle)
-        self.reaper.hibernate_with(self.hibernation.hibernate)
+        self.idle = IdlePauser(rows, self.sandboxes, self.events)
+        self.hibernation = Hibernator(self.sandboxes, self.agents, self.events, self.snapshots, self.networks,
+                                      self.idle, self.disk_quotas, self.templates)
+        self.reaper = DeadlineKeeper(rows, self.sandboxes, self.events, hibernate=self.hibernation.hibernate)
         self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
                                    self.snapshots, self.idle)
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
                                      self.suspender, self.forker.collect, self.hibernation.wake)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
-        self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
-        self.spawner.fetch_missing_from(self.travel)
         # Dockerfile builds (controller/template_build.py): a sub-API the template routes call.
         self.builds = TemplateBuilds(data, self.templates, self)
 
@@ -334,7 +334,7 @@ class Runtime:
     def relaying(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxRecord]:
         """Around traffic the daemon relays to one of its ports (api/port_proxy.py): woken or
         resumed first, then busy and in use until the relay ends."""
-        return self.sandboxes.relaying(check_sandbox_id(sandbox_id))
+        return self.agents.relaying(check_sandbox_id(sandbox_id))
 
     def _with_state(self, record: SandboxRecord) -> SandboxRecord:
         record.paused = self.idle.paused(record.id)
@@ -405,7 +405,7 @@ class Runtime:
         return self.sandboxes.records.get(resolved)
 
     async def ping(self, sandbox_id: str) -> PingResult:
-        return cast(PingResult, await self.sandboxes.call(sandbox_id, "ping", timeout=30))
+        return cast(PingResult, await self.agents.call(sandbox_id, "ping", timeout=30))
 
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
@@ -421,10 +421,10 @@ class Runtime:
                            ("max_output_bytes", max_output_bytes), ("user", bounds.check_guest_user(user))):
             if value is not None:
                 req[key] = value
-        await self.sandboxes.require_user_support(sandbox_id, user)
+        await self.agents.require_user_support(sandbox_id, user)
         # The agent enforces the timeout; ours only catches a wedged guest.
-        result = await self.sandboxes.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
-        await self.sandboxes.turn_done(sandbox_id)
+        result = await self.agents.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
+        await self.events.turn_done(sandbox_id)
         return cast(ExecResult, result)  # checked against ExecResponse on the way out
 
     async def eval(self, sandbox_id: str, code: str,
@@ -434,21 +434,21 @@ class Runtime:
         bounds.EVAL_TIMEOUT.check(timeout_secs)
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
-        result = await self.sandboxes.call(sandbox_id, protocol.EVAL,
+        result = await self.agents.call(sandbox_id, protocol.EVAL,
                                            timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
                                            code=code, timeout_secs=timeout_secs)
-        await self.sandboxes.turn_done(sandbox_id)
+        await self.events.turn_done(sandbox_id)
         return cast(EvalResult, result)  # checked against EvalResponse on the way out
 
     async def cancel_eval(self, sandbox_id: str) -> CancelResult:
         """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
-        result = await self.sandboxes.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
+        result = await self.agents.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
         return {"cancelled": bool(result.get("cancelled"))}
 
     # Processes, files, code contexts and kernel cells are sub-APIs the routes call directly:
     # ``processes`` (controller/processes.py), ``files`` (files.py), ``code`` (code_contexts.py),
     # ``kernels`` (kernel_cells.py) and ``watches`` (watches.py). Each owner checks its input and
-    # reports a turn of work to the table (``SandboxTable.turn_done``) for auto-checkpoints.
+    # reports a turn of work (``SandboxEvents.turn_done``) for auto-checkpoints.
 
     async def branch(self, sandbox_id: str, tag: str | None = None, mode: str = "full",
                      wait: bool = True, *, measure_diff: bool = False,

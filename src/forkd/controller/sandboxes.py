@@ -8,12 +8,15 @@ down. Each sandbox has one ``asyncio.Lock``:
   during a branch waits for the pause window to end and never leaves a paused
   or orphaned QEMU behind;
 * exec/eval/ping and process streams take it only to look the VM up
-  (``for_call``): they wait out a pause or a kill in progress, but do not hold
-  it while the guest works, so a long exec never delays a branch or a kill.
+  (``AgentGateway.for_call``, controller/agent_gateway.py): they wait out a pause
+  or a kill in progress, but do not hold it while the guest works, so a long
+  exec never delays a branch or a kill.
 
 Ids go through ``resolve`` first: after a promote with ``replace_parent`` the
-source's id names the winner in every lookup. Whoever must react to a sandbox
-going away (the fork collector, the pool keeper) registers with ``on_removed``.
+source's id names the winner in every lookup. The table tells ``SandboxEvents``
+(controller/sandbox_events.py) when a sandbox goes away and before a kill;
+whoever must react (the fork collector, the pool keeper, ...) subscribes there.
+Requests to the guest agents are the ``AgentGateway``'s, not the table's.
 
 Warm-pool members (``SandboxRecord.pooled``) are live VMs like any other, so
 teardown, shutdown and recovery treat them alike, but they are *hidden*: every
@@ -27,14 +30,10 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Protocol
 
-from forkd.errors import Conflict, GuestError, NotFound, SandboxGone
-from forkd.guest import protocol
-from forkd.guest.client import AgentStream, require
+from forkd.controller.sandbox_events import SandboxEvents
+from forkd.errors import Conflict, GuestError, NotFound
 from forkd.host import cgroups
 from forkd.store import layout
 from forkd.store.layout import check_sandbox_id
@@ -44,12 +43,10 @@ from forkd.store.rows.prefixes import PrefixRows
 from forkd.store.rows.sandboxes import SandboxReader, SandboxRows
 from forkd.vmm import console
 from forkd.vmm.machine import VM
-from forkd.vmm.process import kill_pid_now, pid_is_qemu
+from forkd.vmm.process import kill_pid_now
 
 log = logging.getLogger("forkd.sandboxes")
 
-# How often a request wakes a sandbox that is hibernated again before the request gets to it.
-WAKE_ROUNDS = 3
 # In a run directory: why forkd itself stopped the sandbox's QEMU (``SandboxTable.stop``).
 STOPPED_FILE = "stopped-reason"
 
@@ -60,38 +57,9 @@ async def remove_cgroup(path: str | None, extra: list[str] | None = None) -> Non
         await asyncio.to_thread(cgroups.handle_for(path, tuple(extra or ())).remove)
 
 
-class Activity(Protocol):
-    """Who must know when a sandbox is used (controller/idle.py pauses idle ones)."""
-
-    def during(self, sandbox_id: str) -> AbstractAsyncContextManager[None]:
-        """Around one agent request of ``sandbox_id`` (resumes it first if it was paused)."""
-        ...
-
-    async def wake_locked(self, sandbox_id: str) -> None:
-        """Resume ``sandbox_id`` if paused; the caller holds its lock (a branch about to capture it)."""
-        ...
-
-
-class Sleepers(Protocol):
-    """Who wakes hibernated sandboxes (controller/hibernation.py)."""
-
-    async def wake(self, sandbox_id: str) -> bool:
-        """Wake ``sandbox_id`` if it is hibernated (True once it runs); False if it is not."""
-        ...
-
-
-class _NoActivity:
-    @contextlib.asynccontextmanager
-    async def during(self, sandbox_id: str) -> AsyncIterator[None]:
-        yield
-
-    async def wake_locked(self, sandbox_id: str) -> None:
-        return None
-
-
 class SandboxTable:
     def __init__(self, rows: SandboxRows, aliases: AliasReader, prefixes: PrefixRows,
-                 sandboxes_dir: Path) -> None:
+                 sandboxes_dir: Path, events: SandboxEvents) -> None:
         self._rows = rows  # the sandboxes table: only this owner inserts, rewrites or deletes rows
         self._aliases = aliases
         self._prefixes = prefixes
@@ -102,49 +70,7 @@ class SandboxTable:
         # Sandboxes being killed: gone to every lookup before their QEMU (and so their streams)
         # ends, so a client that asks after its stream broke hears "not found", not "healthy".
         self._dying: set[str] = set()
-        self._removed_hooks: list[Callable[[SandboxRecord], Awaitable[None]]] = []
-        self._kill_guards: list[Callable[[str], Awaitable[None]]] = []
-        self._turn_hooks: list[Callable[[str], Awaitable[None]]] = []
-        self._activity: Activity = _NoActivity()
-        self._sleepers: Sleepers | None = None
-        # Agent requests under way per sandbox, from before their VM lookup (``busy``).
-        self._requests: dict[str, int] = {}
-        # Each VM's agent capabilities, asked once (``require_agent``), with its VM: a new VM asks again.
-        self._capabilities: dict[str, tuple[VM, protocol.Capabilities]] = {}
-
-    def watch_activity(self, activity: Activity) -> None:
-        """Every agent request from now on runs inside ``activity.during`` (one watcher)."""
-        self._activity = activity
-
-    def wake_with(self, sleepers: Sleepers) -> None:
-        """From now on a request to a hibernated sandbox wakes it first (``for_call``)."""
-        self._sleepers = sleepers
-
-    async def wake_locked(self, sandbox_id: str) -> None:
-        """Make sure ``sandbox_id`` runs before the caller, holding its lock, uses its VM directly."""
-        await self._activity.wake_locked(sandbox_id)
-
-    def on_removed(self, hook: Callable[[SandboxRecord], Awaitable[None]]) -> None:
-        """Call ``hook`` with the record of every sandbox torn down from now on."""
-        self._removed_hooks.append(hook)
-
-    def after_turn(self, hook: Callable[[str], Awaitable[None]]) -> None:
-        """Await ``hook(sandbox_id)`` after every turn of work a caller asked of a sandbox (an exec,
-        an eval, a started process or a code cell), before it answers: auto-checkpoints count them."""
-        self._turn_hooks.append(hook)
-
-    async def turn_done(self, sandbox_id: str) -> None:
-        """One turn of work was asked of ``sandbox_id`` (each owner of such work calls this)."""
-        for hook in self._turn_hooks:
-            await hook(sandbox_id)
-
-    def before_kill(self, guard: Callable[[str], Awaitable[None]]) -> None:
-        """Await ``guard(sandbox_id)`` before every ``kill`` takes the sandbox's lock.
-
-        The brancher uses it to let a live ``wait: false`` branch finish copying the
-        source's RAM: killing the QEMU mid-copy would lose a snapshot the user asked for.
-        """
-        self._kill_guards.append(guard)
+        self._events = events  # told of every teardown, and before every kill
 
     def new_batch_prefix(self, host_id: str | None = None) -> str:
         """A prefix for a spawn batch's ids that this data dir never issued before."""
@@ -221,49 +147,6 @@ class SandboxTable:
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
-    async def for_call(self, sandbox_id: str) -> VM:
-        """The VM, once no branch pause or kill of it is in progress."""
-        sandbox_id = self.resolve(sandbox_id)
-        for _ in range(WAKE_ROUNDS):
-            if sandbox_id not in self._vms and self._sleepers is not None:
-                await self._sleepers.wake(sandbox_id)  # a hibernated sandbox runs again first
-            if sandbox_id not in self._vms:
-                raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-            async with self.lock(sandbox_id):
-                if sandbox_id in self._vms:
-                    return self.get(sandbox_id)
-            # Hibernated (or killed) while we waited for its lock: wake it (or say 404).
-        return self.get(sandbox_id)
-
-    @contextlib.asynccontextmanager
-    async def relaying(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
-        """Around traffic the daemon relays to one of the sandbox's ports (api/port_proxy.py): it is
-        woken or resumed first, and until the relay ends it counts as busy (no idle hibernation cuts
-        the stream) and as in use (its idle clock waits)."""
-        sandbox_id = self.resolve(sandbox_id)
-        with self._request(sandbox_id):
-            await self.for_call(sandbox_id)
-            async with self._activity.during(sandbox_id):
-                yield self._rows.get(sandbox_id)
-
-    def busy(self, sandbox_id: str) -> bool:
-        """Whether a request to ``sandbox_id`` is under way (looking its VM up, awaiting an answer
-        or streaming): a hibernation now would cut it off."""
-        vm = self._vms.get(sandbox_id)
-        return self._requests.get(sandbox_id, 0) > 0 or (vm is not None and vm.agent.in_flight > 0)
-
-    @contextlib.contextmanager
-    def _request(self, sandbox_id: str) -> Iterator[None]:
-        self._requests[sandbox_id] = self._requests.get(sandbox_id, 0) + 1
-        try:
-            yield
-        finally:
-            left = self._requests[sandbox_id] - 1
-            if left:
-                self._requests[sandbox_id] = left
-            else:
-                del self._requests[sandbox_id]
-
     # --------------------------------------------------------------- changes
 
     def add(self, record: SandboxRecord, vm: VM) -> None:
@@ -284,7 +167,6 @@ class SandboxTable:
         row rewritten (hibernated, no pid), then its VM out of the table, returned to be killed.
         The row is the commit: a daemon that dies after it keeps the sandbox hibernated."""
         self._rows.save(record)
-        self._capabilities.pop(record.id, None)
         return self._vms.pop(record.id, None)
 
     def unpark(self, record: SandboxRecord, vm: VM) -> None:
@@ -330,8 +212,7 @@ class SandboxTable:
         sandbox_id = self.resolve(sandbox_id)
         if sandbox_id not in self._vms and not self._rows.has(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
-        for guard in self._kill_guards:
-            await guard(sandbox_id)
+        await self._events.killing(sandbox_id)
         async with self.lock(sandbox_id):
             await self.kill_locked(sandbox_id)
 
@@ -346,7 +227,6 @@ class SandboxTable:
         try:
             vm = self._vms.pop(sandbox_id, None)
             self._hidden.discard(sandbox_id)
-            self._capabilities.pop(sandbox_id, None)
             try:
                 record: SandboxRecord | None = self._rows.get(sandbox_id)
             except NotFound:
@@ -366,81 +246,8 @@ class SandboxTable:
         # lookup finds no sandbox, so no new lock is ever needed for this id.
         self._locks.pop(sandbox_id, None)
         if record is not None:
-            for hook in self._removed_hooks:
-                try:
-                    await hook(record)
-                except Exception:  # a hook's failure must not fail the kill that already happened
-                    log.exception("after removing %s", sandbox_id)
+            await self._events.removed(record)
 
     async def kill_all(self) -> None:
         # discard, not kill: pool members are hidden from kill's lookup but must go too.
         await asyncio.gather(*(self.discard(i) for i in self.ids()), return_exceptions=True)
-
-    # ----------------------------------------------------------------- calls
-
-    async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
-        """One agent request. A QEMU that died before the event loop reaped it shows up
-        as a reset agent connection; report that as the sandbox's death, by id. A sandbox
-        paused because it was idle is resumed first (``watch_activity``)."""
-        sandbox_id = self.resolve(sandbox_id)
-        with self._request(sandbox_id):
-            vm = await self.for_call(sandbox_id)  # a dead QEMU: its GuestError says so already
-            try:
-                async with self._activity.during(sandbox_id):
-                    return await vm.call(action, timeout=timeout, **args)
-            except GuestError as exc:
-                explained = self.explain(sandbox_id, vm, exc)
-                if explained is exc:
-                    raise
-                raise explained from exc
-
-    async def require_agent(self, sandbox_id: str, *features: str) -> None:
-        """Refuse (409) a request that needs capabilities (``protocol.CAP_*``) its guest agent lacks,
-        which would ignore the request's new fields (a snapshot made by an older forkd): the agent
-        is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
-        sandbox_id = self.resolve(sandbox_id)
-        vm = await self.for_call(sandbox_id)
-        known = self._capabilities.get(sandbox_id)
-        if known is None or known[0] is not vm:
-            pong = await self.call(sandbox_id, protocol.PING, 30)
-            known = (vm, protocol.Capabilities.of(pong))
-            self._capabilities[sandbox_id] = known
-        require(known[1], *features, subject=f"sandbox {sandbox_id!r}")
-
-    async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
-        """``require_agent`` for a request that acts as ``user`` (None: as root, any agent will do)."""
-        if user is not None:
-            await self.require_agent(sandbox_id, protocol.CAP_USER)
-
-    async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
-        """A streaming agent request (its events are read from the stream)."""
-        return await self.open_stream(sandbox_id, action, args)
-
-    async def open_stream(self, sandbox_id: str, action: str, args: dict[str, object],
-                          line_cost: bool = False) -> AgentStream:
-        """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
-        sandbox_id = self.resolve(sandbox_id)
-        with self._request(sandbox_id):  # then the agent counts it, until it ends (``busy``)
-            vm = await self.for_call(sandbox_id)
-            try:
-                return await vm.agent.open_stream(action, args, line_cost)
-            except GuestError as exc:
-                explained = self.explain(sandbox_id, vm, exc)
-                if explained is exc:
-                    raise
-                raise explained from exc
-
-    def notify(self, sandbox_id: str, action: str, **args: object) -> None:
-        """A fire-and-forget agent request (no answer, no wait); dropped if the VM is gone."""
-        vm = self._vms.get(sandbox_id)
-        if vm is not None:
-            vm.agent.notify(action, **args)
-
-    def explain(self, sandbox_id: str, vm: VM, exc: GuestError) -> GuestError:
-        """``exc`` as it is, or as the sandbox's death or kill if that is what broke the call."""
-        name = vm.process.dir.name
-        if name not in self._vms:
-            return SandboxGone(f"sandbox {sandbox_id!r} was killed")
-        if vm.process.alive() and pid_is_qemu(vm.pid, vm.process.dir):
-            return exc
-        return SandboxGone(f"sandbox {sandbox_id!r} has died ({self.death_cause(name)}); kill it to clean up")

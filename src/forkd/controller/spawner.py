@@ -150,7 +150,10 @@ class MissingSnapshots(Protocol):
 
 class Spawner:
     def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
-                 accel: HostAccelerator, networks: Networks, shm: ShmMemory) -> None:
+                 accel: HostAccelerator, networks: Networks, shm: ShmMemory, *,
+                 disks: DiskLimits | None = None, missing: MissingSnapshots | None = None) -> None:
+        """``disks``: who enforces every child's disk quota (None: none is); ``missing``: where a
+        spawn of a tag this host lacks asks for it first (None: it says 404)."""
         self._data = data
         self._table = table
         self._store = store
@@ -161,8 +164,8 @@ class Spawner:
         # Snapshots whose restore-touched chunks were recorded, or tried (store/restore_chunks.py).
         self._touch_tried: set[str] = set()
         self._pool: PoolSource | None = None
-        self._missing: MissingSnapshots | None = None
-        self._disks: DiskLimits | None = None
+        self._missing = missing
+        self._disks = disks
         # Names the host in every sandbox id (sb-<host>-<hex>-<n>), so a fleet gateway can route by id.
         self.host_id: str | None = None
         # Foreground spawns in progress: pool refills wait until there are none.
@@ -171,16 +174,9 @@ class Spawner:
         self._idle.set()
 
     def draw_from(self, pool: PoolSource) -> None:
-        """From now on spawns claim matching children from ``pool`` before restoring."""
+        """From now on spawns claim matching children from ``pool`` before restoring (the pool
+        keeper says so at its construction: it needs this spawner, so it comes later)."""
         self._pool = pool
-
-    def limit_disks_with(self, disks: DiskLimits) -> None:
-        """From now on every child's disk quota is enforced by ``disks``."""
-        self._disks = disks
-
-    def fetch_missing_from(self, source: MissingSnapshots) -> None:
-        """From now on a spawn of a tag this host lacks asks ``source`` for it first."""
-        self._missing = source
 
     def spawning(self, tag: str) -> bool:
         """Whether children of ``tag`` are being restored right now (not yet registered)."""

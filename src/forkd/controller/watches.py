@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.files import check_path, checked_info
 from forkd.controller.results import FileEntry
-from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, InvalidRequest
 from forkd.guest import protocol
 
@@ -59,20 +59,20 @@ def _batch(result: dict[str, Any]) -> WatchBatch:
 
 
 class DirWatches:
-    def __init__(self, sandboxes: SandboxTable) -> None:
-        self._sandboxes = sandboxes
+    def __init__(self, agents: AgentGateway) -> None:
+        self._agents = agents
 
     async def create(self, sandbox_id: str, path: str, *, recursive: bool = False,
                      include_entry: bool = False) -> str:
         """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``).
         With ``include_entry``, its events carry the entry they name."""
         path = check_path(path)
-        await self._sandboxes.require_agent(sandbox_id, protocol.CAP_WATCH)
+        await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH)
         extra: dict[str, object] = {}
         if include_entry:
-            await self._sandboxes.require_agent(sandbox_id, protocol.CAP_WATCH_ENTRIES)
+            await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH_ENTRIES)
             extra["entries"] = True
-        result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
+        result = await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
                                             path=path, recursive=recursive, **extra)
         watcher = result.get("watcher")
         if not isinstance(watcher, str) or not 0 < len(watcher) <= 64:
@@ -83,9 +83,9 @@ class DirWatches:
         """What happened since the last poll, waiting up to ``wait_ms`` for something."""
         if not 0 <= wait_ms <= MAX_WAIT_MS:
             raise InvalidRequest(f"wait_ms must be 0 to {MAX_WAIT_MS}")
-        result = await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS + wait_ms / 1000,
+        result = await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS + wait_ms / 1000,
                                             op="events", watcher=watcher, wait_ms=wait_ms)
         return _batch(result)
 
     async def remove(self, sandbox_id: str, watcher: str) -> None:
-        await self._sandboxes.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="remove", watcher=watcher)
+        await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="remove", watcher=watcher)
