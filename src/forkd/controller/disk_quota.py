@@ -48,11 +48,13 @@ def stop_reason(record: SandboxRecord, used: int | None) -> str:
 
 
 class DiskQuotas:
-    def __init__(self, sandboxes: SandboxReader, table: SandboxTable, events: SandboxEvents) -> None:
+    def __init__(self, sandboxes: SandboxReader, table: SandboxTable, events: SandboxEvents,
+                 default_mib: int = DEFAULT_DISK_QUOTA_MIB) -> None:
+        """``default_mib``: the quota of a spawn that gives none (0: none)."""
         self._sandboxes = sandboxes
         self._table = table
         events.on_removed(self.after_removed)
-        self.default_mib = DEFAULT_DISK_QUOTA_MIB
+        self.default_mib = default_mib
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._armed: dict[str, str] = {}  # sandbox id -> the file node its threshold is on
 

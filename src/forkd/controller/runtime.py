@@ -45,6 +45,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 from forkd import bounds
+from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
 from forkd.config import DataDir
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.branch import Brancher
@@ -114,7 +115,9 @@ log = logging.getLogger("forkd.runtime")
 
 
 class Runtime:
-    def __init__(self, data: DataDir, registry: Registry) -> None:
+    def __init__(self, data: DataDir, registry: Registry, *, store: ObjectStore | None = None,
+                 host_id: str | None = None, disk_quota_mib: int | None = None) -> None:
+        """``store``, ``host_id``, ``disk_quota_mib``: as ``open`` takes them (checked there)."""
         self.data = data
         # The database: each owner below gets only its own table, and a read-only view
         # (or a one-column writer) of the tables it only reads (docs/ARCHITECTURE.md).
@@ -146,10 +149,11 @@ class Runtime:
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows, events=self.events)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
-        self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel)
-        self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events)
+        self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel, store)
+        self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events,
+                                      DEFAULT_DISK_QUOTA_MIB if disk_quota_mib is None else disk_quota_mib)
         self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm,
-                               disks=self.disk_quotas, missing=self.travel)
+                               disks=self.disk_quotas, missing=self.travel, host_id=host_id)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
@@ -191,12 +195,9 @@ class Runtime:
             # Refused during an offline pack/unpack of this dir; released last. Opened alone, the
             # scratch files a crashed daemon left behind go first.
             stack.callback(DataDirLock.shared(data, when_alone=data.clear_tmp).release)
-            rt = cls(data, Registry(data.registry))
+            rt = cls(data, Registry(data.registry), store=object_store, host_id=host_id,
+                     disk_quota_mib=disk_quota_mib)
             stack.callback(rt.registry.close)
-            rt.travel.store = object_store
-            rt.spawner.host_id = host_id
-            if disk_quota_mib is not None:
-                rt.disk_quotas.default_mib = disk_quota_mib
             await rt._start(stack)
             rt._lifecycle = stack.pop_all()  # open: close() unwinds it
         return rt

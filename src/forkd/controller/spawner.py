@@ -151,9 +151,11 @@ class MissingSnapshots(Protocol):
 class Spawner:
     def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
                  accel: HostAccelerator, networks: Networks, shm: ShmMemory, *,
-                 disks: DiskLimits | None = None, missing: MissingSnapshots | None = None) -> None:
+                 disks: DiskLimits | None = None, missing: MissingSnapshots | None = None,
+                 host_id: str | None = None) -> None:
         """``disks``: who enforces every child's disk quota (None: none is); ``missing``: where a
-        spawn of a tag this host lacks asks for it first (None: it says 404)."""
+        spawn of a tag this host lacks asks for it first (None: it says 404); ``host_id``: this
+        host's name in a fleet."""
         self._data = data
         self._table = table
         self._store = store
@@ -167,7 +169,7 @@ class Spawner:
         self._missing = missing
         self._disks = disks
         # Names the host in every sandbox id (sb-<host>-<hex>-<n>), so a fleet gateway can route by id.
-        self.host_id: str | None = None
+        self.host_id = host_id
         # Foreground spawns in progress: pool refills wait until there are none.
         self._foreground = 0
         self._idle = asyncio.Event()
