@@ -172,7 +172,8 @@ class Runtime:
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
                                      self.suspender, self.forker.collect, self.hibernation.wake)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
-        # Dockerfile builds (controller/template_build.py): a sub-API the template routes call.
+        # Dockerfile builds (controller/template_build.py): a sub-API the template routes call. Its
+        # build host is this facade (spawn, exec, branch, kill of its build sandboxes).
         self.builds = TemplateBuilds(data, self.templates, self)
 
     # ---------------------------------------------------------------- open/close
