@@ -18,7 +18,7 @@ from forkd.api.settings import Settings
 from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker, ForkOptions
 from forkd.controller.network import Networks
-from forkd.controller.options import SpawnOptions
+from forkd.controller.options import SpawnOptions, option_names
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner, child_specs
@@ -39,7 +39,8 @@ SRC = "sb-abcdef-9999"
 
 def test_child_env_applies_over_env_one_per_child() -> None:
     options = SpawnOptions(env={"A": "all", "B": "all"}, child_env=[{"B": "0"}, {}, {"A": "2"}],
-                           metadata={"task": "t"}, memory_limit_mib=256, hostname="box-1")
+                           metadata={"task": "t"}, memory_limit_mib=256,
+                           guest=RestoreInputs(hostname="box-1"))
     specs = child_specs(3, options, [None, 512, None])
     assert [s.restore for s in specs] == [
         RestoreInputs(env={"A": "all", "B": "0"}, hostname="box-1"),
@@ -50,12 +51,13 @@ def test_child_env_applies_over_env_one_per_child() -> None:
 
 
 def test_every_restore_input_is_a_spawn_option_of_the_same_name() -> None:
-    """child_specs copies them by name: a new RestoreInputs field needs a SpawnOptions field, and
-    then no code in between (ForkOptions has it too: its children's options are SpawnOptions)."""
-    spawn_fields = {f.name for f in dataclasses.fields(SpawnOptions)}
-    assert {f.name for f in dataclasses.fields(RestoreInputs)} <= spawn_fields
+    """A request's field of a RestoreInputs field's name goes into SpawnOptions.guest, and on whole
+    to each child: a new guest input needs no code in between (ForkOptions has it too: its
+    children's options are SpawnOptions)."""
+    assert {f.name for f in dataclasses.fields(RestoreInputs)} <= option_names()
     fork = ForkOptions.from_request({"hostname": "a.b", "env": {"K": "v"}, "keep_snapshot": True})
-    assert fork == ForkOptions(SpawnOptions(hostname="a.b", env={"K": "v"}), keep_snapshot=True)
+    assert fork == ForkOptions(SpawnOptions(guest=RestoreInputs(hostname="a.b"), env={"K": "v"}),
+                               keep_snapshot=True)
     assert child_specs(1, fork.spawn)[0].restore == RestoreInputs(env={"K": "v"}, hostname="a.b")
 
 
@@ -75,7 +77,7 @@ def test_every_restore_input_is_a_spawn_option_of_the_same_name() -> None:
 def test_bad_per_child_inputs_are_400_before_any_vm(kwargs: dict[str, Any], message: str) -> None:
     child_memory_limit_mib = kwargs.pop("child_memory_limit_mib", None)
     with pytest.raises(InvalidRequest, match=message):
-        child_specs(2, SpawnOptions(**kwargs), child_memory_limit_mib)
+        child_specs(2, SpawnOptions.from_request(kwargs), child_memory_limit_mib)
 
 
 # ------------------------------------------------------------------ aliases

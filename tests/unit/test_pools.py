@@ -211,7 +211,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             # Three matching children, two members: two claims, one miss.
             # The claim gives each child the very RestoreInputs a restore would (VM.restore's).
             asked = SpawnOptions(memory_limit_mib=256, child_env=[{"I": str(i)} for i in range(3)],
-                                 hostname="pooled-box", metadata={"n": "x"})
+                                 guest=RestoreInputs(hostname="pooled-box"), metadata={"n": "x"})
             specs = child_specs(3, asked)
             got = await h.keeper.claim("py", specs, SpawnOptions())
             assert got[2] is None and {g.id for g in got[:2] if g} == {m.id for m in members}

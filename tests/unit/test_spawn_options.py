@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,10 @@ from forkd.api.app import create_app
 from forkd.api.schemas import ForkRequest, SpawnRequest
 from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
-from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions
+from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions, option_names
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
@@ -26,7 +26,7 @@ from tests.fakes.runtime import FakeRuntime
 def test_every_request_field_is_a_spawn_option() -> None:
     """A field added to SpawnRequest must exist in SpawnOptions (or be declared not an option)."""
     request = set(SpawnRequest.model_fields) - SpawnRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
-    options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"} - set(E2B_ONLY_FIELDS)
+    options = option_names() - {"egress"} - set(E2B_ONLY_FIELDS)
     assert request == options
 
 
@@ -34,13 +34,13 @@ def test_every_fork_request_field_is_a_fork_option() -> None:
     """ForkOptions is its children's SpawnOptions plus a fork's own fields: a field added to
     ForkRequest must be one or the other."""
     request = set(ForkRequest.model_fields) - ForkRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
-    spawn = {f.name for f in dataclasses.fields(SpawnOptions)}
+    spawn = option_names()
     assert request - spawn == set(ForkOptions.OWN)
     assert ForkRequest().options() == ForkOptions()
     options = ForkRequest.model_validate({"hostname": "box-1", "keep_snapshot": True, "count": 2,
                                           "allow_internet_access": True}).options()
-    assert options == ForkOptions(SpawnOptions(hostname="box-1", egress=EgressPolicy.from_request(True)),
-                                  keep_snapshot=True)
+    assert options == ForkOptions(SpawnOptions(guest=RestoreInputs(hostname="box-1"),
+                                               egress=EgressPolicy.from_request(True)), keep_snapshot=True)
 
 
 @pytest.mark.parametrize("hostname", ["-a", "a..b", "a_b", "x" * 64, ".".join(["a" * 32] * 2), "a\nb", 7])
@@ -75,9 +75,11 @@ def test_every_field_reaches_the_options() -> None:
     assert options == SpawnOptions(
         per_child_netns=True, memory_limit_mib=256, live_fork=True, env={"A": "1"},
         child_env=[{"B": "0"}, {"B": "1"}], metadata={"team": "ml"}, cpu_limit=0.5, pids_limit=64,
-        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64, hostname="box-1",
+        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64,
+        guest=RestoreInputs(hostname="box-1"),
         egress=EgressPolicy.from_request(True, {"allow_out": ["192.0.2.7:443"]}))
     assert options.given()["disk_quota_mib"] == 64 and "per_child_netns" in options.given()
+    assert options.given()["hostname"] == "box-1"  # a guest input by its request field's name
 
 
 def test_bounds_are_checked_by_the_options_themselves() -> None:

@@ -82,21 +82,20 @@ class ChildSpec:
 def child_specs(n: int, options: SpawnOptions, child_memory_limit_mib: list[int | None] | None = None
                 ) -> list[ChildSpec]:
     """One spec per child of a spawn (or fork, whose ``child_memory_limit_mib`` gives each child its
-    own limit): ``env`` for all, then ``child_env[i]`` over it for child i. Every other field of
-    ``RestoreInputs`` is the option of the same name, as it is: a new one needs no code here."""
+    own limit): ``env`` for all, then ``child_env[i]`` over it for child i, added to the options'
+    ``guest`` inputs as they are: a new guest input needs no code here."""
     bounds.SPAWN_N.check(n)
     child_env = options.child_env
     for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
         if per_child is not None and len(per_child) != n:
             raise InvalidRequest(f"{name} has {len(per_child)} entries but {n} children were asked for; "
                                  "give one entry per child")
-    shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(RestoreInputs) if f.name != "env"}
     try:
         common = protocol.check_env(options.env)
         own = [protocol.check_env(e) for e in child_env] if child_env is not None else [{}] * n
         for e in (common, *own):
             bounds.ENV.check_map(e)
-        restore = [RestoreInputs(env={**common, **own[i]}, **shared) for i in range(n)]
+        restore = [dataclasses.replace(options.guest, env={**common, **own[i]}) for i in range(n)]
     except protocol.RequestError as exc:
         raise InvalidRequest(str(exc)) from None
     metadata = options.metadata or {}
