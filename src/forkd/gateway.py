@@ -49,6 +49,7 @@ from forkd.api.limits import BodySizeLimitMiddleware
 from forkd.api.settings import DEFAULT_MAX_BODY_BYTES
 from forkd.bounds import SANDBOX_ID_RE
 from forkd.config import API_VERSION, VERSION
+from forkd.errors import NO_CAPACITY
 from forkd.fleet.etcd import EtcdClient
 from forkd.fleet.hosts import HostRecord
 from forkd.fleet.membership import Membership
@@ -175,7 +176,7 @@ class Gateway:
                       else self._alive()[:1])
         if not candidates:
             candidates = self._alive()[:1]  # nobody holds it and nobody can pull: let a host say 404
-        return await self._first_reachable(request, candidates, body)
+        return await self._first_reachable(request, candidates, body, past_full=True)
 
     async def _create_snapshot(self, request: Request) -> Response:
         body = await request.body()
@@ -237,19 +238,34 @@ class Gateway:
         return last
 
     async def _first_reachable(self, request: Request, hosts: list[HostRecord],
-                               body: bytes | None) -> Response:
+                               body: bytes | None, *, past_full: bool = False) -> Response:
+        """The first answer of ``hosts`` in order, past those that cannot be reached and, with
+        ``past_full`` (a spawn: nothing started on a host that refused it), those at capacity."""
         if not hosts:
             return _error(503, "no forkd host is in the fleet (none holds a lease in etcd); start a host "
                                "daemon with --etcd and --host-id")
-        failures = []
+        failures: list[str] = []
+        full: list[tuple[HostRecord, Response]] = []
         for host in hosts:
             try:
-                return await self._forward(host, request, body)
+                response = await self._forward(host, request, body)
             except HostFailed as exc:
                 if exc.sent:
                     return _error(exc.status, str(exc))
                 failures.append(str(exc))
-        return _error(502, "; ".join(failures))
+                continue
+            if past_full and _no_capacity(response):
+                full.append((host, response))
+                continue
+            return response
+        if full and not failures:
+            waits = [int(w) for _, r in full if (w := r.headers.get("retry-after", "")).isdigit()]
+            return JSONResponse(
+                {"error": "every host of the fleet that could take this spawn is at capacity: "
+                          + "; ".join(f"{h.host_id}: {_error_text(r)}" for h, r in full),
+                 "code": NO_CAPACITY},
+                status_code=503, headers={"Retry-After": str(min(waits))} if waits else None)
+        return _error(502, "; ".join(failures + [f"{h.host_id}: {_error_text(r)}" for h, r in full]))
 
     async def _merged(self, request: Request, key: str) -> Response:
         """Every host's list, merged (by ``key``, first host wins); unreachable hosts are named."""
@@ -356,6 +372,23 @@ class Gateway:
         except httpx.HTTPError as exc:
             raise HostFailed(502, f"host {host.host_id} failed: {type(exc).__name__}: {exc}",
                              sent=True) from None
+
+
+def _no_capacity(response: Response) -> bool:
+    """Whether a host answered 503 ``no_capacity`` (it is full; another host may not be)."""
+    if response.status_code != 503:
+        return False
+    try:
+        return bool(json.loads(bytes(response.body)).get("code") == NO_CAPACITY)
+    except (ValueError, AttributeError):
+        return False
+
+
+def _error_text(response: Response) -> str:
+    try:
+        return str(json.loads(bytes(response.body))["error"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
 
 
 def _json_field(body: bytes, name: str) -> str | None:

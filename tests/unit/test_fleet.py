@@ -293,3 +293,57 @@ def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], e
         took = time.monotonic() - started
     assert r.status_code == 502 and "left the fleet while serving" in r.json()["error"]
     assert took < 2 + 3, took  # cut short when the 2 s lease ends, not after the 60 s request timeout
+
+
+# ------------------------------------------------------------------ capacity through the gateway
+
+def full_host(retry_after: int) -> Any:
+    """A host that is at capacity: every spawn is its 503 no_capacity (the daemon's answer shape)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def spawn(_request: Request) -> JSONResponse:
+        return JSONResponse({"error": "this host is at capacity", "code": "no_capacity"}, status_code=503,
+                            headers={"Retry-After": str(retry_after)})
+
+    return Starlette(routes=[Route("/v1/sandboxes", spawn, methods=["POST"])])
+
+
+def test_the_gateway_tries_the_next_host_past_a_full_one_and_is_503_when_all_are(
+        etcd: Etcd, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    roomy = FakeRuntime(host_id="gc")
+    roomy.add_snapshot("py")
+    with contextlib.ExitStack() as stack:
+        full_a = stack.enter_context(serve(full_host(7)))
+        full_b = stack.enter_context(serve(full_host(5)))
+        roomy_url = stack.enter_context(serve(create_app(
+            Settings(token_file=token_file, audit_log=tmp_path / "gc.log"), runtime=roomy)))
+        # The full hosts hold py and are the least loaded: placement tries them first.
+        put_host(etcd, HostRecord("ga", full_a, 10, 0, ["py"], {}, 1000, True))
+        put_host(etcd, HostRecord("gb", full_b, 10, 1, ["py"], {}, 1000, True))
+        settings = GatewaySettings(etcd=[etcd.url], token_file=token_file, poll_interval=0.1,
+                                   request_timeout=60, publish=False)
+        url = stack.enter_context(serve(create_gateway_app(settings)))
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=30,
+                                                  headers={"Authorization": f"Bearer {TOKEN}"}))
+        deadline = time.monotonic() + 10
+        while len(client.get("/v1/fleet").json()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Only full hosts: the fleet is full, with the soonest Retry-After and each host's reason.
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        assert r.status_code == 503 and r.json()["code"] == "no_capacity"
+        assert r.headers["retry-after"] == "5"
+        assert "ga: this host is at capacity" in r.json()["error"] and "gb:" in r.json()["error"]
+        # A host with room joins: the spawn goes past the full ones to it.
+        put_host(etcd, HostRecord("gc", roomy_url, 10, 5, ["py"], {}, 1000, True))
+        while len(client.get("/v1/fleet").json()) < 3:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.05)
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        assert r.status_code == 201 and r.headers["x-forkd-host"] == "gc"
+        asyncio.run(_clear(etcd))

@@ -165,7 +165,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
             data = settings.data()
             log.info("opening runtime on %s", data.root)
             rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
-                                    disk_quota_mib=settings.disk_quota_mib)
+                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits())
             if settings.pools:
                 await rt.pools.preset(settings.pools)
             app.state.runtime = rt

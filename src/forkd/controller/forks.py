@@ -103,6 +103,7 @@ class Forker:
                 for i, spec in enumerate(specs)]
         # Refuse what the spawn would refuse before the source is paused, not after.
         self._spawner.check_limits([s.memory_limit_mib for s in specs])
+        self._spawner.check_capacity(count)  # a full host answers 503 without pausing the source
         await self._spawner.check_network(
             tap=source.tap, dns=source.network.dns if source.network else (), egress=options.spawn.egress,
             per_child_netns=options.spawn.per_child_netns, what=f"sandbox {source_id}")

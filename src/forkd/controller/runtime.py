@@ -41,8 +41,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 from forkd import bounds
-from forkd.config import DataDir
+from forkd.config import DataDir, HostLimits
 from forkd.controller.branch import Brancher
+from forkd.controller.capacity import HostCapacity
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
@@ -133,7 +134,10 @@ class Runtime:
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
-        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm)
+        # The host's ceilings (--max-sandboxes, --memory-reserve-mib): every new VM is admitted by it.
+        self.capacity = HostCapacity(live=lambda: len(self.sandboxes.ids()))
+        self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm,
+                               self.capacity)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.brancher, self.spawner,
                              self.snapshots, self.tags)
@@ -175,11 +179,13 @@ class Runtime:
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
-                   host_id: str | None = None, disk_quota_mib: int | None = None) -> Runtime:
+                   host_id: str | None = None, disk_quota_mib: int | None = None,
+                   limits: HostLimits | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
         missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
         ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
-        controller/disk_quota.py)."""
+        controller/disk_quota.py); ``limits``: the host's ceilings on sandboxes and free memory
+        (controller/capacity.py; None: none)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
@@ -197,6 +203,8 @@ class Runtime:
             rt.spawner.host_id = host_id
             if disk_quota_mib is not None:
                 rt.disk_quotas.default_mib = disk_quota_mib
+            if limits is not None:
+                rt.capacity.limits = limits
             await rt._start(stack)
             rt._lifecycle = stack.pop_all()  # open: close() unwinds it
         return rt

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
+from forkd.controller.capacity import HostCapacity
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.options import SpawnOptions
@@ -149,8 +150,11 @@ class MissingSnapshots(Protocol):
 
 class Spawner:
     def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
-                 accel: HostAccelerator, networks: Networks, shm: ShmMemory) -> None:
+                 accel: HostAccelerator, networks: Networks, shm: ShmMemory,
+                 capacity: HostCapacity | None = None) -> None:
         self._data = data
+        # The host's ceilings (controller/capacity.py): a new VM past them is a 503 no_capacity.
+        self._capacity = capacity or HostCapacity(live=lambda: len(table.ids()))
         self._table = table
         self._store = store
         self._accel = accel
@@ -210,6 +214,10 @@ class Spawner:
                                    if isinstance(r, SandboxRecord)), return_exceptions=True)
             raise failures[0]
         return [r for r in results if isinstance(r, SandboxRecord)]
+
+    def check_capacity(self, n: int) -> None:
+        """NoCapacity (503) if ``n`` more VMs would pass this host's ceilings now (controller/capacity.py)."""
+        self._capacity.check(n)
 
     async def check_request(self, tag: str, memory_limits: list[int | None], *, per_child_netns: bool,
                             egress: EgressPolicy | None = None) -> tuple[Forkable, NetRequest | None]:
@@ -278,8 +286,9 @@ class Spawner:
             if not misses:
                 return await self._limit_disks(results)
             try:
-                fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
-                                                  per_child_netns=per_child_netns, live_fork=live_fork)
+                with self._capacity.admit(len(misses)):  # claimed members hold their places already
+                    fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
+                                                      per_child_netns=per_child_netns, live_fork=live_fork)
             except BaseException:
                 # A request-wide refusal after the claims: the claimed children go too.
                 await asyncio.gather(*(self._table.kill(c.id) for c in claimed if c is not None),
@@ -328,8 +337,9 @@ class Spawner:
             snap, net = await self.check_request(key.tag, [key.memory_limit_mib],
                                                  per_child_netns=key.per_child_netns, egress=key.egress)
             member = ChildSpec(memory_limit_mib=key.memory_limit_mib)
-            [result] = await self._restore_batch(snap, [member], net, per_child_netns=key.per_child_netns,
-                                                 live_fork=key.live_fork, pooled=True)
+            with self._capacity.admit(1):  # a pool member holds a VM like any sandbox
+                [result] = await self._restore_batch(snap, [member], net, per_child_netns=key.per_child_netns,
+                                                     live_fork=key.live_fork, pooled=True)
         finally:
             self._busy[key.tag] -= 1
             if not self._busy[key.tag]:

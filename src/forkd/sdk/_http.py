@@ -146,10 +146,27 @@ def error_message(response: httpx.Response) -> str:
     return f"HTTP {response.status_code} {response.reason_phrase}".strip()
 
 
+def error_code(response: httpx.Response) -> str | None:
+    """The answer's machine-readable ``code`` (e.g. ``no_capacity``), if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The Retry-After header in seconds (the delay form; an HTTP date is not used by forkd)."""
+    value = response.headers.get("retry-after", "")
+    return float(value) if value.isdigit() else None
+
+
 def parse_response(call: Call, response: httpx.Response) -> Any:
     """The decoded body of a successful response; raises the mapped error otherwise."""
     if not response.is_success:
-        raise error_for_status(response.status_code, error_message(response))
+        raise error_for_status(response.status_code, error_message(response), error_code(response),
+                               retry_after(response))
     if response.status_code == 204 or not response.content:
         return None
     if call.expect == "text":
