@@ -88,6 +88,7 @@ lint: venv node-deps
 	$(BIN)/python scripts/unasync_sdk.py --check
 	$(BIN)/python scripts/gen_sdk_models.py --check
 	$(BIN)/python scripts/gen_ts_types.py --check
+	$(BIN)/kubernetes-validate --strict --quiet $(filter-out %/kustomization.yaml,$(wildcard deploy/k8s/*.yaml))
 	cd sdk/typescript && npm run --silent build && npm run --silent build:test && npm run --silent test:offline
 
 clean:
