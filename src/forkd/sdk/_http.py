@@ -1,7 +1,7 @@
 """Transport-independent plumbing shared by the sync and async controllers.
 
 Each REST call is described once, as a :class:`Call` built by the functions in
-:mod:`forkd.sdk._calls`; :class:`~forkd.sdk.client.Controller` and
+:mod:`forkd.sdk._calls`; :class:`~forkd.sdk.Controller` and
 :class:`~forkd.sdk.async_client.AsyncController` only differ in how they send
 it. Keeping request shapes in one place means the two clients cannot drift,
 and ``client.py`` itself is generated from ``async_client.py`` by

@@ -426,7 +426,7 @@ class AsyncSandbox:
         Forks a tree with one child per candidate (child ``i`` gets
         ``child_env[i]``), calls ``run(child, candidate)`` for all children at
         the same time (a thread each for the blocking
-        :class:`forkd.sdk.sandbox.Sandbox`), then ``score(child, candidate,
+        :class:`forkd.sdk.Sandbox`), then ``score(child, candidate,
         result)`` with what ``run`` returned; higher is better. Without
         ``score`` the result of ``run`` is the score. ``run`` and ``score`` are
         called like this class's methods (awaited where those are).

@@ -93,7 +93,7 @@ class SnapshotFailedError(ForkdError):
 
 
 class ExploreError(ForkdError):
-    """No candidate of :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>` succeeded.
+    """No candidate of :meth:`Sandbox.explore <forkd.sdk.Sandbox.explore>` succeeded.
 
     Every child failed to spawn, run or be scored; explore killed the children
     that had come up. ``outcomes`` says how each candidate failed (``error``,

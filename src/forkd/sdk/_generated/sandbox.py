@@ -28,10 +28,10 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from forkd.sdk._defaults import default_controller
-from forkd.sdk.client import Controller
-from forkd.sdk.explore import explore_tree
-from forkd.sdk.guest import CommandHandle, Commands, Files
-from forkd.sdk.snapshot import Snapshot
+from forkd.sdk._generated.client import Controller
+from forkd.sdk._generated.explore import explore_tree
+from forkd.sdk._generated.guest import CommandHandle, Commands, Files
+from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
 from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
@@ -427,7 +427,7 @@ class Sandbox:
         Forks a tree with one child per candidate (child ``i`` gets
         ``child_env[i]``), calls ``run(child, candidate)`` for all children at
         the same time (a thread each for the blocking
-        :class:`forkd.sdk.sandbox.Sandbox`), then ``score(child, candidate,
+        :class:`forkd.sdk.Sandbox`), then ``score(child, candidate,
         result)`` with what ``run`` returned; higher is better. Without
         ``score`` the result of ``run`` is the score. ``run`` and ``score`` are
         called like this class's methods (awaited where those are).

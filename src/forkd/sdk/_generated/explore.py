@@ -19,7 +19,7 @@ from forkd.sdk.errors import ExploreError
 from forkd.sdk.types import CandidateT, ExploreResult, Outcome, best_outcome
 
 if TYPE_CHECKING:
-    from forkd.sdk.sandbox import Sandbox
+    from forkd.sdk._generated.sandbox import Sandbox
 
 
 def explore_tree(
