@@ -201,3 +201,18 @@ class PullReport(TypedDict):
 class ContextReport(TypedDict):
     context: str
     bytes: int
+
+
+class SandboxCost(TypedDict):
+    """``GET /v1/sandboxes/{id}/memory``: bytes. ``ram_bytes``: the guest's RAM; ``shared_bytes``:
+    pages read from the snapshot and not written (in the page cache once, shared with the snapshot
+    and its siblings); ``private_bytes``: pages it wrote (its own); ``untouched_bytes``: neither
+    yet; ``disk_bytes``: what its own disk layers (its copy-on-write overlay, and those its
+    branches froze) hold on the host."""
+
+    sandbox_id: str
+    ram_bytes: int
+    shared_bytes: int
+    private_bytes: int
+    untouched_bytes: int
+    disk_bytes: int

@@ -48,6 +48,7 @@ from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.costs import SandboxCosts
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
@@ -124,6 +125,7 @@ class Runtime:
         rows = registry.sandboxes  # owned by the SandboxTable; the others read it, or set one column
         self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes)
         self.files = SandboxFiles(self.sandboxes)
+        self.costs = SandboxCosts(self.sandboxes)  # what each sandbox costs the host (RAM, disk)
         self.kernels = KernelCells(self.sandboxes)  # sub-APIs: routes call these five directly
         self.code = CodeRunner(self.sandboxes, self.kernels)
         self.processes = SandboxProcesses(self.sandboxes)

@@ -976,6 +976,31 @@ class PushResult(TypedDict, total=False):
     """Compressed bytes sent."""
 
 
+class SandboxMemory(TypedDict, total=False):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+    sandbox_id: Required[str]
+
+    ram_bytes: Required[int]
+    """The guest's RAM."""
+
+    shared_bytes: Required[int]
+    """Pages read from its snapshot and never written: held once in the host's page cache, shared with
+    the snapshot and every sibling that read them.
+    """
+
+    private_bytes: Required[int]
+    """Pages it wrote since its restore: its own copies."""
+
+    untouched_bytes: Required[int]
+    """Pages it has not touched yet (neither shared nor private)."""
+
+    disk_bytes: Required[int]
+    """What its own disk layers (its copy-on-write overlay, and those its branches froze) take on the
+    host.
+    """
+
+
 class SignalRequest(TypedDict, total=False):
     """The ``SignalRequest`` schema."""
 
@@ -1489,6 +1514,7 @@ __all__ = [
     "PushRequest",
     "PushResult",
     "SandboxInfo",
+    "SandboxMemory",
     "SandboxNetwork",
     "SignalRequest",
     "SignalResponse",

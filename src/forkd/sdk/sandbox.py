@@ -34,7 +34,7 @@ from forkd.sdk.guest import CommandHandle, Commands, Files
 from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SpawnExtra
+from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -219,6 +219,11 @@ class Sandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
+
+    def memory(self) -> SandboxMemory:
+        """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its
+        own, pages untouched, its own disk layers (bytes; ``GET /v1/sandboxes/{id}/memory``)."""
+        return self.controller.sandbox_memory(self.id)
 
     def ping(self) -> PingResponse:
         """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""

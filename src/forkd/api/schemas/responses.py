@@ -246,6 +246,20 @@ class MkdirResponse(ResponseModel):
     created: bool = Field(description="False when parents=true and the directory already existed.")
 
 
+class SandboxMemory(ResponseModel):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+    sandbox_id: str
+    ram_bytes: int = Field(description="The guest's RAM.")
+    shared_bytes: int = Field(description="Pages read from its snapshot and never written: held once in "
+                              "the host's page cache, shared with the snapshot and every sibling that "
+                              "read them.")
+    private_bytes: int = Field(description="Pages it wrote since its restore: its own copies.")
+    untouched_bytes: int = Field(description="Pages it has not touched yet (neither shared nor private).")
+    disk_bytes: int = Field(description="What its own disk layers (its copy-on-write overlay, and those "
+                            "its branches froze) take on the host.")
+
+
 class PingResponse(ResponseModel):
     pong: bool
     numpy_version: str | None = None
