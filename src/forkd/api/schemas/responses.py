@@ -163,6 +163,20 @@ class WorkspaceInfo(ResponseModel):
     last_active_unix: int
 
 
+class SandboxMemory(ResponseModel):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+    sandbox_id: str
+    ram_bytes: int = Field(description="The guest's RAM.")
+    shared_bytes: int = Field(description="Pages read from its snapshot and never written: held once in "
+                              "the host's page cache, shared with the snapshot and every sibling that "
+                              "read them.")
+    private_bytes: int = Field(description="Pages it wrote since its restore: its own copies.")
+    untouched_bytes: int = Field(description="Pages it has not touched yet (neither shared nor private).")
+    disk_bytes: int = Field(description="What its own disk layers (its copy-on-write overlay, and those "
+                            "its branches froze) take on the host.")
+
+
 class ForkError(ResponseModel):
     index: int = Field(description="Which child (0-based) failed.")
     error: str
@@ -175,6 +189,10 @@ class ForkResponse(ResponseModel):
     errors: list[ForkError] = Field(description="One entry per child that failed; it left nothing behind.")
     pause_ms: int | float | None = Field(None, description="How long the source was paused.")
     tree_id: str | None = Field(None, description="fork-tree only: the id stamped on every child.")
+    memory: list[SandboxMemory] = Field(
+        default_factory=list, description="What each child costs the host right after its restore, by "
+        "sandbox_id (as GET /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its "
+        "siblings at first. A child that could not be read is left out.")
 
 
 class Deletion(ResponseModel):
@@ -244,20 +262,6 @@ class FileList(ResponseModel):
 class MkdirResponse(ResponseModel):
     path: str
     created: bool = Field(description="False when parents=true and the directory already existed.")
-
-
-class SandboxMemory(ResponseModel):
-    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
-
-    sandbox_id: str
-    ram_bytes: int = Field(description="The guest's RAM.")
-    shared_bytes: int = Field(description="Pages read from its snapshot and never written: held once in "
-                              "the host's page cache, shared with the snapshot and every sibling that "
-                              "read them.")
-    private_bytes: int = Field(description="Pages it wrote since its restore: its own copies.")
-    untouched_bytes: int = Field(description="Pages it has not touched yet (neither shared nor private).")
-    disk_bytes: int = Field(description="What its own disk layers (its copy-on-write overlay, and those "
-                            "its branches froze) take on the host.")
 
 
 class PingResponse(ResponseModel):
