@@ -9,6 +9,7 @@ import time
 import pytest
 
 from forkd.controller.costs import TOTALS_TTL_SECS
+from forkd.controller.options import ForkOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict
 
@@ -47,4 +48,18 @@ def test_a_child_that_wrote_100_mib_holds_about_100_mib_more_of_its_own(
             loop.run(runtime.costs.of(fresh.id))
     finally:
         for sb in (fresh, writer):
+            loop.run(runtime.kill(sb.id))
+
+
+def test_a_forks_report_says_what_each_child_costs(loop: Loop, runtime: Runtime, snapshot: str) -> None:
+    [source] = loop.run(runtime.spawn(snapshot, 1))
+    report = loop.run(runtime.fork(source.id, 2, ForkOptions()))
+    try:
+        assert report.errors == []
+        assert [m["sandbox_id"] for m in report.memory] == [c.id for c in report.children]
+        for cost in report.memory:
+            assert cost["shared_bytes"] > 0 and cost["ram_bytes"] == source.config.mem_mib * MIB
+        assert report.info()["memory"] == report.memory
+    finally:
+        for sb in (source, *report.children):
             loop.run(runtime.kill(sb.id))

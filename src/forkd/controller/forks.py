@@ -24,6 +24,7 @@ makes the source's id an alias of the winner (see docs/BRANCHING.md).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import secrets
@@ -32,8 +33,9 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
+from forkd.controller.costs import cost_of
 from forkd.controller.options import ForkOptions
-from forkd.controller.results import Deletion, PromoteResult
+from forkd.controller.results import Deletion, PromoteResult, SandboxCost
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner, child_specs
@@ -64,17 +66,33 @@ class ForkReport:
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"index", "error"}
     tree_id: str | None = None
     pause_ms: float | None = None
+    # What each child costs the host once up, by sandbox id (controller/costs.py).
+    memory: list[SandboxCost] = field(default_factory=list)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "parent_id": self.parent_id, "snapshot_tag": self.snapshot_tag,
             "children": [c.info() for c in self.children], "errors": self.errors,
+            "memory": self.memory,
         }
         if self.pause_ms is not None:
             out["pause_ms"] = self.pause_ms
         if self.tree_id is not None:
             out["tree_id"] = self.tree_id
         return out
+
+
+async def _costs(children: list[SandboxRecord]) -> list[SandboxCost]:
+    """Each child's cost right after its restore (what it shares with its siblings from the start),
+    by sandbox id. A child that cannot be read (it died meanwhile) is left out, not made up."""
+    def read(record: SandboxRecord) -> SandboxCost | None:
+        try:
+            return cost_of(record)
+        except (ForkdError, OSError):
+            return None
+
+    read_all = await asyncio.gather(*(asyncio.to_thread(read, c) for c in children))
+    return [cost for cost in read_all if cost is not None]
 
 
 class Forker:
@@ -131,6 +149,7 @@ class Forker:
                 result.children.append(outcome)
             else:
                 result.errors.append({"index": i, "error": str(outcome)})
+        result.memory = await _costs(result.children)
         return result
 
     async def _children(self, tag: str, specs: list[ChildSpec],

@@ -216,6 +216,13 @@ class ForkResult(Generic[SandboxT]):
         """True when every child came up."""
         return not self.errors
 
+    @property
+    def memory(self) -> dict[str, models.SandboxMemory]:
+        """What each child cost the host right after its restore, by sandbox id (most of its RAM
+        shared with its siblings at first); empty from a daemon that does not report it."""
+        entries = cast(list[models.SandboxMemory], self.raw.get("memory") or [])
+        return {str(entry["sandbox_id"]): entry for entry in entries if "sandbox_id" in entry}
+
     def by_index(self) -> dict[int, SandboxT]:
         """The children by their index in the request (failed indexes are absent)."""
         failed = {e.index for e in self.errors}
@@ -340,6 +347,9 @@ class Outcome(Generic[SandboxT, CandidateT]):
     error: str | None = None
     """``"spawn: ..."``, ``"run: ValueError: ..."`` or ``"score: ..."``."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    memory: models.SandboxMemory | None = None
+    """What its child cost the host once ``run`` and ``score`` were done (``sb.memory()``): RAM
+    shared with its siblings, RAM of its own, its own disk. None if it could not be read."""
 
     @property
     def ok(self) -> bool:

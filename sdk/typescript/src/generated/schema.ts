@@ -1369,6 +1369,11 @@ export interface components {
              */
             errors: components["schemas"]["ForkError"][];
             /**
+             * Memory
+             * @description What each child costs the host right after its restore, by sandbox_id (as GET /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its siblings at first. A child that could not be read is left out.
+             */
+            memory?: components["schemas"]["SandboxMemory"][];
+            /**
              * Parent Id
              * @description The source sandbox (it keeps running).
              */

@@ -161,6 +161,11 @@ class WorkspaceInfo(ResponseModel):
     pass
 
 
+@derived_from(results.SandboxCost)
+class SandboxMemory(ResponseModel):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+
 class ForkError(ResponseModel):
     index: int = Field(description="Which child (0-based) failed.")
     error: str
@@ -173,6 +178,10 @@ class ForkResponse(ResponseModel):
     errors: list[ForkError] = Field(description="One entry per child that failed; it left nothing behind.")
     pause_ms: int | float | None = Field(None, description="How long the source was paused.")
     tree_id: str | None = Field(None, description="fork-tree only: the id stamped on every child.")
+    memory: list[SandboxMemory] = Field(
+        default_factory=list, description="What each child costs the host right after its restore, by "
+        "sandbox_id (as GET /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its "
+        "siblings at first. A child that could not be read is left out.")
 
 
 @derived_from(results.Deletion)
@@ -216,11 +225,6 @@ class FileList(ResponseModel):
 @derived_from(results.MkdirResult)
 class MkdirResponse(ResponseModel):
     pass
-
-
-@derived_from(results.SandboxCost)
-class SandboxMemory(ResponseModel):
-    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
 
 
 @derived_from(results.PingResult)

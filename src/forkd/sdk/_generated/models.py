@@ -665,6 +665,31 @@ class SandboxInfo(TypedDict, total=False):
     """
 
 
+class SandboxMemory(TypedDict, total=False):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+    sandbox_id: Required[str]
+
+    ram_bytes: Required[int]
+    """The guest's RAM."""
+
+    shared_bytes: Required[int]
+    """Pages read from its snapshot and never written: held once in the host's page cache, shared with
+    the snapshot and every sibling that read them.
+    """
+
+    private_bytes: Required[int]
+    """Pages it wrote since its restore: its own copies."""
+
+    untouched_bytes: Required[int]
+    """Pages it has not touched yet (neither shared nor private)."""
+
+    disk_bytes: Required[int]
+    """What its own disk layers (its copy-on-write overlay, and those its branches froze) take on the
+    host.
+    """
+
+
 class ForkResponse(TypedDict, total=False):
     """The ``ForkResponse`` schema."""
 
@@ -684,6 +709,12 @@ class ForkResponse(TypedDict, total=False):
 
     tree_id: str | None
     """fork-tree only: the id stamped on every child."""
+
+    memory: list[SandboxMemory]
+    """What each child costs the host right after its restore, by sandbox_id (as GET
+    /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its siblings at first. A
+    child that could not be read is left out.
+    """
 
 
 class Health(TypedDict, total=False):
@@ -975,31 +1006,6 @@ class PushResult(TypedDict, total=False):
 
     bytes_uploaded: Required[int]
     """Compressed bytes sent."""
-
-
-class SandboxMemory(TypedDict, total=False):
-    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
-
-    sandbox_id: Required[str]
-
-    ram_bytes: Required[int]
-    """The guest's RAM."""
-
-    shared_bytes: Required[int]
-    """Pages read from its snapshot and never written: held once in the host's page cache, shared with
-    the snapshot and every sibling that read them.
-    """
-
-    private_bytes: Required[int]
-    """Pages it wrote since its restore: its own copies."""
-
-    untouched_bytes: Required[int]
-    """Pages it has not touched yet (neither shared nor private)."""
-
-    disk_bytes: Required[int]
-    """What its own disk layers (its copy-on-write overlay, and those its branches froze) take on the
-    host.
-    """
 
 
 class SignalRequest(TypedDict, total=False):
