@@ -264,12 +264,30 @@ def test_the_gateway_explains_ids_it_cannot_route(gateway: dict[str, Any]) -> No
     assert r.status_code == 404 and "nowhere" in r.json()["error"]
 
 
-def test_the_gateway_refuses_e2b_traffic_it_cannot_route(gateway: dict[str, Any]) -> None:
-    c: httpx.Client = gateway["client"]
-    for r in (c.post("/v2/sandboxes", json={"templateID": "base"}),
-              c.get("/files", params={"path": "/x"}, headers={"E2b-Sandbox-Id": "sb-abcdef-0000"})):
-        assert r.status_code == 501, r.text
-        assert "point E2B clients" in r.json()["error"]
+def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gateway: dict[str, Any]) -> None:
+    url = str(gateway["client"].base_url)
+    key = {"X-API-Key": TOKEN}
+    # The gateway's token does not stand in for E2B's credentials: the host answers E2B's 401.
+    r = httpx.get(f"{url}/sandboxes")
+    assert r.status_code == 401 and "API key" in r.json()["message"], r.text
+    r = httpx.get(f"{url}/sandboxes", headers={"Authorization": f"Bearer {TOKEN[::-1]}"})
+    assert r.status_code == 401, r.text
+    # Lists merge every host's sandboxes.
+    listed = httpx.get(f"{url}/v2/sandboxes", headers=key)
+    assert listed.status_code == 200, listed.text
+    assert {"sb-ga-abcdef-0000", "sb-gb-fedcba-0000"} <= {s["sandboxID"] for s in listed.json()}
+    # A call that names a sandbox goes to its host; envd's header and E2B's host name form too.
+    got = httpx.get(f"{url}/sandboxes/sb-gb-fedcba-0000", headers=key)
+    assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text
+    for headers in ({"E2b-Sandbox-Id": "sb-ga-abcdef-0000"}, {"Host": "49983-sb-ga-abcdef-0000.e2b.test"}):
+        r = httpx.get(f"{url}/health", headers=headers)
+        assert r.headers.get("x-forkd-host") == "ga", (headers, r.status_code, r.text)
+    # A sandbox of no host of the fleet is E2B's 404, naming why.
+    gone = httpx.get(f"{url}/sandboxes/sb-zz-abcdef-0000", headers=key)
+    assert gone.status_code == 404 and "left the fleet" in gone.json()["message"]
+    # A create is placed as a spawn: on the host that holds the template.
+    made = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "py"})
+    assert made.status_code == 201 and made.headers["x-forkd-host"] == "gb", made.text
 
 
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
