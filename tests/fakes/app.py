@@ -1,26 +1,121 @@
-"""The daemon's app on a FakeRuntime, with a token, behind a TestClient: for REST-layer tests."""
+"""The daemon's app behind a TestClient, with a token: for REST-layer tests.
+
+``daemon_app`` runs the app on the real ``Runtime`` (opened by the app's own lifespan on a data
+dir under ``tmp_path``) over the test double of QEMU (``tests.fakes.vmm``) and a tiny guest
+image: every route reaches the real controller, and only the VM's process, its QMP and its
+guest agent are stand-ins. ``app_client`` is the same on a runtime given by the test.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
-from tests.fakes.runtime import FakeRuntime
+from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.store.registry import SandboxRecord, SnapshotRecord
+from tests.fakes import vmm
 
 TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+T = TypeVar("T")
+
+
+def guest_image(images: Path, name: str = "default") -> Path:
+    """A guest image the test double of QEMU can "boot": its files exist, nothing in them runs."""
+    image = images / name
+    image.mkdir(parents=True, exist_ok=True)
+    (image / "image.json").write_text(json.dumps({"name": name, "key": "test-double"}))
+    (image / "vmlinux").write_bytes(b"\x7fELF")
+    (image / "initramfs.img").write_bytes(b"")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "raw", str(image / "rootfs.ext4"), "64M"], check=True)
+    return image
 
 
 @contextmanager
-def app_client(tmp_path: Path, runtime: FakeRuntime, *, headers: dict[str, str] | None = None,
+def fake_qemu(tmp_path: Path) -> Iterator[None]:
+    """The test double of QEMU first on PATH (and no accelerator probe) while the block runs."""
+    bin_dir = vmm.install(tmp_path / "bin").parent
+    saved = {k: os.environ.get(k) for k in ("PATH", "FORKD_ACCEL")}
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["FORKD_ACCEL"] = "tcg"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@dataclass
+class Daemon:
+    """The app, its client and its real runtime; ``run`` calls the runtime on the app's loop."""
+
+    client: TestClient
+    data: Path
+
+    @property
+    def runtime(self) -> Runtime:
+        rt = self.client.app.state.runtime  # type: ignore[attr-defined]
+        assert isinstance(rt, Runtime)
+        return rt
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        portal = self.client.portal
+        assert portal is not None, "only inside the client's context"
+
+        async def call() -> T:
+            return await fn(*args, **kwargs)
+
+        return portal.call(call)
+
+    def snapshot(self, tag: str = "py") -> SnapshotRecord:
+        return self.run(self.runtime.create_snapshot, SnapshotSpec(tag=tag))
+
+    def sandbox(self, tag: str = "py") -> SandboxRecord:
+        return self.run(self.runtime.spawn, tag)[0]
+
+
+@contextmanager
+def daemon_app(tmp_path: Path, *, headers: dict[str, str] | None = None, snapshots: tuple[str, ...] = ("py",),
+               token: bool = True, **settings: Any) -> Iterator[Daemon]:
+    """The app on a real runtime over the QEMU double, with the snapshots ``snapshots`` made
+    (token ``TOKEN`` unless not ``token``; ``headers`` on every request)."""
+    # Short: a VM's sockets live under it, and a unix socket's path has at most 107 bytes.
+    data = Path(tempfile.mkdtemp(prefix="fkt-", dir="/tmp"))
+    guest_image(data / "images")
+    if token:
+        (tmp_path / "token").write_text(TOKEN)
+        settings.setdefault("token_file", tmp_path / "token")
+    config = Settings(data_dir=data, audit_log=tmp_path / "audit.log", **settings)
+    try:
+        with fake_qemu(tmp_path), TestClient(create_app(config), raise_server_exceptions=False,
+                                             headers=headers or {}) as client:
+            daemon = Daemon(client, data)
+            for tag in snapshots:
+                daemon.snapshot(tag)
+            yield daemon
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@contextmanager
+def app_client(tmp_path: Path, runtime: Any, *, headers: dict[str, str] | None = None,
                **settings: Any) -> Iterator[TestClient]:
-    """A client of the app (token ``TOKEN``, data under ``tmp_path``); ``headers`` on every request."""
+    """A client of the app on ``runtime`` (token ``TOKEN``, data under ``tmp_path``)."""
     (tmp_path / "token").write_text(TOKEN)
     config = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
                       audit_log=tmp_path / "audit.log", **settings)
