@@ -25,7 +25,7 @@ from forkd.api.app import create_app
 from forkd.api.settings import Settings
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.store.registry import SandboxRecord, SnapshotRecord
-from tests.fakes import vmm
+from tests.fakes import guest, vmm
 
 TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -81,6 +81,11 @@ class Daemon:
             return await fn(*args, **kwargs)
 
         return portal.call(call)
+
+    def guest_requests(self, sandbox_id: str, action: str | None = None) -> list[dict[str, Any]]:
+        """What the sandbox's guest has been asked so far (only ``action``'s, if given)."""
+        run_dir = Path(self.runtime.get_sandbox(sandbox_id).dir)
+        return [r for r in guest.requests(run_dir) if action is None or r.get("action") == action]
 
     def snapshot(self, tag: str = "py") -> SnapshotRecord:
         return self.run(self.runtime.create_snapshot, SnapshotSpec(tag=tag))

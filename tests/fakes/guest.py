@@ -22,11 +22,13 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import json
 import operator
 import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from forkd.guest import protocol
@@ -53,6 +55,18 @@ class GuestState:
     def from_json(cls, d: dict[str, Any]) -> GuestState:
         return cls(files=dict(d["files"]), metadata=dict(d.get("metadata") or {}), env=dict(d["env"]),
                    hostname=str(d["hostname"]), restores=int(d["restores"]))
+
+
+REQUEST_LOG = "guest-requests.jsonl"  # in the VM's run dir
+
+
+def requests(run_dir: Path) -> list[dict[str, Any]]:
+    """The requests the scripted guest of the VM run in ``run_dir`` has received, in order."""
+    try:
+        text = (run_dir / REQUEST_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines()]
 
 
 class Refused(Exception):
@@ -153,8 +167,9 @@ class Process:
 class ScriptedGuest:
     """Answers the agent protocol on every connection ``serve`` is given."""
 
-    def __init__(self, state: GuestState | None = None) -> None:
+    def __init__(self, state: GuestState | None = None, log: Path | None = None) -> None:
         self.state = state or GuestState()
+        self.log = log  # every request received is appended here, a JSON line each (``requests``)
         self.processes: dict[int, Process] = {}
         self._pids = itertools.count(100)
         self._handles: dict[str, tuple[str, bytearray, dict[str, str] | None]] = {}
@@ -187,6 +202,9 @@ class ScriptedGuest:
     def answer(self, req: dict[str, Any], send: Callable[[dict[str, Any]], None],
                streams: dict[int, Process]) -> None:
         req_id, action = req.get("id"), req.get("action")
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(json.dumps(req) + "\n")
         args = {k: v for k, v in req.items() if k not in ("id", "action")}
         if action == protocol.PROC_DETACH:  # notifications: no reply
             proc = streams.pop(int(args["stream"]), None)

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.guest import GuestState, ScriptedGuest
+from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ class FakeQemu:
         self.status = "inmigrate" if self.incoming else "running"
         self.migration = "none"
         self.caps: dict[str, bool] = {}
-        self.guest = ScriptedGuest()
+        self.guest = ScriptedGuest(log=Path.cwd() / REQUEST_LOG)  # QEMU runs in the VM's run dir
         self.done = asyncio.Event()
         self.ram = self._map_ram(argv)
         console = _option(argv, "-chardev", "path")
