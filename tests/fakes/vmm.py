@@ -37,6 +37,7 @@ from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
 
 REPO = Path(__file__).resolve().parents[2]
+QEMU_FOOTPRINT_MIB = 96  # what a QEMU process uses of its own, beside the guest's RAM
 VERSION = "QEMU emulator version 7.2.0 (forkd test double)"
 
 
@@ -223,7 +224,28 @@ class FakeQemu:
 
     # ------------------------------------------------------------ run
 
+    @staticmethod
+    def _take_qemu_footprint() -> bytearray | None:
+        """In a memory cgroup with a limit (a sandbox's ``memory_limit_mib``), use as much memory
+        as a QEMU does before its guest runs, so that a limit too low for one ends as it would:
+        the kernel's OOM killer ends this process. (Elsewhere, no need to spend the memory.)"""
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            candidates = ([Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"]
+                          if "memory" in controllers.split(",") else
+                          [Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"] if controllers == "" else [])
+            for limit_file in candidates:
+                with contextlib.suppress(OSError, ValueError):
+                    if int(limit_file.read_text().strip()) < (1 << 40):
+                        return bytearray(QEMU_FOOTPRINT_MIB << 20)  # zero-filled: every page touched
+        return None
+
     async def run(self) -> None:
+        self.footprint = self._take_qemu_footprint()
         qmp_sock = socket.socket(fileno=_chardev_fd(self.argv, "qmp"))
         agent_sock = socket.socket(fileno=_chardev_fd(self.argv, "agent"))
         qmp = FakeQMP(Path("qmp.sock"))
