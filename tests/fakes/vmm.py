@@ -235,9 +235,13 @@ class FakeQemu:
             return None
         for line in lines:
             _, controllers, path = line.split(":", 2)
-            candidates = ([Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"]
-                          if "memory" in controllers.split(",") else
-                          [Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"] if controllers == "" else [])
+            rel = path.lstrip("/")
+            if "memory" in controllers.split(","):  # cgroup v1
+                candidates = [Path("/sys/fs/cgroup/memory") / rel / "memory.limit_in_bytes"]
+            elif controllers == "":  # v2
+                candidates = [Path("/sys/fs/cgroup") / rel / "memory.max"]
+            else:
+                continue
             for limit_file in candidates:
                 with contextlib.suppress(OSError, ValueError):
                     if int(limit_file.read_text().strip()) < (1 << 40):
