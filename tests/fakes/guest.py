@@ -26,6 +26,7 @@ import json
 import operator
 import posixpath
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,7 @@ class Process:
         self.cwd: str | None = req.get("cwd")
         self.tag: str | None = req.get("tag")
         self.user: str | None = req.get("user")
-        self.stdin_open = bool(req.get("stdin_open"))
+        self.stdin_open = req.get("stdin") is True  # proc_start's "stdin": keep it open
         pty = req.get("pty")
         self.pty: dict[str, int] | None = (
             {"cols": int(pty["cols"]), "rows": int(pty["rows"])} if isinstance(pty, dict) else None)
@@ -119,7 +120,7 @@ class Process:
         self.events: list[dict[str, Any]] = [{"type": protocol.EV_START, "pid": pid}]
         self.watchers: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.end: dict[str, Any] | None = None
-        stdin = base64.b64decode(req["stdin"]) if isinstance(req.get("stdin"), str) else b""
+        stdin = base64.b64decode(req["input"]) if isinstance(req.get("input"), str) else b""
         cmd, words = self.args[0], " ".join(self.args[1:])
         if cmd == "echo":
             self.emit(protocol.EV_STDOUT, f"{words}\n".encode())
@@ -232,6 +233,10 @@ class ScriptedGuest:
             send(protocol.error_reply(req_id, str(exc), exc.kind))
         except protocol.RequestError as exc:
             send(protocol.error_reply(req_id, str(exc), exc.kind))
+        except (TypeError, KeyError, ValueError) as exc:  # a request this script does not know
+            traceback.print_exc()  # into the VM's qemu.log
+            send(protocol.error_reply(req_id, f"scripted guest: bad {action!r} request: {exc!r}",
+                                      protocol.INVALID))
 
     # ------------------------------------------------------------ calls
 
@@ -279,9 +284,9 @@ class ScriptedGuest:
         return {"cancelled": False}
 
     def _exec(self, req_id: Any, args: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
-        if args.get("stdin") is not None:
-            args = {**args, "stdin": _b64(str(args["stdin"]).encode())}
-        proc = Process(0, args)
+        text = args.get("stdin")  # exec's stdin: text, all of it
+        proc = Process(0, {**args, "stdin": False,
+                           "input": _b64(text.encode()) if isinstance(text, str) else None})
         if proc.end is None:  # nothing more will come: a sleep or an open cat never ends here
             proc.finish(-9, 9)
         for ev in proc.events[1:-1]:
@@ -357,7 +362,7 @@ class ScriptedGuest:
                 proc.finish(0)
         return {"written": len(raw)}
 
-    def do_proc_signal(self, pid: int, signal: int, group: bool = True) -> dict[str, Any]:
+    def do_proc_signal(self, pid: int, signal: int, group: bool = True, wait_ms: int = 0) -> dict[str, Any]:
         proc = self._proc(pid)
         if proc.end is not None:
             raise Refused(f"process {pid} is not running", protocol.NOT_FOUND)
