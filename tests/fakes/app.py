@@ -13,8 +13,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
+from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.store.registry import SandboxRecord, SnapshotRecord
 from tests.fakes import guest, vmm
@@ -58,6 +59,22 @@ def fake_qemu(tmp_path: Path) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@asynccontextmanager
+async def open_runtime(tmp_path: Path, snapshots: tuple[str, ...] = ("py",)) -> AsyncIterator[Runtime]:
+    """A real runtime over the QEMU double, opened on the running loop (for an app the test drives
+    through ``httpx.ASGITransport``), with the snapshots ``snapshots`` made."""
+    data = Path(tempfile.mkdtemp(prefix="fkt-", dir="/tmp"))  # short: see daemon_app
+    guest_image(data / "images")
+    try:
+        with fake_qemu(tmp_path):
+            async with await Runtime.open(DataDir(data)) as rt:
+                for tag in snapshots:
+                    await rt.create_snapshot(SnapshotSpec(tag=tag))
+                yield rt
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @dataclass

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from forkd.guest import protocol
 from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
 
@@ -255,7 +256,8 @@ class FakeQemu:
         qmp = FakeQMP(Path("qmp.sock"))
         self.handlers(qmp)
         await qmp.start(sock=qmp_sock)
-        agent = await asyncio.start_unix_server(self.guest.serve, sock=agent_sock)
+        agent = await asyncio.start_unix_server(self.guest.serve, sock=agent_sock,
+                                                limit=protocol.MAX_REQUEST_LINE)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.done.set)
         await self.done.wait()

@@ -101,7 +101,8 @@ def test_background_process_lifecycle(sb_id: str, http: TestClient) -> None:
     r = http.post(f"/v1/sandboxes/{sb_id}/processes/{pid}/stdin",
                   json={"data": base64.b64encode(b"\x00\x01").decode(), "encoding": "base64"})
     assert r.json()["written"] == 2
-    bad = http.post(f"/v1/sandboxes/{sb_id}/processes/{pid}/stdin", json={"data": "***", "encoding": "base64"})
+    bad = http.post(f"/v1/sandboxes/{sb_id}/processes/{pid}/stdin",
+                    json={"data": "***", "encoding": "base64"})
     assert bad.status_code == 400 and "base64" in bad.json()["error"]
 
     assert http.delete(f"/v1/sandboxes/{sb_id}/processes/{pid}").status_code == 204
@@ -122,7 +123,8 @@ def test_signals_by_name_only(sb_id: str, http: TestClient, daemon: Daemon) -> N
     r = http.post(f"/v1/sandboxes/{sb_id}/processes/{pid}/signal", json={"signal": "SIGTERM", "group": False})
     assert r.json() == {"pid": pid, "signal": 15, "signalled": True}
     assert daemon.guest_requests(sb_id, "proc_signal")[-1]["group"] is False
-    assert http.post(f"/v1/sandboxes/{sb_id}/processes/0/signal", json={"signal": "SIGTERM"}).status_code == 400
+    zero = http.post(f"/v1/sandboxes/{sb_id}/processes/0/signal", json={"signal": "SIGTERM"})
+    assert zero.status_code == 400
 
 
 def test_eval_timeout_and_cancel(sb_id: str, http: TestClient, daemon: Daemon) -> None:
