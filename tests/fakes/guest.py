@@ -177,6 +177,9 @@ class ScriptedGuest:
         self._handle_ids = itertools.count(1)
         self._boot = time.time()
         self.cells = 0
+        # Directory watchers: id -> (directory, recursive, entries, events not yet polled).
+        self._watchers: dict[str, tuple[str, bool, bool, list[dict[str, Any]]]] = {}
+        self._watcher_ids = itertools.count(1)
 
     # ------------------------------------------------------------ wire
 
@@ -437,6 +440,7 @@ class ScriptedGuest:
             self._make_parents(norm)
         self._parent_dir(norm)
         self.state.files[norm] = None
+        self._changed(norm, "create")
         return {"created": True}
 
     def do_file_remove(self, path: str, recursive: bool = False, user: str | None = None) -> dict[str, Any]:
@@ -449,6 +453,7 @@ class ScriptedGuest:
         for p in [*inside, norm]:
             del self.state.files[p]
             self.state.metadata.pop(p, None)
+        self._changed(norm, "remove")
         return {"removed": True}
 
     def do_file_move(self, source: str, destination: str, user: str | None = None) -> dict[str, Any]:
@@ -464,6 +469,8 @@ class ScriptedGuest:
             self.state.files[moved] = self.state.files.pop(path)
             if path in self.state.metadata:
                 self.state.metadata[moved] = self.state.metadata.pop(path)
+        self._changed(src, "rename")
+        self._changed(dst, "create")
         return self._info(dst)
 
     def do_file_read(self, path: str, offset: int = 0, length: int = protocol.FILE_CHUNK,
@@ -503,11 +510,50 @@ class ScriptedGuest:
         path, buf, metadata = self._handles.pop(handle)
         if not commit:
             return {"aborted": True}
+        replaced = path in self.state.files
         self.state.files[path] = _b64(bytes(buf))
+        # As the agent reports an upload landing: the file made (if new), written, given its mode.
+        self._changed(path, *(("write", "chmod") if replaced else ("create", "write", "chmod")))
         self.state.metadata.pop(path, None)  # a new file: only this upload's metadata
         if metadata:
             self.state.metadata[path] = dict(metadata)
         return self._info(path)
+
+    # ------------------------------------------------------------ watches
+
+    def _changed(self, path: str, *kinds: str) -> None:
+        """Queue ``kinds`` events about ``path`` for every watcher of its directory (as inotify
+        would: a watcher of a directory sees what happens in it, a recursive one below it too)."""
+        for directory, recursive, _, queue in self._watchers.values():
+            parent = posixpath.dirname(path)
+            if parent == directory or (recursive and path.startswith(directory.rstrip("/") + "/")):
+                name = path[len(directory.rstrip("/")) + 1:]
+                queue += [{"name": name, "type": kind} for kind in kinds]
+
+    def do_watch(self, op: str, **args: Any) -> dict[str, Any]:
+        if op == "create":
+            norm = self._existing(str(args.get("path")))
+            if self.state.files[norm] is not None:
+                raise Refused(f"{norm} is not a directory", protocol.INVALID)
+            watcher = f"w{next(self._watcher_ids)}"
+            self._watchers[watcher] = (norm, args.get("recursive") is True, args.get("entries") is True, [])
+            return {"watcher": watcher}
+        found = self._watchers.get(str(args.get("watcher")))
+        if found is None:
+            raise Refused(f"no directory watcher {str(args.get('watcher'))[:40]!r}", protocol.NOT_FOUND)
+        if op == "remove":
+            self._watchers.pop(str(args["watcher"]))
+            return {"removed": True}
+        if op == "events":
+            directory, _, entries, queue = found
+            events, queue[:] = list(queue), []
+            if entries:  # each with what its path names now; none if it names nothing any more
+                for ev in events:
+                    path = posixpath.join(directory, ev["name"])
+                    if path in self.state.files:
+                        ev["entry"] = self._info(path)
+            return {"events": events, "overflowed": False}
+        raise Refused(f"unknown watch op {op[:40]!r}", protocol.INVALID)
 
     # ------------------------------------------------------------ kernels
 
