@@ -10,7 +10,8 @@ snapshot starts with its template's files, as a real one starts with its disk an
 
 Processes play a few commands: ``echo`` (prints its words, exits 0), ``cat`` (echoes stdin until it
 is closed), ``err`` (prints its words on stderr, exits 1), ``sleep`` (runs until signalled),
-``bytes`` (prints ``\\xff\\xfe`` and a split "é"), ``missing`` (not found); anything else prints its
+``bytes`` (prints ``\\xff\\xfe`` and a split "é"), ``missing`` (not found), ``poweroff`` (the VM goes
+away at once); anything else prints its
 argv joined by spaces and exits 0. ``eval`` knows arithmetic, and answers ``answer(<text>)`` with
 ``<text>``. The kernel (code cells) prints a cell's code and ends.
 """
@@ -168,7 +169,9 @@ class Process:
 class ScriptedGuest:
     """Answers the agent protocol on every connection ``serve`` is given."""
 
-    def __init__(self, state: GuestState | None = None, log: Path | None = None) -> None:
+    def __init__(self, state: GuestState | None = None, log: Path | None = None,
+                 poweroff: Callable[[], None] = lambda: None) -> None:
+        self.poweroff = poweroff  # what "poweroff" does: the VM's process ends
         self.state = state or GuestState()
         self.log = log  # every request received is appended here, a JSON line each (``requests``)
         self.processes: dict[int, Process] = {}
@@ -307,6 +310,8 @@ class ScriptedGuest:
             raise Refused("args must be a non-empty list", protocol.INVALID)
         if argv[0] == "missing":
             raise Refused(f"executable not found: {argv[0]}", protocol.INVALID)
+        if argv[0] == "poweroff":
+            self.poweroff()
         proc = Process(next(self._pids), args)
         self.processes[proc.pid] = proc
         return proc

@@ -88,7 +88,8 @@ class FakeQemu:
         self.status = "inmigrate" if self.incoming else "running"
         self.migration = "none"
         self.caps: dict[str, bool] = {}
-        self.guest = ScriptedGuest(log=Path.cwd() / REQUEST_LOG)  # QEMU runs in the VM's run dir
+        # QEMU runs in the VM's run dir; a guest that powers off ends it (-no-reboot).
+        self.guest = ScriptedGuest(log=Path.cwd() / REQUEST_LOG, poweroff=lambda: os._exit(0))
         self.done = asyncio.Event()
         self.ram = self._map_ram(argv)
         console = _option(argv, "-chardev", "path")
