@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.types import ASGIApp
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
@@ -82,11 +84,12 @@ class Daemon:
     """The app, its client and its real runtime; ``run`` calls the runtime on the app's loop."""
 
     client: TestClient
+    app: FastAPI
     data: Path
 
     @property
     def runtime(self) -> Runtime:
-        rt = self.client.app.state.runtime  # type: ignore[attr-defined]
+        rt = self.app.state.runtime
         assert isinstance(rt, Runtime)
         return rt
 
@@ -113,9 +116,11 @@ class Daemon:
 
 @contextmanager
 def daemon_app(tmp_path: Path, *, headers: dict[str, str] | None = None, snapshots: tuple[str, ...] = ("py",),
-               token: bool = True, **settings: Any) -> Iterator[Daemon]:
+               token: bool = True, wrap: Callable[[FastAPI], ASGIApp] | None = None,
+               **settings: Any) -> Iterator[Daemon]:
     """The app on a real runtime over the QEMU double, with the snapshots ``snapshots`` made
-    (token ``TOKEN`` unless not ``token``; ``headers`` on every request)."""
+    (token ``TOKEN`` unless not ``token``; ``headers`` on every request; the client calls
+    ``wrap(app)`` if given, e.g. a middleware of the test's)."""
     # Short: a VM's sockets live under it, and a unix socket's path has at most 107 bytes.
     data = Path(tempfile.mkdtemp(prefix="fkt-", dir="/tmp"))
     guest_image(data / "images")
@@ -123,10 +128,11 @@ def daemon_app(tmp_path: Path, *, headers: dict[str, str] | None = None, snapsho
         (tmp_path / "token").write_text(TOKEN)
         settings.setdefault("token_file", tmp_path / "token")
     config = Settings(data_dir=data, audit_log=tmp_path / "audit.log", **settings)
+    app = create_app(config)
     try:
-        with fake_qemu(tmp_path), TestClient(create_app(config), raise_server_exceptions=False,
+        with fake_qemu(tmp_path), TestClient(wrap(app) if wrap else app, raise_server_exceptions=False,
                                              headers=headers or {}) as client:
-            daemon = Daemon(client, data)
+            daemon = Daemon(client, app, data)
             for tag in snapshots:
                 daemon.snapshot(tag)
             yield daemon
