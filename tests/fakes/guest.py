@@ -12,8 +12,8 @@ Processes play a few commands: ``echo`` (prints its words, exits 0), ``cat`` (ec
 is closed), ``err`` (prints its words on stderr, exits 1), ``sleep`` (runs until signalled),
 ``bytes`` (prints ``\\xff\\xfe`` and a split "é"), ``missing`` (not found), ``poweroff`` (the VM goes
 away at once); anything else prints its
-argv joined by spaces and exits 0. ``eval`` knows arithmetic, and answers ``answer(<text>)`` with
-``<text>``. The kernel (code cells) prints a cell's code and ends.
+argv joined by spaces and exits 0. ``eval`` knows arithmetic, answers ``answer(<text>)`` with
+``<text>``, and runs the ``os.environ.update``/``os.chdir`` statements a template build sends. The kernel (code cells) prints a cell's code and ends.
 """
 
 from __future__ import annotations
@@ -48,15 +48,16 @@ class GuestState:
     env: dict[str, str] = field(default_factory=dict)
     hostname: str = "forkd"
     restores: int = 0
+    cwd: str = "/"  # PID 1's
 
     def to_json(self) -> dict[str, Any]:
         return {"files": self.files, "metadata": self.metadata, "env": self.env,
-                "hostname": self.hostname, "restores": self.restores}
+                "hostname": self.hostname, "restores": self.restores, "cwd": self.cwd}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GuestState:
         return cls(files=dict(d["files"]), metadata=dict(d.get("metadata") or {}), env=dict(d["env"]),
-                   hostname=str(d["hostname"]), restores=int(d["restores"]))
+                   hostname=str(d["hostname"]), restores=int(d["restores"]), cwd=str(d.get("cwd", "/")))
 
 
 REQUEST_LOG = "guest-requests.jsonl"  # in the VM's run dir
@@ -274,7 +275,36 @@ class ScriptedGuest:
     def do_fsthaw(self) -> dict[str, Any]:
         return {"thawed": True}
 
+    def _os_statements(self, code: str) -> bool:
+        """Run ``code`` if it is only ``__import__('os').environ.update({...})`` and
+        ``__import__('os').chdir("...")`` statements of literals (what a template build sends to
+        set ENV and WORKDIR in PID 1); False if it is anything else."""
+        try:
+            body = ast.parse(code, mode="exec").body
+        except SyntaxError:
+            return False
+        calls: list[tuple[str, Any]] = []
+        for stmt in body:
+            if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                    and len(stmt.value.args) == 1):
+                return False
+            name = ast.unparse(stmt.value.func)
+            if name not in ("__import__('os').environ.update", "__import__('os').chdir"):
+                return False
+            try:
+                calls.append((name, ast.literal_eval(stmt.value.args[0])))
+            except ValueError:
+                return False
+        for name, value in calls:
+            if name.endswith("update"):
+                self.state.env.update({str(k): str(v) for k, v in dict(value).items()})
+            else:
+                self.state.cwd = str(value)
+        return bool(calls)
+
     def do_eval(self, code: str, timeout_secs: float = 60) -> dict[str, Any]:
+        if self._os_statements(code):
+            return {"result": None, "error": None, "exit_code": 0}
         with contextlib.suppress(SyntaxError):
             node = ast.parse(code, mode="eval").body
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "answer"
