@@ -11,9 +11,9 @@ snapshot starts with its template's files, as a real one starts with its disk an
 Processes play a few commands: ``echo`` (prints its words, exits 0), ``cat`` (echoes stdin until it
 is closed), ``err`` (prints its words on stderr, exits 1), ``sleep`` (runs until signalled),
 ``bytes`` (prints ``\\xff\\xfe`` and a split "é"), ``missing`` (not found), ``poweroff`` (the VM goes
-away at once); anything else prints its
-argv joined by spaces and exits 0. ``eval`` knows arithmetic, answers ``answer(<text>)`` with
-``<text>``, and runs the ``os.environ.update``/``os.chdir`` statements a template build sends. The kernel (code cells) prints a cell's code and ends.
+away at once); anything else prints its argv joined by spaces and exits 0. ``eval`` knows arithmetic,
+answers ``answer(<text>)`` with ``<text>``, and runs the ``os.environ.update``/``os.chdir``
+statements a template build sends. The kernel (code cells) prints a cell's code and ends.
 """
 
 from __future__ import annotations
