@@ -38,6 +38,7 @@ from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
 
 REPO = Path(__file__).resolve().parents[2]
+GUEST_WRITES_MIB = 2  # of its RAM a restored guest writes as it runs on
 QEMU_FOOTPRINT_MIB = 96  # what a QEMU process uses of its own, beside the guest's RAM
 VERSION = "QEMU emulator version 7.2.0 (forkd test double)"
 
@@ -112,6 +113,13 @@ class FakeQemu:
             return mmap.mmap(f.fileno(), size, flags=flags,
                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
+    def _guest_writes_ram(self) -> None:
+        """A guest that runs writes some of its RAM: in a child's private mapping, those pages
+        become its own copies (what a branch's ``measure_diff`` counts)."""
+        if self.ram is not None and _option(self.argv, "-object", "share") == "off":
+            for offset in range(0, min(len(self.ram), GUEST_WRITES_MIB << 20), mmap.PAGESIZE):
+                self.ram[offset] = 1
+
     # ------------------------------------------------------------ QMP
 
     async def _event(self, qmp: FakeQMP, name: str, data: dict[str, Any] | None = None) -> None:
@@ -170,6 +178,7 @@ class FakeQemu:
         with os.fdopen(int(uri[3:]), "rb") as f:
             saved = json.loads(f.read())
         self.guest.state = GuestState.from_json(saved["guest"])
+        self._guest_writes_ram()
 
         async def loaded() -> None:
             await self._migration(qmp, "completed")
