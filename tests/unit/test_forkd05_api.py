@@ -1,7 +1,7 @@
 """forkd 0.5 wire compatibility of the REST layer, on the real Runtime over the QEMU double: the
 fields the published ``forkd`` 0.5.3 SDK and ``forkd-mcp`` 0.2.1 send, compaction and workspaces;
-plus the two host helpers behind ``measure_diff`` and ``prewarm``. The published clients themselves drive a real
-daemon in tests/integration/test_compat_clients.py."""
+plus the two host helpers behind ``measure_diff`` and ``prewarm``. The published clients themselves
+drive a real daemon in tests/integration/test_compat_clients.py."""
 
 from __future__ import annotations
 
