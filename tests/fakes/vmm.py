@@ -38,6 +38,7 @@ from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
 
 REPO = Path(__file__).resolve().parents[2]
+SLOW_DISK = "slow-disk"  # in a VM's run dir: its live branches' RAM copies do not end (see migrate)
 GUEST_WRITES_MIB = 2  # of its RAM a restored guest writes as it runs on
 QEMU_FOOTPRINT_MIB = 96  # what a QEMU process uses of its own, beside the guest's RAM
 VERSION = "QEMU emulator version 7.2.0 (forkd test double)"
@@ -158,7 +159,17 @@ class FakeQemu:
             return
         if background:
             await self._set_status(qmp, "running")
-            await self._migration(qmp, "completed")
+            await self._migration(qmp, "active")
+
+            async def copied() -> None:
+                # As QEMU, the command has answered; the RAM copy ends later. A disk too slow to
+                # take it: while the VM's run dir has SLOW_DISK, the copy goes on (a live branch
+                # stays "writing" as long as a test needs it to).
+                while Path(SLOW_DISK).exists():
+                    await asyncio.sleep(0.01)
+                await self._migration(qmp, "completed")
+
+            qmp.later(0, copied)
             return
         if self.caps.get("pause-before-switchover", False):
             await self._set_status(qmp, "paused")
