@@ -224,6 +224,8 @@ class ScriptedGuest:
         try:
             if action in (protocol.PROC_START, protocol.PROC_ATTACH) and (
                     action == protocol.PROC_ATTACH or args.get("stream")):
+                if not isinstance(req_id, int):
+                    raise Refused("a streaming request needs an integer id", protocol.INVALID)
                 self._stream(req_id, action, args, send, streams)
                 return
             if action == protocol.EXEC:
