@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.types import ASGIApp
@@ -28,12 +29,18 @@ from forkd.api.deps import RuntimeLike
 from forkd.api.settings import Settings
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.host import cgroups
 from forkd.store.registry import SandboxRecord, SnapshotRecord
 from tests.fakes import guest, vmm
 
 TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 T = TypeVar("T")
+
+# A sandbox's memory limit is a cgroup the daemon makes: a test of one needs a host that lets it.
+needs_memory_cgroups = pytest.mark.skipif(
+    os.geteuid() != 0 or cgroups.detect() == "none",
+    reason="memory limits need root and a memory cgroup hierarchy (the daemon makes one per sandbox)")
 
 
 def guest_image(images: Path, name: str = "default") -> Path:

@@ -21,7 +21,7 @@ from forkd.cli import context, output
 from forkd.cli.main import app
 from forkd.controller.runtime import Runtime
 from forkd.sdk import Controller
-from tests.fakes.app import TOKEN, Daemon, daemon_app
+from tests.fakes.app import TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.daemon import clear_env
 from tests.fakes.transport import ViaTestClient
 
@@ -79,6 +79,7 @@ def test_fork_from_sandbox_table(
         assert daemon.runtime.get_sandbox(kid).metadata["team"] == "ml"
 
 
+@needs_memory_cgroups
 def test_partial_fork_shows_each_failure_and_exits_1(cli: CliRunner, runtime: Runtime, source: str) -> None:
     result = forkd(cli, "fork", "--from-sandbox", source, "-n", "2", "--memory-limit-mib", "64")
     assert result.exit_code == 1
@@ -88,6 +89,7 @@ def test_partial_fork_shows_each_failure_and_exits_1(cli: CliRunner, runtime: Ru
     assert alive(runtime) == {source}
 
 
+@needs_memory_cgroups
 def test_partial_fork_json_still_prints_the_answer(cli: CliRunner, source: str) -> None:
     result = forkd(cli, "fork", "--from-sandbox", source, "-n", "1", "--memory-limit-mib", "64",
                    "--json")

@@ -17,7 +17,7 @@ from forkd.controller.runtime import Runtime
 from forkd.errors import VMError
 from forkd.host import pagecache, procmem
 from forkd.sdk import Controller, NotFoundError
-from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.transport import ViaTestClient
 
 
@@ -52,6 +52,7 @@ def error(resp: Any, status: int) -> str:
 # ------------------------------------------------------------------ spawn
 
 
+@needs_memory_cgroups
 def test_mcp_spawn_body_is_accepted_and_prewarm_reaches_the_runtime(client: TestClient,
                                                                     runtime: Runtime) -> None:
     # forkd-mcp 0.2.1's spawn_sandboxes always sends exactly this shape.

@@ -25,7 +25,7 @@ from forkd.errors import BootTimeout, Conflict, InvalidRequest, NotFound
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import MAX_ALIAS_HOPS, DiskChain, Registry, SandboxRecord, SnapshotRecord
-from tests.fakes.app import AUTH, Daemon, daemon_app
+from tests.fakes.app import AUTH, Daemon, daemon_app, needs_memory_cgroups
 from tests.unit.test_controller import CONFIG, FakeVM, _store
 
 SRC = "sb-abcdef-9999"
@@ -316,6 +316,7 @@ def _error(resp: httpx.Response, status: int, contains: str) -> None:
     assert contains in resp.json()["error"], resp.json()
 
 
+@needs_memory_cgroups
 def test_fork_route_answers_children_and_errors(src: str, client: TestClient) -> None:
     # A child whose memory limit is below what a QEMU needs is OOM-killed (tests/fakes/vmm.py).
     resp = client.post(f"/v1/sandboxes/{src}/fork",

@@ -30,7 +30,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.machine import VM
-from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
 from tests.fakes.vmm import SLOW_DISK
@@ -390,6 +390,7 @@ def filled(client: TestClient, tag: str, ready: int) -> dict[str, Any]:
     return dict(info)
 
 
+@needs_memory_cgroups
 def test_put_and_get_pool(client: TestClient, daemon: Daemon) -> None:
     r = client.put("/v1/snapshots/py/pool", json={"size": 3, "memory_limit_mib": 256})
     assert r.status_code == 200, r.text

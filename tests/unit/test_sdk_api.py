@@ -36,7 +36,7 @@ from forkd.sdk import (
     Sandbox,
     Unauthorized,
 )
-from tests.fakes.app import TOKEN, Daemon, daemon_app, open_runtime
+from tests.fakes.app import TOKEN, Daemon, daemon_app, needs_memory_cgroups, open_runtime
 from tests.fakes.transport import ViaTestClient
 
 
@@ -228,6 +228,7 @@ def test_spawn_env_and_metadata_and_list_filters(controller: Controller, daemon:
         controller.spawn_sandboxes("py", n=2, child_env=[{}])  # one entry per child
 
 
+@needs_memory_cgroups
 def test_fork_partial_failure_and_killing_the_children(
     controller: Controller, runtime: Runtime
 ) -> None:
@@ -319,6 +320,7 @@ def _as_score(child: Sandbox, candidate: str, result: str) -> float:
     return float(result)
 
 
+@needs_memory_cgroups
 def test_explore_promotes_the_best_and_reports_every_outcome(
     controller: Controller, runtime: Runtime
 ) -> None:
@@ -380,6 +382,7 @@ def test_explore_runs_the_children_at_the_same_time(controller: Controller) -> N
     assert explore_scores(sb.explore([1, 2, 3], run)) == [1.0, 2.0, 3.0]
 
 
+@needs_memory_cgroups
 def test_explore_where_everything_fails_kills_every_child(
     controller: Controller, runtime: Runtime
 ) -> None:
