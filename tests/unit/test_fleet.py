@@ -323,13 +323,16 @@ def test_the_gateway_tries_the_next_host_past_a_full_one_and_is_503_when_all_are
         etcd: Etcd, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    roomy = FakeRuntime(host_id="gc")
-    roomy.add_snapshot("py")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_qemu(tmp_path))
         full_a = stack.enter_context(serve(full_host(7)))
         full_b = stack.enter_context(serve(full_host(5)))
+        data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fkt-", dir="/tmp")))
+        guest_image(data / "images")
         roomy_url = stack.enter_context(serve(create_app(
-            Settings(token_file=token_file, audit_log=tmp_path / "gc.log"), runtime=roomy)))
+            Settings(token_file=token_file, audit_log=tmp_path / "gc.log", data_dir=data, host_id="gc"))))
+        with Controller(url=roomy_url, token=TOKEN) as daemon:
+            daemon.create_snapshot("py")
         # The full hosts hold py and are the least loaded: placement tries them first.
         put_host(etcd, HostRecord("ga", full_a, 10, 0, ["py"], {}, 1000, True))
         put_host(etcd, HostRecord("gb", full_b, 10, 1, ["py"], {}, 1000, True))
