@@ -1,11 +1,12 @@
 """The fleet without VMs: placement, host records, ids that name hosts, and a real etcd with
-real HTTP hosts (the daemon's app over a fake runtime) behind a real gateway."""
+real HTTP hosts (the daemon, on the real runtime over the QEMU double) behind a real gateway."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,8 +26,9 @@ from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
 from forkd.fleet.placement import by_load, holders, spawn_candidates
 from forkd.gateway import GatewaySettings, create_gateway_app
+from forkd.sdk import Controller
 from forkd.store import layout
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import fake_qemu, guest_image
 from tests.integration.services import Etcd, etcd_server
 
 
@@ -199,23 +201,27 @@ def put_host(etcd: Etcd, record: HostRecord, ttl: int = 30) -> None:
 def gateway(etcd: Etcd, tmp_path: Path) -> Iterator[dict[str, Any]]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    fakes = {"ga": FakeRuntime(host_id="ga"), "gb": FakeRuntime(host_id="gb")}
-    fakes["gb"].add_snapshot("py")
-    fakes["ga"].add_sandbox("sb-ga-abcdef-0000")
-    fakes["gb"].add_sandbox("sb-gb-fedcba-0000")
     with contextlib.ExitStack() as stack:
-        urls = {name: stack.enter_context(serve(create_app(
-            Settings(token_file=token_file, audit_log=tmp_path / f"{name}.log"), runtime=fake)))
-            for name, fake in fakes.items()}
-        for name, url in urls.items():
-            put_host(etcd, HostRecord(name, url, 10, len(fakes[name].sandboxes),
-                                      list(fakes[name].snapshots), {}, 1000, False))
+        stack.enter_context(fake_qemu(tmp_path))
+        urls: dict[str, str] = {}
+        sandboxes: dict[str, str] = {}
+        # Two daemons: ga holds "seed" and runs a sandbox of it; gb holds "py" and runs one of it.
+        for name, tag in (("ga", "seed"), ("gb", "py")):
+            data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fkt-", dir="/tmp")))
+            guest_image(data / "images")
+            urls[name] = stack.enter_context(serve(create_app(
+                Settings(token_file=token_file, audit_log=tmp_path / f"{name}.log", data_dir=data,
+                         host_id=name))))
+            with Controller(url=urls[name], token=TOKEN) as daemon:
+                daemon.create_snapshot(tag)
+                sandboxes[name] = daemon.spawn_sandboxes(tag)[0]["id"]
+            put_host(etcd, HostRecord(name, urls[name], 10, 1, [tag], {}, 1000, False))
         settings = GatewaySettings(etcd=[etcd.url], token_file=token_file, poll_interval=0.1,
                                    request_timeout=60, publish=False)
         url = stack.enter_context(serve(create_gateway_app(settings)))
         client = stack.enter_context(httpx.Client(base_url=url, timeout=30,
                                                   headers={"Authorization": f"Bearer {TOKEN}"}))
-        yield {"client": client, "fakes": fakes, "urls": urls}
+        yield {"client": client, "sandboxes": sandboxes, "urls": urls}
         asyncio.run(_clear(etcd))
 
 
@@ -236,12 +242,14 @@ def test_the_gateway_routes_like_one_daemon(gateway: dict[str, Any]) -> None:
     assert r.status_code == 201 and r.headers["x-forkd-host"] == "gb"
     assert all(sb["id"].startswith("sb-gb-") for sb in r.json())
     # Per-sandbox calls go to the owner.
-    assert c.get("/v1/sandboxes/sb-ga-abcdef-0000").headers["x-forkd-host"] == "ga"
-    assert c.post("/v1/sandboxes/sb-gb-fedcba-0000/ping").json()["pong"] is True
+    ga, gb = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
+    assert ga.startswith("sb-ga-") and gb.startswith("sb-gb-")
+    assert c.get(f"/v1/sandboxes/{ga}").headers["x-forkd-host"] == "ga"
+    assert c.post(f"/v1/sandboxes/{gb}/ping").json()["pong"] is True
     # Lists merge every host.
     ids = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
-    assert {"sb-ga-abcdef-0000", "sb-gb-fedcba-0000"} <= ids and len(ids) == 4
-    assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["py"]
+    assert {ga, gb} <= ids and len(ids) == 4
+    assert sorted(s["tag"] for s in c.get("/v1/snapshots").json()) == ["py", "seed"]
     # A bad query is the hosts' usual 400.
     bad = c.get("/v1/sandboxes", params={"nope": "1"})
     assert bad.status_code == 400 and "unknown query parameter" in bad.json()["error"]
@@ -333,13 +341,16 @@ def test_the_gateway_tries_the_next_host_past_a_full_one_and_is_503_when_all_are
         etcd: Etcd, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    roomy = FakeRuntime(host_id="gc")
-    roomy.add_snapshot("py")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_qemu(tmp_path))
         full_a = stack.enter_context(serve(full_host(7)))
         full_b = stack.enter_context(serve(full_host(5)))
+        data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fkt-", dir="/tmp")))
+        guest_image(data / "images")
         roomy_url = stack.enter_context(serve(create_app(
-            Settings(token_file=token_file, audit_log=tmp_path / "gc.log"), runtime=roomy)))
+            Settings(token_file=token_file, audit_log=tmp_path / "gc.log", data_dir=data, host_id="gc"))))
+        with Controller(url=roomy_url, token=TOKEN) as daemon:
+            daemon.create_snapshot("py")
         # The full hosts hold py and are the least loaded: placement tries them first.
         put_host(etcd, HostRecord("ga", full_a, 10, 0, ["py"], {}, 1000, True))
         put_host(etcd, HostRecord("gb", full_b, 10, 1, ["py"], {}, 1000, True))

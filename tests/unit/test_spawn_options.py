@@ -5,12 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from forkd import bounds
-from forkd.api.app import create_app
 from forkd.api.schemas import ForkRequest, SpawnRequest
-from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions, option_names
 from forkd.controller.sandboxes import SandboxTable
@@ -20,7 +17,7 @@ from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import daemon_app
 
 
 def test_every_request_field_is_a_spawn_option() -> None:
@@ -44,12 +41,11 @@ def test_every_fork_request_field_is_a_fork_option() -> None:
 
 
 @pytest.mark.parametrize("hostname", ["-a", "a..b", "a_b", "x" * 64, ".".join(["a" * 32] * 2), "a\nb", 7])
-@pytest.mark.parametrize("route", ["/v1/sandboxes", "/v1/sandboxes/sb-abcdef-0000/fork"])
-def test_a_bad_hostname_is_a_400_naming_it(route: str, hostname: object) -> None:
-    fake = FakeRuntime()
-    fake.add_snapshot("py")
-    fake.add_sandbox("sb-abcdef-0000", "py")
-    with TestClient(create_app(Settings(), runtime=fake)) as client:
+@pytest.mark.parametrize("route", ["/v1/sandboxes", "/v1/sandboxes/{id}/fork"])
+def test_a_bad_hostname_is_a_400_naming_it(tmp_path: Path, route: str, hostname: object) -> None:
+    with daemon_app(tmp_path, token=False) as daemon:
+        client = daemon.client
+        route = route.format(id=daemon.sandbox("py").id)
         r = client.post(route, json={"snapshot_tag": "py", "hostname": hostname} if "fork" not in route
                         else {"hostname": hostname})
         assert r.status_code == 400, r.text
@@ -114,13 +110,12 @@ def test_sandbox_info_reports_the_quota_and_the_layers_used(tmp_path: Path) -> N
     assert record.info()["disk_used_mib"] == pytest.approx(2, abs=0.1)
 
 
-def test_the_api_passes_the_quota_and_sandbox_info_shows_it() -> None:
-    fake = FakeRuntime()
-    fake.add_snapshot("py")
-    with TestClient(create_app(Settings(), runtime=fake)) as client:
+def test_the_api_passes_the_quota_and_sandbox_info_shows_it(tmp_path: Path) -> None:
+    with daemon_app(tmp_path, token=False) as daemon:
+        client = daemon.client
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": 64})
         assert r.status_code == 201, r.text
-        assert fake.calls[-1].kwargs["disk_quota_mib"] == 64
+        assert daemon.runtime.get_sandbox(r.json()[0]["id"]).disk_quota_mib == 64
         assert r.json()[0]["disk_quota_mib"] == 64
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
         assert r.json()[0]["disk_quota_mib"] == bounds.DEFAULT_DISK_QUOTA_MIB  # the daemon's default
