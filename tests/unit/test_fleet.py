@@ -280,14 +280,15 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     assert r.status_code == 401 and "API key" in r.json()["message"], r.text
     r = httpx.get(f"{url}/sandboxes", headers={"Authorization": f"Bearer {TOKEN[::-1]}"})
     assert r.status_code == 401, r.text
+    on_a, on_b = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
     # Lists merge every host's sandboxes.
     listed = httpx.get(f"{url}/v2/sandboxes", headers=key)
     assert listed.status_code == 200, listed.text
-    assert {"sb-ga-abcdef-0000", "sb-gb-fedcba-0000"} <= {s["sandboxID"] for s in listed.json()}
+    assert {on_a, on_b} <= {s["sandboxID"] for s in listed.json()}
     # A call that names a sandbox goes to its host; envd's header and E2B's host name form too.
-    got = httpx.get(f"{url}/sandboxes/sb-gb-fedcba-0000", headers=key)
+    got = httpx.get(f"{url}/sandboxes/{on_b}", headers=key)
     assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text
-    for headers in ({"E2b-Sandbox-Id": "sb-ga-abcdef-0000"}, {"Host": "49983-sb-ga-abcdef-0000.e2b.test"}):
+    for headers in ({"E2b-Sandbox-Id": on_a}, {"Host": f"49983-{on_a}.e2b.test"}):
         r = httpx.get(f"{url}/health", headers=headers)
         assert r.headers.get("x-forkd-host") == "ga", (headers, r.status_code, r.text)
     # A sandbox of no host of the fleet is E2B's 404, naming why.
