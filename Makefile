@@ -12,7 +12,7 @@ help:
 	@echo "make bench  - set up everything, run the benchmarks in bench/, regenerate docs/PERFORMANCE.md"
 	@echo "make bench-capacity - opt-in: how many idle children this host holds (up to 1000), and HIBERNATE_N (1000) hibernated ones"
 	@echo "make stress - opt-in: branch and restore many times under CPU load, and the floods and soaks in full"
-	@echo "make lint   - ruff, mypy (strict), the layer contract (lint-imports), the SDK twin check, the TypeScript SDK (types and option mapping from the OpenAPI, tsc, every request field sendable)"
+	@echo "make lint   - ruff, mypy (strict), the layer contract (lint-imports), the Python SDK's generated folder (sync twins, models: current, nothing else there), the TypeScript SDK (types and option mapping from the OpenAPI, tsc, every request field sendable)"
 
 setup: deps venv clients node-deps image
 
@@ -88,6 +88,7 @@ lint: venv node-deps
 	$(BIN)/python scripts/unasync_sdk.py --check
 	$(BIN)/python scripts/gen_sdk_models.py --check
 	$(BIN)/python scripts/gen_ts_types.py --check
+	$(BIN)/kubernetes-validate --strict --quiet $(filter-out %/kustomization.yaml,$(wildcard deploy/k8s/*.yaml))
 	cd sdk/typescript && npm run --silent build && npm run --silent build:test && npm run --silent test:offline
 
 clean:

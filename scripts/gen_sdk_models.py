@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Generate the Python SDK's request and response types from the daemon's served OpenAPI document.
 
-    src/forkd/sdk/models.py  <- create_app().openapi()["components"]["schemas"]
+    src/forkd/sdk/_generated/models.py  <- create_app().openapi()["components"]["schemas"]
+
+imported as ``forkd.sdk.models`` (a hand-written re-export); ``_generated/`` holds only
+generated modules, and ``scripts/unasync_sdk.py --check`` refuses a file there that no
+generator writes.
 
 Every schema becomes a ``TypedDict`` of the same name: required fields are
 ``Required[...]``, the rest may be missing (``total=False``), enums are
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "src" / "forkd" / "sdk" / "models.py"
+MODELS = ROOT / "src" / "forkd" / "sdk" / "_generated" / "models.py"
 # The hand-written client's route parts (AsyncController is their union), read with ``ast``.
 ROUTES = ROOT / "src" / "forkd" / "sdk" / "async_routes"
 WIDTH = 100
@@ -55,7 +59,8 @@ EXTRAS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 HEADER = '''\
 # GENERATED from the daemon's OpenAPI document by scripts/gen_sdk_models.py — do not edit.
-# Change the models in src/forkd/api/schemas/, then run: python scripts/gen_sdk_models.py
+# Change the models in src/forkd/api/schemas/ (or the records in src/forkd/controller/results.py
+# that its response models derive from), then run: python scripts/gen_sdk_models.py
 """The REST API's request and response bodies as ``TypedDict``s (generated).
 
 One per schema of ``GET /openapi.json``. The controllers return the daemon's JSON

@@ -116,3 +116,21 @@ class DataDir:
         for path in (self.snapshots, self.sandboxes, self.tmp):
             path.chmod(0o700)
         return self
+
+
+# The ceiling a host may set on its sandboxes (controller/capacity.py): far past any host, but bounded.
+MAX_SANDBOXES_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """This host's ceilings (``forkd daemon --max-sandboxes``, ``--memory-reserve-mib``); None/0: none."""
+
+    max_sandboxes: int | None = None
+    memory_reserve_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_sandboxes is not None and not 1 <= self.max_sandboxes <= MAX_SANDBOXES_LIMIT:
+            raise ValueError(f"max_sandboxes must be between 1 and {MAX_SANDBOXES_LIMIT}")
+        if not 0 <= self.memory_reserve_mib <= 1 << 30:
+            raise ValueError("memory_reserve_mib must be between 0 and 2^30")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 
 class ForkdError(Exception):
-    """Base class. ``status`` is the HTTP status the API answers with."""
+    """Base class. ``status`` is the HTTP status the API answers with; ``code``, where set, a
+    machine-readable name of the error that the answer carries beside its message."""
 
     status = 500
+    code: str | None = None
 
 
 class InvalidRequest(ForkdError):
@@ -34,6 +36,21 @@ class TooLarge(ForkdError):
 
 class Busy(ForkdError):
     status = 503
+
+
+NO_CAPACITY = "no_capacity"  # the code of a NoCapacity answer, which a fleet's gateway looks for
+
+
+class NoCapacity(Busy):
+    """This host holds as many sandboxes as it may (or is short of memory): a 503 whose answer
+    says ``"code": "no_capacity"`` and when to try again (Retry-After), so a gateway tries another
+    host and a client backs off."""
+
+    code = NO_CAPACITY
+
+    def __init__(self, message: str, *, retry_after_secs: int) -> None:
+        super().__init__(message)
+        self.retry_after_secs = retry_after_secs
 
 
 class PrerequisiteMissing(ForkdError):

@@ -41,6 +41,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.auth import BearerAuthMiddleware, load_token
 from forkd.api.e2b.paths import is_e2b_request
@@ -49,6 +50,7 @@ from forkd.api.limits import BodySizeLimitMiddleware
 from forkd.api.settings import DEFAULT_MAX_BODY_BYTES
 from forkd.bounds import SANDBOX_ID_RE
 from forkd.config import API_VERSION, VERSION
+from forkd.errors import NO_CAPACITY
 from forkd.fleet.etcd import EtcdClient
 from forkd.fleet.hosts import HostRecord
 from forkd.fleet.membership import Membership
@@ -65,6 +67,16 @@ _DROP_REQUEST = frozenset({"connection", "keep-alive", "proxy-authenticate", "pr
                            "authorization", PIN_HEADER})
 _DROP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "server",
                             "date"})
+# E2B's calls keep their own credentials (see Gateway._headers) and their Host, which names the
+# sandbox and port in E2B's {port}-{id}.{domain} form.
+_DROP_E2B_REQUEST = _DROP_REQUEST - {"authorization", "host"}
+# E2B's control plane: where sandboxes are created and listed, and the paths that name one.
+_E2B_CREATE = frozenset({"/sandboxes", "/v2/sandboxes", "/v3/sandboxes"})
+_E2B_LISTS = frozenset({"/sandboxes", "/v2/sandboxes"})
+_E2B_SANDBOX_PATH = re.compile(r"^(?:/v[23])?/sandboxes/(?P<id>[^/]+)(?:/.*)?$")
+# envd's traffic names its sandbox by header, or by E2B's host name form {port}-{id}.{domain}.
+_E2B_SANDBOX_HEADER = "e2b-sandbox-id"
+_E2B_HOST = re.compile(r"^(?P<port>[0-9]{1,5})-(?P<id>sb-[a-z0-9-]{1,80})\.")
 _SANDBOX_PATH = re.compile(rf"^/{API_VERSION}/sandboxes/(?P<id>[^/]+)(?P<rest>/.*)?$")
 _SNAPSHOT_PATH = re.compile(rf"^/{API_VERSION}/snapshots/(?P<tag>[^/]+)(?P<rest>/.*)?$")
 
@@ -130,11 +142,10 @@ class Gateway:
             return JSONResponse({"version": VERSION, "api": API_VERSION})
         if path == "/metrics":
             return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
+        if (sandbox_id := _e2b_sandbox_of(request)) is not None:
+            return await self._e2b_to_owner(request, sandbox_id, stream=True)
         if is_e2b_request(request.scope):
-            # E2B's calls name sandboxes by header or by E2B's own paths, which this gateway does
-            # not route by host: sending them to an arbitrary host would lose the sandbox.
-            return _error(501, "the fleet gateway serves forkd's REST API (/v1) only; point E2B clients "
-                               "(E2B_API_URL, E2B_SANDBOX_URL) at one forkd daemon")
+            return await self._e2b_control(request)
         if path == f"/{API_VERSION}/fleet" and method == "GET":
             return JSONResponse([h.info() for h in by_load(self.membership.hosts().values())])
         if path == f"/{API_VERSION}/sandboxes":
@@ -150,6 +161,62 @@ class Gateway:
         if path == f"/{API_VERSION}/pools" and method == "GET":
             return await self._merged(request, "tag")
         return await self._to_any(request)
+
+    # ------------------------------------------------------------ E2B's API
+
+    async def _e2b_control(self, request: Request) -> Response:
+        """E2B's control plane: a create is placed as a spawn is, lists merge every host's, a
+        call that names a sandbox goes to its host, the rest (templates, ...) to the first host."""
+        path, method = request.url.path, request.method
+        if path in _E2B_CREATE and method == "POST":
+            body = await request.body()
+            tag = _json_field(body, "templateID")
+            candidates = spawn_candidates(self.membership.hosts().values(), tag) if tag else []
+            return await self._first_reachable(request, candidates or self._alive()[:1], body,
+                                               past_full=True, e2b=True)
+        if path in _E2B_LISTS and method == "GET":
+            return await self._e2b_merged(request)
+        if m := _E2B_SANDBOX_PATH.match(path):
+            return await self._e2b_to_owner(request, m.group("id"), stream=False)
+        rest = None if streams_body(request.scope) else await request.body()
+        return await self._first_reachable(request, self._alive(), rest, e2b=True)
+
+    async def _e2b_to_owner(self, request: Request, sandbox_id: str, *, stream: bool) -> Response:
+        """A call to one sandbox, on its host; envd's (``stream``) relayed as it comes, both ways."""
+        host_id = host_of(sandbox_id) if SANDBOX_ID_RE.match(sandbox_id) else None
+        host = self.membership.get(host_id) if host_id is not None else None
+        if host is None:
+            why = ("its id names no host of this fleet" if host_id is None
+                   else f"its host {host_id!r} left the fleet (its lease in etcd expired)")
+            return _e2b_error(404, f"sandbox {sandbox_id} not found: {why}")
+        body = None if stream or streams_body(request.scope) else await request.body()
+        try:
+            return await self._forward(host, request, body, stream_response=stream, e2b=True)
+        except HostFailed as exc:
+            return _e2b_error(exc.status, str(exc))
+
+    async def _e2b_merged(self, request: Request) -> Response:
+        """E2B's sandbox lists from every host, one list (newest first, up to the asked ``limit``).
+        Paging is not carried across hosts: the answer has every host's first page and no next token."""
+        hosts = self._alive()
+        results = await asyncio.gather(*(self._forward(h, request, b"", timeout=self.settings.list_timeout,
+                                                       e2b=True) for h in hosts), return_exceptions=True)
+        merged: list[dict[str, Any]] = []
+        unreachable = []
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, BaseException):
+                unreachable.append(host.host_id)
+                continue
+            if result.status_code != 200:
+                return result  # a bad query or key is bad on every host: its answer says why
+            listed = json.loads(bytes(result.body))
+            merged += [item for item in listed if isinstance(item, dict)] if isinstance(listed, list) else []
+        merged.sort(key=lambda item: str(item.get("startedAt", "")), reverse=True)
+        limit = request.query_params.get("limit", "")
+        if limit.isdigit():
+            merged = merged[:int(limit)]
+        headers = {UNREACHABLE_HEADER: ",".join(unreachable)} if unreachable else None
+        return JSONResponse(merged, headers=headers)
 
     # ------------------------------------------------------------ routes
 
@@ -175,7 +242,7 @@ class Gateway:
                       else self._alive()[:1])
         if not candidates:
             candidates = self._alive()[:1]  # nobody holds it and nobody can pull: let a host say 404
-        return await self._first_reachable(request, candidates, body)
+        return await self._first_reachable(request, candidates, body, past_full=True)
 
     async def _create_snapshot(self, request: Request) -> Response:
         body = await request.body()
@@ -237,19 +304,36 @@ class Gateway:
         return last
 
     async def _first_reachable(self, request: Request, hosts: list[HostRecord],
-                               body: bytes | None) -> Response:
+                               body: bytes | None, *, past_full: bool = False, e2b: bool = False) -> Response:
+        """The first answer of ``hosts`` in order, past those that cannot be reached and, with
+        ``past_full`` (a spawn: nothing started on a host that refused it), those at capacity."""
+        error = _e2b_error if e2b else _error
         if not hosts:
-            return _error(503, "no forkd host is in the fleet (none holds a lease in etcd); start a host "
-                               "daemon with --etcd and --host-id")
-        failures = []
+            return error(503, "no forkd host is in the fleet (none holds a lease in etcd); start a host "
+                              "daemon with --etcd and --host-id")
+        failures: list[str] = []
+        full: list[tuple[HostRecord, Response]] = []
         for host in hosts:
             try:
-                return await self._forward(host, request, body)
+                response = await self._forward(host, request, body, e2b=e2b)
             except HostFailed as exc:
                 if exc.sent:
-                    return _error(exc.status, str(exc))
+                    return error(exc.status, str(exc))
                 failures.append(str(exc))
-        return _error(502, "; ".join(failures))
+                continue
+            if past_full and _no_capacity(response):
+                full.append((host, response))
+                continue
+            return response
+        if full and not failures:
+            waits = [int(w) for _, r in full if (w := r.headers.get("retry-after", "")).isdigit()]
+            message = ("every host of the fleet that could take this spawn is at capacity: "
+                       + "; ".join(f"{h.host_id}: {_error_text(r)}" for h, r in full))
+            retry = {"Retry-After": str(min(waits))} if waits else None
+            if e2b:
+                return _e2b_error(503, message, retry)
+            return JSONResponse({"error": message, "code": NO_CAPACITY}, status_code=503, headers=retry)
+        return error(502, "; ".join(failures + [f"{h.host_id}: {_error_text(r)}" for h, r in full]))
 
     async def _merged(self, request: Request, key: str) -> Response:
         """Every host's list, merged (by ``key``, first host wins); unreachable hosts are named."""
@@ -293,7 +377,13 @@ class Gateway:
 
     # ------------------------------------------------------------ proxying
 
-    def _headers(self, request: Request) -> dict[str, str]:
+    def _headers(self, request: Request, *, e2b: bool = False) -> dict[str, str]:
+        """The client's headers for a host. forkd's own calls present the hosts' token; E2B's keep
+        the client's credentials as they are (its API key, envd's access token, and the guest user
+        in envd's Authorization): the host checks them, and the gateway's token must never stand
+        in for a client that presented none."""
+        if e2b:
+            return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_E2B_REQUEST}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         if self._host_token:
             headers["authorization"] = f"Bearer {self._host_token}"
@@ -306,10 +396,11 @@ class Gateway:
         return await self._send(host, request, stream=False, timeout=self.settings.request_timeout)
 
     async def _forward(self, host: HostRecord, request: Request, body: bytes | None, *,
-                       stream_response: bool = False, timeout: float | None = None) -> Response:
+                       stream_response: bool = False, timeout: float | None = None,
+                       e2b: bool = False) -> Response:
         url = host.url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         content: bytes | AsyncIterator[bytes] = body if body is not None else request.stream()
-        outgoing = self.client.build_request(request.method, url, headers=self._headers(request),
+        outgoing = self.client.build_request(request.method, url, headers=self._headers(request, e2b=e2b),
                                              content=content)
         upstream = await self._send(host, outgoing, stream=stream_response,
                                     timeout=timeout or self.settings.request_timeout)
@@ -358,6 +449,38 @@ class Gateway:
                              sent=True) from None
 
 
+def _e2b_sandbox_of(request: Request) -> str | None:
+    """The sandbox envd traffic is for: its E2b-Sandbox-Id header, else its Host's {port}-{id}."""
+    named = request.headers.get(_E2B_SANDBOX_HEADER)
+    if named is not None:
+        return named.strip()
+    if m := _E2B_HOST.match(request.headers.get("host", "")):
+        return m.group("id")
+    return None
+
+
+def _e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the shape E2B's SDKs read: {"code", "message"}."""
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+def _no_capacity(response: Response) -> bool:
+    """Whether a host answered 503 ``no_capacity`` (it is full; another host may not be)."""
+    if response.status_code != 503:
+        return False
+    try:
+        return bool(json.loads(bytes(response.body)).get("code") == NO_CAPACITY)
+    except (ValueError, AttributeError):
+        return False
+
+
+def _error_text(response: Response) -> str:
+    try:
+        return str(json.loads(bytes(response.body))["error"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
+
+
 def _json_field(body: bytes, name: str) -> str | None:
     try:
         data = json.loads(body)
@@ -392,8 +515,30 @@ def create_gateway_app(settings: GatewaySettings) -> Starlette:
     app.state.gateway = gateway
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=streams_body)
     if token is not None:
-        app.add_middleware(BearerAuthMiddleware, token=token)
+        app.add_middleware(_BearerUnlessE2B, token=token)
     return app
+
+
+class _BearerUnlessE2B:
+    """The gateway's token on forkd's own API. E2B's requests carry E2B's credentials instead (an
+    API key, a sandbox's access token), which the host they go to checks: the gateway passes them
+    on unchanged and adds none of its own (Gateway._headers)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self._app = app
+        self._checked = BearerAuthMiddleware(app, token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (is_e2b_request(scope) or _e2b_host(scope)):
+            await self._app(scope, receive, send)
+            return
+        await self._checked(scope, receive, send)
+
+
+def _e2b_host(scope: Scope) -> bool:
+    """Whether a request's Host is E2B's {port}-{id}.{domain} form (envd, or a sandbox's port)."""
+    host = next((v for k, v in scope.get("headers", ()) if k == b"host"), b"")
+    return _E2B_HOST.match(host.decode("latin-1")) is not None
 
 
 __all__ = ["Gateway", "GatewaySettings", "HostFailed", "create_gateway_app"]

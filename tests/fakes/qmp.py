@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,8 +33,12 @@ class FakeQMP:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> FakeQMP:
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+    async def start(self, sock: socket.socket | None = None) -> FakeQMP:
+        """Listen at ``path``, or on ``sock`` (a listening socket handed over, as QEMU is given one)."""
+        if sock is None:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        else:
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
         return self
 
     async def stop(self) -> None:

@@ -66,6 +66,7 @@ from forkd.controller.results import (
     PullReport,
     PushReport,
     RecordJson,
+    SandboxCost,
     SandboxCounts,
     SandboxView,
     SignalResult,
@@ -332,6 +333,7 @@ class FakeRuntime:
     def __post_init__(self) -> None:
         self.watches = FakeDirWatches(self)
         self.files = FakeFiles(self)
+        self.costs = FakeCosts(self)
         self.processes = FakeProcesses(self)
         self.kernels = FakeKernels(self)
         self.checkpoints = FakeCheckpoints(self)
@@ -845,6 +847,23 @@ class FakeRuntime:
             raise Conflict("no object store is configured: start the daemon with --store "
                                  "s3://bucket/prefix (or FORKD_STORE)")
         return self.store_url
+
+
+class FakeCosts:
+    """``Runtime.costs``: no VM, so no RAM or disk is held (the route's shape is what is tested here;
+    the figures are read from real QEMUs in tests/integration/test_costs.py)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def of(self, sandbox_id: str) -> SandboxCost:
+        record = self._rt._sandbox(sandbox_id)
+        ram = record.config.mem_mib << 20
+        return SandboxCost(sandbox_id=record.id, ram_bytes=ram, shared_bytes=0, private_bytes=0,
+                           untouched_bytes=ram, disk_bytes=0)
+
+    def totals(self) -> dict[str, int]:
+        return {"shared": 0, "private": 0, "disk": 0}
 
 
 class FakeFiles:

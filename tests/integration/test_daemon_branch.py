@@ -800,6 +800,13 @@ def test_sdk_explore_best_of_n_through_the_daemon(sdk_env: Daemon, py: str) -> N
         assert [o.ok for o in result.outcomes] == [False, True, True]
         assert "ZeroDivisionError" in (result.outcomes[0].error or "")
         assert result.best is not None and result.best.candidate == "return x * 2"
+        # What each branch cost, read from the host: at the fork (by child id), and once it ran.
+        assert set(result.fork.memory) == {c.id for c in result.fork.children}
+        for outcome in result.outcomes:
+            assert outcome.memory is not None and outcome.sandbox_id == outcome.memory["sandbox_id"]
+            assert outcome.memory["shared_bytes"] > 0 and outcome.memory["private_bytes"] > 0
+            assert outcome.memory["private_bytes"] >= result.fork.memory[outcome.memory["sandbox_id"]][
+                "private_bytes"]  # it only grows while the child runs
         winner = result.winner
         assert winner is not None
         with Controller() as c:

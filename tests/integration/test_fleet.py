@@ -29,6 +29,7 @@ from .daemon_fixture import (
     write_token,
 )
 from .services import etcd_server, s3_server
+from .test_compat_clients import CLIENTS, CLIENTS_VENV, ROOT, run_program
 
 pytestmark = pytest.mark.vm
 
@@ -182,6 +183,44 @@ def test_branch_on_host_a_then_fork_on_host_b(fleet: Fleet) -> None:
         assert {source["id"], child["id"]} <= listed
         tags = {s["tag"] for s in c.get("/v1/snapshots").json()}
         assert {"fl-py", "fl-branch"} <= tags
+
+
+@pytest.fixture(scope="module")
+def e2b_python() -> Path:
+    """The published E2B SDK's interpreter (.venv-clients, made as `make test` makes it)."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "clients-venv.sh")], check=True, cwd=ROOT, timeout=900)
+    return CLIENTS_VENV / "bin" / "python"
+
+
+def proxied_to(fleet: Fleet, host: str) -> float:
+    """Requests the gateway has proxied to ``host`` (its forkd_gateway_proxied counter)."""
+    with fleet.client() as c:
+        text = c.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("forkd_gateway_proxied_total{") and f'host="{host}"' in line)
+
+
+@pytest.mark.parametrize("program", ["commands", "files", "lifecycle"])
+def test_e2b_programs_run_unchanged_through_the_gateway(fleet: Fleet, e2b_python: Path, program: str) -> None:
+    """E2B's published SDK with E2B_API_URL and E2B_SANDBOX_URL at the gateway: creates are placed
+    on the host holding the template, envd's traffic (streams included) follows each sandbox id to
+    its host, and lists merge the hosts."""
+    with fleet.client(timeout=600) as c:
+        if "base" not in {s["tag"] for s in c.get("/v1/snapshots").json()}:
+            made = c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 300},
+                          headers={"X-Forkd-Host": "h3"})
+            assert made.status_code == 201, made.text
+            fleet.wait("h3 to list base", lambda: "base" in fleet.hosts()["h3"]["snapshots"])
+        before = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+    on_h3 = proxied_to(fleet, "h3")
+    url = fleet.gateway.url
+    out = run_program(e2b_python, CLIENTS / "e2b" / f"{program}.py",
+                      {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token})
+    assert out.strip().endswith(f"{program} ok"), out
+    # The template's holder served the program's sandboxes: every call of it went there.
+    assert proxied_to(fleet, "h3") - on_h3 >= 5
+    with fleet.client() as c:
+        assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before  # it killed what it made
 
 
 def test_a_dead_host_is_reported_gone_and_new_spawns_go_elsewhere(fleet: Fleet) -> None:

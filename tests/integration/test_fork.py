@@ -10,7 +10,7 @@ import pytest
 
 from forkd.controller.runtime import Runtime
 from forkd.guest import protocol
-from forkd.guest.agent import AGENT_VERSION
+from forkd.guest.protocol import AGENT_VERSION
 from forkd.store.layout import SnapshotDir
 
 from .conftest import Loop

@@ -16,6 +16,7 @@ import pytest
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
+from forkd.guest.protocol import RestoreInputs
 from forkd.host import cgroups
 
 from .conftest import Loop, qemu_processes_of
@@ -166,9 +167,10 @@ def test_child_env_reaches_eval_and_exec(loop: Loop, runtime: Runtime, snapshot:
 
 def test_hostname_reaches_the_guest_at_spawn_and_fork(loop: Loop, runtime: Runtime, snapshot: str) -> None:
     """A spawn's and a fork's hostname is the guest's: the kernel's, /etc/hostname's, and it resolves."""
-    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(hostname="worker-1.lab")))
+    [sb] = loop.run(runtime.spawn(snapshot, 1, SpawnOptions(guest=RestoreInputs(hostname="worker-1.lab"))))
     try:
-        forked = loop.run(runtime.fork(sb.id, 1, ForkOptions(SpawnOptions(hostname="worker-2"))))
+        renamed = ForkOptions(SpawnOptions(guest=RestoreInputs(hostname="worker-2")))
+        forked = loop.run(runtime.fork(sb.id, 1, renamed))
         assert forked.errors == []
         for sb_id, name in ((sb.id, "worker-1.lab"), (forked.children[0].id, "worker-2")):
             script = "hostname; cat /etc/hostname; getent hosts $(hostname)"

@@ -1,10 +1,11 @@
 """A hostile API client: a holder of one sandbox's E2B token, against the daemon's real app.
 
 The daemon's real ASGI app (every middleware, the E2B dispatcher, the Connect
-apps of the pinned ``e2b`` package, protobuf's parser) runs on FakeRuntime in
-a uvicorn process of its own on a loopback port, so a request that crashes
-the process (protobuf's C parser overflowing its stack is a segfault) shows
-here as a dead server rather than a dead test run. No VM is booted.
+apps of the pinned ``e2b`` package, protobuf's parser) runs on the real runtime
+over the QEMU double (tests/fakes/vmm.py) in a uvicorn process of its own on a
+loopback port, so a request that crashes the process (protobuf's C parser
+overflowing its stack is a segfault) shows here as a dead server rather than a
+dead test run. No VM is booted.
 
 Issue 24, high findings:
 1. JSON nested 20,000 deep crashed the daemon through ``/filesystem.Filesystem/Stat``
@@ -23,10 +24,12 @@ import json
 import os
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -39,14 +42,15 @@ import pytest
 from forkd import bounds
 from forkd.api.connections import FIRST_REQUEST_SECS
 from forkd.api.e2b.tokens import AccessTokens
+from forkd.sdk import Controller
+from tests.fakes import vmm
 from tests.fakes.app import TOKEN
 
 from .daemon_fixture import Daemon as ForkdDaemon
 from .daemon_fixture import new_daemon, shutdown_and_check, start_or_clean_up
 
 ROOT = Path(__file__).resolve().parents[2]
-A = "sb-aaaaaa-0000"
-B = "sb-bbbbbb-0000"
+A = "sb-aaaaaa-0000"  # an id no daemon of ``plain_daemon`` runs
 DEEP = b'{"path": ' + b"[" * 20000 + b"]" * 20000 + b"}"
 NESTED = f"nested deeper than {bounds.MAX_JSON_DEPTH} levels"
 
@@ -59,17 +63,13 @@ import uvicorn
 from forkd.api.app import create_app
 from forkd.api.connections import http_protocol
 from forkd.api.settings import Settings
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import guest_image
 
-tmp, port, token = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rt = FakeRuntime()
-rt.add_snapshot("base")
-for sandbox in sys.argv[4:]:
-    rt.add_sandbox(sandbox, "base")
-    rt.guest_files[sandbox] = {"/": None, "/tmp": None, "/root": None}
+tmp, port, token, data = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+guest_image(data / "images")
 (tmp / "token").write_text(token)
-settings = Settings(token_file=tmp / "token", data_dir=tmp / "data", audit_log=tmp / "audit.log")
-uvicorn.run(create_app(settings, runtime=rt), host="127.0.0.1", port=port, log_level="warning",
+settings = Settings(token_file=tmp / "token", data_dir=data, audit_log=tmp / "audit.log")
+uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
             http=http_protocol())  # as the daemon serves
 """
 
@@ -85,6 +85,7 @@ class Daemon:
         self.proc = proc
         self.url = url
         self.http = httpx.Client(base_url=url, timeout=20)
+        self.a = self.b = ""  # its two sandboxes: the hostile client holds a's token
 
     def alive(self) -> bool:
         """The process still runs and still answers."""
@@ -99,9 +100,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     script = tmp / "serve.py"
     script.write_text(SERVER)
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    # The QEMU double first on PATH; a short data dir (a VM's sockets live under it).
+    qemu_dir = vmm.install(tmp / "bin").parent
+    data = Path(tempfile.mkdtemp(prefix="fkt-", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+           "PATH": f"{qemu_dir}{os.pathsep}{os.environ.get('PATH', '')}", "FORKD_ACCEL": "tcg"}
     log = (tmp / "daemon.log").open("wb")
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp), str(port), TOKEN, A, B],
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp), str(port), TOKEN, str(data)],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     d = Daemon(proc, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + 60
@@ -115,12 +120,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
             raise RuntimeError(f"the daemon did not start: {(tmp / 'daemon.log').read_text()}")
         time.sleep(0.2)
     try:
+        with Controller(url=d.url, token=TOKEN) as controller:
+            controller.create_snapshot("base")
+            d.a, d.b = (sb["id"] for sb in controller.spawn_sandboxes("base", n=2))
         yield d
     finally:
         d.http.close()
-        proc.terminate()
+        proc.terminate()  # the daemon stops its sandboxes as it exits
         proc.wait(timeout=15)
         log.close()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def envd(sandbox: str, token_of: str | None = None, port: str = "49983") -> list[tuple[str, str]]:
@@ -155,17 +164,17 @@ def _connect_refusal(resp: httpx.Response, status: int, code: str, words: str) -
 
 def test_deep_json_to_a_connect_service_is_refused_and_the_daemon_lives(daemon: Daemon) -> None:
     # The request of issue 24 that segfaulted the daemon inside protobuf's JSON parser.
-    resp = _post(daemon, "/filesystem.Filesystem/Stat", DEEP, [*envd(A), *CONNECT_UNARY])
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", DEEP, [*envd(daemon.a), *CONNECT_UNARY])
     _connect_refusal(resp, 400, "invalid_argument", NESTED)
     assert daemon.alive()
     # The same, gzip'd (the parser would see it inflated): 40 KB of brackets in under 200 bytes.
     zipped = gzip.compress(DEEP)
     resp = _post(daemon, "/filesystem.Filesystem/Stat", zipped,
-                 [*envd(A), *CONNECT_UNARY, ("Content-Encoding", "gzip")])
+                 [*envd(daemon.a), *CONNECT_UNARY, ("Content-Encoding", "gzip")])
     _connect_refusal(resp, 400, "invalid_argument", NESTED)
     # As a GET (the message in the query string, base64 of gzip).
     message = base64.urlsafe_b64encode(zipped).decode().rstrip("=")
-    resp = daemon.http.get("/filesystem.Filesystem/Stat", headers=envd(A), params={
+    resp = daemon.http.get("/filesystem.Filesystem/Stat", headers=envd(daemon.a), params={
         "encoding": "json", "base64": "1", "compression": "gzip", "message": message, "connect": "v1"})
     _connect_refusal(resp, 400, "invalid_argument", NESTED)
     assert daemon.alive()
@@ -174,7 +183,8 @@ def test_deep_json_to_a_connect_service_is_refused_and_the_daemon_lives(daemon: 
 def test_deep_json_in_a_streaming_connect_frame_is_refused(daemon: Daemon) -> None:
     # process.Start is server-streaming: its request is one enveloped message.
     for flags, payload in ((0, DEEP), (1, gzip.compress(DEEP))):
-        headers = [*envd(A), *CONNECT_STREAM] + ([("Connect-Content-Encoding", "gzip")] if flags else [])
+        compressed = [("Connect-Content-Encoding", "gzip")] if flags else []
+        headers = [*envd(daemon.a), *CONNECT_STREAM, *compressed]
         resp = _post(daemon, "/process.Process/Start", frame(payload, flags), headers)
         _connect_refusal(resp, 400, "invalid_argument", NESTED)
     assert daemon.alive()
@@ -186,16 +196,16 @@ def test_framings_the_bound_misread_are_refused_and_the_daemon_lives(daemon: Dae
     ``application/grpc+json`` was a 500 (uvicorn's HTTP/1.1 sends no trailers)."""
     body = frame(gzip.compress(DEEP), 1)
     for path in ("/filesystem.Filesystem/WatchDir", "/process.Process/Start"):
-        resp = _post(daemon, path, body, [*envd(A), ("Content-Type", "json"),
+        resp = _post(daemon, path, body, [*envd(daemon.a), ("Content-Type", "json"),
                                           ("Connect-Content-Encoding", "gzip")])
         _connect_refusal(resp, 415, "unimplemented", "application/connect+json")
         resp = _post(daemon, path, body, [
-            *envd(A), ("Content-Type", "application/grpc-web+json"),
+            *envd(daemon.a), ("Content-Type", "application/grpc-web+json"),
             ("Connect-Content-Encoding", "identity"), ("grpc-encoding", "gzip")])
         assert resp.status_code == 200 and resp.headers["grpc-status"] == "3", (resp.headers, resp.content)
         assert NESTED in urllib.parse.unquote(resp.headers["grpc-message"])
         resp = _post(daemon, path, frame(b'{"path": "/tmp"}'),
-                     [*envd(A), ("Content-Type", "application/grpc+json")])
+                     [*envd(daemon.a), ("Content-Type", "application/grpc+json")])
         _connect_refusal(resp, 415, "unimplemented", "needs HTTP trailers")
     assert daemon.alive()
 
@@ -203,7 +213,7 @@ def test_framings_the_bound_misread_are_refused_and_the_daemon_lives(daemon: Dae
 def test_deep_json_is_refused_on_rest_routes_in_each_apis_shape(daemon: Daemon) -> None:
     # E2B's control plane and the code interpreter: {"code", "message"}, not a 500 RecursionError.
     for path, headers in (("/v2/sandboxes", [("X-API-KEY", TOKEN)]),
-                          ("/execute", envd(A, port="49999"))):
+                          ("/execute", envd(daemon.a, port="49999"))):
         resp = _post(daemon, path, DEEP, [*headers, ("Content-Type", "application/json")])
         assert resp.status_code == 400, (path, resp.status_code, resp.text)
         assert resp.json()["code"] == 400 and NESTED in resp.json()["message"], resp.text
@@ -217,11 +227,11 @@ def test_deep_json_is_refused_on_rest_routes_in_each_apis_shape(daemon: Daemon) 
 
 def test_json_of_ordinary_depth_still_passes(daemon: Daemon) -> None:
     nested_ok = b'{"path": "/tmp", "x": ' + b"[" * 40 + b"]" * 40 + b"}"
-    resp = _post(daemon, "/filesystem.Filesystem/Stat", nested_ok, [*envd(A), *CONNECT_UNARY])
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", nested_ok, [*envd(daemon.a), *CONNECT_UNARY])
     assert resp.status_code == 200 and resp.json()["entry"]["path"] == "/tmp", resp.text
     # Brackets inside strings are data, not nesting.
     in_string = b'{"path": "/tmp/' + b"[" * 1000 + b'"}'
-    resp = _post(daemon, "/filesystem.Filesystem/Stat", in_string, [*envd(A), *CONNECT_UNARY])
+    resp = _post(daemon, "/filesystem.Filesystem/Stat", in_string, [*envd(daemon.a), *CONNECT_UNARY])
     _connect_refusal(resp, 404, "not_found", "")
 
 
@@ -231,7 +241,7 @@ def test_json_of_ordinary_depth_still_passes(daemon: Daemon) -> None:
 def test_a_second_sandbox_id_header_is_refused_and_nothing_runs_in_the_other_sandbox(
         daemon: Daemon) -> None:
     # B's id first, A's last, A's token: the check used to read the last, the handler the first.
-    smuggled = [("E2b-Sandbox-Id", B), *envd(A)]
+    smuggled = [("E2b-Sandbox-Id", daemon.b), *envd(daemon.a)]
     made = _post(daemon, "/filesystem.Filesystem/MakeDir", b'{"path": "/tmp/from-a"}',
                  [*smuggled, *CONNECT_UNARY])
     _connect_refusal(made, 400, "invalid_argument", "e2b-sandbox-id header is given more than once")
@@ -241,17 +251,17 @@ def test_a_second_sandbox_id_header_is_refused_and_nothing_runs_in_the_other_san
     _connect_refusal(started, 400, "invalid_argument", "more than once")
     # Nothing happened in B: no directory, no process.
     stat = _post(daemon, "/filesystem.Filesystem/Stat", b'{"path": "/tmp/from-a"}',
-                 [*envd(B), *CONNECT_UNARY])
+                 [*envd(daemon.b), *CONNECT_UNARY])
     _connect_refusal(stat, 404, "not_found", "")
-    listed = _post(daemon, "/process.Process/List", b"{}", [*envd(B), *CONNECT_UNARY])
+    listed = _post(daemon, "/process.Process/List", b"{}", [*envd(daemon.b), *CONNECT_UNARY])
     assert listed.status_code == 200 and listed.json().get("processes", []) == [], listed.text
 
 
 def test_every_routing_and_credential_header_must_come_once(daemon: Daemon) -> None:
-    token_a = AccessTokens(TOKEN.encode()).envd(A)
+    token_a = AccessTokens(TOKEN.encode()).envd(daemon.a)
     cases = [
-        ("/health", [*envd(A), ("X-Access-Token", token_a)], "x-access-token"),
-        ("/health", [*envd(A), ("E2b-Sandbox-Port", "49999")], "e2b-sandbox-port"),
+        ("/health", [*envd(daemon.a), ("X-Access-Token", token_a)], "x-access-token"),
+        ("/health", [*envd(daemon.a), ("E2b-Sandbox-Port", "49999")], "e2b-sandbox-port"),
         ("/v2/sandboxes", [("X-API-KEY", TOKEN), ("X-API-KEY", TOKEN)], "x-api-key"),
     ]
     for path, headers, name in cases:

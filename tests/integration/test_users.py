@@ -62,6 +62,19 @@ def test_exec_as_user_and_root_by_default(loop: Loop, runtime: Runtime, sandbox:
     assert out["stdout"].split() == ["1", "0"], out
 
 
+def test_the_default_image_has_what_e2bs_base_template_has(loop: Loop, runtime: Runtime,
+                                                         sandbox: str) -> None:
+    """git, curl and CA certificates, as E2B's base template: an E2B program that clones a repository
+    or calls an HTTP API runs unchanged (here without a network: a local repository and a file URL)."""
+    script = ("set -e; cd /tmp; rm -rf origin copy; git init -q origin; cd origin; "
+              "git -c user.name=u -c user.email=u@x commit -q --allow-empty -m first; cd ..; "
+              "git clone -q origin copy; git -C copy log --format=%s; "
+              "curl -sS file:///etc/hostname >/dev/null && echo curl-ok; "
+              "test -s /etc/ssl/certs/ca-certificates.crt && echo cas-ok")
+    out = loop.run(runtime.exec(sandbox, ["bash", "-c", script], user="user"))
+    assert (out["exit_code"], out["stdout"].split()) == (0, ["first", "curl-ok", "cas-ok"]), out
+
+
 def test_processes_run_as_user(loop: Loop, runtime: Runtime, sandbox: str) -> None:
     info = loop.run(runtime.processes.start(sandbox, ["sleep", "30"], user="user", tag="as-user"))
     try:

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from forkd.api.app import create_app
-from forkd.api.settings import Settings
-from tests.fakes.runtime import FakeRuntime
-
-TOKEN = "s3cr3t-t0ken-for-ui-tests"
+from tests.fakes.app import TOKEN, daemon_app
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> TestClient:
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    app = create_app(Settings(token_file=token_file, data_dir=tmp_path), runtime=FakeRuntime())
-    return TestClient(app)
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with daemon_app(tmp_path, snapshots=()) as daemon:
+        yield daemon.client
 
 
 @pytest.mark.parametrize(("path", "kind"), [

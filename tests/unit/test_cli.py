@@ -108,7 +108,7 @@ def test_no_args_shows_help(runner: CliRunner) -> None:
     "command",
     ["daemon", "snapshot", "fork", "branch", "ls", "snapshot-info", "kill", "rmi", "ping",
      "exec", "eval", "version", "doctor", "image", "image build", "image ls", "promote",
-     "checkpoints", "timeout"],
+     "checkpoints", "timeout", "memory"],
 )
 def test_every_command_has_help(runner: CliRunner, command: str) -> None:
     result = run(runner, *command.split(), "--help")
@@ -365,6 +365,18 @@ def test_ping(runner: CliRunner, daemon: FakeDaemon) -> None:
     result = run(runner, "ping", SB)
     assert result.exit_code == 0
     assert "pong" in result.stdout and "1.24.2" in result.stdout
+
+
+def test_memory(runner: CliRunner, daemon: FakeDaemon) -> None:
+    cost = {"sandbox_id": SB, "ram_bytes": 512 << 20, "shared_bytes": 60 << 20, "private_bytes": 100 << 20,
+            "untouched_bytes": 352 << 20, "disk_bytes": 8 << 20}
+    daemon.on("GET", f"/v1/sandboxes/{SB}/memory", httpx.Response(200, json=cost))
+    result = run(runner, "memory", SB)
+    assert result.exit_code == 0, result.output
+    assert "shared 60.0 MiB" in result.stdout and "private 100.0 MiB" in result.stdout
+    assert "own disk layers 8.0 MiB" in result.stdout
+    result = run(runner, "memory", SB, "--json")
+    assert json.loads(result.stdout) == cost
 
 
 # -------------------------------------------------------------- exec / eval

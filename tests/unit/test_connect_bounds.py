@@ -14,6 +14,7 @@ import json
 import struct
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,12 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkd import bounds, jsondepth
-from forkd.api.app import create_app
 from forkd.api.e2b.connect_framing import GRPC_STATUS
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.settings import Settings
-from tests.fakes.app import TOKEN
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import TOKEN, daemon_app
 
-SB = "sb-67a1b3-0000"
-ENVD = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983",
-        "X-Access-Token": AccessTokens(TOKEN.encode()).envd(SB)}
+# envd's headers for the test's sandbox (set by ``_client`` once it is spawned).
+ENVD: dict[str, str] = {}
 DEEP = b'{"path": "/tmp", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
 WATCH, START = "/filesystem.Filesystem/WatchDir", "/process.Process/Start"
 STAT = "/filesystem.Filesystem/Stat"
@@ -95,15 +92,14 @@ class Served:
         await self.app({**scope, "extensions": extensions}, receive, sending)
 
 
-def _client(tmp_path: Path, trailers: bool) -> TestClient:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    rt.guest_files[SB] = {"/": None, "/tmp": None}
-    (tmp_path / "token").write_text(TOKEN)
-    app = create_app(Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
-                              audit_log=tmp_path / "audit.log"), runtime=rt)
-    return TestClient(Served(app, trailers), raise_server_exceptions=False)
+@contextmanager
+def _client(tmp_path: Path, trailers: bool) -> Iterator[TestClient]:
+    with daemon_app(tmp_path, snapshots=("base",), wrap=lambda app: Served(app, trailers)) as daemon:
+        sb = daemon.sandbox("base").id
+        ENVD.clear()
+        ENVD.update({"E2b-Sandbox-Id": sb, "E2b-Sandbox-Port": "49983",
+                     "X-Access-Token": AccessTokens(TOKEN.encode()).envd(sb)})
+        yield daemon.client
 
 
 @pytest.fixture

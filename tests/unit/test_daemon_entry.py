@@ -2,7 +2,7 @@
 
 Options, ``FORKD_*`` variables and exit statuses are checked through both
 entry points; ``serve`` is replaced so that nothing listens, except in the
-last test, which starts uvicorn on a free loopback port with a fake runtime.
+last test, which starts uvicorn on a free loopback port on the real runtime over the QEMU double.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from forkd.api import command as daemon_cmd
 from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings
 from forkd.cli.main import app as forkd_app
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import open_runtime
 
 TOKEN = "9c1d7e3a5b0f2468ace13579bdf02468"
 # Every option the old argparse ``python -m forkd.api`` had.
@@ -278,10 +278,13 @@ def test_embedders_get_the_same_bounds(settings: Settings, message: str) -> None
 
 def test_on_ready_fires_after_the_socket_listens(tmp_path: Path) -> None:
     settings = Settings(audit_log=tmp_path / "a.log")
-    app = create_app(settings, runtime=FakeRuntime())
     seen: list[str] = []
 
     async def main() -> None:
+        async with open_runtime(tmp_path, snapshots=()) as runtime:
+            await serve(create_app(settings, runtime=runtime))
+
+    async def serve(app: Any) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on")
         srv: server._Server
 

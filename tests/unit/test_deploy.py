@@ -1,7 +1,8 @@
 """deploy/k8s: the manifests parse, hang together, and only use options forkd really has.
 
 No Kubernetes runs here, so this is what is checked of them: every document is
-valid YAML with the fields Kubernetes requires, selectors match their pods'
+valid against Kubernetes' own schemas (``kubernetes-validate``, strict: an unknown
+field is an error; ``make lint`` runs its CLI too), selectors match their pods'
 labels, the host DaemonSet gets /dev/kvm and the privileges forkd needs, every
 flag a container passes to ``forkd`` exists on that command, every secret a
 pod reads is defined in the example, and every URL of etcd points at its
@@ -14,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import typer
 import yaml
@@ -145,3 +147,20 @@ def test_secrets_the_pods_read_are_in_the_example() -> None:
     store = defined["forkd-store"]["stringData"]
     assert {"FORKD_STORE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
             "AWS_REGION"} <= set(store)
+
+
+# The Kubernetes release whose schemas the manifests are checked against (kubernetes-validate's).
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+@pytest.mark.parametrize("doc", all_documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_manifest_is_valid_against_kubernetes_own_schema(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_schema_check_catches_a_misspelt_field() -> None:
+    """So that the check above can fail: a field a Deployment does not have is refused."""
+    deployment = one("Deployment", "forkd-gateway")
+    broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)

@@ -1,4 +1,5 @@
-"""envd's process service (E2B's commands) over Connect, on FakeRuntime's scripted processes.
+"""envd's process service (E2B's commands) over Connect, on the real Runtime and the scripted
+guest's processes.
 
 The SDK itself runs its commands against a real daemon in
 tests/integration/test_compat_clients.py (tests/clients/e2b/commands.py).
@@ -10,6 +11,7 @@ import asyncio
 import base64
 import json
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,27 +23,34 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import process as process_mod
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller.processes import ProcessEvent
-from forkd.errors import GuestError
-from tests.fakes.app import TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
-
-SB = "sb-67a1b3-0000"
-HEADERS = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983",
-           "X-Access-Token": AccessTokens(TOKEN.encode()).envd(SB)}
+from tests.fakes.app import TOKEN, Daemon, daemon_app
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    return rt
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, snapshots=("base",)) as d:
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    with app_client(tmp_path, fake) as c:
-        yield c
+def sb(daemon: Daemon) -> str:
+    sandbox_id = daemon.sandbox("base").id
+    HEADERS.update({"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983",
+                    "X-Access-Token": AccessTokens(TOKEN.encode()).envd(sandbox_id)})
+    return sandbox_id
+
+
+HEADERS: dict[str, str] = {}  # the sandbox's (fixture ``sb``)
+
+
+@pytest.fixture
+def client(daemon: Daemon, sb: str) -> TestClient:
+    return daemon.client
+
+
+def started(daemon: Daemon, sb: str) -> dict[str, Any]:
+    """The last process the guest was asked to start."""
+    return daemon.guest_requests(sb, "proc_start")[-1]
 
 
 def stream(client: TestClient, method: str, body: dict[str, Any],
@@ -63,30 +72,30 @@ def unary(client: TestClient, method: str, body: dict[str, Any]) -> Any:
     return client.post(f"/process.Process/{method}", json=body, headers=HEADERS)
 
 
-def test_start_streams_start_output_and_end(client: TestClient, fake: FakeRuntime) -> None:
+def test_start_streams_start_output_and_end(client: TestClient, daemon: Daemon, sb: str) -> None:
     frames = stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"], "envs": {"A": "b"}}})
     events = [f["message"]["event"] for f in frames if "message" in f]
-    [pid] = list(fake.guest_processes[SB])
-    assert events[0] == {"start": {"pid": pid}}
+    pid = events[0]["start"]["pid"]
+    assert daemon.run(daemon.runtime.processes.get, sb, pid)["args"] == ["echo", "hi"]
     assert base64.b64decode(events[1]["data"]["stdout"]) == b"hi\n"
     assert events[2]["end"]["status"] == "exit status 0"
     assert frames[-1] == {"end": {}}
-    call = next(c for c in fake.calls if c.name == "exec_stream")
-    assert call.args[1] == ["echo", "hi"] and call.kwargs["env"] == {"A": "b"}
+    call = started(daemon, sb)
+    assert call["args"] == ["echo", "hi"] and call["env"] == {"A": "b"}
     # E2B's default user, in its home (the agent's default for a user: no cwd sent).
-    assert call.kwargs["cwd"] is None and call.kwargs["user"] == "user"
+    assert "cwd" not in call and call["user"] == "user"
 
 
-def test_start_acts_as_the_user_the_sdk_names(client: TestClient, fake: FakeRuntime) -> None:
+def test_start_acts_as_the_user_the_sdk_names(client: TestClient, daemon: Daemon, sb: str) -> None:
     """``commands.run(..., user="root", cwd="rel")``: a Basic header names root; relative cwds are
     under that user's home."""
     root = {"Authorization": "Basic " + base64.b64encode(b"root:").decode()}
     stream(client, "Start", {"process": {"cmd": "pwd", "cwd": "work"}}, headers=root)
-    call = [c for c in fake.calls if c.name == "exec_stream"][-1]
-    assert call.kwargs["user"] == "root" and call.kwargs["cwd"] == "/root/work"
+    call = started(daemon, sb)
+    assert call["user"] == "root" and call["cwd"] == "/root/work"
     stream(client, "Start", {"process": {"cmd": "pwd", "cwd": "work"}})
-    call = [c for c in fake.calls if c.name == "exec_stream"][-1]
-    assert call.kwargs["user"] == "user" and call.kwargs["cwd"] == "/home/user/work"
+    call = started(daemon, sb)
+    assert call["user"] == "user" and call["cwd"] == "/home/user/work"
 
 
 def test_a_failing_command_ends_with_its_code(client: TestClient) -> None:
@@ -95,17 +104,19 @@ def test_a_failing_command_ends_with_its_code(client: TestClient) -> None:
     assert end == [{"exitCode": 1, "exited": True, "status": "exit status 1"}]
 
 
-def test_background_processes_list_input_and_signals(client: TestClient, fake: FakeRuntime) -> None:
-    asyncio.run(fake.processes.start(SB, ["cat"], stdin_open=True, tag="t1"))
+def test_background_processes_list_input_and_signals(client: TestClient, daemon: Daemon, sb: str) -> None:
+    processes = daemon.runtime.processes
+    daemon.run(processes.start, sb, ["cat"], stdin_open=True, tag="t1")
     [proc] = unary(client, "List", {}).json()["processes"]
     assert proc["config"]["cmd"] == "cat" and proc["tag"] == "t1"
     pid = proc["pid"]
     typed = {"process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"x").decode()}}
     assert unary(client, "SendInput", typed).status_code == 200
     assert unary(client, "CloseStdin", {"process": {"tag": "t1"}}).status_code == 200
-    writes = [c for c in fake.calls if c.name == "process_write_stdin"]
-    assert [(c.args[2], c.kwargs["eof"]) for c in writes] == [(b"x", False), (b"", True)]
-    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
+    writes = daemon.guest_requests(sb, "proc_input")
+    assert [(base64.b64decode(w["data"]), w.get("eof", False)) for w in writes] == [(b"x", False),
+                                                                                    (b"", True)]
+    sleeper = daemon.run(processes.start, sb, ["sleep", "60"])["pid"]
     assert unary(client, "SendSignal", {"process": {"pid": sleeper},
                                         "signal": "SIGNAL_SIGKILL"}).status_code == 200
     missing = unary(client, "SendSignal", {"process": {"pid": 4321}, "signal": "SIGNAL_SIGKILL"})
@@ -114,8 +125,8 @@ def test_background_processes_list_input_and_signals(client: TestClient, fake: F
     assert untagged.json()["code"] == "not_found"
 
 
-def test_the_connect_timeout_ends_the_stream_and_kills_the_process(client: TestClient,
-                                                                   fake: FakeRuntime) -> None:
+def test_the_connect_timeout_ends_the_stream_and_kills_the_process(client: TestClient, daemon: Daemon,
+                                                                   sb: str) -> None:
     """``Connect-Timeout-Ms`` (the SDK's ``commands.run(timeout=...)``): at the deadline the stream
     ends with ``deadline_exceeded`` and a started process is killed, as envd does (issue 20)."""
     started = time.monotonic()
@@ -124,75 +135,63 @@ def test_the_connect_timeout_ends_the_stream_and_kills_the_process(client: TestC
     assert time.monotonic() - started < 5
     assert "start" in frames[0]["message"]["event"]
     assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
-    [proc] = fake.guest_processes[SB].values()
-    assert proc.exit is not None and proc.exit.signal == 9
+    proc = daemon.run(daemon.runtime.processes.get, sb, frames[0]["message"]["event"]["start"]["pid"])
+    assert proc["running"] is False and proc["signal"] == 9
     # Connect (watching a running process) ends the same way, but leaves the process running.
-    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
+    sleeper = daemon.run(daemon.runtime.processes.start, sb, ["sleep", "60"])["pid"]
     frames = stream(client, "Connect", {"process": {"pid": sleeper}}, headers={"Connect-Timeout-Ms": "200"})
     assert frames[-1]["end"]["error"]["code"] == "deadline_exceeded", frames
-    assert fake.guest_processes[SB][sleeper].exit is None
+    assert daemon.run(daemon.runtime.processes.get, sb, sleeper)["running"] is True
     # No header: no deadline (the echo ends on its own).
     assert stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"]}})[-1] == {"end": {}}
 
 
-class _Cut:
-    """A process stream whose sandbox goes away after the start event."""
+@pytest.mark.parametrize("ending", ["killed", "powered off"])
+def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, daemon: Daemon, sb: str,
+                                                         ending: str) -> None:
+    """A sandbox killed mid-command (or whose VM goes away) ends the stream ``unavailable``, worded
+    so that the SDK probes the sandbox (not "was not found"), finds it gone and raises
+    SandboxNotRunningException (issue 20)."""
+    if ending == "killed":
+        def kill_once_started() -> None:
+            while not daemon.guest_requests(sb, "proc_start"):
+                time.sleep(0.01)
+            daemon.run(daemon.runtime.kill, sb)
 
-    def __init__(self, ending: BaseException) -> None:
-        self.pid = 7
-        self.ending = ending
-        self.sent = False
-
-    def __aiter__(self) -> _Cut:
-        return self
-
-    async def __anext__(self) -> ProcessEvent:
-        if not self.sent:
-            self.sent = True
-            return ProcessEvent("start", 7)
-        raise self.ending
-
-    async def aclose(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("ending", [GuestError("sandbox 'sb-67a1b3-0000' was killed"), StopAsyncIteration()])
-def test_a_stream_cut_by_its_sandboxs_end_is_unavailable(client: TestClient, fake: FakeRuntime,
-                                                         ending: BaseException) -> None:
-    """A sandbox killed mid-command ends the stream ``unavailable``, worded so that the SDK probes
-    the sandbox (not "was not found"), finds it gone and raises SandboxNotRunningException (issue 20)."""
-
-    async def exec_stream(*_args: Any, **_kwargs: Any) -> _Cut:
-        return _Cut(ending)
-
-    fake.processes.run = exec_stream  # type: ignore[method-assign]
-    frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
+        killer = threading.Thread(target=kill_once_started)
+        killer.start()
+        frames = stream(client, "Start", {"process": {"cmd": "sleep", "args": ["60"]}})
+        killer.join()
+    else:  # the scripted guest's "poweroff": the VM's process exits, as QEMU does (-no-reboot)
+        frames = stream(client, "Start", {"process": {"cmd": "poweroff"}})
     error = frames[-1]["end"]["error"]
     assert error["code"] == "unavailable" and "was not found" not in error["message"], frames
 
 
-def test_terminals_stream_pty_output_take_input_and_resize(client: TestClient, fake: FakeRuntime) -> None:
+def test_terminals_stream_pty_output_take_input_and_resize(client: TestClient, daemon: Daemon,
+                                                           sb: str) -> None:
     """``pty.create``: Start with a size runs the process on a terminal (stdin kept open) and its
     output is ``pty`` data; pty input is typed into it; ``Update`` resizes it (``pty.resize``)."""
     frames = stream(client, "Start", {"process": {"cmd": "echo", "args": ["hi"]},
                                       "pty": {"size": {"cols": 80, "rows": 24}}})
     events = [f["message"]["event"] for f in frames if "message" in f]
     assert base64.b64decode(events[1]["data"]["pty"]) == b"hi\n" and "stdout" not in events[1]["data"]
-    call = next(c for c in fake.calls if c.name == "exec_stream")
-    assert call.kwargs["pty"] == (80, 24) and call.kwargs["stdin_open"] is True
-    shell = asyncio.run(fake.processes.run(SB, ["cat"], stdin_open=True, pty=(80, 24), kill_on_close=False))
-    pid = shell.pid
+    call = started(daemon, sb)
+    assert call["pty"] == {"cols": 80, "rows": 24} and call["stdin"] is True
+    shell = daemon.run(daemon.runtime.processes.run, sb, ["cat"], stdin_open=True, pty=(80, 24),
+                       kill_on_close=False)
+    pid = daemon.run(shell.__anext__).pid  # its start event
     typed = {"process": {"pid": pid}, "input": {"pty": base64.b64encode(b"ls\n").decode()}}
     assert unary(client, "SendInput", typed).status_code == 200
-    assert [c.args[2] for c in fake.calls if c.name == "process_write_stdin"] == [b"ls\n"]
+    assert [base64.b64decode(w["data"]) for w in daemon.guest_requests(sb, "proc_input")] == [b"ls\n"]
     resized = unary(client, "Update", {"process": {"pid": pid}, "pty": {"size": {"cols": 100, "rows": 30}}})
     assert resized.status_code == 200, resized.text
-    assert fake.guest_processes[SB][pid].pty == {"cols": 100, "rows": 30}
+    assert daemon.run(daemon.runtime.processes.get, sb, pid)["pty"] == {"cols": 100, "rows": 30}
     # Refusals, in Connect's codes: no size, a size out of bounds, a process without a terminal.
     assert unary(client, "Update", {"process": {"pid": pid}}).json()["code"] == "invalid_argument"
     huge = unary(client, "Update", {"process": {"pid": pid}, "pty": {"size": {"cols": 100000, "rows": 1}}})
     assert huge.json()["code"] == "invalid_argument" and "cols" in huge.json()["message"]
-    sleeper = asyncio.run(fake.processes.start(SB, ["sleep", "60"]))["pid"]
+    sleeper = daemon.run(daemon.runtime.processes.start, sb, ["sleep", "60"])["pid"]
     plain = unary(client, "Update", {"process": {"pid": sleeper}, "pty": {"size": {"cols": 9, "rows": 9}}})
     assert plain.json()["code"] == "already_exists", plain.text  # forkd's 409, as the layer maps it
     assert "not started on a terminal" in plain.json()["message"]

@@ -26,6 +26,7 @@ import forkd.api.workspace_routes
 from forkd.api.deps import (
     BuildsLike,
     CheckpointsLike,
+    CostsLike,
     FilesLike,
     HibernationLike,
     KernelsLike,
@@ -38,6 +39,7 @@ from forkd.api.deps import (
     WorkspacesLike,
 )
 from forkd.controller.checkpoints import Checkpointer
+from forkd.controller.costs import SandboxCosts
 from forkd.controller.files import SandboxFiles
 from forkd.controller.hibernation import Hibernator
 from forkd.controller.kernel_cells import KernelCells
@@ -54,6 +56,7 @@ from forkd.errors import Conflict, NotFound
 from tests.fakes.runtime import (
     FakeBuilds,
     FakeCheckpoints,
+    FakeCosts,
     FakeFiles,
     FakeHibernation,
     FakeKernels,
@@ -69,6 +72,7 @@ from tests.fakes.runtime import (
 # Runtime's sub-APIs the routes call directly: (the owner, the routes' protocol, the fake's stand-in).
 SUB_APIS: dict[str, tuple[type, type, type]] = {
     "files": (SandboxFiles, FilesLike, FakeFiles),
+    "costs": (SandboxCosts, CostsLike, FakeCosts),
     "processes": (SandboxProcesses, ProcessesLike, FakeProcesses),
     "kernels": (KernelCells, KernelsLike, FakeKernels),
     "checkpoints": (Checkpointer, CheckpointsLike, FakeCheckpoints),

@@ -4,7 +4,7 @@ carry their entry (envd 0.6.3), metadata included.
 The agent's handling runs in-process on real xattrs in a tmp dir; the bounds are
 ``protocol.check_metadata``'s, applied by the E2B layer to the headers, by the
 daemon before the guest is asked and again to what the guest answers; the E2B
-layer's mapping (``X-Metadata-*`` headers in, ``metadata`` out) runs on FakeRuntime.
+layer's mapping (``X-Metadata-*`` headers in, ``metadata`` out) runs on the real Runtime.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from forkd.api import file_routes
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller import files as controller_files
-from forkd.controller.watches import WatchEvent, _batch
+from forkd.controller.watches import _batch
 from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
 from forkd.guest.agent import fileinfo as agent_fileinfo
@@ -31,8 +31,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.watches import Watches
 from forkd.guest.client import require
 from forkd.guest.protocol import INVALID, RequestError
-from tests.fakes.app import TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
 
 SB = "sb-67a1b3-0000"
 PREFIX = protocol.METADATA_XATTR_PREFIX
@@ -223,27 +222,31 @@ def test_the_owner_passes_metadata_on_and_asks_for_an_agent_that_keeps_it() -> N
         asyncio.run(files.write(SB, "/f", _one_piece(), max_bytes=10, metadata={"": "v"}))
 
 
-# ------------------------------------------------------------- the E2B layer, on FakeRuntime
+# ------------------------------------------------------------- the E2B layer, on the real Runtime
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    rt.guest_files[SB] = {"/": None, "/tmp": None, "/home": None, "/home/user": None}
-    return rt
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, snapshots=("base",), max_file_bytes=1 << 20) as d:
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
-        yield c
+def sb_id(daemon: Daemon) -> str:
+    return daemon.sandbox("base").id
 
 
-def envd(**extra: str) -> dict[str, str]:
-    return {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983",
-            "X-Access-Token": AccessTokens(TOKEN.encode()).envd(SB), **extra}
+@pytest.fixture
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
+
+
+@pytest.fixture
+def envd(sb_id: str) -> Callable[..., dict[str, str]]:
+    def headers(**extra: str) -> dict[str, str]:
+        return {"E2b-Sandbox-Id": sb_id, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": AccessTokens(TOKEN.encode()).envd(sb_id), **extra}
+    return headers
 
 
 def test_metadata_headers_are_read_as_envd_reads_them() -> None:
@@ -256,7 +259,8 @@ def test_metadata_headers_are_read_as_envd_reads_them() -> None:
             file_routes.metadata_headers(bad)
 
 
-def test_uploads_stat_list_and_move_carry_metadata(client: TestClient, fake: FakeRuntime) -> None:
+def test_uploads_stat_list_and_move_carry_metadata(client: TestClient,
+                                                   envd: Callable[..., dict[str, str]]) -> None:
     up = client.post("/files", params={"path": "a.txt"}, content=b"one",
                      headers=envd(**{"Content-Type": "application/octet-stream",
                                      "X-Metadata-Author": "mish"}))
@@ -281,12 +285,13 @@ def test_uploads_stat_list_and_move_carry_metadata(client: TestClient, fake: Fak
     assert "metadata" not in stat.json()["entry"]
 
 
-def test_bad_metadata_headers_are_400_and_write_nothing(client: TestClient, fake: FakeRuntime) -> None:
+def test_bad_metadata_headers_are_400_and_write_nothing(client: TestClient, daemon: Daemon, sb_id: str,
+                                                        envd: Callable[..., dict[str, str]]) -> None:
     resp = client.post("/files", params={"path": "/tmp/x"}, content=b"x",
                        headers=envd(**{"Content-Type": "application/octet-stream",
                                        "X-Metadata-K": "v" * (protocol.METADATA_TOTAL_MAX + 1)}))
     assert resp.status_code == 400 and "at most 4096" in resp.json()["message"]
-    assert "/tmp/x" not in fake.guest_files[SB]
+    assert daemon.guest_requests(sb_id, "file_write_open") == []
 
 
 # ------------------------------------------------------------- watch events with their entry (0.6.3)
@@ -322,27 +327,34 @@ def test_the_daemon_refuses_a_malformed_entry() -> None:
         _batch({"events": [{"name": "a", "type": "write", "entry": {"path": 1}}]})
 
 
-def test_envd_watch_options_map_to_forkds(client: TestClient, fake: FakeRuntime) -> None:
-    fake.guest_files[SB]["/tmp/f"] = b"abc"
+def test_envd_watch_options_map_to_forkds(client: TestClient, daemon: Daemon, sb_id: str,
+                                          envd: Callable[..., dict[str, str]]) -> None:
     options = {"path": "/tmp", "includeEntry": True, "allowNetworkMounts": True}
     made = client.post("/filesystem.Filesystem/CreateWatcher", json=options, headers=envd())
     watcher = made.json()["watcherId"]
-    assert fake.calls[-1].kwargs.get("include_entry") is True
-    fake.watches.pending[(SB, watcher)] += [WatchEvent("f", "write"), WatchEvent("f", "remove")]
-    got = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
-                      headers=envd()).json()["events"]
+    assert daemon.guest_requests(sb_id, "watch")[-1]["entries"] is True
+    url = f"/v1/sandboxes/{sb_id}/files"
+    assert client.put(url, params={"path": "/tmp/f"}, content=b"abc", headers=AUTH).status_code == 200
+
+    def poll() -> list[dict[str, Any]]:
+        return list(client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
+                                headers=envd()).json()["events"])
+
+    got = poll()
     assert got[0]["entry"]["path"] == "/tmp/f" and got[0]["entry"]["type"] == "FILE_TYPE_FILE"
-    assert "entry" not in got[1]
+    assert client.delete(url, params={"path": "/tmp/f"}, headers=AUTH).status_code == 204
+    [removed] = poll()
+    assert "entry" not in removed  # it names nothing any more
     plain = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd())
-    assert "include_entry" not in fake.calls[-1].kwargs and plain.status_code == 200
+    assert "entries" not in daemon.guest_requests(sb_id, "watch")[-1] and plain.status_code == 200
 
 
 # ------------------------------------------------------------- forkd's own /v1 files API
 
 
-def test_v1_uploads_take_metadata_headers_and_file_infos_show_it(client: TestClient) -> None:
+def test_v1_uploads_take_metadata_headers_and_file_infos_show_it(client: TestClient, sb_id: str) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    url = f"/v1/sandboxes/{SB}/files"
+    url = f"/v1/sandboxes/{sb_id}/files"
     up = client.put(url, params={"path": "/tmp/v1"}, content=b"x", headers={**auth, "X-Metadata-Tag": "t"})
     assert up.status_code == 200 and up.json()["metadata"] == {"tag": "t"}, up.text
     stat = client.get(f"{url}/stat", params={"path": "/tmp/v1"}, headers=auth).json()

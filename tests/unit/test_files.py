@@ -1,5 +1,5 @@
 """Files in a sandbox without a VM: the agent's file actions in-process, the
-daemon's bounds on what the guest sends back, the routes against FakeRuntime
+daemon's bounds on what the guest sends back, the routes against the real Runtime over the QEMU double
 (path checks, 404/409/413, streaming), and the SDK over the ASGI app.
 """
 
@@ -9,7 +9,7 @@ import asyncio
 import base64
 import io
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.protocol import CONFLICT, INVALID, NOT_FOUND, RequestError
 from forkd.sdk import AsyncController, AsyncSandbox
 from forkd.sdk.errors import NotFoundError
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import Daemon, daemon_app, open_runtime
 
 SB = "sb-67a1b3-0000"
 MIB = 1 << 20
@@ -241,26 +241,30 @@ def test_rechunk_cuts_a_stream_into_fixed_pieces() -> None:
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("py")
-    rt.add_sandbox(SB)
-    return rt
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, token=False, max_body_bytes=8192, max_file_bytes=3 * MIB) as d:
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    settings = Settings(data_dir=tmp_path / "data", audit_log=tmp_path / "audit.log",
-                        max_body_bytes=8192, max_file_bytes=3 * MIB)
-    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False) as c:
-        yield c
+def sb_id(daemon: Daemon) -> str:
+    return daemon.sandbox("py").id
 
 
-def files_url(what: str = "") -> str:
-    return f"/v1/sandboxes/{SB}/files{what}"
+@pytest.fixture
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
 
 
-def test_upload_passes_the_body_limit_and_streams(client: TestClient, fake: FakeRuntime) -> None:
+@pytest.fixture
+def files_url(sb_id: str) -> Callable[..., str]:
+    def url(what: str = "") -> str:
+        return f"/v1/sandboxes/{sb_id}/files{what}"
+    return url
+
+
+def test_upload_passes_the_body_limit_and_streams(client: TestClient, daemon: Daemon, sb_id: str,
+                                                   files_url: Callable[..., str]) -> None:
     data = os.urandom(2 * MIB)  # far above max_body_bytes (8192), under max_file_bytes
 
     def body() -> Iterator[bytes]:
@@ -270,17 +274,18 @@ def test_upload_passes_the_body_limit_and_streams(client: TestClient, fake: Fake
     r = client.put(files_url(), params={"path": "/f.bin"}, content=body())
     assert r.status_code == 200, r.text
     assert r.json()["size"] == len(data)
-    assert len(fake.upload_pieces) > 1  # the route forwarded pieces, not one buffered body
+    # The route forwarded pieces, not one buffered body.
+    assert len(daemon.guest_requests(sb_id, "file_write")) > 1
     r = client.get(files_url(), params={"path": "/f.bin"})
     assert r.status_code == 200 and r.content == data
     assert r.headers["content-type"] == "application/octet-stream"
     assert r.headers["x-forkd-file-size"] == str(len(data))
     # Other routes keep the small JSON limit.
-    r = client.post(f"/v1/sandboxes/{SB}/exec", json={"args": ["x" * 10000]})
+    r = client.post(f"/v1/sandboxes/{sb_id}/exec", json={"args": ["x" * 10000]})
     assert r.status_code == 413
 
 
-def test_too_large_is_413_by_header_and_by_stream(client: TestClient) -> None:
+def test_too_large_is_413_by_header_and_by_stream(client: TestClient, files_url: Callable[..., str]) -> None:
     r = client.put(files_url(), params={"path": "/big"}, content=b"x" * (3 * MIB + 1))
     assert r.status_code == 413 and "3145728-byte limit" in r.json()["error"]
 
@@ -294,7 +299,7 @@ def test_too_large_is_413_by_header_and_by_stream(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize("path", ["relative", "/a\0b", "/" + "a" * 5000, ""])
-def test_bad_paths_are_400(client: TestClient, path: str) -> None:
+def test_bad_paths_are_400(client: TestClient, files_url: Callable[..., str], path: str) -> None:
     for r in (client.get(files_url(), params={"path": path}),
               client.put(files_url(), params={"path": path}, content=b"x"),
               client.get(files_url("/stat"), params={"path": path}),
@@ -305,7 +310,7 @@ def test_bad_paths_are_400(client: TestClient, path: str) -> None:
         assert r.json()["error"]
 
 
-def test_missing_is_404_and_directories_are_409(client: TestClient) -> None:
+def test_missing_is_404_and_directories_are_409(client: TestClient, files_url: Callable[..., str]) -> None:
     assert client.get(files_url(), params={"path": "/nope"}).status_code == 404
     assert client.get(files_url(), params={"path": "/nope"}).json()["error"]
     assert client.get("/v1/sandboxes/sb-000000-0000/files", params={"path": "/x"}).status_code == 404
@@ -329,20 +334,24 @@ def test_only_file_uploads_skip_the_body_limit() -> None:
 # ------------------------------------------------------------------- the SDK
 
 
-def test_sdk_files_round_trip(tmp_path: Path, fake: FakeRuntime) -> None:
+def test_sdk_files_round_trip(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", audit_log=tmp_path / "audit.log")
-    app = create_app(settings, runtime=fake)
 
     async def scenario() -> None:
+        async with open_runtime(tmp_path) as rt:
+            [record] = await rt.spawn("py")
+            await against(create_app(settings, runtime=rt), record.id)
+
+    async def against(app: Any, sb_id: str) -> None:
         transport = httpx.ASGITransport(app=app)
         async with AsyncController("http://forkd", transport=transport) as c:
-            sb = AsyncSandbox(sandbox_id=SB, controller=c)
+            sb = AsyncSandbox(sandbox_id=sb_id, controller=c)
             assert await sb.files.mkdir("/w") is True
             info = await sb.files.write("/w/a.txt", "hello")
             assert info["size"] == 5
             seen: list[int] = []
             data = os.urandom(3 * MIB + 5)
-            await c.write_file(SB, "/w/b.bin", io.BytesIO(data), progress=seen.append)
+            await c.write_file(sb_id, "/w/b.bin", io.BytesIO(data), progress=seen.append)
             assert seen[-1] == len(data) and len(seen) == 4  # read a piece at a time
             assert await sb.files.read("/w/a.txt") == b"hello"
             assert await sb.files.read("/w/b.bin") == data

@@ -1,11 +1,12 @@
 """The fleet without VMs: placement, host records, ids that name hosts, and a real etcd with
-real HTTP hosts (the daemon's app over a fake runtime) behind a real gateway."""
+real HTTP hosts (the daemon, on the real runtime over the QEMU double) behind a real gateway."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,8 +26,9 @@ from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
 from forkd.fleet.placement import by_load, holders, spawn_candidates
 from forkd.gateway import GatewaySettings, create_gateway_app
+from forkd.sdk import Controller
 from forkd.store import layout
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import fake_qemu, guest_image
 from tests.integration.services import Etcd, etcd_server
 
 
@@ -199,23 +201,27 @@ def put_host(etcd: Etcd, record: HostRecord, ttl: int = 30) -> None:
 def gateway(etcd: Etcd, tmp_path: Path) -> Iterator[dict[str, Any]]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    fakes = {"ga": FakeRuntime(host_id="ga"), "gb": FakeRuntime(host_id="gb")}
-    fakes["gb"].add_snapshot("py")
-    fakes["ga"].add_sandbox("sb-ga-abcdef-0000")
-    fakes["gb"].add_sandbox("sb-gb-fedcba-0000")
     with contextlib.ExitStack() as stack:
-        urls = {name: stack.enter_context(serve(create_app(
-            Settings(token_file=token_file, audit_log=tmp_path / f"{name}.log"), runtime=fake)))
-            for name, fake in fakes.items()}
-        for name, url in urls.items():
-            put_host(etcd, HostRecord(name, url, 10, len(fakes[name].sandboxes),
-                                      list(fakes[name].snapshots), {}, 1000, False))
+        stack.enter_context(fake_qemu(tmp_path))
+        urls: dict[str, str] = {}
+        sandboxes: dict[str, str] = {}
+        # Two daemons: ga holds "seed" and runs a sandbox of it; gb holds "py" and runs one of it.
+        for name, tag in (("ga", "seed"), ("gb", "py")):
+            data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fkt-", dir="/tmp")))
+            guest_image(data / "images")
+            urls[name] = stack.enter_context(serve(create_app(
+                Settings(token_file=token_file, audit_log=tmp_path / f"{name}.log", data_dir=data,
+                         host_id=name))))
+            with Controller(url=urls[name], token=TOKEN) as daemon:
+                daemon.create_snapshot(tag)
+                sandboxes[name] = daemon.spawn_sandboxes(tag)[0]["id"]
+            put_host(etcd, HostRecord(name, urls[name], 10, 1, [tag], {}, 1000, False))
         settings = GatewaySettings(etcd=[etcd.url], token_file=token_file, poll_interval=0.1,
                                    request_timeout=60, publish=False)
         url = stack.enter_context(serve(create_gateway_app(settings)))
         client = stack.enter_context(httpx.Client(base_url=url, timeout=30,
                                                   headers={"Authorization": f"Bearer {TOKEN}"}))
-        yield {"client": client, "fakes": fakes, "urls": urls}
+        yield {"client": client, "sandboxes": sandboxes, "urls": urls}
         asyncio.run(_clear(etcd))
 
 
@@ -236,12 +242,14 @@ def test_the_gateway_routes_like_one_daemon(gateway: dict[str, Any]) -> None:
     assert r.status_code == 201 and r.headers["x-forkd-host"] == "gb"
     assert all(sb["id"].startswith("sb-gb-") for sb in r.json())
     # Per-sandbox calls go to the owner.
-    assert c.get("/v1/sandboxes/sb-ga-abcdef-0000").headers["x-forkd-host"] == "ga"
-    assert c.post("/v1/sandboxes/sb-gb-fedcba-0000/ping").json()["pong"] is True
+    ga, gb = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
+    assert ga.startswith("sb-ga-") and gb.startswith("sb-gb-")
+    assert c.get(f"/v1/sandboxes/{ga}").headers["x-forkd-host"] == "ga"
+    assert c.post(f"/v1/sandboxes/{gb}/ping").json()["pong"] is True
     # Lists merge every host.
     ids = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
-    assert {"sb-ga-abcdef-0000", "sb-gb-fedcba-0000"} <= ids and len(ids) == 4
-    assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["py"]
+    assert {ga, gb} <= ids and len(ids) == 4
+    assert sorted(s["tag"] for s in c.get("/v1/snapshots").json()) == ["py", "seed"]
     # A bad query is the hosts' usual 400.
     bad = c.get("/v1/sandboxes", params={"nope": "1"})
     assert bad.status_code == 400 and "unknown query parameter" in bad.json()["error"]
@@ -264,12 +272,31 @@ def test_the_gateway_explains_ids_it_cannot_route(gateway: dict[str, Any]) -> No
     assert r.status_code == 404 and "nowhere" in r.json()["error"]
 
 
-def test_the_gateway_refuses_e2b_traffic_it_cannot_route(gateway: dict[str, Any]) -> None:
-    c: httpx.Client = gateway["client"]
-    for r in (c.post("/v2/sandboxes", json={"templateID": "base"}),
-              c.get("/files", params={"path": "/x"}, headers={"E2b-Sandbox-Id": "sb-abcdef-0000"})):
-        assert r.status_code == 501, r.text
-        assert "point E2B clients" in r.json()["error"]
+def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gateway: dict[str, Any]) -> None:
+    url = str(gateway["client"].base_url)
+    key = {"X-API-Key": TOKEN}
+    # The gateway's token does not stand in for E2B's credentials: the host answers E2B's 401.
+    r = httpx.get(f"{url}/sandboxes")
+    assert r.status_code == 401 and "API key" in r.json()["message"], r.text
+    r = httpx.get(f"{url}/sandboxes", headers={"Authorization": f"Bearer {TOKEN[::-1]}"})
+    assert r.status_code == 401, r.text
+    on_a, on_b = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
+    # Lists merge every host's sandboxes.
+    listed = httpx.get(f"{url}/v2/sandboxes", headers=key)
+    assert listed.status_code == 200, listed.text
+    assert {on_a, on_b} <= {s["sandboxID"] for s in listed.json()}
+    # A call that names a sandbox goes to its host; envd's header and E2B's host name form too.
+    got = httpx.get(f"{url}/sandboxes/{on_b}", headers=key)
+    assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text
+    for headers in ({"E2b-Sandbox-Id": on_a}, {"Host": f"49983-{on_a}.e2b.test"}):
+        r = httpx.get(f"{url}/health", headers=headers)
+        assert r.headers.get("x-forkd-host") == "ga", (headers, r.status_code, r.text)
+    # A sandbox of no host of the fleet is E2B's 404, naming why.
+    gone = httpx.get(f"{url}/sandboxes/sb-zz-abcdef-0000", headers=key)
+    assert gone.status_code == 404 and "left the fleet" in gone.json()["message"]
+    # A create is placed as a spawn: on the host that holds the template.
+    made = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "py"})
+    assert made.status_code == 201 and made.headers["x-forkd-host"] == "gb", made.text
 
 
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
@@ -293,3 +320,60 @@ def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], e
         took = time.monotonic() - started
     assert r.status_code == 502 and "left the fleet while serving" in r.json()["error"]
     assert took < 2 + 3, took  # cut short when the 2 s lease ends, not after the 60 s request timeout
+
+
+# ------------------------------------------------------------------ capacity through the gateway
+
+def full_host(retry_after: int) -> Any:
+    """A host that is at capacity: every spawn is its 503 no_capacity (the daemon's answer shape)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def spawn(_request: Request) -> JSONResponse:
+        return JSONResponse({"error": "this host is at capacity", "code": "no_capacity"}, status_code=503,
+                            headers={"Retry-After": str(retry_after)})
+
+    return Starlette(routes=[Route("/v1/sandboxes", spawn, methods=["POST"])])
+
+
+def test_the_gateway_tries_the_next_host_past_a_full_one_and_is_503_when_all_are(
+        etcd: Etcd, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_qemu(tmp_path))
+        full_a = stack.enter_context(serve(full_host(7)))
+        full_b = stack.enter_context(serve(full_host(5)))
+        data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fkt-", dir="/tmp")))
+        guest_image(data / "images")
+        roomy_url = stack.enter_context(serve(create_app(
+            Settings(token_file=token_file, audit_log=tmp_path / "gc.log", data_dir=data, host_id="gc"))))
+        with Controller(url=roomy_url, token=TOKEN) as daemon:
+            daemon.create_snapshot("py")
+        # The full hosts hold py and are the least loaded: placement tries them first.
+        put_host(etcd, HostRecord("ga", full_a, 10, 0, ["py"], {}, 1000, True))
+        put_host(etcd, HostRecord("gb", full_b, 10, 1, ["py"], {}, 1000, True))
+        settings = GatewaySettings(etcd=[etcd.url], token_file=token_file, poll_interval=0.1,
+                                   request_timeout=60, publish=False)
+        url = stack.enter_context(serve(create_gateway_app(settings)))
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=30,
+                                                  headers={"Authorization": f"Bearer {TOKEN}"}))
+        deadline = time.monotonic() + 10
+        while len(client.get("/v1/fleet").json()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Only full hosts: the fleet is full, with the soonest Retry-After and each host's reason.
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        assert r.status_code == 503 and r.json()["code"] == "no_capacity"
+        assert r.headers["retry-after"] == "5"
+        assert "ga: this host is at capacity" in r.json()["error"] and "gb:" in r.json()["error"]
+        # A host with room joins: the spawn goes past the full ones to it.
+        put_host(etcd, HostRecord("gc", roomy_url, 10, 5, ["py"], {}, 1000, True))
+        while len(client.get("/v1/fleet").json()) < 3:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.05)
+        r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        assert r.status_code == 201 and r.headers["x-forkd-host"] == "gc"
+        asyncio.run(_clear(etcd))

@@ -1,7 +1,7 @@
-"""forkd 0.5 wire compatibility of the REST layer, on FakeRuntime: the fields the published
-``forkd`` 0.5.3 SDK and ``forkd-mcp`` 0.2.1 send, compaction and workspaces; plus the two host
-helpers behind ``measure_diff`` and ``prewarm``. The published clients themselves drive a real
-daemon in tests/integration/test_compat_clients.py."""
+"""forkd 0.5 wire compatibility of the REST layer, on the real Runtime over the QEMU double: the
+fields the published ``forkd`` 0.5.3 SDK and ``forkd-mcp`` 0.2.1 send, compaction and workspaces;
+plus the two host helpers behind ``measure_diff`` and ``prewarm``. The published clients themselves
+drive a real daemon in tests/integration/test_compat_clients.py."""
 
 from __future__ import annotations
 
@@ -12,28 +12,35 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from forkd.controller.options import SpawnOptions
+from forkd.controller.runtime import Runtime
 from forkd.errors import VMError
 from forkd.host import pagecache, procmem
 from forkd.sdk import Controller, NotFoundError
-from tests.fakes.app import AUTH, TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.transport import ViaTestClient
 
-SB = "sb-67a1b3-0000"
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, headers=AUTH) as d:
+        yield d
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("py")
-    rt.add_sandbox(SB, live_fork=True)
-    return rt
+def runtime(daemon: Daemon) -> Runtime:
+    return daemon.runtime
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    with app_client(tmp_path, fake, headers=AUTH) as c:
-        yield c
+def sb(daemon: Daemon) -> str:
+    """A live_fork sandbox (live branches need one)."""
+    return daemon.run(daemon.runtime.spawn, "py", 1, SpawnOptions(live_fork=True))[0].id
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
 
 
 def error(resp: Any, status: int) -> str:
@@ -45,38 +52,45 @@ def error(resp: Any, status: int) -> str:
 # ------------------------------------------------------------------ spawn
 
 
+@needs_memory_cgroups
 def test_mcp_spawn_body_is_accepted_and_prewarm_reaches_the_runtime(client: TestClient,
-                                                                    fake: FakeRuntime) -> None:
+                                                                    runtime: Runtime) -> None:
     # forkd-mcp 0.2.1's spawn_sandboxes always sends exactly this shape.
     body = {"snapshot_tag": "py", "n": 1, "per_child_netns": False, "memory_limit_mib": 256,
             "prewarm": False}
-    assert client.post("/v1/sandboxes", json=body).status_code == 201
-    assert client.post("/v1/sandboxes", json={**body, "prewarm": True, "hugepages": True,
-                                              "live_fork": True}).status_code == 201
-    spawns = [c for c in fake.calls if c.name == "spawn"]
-    assert "prewarm" not in spawns[0].kwargs and spawns[1].kwargs["prewarm"] is True
+    first = client.post("/v1/sandboxes", json=body)
+    assert first.status_code == 201, first.text
+    second = client.post("/v1/sandboxes", json={**body, "prewarm": True, "hugepages": True,
+                                                "live_fork": True})
+    assert second.status_code == 201, second.text
+    # Both came up, the second after its snapshot's memory was read ahead (prewarm).
+    assert {first.json()[0]["id"], second.json()[0]["id"]} <= {s.id for s in runtime.list_sandboxes()}
+    assert runtime.get_sandbox(second.json()[0]["id"]).live_fork is True
 
 
-def test_unknown_fields_no_client_sends_are_still_400(client: TestClient) -> None:
+def test_unknown_fields_no_client_sends_are_still_400(client: TestClient, sb: str) -> None:
     assert "unknown field 'prewarn'" in error(
         client.post("/v1/sandboxes", json={"snapshot_tag": "py", "prewarn": True}), 400)
     assert "unknown field 'measure'" in error(
-        client.post(f"/v1/sandboxes/{SB}/branch", json={"measure": True}), 400)
+        client.post(f"/v1/sandboxes/{sb}/branch", json={"measure": True}), 400)
     assert error(client.post("/v1/sandboxes", json={"snapshot_tag": "py", "hugepages": "yes"}), 400)
 
 
 # ------------------------------------------------------------------ branch
 
 
-def test_measure_diff_reports_the_anchors_fields(client: TestClient, fake: FakeRuntime) -> None:
-    resp = client.post(f"/v1/sandboxes/{SB}/branch", json={"measure_diff": True})
+def test_measure_diff_reports_the_anchors_fields(client: TestClient, runtime: Runtime, sb: str) -> None:
+    resp = client.post(f"/v1/sandboxes/{sb}/branch", json={"measure_diff": True})
     assert resp.status_code == 201, resp.text
     info = resp.json()
     assert {"diff_ms", "diff_physical_bytes", "diff_logical_bytes"} <= set(info)
     assert info["diff_logical_bytes"] == 512 << 20
-    assert fake.calls[-1].kwargs == {"tag": None, "mode": "full", "wait": True, "measure_diff": True}
+    # What the child wrote of its RAM since its restore (the QEMU double's guest writes some).
+    assert info["diff_physical_bytes"] > 0
+    assert runtime.get_snapshot(info["tag"]).mode == "full"
     # The fields are kept with the snapshot, as the anchor's registry kept them.
-    assert client.get(f"/v1/snapshots/{info['tag']}").json()["diff_physical_bytes"] == 128 << 20
+    kept = client.get(f"/v1/snapshots/{info['tag']}").json()
+    assert kept["diff_physical_bytes"] == info["diff_physical_bytes"]
 
 
 @pytest.mark.parametrize("body", [
@@ -89,25 +103,28 @@ def test_measure_diff_reports_the_anchors_fields(client: TestClient, fake: FakeR
     {"wait": False},
     {"wait": False, "diff": True},
 ])
-def test_mode_rules_of_the_anchor(client: TestClient, fake: FakeRuntime, body: dict[str, Any]) -> None:
-    error(client.post(f"/v1/sandboxes/{SB}/branch", json=body), 400)
-    assert "branch" not in fake.names()
+def test_mode_rules_of_the_anchor(client: TestClient, runtime: Runtime, sb: str,
+                                  body: dict[str, Any]) -> None:
+    snapshots = runtime.list_snapshots()
+    error(client.post(f"/v1/sandboxes/{sb}/branch", json=body), 400)
+    assert runtime.list_snapshots() == snapshots  # nothing was branched
 
 
-def test_legacy_live_is_mode_live(client: TestClient, fake: FakeRuntime) -> None:
-    resp = client.post(f"/v1/sandboxes/{SB}/branch", json={"live": True, "wait": False})
+def test_legacy_live_is_mode_live(client: TestClient, runtime: Runtime, sb: str) -> None:
+    resp = client.post(f"/v1/sandboxes/{sb}/branch", json={"live": True, "wait": False})
     assert resp.status_code == 201, resp.text
-    assert fake.calls[-1].kwargs["mode"] == "live" and fake.calls[-1].kwargs["wait"] is False
+    assert runtime.get_snapshot(resp.json()["tag"]).mode == "live"
+    assert resp.json()["status"] == "writing"  # answered before its RAM was written: wait false
 
 
-def test_parent_tag_is_checked_against_the_lineage(client: TestClient) -> None:
-    first = client.post(f"/v1/sandboxes/{SB}/branch", json={"diff": True, "parent_tag": "py"})
+def test_parent_tag_is_checked_against_the_lineage(client: TestClient, sb: str) -> None:
+    first = client.post(f"/v1/sandboxes/{sb}/branch", json={"diff": True, "parent_tag": "py"})
     assert first.status_code == 201, first.text
     # The next branch is recorded on the first one; the source's snapshot is still accepted.
     for parent in (first.json()["tag"], "py"):
-        assert client.post(f"/v1/sandboxes/{SB}/branch", json={"parent_tag": parent}).status_code == 201
+        assert client.post(f"/v1/sandboxes/{sb}/branch", json={"parent_tag": parent}).status_code == 201
     assert "not the parent" in error(
-        client.post(f"/v1/sandboxes/{SB}/branch", json={"mode": "diff", "parent_tag": "other"}), 409)
+        client.post(f"/v1/sandboxes/{sb}/branch", json={"mode": "diff", "parent_tag": "other"}), 409)
 
 
 def test_unknown_but_well_formed_id_is_404(client: TestClient) -> None:
@@ -118,7 +135,7 @@ def test_unknown_but_well_formed_id_is_404(client: TestClient) -> None:
 # ------------------------------------------------------------------ compact
 
 
-def test_compact(client: TestClient, fake: FakeRuntime) -> None:
+def test_compact(client: TestClient) -> None:
     resp = client.post("/v1/snapshots/py/compact", json={"to": "py-flat"})
     assert resp.status_code == 201, resp.text
     assert resp.json()["tag"] == "py-flat" and resp.json()["compacted_from"] == "py"
@@ -131,7 +148,7 @@ def test_compact(client: TestClient, fake: FakeRuntime) -> None:
 # ------------------------------------------------------------------ workspaces
 
 
-def test_workspace_lifecycle(client: TestClient, fake: FakeRuntime) -> None:
+def test_workspace_lifecycle(client: TestClient, runtime: Runtime) -> None:
     created = client.post("/v1/workspaces", json={"name": "w1", "snapshot_tag": "py"})
     assert created.status_code == 201, created.text
     ws = created.json()
@@ -151,29 +168,30 @@ def test_workspace_lifecycle(client: TestClient, fake: FakeRuntime) -> None:
     assert [w["name"] for w in client.get("/v1/workspaces").json()] == ["w1"]
     assert client.delete("/v1/workspaces/w1").status_code == 204
     error(client.get("/v1/workspaces/w1"), 404)
-    assert sandbox not in fake.sandboxes
+    assert sandbox not in {s.id for s in runtime.list_sandboxes()}
 
 
-def test_suspend_diff_flag_picks_the_mode(client: TestClient, fake: FakeRuntime) -> None:
+def test_suspend_diff_flag_picks_the_mode(client: TestClient, runtime: Runtime) -> None:
     client.post("/v1/workspaces", json={"name": "w2", "snapshot_tag": "py"})
-    assert client.post("/v1/workspaces/w2/suspend", json={"diff": True}).status_code == 200
-    assert [c.kwargs for c in fake.calls if c.name == "suspend_workspace"] == [{"mode": "diff"}]
+    suspended = client.post("/v1/workspaces/w2/suspend", json={"diff": True})
+    assert suspended.status_code == 200, suspended.text
+    assert runtime.get_snapshot(suspended.json()["current_state_tag"]).mode == "diff"
 
 
-def test_our_sdk_speaks_compact_and_workspaces(client: TestClient, fake: FakeRuntime) -> None:
+def test_our_sdk_speaks_compact_and_workspaces(client: TestClient, runtime: Runtime) -> None:
     with Controller(url="http://forkd.test", token=TOKEN, transport=ViaTestClient(client)) as c:
         assert c.compact_snapshot("py", "py-flat")["compacted_from"] == "py"
         made = c.create_workspace("w3", "py", memory_limit_mib=256)
         assert made["status"] == "running"
-        assert c.suspend_workspace("w3", diff=True)["status"] == "suspended"
+        suspended = c.suspend_workspace("w3", diff=True)
+        assert suspended["status"] == "suspended"
+        assert runtime.get_snapshot(suspended["current_state_tag"]).mode == "diff"
         assert [w["name"] for w in c.list_workspaces()] == ["w3"]
         assert c.resume_workspace("w3")["live_sandbox_id"] == made["live_sandbox_id"]
         assert c.get_workspace("w3")["status"] == "running"
         c.delete_workspace("w3")
         with pytest.raises(NotFoundError, match="workspace 'w3'"):
             c.get_workspace("w3")
-    suspends = [call.kwargs for call in fake.calls if call.name == "suspend_workspace"]
-    assert suspends == [{"mode": "diff"}]
 
 
 # ------------------------------------------------------------------ host helpers

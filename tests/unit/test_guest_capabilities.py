@@ -13,8 +13,8 @@ from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict
 from forkd.guest import protocol
-from forkd.guest.agent import AGENT_VERSION
 from forkd.guest.client import AgentClient, require
+from forkd.guest.protocol import AGENT_VERSION
 from tests.fakes.agent_peer import AgentPeer
 from tests.unit.test_guest_client import real_agent, run
 

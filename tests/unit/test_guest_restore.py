@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from forkd.guest.agent import AGENT_VERSION, restore
-from forkd.guest.protocol import RequestError
+from forkd.guest.agent import restore
+from forkd.guest.protocol import AGENT_VERSION, RequestError
 
 
 class FakeNumpy(types.ModuleType):

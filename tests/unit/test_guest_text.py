@@ -20,27 +20,31 @@ from fastapi.testclient import TestClient
 from forkd import bounds
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.errors import InvalidRequest
-from tests.fakes.app import AUTH, TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
 
-SB = "sb-67a1b3-0000"
-ENVD = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983",
-        "X-Access-Token": AccessTokens(TOKEN.encode()).envd(SB)}
+SB = "{sb}"  # the sandbox's id, in a path
 LONE = "\ud800"
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    return rt
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, headers=AUTH, snapshots=("base",)) as d:
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    with app_client(tmp_path, fake, headers=AUTH) as c:
-        yield c
+def sb(daemon: Daemon) -> str:
+    return daemon.sandbox("base").id
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
+
+
+def envd(sb: str) -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sb, "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": AccessTokens(TOKEN.encode()).envd(sb)}
 
 
 def post_json(client: TestClient, path: str, body: dict[str, Any], **headers: str) -> Any:
@@ -66,32 +70,36 @@ V1 = [
 
 
 @pytest.mark.parametrize(("path", "body", "field"), V1, ids=[f"{p.rsplit('/', 1)[-1]}:{f}" for p, _, f in V1])
-def test_v1_refuses_a_lone_surrogate_naming_the_field(client: TestClient, fake: FakeRuntime, path: str,
+def test_v1_refuses_a_lone_surrogate_naming_the_field(daemon: Daemon, sb: str, path: str,
                                                       body: dict[str, Any], field: str) -> None:
-    before = len(fake.calls)
-    resp = post_json(client, path, body)
+    before = daemon.guest_requests(sb)
+    sandboxes = daemon.runtime.list_sandboxes()
+    resp = post_json(daemon.client, path.format(sb=sb), body)
     assert resp.status_code == 400, resp.text
     assert f"field {field} contains the lone surrogate U+" in resp.json()["error"], resp.text
-    assert fake.calls[before:] == []  # refused before the runtime (and the guest) saw it
+    # Refused before the guest saw it, and before a sandbox was spawned.
+    assert daemon.guest_requests(sb) == before and daemon.runtime.list_sandboxes() == sandboxes
 
 
-def test_v1_refuses_nul_in_c_strings_and_keeps_it_in_stdin(client: TestClient, fake: FakeRuntime) -> None:
+def test_v1_refuses_nul_in_c_strings_and_keeps_it_in_stdin(daemon: Daemon, sb: str) -> None:
     for body, field in (({"args": ["echo", "a\0b"]}, "args[1]"),
                         ({"args": ["true"], "env": {"A": "\0"}}, "env.A"),
                         ({"args": ["true"], "cwd": "/tmp\0"}, "cwd")):
-        resp = post_json(client, f"/v1/sandboxes/{SB}/exec", body)
+        resp = post_json(daemon.client, f"/v1/sandboxes/{sb}/exec", body)
         assert resp.status_code == 400 and f"{field}: must not contain NUL" in resp.json()["error"], resp.text
+    assert daemon.guest_requests(sb, "exec") == []
     # stdin is data: a NUL in it is a byte the process reads.
-    resp = post_json(client, f"/v1/sandboxes/{SB}/exec", {"args": ["cat"], "stdin": "a\0b"})
+    resp = post_json(daemon.client, f"/v1/sandboxes/{sb}/exec", {"args": ["cat"], "stdin": "a\0b"})
     assert resp.status_code == 200, resp.text
-    assert fake.calls[-1].name == "exec" and fake.calls[-1].kwargs["stdin"] == "a\0b"
+    assert resp.json()["stdout"] == "a\0b"
+    assert [r["stdin"] for r in daemon.guest_requests(sb, "exec")] == ["a\0b"]
 
 
-def start(client: TestClient, process: dict[str, Any]) -> dict[str, Any]:
+def start(client: TestClient, sb: str, process: dict[str, Any]) -> dict[str, Any]:
     """An E2B process Start (Connect, JSON); its one end frame's error."""
     payload = json.dumps({"process": process}).encode()
     resp = client.post("/process.Process/Start", content=struct.pack(">BI", 0, len(payload)) + payload,
-                       headers={**ENVD, "Content-Type": "application/connect+json"})
+                       headers={**envd(sb), "Content-Type": "application/connect+json"})
     assert resp.status_code == 200, resp.text
     flags, size = struct.unpack(">BI", resp.content[:5])
     assert flags & 2 and len(resp.content) == 5 + size, resp.content  # the end frame, and nothing else
@@ -110,14 +118,15 @@ def start(client: TestClient, process: dict[str, Any]) -> dict[str, Any]:
     ({"cmd": "echo", "envs": {"A": "\udcff"}}, "not a valid StartRequest"),
     ({"cmd": "echo", "cwd": f"/tmp/{LONE}"}, "not a valid StartRequest"),
 ])
-def test_e2b_start_refuses_what_the_guest_cannot_take(tmp_path: Path, fake: FakeRuntime,
-                                                      process: dict[str, Any], words: str) -> None:
-    with app_client(tmp_path, fake) as client:
-        before = len(fake.calls)
-        error = start(client, process)
-    assert error["code"] == "invalid_argument" and words in error["message"], error
-    # Only the sandbox was looked up (the access check): no process was started.
-    assert [c.name for c in fake.calls[before:]] == ["get_sandbox"]
+def test_e2b_start_refuses_what_the_guest_cannot_take(tmp_path: Path, process: dict[str, Any],
+                                                      words: str) -> None:
+    with daemon_app(tmp_path, snapshots=("base",)) as daemon:
+        sb = daemon.sandbox("base").id
+        before = daemon.guest_requests(sb)
+        error = start(daemon.client, sb, process)
+        assert error["code"] == "invalid_argument" and words in error["message"], error
+        # Only the sandbox was looked up (the access check): the guest was asked nothing.
+        assert daemon.guest_requests(sb) == before
 
 
 def test_the_shared_check() -> None:

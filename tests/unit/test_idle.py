@@ -13,11 +13,9 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from forkd import bounds
-from forkd.api.app import create_app
 from forkd.cli.main import app as cli_app
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.idle import IdlePauser
@@ -27,9 +25,9 @@ from forkd.errors import InvalidRequest
 from forkd.host.accel import Accel, VMConfig
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.machine import VM
+from tests.fakes.app import daemon_app
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
-from tests.fakes.runtime import FakeRuntime
 
 T = TypeVar("T")
 
@@ -232,15 +230,14 @@ def test_idle_pause_secs_bounds(h: Harness, secs: float) -> None:
         bounds.IDLE_PAUSE_SECS.check(secs)
 
 
-def test_spawn_route_takes_idle_pause_secs_and_info_shows_the_state() -> None:
-    rt = FakeRuntime()
-    rt.add_snapshot("py")
-    with TestClient(create_app(runtime=rt)) as client:
+def test_spawn_route_takes_idle_pause_secs_and_info_shows_the_state(tmp_path: Path) -> None:
+    with daemon_app(tmp_path, token=False) as daemon:
+        client = daemon.client
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "idle_pause_secs": 30})
         assert r.status_code == 201, r.text
         [info] = r.json()
         assert info["idle_pause_secs"] == 30 and info["state"] == "running"
-        assert rt.calls[-1][2]["idle_pause_secs"] == 30
+        assert daemon.runtime.get_sandbox(info["id"]).idle_pause_secs == 30  # the policy is kept
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "idle_pause_secs": 0.5})
         assert r.status_code == 400 and "idle_pause_secs" in r.json()["error"]
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from forkd.api.e2b.interpreter import kernel_line
 from forkd.controller.kernel_cells import cell_event
@@ -222,21 +221,14 @@ def test_e2b_results_use_e2b_field_names() -> None:
 
 
 def test_the_route_streams_ndjson(tmp_path: Path) -> None:
-    from forkd.api.app import create_app
-    from forkd.api.settings import Settings
-    from tests.fakes.runtime import FakeRuntime
+    from tests.fakes.app import AUTH, daemon_app
 
-    rt = FakeRuntime()
-    rt.add_sandbox("sb-abcdef-0000")
-    (tmp_path / "token").write_text("t0ken-t0ken-t0ken\n")
-    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
-                        audit_log=tmp_path / "audit.log")
-    with TestClient(create_app(settings, runtime=rt), raise_server_exceptions=False,
-                    headers={"Authorization": "Bearer t0ken-t0ken-t0ken"}) as client:
-        r = client.post("/v1/sandboxes/sb-abcdef-0000/code", json={"code": "print(1)", "context": "c1"})
+    with daemon_app(tmp_path, headers=AUTH) as daemon:
+        client, sb_id = daemon.client, daemon.sandbox("py").id
+        r = client.post(f"/v1/sandboxes/{sb_id}/code", json={"code": "print(1)", "context": "c1"})
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(x) for x in r.text.splitlines()]
         assert lines[0] == {"type": "stdout", "text": "print(1)"} and lines[-1]["type"] == "end"
-        bad = client.post("/v1/sandboxes/sb-abcdef-0000/code", json={"code": "1", "context": "../x"})
+        bad = client.post(f"/v1/sandboxes/{sb_id}/code", json={"code": "1", "context": "../x"})
         assert bad.status_code == 400, bad.text

@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fastapi.testclient import TestClient
 
-from forkd.api.app import create_app
-from forkd.api.settings import Settings
 from forkd.controller.lifetimes import HIBERNATE_RETRY_SECS, MAX_SLEEP_SECS, DeadlineKeeper, Hibernate
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import Conflict, InvalidRequest, NotFound, NotHibernatable
 from forkd.store.registry import Registry
 from forkd.vmm.machine import VM
+from tests.fakes.app import Daemon, daemon_app
 from tests.fakes.daemon import clear_env
-from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_pools import record
 
 
@@ -186,34 +183,39 @@ def test_an_already_gone_sandbox_is_not_an_error(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def client(monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, FakeRuntime]:
+def daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Daemon]:
     clear_env(monkeypatch)
-    fake = FakeRuntime()
-    fake.add_snapshot("py")
-    app = create_app(Settings(), runtime=fake)
-    return TestClient(app), fake
+    with daemon_app(tmp_path, token=False) as d:
+        yield d
 
 
-def test_api_timeout_at_spawn_fork_and_after(client: tuple[TestClient, FakeRuntime]) -> None:
-    http, fake = client
+def within(answer: Any, secs: float, before: float, after: float) -> bool:
+    """The deadline was set ``secs`` from a moment between ``before`` and ``after``."""
+    return before + secs <= float(answer) <= after + secs
+
+
+def test_api_timeout_at_spawn_fork_and_after(daemon: Daemon) -> None:
+    http = daemon.client
+    before = time.time()
     r = http.post("/v1/sandboxes", json={"snapshot_tag": "py", "timeout_secs": 5})
     assert r.status_code == 201, r.text
     child: dict[str, Any] = r.json()[0]
-    assert child["expires_at_unix"] == 1717000005
-    assert fake.calls[-1].kwargs["timeout_secs"] == 5
+    assert within(child["expires_at_unix"], 5, before, time.time())
+    before = time.time()
     r = http.post(f"/v1/sandboxes/{child['id']}/timeout", json={"timeout_secs": 60})
-    assert r.status_code == 200 and r.json()["expires_at_unix"] == 1717000060
+    assert r.status_code == 200 and within(r.json()["expires_at_unix"], 60, before, time.time())
+    before = time.time()
     r = http.post(f"/v1/sandboxes/{child['id']}/fork", json={"timeout_secs": 7.5})
-    assert r.status_code == 201 and r.json()["children"][0]["expires_at_unix"] == 1717000007.5
+    assert r.status_code == 201
+    assert within(r.json()["children"][0]["expires_at_unix"], 7.5, before, time.time())
     assert http.post("/v1/sandboxes/sb-abcdef-0099/timeout", json={"timeout_secs": 5}).status_code == 404
 
 
 @pytest.mark.parametrize("body", [{"timeout_secs": 0}, {"timeout_secs": -1}, {"timeout_secs": "5"},
                                   {"timeout_secs": 2592001}, {}])
-def test_api_refuses_bad_timeouts(client: tuple[TestClient, FakeRuntime], body: dict[str, Any]) -> None:
-    http, fake = client
-    fake.add_sandbox("sb-abcdef-0050")
-    assert http.post("/v1/sandboxes/sb-abcdef-0050/timeout", json=body).status_code == 400
+def test_api_refuses_bad_timeouts(daemon: Daemon, body: dict[str, Any]) -> None:
+    http, sb = daemon.client, daemon.sandbox().id
+    assert http.post(f"/v1/sandboxes/{sb}/timeout", json=body).status_code == 400
     if body:
         spawn = {"snapshot_tag": "py", **body}
         assert http.post("/v1/sandboxes", json=spawn).status_code == 400
@@ -293,19 +295,16 @@ def test_an_expired_sandbox_that_cannot_be_hibernated_is_killed(tmp_path: Path) 
     asyncio.run(main())
 
 
-def test_a_fork_gives_its_children_idle_policies(client: tuple[TestClient, FakeRuntime]) -> None:
+def test_a_fork_gives_its_children_idle_policies(daemon: Daemon) -> None:
     """idle_pause_secs and idle_hibernate_secs on a fork are the children's, as on a spawn; one that
     cannot be hibernated (live_fork) is refused before the source is paused for the branch."""
-    http, fake = client
-    fake.add_sandbox("sb-abcdef-0060")
-    r = http.post("/v1/sandboxes/sb-abcdef-0060/fork",
-                  json={"idle_pause_secs": 30, "idle_hibernate_secs": 600})
+    http, sb = daemon.client, daemon.sandbox().id
+    r = http.post(f"/v1/sandboxes/{sb}/fork", json={"idle_pause_secs": 30, "idle_hibernate_secs": 600})
     assert r.status_code == 201, r.text
-    [fork] = [c for c in fake.calls if c.name == "fork"]
-    assert fork.kwargs["idle_pause_secs"] == 30 and fork.kwargs["idle_hibernate_secs"] == 600
-    calls = len(fake.calls)
-    refused = http.post("/v1/sandboxes/sb-abcdef-0060/fork",
-                        json={"idle_hibernate_secs": 600, "live_fork": True})
+    [kid] = [daemon.runtime.get_sandbox(c["id"]) for c in r.json()["children"]]
+    assert kid.idle_pause_secs == 30 and kid.idle_hibernate_secs == 600
+    snapshots = daemon.runtime.list_snapshots()
+    refused = http.post(f"/v1/sandboxes/{sb}/fork", json={"idle_hibernate_secs": 600, "live_fork": True})
     assert refused.status_code == 409 and "cannot be hibernated" in refused.json()["error"], refused.text
-    assert len(fake.calls) == calls  # refused before any call reached the runtime
-    assert http.post("/v1/sandboxes/sb-abcdef-0060/fork", json={"idle_pause_secs": 0}).status_code == 400
+    assert daemon.runtime.list_snapshots() == snapshots  # refused before the source was branched
+    assert http.post(f"/v1/sandboxes/{sb}/fork", json={"idle_pause_secs": 0}).status_code == 400

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,6 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from forkd.api.app import create_app
 from forkd.api.settings import ConfigError, Settings, parse_pools
 from forkd.cli.main import app as cli_app
 from forkd.controller.options import SpawnOptions
@@ -31,9 +31,10 @@ from forkd.host.egress import EgressPolicy
 from forkd.sdk import Controller
 from forkd.store.registry import DiskChain, PoolConfig, PoolKey, Registry, SandboxRecord, SnapshotRecord
 from forkd.vmm.machine import VM
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.daemon import FakeDaemon, serve_cli
 from tests.fakes.qmp import StubQMP
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.vmm import SLOW_DISK
 
 T = TypeVar("T")
 
@@ -219,7 +220,7 @@ def test_refill_pauses_members_and_claims_match_options(tmp_path: Path, fast_ref
             # Three matching children, two members: two claims, one miss.
             # The claim gives each child the very RestoreInputs a restore would (VM.restore's).
             asked = SpawnOptions(memory_limit_mib=256, child_env=[{"I": str(i)} for i in range(3)],
-                                 hostname="pooled-box", metadata={"n": "x"})
+                                 guest=RestoreInputs(hostname="pooled-box"), metadata={"n": "x"})
             specs = child_specs(3, asked)
             got = await h.keeper.claim("py", specs, SpawnOptions())
             assert got[2] is None and {g.id for g in got[:2] if g} == {m.id for m in members}
@@ -372,34 +373,42 @@ def test_restart_keeps_paused_members_and_discards_the_rest(tmp_path: Path) -> N
 # ------------------------------------------------------------ REST, metrics
 
 
-TOKEN = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, headers=AUTH) as d:
+        # A live branch whose RAM copy does not end while the test runs: a snapshot still written.
+        [source] = d.run(d.runtime.spawn, "py", 1, SpawnOptions(live_fork=True))
+        (Path(source.dir) / SLOW_DISK).touch()
+        d.run(d.runtime.branch, source.id, "writing", "live", False)
+        yield d
+        (Path(source.dir) / SLOW_DISK).unlink()
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("py")
-    rt.add_snapshot("writing", status="writing")
-    return rt
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
 
 
-@pytest.fixture
-def client(fake: FakeRuntime, tmp_path: Path) -> Iterator[TestClient]:
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    app = create_app(Settings(token_file=token, data_dir=tmp_path / "d", audit_log=tmp_path / "a.log"),
-                     runtime=fake)
-    with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}) as tc:
-        yield tc
+def filled(client: TestClient, tag: str, ready: int) -> dict[str, Any]:
+    """The pool of ``tag`` once ``ready`` members are ready (it refills in the background)."""
+    deadline = time.monotonic() + 60
+    while (info := client.get(f"/v1/snapshots/{tag}/pool").json())["ready"] != ready:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.02)
+    return dict(info)
 
 
-def test_put_and_get_pool(client: TestClient, fake: FakeRuntime) -> None:
+@needs_memory_cgroups
+def test_put_and_get_pool(client: TestClient, daemon: Daemon) -> None:
     r = client.put("/v1/snapshots/py/pool", json={"size": 3, "memory_limit_mib": 256})
     assert r.status_code == 200, r.text
-    assert {k: r.json()[k] for k in ("tag", "size", "ready", "memory_limit_mib")} == {
-        "tag": "py", "size": 3, "ready": 3, "memory_limit_mib": 256}
-    assert fake.calls[-1].kwargs == {"memory_limit_mib": 256, "per_child_netns": False, "live_fork": False}
-    assert client.get("/v1/snapshots/py/pool").json()["size"] == 3
+    assert {k: r.json()[k] for k in ("tag", "size", "memory_limit_mib")} == {
+        "tag": "py", "size": 3, "memory_limit_mib": 256}
+    assert filled(client, "py", 3)["size"] == 3
+    # The members are paused children of py, made with the pool's options.
+    members = [sb for sb in daemon.runtime.sandboxes.records.all() if sb.pooled]
+    assert len(members) == 3 and all(m.memory_limit_mib == 256 and not m.per_child_netns
+                                     and not m.live_fork for m in members)
     assert [p["tag"] for p in client.get("/v1/pools").json()] == ["py"]
     r = client.put("/v1/snapshots/py/pool", json={"size": 0})
     assert (r.json()["size"], r.json()["ready"]) == (0, 0)
@@ -432,17 +441,18 @@ def test_get_pool_of_an_unknown_snapshot_is_404(client: TestClient) -> None:
     assert client.get("/v1/snapshots/py/pool").json()["size"] == 0
 
 
-def test_pool_metrics(client: TestClient, fake: FakeRuntime) -> None:
+def test_pool_metrics(client: TestClient, daemon: Daemon) -> None:
     client.put("/v1/snapshots/py/pool", json={"size": 2})
-    fake.pool_rows["py"].update(claims=5, misses=1, ready=1)
-    fake.refill_times = [("py", 0.3), ("py", 0.7)]
+    filled(client, "py", 2)
+    assert client.post("/v1/sandboxes", json={"snapshot_tag": "py"}).status_code == 201  # a claim
+    filled(client, "py", 2)  # and its refill: three refills in all
     text = client.get("/metrics").text
-    for line in ('forkd_pool_target{tag="py"} 2.0', 'forkd_pool_ready{tag="py"} 1.0',
-                 'forkd_pool_claims_total{tag="py"} 5.0', 'forkd_pool_misses_total{tag="py"} 1.0',
-                 'forkd_pool_refill_seconds_count{tag="py"} 2.0'):
+    for line in ('forkd_pool_target{tag="py"} 2.0', 'forkd_pool_ready{tag="py"} 2.0',
+                 'forkd_pool_claims_total{tag="py"} 1.0', 'forkd_pool_misses_total{tag="py"} 0.0',
+                 'forkd_pool_refill_seconds_count{tag="py"} 3.0'):
         assert line in text, line
-    assert fake.refill_times == []  # drained into the histogram
-    assert 'forkd_pool_refill_seconds_count{tag="py"} 2.0' in client.get("/metrics").text
+    assert daemon.runtime.pools.take_refill_times() == []  # drained into the histogram
+    assert 'forkd_pool_refill_seconds_count{tag="py"} 3.0' in client.get("/metrics").text
 
 
 # ------------------------------------------------------------ settings, SDK, CLI
@@ -462,7 +472,7 @@ def test_pool_variable_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> 
     assert Settings.from_env().pools == {"py": 2, "big": 1}
 
 
-def test_sdk_pool_methods(client: TestClient, fake: FakeRuntime) -> None:
+def test_sdk_pool_methods(client: TestClient) -> None:
     class Via(httpx.BaseTransport):
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             reply = client.request(request.method, request.url.path, content=request.read(),

@@ -1,6 +1,6 @@
 """The Python SDK's models are generated from the OpenAPI document the daemon serves.
 
-scripts/gen_sdk_models.py writes src/forkd/sdk/models.py; the first test fails
+scripts/gen_sdk_models.py writes src/forkd/sdk/_generated/models.py; the first test fails
 when a schema changed without regenerating (or the module was edited by hand).
 The others pin what the generation promises: a model per schema, and request
 fields the hand-written methods do not name reaching them as typed keyword

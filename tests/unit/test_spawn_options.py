@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from forkd import bounds
-from forkd.api.app import create_app
 from forkd.api.schemas import ForkRequest, SpawnRequest
-from forkd.api.settings import Settings
 from forkd.controller.disk_quota import DiskQuotas
-from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions
+from forkd.controller.options import E2B_ONLY_FIELDS, EGRESS_FIELDS, ForkOptions, SpawnOptions, option_names
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import InvalidRequest
+from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import daemon_app
 
 
 def test_every_request_field_is_a_spawn_option() -> None:
     """A field added to SpawnRequest must exist in SpawnOptions (or be declared not an option)."""
     request = set(SpawnRequest.model_fields) - SpawnRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
-    options = {f.name for f in dataclasses.fields(SpawnOptions)} - {"egress"} - set(E2B_ONLY_FIELDS)
+    options = option_names() - {"egress"} - set(E2B_ONLY_FIELDS)
     assert request == options
 
 
@@ -35,22 +32,21 @@ def test_every_fork_request_field_is_a_fork_option() -> None:
     """ForkOptions is its children's SpawnOptions plus a fork's own fields: a field added to
     ForkRequest must be one or the other."""
     request = set(ForkRequest.model_fields) - ForkRequest.NOT_OPTIONS - set(EGRESS_FIELDS)
-    spawn = {f.name for f in dataclasses.fields(SpawnOptions)}
+    spawn = option_names()
     assert request - spawn == set(ForkOptions.OWN)
     assert ForkRequest().options() == ForkOptions()
     options = ForkRequest.model_validate({"hostname": "box-1", "keep_snapshot": True, "count": 2,
                                           "allow_internet_access": True}).options()
-    assert options == ForkOptions(SpawnOptions(hostname="box-1", egress=EgressPolicy.from_request(True)),
-                                  keep_snapshot=True)
+    assert options == ForkOptions(SpawnOptions(guest=RestoreInputs(hostname="box-1"),
+                                               egress=EgressPolicy.from_request(True)), keep_snapshot=True)
 
 
 @pytest.mark.parametrize("hostname", ["-a", "a..b", "a_b", "x" * 64, ".".join(["a" * 32] * 2), "a\nb", 7])
-@pytest.mark.parametrize("route", ["/v1/sandboxes", "/v1/sandboxes/sb-abcdef-0000/fork"])
-def test_a_bad_hostname_is_a_400_naming_it(route: str, hostname: object) -> None:
-    fake = FakeRuntime()
-    fake.add_snapshot("py")
-    fake.add_sandbox("sb-abcdef-0000", "py")
-    with TestClient(create_app(Settings(), runtime=fake)) as client:
+@pytest.mark.parametrize("route", ["/v1/sandboxes", "/v1/sandboxes/{id}/fork"])
+def test_a_bad_hostname_is_a_400_naming_it(tmp_path: Path, route: str, hostname: object) -> None:
+    with daemon_app(tmp_path, token=False) as daemon:
+        client = daemon.client
+        route = route.format(id=daemon.sandbox("py").id)
         r = client.post(route, json={"snapshot_tag": "py", "hostname": hostname} if "fork" not in route
                         else {"hostname": hostname})
         assert r.status_code == 400, r.text
@@ -76,9 +72,11 @@ def test_every_field_reaches_the_options() -> None:
     assert options == SpawnOptions(
         per_child_netns=True, memory_limit_mib=256, live_fork=True, env={"A": "1"},
         child_env=[{"B": "0"}, {"B": "1"}], metadata={"team": "ml"}, cpu_limit=0.5, pids_limit=64,
-        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64, hostname="box-1",
+        timeout_secs=30, idle_pause_secs=5, prewarm=True, disk_quota_mib=64,
+        guest=RestoreInputs(hostname="box-1"),
         egress=EgressPolicy.from_request(True, {"allow_out": ["192.0.2.7:443"]}))
     assert options.given()["disk_quota_mib"] == 64 and "per_child_netns" in options.given()
+    assert options.given()["hostname"] == "box-1"  # a guest input by its request field's name
 
 
 def test_bounds_are_checked_by_the_options_themselves() -> None:
@@ -114,13 +112,12 @@ def test_sandbox_info_reports_the_quota_and_the_layers_used(tmp_path: Path) -> N
     assert record.info()["disk_used_mib"] == pytest.approx(2, abs=0.1)
 
 
-def test_the_api_passes_the_quota_and_sandbox_info_shows_it() -> None:
-    fake = FakeRuntime()
-    fake.add_snapshot("py")
-    with TestClient(create_app(Settings(), runtime=fake)) as client:
+def test_the_api_passes_the_quota_and_sandbox_info_shows_it(tmp_path: Path) -> None:
+    with daemon_app(tmp_path, token=False) as daemon:
+        client = daemon.client
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": 64})
         assert r.status_code == 201, r.text
-        assert fake.calls[-1].kwargs["disk_quota_mib"] == 64
+        assert daemon.runtime.get_sandbox(r.json()[0]["id"]).disk_quota_mib == 64
         assert r.json()[0]["disk_quota_mib"] == 64
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
         assert r.json()[0]["disk_quota_mib"] == bounds.DEFAULT_DISK_QUOTA_MIB  # the daemon's default

@@ -13,13 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd import bounds
-from forkd.api.app import create_app
-from forkd.api.settings import Settings
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
 from forkd.errors import InvalidRequest, NotFound, TooLarge
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import AUTH, Daemon, daemon_app
 
 
 def test_steps_carry_the_env_workdir_and_user_in_effect() -> None:
@@ -156,40 +154,35 @@ def test_contexts_refuse_escapes_devices_and_size(tmp_path: Path, monkeypatch: p
     assert [p.name for p in (tmp_path / "ctx").iterdir()] == [f"{empty}.tar"]  # nothing half-written
 
 
-# ------------------------------------------------------------------ the routes, on the fake runtime
-
-TOKEN = "0f3c9a7b5e2d4c1a8b6f0e9d7c5a3b1f"
+# ------------------------------------------------------------------ the routes, on the real runtime
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[tuple[TestClient, FakeRuntime]]:
-    (tmp_path / "token").write_text(TOKEN)
-    settings = Settings(token_file=tmp_path / "token", data_dir=tmp_path / "data",
-                        audit_log=tmp_path / "audit.log", max_body_bytes=4096)
-    fake = FakeRuntime()
-    with TestClient(create_app(settings, runtime=fake), raise_server_exceptions=False,
-                    headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        yield c, fake
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, Daemon]]:
+    with daemon_app(tmp_path, headers=AUTH, snapshots=(), max_body_bytes=4096) as daemon:
+        yield daemon.client, daemon
 
 
-def test_the_routes_upload_a_context_and_stream_a_build(client: tuple[TestClient, FakeRuntime]) -> None:
-    c, fake = client
+def test_the_routes_upload_a_context_and_stream_a_build(client: tuple[TestClient, Daemon]) -> None:
+    c, daemon = client
     tar = _tar({"app/a.py": b"x" * 10_000})  # over max_body_bytes: the upload streams past it
     resp = c.put("/v1/templates/contexts", content=tar, headers={"Content-Type": "application/x-tar"})
     assert resp.status_code == 200, resp.text
     digest = resp.json()["context"]
     body = {"tag": "web", "context": digest, "dockerfile": "FROM default\nCOPY app /app\nRUN true\nENV A=1"}
     lines = [json.loads(line) for line in c.post("/v1/templates", json=body).iter_lines() if line]
-    assert [e["type"] for e in lines] == ["plan", "step", "step", "done"]
-    assert lines[-1]["env"] == {"A": "1"} and "web" in fake.snapshots
+    # The plan, each step (the base's, then the two of the file; with their logs), then the end.
+    assert [e["type"] for e in lines if e["type"] != "log"] == ["plan", "step", "step", "step", "done"]
+    assert [e["text"] for e in lines if e["type"] == "step"] == ["FROM default", "COPY app /app", "RUN true"]
+    assert lines[-1]["env"] == {"A": "1"} and "web" in {s.tag for s in daemon.runtime.list_snapshots()}
     again = [json.loads(line) for line in c.post("/v1/templates", json={**body, "replace": True}).iter_lines()
              if line]
     assert again[-1]["cache_hits"] == 2
 
 
-def test_the_routes_refuse_up_front(client: tuple[TestClient, FakeRuntime]) -> None:
-    c, fake = client
-    fake.add_snapshot("web")
+def test_the_routes_refuse_up_front(client: tuple[TestClient, Daemon]) -> None:
+    c, daemon = client
+    daemon.snapshot("web")
     bad = c.post("/v1/templates", json={"tag": "x", "dockerfile": "FROM default\nSHELL [\"a\"]"})
     assert bad.status_code == 400 and "line 2" in bad.json()["error"]
     taken = c.post("/v1/templates", json={"tag": "web", "dockerfile": "FROM default"})
@@ -216,7 +209,7 @@ def test_from_a_snapshot() -> None:
 def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
     from forkd.api.e2b.templates import E2BTemplates, TemplateError
 
-    e2b = E2BTemplates(lambda: FakeRuntime(), tmp_path / "uploads")  # type: ignore[arg-type, return-value]
+    e2b = E2BTemplates(lambda: None, tmp_path / "uploads")  # only the translation: no runtime needed
     files_hash = "a" * 64
     upload = tmp_path / "up.tar"
     upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))

@@ -1,4 +1,5 @@
-"""The sync SDK modules are generated from the async ones (scripts/unasync_sdk.py).
+"""The sync SDK modules are generated from the async ones (scripts/unasync_sdk.py), into
+src/forkd/sdk/_generated/, a folder of generated files only.
 
 The first test fails whenever someone edits an async module without
 regenerating, or edits a generated module by hand.
@@ -40,14 +41,40 @@ def test_generated_modules_say_so() -> None:
     for source, target in unasync_sdk.TWINS:
         first = (ROOT / target).read_text(encoding="utf-8").splitlines()[0]
         assert first == f"# GENERATED from {source.as_posix()} by scripts/unasync_sdk.py — do not edit."
+    # Everything in the generated folder says so, whichever script writes it.
+    folder = ROOT / unasync_sdk.GENERATED
+    for path in folder.rglob("*.py"):
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+        assert first.startswith("# GENERATED ") and first.endswith(" — do not edit."), path
+
+
+def test_the_generated_folder_holds_only_generated_files() -> None:
+    """Every sync twin and the models live in sdk/_generated/, and nothing else does."""
+    assert unasync_sdk.strays(ROOT, unasync_sdk.wanted_files(ROOT)) == []
+    for _, target in unasync_sdk.TWINS:
+        assert target.is_relative_to(unasync_sdk.GENERATED)
+    assert set(unasync_sdk.OTHER_WRITERS) == {unasync_sdk.GENERATED / "models.py"}
+    # No generated module is left beside the hand-written ones (where they lived before).
+    for name in ("client.py", "sandbox.py", "snapshot.py", "guest.py", "explore.py", "routes"):
+        assert not (ROOT / unasync_sdk.SDK / name).exists(), name
+
+
+def test_the_public_names_are_the_generated_modules() -> None:
+    from forkd.sdk import models
+    from forkd.sdk._generated import models as generated_models
+
+    assert sdk.Controller.__module__ == "forkd.sdk._generated.client"
+    assert sdk.Sandbox.__module__ == "forkd.sdk._generated.sandbox"
+    assert models.SandboxInfo is generated_models.SandboxInfo
+    assert models.__all__ == generated_models.__all__
 
 
 def sdk_tree(tmp_path: Path) -> Path:
     """A copy of the SDK's async sources and generated modules under ``tmp_path``."""
-    for source, target in unasync_sdk.TWINS:
-        for path in (source, target):
-            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / path, tmp_path / path)
+    paths = [path for twin in unasync_sdk.TWINS for path in twin]
+    for path in (*paths, unasync_sdk.GENERATED / "__init__.py", *unasync_sdk.OTHER_WRITERS):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
     return tmp_path
 
 
@@ -80,6 +107,22 @@ def test_a_hand_edit_of_a_generated_module_is_drift(tmp_path: Path) -> None:
     assert unasync_sdk.main(["--check"], root=root) == 1
 
 
+def test_a_file_no_generator_writes_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sdk_tree(tmp_path)
+    assert unasync_sdk.main(["--check"], root=root) == 0
+    stray = root / unasync_sdk.GENERATED / "routes" / "helpers.py"
+    stray.write_text("def by_hand() -> None: ...\n", encoding="utf-8")
+
+    assert unasync_sdk.main(["--check"], root=root) == 1
+    assert "no generator writes src/forkd/sdk/_generated/routes/helpers.py" in capsys.readouterr().err
+    assert unasync_sdk.main([], root=root) == 1  # a run writes the twins but keeps refusing it
+    assert stray.exists()  # never deleted: it may be someone's work in the wrong folder
+    stray.unlink()
+    assert unasync_sdk.main(["--check"], root=root) == 0
+
+
 def test_the_substitutions() -> None:
     source = '''import asyncio
 import time
@@ -106,11 +149,11 @@ class AsyncSnapshot:
 '''
     assert unasync_sdk.unasync(source) == '''import time
 
-from forkd.sdk.client import Controller
+from forkd.sdk._generated.client import Controller
 
 
 class Snapshot:
-    """Wraps :class:`~forkd.sdk.sandbox.Sandbox`."""
+    """Wraps :class:`~forkd.sdk._generated.sandbox.Sandbox`."""
 
     def __enter__(self) -> Snapshot:
         with Controller(transport=httpx.BaseTransport()) as c:

@@ -57,6 +57,7 @@ import type {
   WorkspaceInfo,
   PushResult,
   SandboxInfo,
+  SandboxMemory,
   SnapshotDetail,
   SnapshotInfo,
   SpawnOptions,
@@ -234,6 +235,14 @@ export class Controller {
   /** `GET /v1/sandboxes/{id}`. */
   getSandbox(id: string): Promise<SandboxInfo> {
     return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}` });
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/memory`: what it costs the host, in bytes: RAM shared with its
+   * snapshot and siblings, RAM of its own, pages untouched, its own disk layers. 409 while hibernated.
+   */
+  sandboxMemory(id: string): Promise<SandboxMemory> {
+    return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}/memory` });
   }
 
   /** `DELETE /v1/sandboxes/{id}`: stop the VM. Snapshots branched from it stay. */

@@ -40,6 +40,18 @@ export class PayloadTooLargeError extends ForkdAPIError {}
 export class ServerError extends ForkdAPIError {}
 /** 503: the daemon is at a concurrency cap or still starting; retry shortly. */
 export class ServiceUnavailableError extends ServerError {}
+/**
+ * 503 with `code: "no_capacity"`: the host (or, through a gateway, every host) holds as many
+ * sandboxes as it may, or is short of memory. `retryAfter`: the server's Retry-After, in seconds.
+ */
+export class NoCapacityError extends ServiceUnavailableError {
+  readonly retryAfter: number | undefined;
+
+  constructor(status: number, message: string, request = "", retryAfter?: number) {
+    super(status, message, request);
+    this.retryAfter = retryAfter;
+  }
+}
 
 /** The daemon could not be reached at all (refused, DNS, TLS). */
 export class ForkdConnectionError extends ForkdError {
@@ -93,8 +105,15 @@ const BY_STATUS: Record<number, new (status: number, message: string, request?: 
   503: ServiceUnavailableError,
 };
 
-/** The most specific {@link ForkdAPIError} for an HTTP status. */
-export function errorForStatus(status: number, message: string, request = ""): ForkdAPIError {
+/** The most specific {@link ForkdAPIError} for an HTTP status and the answer's `code`. */
+export function errorForStatus(
+  status: number,
+  message: string,
+  request = "",
+  code?: string,
+  retryAfter?: number,
+): ForkdAPIError {
+  if (status === 503 && code === "no_capacity") return new NoCapacityError(status, message, request, retryAfter);
   const cls = BY_STATUS[status] ?? (status >= 500 ? ServerError : ForkdAPIError);
   return new cls(status, message, request);
 }

@@ -81,17 +81,25 @@ export function seg(value: string): string {
 }
 
 /** The server's `{"error": ...}` text, or the best substitute. */
-async function errorMessage(response: Response): Promise<string> {
+/** The server's `{"error": ..., "code"?: ...}`: its text (or the best substitute) and code. */
+async function errorBody(response: Response): Promise<{ message: string; code?: string }> {
   const text = await response.text();
   try {
     const body: unknown = JSON.parse(text);
     if (body && typeof body === "object" && "error" in body && typeof body.error === "string") {
-      return body.error;
+      const code = "code" in body && typeof body.code === "string" ? body.code : undefined;
+      return { message: body.error, code };
     }
   } catch {
     // not JSON: fall through to the raw text
   }
-  return text.trim().slice(0, 500) || `HTTP ${response.status} ${response.statusText}`.trim();
+  return { message: text.trim().slice(0, 500) || `HTTP ${response.status} ${response.statusText}`.trim() };
+}
+
+/** Retry-After in seconds (the delay form, which forkd sends), or undefined. */
+function retryAfter(response: Response): number | undefined {
+  const value = response.headers.get("retry-after") ?? "";
+  return /^[0-9]+$/.test(value) ? Number(value) : undefined;
 }
 
 /** Sends {@link Call}s to one daemon. */
@@ -152,7 +160,8 @@ export class Transport {
       throw this.#translate(err, request);
     }
     if (!response.ok) {
-      throw errorForStatus(response.status, await errorMessage(response), request);
+      const { message, code } = await errorBody(response);
+      throw errorForStatus(response.status, message, request, code, retryAfter(response));
     }
     return response;
   }

@@ -37,6 +37,7 @@ import type {
   PromoteResponse,
   NetworkUpdateRequest,
   SandboxInfo,
+  SandboxMemory,
   SnapshotInfo,
   SpawnOptions,
   WaitOptions,
@@ -249,6 +250,11 @@ export class Sandbox {
 
   ping(): Promise<PingResponse> {
     return this.controller.ping(this.id);
+  }
+
+  /** What this sandbox costs the host: shared and private RAM, untouched pages, its own disk (bytes). */
+  memory(): Promise<SandboxMemory> {
+    return this.controller.sandboxMemory(this.id);
   }
 
   /**

@@ -35,6 +35,7 @@ type Schemas = components["schemas"];
 export type SnapshotInfo = Schemas["SnapshotInfo"];
 export type SnapshotDetail = Schemas["SnapshotDetail"];
 export type SandboxInfo = Schemas["SandboxInfo"];
+export type SandboxMemory = Schemas["SandboxMemory"];
 export type ExecResponse = Schemas["ExecResponse"];
 export type EvalResponse = Schemas["EvalResponse"];
 export type PingResponse = Schemas["PingResponse"];

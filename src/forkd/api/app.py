@@ -68,6 +68,12 @@ def _hibernation(app: FastAPI) -> dict[str, Any]:
     return hibernation.counts() if hibernation is not None else {}
 
 
+def _costs(app: FastAPI) -> dict[str, int]:
+    """The live sandboxes' shared, private and disk bytes (controller/costs.py); none before start."""
+    runtime: RuntimeLike | None = app.state.runtime
+    return runtime.costs.totals() if runtime is not None else {}
+
+
 def _pools(app: FastAPI) -> list[PoolReport]:
     runtime: RuntimeLike | None = app.state.runtime
     return runtime.pools.all() if runtime is not None else []
@@ -165,7 +171,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
             data = settings.data()
             log.info("opening runtime on %s", data.root)
             rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
-                                    disk_quota_mib=settings.disk_quota_mib)
+                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits())
             if settings.pools:
                 await rt.pools.preset(settings.pools)
             app.state.runtime = rt
@@ -206,6 +212,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
         count_sandboxes=lambda: _count_sandboxes(app, "listed"),
         count_paused=lambda: _count_sandboxes(app, "paused"),
         hibernation=lambda: _hibernation(app),
+        costs=lambda: _costs(app),
         pools=lambda: _pools(app),
         refill_times=lambda: _refill_times(app),
     )

@@ -36,7 +36,7 @@ from forkd.api.settings import (
     parse_endpoints,
     parse_pools,
 )
-from forkd.config import API_VERSION, DEFAULT_BIND, VERSION
+from forkd.config import API_VERSION, DEFAULT_BIND, MAX_SANDBOXES_LIMIT, VERSION
 from forkd.errors import ForkdError
 
 P = ParamSpec("P")
@@ -216,6 +216,23 @@ def daemon(
             "grow past it is stopped. 0: no quota.",
         ),
     ] = bounds.DEFAULT_DISK_QUOTA_MIB,
+    max_sandboxes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-sandboxes", envvar="FORKD_MAX_SANDBOXES", min=1, max=MAX_SANDBOXES_LIMIT, metavar="N",
+            help="Most sandboxes this host holds with a VM (running or paused; hibernated ones hold none). "
+            "A spawn or fork past it is answered 503 with code no_capacity and Retry-After. "
+            "Default: no limit.",
+        ),
+    ] = None,
+    memory_reserve_mib: Annotated[
+        int,
+        typer.Option(
+            "--memory-reserve-mib", envvar="FORKD_MEMORY_RESERVE_MIB", min=0, metavar="MIB",
+            help="Memory this host keeps free: while less is available (MemAvailable), a spawn or fork is "
+            "answered 503 no_capacity. 0: none.",
+        ),
+    ] = 0,
     http_parser: Annotated[
         HttpParser,
         typer.Option(
@@ -285,7 +302,8 @@ def daemon(
         max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes,
         branch_concurrency=branch_concurrency, pools=pool_sizes, store=store, host_id=host_id,
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
-        disk_quota_mib=disk_quota_mib, http_parser=http_parser.value, fast_path=fast_path,
+        disk_quota_mib=disk_quota_mib, max_sandboxes=max_sandboxes, memory_reserve_mib=memory_reserve_mib,
+        http_parser=http_parser.value, fast_path=fast_path,
         header_timeout=header_timeout,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
@@ -328,6 +346,8 @@ def describe(settings: Settings) -> dict[str, object]:
         "etcd": settings.etcd,
         "advertise_url": settings.reachable_url if settings.etcd else None,
         "disk_quota_mib": settings.disk_quota_mib,
+        "max_sandboxes": settings.max_sandboxes,
+        "memory_reserve_mib": settings.memory_reserve_mib,
         "http_parser": settings.http_parser,
         "fast_path": settings.fast_path,
         "header_timeout": settings.header_timeout,

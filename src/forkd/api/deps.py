@@ -35,6 +35,7 @@ from forkd.controller.results import (
     PullReport,
     PushReport,
     RecordJson,
+    SandboxCost,
     SandboxCounts,
     SandboxView,
     SignalResult,
@@ -122,6 +123,13 @@ class KernelsLike(Protocol):
     ) -> Any: ...
 
 
+class CostsLike(Protocol):
+    """``Runtime.costs`` (controller/costs.py): what a sandbox costs the host."""
+
+    async def of(self, sandbox_id: str) -> SandboxCost: ...
+    def totals(self) -> dict[str, int]: ...
+
+
 class CheckpointsLike(Protocol):
     """``Runtime.checkpoints`` (controller/checkpoints.py): a sandbox's auto-checkpoint policy."""
 
@@ -207,6 +215,8 @@ class RuntimeLike(Protocol):
     def kernels(self) -> KernelsLike: ...
     @property
     def checkpoints(self) -> CheckpointsLike: ...
+    @property
+    def costs(self) -> CostsLike: ...
     @property
     def travel(self) -> TravelLike: ...
     @property

@@ -14,7 +14,7 @@ from starlette.routing import Match
 
 from forkd.api.schemas import ENV_NAME_PATTERN, NO_NUL_PATTERN, NON_EMPTY_NO_NUL_PATTERN, TAG_PATTERN
 from forkd.bounds import SANDBOX_ID_RULE
-from forkd.errors import ForkdError
+from forkd.errors import ForkdError, NoCapacity
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,10 @@ _VALUE_ERROR_PREFIXES = ("Value error, ", "Assertion failed, ")
 _NUL_PATTERNS = (NO_NUL_PATTERN, NON_EMPTY_NO_NUL_PATTERN)
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def error_response(status: int, message: str, headers: dict[str, str] | None = None,
+                   code: str | None = None) -> JSONResponse:
+    body = {"error": message} if code is None else {"error": message, "code": code}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _where(loc: Sequence[Any]) -> str:
@@ -81,7 +83,10 @@ async def _forkd_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status if 400 <= exc.status <= 599 else 500
     if status >= 500:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, status, exc)
-    return error_response(status, str(exc) or type(exc).__name__)
+    headers = None
+    if isinstance(exc, NoCapacity):
+        headers = {"Retry-After": str(exc.retry_after_secs)}
+    return error_response(status, str(exc) or type(exc).__name__, headers=headers, code=exc.code)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

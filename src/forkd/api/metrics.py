@@ -33,6 +33,12 @@ HIBERNATION_GAUGES = (
     ("wakes", "forkd_hibernation_wakes", "Wakes of hibernated sandboxes since the daemon started."),
     ("wake_failures", "forkd_hibernation_wake_failures", "Wakes that failed (the sandbox stays hibernated)."),
 )
+# The fleet-wide split of what live sandboxes hold (controller/costs.py), by "kind".
+MEMORY_KINDS = (
+    ("shared", "guest RAM read from snapshots and not written (page cache; shared with siblings)"),
+    ("private", "guest RAM written since the restore (each sandbox's own)"),
+    ("disk", "the sandboxes' own disk layers on the host"),
+)
 _SPAWN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, math.inf)
 _EXEC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, math.inf)
 # Pause windows from the seeds: live ~50 ms, diff ~200 ms, full 0.5-8 s.
@@ -92,7 +98,8 @@ class Metrics:
     def __init__(self, count_snapshots: Callable[[], int], count_sandboxes: Callable[[], int],
                  pools: PoolsSource | None = None, refill_times: RefillSource | None = None,
                  count_paused: Callable[[], int] | None = None,
-                 hibernation: Callable[[], dict[str, Any]] | None = None) -> None:
+                 hibernation: Callable[[], dict[str, Any]] | None = None,
+                 costs: Callable[[], dict[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Gauges are computed at scrape time from the runtime, so they can never
         # drift from what the registry says (e.g. sandboxes reaped on restart).
@@ -108,6 +115,12 @@ class Metrics:
             for key, name, help_text in HIBERNATION_GAUGES:
                 gauge = Gauge(name, help_text, registry=self.registry)
                 gauge.set_function(_safe_count(_counter(hibernation, key)))
+        if costs is not None:
+            held = Gauge("forkd_sandbox_bytes", "Bytes the live sandboxes hold, summed, by kind: "
+                         + "; ".join(f"{k}: {text}" for k, text in MEMORY_KINDS) + ".",
+                         ["kind"], registry=self.registry)
+            for kind, _text in MEMORY_KINDS:
+                held.labels(kind=kind).set_function(_safe_count(_counter(costs, kind)))
         build = Gauge(
             "forkd_build_info",
             "Always 1; the label carries the build version.",

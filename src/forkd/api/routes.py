@@ -32,6 +32,7 @@ from forkd.api.schemas import (
     NetworkUpdateRequest,
     PingResponse,
     SandboxInfo,
+    SandboxMemory,
     SnapshotDetail,
     SnapshotInfo,
     SpawnRequest,
@@ -40,7 +41,7 @@ from forkd.api.schemas import (
 )
 from forkd.config import API_VERSION, VERSION
 from forkd.controller.options import request_fields
-from forkd.controller.results import EvalResult, ExecResult, PingResult
+from forkd.controller.results import EvalResult, ExecResult, PingResult, SandboxCost
 from forkd.errors import InvalidRequest
 
 
@@ -281,6 +282,18 @@ async def list_sandboxes(
 )
 async def get_sandbox(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
     return rt.get_sandbox(sandbox_id).info()
+
+
+@v1.get(
+    "/sandboxes/{id}/memory",
+    response_model=SandboxMemory,
+    tags=["sandboxes"],
+    summary="What a sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its own, disk",
+    responses={**NO_SANDBOX, 409: _err("Hibernated: it holds no RAM on the host now.")},
+    **_AS_GIVEN,
+)
+async def sandbox_memory(sandbox_id: SandboxIdPath, rt: Runtime) -> SandboxCost:
+    return await rt.costs.of(sandbox_id)
 
 
 @v1.delete(

@@ -79,6 +79,10 @@ def validate_settings(settings: Settings) -> None:
         bounds.DISK_QUOTA_MIB.check(settings.disk_quota_mib)
     except InvalidRequest as exc:
         raise ConfigError(f"--disk-quota-mib: {exc}") from None
+    try:
+        settings.host_limits()
+    except ValueError as exc:
+        raise ConfigError(f"--max-sandboxes / --memory-reserve-mib: {exc}") from None
     if not 0 < settings.port <= 65535:
         raise ConfigError(f"port {settings.port} is out of range")
     try:

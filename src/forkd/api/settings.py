@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd import bounds
-from forkd.config import DEFAULT_BIND, DataDir
+from forkd.config import DEFAULT_BIND, DataDir, HostLimits
 from forkd.errors import ForkdError
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -177,6 +177,9 @@ class Settings:
     capacity: int | None = None  # sandboxes this host is planned for (None: one per 512 MiB of RAM)
     # The disk quota of a spawn that gives none, MiB (0: none; controller/disk_quota.py).
     disk_quota_mib: int = bounds.DEFAULT_DISK_QUOTA_MIB
+    # The host's ceilings: sandboxes holding a VM, and memory kept free (controller/capacity.py).
+    max_sandboxes: int | None = None
+    memory_reserve_mib: int = 0
     # The HTTP/1.1 parser uvicorn serves with (api/connections.py): "httptools" (C, the default
     # when installed) or "h11" (pure Python: more CPU per request; kept to compare and fall back).
     http_parser: str = "httptools"
@@ -216,10 +219,16 @@ class Settings:
             lease_ttl=_env_int("FORKD_LEASE_TTL", DEFAULT_LEASE_TTL),
             capacity=_env_int("FORKD_CAPACITY", 0) or None,
             disk_quota_mib=_env_int("FORKD_DISK_QUOTA_MIB", bounds.DEFAULT_DISK_QUOTA_MIB),
+            max_sandboxes=_env_int("FORKD_MAX_SANDBOXES", 0) or None,
+            memory_reserve_mib=_env_int("FORKD_MEMORY_RESERVE_MIB", 0),
             http_parser=os.environ.get("FORKD_HTTP_PARSER") or "httptools",
             header_timeout=_env_float("FORKD_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
             fast_path=_env_bool("FORKD_FAST_PATH", True),
         )
+
+    def host_limits(self) -> HostLimits:
+        """The ceilings the runtime admits new VMs against."""
+        return HostLimits(max_sandboxes=self.max_sandboxes, memory_reserve_mib=self.memory_reserve_mib)
 
     @property
     def bind(self) -> str:

@@ -65,14 +65,16 @@ def gateway(
         str, typer.Option("--log-level", envvar="FORKD_LOG_LEVEL", help="debug, info, warning or error."),
     ] = "info",
 ) -> None:
-    """Serve the forkd REST API in front of every host registered in etcd.
+    """Serve the forkd REST API, and E2B's, in front of every host registered in etcd.
 
-    Clients and SDKs use it as one daemon. Spawns go to a host holding the
+    Clients and SDKs (forkd's, and E2B's with E2B_API_URL and E2B_SANDBOX_URL
+    set to its address) use it as one daemon. Spawns go to a host holding the
     snapshot, else to the least-loaded host (which pulls it from the object
     store); X-Forkd-Host: HOST pins a request to one host. Per-sandbox calls go
     to the host the sandbox id names; lists merge every host's. A host whose
     lease expires is gone: its sandboxes answer 404 and new work goes
-    elsewhere. GET /v1/fleet lists the hosts.
+    elsewhere; a full host (503 no_capacity) is passed over for the next. GET
+    /v1/fleet lists the hosts.
 
     Examples:
       forkd gateway --etcd http://127.0.0.1:2379

@@ -448,3 +448,25 @@ def ping(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> 
         f"[green]pong[/] from {escape(sandbox_id)} in {output.elapsed(started)}"
         + (f" ({escape(extras)})" if extras else "")
     )
+
+
+@handle_errors
+def memory(ctx: typer.Context, sandbox_id: SandboxId, json_: JsonFlag = False) -> None:
+    """What a sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its own,
+    and its own disk layers (read from the host, not the guest).
+
+    Example:
+      forkd memory sb-67a1b3-0000
+    """
+    cost: Mapping[str, Any] = state(ctx).controller().sandbox_memory(sandbox_id)
+    if want_json(ctx, json_):
+        output.emit_json(cost)
+        return
+
+    def mib(key: str) -> str:
+        return f"{int(cost.get(key) or 0) / (1 << 20):,.1f} MiB"
+
+    output.console.print(
+        f"{escape(sandbox_id)}: RAM {mib('ram_bytes')}: shared {mib('shared_bytes')} (with its snapshot "
+        f"and siblings), private {mib('private_bytes')} (its own), untouched {mib('untouched_bytes')}; "
+        f"own disk layers {mib('disk_bytes')}")

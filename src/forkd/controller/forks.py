@@ -24,6 +24,7 @@ makes the source's id an alias of the winner (see docs/BRANCHING.md).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import secrets
@@ -32,8 +33,9 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
+from forkd.controller.costs import cost_of
 from forkd.controller.options import ForkOptions
-from forkd.controller.results import Deletion, PromoteResult
+from forkd.controller.results import Deletion, PromoteResult, SandboxCost
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -65,17 +67,33 @@ class ForkReport:
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"index", "error"}
     tree_id: str | None = None
     pause_ms: float | None = None
+    # What each child costs the host once up, by sandbox id (controller/costs.py).
+    memory: list[SandboxCost] = field(default_factory=list)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "parent_id": self.parent_id, "snapshot_tag": self.snapshot_tag,
             "children": [c.info() for c in self.children], "errors": self.errors,
+            "memory": self.memory,
         }
         if self.pause_ms is not None:
             out["pause_ms"] = self.pause_ms
         if self.tree_id is not None:
             out["tree_id"] = self.tree_id
         return out
+
+
+async def _costs(children: list[SandboxRecord]) -> list[SandboxCost]:
+    """Each child's cost right after its restore (what it shares with its siblings from the start),
+    by sandbox id. A child that cannot be read (it died meanwhile) is left out, not made up."""
+    def read(record: SandboxRecord) -> SandboxCost | None:
+        try:
+            return cost_of(record)
+        except (ForkdError, OSError):
+            return None
+
+    read_all = await asyncio.gather(*(asyncio.to_thread(read, c) for c in children))
+    return [cost for cost in read_all if cost is not None]
 
 
 class Forker:
@@ -106,6 +124,7 @@ class Forker:
                 for i, spec in enumerate(specs)]
         # Refuse what the spawn would refuse before the source is paused, not after.
         self._spawner.check_limits([s.memory_limit_mib for s in specs])
+        self._spawner.check_capacity(count)  # a full host answers 503 without pausing the source
         await self._spawner.check_network(
             tap=source.tap, dns=source.network.dns if source.network else (), egress=options.spawn.egress,
             per_child_netns=options.spawn.per_child_netns, what=f"sandbox {source_id}")
@@ -133,6 +152,7 @@ class Forker:
                 result.children.append(outcome)
             else:
                 result.errors.append({"index": i, "error": str(outcome)})
+        result.memory = await _costs(result.children)
         return result
 
     async def _children(self, tag: str, specs: list[ChildSpec],

@@ -4,8 +4,10 @@
 in api/schemas/requests.py) to ``Runtime.spawn``, the ``Spawner`` and the warm pools'
 claim key: a new spawn option is one field here and one in the request model,
 and nothing unpacks it by hand in between. What a child's guest is given at restore
-goes on from the Spawner as one ``RestoreInputs`` (guest/protocol.py) per child, to
-``VM.restore`` and to a warm-pool claim alike. ``ForkOptions`` is a fork's: the
+is one ``RestoreInputs`` (guest/protocol.py), ``SpawnOptions.guest``, filled from the
+request's fields of the same names: a new guest input is a field there and in the
+request model, and none here. It goes on from the Spawner, one per child with its
+env, to ``VM.restore`` and to a warm-pool claim alike. ``ForkOptions`` is a fork's: the
 SpawnOptions of its children plus the fields only a fork has.
 
 Import-light on purpose (no VMM, no QEMU client): the API's schemas build these
@@ -29,6 +31,14 @@ EGRESS_FIELDS = ("allow_internet_access", "network")
 # Options only the E2B layer sets: forkd's own API always wakes a hibernated sandbox,
 # so /v1's SpawnRequest has no field for them.
 E2B_ONLY_FIELDS = ("auto_resume", "hibernate_on_timeout_memory")
+# The request fields that are guest inputs (``SpawnOptions.guest``): every RestoreInputs field but
+# env, which is a spawn's own (merged per child with child_env).
+GUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RestoreInputs) if f.name != "env")
+
+
+def option_names() -> set[str]:
+    """The request field names ``SpawnOptions.from_request`` takes, the egress pair as ``egress``."""
+    return {f.name for f in dataclasses.fields(SpawnOptions) if f.name != "guest"} | set(GUEST_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,10 @@ class SpawnOptions:
     (host/egress.py). ``prewarm``: read the snapshot's memory into the page
     cache first. ``disk_quota_mib``: how far each child's own disk layers may
     grow on the host before it is stopped (controller/disk_quota.py); None: the
-    daemon's default, 0: no quota. ``hostname``: each child's hostname, set in the guest at
-    its restore (guest/protocol.py's ``RestoreInputs``, as ``env`` is).
+    daemon's default, 0: no quota. ``guest``: what each child's guest is given at its restore
+    besides ``env`` (guest/protocol.py's ``RestoreInputs``: ``hostname``, ...); its fields are
+    the request's of the same names. ``env`` and ``child_env`` stay here: they are merged per
+    child (``child_specs``).
     """
 
     per_child_netns: bool = False
@@ -72,15 +84,13 @@ class SpawnOptions:
     hibernate_on_timeout: bool = False
     hibernate_on_timeout_memory: bool = True
     auto_resume: bool = True
-    hostname: str | None = None
+    guest: RestoreInputs = field(default_factory=RestoreInputs)
 
     def __post_init__(self) -> None:
-        # The checks that need no snapshot, before any VM starts (child_specs checks the rest).
-        try:  # what the guest is given besides env (child_specs merges env with child_env)
-            RestoreInputs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RestoreInputs)
-                             if f.name != "env"})
-        except RequestError as exc:
-            raise InvalidRequest(str(exc)) from None
+        # The checks that need no snapshot, before any VM starts (child_specs checks the rest;
+        # RestoreInputs checked its own fields as it was made).
+        if self.guest.env:
+            raise InvalidRequest("a spawn's env is its own option (env, child_env), not the guest inputs'")
         if self.disk_quota_mib is not None:
             bounds.DISK_QUOTA_MIB.check(self.disk_quota_mib)
         _check_lifetimes(self.timeout_secs, self.idle_pause_secs, self.idle_hibernate_secs,
@@ -98,10 +108,11 @@ class SpawnOptions:
         return cls(**request_fields(cls, given, "spawn"))
 
     def given(self) -> dict[str, Any]:
-        """The options that differ from the defaults (what a request set), by name."""
+        """The options that differ from the defaults (what a request set), by request field name."""
         default = SpawnOptions()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name != "guest" and getattr(self, f.name) != getattr(default, f.name)}
+        return {**given, **self.guest.to_wire()}
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,12 @@ def request_fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, 
     if any(name in fields for name in EGRESS_FIELDS):
         fields["egress"] = EgressPolicy.from_request(fields.pop("allow_internet_access", None),
                                                      fields.pop("network", None))
+    guest = {name: fields.pop(name) for name in GUEST_FIELDS if name in fields}
+    if guest:
+        try:
+            fields["guest"] = RestoreInputs(**guest)
+        except RequestError as exc:
+            raise InvalidRequest(str(exc)) from None
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:

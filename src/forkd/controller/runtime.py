@@ -46,13 +46,15 @@ from typing import Any, cast
 
 from forkd import bounds
 from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
-from forkd.config import DataDir
+from forkd.config import DataDir, HostLimits
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.branch import Brancher
+from forkd.controller.capacity import HostCapacity
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
 from forkd.controller.console_warden import ConsoleWarden
+from forkd.controller.costs import SandboxCosts
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
@@ -116,8 +118,9 @@ log = logging.getLogger("forkd.runtime")
 
 class Runtime:
     def __init__(self, data: DataDir, registry: Registry, *, store: ObjectStore | None = None,
-                 host_id: str | None = None, disk_quota_mib: int | None = None) -> None:
-        """``store``, ``host_id``, ``disk_quota_mib``: as ``open`` takes them (checked there)."""
+                 host_id: str | None = None, disk_quota_mib: int | None = None,
+                 limits: HostLimits | None = None) -> None:
+        """``store``, ``host_id``, ``disk_quota_mib``, ``limits``: as ``open`` takes them (checked there)."""
         self.data = data
         # The database: each owner below gets only its own table, and a read-only view
         # (or a one-column writer) of the tables it only reads (docs/ARCHITECTURE.md).
@@ -138,6 +141,7 @@ class Runtime:
         self.sandboxes = SandboxTable(rows, registry.aliases, registry.prefixes, data.sandboxes, self.events)
         self.agents = AgentGateway(self.sandboxes, self.events)  # every request to a guest agent
         self.files = SandboxFiles(self.agents)
+        self.costs = SandboxCosts(self.sandboxes)  # what each sandbox costs the host (RAM, disk)
         self.kernels = KernelCells(self.agents, self.events)  # sub-APIs: routes call these five directly
         self.code = CodeRunner(self.agents, self.kernels, self.events)
         self.processes = SandboxProcesses(self.agents, self.events)
@@ -152,8 +156,10 @@ class Runtime:
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel, store)
         self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events,
                                       DEFAULT_DISK_QUOTA_MIB if disk_quota_mib is None else disk_quota_mib)
+        # The host's ceilings (--max-sandboxes, --memory-reserve-mib): every new VM is admitted by it.
+        self.capacity = HostCapacity(live=lambda: len(self.sandboxes.ids()), limits=limits)
         self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm,
-                               disks=self.disk_quotas, missing=self.travel, host_id=host_id)
+                               self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
@@ -180,11 +186,13 @@ class Runtime:
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
-                   host_id: str | None = None, disk_quota_mib: int | None = None) -> Runtime:
+                   host_id: str | None = None, disk_quota_mib: int | None = None,
+                   limits: HostLimits | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
         missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
         ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
-        controller/disk_quota.py)."""
+        controller/disk_quota.py); ``limits``: the host's ceilings on sandboxes and free memory
+        (controller/capacity.py; None: none)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
@@ -197,7 +205,7 @@ class Runtime:
             # scratch files a crashed daemon left behind go first.
             stack.callback(DataDirLock.shared(data, when_alone=data.clear_tmp).release)
             rt = cls(data, Registry(data.registry), store=object_store, host_id=host_id,
-                     disk_quota_mib=disk_quota_mib)
+                     disk_quota_mib=disk_quota_mib, limits=limits)
             stack.callback(rt.registry.close)
             await rt._start(stack)
             rt._lifecycle = stack.pop_all()  # open: close() unwinds it

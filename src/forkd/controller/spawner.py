@@ -29,6 +29,7 @@ from typing import Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
+from forkd.controller.capacity import HostCapacity
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.options import SpawnOptions
@@ -82,21 +83,20 @@ class ChildSpec:
 def child_specs(n: int, options: SpawnOptions, child_memory_limit_mib: list[int | None] | None = None
                 ) -> list[ChildSpec]:
     """One spec per child of a spawn (or fork, whose ``child_memory_limit_mib`` gives each child its
-    own limit): ``env`` for all, then ``child_env[i]`` over it for child i. Every other field of
-    ``RestoreInputs`` is the option of the same name, as it is: a new one needs no code here."""
+    own limit): ``env`` for all, then ``child_env[i]`` over it for child i, added to the options'
+    ``guest`` inputs as they are: a new guest input needs no code here."""
     bounds.SPAWN_N.check(n)
     child_env = options.child_env
     for name, per_child in (("child_env", child_env), ("child_memory_limit_mib", child_memory_limit_mib)):
         if per_child is not None and len(per_child) != n:
             raise InvalidRequest(f"{name} has {len(per_child)} entries but {n} children were asked for; "
                                  "give one entry per child")
-    shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(RestoreInputs) if f.name != "env"}
     try:
         common = protocol.check_env(options.env)
         own = [protocol.check_env(e) for e in child_env] if child_env is not None else [{}] * n
         for e in (common, *own):
             bounds.ENV.check_map(e)
-        restore = [RestoreInputs(env={**common, **own[i]}, **shared) for i in range(n)]
+        restore = [dataclasses.replace(options.guest, env={**common, **own[i]}) for i in range(n)]
     except protocol.RequestError as exc:
         raise InvalidRequest(str(exc)) from None
     metadata = options.metadata or {}
@@ -150,13 +150,15 @@ class MissingSnapshots(Protocol):
 
 class Spawner:
     def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
-                 accel: HostAccelerator, networks: Networks, shm: ShmMemory, *,
-                 disks: DiskLimits | None = None, missing: MissingSnapshots | None = None,
-                 host_id: str | None = None) -> None:
-        """``disks``: who enforces every child's disk quota (None: none is); ``missing``: where a
-        spawn of a tag this host lacks asks for it first (None: it says 404); ``host_id``: this
-        host's name in a fleet."""
+                 accel: HostAccelerator, networks: Networks, shm: ShmMemory,
+                 capacity: HostCapacity | None = None, *, disks: DiskLimits | None = None,
+                 missing: MissingSnapshots | None = None, host_id: str | None = None) -> None:
+        """``capacity``: the host's ceilings (None: its own, with no limits); ``disks``: who enforces
+        every child's disk quota (None: none is); ``missing``: where a spawn of a tag this host lacks
+        asks for it first (None: it says 404); ``host_id``: this host's name in a fleet."""
         self._data = data
+        # The host's ceilings (controller/capacity.py): a new VM past them is a 503 no_capacity.
+        self._capacity = capacity or HostCapacity(live=lambda: len(table.ids()))
         self._table = table
         self._store = store
         self._accel = accel
@@ -209,6 +211,10 @@ class Spawner:
                                    if isinstance(r, SandboxRecord)), return_exceptions=True)
             raise failures[0]
         return [r for r in results if isinstance(r, SandboxRecord)]
+
+    def check_capacity(self, n: int) -> None:
+        """NoCapacity (503) if ``n`` more VMs would pass this host's ceilings now (controller/capacity.py)."""
+        self._capacity.check(n)
 
     async def check_request(self, tag: str, memory_limits: list[int | None], *, per_child_netns: bool,
                             egress: EgressPolicy | None = None) -> tuple[Forkable, NetRequest | None]:
@@ -277,8 +283,9 @@ class Spawner:
             if not misses:
                 return await self._limit_disks(results)
             try:
-                fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
-                                                  per_child_netns=per_child_netns, live_fork=live_fork)
+                with self._capacity.admit(len(misses)):  # claimed members hold their places already
+                    fresh = await self._restore_batch(snap, [children[i] for i in misses], net,
+                                                      per_child_netns=per_child_netns, live_fork=live_fork)
             except BaseException:
                 # A request-wide refusal after the claims: the claimed children go too.
                 await asyncio.gather(*(self._table.kill(c.id) for c in claimed if c is not None),
@@ -327,8 +334,9 @@ class Spawner:
             snap, net = await self.check_request(key.tag, [key.memory_limit_mib],
                                                  per_child_netns=key.per_child_netns, egress=key.egress)
             member = ChildSpec(memory_limit_mib=key.memory_limit_mib)
-            [result] = await self._restore_batch(snap, [member], net, per_child_netns=key.per_child_netns,
-                                                 live_fork=key.live_fork, pooled=True)
+            with self._capacity.admit(1):  # a pool member holds a VM like any sandbox
+                [result] = await self._restore_batch(snap, [member], net, per_child_netns=key.per_child_netns,
+                                                     live_fork=key.live_fork, pooled=True)
         finally:
             self._busy[key.tag] -= 1
             if not self._busy[key.tag]:

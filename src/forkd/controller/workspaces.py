@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from forkd.controller.options import SpawnOptions
-from forkd.controller.results import WorkspaceReport
+from forkd.controller.results import WorkspaceReport, WorkspaceStatus
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.controller.suspend import Suspender
@@ -25,7 +26,9 @@ from forkd.store.records import WorkspaceRecord, now_unix
 from forkd.store.rows.paused import PausedReader
 from forkd.store.rows.workspaces import WorkspaceRows
 
-RUNNING, SUSPENDED, STALE = "running", "suspended", "stale"
+RUNNING: Final = "running"
+SUSPENDED: Final = "suspended"
+STALE: Final = "stale"
 
 
 class Workspaces:
@@ -40,7 +43,7 @@ class Workspaces:
         self._collect = collect  # drops the state snapshots nobody needs any more (Forker.collect)
         self._wake = wake  # a hibernated sandbox back in a VM (Hibernator.wake): a suspend branches it
 
-    def _status(self, ws: WorkspaceRecord) -> str:
+    def _status(self, ws: WorkspaceRecord) -> WorkspaceStatus:
         # A hibernated sandbox (a row, no VM) counts as running: any request wakes it.
         if ws.sandbox_id in self._table or self._table.records.has(ws.sandbox_id):
             return RUNNING

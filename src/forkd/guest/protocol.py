@@ -353,6 +353,21 @@ def check_hostname(hostname: object) -> str | None:
 
 # ---------------------------------------------------------------- capabilities
 
+# The agent's version (what ping and restored report): bumped when the protocol grows, here beside
+# the capabilities so that a new one and its version are one edit. History: "2" honours timeout_secs on eval,
+# "3" serves the file actions, "4" streams exec output as events and serves
+# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
+# "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
+# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION), "9" terminals (a proc_start's
+# pty, proc_resize; protocol.PTY_AGENT_VERSION), "10" file metadata (xattrs; an upload's
+# metadata, a FileInfo's; protocol.METADATA_AGENT_VERSION) and watch events with their entry
+# (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
+# context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
+# (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
+# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities).
+AGENT_VERSION = "13"
+
+
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
 # restored's) answer, "capabilities"; the host refuses a request that needs one the agent lacks, in
 # one place (forkd.guest.client.require), rather than have an old agent ignore a field it does not know.

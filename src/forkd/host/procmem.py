@@ -10,6 +10,7 @@ restore would have to save. forkd 0.5's ``measure_diff`` reports that size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import VMError
@@ -29,8 +30,23 @@ def _mapping_size_kib(header: str) -> int | None:
         return None
 
 
-def written_ram_bytes(pid: int, ram_bytes: int, proc: Path = Path("/proc")) -> int:
-    """Bytes of guest RAM the child has written since its restore (its private copies).
+@dataclass(frozen=True)
+class RamUsage:
+    """Where a child's guest RAM is on the host, from its one mapping of the snapshot's memory file.
+
+    ``private_bytes``: pages the guest wrote since the restore (anonymous copies, swapped ones
+    included): the child's own. ``shared_bytes``: pages of the snapshot's file it has read and
+    not written: in the page cache once, shared with the snapshot and every sibling that read them.
+    Pages it never touched are neither.
+    """
+
+    ram_bytes: int
+    private_bytes: int
+    shared_bytes: int
+
+
+def ram_usage(pid: int, ram_bytes: int, proc: Path = Path("/proc")) -> RamUsage:
+    """The RAM mapping's private and shared bytes (see ``RamUsage``).
 
     The RAM mapping is the one file-backed mapping of exactly ``ram_bytes``;
     QEMU maps nothing else of the guest RAM's size from a file.
@@ -40,7 +56,7 @@ def written_ram_bytes(pid: int, ram_bytes: int, proc: Path = Path("/proc")) -> i
         text = (proc / str(pid) / "smaps").read_text()
     except OSError as exc:
         raise VMError(f"cannot read the memory map of QEMU pid {pid}: {exc.strerror or exc}") from exc
-    total_kib = 0
+    kib = {"Rss:": 0, "Anonymous:": 0, "Swap:": 0}
     found = False
     inside = False
     for line in text.splitlines():
@@ -50,8 +66,15 @@ def written_ram_bytes(pid: int, ram_bytes: int, proc: Path = Path("/proc")) -> i
             inside = (len(fields) == 6 and fields[5].startswith("/")
                       and _mapping_size_kib(line) == want_kib)
             found = found or inside
-        elif inside and first in ("Anonymous:", "Swap:"):
-            total_kib += int(line.split()[1])
+        elif inside and first in kib:
+            kib[first] += int(line.split()[1])
     if not found:
         raise VMError(f"QEMU pid {pid} has no file mapping of its {ram_bytes >> 20} MiB guest RAM")
-    return total_kib * _KIB
+    # Rss counts the resident anonymous copies too: what is left of it is the file's pages.
+    return RamUsage(ram_bytes=ram_bytes, private_bytes=(kib["Anonymous:"] + kib["Swap:"]) * _KIB,
+                    shared_bytes=max(0, kib["Rss:"] - kib["Anonymous:"]) * _KIB)
+
+
+def written_ram_bytes(pid: int, ram_bytes: int, proc: Path = Path("/proc")) -> int:
+    """Bytes of guest RAM the child has written since its restore (its private copies)."""
+    return ram_usage(pid, ram_bytes, proc).private_bytes

@@ -58,7 +58,10 @@ def _debian_mirror() -> str:
 # The packages every image has; the default image is exactly these. sudo (about 2 MB) lets the
 # account ``user`` (rootfs.add_user) do what E2B's sandboxes allow it: ``sudo`` without a password.
 # python-is-python3 (a symlink): E2B's images answer to ``python``, and programs written for them call it.
-BASE_PACKAGES: tuple[str, ...] = ("python3", "python-is-python3", "python3-numpy", "sudo")
+# git, curl and ca-certificates: E2B's base template has them, and E2B programs clone repositories
+# (``sbx.git``) and call HTTP APIs with them (about 40 MB with what git needs).
+BASE_PACKAGES: tuple[str, ...] = ("python3", "python-is-python3", "python3-numpy", "sudo", "git", "curl",
+                                  "ca-certificates")
 
 @dataclass(frozen=True)
 class NamedRecipe:

@@ -18,16 +18,20 @@ are the object-style layer on top::
         best = sb.explore(["a", "b"], run=try_it, score=judge)  # best of N, losers killed
 
 The async modules (``async_client``, ``async_sandbox``) are the source; their
-sync twins (``client``, ``sandbox``) are generated from them by
-``scripts/unasync_sdk.py``, and a unit test fails if they drift.
+sync twins are generated from them by ``scripts/unasync_sdk.py`` into
+``forkd.sdk._generated`` (generated modules only, with the REST API's types that
+``forkd.sdk.models`` re-exports), and ``make lint`` and a unit test fail if one drifts.
 """
 
 from forkd.sdk._defaults import default_async_controller, default_controller
+from forkd.sdk._generated.client import Controller
+from forkd.sdk._generated.guest import Commands, Files
+from forkd.sdk._generated.sandbox import Sandbox
+from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.async_client import AsyncController
 from forkd.sdk.async_guest import AsyncCommands, AsyncFiles
 from forkd.sdk.async_sandbox import AsyncSandbox
 from forkd.sdk.async_snapshot import AsyncSnapshot
-from forkd.sdk.client import Controller
 from forkd.sdk.errors import (
     BadRequest,
     ConflictError,
@@ -35,6 +39,7 @@ from forkd.sdk.errors import (
     ForkdAPIError,
     ForkdConnectionError,
     ForkdTimeoutError,
+    NoCapacityError,
     NotFoundError,
     ServerError,
     ServiceUnavailable,
@@ -42,9 +47,6 @@ from forkd.sdk.errors import (
     Unauthorized,
 )
 from forkd.sdk.execution import Execution, ExecutionError, Logs, Result
-from forkd.sdk.guest import Commands, Files
-from forkd.sdk.sandbox import Sandbox
-from forkd.sdk.snapshot import Snapshot
 from forkd.sdk.types import (
     CheckpointPolicy,
     Checkpoints,
@@ -88,6 +90,7 @@ __all__ = [
     "ForkdConnectionError",
     "ForkdTimeoutError",
     "Logs",
+    "NoCapacityError",
     "NotFoundError",
     "Outcome",
     "PromoteResult",

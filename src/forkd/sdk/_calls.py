@@ -176,6 +176,10 @@ def get_sandbox(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
 
 
+def sandbox_memory(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/memory")
+
+
 def kill_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
 

@@ -2,7 +2,7 @@
 
 The two flavours differ for a reason, so they are written here by hand rather
 than generated one from the other (see ``scripts/unasync_sdk.py``): a
-:class:`~forkd.sdk.client.Controller` can serve every thread of the process,
+:class:`~forkd.sdk.Controller` can serve every thread of the process,
 while an :class:`~forkd.sdk.async_client.AsyncController`'s connections belong
 to the event loop that opened them, so there is one per loop.
 """
@@ -13,9 +13,9 @@ import asyncio
 import threading
 import weakref
 
+from forkd.sdk._generated.client import Controller
 from forkd.sdk._http import resolve_token, resolve_url
 from forkd.sdk.async_client import AsyncController
-from forkd.sdk.client import Controller
 
 _Key = tuple[str, str | None]  # (url, token) as resolved from the environment
 
@@ -35,7 +35,7 @@ def default_controller() -> Controller:
     """A process-wide :class:`Controller` for the current ``FORKD_URL``/``FORKD_TOKEN``.
 
     Sandboxes and snapshots made without an explicit controller share it, so a
-    :class:`~forkd.sdk.sandbox.Snapshot` returned by ``sb.branch()`` keeps
+    :class:`~forkd.sdk.Snapshot` returned by ``sb.branch()`` keeps
     working after the sandbox's ``with`` block has closed.
     """
     key = _key()

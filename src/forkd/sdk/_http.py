@@ -1,7 +1,7 @@
 """Transport-independent plumbing shared by the sync and async controllers.
 
 Each REST call is described once, as a :class:`Call` built by the functions in
-:mod:`forkd.sdk._calls`; :class:`~forkd.sdk.client.Controller` and
+:mod:`forkd.sdk._calls`; :class:`~forkd.sdk.Controller` and
 :class:`~forkd.sdk.async_client.AsyncController` only differ in how they send
 it. Keeping request shapes in one place means the two clients cannot drift,
 and ``client.py`` itself is generated from ``async_client.py`` by
@@ -146,10 +146,27 @@ def error_message(response: httpx.Response) -> str:
     return f"HTTP {response.status_code} {response.reason_phrase}".strip()
 
 
+def error_code(response: httpx.Response) -> str | None:
+    """The answer's machine-readable ``code`` (e.g. ``no_capacity``), if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The Retry-After header in seconds (the delay form; an HTTP date is not used by forkd)."""
+    value = response.headers.get("retry-after", "")
+    return float(value) if value.isdigit() else None
+
+
 def parse_response(call: Call, response: httpx.Response) -> Any:
     """The decoded body of a successful response; raises the mapped error otherwise."""
     if not response.is_success:
-        raise error_for_status(response.status_code, error_message(response))
+        raise error_for_status(response.status_code, error_message(response), error_code(response),
+                               retry_after(response))
     if response.status_code == 204 or not response.content:
         return None
     if call.expect == "text":

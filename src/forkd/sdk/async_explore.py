@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
 from forkd.sdk.errors import ExploreError
+from forkd.sdk.models import SandboxMemory
 from forkd.sdk.types import CandidateT, ExploreResult, Outcome, best_outcome
 
 if TYPE_CHECKING:
@@ -68,8 +69,10 @@ async def explore_tree(
                 raise ValueError("the score is NaN")
         except Exception as exc:  # one candidate's failure is its outcome, not explore's
             return Outcome(index, candidate, child, child.id, result=result,
-                           error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc)
-        return Outcome(index, candidate, child, child.id, result=result, score=points)
+                           error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc,
+                           memory=await _memory(child))
+        return Outcome(index, candidate, child, child.id, result=result, score=points,
+                       memory=await _memory(child))
 
     try:
         ran = await _twins.concurrently(attempt, sorted(children), limit=concurrency)
@@ -113,6 +116,15 @@ async def _close_all(sandboxes: Sequence[AsyncSandbox]) -> list[str]:
 
     closed = await _twins.concurrently(close, list(sandboxes))
     return [problem for problem in closed if problem is not None]
+
+
+async def _memory(child: AsyncSandbox) -> SandboxMemory | None:
+    """What the child costs the host now, before the promote kills the losers (None: unreadable,
+    e.g. a daemon older than GET /v1/sandboxes/{id}/memory, or a child that died)."""
+    try:
+        return await child.memory()
+    except ForkdError:
+        return None
 
 
 def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str]) -> str:

@@ -33,7 +33,7 @@ from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
 from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SpawnExtra
+from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import AsyncTerminal
 from forkd.sdk.types import (
     CandidateT,
@@ -218,6 +218,11 @@ class AsyncSandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = await self.controller.get_sandbox(self.id)
         return self._info
+
+    async def memory(self) -> SandboxMemory:
+        """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its
+        own, pages untouched, its own disk layers (bytes; ``GET /v1/sandboxes/{id}/memory``)."""
+        return await self.controller.sandbox_memory(self.id)
 
     async def ping(self) -> PingResponse:
         """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""
@@ -421,7 +426,7 @@ class AsyncSandbox:
         Forks a tree with one child per candidate (child ``i`` gets
         ``child_env[i]``), calls ``run(child, candidate)`` for all children at
         the same time (a thread each for the blocking
-        :class:`forkd.sdk.sandbox.Sandbox`), then ``score(child, candidate,
+        :class:`forkd.sdk.Sandbox`), then ``score(child, candidate,
         result)`` with what ``run`` returned; higher is better. Without
         ``score`` the result of ``run`` is the score. ``run`` and ``score`` are
         called like this class's methods (awaited where those are).

@@ -56,6 +56,16 @@ class ServiceUnavailable(ServerError):
     """503: the daemon is at a concurrency cap; retry after a short delay."""
 
 
+class NoCapacityError(ServiceUnavailable):
+    """503 with ``code: "no_capacity"``: the host (or, through a gateway, every host of the fleet) holds
+    as many sandboxes as it may, or is short of memory. ``retry_after`` is the server's Retry-After in
+    seconds (None if it sent none): try again then, or free a sandbox first."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(status, message)
+        self.retry_after = retry_after
+
+
 class ForkdConnectionError(ForkdError):
     """The daemon could not be reached at all (refused, DNS, TLS, connect timeout)."""
 
@@ -83,7 +93,7 @@ class SnapshotFailedError(ForkdError):
 
 
 class ExploreError(ForkdError):
-    """No candidate of :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>` succeeded.
+    """No candidate of :meth:`Sandbox.explore <forkd.sdk.Sandbox.explore>` succeeded.
 
     Every child failed to spawn, run or be scored; explore killed the children
     that had come up. ``outcomes`` says how each candidate failed (``error``,
@@ -113,8 +123,11 @@ _BY_STATUS: dict[int, type[ForkdAPIError]] = {
 }
 
 
-def error_for_status(status: int, message: str) -> ForkdAPIError:
-    """The most specific :class:`ForkdAPIError` for an HTTP ``status``."""
+def error_for_status(status: int, message: str, code: str | None = None,
+                     retry_after: float | None = None) -> ForkdAPIError:
+    """The most specific :class:`ForkdAPIError` for an HTTP ``status`` and the answer's ``code``."""
+    if status == 503 and code == "no_capacity":
+        return NoCapacityError(status, message, retry_after)
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else ForkdAPIError
@@ -128,6 +141,7 @@ __all__ = [
     "ForkdAPIError",
     "ForkdConnectionError",
     "ForkdTimeoutError",
+    "NoCapacityError",
     "NotFoundError",
     "ServerError",
     "ServiceUnavailable",

@@ -1,6 +1,6 @@
 """What a cell on a Jupyter kernel gives back (``run_code``): :class:`Execution` and its parts.
 
-Shared by both flavours of :meth:`Sandbox.run_code <forkd.sdk.sandbox.Sandbox.run_code>`: the
+Shared by both flavours of :meth:`Sandbox.run_code <forkd.sdk.Sandbox.run_code>`: the
 events of ``POST /v1/sandboxes/{id}/code`` are folded into an :class:`Execution` one at a time by
 :meth:`Execution.add` (no IO here), which also calls the caller's callbacks as each event arrives.
 """

@@ -3,7 +3,7 @@
 The controllers hand back the daemon's JSON unchanged (``dict`` / ``list``), as
 the seed examples index it (``parent["id"]``, ``branch["tag"]``). The aliases
 below only name those dicts; :class:`CommandResult` and :class:`EvalResult`
-are the typed views :class:`~forkd.sdk.sandbox.Sandbox` returns, and
+are the typed views :class:`~forkd.sdk.Sandbox` returns, and
 :class:`SnapshotView` the read-only mapping that ``Snapshot`` objects are.
 
 The results of forking a running sandbox (:class:`ForkResult`,
@@ -50,12 +50,12 @@ SandboxT = TypeVar("SandboxT")
 SnapshotT = TypeVar("SnapshotT")
 """``Snapshot`` or ``AsyncSnapshot``."""
 CandidateT = TypeVar("CandidateT")
-"""Whatever :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>` is given to try."""
+"""Whatever :meth:`Sandbox.explore <forkd.sdk.Sandbox.explore>` is given to try."""
 
 
 @dataclass(frozen=True)
 class CommandResult:
-    """The outcome of :meth:`Sandbox.commands.run <forkd.sdk.sandbox.Commands.run>`.
+    """The outcome of :meth:`Sandbox.commands.run <forkd.sdk.Commands.run>`.
 
     A non-zero ``exit_code`` is not an exception: check it (or :attr:`ok`).
     ``error`` is set when the command could not run or timed out.
@@ -101,7 +101,7 @@ class OutputChunk(NamedTuple):
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The outcome of :meth:`Sandbox.eval <forkd.sdk.sandbox.Sandbox.eval>`.
+    """The outcome of :meth:`Sandbox.eval <forkd.sdk.Sandbox.eval>`.
 
     ``result`` is the ``repr`` of the value (``None`` if the code raised);
     ``error`` is the exception text.
@@ -192,7 +192,7 @@ class ForkFailure:
 
 @dataclass(frozen=True)
 class ForkResult(Generic[SandboxT]):
-    """The outcome of :meth:`Sandbox.fork <forkd.sdk.sandbox.Sandbox.fork>` and ``fork_tree``.
+    """The outcome of :meth:`Sandbox.fork <forkd.sdk.Sandbox.fork>` and ``fork_tree``.
 
     Each child succeeds or fails on its own: ``children`` are the ones that
     came up (in index order), ``errors`` say why the others did not. The
@@ -215,6 +215,13 @@ class ForkResult(Generic[SandboxT]):
     def ok(self) -> bool:
         """True when every child came up."""
         return not self.errors
+
+    @property
+    def memory(self) -> dict[str, models.SandboxMemory]:
+        """What each child cost the host right after its restore, by sandbox id (most of its RAM
+        shared with its siblings at first); empty from a daemon that does not report it."""
+        entries = cast(list[models.SandboxMemory], self.raw.get("memory") or [])
+        return {str(entry["sandbox_id"]): entry for entry in entries if "sandbox_id" in entry}
 
     def by_index(self) -> dict[int, SandboxT]:
         """The children by their index in the request (failed indexes are absent)."""
@@ -254,7 +261,7 @@ class Deletion:
 
 @dataclass(frozen=True)
 class PromoteResult(Generic[SandboxT]):
-    """The outcome of :meth:`Sandbox.promote <forkd.sdk.sandbox.Sandbox.promote>`."""
+    """The outcome of :meth:`Sandbox.promote <forkd.sdk.Sandbox.promote>`."""
 
     winner: SandboxT
     tree_id: str
@@ -324,7 +331,7 @@ class Checkpoints(Generic[SnapshotT]):
 
 @dataclass(frozen=True)
 class Outcome(Generic[SandboxT, CandidateT]):
-    """How one candidate of :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>` did.
+    """How one candidate of :meth:`Sandbox.explore <forkd.sdk.Sandbox.explore>` did.
 
     ``error`` is set when its child failed to spawn (``sandbox`` is None), or
     when ``run`` or ``score`` raised (``exception`` is what they raised).
@@ -340,6 +347,9 @@ class Outcome(Generic[SandboxT, CandidateT]):
     error: str | None = None
     """``"spawn: ..."``, ``"run: ValueError: ..."`` or ``"score: ..."``."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    memory: models.SandboxMemory | None = None
+    """What its child cost the host once ``run`` and ``score`` were done (``sb.memory()``): RAM
+    shared with its siblings, RAM of its own, its own disk. None if it could not be read."""
 
     @property
     def ok(self) -> bool:
@@ -360,7 +370,7 @@ def best_outcome(outcomes: list[Outcome[SandboxT, CandidateT]]) -> Outcome[Sandb
 
 @dataclass(frozen=True)
 class ExploreResult(Generic[SandboxT, CandidateT]):
-    """The outcome of :meth:`Sandbox.explore <forkd.sdk.sandbox.Sandbox.explore>`.
+    """The outcome of :meth:`Sandbox.explore <forkd.sdk.Sandbox.explore>`.
 
     ``winner`` is the best child, promoted: still running and owned by the
     caller (``winner.close()`` kills it). The other children were killed by the

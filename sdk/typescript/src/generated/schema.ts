@@ -336,6 +336,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/memory": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What a sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its own, disk */
+        get: operations["sandbox_memory_v1_sandboxes__id__memory_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/network": {
         parameters: {
             query?: never;
@@ -1352,6 +1369,11 @@ export interface components {
              */
             errors: components["schemas"]["ForkError"][];
             /**
+             * Memory
+             * @description What each child costs the host right after its restore, by sandbox_id (as GET /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its siblings at first. A child that could not be read is left out.
+             */
+            memory?: components["schemas"]["SandboxMemory"][];
+            /**
              * Parent Id
              * @description The source sandbox (it keeps running).
              */
@@ -1937,6 +1959,41 @@ export interface components {
             timings?: {
                 [key: string]: number;
             } | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * SandboxMemory
+         * @description What a sandbox costs the host, in bytes, read from the host (never the guest).
+         */
+        SandboxMemory: {
+            /**
+             * Disk Bytes
+             * @description What its own disk layers (its copy-on-write overlay, and those its branches froze) take on the host.
+             */
+            disk_bytes: number;
+            /**
+             * Private Bytes
+             * @description Pages it wrote since its restore: its own copies.
+             */
+            private_bytes: number;
+            /**
+             * Ram Bytes
+             * @description The guest's RAM.
+             */
+            ram_bytes: number;
+            /** Sandbox Id */
+            sandbox_id: string;
+            /**
+             * Shared Bytes
+             * @description Pages read from its snapshot and never written: held once in the host's page cache, shared with the snapshot and every sibling that read them.
+             */
+            shared_bytes: number;
+            /**
+             * Untouched Bytes
+             * @description Pages it has not touched yet (neither shared nor private).
+             */
+            untouched_bytes: number;
         } & {
             [key: string]: unknown;
         };
@@ -4427,6 +4484,74 @@ export interface operations {
             };
             /** @description The guest did not answer in time. */
             504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    sandbox_memory_v1_sandboxes__id__memory_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxMemory"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Hibernated: it holds no RAM on the host now. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

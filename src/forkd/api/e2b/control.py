@@ -34,7 +34,7 @@ from forkd.api.e2b.snapshots import SnapshotError
 from forkd.api.e2b.templates import E2BTemplates, TemplateError
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
-from forkd.errors import ForkdError
+from forkd.errors import ForkdError, NoCapacity
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -101,7 +101,10 @@ async def _status_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _forkd_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ForkdError)
-    return _json_error(exc.status if 400 <= exc.status <= 599 else 500, str(exc) or type(exc).__name__)
+    response = _json_error(exc.status if 400 <= exc.status <= 599 else 500, str(exc) or type(exc).__name__)
+    if isinstance(exc, NoCapacity):  # E2B's body has no room for a code: the status and header say it
+        response.headers["Retry-After"] = str(exc.retry_after_secs)
+    return response
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

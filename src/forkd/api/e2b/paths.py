@@ -1,7 +1,7 @@
 """Which requests are E2B's: by path (its control plane) or by header (in-sandbox traffic).
 
-Kept free of the E2B layer's imports so that the fleet gateway, which does not
-serve E2B, can recognise E2B requests and refuse them clearly.
+Kept free of the E2B layer's imports so that the fleet gateway, which routes E2B's
+requests to their hosts without serving them itself, can recognise them cheaply.
 """
 
 from __future__ import annotations

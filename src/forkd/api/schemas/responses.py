@@ -2,6 +2,12 @@
 
 Open to extra fields: the runtime may report more than the seeds list (e.g.
 exec timings) and the API passes that through rather than drop it.
+
+A model decorated with ``derived_from`` is the wire form of a controller result
+record (``controller/results.py``): its fields, their types, defaults and
+descriptions are the record's keys; its body names only the keys whose wire type
+is another response model. The rest (sandboxes, snapshots, forks) are the wire
+form of the store's records and are written here.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pydantic import (
 from forkd.api.schemas.common import (
     ResponseModel,
 )
+from forkd.api.schemas.derive import derived_from
+from forkd.controller import results
 
 
 class SnapshotInfo(ResponseModel):
@@ -148,19 +156,14 @@ class SandboxInfo(ResponseModel):
     )
 
 
+@derived_from(results.WorkspaceReport)
 class WorkspaceInfo(ResponseModel):
-    id: str = Field(examples=["ws-agent-1"])
-    name: str
-    source_snapshot_tag: str
-    status: Literal["running", "suspended", "stale"] = Field(
-        description="running: its sandbox is alive; suspended: paused, resumable; stale: neither "
-        "(killed or expired); resume starts it again from source_snapshot_tag.")
-    live_sandbox_id: str | None = Field(None, description="Its sandbox, while running (the same id "
-                                        "across suspend/resume).")
-    current_state_tag: str | None = Field(None, description="The state snapshot it resumes from, "
-                                          "while suspended.")
-    created_at_unix: int
-    last_active_unix: int
+    pass
+
+
+@derived_from(results.SandboxCost)
+class SandboxMemory(ResponseModel):
+    """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
 
 
 class ForkError(ResponseModel):
@@ -175,19 +178,21 @@ class ForkResponse(ResponseModel):
     errors: list[ForkError] = Field(description="One entry per child that failed; it left nothing behind.")
     pause_ms: int | float | None = Field(None, description="How long the source was paused.")
     tree_id: str | None = Field(None, description="fork-tree only: the id stamped on every child.")
+    memory: list[SandboxMemory] = Field(
+        default_factory=list, description="What each child costs the host right after its restore, by "
+        "sandbox_id (as GET /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its "
+        "siblings at first. A child that could not be read is left out.")
 
 
+@derived_from(results.Deletion)
 class Deletion(ResponseModel):
-    id: str
-    deleted: bool
-    error: str | None = None
+    pass
 
 
+@derived_from(results.PromoteResult)
 class PromoteResponse(ResponseModel):
     winner: SandboxInfo
-    tree_id: str
-    deleted: list[Deletion] = Field(description="Each sibling (and the parent, with replace_parent) killed.")
-    replaced_parent: str | None = Field(None, description="The source id that now names the winner.")
+    deleted: list[Deletion]
 
 
 class CheckpointPolicy(ResponseModel):
@@ -196,130 +201,75 @@ class CheckpointPolicy(ResponseModel):
     mode: str
 
 
+@derived_from(results.CheckpointReport)
 class CheckpointList(ResponseModel):
-    sandbox_id: str
-    policy: CheckpointPolicy | None = Field(description="null once the policy was deleted (or never set).")
-    calls: int = Field(description="exec/eval calls counted since the policy was set.")
-    checkpoints: list[SnapshotInfo] = Field(description="The kept checkpoints, oldest first.")
-    last_error: str | None = Field(None, description="Why the latest checkpoint attempt failed, if it did.")
+    policy: CheckpointPolicy | None
+    checkpoints: list[SnapshotInfo]
 
 
+@derived_from(results.PoolReport)
 class PoolInfo(ResponseModel):
-    tag: str
-    size: int = Field(description="Target: paused children kept ready (0: no pool).")
-    ready: int = Field(description="Members restored, reseeded and paused right now.")
-    memory_limit_mib: int | None = Field(None, description="The spawn options a spawn must match to draw "
-                                         "from the pool: memory limit, per_child_netns, live_fork.")
-    per_child_netns: bool = False
-    live_fork: bool = False
-    allow_internet_access: bool = False
-    network: dict[str, list[str]] | None = Field(None, description="allow_out / deny_out of the members.")
-    claims: int = Field(0, description="Children handed out from the pool since the daemon started.")
-    misses: int = Field(0, description="Children of this snapshot restored fresh instead (pool empty, "
-                        "options differed, or a member failed its claim).")
-    last_error: str | None = Field(None, description="Why the latest refill failed (retried with back-off).")
+    pass
 
 
+@derived_from(results.FileEntry)
 class FileInfo(ResponseModel):
-    path: str = Field(examples=["/work/data.csv"])
-    name: str = Field(description="The last component of path.")
-    type: Literal["file", "dir", "symlink", "other"] = Field(
-        description="symlink only for a dangling link (stat follows links).")
-    size: int = Field(description="Bytes.")
-    mode: int = Field(description="Permission bits (e.g. 420 = 0o644).")
-    mtime: float = Field(description="Last modification, seconds since the epoch (guest clock).")
-    owner: str | None = Field(None, description="The owner's user name (its uid when the guest has no name).")
-    group: str | None = Field(None, description="The group's name (its gid when the guest has no name).")
-    metadata: dict[str, str] | None = Field(None, description=(
-        "The file's metadata (its user.e2b.* extended attributes, the prefix stripped; set by an "
-        "upload's X-Metadata-<key> headers); absent when it has none."))
+    pass
 
 
+@derived_from(results.DirListing)
 class FileList(ResponseModel):
-    path: str
-    entries: list[FileInfo] = Field(description="Sorted by name; symlinks are not followed.")
-    truncated: bool = Field(description="True when the directory had more entries than the cap (10000).")
+    entries: list[FileInfo]
 
 
+@derived_from(results.MkdirResult)
 class MkdirResponse(ResponseModel):
-    path: str
-    created: bool = Field(description="False when parents=true and the directory already existed.")
+    pass
 
 
+@derived_from(results.PingResult)
 class PingResponse(ResponseModel):
-    pong: bool
-    numpy_version: str | None = None
-    pid: int | None = None
+    pass
 
 
+@derived_from(results.ProcessEntry)
 class ProcessInfo(ResponseModel):
-    pid: int = Field(description="Its pid in the guest: how every process route names it.")
-    tag: str | None = None
-    args: list[str]
-    env: dict[str, str] = Field(description="The extra environment it was started with.")
-    cwd: str | None = None
-    user: str | None = Field(None, description="The user it runs as; null: root, as the agent.")
-    running: bool
-    exit_code: int | None = Field(description="Once ended: its status (negative: killed by that signal; "
-                                  "124: timed out).")
-    signal: int | None = Field(description="The signal that ended it, if one did.")
-    timed_out: bool
-    stdin_open: bool
-    started_at: float | None = Field(description="Seconds since the epoch (guest clock).")
-    ended_at: float | None = None
-    pty: dict[str, int] | None = Field(None, description="Its terminal's size, {\"cols\", \"rows\"}, for a "
-                                       "process started on one (E2B's pty); null otherwise.")
+    pass
 
 
+@derived_from(results.StdinResult)
 class StdinResponse(ResponseModel):
-    pid: int
-    written: int = Field(description="Bytes queued for the process (it reads them at its pace).")
-    stdin_open: bool
+    pass
 
 
+@derived_from(results.SignalResult)
 class SignalResponse(ResponseModel):
-    pid: int
-    signal: int
-    signalled: bool
+    pass
 
 
+@derived_from(results.CancelResult)
 class CancelEvalResponse(ResponseModel):
-    cancelled: bool = Field(description="False when no eval was running.")
+    pass
 
 
+@derived_from(results.ExecResult)
 class ExecResponse(ResponseModel):
-    stdout: str
-    stderr: str
-    exit_code: int | None = Field(description="Exit status; null if the process did not exit.")
-    error: str | None = None
-    timed_out: bool | None = None
-    stdout_truncated: bool | None = None
-    stderr_truncated: bool | None = None
+    pass
 
 
+@derived_from(results.EvalResult)
 class EvalResponse(ResponseModel):
-    result: str | None
-    error: str | None
-    exit_code: int
+    pass
 
 
-
-
+@derived_from(results.PushReport)
 class PushResult(ResponseModel):
-    tag: str
-    store: str = Field(description="The object store, s3://bucket/prefix.")
-    lineage: list[str] = Field(description="The snapshots pushed, oldest first: the chain its disk needs.")
-    blobs: int = Field(description="Distinct files the chain is made of (base image included).")
-    blobs_uploaded: int = Field(description="Those the store lacked (content-addressed: the rest were "
-                                "there).")
-    bytes_uploaded: int = Field(description="Compressed bytes sent.")
+    pass
 
 
+@derived_from(results.PullReport)
 class PullResult(ResponseModel):
-    tag: str
-    created: list[str] = Field(description="Snapshots registered here by this pull, oldest first.")
-    reused: list[str] = Field(description="Snapshots of the chain this host already held (same content).")
-    bytes_downloaded: int = Field(description="Compressed bytes fetched.")
+    pass
 
 
 class ErrorBody(BaseModel):
@@ -337,6 +287,6 @@ class Version(BaseModel):
     api: str = Field(examples=["v1"])
 
 
+@derived_from(results.ContextReport)
 class BuildContextInfo(ResponseModel):
-    context: str = Field(description="The tar's sha256: name it as a build's `context`.")
-    bytes: int = Field(description="The tar's size.")
+    pass

@@ -41,16 +41,3 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 # whose python3 is older is refused at build time where its version can be read
 # (forkd.image.rootfs), and the agent refuses to start on one at boot.
 MIN_GUEST_PYTHON = (3, 11)
-
-# Bumped when the agent's protocol grows: "2" honours timeout_secs on eval,
-# "3" serves the file actions, "4" streams exec output as events and serves
-# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
-# "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
-# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION), "9" terminals (a proc_start's
-# pty, proc_resize; protocol.PTY_AGENT_VERSION), "10" file metadata (xattrs; an upload's
-# metadata, a FileInfo's; protocol.METADATA_AGENT_VERSION) and watch events with their entry
-# (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
-# context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
-# (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
-# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities).
-AGENT_VERSION = "13"

@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forkd.guest.agent import AGENT_VERSION
 from forkd.guest.messages import RestoredReply
-from forkd.guest.protocol import RequestError, RestoreInputs, capabilities_since
+from forkd.guest.protocol import AGENT_VERSION, RequestError, RestoreInputs, capabilities_since
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from forkd.guest import messages, protocol
-from forkd.guest.agent import AGENT_VERSION, kernel_specs
+from forkd.guest.agent import kernel_specs
 from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
@@ -42,7 +42,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
-from forkd.guest.protocol import RequestError
+from forkd.guest.protocol import AGENT_VERSION, RequestError
 
 READ_CHUNK = 1 << 16
 # A signal request waits at most this long for the process to end (``wait_ms``).

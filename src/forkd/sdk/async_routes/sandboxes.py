@@ -11,6 +11,7 @@ from forkd.sdk.models import (
     EvalResponse,
     ExecResponse,
     PingResponse,
+    SandboxMemory,
     SpawnExtra,
 )
 from forkd.sdk.types import (
@@ -110,6 +111,12 @@ class AsyncSandboxRoutes(AsyncTransport):
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         """``GET /v1/sandboxes/{id}``."""
         return cast(SandboxInfo, await self._send(_calls.get_sandbox(sandbox_id)))
+
+    async def sandbox_memory(self, sandbox_id: str) -> SandboxMemory:
+        """``GET /v1/sandboxes/{id}/memory``: what it costs the host, in bytes: RAM shared with its
+        snapshot and siblings (``shared_bytes``), RAM of its own (``private_bytes``), pages not yet
+        touched, and its own disk layers (``disk_bytes``). 409 while hibernated."""
+        return cast(SandboxMemory, await self._send(_calls.sandbox_memory(sandbox_id)))
 
     async def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""

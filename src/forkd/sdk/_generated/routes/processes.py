@@ -74,7 +74,7 @@ class ProcessRoutes(Transport):
         broke). ``language``: ``python``, ``bash``, ``javascript`` (``js``), ``r``; None: the
         context's. ``context``: the kernel (None: the language's default). ``timeout``: seconds
         before the kernel is interrupted (None: the daemon's 300). Leaving the iteration early
-        interrupts the cell. :meth:`~forkd.sdk.sandbox.Sandbox.run_code` folds these
+        interrupts the cell. :meth:`~forkd.sdk._generated.sandbox.Sandbox.run_code` folds these
         into an :class:`~forkd.sdk.execution.Execution`.
         """
         return self._stream(_guest_calls.code(sandbox_id, code, language=language, context=context,

@@ -28,13 +28,13 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from forkd.sdk._defaults import default_controller
-from forkd.sdk.client import Controller
-from forkd.sdk.explore import explore_tree
-from forkd.sdk.guest import CommandHandle, Commands, Files
-from forkd.sdk.snapshot import Snapshot
+from forkd.sdk._generated.client import Controller
+from forkd.sdk._generated.explore import explore_tree
+from forkd.sdk._generated.guest import CommandHandle, Commands, Files
+from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SpawnExtra
+from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -219,6 +219,11 @@ class Sandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
+
+    def memory(self) -> SandboxMemory:
+        """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its
+        own, pages untouched, its own disk layers (bytes; ``GET /v1/sandboxes/{id}/memory``)."""
+        return self.controller.sandbox_memory(self.id)
 
     def ping(self) -> PingResponse:
         """Round trip to the guest agent: ``{"pong": true, "pid": 1, ...}``."""
@@ -422,7 +427,7 @@ class Sandbox:
         Forks a tree with one child per candidate (child ``i`` gets
         ``child_env[i]``), calls ``run(child, candidate)`` for all children at
         the same time (a thread each for the blocking
-        :class:`forkd.sdk.sandbox.Sandbox`), then ``score(child, candidate,
+        :class:`forkd.sdk.Sandbox`), then ``score(child, candidate,
         result)`` with what ``run`` returned; higher is better. Without
         ``score`` the result of ``run`` is the score. ``run`` and ``score`` are
         called like this class's methods (awaited where those are).

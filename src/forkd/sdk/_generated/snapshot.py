@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from forkd.sdk._defaults import default_controller
 from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
-from forkd.sdk.client import Controller
+from forkd.sdk._generated.client import Controller
 from forkd.sdk.models import SpawnExtra
 from forkd.sdk.types import SnapshotInfo, SnapshotView
 
 if TYPE_CHECKING:
-    from forkd.sdk.sandbox import Sandbox
+    from forkd.sdk._generated.sandbox import Sandbox
 
 
 class Snapshot(SnapshotView):
@@ -108,7 +108,7 @@ class Snapshot(SnapshotView):
             **options,
         )
         # Imported here: a sandbox makes snapshots (branch) and a snapshot makes sandboxes (fork).
-        from forkd.sdk.sandbox import Sandbox
+        from forkd.sdk._generated.sandbox import Sandbox
 
         return [Sandbox.from_info(info, self.controller) for info in infos]
 

@@ -13,6 +13,7 @@ from forkd.sdk.models import (
     EvalResponse,
     ExecResponse,
     PingResponse,
+    SandboxMemory,
     SpawnExtra,
 )
 from forkd.sdk.types import (
@@ -112,6 +113,12 @@ class SandboxRoutes(Transport):
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         """``GET /v1/sandboxes/{id}``."""
         return cast(SandboxInfo, self._send(_calls.get_sandbox(sandbox_id)))
+
+    def sandbox_memory(self, sandbox_id: str) -> SandboxMemory:
+        """``GET /v1/sandboxes/{id}/memory``: what it costs the host, in bytes: RAM shared with its
+        snapshot and siblings (``shared_bytes``), RAM of its own (``private_bytes``), pages not yet
+        touched, and its own disk layers (``disk_bytes``). 409 while hibernated."""
+        return cast(SandboxMemory, self._send(_calls.sandbox_memory(sandbox_id)))
 
     def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""

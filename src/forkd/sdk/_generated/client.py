@@ -2,19 +2,19 @@
 # Edit the async source, then run: python scripts/unasync_sdk.py
 """The REST client: :class:`Controller`, one method per route of the daemon's API (v1).
 
-The routes are written a part per resource (``forkd.sdk.routes``); this class is them all
+The routes are written a part per resource (``forkd.sdk._generated.routes``); this class is them all
 together. It keeps one flat namespace on purpose: the seeds call ``Controller().spawn_sandboxes``,
 ``.branch_sandbox``, ... directly, so the class is as wide as the API (the parts stay small)."""
 
 from __future__ import annotations
 
 from forkd.sdk._http import DEFAULT_WAIT_SECS, UPLOAD_PIECE, Progress
-from forkd.sdk.routes.files import FileRoutes
-from forkd.sdk.routes.forks import ForkRoutes
-from forkd.sdk.routes.pools import PoolRoutes
-from forkd.sdk.routes.processes import ProcessRoutes
-from forkd.sdk.routes.sandboxes import SandboxRoutes
-from forkd.sdk.routes.snapshots import SnapshotRoutes
+from forkd.sdk._generated.routes.files import FileRoutes
+from forkd.sdk._generated.routes.forks import ForkRoutes
+from forkd.sdk._generated.routes.pools import PoolRoutes
+from forkd.sdk._generated.routes.processes import ProcessRoutes
+from forkd.sdk._generated.routes.sandboxes import SandboxRoutes
+from forkd.sdk._generated.routes.snapshots import SnapshotRoutes
 
 __all__ = ["DEFAULT_WAIT_SECS", "UPLOAD_PIECE", "Controller", "Progress"]
 

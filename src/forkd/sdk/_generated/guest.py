@@ -23,7 +23,7 @@ from forkd.sdk.types import (
 )
 
 if TYPE_CHECKING:
-    from forkd.sdk.sandbox import Sandbox
+    from forkd.sdk._generated.sandbox import Sandbox
 
 
 # Called with each piece of output text; here it may also be a coroutine function.

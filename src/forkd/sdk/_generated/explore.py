@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from forkd.errors import ForkdError
 from forkd.sdk import _twins
 from forkd.sdk.errors import ExploreError
+from forkd.sdk.models import SandboxMemory
 from forkd.sdk.types import CandidateT, ExploreResult, Outcome, best_outcome
 
 if TYPE_CHECKING:
-    from forkd.sdk.sandbox import Sandbox
+    from forkd.sdk._generated.sandbox import Sandbox
 
 
 def explore_tree(
@@ -70,8 +71,10 @@ def explore_tree(
                 raise ValueError("the score is NaN")
         except Exception as exc:  # one candidate's failure is its outcome, not explore's
             return Outcome(index, candidate, child, child.id, result=result,
-                           error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc)
-        return Outcome(index, candidate, child, child.id, result=result, score=points)
+                           error=f"{stage}: {type(exc).__name__}: {exc}", exception=exc,
+                           memory=_memory(child))
+        return Outcome(index, candidate, child, child.id, result=result, score=points,
+                       memory=_memory(child))
 
     try:
         ran = _twins.concurrently(attempt, sorted(children), limit=concurrency)
@@ -115,6 +118,15 @@ def _close_all(sandboxes: Sequence[Sandbox]) -> list[str]:
 
     closed = _twins.concurrently(close, list(sandboxes))
     return [problem for problem in closed if problem is not None]
+
+
+def _memory(child: Sandbox) -> SandboxMemory | None:
+    """What the child costs the host now, before the promote kills the losers (None: unreadable,
+    e.g. a daemon older than GET /v1/sandboxes/{id}/memory, or a child that died)."""
+    try:
+        return child.memory()
+    except ForkdError:
+        return None
 
 
 def _all_failed(outcomes: Sequence[Outcome[Any, Any]], leftovers: Sequence[str]) -> str:
