@@ -143,6 +143,17 @@ def snapshot(loop: Loop, runtime: Runtime) -> str:
     return "py"
 
 
+@pytest.fixture(scope="session")
+def shared_daemons() -> Iterator[Any]:
+    """Real ``forkd daemon`` processes shared by the modules that do not test the daemon's own
+    lifecycle, and their templates, booted once a session by tag (daemon_fixture.SharedDaemons)."""
+    from .daemon_fixture import SharedDaemons  # it imports this module
+
+    shared = SharedDaemons()
+    yield shared
+    shared.close()
+
+
 def qemu_processes_of(root: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", "qemu-system"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if str(root) in line]
