@@ -19,7 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,12 @@ class SharedDaemons:
     or restart a shared daemon (same data dir, token and port): the next module gets it running.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, seed: Callable[[Path], None] | None = None,
+                 seeded: dict[str, dict[str, Any]] | None = None) -> None:
+        """``seed(root)`` registers, in a new daemon's data dir before it starts, the templates
+        ``seeded`` names (tag: recipe), which another runtime of the session already booted."""
+        self._seed = seed
+        self._seeded = dict(seeded or {})
         self._daemons: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], Daemon] = {}
         self._templates: dict[tuple[Path, str], dict[str, Any]] = {}
 
@@ -283,8 +288,12 @@ class SharedDaemons:
         key = (tuple(extra_args), tuple(sorted(extra_env.items())))
         d = self._daemons.get(key)
         if d is None:
-            d = start_or_clean_up(new_daemon("fks-", extra_args=[*SHARED_FLAGS, *extra_args],
-                                             extra_env=dict(extra_env)))
+            d = new_daemon("fks-", extra_args=[*SHARED_FLAGS, *extra_args], extra_env=dict(extra_env))
+            if self._seed is not None:
+                self._seed(d.root)
+                for tag, recipe in self._seeded.items():
+                    self._templates[(d.root, tag)] = {"body": {"tag": tag, **recipe}, "info": None}
+            start_or_clean_up(d)
             self._daemons[key] = d
         elif d.proc is None or d.proc.poll() is not None:
             d.start()  # a test stopped it (a restart test): same data dir, port and token
@@ -302,6 +311,9 @@ class SharedDaemons:
             mine = {k: v for k, v in body.items() if k not in _NOT_CONTENT}
             theirs = {k: v for k, v in known["body"].items() if k not in _NOT_CONTENT}
             assert mine == theirs, f"template {tag!r} was booted from {theirs}, not {mine}: use another tag"
+            if known["info"] is None:  # seeded: its entry in the daemon's list, as POST answered it
+                with daemon.client() as c:
+                    known["info"] = next(s for s in c.get("/v1/snapshots").json() if s["tag"] == tag)
             return dict(known["info"])
         with daemon.client(timeout=900) as c:
             started = time.monotonic()
@@ -317,10 +329,20 @@ class SharedDaemons:
 
     @contextlib.contextmanager
     def lend(self, *extra_args: str, **extra_env: str) -> Iterator[Daemon]:
-        """The shared daemon for one module; what the module left running is killed after it."""
+        """The shared daemon for one module; after it, what the module left running is killed and
+        the snapshots it made (not the factory's templates) are deleted, so the next starts clean."""
         d = self.daemon(*extra_args, **extra_env)
+        with d.client() as c:
+            before = {s["tag"] for s in c.get("/v1/snapshots").json()}
         yield d
+        if d.proc is None or d.proc.poll() is not None:
+            return  # a test stopped it: the next module's daemon() starts it again
         kill_leftover_sandboxes(d)
+        with d.client(timeout=300) as c:
+            made = {s["tag"] for s in c.get("/v1/snapshots").json()} - before - self.templates_of(d)
+            for tag in sorted(made):
+                r = c.delete(f"/v1/snapshots/{tag}", params={"cascade": "true", "force": "true"})
+                assert r.status_code in (204, 404), r.text
 
     def close(self) -> None:
         """SIGTERM every shared daemon; fail if one leaves a QEMU or a live fork's memory behind."""

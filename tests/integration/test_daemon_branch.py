@@ -94,9 +94,10 @@ def http(daemon: Daemon) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def py(daemon: Daemon, shared_daemons: SharedDaemons) -> str:
-    """The shared template boot (once a session)."""
+    """The session's template (booted once, by the runtime, and seeded in the shared daemon)."""
     info = shared_daemons.template(daemon, "py", boot_wait_secs=180)
-    # Seed 004: branched_from / pause_ms are omitted for snapshots built by POST /v1/snapshots.
+    # Seed 004: branched_from / pause_ms are omitted for templates (SnapshotInfo, as POST
+    # /v1/snapshots answers it too).
     assert set(info) == SNAPSHOT_INFO_KEYS, info
     return "py"
 
@@ -759,14 +760,15 @@ def test_503_at_the_branch_concurrency_cap() -> None:
 # ---------------------------------------------------------------- 6. SnapshotInfo fields
 
 
-def test_snapshot_list_fields_for_branches_and_builds(http: httpx.Client, py: str) -> None:
+def test_snapshot_list_fields_for_branches_and_builds(daemon: Daemon, shared_daemons: SharedDaemons,
+                                                     http: httpx.Client, py: str) -> None:
     [src] = spawn(http, py, 1)
     try:
         made = branch(http, src["id"], {"tag": "listed", "mode": "full"})
     finally:
         kill_all(http, [src])
     listing = {s["tag"]: s for s in http.get("/v1/snapshots").json()}
-    assert set(listing) == {py, "listed"}
+    assert set(listing) == {*shared_daemons.templates_of(daemon), "listed"}  # py among them
     # Built by POST /v1/snapshots: no branched_from, no pause_ms.
     assert set(listing[py]) == SNAPSHOT_INFO_KEYS and listing[py]["status"] == "ready"
     # Made by BRANCH: both, plus the status.
