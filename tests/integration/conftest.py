@@ -22,6 +22,7 @@ import pytest
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
+from forkd.store.records import SnapshotRecord
 from forkd.vmm import console
 
 T = TypeVar("T")
@@ -136,11 +137,43 @@ def runtime(loop: Loop, data_dir: DataDir) -> Iterator[Runtime]:
     assert not leftover, f"QEMU processes left behind: {leftover}"
 
 
+# The session's template: what the daemon tests ask their shared daemon for as "py", too.
+SNAPSHOT_RECIPE: dict[str, Any] = {"boot_wait_secs": 180}
+
+
 @pytest.fixture(scope="session")
 def snapshot(loop: Loop, runtime: Runtime) -> str:
     """The warm parent every fork test starts from."""
-    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py", boot_wait_secs=180)))
+    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py", **SNAPSHOT_RECIPE)))
     return "py"
+
+
+def seed_template(loop: Loop, runtime: Runtime, tag: str, root: Path) -> None:
+    """Register ``runtime``'s template ``tag`` in the data dir ``root``, hard-linked (a template's
+    files are never written), before a daemon starts there: the daemon forks it without a boot."""
+    data = DataDir(root, images_dir())
+    rt = loop.run(Runtime.open(data))
+    try:
+        src = runtime.get_snapshot(tag)
+        dst = data.snapshots / tag
+        shutil.copytree(src.dir, dst, copy_function=os.link)
+        rt.registry.snapshots.insert(SnapshotRecord(tag=tag, dir=str(dst),
+                                                    created_at_unix=src.created_at_unix))
+    finally:
+        loop.run(rt.close())
+
+
+@pytest.fixture(scope="session")
+def shared_daemons(loop: Loop, runtime: Runtime, snapshot: str) -> Iterator[Any]:
+    """Real ``forkd daemon`` processes shared by the modules that do not test the daemon's own
+    lifecycle, and their templates, booted once a session by tag (daemon_fixture.SharedDaemons).
+    Each starts with the session's ``py`` template (the ``snapshot`` fixture's boot) in its data dir."""
+    from .daemon_fixture import SharedDaemons  # it imports this module
+
+    shared = SharedDaemons(seed=lambda root: seed_template(loop, runtime, snapshot, root),
+                           seeded={snapshot: SNAPSHOT_RECIPE})
+    yield shared
+    shared.close()
 
 
 def qemu_processes_of(root: Path) -> list[str]:

@@ -19,7 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,3 +251,109 @@ def evaluate(c: httpx.Client, sb_id: str, code: str) -> str:
     out = ok(c.post(f"/v1/sandboxes/{sb_id}/eval", json={"code": code}))
     assert out["exit_code"] == 0, out
     return str(out["result"])
+
+
+# Every shared daemon is started with these on top of its own flags: a non-default bound that
+# test_files checks the daemon obeys (a 413 past it), which no other test comes near.
+SHARED_MAX_FILE_BYTES = 200 << 20
+SHARED_FLAGS = ("--max-file-bytes", str(SHARED_MAX_FILE_BYTES))
+
+# A template's recipe is its POST /v1/snapshots body less what does not change what it holds.
+_NOT_CONTENT = ("tag", "boot_wait_secs")
+
+
+class SharedDaemons:
+    """The session's shared daemons, one per set of flags, and their templates, one boot per tag.
+
+    Booting a template costs 10-30 s under TCG and starting a daemon a few more, so every module
+    that does not test the daemon's own start, stop or flags asks here (``shared_daemons``
+    fixture) instead of starting its own. Modules run one after another in the session, so a
+    module has the daemon to itself while it runs, but not its state: other modules' templates
+    and branches are there. Tests on a shared daemon look at their own tags and ids, never at
+    the whole list; :meth:`lend` kills what a module left running when it ends. A test may stop
+    or restart a shared daemon (same data dir, token and port): the next module gets it running.
+    """
+
+    def __init__(self, seed: Callable[[Path], None] | None = None,
+                 seeded: dict[str, dict[str, Any]] | None = None) -> None:
+        """``seed(root)`` registers, in a new daemon's data dir before it starts, the templates
+        ``seeded`` names (tag: recipe), which another runtime of the session already booted."""
+        self._seed = seed
+        self._seeded = dict(seeded or {})
+        self._daemons: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], Daemon] = {}
+        self._templates: dict[tuple[Path, str], dict[str, Any]] = {}
+
+    def daemon(self, *extra_args: str, **extra_env: str) -> Daemon:
+        """The running shared daemon started with these flags (started on first use)."""
+        key = (tuple(extra_args), tuple(sorted(extra_env.items())))
+        d = self._daemons.get(key)
+        if d is None:
+            d = new_daemon("fks-", extra_args=[*SHARED_FLAGS, *extra_args], extra_env=dict(extra_env))
+            if self._seed is not None:
+                self._seed(d.root)
+                for tag, recipe in self._seeded.items():
+                    self._templates[(d.root, tag)] = {"body": {"tag": tag, **recipe}, "info": None}
+            start_or_clean_up(d)
+            self._daemons[key] = d
+        elif d.proc is None or d.proc.poll() is not None:
+            d.start()  # a test stopped it (a restart test): same data dir, port and token
+        return d
+
+    def template(self, daemon: Daemon, tag: str, **recipe: Any) -> dict[str, Any]:
+        """``tag`` booted from ``recipe`` on ``daemon`` once a session; its POST /v1/snapshots answer.
+
+        Asking again for a tag with another recipe is an error, not a silent share.
+        """
+        body = {"tag": tag, **recipe}
+        key = (daemon.root, tag)
+        known = self._templates.get(key)
+        if known is not None:
+            mine = {k: v for k, v in body.items() if k not in _NOT_CONTENT}
+            theirs = {k: v for k, v in known["body"].items() if k not in _NOT_CONTENT}
+            assert mine == theirs, f"template {tag!r} was booted from {theirs}, not {mine}: use another tag"
+            if known["info"] is None:  # seeded: its entry in the daemon's list, as POST answered it
+                with daemon.client() as c:
+                    known["info"] = next(s for s in c.get("/v1/snapshots").json() if s["tag"] == tag)
+            return dict(known["info"])
+        with daemon.client(timeout=900) as c:
+            started = time.monotonic()
+            r = c.post("/v1/snapshots", json=body)
+            assert r.status_code == 201, r.text
+        print(f"\nshared template {tag!r} (boot + snapshot): {time.monotonic() - started:.1f} s")
+        self._templates[key] = {"body": body, "info": r.json()}
+        return dict(r.json())
+
+    def templates_of(self, daemon: Daemon) -> set[str]:
+        """The tags this factory booted on ``daemon`` (other modules' templates among them)."""
+        return {tag for root, tag in self._templates if root == daemon.root}
+
+    @contextlib.contextmanager
+    def lend(self, *extra_args: str, **extra_env: str) -> Iterator[Daemon]:
+        """The shared daemon for one module; after it, what the module left running is killed and
+        the snapshots it made (not the factory's templates) are deleted, so the next starts clean."""
+        d = self.daemon(*extra_args, **extra_env)
+        with d.client() as c:
+            before = {s["tag"] for s in c.get("/v1/snapshots").json()}
+        yield d
+        if d.proc is None or d.proc.poll() is not None:
+            return  # a test stopped it: the next module's daemon() starts it again
+        kill_leftover_sandboxes(d)
+        with d.client(timeout=300) as c:
+            made = {s["tag"] for s in c.get("/v1/snapshots").json()} - before - self.templates_of(d)
+            for tag in sorted(made):
+                r = c.delete(f"/v1/snapshots/{tag}", params={"cascade": "true", "force": "true"})
+                assert r.status_code in (204, 404), r.text
+
+    def close(self) -> None:
+        """SIGTERM every shared daemon; fail if one leaves a QEMU or a live fork's memory behind."""
+        from forkd.host.shm import ShmMemory
+
+        errors: list[str] = []
+        for d in self._daemons.values():
+            shm = ShmMemory(d.root).dir
+            try:
+                shutdown_and_check(d)
+                assert not shm.exists(), f"live_fork memory left on /dev/shm: {sorted(shm.iterdir())}"
+            except (AssertionError, RuntimeError) as exc:
+                errors.append(str(exc))
+        assert not errors, "\n".join(errors)

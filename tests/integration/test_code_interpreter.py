@@ -27,7 +27,7 @@ from forkd.image.builder import build_image, recipe_for
 from forkd.sdk import Controller, ExecutionError, Result, Sandbox
 
 from .conftest import images_dir
-from .daemon_fixture import FORKD, Daemon, new_daemon, shutdown_and_check
+from .daemon_fixture import FORKD, Daemon, SharedDaemons
 from .test_ways_in import BROWSER_TEST, CHROMIUM, distinct_colours, png_pixels
 
 pytestmark = pytest.mark.vm
@@ -38,19 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
+def daemon(shared_daemons: SharedDaemons) -> Iterator[Daemon]:
+    """The session's shared daemon, with the code-interpreter template (boot + kernel warm-up)."""
     build_image(DataDir(Path("/nonexistent"), images_dir()), recipe_for(IMAGE))
-    d = new_daemon("fkd-ci-").start()
-    try:
-        with d.client(timeout=900) as http:
-            started = time.monotonic()
-            r = http.post("/v1/snapshots", json={"tag": TAG, "image": IMAGE, "boot_wait_secs": 300,
-                                                 "mem_mib": 1024})
-            assert r.status_code == 201, r.text
-            print(f"\ncode-interpreter template (boot + kernel warm-up): {time.monotonic() - started:.1f}s")
+    with shared_daemons.lend() as d:
+        shared_daemons.template(d, TAG, image=IMAGE, boot_wait_secs=300, mem_mib=1024)
         yield d
-    finally:
-        shutdown_and_check(d)
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ live_fork). Each is run here against a daemon process with real VMs; only the
 daemon's address, its token file, sandbox ids and (where two examples would
 collide) tag names differ from the seed text.
 
-One daemon and one template boot (``py``) serve the module; the 503 test starts
-a second daemon with ``FORKD_BRANCH_CONCURRENCY=1``. Every test kills what it
-spawned; snapshots other than ``py`` are removed between tests.
+The session's shared daemon and its ``py`` template serve the module; the 503
+test starts a daemon of its own with ``FORKD_BRANCH_CONCURRENCY=1``. Every test
+kills what it spawned; snapshots other than the shared templates are removed
+between tests.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ import pytest
 from forkd import Controller, Sandbox, Snapshot
 from forkd.sdk import NotFoundError
 
-from .daemon_fixture import Daemon, new_daemon, pid_alive, shutdown_and_check, start_or_clean_up
+from .daemon_fixture import (
+    Daemon,
+    SharedDaemons,
+    new_daemon,
+    pid_alive,
+    shutdown_and_check,
+)
 from .test_daemon import assert_error, run_cli, run_seed_shell, same_record
 
 pytestmark = pytest.mark.vm
@@ -73,13 +80,10 @@ SEED_004_SPAWN_BODY = (
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = new_daemon(prefix="fkd-br-")
-    start_or_clean_up(d)
-    yield d
-    shm = shm_dir(d)
-    shutdown_and_check(d)
-    assert not shm.exists(), f"live_fork memory left on /dev/shm: {sorted(shm.iterdir())}"
+def daemon(shared_daemons: SharedDaemons) -> Iterator[Daemon]:
+    """The session's shared daemon (its shutdown checks that no live_fork memory stays on /dev/shm)."""
+    with shared_daemons.lend() as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +93,18 @@ def http(daemon: Daemon) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def py(http: httpx.Client) -> str:
-    """The module's one template boot."""
-    started = time.monotonic()
-    r = http.post("/v1/snapshots", json={"tag": "py", "boot_wait_secs": 180})
-    assert r.status_code == 201, r.text
-    print(f"\ntemplate boot + snapshot: {time.monotonic() - started:.1f} s")
-    # Seed 004: branched_from / pause_ms are omitted for snapshots built by POST /v1/snapshots.
-    assert set(r.json()) == SNAPSHOT_INFO_KEYS, r.json()
+def py(daemon: Daemon, shared_daemons: SharedDaemons) -> str:
+    """The session's template (booted once, by the runtime, and seeded in the shared daemon)."""
+    info = shared_daemons.template(daemon, "py", boot_wait_secs=180)
+    # Seed 004: branched_from / pause_ms are omitted for templates (SnapshotInfo, as POST
+    # /v1/snapshots answers it too).
+    assert set(info) == SNAPSHOT_INFO_KEYS, info
     return "py"
+
+
+def only_templates_left(http: httpx.Client, daemon: Daemon, shared_daemons: SharedDaemons) -> None:
+    """No snapshot but the shared daemon's templates (other modules' among them) is listed."""
+    assert {s["tag"] for s in http.get("/v1/snapshots").json()} == shared_daemons.templates_of(daemon)
 
 
 @pytest.fixture(autouse=True)
@@ -109,12 +116,13 @@ def clean_between_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     d: Daemon = request.getfixturevalue("daemon")
     if d.proc is None or d.proc.poll() is not None:
         return
+    templates = request.getfixturevalue("shared_daemons").templates_of(d)
     with d.client(timeout=300) as c:
         left = [sb["id"] for sb in c.get("/v1/sandboxes").json()]
         for sb_id in left:
             c.delete(f"/v1/sandboxes/{sb_id}")
         for snap in c.get("/v1/snapshots").json():
-            if snap["tag"] != "py":
+            if snap["tag"] not in templates:
                 wait_ready(c, snap["tag"], check=False)
                 r = c.delete(f"/v1/snapshots/{snap['tag']}", params={"cascade": "true", "force": "true"})
                 assert r.status_code in (204, 404), r.text
@@ -152,12 +160,6 @@ def netns(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def shm_dir(daemon: Daemon) -> Path:
-    from forkd.host.shm import ShmMemory
-
-    return ShmMemory(daemon.root).dir
 
 
 def spawn(http: httpx.Client, tag: str = "py", n: int = 1, **options: Any) -> list[dict[str, Any]]:
@@ -634,7 +636,8 @@ def test_seed000_sdk_sandbox_branch_fork(sdk_env: Daemon, py: str) -> None:
 # ---------------------------------------------------------------- 5. error statuses
 
 
-def test_branch_error_statuses(daemon: Daemon, http: httpx.Client, py: str) -> None:
+def test_branch_error_statuses(daemon: Daemon, shared_daemons: SharedDaemons, http: httpx.Client,
+                               py: str) -> None:
     [plain, other] = spawn(http, py, 2)
     try:
         url = f"/v1/sandboxes/{plain['id']}/branch"
@@ -663,7 +666,7 @@ def test_branch_error_statuses(daemon: Daemon, http: httpx.Client, py: str) -> N
             f"sandbox {plain['id']} was not spawned with live_fork: true, which mode \"live\" needs "
             "(its RAM must be on shared memory); use mode \"diff\" or \"full\", or spawn with "
             "live_fork: true")})
-        assert [s["tag"] for s in http.get("/v1/snapshots").json()] == [py]
+        only_templates_left(http, daemon, shared_daemons)
 
         # 409: two concurrent branches to the same tag (of two sources): one wins.
         replies = concurrently(daemon, [(url, {"tag": "race"}),
@@ -686,7 +689,8 @@ def test_branch_error_statuses(daemon: Daemon, http: httpx.Client, py: str) -> N
         kill_all(http, [plain, other])
 
 
-def test_branch_lineage_delete_and_source_lifecycle(daemon: Daemon, http: httpx.Client, py: str) -> None:
+def test_branch_lineage_delete_and_source_lifecycle(daemon: Daemon, shared_daemons: SharedDaemons,
+                                                    http: httpx.Client, py: str) -> None:
     [src] = spawn(http, py, 1)
     kids: list[dict[str, Any]] = []
     try:
@@ -718,7 +722,7 @@ def test_branch_lineage_delete_and_source_lifecycle(daemon: Daemon, http: httpx.
         for info in (a, b):
             assert_error(http.get(f"/v1/snapshots/{info['tag']}"), 404)
             assert not Path(info["dir"]).exists()
-        assert [s["tag"] for s in http.get("/v1/snapshots").json()] == [py]
+        only_templates_left(http, daemon, shared_daemons)
     finally:
         kill_all(http, [*kids, src])
 
@@ -756,14 +760,15 @@ def test_503_at_the_branch_concurrency_cap() -> None:
 # ---------------------------------------------------------------- 6. SnapshotInfo fields
 
 
-def test_snapshot_list_fields_for_branches_and_builds(http: httpx.Client, py: str) -> None:
+def test_snapshot_list_fields_for_branches_and_builds(daemon: Daemon, shared_daemons: SharedDaemons,
+                                                     http: httpx.Client, py: str) -> None:
     [src] = spawn(http, py, 1)
     try:
         made = branch(http, src["id"], {"tag": "listed", "mode": "full"})
     finally:
         kill_all(http, [src])
     listing = {s["tag"]: s for s in http.get("/v1/snapshots").json()}
-    assert set(listing) == {py, "listed"}
+    assert set(listing) == {*shared_daemons.templates_of(daemon), "listed"}  # py among them
     # Built by POST /v1/snapshots: no branched_from, no pause_ms.
     assert set(listing[py]) == SNAPSHOT_INFO_KEYS and listing[py]["status"] == "ready"
     # Made by BRANCH: both, plus the status.

@@ -20,7 +20,7 @@ from forkd.controller.runtime import Runtime
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 
 from .conftest import Loop, soak
-from .daemon_fixture import FORKD, Daemon, new_daemon, shutdown_and_check
+from .daemon_fixture import FORKD, SHARED_MAX_FILE_BYTES, Daemon, SharedDaemons
 
 pytestmark = pytest.mark.vm
 
@@ -135,19 +135,18 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = new_daemon("fkd-files-", extra_args=["--max-file-bytes", str(200 * MIB)]).start()
-    try:
+def daemon(shared_daemons: SharedDaemons) -> Iterator[Daemon]:
+    """The session's shared daemon, started with --max-file-bytes SHARED_MAX_FILE_BYTES (200 MiB)."""
+    with shared_daemons.lend() as d:
         yield d
-    finally:
-        shutdown_and_check(d)
 
 
 ROUND_TRIP_MIB = soak(32, 100)
 
 
 @pytest.mark.soak
-def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(daemon: Daemon, tmp_path: Path) -> None:
+def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(
+        daemon: Daemon, shared_daemons: SharedDaemons, tmp_path: Path) -> None:
     """ROUND_TRIP_MIB (32 in make test, 100 in make stress) up and down, four ways, in bounded memory."""
     src = tmp_path / "random.bin"
     digest = hashlib.sha256()
@@ -157,6 +156,7 @@ def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(daemon: Dae
             digest.update(block)
             f.write(block)
     want = digest.hexdigest()
+    py = shared_daemons.template(daemon, "py", boot_wait_secs=180)["tag"]
 
     def sha256_of(path: Path) -> str:
         h = hashlib.sha256()
@@ -166,9 +166,7 @@ def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(daemon: Dae
         return h.hexdigest()
 
     with daemon.client(timeout=600) as http:
-        r = http.post("/v1/snapshots", json={"tag": "py", "boot_wait_secs": 180})
-        assert r.status_code == 201, r.text
-        r = http.post("/v1/sandboxes", json={"snapshot_tag": "py"})
+        r = http.post("/v1/sandboxes", json={"snapshot_tag": py})
         assert r.status_code == 201, r.text
         sb = r.json()[0]["id"]
         assert daemon.proc is not None
@@ -215,7 +213,8 @@ def test_a_big_file_round_trips_through_the_daemon_in_bounded_memory(daemon: Dae
         # will not declare a length they do not send).
         with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as conn:
             head = (f"PUT /v1/sandboxes/{sb}/files?path=/tmp/huge HTTP/1.1\r\nHost: x\r\n"
-                    f"Authorization: Bearer {daemon.token}\r\nContent-Length: {201 * MIB}\r\n\r\n")
+                    f"Authorization: Bearer {daemon.token}\r\n"
+                    f"Content-Length: {SHARED_MAX_FILE_BYTES + 1}\r\n\r\n")
             conn.sendall(head.encode())
             answer = ""
             while '"error"' not in answer and (more := conn.recv(65536)):

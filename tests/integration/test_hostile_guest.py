@@ -95,7 +95,8 @@ def test_a_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot
 
 
 # Run in the guest: take PID 1's agent port (pidfd_getfd, as root may) and write to it for
-# FLOOD_SECS: garbage lines, lines with no newline far past any limit, replies for no one.
+# FLOOD_SECS: garbage lines, lines with no newline far past any limit, replies for no one; in
+# passes of each (2.7 MiB), stopping early once it sent at least the byte limit (0: none).
 AGENT_PORT_FLOOD = r"""
 import ctypes, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -107,15 +108,20 @@ if fd < 0:
 garbage = b"\xff\xfe not json at all " * 4000 + b"\n"
 endless = b"x" * 65536
 ghosts = b'{"id": 987654321, "ok": true, "result": {}}\n' * 500
-end = time.time() + float(sys.argv[1])
+end, limit = time.time() + float(sys.argv[1]), int(sys.argv[2])
 sent = 0
-while time.time() < end:
+while time.time() < end and not (limit and sent >= limit):
     for chunk in (garbage, endless * 40, b"\n", ghosts):
         sent += os.write(fd, chunk)
 os.write(fd, b"\n")
 print(sent)
 """
-FLOOD_SECS = soak(8, 20)
+# The channel between the guest and the host buffers about 23 MiB, which the guest fills within
+# 2 s; the host drops it at the throttled rate (256 KiB/s), about 90 s, so the bystander is watched
+# until the flooded sandbox answers again. make test sends one pass of each kind of garbage
+# (2.7 MiB: the throttle holds for ~7 s); make stress writes for 20 s with no limit.
+FLOOD_SECS = soak(2, 20)
+FLOOD_BYTES = soak(2 * MIB, 0)
 
 
 def _rss_kib() -> int:
@@ -143,36 +149,46 @@ def test_a_flood_on_the_agent_port_disturbs_neither_the_daemon_nor_other_sandbox
         before = loop.run(pings(bystander.id, 3))
         rss_before = _rss_kib()
 
-        async def flood_and_watch() -> tuple[dict[str, Any], list[float], int]:
+        async def flooder_ended(pid: int, deadline: float) -> dict[str, Any]:
+            """The flooded sandbox answers again once its guest stops and the host has dropped
+            what its channel still held."""
+            while True:
+                try:
+                    info = await runtime.processes.get(flooder.id, pid)
+                    if not info["running"]:
+                        return info
+                except Exception:  # its channel may still be throttled: only its own calls wait
+                    pass
+                assert time.monotonic() < deadline, "the flooded sandbox never answered again"
+                await asyncio.sleep(1)
+
+        async def flood_and_watch() -> tuple[dict[str, Any], float, list[float], int]:
             started = await runtime.processes.start(flooder.id, ["python3", "-c", AGENT_PORT_FLOOD,
-                                                               str(FLOOD_SECS)], timeout_secs=120)
+                                                               str(FLOOD_SECS), str(FLOOD_BYTES)],
+                                                    timeout_secs=120)
+            flood_began = time.monotonic()
+            # A hang detector: the full form's drain took 107 s (28 MiB at the throttled rate).
+            ended = asyncio.ensure_future(flooder_ended(started["pid"], flood_began + FLOOD_SECS + 180))
             peak = rss_before
             during: list[float] = []
-            end = time.monotonic() + FLOOD_SECS
-            while time.monotonic() < end:
-                during += await pings(bystander.id, 1)
-                peak = max(peak, _rss_kib())
-            return started, during, peak
-
-        started, during, peak = loop.run(flood_and_watch())
-        # The flooded sandbox itself answers again once its guest stops.
-        deadline = time.monotonic() + 120
-        while True:
             try:
-                info = loop.run(runtime.processes.get(flooder.id, started["pid"]), timeout=60)
-                if not info["running"]:
-                    break
-            except Exception:  # its channel may still be throttled: only its own calls wait
-                pass
-            assert time.monotonic() < deadline, "the flooded sandbox never answered again"
-            time.sleep(1)
+                # The other sandbox, and the host's memory, all along: the flood, then the drain.
+                while time.monotonic() < flood_began + FLOOD_SECS or not ended.done():
+                    during += await pings(bystander.id, 1)
+                    peak = max(peak, _rss_kib())
+                return await ended, time.monotonic() - flood_began, during, peak
+            finally:
+                ended.cancel()  # a no-op once it ended; else it must not outlive a failure
+
+        info, answered_after, during, peak = loop.run(flood_and_watch())
         assert info["exit_code"] == 0, info
         assert loop.run(runtime.ping(flooder.id))["pong"] is True
         vm = runtime.sandboxes.vm(flooder.id)
         assert vm is not None
         dropped = vm.agent.garbage_bytes
         p50 = statistics.median
-        print(f"\nthe guest flooded its agent port for {FLOOD_SECS} s; the host dropped "
+        print(f"\nthe guest flooded its agent port for up to {FLOOD_SECS} s (answering again after "
+              f"{answered_after:.0f} s); the host dropped "
               f"{dropped / MIB:.1f} MiB ({vm.agent.garbage_lines} lines) of it; host RSS "
               f"{rss_before / 1024:.1f} -> at most {peak / 1024:.1f} MiB; another sandbox's ping "
               f"p50 {p50(before):.2f} ms before, {p50(during):.2f} ms (max {max(during):.1f}) during")

@@ -1,7 +1,7 @@
 """Processes in real sandboxes, through a real daemon: streaming exec, background processes,
 stdin, kill, re-attach, eval timeout and cancel, and a slow client that must not grow the daemon.
 
-One daemon and one template boot for the module; each test forks its own child.
+The session's shared daemon and its "py" template; each test forks its own child.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from forkd.sdk import Controller, Sandbox
 
-from .daemon_fixture import Daemon, new_daemon, shutdown_and_check
+from .daemon_fixture import Daemon, SharedDaemons
 
 pytestmark = pytest.mark.vm
 
@@ -27,15 +27,10 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = new_daemon("fkd-proc-").start()
-    try:
-        with d.client(timeout=300) as http:
-            r = http.post("/v1/snapshots", json={"tag": "py", "boot_wait_secs": 180})
-            assert r.status_code == 201, r.text
+def daemon(shared_daemons: SharedDaemons) -> Iterator[Daemon]:
+    with shared_daemons.lend() as d:
+        shared_daemons.template(d, "py", boot_wait_secs=180)
         yield d
-    finally:
-        shutdown_and_check(d)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from forkd.controller.template_build import BuildRequest
 from forkd.sdk import Controller
 
 from .conftest import Loop
-from .daemon_fixture import FORKD, new_daemon, shutdown_and_check
+from .daemon_fixture import FORKD, SharedDaemons
 
 pytestmark = pytest.mark.vm
 
@@ -101,7 +101,7 @@ def test_dockerfile_build_then_rebuild_of_the_last_step(loop: Loop, runtime: Run
     assert third["cache_hits"] == 3 and third["steps_run"] == 0, third
 
 
-def test_forkd_template_build_through_a_daemon(tmp_path: Path) -> None:
+def test_forkd_template_build_through_a_daemon(shared_daemons: SharedDaemons, tmp_path: Path) -> None:
     """The CLI end to end: the context directory sent as a tar (``.dockerignore`` applied), the
     build's NDJSON, and a child of the new snapshot seeing what COPY and RUN made."""
     ctx = tmp_path / "ctx"
@@ -111,8 +111,7 @@ def test_forkd_template_build_through_a_daemon(tmp_path: Path) -> None:
     (ctx / ".dockerignore").write_text("*.key\n")
     (ctx / "Dockerfile").write_text("FROM default\nCOPY site /srv/www/\nENV PORT=8080\n"
                                     "RUN ls /srv/www > /srv/listing.txt\nCMD [\"serve\"]\n")
-    daemon = new_daemon("fkd-tpl-").start()
-    try:
+    with shared_daemons.lend() as daemon:
         env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
         env.pop("FORKD_TOKEN_FILE", None)
         out = subprocess.run([str(FORKD), "template", "build", "-t", "www", "--json", str(ctx)], env=env,
@@ -129,5 +128,3 @@ def test_forkd_template_build_through_a_daemon(tmp_path: Path) -> None:
         failed = subprocess.run([str(FORKD), "template", "build", "-t", "www", str(ctx)], env=env,
                                 capture_output=True, text=True, timeout=120)
         assert failed.returncode != 0 and "already exists" in failed.stderr + failed.stdout
-    finally:
-        shutdown_and_check(daemon)
