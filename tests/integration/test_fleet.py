@@ -223,6 +223,24 @@ def test_e2b_programs_run_unchanged_through_the_gateway(fleet: Fleet, e2b_python
         assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before  # it killed what it made
 
 
+def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None:
+    """E2B's JavaScript SDK (npm ``e2b``, tests/clients/e2b-js): create, streamed and background
+    commands, files, pause and connect, fork and kill, through the gateway to the template's host."""
+    js = CLIENTS / "e2b-js"
+    assert (js / "node_modules" / "e2b").is_dir(), "run `make node-deps` first"
+    with fleet.client() as c:
+        assert "base" in {s["tag"] for s in c.get("/v1/snapshots").json()}, "the Python programs made it"
+        before = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+    url = fleet.gateway.url
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
+    env = {**base, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token}
+    proc = subprocess.run(["node", "sandbox.mjs"], capture_output=True, text=True, timeout=600, cwd=js, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("sandbox ok"), (
+        f"node sandbox.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    with fleet.client() as c:
+        assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before
+
+
 def test_a_dead_host_is_reported_gone_and_new_spawns_go_elsewhere(fleet: Fleet) -> None:
     with fleet.client(timeout=30) as c:
         on_h2 = [sb for sb in c.get("/v1/sandboxes").json() if sb["id"].startswith("sb-h2-")]
