@@ -234,7 +234,8 @@ def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None
     url = fleet.gateway.url
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
     env = {**base, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token}
-    proc = subprocess.run(["node", "sandbox.mjs"], capture_output=True, text=True, timeout=600, cwd=js, env=env)
+    proc = subprocess.run(["node", "sandbox.mjs"], capture_output=True, text=True, timeout=600, cwd=js,
+                          env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("sandbox ok"), (
         f"node sandbox.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     with fleet.client() as c:
