@@ -174,6 +174,7 @@ def test_create_refuses_what_it_cannot_do_in_the_sdk_shape(daemon: Daemon, clien
 
 
 def test_create_answers_the_sdk_sandbox_model(daemon: Daemon, client: TestClient) -> None:
+    before = time.time()
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "metadata": {"a": "b"}, "envVars": {"K": "v"},
                              "autoPause": False, "timeout": 60})
@@ -186,7 +187,7 @@ def test_create_answers_the_sdk_sandbox_model(daemon: Daemon, client: TestClient
     record = created(daemon, resp)
     [restored] = asked(daemon, record.id, "restored")  # the env reaches the guest at its restore
     assert restored["env"] == {"K": "v"} and record.metadata == {"a": "b"}
-    assert record.expires_at_unix is not None and 59 <= record.expires_at_unix - time.time() <= 60
+    assert record.expires_at_unix is not None and before + 60 <= record.expires_at_unix <= time.time() + 60
     # mcp is the SDK's to act on (it starts mcp-gateway in the sandbox): accepted as it is.
     with_mcp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                            json={"templateID": "base", "mcp": {"github": {"token": "x"}}})
@@ -198,12 +199,13 @@ def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(daemon: Daemon, c
                     {"autoResume": {"enabled": True}}):
         assert "autoResume" in rest_error(client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                                                       json={"templateID": "base", **refused}), 400)
+    before = time.time()
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "autoPause": True, "timeout": 60,
                              "autoResume": {"enabled": True}})
     record = created(daemon, resp)
     assert record.hibernate_on_timeout is True and record.expires_at_unix is not None
-    assert record.expires_at_unix - time.time() <= 60
+    assert before + 60 <= record.expires_at_unix <= time.time() + 60
     assert record.auto_resume is True
     # Omitted, as E2B's API takes it: off (traffic does not wake it; connect does).
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
@@ -276,12 +278,13 @@ def test_older_sdks_create_and_connect_through_the_v1_routes(daemon: Daemon, cli
     """SDKs before 2.46 POST /sandboxes (with ``secure``, ignored as E2B ignores it) and
     /sandboxes/{id}/connect (its timeout required)."""
     key = {"X-API-KEY": TOKEN}
+    before = time.time()
     resp = client.post("/sandboxes", headers=key,
                        json={"templateID": "base", "timeout": 60, "secure": True, "metadata": {"a": "b"}})
     record = created(daemon, resp)
     assert resp.json()["templateID"] == "base" and resp.json()["envdAccessToken"]
     assert record.metadata == {"a": "b"}
-    assert record.expires_at_unix is not None and 59 <= record.expires_at_unix - time.time() <= 60
+    assert record.expires_at_unix is not None and before + 60 <= record.expires_at_unix <= time.time() + 60
     assert "no_such" in rest_error(client.post("/sandboxes", headers=key,
                                                json={"templateID": "base", "no_such": 1}), 400)
     assert client.post(f"/sandboxes/{sb}/pause", headers=key).status_code == 204
