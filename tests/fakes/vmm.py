@@ -14,8 +14,9 @@ daemon's pid checks know it) serves, on the fds of its command line:
   ``query-named-block-nodes``, ``xen-save-devices-state`` and ``quit``;
 * the guest agent (``tests.fakes.guest.ScriptedGuest``).
 
-The "device state" it writes and reads back is the guest's state as JSON, so a child restored
-from a snapshot starts with what its template had.
+The "device state" it writes and reads back is the guest's state as JSON (behind QEMU's stream
+header and configuration section, which the host reads), so a child restored from a snapshot
+starts with what its template had.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +38,22 @@ from typing import Any
 from forkd.guest import protocol
 from tests.fakes.guest import REQUEST_LOG, GuestState, ScriptedGuest
 from tests.fakes.qmp import FakeQMP, QMPError
+
+_QEVM_HEADER = b"QEVM" + struct.pack(">I", 3)  # QEMU's stream magic and version
+_SECTION_CONFIGURATION = 0x07
+_MACHINE = b"microvm"
+
+
+def _unframed(stream: bytes) -> bytes:
+    """The JSON of a state ``_state`` framed (and the host may have spliced): past the header and
+    the configuration sections."""
+    if stream[:4] != b"QEVM":
+        raise QMPError("the test double loads its own state streams only (no QEVM header)")
+    stream = stream[8:]
+    while stream[:1] == bytes([_SECTION_CONFIGURATION]):
+        (length,) = struct.unpack(">I", stream[1:5])
+        stream = stream[5 + length:]
+    return stream
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_DISK = "slow-disk"  # in a VM's run dir: its live branches' RAM copies do not end (see migrate)
@@ -139,8 +157,13 @@ class FakeQemu:
         self.migration = status
         await self._event(qmp, "MIGRATION", {"status": status})
 
-    def _state(self) -> bytes:
-        return json.dumps({"guest": self.guest.state.to_json(), "running": self.status == "running"}).encode()
+    def _state(self, *, configuration: bool = True) -> bytes:
+        """The state in QEMU's stream framing (a header, then, in a migration stream but not in
+        ``xen-save-devices-state``'s file, the configuration section naming the machine type), so the
+        host's own reading of it (a hibernation's wake splices the two) is exercised; then JSON."""
+        body = json.dumps({"guest": self.guest.state.to_json(), "running": self.status == "running"}).encode()
+        config = bytes([_SECTION_CONFIGURATION]) + struct.pack(">I", len(_MACHINE)) + _MACHINE
+        return _QEVM_HEADER + (config if configuration else b"") + body
 
     async def migrate(self, qmp: FakeQMP, args: dict[str, Any]) -> None:
         uri = str(args["uri"])
@@ -187,7 +210,7 @@ class FakeQemu:
         if not uri.startswith("fd:"):
             raise QMPError(f"the test double loads fd: URIs only, not {uri!r}")
         with os.fdopen(int(uri[3:]), "rb") as f:
-            saved = json.loads(f.read())
+            saved = json.loads(_unframed(f.read()))
         self.guest.state = GuestState.from_json(saved["guest"])
         self._guest_writes_ram()
 
@@ -221,7 +244,7 @@ class FakeQemu:
                        {"node-name": f"#file-{name}", "drv": "file", "file": new}]
 
     def save_devices(self, _qmp: FakeQMP, args: dict[str, Any]) -> None:
-        Path(args["filename"]).write_bytes(self._state())
+        Path(args["filename"]).write_bytes(self._state(configuration=False))
 
     def quit(self, qmp: FakeQMP, _args: dict[str, Any]) -> None:
         qmp.later(0, self._quit)

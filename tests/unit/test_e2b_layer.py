@@ -1,4 +1,6 @@
-"""The E2B layer's routing, credentials and error shapes, and its file transfers, on FakeRuntime.
+"""The E2B layer's routing, credentials and error shapes, and its file transfers, on the real
+runtime over the QEMU double (tests/fakes/vmm.py, guest.py): every route reaches the real
+controller, and what a sandbox's guest was asked is read from its request log.
 
 The SDKs themselves run against a real daemon in tests/integration/test_compat_clients.py;
 these check, fast, that each failure reaches the SDK in the shape it maps to the right
@@ -7,6 +9,7 @@ exception, and that no credential opens what it should not.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import io
@@ -14,7 +17,7 @@ import json
 import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,36 +25,94 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.api.e2b import uploads
+from forkd.api.e2b.guest_metrics import METRICS_SCRIPT
 from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
-from forkd.controller.options import SpawnOptions
-from forkd.controller.watches import WatchEvent
-from forkd.errors import InvalidRequest, NotFound, TooLarge
-from forkd.store.records import Hibernation
-from tests.fakes.app import TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
+from forkd.controller.runtime import SnapshotSpec
+from forkd.errors import InvalidRequest, TooLarge
+from forkd.host import childnet
+from tests.fakes.app import TOKEN, Daemon, daemon_app
 
-SB = "sb-67a1b3-0000"
+SB = "sb-67a1b3-0000"  # an id no sandbox has, where any id does
 OTHER = "sb-67a1b3-0001"
+KEY = {"X-API-KEY": TOKEN}
 
 
 @pytest.fixture
-def fake() -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    rt.add_sandbox(OTHER, "base")
-    rt.guest_files[SB] = {"/": None, "/tmp": None, "/root": None, "/home": None, "/home/user": None}
-    return rt
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with daemon_app(tmp_path, snapshots=("base",), max_file_bytes=1 << 20) as d:
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path, fake: FakeRuntime) -> Iterator[TestClient]:
-    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
-        yield c
+def sb(daemon: Daemon) -> str:
+    """A running sandbox of ``base``."""
+    return daemon.sandbox("base").id
 
 
-def envd_headers(sandbox: str = SB, token: str | None = None, port: str = "49983") -> dict[str, str]:
+@pytest.fixture
+def other(daemon: Daemon, sb: str) -> str:
+    """Another, started after ``sb``."""
+    return daemon.sandbox("base").id
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
+
+
+def alive(daemon: Daemon) -> set[str]:
+    return {r.id for r in daemon.runtime.list_sandboxes()}
+
+
+def created(daemon: Daemon, resp: Any) -> Any:
+    """The record of the sandbox an E2B create answered with."""
+    assert resp.status_code == 201, resp.text
+    return daemon.runtime.get_sandbox(resp.json()["sandboxID"])
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def put(daemon: Daemon, sandbox_id: str, path: str, data: bytes) -> None:
+    """A file in the sandbox's guest, written through the real files API."""
+    daemon.run(daemon.runtime.files.write, sandbox_id, path, _chunks(data), max_bytes=1 << 20)
+
+
+def stored(daemon: Daemon, sandbox_id: str, path: str) -> bytes | None:
+    """The file's bytes in the sandbox's guest (None if there is none), read through the real files API."""
+
+    async def read() -> bytes | None:
+        listing = await daemon.runtime.files.list(sandbox_id, path.rsplit("/", 1)[0] or "/")
+        names = {e["path"] for e in listing["entries"]}
+        if path not in names:
+            return None
+        _, pieces = await daemon.runtime.files.open_read(sandbox_id, path)
+        return b"".join([p async for p in pieces])
+
+    return daemon.run(read)
+
+
+def snapshots(daemon: Daemon) -> set[str]:
+    return {s.tag for s in daemon.runtime.list_snapshots()}
+
+
+def asked(daemon: Daemon, sandbox_id: str, *actions: str) -> list[dict[str, Any]]:
+    """The sandbox's guest's requests of ``actions``, in order."""
+    return [r for r in daemon.guest_requests(sandbox_id) if r.get("action") in actions]
+
+
+def settle(daemon: Daemon, done: Callable[[], bool]) -> None:
+    """Let the daemon's loop run until ``done()`` (what its own tasks do, e.g. the reaper's kill)."""
+    for _ in range(400):
+        if done():
+            return
+        daemon.run(asyncio.sleep, 0.025)
+    assert done()
+
+
+def envd_headers(sandbox: str, token: str | None = None, port: str = "49983") -> dict[str, str]:
     return {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": port,
             "X-Access-Token": token if token is not None else AccessTokens(TOKEN.encode()).envd(sandbox)}
 
@@ -71,9 +132,9 @@ def rest_error(resp: Any, status: int) -> str:
 # ------------------------------------------------------------------ control plane
 
 
-def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient) -> None:
-    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{SB}"), 401)
-    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{SB}", headers={"X-API-KEY": "nope"}), 401)
+def test_the_control_plane_wants_the_daemon_token_as_api_key(client: TestClient, sb: str) -> None:
+    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{sb}"), 401)
+    assert "E2B_API_KEY" in rest_error(client.get(f"/sandboxes/{sb}", headers={"X-API-KEY": "nope"}), 401)
     # forkd's own API still wants its bearer token, not the API key.
     assert client.get("/v1/sandboxes", headers={"X-API-KEY": TOKEN}).status_code == 401
 
@@ -106,13 +167,14 @@ def test_the_control_plane_before_the_runtime_is_made_is_503_in_the_sdk_shape(tm
     ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
     ({"templateID": "base", "bogus": 1}, "unknown field"),
 ])
-def test_create_refuses_what_it_cannot_do_in_the_sdk_shape(client: TestClient, fake: FakeRuntime,
+def test_create_refuses_what_it_cannot_do_in_the_sdk_shape(daemon: Daemon, client: TestClient,
                                                             body: dict[str, Any], why: str) -> None:
     assert why in rest_error(client.post("/v2/sandboxes", json=body, headers={"X-API-KEY": TOKEN}), 400)
-    assert "spawn" not in fake.names()
+    assert alive(daemon) == set()  # nothing started
 
 
-def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRuntime) -> None:
+def test_create_answers_the_sdk_sandbox_model(daemon: Daemon, client: TestClient) -> None:
+    before = time.time()
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "metadata": {"a": "b"}, "envVars": {"K": "v"},
                              "autoPause": False, "timeout": 60})
@@ -122,51 +184,65 @@ def test_create_answers_the_sdk_sandbox_model(client: TestClient, fake: FakeRunt
     tokens = AccessTokens(TOKEN.encode())
     assert body["envdAccessToken"] == tokens.envd(body["sandboxID"])
     assert body["trafficAccessToken"] == tokens.traffic(body["sandboxID"])
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["env"] == {"K": "v"} and call.kwargs["metadata"] == {"a": "b"}
-    assert call.kwargs["timeout_secs"] == 60
+    record = created(daemon, resp)
+    [restored] = asked(daemon, record.id, "restored")  # the env reaches the guest at its restore
+    assert restored["env"] == {"K": "v"} and record.metadata == {"a": "b"}
+    assert record.expires_at_unix is not None and before + 60 <= record.expires_at_unix <= time.time() + 60
     # mcp is the SDK's to act on (it starts mcp-gateway in the sandbox): accepted as it is.
     with_mcp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                            json={"templateID": "base", "mcp": {"github": {"token": "x"}}})
     assert with_mcp.status_code == 201, with_mcp.text
 
 
-def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(client: TestClient, fake: FakeRuntime) -> None:
+def test_auto_pause_hibernates_at_the_timeout_rather_than_kill(daemon: Daemon, client: TestClient) -> None:
     for refused in ({"autoResume": {"enabled": "no"}, "autoPause": True},
                     {"autoResume": {"enabled": True}}):
         assert "autoResume" in rest_error(client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                                                       json={"templateID": "base", **refused}), 400)
+    before = time.time()
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "autoPause": True, "timeout": 60,
                              "autoResume": {"enabled": True}})
-    assert resp.status_code == 201, resp.text
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["timeout_secs"] == 60
-    assert call.kwargs.get("auto_resume", True) is True  # the option's default: not given
+    record = created(daemon, resp)
+    assert record.hibernate_on_timeout is True and record.expires_at_unix is not None
+    assert before + 60 <= record.expires_at_unix <= time.time() + 60
+    assert record.auto_resume is True
     # Omitted, as E2B's API takes it: off (traffic does not wake it; connect does).
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "autoPause": True, "timeout": 60})
-    assert resp.status_code == 201, resp.text
-    assert [c for c in fake.calls if c.name == "spawn"][-1].kwargs["auto_resume"] is False
+    assert created(daemon, resp).auto_resume is False
 
 
-def test_set_timeout_zero_is_now_and_negative_is_refused(client: TestClient, fake: FakeRuntime) -> None:
+def test_set_timeout_zero_is_now_and_negative_is_refused(daemon: Daemon, client: TestClient, sb: str,
+                                                         other: str) -> None:
     """The SDK's ``set_timeout(0)`` (its tests use it to force the timeout's pause at once)."""
     key = {"X-API-KEY": TOKEN}
-    assert client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": 0}).status_code == 204
-    assert [c.args for c in fake.calls if c.name == "set_timeout"] == [(SB, 0)]
-    negative = client.post(f"/sandboxes/{SB}/timeout", headers=key, json={"timeout": -1})
+    negative = client.post(f"/sandboxes/{other}/timeout", headers=key, json={"timeout": -1})
     assert "timeout" in rest_error(negative, 400)
+    assert daemon.runtime.get_sandbox(other).expires_at_unix is None  # untouched
+    assert client.post(f"/sandboxes/{sb}/timeout", headers=key, json={"timeout": 0}).status_code == 204
+    # Due now: the reaper ends it (it was not made with autoPause), and nothing else.
+    settle(daemon, lambda: sb not in alive(daemon))
+    assert alive(daemon) == {other}
 
 
-def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: FakeRuntime) -> None:
+@pytest.fixture
+def net(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A snapshot whose children have a NIC (a real netns and tap). The host's IP forwarding is read
+    as on: an egress beyond the host needs it, and this host's setting is not the test's."""
+    monkeypatch.setattr(childnet, "forwarding_enabled", lambda *_: True)
+    daemon.run(daemon.runtime.create_snapshot, SnapshotSpec(tag="net", nic=True))
+    return "net"
+
+
+def test_e2b_network_options_become_the_egress_policy(daemon: Daemon, client: TestClient, net: str) -> None:
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
-                       json={"templateID": "base", "allow_internet_access": True,
+                       json={"templateID": net, "allow_internet_access": True,
                              "network": {"allowOut": ["192.0.2.7:443"], "denyOut": [], "rules": {}}})
-    assert resp.status_code == 201, resp.text
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["allow_internet_access"] is True
-    assert call.kwargs["network"] == {"allow_out": ["192.0.2.7:443"]}
+    record = created(daemon, resp)
+    assert record.network is not None and record.egress is not None
+    assert record.egress.info() == {"allow_internet_access": True, "allow_out": ["192.0.2.7:443"],
+                                    "deny_out": [], "allow_public_traffic": True, "mask_request_host": None}
 
 
 @pytest.mark.parametrize(("network", "why"), [
@@ -175,70 +251,63 @@ def test_e2b_network_options_become_the_egress_policy(client: TestClient, fake: 
     ({"denyIn": []}, "network.denyIn"),
 ])
 def test_an_unknown_network_field_is_refused_never_a_looser_policy(
-        client: TestClient, fake: FakeRuntime, network: dict[str, Any], why: str) -> None:
+        daemon: Daemon, client: TestClient, network: dict[str, Any], why: str, sb: str) -> None:
     """A restriction spelled wrong (even as false or empty) is a 400, not a sandbox with public ports."""
+    policy = daemon.runtime.describe_sandbox(sb)["egress"]
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "network": network})
     assert why in rest_error(resp, 400)
-    assert "spawn" not in fake.names()
+    assert alive(daemon) == {sb}  # nothing started
     # The same field in an update is refused too, and the sandbox's policy is untouched.
-    update = client.put(f"/sandboxes/{SB}/network", headers={"X-API-KEY": TOKEN}, json=network)
+    update = client.put(f"/sandboxes/{sb}/network", headers={"X-API-KEY": TOKEN}, json=network)
     assert why in rest_error(update, 400)
-    assert "update_network" not in fake.names()
+    assert daemon.runtime.describe_sandbox(sb)["egress"] == policy
 
 
 def test_the_sdks_camel_case_allow_public_traffic_makes_the_ports_private(
-        client: TestClient, fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
-    given: list[SpawnOptions | None] = []
-    real_spawn = fake.spawn
-
-    async def spawn(tag: str, n: int = 1, options: SpawnOptions | None = None) -> list[Any]:
-        given.append(options)
-        return await real_spawn(tag, n, options)
-
-    monkeypatch.setattr(fake, "spawn", spawn)
+        daemon: Daemon, client: TestClient) -> None:
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base",
                              "network": {"allowPublicTraffic": False, "dnsServers": []}})
-    assert resp.status_code == 201, resp.text
-    [options] = given
-    assert options is not None and options.egress is not None
-    assert options.egress.info()["allow_public_traffic"] is False
+    record = created(daemon, resp)
+    assert record.egress is not None and record.egress.info()["allow_public_traffic"] is False
 
 
-def test_older_sdks_create_and_connect_through_the_v1_routes(client: TestClient, fake: FakeRuntime) -> None:
+def test_older_sdks_create_and_connect_through_the_v1_routes(daemon: Daemon, client: TestClient,
+                                                             sb: str) -> None:
     """SDKs before 2.46 POST /sandboxes (with ``secure``, ignored as E2B ignores it) and
     /sandboxes/{id}/connect (its timeout required)."""
     key = {"X-API-KEY": TOKEN}
+    before = time.time()
     resp = client.post("/sandboxes", headers=key,
                        json={"templateID": "base", "timeout": 60, "secure": True, "metadata": {"a": "b"}})
-    assert resp.status_code == 201, resp.text
+    record = created(daemon, resp)
     assert resp.json()["templateID"] == "base" and resp.json()["envdAccessToken"]
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["timeout_secs"] == 60 and call.kwargs["metadata"] == {"a": "b"}
+    assert record.metadata == {"a": "b"}
+    assert record.expires_at_unix is not None and before + 60 <= record.expires_at_unix <= time.time() + 60
     assert "no_such" in rest_error(client.post("/sandboxes", headers=key,
                                                json={"templateID": "base", "no_such": 1}), 400)
-    assert client.post(f"/sandboxes/{SB}/pause", headers=key).status_code == 204
-    assert "timeout" in rest_error(client.post(f"/sandboxes/{SB}/connect", headers=key, json={}), 400)
-    resumed = client.post(f"/sandboxes/{SB}/connect", headers=key, json={"timeout": 60})
-    assert resumed.status_code == 201 and resumed.json()["sandboxID"] == SB, resumed.text
+    assert client.post(f"/sandboxes/{sb}/pause", headers=key).status_code == 204
+    assert "timeout" in rest_error(client.post(f"/sandboxes/{sb}/connect", headers=key, json={}), 400)
+    resumed = client.post(f"/sandboxes/{sb}/connect", headers=key, json={"timeout": 60})
+    assert resumed.status_code == 201 and resumed.json()["sandboxID"] == sb, resumed.text
 
 
-def test_pause_info_list_and_connect_resume(client: TestClient, fake: FakeRuntime) -> None:
-    """E2B's pause, info, list and connect on the fake (it covers the whole RuntimeLike)."""
+def test_pause_info_list_and_connect_resume(daemon: Daemon, client: TestClient, sb: str, other: str) -> None:
+    """E2B's pause, info, list and connect."""
     key = {"X-API-KEY": TOKEN}
-    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "running"
-    assert client.post(f"/sandboxes/{SB}/pause", headers=key).status_code == 204
-    assert SB in fake.paused and SB not in fake.sandboxes
-    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "paused"
-    assert "already paused" in rest_error(client.post(f"/sandboxes/{SB}/pause", headers=key), 409)
+    assert client.get(f"/sandboxes/{sb}", headers=key).json()["state"] == "running"
+    assert client.post(f"/sandboxes/{sb}/pause", headers=key).status_code == 204
+    assert alive(daemon) == {other}  # its VM is gone, its state kept
+    assert client.get(f"/sandboxes/{sb}", headers=key).json()["state"] == "paused"
+    assert "already paused" in rest_error(client.post(f"/sandboxes/{sb}/pause", headers=key), 409)
     states = {s["sandboxID"]: s["state"] for s in client.get("/v2/sandboxes", headers=key).json()}
-    assert states == {SB: "paused", OTHER: "running"}
-    resp = client.post(f"/v2/sandboxes/{SB}/connect", headers=key, json={"timeout": 60})
+    assert states == {sb: "paused", other: "running"}
+    resp = client.post(f"/v2/sandboxes/{sb}/connect", headers=key, json={"timeout": 60})
     assert resp.status_code == 201, resp.text
-    assert resp.json()["sandboxID"] == SB and resp.json()["templateID"] == "base"
-    assert SB in fake.sandboxes and fake.sandboxes[SB].expires_at_unix is not None
-    assert client.post(f"/v2/sandboxes/{SB}/connect", headers=key, json={"timeout": 60}).status_code == 200
+    assert resp.json()["sandboxID"] == sb and resp.json()["templateID"] == "base"
+    assert alive(daemon) == {sb, other} and daemon.runtime.get_sandbox(sb).expires_at_unix is not None
+    assert client.post(f"/v2/sandboxes/{sb}/connect", headers=key, json={"timeout": 60}).status_code == 200
 
 
 def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
@@ -246,30 +315,34 @@ def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
     assert "forkd snapshot --tag nope" in rest_error(resp, 404)
 
 
-def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient) -> None:
-    for method, path in (("GET", f"/sandboxes/{SB}/logs"), ("GET", "/templates/t1"), ("GET", "/volumes")):
+def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient, sb: str) -> None:
+    for method, path in (("GET", f"/sandboxes/{sb}/logs"), ("GET", "/templates/t1"), ("GET", "/volumes")):
         assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
 
 
-def test_snapshots_are_branches_listed_filtered_and_deleted(client: TestClient, fake: FakeRuntime) -> None:
+def test_snapshots_are_branches_listed_filtered_and_deleted(daemon: Daemon, client: TestClient, sb: str,
+                                                           other: str) -> None:
     """E2B's create_snapshot is a full BRANCH whose tag is the snapshotID (the create route's
     template), list shows sandboxes' snapshots but not forkd's own, delete is forkd's."""
     key = {"X-API-KEY": TOKEN}
-    made = client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={})
+    made = client.post(f"/sandboxes/{sb}/snapshots", headers=key, json={})
     assert made.status_code == 201, made.text
     unnamed = made.json()["snapshotID"]
     assert made.json() == {"snapshotID": unnamed, "names": [unnamed]}
-    assert fake.snapshots[unnamed].branched_from == SB and fake.snapshots[unnamed].mode is None
-    assert [c.kwargs["mode"] for c in fake.calls if c.name == "branch"] == ["full"]
-    named = client.post(f"/sandboxes/{OTHER}/snapshots", headers=key,
+    record = daemon.runtime.get_snapshot(unnamed)
+    assert record.branched_from == sb and record.mode == "full"
+    # A snapshot's time is in whole seconds: the next one is made in a later second, so newer.
+    while int(time.time()) <= record.created_at_unix:
+        time.sleep(0.05)
+    named = client.post(f"/sandboxes/{other}/snapshots", headers=key,
                         json={"name": "snap-x", "memory": False})
     assert named.status_code == 201 and named.json() == {"snapshotID": "snap-x", "names": ["snap-x"]}
-    fake.snapshots["snap-x"].created_at_unix += 10  # newer
+    assert daemon.runtime.get_snapshot("snap-x").created_at_unix > record.created_at_unix  # newer
     # A sandbox made from it forks from that tag.
     child = client.post("/v2/sandboxes", headers=key, json={"templateID": "snap-x"})
     assert child.status_code == 201 and child.json()["templateID"] == "snap-x"
     # A paused sandbox's state snapshot is forkd's own: not listed.
-    assert client.post(f"/sandboxes/{OTHER}/pause", headers=key).status_code == 204
+    assert client.post(f"/sandboxes/{other}/pause", headers=key).status_code == 204
 
     def listed(query: str = "") -> list[str]:
         resp = client.get(f"/snapshots{query}", headers=key)
@@ -277,32 +350,32 @@ def test_snapshots_are_branches_listed_filtered_and_deleted(client: TestClient, 
         return [s["snapshotID"] for s in resp.json()]
 
     assert listed() == ["snap-x", unnamed]
-    assert listed(f"?sandboxID={SB}") == [unnamed] and listed("?name=snap-x") == ["snap-x"]
+    assert listed(f"?sandboxID={sb}") == [unnamed] and listed("?name=snap-x") == ["snap-x"]
     assert listed("?name=snap-x-does-not-exist") == []
     page = client.get("/snapshots?limit=1", headers=key)
     assert [s["snapshotID"] for s in page.json()] == ["snap-x"] and page.headers["x-next-token"] == "1"
     assert listed("?limit=1&nextToken=1") == [unnamed]
     # Taken names, bad names, paused sources and unknown fields are refused, saying why.
     assert "exists already" in rest_error(
-        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"name": "base"}), 409)
+        client.post(f"/sandboxes/{sb}/snapshots", headers=key, json={"name": "base"}), 409)
     assert "not a forkd snapshot tag" in rest_error(
-        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"name": "team/x:v1"}), 400)
-    assert "is paused" in rest_error(client.post(f"/sandboxes/{OTHER}/snapshots", headers=key, json={}), 409)
+        client.post(f"/sandboxes/{sb}/snapshots", headers=key, json={"name": "team/x:v1"}), 400)
+    assert "is paused" in rest_error(client.post(f"/sandboxes/{other}/snapshots", headers=key, json={}), 409)
     assert "unknown field" in rest_error(
-        client.post(f"/sandboxes/{SB}/snapshots", headers=key, json={"names": "x"}), 400)
+        client.post(f"/sandboxes/{sb}/snapshots", headers=key, json={"names": "x"}), 400)
     assert "limit" in rest_error(client.get("/snapshots?limit=0", headers=key), 400)
     rest_error(client.post("/sandboxes/sb-67a1b3-0009/snapshots", headers=key, json={}), 404)
     # Delete: the SDK's delete_snapshot is DELETE /templates/{id}: True (204), then False (404).
-    # forkd refuses to delete what a sandbox or a later snapshot (here OTHER's paused state) needs.
+    # forkd refuses to delete what a sandbox or a later snapshot (here other's paused state) needs.
     assert "dependent snapshots" in rest_error(client.delete("/templates/snap-x", headers=key), 409)
-    assert "snap-x" in fake.snapshots
+    assert "snap-x" in snapshots(daemon)
     assert client.delete(f"/templates/{unnamed}", headers=key).status_code == 204
-    assert unnamed not in fake.snapshots
+    assert unnamed not in snapshots(daemon)
     rest_error(client.delete(f"/templates/{unnamed}", headers=key), 404)
     rest_error(client.delete("/templates/.hidden", headers=key), 404)
     # Templates (and forkd's own snapshots) are not deleted through E2B's API.
     assert "DELETE /v1/snapshots/base" in rest_error(client.delete("/templates/base", headers=key), 400)
-    assert "base" in fake.snapshots
+    assert "base" in snapshots(daemon)
 
 
 def test_bodies_are_bounded_in_the_sdk_shape(client: TestClient) -> None:
@@ -310,10 +383,10 @@ def test_bodies_are_bounded_in_the_sdk_shape(client: TestClient) -> None:
     assert "limit" in rest_error(client.post("/v2/sandboxes", json=big, headers={"X-API-KEY": TOKEN}), 413)
 
 
-def test_list_is_newest_first_unless_asked_otherwise(client: TestClient, fake: FakeRuntime) -> None:
+def test_list_is_newest_first_unless_asked_otherwise(daemon: Daemon, client: TestClient, sb: str,
+                                                     other: str) -> None:
     """E2B's spec: ``GET /v2/sandboxes`` is by start time, newest first by default (issue 20)."""
-    fake.sandboxes[SB].created_at_unix = 1_000
-    fake.sandboxes[OTHER].created_at_unix = 2_000  # started later
+    assert daemon.runtime.describe_sandbox(sb)["started"] < daemon.runtime.describe_sandbox(other)["started"]
     key = {"X-API-KEY": TOKEN}
 
     def ids(**params: str) -> list[str]:
@@ -321,57 +394,57 @@ def test_list_is_newest_first_unless_asked_otherwise(client: TestClient, fake: F
         assert resp.status_code == 200, resp.text
         return [e["sandboxID"] for e in resp.json()]
 
-    assert ids() == [OTHER, SB]
-    assert ids(order="desc") == [OTHER, SB]
-    assert ids(order="asc") == [SB, OTHER]
+    assert ids() == [other, sb]
+    assert ids(order="desc") == [other, sb]
+    assert ids(order="asc") == [sb, other]
     # Pages follow the same order.
     first = client.get("/v2/sandboxes", params={"limit": "1"}, headers=key)
-    assert [e["sandboxID"] for e in first.json()] == [OTHER]
-    assert ids(limit="1", nextToken=first.headers["x-next-token"]) == [SB]
+    assert [e["sandboxID"] for e in first.json()] == [other]
+    assert ids(limit="1", nextToken=first.headers["x-next-token"]) == [sb]
     assert "order" in rest_error(client.get("/v2/sandboxes", params={"order": "up"}, headers=key), 400)
 
 
-def test_a_filesystem_only_pause_is_a_disk_only_hibernation(client: TestClient, fake: FakeRuntime) -> None:
+def test_a_filesystem_only_pause_is_a_disk_only_hibernation(daemon: Daemon, client: TestClient,
+                                                            sb: str) -> None:
     """``pause(keep_memory=False)`` (``memory: false``) keeps the disk alone: a disk-only hibernation,
     listed as paused, that envd traffic does not wake even with autoResume on (E2B's auto-resume
     refuses such a sandbox); connect resumes it (a cold boot) under the same id and token."""
     key = {"X-API-KEY": TOKEN}
-    fake.sandboxes[SB].auto_resume = True
-    resp = client.post(f"/sandboxes/{SB}/pause", json={"memory": False}, headers=key)
+    assert daemon.runtime.get_sandbox(sb).auto_resume is True
+    resp = client.post(f"/sandboxes/{sb}/pause", json={"memory": False}, headers=key)
     assert resp.status_code == 204, resp.text
-    assert not [c for c in fake.calls if c.name == "pause"]
-    [call] = [c for c in fake.calls if c.name == "hibernate"]
-    assert call.args == (SB,) and call.kwargs == {"memory": False}
-    assert client.get(f"/sandboxes/{SB}", headers=key).json()["state"] == "paused"
-    asleep = client.get("/health", headers=envd_headers(SB))
+    assert not daemon.runtime.suspender.has(sb)  # not forkd's pause
+    hibernation = daemon.runtime.get_sandbox(sb).hibernation
+    assert hibernation is not None and hibernation.memory is False
+    assert client.get(f"/sandboxes/{sb}", headers=key).json()["state"] == "paused"
+    asleep = client.get("/health", headers=envd_headers(sb))
     assert asleep.status_code == 502 and "filesystem-only" in asleep.json()["message"], asleep.text
-    assert "already paused" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": False},
+    assert "already paused" in rest_error(client.post(f"/sandboxes/{sb}/pause", json={"memory": False},
                                                       headers=key), 409)
-    resumed = client.post(f"/sandboxes/{SB}/connect", json={"timeout": 60}, headers=key)
+    resumed = client.post(f"/sandboxes/{sb}/connect", json={"timeout": 60}, headers=key)
     assert resumed.status_code == 201, resumed.text
-    assert resumed.json()["sandboxID"] == SB
+    assert resumed.json()["sandboxID"] == sb
     assert resumed.json()["envdAccessToken"] == client.post(
-        f"/sandboxes/{SB}/connect", json={"timeout": 60}, headers=key).json()["envdAccessToken"]
-    assert client.get("/health", headers=envd_headers(SB)).status_code == 204
-    assert "memory" in rest_error(client.post(f"/sandboxes/{SB}/pause", json={"memory": "no"},
+        f"/sandboxes/{sb}/connect", json={"timeout": 60}, headers=key).json()["envdAccessToken"]
+    assert client.get("/health", headers=envd_headers(sb)).status_code == 204
+    assert "memory" in rest_error(client.post(f"/sandboxes/{sb}/pause", json={"memory": "no"},
                                               headers=key), 400)
     # At a timeout: autoPauseMemory false asks for the filesystem-only pause then (a disk-only
     # hibernation), without autoResume; it means nothing without autoPause.
     made = client.post("/v2/sandboxes", headers=key, json={"templateID": "base", "autoPause": True,
                                                            "autoPauseMemory": False, "timeout": 3})
-    assert made.status_code == 201, made.text
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["hibernate_on_timeout_memory"] is False
-    assert call.kwargs["auto_resume"] is False
+    record = created(daemon, made)
+    assert record.hibernate_on_timeout is True and record.hibernate_on_timeout_memory is False
+    assert record.auto_resume is False
     for body in ({"autoPauseMemory": False}, {"autoPause": True, "autoPauseMemory": False,
                                               "autoResume": {"enabled": True}},
                  {"autoPause": True, "autoPauseMemory": "no"}):
         assert "autoPauseMemory" in rest_error(client.post("/v2/sandboxes", headers=key,
                                                            json={"templateID": "base", **body}), 400)
     # With its memory (the default, or memory: true): forkd's pause, a branch of its state.
-    assert client.post(f"/sandboxes/{SB}/pause", json={"memory": True}, headers=key).status_code == 204
-    [call] = [c for c in fake.calls if c.name == "pause"]
-    assert call.kwargs == {"mode": "full"}
+    assert client.post(f"/sandboxes/{sb}/pause", json={"memory": True}, headers=key).status_code == 204
+    paused = daemon.runtime.suspender.get(sb)
+    assert daemon.runtime.get_snapshot(paused.state_tag).mode == "full"
 
 
 GUEST_METRICS = """MemTotal:         482012 kB
@@ -384,17 +457,24 @@ ncpu 2
 """
 
 
-def test_metrics_are_a_sample_taken_in_the_guest(client: TestClient, fake: FakeRuntime) -> None:
+def test_metrics_are_a_sample_taken_in_the_guest(daemon: Daemon, client: TestClient, sb: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``get_metrics``: one sample from the guest's /proc and df, now; none for a range the
     sandbox did not run in (issue 20)."""
+    gateway = daemon.runtime.sandboxes
+    real_call = gateway.call
+    scripts: list[object] = []
 
-    async def exec_(sandbox_id: str, args: list[str], timeout_secs: float = 30, **_: Any) -> dict[str, Any]:
-        assert args[:2] == ["/bin/sh", "-c"]
-        return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
+        """The guest's shell, at the agent gateway: the metrics script prints this guest's /proc and df."""
+        if action == "exec" and args.get("args") == ["/bin/sh", "-c", METRICS_SCRIPT]:
+            scripts.append(args["args"])
+            return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
+        return await real_call(sandbox_id, action, timeout, **args)
 
-    fake.exec = exec_  # type: ignore[method-assign]
+    monkeypatch.setattr(gateway, "call", call)
     key = {"X-API-KEY": TOKEN}
-    resp = client.get(f"/sandboxes/{SB}/metrics", headers=key)
+    resp = client.get(f"/sandboxes/{sb}/metrics", headers=key)
     assert resp.status_code == 200, resp.text
     [sample] = resp.json()
     assert (sample["cpuCount"], sample["cpuUsedPct"]) == (2, 50.0)  # 100 busy of 200 jiffies
@@ -402,141 +482,160 @@ def test_metrics_are_a_sample_taken_in_the_guest(client: TestClient, fake: FakeR
         482012 * 1024, 82012 * 1024, 50000 * 1024)
     assert (sample["diskTotal"], sample["diskUsed"]) == (2040373248, 612345678)
     assert abs(sample["timestampUnix"] - time.time()) < 60
-    started = int(fake.sandboxes[SB].created_at_unix)
-    before = client.get(f"/sandboxes/{SB}/metrics", params={"start": started - 7200, "end": started - 3600},
+    assert len(scripts) == 1  # the route ran the script in the guest
+    started = int(daemon.runtime.get_sandbox(sb).created_at_unix)
+    before = client.get(f"/sandboxes/{sb}/metrics", params={"start": started - 7200, "end": started - 3600},
                         headers=key)
     assert before.json() == []
-    assert client.get(f"/sandboxes/{SB}/metrics", params={"start": int(time.time()) - 5},
+    assert client.get(f"/sandboxes/{sb}/metrics", params={"start": int(time.time()) - 5},
                       headers=key).json() != []
-    bogus = client.get(f"/sandboxes/{SB}/metrics", params={"bogus": 1}, headers=key)
+    bogus = client.get(f"/sandboxes/{sb}/metrics", params={"bogus": 1}, headers=key)
     assert "bogus" in rest_error(bogus, 400)
 
 
 # ------------------------------------------------------------------ in-sandbox traffic
 
 
-def test_each_sandbox_has_its_own_access_token(client: TestClient) -> None:
-    assert client.get("/health", headers=envd_headers()).status_code == 204
-    other_token = AccessTokens(TOKEN.encode()).envd(OTHER)
-    for headers in (envd_headers(token=""), envd_headers(token=other_token), envd_headers(token=TOKEN)):
+def test_each_sandbox_has_its_own_access_token(client: TestClient, sb: str, other: str) -> None:
+    assert client.get("/health", headers=envd_headers(sb)).status_code == 204
+    other_token = AccessTokens(TOKEN.encode()).envd(other)
+    for token in ("", other_token, TOKEN):
+        headers = envd_headers(sb, token=token)
         assert "access token" in rest_error(client.get("/health", headers=headers), 401)
     # Connect calls get Connect's error shape.
-    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp"}, headers=envd_headers(token="x"))
+    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp"},
+                       headers=envd_headers(sb, token="x"))
     assert resp.status_code == 401 and resp.json()["code"] == "unauthenticated"
 
 
-def test_the_traffic_token_opens_only_the_interpreter(client: TestClient) -> None:
-    traffic = AccessTokens(TOKEN.encode()).traffic(SB)
-    headers = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983", "E2B-Traffic-Access-Token": traffic}
+def test_the_traffic_token_opens_only_the_interpreter(client: TestClient, sb: str) -> None:
+    traffic = AccessTokens(TOKEN.encode()).traffic(sb)
+    headers = {"E2b-Sandbox-Id": sb, "E2b-Sandbox-Port": "49983", "E2B-Traffic-Access-Token": traffic}
     rest_error(client.get("/health", headers=headers), 401)
 
 
-def test_a_sandbox_that_is_not_running_answers_like_e2bs_proxy(client: TestClient) -> None:
+def test_a_sandbox_that_is_not_running_answers_like_e2bs_proxy(client: TestClient, sb: str) -> None:
     gone = "sb-000000-0009"
     assert "was not found" in rest_error(client.get("/health", headers=envd_headers(gone)), 502)
     resp = client.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=envd_headers(gone))
     assert resp.json()["code"] == "unavailable" and "was not found" in resp.json()["message"]
-    assert "port is not open" in rest_error(client.get("/", headers=envd_headers(port="8080")), 502)
+    assert "port is not open" in rest_error(client.get("/", headers=envd_headers(sb, port="8080")), 502)
 
 
-def test_files_round_trip_octet_stream_gzip_and_multipart(client: TestClient, fake: FakeRuntime) -> None:
+def test_files_round_trip_octet_stream_gzip_and_multipart(daemon: Daemon, client: TestClient,
+                                                          sb: str) -> None:
     data = bytes(range(256)) * 10
     up = client.post("/files", params={"path": "/tmp/new/a.bin"}, content=data,
-                     headers={**envd_headers(), "Content-Type": "application/octet-stream"})
+                     headers={**envd_headers(sb), "Content-Type": "application/octet-stream"})
     assert up.status_code == 200, up.text
     assert up.json() == [{"name": "a.bin", "type": "file", "path": "/tmp/new/a.bin"}]  # parents made
-    assert client.get("/files", params={"path": "/tmp/new/a.bin"}, headers=envd_headers()).content == data
+    assert client.get("/files", params={"path": "/tmp/new/a.bin"}, headers=envd_headers(sb)).content == data
 
     zipped = client.post("/files", params={"path": "rel.bin"}, content=gzip.compress(data),
-                         headers={**envd_headers(), "Content-Type": "application/octet-stream",
+                         headers={**envd_headers(sb), "Content-Type": "application/octet-stream",
                                   "Content-Encoding": "gzip"})
     assert zipped.json()[0]["path"] == "/home/user/rel.bin"  # relative paths are under the user's home
-    assert fake.guest_files[SB]["/home/user/rel.bin"] == data
     # Every transfer acts as E2B's default user, or as the one the SDK names (query or Basic header).
-    writes = [c.kwargs["user"] for c in fake.calls if c.name in ("file_write", "file_read", "file_mkdir")]
-    assert writes and set(writes) == {"user"}
+    transfers = asked(daemon, sb, "file_write_open", "file_read", "file_mkdir", "file_stat")
+    assert transfers and {r.get("user") for r in transfers} == {"user"}
+    assert stored(daemon, sb, "/home/user/rel.bin") == data
     as_root = client.post("/files", params={"path": "rel.bin", "username": "root"}, content=b"r",
-                          headers={**envd_headers(), "Content-Type": "application/octet-stream"})
-    assert as_root.json()[0]["path"] == "/root/rel.bin" and fake.calls[-1].kwargs["user"] == "root"
-    client.get("/files", params={"path": "rel.bin"}, headers={**envd_headers(), **basic("root")})
-    assert fake.calls[-1].name == "file_stat" and fake.calls[-1].args[1] == "/root/rel.bin"
-    assert fake.calls[-1].kwargs["user"] == "root"
+                          headers={**envd_headers(sb), "Content-Type": "application/octet-stream"})
+    assert as_root.json()[0]["path"] == "/root/rel.bin"
+    opened = asked(daemon, sb, "file_write_open")[-1]
+    assert opened["path"] == "/root/rel.bin" and opened["user"] == "root"
+    client.get("/files", params={"path": "rel.bin"}, headers={**envd_headers(sb), **basic("root")})
+    last = daemon.guest_requests(sb)[-1]
+    assert last["action"] in ("file_stat", "file_read") and last["path"] == "/root/rel.bin"
+    as_root_reads = [r for r in asked(daemon, sb, "file_stat", "file_read") if r["path"] == "/root/rel.bin"]
+    assert as_root_reads and {r.get("user") for r in as_root_reads} == {"root"}
     assert "invalid user" in rest_error(client.get("/files", params={"path": "a", "username": "a/b"},
-                                                   headers=envd_headers()), 400)
+                                                   headers=envd_headers(sb)), 400)
 
-    multi = client.post("/files", headers=envd_headers(),
+    multi = client.post("/files", headers=envd_headers(sb),
                         files=[("file", ("/tmp/m1.bin", b"\x00one")), ("file", ("/tmp/m2.bin", b"\xfftwo"))])
     assert [e["path"] for e in multi.json()] == ["/tmp/m1.bin", "/tmp/m2.bin"], multi.text
-    assert fake.guest_files[SB]["/tmp/m2.bin"] == b"\xfftwo"
+    assert stored(daemon, sb, "/tmp/m2.bin") == b"\xfftwo"
     assert "No such file" in rest_error(client.get("/files", params={"path": "/nope"},
-                                                   headers=envd_headers()), 404)
+                                                   headers=envd_headers(sb)), 404)
 
 
-def test_filesystem_service_speaks_connect_json(client: TestClient, fake: FakeRuntime) -> None:
-    fake.guest_files[SB]["/tmp/f.txt"] = b"abc"
-    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/f.txt"}, headers=envd_headers())
+def test_filesystem_service_speaks_connect_json(daemon: Daemon, client: TestClient, sb: str) -> None:
+    put(daemon, sb, "/tmp/f.txt", b"abc")
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/f.txt"}, headers=envd_headers(sb))
     assert stat.status_code == 200, stat.text
     assert stat.json()["entry"]["type"] == "FILE_TYPE_FILE" and stat.json()["entry"]["size"] == "3"
-    listed = client.post("/filesystem.Filesystem/ListDir", json={"path": "/tmp"}, headers=envd_headers())
+    listed = client.post("/filesystem.Filesystem/ListDir", json={"path": "/tmp"}, headers=envd_headers(sb))
     assert [e["name"] for e in listed.json()["entries"]] == ["f.txt"]
-    missing = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/x"}, headers=envd_headers())
+    missing = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp/x"}, headers=envd_headers(sb))
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"
-    made = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers())
+    made = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers(sb))
     assert made.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
-    again = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers())
+    again = client.post("/filesystem.Filesystem/MakeDir", json={"path": "/tmp/d"}, headers=envd_headers(sb))
     assert again.json()["code"] == "already_exists"
-    watch = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"}, headers=envd_headers())
+    watch = client.post("/filesystem.Filesystem/CreateWatcher", json={"path": "/tmp"},
+                        headers=envd_headers(sb))
     watcher = watch.json()["watcherId"]
-    fake.watches.pending[(SB, watcher)].append(WatchEvent("d", "create"))
+    daemon.run(daemon.runtime.files.mkdir, sb, "/tmp/e")  # in the guest, after the watch began
     got = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
-                      headers=envd_headers())
-    assert got.json()["events"] == [{"name": "d", "type": "EVENT_TYPE_CREATE"}]
+                      headers=envd_headers(sb))
+    assert got.json()["events"] == [{"name": "e", "type": "EVENT_TYPE_CREATE"}]
     stop = client.post("/filesystem.Filesystem/RemoveWatcher", json={"watcherId": watcher},
-                       headers=envd_headers())
+                       headers=envd_headers(sb))
     assert stop.status_code == 200
     gone = client.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher},
-                       headers=envd_headers())
+                       headers=envd_headers(sb))
     assert gone.json()["code"] == "not_found"
 
 
-def test_filesystem_calls_act_as_the_named_user(client: TestClient, fake: FakeRuntime) -> None:
+def test_filesystem_calls_act_as_the_named_user(daemon: Daemon, client: TestClient, sb: str) -> None:
     """E2B's default user is ``user`` (relative paths under /home/user); ``user="root"`` arrives as a
     Basic Authorization header and is honoured; a malformed one is refused."""
-    fake.guest_files[SB]["/home/user/f.txt"] = b"abc"
-    fake.guest_files[SB]["/root/g.txt"] = b"abc"
-    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"}, headers=envd_headers())
+    put(daemon, sb, "/home/user/f.txt", b"abc")
+    put(daemon, sb, "/root/g.txt", b"abc")
+
+    def last() -> tuple[str, str | None]:
+        request = daemon.guest_requests(sb)[-1]
+        return request["path"], request.get("user")
+
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"}, headers=envd_headers(sb))
     assert stat.status_code == 200, stat.text
-    assert fake.calls[-1].args[1] == "/home/user/f.txt" and fake.calls[-1].kwargs["user"] == "user"
+    assert last() == ("/home/user/f.txt", "user")
     stat = client.post("/filesystem.Filesystem/Stat", json={"path": "g.txt"},
-                       headers={**envd_headers(), **basic("root")})
+                       headers={**envd_headers(sb), **basic("root")})
     assert stat.status_code == 200, stat.text
-    assert fake.calls[-1].args[1] == "/root/g.txt" and fake.calls[-1].kwargs["user"] == "root"
-    client.post("/filesystem.Filesystem/MakeDir", json={"path": "d"}, headers=envd_headers())
-    assert [c.kwargs["user"] for c in fake.calls[-2:]] == ["user", "user"]  # mkdir, then its stat
+    assert last() == ("/root/g.txt", "root")
+    client.post("/filesystem.Filesystem/MakeDir", json={"path": "d"}, headers=envd_headers(sb))
+    assert [(r["action"], r.get("user")) for r in daemon.guest_requests(sb)[-2:]] == [
+        ("file_mkdir", "user"), ("file_stat", "user")]
     for bad in ("Bearer x", "Basic %%%", "Basic " + base64.b64encode(b"a b:").decode()):
         resp = client.post("/filesystem.Filesystem/Stat", json={"path": "f.txt"},
-                           headers={**envd_headers(), "Authorization": bad})
+                           headers={**envd_headers(sb), "Authorization": bad})
         assert resp.status_code == 400 and resp.json()["code"] == "invalid_argument", (bad, resp.text)
 
 
-def test_removing_what_is_not_there_is_done(client: TestClient, fake: FakeRuntime) -> None:
+def test_removing_what_is_not_there_is_done(daemon: Daemon, client: TestClient, sb: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """envd's Remove of a missing path succeeds (issue 20); a gone sandbox is still an error."""
-    fake.guest_files[SB]["/tmp/f.txt"] = b"abc"
+    put(daemon, sb, "/tmp/f.txt", b"abc")
     for path in ("/tmp/f.txt", "/tmp/f.txt", "/tmp/never/there"):
-        resp = client.post("/filesystem.Filesystem/Remove", json={"path": path}, headers=envd_headers())
+        resp = client.post("/filesystem.Filesystem/Remove", json={"path": path}, headers=envd_headers(sb))
         assert resp.status_code == 200 and resp.json() == {}, resp.text
-    assert "/tmp/f.txt" not in fake.guest_files[SB]
+    assert stored(daemon, sb, "/tmp/f.txt") is None
+    files = daemon.runtime.files
+    real_remove = files.remove
 
     async def gone(sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None) -> None:
-        del fake.sandboxes[sandbox_id]  # killed while the call was on its way
-        raise NotFound(f"sandbox {sandbox_id!r} not found")
+        await daemon.runtime.kill(sandbox_id)  # killed while the call was on its way
+        await real_remove(sandbox_id, path, recursive=recursive, user=user)
 
-    fake.files.remove = gone  # type: ignore[method-assign]
-    resp = client.post("/filesystem.Filesystem/Remove", json={"path": "/tmp/x"}, headers=envd_headers())
+    monkeypatch.setattr(files, "remove", gone)
+    resp = client.post("/filesystem.Filesystem/Remove", json={"path": "/tmp/x"}, headers=envd_headers(sb))
     assert resp.json()["code"] == "unavailable" and "was not found" in resp.json()["message"], resp.text
 
 
-def test_entries_carry_owner_group_and_symlink_target(client: TestClient, fake: FakeRuntime) -> None:
+def test_entries_carry_owner_group_and_symlink_target(daemon: Daemon, client: TestClient, sb: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent's owner and group names and a link's resolved target reach envd's EntryInfo (issue 20)."""
     link = {"path": "/root/ln", "name": "ln", "type": "file", "size": 3, "mode": 0o644, "mtime": 1.5,
             "owner": "root", "group": "staff", "target": "/root/d/f.txt"}
@@ -544,21 +643,26 @@ def test_entries_carry_owner_group_and_symlink_target(client: TestClient, fake: 
     plain = {**link, "name": "f.txt", "path": "/root/d/f.txt"}
     del plain["target"]
 
-    async def stat(sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return link
+    gateway = daemon.runtime.sandboxes
+    real_call = gateway.call
 
-    async def listing(sandbox_id: str, path: str, *, user: str | None = None) -> dict[str, Any]:
-        return {"path": path, "entries": [dangling, plain], "truncated": False}
+    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
+        """The agent's answers for a guest with a link and other owners (the scripted guest has neither)."""
+        if action == "file_stat" and args.get("path") == "/home/user/ln":  # "ln" as E2B's user
+            return link
+        if action == "file_list" and args.get("path") == "/root":
+            return {"path": "/root", "entries": [dangling, plain], "truncated": False}
+        return await real_call(sandbox_id, action, timeout, **args)
 
-    fake.files.stat = stat  # type: ignore[method-assign]
-    fake.files.list = listing  # type: ignore[method-assign]
-    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "ln"}, headers=envd_headers())
+    monkeypatch.setattr(gateway, "call", call)
+    resp = client.post("/filesystem.Filesystem/Stat", json={"path": "ln"}, headers=envd_headers(sb))
+    assert resp.status_code == 200, resp.text
     entry = resp.json()["entry"]
     assert entry["type"] == "FILE_TYPE_FILE" and entry["symlinkTarget"] == "/root/d/f.txt"
     assert entry["owner"] == "root" and entry["group"] == "staff" and entry["permissions"] == "-rw-r--r--"
     assert entry["isSymlink"] is True
     entries = client.post("/filesystem.Filesystem/ListDir", json={"path": "/root"},
-                          headers=envd_headers()).json()["entries"]
+                          headers=envd_headers(sb)).json()["entries"]
     assert [(e["type"], e.get("symlinkTarget"), e.get("isSymlink", False)) for e in entries] == [
         ("FILE_TYPE_SYMLINK", "/root/nope", True), ("FILE_TYPE_FILE", None, False)]
 
@@ -593,7 +697,7 @@ def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
     assert json.dumps(AccessTokens(lambda: key).envd(SB)) == json.dumps(AccessTokens(key).envd(SB))
 
 
-def _signed(path: str, operation: str, user: str | None, sandbox: str = SB,
+def _signed(path: str, operation: str, user: str | None, sandbox: str,
             expires_in: int | None = None) -> dict[str, str]:
     """The query of a signed file URL, made by the published SDK's own signing function."""
     from e2b.sandbox.signature import get_signature
@@ -608,38 +712,38 @@ def _signed(path: str, operation: str, user: str | None, sandbox: str = SB,
     return query
 
 
-def test_a_signed_file_url_names_its_sandbox_and_stands_for_its_token(client: TestClient,
-                                                                      fake: FakeRuntime) -> None:
+def test_a_signed_file_url_names_its_sandbox_and_stands_for_its_token(daemon: Daemon, client: TestClient,
+                                                                      sb: str, other: str) -> None:
     """``download_url``/``upload_url`` of a secure sandbox: no token and no E2b-Sandbox-Id, the
     signature alone; it opens that sandbox's file and nothing else (issue 20)."""
-    fake.guest_files[SB]["/home/user/s.txt"] = b"signed"
-    resp = client.get("/files", params=_signed("s.txt", "read", "user"))
+    put(daemon, sb, "/home/user/s.txt", b"signed")
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", sb))
     assert resp.status_code == 200 and resp.content == b"signed", resp.text
-    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=120))
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", sb, expires_in=120))
     assert resp.status_code == 200 and resp.content == b"signed", resp.text
-    up = client.post("/files", params=_signed("up.txt", "write", "user"), content=b"uploaded",
+    up = client.post("/files", params=_signed("up.txt", "write", "user", sb), content=b"uploaded",
                      headers={"Content-Type": "application/octet-stream"})
     assert up.status_code == 200, up.text
-    assert fake.guest_files[SB]["/home/user/up.txt"] == b"uploaded"
+    assert stored(daemon, sb, "/home/user/up.txt") == b"uploaded"
     # Expired: E2B's exact answer.
-    resp = client.get("/files", params=_signed("s.txt", "read", "user", expires_in=-120))
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", sb, expires_in=-120))
     assert resp.status_code == 401 and resp.json() == {"code": 401, "message": "signature is already expired"}
     # A read signature does not write, another path is not covered, another user is not the signer.
-    for params, method in ((_signed("s.txt", "read", "user"), "POST"),
-                           ({**_signed("s.txt", "read", "user"), "path": "other.txt"}, "GET"),
-                           ({**_signed("s.txt", "read", "user"), "username": "root"}, "GET")):
+    for params, method in ((_signed("s.txt", "read", "user", sb), "POST"),
+                           ({**_signed("s.txt", "read", "user", sb), "path": "other.txt"}, "GET"),
+                           ({**_signed("s.txt", "read", "user", sb), "username": "root"}, "GET")):
         resp = client.request(method, "/files", params=params)
         assert resp.status_code == 401, (params, resp.text)
     # Aimed at another sandbox with this one's signature: the token check refuses it.
-    resp = client.get("/files", params=_signed("s.txt", "read", "user"),
-                      headers={"E2b-Sandbox-Id": OTHER, "E2b-Sandbox-Port": "49983"})
+    resp = client.get("/files", params=_signed("s.txt", "read", "user", sb),
+                      headers={"E2b-Sandbox-Id": other, "E2b-Sandbox-Port": "49983"})
     assert resp.status_code == 401, resp.text
     # Not a signature at all: a clear 400 before any hashing.
     resp = client.get("/files", params={"path": "s.txt", "signature": "x" * 500})
     assert resp.status_code == 400 and "v1 file signature" in resp.json()["message"], resp.text
 
 
-def test_template_build_through_the_control_plane(client: TestClient, fake: FakeRuntime) -> None:
+def test_template_build_through_the_control_plane(daemon: Daemon, client: TestClient) -> None:
     """The calls Template.build makes, in its order, with the statuses the SDK's client parses."""
     key = {"X-API-KEY": TOKEN}
     made = client.post("/v3/templates", json={"name": "web", "cpuCount": 1, "memoryMB": 512}, headers=key)
@@ -670,13 +774,17 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
     started = client.post(f"/v2/templates/web/builds/{build_id}", json={"steps": steps}, headers=key)
     assert started.status_code == 202, started.text
     status: dict[str, Any] = {}
-    for _ in range(100):
+    for _ in range(400):  # the build runs on the daemon's loop
         status = client.get(f"/templates/web/builds/{build_id}/status", headers=key).json()
         if status["status"] not in ("waiting", "building"):
             break
+        daemon.run(asyncio.sleep, 0.025)
     assert status["status"] == "ready", status
-    assert [e["step"] for e in status["logEntries"][:3]] == ["1", "2", "finalize"]
-    assert "web" in fake.snapshots
+    steps_logged = [e["step"] for e in status["logEntries"]]
+    # The template's own boot ("base") first, then each step in order, then the snapshot.
+    assert [k for i, k in enumerate(steps_logged) if k != "base" and k not in steps_logged[:i]] == [
+        "1", "2", "finalize"], steps_logged
+    assert "web" in snapshots(daemon)
     assert client.get("/templates/aliases/web", headers=key).json() == {"templateID": "web", "public": False}
     assert client.get("/templates/aliases/nope", headers=key).status_code == 404
     # Refused up front, in the SDK's shape.
@@ -689,7 +797,7 @@ def test_template_build_through_the_control_plane(client: TestClient, fake: Fake
                                                           headers=key), 400)
 
 
-def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient, fake: FakeRuntime) -> None:
+def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(daemon: Daemon, client: TestClient) -> None:
     """E2B's alias:tag: built as the snapshot alias.tag, found and started by that name."""
     key = {"X-API-KEY": TOKEN}
     made = client.post("/v3/templates", json={"name": "web:v1-0"}, headers=key)
@@ -699,21 +807,17 @@ def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient
     build_id = made.json()["buildID"]
     started = client.post(f"/v2/templates/web.v1-0/builds/{build_id}", json={"steps": []}, headers=key)
     assert started.status_code == 202, started.text
-    for _ in range(100):
-        if client.get(f"/templates/web.v1-0/builds/{build_id}/status",
-                      headers=key).json()["status"] not in ("waiting", "building"):
-            break
-    assert "web.v1-0" in fake.snapshots
+    settle(daemon, lambda: client.get(f"/templates/web.v1-0/builds/{build_id}/status",
+                                      headers=key).json()["status"] not in ("waiting", "building"))
+    assert "web.v1-0" in snapshots(daemon)
     assert client.get("/templates/aliases/web:v1-0", headers=key).json()["templateID"] == "web.v1-0"
     # Tags given with a build are more names of its snapshot once it is built.
     tagged = client.post("/v3/templates", json={"name": "api:v2", "tags": ["stable", "api:prod"]},
                          headers=key).json()
     assert tagged["tags"] == ["v2", "stable", "prod"]
     client.post(f"/v2/templates/api.v2/builds/{tagged['buildID']}", json={"steps": []}, headers=key)
-    for _ in range(100):
-        if client.get(f"/templates/api.v2/builds/{tagged['buildID']}/status",
-                      headers=key).json()["status"] not in ("waiting", "building"):
-            break
+    settle(daemon, lambda: client.get(f"/templates/api.v2/builds/{tagged['buildID']}/status",
+                                      headers=key).json()["status"] not in ("waiting", "building"))
     assert client.get("/templates/aliases/api:prod", headers=key).json()["templateID"] == "api.v2"
     assert client.get("/templates/aliases/api:stable", headers=key).json()["templateID"] == "api.v2"
     created = client.post("/sandboxes", json={"templateID": "web:v1-0"}, headers=key)
@@ -723,10 +827,10 @@ def test_a_tagged_template_name_is_the_snapshot_alias_dot_tag(client: TestClient
     assert "web.nope" in rest_error(missing, 404)
 
 
-def test_assigned_tags_are_more_names_of_a_build(client: TestClient, fake: FakeRuntime) -> None:
+def test_assigned_tags_are_more_names_of_a_build(daemon: Daemon, client: TestClient) -> None:
     """Template.assign_tags / remove_tags / get_tags: alias:prod stands for the build alias:v1."""
     key = {"X-API-KEY": TOKEN}
-    fake.add_snapshot("web.v1")
+    daemon.snapshot("web.v1")
     made = client.post("/templates/tags", json={"target": "web:v1", "tags": ["prod", "web:latest"]},
                        headers=key)
     assert made.status_code == 201, made.text
@@ -765,76 +869,87 @@ def test_template_names() -> None:
             snapshot_tag(bad)
 
 
-def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(tmp_path: Path,
-                                                                        fake: FakeRuntime) -> None:
+def test_template_uploads_live_in_the_data_dir_made_at_the_first_upload(daemon: Daemon) -> None:
     """Nothing in /tmp (a killed daemon used to leave a directory there per start): the
     uploads go to <data>/e2b-uploads, made at the first upload, and a daemon's first upload
     clears what an earlier daemon on that data dir left."""
-    uploads = tmp_path / "data" / "e2b-uploads"
-    uploads.mkdir(parents=True)
+    uploads = daemon.data / "e2b-uploads"
+    assert not uploads.exists()  # not made at the start
+    uploads.mkdir(parents=True)  # as an earlier daemon on this data dir left it
     (uploads / "left-by-a-killed-daemon.tar").write_bytes(b"old")
-    with app_client(tmp_path, fake, max_file_bytes=1 << 20) as c:
-        key = {"X-API-KEY": TOKEN}
-        assert c.post("/v3/templates", json={"name": "web"}, headers=key).status_code == 202
-        assert (uploads / "left-by-a-killed-daemon.tar").exists()  # not touched before an upload
-        upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
-        assert upload.status_code == 200, upload.text
-        assert sorted(p.name for p in uploads.iterdir()) == [f"{'d' * 64}.tar"]
-        assert (uploads / f"{'d' * 64}.tar").read_bytes() == b"plain tar bytes"
-        assert uploads.stat().st_mode & 0o077 == 0
+    c = daemon.client
+    key = {"X-API-KEY": TOKEN}
+    assert c.post("/v3/templates", json={"name": "web"}, headers=key).status_code == 202
+    assert (uploads / "left-by-a-killed-daemon.tar").exists()  # not touched before an upload
+    upload = c.put(f"/templates/web/files/{'d' * 64}", content=b"plain tar bytes", headers=key)
+    assert upload.status_code == 200, upload.text
+    assert sorted(p.name for p in uploads.iterdir()) == [f"{'d' * 64}.tar"]
+    assert (uploads / f"{'d' * 64}.tar").read_bytes() == b"plain tar bytes"
+    assert uploads.stat().st_mode & 0o077 == 0
 
 
-def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(client: TestClient,
-                                                                      fake: FakeRuntime) -> None:
+def test_auto_resume_off_keeps_a_paused_sandbox_asleep_until_connect(daemon: Daemon,
+                                                                      client: TestClient) -> None:
     """E2B's autoResume {"enabled": false}: once its timeout paused (hibernated) it, envd traffic
     answers 502 (the SDK's is_running() is False) instead of waking it; connect resumes it."""
     resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
                        json={"templateID": "base", "autoPause": True, "timeout": 60,
                              "autoResume": {"enabled": False}})
-    assert resp.status_code == 201, resp.text
-    [call] = [c for c in fake.calls if c.name == "spawn"]
-    assert call.kwargs["hibernate_on_timeout"] is True and call.kwargs["auto_resume"] is False
+    record = created(daemon, resp)
+    assert record.hibernate_on_timeout is True and record.auto_resume is False
     sandbox_id, token = resp.json()["sandboxID"], resp.json()["envdAccessToken"]
     headers = envd_headers(sandbox_id, token)
     assert client.get("/health", headers=headers).status_code == 204  # running: served as ever
-    fake.sandboxes[sandbox_id].hibernation = Hibernation(at_unix=1.0, pages=1, memory_bytes=4096,
-                                                         devices_bytes=4096, pause_ms=1.0)
+    daemon.run(daemon.runtime.hibernation.hibernate, sandbox_id)  # what its timeout does
     asleep = client.get("/health", headers=headers)
     assert asleep.status_code == 502 and "autoResume is off" in asleep.json()["message"], asleep.text
     info = client.get(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": TOKEN})
     assert info.json()["state"] == "paused", info.text
-    # With autoResume on, the same request would have been served (and woken it).
-    fake.sandboxes[sandbox_id].auto_resume = True
+    assert daemon.runtime.get_sandbox(sandbox_id).hibernation is not None  # still asleep
+    assert client.post(f"/sandboxes/{sandbox_id}/connect", headers={"X-API-KEY": TOKEN},
+                       json={"timeout": 60}).status_code == 201
     assert client.get("/health", headers=headers).status_code == 204
+    # With autoResume on, the same request is served (and wakes it).
+    resp = client.post("/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "autoPause": True, "timeout": 60,
+                             "autoResume": {"enabled": True}})
+    woken = created(daemon, resp)
+    daemon.run(daemon.runtime.hibernation.hibernate, woken.id)
+    assert daemon.runtime.get_sandbox(woken.id).hibernation is not None
+    assert client.get("/health", headers=envd_headers(woken.id)).status_code == 204
+    stat = client.post("/filesystem.Filesystem/Stat", json={"path": "/tmp"}, headers=envd_headers(woken.id))
+    assert stat.status_code == 200, stat.text  # served by its guest: woken
+    assert daemon.runtime.get_sandbox(woken.id).hibernation is None
 
 
 def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
-        client: TestClient, fake: FakeRuntime) -> None:
+        daemon: Daemon, client: TestClient, net: str, other: str) -> None:
     """E2B's ``update_network`` (PUT /sandboxes/{id}/network): allowOut and denyOut replace the old
     lists (omitted: cleared), an omitted allow_internet_access keeps the sandbox's, its port
     settings stay; what forkd lacks is a 400, as is a bad entry."""
-    from forkd.host.egress import EgressPolicy
-    from forkd.host.netplan import ChildNet
     key = {"X-API-KEY": TOKEN}
-    record = fake.sandboxes[SB]
-    record.network = ChildNet(owner=SB, netns=f"forkd-{SB}", owns_netns=True, tap="forkd-tap0", owns_tap=True,
-                              index=1, ip="10.201.0.3", gateway="10.201.0.1",
-                              egress=EgressPolicy.from_request(True, {"deny_out": ["0.0.0.0/0"],
-                                                                     "allow_out": ["1.1.1.1"],
-                                                                     "allow_public_traffic": True}))
-    resp = client.put(f"/sandboxes/{SB}/network", headers=key, json={"denyOut": ["8.8.8.8"]})
+    sb = created(daemon, client.post("/v2/sandboxes", headers=key, json={
+        "templateID": net, "allow_internet_access": True,
+        "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["1.1.1.1"], "allowPublicTraffic": True}})).id
+
+    def egress() -> dict[str, Any]:
+        policy = daemon.runtime.get_sandbox(sb).egress
+        assert policy is not None
+        return policy.info()
+
+    resp = client.put(f"/sandboxes/{sb}/network", headers=key, json={"denyOut": ["8.8.8.8"]})
     assert resp.status_code == 204, resp.text
-    assert record.egress.info() == {"allow_internet_access": True, "allow_out": [], "deny_out": ["8.8.8.8"],
+    assert egress() == {"allow_internet_access": True, "allow_out": [], "deny_out": ["8.8.8.8"],
                                     "allow_public_traffic": True, "mask_request_host": None}
-    assert client.put(f"/sandboxes/{SB}/network", headers=key,
+    assert client.put(f"/sandboxes/{sb}/network", headers=key,
                       json={"allow_internet_access": False}).status_code == 204
-    assert record.egress.info()["allow_internet_access"] is False and record.egress.info()["deny_out"] == []
-    assert "domain names" in rest_error(client.put(f"/sandboxes/{SB}/network", headers=key,
+    assert egress()["allow_internet_access"] is False and egress()["deny_out"] == []
+    assert "domain names" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
                                                    json={"allowOut": ["example.com"]}), 400)
-    assert "egressProxy" in rest_error(client.put(f"/sandboxes/{SB}/network", headers=key,
+    assert "egressProxy" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
                                                   json={"egressProxy": {"address": "x:1"}}), 400)
-    assert record.egress.info()["allow_internet_access"] is False  # the refused ones changed nothing
-    no_nic = client.put(f"/sandboxes/{OTHER}/network", headers=key, json={})
+    assert egress()["allow_internet_access"] is False  # the refused ones changed nothing
+    no_nic = client.put(f"/sandboxes/{other}/network", headers=key, json={})
     assert "network device" in rest_error(no_nic, 400)
 
 

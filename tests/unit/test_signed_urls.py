@@ -1,5 +1,6 @@
 """Signed URLs nobody has a credential for: E2B's file URLs (api/e2b/signed.py) and template
-upload URLs (api/e2b/templates.py), against the daemon's app on FakeRuntime.
+upload URLs (api/e2b/templates.py), against the daemon's app on the real runtime (over the QEMU
+double: the sandboxes a scan tries are real ones).
 
 Issue 38, low 9: odd queries (``signature_expiration=--5``, ``²``, too many fields) were 500s
 without any credential. Low 16: a signed file URL that names no sandbox cost one hash per
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +21,44 @@ from fastapi.testclient import TestClient
 from forkd.api.e2b import signed
 from forkd.api.e2b.signed import ScanBudgetSpent, SignerSearch
 from forkd.api.e2b.tokens import AccessTokens
-from tests.fakes.app import TOKEN, app_client
-from tests.fakes.runtime import FakeRuntime
+from tests.fakes.app import TOKEN, Daemon, daemon_app
 
-SB = "sb-67a1b3-0000"
-LAST = f"sb-67a1b3-{2000 - 1:04d}"  # the last of MANY: a scan for its signature tries them all
 SIG = "v1_" + "A" * 43  # the shape of a signature, made by no sandbox
 HASH = "c" * 64
-MANY = 2000  # running sandboxes for the cost tests
+# Running sandboxes for the cost test: real ones, so a handful. What it proves does not depend on
+# the number: a scan costs one hash per running sandbox, a named or known signer one in all, and
+# scans share a budget (SignerSearch alone is tested with larger numbers below).
+MANY = 6
 
 
-def _runtime(sandboxes: int = 1) -> FakeRuntime:
-    rt = FakeRuntime()
-    rt.add_snapshot("base")
-    rt.add_sandbox(SB, "base")
-    for i in range(1, sandboxes):
-        rt.add_sandbox(f"sb-67a1b3-{i:04d}", "base")
-    for sandbox in (SB, LAST):
-        rt.guest_files[sandbox] = {"/": None, "/home": None, "/home/user": None,
-                                   "/home/user/s.txt": b"signed"}
-    return rt
+async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _running(daemon: Daemon, n: int) -> list[str]:
+    """``n`` sandboxes of ``py``, each with /home/user/s.txt ("signed"), in the order a scan tries them."""
+    rt = daemon.runtime
+    for record in daemon.run(rt.spawn, "py", n):
+        daemon.run(rt.files.write, record.id, "/home/user/s.txt", _one_chunk(b"signed"), max_bytes=1 << 10)
+    return [r.id for r in rt.list_sandboxes()]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon for the odd queries: each is refused before it reaches any sandbox's state."""
+    with daemon_app(tmp_path_factory.mktemp("signed")) as d:
+        _running(d, 1)
+        yield d
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    with app_client(tmp_path, _runtime()) as c:
-        yield c
+def client(daemon: Daemon) -> TestClient:
+    return daemon.client
+
+
+@pytest.fixture
+def sandbox(daemon: Daemon) -> str:
+    return daemon.runtime.list_sandboxes()[0].id
 
 
 ODD_FILE_QUERIES = [
@@ -84,9 +97,9 @@ def _assert_refused_in_e2b_shape(resp: Any, query: str) -> None:
 @pytest.mark.parametrize("query", ODD_FILE_QUERIES)
 @pytest.mark.parametrize("method", ["GET", "POST"])
 @pytest.mark.parametrize("named", [False, True], ids=["no-sandbox-id", "sandbox-id"])
-def test_an_odd_signed_file_query_is_never_a_5xx(client: TestClient, query: str, method: str,
-                                                 named: bool) -> None:
-    headers = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983"} if named else {}
+def test_an_odd_signed_file_query_is_never_a_5xx(client: TestClient, sandbox: str, query: str,
+                                                 method: str, named: bool) -> None:
+    headers = {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": "49983"} if named else {}
     _assert_refused_in_e2b_shape(client.request(method, "/files?" + query, headers=headers), query)
 
 
@@ -96,7 +109,7 @@ def test_an_odd_template_upload_query_is_never_a_5xx(client: TestClient, query: 
     _assert_refused_in_e2b_shape(resp, query)
 
 
-def _signed_query(path: str, sandbox: str = SB) -> dict[str, str]:
+def _signed_query(path: str, sandbox: str) -> dict[str, str]:
     from e2b.sandbox.signature import get_signature
 
     made = get_signature(path, "read", "user", AccessTokens(TOKEN.encode()).envd(sandbox))  # type: ignore[arg-type]
@@ -123,14 +136,18 @@ def test_a_signed_url_costs_one_hash_when_named_or_known_and_scans_share_a_budge
     monkeypatch.setattr(signed, "time", types.SimpleNamespace(monotonic=lambda: 1000.0, time=time.time))
     # Room for two scans of every sandbox, not three.
     monkeypatch.setattr(signed, "SCAN_TRIALS_PER_SEC", 2 * MANY + MANY // 2)
-    with app_client(tmp_path, _runtime(MANY)) as client:
+    with daemon_app(tmp_path) as daemon:
+        client = daemon.client
+        ids = _running(daemon, MANY)
+        assert len(ids) == MANY
+        first, last = ids[0], ids[-1]  # a scan for last's signature tries them all
         # Named by E2b-Sandbox-Id: one hash, whatever the signature.
-        named = {"E2b-Sandbox-Id": SB, "E2b-Sandbox-Port": "49983"}
+        named = {"E2b-Sandbox-Id": first, "E2b-Sandbox-Port": "49983"}
         resp = client.get("/files", params={"path": "s.txt", "signature": SIG}, headers=named)
         assert resp.status_code == 401
-        assert trials == [SB]
+        assert trials == [first]
         # Named by nothing, a real URL: found by a scan once, then by one hash.
-        good = _signed_query("s.txt", LAST)
+        good = _signed_query("s.txt", last)
         trials.clear()
         assert client.get("/files", params=good).content == b"signed"
         assert len(trials) == MANY + 1  # every sandbox, then the envd app's own check
