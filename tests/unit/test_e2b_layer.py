@@ -461,7 +461,7 @@ def test_metrics_are_a_sample_taken_in_the_guest(daemon: Daemon, client: TestCli
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``get_metrics``: one sample from the guest's /proc and df, now; none for a range the
     sandbox did not run in (issue 20)."""
-    gateway = daemon.runtime.sandboxes
+    gateway = daemon.runtime.agents
     real_call = gateway.call
     scripts: list[object] = []
 
@@ -643,7 +643,7 @@ def test_entries_carry_owner_group_and_symlink_target(daemon: Daemon, client: Te
     plain = {**link, "name": "f.txt", "path": "/root/d/f.txt"}
     del plain["target"]
 
-    gateway = daemon.runtime.sandboxes
+    gateway = daemon.runtime.agents
     real_call = gateway.call
 
     async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:

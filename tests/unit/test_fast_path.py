@@ -169,7 +169,7 @@ def test_an_unexpected_error_is_a_500_with_its_error_body(daemon: Daemon, sb: st
         raise RuntimeError("boom")
 
     # The agent gateway is the runtime's IO boundary: a bug below it reaches the app as this.
-    monkeypatch.setattr(daemon.runtime.sandboxes, "call", broken)
+    monkeypatch.setattr(daemon.runtime.agents, "call", broken)
     r = _same(daemon, "POST", f"/v1/sandboxes/{sb}/ping")
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: boom"}
 
