@@ -27,8 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
+from forkd.api.app import create_app
+from forkd.api.settings import Settings
 from forkd.config import DataDir
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
@@ -280,6 +283,43 @@ def test_egress_checks_are_400_before_any_vm_starts(env: Env) -> None:
         with pytest.raises(InvalidRequest, match=r"net\.ipv4\.ip_forward is 0"):
             env.loop.run(env.rt.spawn(TAG, 1, SpawnOptions.from_request({"allow_internet_access": True})))
     assert set(env.rt.sandboxes.ids()) == before and env.rt.networks.owners() == []
+
+
+def test_the_api_passes_egress_and_updates_the_network(env: Env) -> None:
+    """Over HTTP, on a snapshot with a NIC (the unit tests' API part has none): a spawn's egress
+    reaches the sandbox, and PUT .../network replaces it whole or refuses a bad entry (400) and
+    keeps the old policy."""
+    gateway = str(netplan.AddressPlan.from_env().gateway)
+    app = create_app(Settings(), runtime=env.rt)
+
+    async def calls() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://forkd",
+                                     timeout=120) as c:
+            made = await c.post("/v1/sandboxes", json={"snapshot_tag": TAG,
+                                                       "network": {"allow_out": [f"{gateway}:8080"]}})
+            if made.status_code != 201:
+                return [made]
+            sb = made.json()[0]["id"]
+            env.made.append(env.rt.get_sandbox(sb))
+            url = f"/v1/sandboxes/{sb}/network"
+            return [made,
+                    await c.put(url, json={"allow_out": [f"{gateway}:8081"], "allow_public_traffic": True}),
+                    await c.put(url, json={"allow_out": ["example.com"]}),
+                    await c.put(url, json={"allowOut": []}),
+                    await c.get(f"/v1/sandboxes/{sb}")]
+
+    made, *rest = env.loop.run(calls())
+    assert made.status_code == 201, made.text
+    assert made.json()[0]["network"]["allow_out"] == [f"{gateway}:8080"]
+    updated, bad, unknown, info = rest
+    assert updated.status_code == 200, updated.text
+    assert updated.json()["network"]["allow_out"] == [f"{gateway}:8081"]
+    assert updated.json()["network"]["allow_public_traffic"] is True
+    assert updated.json()["network"]["allow_internet_access"] is False
+    assert bad.status_code == 400 and "domain names" in bad.json()["error"], bad.text
+    assert unknown.status_code == 400 and "allowOut" in unknown.json()["error"], unknown.text
+    assert info.json()["network"]["allow_out"] == [f"{gateway}:8081"]  # the refused ones changed nothing
+    env.kill(env.made[-1:])
 
 
 # ------------------------------------------------------------------ pools and forks
