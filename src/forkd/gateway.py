@@ -44,7 +44,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.auth import BearerAuthMiddleware, load_token
-from forkd.api.e2b.paths import is_e2b_request
+from forkd.api.e2b.paths import addressed_sandbox, is_e2b_request
 from forkd.api.file_routes import streams_body
 from forkd.api.limits import BodySizeLimitMiddleware
 from forkd.api.settings import DEFAULT_MAX_BODY_BYTES
@@ -74,9 +74,6 @@ _DROP_E2B_REQUEST = _DROP_REQUEST - {"authorization", "host"}
 _E2B_CREATE = frozenset({"/sandboxes", "/v2/sandboxes", "/v3/sandboxes"})
 _E2B_LISTS = frozenset({"/sandboxes", "/v2/sandboxes"})
 _E2B_SANDBOX_PATH = re.compile(r"^(?:/v[23])?/sandboxes/(?P<id>[^/]+)(?:/.*)?$")
-# envd's traffic names its sandbox by header, or by E2B's host name form {port}-{id}.{domain}.
-_E2B_SANDBOX_HEADER = "e2b-sandbox-id"
-_E2B_HOST = re.compile(r"^(?P<port>[0-9]{1,5})-(?P<id>sb-[a-z0-9-]{1,80})\.")
 _SANDBOX_PATH = re.compile(rf"^/{API_VERSION}/sandboxes/(?P<id>[^/]+)(?P<rest>/.*)?$")
 _SNAPSHOT_PATH = re.compile(rf"^/{API_VERSION}/snapshots/(?P<tag>[^/]+)(?P<rest>/.*)?$")
 
@@ -142,7 +139,7 @@ class Gateway:
             return JSONResponse({"version": VERSION, "api": API_VERSION})
         if path == "/metrics":
             return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
-        if (sandbox_id := _e2b_sandbox_of(request)) is not None:
+        if (sandbox_id := addressed_sandbox(request.scope)) is not None:
             return await self._e2b_to_owner(request, sandbox_id, stream=True)
         if is_e2b_request(request.scope):
             return await self._e2b_control(request)
@@ -449,16 +446,6 @@ class Gateway:
                              sent=True) from None
 
 
-def _e2b_sandbox_of(request: Request) -> str | None:
-    """The sandbox envd traffic is for: its E2b-Sandbox-Id header, else its Host's {port}-{id}."""
-    named = request.headers.get(_E2B_SANDBOX_HEADER)
-    if named is not None:
-        return named.strip()
-    if m := _E2B_HOST.match(request.headers.get("host", "")):
-        return m.group("id")
-    return None
-
-
 def _e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """An error in the shape E2B's SDKs read: {"code", "message"}."""
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
@@ -529,16 +516,10 @@ class _BearerUnlessE2B:
         self._checked = BearerAuthMiddleware(app, token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (is_e2b_request(scope) or _e2b_host(scope)):
+        if scope["type"] == "http" and (is_e2b_request(scope) or addressed_sandbox(scope) is not None):
             await self._app(scope, receive, send)
             return
         await self._checked(scope, receive, send)
-
-
-def _e2b_host(scope: Scope) -> bool:
-    """Whether a request's Host is E2B's {port}-{id}.{domain} form (envd, or a sandbox's port)."""
-    host = next((v for k, v in scope.get("headers", ()) if k == b"host"), b"")
-    return _E2B_HOST.match(host.decode("latin-1")) is not None
 
 
 __all__ = ["Gateway", "GatewaySettings", "HostFailed", "create_gateway_app"]

@@ -6,6 +6,8 @@ requests to their hosts without serving them itself, can recognise them cheaply.
 
 from __future__ import annotations
 
+import re
+
 from starlette.types import Scope
 
 # Where the control plane's routes start; none of them is forkd's own (that lives under /v1).
@@ -25,8 +27,28 @@ def is_sandbox_request(scope: Scope) -> bool:
     return scope["type"] == "http" and any(name == SANDBOX_HEADER for name, _ in scope.get("headers", ()))
 
 
+# E2B's host name form for a sandbox's port (envd's, or one it serves): {port}-{id}.{domain}.
+SANDBOX_HOST = re.compile(r"^(?P<port>[0-9]{1,5})-(?P<id>sb-[a-z0-9-]{1,80})\.")
+
+
+def addressed_sandbox(scope: Scope) -> str | None:
+    """The sandbox in-sandbox traffic names: its ``E2b-Sandbox-Id`` header, else its Host's
+    ``{port}-{id}.`` form; None for any other request."""
+    if scope["type"] != "http":
+        return None
+    host = b""
+    for name, value in scope.get("headers", ()):
+        if name == SANDBOX_HEADER:
+            return str(value.decode("latin-1")).strip()
+        if name == b"host":
+            host = value
+    m = SANDBOX_HOST.match(host.decode("latin-1"))
+    return m.group("id") if m else None
+
+
 def is_e2b_request(scope: Scope) -> bool:
     return is_sandbox_request(scope) or (scope["type"] == "http" and is_control_path(str(scope["path"])))
 
 
-__all__ = ["PREFIXES", "is_control_path", "is_e2b_request", "is_sandbox_request"]
+__all__ = ["PREFIXES", "SANDBOX_HOST", "addressed_sandbox", "is_control_path", "is_e2b_request",
+           "is_sandbox_request"]
