@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from forkd.store.layout import host_of
+
 from .daemon_fixture import (
     FORKD,
     Daemon,
@@ -183,6 +185,47 @@ def test_branch_on_host_a_then_fork_on_host_b(fleet: Fleet) -> None:
         assert {source["id"], child["id"]} <= listed
         tags = {s["tag"] for s in c.get("/v1/snapshots").json()}
         assert {"fl-py", "fl-branch"} <= tags
+
+
+def test_a_spread_fork_tree_lands_on_several_hosts_and_promote_cleans_up_on_each(fleet: Fleet) -> None:
+    with fleet.client(timeout=600) as c:
+        [source] = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"}).json()
+        sid = source["id"]
+        c.post(f"/v1/sandboxes/{sid}/exec",
+               json={"args": ["sh", "-c", "echo spread > /root/seen && sync"]}).raise_for_status()
+        c.post(f"/v1/sandboxes/{sid}/eval", json={"code": "exec('carried = 6 * 7')"}).raise_for_status()
+        r = c.post(f"/v1/sandboxes/{sid}/fork-tree",
+                   json={"count": 6, "spread": True, "child_env": [{"SLOT": str(i)} for i in range(6)]})
+        assert r.status_code == 201, r.text
+        report = r.json()
+        assert report["errors"] == [] and len(report["children"]) == 6, report
+        children = {int(ch["metadata"]["fork_index"]): ch["id"] for ch in report["children"]}
+        assert sorted(children) == list(range(6))
+        assert {ch["metadata"]["fork_tree_id"] for ch in report["children"]} == {report["tree_id"]}
+        assert {ch["metadata"]["fork_parent_id"] for ch in report["children"]} == {sid}
+        hosts = {host_of(child) for child in children.values()}
+        assert len(hosts) >= 2 and "h1" in hosts, hosts  # the source's host branched and took its share
+        for index, child in children.items():
+            # Each child, wherever it runs, starts from the source's memory and disk, with its own env.
+            assert c.post(f"/v1/sandboxes/{child}/eval", json={"code": "carried"}).json()["result"] == "42"
+            seen = c.post(f"/v1/sandboxes/{child}/exec",
+                          json={"args": ["sh", "-c", "cat /root/seen; echo $SLOT"]}).json()
+            assert seen["stdout"] == f"spread\n{index}\n", (child, seen)
+
+        winner = next(child for child in children.values() if host_of(child) != "h1")
+        # A sandbox id names its host: the winner cannot take the id of a parent on another host.
+        refused = c.post(f"/v1/sandboxes/{winner}/promote", json={"replace_parent": True})
+        assert refused.status_code == 409 and "names its host" in refused.json()["error"]
+        promoted = c.post(f"/v1/sandboxes/{winner}/promote", json={})
+        assert promoted.status_code == 200, promoted.text
+        deleted = {d["id"] for d in promoted.json()["deleted"] if d["deleted"]}
+        assert deleted == set(children.values()) - {winner}, promoted.json()
+        listed = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+        assert winner in listed and sid in listed and not listed & deleted
+        for gone in (winner, sid):
+            assert c.delete(f"/v1/sandboxes/{gone}").status_code in (200, 204)
+        # The branch was kept for the children elsewhere: it goes through the gateway, from every host.
+        assert c.delete(f"/v1/snapshots/{report['snapshot_tag']}").status_code in (200, 204)
 
 
 @pytest.fixture(scope="module")

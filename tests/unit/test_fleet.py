@@ -24,7 +24,7 @@ from forkd.fleet.etcd import EtcdClient, prefix_end
 from forkd.fleet.hosts import KEY_PREFIX, HostRecord
 from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
-from forkd.fleet.placement import by_load, holders, spawn_candidates
+from forkd.fleet.placement import by_load, holders, spawn_candidates, spread_plan
 from forkd.gateway import GatewaySettings, create_gateway_app
 from forkd.sdk import Controller
 from forkd.store import layout
@@ -50,6 +50,22 @@ def test_a_spawn_goes_to_a_holder_first_then_the_least_loaded_that_can_pull() ->
     assert [h.host_id for h in holders(hosts, "py")] == ["e", "c"]
     assert [h.host_id for h in by_load([host("x", load=1, capacity=2), host("y", load=3, capacity=100)])] == \
         ["y", "x"]
+
+
+def test_a_spread_fork_starts_on_the_sources_host_then_fills_the_least_loaded() -> None:
+    hosts = [host("a", load=4), host("b"), host("c"), host("d", store=False)]
+
+    def plan(source: str, count: int, pool: list[HostRecord] = hosts) -> dict[str, int]:
+        return {h.host_id: n for h, n in spread_plan(pool, source, count)}
+
+    # The source's host takes the first child whatever its load; d cannot pull from the store.
+    assert plan("a", 1) == {"a": 1}
+    assert plan("a", 7) == {"a": 1, "b": 3, "c": 3}
+    # Equal hosts share evenly, the source's first.
+    assert plan("b", 6, [host("b"), host("c"), host("e")]) == {"b": 2, "c": 2, "e": 2}
+    # A source host without a store keeps them all (nobody else could start from its branch).
+    assert plan("d", 5) == {"d": 5}
+    assert plan("zz", 3) == {} and plan("a", 0) == {}
 
 
 def test_a_host_record_round_trips_and_a_bad_one_is_refused() -> None:

@@ -42,6 +42,21 @@ def option_names() -> set[str]:
 
 
 @dataclass(frozen=True)
+class TreeLabels:
+    """A fork-tree's labels for children started by a spawn: a fleet gateway's share of a spread
+    fork-tree placed on another host than the source's (gateway/spread.py). Child i gets
+    fork_index ``first_index + i``."""
+
+    tree_id: str
+    parent_id: str
+    first_index: int = 0
+
+    def for_child(self, i: int) -> dict[str, str]:
+        tree, parent, index = bounds.FORK_LABELS
+        return {tree: self.tree_id, parent: self.parent_id, index: str(self.first_index + i)}
+
+
+@dataclass(frozen=True)
 class SpawnOptions:
     """Everything a spawn of ``n`` children of a snapshot may ask for, besides the tag and ``n``.
 
@@ -73,6 +88,7 @@ class SpawnOptions:
     env: dict[str, str] | None = None
     child_env: list[dict[str, str]] | None = None
     metadata: dict[str, str] | None = None
+    fork_tree: TreeLabels | None = None
     timeout_secs: float | None = None
     cpu_limit: float | None = None
     pids_limit: int | None = None
@@ -87,6 +103,8 @@ class SpawnOptions:
     guest: RestoreInputs = field(default_factory=RestoreInputs)
 
     def __post_init__(self) -> None:
+        if isinstance(self.fork_tree, Mapping):  # from a request body (the only nested option)
+            object.__setattr__(self, "fork_tree", TreeLabels(**self.fork_tree))
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest;
         # RestoreInputs checked its own fields as it was made).
         if self.guest.env:
@@ -174,4 +192,4 @@ def _check_lifetimes(timeout_secs: float | None, idle_pause_secs: float | None,
                                f"hibernate_on_timeout do not go with {name}")
 
 
-__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions", "request_fields"]
+__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions", "TreeLabels", "request_fields"]

@@ -110,8 +110,10 @@ def child_specs(n: int, options: SpawnOptions, child_memory_limit_mib: list[int 
     if options.pids_limit is not None:
         bounds.PIDS_LIMIT.check(options.pids_limit)
     limits = child_memory_limit_mib or [None] * n
+    tree = options.fork_tree
     return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else options.memory_limit_mib,
-                      metadata=dict(metadata), cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
+                      metadata={**metadata, **tree.for_child(i)} if tree else dict(metadata),
+                      cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
                       disk_quota_mib=options.disk_quota_mib, restore=restore[i]) for i in range(n)]
 
 

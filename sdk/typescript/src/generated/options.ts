@@ -258,10 +258,26 @@ export interface ForkRequestOptions {
   /** As in POST /v1/sandboxes. */
   perChildNetns?: Schemas["ForkRequest"]["per_child_netns"];
   /**
+   * Through a fleet gateway: place the children on several hosts (the source's host branches and
+   * takes the first, the branch goes to the object store, the others start from it), and keep the
+   * branch, since children elsewhere read from it. A daemon alone forks every child itself.
+   */
+  spread?: Schemas["ForkRequest"]["spread"];
+  /**
    * Kill each child this many seconds after the fork returns (the source keeps its own deadline).
    * Default: no deadline.
    */
   timeoutSecs?: Schemas["ForkRequest"]["timeout_secs"];
+}
+
+/** `ForkTreeLabels` in camelCase. */
+export interface ForkTreeLabelsOptions {
+  /** fork_index of the first child. */
+  firstIndex: Schemas["ForkTreeLabels"]["first_index"];
+  /** The tree's source sandbox, on whichever host it runs. */
+  parentId: Schemas["ForkTreeLabels"]["parent_id"];
+  /** The fork-tree's id (its other children's fork_tree_id). */
+  treeId: Schemas["ForkTreeLabels"]["tree_id"];
 }
 
 /** `HibernateRequest` in camelCase. */
@@ -452,6 +468,13 @@ export interface SpawnRequestOptions {
    */
   env?: Schemas["SpawnRequest"]["env"];
   /**
+   * What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+   * get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index)
+   * as the tree's other children did, so promote finds them. The labels are otherwise set only by
+   * fork-tree itself.
+   */
+  forkTree?: ForkTreeLabelsOptions | null;
+  /**
    * At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as
    * hibernated until killed, and its next request wakes it.
    */
@@ -600,6 +623,7 @@ export interface RequestOptions {
   ExecRequest: ExecRequestOptions;
   ExecStreamRequest: ExecStreamRequestOptions;
   ForkRequest: ForkRequestOptions;
+  ForkTreeLabels: ForkTreeLabelsOptions;
   HibernateRequest: HibernateRequestOptions;
   MkdirRequest: MkdirRequestOptions;
   NetworkPolicy: NetworkPolicyOptions;
@@ -710,7 +734,13 @@ export const WIRE_NAMES = {
     metadata: "metadata",
     network: ["network", "NetworkPolicy"],
     perChildNetns: "per_child_netns",
+    spread: "spread",
     timeoutSecs: "timeout_secs",
+  },
+  ForkTreeLabels: {
+    firstIndex: "first_index",
+    parentId: "parent_id",
+    treeId: "tree_id",
   },
   HibernateRequest: {
     memory: "memory",
@@ -769,6 +799,7 @@ export const WIRE_NAMES = {
     cpuLimit: "cpu_limit",
     diskQuotaMib: "disk_quota_mib",
     env: "env",
+    forkTree: ["fork_tree", "ForkTreeLabels"],
     hibernateOnTimeout: "hibernate_on_timeout",
     hostname: "hostname",
     hugepages: "hugepages",

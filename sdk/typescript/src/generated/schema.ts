@@ -1354,6 +1354,12 @@ export interface components {
              */
             per_child_netns?: boolean;
             /**
+             * Spread
+             * @description Through a fleet gateway: place the children on several hosts (the source's host branches and takes the first, the branch goes to the object store, the others start from it), and keep the branch, since children elsewhere read from it. A daemon alone forks every child itself.
+             * @default false
+             */
+            spread?: boolean;
+            /**
              * Timeout Secs
              * @description Kill each child this many seconds after the fork returns (the source keeps its own deadline). Default: no deadline.
              */
@@ -1395,6 +1401,24 @@ export interface components {
             tree_id?: string | null;
         } & {
             [key: string]: unknown;
+        };
+        /** ForkTreeLabels */
+        ForkTreeLabels: {
+            /**
+             * First Index
+             * @description fork_index of the first child.
+             */
+            first_index: number;
+            /**
+             * Parent Id
+             * @description The tree's source sandbox, on whichever host it runs.
+             */
+            parent_id: string;
+            /**
+             * Tree Id
+             * @description The fork-tree's id (its other children's fork_tree_id).
+             */
+            tree_id: string;
         };
         /** Health */
         Health: {
@@ -2247,6 +2271,8 @@ export interface components {
             env?: {
                 [key: string]: string;
             } | null;
+            /** @description What a fleet gateway sets when it places part of a spread fork-tree on this host: the children get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as the tree's other children did, so promote finds them. The labels are otherwise set only by fork-tree itself. */
+            fork_tree?: components["schemas"]["ForkTreeLabels"] | null;
             /**
              * Hibernate On Timeout
              * @description At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as hibernated until killed, and its next request wakes it.

@@ -44,6 +44,7 @@ from forkd.api.schemas.common import (
     PidsLimit,
     RequestModel,
     RunAs,
+    SandboxId,
     SandboxTimeout,
     Tag,
 )
@@ -120,6 +121,14 @@ HOSTNAME_HELP = ("Each child's hostname, set in the guest at its restore (what h
                  "most 64 characters. Default: the snapshot's.")
 
 
+class ForkTreeLabels(RequestModel):
+    tree_id: Annotated[str, StringConstraints(pattern=TREE_ID_PATTERN)] = Field(
+        description="The fork-tree's id (its other children's fork_tree_id).")
+    parent_id: SandboxId = Field(description="The tree's source sandbox, on whichever host it runs.")
+    first_index: JSONInt = Field(ge=0, le=int(bounds.SPAWN_N.high),
+                                 description="fork_index of the first child.")
+
+
 class SpawnRequest(RequestModel):
     snapshot_tag: Tag = Field(description="Registered snapshot to fork from.", examples=["py"])
     n: JSONInt = Field(1, **bounds.SPAWN_N.field_kwargs(), description="Number of children to fork.")
@@ -191,6 +200,12 @@ class SpawnRequest(RequestModel):
         "Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.",
     )
     hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
+    fork_tree: ForkTreeLabels | None = Field(
+        None, description="What a fleet gateway sets when it places part of a spread fork-tree on this "
+        "host: the children get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted "
+        "from first_index) as the tree's other children did, so promote finds them. The labels are "
+        "otherwise set only by fork-tree itself.",
+    )
 
     # Request fields that are not spawn options: the tag and count, and what is accepted without effect.
     NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"snapshot_tag", "n", "hugepages"})
@@ -345,8 +360,14 @@ class ForkRequest(RequestModel):
                                                           "for each child.")
     hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
 
+    spread: bool = Field(
+        False, description="Through a fleet gateway: place the children on several hosts (the source's "
+        "host branches and takes the first, the branch goes to the object store, the others start from "
+        "it), and keep the branch, since children elsewhere read from it. A daemon alone forks every "
+        "child itself.")
+
     # Fields of the request that are not fork options.
-    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count"})
+    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count", "spread"})
 
     def options(self) -> ForkOptions:
         """The fork options this request asks for: every field by its name (a new field needs no

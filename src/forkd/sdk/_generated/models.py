@@ -531,6 +531,12 @@ class ForkRequest(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    spread: bool
+    """Through a fleet gateway: place the children on several hosts (the source's host branches and
+    takes the first, the branch goes to the object store, the others start from it), and keep the
+    branch, since children elsewhere read from it. A daemon alone forks every child itself.
+    """
+
 
 class HibernationInfo(TypedDict, total=False):
     """The ``HibernationInfo`` schema."""
@@ -715,6 +721,19 @@ class ForkResponse(TypedDict, total=False):
     /v1/sandboxes/{id}/memory answers): most of its RAM is shared with its siblings at first. A
     child that could not be read is left out.
     """
+
+
+class ForkTreeLabels(TypedDict, total=False):
+    """The ``ForkTreeLabels`` schema."""
+
+    tree_id: Required[str]
+    """The fork-tree's id (its other children's fork_tree_id)."""
+
+    parent_id: Required[str]
+    """The tree's source sandbox, on whichever host it runs."""
+
+    first_index: Required[int]
+    """fork_index of the first child."""
 
 
 class Health(TypedDict, total=False):
@@ -1194,6 +1213,13 @@ class SpawnRequest(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    fork_tree: ForkTreeLabels | None
+    """What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+    get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as
+    the tree's other children did, so promote finds them. The labels are otherwise set only by fork-
+    tree itself.
+    """
+
 
 class StdinRequest(TypedDict, total=False):
     """The ``StdinRequest`` schema."""
@@ -1392,6 +1418,13 @@ class SpawnExtra(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    fork_tree: ForkTreeLabels | None
+    """What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+    get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as
+    the tree's other children did, so promote finds them. The labels are otherwise set only by fork-
+    tree itself.
+    """
+
 
 class ForkExtra(TypedDict, total=False):
     """The optional fields of ``ForkRequest`` that ``fork_sandbox`` and ``fork_tree`` take as keyword
@@ -1408,6 +1441,12 @@ class ForkExtra(TypedDict, total=False):
     """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
     /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
     characters. Default: the snapshot's.
+    """
+
+    spread: bool
+    """Through a fleet gateway: place the children on several hosts (the source's host branches and
+    takes the first, the branch goes to the object store, the others start from it), and keep the
+    branch, since children elsewhere read from it. A daemon alone forks every child itself.
     """
 
 
@@ -1502,6 +1541,7 @@ __all__ = [
     "ForkExtra",
     "ForkRequest",
     "ForkResponse",
+    "ForkTreeLabels",
     "Health",
     "HibernateRequest",
     "HibernationInfo",
