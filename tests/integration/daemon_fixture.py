@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from forkd.config import DataDir
+from forkd.host import fusefile
 
 from .conftest import images_dir, qemu_processes_of
 
@@ -65,12 +66,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def kill_qemus_of(root: Path) -> list[str]:
-    """SIGKILL every QEMU whose command line names ``root`` (test clean-up); returns them."""
+    """SIGKILL every QEMU whose command line names ``root`` (test clean-up); returns them. A daemon
+    killed with SIGKILL also leaves its lazily arriving snapshots' FUSE mounts (a daemon that
+    starts on ``root`` again detaches them itself): detach them, so nothing is left mounted."""
     leftover = qemu_processes_of(root)
     for line in leftover:
         pid = int(line.split()[0])
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for point in fusefile.mounts_under(root):
+        with contextlib.suppress(OSError):
+            fusefile.umount(point)
     return leftover
 
 
