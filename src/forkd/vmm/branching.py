@@ -71,7 +71,8 @@ def _err_path(stream: Path) -> Path:
     return stream.with_name(f"{stream.name}.err")
 
 
-def _stream_uri(stream: Path) -> str:
+def stream_uri(stream: Path) -> str:
+    """Where QEMU's ``migrate`` writes a stream to ``stream``: through cat."""
     # cat's stderr is kept so that a failure (e.g. ENOSPC) can be named to the user.
     return f"exec:cat > {shlex.quote(str(stream))} 2> {shlex.quote(str(_err_path(stream)))}"
 
@@ -133,7 +134,7 @@ async def capture(
         await vm.qmp.cmd("stop")
         try:
             await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.run_migration("migrate", timeout, uri=_stream_uri(stream))
+            await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
         except BaseException:
             await resume(vm)
             raise
@@ -145,7 +146,7 @@ async def capture(
         await _prepare_migration(vm, precopy=True)
         # Runs while the guest runs; QEMU stops the vCPUs for the final pass and
         # waits for us: that is the instant the disk must be frozen.
-        await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=_stream_uri(stream))
+        await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=stream_uri(stream))
         t0 = time.monotonic()
         try:
             await _freeze_disk(vm, active_node, new_disk, new_node)
@@ -195,7 +196,7 @@ async def _capture_live(
             await vm.agent.fsfreeze(timeout=120)
             fs_frozen_at = time.monotonic()
             await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+            await vm.qmp.cmd("migrate", uri=stream_uri(stream))
             pause_ms = await await_live_pause(vm.qmp, listener, timeout)
     except BaseException:
         with contextlib.suppress(Exception):

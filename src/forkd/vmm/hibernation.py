@@ -49,10 +49,12 @@ from forkd.errors import CorruptState, VMError
 from forkd.guest import protocol
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
+from forkd.vmm import disk as disk_mod
+from forkd.vmm.branching import stream_uri
 from forkd.vmm.cmdline import LaunchSpec
 from forkd.vmm.machine import VM
 from forkd.vmm.process import AgentSockets
-from forkd.vmm.qmp import restore_phases
+from forkd.vmm.qmp import UNTHROTTLED, restore_phases
 
 DEVICES = "devices.state"  # xen-save-devices-state's file
 MEMORY = "memory.diff"  # host/memdiff.py's file
@@ -152,14 +154,7 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
     vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, saved / INCOMING, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started
-        ram = memdiff.RamMapping.find(vm.pid, mem_path, config.mem_mib << 20)
-        # A QEMU waiting for its incoming state writes nothing into guest RAM; should one ever,
-        # those pages go back to the file's content unless the diff has them.
-        stray = ram.changed()
-        runs = await asyncio.to_thread(memdiff.load, saved / MEMORY, ram)
-        stray = memdiff.subtract(stray, runs)
-        if stray:
-            await asyncio.to_thread(memdiff.restore_file_pages, ram, stray, mem_path)
+        await _load_pages(vm, config, mem_path, saved)
         vm.timings["memory_s"] = time.monotonic() - started
         with vm.qmp.recording("MIGRATION", "RESUME") as events:
             await vm.qmp.start_incoming(incoming, x_ignore_shared=False)
@@ -176,6 +171,51 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
     finally:
         (saved / INCOMING).unlink(missing_ok=True)
     return vm
+
+
+async def _load_pages(vm: VM, config: VMConfig, mem_path: Path, saved: Path) -> None:
+    """Write the saved pages into the RAM of ``vm``, a QEMU waiting for its incoming state."""
+    ram = memdiff.RamMapping.find(vm.pid, mem_path, config.mem_mib << 20)
+    # A QEMU waiting for its incoming state writes nothing into guest RAM; should one ever,
+    # those pages go back to the file's content unless the diff has them.
+    stray = ram.changed()
+    runs = await asyncio.to_thread(memdiff.load, saved / MEMORY, ram)
+    stray = memdiff.subtract(stray, runs)
+    if stray:
+        await asyncio.to_thread(memdiff.restore_file_pages, ram, stray, mem_path)
+
+
+async def saved_to_stream(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_state: Path,
+                          disk_size: int, saved: Path, stream: Path, tap: str | None,
+                          timeout: float = 600) -> None:
+    """The child hibernated in ``saved`` as the stream a BRANCH of it would have captured, without
+    waking it: a helper QEMU with its device configuration (a placeholder NIC, a blank disk of its
+    size: the guest never runs, so the disk's content is never read) loads its pages and device
+    state as a wake does, stays stopped (``-S``), and migrates everything out to ``stream``. Its
+    files, disk and row are only read. ``stream`` then becomes a snapshot like any branch's
+    (``branching.stream_to_snapshot``)."""
+    await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, run_dir / INCOMING)
+    scratch = run_dir / "scratch.qcow2"
+    disk_mod.create_blank(scratch, disk_size)
+    sockets = AgentSockets.bind(run_dir)
+    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=scratch,
+                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                      console_log=run_dir / "console.log", incoming=True, tap=tap,
+                      nic_placeholder=True, extra=["-S"])  # load the state, never run it
+    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, run_dir / INCOMING)
+    try:
+        await _load_pages(vm, config, mem_path, saved)
+        await vm.qmp.set_capabilities(x_ignore_shared=False)
+        await vm.await_or_exit(vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
+                               timeout, "the hibernated state to load")
+        # RAM is a private copy of the snapshot's file plus the saved pages: a full stream, as
+        # a full BRANCH of the running child writes.
+        await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
+        await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
+    finally:
+        await vm.shutdown()
+        scratch.unlink(missing_ok=True)
+        (run_dir / INCOMING).unlink(missing_ok=True)
 
 
 async def _clock_set(vm: VM, started: float, what: str) -> None:
@@ -221,4 +261,4 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
 
 
 __all__ = ["ACTIVE_NODE", "DEVICES", "DIGEST", "INCOMING", "MEMORY", "Captured", "capture", "cold_boot",
-           "digest", "flush", "incoming_stream", "verify", "wake"]
+           "digest", "flush", "incoming_stream", "saved_to_stream", "verify", "wake"]
