@@ -221,6 +221,42 @@ def test_a_branched_sandbox_hibernates_wakes_and_branches_again(http: httpx.Clie
         assert http.delete(f"/v1/snapshots/{snap['tag']}").status_code == 204
 
 
+def test_a_hibernated_sandbox_forks_without_waking(http: httpx.Client) -> None:
+    """fork-tree of a hibernated sandbox: the children start from its saved memory and disk (a
+    chain of layers by then), each on its own, and it stays hibernated; woken later, it is as
+    it was."""
+    sb = spawn(http)
+    run(http, sb["id"], "sh", "-c", "echo one > /root/a; sync")
+    first = ok(http.post(f"/v1/sandboxes/{sb['id']}/branch", json={"mode": "diff"}, timeout=300))
+    run(http, sb["id"], "sh", "-c", "echo two > /root/b")  # in its page cache when it sleeps
+    evaluate(http, sb["id"], "v = 'asleep'")
+    hibernate(http, sb["id"])
+    wakes = metric(http, "forkd_hibernation_wakes")
+
+    r = http.post(f"/v1/sandboxes/{sb['id']}/fork-tree", json={"count": 2, "network": EGRESS}, timeout=600)
+    assert r.status_code == 201, r.text
+    forked = r.json()
+    assert forked["errors"] == [] and forked["pause_ms"] == 0, forked
+    children = [child["id"] for child in forked["children"]]
+    listed = {s["id"]: s["state"] for s in ok(http.get("/v1/sandboxes"))}
+    assert listed[sb["id"]] == "hibernated"
+    assert metric(http, "forkd_hibernation_wakes") == wakes  # nothing woke it
+    for i, child in enumerate(children):
+        assert listed[child] == "running"
+        assert evaluate(http, child, "v") == "'asleep'"
+        assert run(http, child, "cat", "/root/a", "/root/b") == "one\ntwo\n"
+        run(http, child, "sh", "-c", f"echo child{i} > /root/a; sync")
+    assert run(http, children[1], "cat", "/root/a") == "child1\n"  # each child's disk is its own
+
+    # The source wakes on its next request, from its own files, untouched by the fork.
+    assert evaluate(http, sb["id"], "v") == "'asleep'"
+    assert run(http, sb["id"], "cat", "/root/a", "/root/b") == "one\ntwo\n"
+    assert metric(http, "forkd_hibernation_wakes") == wakes + 1
+    for sb_id in (*children, sb["id"]):
+        assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+    assert http.delete(f"/v1/snapshots/{first['tag']}").status_code == 204
+
+
 def test_an_idle_sandbox_hibernates_and_wakes_on_its_next_request(http: httpx.Client) -> None:
     sb = spawn(http, idle_hibernate_secs=1)
     evaluate(http, sb["id"], "z = 7")

@@ -16,6 +16,10 @@ keeps it like any other branch.
 A branch none of whose children can come up is taken once more (``BRANCH_ATTEMPTS``):
 see there.
 
+A *hibernated* source is forked without waking it: its branch is taken from its saved state
+(controller/hibernated_branch.py), nothing of it runs or is paused (``pause_ms`` 0), and it
+stays hibernated.
+
 A fork-tree stamps each child's ``metadata`` with ``fork_tree_id``,
 ``fork_parent_id`` and ``fork_index``. ``promote`` keeps one child of a tree:
 it kills the others and, with ``replace_parent``, kills the source too and
@@ -34,6 +38,7 @@ from typing import Any
 from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.costs import cost_of
+from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.options import ForkOptions
 from forkd.controller.results import Deletion, PromoteResult, SandboxCost
 from forkd.controller.sandbox_events import SandboxEvents
@@ -99,11 +104,12 @@ async def _costs(children: list[SandboxRecord]) -> list[SandboxCost]:
 class Forker:
     def __init__(self, sandboxes: SandboxReader, aliases: AliasRows, table: SandboxTable,
                  events: SandboxEvents, brancher: Brancher, spawner: Spawner, store: SnapshotStore,
-                 tags: TagReservations) -> None:
+                 tags: TagReservations, asleep: HibernatedBrancher) -> None:
         self._sandboxes = sandboxes
         self._aliases = aliases  # the sandbox_aliases table: only promote writes it
         self._table = table
         self._brancher = brancher
+        self._asleep = asleep
         self._spawner = spawner
         self._store = store
         self._tags = tags
@@ -113,8 +119,10 @@ class Forker:
                    tree: bool = False) -> ForkReport:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
-        self._table.get(source_id)  # 404 / died, before anything is paused
-        source = self._sandboxes.get(source_id)
+        source = self._sandboxes.get(source_id)  # 404
+        hibernated = source.hibernation is not None  # forked from its saved state, left asleep
+        if not hibernated:
+            self._table.get(source_id)  # 404 / died, before anything is paused
         # Every per-child input is checked before the source is paused.
         specs = child_specs(count, options.spawn, options.child_memory_limit_mib)
         tree_id = f"ft-{secrets.token_hex(6)}" if tree else None
@@ -131,6 +139,10 @@ class Forker:
         mode = "live" if source.live_fork else "diff"
         pause_ms = 0.0
         for attempt in range(1, BRANCH_ATTEMPTS + 1):
+            if hibernated:  # it never runs: nothing is paused, and one branch is all there is
+                snap = await self._asleep.branch(source_id)
+                outcomes = await self._children(snap.tag, specs, options)
+                break
             snap = await self._brancher.branch(source_id, None, mode, wait=True)
             pause_ms += snap.pause_ms or 0.0
             outcomes = await self._children(snap.tag, specs, options)

@@ -257,6 +257,13 @@ class Hibernator:
     def hibernated(self, sandbox_id: str) -> bool:
         return sandbox_id in self._asleep
 
+    def asleep_with_memory(self, sandbox_id: str) -> bool:
+        """Hibernated with its memory (so it can be forked without a wake), and not waking now."""
+        if not self.hibernated(sandbox_id) or sandbox_id in self._waking:
+            return False
+        hibernation = self._table.records.get(sandbox_id).hibernation
+        return hibernation is not None and hibernation.memory
+
     async def wake(self, sandbox_id: str) -> bool:
         """Wake ``sandbox_id`` if it is hibernated (every concurrent caller awaits the same wake);
         False if it is not hibernated. A failed wake raises, and leaves it hibernated."""

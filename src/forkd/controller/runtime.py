@@ -58,6 +58,7 @@ from forkd.controller.costs import SandboxCosts
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
+from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.hibernation import Hibernator
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
@@ -162,8 +163,9 @@ class Runtime:
                                self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
+        asleep = HibernatedBrancher(rows, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
-                             self.snapshots, self.tags)
+                             self.snapshots, self.tags, asleep)
         self.checkpoints = Checkpointer(rows, self.sandboxes, self.events, self.brancher, self.snapshots,
                                         self.forker)
         self.pools = PoolKeeper(registry.pools, rows, self.sandboxes, self.events, self.spawner,
@@ -370,10 +372,14 @@ class Runtime:
 
     async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
                    tree: bool = False) -> ForkReport:
-        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py
-        and ForkOptions); the children's lifetimes are their own (the source keeps its deadline)."""
+        """Branch a sandbox once and fork ``count`` children of it (see controller/forks.py and
+        ForkOptions); the children's lifetimes are their own (the source keeps its deadline). A
+        hibernated source is forked from its saved state and stays hibernated (one hibernated
+        without its memory is woken first)."""
         options = options or ForkOptions()
-        await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
+        source = self.sandboxes.resolve(check_sandbox_id(sandbox_id))
+        if not self.hibernation.asleep_with_memory(source):  # such a one is forked as it sleeps
+            await self.hibernation.wake(source)
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
         self._apply_lifetimes(result.children, options.spawn)
         return result
