@@ -55,6 +55,22 @@ def _consoles_since(started: float) -> list[Path]:
     return kept + live
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The container test runs last, its image built in the background meanwhile (container_image.py):
+    the build's minutes overlap the other VM tests."""
+    container = [item for item in items if item.path.name == "test_container.py"]
+    if not container:
+        return
+    items[:] = [item for item in items if item.path.name != "test_container.py"] + container
+    from . import container_image
+
+    if container_image.PODMAN is not None and container_image.BUILD is None:
+        log = Path(tempfile.mkdtemp(prefix="forkd-ctr-")) / "build.log"
+        container_image.BUILD = container_image.ImageBuild(images_dir(), log)
+        container_image.BUILD.start()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -84,6 +100,10 @@ _STARTED = pytest.StashKey[float]()
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(_KEPT_CONSOLES, ignore_errors=True)
+    from . import container_image
+
+    if container_image.BUILD is not None:
+        container_image.BUILD.stop()  # a session that ended before its container test
 
 
 class Loop:
