@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -24,9 +25,14 @@ from pathlib import Path
 
 import httpx
 
-from .daemon_fixture import free_port
-
 BUCKET = "forkd-test"
+
+
+def free_port() -> int:
+    """A free loopback port (this module stands alone: bench/fleet.py starts these services too)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
