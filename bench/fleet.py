@@ -31,7 +31,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -43,8 +42,8 @@ from typing import Any
 import httpx
 
 from common import (
-    FORKD,
     forkd_daemon,
+    forkd_process,
     free_port,
     host_facts,
     kill_qemus_under,
@@ -66,28 +65,9 @@ EXPECTED = str((8 << 20) * ((8 << 20) - 1) // 2)
 @contextlib.contextmanager
 def gateway(etcd: str, token_file: Path, log: Path) -> Iterator[str]:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    with log.open("ab") as out:
-        proc = subprocess.Popen([str(FORKD), "gateway", "--etcd", etcd, "--bind", f"127.0.0.1:{port}",
-                                 "--token-file", str(token_file)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                        break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway did not start; see {log}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with forkd_process(["gateway", "--etcd", etcd, "--bind", f"127.0.0.1:{port}",
+                        "--token-file", str(token_file)], f"http://127.0.0.1:{port}", log) as served:
+        yield served.url
 
 
 def ok(response: httpx.Response) -> Any:
