@@ -58,9 +58,12 @@ PLATFORM = ("linux", "amd64")
 Progress = Callable[[str, float], None]
 
 # registry[:port]/path[:tag][@sha256:hex]: the grammar of distribution/reference, in short.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_PATH = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _REF = re.compile(
-    r"^(?:(?P<registry>[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9A-Fa-f:]+\](?::[0-9]{1,5})?)/)?"
-    r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"^(?:(?P<registry>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"(?::[0-9]{1,5})?|\[[0-9A-Fa-f:]+\](?::[0-9]{1,5})?)/)?"
+    rf"(?P<path>{_PATH.pattern})"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
@@ -94,6 +97,8 @@ class ImageRef:
         # path on Docker Hub, not a registry; a one-component Hub name is under library/.
         if registry is not None and "." not in registry and ":" not in registry and registry != "localhost":
             path, registry = f"{registry}/{path}", None
+        if not _PATH.fullmatch(path):
+            raise InvalidRequest(f"{ref[:200]!r}: a repository name is lower-case letters, digits, . _ - /")
         registry = registry or DEFAULT_REGISTRY
         if registry in ("index.docker.io", "registry-1.docker.io"):
             registry = DEFAULT_REGISTRY
