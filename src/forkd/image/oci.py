@@ -129,13 +129,6 @@ class Registries:
     mirrors: dict[str, str] = field(default_factory=dict)
     authfile: Path | None = None
 
-    @staticmethod
-    def parse_mirror(spec: str) -> tuple[str, str]:
-        registry, eq, url = spec.partition("=")
-        if not eq or not re.fullmatch(r"https?://[A-Za-z0-9.:\[\]-]+/?", url) or not registry:
-            raise InvalidRequest(f"registry mirror {spec[:200]!r}: use REGISTRY=http[s]://HOST[:PORT]")
-        return registry, url.rstrip("/")
-
     def source(self, ref: ImageRef) -> tuple[str, bool]:
         """The ``docker://`` reference skopeo fetches, and whether TLS is verified for it."""
         mirror = self.mirrors.get(ref.registry)
@@ -384,7 +377,10 @@ def pull(images: Path, ref: str, registries: Registries | None = None, credentia
     registries = registries or Registries()
     parsed = ImageRef.parse(ref)
     transport_ref, tls = registries.source(parsed)
-    with tempfile.TemporaryDirectory(prefix="forkd-pull-") as tmp:
+    # The request's auth file is written beside the cache (0600, removed after), not in /tmp.
+    scratch = layout_dir(images).parent / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=scratch) as tmp:
         flags = [f"--tls-verify={'true' if tls else 'false'}"]
         if credentials is not None:
             registry = transport_ref.removeprefix("docker://").split("/", 1)[0]
