@@ -241,7 +241,15 @@ def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
     assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
     assert plan.env == {"A": 'x "y" $z', "B": "2"}
     assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
-    for bad, message in [({"fromImage": "ubuntu:22.04"}, "not a forkd image"),
+    # A registry's image (from_image, from_dockerfile's FROM): the build pulls it, with the credentials
+    # of from_registry.
+    assert e2b._dockerfile({"fromImage": "ubuntu:22.04"})[0].startswith("FROM ubuntu:22.04\n")
+    registry = {"type": "registry", "username": "u", "password": "p"}
+    creds = e2b._registry_credentials({"fromImageRegistry": registry})
+    assert creds is not None and (creds.username, creds.password) == ("u", "p")
+    with pytest.raises(TemplateError, match="only type"):
+        e2b._registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+    for bad, message in [({"fromImage": "Ubuntu:22.04"}, "not an image reference"),
                          ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
                          ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
                           "not uploaded"),
