@@ -276,11 +276,13 @@ def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False)
     table.add_column("DIR")
     for image in images:
         recipe = image.meta.get("recipe", {})
-        size = recipe.get("size_mib")
+        size = recipe.get("size_mib") or image.meta.get("size_mib")
+        pulled_from = image.meta.get("oci", {}).get("ref")  # a registry's image: where it came from
         table.add_row(
             output.fmt(image.name),
             output.fmt(image.meta.get("kernel_version")),
-            output.fmt([*recipe.get("packages", []), *recipe.get("extra_packages", []),
+            output.fmt(f"from {pulled_from}" if pulled_from else
+                       [*recipe.get("packages", []), *recipe.get("extra_packages", []),
                         *recipe.get("apt_packages", []), *recipe.get("pip_packages", [])]),
             f"{size} MiB" if size else "-",
             output.fmt_time(image.meta.get("built_at_unix")),
