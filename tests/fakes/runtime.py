@@ -327,6 +327,7 @@ class FakeRuntime:
     pools: FakePools = field(init=False)
     hibernation: FakeHibernation = field(init=False)
     builds: FakeBuilds = field(init=False)
+    images: FakeImages = field(init=False)
     tags: FakeTags = field(init=False)
     suspender: FakePaused = field(init=False)
 
@@ -342,6 +343,7 @@ class FakeRuntime:
         self.pools = FakePools(self)
         self.hibernation = FakeHibernation(self)
         self.builds = FakeBuilds(self)
+        self.images = FakeImages(self)
         self.tags = FakeTags(self)
         self.suspender = FakePaused(self)
 
@@ -1109,6 +1111,27 @@ class FakeCheckpoints:
         record = self._rt._sandbox(self._rt._resolve(sandbox_id))
         record.checkpoints = None
         return self.get(sandbox_id)
+
+
+class FakeImages:
+    """``Runtime.images``: the one built image, and pulls that convert nothing (no registry here)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+        self.pulled: list[str] = []
+
+    def list(self) -> list[dict[str, Any]]:
+        return [{"name": "default", "key": "fake"}, *({"name": ref, "key": "fake"} for ref in self.pulled)]
+
+    async def pull(self, req: Any, emit: Callable[[dict[str, Any]], None] = lambda _e: None) -> Any:
+        from forkd.image.oci import ImageRef
+
+        self._rt._call("pull_image", req.ref)
+        if not self._rt.permissive:  # the real check and its 400; the fuzzer sends any text
+            ImageRef.parse(req.ref)
+        self.pulled.append(req.ref)
+        emit({"type": "done", "image": {"name": req.name or req.ref, "key": "fake"}})
+        return None
 
 
 class FakeBuilds:

@@ -668,7 +668,8 @@ def test_lifespan_opens_and_closes_the_runtime(
     opened: list[Any] = []
 
     async def fake_open(data: Any, *, store: str | None = None, host_id: str | None = None,
-                        disk_quota_mib: int | None = None, limits: Any = None) -> FakeRuntime:
+                        disk_quota_mib: int | None = None, limits: Any = None,
+                        registries: Any = None) -> FakeRuntime:
         opened.append(data)
         return fake
 

@@ -789,8 +789,11 @@ def test_template_build_through_the_control_plane(daemon: Daemon, client: TestCl
     assert client.get("/templates/aliases/nope", headers=key).status_code == 404
     # Refused up front, in the SDK's shape.
     other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
-    assert "not a forkd image" in rest_error(client.post(
-        f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
+    assert "fromImage: " in rest_error(client.post(
+        f"/v2/templates/x/builds/{other}", json={"fromImage": "Ubuntu:22.04"}, headers=key), 400)
+    assert "only type" in rest_error(client.post(
+        f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04", "fromImageRegistry": {
+            "type": "aws", "awsAccessKeyId": "k"}}, headers=key), 400)
     assert "tags must be" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": "a"},
                                                     headers=key), 400)
     assert "neither part empty" in rest_error(client.post("/v3/templates", json={"name": "web:"},

@@ -17,6 +17,7 @@ from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
 from forkd.errors import InvalidRequest, NotFound, TooLarge
+from forkd.image.oci import ImageDefaults
 from tests.fakes.app import AUTH, Daemon, daemon_app
 
 
@@ -60,7 +61,8 @@ def test_copy_destination_rules() -> None:
 @pytest.mark.parametrize("text, message", [
     ("RUN true", "before FROM"),
     ("FROM default\nFROM default", "multi-stage"),
-    ("FROM debian:12", "forkd image name"),
+    ("FROM Debian:12", "not an image reference"),
+    ("FROM debian:12:13", "not an image reference"),
     ("FROM default\nRUN --mount=type=cache,target=/x true", "--mount"),
     ("FROM default\nCOPY --from=build /a /b", "--from"),
     ("FROM default\nCOPY *.py /app/", "wildcards"),
@@ -200,6 +202,14 @@ def test_the_guest_path_matches_the_agent() -> None:
 
 def test_from_a_snapshot() -> None:
     assert parse("FROM snapshot:py\nRUN true").base == "snapshot:py"
+    # A registry's image: pulled by the build (controller/images.py), planned again from its config.
+    assert parse("FROM debian:12").base == "registry:debian:12"
+    assert parse("FROM forkd/default").base == "default"
+    image = ImageDefaults(env={"PATH": "/usr/local/bin:/usr/bin", "LANG": "C.UTF-8"}, workdir="/srv",
+                          user="user")
+    plan = parse("FROM python:3.12\nENV A=$PATH\nRUN true", image=image)
+    assert plan.env == {"PATH": "/usr/local/bin:/usr/bin", "LANG": "C.UTF-8", "A": "/usr/local/bin:/usr/bin"}
+    assert (plan.workdir, plan.user, plan.steps[0].workdir) == ("/srv", "user", "/srv")
     with pytest.raises(InvalidRequest, match="forkd image name"):
         parse("FROM snapshot:../x")
 
@@ -231,10 +241,37 @@ def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
     assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
     assert plan.env == {"A": 'x "y" $z', "B": "2"}
     assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
-    for bad, message in [({"fromImage": "ubuntu:22.04"}, "not a forkd image"),
+    # A registry's image (from_image, from_dockerfile's FROM): the build pulls it, with the credentials
+    # of from_registry.
+    assert e2b._dockerfile({"fromImage": "ubuntu:22.04"})[0].startswith("FROM ubuntu:22.04\n")
+    registry = {"type": "registry", "username": "u", "password": "p"}
+    creds = e2b._registry_credentials({"fromImageRegistry": registry})
+    assert creds is not None and (creds.username, creds.password) == ("u", "p")
+    with pytest.raises(TemplateError, match="only type"):
+        e2b._registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+    for bad, message in [({"fromImage": "Ubuntu:22.04"}, "not an image reference"),
                          ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
                          ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
                           "not uploaded"),
                          ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break")]:
         with pytest.raises(TemplateError, match=message):
             e2b._dockerfile(bad)
+
+
+def test_the_image_routes_stream_a_pull_and_refuse_a_bad_reference(client: tuple[TestClient, Daemon]) -> None:
+    """POST /v1/images: its up-front 400s, and a pull that fails once streaming ends in an error
+    event (here: the docker.io mirror is a closed port). A pull that succeeds, against a real
+    registry, is tests/integration/test_oci_images.py's."""
+    from forkd.image.oci import Registries
+
+    c, daemon = client
+    daemon.runtime.images.registries = Registries(mirrors={"docker.io": "http://127.0.0.1:9"})
+    body = {"ref": "python:3.12-slim", "name": "py312", "registry_auth": {"username": "u", "password": "p"}}
+    lines = [json.loads(line) for line in c.post("/v1/images", json=body).iter_lines() if line]
+    assert lines[0] == {"type": "progress", "step": "resolving python:3.12-slim", "fraction": 0.0}
+    assert lines[-1]["type"] == "error" and "127.0.0.1:9" in lines[-1]["error"], lines
+    assert isinstance(c.get("/v1/images").json(), list)
+    bad = c.post("/v1/images", json={"ref": "UPPER:case:x"})
+    assert bad.status_code == 400 and "not an image reference" in bad.json()["error"]
+    no_password = c.post("/v1/images", json={"ref": "python:3", "registry_auth": {"username": "u"}})
+    assert no_password.status_code == 400

@@ -15,6 +15,7 @@ from forkd.api import (
     code_routes,
     file_routes,
     fork_routes,
+    image_routes,
     pool_routes,
     process_routes,
     template_routes,
@@ -170,8 +171,11 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
+            from forkd.image.oci import Registries
+
             rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
-                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits())
+                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits(),
+                                    registries=Registries(settings.registry_mirrors, settings.registry_auth))
             if settings.pools:
                 await rt.pools.preset(settings.pools)
             app.state.runtime = rt
@@ -227,6 +231,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(workspace_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(template_routes.router)
+    app.include_router(image_routes.router)
     app.include_router(ui.make_router())
     install_exception_handlers(app)
 

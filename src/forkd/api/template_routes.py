@@ -68,6 +68,7 @@ async def put_context(request: Request, rt: Runtime) -> ContextReport:
 
 def _build_request(req: TemplateBuildRequest) -> Any:
     # Imported here: the controller pulls in the VMM stack, and the API must import without it.
+    from forkd.api.image_routes import credentials
     from forkd.controller.runtime import BuildRequest
     from forkd.host.egress import EgressPolicy
 
@@ -76,7 +77,8 @@ def _build_request(req: TemplateBuildRequest) -> Any:
         mem_mib=req.mem_mib, vcpus=req.vcpus, nic=req.nic,
         egress=EgressPolicy.from_request(req.allow_internet_access,
                                          req.network.model_dump() if req.network else None),
-        replace=req.replace, step_timeout_secs=req.step_timeout_secs, boot_wait_secs=req.boot_wait_secs)
+        replace=req.replace, step_timeout_secs=req.step_timeout_secs, boot_wait_secs=req.boot_wait_secs,
+        registry_credentials=credentials(req.registry_auth))
 
 
 @router.post(

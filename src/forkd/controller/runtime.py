@@ -62,6 +62,7 @@ from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.hibernation import Hibernator
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
+from forkd.controller.images import OciImages, PullRequest
 from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
@@ -98,6 +99,7 @@ from forkd.host import cgroups
 from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
+from forkd.image import oci
 from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id
 from forkd.store.objectstore import ObjectStore
@@ -109,7 +111,8 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec",
+    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "PullRequest", "Runtime",
+    "SnapshotSpec",
     "SpawnOptions",
     "WatchBatch", "WatchEvent", "offline_travel",
 ]
@@ -120,7 +123,7 @@ log = logging.getLogger("forkd.runtime")
 class Runtime:
     def __init__(self, data: DataDir, registry: Registry, *, store: ObjectStore | None = None,
                  host_id: str | None = None, disk_quota_mib: int | None = None,
-                 limits: HostLimits | None = None) -> None:
+                 limits: HostLimits | None = None, registries: oci.Registries | None = None) -> None:
         """``store``, ``host_id``, ``disk_quota_mib``, ``limits``: as ``open`` takes them (checked there)."""
         self.data = data
         # The database: each owner below gets only its own table, and a read-only view
@@ -182,19 +185,22 @@ class Runtime:
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
         # Dockerfile builds (controller/template_build.py): a sub-API the template routes call. Its
         # build host is this facade (spawn, exec, branch, kill of its build sandboxes).
-        self.builds = TemplateBuilds(data, self.templates, self)
+        # Images pulled from registries (controller/images.py): POST /v1/images and a build's FROM REF.
+        self.images = OciImages(data, registries)
+        self.builds = TemplateBuilds(data, self.templates, self, self.images)
 
     # ---------------------------------------------------------------- open/close
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
                    host_id: str | None = None, disk_quota_mib: int | None = None,
-                   limits: HostLimits | None = None) -> Runtime:
+                   limits: HostLimits | None = None, registries: oci.Registries | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
         missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
         ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
         controller/disk_quota.py); ``limits``: the host's ceilings on sandboxes and free memory
-        (controller/capacity.py; None: none)."""
+        (controller/capacity.py; None: none); ``registries``: the mirrors and auth file image pulls
+        use (controller/images.py)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
@@ -207,7 +213,7 @@ class Runtime:
             # scratch files a crashed daemon left behind go first.
             stack.callback(DataDirLock.shared(data, when_alone=data.clear_tmp).release)
             rt = cls(data, Registry(data.registry), store=object_store, host_id=host_id,
-                     disk_quota_mib=disk_quota_mib, limits=limits)
+                     disk_quota_mib=disk_quota_mib, limits=limits, registries=registries)
             stack.callback(rt.registry.close)
             await rt._start(stack)
             rt._lifecycle = stack.pop_all()  # open: close() unwinds it

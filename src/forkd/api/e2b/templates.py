@@ -21,7 +21,9 @@ The SDK's ``Template.build`` makes four kinds of call; each maps onto forkd:
   entries from that offset (at most 100 a call), ``reason`` (message, failed step) on an error.
 
 The base is forkd's ``default`` image for E2B's base image (``e2bdev/base``), any forkd image
-by name, or (``fromTemplate``) a snapshot; nothing is pulled, so other images are ``400``.
+by name, (``fromTemplate``) a snapshot, or any other image reference (``from_image``,
+``from_dockerfile``'s ``FROM``, ``from_registry`` with ``fromImageRegistry`` credentials),
+pulled and converted by the build (controller/images.py, the daemon's registry mirrors).
 ``GET /templates/aliases/{alias}`` (``Template.exists``) says whether a snapshot of that tag
 exists. Builds are kept in memory (the last 64), so a daemon restart forgets their status.
 """
@@ -56,6 +58,7 @@ from forkd import bounds
 from forkd.api.e2b import template_names
 from forkd.api.e2b.deps import RuntimeDep, TemplatesDep
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
+from forkd.image.oci import Credentials, ImageRef
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -266,7 +269,8 @@ class E2BTemplates:
         return BuildRequest(tag=build.template_id, dockerfile=dockerfile, context=context,
                             mem_mib=build.mem_mib, vcpus=build.vcpus, replace=True,
                             cache_from=0 if body.get("force") is True else None,
-                            start_cmd=start or None, ready_cmd=ready or None)
+                            start_cmd=start or None, ready_cmd=ready or None,
+                            registry_credentials=self._registry_credentials(body))
 
     def _base(self, body: dict[str, Any]) -> str:
         template = body.get("fromTemplate")
@@ -278,15 +282,34 @@ class E2BTemplates:
             except NotFound:
                 raise TemplateError(404, f"template {template!r} was not found") from None
             return f"snapshot:{template}"
-        if body.get("fromImageRegistry") is not None:
-            raise TemplateError(400, "registries are not supported by forkd: nothing is pulled")
         image = body.get("fromImage")
         if image is None or image in BASE_IMAGES:
             return "default"
         if isinstance(image, str) and bounds.TAG_RE.match(image.removeprefix("forkd/")):
             return image.removeprefix("forkd/")
-        raise TemplateError(400, f"image {str(image)[:100]!r} is not a forkd image; forkd pulls nothing: use "
-                            "the base image (e2bdev/base) or a forkd image built with forkd image build")
+        if isinstance(image, str):
+            try:
+                ImageRef.parse(image)  # a registry's image: the build pulls it (controller/images.py)
+            except InvalidRequest as exc:
+                raise TemplateError(400, f"fromImage: {exc}") from None
+            return image
+        raise TemplateError(400, "fromImage must be a string")
+
+    @staticmethod
+    def _registry_credentials(body: dict[str, Any]) -> Credentials | None:
+        """``fromImageRegistry``: E2B's ``{"type": "registry", "username", "password"}``; the cloud
+        registries' own types (``aws``, ``gcp``) need their SDKs' token exchange, which forkd lacks."""
+        registry = body.get("fromImageRegistry")
+        if registry is None:
+            return None
+        if not isinstance(registry, dict) or registry.get("type") != "registry":
+            raise TemplateError(400, "fromImageRegistry: only type \"registry\" (a user name and password) "
+                                "is supported")
+        username, password = registry.get("username"), registry.get("password")
+        if not (isinstance(username, str) and isinstance(password, str) and 0 < len(username) <= 256
+                and 0 < len(password) <= 4096 and "\0" not in username + password):
+            raise TemplateError(400, "fromImageRegistry needs a username and a password")
+        return Credentials(username, password)
 
     def _dockerfile(self, body: dict[str, Any]) -> tuple[str, list[str], dict[int, str]]:
         """The Dockerfile of E2B's steps; the uploads it copies from; each RUN/COPY's E2B step number."""

@@ -25,6 +25,7 @@ from forkd.api.schemas.common import (
     MODULE_PATTERN,
     NETWORK_HELP,
     NO_NUL_PATTERN,
+    NON_EMPTY_NO_NUL_PATTERN,
     TAP_PATTERN,
     TREE_ID_PATTERN,
     BranchMode,
@@ -460,6 +461,15 @@ class PushRequest(RequestModel):
     force: bool = Field(False, description="Replace a different snapshot of the same tag in the store.")
 
 
+class RegistryAuth(RequestModel):
+    """A registry's user name and password or token, as Docker's config.json holds them."""
+
+    username: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=256)] = Field(
+        description="The user name.")
+    password: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=4096)] = Field(
+        description="The password or token.")
+
+
 class TemplateBuildRequest(RequestModel):
     tag: Tag = Field(description="Name of the template's snapshot.", examples=["web"])
     dockerfile: Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN,
@@ -484,3 +494,19 @@ class TemplateBuildRequest(RequestModel):
                                      description="Timeout of each RUN and COPY step.")
     boot_wait_secs: float = Field(180, **bounds.BOOT_WAIT_SECS.field_kwargs(),
                                   description="Upper bound on the base layer's boot.")
+    registry_auth: RegistryAuth | None = Field(
+        None, description="For a FROM of a private registry: its credentials (this build's pull only, "
+        "never stored).")
+
+
+
+class ImagePullRequest(RequestModel):
+    ref: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=512)] = Field(
+        description="The image: registry/name:tag or name@sha256:…; Docker Hub's short names "
+        "(python:3.12 is docker.io/library/python:3.12).", examples=["python:3.12-slim"])
+    name: Tag | None = Field(None, description="The guest image's name here (default: the reference's "
+                             "last part and tag, e.g. python-3.12-slim).")
+    registry_auth: RegistryAuth | None = Field(None, description="The registry's credentials (this pull "
+                                               "only, never stored).")
+    force: bool = Field(False, description="Convert again even if this image was converted from the same "
+                        "digest.")
