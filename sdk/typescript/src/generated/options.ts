@@ -291,6 +291,24 @@ export interface HibernateRequestOptions {
   memory?: Schemas["HibernateRequest"]["memory"];
 }
 
+/** `ImagePullRequest` in camelCase. */
+export interface ImagePullRequestOptions {
+  /** Convert again even if this image was converted from the same digest. */
+  force?: Schemas["ImagePullRequest"]["force"];
+  /**
+   * The guest image's name here (default: the reference's last part and tag, e.g.
+   * python-3.12-slim).
+   */
+  name?: Schemas["ImagePullRequest"]["name"];
+  /**
+   * The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is
+   * docker.io/library/python:3.12).
+   */
+  ref: Schemas["ImagePullRequest"]["ref"];
+  /** The registry's credentials (this pull only, never stored). */
+  registryAuth?: RegistryAuthOptions | null;
+}
+
 /** `MkdirRequest` in camelCase. */
 export interface MkdirRequestOptions {
   /** Also create missing parents; an existing directory is fine. */
@@ -431,6 +449,17 @@ export interface PromoteRequestOptions {
 export interface PushRequestOptions {
   /** Replace a different snapshot of the same tag in the store. */
   force?: Schemas["PushRequest"]["force"];
+}
+
+/**
+ * `RegistryAuth` in camelCase. A registry's user name and password or token, as Docker's
+ * config.json holds them.
+ */
+export interface RegistryAuthOptions {
+  /** The password or token. */
+  password: Schemas["RegistryAuth"]["password"];
+  /** The user name. */
+  username: Schemas["RegistryAuth"]["username"];
 }
 
 /** `SignalRequest` in camelCase. */
@@ -592,6 +621,8 @@ export interface TemplateBuildRequestOptions {
   network?: NetworkPolicyOptions | null;
   /** Give the template, and so every child, a network device. */
   nic?: Schemas["TemplateBuildRequest"]["nic"];
+  /** For a FROM of a private registry: its credentials (this build's pull only, never stored). */
+  registryAuth?: RegistryAuthOptions | null;
   /** Replace an existing snapshot of this tag once the build has succeeded. */
   replace?: Schemas["TemplateBuildRequest"]["replace"];
   /** Timeout of each RUN and COPY step. */
@@ -625,6 +656,7 @@ export interface RequestOptions {
   ForkRequest: ForkRequestOptions;
   ForkTreeLabels: ForkTreeLabelsOptions;
   HibernateRequest: HibernateRequestOptions;
+  ImagePullRequest: ImagePullRequestOptions;
   MkdirRequest: MkdirRequestOptions;
   NetworkPolicy: NetworkPolicyOptions;
   NetworkUpdateRequest: NetworkUpdateRequestOptions;
@@ -632,6 +664,7 @@ export interface RequestOptions {
   ProcessStartRequest: ProcessStartRequestOptions;
   PromoteRequest: PromoteRequestOptions;
   PushRequest: PushRequestOptions;
+  RegistryAuth: RegistryAuthOptions;
   SignalRequest: SignalRequestOptions;
   SpawnRequest: SpawnRequestOptions;
   StdinRequest: StdinRequestOptions;
@@ -745,6 +778,12 @@ export const WIRE_NAMES = {
   HibernateRequest: {
     memory: "memory",
   },
+  ImagePullRequest: {
+    force: "force",
+    name: "name",
+    ref: "ref",
+    registryAuth: ["registry_auth", "RegistryAuth"],
+  },
   MkdirRequest: {
     parents: "parents",
     path: "path",
@@ -788,6 +827,10 @@ export const WIRE_NAMES = {
   },
   PushRequest: {
     force: "force",
+  },
+  RegistryAuth: {
+    password: "password",
+    username: "username",
   },
   SignalRequest: {
     group: "group",
@@ -833,6 +876,7 @@ export const WIRE_NAMES = {
     memMib: "mem_mib",
     network: ["network", "NetworkPolicy"],
     nic: "nic",
+    registryAuth: ["registry_auth", "RegistryAuth"],
     replace: "replace",
     stepTimeoutSecs: "step_timeout_secs",
     tag: "tag",

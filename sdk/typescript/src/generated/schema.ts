@@ -38,6 +38,24 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/images": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The guest images this daemon can boot (built or pulled) */
+        get: operations["list_images_v1_images_get"];
+        put?: never;
+        /** Pull an OCI/Docker image from a registry and convert it to a guest image; progress as NDJSON */
+        post: operations["pull_image_v1_images_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/pools": {
         parameters: {
             query?: never;
@@ -1471,6 +1489,28 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** ImagePullRequest */
+        ImagePullRequest: {
+            /**
+             * Force
+             * @description Convert again even if this image was converted from the same digest.
+             * @default false
+             */
+            force?: boolean;
+            /**
+             * Name
+             * @description The guest image's name here (default: the reference's last part and tag, e.g. python-3.12-slim).
+             */
+            name?: string | null;
+            /**
+             * Ref
+             * @description The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is docker.io/library/python:3.12).
+             * @example python:3.12-slim
+             */
+            ref: string;
+            /** @description The registry's credentials (this pull only, never stored). */
+            registry_auth?: components["schemas"]["RegistryAuth"] | null;
+        };
         /** MkdirRequest */
         MkdirRequest: {
             /**
@@ -1880,6 +1920,22 @@ export interface components {
             tag: string;
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * RegistryAuth
+         * @description A registry's user name and password or token, as Docker's config.json holds them.
+         */
+        RegistryAuth: {
+            /**
+             * Password
+             * @description The password or token.
+             */
+            password: string;
+            /**
+             * Username
+             * @description The user name.
+             */
+            username: string;
         };
         /** SandboxInfo */
         SandboxInfo: {
@@ -2445,6 +2501,8 @@ export interface components {
              * @default false
              */
             nic?: boolean;
+            /** @description For a FROM of a private registry: its credentials (this build's pull only, never stored). */
+            registry_auth?: components["schemas"]["RegistryAuth"] | null;
             /**
              * Replace
              * @description Replace an existing snapshot of this tag once the build has succeeded.
@@ -2579,6 +2637,97 @@ export interface operations {
                 };
                 content: {
                     "text/plain; version=1.0.0; charset=utf-8": string;
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_images_v1_images_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    }[];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pull_image_v1_images_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ImagePullRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: progress, then done or error (docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such image or tag in the registry. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description Internal error (see daemon logs). */

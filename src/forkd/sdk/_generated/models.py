@@ -753,6 +753,35 @@ class HibernateRequest(TypedDict, total=False):
     """
 
 
+class RegistryAuth(TypedDict, total=False):
+    """A registry's user name and password or token, as Docker's config.json holds them."""
+
+    username: Required[str]
+    """The user name."""
+
+    password: Required[str]
+    """The password or token."""
+
+
+class ImagePullRequest(TypedDict, total=False):
+    """The ``ImagePullRequest`` schema."""
+
+    ref: Required[str]
+    """The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is
+    docker.io/library/python:3.12).
+    """
+
+    name: str | None
+    """The guest image's name here (default: the reference's last part and tag, e.g. python-3.12-slim).
+    """
+
+    registry_auth: RegistryAuth | None
+    """The registry's credentials (this pull only, never stored)."""
+
+    force: bool
+    """Convert again even if this image was converted from the same digest."""
+
+
 class MkdirRequest(TypedDict, total=False):
     """The ``MkdirRequest`` schema."""
 
@@ -1301,6 +1330,9 @@ class TemplateBuildRequest(TypedDict, total=False):
     boot_wait_secs: float
     """Upper bound on the base layer's boot."""
 
+    registry_auth: RegistryAuth | None
+    """For a FROM of a private registry: its credentials (this build's pull only, never stored)."""
+
 
 class TimeoutRequest(TypedDict, total=False):
     """The ``TimeoutRequest`` schema."""
@@ -1514,6 +1546,9 @@ class TemplateBuildExtra(TypedDict, total=False):
     boot_wait_secs: float
     """Upper bound on the base layer's boot."""
 
+    registry_auth: RegistryAuth | None
+    """For a FROM of a private registry: its credentials (this build's pull only, never stored)."""
+
 
 __all__ = [
     "BranchExtra",
@@ -1545,6 +1580,7 @@ __all__ = [
     "Health",
     "HibernateRequest",
     "HibernationInfo",
+    "ImagePullRequest",
     "MkdirRequest",
     "MkdirResponse",
     "NetworkPolicy",
@@ -1560,6 +1596,7 @@ __all__ = [
     "PullResult",
     "PushRequest",
     "PushResult",
+    "RegistryAuth",
     "SandboxInfo",
     "SandboxMemory",
     "SandboxNetwork",
