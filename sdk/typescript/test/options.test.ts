@@ -219,6 +219,7 @@ const ARGUMENTS_ONLY: Record<string, string> = {
   SignalRequest: "signalProcess(id, pid, signal, {group})",
   NetworkUpdateRequest: "updateSandboxNetwork(id, policy): the body itself, typed from schema.ts",
   TemplateBuildRequest: "not in the TypeScript SDK (templates are built with the CLI or the Python SDK)",
+  ImagePullRequest: "not in either SDK (images are pulled with the CLI, `forkd image pull`, or POST /v1/images)",
 };
 
 function requestSchemas(): string[] {
