@@ -38,7 +38,6 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, InvalidRequest, VMError
-from forkd.guest import protocol
 from forkd.host import procmem
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
@@ -322,7 +321,7 @@ class Brancher:
                 await asyncio.sleep(0.05)
         await branching.resume(vm)
         if mode == "live":  # the guest froze its root filesystem around the cut
-            await vm.call(protocol.FSTHAW, timeout=60)
+            await vm.call(lambda agent: agent.fsthaw(60))
 
     @staticmethod
     async def _written_ram(src: _Source) -> int:

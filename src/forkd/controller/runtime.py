@@ -42,7 +42,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from typing import cast
 
 from forkd import bounds
 from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
@@ -94,7 +94,7 @@ from forkd.controller.travel_offline import offline_travel
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 from forkd.host import cgroups
 from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
@@ -427,7 +427,7 @@ class Runtime:
         return self.sandboxes.records.get(resolved)
 
     async def ping(self, sandbox_id: str) -> PingResult:
-        return cast(PingResult, await self.agents.call(sandbox_id, "ping", timeout=30))
+        return cast(PingResult, await self.agents.call(sandbox_id, lambda agent: agent.ping(30)))
 
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
@@ -438,14 +438,13 @@ class Runtime:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
-        req: dict[str, Any] = {"args": args, "timeout_secs": timeout_secs}
-        for key, value in (("env", env), ("cwd", cwd), ("stdin", stdin),
-                           ("max_output_bytes", max_output_bytes), ("user", bounds.check_guest_user(user))):
-            if value is not None:
-                req[key] = value
+        given = {"env": env, "cwd": cwd, "stdin": stdin, "max_output_bytes": max_output_bytes,
+                 "user": bounds.check_guest_user(user)}
+        req = cast(messages.ExecRequest, {"args": args, "timeout_secs": timeout_secs,
+                                          **{k: v for k, v in given.items() if v is not None}})
         await self.agents.require_user_support(sandbox_id, user)
         # The agent enforces the timeout; ours only catches a wedged guest.
-        result = await self.agents.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
+        result = await self.agents.call(sandbox_id, lambda agent: agent.exec(req, timeout_secs + 30))
         await self.events.turn_done(sandbox_id)
         return cast(ExecResult, result)  # checked against ExecResponse on the way out
 
@@ -456,16 +455,15 @@ class Runtime:
         bounds.EVAL_TIMEOUT.check(timeout_secs)
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
-        result = await self.agents.call(sandbox_id, protocol.EVAL,
-                                           timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
-                                           code=code, timeout_secs=timeout_secs)
+        result = await self.agents.call(sandbox_id, lambda agent: agent.eval(
+            {"code": code, "timeout_secs": timeout_secs}, timeout_secs + protocol.REPLY_GRACE_SECS))
         await self.events.turn_done(sandbox_id)
-        return cast(EvalResult, result)  # checked against EvalResponse on the way out
+        return result  # checked against its type as it came, and against EvalResponse on the way out
 
     async def cancel_eval(self, sandbox_id: str) -> CancelResult:
         """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
-        result = await self.agents.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
-        return {"cancelled": bool(result.get("cancelled"))}
+        result = await self.agents.call(sandbox_id, lambda agent: agent.eval_cancel(30))
+        return {"cancelled": result["cancelled"]}
 
     # Processes, files, code contexts and kernel cells are sub-APIs the routes call directly:
     # ``processes`` (controller/processes.py), ``files`` (files.py), ``code`` (code_contexts.py),

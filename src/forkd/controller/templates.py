@@ -14,6 +14,7 @@ servers), so every child starts with its network already up.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.guest import protocol
+from forkd.guest.client import AgentClient
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
@@ -261,16 +263,17 @@ class TemplateBuilder:
         for i, argv in enumerate(spec.setup):
             progress(f"setup {i + 1}/{len(spec.setup)}: {' '.join(argv)[:60]}",
                      0.5 + 0.4 * i / max(1, len(spec.setup)))
-            res = await vm.call("exec", timeout=spec.setup_timeout_secs + 30, args=argv,
-                                timeout_secs=spec.setup_timeout_secs)
-            if res["exit_code"] != 0:
+            done = await vm.call(functools.partial(AgentClient.exec, req={
+                "args": argv, "timeout_secs": spec.setup_timeout_secs}, timeout=spec.setup_timeout_secs + 30))
+            if done["exit_code"] != 0:
                 raise InvalidRequest(
-                    f"setup command {argv} failed with exit code {res['exit_code']}: "
-                    f"{(res.get('error') or res['stderr'] or res['stdout'])[-2000:]}"
+                    f"setup command {argv} failed with exit code {done['exit_code']}: "
+                    f"{(done.get('error') or done['stderr'] or done['stdout'])[-2000:]}"
                 )
         for code in spec.setup_eval:
             progress(f"setup eval: {code[:60]}", 0.88)
-            res = await vm.call(protocol.EVAL, timeout=spec.setup_timeout_secs + protocol.REPLY_GRACE_SECS,
-                                code=code, timeout_secs=spec.setup_timeout_secs)
+            res = await vm.call(functools.partial(AgentClient.eval, req={
+                "code": code, "timeout_secs": spec.setup_timeout_secs},
+                timeout=spec.setup_timeout_secs + protocol.REPLY_GRACE_SECS))
             if res["exit_code"] != 0:
                 raise InvalidRequest(f"setup_eval {code[:200]!r} failed: {res['error']}")

@@ -207,7 +207,7 @@ async def _capture_live(
     finally:
         if fs_frozen_at is not None:
             with contextlib.suppress(Exception):
-                await vm.call("fsthaw", timeout=60)
+                await vm.call(lambda agent: agent.fsthaw(60))
             fs_freeze_ms = (time.monotonic() - fs_frozen_at) * 1000
     task = asyncio.create_task(vm.qmp.wait_migration(timeout))
     return BranchCapture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task,

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import CorruptState, VMError
-from forkd.guest import protocol
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
@@ -228,7 +227,7 @@ async def flush(vm: VM, timeout: float = 60) -> float:
     """Have the guest write its dirty pages to its disk, then stop the VM (QEMU flushes its own
     caches on ``stop``): its disk overlay is complete. The ms it took."""
     started = time.monotonic()
-    await vm.await_or_exit(vm.call(protocol.SYNC, timeout=timeout), timeout + 5, "the guest's sync")
+    await vm.await_or_exit(vm.call(lambda agent: agent.sync(timeout)), timeout + 5, "the guest's sync")
     await vm.pause()
     return (time.monotonic() - started) * 1000
 

@@ -14,7 +14,7 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -375,7 +375,9 @@ class VM:
         await self.disconnect()
         await self.process.kill()
 
-    async def call(self, action: str, timeout: float | None = 60, **args: Any) -> dict[str, Any]:
+    async def call(self, ask: Callable[[AgentClient], Awaitable[T]]) -> T:
+        """One typed agent call (``ask``: one of ``AgentClient``'s, e.g. ``lambda a: a.sync(60)``),
+        refused at once if QEMU is no longer running."""
         if not self.process.alive():
             raise GuestError(f"sandbox VM (pid {self.pid}) is not running")
-        return await self.agent.call(action, timeout=timeout, **args)
+        return await ask(self.agent)
