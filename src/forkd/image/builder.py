@@ -345,9 +345,10 @@ _WRITTEN = ("etc", "etc/hostname", "etc/passwd", "etc/group", "etc/shadow", "etc
 
 
 def _refuse_symlinks(tree: Path, ref: str) -> None:
-    homes = [line.split(":")[5].lstrip("/") for line in rootfs._lines(tree / "etc" / "passwd")
-             if line.count(":") >= 6 and line.split(":")[0] == rootfs.GUEST_USER] \
-        if not (tree / "etc").is_symlink() and not (tree / "etc" / "passwd").is_symlink() else []
+    # Read through /etc/passwd only when neither it nor /etc leads out of the tree.
+    readable = not (tree / "etc").is_symlink() and not (tree / "etc" / "passwd").is_symlink()
+    home = rootfs.user_home(tree) if readable else None
+    homes = [home] if home else []
     for rel in (*_WRITTEN, *homes, rootfs.GUEST_HOME):
         parts = Path(rel).parts
         for i in range(1, len(parts) + 1):

@@ -244,6 +244,15 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
+def user_home(root: Path) -> str | None:
+    """The home directory the tree's /etc/passwd gives ``user``, relative to the root; None if none."""
+    for line in _lines(root / "etc" / "passwd"):
+        fields = line.split(":")
+        if len(fields) >= 7 and fields[0] == GUEST_USER:
+            return fields[5].lstrip("/")
+    return None
+
+
 def _ensure_line(path: Path, name: str, line: str, mode: int = 0o644) -> None:
     """Add ``line`` to the colon-separated database ``path`` unless an entry ``name`` is there."""
     lines = _lines(path)
