@@ -944,8 +944,8 @@ def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
     assert client.put(f"/sandboxes/{sb}/network", headers=key,
                       json={"allow_internet_access": False}).status_code == 204
     assert egress()["allow_internet_access"] is False and egress()["deny_out"] == []
-    assert "domain names" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
-                                                   json={"allowOut": ["example.com"]}), 400)
+    assert "nor a DNS name" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
+                                                     json={"allowOut": ["-bad.example"]}), 400)
     assert "egressProxy" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
                                                   json={"egressProxy": {"address": "x:1"}}), 400)
     assert egress()["allow_internet_access"] is False  # the refused ones changed nothing
