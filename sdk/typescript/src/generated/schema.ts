@@ -1487,7 +1487,7 @@ export interface components {
         NetworkPolicy: {
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1498,7 +1498,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**
@@ -1521,7 +1521,7 @@ export interface components {
             allow_internet_access?: boolean;
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1532,7 +1532,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**

@@ -190,16 +190,18 @@ class NetworkPolicy(TypedDict, total=False):
     """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
@@ -766,16 +768,18 @@ class NetworkUpdateRequest(TypedDict, total=False):
     """
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
