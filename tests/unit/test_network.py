@@ -734,6 +734,29 @@ def test_cli_flags_become_the_network_body(monkeypatch: pytest.MonkeyPatch) -> N
     assert fake.body() == {"tag": "py-net", "nic": True}
 
 
+def test_the_network_log_is_served_and_printed(api: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET .../network/log: the resolver's decisions (none for a sandbox without names), 404 for an
+    unknown sandbox; ``forkd network log ID`` prints them (the decisions themselves:
+    test_dnsguard.py, and with a real guest test_network's integration test)."""
+    sb = api.sandbox("py").id
+    r = api.client.get(f"/v1/sandboxes/{sb}/network/log")
+    assert r.status_code == 200 and r.json() == {"sandbox_id": sb, "entries": []}, r.text
+    missing = api.client.get("/v1/sandboxes/sb-000000-0000/network/log")
+    assert missing.status_code == 404 and "sb-000000-0000" in missing.json()["error"], missing.text
+
+    fake = FakeDaemon()
+    monkeypatch.setattr(context, "make_controller",
+                        lambda url, token, ca_cert=None: fake.controller(url, token))
+    entries = [{"time": 1.0, "name": "pypi.org", "allowed": True, "detail": "192.0.2.10"},
+               {"time": 2.0, "name": "evil.example", "allowed": False, "detail": "not allowed by the policy"}]
+    fake.on("GET", "/v1/sandboxes/sb-1/network/log", httpx.Response(200, json={"sandbox_id": "sb-1",
+                                                                                "entries": entries}))
+    result = CliRunner().invoke(cli_app, ["network", "log", "sb-1"])
+    assert result.exit_code == 0, result.output
+    for word in ("pypi.org", "allowed", "192.0.2.10", "evil.example", "refused"):
+        assert word in result.output, word
+
+
 def test_the_daemon_refuses_a_bad_address_plan_before_it_starts(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from forkd.api.__main__ import main

@@ -370,6 +370,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The latest names the sandbox's guest asked its resolver for, each allowed or refused, and why */
+        get: operations["network_log_v1_sandboxes__id__network_log_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -1477,6 +1494,43 @@ export interface components {
             created: boolean;
             /** Path */
             path: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** NetworkDecision */
+        NetworkDecision: {
+            /**
+             * Allowed
+             * @description Whether the sandbox's egress policy let it resolve.
+             */
+            allowed: boolean;
+            /**
+             * Detail
+             * @description The addresses answered (and opened), or why it was refused.
+             */
+            detail: string;
+            /**
+             * Name
+             * @description The name it asked its resolver for.
+             */
+            name: string;
+            /**
+             * Time
+             * @description When the guest asked (Unix seconds).
+             */
+            time: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** NetworkLog */
+        NetworkLog: {
+            /**
+             * Entries
+             * @description The latest names its guest asked for, oldest first (at most 256; none without names in its egress policy).
+             */
+            entries: components["schemas"]["NetworkDecision"][];
+            /** Sandbox Id */
+            sandbox_id: string;
         } & {
             [key: string]: unknown;
         };
@@ -4615,6 +4669,65 @@ export interface operations {
             };
             /** @description Request body larger than the daemon's limit (default 1 MiB). */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    network_log_v1_sandboxes__id__network_log_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkLog"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

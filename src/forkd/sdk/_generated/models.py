@@ -762,6 +762,33 @@ class MkdirResponse(TypedDict, total=False):
     """False when parents=true and the directory already existed."""
 
 
+class NetworkDecision(TypedDict, total=False):
+    """The ``NetworkDecision`` schema."""
+
+    time: Required[float]
+    """When the guest asked (Unix seconds)."""
+
+    name: Required[str]
+    """The name it asked its resolver for."""
+
+    allowed: Required[bool]
+    """Whether the sandbox's egress policy let it resolve."""
+
+    detail: Required[str]
+    """The addresses answered (and opened), or why it was refused."""
+
+
+class NetworkLog(TypedDict, total=False):
+    """The ``NetworkLog`` schema."""
+
+    sandbox_id: Required[str]
+
+    entries: Required[list[NetworkDecision]]
+    """The latest names its guest asked for, oldest first (at most 256; none without names in its
+    egress policy).
+    """
+
+
 class NetworkUpdateRequest(TypedDict, total=False):
     """A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a spawn
     would set it (an omitted field takes a spawn's default).
@@ -1511,6 +1538,8 @@ __all__ = [
     "HibernationInfo",
     "MkdirRequest",
     "MkdirResponse",
+    "NetworkDecision",
+    "NetworkLog",
     "NetworkPolicy",
     "NetworkUpdateRequest",
     "PingResponse",
