@@ -309,3 +309,47 @@ def test_detach_closes_the_socket_and_a_policy_without_names_has_none() -> None:
         assert guard.attached() == [] and sock.fileno() == -1
         await guard.detach("sb1")  # twice: nothing to do
     asyncio.run(go())
+
+
+# ------------------------------------------------------------------ with a sandbox's network
+
+
+@needs_root
+def test_a_name_policys_network_serves_its_resolver_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real sandbox network (namespace, veth, rules; no VM) with names: its resolver's socket is
+    in its namespace and goes with it; a resolver that cannot start fails the spawn's network
+    with nothing left of it (namespace, lease, socket)."""
+    from forkd.controller.network import Networks
+    from forkd.host.hostlock import HostClaims
+    from forkd.store.registry import Registry
+
+    networks = Networks(tmp_path, Registry(tmp_path / "forkd.db").sandboxes,
+                        netplan.AddressPlan.parse(netplan.DEFAULT_CIDR), HostClaims(tmp_path / "locks"))
+
+    async def go() -> None:
+        req = await networks.prepare(tap=netplan.DEFAULT_TAP, dns=("192.0.2.53",),
+                                     egress=policy(["pypi.org"]), per_child_netns=False, what="test")
+        assert req is not None
+        owner = f"sb-dnstest-{os.getpid()}"
+        net = await networks.acquire(owner, req)
+        try:
+            assert networks.names.attached() == [owner]
+            listed = subprocess.run(["ip", "netns", "exec", net.netns, "ss", "-Hunl"], capture_output=True,
+                                    text=True, check=True).stdout
+            assert f"{netplan.TAP_IP}:53" in listed
+        finally:
+            await networks.release(net)
+        assert networks.names.attached() == [] and not Path("/run/netns", net.netns).exists()
+
+        def refuse(netns: str, address: tuple[str, int]) -> socket.socket:
+            raise OSError(98, "Address already in use")
+
+        monkeypatch.setattr(netns_mod, "udp_socket_in", refuse)
+        with pytest.raises(VMError, match="starting the resolver of .*Address already in use"):
+            await networks.acquire(owner + "b", req)
+        assert networks.names.attached() == [] and networks.owners() == []
+        assert not Path("/run/netns", f"{netplan.NETNS_PREFIX}{owner}b").exists()
+        await networks.close()
+
+    asyncio.run(go())

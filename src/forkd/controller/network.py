@@ -249,12 +249,13 @@ class Networks:
             return net
         raise AssertionError("unreachable")
 
-    async def _attach_names(self, net: ChildNet) -> None:
-        """``net``'s resolver, if its policy has names; on a failure its network goes, and why."""
+    async def _attach_names(self, net: ChildNet, *, keep_lease: bool = False) -> None:
+        """``net``'s resolver, if its policy has names; on a failure its network goes (its lease
+        too, unless ``keep_lease``: a hibernated sandbox's wake keeps its address), and why."""
         try:
             await self.names.attach(net)
         except BaseException as exc:
-            await self.release(net)
+            await (self.park(net) if keep_lease else self.release(net))
             if isinstance(exc, OSError):
                 raise VMError(f"starting the resolver of {net.owner} in {net.netns}: {exc}") from exc
             raise
@@ -298,7 +299,7 @@ class Networks:
                     continue
                 raise
             self._leases[net.owner] = net
-            await self._attach_names(net)
+            await self._attach_names(net, keep_lease=True)
             return net
         raise AssertionError("unreachable")
 
