@@ -346,7 +346,7 @@ def test_a_name_policys_network_serves_its_resolver_and_leaves_nothing(
             raise OSError(98, "Address already in use")
 
         monkeypatch.setattr(netns_mod, "udp_socket_in", refuse)
-        with pytest.raises(VMError, match="starting the resolver of .*Address already in use"):
+        with pytest.raises(VMError, match=r"starting the resolver of .*Address already in use"):
             await networks.acquire(owner + "b", req)
         assert networks.names.attached() == [] and networks.owners() == []
         assert not Path("/run/netns", f"{netplan.NETNS_PREFIX}{owner}b").exists()
