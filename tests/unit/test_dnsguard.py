@@ -92,6 +92,7 @@ def test_a_name_policy_redirects_dns_refuses_other_dns_and_allows_its_sets() -> 
     egress = rules.split("chain egress {")[1].split("}\n  chain refuse")[0].split("\n")
     egress = [line.strip() for line in egress if line.strip()]
     assert egress == ["meta l4proto { tcp, udp } th dport { 53, 853 } jump refuse",  # first of all
+                      "udp dport 443 jump refuse",  # QUIC
                       "ip daddr @name_0 accept",
                       "ip daddr @name_1 meta l4proto { tcp, udp } th dport 443 accept",
                       "ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 accept"]

@@ -233,8 +233,10 @@ def netns_sysctls(net: ChildNet) -> dict[str, str]:
 # The sandbox's resolver (host/dnsguard.py) listens here, inside its namespace, when its policy
 # has names: the guest's DNS to its resolvers (or to its gateway) is redirected to it.
 RESOLVER_PORT = 53
-# Ports of DNS to anyone else (plain, and DNS over TLS), refused when names are enforced.
+# Ports of DNS to anyone else (plain, and DNS over TLS), refused when names are enforced; and
+# QUIC (UDP 443), whose names a later check of TLS names would not see.
 DNS_PORTS = (53, 853)
+QUIC_PORT = 443
 
 
 def name_set(index: int) -> str:
@@ -262,7 +264,8 @@ def _name_parts(net: ChildNet) -> tuple[list[str], list[str], list[str], list[st
                 f"dnat ip to {TAP_IP}:{RESOLVER_PORT}"]
     inbound = [f'iifname "{net.tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept']
     dns = ", ".join(str(p) for p in DNS_PORTS)
-    egress = [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse"]
+    egress = [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse",
+              f"udp dport {QUIC_PORT} jump refuse"]
     egress += [f"ip daddr @{name_set(i)}{_ports(d)} accept" for i, d in enumerate(policy.allow_names)]
     return sets, redirect, inbound, egress
 
