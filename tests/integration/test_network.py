@@ -411,6 +411,21 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         denied = {d["name"] for d in env.rt.networks.names.decisions(sb.id) if not d["allowed"]}
         assert denied == {"other.test", "wild.test", "example.com"}
 
+        # A fork of the running sandbox: its child has its own resolver, sets and names (the
+        # fork's), though its memory (and resolv.conf) is its parent's.
+        forked = env.loop.run(env.rt.fork(sb.id, 1, ForkOptions.from_request(
+            {"network": {"allow_out": [f"other.test:{a.port}"]}})))
+        [kid] = forked.children
+        env.made.append(kid)
+        assert sorted(env.rt.networks.names.attached()) == sorted([sb.id, kid.id])
+        assert not env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]  # the parent's answers stay its own
+        assert env.eval(kid, "_resolve('allowed.test')") == "gaierror"
+        assert env.eval(kid, "_resolve('other.test')") == [gateway]
+        assert env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]
+        assert env.eval(sb, "_resolve('other.test')") == "gaierror"  # the parent's policy is unchanged
+        env.kill([kid])
+        assert env.rt.networks.names.attached() == [sb.id]
+
         # PUT network: other names, and the host's address by number (all its ports).
         new = EgressPolicy.from_request(None, {"allow_out": [f"other.test:{a.port}", host_ip]})
         env.loop.run(env.rt.update_network(sb.id, new))
