@@ -339,6 +339,14 @@ def test_a_name_policys_network_serves_its_resolver_and_leaves_nothing(
             listed = subprocess.run(["ip", "netns", "exec", net.netns, "ss", "-Hunl"], capture_output=True,
                                     text=True, check=True).stdout
             assert f"{netplan.TAP_IP}:53" in listed
+            # A restarted daemon re-adopts the live network: its resolver again (the old one's
+            # socket died with its daemon; here it is closed the same way).
+            await networks.names.detach(owner)
+            again = Networks(tmp_path, Registry(tmp_path / "forkd.db").sandboxes,
+                             netplan.AddressPlan.parse(netplan.DEFAULT_CIDR), HostClaims(tmp_path / "locks2"))
+            await again.reap({owner})
+            assert again.names.attached() == [owner]
+            await again.names.close()
         finally:
             await networks.release(net)
         assert networks.names.attached() == [] and not Path("/run/netns", net.netns).exists()
