@@ -126,9 +126,10 @@ FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 
-# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child)
+# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child,
+# and a name one set): a DNS name of 253 characters under "*.", with ":65535-65535"
 MAX_EGRESS_ENTRIES = 256
-MAX_EGRESS_ENTRY_CHARS = 64
+MAX_EGRESS_ENTRY_CHARS = 267
 
 # --- warm pools: paused children per snapshot (each holds a QEMU process and its memory)
 POOL_SIZE = Range("size", 0, 100, integer=True)

@@ -295,6 +295,7 @@ class FakeRuntime:
     aliases: dict[str, str] = field(default_factory=dict)  # promote(replace_parent): source id -> winner
     snapshot_name_rows: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (tag, when)
     pool_rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # tag -> PoolInfo
+    network_decisions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # id -> resolver log
     refill_times: list[tuple[str, float]] = field(default_factory=list)  # for the metrics scrape
     # Every sandbox's files: path -> contents (bytes) or None for a directory.
     guest_files: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
@@ -624,6 +625,11 @@ class FakeRuntime:
         """The port proxy's relay: the sandbox, as the real one hands it over once awake."""
         self._call("relaying", sandbox_id)
         yield self._sandbox(self._resolve(sandbox_id))
+
+    def network_log(self, sandbox_id: str) -> list[dict[str, Any]]:
+        self._call("network_log", sandbox_id)
+        self._sandbox(self._resolve(sandbox_id))  # 404 like the real one
+        return list(self.network_decisions.get(sandbox_id, []))
 
     async def update_network(self, sandbox_id: str, egress: EgressPolicy) -> SandboxRecord:
         self._call("update_network", sandbox_id, egress.info())

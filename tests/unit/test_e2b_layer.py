@@ -972,8 +972,13 @@ def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
     assert client.put(f"/sandboxes/{sb}/network", headers=key,
                       json={"allow_internet_access": False}).status_code == 204
     assert egress()["allow_internet_access"] is False and egress()["deny_out"] == []
-    assert "domain names" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
-                                                   json={"allowOut": ["example.com"]}), 400)
+    # Names, exact and wildcard, with ports: as forkd's own API takes them.
+    assert client.put(f"/sandboxes/{sb}/network", headers=key, json={
+        "allowOut": ["PyPI.org", "*.pythonhosted.org:443"], "denyOut": ["x.example"]}).status_code == 204
+    assert egress()["allow_out"] == ["pypi.org", "*.pythonhosted.org:443"]
+    assert egress()["deny_out"] == ["x.example"]
+    assert "nor a DNS name" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
+                                                     json={"allowOut": ["-bad.example"]}), 400)
     assert "egressProxy" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
                                                   json={"egressProxy": {"address": "x:1"}}), 400)
     assert egress()["allow_internet_access"] is False  # the refused ones changed nothing

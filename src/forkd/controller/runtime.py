@@ -404,6 +404,11 @@ class Runtime:
             return
         await self.sandboxes.kill(sandbox_id)
 
+    def network_log(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The latest names the sandbox's guest asked its resolver for, each allowed or refused and
+        why (host/dnsguard.py; empty without names in its policy)."""
+        return self.networks.names.decisions(self.get_sandbox(sandbox_id).id)
+
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
         """The sandbox is killed ``timeout_secs`` from now (E2B's ``set_timeout``: sooner or later)."""
         check_sandbox_id(sandbox_id)

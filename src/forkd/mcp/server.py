@@ -220,8 +220,9 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
             "Let the sandboxes reach the public internet (denied by default). Needs a snapshot "
             "made with nic=true."))] = False,
         allow_out: Annotated[list[str] | None, Field(description=(
-            "Destinations always open, even private ones: IPv4 addresses or CIDRs, optionally "
-            "with :PORT or :FIRST-LAST, e.g. ['10.201.0.1:8080']. Needs nic=true."))] = None,
+            "Destinations always open, even private ones: IPv4 addresses, CIDRs or DNS names "
+            "('*.NAME': the names below it), optionally with :PORT or :FIRST-LAST, e.g. "
+            "['10.201.0.1:8080', 'pypi.org:443']. Needs nic=true."))] = None,
         deny_out: Annotated[list[str] | None, Field(description=(
             "Destinations closed even with allow_internet_access (same form as allow_out)."))] = None,
     ) -> SandboxList:

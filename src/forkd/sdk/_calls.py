@@ -180,6 +180,10 @@ def sandbox_memory(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/memory")
 
 
+def network_log(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/network/log")
+
+
 def kill_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
 

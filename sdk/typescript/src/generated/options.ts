@@ -330,9 +330,10 @@ export interface MkdirRequestOptions {
  */
 export interface NetworkPolicyOptions {
   /**
-   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-   * :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+   * (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
    * gateway, e.g. 10.201.0.1).
    */
   allowOut?: Schemas["NetworkPolicy"]["allow_out"];
@@ -343,9 +344,10 @@ export interface NetworkPolicyOptions {
    */
   allowPublicTraffic?: Schemas["NetworkPolicy"]["allow_public_traffic"];
   /**
-   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-   * with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100".
+   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS
+   * name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443".
    */
   denyOut?: Schemas["NetworkPolicy"]["deny_out"];
   /**
@@ -367,9 +369,10 @@ export interface NetworkUpdateRequestOptions {
    */
   allowInternetAccess?: Schemas["NetworkUpdateRequest"]["allow_internet_access"];
   /**
-   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-   * :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+   * (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
    * gateway, e.g. 10.201.0.1).
    */
   allowOut?: Schemas["NetworkUpdateRequest"]["allow_out"];
@@ -380,9 +383,10 @@ export interface NetworkUpdateRequestOptions {
    */
   allowPublicTraffic?: Schemas["NetworkUpdateRequest"]["allow_public_traffic"];
   /**
-   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-   * with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100".
+   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS
+   * name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443".
    */
   denyOut?: Schemas["NetworkUpdateRequest"]["deny_out"];
   /**

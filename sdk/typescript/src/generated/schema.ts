@@ -388,6 +388,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The latest names the sandbox's guest asked its resolver for, each allowed or refused, and why */
+        get: operations["network_log_v1_sandboxes__id__network_log_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/ping": {
         parameters: {
             query?: never;
@@ -1544,6 +1561,43 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** NetworkDecision */
+        NetworkDecision: {
+            /**
+             * Allowed
+             * @description Whether the sandbox's egress policy let it resolve.
+             */
+            allowed: boolean;
+            /**
+             * Detail
+             * @description The addresses answered (and opened), or why it was refused.
+             */
+            detail: string;
+            /**
+             * Name
+             * @description The name it asked its resolver for.
+             */
+            name: string;
+            /**
+             * Time
+             * @description When the guest asked (Unix seconds).
+             */
+            time: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** NetworkLog */
+        NetworkLog: {
+            /**
+             * Entries
+             * @description The latest names its guest asked for, oldest first (at most 256; none without names in its egress policy).
+             */
+            entries: components["schemas"]["NetworkDecision"][];
+            /** Sandbox Id */
+            sandbox_id: string;
+        } & {
+            [key: string]: unknown;
+        };
         /**
          * NetworkPolicy
          * @description Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations.
@@ -1551,7 +1605,7 @@ export interface components {
         NetworkPolicy: {
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1562,7 +1616,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**
@@ -1585,7 +1639,7 @@ export interface components {
             allow_internet_access?: boolean;
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1596,7 +1650,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**
@@ -4790,6 +4844,65 @@ export interface operations {
             };
             /** @description Request body larger than the daemon's limit (default 1 MiB). */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    network_log_v1_sandboxes__id__network_log_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkLog"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -166,6 +166,20 @@ class SandboxMemory(ResponseModel):
     """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
 
 
+class NetworkDecision(ResponseModel):
+    time: float = Field(description="When the guest asked (Unix seconds).")
+    name: str = Field(description="The name it asked its resolver for.")
+    allowed: bool = Field(description="Whether the sandbox's egress policy let it resolve.")
+    detail: str = Field(description="The addresses answered (and opened), or why it was refused.")
+
+
+class NetworkLog(ResponseModel):
+    sandbox_id: str
+    entries: list[NetworkDecision] = Field(
+        description="The latest names its guest asked for, oldest first (at most 256; none without "
+        "names in its egress policy).")
+
+
 class ForkError(ResponseModel):
     index: int = Field(description="Which child (0-based) failed.")
     error: str

@@ -190,16 +190,18 @@ class NetworkPolicy(TypedDict, total=False):
     """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
@@ -808,22 +810,51 @@ class MkdirResponse(TypedDict, total=False):
     """False when parents=true and the directory already existed."""
 
 
+class NetworkDecision(TypedDict, total=False):
+    """The ``NetworkDecision`` schema."""
+
+    time: Required[float]
+    """When the guest asked (Unix seconds)."""
+
+    name: Required[str]
+    """The name it asked its resolver for."""
+
+    allowed: Required[bool]
+    """Whether the sandbox's egress policy let it resolve."""
+
+    detail: Required[str]
+    """The addresses answered (and opened), or why it was refused."""
+
+
+class NetworkLog(TypedDict, total=False):
+    """The ``NetworkLog`` schema."""
+
+    sandbox_id: Required[str]
+
+    entries: Required[list[NetworkDecision]]
+    """The latest names its guest asked for, oldest first (at most 256; none without names in its
+    egress policy).
+    """
+
+
 class NetworkUpdateRequest(TypedDict, total=False):
     """A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a spawn
     would set it (an omitted field takes a spawn's default).
     """
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
@@ -1583,6 +1614,8 @@ __all__ = [
     "ImagePullRequest",
     "MkdirRequest",
     "MkdirResponse",
+    "NetworkDecision",
+    "NetworkLog",
     "NetworkPolicy",
     "NetworkUpdateRequest",
     "PingResponse",

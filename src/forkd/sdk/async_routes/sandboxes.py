@@ -10,6 +10,7 @@ from forkd.sdk.models import (
     CancelEvalResponse,
     EvalResponse,
     ExecResponse,
+    NetworkLog,
     PingResponse,
     SandboxMemory,
     SpawnExtra,
@@ -117,6 +118,11 @@ class AsyncSandboxRoutes(AsyncTransport):
         snapshot and siblings (``shared_bytes``), RAM of its own (``private_bytes``), pages not yet
         touched, and its own disk layers (``disk_bytes``). 409 while hibernated."""
         return cast(SandboxMemory, await self._send(_calls.sandbox_memory(sandbox_id)))
+
+    async def network_log(self, sandbox_id: str) -> NetworkLog:
+        """``GET /v1/sandboxes/{id}/network/log``: the latest names its guest asked its resolver
+        for, each allowed (with the addresses opened) or refused, and why."""
+        return cast(NetworkLog, await self._send(_calls.network_log(sandbox_id)))
 
     async def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""

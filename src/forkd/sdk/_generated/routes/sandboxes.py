@@ -12,6 +12,7 @@ from forkd.sdk.models import (
     CancelEvalResponse,
     EvalResponse,
     ExecResponse,
+    NetworkLog,
     PingResponse,
     SandboxMemory,
     SpawnExtra,
@@ -119,6 +120,11 @@ class SandboxRoutes(Transport):
         snapshot and siblings (``shared_bytes``), RAM of its own (``private_bytes``), pages not yet
         touched, and its own disk layers (``disk_bytes``). 409 while hibernated."""
         return cast(SandboxMemory, self._send(_calls.sandbox_memory(sandbox_id)))
+
+    def network_log(self, sandbox_id: str) -> NetworkLog:
+        """``GET /v1/sandboxes/{id}/network/log``: the latest names its guest asked its resolver
+        for, each allowed (with the addresses opened) or refused, and why."""
+        return cast(NetworkLog, self._send(_calls.network_log(sandbox_id)))
 
     def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""
