@@ -42,7 +42,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import cast
+from typing import Any, cast
 
 from forkd import bounds
 from forkd.bounds import DEFAULT_DISK_QUOTA_MIB
