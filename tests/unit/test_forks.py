@@ -137,7 +137,7 @@ def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, S
     store = _store(registry, tmp_path, tags)
     brancher = Brancher(registry.sandboxes, tmp_path / "snapshots", table, events, store, tags)
     spawner = _NoSpawns(Networks(tmp_path, registry.sandboxes))
-    asleep = HibernatedBrancher(registry.sandboxes, tmp_path / "snapshots", table, store, tags)
+    asleep = HibernatedBrancher(brancher, tmp_path / "snapshots", table, store, tags)
     forker = Forker(registry.sandboxes, registry.aliases, table, events, brancher, spawner, store,  # type: ignore[arg-type]
                     tags, asleep)
     return forker, table, store

@@ -116,6 +116,14 @@ class Brancher:
         self._after_disk_cut = after_disk_cut
         events.before_kill(self._let_branches_finish)
 
+    def new_tag(self, sandbox_id: str) -> str:
+        """A fresh ``branch-<id>-<seq>`` for a branch of ``sandbox_id`` taken elsewhere (of a
+        hibernated one: controller/hibernated_branch.py); the sequence is this owner's column."""
+        seq = self._sandboxes.next_branch_seq(sandbox_id)
+        while self._store.exists(f"branch-{sandbox_id}-{seq}"):
+            seq = self._sandboxes.next_branch_seq(sandbox_id)
+        return f"branch-{sandbox_id}-{seq}"
+
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
         return _Source(self._sandboxes.get(sandbox_id), vm)

@@ -28,7 +28,7 @@ import shutil
 import time
 from pathlib import Path
 
-from forkd.controller.branch import branch_meta
+from forkd.controller.branch import Brancher, branch_meta
 from forkd.controller.hibernation import SAVED_DIR
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -37,7 +37,6 @@ from forkd.errors import Conflict, ForkdError, VMError
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
 from forkd.store.records import SandboxRecord, SnapshotRecord, now_unix
-from forkd.store.rows.sandboxes import DiskChainRows
 from forkd.vmm import branching
 from forkd.vmm import disk as disk_mod
 from forkd.vmm import hibernation as mechanics
@@ -46,9 +45,9 @@ log = logging.getLogger("forkd.branch")
 
 
 class HibernatedBrancher:
-    def __init__(self, sandboxes: DiskChainRows, snapshots_dir: Path, table: SandboxTable,
+    def __init__(self, brancher: Brancher, snapshots_dir: Path, table: SandboxTable,
                  store: SnapshotStore, tags: TagReservations) -> None:
-        self._sandboxes = sandboxes  # read, plus the branch sequence column
+        self._brancher = brancher  # the owner of the branch sequence: it names the branch
         self._snapshots = snapshots_dir
         self._table = table
         self._store = store
@@ -58,10 +57,7 @@ class HibernatedBrancher:
         """A ``ready`` branch of the hibernated ``sandbox_id`` (tag ``branch-<id>-<seq>``); it
         stays hibernated. 409 if it is not hibernated with its memory."""
         record = self._hibernated(sandbox_id)
-        seq = self._sandboxes.next_branch_seq(sandbox_id)
-        while self._store.exists(f"branch-{sandbox_id}-{seq}"):
-            seq = self._sandboxes.next_branch_seq(sandbox_id)
-        tag = f"branch-{sandbox_id}-{seq}"
+        tag = self._brancher.new_tag(sandbox_id)
         self._tags.reserve(tag)
         staging: SnapshotDir | None = None
         registered = False

@@ -82,6 +82,7 @@ from forkd.controller.results import (
 )
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshot_deletion import SnapshotDeletion
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
@@ -166,7 +167,7 @@ class Runtime:
                                self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
-        asleep = HibernatedBrancher(rows, data.snapshots, self.sandboxes, self.snapshots, self.tags)
+        asleep = HibernatedBrancher(self.brancher, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
                              self.snapshots, self.tags, asleep)
         self.checkpoints = Checkpointer(rows, self.sandboxes, self.events, self.brancher, self.snapshots,
@@ -183,6 +184,8 @@ class Runtime:
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
                                      self.suspender, self.forker.collect, self.hibernation.wake)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
+        self.deletion = SnapshotDeletion(self.snapshots, self.sandboxes, self.suspender, self.pools,
+                                         self.brancher, self.forker)
         # Dockerfile builds (controller/template_build.py): a sub-API the template routes call. Its
         # build host is this facade (spawn, exec, branch, kill of its build sandboxes).
         # Images pulled from registries (controller/images.py): POST /v1/images and a build's FROM REF.
@@ -304,32 +307,10 @@ class Runtime:
         return await self.templates.create(spec, progress)
 
     def snapshot_lineage(self, tag: str) -> RecordJson:
-        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag == tag]
-        return self.snapshots.lineage(tag, users)
+        return self.deletion.lineage(tag)
 
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
-        doomed = self.snapshots.deletion_plan(tag, cascade=cascade, force=force)
-        # A sandbox needs the snapshot it was forked from. (A branch's *source* does
-        # not: it keeps its own copies of the layers; see Brancher.unpublish.)
-        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag in doomed]
-        if users and not force:
-            raise Conflict(
-                f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
-            )
-        paused = self.suspender.holding(doomed)
-        if paused and not force:
-            raise Conflict(f"paused sandboxes {paused} resume from {tag!r}; kill them first or pass "
-                           "force=true")
-        for sb_id in paused:
-            self.suspender.discard(sb_id)
-        for t in doomed:
-            await self.pools.drop(t)  # a pool holds no one's work: it just drains
-        for sb_id in users:
-            await self.sandboxes.kill(sb_id)
-        for t in doomed:
-            self.brancher.unpublish(t)
-            self.snapshots.remove(t)
-        await self.forker.collect()  # it may have been the last dependent of a fork snapshot
+        await self.deletion.delete(tag, cascade=cascade, force=force)
 
     # ---------------------------------------------------------------- sandboxes
 
