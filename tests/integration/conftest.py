@@ -39,12 +39,14 @@ def soak(short: T, full: T) -> T:
 
 
 # A failed VM test keeps the consoles of the VMs that ran during it: the sandboxes it killed (copied
-# aside by the daemon as their run directories go: forkd.vmm.console.keep_for_debugging) and the ones
-# still running, under test-artifacts/<test>/ (or $FORKD_TEST_ARTIFACTS), named in the report.
+# aside by the runtime or daemon as their run directories go: forkd.vmm.console.keep_for_debugging)
+# and the ones still running, with the tail of each daemon log written meanwhile, under
+# test-artifacts/<test>/ (or $FORKD_TEST_ARTIFACTS), named in the report.
 ARTIFACTS = Path(os.environ.get("FORKD_TEST_ARTIFACTS") or Path(__file__).parents[2] / "test-artifacts")
 _KEPT_CONSOLES = Path(tempfile.mkdtemp(prefix="forkd-consoles-"))
 os.environ[console.KEEP_DIR_ENV] = str(_KEPT_CONSOLES)  # daemons this session starts inherit it
 _SESSION_START = time.time()
+DAEMON_LOG_TAIL = 1 << 20  # the end of a daemon's log is what tells about the failure
 
 
 def _consoles_since(started: float) -> list[Path]:
@@ -53,6 +55,13 @@ def _consoles_since(started: float) -> list[Path]:
     live = [p for p in Path("/tmp").glob("*/sandboxes/*/console.log")
             if p.parents[2].stat().st_ctime >= _SESSION_START and p.stat().st_mtime >= started]
     return kept + live
+
+
+def _daemon_logs_since(started: float) -> list[Path]:
+    """The logs of this session's daemons (their data dirs are scratch ones under /tmp) written
+    during the test: what the daemon said about the VMs it ran for it."""
+    return [p for p in Path("/tmp").glob("*/daemon.log")
+            if p.parent.stat().st_ctime >= _SESSION_START and p.stat().st_mtime >= started]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -75,8 +84,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             name = log.name if log.parent == _KEPT_CONSOLES else f"{log.parent.name}.console.log"
             shutil.copyfile(log, dest / name)
             copied += 1
+    for log in _daemon_logs_since(item.stash.get(_STARTED, _SESSION_START)):
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            dest.mkdir(parents=True, exist_ok=True)
+            f.seek(max(0, log.stat().st_size - DAEMON_LOG_TAIL))
+            (dest / f"{log.parent.name}.daemon.log").write_bytes(f.read())
+            copied += 1
     if copied:
-        report.sections.append(("VM consoles", f"{copied} console log(s) kept in {dest}"))
+        report.sections.append(("VM consoles", f"{copied} console and daemon log(s) kept in {dest}"))
 
 
 _STARTED = pytest.StashKey[float]()
