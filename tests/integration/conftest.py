@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ import pytest
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
+from forkd.store.layout import SnapshotDir
 from forkd.store.records import SnapshotRecord
 from forkd.vmm import console
 
@@ -163,19 +165,53 @@ def snapshot(loop: Loop, runtime: Runtime) -> str:
     return "py"
 
 
-def seed_template(loop: Loop, runtime: Runtime, tag: str, root: Path) -> None:
-    """Register ``runtime``'s template ``tag`` in the data dir ``root``, hard-linked (a template's
-    files are never written), before a daemon starts there: the daemon forks it without a boot."""
+# The session's template with a NIC: what the network tests fork from, and what a daemon of their
+# own (hibernation, two daemons, the other ways in) starts with under the tag it asks for. A guest's
+# address inside its namespace is the same on every daemon, so such a template moves between data dirs.
+NIC_RECIPE: dict[str, Any] = {"nic": True, "boot_wait_secs": 240}
+
+
+@pytest.fixture(scope="session")
+def nic_snapshot(loop: Loop, runtime: Runtime) -> str:
+    """The session's one boot of a template with a NIC (``py-nic``)."""
+    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py-nic", **NIC_RECIPE)))
+    return "py-nic"
+
+
+def seed_template(loop: Loop, runtime: Runtime, tag: str, root: Path, as_tag: str | None = None) -> None:
+    """Register ``runtime``'s template ``tag`` in the data dir ``root`` (as ``as_tag``), hard-linked
+    (a template's files are never written in place), before a runtime or daemon opens it there: it
+    forks the template without a boot. Only its snapshot.json, which names the tag, is written anew."""
+    as_tag = as_tag or tag
     data = DataDir(root, images_dir())
     rt = loop.run(Runtime.open(data))
     try:
         src = runtime.get_snapshot(tag)
-        dst = data.snapshots / tag
+        dst = data.snapshots / as_tag
         shutil.copytree(src.dir, dst, copy_function=os.link)
-        rt.registry.snapshots.insert(SnapshotRecord(tag=tag, dir=str(dst),
+        if as_tag != tag:
+            snap = SnapshotDir(dst)
+            meta = json.loads(snap.meta_path.read_text())
+            snap.write_meta({**meta, "tag": as_tag})  # a new file: the link is replaced
+        rt.registry.snapshots.insert(SnapshotRecord(tag=as_tag, dir=str(dst),
                                                     created_at_unix=src.created_at_unix))
     finally:
         loop.run(rt.close())
+
+
+Seeder = Callable[..., None]
+
+
+@pytest.fixture(scope="session")
+def seed(loop: Loop, runtime: Runtime) -> Seeder:
+    """``seed(root, base="py", pynet="py-nic")``: the session's templates (booted by their
+    fixtures, which the caller requests) registered in the data dir ``root`` under the tags its
+    tests use, before its daemon starts. For modules with a daemon of their own."""
+    def _seed(root: Path, **tags: str) -> None:
+        for as_tag, tag in tags.items():
+            seed_template(loop, runtime, tag, root, as_tag)
+
+    return _seed
 
 
 @pytest.fixture(scope="session")
