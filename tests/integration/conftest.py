@@ -227,6 +227,37 @@ def shared_daemons(loop: Loop, runtime: Runtime, snapshot: str) -> Iterator[Any]
     shared.close()
 
 
+# Snapshots that travel (test_travel.py, test_travel_lazy.py): one object store, one source runtime
+# and one branch chain for both modules, built once a session (test_travel.py has the helpers).
+@pytest.fixture(scope="session")
+def travel_s3() -> Iterator[Any]:
+    """moto's S3 server, its variables set for the rest of the session (runtimes read them)."""
+    from .services import environ, s3_server
+
+    with s3_server() as server, environ(server.env):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def travel_source(loop: Loop, travel_s3: Any, snapshot: str, seed: Seeder) -> Iterator[Runtime]:
+    """A runtime with an object store, started with the session's template as ``tv-py``."""
+    from .test_travel import TEMPLATE, close_runtime, open_runtime, scratch
+
+    data = scratch()
+    seed(data.root, **{TEMPLATE: snapshot})  # no boot of its own
+    rt = open_runtime(loop, travel_s3, data=data)
+    yield rt
+    close_runtime(loop, rt)
+
+
+@pytest.fixture(scope="session")
+def travel_chain(loop: Loop, travel_source: Runtime) -> dict[str, Any]:
+    """tv-py -> tv-b1 -> tv-b2 -> tv-b3 on ``travel_source`` (test_travel.build_chain)."""
+    from .test_travel import build_chain
+
+    return loop.run(build_chain(travel_source), timeout=900)
+
+
 def qemu_processes_of(root: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", "qemu-system"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if str(root) in line]
