@@ -550,14 +550,16 @@ def serve_in(http: httpx.Client, sandbox_id: str) -> None:
     assert started.status_code == 201, started.text
 
 
-def through_proxy(daemon: Daemon, port: int, sandbox_id: str, path: str = "/",
+def through_proxy(daemon: Daemon, port: int, sandbox_id: str, path: str = "/", *, listening: bool = True,
                   **headers: str) -> httpx.Response:
-    """A request as E2B's get_host makes it: to the daemon, the sandbox's port named in Host."""
+    """A request as E2B's get_host makes it: to the daemon, the sandbox's port named in Host.
+    Retried while the answer is a 502 until the guest's server listens, unless ``listening`` is
+    False (a port nothing listens on: its first 502 is the answer)."""
     host = {"Host": f"{port}-{sandbox_id}.localhost:{daemon.port}"}
     deadline = time.monotonic() + 30
-    while True:  # until the guest's server listens
+    while True:
         r = httpx.get(f"http://127.0.0.1:{daemon.port}{path}", headers={**host, **headers}, timeout=30)
-        if r.status_code != 502 or time.monotonic() > deadline:
+        if r.status_code != 502 or not listening or time.monotonic() > deadline:
             return r
         time.sleep(0.3)
 
@@ -586,7 +588,7 @@ def test_port_proxy_relays_http_and_websocket_with_the_sandboxs_policy(
         opened = through_proxy(daemon, 8001, public)
         assert opened.status_code == 200 and opened.json()["host"] == "masked.example:8001"
         # A port nothing listens on.
-        closed = through_proxy(daemon, 8009, public)
+        closed = through_proxy(daemon, 8009, public, listening=False)
         assert closed.status_code == 502 and "port 8009 is not open" in closed.json()["error"]
         # Issue 38: a request-target that is not a path is refused, and reaches nothing of the host
         # (pasted after the guest's address, `*@127.0.0.1:<port>/` named the host's port).
