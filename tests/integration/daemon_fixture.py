@@ -28,6 +28,7 @@ import httpx
 
 from forkd.config import DataDir
 from forkd.host import fusefile
+from forkd.vmm import console
 
 from .conftest import images_dir, qemu_processes_of
 
@@ -127,6 +128,10 @@ class Daemon:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
         env["FORKD_IMAGES_DIR"] = str(images_dir())
+        # Where the daemon copies a sandbox's console as its run directory goes: a failed test
+        # keeps the consoles of the VMs it killed (conftest.py), the daemon's as well as its own.
+        if keep := os.environ.get(console.KEEP_DIR_ENV):
+            env[console.KEEP_DIR_ENV] = keep
         env.update(self.extra_env)
         return env
 

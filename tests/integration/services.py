@@ -60,7 +60,7 @@ def s3_server() -> Iterator[S3Server]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     # moto keeps its buckets in this process, shared by every server it runs: a bucket of its
-    # own keeps one module's store from seeing another's (test_travel.py, test_travel_lazy.py).
+    # own keeps one server's store from seeing another's (the travel modules', the fleet's).
     s3 = S3Server(f"http://127.0.0.1:{port}", f"{BUCKET}-{secrets.token_hex(4)}")
     try:
         boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id="test", aws_secret_access_key="test",

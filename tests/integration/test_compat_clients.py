@@ -11,7 +11,8 @@
 The clients run as programs (tests/clients/) in their own virtualenv
 (``.venv-clients``, pinned in tests/clients/requirements.txt, made by
 ``make clients``; the published SDK's distribution is also named ``forkd``).
-One daemon and one template boot serve the whole module: ``base`` is booted,
+One daemon of its own serves the whole module (the clients list every snapshot): ``base`` is
+the session's template (booted once, registered before the daemon starts),
 ``code-interpreter-v1`` (the code interpreter's default template) is a
 compaction of it, which costs no boot.
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from .conftest import Seeder
 from .daemon_fixture import Daemon, kill_leftover_sandboxes, new_daemon, shutdown_and_check, start_or_clean_up
 
 pytestmark = pytest.mark.vm
@@ -46,12 +48,12 @@ def clients_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_or_clean_up(new_daemon("fkc-"))
+def daemon(snapshot: str, seed: Seeder) -> Iterator[Daemon]:
+    d = new_daemon("fkc-")
+    seed(d.root, base=snapshot)  # the session's template: no boot of its own
+    start_or_clean_up(d)
     try:
         with d.client(timeout=600) as c:
-            made = c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 180})
-            assert made.status_code == 201, made.text
             flat = c.post("/v1/snapshots/base/compact", json={"to": "code-interpreter-v1"})
             assert flat.status_code == 201, flat.text
         yield d

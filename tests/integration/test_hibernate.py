@@ -1,8 +1,9 @@
 """Hibernation with real VMs, through a real daemon: to disk and back, on request, when idle,
 at an E2B ``autoPause`` timeout, and across a daemon ``kill -9``.
 
-One daemon and one template boot (``base``, with a NIC, so that every child has a network
-of its own to release and make again) serve the module.
+One daemon of its own (it is killed and restarted) serves the module, with the session's
+template with a NIC (booted once, so that every child has a network of its own to release and
+make again) registered as ``base`` before it starts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import qemu_processes_of
+from .conftest import Seeder, qemu_processes_of, soak
 from .daemon_fixture import (
     Daemon,
     evaluate,
@@ -54,12 +55,11 @@ COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sl
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_or_clean_up(new_daemon("fkh-"))
+def daemon(nic_snapshot: str, seed: Seeder) -> Iterator[Daemon]:
+    d = new_daemon("fkh-")
+    seed(d.root, base=nic_snapshot)
+    start_or_clean_up(d)
     try:
-        with d.client(timeout=600) as c:
-            made = c.post("/v1/snapshots", json={"tag": "base", "nic": True, "boot_wait_secs": 180})
-            assert made.status_code == 201, made.text
         yield d
     finally:
         shutdown_and_check(d)
@@ -304,8 +304,13 @@ def test_a_daemon_restart_keeps_a_hibernated_sandbox_and_it_wakes_after(daemon: 
         assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
 
 
+# How long after the request each cut lands: one point in make test, two in make stress.
+CUT_DELAYS = soak((0.05,), (0.02, 0.08))
+
+
+@pytest.mark.soak
 def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daemon: Daemon) -> None:
-    """Runs last: it kills the module's daemon with SIGKILL (five times) and restarts it."""
+    """Runs last: it kills the module's daemon with SIGKILL (1 + 2 per CUT_DELAYS) and restarts it."""
     with daemon.client() as c:
         asleep, cut_hibernating, cut_waking = (spawn(c) for _ in range(3))
         for sb in (asleep, cut_hibernating, cut_waking):
@@ -354,7 +359,7 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
     check_qemus()
 
     # A hibernation cut short, and a wake cut short, at a few points each.
-    for delay in (0.02, 0.08):
+    for delay in CUT_DELAYS:
         with daemon.client() as c:
             evaluate(c, cut_hibernating["id"], "mark")  # running (woken if it was hibernated)
         crash_during("POST", f"/v1/sandboxes/{cut_hibernating['id']}/hibernate", None, delay)
