@@ -31,6 +31,7 @@ import type {
   CheckpointList,
   CheckpointOptions,
   CreateSnapshotOptions,
+  CreateVolumeOptions,
   CreateWorkspaceOptions,
   HibernateOptions,
   PushOptions,
@@ -54,6 +55,7 @@ import type {
   PromoteOptions,
   PromoteResponse,
   PullResult,
+  VolumeInfo,
   WorkspaceInfo,
   PushResult,
   SandboxInfo,
@@ -573,6 +575,33 @@ export class Controller {
       json: { to },
       wait: "unbounded",
     });
+  }
+
+  // -------------------------------------------------------------- volumes
+
+  /** `POST /v1/volumes`: an ext4 volume of `sizeMib` (its quota), empty or filled from `source`. */
+  createVolume(name: string, options: CreateVolumeOptions = {}): Promise<VolumeInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: "/v1/volumes",
+      json: toWire("CreateVolumeRequest", { ...options, name }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET /v1/volumes`. */
+  listVolumes(): Promise<VolumeInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/volumes" });
+  }
+
+  /** `GET /v1/volumes/{name}`: `snapshots` names those that attach it. */
+  getVolume(name: string): Promise<VolumeInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/volumes/${seg(name)}` });
+  }
+
+  /** `DELETE /v1/volumes/{name}`: 409 while a snapshot attaches it. */
+  async deleteVolume(name: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/volumes/${seg(name)}` });
   }
 
   // -------------------------------------------------------------- workspaces

@@ -11,6 +11,7 @@ import type {
   CheckpointPolicyRequestOptions,
   CodeRequestOptions,
   CreateSnapshotRequestOptions,
+  CreateVolumeRequestOptions,
   CreateWorkspaceRequestOptions,
   EvalRequestOptions,
   ExecRequestOptions,
@@ -48,6 +49,7 @@ export type PoolInfo = Schemas["PoolInfo"];
 export type PushResult = Schemas["PushResult"];
 export type PullResult = Schemas["PullResult"];
 export type WorkspaceInfo = Schemas["WorkspaceInfo"];
+export type VolumeInfo = Schemas["VolumeInfo"];
 export type FileInfo = Schemas["FileInfo"];
 export type FileList = Schemas["FileList"];
 export type MkdirResponse = Schemas["MkdirResponse"];
@@ -248,6 +250,9 @@ export type PushOptions = PushRequestOptions;
 
 /** `POST /v1/workspaces` (the name and the snapshot are arguments). */
 export type CreateWorkspaceOptions = Omit<CreateWorkspaceRequestOptions, "name" | "snapshotTag">;
+
+/** `POST /v1/volumes` (the name is an argument). */
+export type CreateVolumeOptions = Omit<CreateVolumeRequestOptions, "name">;
 
 /** `POST /v1/workspaces/{name}/suspend`. */
 export type SuspendWorkspaceOptions = SuspendWorkspaceRequestOptions;

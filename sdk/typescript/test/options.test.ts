@@ -191,6 +191,12 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.pushSnapshot("t", options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  CreateVolumeRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["name"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.createVolume(args.name, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CreateWorkspaceRequest: async (schema) => {
     const { options, body, args } = split(schema, ["name", "snapshot_tag"]);
     const { ctrl, bodies } = recorder();

@@ -62,6 +62,7 @@ from forkd.api.schemas.requests import (
     CheckpointPolicyRequest,
     CompactRequest,
     CreateSnapshotRequest,
+    CreateVolumeRequest,
     CreateWorkspaceRequest,
     EvalRequest,
     ExecRequest,
@@ -107,6 +108,7 @@ from forkd.api.schemas.responses import (
     SnapshotInfo,
     StdinResponse,
     Version,
+    VolumeInfo,
     WorkspaceInfo,
 )
 
@@ -140,6 +142,7 @@ __all__ = [
     "CompactRequest",
     "CpuLimit",
     "CreateSnapshotRequest",
+    "CreateVolumeRequest",
     "CreateWorkspaceRequest",
     "Deletion",
     "DiskQuotaMib",
@@ -207,5 +210,6 @@ __all__ = [
     "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
+    "VolumeInfo",
     "WorkspaceInfo",
 ]
