@@ -71,6 +71,7 @@ from forkd.controller.results import (
     SandboxView,
     SignalResult,
     StdinResult,
+    VolumeExportReport,
     VolumeReport,
     WorkspaceReport,
 )
@@ -1228,6 +1229,14 @@ class FakeVolumes:
             raise Conflict(f"volume {name!r} is in use by snapshot(s) {', '.join(self.users[name])}: "
                            "delete them first")
         del self.rows[name]
+
+    async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport:
+        self._rt._call("export_volume", name, to, snapshot=snapshot)
+        self.get(name)
+        out: VolumeExportReport = {"name": name, "to": to}
+        if snapshot is not None:
+            out["snapshot"] = snapshot
+        return out
 
 
 class FakeWorkspaces:

@@ -49,13 +49,19 @@ def template(loop: Loop, runtime: Runtime, tmp_path_factory: pytest.TempPathFact
         runtime.volumes.delete("vdata")
 
 
-def test_the_snapshot_records_its_volumes_and_the_volume_names_it(runtime: Runtime, template: str) -> None:
+def test_the_snapshot_records_its_volumes_and_the_volume_names_it(loop: Loop, runtime: Runtime, template: str,
+                                                                  tmp_path: Path) -> None:
     info = runtime.get_snapshot(template).info()
     assert [(v["mount"], v["read_only"], v["fork"]) for v in info["volumes"]] == [
         ("/mnt/data", False, "copy"), ("/fixtures", True, "copy")]
     assert runtime.volumes.info(runtime.volumes.get("vdata"))["snapshots"] == [template]
     with pytest.raises(Conflict, match=template):
         runtime.volumes.delete("vdata")
+    # Exported as the snapshot holds it (what its template wrote), and as the volume was made.
+    loop.run(runtime.volumes.export("vdata", str(tmp_path / "snap"), snapshot=template))
+    assert (tmp_path / "snap" / "v.txt").read_text() == "parent\n"
+    loop.run(runtime.volumes.export("vdata", str(tmp_path / "made")))
+    assert not (tmp_path / "made" / "v.txt").exists()
 
 
 def test_five_children_each_write_their_own_copy(loop: Loop, runtime: Runtime, template: str) -> None:

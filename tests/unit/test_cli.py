@@ -215,6 +215,10 @@ def test_volume_commands(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("GET", "/v1/volumes", httpx.Response(200, json=[vol]))
     listed = run(runner, "volume", "ls")
     assert listed.exit_code == 0 and "data" in listed.stdout and "db" in listed.stdout
+    daemon.on("POST", "/v1/volumes/data/export", httpx.Response(200, json={"name": "data", "to": "/o",
+                                                                          "snapshot": "db"}))
+    assert run(runner, "volume", "cp", "data", "/o", "--snapshot", "db").exit_code == 0
+    assert daemon.body() == {"to": "/o", "snapshot": "db"}
     daemon.on("DELETE", "/v1/volumes/data", httpx.Response(409, json={"error": "volume 'data' is in use "
                                                                       "by snapshot(s) db"}))
     refused = run(runner, "volume", "rm", "data")

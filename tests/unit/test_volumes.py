@@ -179,3 +179,24 @@ def test_a_snapshot_refuses_bad_volumes_before_it_boots(client: TestClient, daem
     assert client.post("/v1/volumes", json={"name": "x", "size_mib": 16}).status_code == 201
     assert "same path" in error(snapshot({"name": "x", "mount": "/m"}, {"name": "x", "mount": "/m"}), 400)
     assert client.get("/v1/snapshots/v").status_code == 404  # nothing was registered
+
+
+def test_a_volume_is_exported_into_a_new_host_directory(client: TestClient, daemon: Daemon,
+                                                        tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f.txt").write_text("hello")
+    (src / "link").symlink_to("/etc/passwd")
+    made = client.post("/v1/volumes", json={"name": "d", "size_mib": 16, "source": str(src)})
+    assert made.status_code == 201, made.text
+    out = tmp_path / "out"
+    done = client.post("/v1/volumes/d/export", json={"to": str(out)})
+    assert done.status_code == 200, done.text
+    assert done.json() == {"name": "d", "to": str(out)}
+    assert (out / "sub" / "f.txt").read_text() == "hello"
+    assert (out / "link").is_symlink() and str((out / "link").readlink()) == "/etc/passwd"
+    assert "already exists" in error(client.post("/v1/volumes/d/export", json={"to": str(out)}), 409)
+    assert "does not attach" in error(client.post("/v1/volumes/d/export", json={
+        "to": str(tmp_path / "o2"), "snapshot": "py"}), 404)
+    error(client.post("/v1/volumes/nope/export", json={"to": str(tmp_path / "o3")}), 404)
+    assert not (tmp_path / "o2").exists()

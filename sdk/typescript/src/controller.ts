@@ -32,6 +32,7 @@ import type {
   CheckpointOptions,
   CreateSnapshotOptions,
   CreateVolumeOptions,
+  ExportVolumeOptions,
   CreateWorkspaceOptions,
   HibernateOptions,
   PushOptions,
@@ -55,6 +56,7 @@ import type {
   PromoteOptions,
   PromoteResponse,
   PullResult,
+  VolumeExport,
   VolumeInfo,
   WorkspaceInfo,
   PushResult,
@@ -597,6 +599,16 @@ export class Controller {
   /** `GET /v1/volumes/{name}`: `snapshots` names those that attach it. */
   getVolume(name: string): Promise<VolumeInfo> {
     return this.#http.json({ method: "GET", path: `/v1/volumes/${seg(name)}` });
+  }
+
+  /** `POST /v1/volumes/{name}/export`: copy its files into `to`, a new directory on the daemon's host. */
+  exportVolume(name: string, to: string, options: ExportVolumeOptions = {}): Promise<VolumeExport> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/volumes/${seg(name)}/export`,
+      json: toWire("ExportVolumeRequest", { ...options, to }),
+      wait: "unbounded",
+    });
   }
 
   /** `DELETE /v1/volumes/{name}`: 409 while a snapshot attaches it. */

@@ -12,6 +12,7 @@ import type {
   CodeRequestOptions,
   CreateSnapshotRequestOptions,
   CreateVolumeRequestOptions,
+  ExportVolumeRequestOptions,
   CreateWorkspaceRequestOptions,
   EvalRequestOptions,
   ExecRequestOptions,
@@ -50,6 +51,7 @@ export type PushResult = Schemas["PushResult"];
 export type PullResult = Schemas["PullResult"];
 export type WorkspaceInfo = Schemas["WorkspaceInfo"];
 export type VolumeInfo = Schemas["VolumeInfo"];
+export type VolumeExport = Schemas["VolumeExport"];
 export type FileInfo = Schemas["FileInfo"];
 export type FileList = Schemas["FileList"];
 export type MkdirResponse = Schemas["MkdirResponse"];
@@ -253,6 +255,9 @@ export type CreateWorkspaceOptions = Omit<CreateWorkspaceRequestOptions, "name" 
 
 /** `POST /v1/volumes` (the name is an argument). */
 export type CreateVolumeOptions = Omit<CreateVolumeRequestOptions, "name">;
+
+/** `POST /v1/volumes/{name}/export` (the name and the directory are arguments). */
+export type ExportVolumeOptions = Omit<ExportVolumeRequestOptions, "to">;
 
 /** `POST /v1/workspaces/{name}/suspend`. */
 export type SuspendWorkspaceOptions = SuspendWorkspaceRequestOptions;

@@ -40,6 +40,7 @@ from forkd.controller.results import (
     SandboxView,
     SignalResult,
     StdinResult,
+    VolumeExportReport,
     VolumeReport,
     WorkspaceReport,
 )
@@ -170,6 +171,7 @@ class VolumesLike(Protocol):
     async def create(self, name: str, *, size_mib: int = ..., fs: str = "ext4",
                      source: str | None = None) -> Any: ...
     def delete(self, name: str) -> None: ...
+    async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport: ...
 
 
 class PoolsLike(Protocol):

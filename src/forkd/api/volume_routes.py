@@ -11,9 +11,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, STARTING, Runtime
-from forkd.api.schemas import TAG_PATTERN, CreateVolumeRequest, ErrorBody, VolumeInfo
+from forkd.api.schemas import (
+    TAG_PATTERN,
+    CreateVolumeRequest,
+    ErrorBody,
+    ExportVolumeRequest,
+    VolumeExport,
+    VolumeInfo,
+)
 from forkd.config import API_VERSION
-from forkd.controller.results import VolumeReport
+from forkd.controller.results import VolumeExportReport, VolumeReport
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["volumes"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING})
@@ -43,6 +50,17 @@ async def list_volumes(rt: Runtime) -> list[VolumeReport]:
 @router.get("/volumes/{name}", response_model=VolumeInfo, summary="One volume", responses=NO_VOLUME)
 async def get_volume(name: NamePath, rt: Runtime) -> VolumeReport:
     return rt.volumes.info(rt.volumes.get(name))
+
+
+@router.post(
+    "/volumes/{name}/export",
+    response_model=VolumeExport,
+    response_model_exclude_none=True,
+    summary="Copy a volume's files into a new host directory (as made, or as a snapshot holds it)",
+    responses={**NO_VOLUME, 409: {"model": ErrorBody, "description": "The directory exists."}},
+)
+async def export_volume(name: NamePath, req: ExportVolumeRequest, rt: Runtime) -> VolumeExportReport:
+    return await rt.volumes.export(name, req.to, snapshot=req.snapshot)
 
 
 @router.delete(

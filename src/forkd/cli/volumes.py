@@ -1,4 +1,4 @@
-"""``forkd volume create|ls|show|rm``: named volumes that snapshots attach (``--volume``).
+"""``forkd volume create|ls|show|cp|rm``: named volumes that snapshots attach (``--volume``).
 
 A volume is an ext4 disk of a fixed size. ``forkd snapshot --volume NAME:/mnt/data``
 attaches it; every child of that snapshot gets its own copy-on-write view of it, and a
@@ -86,6 +86,30 @@ def ls(ctx: typer.Context, json_: JsonFlag = False) -> None:
 def show(ctx: typer.Context, name: NameArg, json_: JsonFlag = False) -> None:
     """Show one volume."""
     show_details(ctx, state(ctx).controller().get_volume(name), json_)
+
+
+@volume_app.command("cp")
+@handle_errors
+def cp(
+    ctx: typer.Context,
+    name: NameArg,
+    dest: Annotated[str, typer.Argument(help="A new directory on the daemon's host.")],
+    snapshot: Annotated[
+        str | None,
+        typer.Option("--snapshot", metavar="TAG", help="Copy the volume as this snapshot holds it."),
+    ] = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Copy a volume's files out into a new host directory (to copy files in, create a volume
+    with --from).
+
+    Examples:
+      forkd volume cp data /srv/export/data
+      forkd volume cp data /srv/export/after-setup --snapshot db
+    """
+    with output.spinner(f"copying volume {escape(name)} to {escape(dest)}"):
+        info = state(ctx).controller().export_volume(name, dest, snapshot=snapshot)
+    show_details(ctx, info, json_)
 
 
 @volume_app.command("rm")

@@ -227,6 +227,12 @@ class VolumeReport(TypedDict):
                                          "cannot be deleted (409).")]
 
 
+class VolumeExportReport(TypedDict):
+    name: str
+    to: Annotated[str, Wire("The new host directory its files were copied into.")]
+    snapshot: NotRequired[Annotated[str, Wire("The snapshot whose view of the volume was copied.")]]
+
+
 class WorkspaceReport(TypedDict):
     id: Annotated[str, Wire(examples=["ws-agent-1"])]
     name: str

@@ -224,6 +224,10 @@ class TemplateBuilder:
             await self._run_setup(vm, spec, progress)
             progress("warming the Jupyter kernel", 0.89)
             has_kernel = await warm_template(vm, spec.setup_timeout_secs)
+            if volumes:
+                # Its volumes' layers then hold what setup wrote (an export reads them), not only
+                # its page cache in the snapshot's memory.
+                await vm.call(protocol.SYNC, timeout=spec.setup_timeout_secs)
             progress("snapshotting", 0.9)
             save_ms = await vm.save_template_state(staging.state)
             boot_s = vm.timings["boot_s"]

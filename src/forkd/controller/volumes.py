@@ -30,8 +30,8 @@ from typing import Any
 
 from forkd import bounds
 from forkd.config import DataDir
-from forkd.controller.results import VolumeReport
-from forkd.errors import Conflict, GuestError, InvalidRequest
+from forkd.controller.results import VolumeExportReport, VolumeReport
+from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
 from forkd.store import layout
 from forkd.store.records import SnapshotRecord, VolumeRecord, now_unix
 from forkd.store.rows.snapshots import SnapshotReader
@@ -123,6 +123,31 @@ class Volumes:
                            "delete them first")
         self._rows.delete(vol.name)
         shutil.rmtree(self._dir / vol.name, ignore_errors=True)
+
+    async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport:
+        """Copy the volume's files into ``to``, a new directory on the daemon's host: the named
+        volume as it was made, or, with ``snapshot``, as that snapshot holds it (what its template
+        or its branch source wrote). 409 if ``to`` exists; 404 if the snapshot does not attach it."""
+        vol = self.get(name)
+        if not to.startswith("/") or "\x00" in to or len(to) > 4096:
+            raise InvalidRequest(f"to must be an absolute host path, not {to!r}")
+        target = Path(to)
+        if target.exists() or target.is_symlink():
+            raise Conflict(f"{to} already exists: export into a new directory")
+        if not target.parent.is_dir():
+            raise InvalidRequest(f"{target.parent} is not a directory on the daemon's host")
+        image = self.disk(vol.name)
+        if snapshot is not None:
+            snap = self._snapshots.get(layout.check_tag(snapshot))
+            index = next((i for i, v in enumerate(snap.volumes) if v.get("name") == vol.name), None)
+            if index is None:
+                raise NotFound(f"snapshot {snapshot!r} does not attach volume {vol.name!r}")
+            image = layout.SnapshotDir(Path(snap.dir)).volume(index)
+        await asyncio.to_thread(volume_image.export, image, target)
+        out: VolumeExportReport = {"name": vol.name, "to": str(target)}
+        if snapshot is not None:
+            out["snapshot"] = snapshot
+        return out
 
     # ---------------------------------------------------------------- attached to a snapshot
 

@@ -430,6 +430,12 @@ def get_volume(name: str) -> Call:
     return Call("GET", f"/v1/volumes/{_seg(name)}")
 
 
+def export_volume(name: str, to: str, *, snapshot: str | None) -> Call:
+    # Copies every file of the volume: as long as that takes.
+    return Call("POST", f"/v1/volumes/{_seg(name)}/export", json=_put({"to": to}, snapshot=snapshot),
+                read_timeout=None)
+
+
 def delete_volume(name: str) -> Call:
     return Call("DELETE", f"/v1/volumes/{_seg(name)}")
 

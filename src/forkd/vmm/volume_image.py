@@ -81,6 +81,33 @@ def unpack(path: Path, into: Path, size: int) -> None:
         raise InvalidRequest(f"{path} could not be unpacked: {exc}") from None
 
 
+def _debugfs() -> str:
+    tool = shutil.which("debugfs") or shutil.which("debugfs", path="/usr/sbin:/sbin")
+    if tool is None:
+        raise VMError("debugfs is not installed (Debian: e2fsprogs)")
+    return tool
+
+
+def export(image: Path, to: Path) -> None:
+    """The files of the ext4 filesystem in ``image`` (a qcow2, its backing chain included) copied
+    into the new directory ``to`` on the host, without mounting it: ``debugfs rdump`` reads the
+    filesystem as a file. Symbolic links are written as links, never followed. Nothing is left at
+    ``to`` on failure."""
+    to.mkdir()
+    try:
+        with tempfile.TemporaryDirectory(dir=to.parent, prefix=".volume-export-") as tmp:
+            raw = Path(tmp) / "fs.raw"
+            disk_mod.qemu_img("convert", "-q", "-U", "-O", "raw", str(image), str(raw))  # sparse
+            proc = subprocess.run([_debugfs(), "-R", f"rdump / {to}", str(raw)], capture_output=True,
+                                  text=True)
+            errors = [line for line in proc.stderr.splitlines() if not line.startswith("debugfs ")]
+            if proc.returncode != 0 or errors:
+                raise VMError(f"reading the volume's filesystem failed: {' '.join(errors)[-500:]}")
+    except BaseException:
+        shutil.rmtree(to, ignore_errors=True)
+        raise
+
+
 def build(out: Path, size: int, source: Path | None = None, fs: str = "ext4") -> None:
     """``out``: a qcow2 of ``size`` bytes holding a new ``fs`` filesystem, with ``source``'s
     content (a directory, or a tarball) if given. Nothing is left at ``out`` on failure."""
@@ -115,4 +142,4 @@ def build(out: Path, size: int, source: Path | None = None, fs: str = "ext4") ->
         os.replace(tmp_out, out)
 
 
-__all__ = ["FILESYSTEMS", "MAX_TAR_MEMBERS", "build", "check_tarball", "unpack"]
+__all__ = ["FILESYSTEMS", "MAX_TAR_MEMBERS", "build", "check_tarball", "export", "unpack"]

@@ -233,6 +233,19 @@ export interface ExecStreamRequestOptions {
   user?: Schemas["ExecStreamRequest"]["user"];
 }
 
+/** `ExportVolumeRequest` in camelCase. */
+export interface ExportVolumeRequestOptions {
+  /**
+   * Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+   * the volume as made.
+   */
+  snapshot?: Schemas["ExportVolumeRequest"]["snapshot"];
+  /**
+   * A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+   */
+  to: Schemas["ExportVolumeRequest"]["to"];
+}
+
 /** `ForkRequest` in camelCase. */
 export interface ForkRequestOptions {
   /**
@@ -649,6 +662,7 @@ export interface RequestOptions {
   EvalRequest: EvalRequestOptions;
   ExecRequest: ExecRequestOptions;
   ExecStreamRequest: ExecStreamRequestOptions;
+  ExportVolumeRequest: ExportVolumeRequestOptions;
   ForkRequest: ForkRequestOptions;
   HibernateRequest: HibernateRequestOptions;
   MkdirRequest: MkdirRequestOptions;
@@ -752,6 +766,10 @@ export const WIRE_NAMES = {
     tag: "tag",
     timeoutSecs: "timeout_secs",
     user: "user",
+  },
+  ExportVolumeRequest: {
+    snapshot: "snapshot",
+    to: "to",
   },
   ForkRequest: {
     allowInternetAccess: "allow_internet_access",

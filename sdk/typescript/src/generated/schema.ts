@@ -683,6 +683,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes/{name}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Copy a volume's files into a new host directory (as made, or as a snapshot holds it) */
+        post: operations["export_volume_v1_volumes__name__export_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces": {
         parameters: {
             query?: never;
@@ -1258,6 +1275,20 @@ export interface components {
              * @example user
              */
             user?: string | null;
+        };
+        /** ExportVolumeRequest */
+        ExportVolumeRequest: {
+            /**
+             * Snapshot
+             * @description Copy the volume as this snapshot holds it (what its template or branch source wrote); default: the volume as made.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+             * @example /srv/export/data
+             */
+            to: string;
         };
         /** FileInfo */
         FileInfo: {
@@ -2581,6 +2612,23 @@ export interface components {
              * @description Its size: the most a guest can write to it.
              */
             size_bytes: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** VolumeExport */
+        VolumeExport: {
+            /** Name */
+            name: string;
+            /**
+             * Snapshot
+             * @description The snapshot whose view of the volume was copied.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description The new host directory its files were copied into.
+             */
+            to: string;
         } & {
             [key: string]: unknown;
         };
@@ -6667,6 +6715,78 @@ export interface operations {
                 };
             };
             /** @description Snapshots attach it (named). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    export_volume_v1_volumes__name__export_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExportVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeExport"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The directory exists. */
             409: {
                 headers: {
                     [name: string]: unknown;

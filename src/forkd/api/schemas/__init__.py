@@ -66,6 +66,7 @@ from forkd.api.schemas.requests import (
     CreateWorkspaceRequest,
     EvalRequest,
     ExecRequest,
+    ExportVolumeRequest,
     ForkRequest,
     HibernateRequest,
     MkdirRequest,
@@ -108,6 +109,7 @@ from forkd.api.schemas.responses import (
     SnapshotInfo,
     StdinResponse,
     Version,
+    VolumeExport,
     VolumeInfo,
     WorkspaceInfo,
 )
@@ -155,6 +157,7 @@ __all__ = [
     "ExecRequest",
     "ExecResponse",
     "ExecStreamRequest",
+    "ExportVolumeRequest",
     "FileInfo",
     "FileList",
     "ForkError",
@@ -210,6 +213,7 @@ __all__ = [
     "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
+    "VolumeExport",
     "VolumeInfo",
     "WorkspaceInfo",
 ]

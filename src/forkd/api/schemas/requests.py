@@ -84,6 +84,14 @@ class CreateVolumeRequest(RequestModel):
         "are refused, and so is more content than fits.")
 
 
+class ExportVolumeRequest(RequestModel):
+    to: NonEmptyCString = Field(max_length=4096, description="A new directory on the daemon's host to "
+                                "copy the volume's files into (its parent must exist).",
+                                examples=["/srv/export/data"])
+    snapshot: Tag | None = Field(None, description="Copy the volume as this snapshot holds it (what "
+                                 "its template or branch source wrote); default: the volume as made.")
+
+
 class CreateSnapshotRequest(RequestModel):
     tag: Tag = Field(description="Name of the new snapshot.", examples=["py"])
     image: Tag = Field(

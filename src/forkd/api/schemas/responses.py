@@ -182,6 +182,11 @@ class VolumeInfo(ResponseModel):
     pass
 
 
+@derived_from(results.VolumeExportReport)
+class VolumeExport(ResponseModel):
+    pass
+
+
 @derived_from(results.SandboxCost)
 class SandboxMemory(ResponseModel):
     """What a sandbox costs the host, in bytes, read from the host (never the guest)."""

@@ -493,6 +493,19 @@ class ExecStreamRequest(TypedDict, total=False):
     """
 
 
+class ExportVolumeRequest(TypedDict, total=False):
+    """The ``ExportVolumeRequest`` schema."""
+
+    to: Required[str]
+    """A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+    """
+
+    snapshot: str | None
+    """Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+    the volume as made.
+    """
+
+
 class FileInfo(TypedDict, total=False):
     """The ``FileInfo`` schema."""
 
@@ -1375,6 +1388,18 @@ class Version(TypedDict, total=False):
     api: Required[str]
 
 
+class VolumeExport(TypedDict, total=False):
+    """The ``VolumeExport`` schema."""
+
+    name: Required[str]
+
+    to: Required[str]
+    """The new host directory its files were copied into."""
+
+    snapshot: str | None
+    """The snapshot whose view of the volume was copied."""
+
+
 class VolumeInfo(TypedDict, total=False):
     """The ``VolumeInfo`` schema."""
 
@@ -1605,6 +1630,7 @@ __all__ = [
     "ExecRequest",
     "ExecResponse",
     "ExecStreamRequest",
+    "ExportVolumeRequest",
     "FileInfo",
     "FileList",
     "ForkError",
@@ -1646,6 +1672,7 @@ __all__ = [
     "TimeoutRequest",
     "Version",
     "VolumeAttachment",
+    "VolumeExport",
     "VolumeInfo",
     "VolumeSpec",
     "WorkspaceInfo",

@@ -10,6 +10,7 @@ from forkd.sdk import _calls
 from forkd.sdk.models import (
     PoolExtra,
     PoolInfo,
+    VolumeExport,
     VolumeInfo,
 )
 from forkd.sdk.types import (
@@ -115,6 +116,11 @@ class AsyncPoolRoutes(AsyncTransport):
     async def get_volume(self, name: str) -> VolumeInfo:
         """``GET /v1/volumes/{name}``: ``snapshots`` names those that attach it."""
         return cast(VolumeInfo, await self._send(_calls.get_volume(name)))
+
+    async def export_volume(self, name: str, to: str, *, snapshot: str | None = None) -> VolumeExport:
+        """``POST /v1/volumes/{name}/export``: copy its files into ``to``, a new directory on the
+        daemon's host; with ``snapshot``, as that snapshot holds the volume."""
+        return cast(VolumeExport, await self._send(_calls.export_volume(name, to, snapshot=snapshot)))
 
     async def delete_volume(self, name: str) -> None:
         """``DELETE /v1/volumes/{name}``: 409 while a snapshot attaches it."""
