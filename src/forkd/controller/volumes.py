@@ -63,6 +63,7 @@ class Volumes:
     def __init__(self, rows: VolumeRows, data: DataDir, snapshots: SnapshotReader) -> None:
         self._rows = rows  # the volumes table: only this owner writes it
         self._dir = data.volumes
+        self._scratch = data.tmp
         self._snapshots = snapshots
         self._creating: set[str] = set()
 
@@ -86,7 +87,7 @@ class Volumes:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(volume_image.build, folder / "disk.qcow2", size_mib << 20,
-                                    Path(source) if source else None, fs)
+                                    Path(source) if source else None, self._scratch, fs)
             record = VolumeRecord(name=name, size_bytes=size_mib << 20, fs=fs, created_at_unix=now_unix())
             self._rows.insert(record)
         except BaseException:
@@ -143,7 +144,7 @@ class Volumes:
             if index is None:
                 raise NotFound(f"snapshot {snapshot!r} does not attach volume {vol.name!r}")
             image = layout.SnapshotDir(Path(snap.dir)).volume(index)
-        await asyncio.to_thread(volume_image.export, image, target)
+        await asyncio.to_thread(volume_image.export, image, target, self._scratch)
         out: VolumeExportReport = {"name": vol.name, "to": str(target)}
         if snapshot is not None:
             out["snapshot"] = snapshot
@@ -180,7 +181,8 @@ class Volumes:
                 size = vol.size_bytes
             else:
                 size = (m.size_mib or bounds.DEFAULT_VOLUME_SIZE_MIB) << 20
-                await asyncio.to_thread(volume_image.build, target, size, Path(str(m.host_path)))
+                await asyncio.to_thread(volume_image.build, target, size, Path(str(m.host_path)),
+                                        self._scratch)
             drives.append(VolumeDrive(target, layout.volume_node(ROOT_NODE, i), serial(i), m.read_only))
             entries.append({**m.to_wire(), "size_bytes": size})
         return drives, entries

@@ -88,14 +88,15 @@ def _debugfs() -> str:
     return tool
 
 
-def export(image: Path, to: Path) -> None:
+def export(image: Path, to: Path, scratch: Path) -> None:
     """The files of the ext4 filesystem in ``image`` (a qcow2, its backing chain included) copied
     into the new directory ``to`` on the host, without mounting it: ``debugfs rdump`` reads the
     filesystem as a file. Symbolic links are written as links, never followed. Nothing is left at
-    ``to`` on failure."""
+    ``to`` on failure. ``scratch``: where the raw image is made for the while (the data dir's tmp)."""
     to.mkdir()
     try:
-        with tempfile.TemporaryDirectory(dir=to.parent, prefix=".volume-export-") as tmp:
+        scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=scratch, prefix="volume-export-") as tmp:
             raw = Path(tmp) / "fs.raw"
             disk_mod.qemu_img("convert", "-q", "-U", "-O", "raw", str(image), str(raw))  # sparse
             proc = subprocess.run([_debugfs(), "-R", f"rdump / {to}", str(raw)], capture_output=True,
@@ -108,12 +109,15 @@ def export(image: Path, to: Path) -> None:
         raise
 
 
-def build(out: Path, size: int, source: Path | None = None, fs: str = "ext4") -> None:
+def build(out: Path, size: int, source: Path | None, scratch: Path, fs: str = "ext4") -> None:
     """``out``: a qcow2 of ``size`` bytes holding a new ``fs`` filesystem, with ``source``'s
-    content (a directory, or a tarball) if given. Nothing is left at ``out`` on failure."""
+    content (a directory, or a tarball) if given. Nothing is left at ``out`` on failure.
+    ``scratch``: where a tarball is unpacked and the raw filesystem made (the data dir's tmp,
+    which a start clears of what a crash left)."""
     if fs not in FILESYSTEMS:
         raise InvalidRequest(f"filesystem {fs!r} is not supported (one of: {', '.join(FILESYSTEMS)})")
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".volume-") as tmp:
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="volume-") as tmp:
         work = Path(tmp)
         content: Path | None = None
         if source is not None:
