@@ -116,6 +116,12 @@ IDLE_HIBERNATE_SECS = Range("idle_hibernate_secs", 1, 30 * 86400)
 DISK_QUOTA_MIB = Range("disk_quota_mib", 0, 1 << 22, integer=True)
 # The quota of a spawn that gives none (the daemon's --disk-quota-mib).
 DEFAULT_DISK_QUOTA_MIB = 1024
+# A volume's size (its quota on the host: the qcow2's virtual size), in MiB.
+VOLUME_SIZE_MIB = Range("size_mib", 16, 1 << 20, integer=True)
+DEFAULT_VOLUME_SIZE_MIB = 1024
+# Volumes one snapshot attaches: microvm has eight virtio-mmio slots, and the root disk, the
+# RNG, the serial ports and a NIC take four.
+MAX_VOLUMES = 4
 # The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
 # What a caller may ask for instead (an eval's timeout_secs).

@@ -71,6 +71,8 @@ from forkd.controller.results import (
     SandboxView,
     SignalResult,
     StdinResult,
+    VolumeExportReport,
+    VolumeReport,
     WorkspaceReport,
 )
 from forkd.controller.spawner import ChildSpec, child_specs
@@ -325,6 +327,7 @@ class FakeRuntime:
     checkpoints: FakeCheckpoints = field(init=False)
     travel: FakeTravel = field(init=False)
     workspaces: FakeWorkspaces = field(init=False)
+    volumes: FakeVolumes = field(init=False)
     pools: FakePools = field(init=False)
     hibernation: FakeHibernation = field(init=False)
     builds: FakeBuilds = field(init=False)
@@ -341,6 +344,7 @@ class FakeRuntime:
         self.checkpoints = FakeCheckpoints(self)
         self.travel = FakeTravel(self)
         self.workspaces = FakeWorkspaces(self)
+        self.volumes = FakeVolumes(self)
         self.pools = FakePools(self)
         self.hibernation = FakeHibernation(self)
         self.builds = FakeBuilds(self)
@@ -1217,6 +1221,51 @@ class FakeTravel:
             parent = t
         return {"tag": tag, "created": created, "reused": reused, "bytes_downloaded": 1000 * len(created)}
 
+
+
+class FakeVolumes:
+    """``Runtime.volumes``: a volume is a row; the snapshots that attach one are
+    ``FakeRuntime.volume_users`` (name -> tags)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.users: dict[str, list[str]] = {}
+
+    def info(self, vol: dict[str, Any]) -> VolumeReport:
+        return cast(VolumeReport, {**vol, "snapshots": sorted(self.users.get(vol["name"], []))})
+
+    def get(self, name: str) -> dict[str, Any]:
+        if name not in self.rows:
+            raise NotFound(f"volume {name!r} does not exist")
+        return self.rows[name]
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self.rows.values())
+
+    async def create(self, name: str, *, size_mib: int = 1024, fs: str = "ext4",
+                     source: str | None = None) -> dict[str, Any]:
+        self._rt._call("create_volume", name, size_mib=size_mib, fs=fs, source=source)
+        if name in self.rows:
+            raise Conflict(f"volume {name!r} already exists; delete it first")
+        self.rows[name] = {"name": name, "size_mib": size_mib, "fs": fs, "created_at_unix": CREATED,
+                           "used_mib": 0.0}
+        return self.rows[name]
+
+    def delete(self, name: str) -> None:
+        self.get(name)
+        if self.users.get(name):
+            raise Conflict(f"volume {name!r} is in use by snapshot(s) {', '.join(self.users[name])}: "
+                           "delete them first")
+        del self.rows[name]
+
+    async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport:
+        self._rt._call("export_volume", name, to, snapshot=snapshot)
+        self.get(name)
+        out: VolumeExportReport = {"name": name, "to": to}
+        if snapshot is not None:
+            out["snapshot"] = snapshot
+        return out
 
 
 class FakeWorkspaces:

@@ -353,7 +353,7 @@ def test_a_cold_boot_uses_what_the_template_booted_through_its_branches(tmp_path
     fork = make_snapshot(data, "fork-1", {"image": {"name": "default", "key": "k1"}, "parent_tag": "base",
                                           "warm_imports": ["json"], "tap": "forkd-tap0", "dns": ["9.9.9.9"]})
     store = SimpleNamespace(dir=lambda tag: SnapshotDir(data.snapshots / tag))
-    builder = TemplateBuilder(data, store, None, None, None)  # type: ignore[arg-type]
+    builder = TemplateBuilder(data, store, None, None, None, None)  # type: ignore[arg-type]
     boot = builder.cold_boot(fork)
     assert boot.kernel == custom and boot.initrd == data.images / "default" / "initramfs.img"
     assert "forkd.warm=json" in boot.append and "forkd.net=" in boot.append and "9.9.9.9" in boot.append

@@ -31,6 +31,8 @@ import type {
   CheckpointList,
   CheckpointOptions,
   CreateSnapshotOptions,
+  CreateVolumeOptions,
+  ExportVolumeOptions,
   CreateWorkspaceOptions,
   HibernateOptions,
   PushOptions,
@@ -54,6 +56,8 @@ import type {
   PromoteOptions,
   PromoteResponse,
   PullResult,
+  VolumeExport,
+  VolumeInfo,
   WorkspaceInfo,
   PushResult,
   SandboxInfo,
@@ -573,6 +577,43 @@ export class Controller {
       json: { to },
       wait: "unbounded",
     });
+  }
+
+  // -------------------------------------------------------------- volumes
+
+  /** `POST /v1/volumes`: an ext4 volume of `sizeMib` (its quota), empty or filled from `source`. */
+  createVolume(name: string, options: CreateVolumeOptions = {}): Promise<VolumeInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: "/v1/volumes",
+      json: toWire("CreateVolumeRequest", { ...options, name }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET /v1/volumes`. */
+  listVolumes(): Promise<VolumeInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/volumes" });
+  }
+
+  /** `GET /v1/volumes/{name}`: `snapshots` names those that attach it. */
+  getVolume(name: string): Promise<VolumeInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/volumes/${seg(name)}` });
+  }
+
+  /** `POST /v1/volumes/{name}/export`: copy its files into `to`, a new directory on the daemon's host. */
+  exportVolume(name: string, to: string, options: ExportVolumeOptions = {}): Promise<VolumeExport> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/volumes/${seg(name)}/export`,
+      json: toWire("ExportVolumeRequest", { ...options, to }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `DELETE /v1/volumes/{name}`: 409 while a snapshot attaches it. */
+  async deleteVolume(name: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/volumes/${seg(name)}` });
   }
 
   // -------------------------------------------------------------- workspaces

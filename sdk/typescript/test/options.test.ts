@@ -191,6 +191,18 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.pushSnapshot("t", options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  CreateVolumeRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["name"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.createVolume(args.name, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
+  ExportVolumeRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["to"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.exportVolume("v", args.to, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CreateWorkspaceRequest: async (schema) => {
     const { options, body, args } = split(schema, ["name", "snapshot_tag"]);
     const { ctrl, bodies } = recorder();

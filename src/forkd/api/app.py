@@ -22,6 +22,7 @@ from forkd.api import (
     terminal_routes,
     travel_routes,
     ui,
+    volume_routes,
     workspace_routes,
 )
 from forkd.api.audit import AuditLog, AuditMiddleware
@@ -229,6 +230,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(terminal_routes.router)
     app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
+    app.include_router(volume_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(template_routes.router)
     app.include_router(image_routes.router)

@@ -40,6 +40,8 @@ from forkd.controller.results import (
     SandboxView,
     SignalResult,
     StdinResult,
+    VolumeExportReport,
+    VolumeReport,
     WorkspaceReport,
 )
 from forkd.errors import Busy, InvalidRequest
@@ -159,6 +161,19 @@ class WorkspacesLike(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
+class VolumesLike(Protocol):
+    """``Runtime.volumes`` (controller/volumes.py): named volumes. Its records are described by
+    ``info`` (VolumeInfo)."""
+
+    def info(self, vol: Any) -> VolumeReport: ...
+    def get(self, name: str) -> Any: ...
+    def all(self) -> list[Any]: ...
+    async def create(self, name: str, *, size_mib: int = ..., fs: str = "ext4",
+                     source: str | None = None) -> Any: ...
+    def delete(self, name: str) -> None: ...
+    async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport: ...
+
+
 class PoolsLike(Protocol):
     """``Runtime.pools`` (controller/pools.py): warm pools of paused children per snapshot."""
 
@@ -228,6 +243,8 @@ class RuntimeLike(Protocol):
     def travel(self) -> TravelLike: ...
     @property
     def workspaces(self) -> WorkspacesLike: ...
+    @property
+    def volumes(self) -> VolumesLike: ...
     @property
     def pools(self) -> PoolsLike: ...
     @property

@@ -22,6 +22,7 @@ from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
 from forkd.cli.netlog import network_app
 from forkd.cli.templates import template_app
+from forkd.cli.volumes import volume_app
 from forkd.cli.workspaces import workspace_app
 
 app = typer.Typer(
@@ -104,6 +105,7 @@ app.command("send-stdin")(processes.send_stdin)
 app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
 app.add_typer(workspace_app, name="workspace")
+app.add_typer(volume_app, name="volume")
 app.add_typer(template_app, name="template")
 app.add_typer(network_app, name="network")
 app.command("pack")(travel.pack)

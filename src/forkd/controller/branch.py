@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forkd.controller import volumes
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -78,6 +79,8 @@ def branch_meta(record: SnapshotRecord, source: SandboxRecord, parent: SnapshotD
         "tap": source.tap,
         # The resolvers baked into the guest (its children's DNS, for allow_internet_access).
         "dns": list(source.network.dns) if source.network is not None else [],
+        # Inherited unchanged (the seeds' design decision 4), their layers cut with the disk's.
+        "volumes": source.volumes,
     }
 
 
@@ -170,6 +173,9 @@ class Brancher:
     async def _branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool, *,
                       checkpoint: bool = False, measure_diff: bool = False) -> SnapshotRecord:
         src = self._source(sandbox_id)
+        if mode == "live" and volumes.writable(src.record.volumes):
+            raise Conflict(f"sandbox {sandbox_id} has writable volumes, which a live branch cannot cut "
+                           "yet (the guest freezes only its root filesystem): use mode \"full\" or \"diff\"")
         if mode == "live" and not src.record.live_fork:
             raise Conflict(
                 f"sandbox {sandbox_id} was not spawned with live_fork: true, which mode \"live\" needs "
@@ -203,6 +209,7 @@ class Brancher:
                 fs_freeze_ms=round(cap.fs_freeze_ms, 3) if cap.fs_freeze_ms is not None else None,
                 mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
                 checkpoint_of=sandbox_id if checkpoint else None, diff_measure=measured,
+                volumes=list(src.record.volumes),
             )
             if cap.resume_error:
                 record.warning = (
@@ -241,9 +248,14 @@ class Brancher:
             raise VMError(f"branch of {src.id} could not start: {marker}: {exc.strerror or exc}") from exc
         try:
             try:
+                # Its writable volumes are cut with the root disk, their files mirroring its own.
+                also = tuple(branching.DiskCut(layout.volume_node(src.disk.node, i),
+                                               layout.volume_file(new_disk, i),
+                                               layout.volume_node(new_node, i))
+                             for i in volumes.writable(src.record.volumes))
                 cap = await branching.capture(
                     src.vm, mode, active_node=src.disk.node, frozen_disk=frozen,
-                    new_disk=new_disk, new_node=new_node, stream=staging.path / "stream",
+                    new_disk=new_disk, new_node=new_node, stream=staging.path / "stream", also=also,
                 )
             except BaseException as exc:
                 # The cut may have happened before the failure: the row follows QEMU.
@@ -273,6 +285,9 @@ class Brancher:
             else:
                 await asyncio.to_thread(disk_mod.copy_layers, layers, base, staging.disk,
                                         self._snapshots / tag)
+            await asyncio.to_thread(volumes.branch_layers, src.record.volumes,
+                                    SnapshotDir(self._snapshots / src.disk.parent_tag), staging, layers,
+                                    self._snapshots / tag, standalone=standalone)
         except BaseException as exc:
             if cap.background is not None:  # live: stop streaming RAM too
                 cap.background.cancel()
@@ -290,6 +305,8 @@ class Brancher:
         if not await vm.has_block_node(cut["node"]):
             if disk.file != cut["file"]:
                 Path(cut["file"]).unlink(missing_ok=True)
+                for i in volumes.writable(self._sandboxes.get(sandbox_id).volumes):
+                    layout.volume_file(Path(cut["file"]), i).unlink(missing_ok=True)
             return
         if disk.file == cut["frozen"]:
             self._sandboxes.set_disk_chain(sandbox_id, DiskChain(
@@ -392,6 +409,7 @@ class Brancher:
                 convert_s = await branching.stream_to_snapshot(
                     helper_dir, src.record.config, stream=cap.stream, mem_path=staging.mem,
                     state_path=staging.state, disk=staging.disk, tap=src.record.tap,
+                    volumes=volumes.drives_for(src.record.volumes, staging.disk, volumes.ROOT_NODE, staging),
                 )
             except ForkdError as exc:
                 raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc

@@ -17,7 +17,8 @@ those files), after checking the saved files' digests as a wake does:
 then, with the lock released, the stream becomes the branch's ``mem`` and ``state`` as
 for any branch. The sandbox itself is only read: its row, files and disk are as before,
 and it wakes from them later as it would have. Only a hibernation that kept the memory
-can be forked so (409 for a disk-only one: it has no state to fork but its disk).
+can be forked so (409 for a disk-only one: it has no state to fork but its disk), and only one
+without volumes (a fork wakes one with volumes first, and branches it as it runs).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ class HibernatedBrancher:
         record = self._table.records.get(sandbox_id)  # 404 if there is no such sandbox
         if record.hibernation is None:
             raise Conflict(f"sandbox {sandbox_id!r} is not hibernated")
+        if record.volumes:
+            # Their disks would have to be cut and copied with the root disk's, as a BRANCH of the
+            # running sandbox does (controller/branch.py); a fork wakes such a one first.
+            raise Conflict(f"sandbox {sandbox_id!r} has volumes; a fork of it wakes it first")
         if not record.hibernation.memory:
             raise Conflict(f"sandbox {sandbox_id!r} was hibernated without its memory (memory: false), so "
                            "there is no state to fork but its disk; resume it and fork the running sandbox, "

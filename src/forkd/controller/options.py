@@ -25,6 +25,7 @@ from forkd import bounds
 from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.protocol import RequestError, RestoreInputs
 from forkd.host.egress import EgressPolicy
+from forkd.store.volume_spec import VolumeMount
 
 # The request's two egress fields, which become one ``EgressPolicy``.
 EGRESS_FIELDS = ("allow_internet_access", "network")
@@ -167,6 +168,9 @@ def request_fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, 
             fields["guest"] = RestoreInputs(**guest)
         except RequestError as exc:
             raise InvalidRequest(str(exc)) from None
+    if isinstance(fields.get("volumes"), list):
+        # Each entry a VolumeMount (store/volume_spec.py), checked where it is used (its check()).
+        fields["volumes"] = [v if isinstance(v, VolumeMount) else VolumeMount(**v) for v in fields["volumes"]]
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:

@@ -216,6 +216,23 @@ class PoolReport(TypedDict):
 WorkspaceStatus = Literal["running", "suspended", "stale"]  # controller/workspaces.py
 
 
+class VolumeReport(TypedDict):
+    name: Annotated[str, Wire(examples=["data"])]
+    size_mib: Annotated[int, Wire("Its size: the most a guest can write to it (the host file grows no "
+                                  "further, but for qcow2 metadata).")]
+    fs: Annotated[str, Wire(examples=["ext4"])]
+    created_at_unix: int
+    used_mib: Annotated[float, Wire("What its own disk file takes on the host.")]
+    snapshots: Annotated[list[str], Wire("The snapshots that attach it: while there are any, it "
+                                         "cannot be deleted (409).")]
+
+
+class VolumeExportReport(TypedDict):
+    name: str
+    to: Annotated[str, Wire("The new host directory its files were copied into.")]
+    snapshot: NotRequired[Annotated[str, Wire("The snapshot whose view of the volume was copied.")]]
+
+
 class WorkspaceReport(TypedDict):
     id: Annotated[str, Wire(examples=["ws-agent-1"])]
     name: str

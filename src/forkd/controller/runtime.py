@@ -92,6 +92,7 @@ from forkd.controller.template_build import BuildRequest, TemplateBuilds
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
+from forkd.controller.volumes import Volumes
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest, NotFound
@@ -157,7 +158,9 @@ class Runtime:
                                        self.shm)
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows, events=self.events)
-        self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
+        self.volumes = Volumes(registry.volumes, data, registry.snapshots)
+        self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks,
+                                         self.volumes)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel, store)
         self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events,
                                       DEFAULT_DISK_QUOTA_MIB if disk_quota_mib is None else disk_quota_mib)

@@ -418,6 +418,32 @@ def resume_workspace(name: str) -> Call:
 
 
 
+# -------------------------------------------------------------- volumes
+
+def create_volume(name: str, *, size_mib: int | None, source: str | None) -> Call:
+    body = _put({"name": name}, size_mib=size_mib, source=source)
+    # Making the filesystem (and copying a source into it) takes as long as it takes.
+    return Call("POST", "/v1/volumes", json=body, read_timeout=None)
+
+
+def list_volumes() -> Call:
+    return Call("GET", "/v1/volumes")
+
+
+def get_volume(name: str) -> Call:
+    return Call("GET", f"/v1/volumes/{_seg(name)}")
+
+
+def export_volume(name: str, to: str, *, snapshot: str | None) -> Call:
+    # Copies every file of the volume: as long as that takes.
+    return Call("POST", f"/v1/volumes/{_seg(name)}/export", json=_put({"to": to}, snapshot=snapshot),
+                read_timeout=None)
+
+
+def delete_volume(name: str) -> Call:
+    return Call("DELETE", f"/v1/volumes/{_seg(name)}")
+
+
 def put_build_context() -> Call:
     return Call("PUT", "/v1/templates/contexts", read_timeout=None)
 

@@ -39,7 +39,7 @@ from qemu.qmp import EventListener, Message
 from forkd.errors import VMError
 from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
-from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.process import AgentSockets
 from forkd.vmm.qmp import QMP, UNTHROTTLED
@@ -99,12 +99,28 @@ def stream_error(stream: Path) -> str | None:
     return None
 
 
-async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str) -> None:
-    await vm.qmp.cmd(
-        "blockdev-snapshot-sync", **{"node-name": active_node, "snapshot-file": str(new_disk),
-                                     "snapshot-node-name": new_node, "format": "qcow2",
-                                     "mode": "absolute-paths"},
-    )
+@dataclass(frozen=True)
+class DiskCut:
+    """One more disk to cut with the root disk (an attached volume): its node goes on in
+    ``new_disk`` (node ``new_node``) and what it wrote until now is frozen."""
+
+    node: str
+    new_disk: Path
+    new_node: str
+
+
+async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str,
+                       also: tuple[DiskCut, ...] = ()) -> None:
+    # One transaction: every disk is cut at the same instant, or none is.
+    actions = [{"type": "blockdev-snapshot-sync",
+                "data": {"node-name": node, "snapshot-file": str(file), "snapshot-node-name": new,
+                         "format": "qcow2", "mode": "absolute-paths"}}
+               for node, file, new in ((active_node, new_disk, new_node),
+                                       *((c.node, c.new_disk, c.new_node) for c in also))]
+    if len(actions) == 1:
+        await vm.qmp.cmd("blockdev-snapshot-sync", **actions[0]["data"])  # type: ignore[arg-type]
+    else:
+        await vm.qmp.cmd("transaction", actions=actions)
 
 
 async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool = False) -> None:
@@ -120,9 +136,11 @@ async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool 
 
 async def capture(
     vm: VM, mode: str, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str,
-    stream: Path, timeout: float = 600,
+    stream: Path, timeout: float = 600, also: tuple[DiskCut, ...] = (),
 ) -> BranchCapture:
     """Pause the source as briefly as ``mode`` allows; freeze its disk; stream its state.
+
+    ``also``: the other disks (volumes) cut at the same instant as the root disk.
 
     On return the source runs again (unless this raised before resuming, in
     which case the caller must try ``resume``). For ``live`` the RAM copy may
@@ -133,7 +151,7 @@ async def capture(
         t0 = time.monotonic()
         await vm.qmp.cmd("stop")
         try:
-            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
             await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
         except BaseException:
             await resume(vm)
@@ -149,7 +167,7 @@ async def capture(
         await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=stream_uri(stream))
         t0 = time.monotonic()
         try:
-            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
             info = await vm.qmp.run_migration("migrate-continue", timeout, state="pre-switchover")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -164,6 +182,8 @@ async def capture(
         return BranchCapture(pause, frozen_disk, new_disk, new_node, stream, resume_error=resume_error)
 
     if mode == "live":
+        if also:  # the guest freezes only its root filesystem around a live cut
+            raise VMError("a live branch cannot cut volumes yet: use mode full or diff")
         return await _capture_live(vm, active_node=active_node, frozen_disk=frozen_disk,
                                    new_disk=new_disk, new_node=new_node, stream=stream,
                                    timeout=timeout)
@@ -278,7 +298,7 @@ async def resume(vm: VM, settle: float = 10.0) -> None:
 
 async def stream_to_snapshot(
     run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
-    disk: Path, tap: str | None, timeout: float = 600,
+    disk: Path, tap: str | None, timeout: float = 600, volumes: list[VolumeDrive] | None = None,
 ) -> float:
     """Load ``stream`` into a fresh ``mem_path`` and save a forkable (RAM-less) state.
 
@@ -294,11 +314,18 @@ async def stream_to_snapshot(
     # not the branch's content: a blank one of the same size, with no backing
     # chain (the branch's chain names paths that exist only once published).
     disk_mod.create_blank(scratch, disk_mod.qcow2_virtual_size(disk))
+    # The same volumes (device config), blank likewise: scratch disks of their sizes.
+    drives = []
+    for i, drive in enumerate(volumes or []):
+        blank = run_dir / f"scratch.vol{i}.qcow2"
+        disk_mod.create_blank(blank, disk_mod.qcow2_virtual_size(drive.path))
+        drives.append(VolumeDrive(blank, drive.node, drive.serial, drive.read_only))
     sockets = AgentSockets.bind(run_dir)
     spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=scratch,
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                       console_log=run_dir / "console.log", incoming=True,
-                      tap=tap, nic_placeholder=True, extra=["-S"])  # load the state, never run it
+                      tap=tap, nic_placeholder=True, extra=["-S"],  # load the state, never run it
+                      volumes=drives)
     vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, stream)
     try:
         await vm.qmp.set_capabilities(x_ignore_shared=False)
@@ -312,4 +339,6 @@ async def stream_to_snapshot(
     finally:
         await vm.shutdown()
         scratch.unlink(missing_ok=True)
+        for drive in drives:
+            drive.path.unlink(missing_ok=True)
     return time.monotonic() - started

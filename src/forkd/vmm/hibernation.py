@@ -50,7 +50,7 @@ from forkd.host import memdiff
 from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
 from forkd.vmm.branching import stream_uri
-from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.machine import VM
 from forkd.vmm.process import AgentSockets
 from forkd.vmm.qmp import UNTHROTTLED, restore_phases
@@ -142,14 +142,15 @@ def incoming_stream(snapshot_state: Path, devices: Path, out: Path) -> None:
 
 async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_state: Path, disk: Path,
                saved: Path, tap: str | None = None, launcher: Sequence[str] = (),
-               timeout: float = 60) -> VM:
+               timeout: float = 60, volumes: Sequence[VolumeDrive] = ()) -> VM:
     """A new QEMU in ``run_dir`` running the child hibernated in ``saved``; killed if it fails."""
     started, started_wall = time.monotonic(), time.time()
     await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, saved / INCOMING)
     sockets = AgentSockets.bind(run_dir)
     spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                      console_log=run_dir / "console.log", incoming=True, tap=tap)
+                      console_log=run_dir / "console.log", incoming=True, tap=tap,
+                      volumes=list(volumes))
     vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, saved / INCOMING, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started
@@ -234,7 +235,7 @@ async def flush(vm: VM, timeout: float = 60) -> float:
 
 async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path, kernel: Path,
                     initrd: Path, append: str, tap: str | None = None, launcher: Sequence[str] = (),
-                    timeout: float = 120) -> VM:
+                    timeout: float = 120, volumes: Sequence[VolumeDrive] = ()) -> VM:
     """A new QEMU in ``run_dir`` booting ``kernel`` on ``disk``; returned once its agent answers
     (warm imports done) and its clock is the host's. Killed if it fails."""
     started = time.monotonic()
@@ -242,7 +243,7 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
     spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                       console_log=run_dir / "console.log", kernel=kernel, initrd=initrd,
-                      append=append, tap=tap)
+                      append=append, tap=tap, volumes=list(volumes))
     vm = await VM.launch(run_dir, spec, sockets, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started

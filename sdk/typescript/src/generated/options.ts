@@ -132,8 +132,29 @@ export interface CreateSnapshotRequestOptions {
   tap?: Schemas["CreateSnapshotRequest"]["tap"];
   /** Guest vCPUs. */
   vcpus?: Schemas["CreateSnapshotRequest"]["vcpus"];
+  /**
+   * Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+   * snapshot gets them back (docs/BRANCHING.md says how they fork).
+   */
+  volumes?: VolumeSpecOptions[];
   /** Python modules PID 1 imports before the snapshot; default: numpy. */
   warmImports?: Schemas["CreateSnapshotRequest"]["warm_imports"];
+}
+
+/** `CreateVolumeRequest` in camelCase. */
+export interface CreateVolumeRequestOptions {
+  /** Its filesystem. */
+  fs?: Schemas["CreateVolumeRequest"]["fs"];
+  /** The volume's name, unique on this daemon. */
+  name: Schemas["CreateVolumeRequest"]["name"];
+  /** Its size: the most a guest can write to it, on the host too. */
+  sizeMib?: Schemas["CreateVolumeRequest"]["size_mib"];
+  /**
+   * A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive
+   * members that would leave it (absolute, '..', links out, devices) are refused, and so is more
+   * content than fits.
+   */
+  source?: Schemas["CreateVolumeRequest"]["source"];
 }
 
 /** `CreateWorkspaceRequest` in camelCase. */
@@ -210,6 +231,19 @@ export interface ExecStreamRequestOptions {
    * environment (working directory /root), as before. A name the guest does not know is a 400.
    */
   user?: Schemas["ExecStreamRequest"]["user"];
+}
+
+/** `ExportVolumeRequest` in camelCase. */
+export interface ExportVolumeRequestOptions {
+  /**
+   * Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+   * the volume as made.
+   */
+  snapshot?: Schemas["ExportVolumeRequest"]["snapshot"];
+  /**
+   * A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+   */
+  to: Schemas["ExportVolumeRequest"]["to"];
 }
 
 /** `ForkRequest` in camelCase. */
@@ -646,6 +680,34 @@ export interface TimeoutRequestOptions {
   timeoutSecs: Schemas["TimeoutRequest"]["timeout_secs"];
 }
 
+/**
+ * `VolumeSpec` in camelCase. One volume to attach (store/volume_spec.py): exactly one of name and
+ * host_path.
+ */
+export interface VolumeSpecOptions {
+  /**
+   * copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
+   * the snapshot. shared: not supported yet (400).
+   */
+  fork?: Schemas["VolumeSpec"]["fork"];
+  /**
+   * A directory on the daemon's host, copied into a new volume kept with the snapshot (the host
+   * directory is not written back).
+   */
+  hostPath?: Schemas["VolumeSpec"]["host_path"];
+  /** Where the guest mounts it (an absolute path, e.g. /mnt/data). */
+  mount: Schemas["VolumeSpec"]["mount"];
+  /** A volume of POST /v1/volumes. */
+  name?: Schemas["VolumeSpec"]["name"];
+  /**
+   * Attached read-only to the template and every child (one file, shared); writes fail in the
+   * guest.
+   */
+  readOnly?: Schemas["VolumeSpec"]["read_only"];
+  /** host_path only: the new volume's size (its quota); default 1024. */
+  sizeMib?: Schemas["VolumeSpec"]["size_mib"];
+}
+
 /** Each request schema's options, by the schema's name. */
 export interface RequestOptions {
   BranchRequest: BranchRequestOptions;
@@ -653,10 +715,12 @@ export interface RequestOptions {
   CodeRequest: CodeRequestOptions;
   CompactRequest: CompactRequestOptions;
   CreateSnapshotRequest: CreateSnapshotRequestOptions;
+  CreateVolumeRequest: CreateVolumeRequestOptions;
   CreateWorkspaceRequest: CreateWorkspaceRequestOptions;
   EvalRequest: EvalRequestOptions;
   ExecRequest: ExecRequestOptions;
   ExecStreamRequest: ExecStreamRequestOptions;
+  ExportVolumeRequest: ExportVolumeRequestOptions;
   ForkRequest: ForkRequestOptions;
   ForkTreeLabels: ForkTreeLabelsOptions;
   HibernateRequest: HibernateRequestOptions;
@@ -675,6 +739,7 @@ export interface RequestOptions {
   SuspendWorkspaceRequest: SuspendWorkspaceRequestOptions;
   TemplateBuildRequest: TemplateBuildRequestOptions;
   TimeoutRequest: TimeoutRequestOptions;
+  VolumeSpec: VolumeSpecOptions;
 }
 
 /** A field's wire name, or `[wire name, schema]` for a field that is itself options. */
@@ -725,7 +790,14 @@ export const WIRE_NAMES = {
     tag: "tag",
     tap: "tap",
     vcpus: "vcpus",
+    volumes: ["volumes", "VolumeSpec"],
     warmImports: "warm_imports",
+  },
+  CreateVolumeRequest: {
+    fs: "fs",
+    name: "name",
+    sizeMib: "size_mib",
+    source: "source",
   },
   CreateWorkspaceRequest: {
     memoryLimitMib: "memory_limit_mib",
@@ -755,6 +827,10 @@ export const WIRE_NAMES = {
     tag: "tag",
     timeoutSecs: "timeout_secs",
     user: "user",
+  },
+  ExportVolumeRequest: {
+    snapshot: "snapshot",
+    to: "to",
   },
   ForkRequest: {
     allowInternetAccess: "allow_internet_access",
@@ -888,6 +964,14 @@ export const WIRE_NAMES = {
   },
   TimeoutRequest: {
     timeoutSecs: "timeout_secs",
+  },
+  VolumeSpec: {
+    fork: "fork",
+    hostPath: "host_path",
+    mount: "mount",
+    name: "name",
+    readOnly: "read_only",
+    sizeMib: "size_mib",
   },
 } as const satisfies {
   readonly [S in keyof RequestOptions]: {

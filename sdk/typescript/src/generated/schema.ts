@@ -682,6 +682,59 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List volumes */
+        get: operations["list_volumes_v1_volumes_get"];
+        put?: never;
+        /** Create a named volume (ext4), empty or filled from a host directory or tarball */
+        post: operations["create_volume_v1_volumes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One volume */
+        get: operations["get_volume_v1_volumes__name__get"];
+        put?: never;
+        post?: never;
+        /** Delete a volume no snapshot attaches */
+        delete: operations["delete_volume_v1_volumes__name__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Copy a volume's files into a new host directory (as made, or as a snapshot holds it) */
+        post: operations["export_volume_v1_volumes__name__export_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces": {
         parameters: {
             query?: never;
@@ -1023,10 +1076,42 @@ export interface components {
              */
             vcpus?: number;
             /**
+             * Volumes
+             * @description Volumes attached as virtio disks and mounted before setup runs; every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).
+             */
+            volumes?: components["schemas"]["VolumeSpec"][];
+            /**
              * Warm Imports
              * @description Python modules PID 1 imports before the snapshot; default: numpy.
              */
             warm_imports?: string[] | null;
+        };
+        /** CreateVolumeRequest */
+        CreateVolumeRequest: {
+            /**
+             * Fs
+             * @description Its filesystem.
+             * @default ext4
+             * @constant
+             */
+            fs?: "ext4";
+            /**
+             * Name
+             * @description The volume's name, unique on this daemon.
+             * @example data
+             */
+            name: string;
+            /**
+             * Size Mib
+             * @description Its size: the most a guest can write to it, on the host too.
+             * @default 1024
+             */
+            size_mib?: number;
+            /**
+             * Source
+             * @description A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive members that would leave it (absolute, '..', links out, devices) are refused, and so is more content than fits.
+             */
+            source?: string | null;
         };
         /** CreateWorkspaceRequest */
         CreateWorkspaceRequest: {
@@ -1225,6 +1310,20 @@ export interface components {
              * @example user
              */
             user?: string | null;
+        };
+        /** ExportVolumeRequest */
+        ExportVolumeRequest: {
+            /**
+             * Snapshot
+             * @description Copy the volume as this snapshot holds it (what its template or branch source wrote); default: the volume as made.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+             * @example /srv/export/data
+             */
+            to: string;
         };
         /** FileInfo */
         FileInfo: {
@@ -2093,6 +2192,11 @@ export interface components {
             timings?: {
                 [key: string]: number;
             } | null;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2280,6 +2384,11 @@ export interface components {
             status?: ("ready" | "writing" | "failed") | null;
             /** Tag */
             tag: string;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2346,6 +2455,11 @@ export interface components {
             status?: ("ready" | "writing" | "failed") | null;
             /** Tag */
             tag: string;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2602,6 +2716,132 @@ export interface components {
              * @example 0.1.0
              */
             version: string;
+        };
+        /**
+         * VolumeAttachment
+         * @description A volume a snapshot attaches (and so every child and branch of it), as snapshot.json records it.
+         */
+        VolumeAttachment: {
+            /**
+             * Fork
+             * @description copy: each child and branch has its own copy-on-write view.
+             */
+            fork: string;
+            /**
+             * Host Path
+             * @description The host directory it was copied from.
+             */
+            host_path?: string | null;
+            /**
+             * Mount
+             * @description Where the guest has it mounted.
+             * @example /mnt/data
+             */
+            mount: string;
+            /**
+             * Name
+             * @description The volume of /v1/volumes it layers on.
+             */
+            name?: string | null;
+            /** Read Only */
+            read_only: boolean;
+            /**
+             * Size Bytes
+             * @description Its size: the most a guest can write to it.
+             */
+            size_bytes: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** VolumeExport */
+        VolumeExport: {
+            /** Name */
+            name: string;
+            /**
+             * Snapshot
+             * @description The snapshot whose view of the volume was copied.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description The new host directory its files were copied into.
+             */
+            to: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** VolumeInfo */
+        VolumeInfo: {
+            /** Created At Unix */
+            created_at_unix: number;
+            /**
+             * Fs
+             * @example ext4
+             */
+            fs: string;
+            /**
+             * Name
+             * @example data
+             */
+            name: string;
+            /**
+             * Size Mib
+             * @description Its size: the most a guest can write to it (the host file grows no further, but for qcow2 metadata).
+             */
+            size_mib: number;
+            /**
+             * Snapshots
+             * @description The snapshots that attach it: while there are any, it cannot be deleted (409).
+             */
+            snapshots: string[];
+            /**
+             * Used Mib
+             * @description What its own disk file takes on the host.
+             */
+            used_mib: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * VolumeSpec
+         * @description One volume to attach (store/volume_spec.py): exactly one of name and host_path.
+         */
+        VolumeSpec: {
+            /**
+             * Fork
+             * @description copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at the snapshot. shared: not supported yet (400).
+             * @default copy
+             * @enum {string}
+             */
+            fork?: "copy" | "shared";
+            /**
+             * Host Path
+             * @description A directory on the daemon's host, copied into a new volume kept with the snapshot (the host directory is not written back).
+             */
+            host_path?: string | null;
+            /**
+             * Mount
+             * @description Where the guest mounts it (an absolute path, e.g. /mnt/data).
+             * @example /mnt/data
+             */
+            mount: string;
+            /**
+             * Name
+             * @description A volume of POST /v1/volumes.
+             * @example data
+             */
+            name?: string | null;
+            /**
+             * Read Only
+             * @description Attached read-only to the template and every child (one file, shared); writes fail in the guest.
+             * @default false
+             */
+            read_only?: boolean;
+            /**
+             * Size Mib
+             * @description host_path only: the new volume's size (its quota); default 1024.
+             */
+            size_mib?: number | null;
         };
         /** WorkspaceInfo */
         WorkspaceInfo: {
@@ -6550,6 +6790,310 @@ export interface operations {
             };
             /** @description Internal error (see daemon logs). */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_volumes_v1_volumes_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_volume_v1_volumes_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_volume_v1_volumes__name__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_volume_v1_volumes__name__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Snapshots attach it (named). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    export_volume_v1_volumes__name__export_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExportVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeExport"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The directory exists. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -87,6 +87,9 @@ Labels = Annotated[
 ]
 # Bounds before the BeforeValidator: the other way round pydantic renders
 # them as unknown keywords ("ge") instead of minimum/maximum.
+VolumeSizeMib = Annotated[
+    int, Field(**bounds.VOLUME_SIZE_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
 MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]

@@ -69,6 +69,28 @@ class CheckpointPolicy(TypedDict, total=False):
     mode: Required[str]
 
 
+class VolumeAttachment(TypedDict, total=False):
+    """A volume a snapshot attaches (and so every child and branch of it), as snapshot.json records it.
+    """
+
+    name: str | None
+    """The volume of /v1/volumes it layers on."""
+
+    host_path: str | None
+    """The host directory it was copied from."""
+
+    mount: Required[str]
+    """Where the guest has it mounted."""
+
+    read_only: Required[bool]
+
+    fork: Required[str]
+    """copy: each child and branch has its own copy-on-write view."""
+
+    size_bytes: Required[int]
+    """Its size: the most a guest can write to it."""
+
+
 class SnapshotInfo(TypedDict, total=False):
     """The ``SnapshotInfo`` schema."""
 
@@ -118,6 +140,9 @@ class SnapshotInfo(TypedDict, total=False):
     """measure_diff: an estimate, not a second capture: this branch's pause scaled to the share of its
     captured RAM stream that the written pages make up.
     """
+
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
 
 
 class CheckpointList(TypedDict, total=False):
@@ -216,6 +241,33 @@ class NetworkPolicy(TypedDict, total=False):
     """
 
 
+class VolumeSpec(TypedDict, total=False):
+    """One volume to attach (store/volume_spec.py): exactly one of name and host_path."""
+
+    name: str | None
+    """A volume of POST /v1/volumes."""
+
+    host_path: str | None
+    """A directory on the daemon's host, copied into a new volume kept with the snapshot (the host
+    directory is not written back).
+    """
+
+    mount: Required[str]
+    """Where the guest mounts it (an absolute path, e.g. /mnt/data)."""
+
+    read_only: bool
+    """Attached read-only to the template and every child (one file, shared); writes fail in the guest.
+    """
+
+    fork: Literal["copy", "shared"]
+    """copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
+    the snapshot. shared: not supported yet (400).
+    """
+
+    size_mib: int | None
+    """host_path only: the new volume's size (its quota); default 1024."""
+
+
 class CreateSnapshotRequest(TypedDict, total=False):
     """The ``CreateSnapshotRequest`` schema."""
 
@@ -280,6 +332,30 @@ class CreateSnapshotRequest(TypedDict, total=False):
 
     setup_timeout_secs: float
     """Timeout of each setup command and each setup_eval step."""
+
+    volumes: list[VolumeSpec]
+    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """
+
+
+class CreateVolumeRequest(TypedDict, total=False):
+    """The ``CreateVolumeRequest`` schema."""
+
+    name: Required[str]
+    """The volume's name, unique on this daemon."""
+
+    size_mib: int
+    """Its size: the most a guest can write to it, on the host too."""
+
+    fs: Literal["ext4"]
+    """Its filesystem."""
+
+    source: str | None
+    """A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive
+    members that would leave it (absolute, '..', links out, devices) are refused, and so is more
+    content than fits.
+    """
 
 
 class CreateWorkspaceRequest(TypedDict, total=False):
@@ -416,6 +492,19 @@ class ExecStreamRequest(TypedDict, total=False):
 
     encoding: Literal["text", "base64"]
     """How output events carry the bytes: text (UTF-8, invalid bytes as U+FFFD) or base64 (exact).
+    """
+
+
+class ExportVolumeRequest(TypedDict, total=False):
+    """The ``ExportVolumeRequest`` schema."""
+
+    to: Required[str]
+    """A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+    """
+
+    snapshot: str | None
+    """Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+    the volume as made.
     """
 
 
@@ -614,6 +703,9 @@ class SandboxInfo(TypedDict, total=False):
 
     network: SandboxNetwork | None
     """Its network: the guest's view and its egress policy. Present for snapshots with a NIC."""
+
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
 
     guest_addr: Required[str]
     """How the host reaches the guest agent; here unix:<path> (virtio-serial)."""
@@ -1161,6 +1253,9 @@ class SnapshotDetail(TypedDict, total=False):
     captured RAM stream that the written pages make up.
     """
 
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
+
     ancestors: list[str]
     """Snapshot tags this one descends from, nearest first."""
 
@@ -1382,6 +1477,39 @@ class Version(TypedDict, total=False):
     api: Required[str]
 
 
+class VolumeExport(TypedDict, total=False):
+    """The ``VolumeExport`` schema."""
+
+    name: Required[str]
+
+    to: Required[str]
+    """The new host directory its files were copied into."""
+
+    snapshot: str | None
+    """The snapshot whose view of the volume was copied."""
+
+
+class VolumeInfo(TypedDict, total=False):
+    """The ``VolumeInfo`` schema."""
+
+    name: Required[str]
+
+    size_mib: Required[int]
+    """Its size: the most a guest can write to it (the host file grows no further, but for qcow2
+    metadata).
+    """
+
+    fs: Required[str]
+
+    created_at_unix: Required[int]
+
+    used_mib: Required[float]
+    """What its own disk file takes on the host."""
+
+    snapshots: Required[list[str]]
+    """The snapshots that attach it: while there are any, it cannot be deleted (409)."""
+
+
 class WorkspaceInfo(TypedDict, total=False):
     """The ``WorkspaceInfo`` schema."""
 
@@ -1429,6 +1557,11 @@ class CreateSnapshotExtra(TypedDict, total=False):
 
     setup_timeout_secs: float
     """Timeout of each setup command and each setup_eval step."""
+
+    volumes: list[VolumeSpec]
+    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """
 
 
 class SpawnExtra(TypedDict, total=False):
@@ -1593,6 +1726,7 @@ __all__ = [
     "CompactRequest",
     "CreateSnapshotExtra",
     "CreateSnapshotRequest",
+    "CreateVolumeRequest",
     "CreateWorkspaceRequest",
     "Deletion",
     "ErrorBody",
@@ -1601,6 +1735,7 @@ __all__ = [
     "ExecRequest",
     "ExecResponse",
     "ExecStreamRequest",
+    "ExportVolumeRequest",
     "FileInfo",
     "FileList",
     "ForkError",
@@ -1646,5 +1781,9 @@ __all__ = [
     "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
+    "VolumeAttachment",
+    "VolumeExport",
+    "VolumeInfo",
+    "VolumeSpec",
     "WorkspaceInfo",
 ]
