@@ -55,7 +55,7 @@ def test_a_second_runtime_on_the_same_dir_leaves_the_first_ones_scratch_alone(tm
 
 def test_a_branch_streams_error_file_is_beside_its_stream_not_in_tmp(tmp_path: Path) -> None:
     stream = tmp_path / "snapshots" / ".staging-x" / "stream"
-    uri = branching._stream_uri(stream)
+    uri = branching.stream_uri(stream)
     assert "/tmp/" not in uri.replace(str(tmp_path), "<data>")
     assert f"2> {stream.parent}/stream.err" in uri
 

@@ -73,7 +73,11 @@ _ADDRESS = rf"{_OCTET}(\.{_OCTET}){{3}}(/(3[0-2]|[12]?[0-9]))?"
 _LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _NAME = rf"(\*\.)?({_LABEL}\.)*[A-Za-z]([A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
 MAX_NAME_CHARS = 253  # RFC 1035, without the wildcard's "*."
-ENTRY_PATTERN = rf"^({_ADDRESS}|{_NAME})(:{_PORT}(-{_PORT})?)?$"
+# An entry's shape, and the pattern the API documents: the shape, with a lookahead that bounds a
+# name at 253 characters (after an optional "*.") as the check does; without it the schema would
+# promise names longer than any the daemon takes.
+ENTRY_SHAPE = rf"({_ADDRESS}|{_NAME})(:{_PORT}(-{_PORT})?)?"
+ENTRY_PATTERN = rf"^(?=(?:\*\.)?[^:]{{1,{MAX_NAME_CHARS}}}(?::|$)){ENTRY_SHAPE}$"
 
 
 @dataclass(frozen=True)
