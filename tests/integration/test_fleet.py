@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -487,3 +488,29 @@ def test_a_host_killed_mid_fork_is_reported_gone_and_new_spawns_go_elsewhere(fle
         assert acknowledged <= {s["tag"] for s in c.get("/v1/snapshots").json()}
         for child in [source["id"], *up.values()]:
             assert c.delete(f"/v1/sandboxes/{child}").status_code in (200, 204)
+
+
+def test_three_hosts_at_two_sandboxes_each_take_six_spawns_and_refuse_the_seventh(fleet: Fleet) -> None:
+    """The three daemons restarted on their data dirs with ``--max-sandboxes 2``: six spawns
+    through the gateway land two per host (a full host answers no_capacity and the gateway tries
+    the next), and the seventh is answered 503 no_capacity with a Retry-After."""
+    with fleet.client(timeout=300) as c:
+        for sb in c.get("/v1/sandboxes").json():
+            assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code in (200, 204)
+    for daemon in fleet.daemons.values():
+        daemon.stop()
+        daemon.extra_args += ["--max-sandboxes", "2"]
+        daemon.start()
+    fleet.wait("three hosts in the fleet", lambda: set(fleet.hosts()) == set(HOSTS))
+    with fleet.client(timeout=600) as c:
+        made = []
+        for _ in range(6):
+            r = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"})
+            assert r.status_code == 201, r.text
+            made += [sb["id"] for sb in r.json()]
+        assert Counter(host_of(sb) for sb in made) == dict.fromkeys(HOSTS, 2), made
+        full = c.post("/v1/sandboxes", json={"snapshot_tag": "fl-py"})
+        assert full.status_code == 503 and full.json()["code"] == "no_capacity", full.text
+        assert int(full.headers["retry-after"]) >= 1
+        for sb in made:
+            assert c.delete(f"/v1/sandboxes/{sb}").status_code in (200, 204)
