@@ -96,6 +96,10 @@ class Daemon:
     extra_env: dict[str, str] = field(default_factory=dict)
     # "cli": `forkd daemon ...`; "module": `python -m forkd.api ...` (docs/API.md's spelling).
     entry: str = "cli"
+    # Where it listens, and what runs it: ``ip netns exec NS`` puts it on another "machine"
+    # (tests/integration/netns.py); such a launcher execs the daemon, so proc.pid stays its pid.
+    host: str = "127.0.0.1"
+    launcher: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     # Sandboxes a test leaves running on purpose, for the SIGTERM shutdown to stop.
@@ -103,7 +107,7 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls_cert else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -116,8 +120,9 @@ class Daemon:
     def argv(self) -> list[str]:
         command = [str(FORKD), "daemon"] if self.entry == "cli" else [sys.executable, "-m", "forkd.api"]
         argv = [
+            *self.launcher,
             *command,
-            "--bind", f"127.0.0.1:{self.port}",
+            "--bind", f"{self.host}:{self.port}",
             "--data-dir", str(self.root),
             "--token-file", str(self.token_file),
         ]

@@ -149,6 +149,28 @@ def test_a_host_that_stops_refreshing_leaves_when_its_lease_ends(etcd: Etcd) -> 
     assert asyncio.run(scenario()) < 2 + 3  # the 2 s lease, etcd's expiry tick, slack for a busy host
 
 
+def test_a_member_whose_lease_ran_out_while_its_record_changed_registers_again(etcd: Etcd) -> None:
+    """A host cut off from etcd past its TTL whose record changed meanwhile: its first call once
+    healed is the put, which etcd refuses (its lease is gone); it must grant a new lease, not
+    retry the dead one for ever (found by the fleet test's partition of a namespaced host)."""
+    async def scenario() -> None:
+        state = {"tags": ["py"]}
+        member = FleetMember(EtcdClient([etcd.url]), lambda: host("m2", tags=tuple(state["tags"])), ttl=2)
+        view = Membership(EtcdClient([etcd.url]), interval=0.1)
+        await member.step()  # registered, but nothing keeps it alive: as while partitioned
+        await view.start()
+        await asyncio.wait_for(view.gone("m2").wait(), timeout=10)
+        state["tags"] = ["py", "b1"]  # it changed while cut off
+        await member.step()
+        await member.step()
+        await view.refresh()
+        assert view.get("m2") is not None and view.get("m2").snapshots == ["py", "b1"]  # type: ignore[union-attr]
+        await member.stop()
+        await view.stop()
+
+    asyncio.run(scenario())
+
+
 def test_an_unreachable_etcd_is_an_error_not_a_hang() -> None:
     async def scenario() -> None:
         client = EtcdClient([f"http://127.0.0.1:{free_port()}"], timeout=1)
