@@ -21,7 +21,7 @@ import pytest
 from forkd.config import DataDir
 from forkd.errors import ForkdError, ImageError, InvalidRequest, TooLarge
 from forkd.image import oci
-from forkd.image.builder import build_oci_image
+from forkd.image.oci_build import build_oci_image
 
 from .oci_material import (
     Registry,
