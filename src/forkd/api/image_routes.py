@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from forkd.api.progress_stream import NDJSON, stream_progress
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, Runtime
 from forkd.api.schemas import ErrorBody, ImagePullRequest
-from forkd.api.schemas.requests import RegistryAuth
+from forkd.api.schemas.builds import RegistryAuth
 from forkd.config import API_VERSION
 from forkd.image.oci import Credentials
 
