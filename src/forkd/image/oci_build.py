@@ -1,4 +1,4 @@
-"""A guest image from an OCI/Docker image: its layers applied (``oci.unpack``), checked for what
+"""A guest image from an OCI/Docker image: its layers applied (``oci_layers.unpack``), checked for what
 forkd writes into it, the agent and account added as to any tree, packed as ext4.
 
 The pulling and the layer checks are ``image/oci.py``'s; the kernel, initramfs and publishing
@@ -19,7 +19,7 @@ from forkd.config import DataDir
 from forkd.errors import InvalidRequest, NotFound
 from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.host import prereqs
-from forkd.image import initramfs, kernel, oci, rootfs
+from forkd.image import initramfs, kernel, oci, oci_layers, rootfs
 from forkd.image.builder import (
     BUILDER_VERSION,
     NAME_RE_HELP,
@@ -83,7 +83,7 @@ def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = N
                     progress: Progress = no_progress) -> Image:
     """A guest image from an OCI image in the cache (oci.pull / oci.import_archive).
 
-    Its layers are applied onto a tree (oci.unpack), the agent and account are added
+    Its layers are applied onto a tree (oci_layers.unpack), the agent and account are added
     as to any tree, and the tree packed as ext4. The image's ENV, WORKDIR, USER,
     ENTRYPOINT and CMD are kept in ``image.json`` (``oci.defaults``): a template
     built from it starts its sandboxes with them.
@@ -115,7 +115,7 @@ def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = N
         modules = initramfs.build_initramfs(kfiles.modules, staging / "initramfs.img")
         os.link(kfiles.vmlinux, staging / "vmlinux")
         tree = staging / "tree"
-        oci.unpack(pulled, tree, progress)
+        oci_layers.unpack(pulled, tree, progress)
         _refuse_symlinks(tree, pulled.ref)
         _oci_python(tree, pulled.ref)
         progress("installing the agent", 0.75)
