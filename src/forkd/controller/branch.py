@@ -31,9 +31,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from forkd.controller import volumes
+from forkd.controller.branch_meta import branch_meta
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -61,27 +61,6 @@ KILL_WAITS_FOR_LIVE_BRANCH_SECS = 300.0
 CUT_MARKER = "branch-cut.json"
 # How long a restart waits for QEMU to cancel a migration a dead daemon left under way.
 CANCEL_SETTLE_SECS = 30.0
-
-
-def branch_meta(record: SnapshotRecord, source: SandboxRecord, parent: SnapshotDir,
-                convert_s: float) -> dict[str, Any]:
-    """The ``snapshot.json`` of a branch of ``source`` (``record``: its registry row), whose disk
-    is layered on ``parent``: the source's config, and what the guest carries from the parent."""
-    parent_meta = parent.read_meta() if parent.meta_path.exists() else {}
-    return {
-        "tag": record.tag, "created_at_unix": record.created_at_unix,
-        "config": source.config.to_json(), "image": parent_meta.get("image"),
-        "warm_imports": parent_meta.get("warm_imports"),
-        "numpy_version": parent_meta.get("numpy_version"),
-        "parent_tag": record.parent_tag, "branched_from": source.id,
-        "mode": record.mode, "pause_ms": record.pause_ms, "convert_secs": round(convert_s, 3),
-        # Same device config as the source: a NIC on this tap, if it had one.
-        "tap": source.tap,
-        # The resolvers baked into the guest (its children's DNS, for allow_internet_access).
-        "dns": list(source.network.dns) if source.network is not None else [],
-        # Inherited unchanged (the seeds' design decision 4), their layers cut with the disk's.
-        "volumes": source.volumes,
-    }
 
 
 @dataclass
@@ -511,4 +490,4 @@ class Brancher:
             await asyncio.wait({task})
 
 
-__all__ = ["CUT_MARKER", "MODES", "Brancher", "branch_meta"]
+__all__ = ["CUT_MARKER", "MODES", "Brancher"]

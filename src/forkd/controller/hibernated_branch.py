@@ -29,7 +29,8 @@ import shutil
 import time
 from pathlib import Path
 
-from forkd.controller.branch import Brancher, branch_meta
+from forkd.controller.branch import Brancher
+from forkd.controller.branch_meta import branch_meta
 from forkd.controller.hibernation import SAVED_DIR
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
