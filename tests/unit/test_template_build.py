@@ -249,6 +249,10 @@ def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
     assert creds is not None and (creds.username, creds.password) == ("u", "p")
     with pytest.raises(TemplateError, match="only type"):
         e2b._registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+    for user, password in (("", "p"), ("u", None), ("u\0", "p"), ("u" * 257, "p"), ("u", "p" * 4097)):
+        with pytest.raises(TemplateError, match="needs a username and a password"):
+            bad_registry = {**registry, "username": user, "password": password}
+            e2b._registry_credentials({"fromImageRegistry": bad_registry})
     for bad, message in [({"fromImage": "Ubuntu:22.04"}, "not an image reference"),
                          ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
                          ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},

@@ -16,16 +16,9 @@ from fastapi.responses import StreamingResponse
 from forkd.api.progress_stream import NDJSON, stream_progress
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, Runtime
 from forkd.api.schemas import ErrorBody, ImagePullRequest
-from forkd.api.schemas.builds import RegistryAuth
 from forkd.config import API_VERSION
-from forkd.image.oci import Credentials
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["images"], responses={**COMMON_ERRORS, **BAD_REQUEST})
-
-
-def credentials(auth: RegistryAuth | None) -> Credentials | None:
-    """A request's registry credentials (used for its pull alone)."""
-    return None if auth is None else Credentials(auth.username, auth.password)
 
 
 @router.get("/images", summary="The guest images this daemon can boot (built or pulled)")
@@ -46,6 +39,7 @@ async def pull_image(req: ImagePullRequest, rt: Runtime) -> StreamingResponse:
     # Imported here: the controller pulls in the VMM stack, and the API must import without it.
     from forkd.controller.runtime import PullRequest
 
-    pull = PullRequest(req.ref, req.name, credentials(req.registry_auth), req.force)
+    auth = req.registry_auth
+    pull = PullRequest(req.ref, req.name, auth.credentials() if auth else None, req.force)
     # Progress is only news: a slow client misses some, silently.
     return await stream_progress(lambda put: rt.images.pull(pull, put), what="pull", sheddable="progress")

@@ -62,7 +62,6 @@ async def put_context(request: Request, rt: Runtime) -> ContextReport:
 
 def _build_request(req: TemplateBuildRequest) -> Any:
     # Imported here: the controller pulls in the VMM stack, and the API must import without it.
-    from forkd.api.image_routes import credentials
     from forkd.controller.runtime import BuildRequest
     from forkd.host.egress import EgressPolicy
 
@@ -72,7 +71,7 @@ def _build_request(req: TemplateBuildRequest) -> Any:
         egress=EgressPolicy.from_request(req.allow_internet_access,
                                          req.network.model_dump() if req.network else None),
         replace=req.replace, step_timeout_secs=req.step_timeout_secs, boot_wait_secs=req.boot_wait_secs,
-        registry_credentials=credentials(req.registry_auth))
+        registry_credentials=req.registry_auth.credentials() if req.registry_auth else None)
 
 
 @router.post(

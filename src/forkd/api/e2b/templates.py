@@ -52,11 +52,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 from starlette.types import Scope
 
 from forkd import bounds
 from forkd.api.e2b import template_names
 from forkd.api.e2b.deps import RuntimeDep, TemplatesDep
+from forkd.api.schemas.builds import RegistryAuth
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 from forkd.image.oci import Credentials, ImageRef
 
@@ -305,11 +307,12 @@ class E2BTemplates:
         if not isinstance(registry, dict) or registry.get("type") != "registry":
             raise TemplateError(400, "fromImageRegistry: only type \"registry\" (a user name and password) "
                                 "is supported")
-        username, password = registry.get("username"), registry.get("password")
-        if not (isinstance(username, str) and isinstance(password, str) and 0 < len(username) <= 256
-                and 0 < len(password) <= 4096 and "\0" not in username + password):
-            raise TemplateError(400, "fromImageRegistry needs a username and a password")
-        return Credentials(username, password)
+        try:  # the same bounds as forkd's own registry_auth
+            auth = RegistryAuth.model_validate({"username": registry.get("username"),
+                                                "password": registry.get("password")})
+        except ValidationError:
+            raise TemplateError(400, "fromImageRegistry needs a username and a password") from None
+        return auth.credentials()
 
     def _dockerfile(self, body: dict[str, Any]) -> tuple[str, list[str], dict[int, str]]:
         """The Dockerfile of E2B's steps; the uploads it copies from; each RUN/COPY's E2B step number."""

@@ -23,6 +23,7 @@ from forkd.api.schemas.common import (
     Tag,
 )
 from forkd.config import DEFAULT_MEM_MIB, DEFAULT_VCPUS
+from forkd.image.oci import Credentials
 
 
 class RegistryAuth(RequestModel):
@@ -32,6 +33,10 @@ class RegistryAuth(RequestModel):
         description="The user name.")
     password: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=4096)] = Field(
         description="The password or token.")
+
+    def credentials(self) -> Credentials:
+        """As the pull takes them (used for one pull alone, never stored)."""
+        return Credentials(self.username, self.password)
 
 
 class TemplateBuildRequest(RequestModel):
