@@ -35,7 +35,7 @@ from typing import Any
 
 from forkd.guest import code_messages, protocol
 
-AGENT_VERSION = "13"  # lists its capabilities in ping (see protocol.Capabilities)
+AGENT_VERSION = "14"  # lists its capabilities in ping (see protocol.Capabilities)
 
 
 @dataclass
@@ -275,7 +275,8 @@ class ScriptedGuest:
     def do_sync(self) -> dict[str, Any]:
         return {"synced": True}
 
-    def do_fsfreeze(self) -> dict[str, Any]:
+    def do_fsfreeze(self, mounts: list[str] | None = None) -> dict[str, Any]:
+        protocol.check_freeze_mounts(mounts)
         return {"frozen": True}
 
     def do_fsthaw(self) -> dict[str, Any]:

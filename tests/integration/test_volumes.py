@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict
 from forkd.store.layout import volume_file
@@ -111,6 +112,30 @@ def test_a_branch_carries_the_volume_forward(loop: Loop, runtime: Runtime, templ
         for sb in [src, *grandchildren]:
             loop.run(runtime.kill(sb.id))
         loop.run(runtime.delete_snapshot("vol-branch"))
+
+
+def test_a_live_branch_freezes_the_volume_with_the_root_filesystem(loop: Loop, runtime: Runtime,
+                                                                   template: str) -> None:
+    """A live BRANCH (vCPUs running) of a sandbox with a writable volume: the guest freezes the
+    volume's filesystem with its root's around the cut, so the branch's children read what was
+    written before it, can write there (their copy is thawed), and the source goes on writing."""
+    [src] = loop.run(runtime.spawn(template, 1, SpawnOptions(live_fork=True)))
+    children = []
+    try:
+        assert sh(loop, runtime, src.id, "echo before-live > /mnt/data/l.txt")[0] == 0
+        branch = loop.run(runtime.branch(src.id, "vol-live", "live"))
+        assert branch.mode == "live" and branch.fs_freeze_ms is not None
+        assert sh(loop, runtime, src.id, "echo after-live > /mnt/data/l.txt && cat /mnt/data/l.txt") == \
+            (0, "after-live")
+        children = loop.run(runtime.spawn("vol-live", 1))
+        assert sh(loop, runtime, children[0].id, "cat /mnt/data/l.txt") == (0, "before-live")
+        assert sh(loop, runtime, children[0].id, "echo child > /mnt/data/l.txt && cat /mnt/data/l.txt") == \
+            (0, "child")
+    finally:
+        for sb in [src, *children]:
+            loop.run(runtime.kill(sb.id))
+        with contextlib.suppress(Exception):
+            loop.run(runtime.delete_snapshot("vol-live"))
 
 
 def test_a_guest_cannot_grow_a_volume_past_its_size(loop: Loop, runtime: Runtime, template: str) -> None:

@@ -177,6 +177,10 @@ async def ping(c: AgentClient) -> Any:
     return await c.ping(30)
 
 
+async def fsfreeze(c: AgentClient) -> Any:
+    return await c.fsfreeze(30, mounts=["/mnt/data"])
+
+
 async def eval_(c: AgentClient) -> Any:
     return await c.eval({"code": "6 * 7", "timeout_secs": 5}, 30)
 
@@ -208,7 +212,8 @@ ROUND_TRIPS: dict[str, tuple[Scenario, Callable[[Any], bool]]] = {
     "proc_input": (proc_input, lambda r: r == {"written": 2}),
     "proc_signal": (proc_signal, lambda r: r["signalled"] is True),
     "proc_resize": (proc_resize, lambda r: r == {"resized": True}),
-    "ping": (ping, lambda r: r["pong"] is True and r["agent_version"] == "13"),
+    "ping": (ping, lambda r: r["pong"] is True and r["agent_version"] == protocol.AGENT_VERSION),
+    "fsfreeze": (fsfreeze, lambda r: r == {"frozen": True}),
     "eval": (eval_, lambda r: r["result"] == "42" and r["exit_code"] == 0),
 }
 
@@ -292,6 +297,7 @@ def test_a_reply_that_does_not_fit_is_a_502_naming_the_field(name: str) -> None:
      "'timeout_secs' must be a positive number"),
     (protocol.WATCH, {"op": "events", "watcher": "w1", "wait_ms": 1.5}, "'wait_ms' must be an integer"),
     (protocol.WATCH, {"op": "create"}, "'path' must be present"),
+    (protocol.FSFREEZE, {"mounts": "/mnt/data"}, "'mounts' must be a list"),
 ])
 def test_the_agent_refuses_a_request_that_does_not_fit_naming_the_field(
         action: str, req: dict[str, Any], field: str) -> None:

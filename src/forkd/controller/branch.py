@@ -153,15 +153,14 @@ class Brancher:
     async def _branch(self, sandbox_id: str, tag: str | None, mode: str, wait: bool, *,
                       checkpoint: bool = False, measure_diff: bool = False) -> SnapshotRecord:
         src = self._source(sandbox_id)
-        if mode == "live" and volumes.writable(src.record.volumes):
-            raise Conflict(f"sandbox {sandbox_id} has writable volumes, which a live branch cannot cut "
-                           "yet (the guest freezes only its root filesystem): use mode \"full\" or \"diff\"")
         if mode == "live" and not src.record.live_fork:
             raise Conflict(
                 f"sandbox {sandbox_id} was not spawned with live_fork: true, which mode \"live\" needs "
                 "(its RAM must be on shared memory); use mode \"diff\" or \"full\", or spawn with "
                 "live_fork: true"
             )
+        if mode == "live":
+            await volumes.require_live_cut(src.vm, src.record.volumes, sandbox_id)
         seq = self._sandboxes.next_branch_seq(sandbox_id)
         while (tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}")) \
                 or (src.run_dir / f"disk-{seq}.qcow2").exists():
@@ -231,7 +230,8 @@ class Brancher:
                 # Its writable volumes are cut with the root disk, their files mirroring its own.
                 also = tuple(branching.DiskCut(layout.volume_node(src.disk.node, i),
                                                layout.volume_file(new_disk, i),
-                                               layout.volume_node(new_node, i))
+                                               layout.volume_node(new_node, i),
+                                               src.record.volumes[i]["mount"])
                              for i in volumes.writable(src.record.volumes))
                 cap = await branching.capture(
                     src.vm, mode, active_node=src.disk.node, frozen_disk=frozen,

@@ -33,7 +33,8 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.results import VolumeExportReport, VolumeReport
 from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
-from forkd.guest.client import AgentClient
+from forkd.guest import protocol
+from forkd.guest.client import AgentClient, require
 from forkd.guest.messages import ExecRequest
 from forkd.store import layout
 from forkd.store.records import SnapshotRecord, VolumeRecord, now_unix
@@ -212,6 +213,15 @@ def writable(entries: Sequence[dict[str, Any]]) -> list[int]:
     return [i for i, e in enumerate(entries) if not e.get("read_only")]
 
 
+async def require_live_cut(vm: VM, entries: Sequence[dict[str, Any]], sandbox_id: str) -> None:
+    """Refuse (409) a live branch of a sandbox with writable volumes whose agent cannot freeze them:
+    the guest freezes them with its root filesystem around a live cut, and an agent older than that
+    would freeze only the root, so the volumes' copies would not be crash-free."""
+    if writable(entries):
+        agent = await vm.call(lambda client: client.capabilities(30))
+        require(agent, protocol.CAP_FREEZE_MOUNTS, subject=f"sandbox {sandbox_id!r}")
+
+
 async def mount_in_guest(vm: VM, entries: Sequence[dict[str, Any]]) -> None:
     """Mount each volume at its path in a booted template (as root), writable ones owned by ``user``."""
     for i, e in enumerate(entries):
@@ -246,5 +256,5 @@ def require_none(snap: SnapshotRecord, what: str) -> None:
         raise Conflict(f"snapshot {snap.tag!r} has volumes, and {what} does not carry volumes yet")
 
 
-__all__ = ["Volumes", "branch_layers", "child_overlays", "drives_for", "mount_in_guest", "require_none",
-           "writable"]
+__all__ = ["Volumes", "branch_layers", "child_overlays", "drives_for", "mount_in_guest", "require_live_cut",
+           "require_none", "writable"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from forkd.errors import Conflict, GuestError
@@ -99,8 +99,10 @@ class AgentClient(AgentTransport):
     async def sync(self, timeout: Timeout) -> messages.SyncReply:
         return await self._ask(protocol.SYNC, messages.SyncReply, {}, timeout)
 
-    async def fsfreeze(self, timeout: Timeout) -> messages.FsfreezeReply:
-        return await self._ask(protocol.FSFREEZE, messages.FsfreezeReply, {}, timeout)
+    async def fsfreeze(self, timeout: Timeout, mounts: Sequence[str] = ()) -> messages.FsfreezeReply:
+        """Freeze the root filesystem, and ``mounts`` (an agent with CAP_FREEZE_MOUNTS: ask first)."""
+        req: messages.FsfreezeRequest = {"mounts": list(mounts)} if mounts else {}
+        return await self._ask(protocol.FSFREEZE, messages.FsfreezeReply, req, timeout)
 
     async def fsthaw(self, timeout: Timeout) -> messages.FsthawReply:
         return await self._ask(protocol.FSTHAW, messages.FsthawReply, {}, timeout)

@@ -108,6 +108,10 @@ class SyncReply(TypedDict):
     synced: bool
 
 
+class FsfreezeRequest(TypedDict, total=False):
+    mounts: list[str]  # besides the root filesystem (protocol.check_freeze_mounts); CAP_FREEZE_MOUNTS
+
+
 class FsfreezeReply(TypedDict):
     frozen: bool
 
@@ -273,6 +277,7 @@ class WatchRemoveReply(TypedDict):
 # Actions without fields (ping, sync, ...) have none; context, kernel and watch pick theirs by op.
 REQUESTS: dict[str, type] = {
     protocol.EXEC: ExecRequest, protocol.EVAL: EvalRequest, protocol.RESTORED: RestoredRequest,
+    protocol.FSFREEZE: FsfreezeRequest,
     protocol.FILE_STAT: FileStatRequest, protocol.FILE_LIST: FileListRequest,
     protocol.FILE_MKDIR: FileMkdirRequest, protocol.FILE_REMOVE: FileRemoveRequest,
     protocol.FILE_READ: FileReadRequest, protocol.FILE_WRITE_OPEN: FileWriteOpenRequest,

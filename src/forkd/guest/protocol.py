@@ -58,7 +58,7 @@ EVAL = "eval"  # EvalRequest -> EvalReply
 EVAL_CANCEL = "eval_cancel"  # -> EvalCancelReply: interrupts the eval that is running, if any
 RESTORED = "restored"  # RestoredRequest (a RestoreInputs' fields, or clock_only) -> RestoredReply
 SYNC = "sync"  # -> SyncReply
-FSFREEZE = "fsfreeze"  # -> FsfreezeReply
+FSFREEZE = "fsfreeze"  # FsfreezeRequest -> FsfreezeReply
 FSTHAW = "fsthaw"  # -> FsthawReply
 # A process start and every file action take an optional "user" (messages.ExecRequest says how).
 USER_AGENT_VERSION = 7
@@ -289,6 +289,26 @@ def check_hostname(hostname: object) -> str | None:
     return hostname
 
 
+# ---------------------------------------------------------------- fsfreeze
+
+FREEZE_MOUNTS_AGENT_VERSION = 14
+FREEZE_MOUNTS_MAX = 16  # a sandbox has at most bounds.MAX_VOLUMES volumes; room, not a second limit
+MOUNT_PATH_MAX = 4096
+
+
+def check_freeze_mounts(mounts: object) -> list[str]:
+    """fsfreeze's ``mounts``: absolute paths of mount points besides the root filesystem."""
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list) or len(mounts) > FREEZE_MOUNTS_MAX:
+        raise RequestError(f"mounts must be a list of at most {FREEZE_MOUNTS_MAX} paths", INVALID)
+    for path in mounts:
+        if (not isinstance(path, str) or not path.startswith("/") or len(path) > MOUNT_PATH_MAX
+                or "\0" in path):
+            raise RequestError(f"mounts: {str(path)[:80]!r} is not an absolute path", INVALID)
+    return list(mounts)
+
+
 # ---------------------------------------------------------------- capabilities
 
 # The agent's version (what ping and restored report): bumped when the protocol grows, here beside
@@ -302,8 +322,10 @@ def check_hostname(hostname: object) -> str | None:
 # (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
 # context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
 # (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
-# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities).
-AGENT_VERSION = "13"
+# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities),
+# "14" fsfreeze freezes the mounts it names too (a live branch's writable volumes;
+# protocol.FREEZE_MOUNTS_AGENT_VERSION).
+AGENT_VERSION = "14"
 
 
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
@@ -316,6 +338,7 @@ CAP_METADATA = "metadata"  # file metadata (file_write_open's, a FileInfo's)
 CAP_WATCH_ENTRIES = "watch_entries"  # a watcher's "entries"
 CAP_KERNEL_LANGUAGE = "kernel_language"  # a context's and a kernel run's "language"
 CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
+CAP_FREEZE_MOUNTS = "freeze_mounts"  # fsfreeze's "mounts"
 
 
 @dataclass(frozen=True)
@@ -337,6 +360,7 @@ CAPABILITIES: dict[str, Capability] = {
     CAP_WATCH_ENTRIES: Capability(WATCH_ENTRY_AGENT_VERSION, "watch events with their entry"),
     CAP_KERNEL_LANGUAGE: Capability(LANGUAGE_AGENT_VERSION, "bash, JavaScript and R kernels"),
     CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
+    CAP_FREEZE_MOUNTS: Capability(FREEZE_MOUNTS_AGENT_VERSION, "freezing volumes for a live branch"),
 }
 CAPABILITIES_MAX = 256  # names read from one answer; more is a hostile agent's
 

@@ -103,11 +103,13 @@ def stream_error(stream: Path) -> str | None:
 @dataclass(frozen=True)
 class DiskCut:
     """One more disk to cut with the root disk (an attached volume): its node goes on in
-    ``new_disk`` (node ``new_node``) and what it wrote until now is frozen."""
+    ``new_disk`` (node ``new_node``) and what it wrote until now is frozen. ``mount``: where the
+    guest mounts its filesystem, which a live cut has the guest freeze with the root's."""
 
     node: str
     new_disk: Path
     new_node: str
+    mount: str
 
 
 async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str,
@@ -183,30 +185,29 @@ async def capture(
         return BranchCapture(pause, frozen_disk, new_disk, new_node, stream, resume_error=resume_error)
 
     if mode == "live":
-        if also:  # the guest freezes only its root filesystem around a live cut
-            raise VMError("a live branch cannot cut volumes yet: use mode full or diff")
         return await _capture_live(vm, active_node=active_node, frozen_disk=frozen_disk,
                                    new_disk=new_disk, new_node=new_node, stream=stream,
-                                   timeout=timeout)
+                                   timeout=timeout, also=also)
 
     raise VMError(f"unknown branch mode {mode!r}")
 
 
 async def _capture_live(
     vm: VM, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str, stream: Path,
-    timeout: float,
+    timeout: float, also: tuple[DiskCut, ...] = (),
 ) -> BranchCapture:
-    """background-snapshot with the guest's root filesystem frozen around the disk cut.
+    """background-snapshot with the guest's filesystems frozen around the disk cut.
 
     QEMU's background snapshot stops the vCPUs only to save the device state and
     arm userfaultfd write-protection, then restarts them itself; RAM pages are
     copied afterwards, each before its first write. But it first spends a long
     setup (populating all of RAM: ~0.4-2 s under TCG) with the guest running, so
     the disk cannot be cut by pausing around it without paying that whole setup
-    as pause. Instead the guest agent freezes the root filesystem (FIFREEZE:
-    flushed, new writes held) while the overlay is switched and the state saved,
-    so disk and memory agree; CPU work goes on meanwhile. Children restored from
-    the branch thaw their copy when told they were restored.
+    as pause. Instead the guest agent freezes the root filesystem, and the
+    volumes in ``also`` (FIFREEZE: flushed, new writes held) while the overlays
+    are switched and the state saved, so disks and memory agree; CPU work goes on
+    meanwhile. Children restored from the branch thaw their copy when told they
+    were restored. (An agent older than CAP_FREEZE_MOUNTS is refused by the caller.)
     """
     await _prepare_migration(vm, background=True)
     listener = EventListener(("STOP", "RESUME", "MIGRATION"))
@@ -214,9 +215,9 @@ async def _capture_live(
     fs_freeze_ms: float | None = None
     try:
         with vm.qmp.client.listen(listener):
-            await vm.agent.fsfreeze(timeout=120)
+            await vm.agent.fsfreeze(timeout=120, mounts=[cut.mount for cut in also])
             fs_frozen_at = time.monotonic()
-            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
             await vm.qmp.cmd("migrate", uri=stream_uri(stream))
             pause_ms = await await_live_pause(vm.qmp, listener, timeout)
     except BaseException:

@@ -41,7 +41,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
-from forkd.guest.protocol import AGENT_VERSION, RequestError
+from forkd.guest.protocol import AGENT_VERSION, RequestError, check_freeze_mounts
 
 READ_CHUNK = 1 << 16
 # A signal request waits at most this long for the process to end (``wait_ms``).
@@ -82,7 +82,7 @@ class Agent:
             protocol.EVAL_CANCEL: lambda _req: {"cancelled": self.evaluator.cancel()},
             protocol.RESTORED: self.restored,
             protocol.SYNC: lambda _req: self.fs.sync(),
-            protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
+            protocol.FSFREEZE: lambda req: {"frozen": self.fs.freeze(check_freeze_mounts(req.get("mounts")))},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
             protocol.FILE_STAT: self.files.stat,
             protocol.FILE_LIST: self.files.list,
