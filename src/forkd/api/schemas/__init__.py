@@ -58,6 +58,7 @@ from forkd.api.schemas.processes import (
     StdinRequest,
 )
 from forkd.api.schemas.requests import (
+    ApplyRequest,
     BranchRequest,
     CheckpointPolicyRequest,
     CompactRequest,
@@ -78,6 +79,7 @@ from forkd.api.schemas.requests import (
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
+    ApplyResponse,
     BuildContextInfo,
     CancelEvalResponse,
     CheckpointList,
@@ -90,6 +92,7 @@ from forkd.api.schemas.responses import (
     FileList,
     ForkError,
     ForkResponse,
+    FsChange,
     Health,
     HibernationInfo,
     MkdirResponse,
@@ -99,6 +102,7 @@ from forkd.api.schemas.responses import (
     PromoteResponse,
     PullResult,
     PushResult,
+    SandboxDiff,
     SandboxInfo,
     SandboxMemory,
     SandboxNetwork,
@@ -128,6 +132,8 @@ __all__ = [
     "TAP_PATTERN",
     "TREE_ID_PATTERN",
     "VAR_NAME_PATTERN",
+    "ApplyRequest",
+    "ApplyResponse",
     "BranchMode",
     "BranchRequest",
     "BuildArgs",
@@ -157,6 +163,7 @@ __all__ = [
     "ForkError",
     "ForkRequest",
     "ForkResponse",
+    "FsChange",
     "GuestUserName",
     "Health",
     "HibernateRequest",
@@ -189,6 +196,7 @@ __all__ = [
     "RequestModel",
     "ResponseModel",
     "RunAs",
+    "SandboxDiff",
     "SandboxId",
     "SandboxInfo",
     "SandboxMemory",

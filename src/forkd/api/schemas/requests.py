@@ -44,6 +44,7 @@ from forkd.api.schemas.common import (
     PidsLimit,
     RequestModel,
     RunAs,
+    SandboxId,
     SandboxTimeout,
     Tag,
 )
@@ -408,6 +409,14 @@ class PromoteRequest(RequestModel):
     replace_parent: bool = Field(
         False, description="Also kill the tree's source; its id then names the winner in every endpoint.",
     )
+
+
+class ApplyRequest(RequestModel):
+    from_: SandboxId = Field(alias="from", description="The sandbox whose changes to apply: its diff "
+                             "against the snapshot it was forked from (a child of the target, typically).")
+    paths: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
+        None, max_length=64, description="Only changes under these paths (absolute prefixes, or names "
+        "such as *.py); default: every change a diff shows.")
 
 
 class CheckpointPolicyRequest(RequestModel):
