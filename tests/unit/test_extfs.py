@@ -149,7 +149,8 @@ def test_a_unified_diff_applies_with_patch(tmp_path: Path, old: bytes | None, ne
     if old is not None:
         target.write_bytes(old)
     patch = diff_render.unified("/w/f.txt", old, new)
-    subprocess.run(["patch", "-p1", "-d", str(tmp_path)], input=patch.encode(), check=True, capture_output=True)
+    subprocess.run(["patch", "-p1", "-d", str(tmp_path)], input=patch.encode(), check=True,
+                   capture_output=True)
     assert (target.read_bytes() if target.exists() else None) == new
 
 

@@ -38,6 +38,9 @@ import type {
   NetworkUpdateRequest,
   SandboxInfo,
   SandboxMemory,
+  SandboxDiff,
+  ApplyResponse,
+  DiffOptions,
   SnapshotInfo,
   SpawnOptions,
   WaitOptions,
@@ -250,6 +253,21 @@ export class Sandbox {
 
   ping(): Promise<PingResponse> {
     return this.controller.ping(this.id);
+  }
+
+  /** What this sandbox's filesystem changed since its snapshot (or `against` another state). */
+  diff(options: DiffOptions = {}): Promise<SandboxDiff> {
+    return this.controller.sandboxDiff(this.id, options);
+  }
+
+  /** The same changes as a unified patch. */
+  patch(options: DiffOptions = {}): Promise<string> {
+    return this.controller.sandboxPatch(this.id, options);
+  }
+
+  /** Write another sandbox's (a child's) changes since its snapshot into this one; 409 on a conflict. */
+  apply(from: string, paths?: string[]): Promise<ApplyResponse> {
+    return this.controller.applyChanges(this.id, { from, paths });
   }
 
   /** What this sandbox costs the host: shared and private RAM, untouched pages, its own disk (bytes). */

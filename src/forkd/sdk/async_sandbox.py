@@ -33,7 +33,7 @@ from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
 from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
+from forkd.sdk.models import ApplyResponse, ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import AsyncTerminal
 from forkd.sdk.types import (
     CandidateT,
@@ -218,6 +218,19 @@ class AsyncSandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = await self.controller.get_sandbox(self.id)
         return self._info
+
+    async def diff(self, against: str = "parent", *, include: list[str] | None = None,
+                   exclude: list[str] | None = None, format: str = "json") -> Any:
+        """What this sandbox's filesystem changed since its snapshot (or against ``"snapshot:TAG"`` /
+        ``"sandbox:ID"``): a :class:`SandboxDiff` (``format="json"``), a unified patch (``"patch"``,
+        str) or a tar of the changed files (``"tar"``, bytes)."""
+        return await self.controller.sandbox_diff(self.id, against, include=include, exclude=exclude,
+                                                  format=format)
+
+    async def apply(self, source: str, paths: list[str] | None = None) -> ApplyResponse:
+        """Write ``source``'s changes since its snapshot (a child's) into this sandbox; a conflict
+        raises :class:`~forkd.sdk.errors.Conflict` naming every path, and nothing is written."""
+        return await self.controller.apply_changes(self.id, source, paths)
 
     async def memory(self) -> SandboxMemory:
         """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its

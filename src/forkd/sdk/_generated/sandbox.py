@@ -34,7 +34,7 @@ from forkd.sdk._generated.guest import CommandHandle, Commands, Files
 from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
+from forkd.sdk.models import ApplyResponse, ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -219,6 +219,19 @@ class Sandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
+
+    def diff(self, against: str = "parent", *, include: list[str] | None = None,
+                   exclude: list[str] | None = None, format: str = "json") -> Any:
+        """What this sandbox's filesystem changed since its snapshot (or against ``"snapshot:TAG"`` /
+        ``"sandbox:ID"``): a :class:`SandboxDiff` (``format="json"``), a unified patch (``"patch"``,
+        str) or a tar of the changed files (``"tar"``, bytes)."""
+        return self.controller.sandbox_diff(self.id, against, include=include, exclude=exclude,
+                                                  format=format)
+
+    def apply(self, source: str, paths: list[str] | None = None) -> ApplyResponse:
+        """Write ``source``'s changes since its snapshot (a child's) into this sandbox; a conflict
+        raises :class:`~forkd.sdk.errors.Conflict` naming every path, and nothing is written."""
+        return self.controller.apply_changes(self.id, source, paths)
 
     def memory(self) -> SandboxMemory:
         """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its
