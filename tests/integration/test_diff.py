@@ -68,6 +68,7 @@ def test_keep_what_won(loop: Loop, runtime: Runtime, snapshot: str, sdist: Path,
     children: list[str] = []
     try:
         data = sdist.read_bytes()
+        loop.run(runtime.files.mkdir(parent.id, "/work", parents=True))
         loop.run(runtime.files.write(parent.id, "/work/src.tar.gz", _chunks(data), max_bytes=len(data)))
         unpack = f"tar xzf /work/src.tar.gz && rm /work/src.tar.gz && cd {PROJECT} && {_edit(GOOD, BROKEN)}"
         out = _sh(loop, runtime, parent.id, unpack, cwd="/work")

@@ -22,12 +22,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from forkd.api.schemas import (
+    ApplyResponse,
     EvalResponse,
     ExecResponse,
     FileInfo,
     FileList,
     ForkResponse,
     PromoteResponse,
+    SandboxDiff,
     SnapshotDetail,
     SnapshotInfo,
 )
@@ -404,6 +406,38 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
         idea in each, then call promote_sandbox on the best one to keep it and kill the rest."""
         body = await call(ctx, lambda c: c.fork_tree(sandbox_id, count, env=env, child_env=child_env))
         return ForkResponse.model_validate(body)
+
+    @server.tool(annotations=READ_ONLY)
+    async def diff_sandbox(
+        ctx: Context[Any, Any],
+        sandbox_id: SandboxId,
+        against: Annotated[str, Field(description=(
+            "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
+        include: Annotated[list[str] | None, Field(description="Only under these paths.")] = None,
+        patch: Annotated[bool, Field(description="Answer a unified patch instead of the list.")] = False,
+    ) -> SandboxDiff | str:
+        """What a sandbox's files changed since it was forked (added, modified, deleted, with mode and
+        owner changes), or with patch=true the change as a unified diff: see what a fork_tree child
+        did before promoting it or applying it with apply_changes."""
+        if patch:
+            text = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include,
+                                                            format="patch"))
+            return str(text)
+        body = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include))
+        return SandboxDiff.model_validate(body)
+
+    @server.tool(annotations=DESTROYS)
+    async def apply_changes(
+        ctx: Context[Any, Any],
+        sandbox_id: Annotated[str, Field(description="The sandbox to write into (the parent, typically).")],
+        source: Annotated[str, Field(description="The sandbox whose changes since its fork to apply.")],
+        paths: Annotated[list[str] | None, Field(description="Only changes under these paths.")] = None,
+    ) -> ApplyResponse:
+        """Apply a child's changes (since its fork) onto another sandbox, typically the parent that is
+        still running. If the target changed one of the same files differently, the error names every
+        such file and nothing is written."""
+        body = await call(ctx, lambda c: c.apply_changes(sandbox_id, source, paths))
+        return ApplyResponse.model_validate(body)
 
     @server.tool(annotations=DESTROYS)
     async def promote_sandbox(
