@@ -434,6 +434,7 @@ class Sandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        apply_winner: bool = False,
     ) -> ExploreResult[Sandbox, CandidateT]:
         """Best of N: try each candidate in a child of its own and keep the best child.
 
@@ -457,6 +458,11 @@ class Sandbox:
             candidates: what to try, one child each (at least one).
             replace_parent: also kill this sandbox; its id then names the
                 winner (this object and ``result.winner`` are one VM).
+            apply_winner: write the winner's file changes (its diff against
+                the tree's snapshot) into this sandbox before the promote
+                (``result.applied``); a conflict raises
+                :class:`~forkd.sdk.errors.Conflict` naming the files, nothing
+                written, and every child killed.
             concurrency: at most this many ``run``/``score`` calls at once
                 (default: all).
             env, child_env, metadata, memory_limit_mib,
@@ -478,7 +484,7 @@ class Sandbox:
             self, candidates, run, score, replace_parent=replace_parent, concurrency=concurrency,
             env=env, child_env=child_env, metadata=metadata, memory_limit_mib=memory_limit_mib,
             child_memory_limit_mib=child_memory_limit_mib, per_child_netns=per_child_netns,
-            live_fork=live_fork, keep_snapshot=keep_snapshot,
+            live_fork=live_fork, keep_snapshot=keep_snapshot, apply_winner=apply_winner,
         )
         if result.promotion.replaced_parent is not None:
             self._info = None  # this id names the winner now
