@@ -8,7 +8,7 @@
 # registers in and the fleet tests start.
 # Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv
+PKGS=(qemu-system-x86 qemu-system-common qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv
       iproute2 nftables util-linux chromium etcd-server)
 # A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
