@@ -195,9 +195,11 @@ class SandboxDiffs:
             new_above, old_above = _above_common(new_chain, old_chain, against, self._copies())
             new_ranges, old_ranges = await asyncio.gather(disk_view.changed_ranges(new_top, new_above),
                                                           disk_view.changed_ranges(old_top, old_above))
-            new_view, old_view = await stack.enter_async_context(
+            new_disk, old_disk = await stack.enter_async_context(
                 disk_view.exported([new_chain[0], old_chain[0]]))
-            changes, skipped = await compare(old_view, new_view, [*new_ranges, *old_ranges])
+            new_view, old_view = new_disk.path, old_disk.path
+            changes, skipped = await compare(old_view, new_view, [*new_ranges, *old_ranges,
+                                                                  *new_disk.replayed, *old_disk.replayed])
             changes = [c for c in changes if matches(c.path, includes) and not matches(c.path, excludes)]
             opened = OpenDiff(sandbox_id, against, old_view, new_view, changes, skipped, started)
             await _settle_content(opened)

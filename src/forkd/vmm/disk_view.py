@@ -18,10 +18,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import VMError
 from forkd.host import prereqs
+from forkd.vmm.disk import qcow2_virtual_size
 
 MAP_TIMEOUT_SECS = 30.0
 MAP_MAX_OUTPUT = 64 << 20
@@ -92,36 +94,56 @@ def storage_daemon_tool() -> str:
     return tool
 
 
-@contextlib.asynccontextmanager
-async def exported(images: list[tuple[Path, str]]) -> AsyncIterator[list[Path]]:
-    """Each image (path, format) as a raw read-only file, for the time of the ``with``.
+@dataclass(frozen=True)
+class DiskView:
+    """A disk as a raw file, and the byte ranges making it consistent wrote (its journal replayed)."""
 
-    A raw image is handed back as it is; a qcow2 one (and its backing chain) is exported by one
-    qemu-storage-daemon over FUSE, read-only and without taking QEMU's image locks (the
-    sandbox's QEMU holds its top layer for writing). The daemon is stopped and the mount points
-    removed on the way out, whatever happens.
+    path: Path
+    replayed: list[tuple[int, int]]
+
+
+@contextlib.asynccontextmanager
+async def exported(images: list[tuple[Path, str]]) -> AsyncIterator[list[DiskView]]:
+    """Each image (path, format) as a raw file, with its ext4 journal replayed, for the ``with``.
+
+    A snapshot's disk was cut while its guest ran, so what its guest had only journaled is not at
+    its home yet: debugfs does not replay a journal. So each image gets a throwaway qcow2 overlay
+    (in a temporary directory), exported by one qemu-storage-daemon over FUSE, where e2fsck
+    replays the journal (``-E journal_only``); the image itself is opened read-only and without
+    QEMU's image locks (a sandbox's QEMU holds its top layer for writing). The daemon is stopped,
+    the mounts gone and the overlays removed on the way out, whatever happens.
     """
-    views: list[Path | None] = [path if fmt == "raw" else None for path, fmt in images]
-    wanted = [(i, path) for i, (path, fmt) in enumerate(images) if fmt != "raw"]
-    if not wanted:
-        yield [v for v in views if v is not None]
-        return
     workdir = Path(tempfile.mkdtemp(prefix="forkd-diff-"))
     args = [storage_daemon_tool()]
-    for i, path in wanted:
-        mount = workdir / f"disk{i}.raw"
-        mount.touch()
-        views[i] = mount
-        args += ["--blockdev", f"driver=file,node-name=f{i},filename={_opt(path)},read-only=on,locking=off",
-                 "--blockdev", f"driver=qcow2,node-name=q{i},file=f{i},read-only=on",
-                 "--export", f"type=fuse,id=e{i},node-name=q{i},mountpoint={_opt(mount)},writable=off"]
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
+    mounts: list[Path] = []
+    overlays: list[Path] = []
+    proc: asyncio.subprocess.Process | None = None
     try:
-        await _mounted(proc, [views[i] for i, _ in wanted])
-        yield [v for v in views if v is not None]
+        for i, (path, fmt) in enumerate(images):
+            size = qcow2_virtual_size(path) if fmt == "qcow2" else path.stat().st_size
+            overlay, mount = workdir / f"view{i}.qcow2", workdir / f"disk{i}.raw"
+            await _run([prereqs.require(prereqs.QEMU_IMG)["qemu-img"], "create", "-q", "-f", "qcow2", "-u",
+                        "-b", str(path), "-F", fmt, str(overlay), str(size)],
+                       timeout=MAP_TIMEOUT_SECS, max_output=1 << 16)
+            mount.touch()
+            mounts.append(mount)
+            overlays.append(overlay)
+            args += ["--blockdev",
+                     f"driver=file,node-name=f{i},filename={_opt(path)},read-only=on,locking=off",
+                     "--blockdev", f"driver={fmt},node-name=q{i},file=f{i},read-only=on",
+                     "--blockdev", f"driver=file,node-name=o{i},filename={_opt(overlay)}",
+                     "--blockdev", f"driver=qcow2,node-name=t{i},file=o{i},backing=q{i}",
+                     "--export", f"type=fuse,id=e{i},node-name=t{i},mountpoint={_opt(mount)},writable=on"]
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        await _mounted(proc, list(mounts))
+        views = []
+        for mount, overlay in zip(mounts, overlays, strict=True):
+            await _replay_journal(mount)
+            views.append(DiskView(mount, await changed_ranges(overlay, 1)))
+        yield views
     finally:
-        if proc.returncode is None:
+        if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()  # qemu-storage-daemon unmounts its exports on SIGTERM
             try:
@@ -130,15 +152,29 @@ async def exported(images: list[tuple[Path, str]]) -> AsyncIterator[list[Path]]:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
-        for i, _ in wanted:
-            view = views[i]
-            assert view is not None
-            if view.stat().st_size:  # still mounted (the daemon was killed): lazy unmount
-                umount = shutil.which("umount")
-                if umount is not None:
-                    done = await asyncio.create_subprocess_exec(umount, "-l", str(view))
-                    await done.wait()
+        for mount in mounts:
+            with contextlib.suppress(OSError):
+                if mount.stat().st_size:  # still mounted (the daemon was killed): lazy unmount
+                    umount = shutil.which("umount")
+                    if umount is not None:
+                        done = await asyncio.create_subprocess_exec(umount, "-l", str(mount))
+                        await done.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _replay_journal(view: Path) -> None:
+    """Replay the ext4 journal into the view's throwaway overlay (nothing else is checked or fixed:
+    whatever e2fsck says of a guest's filesystem, debugfs reads what is there)."""
+    tool = shutil.which("e2fsck") or "/usr/sbin/e2fsck"
+    proc = await asyncio.create_subprocess_exec(tool, "-y", "-E", "journal_only", str(view),
+                                                stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=MAP_TIMEOUT_SECS)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise VMError(f"e2fsck did not replay the guest's journal within {MAP_TIMEOUT_SECS:.0f}s") from None
 
 
 def _opt(path: Path) -> str:
