@@ -35,7 +35,7 @@ from forkd.api.schemas import (
 )
 from forkd.config import VERSION
 from forkd.mcp.cells import code_tools
-from forkd.mcp.models import Deleted, FileContent, SandboxList, SnapshotList
+from forkd.mcp.models import Deleted, FileContent, SandboxList, SandboxPatch, SnapshotList
 from forkd.mcp.processes import process_tools
 from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
@@ -408,25 +408,32 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
         return ForkResponse.model_validate(body)
 
     @server.tool(annotations=READ_ONLY)
-    async def diff_sandbox(
+    async def get_sandbox_diff(
         ctx: Context[Any, Any],
         sandbox_id: SandboxId,
         against: Annotated[str, Field(description=(
             "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
         include: Annotated[list[str] | None, Field(description="Only under these paths.")] = None,
-        patch: Annotated[bool, Field(description="Answer a unified patch instead of the list.")] = False,
-    ) -> SandboxDiff | str:
+    ) -> SandboxDiff:
         """What a sandbox's files changed since it was forked (added, modified, deleted, with mode and
-        owner changes), or with patch=true the change as a unified diff: see what a fork_tree child
-        did before promoting it or applying it with apply_changes."""
-        if patch:
-            text = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include,
-                                                            format="patch"))
-            return str(text)
+        owner changes): see what a fork_tree child did before promoting it or applying it with
+        apply_changes. get_sandbox_patch shows the same change as a unified diff."""
         body = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include))
         return SandboxDiff.model_validate(body)
 
-    @server.tool(annotations=DESTROYS)
+    @server.tool(annotations=READ_ONLY)
+    async def get_sandbox_patch(
+        ctx: Context[Any, Any],
+        sandbox_id: SandboxId,
+        against: Annotated[str, Field(description=(
+            "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
+        include: Annotated[list[str] | None, Field(description="Only under these paths.")] = None,
+    ) -> SandboxPatch:
+        """A sandbox's file changes since it was forked as a unified diff, e.g. for a pull request."""
+        text = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include, format="patch"))
+        return SandboxPatch(sandbox_id=sandbox_id, against=against, patch=str(text))
+
+    @server.tool(annotations=CREATES)
     async def apply_changes(
         ctx: Context[Any, Any],
         sandbox_id: Annotated[str, Field(description="The sandbox to write into (the parent, typically).")],
