@@ -74,6 +74,9 @@ def test_keep_what_won(loop: Loop, runtime: Runtime, snapshot: str, sdist: Path,
         out = _sh(loop, runtime, parent.id, unpack, cwd="/work")
         assert out["exit_code"] == 0, out
         assert _sh(loop, runtime, parent.id, " ".join(TESTS))["exit_code"] != 0  # broken
+        # A fork pauses the parent and cuts its disk: what is still in its page cache is not on
+        # the snapshot's disk (docs/BRANCHING.md, "Keep what won"). sync first, as a user would.
+        assert _sh(loop, runtime, parent.id, "sync")["exit_code"] == 0
 
         report = loop.run(runtime.fork(parent.id, 4, ForkOptions()))
         assert report.errors == []
