@@ -58,6 +58,7 @@ from forkd.api.schemas.processes import (
     StdinRequest,
 )
 from forkd.api.schemas.requests import (
+    ApplyRequest,
     BranchRequest,
     CheckpointPolicyRequest,
     CompactRequest,
@@ -81,6 +82,7 @@ from forkd.api.schemas.requests import (
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
+    ApplyResponse,
     BuildContextInfo,
     CancelEvalResponse,
     CheckpointList,
@@ -93,6 +95,7 @@ from forkd.api.schemas.responses import (
     FileList,
     ForkError,
     ForkResponse,
+    FsChange,
     Health,
     HibernationInfo,
     MkdirResponse,
@@ -104,6 +107,7 @@ from forkd.api.schemas.responses import (
     PromoteResponse,
     PullResult,
     PushResult,
+    SandboxDiff,
     SandboxInfo,
     SandboxMemory,
     SandboxNetwork,
@@ -135,6 +139,8 @@ __all__ = [
     "TAP_PATTERN",
     "TREE_ID_PATTERN",
     "VAR_NAME_PATTERN",
+    "ApplyRequest",
+    "ApplyResponse",
     "BranchMode",
     "BranchRequest",
     "BuildArgs",
@@ -166,6 +172,7 @@ __all__ = [
     "ForkError",
     "ForkRequest",
     "ForkResponse",
+    "FsChange",
     "GuestUserName",
     "Health",
     "HibernateRequest",
@@ -201,6 +208,7 @@ __all__ = [
     "RequestModel",
     "ResponseModel",
     "RunAs",
+    "SandboxDiff",
     "SandboxId",
     "SandboxInfo",
     "SandboxMemory",
