@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
+from pydantic import StringConstraints
 
 from forkd.api.routes import (
     BAD_REQUEST,
@@ -19,12 +20,17 @@ from forkd.api.routes import (
 from forkd.api.schemas import ApplyRequest, ApplyResponse, ErrorBody, SandboxDiff
 from forkd.config import API_VERSION
 from forkd.controller.results import ApplyResult, FsDiff
+from forkd.guest.protocol import FILE_PATH_MAX
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["sandboxes"],
                    responses={**COMMON_ERRORS, **BAD_REQUEST, **STARTING, **NO_SANDBOX, **GUEST_ERRORS})
 
 AGAINST_PATTERN = (r"^(parent|snapshot:[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
                    r"|sandbox:[A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
+
+
+# What check_filters takes, as the schema says it: a non-empty path or name without NUL.
+FilterEntry = Annotated[str, StringConstraints(min_length=1, max_length=FILE_PATH_MAX, pattern=r"^[^\x00]+$")]
 
 
 @router.get(
@@ -43,9 +49,9 @@ async def sandbox_diff(
     sandbox_id: SandboxIdPath, rt: Runtime,
     against: Annotated[str, Query(pattern=AGAINST_PATTERN, description=(
         "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
-    include: Annotated[list[str] | None, Query(max_length=64, description=(
+    include: Annotated[list[FilterEntry] | None, Query(max_length=64, description=(
         "Only paths under these (absolute prefixes) or with a part matching these names (globs)."))] = None,
-    exclude: Annotated[list[str] | None, Query(max_length=64, description=(
+    exclude: Annotated[list[FilterEntry] | None, Query(max_length=64, description=(
         "Leave these out (same forms); default: /proc, /sys, /dev, /run, /tmp, /var/tmp, /var/cache, "
         "/var/log, caches (__pycache__, .cache, .pytest_cache, .mypy_cache)."))] = None,
     format: Annotated[Literal["json", "patch", "tar"], Query(description="json | patch | tar")] = "json",

@@ -3,6 +3,8 @@ as JSON, a patch or a tar (diff_render.py), and applied to another sandbox (appl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from forkd.controller import diff_render
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.applies import ChangeApplier
@@ -18,8 +20,8 @@ FORMATS = ("json", "patch", "tar")
 
 class SandboxChanges:
     def __init__(self, table: SandboxTable, snapshots: SnapshotStore, agents: AgentGateway,
-                 files: SandboxFiles) -> None:
-        self._diffs = SandboxDiffs(table, snapshots, agents)
+                 files: SandboxFiles, tmp: Path) -> None:
+        self._diffs = SandboxDiffs(table, snapshots, agents, tmp)
         self._applier = ChangeApplier(self._diffs, files, agents)
 
     async def diff(self, sandbox_id: str, against: str = "parent", *, include: list[str] | None = None,

@@ -146,7 +146,9 @@ class OpenDiff:
 class SandboxDiffs:
     """Diffs of a sandbox against its snapshot, another snapshot, or another sandbox."""
 
-    def __init__(self, table: SandboxTable, snapshots: SnapshotStore, agents: AgentGateway) -> None:
+    def __init__(self, table: SandboxTable, snapshots: SnapshotStore, agents: AgentGateway,
+                 tmp: Path) -> None:
+        self._tmp = tmp  # the data dir's tmp: where its disk views' throwaway overlays go
         self._table = table
         self._snapshots = snapshots
         self._agents = agents
@@ -196,7 +198,7 @@ class SandboxDiffs:
             new_ranges, old_ranges = await asyncio.gather(disk_view.changed_ranges(new_top, new_above),
                                                           disk_view.changed_ranges(old_top, old_above))
             new_disk, old_disk = await stack.enter_async_context(
-                disk_view.exported([new_chain[0], old_chain[0]]))
+                disk_view.exported([new_chain[0], old_chain[0]], self._tmp))
             new_view, old_view = new_disk.path, old_disk.path
             changes, skipped = await compare(old_view, new_view, [*new_ranges, *old_ranges,
                                                                   *new_disk.replayed, *old_disk.replayed])

@@ -158,7 +158,7 @@ class Runtime:
         self.snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names, data.snapshots, self.tags,
                                        self.shm)
         # A sandbox's file changes, from its disk layers: diff, patch, tar, apply onto another.
-        self.diffs = SandboxChanges(self.sandboxes, self.snapshots, self.agents, self.files)
+        self.diffs = SandboxChanges(self.sandboxes, self.snapshots, self.agents, self.files, data.tmp)
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows, events=self.events)
         self.volumes = Volumes(registry.volumes, data, registry.snapshots)

@@ -103,17 +103,19 @@ class DiskView:
 
 
 @contextlib.asynccontextmanager
-async def exported(images: list[tuple[Path, str]]) -> AsyncIterator[list[DiskView]]:
+async def exported(images: list[tuple[Path, str]], under: Path) -> AsyncIterator[list[DiskView]]:
     """Each image (path, format) as a raw file, with its ext4 journal replayed, for the ``with``.
 
     A snapshot's disk was cut while its guest ran, so what its guest had only journaled is not at
     its home yet: debugfs does not replay a journal. So each image gets a throwaway qcow2 overlay
-    (in a temporary directory), exported by one qemu-storage-daemon over FUSE, where e2fsck
+    (in a temporary directory under ``under``, the data dir's tmp), exported by one
+    qemu-storage-daemon over FUSE, where e2fsck
     replays the journal (``-E journal_only``); the image itself is opened read-only and without
     QEMU's image locks (a sandbox's QEMU holds its top layer for writing). The daemon is stopped,
     the mounts gone and the overlays removed on the way out, whatever happens.
     """
-    workdir = Path(tempfile.mkdtemp(prefix="forkd-diff-"))
+    under.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="forkd-diff-", dir=under))
     args = [storage_daemon_tool()]
     mounts: list[Path] = []
     overlays: list[Path] = []
