@@ -20,8 +20,8 @@ import pytest
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError, ImageError, InvalidRequest, TooLarge
-from forkd.image import oci
-from forkd.image.builder import build_oci_image
+from forkd.image import oci, oci_layers
+from forkd.image.oci_build import build_oci_image
 
 from .oci_material import (
     Registry,
@@ -84,7 +84,7 @@ def test_layers_apply_in_order_and_a_second_pull_fetches_nothing(plain: Registry
     assert pulled.ref == "docker.io/forkd-test/layered:1"
     assert steps == ["pulling docker.io/forkd-test/layered:1"]
     tree = tmp_path / "tree"
-    oci.unpack(pulled, tree)
+    oci_layers.unpack(pulled, tree)
     assert not (tree / "etc/gone").exists() and (tree / "etc/kept").read_text() == "kept"  # whiteout
     assert sorted(os.listdir(tree / "d")) == ["new"]  # the opaque dir hides the lower layer's files
     tool = (tree / "usr/bin/tool").stat()
@@ -159,7 +159,7 @@ def test_a_hostile_layer_is_refused_and_writes_nothing_outside(plain: Registry, 
     plain.push(_hostile(tmp_path, members), "t", f"forkd-test/hostile-{case}:1")
     pulled = oci.pull(work / "images", f"forkd-test/hostile-{case}:1", mirror(plain))
     with pytest.raises(InvalidRequest, match=r"outside the root|device node|goes through the symlink"):
-        oci.unpack(pulled, work / "tree")
+        oci_layers.unpack(pulled, work / "tree")
     assert not (work / "tree").exists()
     assert outside_untouched(outside) == []
 
@@ -176,7 +176,7 @@ def test_a_symlink_of_a_lower_layer_cannot_lead_a_later_one_out(plain: Registry,
     pulled = oci.pull(tmp_path / "images", "forkd-test/cross:1", mirror(plain))
     tree = tmp_path / "tree"
     with contextlib.suppress(ForkdError):  # refused is as good as confined
-        oci.unpack(pulled, tree)
+        oci_layers.unpack(pulled, tree)
     assert outside_untouched(outside) == []
 
 
@@ -195,16 +195,16 @@ def test_a_layer_bigger_than_declared_or_than_the_limit_is_refused(plain: Regist
     (layout / "index.json").write_text(json.dumps(index))
     work = tmp_path / "work"
     with pytest.raises(ForkdError, match=r"not the 10 its manifest declares|size"):
-        oci.unpack(oci.import_archive(work / "images", layout), work / "tree")
+        oci_layers.unpack(oci.import_archive(work / "images", layout), work / "tree")
     assert not (work / "tree").exists()
 
     # A tar bomb: more bytes unpacked than the limit, refused before umoci writes any of them.
-    monkeypatch.setattr(oci, "MAX_UNPACKED_BYTES", 1 << 19)
+    monkeypatch.setattr(oci_layers, "MAX_UNPACKED_BYTES", 1 << 19)
     (tmp_path / "bomb").mkdir()
     bomb = _hostile(tmp_path / "bomb", [file("big", b"\0" * (1 << 20))])
     pulled = oci.import_archive(work / "images", bomb)
     with pytest.raises(TooLarge, match=r"unpacks to over"):
-        oci.unpack(pulled, work / "tree")
+        oci_layers.unpack(pulled, work / "tree")
     assert not (work / "tree").exists()
 
 

@@ -8,11 +8,13 @@ import json
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from forkd import bounds
+from forkd.api.e2b.template_steps import StepPlan
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
@@ -217,45 +219,54 @@ def test_from_a_snapshot() -> None:
 # ------------------------------------------------------------------ E2B's steps as a Dockerfile
 
 def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
-    from forkd.api.e2b.templates import E2BTemplates, TemplateError
+    from forkd.api.e2b.template_steps import TemplateError, plan, registry_credentials
 
-    e2b = E2BTemplates(lambda: None, tmp_path / "uploads")  # only the translation: no runtime needed
     files_hash = "a" * 64
     upload = tmp_path / "up.tar"
     upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))
-    e2b._files[files_hash] = upload
-    text, uploads, names = e2b._dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
+    files = {files_hash: upload}
+
+    def dockerfile(body: dict[str, Any]) -> StepPlan:
+        return plan(body, files, lambda tag: tag == "parent")
+
+    steps = dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
         {"type": "COPY", "args": ["folder/*", "folder", "user", "0755"], "filesHash": files_hash},
         {"type": "ENV", "args": ["A", 'x "y" $z', "B", "2"]},
         {"type": "RUN", "args": ["apt-get update && echo 'hi'", "root"]},
         {"type": "WORKDIR", "args": ["/app"]},
         {"type": "RUN", "args": ["pwd"]},
     ]})
-    plan = parse(text)
-    assert plan.base == "default" and uploads == [files_hash]
-    copy, root_run, run = plan.steps
+    parsed = parse(steps.dockerfile)
+    assert parsed.base == "default" and steps.uploads == [files_hash]
+    copy, root_run, run = parsed.steps
     assert isinstance(copy, Copy) and copy.sources == ("folder/a.txt", "folder/b.txt", "folder/sub")
     assert copy.dest == "/home/user/folder/" and copy.chown == "user" and copy.chmod == "0755"
     assert isinstance(root_run, Run) and root_run.user is None and root_run.workdir == "/home/user"
     assert root_run.argv == ("/bin/bash", "-c", "apt-get update && echo 'hi'")
     assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
-    assert plan.env == {"A": 'x "y" $z', "B": "2"}
-    assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
+    assert parsed.env == {"A": 'x "y" $z', "B": "2"}
+    assert steps.step_names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number
     # A registry's image (from_image, from_dockerfile's FROM): the build pulls it, with the credentials
     # of from_registry.
-    assert e2b._dockerfile({"fromImage": "ubuntu:22.04"})[0].startswith("FROM ubuntu:22.04\n")
+    assert dockerfile({"fromImage": "ubuntu:22.04"}).dockerfile.startswith("FROM ubuntu:22.04\n")
+    assert dockerfile({"fromTemplate": "parent"}).dockerfile.startswith("FROM snapshot:parent\n")
     registry = {"type": "registry", "username": "u", "password": "p"}
-    creds = e2b._registry_credentials({"fromImageRegistry": registry})
+    creds = registry_credentials({"fromImageRegistry": registry})
     assert creds is not None and (creds.username, creds.password) == ("u", "p")
     with pytest.raises(TemplateError, match="only type"):
-        e2b._registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+        registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+    for user, password in (("", "p"), ("u", None), ("u\0", "p"), ("u" * 257, "p"), ("u", "p" * 4097)):
+        with pytest.raises(TemplateError, match="needs a username and a password"):
+            bad_registry = {**registry, "username": user, "password": password}
+            registry_credentials({"fromImageRegistry": bad_registry})
     for bad, message in [({"fromImage": "Ubuntu:22.04"}, "not an image reference"),
                          ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
                          ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
                           "not uploaded"),
-                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break")]:
+                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break"),
+                         ({"fromTemplate": "gone"}, "was not found")]:
         with pytest.raises(TemplateError, match=message):
-            e2b._dockerfile(bad)
+            dockerfile(bad)
 
 
 def test_the_image_routes_stream_a_pull_and_refuse_a_bad_reference(client: tuple[TestClient, Daemon]) -> None:

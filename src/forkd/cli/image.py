@@ -206,7 +206,7 @@ def pull(
 
     from forkd.api.settings import parse_mirrors
     from forkd.image import oci
-    from forkd.image.builder import build_oci_image
+    from forkd.image.oci_build import build_oci_image
 
     data = DataDir.from_env(data_dir)
     registries = oci.Registries(parse_mirrors(registry_mirror), registry_auth)
@@ -236,7 +236,7 @@ def import_(
       sudo forkd image import ./layout --name tool
     """
     from forkd.image import oci
-    from forkd.image.builder import build_oci_image
+    from forkd.image.oci_build import build_oci_image
 
     data = DataDir.from_env(data_dir)
 

@@ -31,9 +31,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from forkd.controller import volumes
+from forkd.controller.branch_meta import branch_meta
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -46,6 +46,7 @@ from forkd.store.records import DiskChain, SandboxRecord, SnapshotRecord, now_un
 from forkd.store.rows.sandboxes import DiskChainRows
 from forkd.vmm import branching
 from forkd.vmm import disk as disk_mod
+from forkd.vmm.cmdline import VolumeDrive
 from forkd.vmm.machine import MIGRATION_ACTIVE, VM
 
 log = logging.getLogger("forkd.branch")
@@ -61,27 +62,6 @@ KILL_WAITS_FOR_LIVE_BRANCH_SECS = 300.0
 CUT_MARKER = "branch-cut.json"
 # How long a restart waits for QEMU to cancel a migration a dead daemon left under way.
 CANCEL_SETTLE_SECS = 30.0
-
-
-def branch_meta(record: SnapshotRecord, source: SandboxRecord, parent: SnapshotDir,
-                convert_s: float) -> dict[str, Any]:
-    """The ``snapshot.json`` of a branch of ``source`` (``record``: its registry row), whose disk
-    is layered on ``parent``: the source's config, and what the guest carries from the parent."""
-    parent_meta = parent.read_meta() if parent.meta_path.exists() else {}
-    return {
-        "tag": record.tag, "created_at_unix": record.created_at_unix,
-        "config": source.config.to_json(), "image": parent_meta.get("image"),
-        "warm_imports": parent_meta.get("warm_imports"),
-        "numpy_version": parent_meta.get("numpy_version"),
-        "parent_tag": record.parent_tag, "branched_from": source.id,
-        "mode": record.mode, "pause_ms": record.pause_ms, "convert_secs": round(convert_s, 3),
-        # Same device config as the source: a NIC on this tap, if it had one.
-        "tap": source.tap,
-        # The resolvers baked into the guest (its children's DNS, for allow_internet_access).
-        "dns": list(source.network.dns) if source.network is not None else [],
-        # Inherited unchanged (the seeds' design decision 4), their layers cut with the disk's.
-        "volumes": source.volumes,
-    }
 
 
 @dataclass
@@ -403,24 +383,8 @@ class Brancher:
                         detail = (f"source sandbox {src.id} stopped (killed, or its QEMU exited) before "
                                   f"its RAM was copied ({detail})")
                     raise VMError(f"copying the RAM in the background failed: {detail}") from exc
-            helper_dir = staging.path / "helper"
-            helper_dir.mkdir()
-            try:
-                convert_s = await branching.stream_to_snapshot(
-                    helper_dir, src.record.config, stream=cap.stream, mem_path=staging.mem,
-                    state_path=staging.state, disk=staging.disk, tap=src.record.tap,
-                    volumes=volumes.drives_for(src.record.volumes, staging.disk, volumes.ROOT_NODE, staging),
-                )
-            except ForkdError as exc:
-                raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
-            cap.stream.unlink(missing_ok=True)
-            branching.clear_stream_error(cap.stream)
-            shutil.rmtree(helper_dir, ignore_errors=True)
-            staging.write_meta(branch_meta(record, src.record, self._store.dir(src.disk.parent_tag),
-                                           convert_s))
-            layout.publish(staging, self._snapshots, tag)
-            self._store.set_status(tag, "ready")
-            record.status = "ready"
+            await self.publish_stream(record, src.record, staging, cap.stream, volumes.drives_for(
+                src.record.volumes, staging.disk, volumes.ROOT_NODE, staging))
             if cap.resume_error:
                 await self._table.kill(src.id)  # reported dead: nothing usable is left
             elif record.checkpoint_of is None:  # a standalone checkpoint is no one's base
@@ -449,6 +413,27 @@ class Brancher:
             raise VMError(f"branch {tag} failed after the source resumed: {message}") from exc
         finally:
             self._tags.release(tag)
+
+    async def publish_stream(self, record: SnapshotRecord, source: SandboxRecord, staging: SnapshotDir,
+                             stream: Path, drives: list[VolumeDrive] | None = None) -> None:
+        """The last steps of every branch (of a running sandbox, or of a hibernated one): its
+        captured ``stream`` becomes the staged snapshot's ``mem`` and forkable ``state``, the
+        metadata is written, and the snapshot is published and marked ``ready``."""
+        helper_dir = staging.path / "helper"
+        helper_dir.mkdir()
+        try:
+            convert_s = await branching.stream_to_snapshot(
+                helper_dir, source.config, stream=stream, mem_path=staging.mem, state_path=staging.state,
+                disk=staging.disk, tap=source.tap, volumes=drives)
+        except ForkdError as exc:
+            raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
+        stream.unlink(missing_ok=True)
+        branching.clear_stream_error(stream)
+        shutil.rmtree(helper_dir, ignore_errors=True)
+        staging.write_meta(branch_meta(record, source, self._store.dir(source.disk.parent_tag), convert_s))
+        layout.publish(staging, self._snapshots, record.tag)
+        self._store.set_status(record.tag, "ready")
+        record.status = "ready"
 
     async def _published(self, sandbox_id: str, old_parent: str, tag: str, layers: list[Path]) -> None:
         """The source's disk now sits on ``tag``: later branches copy only newer layers."""
@@ -511,4 +496,4 @@ class Brancher:
             await asyncio.wait({task})
 
 
-__all__ = ["CUT_MARKER", "MODES", "Brancher", "branch_meta"]
+__all__ = ["CUT_MARKER", "MODES", "Brancher"]

@@ -29,7 +29,7 @@ import shutil
 import time
 from pathlib import Path
 
-from forkd.controller.branch import Brancher, branch_meta
+from forkd.controller.branch import Brancher
 from forkd.controller.hibernation import SAVED_DIR
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
@@ -93,23 +93,8 @@ class HibernatedBrancher:
                 branched_from=sandbox_id, parent_tag=record.disk.parent_tag, pause_ms=0.0, mode="full")
             self._store.register(snapshot)
             registered = True
-            convert = staging.path / "helper"
-            convert.mkdir()
-            try:
-                convert_s = await branching.stream_to_snapshot(
-                    convert, record.config, stream=staging.path / "stream", mem_path=staging.mem,
-                    state_path=staging.state, disk=staging.disk, tap=record.tap)
-            except ForkdError as exc:
-                raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
-            (staging.path / "stream").unlink(missing_ok=True)
-            branching.clear_stream_error(staging.path / "stream")
-            shutil.rmtree(convert, ignore_errors=True)
-            staging.write_meta(branch_meta(snapshot, record, self._store.dir(record.disk.parent_tag),
-                                           convert_s))
-            layout.publish(staging, self._snapshots, tag)
+            await self._brancher.publish_stream(snapshot, record, staging, staging.path / "stream")
             staging = None
-            self._store.set_status(tag, "ready")
-            snapshot.status = "ready"
             log.info("branched hibernated %s into %s in %.0f ms; it stays hibernated", sandbox_id, tag,
                      (time.monotonic() - started) * 1000)
             return snapshot

@@ -1,7 +1,7 @@
 """Guest images from OCI/Docker images: ``POST /v1/images`` and a template's ``FROM REF``.
 
 A pull runs skopeo and umoci (forkd.image.oci) and packs the tree as a guest
-image (forkd.image.builder.build_oci_image), in a thread: it is host CPU and
+image (forkd.image.oci_build.build_oci_image), in a thread: it is host CPU and
 disk, seconds to minutes. One conversion at a time: two builds of the same
 image would race for its directory, and a host converts faster one by one.
 The daemon's registry settings (mirrors, an auth file) apply to every pull;
@@ -17,7 +17,8 @@ from typing import Any
 
 from forkd.config import DataDir
 from forkd.image import oci
-from forkd.image.builder import Image, build_oci_image, list_images
+from forkd.image.builder import Image, list_images
+from forkd.image.oci_build import build_oci_image
 
 Emit = Callable[[dict[str, Any]], None]
 

@@ -30,10 +30,16 @@ def no_capacity(response: Response) -> bool:
 
 
 def error_text(response: Response) -> str:
+    """A host's answer's ``error`` (what the gateway passes on), or its status."""
+    return error_of(response.status_code, bytes(response.body))
+
+
+def error_of(status: int, content: bytes) -> str:
+    """The ``error`` of an answer's body, at most 300 characters, or ``HTTP <status>``."""
     try:
-        return str(json.loads(bytes(response.body))["error"])[:300]
+        return str(json.loads(content)["error"])[:300]
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}"
+        return f"HTTP {status}"
 
 
 def json_field(body: bytes, name: str) -> str | None:
@@ -45,4 +51,4 @@ def json_field(body: bytes, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-__all__ = ["e2b_error", "error", "error_text", "json_field", "no_capacity"]
+__all__ = ["e2b_error", "error", "error_of", "error_text", "json_field", "no_capacity"]

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from forkd.config import API_VERSION
 from forkd.fleet.hosts import HostRecord
 from forkd.fleet.placement import spread_plan
-from forkd.gateway.answers import error
+from forkd.gateway.answers import error, error_of
 from forkd.gateway.proxy import HostFailed
 from forkd.store.layout import host_of
 
@@ -119,7 +119,7 @@ class SpreadForks:
             if answer.status_code == 201:
                 children += answer.json()
             else:
-                why = _error_of(answer.status_code, answer.content)
+                why = error_of(answer.status_code, answer.content)
                 errors += [{"index": offset + start + i, "error": f"on host {host.host_id}: {why}"}
                            for i in range(size)]
         return children, errors
@@ -177,7 +177,7 @@ class SpreadForks:
             return [{"id": f"(host {host.host_id})", "deleted": False, "error": str(exc)}]
         if listed.status_code != 200:
             return [{"id": f"(host {host.host_id})", "deleted": False,
-                     "error": _error_of(listed.status_code, listed.content)}]
+                     "error": error_of(listed.status_code, listed.content)}]
         reports: list[dict[str, Any]] = []
         for sandbox in listed.json():
             sandbox_id = str(sandbox.get("id"))
@@ -190,7 +190,7 @@ class SpreadForks:
                 reports.append({"id": sandbox_id, "deleted": True})
             else:
                 reports.append({"id": sandbox_id, "deleted": False,
-                                "error": _error_of(gone.status_code, gone.content)})
+                                "error": error_of(gone.status_code, gone.content)})
         return reports
 
     async def _answer(self, host: HostRecord, method: str, path: str, data: dict[str, Any]) -> Response:
@@ -232,13 +232,6 @@ def _runs(limits: Any, n: int) -> list[tuple[int, int, int | None]]:
         else:
             runs.append((i, 1, limit))
     return runs
-
-
-def _error_of(status: int, content: bytes) -> str:
-    try:
-        return str(json.loads(content)["error"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}"
 
 
 def _relay(answer: Any, host: HostRecord) -> Response:

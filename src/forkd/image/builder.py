@@ -23,10 +23,9 @@ from typing import Any
 from forkd.bounds import TAG_RE
 from forkd.config import DEFAULT_IMAGE, DataDir
 from forkd.errors import ImageError, InvalidRequest, NotFound
-from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.host import prereqs
 from forkd.host.accel import ProbeGuest
-from forkd.image import initramfs, kernel, oci, rootfs
+from forkd.image import initramfs, kernel, rootfs
 
 BUILDER_VERSION = 1
 NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.'"
@@ -34,7 +33,7 @@ NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.
 Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
 
 
-def _no_progress(_step: str, _fraction: float) -> None:
+def no_progress(_step: str, _fraction: float) -> None:
     pass
 
 
@@ -157,7 +156,7 @@ class ImageRecipe:
         """Key of the debootstrap tree (the slow, rarely-changing part)."""
         parts = {"suite": self.suite, "mirror": self.mirror,
                  "packages": sorted({*self.packages, *self.extra_packages})}
-        return _digest(parts)[:16]
+        return digest_of(parts)[:16]
 
     def key(self) -> str:
         source_stamp = None
@@ -171,7 +170,7 @@ class ImageRecipe:
             "agent": rootfs.agent_digest(),  # every file of the agent package and its protocol
             "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
         }
-        return _digest(parts)[:16]
+        return digest_of(parts)[:16]
 
 
 def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
@@ -183,7 +182,7 @@ def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
     return ImageRecipe(name=name, **fields)
 
 
-def _digest(obj: object) -> str:
+def digest_of(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
@@ -249,7 +248,7 @@ def build_image(
     recipe: ImageRecipe | None = None,
     *,
     force: bool = False,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> Image:
     """Build (or reuse from cache) the image ``recipe`` describes."""
     recipe = recipe or ImageRecipe()
@@ -275,7 +274,7 @@ def build_image(
     log = staging / "build.log"
     try:
         progress("kernel", 0.02)
-        kfiles = _cached_kernel(cache, recipe.kernel_package)
+        kfiles = cached_kernel(cache, recipe.kernel_package)
         progress("initramfs", 0.10)
         modules = initramfs.build_initramfs(kfiles.modules, staging / "initramfs.img")
         os.link(kfiles.vmlinux, staging / "vmlinux")
@@ -307,7 +306,7 @@ def build_image(
             "built_at_unix": int(time.time()),
             "build_secs": round(time.monotonic() - started, 1),
         }
-        image = _publish(data, recipe.name, staging, meta)
+        image = publish_image(data, recipe.name, staging, meta)
         progress("done", 1.0)
         publish_seed_paths(data, image)
         return image
@@ -316,7 +315,7 @@ def build_image(
         raise
 
 
-def _publish(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> Image:
+def publish_image(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> Image:
     """Write ``image.json`` and swap the staged image in for the one under ``name``."""
     (staging / "image.json").write_text(json.dumps(meta, indent=2))
     final = data.images / name
@@ -326,114 +325,6 @@ def _publish(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> I
     os.rename(staging, final)
     shutil.rmtree(old, ignore_errors=True)
     return load_image(data, name)
-
-
-def oci_image_name(ref: str) -> str:
-    """The image name a pulled ``ref`` gets unless one is given: its last path part and tag."""
-    last = ref.rsplit("/", 1)[-1]
-    name, _, digest = last.partition("@")
-    if digest and ":" not in name:
-        name = f"{name}-{digest.removeprefix('sha256:')[:12]}"
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", name.replace(":", "-")).lstrip(".-")[:64]
-    return name or "image"
-
-
-# Where the image's own agent is written (rootfs.install_agent, add_user): none of these may be a
-# symlink in an image's tree, or writing there would follow it out of the tree, on the host.
-_WRITTEN = ("etc", "etc/hostname", "etc/passwd", "etc/group", "etc/shadow", "etc/gshadow", "etc/sudoers.d",
-            "etc/sudoers.d/forkd-user", "etc/skel", "opt", "opt/forkd", "home", "usr", "usr/bin")
-
-
-def _refuse_symlinks(tree: Path, ref: str) -> None:
-    # Read through /etc/passwd only when neither it nor /etc leads out of the tree.
-    readable = not (tree / "etc").is_symlink() and not (tree / "etc" / "passwd").is_symlink()
-    home = rootfs.user_home(tree) if readable else None
-    homes = [home] if home else []
-    for rel in (*_WRITTEN, *homes, rootfs.GUEST_HOME):
-        parts = Path(rel).parts
-        for i in range(1, len(parts) + 1):
-            if (tree / Path(*parts[:i])).is_symlink():
-                raise InvalidRequest(f"image {ref}: /{Path(*parts[:i])} is a symlink; forkd writes its agent "
-                                     "and account there, so it must be a real file or directory")
-
-
-def _oci_python(tree: Path, ref: str) -> None:
-    """The agent starts as /usr/bin/python3 (init.sh); an image whose Python is /usr/local's (the
-    python:3.x images) gets that path as a symlink to it."""
-    usr_bin = tree / "usr" / "bin"
-    if (usr_bin / "python3").exists() or (usr_bin / "python3").is_symlink():
-        return
-    if (tree / "usr/local/bin/python3").exists():
-        usr_bin.mkdir(parents=True, exist_ok=True)
-        (usr_bin / "python3").symlink_to("/usr/local/bin/python3")
-        return
-    raise InvalidRequest(f"image {ref} has no python3 (/usr/bin/python3 or /usr/local/bin/python3): the "
-                         "forkd agent runs on the image's own Python "
-                         f"{'.'.join(map(str, MIN_GUEST_PYTHON))} or newer, so images without one are not "
-                         "supported yet")
-
-
-def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = None, *, force: bool = False,
-                    progress: Progress = _no_progress) -> Image:
-    """A guest image from an OCI image in the cache (oci.pull / oci.import_archive).
-
-    Its layers are applied onto a tree (oci.unpack), the agent and account are added
-    as to any tree, and the tree packed as ext4. The image's ENV, WORKDIR, USER,
-    ENTRYPOINT and CMD are kept in ``image.json`` (``oci.defaults``): a template
-    built from it starts its sandboxes with them.
-    """
-    name = name or oci_image_name(pulled.ref)
-    if not TAG_RE.match(name):
-        raise InvalidRequest(f"invalid image name {name!r}: use {NAME_RE_HELP}")
-    prereqs.require(prereqs.MKFS_EXT4, prereqs.LZ4, prereqs.APT_GET, prereqs.DPKG_DEB, prereqs.BUSYBOX,
-                    *oci.OCI_TOOLS)
-    data.images.mkdir(parents=True, exist_ok=True)
-    key = _digest({"builder": BUILDER_VERSION, "oci": pulled.digest, "agent": rootfs.agent_digest(),
-                   "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
-                   "kernel": kernel.KERNEL_PACKAGE})[:16]
-    if not force:
-        try:
-            cached = load_image(data, name)
-            if cached.key == key:
-                progress("cached", 1.0)
-                return cached
-        except NotFound:
-            pass
-    started = time.monotonic()
-    staging = data.images / f".{name}.build-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        progress("kernel", 0.02)
-        kfiles = _cached_kernel(data.images / ".cache", kernel.KERNEL_PACKAGE)
-        modules = initramfs.build_initramfs(kfiles.modules, staging / "initramfs.img")
-        os.link(kfiles.vmlinux, staging / "vmlinux")
-        tree = staging / "tree"
-        oci.unpack(pulled, tree, progress)
-        _refuse_symlinks(tree, pulled.ref)
-        _oci_python(tree, pulled.ref)
-        progress("installing the agent", 0.75)
-        rootfs.install_agent(tree)
-        progress("ext4 image", 0.85)
-        size_mib = max(ImageRecipe.size_mib, rootfs.tree_size_mib(tree) * 2 + 512)
-        rootfs.make_ext4(tree, staging / "rootfs.ext4", size_mib)
-        shutil.rmtree(tree)
-        meta = {
-            "name": name,
-            "key": key,
-            "oci": {"ref": pulled.ref, "digest": pulled.digest, "defaults": pulled.defaults.info()},
-            "size_mib": size_mib,
-            "kernel_version": kfiles.version,
-            "modules": modules,
-            "built_at_unix": int(time.time()),
-            "build_secs": round(time.monotonic() - started, 1),
-        }
-        image = _publish(data, name, staging, meta)
-        progress("done", 1.0)
-        return image
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def seed_paths(data: DataDir, image: Image) -> tuple[Path, Path]:
@@ -457,7 +348,7 @@ def publish_seed_paths(data: DataDir, image: Image) -> None:
         os.replace(tmp, link)
 
 
-def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
+def cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
     target = cache / f"kernel-{package}"
     marker = target / "version"
     if marker.exists():
@@ -483,7 +374,7 @@ def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, pr
     parts: dict[str, object] = {"base": recipe.base_key(), "apt": sorted(recipe.apt_packages)}
     if recipe.pip_packages:
         parts["pip"] = sorted(recipe.pip_packages)
-    key = _digest(parts)[:16]
+    key = digest_of(parts)[:16]
     target = cache / f"rootfs-{key}"
     complete = cache / f"rootfs-{key}.complete"
     if complete.exists() and target.is_dir():
@@ -535,5 +426,6 @@ def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: P
     return target
 
 
-__all__ = ["NAMED_RECIPES", "Image", "ImageRecipe", "NamedRecipe", "build_image", "build_oci_image",
-           "list_images", "load_image", "oci_image_name", "prereqs", "recipe_for"]
+__all__ = ["BUILDER_VERSION", "NAMED_RECIPES", "NAME_RE_HELP", "Image", "ImageRecipe", "NamedRecipe",
+           "Progress", "build_image", "cached_kernel", "digest_of", "list_images", "load_image",
+           "no_progress", "prereqs", "publish_image", "recipe_for"]

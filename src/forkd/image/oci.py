@@ -23,20 +23,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import gzip
 import hashlib
 import json
 import os
-import posixpath
 import re
-import shutil
 import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
 from forkd.errors import ImageError, InvalidRequest, NotFound, TooLarge
 from forkd.host import prereqs
@@ -48,8 +45,6 @@ OCI_TOOLS = (SKOPEO, UMOCI)
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest, manifest list or config: JSON, read with this limit
 MAX_LAYERS = 256
 MAX_COMPRESSED_BYTES = 16 << 30  # the sum of the layers' declared sizes
-MAX_UNPACKED_BYTES = 32 << 30  # the sum of every layer's entries, uncompressed
-MAX_ENTRIES = 2_000_000  # tar entries over all layers
 MAX_REF_CHARS = 512
 DEFAULT_REGISTRY = "docker.io"
 # What skopeo picks from a manifest list: the guest is x86-64 Linux.
@@ -214,7 +209,7 @@ class PulledImage:
         return self.layout / "blobs" / "sha256" / hexa
 
 
-def _run(args: list[str], what: str, env: Mapping[str, str] | None = None) -> str:
+def run_tool(args: list[str], what: str, env: Mapping[str, str] | None = None) -> str:
     proc = subprocess.run(args, capture_output=True, text=True, env=None if env is None else dict(env))
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-1200:]
@@ -339,7 +334,7 @@ def _fetch(layout: Path, source: _Source, progress: Progress) -> PulledImage:
         if tag not in _tags(layout):
             progress(f"pulling {source.label}", 0.05)
             flags = [f"--src-{flag.removeprefix('--')}" for flag in source.flags]
-            _run([skopeo, "copy", "-q", *flags, ref, f"oci:{layout}:{tag}"], f"copying {source.label}")
+            run_tool([skopeo, "copy", "-q", *flags, ref, f"oci:{layout}:{tag}"], f"copying {source.label}")
         else:
             progress("cached", 0.05)
         stored = _stored_manifest(layout, tag, source.label)
@@ -410,98 +405,3 @@ def import_archive(images: Path, path: Path, progress: Progress = lambda _s, _f:
     if path.is_file() and tarfile.is_tarfile(path):
         return _fetch(layout_dir(images), _Source(f"docker-archive:{path}", [], str(path)), progress)
     raise InvalidRequest(f"{path} is neither a docker save tarball nor an OCI layout directory")
-
-
-# --- the layers' tar headers, walked before umoci applies them --------------------------------------
-
-_WHITEOUT = ".wh."
-
-
-def _open_layer(blob: Path, media: str) -> BinaryIO:
-    if media.endswith("+zstd"):
-        raise InvalidRequest("zstd-compressed layers are not supported; push the image with gzip layers")
-    with open(blob, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return cast(BinaryIO, gzip.GzipFile(blob, "rb"))
-    return open(blob, "rb")
-
-
-def _inside(name: str) -> str:
-    """``name`` as a path in the root, or the InvalidRequest that says it climbs out of it."""
-    norm = posixpath.normpath("/" + name)
-    if ".." in name.split("/") or name.startswith("/"):
-        # tar strips a leading / and umoci would confine a "..", but a layer that has either was
-        # not made by a build tool: refused rather than guessed at.
-        raise InvalidRequest(f"a layer's entry {name[:200]!r} points outside the root filesystem")
-    return norm
-
-
-@dataclass
-class _Totals:
-    bytes: int = 0
-    entries: int = 0
-
-
-def check_layer(blob: Path, descriptor: Mapping[str, Any], totals: _Totals) -> None:
-    """Refuse a layer that lies about its size, holds device nodes or leaves the root; count its bytes."""
-    declared = descriptor.get("size")
-    actual = blob.stat().st_size
-    if actual != declared:
-        raise InvalidRequest(f"layer {str(descriptor.get('digest'))[:80]} is {actual} bytes, not the "
-                             f"{declared} its manifest declares")
-    symlinks: set[str] = set()
-    with _open_layer(blob, str(descriptor.get("mediaType", ""))) as raw, \
-            tarfile.open(fileobj=raw, mode="r|") as tar:
-        try:
-            for member in tar:
-                totals.entries += 1
-                totals.bytes += max(member.size, 0)
-                if totals.entries > MAX_ENTRIES:
-                    raise TooLarge(f"the image has over {MAX_ENTRIES} files")
-                if totals.bytes > MAX_UNPACKED_BYTES:
-                    raise TooLarge(f"the image unpacks to over {MAX_UNPACKED_BYTES} bytes")
-                path = _inside(member.name)
-                if member.ischr() or member.isblk():
-                    raise InvalidRequest(f"a layer holds the device node {member.name[:200]!r}; images may "
-                                         "not carry devices (the guest's /dev is its own)")
-                parent = posixpath.dirname(path)
-                while parent != "/":
-                    if parent in symlinks:
-                        raise InvalidRequest(f"a layer's entry {member.name[:200]!r} goes through the "
-                                             f"symlink {parent} of the same layer")
-                    parent = posixpath.dirname(parent)
-                if member.islnk():
-                    _inside(member.linkname)
-                if member.issym():
-                    symlinks.add(path)
-                elif path in symlinks and not posixpath.basename(path).startswith(_WHITEOUT):
-                    symlinks.discard(path)
-        except tarfile.ReadError as exc:
-            # umoci's (Go's) layers may end without tar's closing blocks, as Go's reader allows.
-            if str(exc) != "unexpected end of data":
-                raise InvalidRequest(f"layer {str(descriptor.get('digest'))[:80]} is not a valid tar: "
-                                     f"{exc}") from None
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise InvalidRequest(f"layer {str(descriptor.get('digest'))[:80]} is not a valid tar: "
-                                 f"{exc}") from None
-
-
-def unpack(image: PulledImage, tree: Path, progress: Progress = lambda _s, _f: None) -> None:
-    """Apply the image's layers, in order, onto ``tree`` (made here; it must not exist)."""
-    totals = _Totals()
-    for i, layer in enumerate(image.layers):
-        progress(f"checking layer {i + 1}/{len(image.layers)}", 0.10 + 0.10 * i / max(1, len(image.layers)))
-        check_layer(image.blob(str(layer.get("digest", ""))), layer, totals)
-    umoci = prereqs.require(UMOCI)["umoci"]
-    bundle = tree.parent / f".{tree.name}.bundle"
-    shutil.rmtree(bundle, ignore_errors=True)
-    progress(f"unpacking {len(image.layers)} layers ({totals.bytes >> 20} MiB)", 0.25)
-    try:
-        args = [umoci, "unpack", "--image", f"{image.layout}:{image.tag}", str(bundle)]
-        if os.geteuid() != 0:
-            args.insert(2, "--rootless")
-        _run(args, f"unpacking {image.ref}")
-        os.rename(bundle / "rootfs", tree)
-    finally:
-        shutil.rmtree(bundle, ignore_errors=True)

@@ -30,6 +30,7 @@ import contextlib
 import os
 import shlex
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -296,6 +297,43 @@ async def resume(vm: VM, settle: float = 10.0) -> None:
         await vm.qmp.cmd("cont")
 
 
+@contextlib.asynccontextmanager
+async def stopped_helper(run_dir: Path, config: VMConfig, *, mem_path: Path, share_ram: bool, tap: str | None,
+                         source: Path, disk_size: int, volumes: Sequence[VolumeDrive] = (),
+                         ) -> AsyncIterator[tuple[VM, str]]:
+    """A helper QEMU with a source's device configuration that never runs the guest (``-S``): it
+    loads a state from ``source`` (the URI it yields, for ``migrate-incoming``) and migrates it on.
+
+    The guest never runs, so its disk and volumes are device configuration only, not content:
+    blank scratch disks of their sizes, with no backing chain (a branch's chain names paths that
+    exist only once published). A NIC, if the source had one on ``tap``, is a placeholder. The
+    helper is shut down and its scratch disks removed on the way out.
+    """
+    scratch = run_dir / "scratch.qcow2"
+    drives: list[VolumeDrive] = []
+    try:
+        disk_mod.create_blank(scratch, disk_size)
+        for i, drive in enumerate(volumes):
+            blank = run_dir / f"scratch.vol{i}.qcow2"
+            disk_mod.create_blank(blank, disk_mod.qcow2_virtual_size(drive.path))
+            drives.append(VolumeDrive(blank, drive.node, drive.serial, drive.read_only))
+        sockets = AgentSockets.bind(run_dir)
+        spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=scratch,
+                          qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                          console_log=run_dir / "console.log", incoming=True,
+                          tap=tap, nic_placeholder=True, extra=["-S"],  # load the state, never run it
+                          volumes=drives)
+        vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, source)
+        try:
+            yield vm, incoming
+        finally:
+            await vm.shutdown()
+    finally:
+        scratch.unlink(missing_ok=True)
+        for drive in drives:
+            drive.path.unlink(missing_ok=True)
+
+
 async def stream_to_snapshot(
     run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
     disk: Path, tap: str | None, timeout: float = 600, volumes: list[VolumeDrive] | None = None,
@@ -309,25 +347,9 @@ async def stream_to_snapshot(
     started = time.monotonic()
     with open(mem_path, "wb") as f:
         f.truncate(config.mem_mib << 20)
-    scratch = run_dir / "scratch.qcow2"
-    # The helper never runs the guest, so it needs a virtio disk (device config),
-    # not the branch's content: a blank one of the same size, with no backing
-    # chain (the branch's chain names paths that exist only once published).
-    disk_mod.create_blank(scratch, disk_mod.qcow2_virtual_size(disk))
-    # The same volumes (device config), blank likewise: scratch disks of their sizes.
-    drives = []
-    for i, drive in enumerate(volumes or []):
-        blank = run_dir / f"scratch.vol{i}.qcow2"
-        disk_mod.create_blank(blank, disk_mod.qcow2_virtual_size(drive.path))
-        drives.append(VolumeDrive(blank, drive.node, drive.serial, drive.read_only))
-    sockets = AgentSockets.bind(run_dir)
-    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=scratch,
-                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                      console_log=run_dir / "console.log", incoming=True,
-                      tap=tap, nic_placeholder=True, extra=["-S"],  # load the state, never run it
-                      volumes=drives)
-    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, stream)
-    try:
+    helper = stopped_helper(run_dir, config, mem_path=mem_path, share_ram=True, tap=tap, source=stream,
+                            disk_size=disk_mod.qcow2_virtual_size(disk), volumes=volumes or [])
+    async with helper as (vm, incoming):
         await vm.qmp.set_capabilities(x_ignore_shared=False)
         await vm.await_or_exit(
             vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
@@ -336,9 +358,4 @@ async def stream_to_snapshot(
         await vm.qmp.set_capabilities(x_ignore_shared=True)
         await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
         await vm.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
-    finally:
-        await vm.shutdown()
-        scratch.unlink(missing_ok=True)
-        for drive in drives:
-            drive.path.unlink(missing_ok=True)
     return time.monotonic() - started

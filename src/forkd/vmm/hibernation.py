@@ -48,8 +48,7 @@ from pathlib import Path
 from forkd.errors import CorruptState, VMError
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
-from forkd.vmm import disk as disk_mod
-from forkd.vmm.branching import stream_uri
+from forkd.vmm.branching import stopped_helper, stream_uri
 from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.machine import VM
 from forkd.vmm.process import AgentSockets
@@ -195,26 +194,18 @@ async def saved_to_stream(run_dir: Path, config: VMConfig, *, mem_path: Path, sn
     files, disk and row are only read. ``stream`` then becomes a snapshot like any branch's
     (``branching.stream_to_snapshot``)."""
     await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, run_dir / INCOMING)
-    scratch = run_dir / "scratch.qcow2"
-    disk_mod.create_blank(scratch, disk_size)
-    sockets = AgentSockets.bind(run_dir)
-    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=scratch,
-                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                      console_log=run_dir / "console.log", incoming=True, tap=tap,
-                      nic_placeholder=True, extra=["-S"])  # load the state, never run it
-    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, run_dir / INCOMING)
     try:
-        await _load_pages(vm, config, mem_path, saved)
-        await vm.qmp.set_capabilities(x_ignore_shared=False)
-        await vm.await_or_exit(vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
-                               timeout, "the hibernated state to load")
-        # RAM is a private copy of the snapshot's file plus the saved pages: a full stream, as
-        # a full BRANCH of the running child writes.
-        await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
-        await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
+        async with stopped_helper(run_dir, config, mem_path=mem_path, share_ram=False, tap=tap,
+                                  source=run_dir / INCOMING, disk_size=disk_size) as (vm, incoming):
+            await _load_pages(vm, config, mem_path, saved)
+            await vm.qmp.set_capabilities(x_ignore_shared=False)
+            await vm.await_or_exit(vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
+                                   timeout, "the hibernated state to load")
+            # RAM is a private copy of the snapshot's file plus the saved pages: a full stream, as
+            # a full BRANCH of the running child writes.
+            await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
+            await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
     finally:
-        await vm.shutdown()
-        scratch.unlink(missing_ok=True)
         (run_dir / INCOMING).unlink(missing_ok=True)
 
 

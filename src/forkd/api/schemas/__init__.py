@@ -4,6 +4,7 @@ importable from here, as it was when this was one module."""
 
 from __future__ import annotations
 
+from forkd.api.schemas.builds import ImagePullRequest, RegistryAuth, TemplateBuildRequest
 from forkd.api.schemas.common import (
     DIGEST_PATTERN,
     EGRESS_ENTRY_HELP,
@@ -63,14 +64,11 @@ from forkd.api.schemas.requests import (
     CheckpointPolicyRequest,
     CompactRequest,
     CreateSnapshotRequest,
-    CreateVolumeRequest,
     CreateWorkspaceRequest,
     EvalRequest,
     ExecRequest,
-    ExportVolumeRequest,
     ForkRequest,
     HibernateRequest,
-    ImagePullRequest,
     MkdirRequest,
     NetworkUpdateRequest,
     PoolRequest,
@@ -78,7 +76,6 @@ from forkd.api.schemas.requests import (
     PushRequest,
     SpawnRequest,
     SuspendWorkspaceRequest,
-    TemplateBuildRequest,
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
@@ -120,6 +117,7 @@ from forkd.api.schemas.responses import (
     VolumeInfo,
     WorkspaceInfo,
 )
+from forkd.api.schemas.volumes import CreateVolumeRequest, ExportVolumeRequest
 
 __all__ = [
     "BASE64_PATTERN",
@@ -205,6 +203,7 @@ __all__ = [
     "PullResult",
     "PushRequest",
     "PushResult",
+    "RegistryAuth",
     "RequestModel",
     "ResponseModel",
     "RunAs",

@@ -18,18 +18,14 @@ from pydantic import (
 
 from forkd import bounds
 from forkd.api.schemas.common import (
-    DIGEST_PATTERN,
     ENV_NAME_PATTERN,
     GUEST_PATH_PATTERN,
     INTERNET_HELP,
     MODULE_PATTERN,
     NETWORK_HELP,
-    NO_NUL_PATTERN,
-    NON_EMPTY_NO_NUL_PATTERN,
     TAP_PATTERN,
     TREE_ID_PATTERN,
     BranchMode,
-    BuildArgs,
     CpuLimit,
     CString,
     DiskQuotaMib,
@@ -48,50 +44,12 @@ from forkd.api.schemas.common import (
     SandboxId,
     SandboxTimeout,
     Tag,
-    VolumeSizeMib,
 )
+from forkd.api.schemas.volumes import VolumeSpec
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.guest.protocol import FILE_PATH_MAX, HOSTNAME_MAX, HOSTNAME_RE
 from forkd.host.egress import EgressPolicy
-
-
-class VolumeSpec(RequestModel):
-    """One volume to attach (store/volume_spec.py): exactly one of name and host_path."""
-
-    name: Tag | None = Field(None, description="A volume of POST /v1/volumes.", examples=["data"])
-    host_path: NonEmptyCString | None = Field(
-        None, max_length=4096, description="A directory on the daemon's host, copied into a new volume "
-        "kept with the snapshot (the host directory is not written back).")
-    mount: Annotated[str, StringConstraints(max_length=2048)] = Field(
-        description="Where the guest mounts it (an absolute path, e.g. /mnt/data).", examples=["/mnt/data"])
-    read_only: bool = Field(False, description="Attached read-only to the template and every child "
-                            "(one file, shared); writes fail in the guest.")
-    fork: Literal["copy", "shared"] = Field(
-        "copy", description="copy: each child (and each branch) gets its own copy-on-write view of the "
-        "volume as it was at the snapshot. shared: not supported yet (400).")
-    size_mib: VolumeSizeMib | None = Field(
-        None, description="host_path only: the new volume's size (its quota); "
-        f"default {bounds.DEFAULT_VOLUME_SIZE_MIB}.")
-
-
-class CreateVolumeRequest(RequestModel):
-    name: Tag = Field(description="The volume's name, unique on this daemon.", examples=["data"])
-    size_mib: JSONInt = Field(bounds.DEFAULT_VOLUME_SIZE_MIB, **bounds.VOLUME_SIZE_MIB.field_kwargs(),
-                              description="Its size: the most a guest can write to it, on the host too.")
-    fs: Literal["ext4"] = Field("ext4", description="Its filesystem.")
-    source: NonEmptyCString | None = Field(
-        None, max_length=4096, description="A host directory or tarball (tar, tar.gz, ...) on the daemon's "
-        "host to fill it from; archive members that would leave it (absolute, '..', links out, devices) "
-        "are refused, and so is more content than fits.")
-
-
-class ExportVolumeRequest(RequestModel):
-    to: NonEmptyCString = Field(max_length=4096, description="A new directory on the daemon's host to "
-                                "copy the volume's files into (its parent must exist).",
-                                examples=["/srv/export/data"])
-    snapshot: Tag | None = Field(None, description="Copy the volume as this snapshot holds it (what "
-                                 "its template or branch source wrote); default: the volume as made.")
 
 
 class CreateSnapshotRequest(RequestModel):
@@ -511,54 +469,3 @@ class PoolRequest(RequestModel):
 
 class PushRequest(RequestModel):
     force: bool = Field(False, description="Replace a different snapshot of the same tag in the store.")
-
-
-class RegistryAuth(RequestModel):
-    """A registry's user name and password or token, as Docker's config.json holds them."""
-
-    username: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=256)] = Field(
-        description="The user name.")
-    password: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=4096)] = Field(
-        description="The password or token.")
-
-
-class TemplateBuildRequest(RequestModel):
-    tag: Tag = Field(description="Name of the template's snapshot.", examples=["web"])
-    dockerfile: Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN,
-                                                 max_length=bounds.MAX_DOCKERFILE_BYTES)] = Field(
-        description="The Dockerfile's text: FROM (a forkd image), RUN, COPY/ADD, ENV, ARG, WORKDIR, USER "
-        "(docs/TEMPLATES.md).",
-    )
-    context: Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)] | None = Field(
-        None, description="The build context COPY reads: the digest PUT /v1/templates/contexts answered.",
-    )
-    build_args: BuildArgs = Field(default_factory=dict, description="Values of the Dockerfile's ARGs.")
-    mem_mib: JSONInt = Field(DEFAULT_MEM_MIB, **bounds.MEM_MIB.field_kwargs(),
-                             description="Guest RAM in MiB.")
-    vcpus: JSONInt = Field(DEFAULT_VCPUS, **bounds.VCPUS.field_kwargs(), description="Guest vCPUs.")
-    nic: bool = Field(False, description="Give the template, and so every child, a network device.")
-    allow_internet_access: bool = Field(False, description="The build's own egress while RUN steps run "
-                                        "(e.g. pip install). " + INTERNET_HELP)
-    network: NetworkPolicy | None = Field(None, description="The build's own egress. " + NETWORK_HELP)
-    replace: bool = Field(False, description="Replace an existing snapshot of this tag once the build "
-                          "has succeeded.")
-    step_timeout_secs: float = Field(1800, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
-                                     description="Timeout of each RUN and COPY step.")
-    boot_wait_secs: float = Field(180, **bounds.BOOT_WAIT_SECS.field_kwargs(),
-                                  description="Upper bound on the base layer's boot.")
-    registry_auth: RegistryAuth | None = Field(
-        None, description="For a FROM of a private registry: its credentials (this build's pull only, "
-        "never stored).")
-
-
-
-class ImagePullRequest(RequestModel):
-    ref: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=512)] = Field(
-        description="The image: registry/name:tag or name@sha256:…; Docker Hub's short names "
-        "(python:3.12 is docker.io/library/python:3.12).", examples=["python:3.12-slim"])
-    name: Tag | None = Field(None, description="The guest image's name here (default: the reference's "
-                             "last part and tag, e.g. python-3.12-slim).")
-    registry_auth: RegistryAuth | None = Field(None, description="The registry's credentials (this pull "
-                                               "only, never stored).")
-    force: bool = Field(False, description="Convert again even if this image was converted from the same "
-                        "digest.")
