@@ -13,9 +13,9 @@
 # auth reads).
 # Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(qemu-system-x86 qemu-utils debootstrap busybox-static lz4 e2fsprogs python3-venv
-      iproute2 nftables util-linux chromium etcd-server podman runc skopeo umoci docker-registry
-      apache2-utils)
+PKGS=(qemu-system-x86 qemu-system-common qemu-utils debootstrap busybox-static lz4 e2fsprogs
+      python3-venv iproute2 nftables util-linux chromium etcd-server podman runc skopeo umoci
+      docker-registry apache2-utils)
 # A node from elsewhere (e.g. a newer one already on PATH) is kept; Debian's otherwise.
 command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
 # --bench: also Debian's numpy, for the benchmarks' unsandboxed floor (the guest's own build).

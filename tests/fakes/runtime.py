@@ -44,12 +44,14 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple, cast
 
 from forkd import bounds
+from forkd.controller.diffs import check_filters
 from forkd.controller.disk_quota import DEFAULT_DISK_QUOTA_MIB
 from forkd.controller.files import check_metadata, check_path
 from forkd.controller.forks import ForkReport
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.processes import ProcessEvent, check_pty_size, signal_number
 from forkd.controller.results import (
+    ApplyResult,
     CancelResult,
     CheckpointReport,
     ContextReport,
@@ -58,6 +60,7 @@ from forkd.controller.results import (
     EvalResult,
     ExecResult,
     FileEntry,
+    FsDiff,
     MkdirResult,
     PingResult,
     PoolReport,
@@ -339,6 +342,7 @@ class FakeRuntime:
         self.watches = FakeDirWatches(self)
         self.files = FakeFiles(self)
         self.costs = FakeCosts(self)
+        self.diffs = FakeDiffs(self)
         self.processes = FakeProcesses(self)
         self.kernels = FakeKernels(self)
         self.checkpoints = FakeCheckpoints(self)
@@ -859,6 +863,34 @@ class FakeRuntime:
             raise Conflict("no object store is configured: start the daemon with --store "
                                  "s3://bucket/prefix (or FORKD_STORE)")
         return self.store_url
+
+
+class FakeDiffs:
+    """``Runtime.diffs``: no disk layers here, so nothing changed (the routes' shapes and refusals
+    are what is tested here; real diffs and applies run in tests/integration/test_diff.py)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self._rt = runtime
+
+    async def diff(self, sandbox_id: str, against: str = "parent", *, include: list[str] | None = None,
+                   exclude: list[str] | None = None) -> FsDiff:
+        check_filters(include, "include")  # the real filters' checks (400s), before any sandbox
+        check_filters(exclude, "exclude")
+        record = self._rt._sandbox(sandbox_id)
+        return {"sandbox_id": record.id, "against": f"snapshot:{record.snapshot_tag}", "method": "layers",
+                "added": [], "modified": [], "deleted": [], "skipped": 0, "elapsed_ms": 0.0}
+
+    async def render(self, sandbox_id: str, against: str, fmt: str, *, include: list[str] | None = None,
+                     exclude: list[str] | None = None) -> bytes:
+        check_filters(include, "include")
+        check_filters(exclude, "exclude")
+        self._rt._sandbox(sandbox_id)
+        return b""
+
+    async def apply(self, target: str, source: str, paths: list[str] | None = None) -> ApplyResult:
+        record, src = self._rt._sandbox(target), self._rt._sandbox(source)
+        return {"sandbox_id": record.id, "source": src.id, "against": f"snapshot:{src.snapshot_tag}",
+                "written": [], "deleted": [], "unchanged": []}
 
 
 class FakeCosts:

@@ -80,6 +80,6 @@ def test_no_daemon_code_path_writes_to_the_hosts_tmp() -> None:
     # config.DataDir.scratch: throwaway data dirs for tests and benchmarks, by design under /tmp
     # (QEMU's unix socket paths are limited to 108 bytes); it is no daemon's crash leftover.
     # template_build's is a path inside the guest being built, not the host's; volume_spec's is a
-    # guest directory a volume may not be mounted over.
-    assert uses == ["config.py '/tmp'", "template_build.py '/tmp/.forkd-copy-'",
+    # guest directory a volume may not be mounted over; diffs' is a guest path a diff leaves out.
+    assert uses == ["config.py '/tmp'", "diffs.py '/tmp'", "template_build.py '/tmp/.forkd-copy-'",
                     "volume_spec.py '/tmp'"], uses

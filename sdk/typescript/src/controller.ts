@@ -62,6 +62,10 @@ import type {
   PushResult,
   SandboxInfo,
   SandboxMemory,
+  SandboxDiff,
+  ApplyResponse,
+  ApplyRequestOptions,
+  DiffOptions,
   SnapshotDetail,
   SnapshotInfo,
   SpawnOptions,
@@ -247,6 +251,43 @@ export class Controller {
    */
   sandboxMemory(id: string): Promise<SandboxMemory> {
     return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}/memory` });
+  }
+
+  #diffCall(id: string, format: string, options: DiffOptions): Call {
+    return {
+      method: "GET",
+      path: `/v1/sandboxes/${seg(id)}/diff`,
+      query: { against: options.against ?? "parent", format, include: options.include, exclude: options.exclude },
+      wait: "unbounded",
+    };
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/diff`: what its filesystem changed since its snapshot (or against
+   * `snapshot:TAG` / `sandbox:ID`): added, modified and deleted paths, with mode and owner changes.
+   */
+  sandboxDiff(id: string, options: DiffOptions = {}): Promise<SandboxDiff> {
+    return this.#http.json(this.#diffCall(id, "json", options));
+  }
+
+  /** The same changes as a unified patch (`patch -p1` applies it; binary files are flagged). */
+  async sandboxPatch(id: string, options: DiffOptions = {}): Promise<string> {
+    return (await this.#http.send(this.#diffCall(id, "patch", options))).text();
+  }
+
+  /** The added and modified files as a tar. */
+  async sandboxDiffTar(id: string, options: DiffOptions = {}): Promise<Uint8Array> {
+    return new Uint8Array(await (await this.#http.send(this.#diffCall(id, "tar", options))).arrayBuffer());
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/apply`: write another sandbox's changes since its snapshot (a child's)
+   * into this one. A conflict (a path both changed, differently) is a 409 naming every such path,
+   * and nothing is written.
+   */
+  applyChanges(id: string, options: ApplyRequestOptions): Promise<ApplyResponse> {
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/apply`,
+      json: toWire("ApplyRequest", options), wait: "unbounded" });
   }
 
   /** `DELETE /v1/sandboxes/{id}`: stop the VM. Snapshots branched from it stay. */

@@ -38,6 +38,17 @@ export type SnapshotInfo = Schemas["SnapshotInfo"];
 export type SnapshotDetail = Schemas["SnapshotDetail"];
 export type SandboxInfo = Schemas["SandboxInfo"];
 export type SandboxMemory = Schemas["SandboxMemory"];
+export type SandboxDiff = Schemas["SandboxDiff"];
+export type ApplyResponse = Schemas["ApplyResponse"];
+
+/** `GET /v1/sandboxes/{id}/diff`'s query: against `parent` (default), `snapshot:TAG` or `sandbox:ID`. */
+export interface DiffOptions {
+  against?: string;
+  /** Only paths under these prefixes, or with a part matching these names. */
+  include?: string[];
+  /** Leave these out; default: /proc, /sys, /tmp, caches, ... */
+  exclude?: string[];
+}
 export type ExecResponse = Schemas["ExecResponse"];
 export type EvalResponse = Schemas["EvalResponse"];
 export type PingResponse = Schemas["PingResponse"];

@@ -143,6 +143,12 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.promoteSandbox("sb-1", options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  ApplyRequest: async (schema) => {
+    const { options, body } = split(schema, []);
+    const { ctrl, bodies } = recorder();
+    await ctrl.applyChanges("sb-1", options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CheckpointPolicyRequest: async (schema) => {
     const { options, body, args } = split(schema, ["every"]);
     const { ctrl, bodies } = recorder();

@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 
 from forkd.api import (
     code_routes,
+    diff_routes,
     file_routes,
     fork_routes,
     image_routes,
@@ -224,6 +225,7 @@ def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = N
     app.include_router(status_router)
     app.include_router(v1)
     app.include_router(fork_routes.router)
+    app.include_router(diff_routes.router)
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
     app.include_router(process_routes.router)

@@ -20,6 +20,7 @@ from forkd.api.limits import BranchGate
 from forkd.api.metrics import Metrics
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.results import (
+    ApplyResult,
     CancelResult,
     CheckpointReport,
     ContextReport,
@@ -27,6 +28,7 @@ from forkd.controller.results import (
     EvalResult,
     ExecResult,
     FileEntry,
+    FsDiff,
     MkdirResult,
     PingResult,
     PoolReport,
@@ -130,6 +132,16 @@ class CostsLike(Protocol):
 
     async def of(self, sandbox_id: str) -> SandboxCost: ...
     def totals(self) -> dict[str, int]: ...
+
+
+class DiffsLike(Protocol):
+    """``Runtime.diffs`` (controller/diffs.py, diff_render.py, applies.py): a sandbox's changes."""
+
+    async def diff(self, sandbox_id: str, against: str = "parent", *, include: list[str] | None = None,
+                   exclude: list[str] | None = None) -> FsDiff: ...
+    async def render(self, sandbox_id: str, against: str, fmt: str, *, include: list[str] | None = None,
+                     exclude: list[str] | None = None) -> bytes: ...
+    async def apply(self, target: str, source: str, paths: list[str] | None = None) -> ApplyResult: ...
 
 
 class CheckpointsLike(Protocol):
@@ -239,6 +251,8 @@ class RuntimeLike(Protocol):
     def checkpoints(self) -> CheckpointsLike: ...
     @property
     def costs(self) -> CostsLike: ...
+    @property
+    def diffs(self) -> DiffsLike: ...
     @property
     def travel(self) -> TravelLike: ...
     @property

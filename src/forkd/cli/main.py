@@ -16,7 +16,20 @@ from typing import Annotated
 import typer
 
 from forkd.api import command as daemon_cmd
-from forkd.cli import bench, files, fleet, forks, info, pools, processes, run, sandboxes, snapshots, travel
+from forkd.cli import (
+    bench,
+    changes,
+    files,
+    fleet,
+    forks,
+    info,
+    pools,
+    processes,
+    run,
+    sandboxes,
+    snapshots,
+    travel,
+)
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
@@ -96,6 +109,8 @@ app.command("timeout")(sandboxes.timeout)
 app.command("hibernate")(sandboxes.hibernate)
 app.command("ping")(sandboxes.ping)
 app.command("memory")(sandboxes.memory)
+app.command("diff")(changes.diff)
+app.command("apply")(changes.apply)
 app.command("exec")(run.exec_)
 app.command("eval")(run.eval_)
 app.command("cancel-eval")(processes.cancel_eval)

@@ -50,6 +50,7 @@ from forkd.config import DataDir, HostLimits
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.branch import Brancher
 from forkd.controller.capacity import HostCapacity
+from forkd.controller.changes import SandboxChanges
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
@@ -156,6 +157,8 @@ class Runtime:
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names, data.snapshots, self.tags,
                                        self.shm)
+        # A sandbox's file changes, from its disk layers: diff, patch, tar, apply onto another.
+        self.diffs = SandboxChanges(self.sandboxes, self.snapshots, self.agents, self.files, data.tmp)
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows, events=self.events)
         self.volumes = Volumes(registry.volumes, data, registry.snapshots)

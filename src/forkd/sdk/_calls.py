@@ -8,7 +8,7 @@ know.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from forkd.sdk._build import command_args
 from forkd.sdk._build import extra as _extra
@@ -174,6 +174,26 @@ def list_sandboxes(
 
 def get_sandbox(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
+
+
+def sandbox_diff(sandbox_id: str, against: str = "parent", include: list[str] | None = None,
+                 exclude: list[str] | None = None, format: str = "json") -> Call:
+    params: dict[str, str | list[str]] = {"against": against, "format": format}
+    if include is not None:
+        params["include"] = list(include)
+    if exclude is not None:
+        params["exclude"] = list(exclude)
+    expect: Literal["json", "text", "bytes"] = (
+        "json" if format == "json" else "text" if format == "patch" else "bytes")
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/diff", params=params, read_timeout=None,
+                expect=expect)
+
+
+def apply_changes(sandbox_id: str, source: str, paths: list[str] | None = None) -> Call:
+    body: dict[str, Any] = {"from": source}
+    if paths is not None:
+        body["paths"] = list(paths)
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/apply", json=body, read_timeout=None)
 
 
 def sandbox_memory(sandbox_id: str) -> Call:

@@ -12,6 +12,20 @@ import type { components } from "./schema.js";
 
 type Schemas = components["schemas"];
 
+/** `ApplyRequest` in camelCase. */
+export interface ApplyRequestOptions {
+  /**
+   * The sandbox whose changes to apply: its diff against the snapshot it was forked from (a child
+   * of the target, typically).
+   */
+  from: Schemas["ApplyRequest"]["from"];
+  /**
+   * Only changes under these paths (absolute prefixes, or names such as *.py); default: every
+   * change a diff shows.
+   */
+  paths?: Schemas["ApplyRequest"]["paths"];
+}
+
 /** `BranchRequest` in camelCase. */
 export interface BranchRequestOptions {
   /** Legacy v0.3 spelling of mode=diff; mutually exclusive with mode. */
@@ -710,6 +724,7 @@ export interface VolumeSpecOptions {
 
 /** Each request schema's options, by the schema's name. */
 export interface RequestOptions {
+  ApplyRequest: ApplyRequestOptions;
   BranchRequest: BranchRequestOptions;
   CheckpointPolicyRequest: CheckpointPolicyRequestOptions;
   CodeRequest: CodeRequestOptions;
@@ -749,6 +764,10 @@ export type WireName<S extends keyof RequestOptions> =
 
 /** The snake_case name each camelCase option is sent under, by schema. */
 export const WIRE_NAMES = {
+  ApplyRequest: {
+    from: "from",
+    paths: "paths",
+  },
   BranchRequest: {
     diff: "diff",
     live: "live",

@@ -109,6 +109,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/apply": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Apply another sandbox's changes (a child's, since its snapshot) onto this one */
+        post: operations["sandbox_apply_v1_sandboxes__id__apply_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/branch": {
         parameters: {
             query?: never;
@@ -156,6 +173,23 @@ export interface paths {
         put?: never;
         /** Run a cell on one of the sandbox's Jupyter kernels and stream its output (NDJSON) */
         post: operations["run_code_v1_sandboxes__id__code_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/diff": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What a sandbox's filesystem changed: since its snapshot, or against another snapshot or sandbox */
+        get: operations["sandbox_diff_v1_sandboxes__id__diff_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -826,6 +860,54 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ApplyRequest */
+        ApplyRequest: {
+            /**
+             * From
+             * @description The sandbox whose changes to apply: its diff against the snapshot it was forked from (a child of the target, typically).
+             */
+            from: string;
+            /**
+             * Paths
+             * @description Only changes under these paths (absolute prefixes, or names such as *.py); default: every change a diff shows.
+             */
+            paths?: string[] | null;
+        };
+        /**
+         * ApplyResponse
+         * @description What POST /v1/sandboxes/{id}/apply wrote.
+         */
+        ApplyResponse: {
+            /**
+             * Against
+             * @description The state both were compared with: the source's snapshot.
+             */
+            against: string;
+            /**
+             * Deleted
+             * @description Paths removed.
+             */
+            deleted: string[];
+            /** Sandbox Id */
+            sandbox_id: string;
+            /**
+             * Source
+             * @description The sandbox whose changes were applied.
+             */
+            source: string;
+            /**
+             * Unchanged
+             * @description Paths the target already had as the source has them.
+             */
+            unchanged: string[];
+            /**
+             * Written
+             * @description Paths written (added or modified).
+             */
+            written: string[];
+        } & {
+            [key: string]: unknown;
+        };
         /** BranchRequest */
         BranchRequest: {
             /**
@@ -1554,6 +1636,64 @@ export interface components {
              */
             tree_id: string;
         };
+        /**
+         * FsChange
+         * @description One path added, modified or deleted.
+         */
+        FsChange: {
+            /**
+             * Content Changed
+             * @description Whether the content (or a link's target) differs; false for a change of mode or owner only.
+             */
+            content_changed: boolean;
+            /** Gid */
+            gid: number;
+            /**
+             * Mode
+             * @description Its permission bits (e.g. 420 = 0644).
+             */
+            mode: number;
+            /**
+             * Old Gid
+             * @description The group before, where it changed.
+             */
+            old_gid?: number | null;
+            /**
+             * Old Mode
+             * @description The permission bits before, where they changed.
+             */
+            old_mode?: number | null;
+            /**
+             * Old Uid
+             * @description The owner before, where it changed.
+             */
+            old_uid?: number | null;
+            /**
+             * Path
+             * @description The path in the guest.
+             * @example /work/pkg/core.py
+             */
+            path: string;
+            /**
+             * Size
+             * @description Its size in bytes (the old size for a deletion).
+             */
+            size: number;
+            /**
+             * Target
+             * @description A symbolic link's target.
+             */
+            target?: string | null;
+            /**
+             * Type
+             * @description file | dir | symlink | other (the new side's; the old one's for a deletion)
+             */
+            type: string;
+            /** Uid */
+            uid: number;
+        } & {
+            [key: string]: unknown;
+        };
         /** Health */
         Health: {
             /** Ok */
@@ -2089,6 +2229,40 @@ export interface components {
              * @description The user name.
              */
             username: string;
+        };
+        /**
+         * SandboxDiff
+         * @description What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json).
+         */
+        SandboxDiff: {
+            /** Added */
+            added: components["schemas"]["FsChange"][];
+            /**
+             * Against
+             * @description What it was compared with: snapshot:TAG or sandbox:ID.
+             */
+            against: string;
+            /** Deleted */
+            deleted: components["schemas"]["FsChange"][];
+            /** Elapsed Ms */
+            elapsed_ms: number;
+            /**
+             * Method
+             * @description How the changed files were found: layers (the copy-on-write layers' changed blocks, mapped to inodes).
+             */
+            method: string;
+            /** Modified */
+            modified: components["schemas"]["FsChange"][];
+            /** Sandbox Id */
+            sandbox_id: string;
+            /**
+             * Skipped
+             * @description Changed names left out because they are not printable UTF-8.
+             * @default 0
+             */
+            skipped?: number;
+        } & {
+            [key: string]: unknown;
         };
         /** SandboxInfo */
         SandboxInfo: {
@@ -3361,6 +3535,105 @@ export interface operations {
             };
         };
     };
+    sandbox_apply_v1_sandboxes__id__apply_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ApplyRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApplyResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A conflict: this sandbox changed a path the source changed too, differently, since the source's snapshot (every such path is named); nothing was written. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A changed file, or all of them, too large to read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     branch_v1_sandboxes__id__branch_post: {
         parameters: {
             query?: never;
@@ -3739,6 +4012,112 @@ export interface operations {
                 };
             };
             /** @description The sandbox already runs 8 cells (or the daemon is starting). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    sandbox_diff_v1_sandboxes__id__diff_get: {
+        parameters: {
+            query?: {
+                /** @description parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID. */
+                against?: string;
+                /** @description Only paths under these (absolute prefixes) or with a part matching these names (globs). */
+                include?: string[] | null;
+                /** @description Leave these out (same forms); default: /proc, /sys, /dev, /run, /tmp, /var/tmp, /var/cache, /var/log, caches (__pycache__, .cache, .pytest_cache, .mypy_cache). */
+                exclude?: string[] | null;
+                /** @description json | patch | tar */
+                format?: "json" | "patch" | "tar";
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description format=json: the changes; patch: a unified diff (binary files flagged); tar: the added and modified files. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxDiff"];
+                    "application/x-tar": unknown;
+                    "text/x-diff": unknown;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The two disks share no layer (different guest images). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A changed file, or all of them, too large to read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
                 headers: {
                     [name: string]: unknown;

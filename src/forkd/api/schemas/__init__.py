@@ -59,6 +59,7 @@ from forkd.api.schemas.processes import (
     StdinRequest,
 )
 from forkd.api.schemas.requests import (
+    ApplyRequest,
     BranchRequest,
     CheckpointPolicyRequest,
     CompactRequest,
@@ -78,6 +79,7 @@ from forkd.api.schemas.requests import (
     TimeoutRequest,
 )
 from forkd.api.schemas.responses import (
+    ApplyResponse,
     BuildContextInfo,
     CancelEvalResponse,
     CheckpointList,
@@ -90,6 +92,7 @@ from forkd.api.schemas.responses import (
     FileList,
     ForkError,
     ForkResponse,
+    FsChange,
     Health,
     HibernationInfo,
     MkdirResponse,
@@ -101,6 +104,7 @@ from forkd.api.schemas.responses import (
     PromoteResponse,
     PullResult,
     PushResult,
+    SandboxDiff,
     SandboxInfo,
     SandboxMemory,
     SandboxNetwork,
@@ -133,6 +137,8 @@ __all__ = [
     "TAP_PATTERN",
     "TREE_ID_PATTERN",
     "VAR_NAME_PATTERN",
+    "ApplyRequest",
+    "ApplyResponse",
     "BranchMode",
     "BranchRequest",
     "BuildArgs",
@@ -164,6 +170,7 @@ __all__ = [
     "ForkError",
     "ForkRequest",
     "ForkResponse",
+    "FsChange",
     "GuestUserName",
     "Health",
     "HibernateRequest",
@@ -200,6 +207,7 @@ __all__ = [
     "RequestModel",
     "ResponseModel",
     "RunAs",
+    "SandboxDiff",
     "SandboxId",
     "SandboxInfo",
     "SandboxMemory",

@@ -434,6 +434,14 @@ class PromoteRequest(RequestModel):
     )
 
 
+class ApplyRequest(RequestModel):
+    from_: SandboxId = Field(alias="from", description="The sandbox whose changes to apply: its diff "
+                             "against the snapshot it was forked from (a child of the target, typically).")
+    paths: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
+        None, max_length=64, description="Only changes under these paths (absolute prefixes, or names "
+        "such as *.py); default: every change a diff shows.")
+
+
 class CheckpointPolicyRequest(RequestModel):
     every: JSONInt = Field(**bounds.CHECKPOINT_EVERY.field_kwargs(),
                            description="Branch after every N exec/eval calls.")

@@ -206,6 +206,25 @@ class NetworkLog(ResponseModel):
         "names in its egress policy).")
 
 
+@derived_from(results.FsChange)
+class FsChange(ResponseModel):
+    """One path added, modified or deleted."""
+
+
+@derived_from(results.FsDiff)
+class SandboxDiff(ResponseModel):
+    """What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json)."""
+
+    added: list[FsChange]
+    modified: list[FsChange]
+    deleted: list[FsChange]
+
+
+@derived_from(results.ApplyResult)
+class ApplyResponse(ResponseModel):
+    """What POST /v1/sandboxes/{id}/apply wrote."""
+
+
 class ForkError(ResponseModel):
     index: int = Field(description="Which child (0-based) failed.")
     error: str

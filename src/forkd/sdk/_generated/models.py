@@ -12,6 +12,31 @@ arguments and sends them unchanged.
 from typing import Literal, Required, TypedDict
 
 
+ApplyRequest = TypedDict('ApplyRequest', {'from': Required[str], 'paths': list[str] | None}, total=False)
+# The ``ApplyRequest`` schema.
+
+
+class ApplyResponse(TypedDict, total=False):
+    """What POST /v1/sandboxes/{id}/apply wrote."""
+
+    sandbox_id: Required[str]
+
+    source: Required[str]
+    """The sandbox whose changes were applied."""
+
+    against: Required[str]
+    """The state both were compared with: the source's snapshot."""
+
+    written: Required[list[str]]
+    """Paths written (added or modified)."""
+
+    deleted: Required[list[str]]
+    """Paths removed."""
+
+    unchanged: Required[list[str]]
+    """Paths the target already had as the source has them."""
+
+
 class BranchRequest(TypedDict, total=False):
     """The ``BranchRequest`` schema."""
 
@@ -830,6 +855,42 @@ class ForkTreeLabels(TypedDict, total=False):
     """fork_index of the first child."""
 
 
+class FsChange(TypedDict, total=False):
+    """One path added, modified or deleted."""
+
+    path: Required[str]
+    """The path in the guest."""
+
+    type: Required[str]
+    """file | dir | symlink | other (the new side's; the old one's for a deletion)"""
+
+    size: Required[int]
+    """Its size in bytes (the old size for a deletion)."""
+
+    mode: Required[int]
+    """Its permission bits (e.g. 420 = 0644)."""
+
+    uid: Required[int]
+
+    gid: Required[int]
+
+    old_mode: int | None
+    """The permission bits before, where they changed."""
+
+    old_uid: int | None
+    """The owner before, where it changed."""
+
+    old_gid: int | None
+    """The group before, where it changed."""
+
+    content_changed: Required[bool]
+    """Whether the content (or a link's target) differs; false for a change of mode or owner only.
+    """
+
+    target: str | None
+    """A symbolic link's target."""
+
+
 class Health(TypedDict, total=False):
     """The ``Health`` schema."""
 
@@ -1177,6 +1238,31 @@ class PushResult(TypedDict, total=False):
 
     bytes_uploaded: Required[int]
     """Compressed bytes sent."""
+
+
+class SandboxDiff(TypedDict, total=False):
+    """What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json)."""
+
+    sandbox_id: Required[str]
+
+    against: Required[str]
+    """What it was compared with: snapshot:TAG or sandbox:ID."""
+
+    method: Required[str]
+    """How the changed files were found: layers (the copy-on-write layers' changed blocks, mapped to
+    inodes).
+    """
+
+    added: Required[list[FsChange]]
+
+    modified: Required[list[FsChange]]
+
+    deleted: Required[list[FsChange]]
+
+    skipped: int
+    """Changed names left out because they are not printable UTF-8."""
+
+    elapsed_ms: Required[float]
 
 
 class SignalRequest(TypedDict, total=False):
@@ -1715,6 +1801,8 @@ class TemplateBuildExtra(TypedDict, total=False):
 
 
 __all__ = [
+    "ApplyRequest",
+    "ApplyResponse",
     "BranchExtra",
     "BranchRequest",
     "BuildContextInfo",
@@ -1743,6 +1831,7 @@ __all__ = [
     "ForkRequest",
     "ForkResponse",
     "ForkTreeLabels",
+    "FsChange",
     "Health",
     "HibernateRequest",
     "HibernationInfo",
@@ -1765,6 +1854,7 @@ __all__ = [
     "PushRequest",
     "PushResult",
     "RegistryAuth",
+    "SandboxDiff",
     "SandboxInfo",
     "SandboxMemory",
     "SandboxNetwork",
