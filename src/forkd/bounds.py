@@ -165,6 +165,9 @@ SANDBOX_ID_RULE = (f"ids are 1 to {SANDBOX_ID_MAX} letters, digits, '.', '_' or 
 # A fleet host (``forkd daemon --host-id``) puts its id in every sandbox id it makes:
 # sb-<host>-<6 hex>-<4 digits> (within SANDBOX_ID_RE); the gateway routes per-sandbox calls by it.
 HOST_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
+# E2B's sandbox list: the most a page holds, and its size when the client names none (one host's
+# list and the fleet gateway's alike).
+E2B_LIST_LIMIT = 100
 HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")

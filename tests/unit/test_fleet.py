@@ -319,10 +319,25 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     r = httpx.get(f"{url}/sandboxes", headers={"Authorization": f"Bearer {TOKEN[::-1]}"})
     assert r.status_code == 401, r.text
     on_a, on_b = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
-    # Lists merge every host's sandboxes.
+    # Lists merge every host's sandboxes, and page across them: a page of one, then a token that
+    # carries each host's place, until the last page has none.
     listed = httpx.get(f"{url}/v2/sandboxes", headers=key)
     assert listed.status_code == 200, listed.text
-    assert {on_a, on_b} <= {s["sandboxID"] for s in listed.json()}
+    assert {on_a, on_b} == {s["sandboxID"] for s in listed.json()} and "x-next-token" not in listed.headers
+    pages, token = [], None
+    while True:
+        page = httpx.get(f"{url}/v2/sandboxes", headers=key,
+                         params={"limit": 1, **({"nextToken": token} if token else {})})
+        assert page.status_code == 200, page.text
+        pages.append([s["sandboxID"] for s in page.json()])
+        token = page.headers.get("x-next-token")
+        if token is None:
+            break
+    assert sorted(pages) == sorted([[on_a], [on_b]]), pages
+    bad = httpx.get(f"{url}/v2/sandboxes", headers=key, params={"nextToken": "not a token"})
+    assert bad.status_code == 400 and "nextToken" in bad.json()["message"], bad.text
+    bad = httpx.get(f"{url}/v2/sandboxes", headers=key, params={"limit": 0})  # the host's own 400
+    assert bad.status_code == 400 and "limit" in bad.json()["message"], bad.text
     # A call that names a sandbox goes to its host; envd's header and E2B's host name form too.
     got = httpx.get(f"{url}/sandboxes/{on_b}", headers=key)
     assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text

@@ -250,7 +250,7 @@ class SnapshotTravel:
                 shutil.rmtree(staging.path, ignore_errors=True)
             for record in reversed(created):
                 self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
+                layout.discard(Path(record.dir))
             if isinstance(exc, OSError):
                 space = " (free some disk space)" if exc.errno == errno.ENOSPC else ""
                 raise VMError(f"importing {plan.manifest.tag!r} failed: {exc}{space}; nothing was "

@@ -8,15 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import TYPE_CHECKING, Any
+import urllib.parse
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from forkd.api.file_routes import streams_body
-from forkd.bounds import SANDBOX_ID_RE
+from forkd.bounds import E2B_LIST_LIMIT, SANDBOX_ID_RE
 from forkd.fleet.placement import spawn_candidates
 from forkd.gateway.answers import e2b_error, json_field
+from forkd.gateway.e2b_pages import DONE, BadToken, Cursor, HostPage, merge
 from forkd.gateway.proxy import UNREACHABLE_HEADER, HostFailed
 from forkd.store.layout import host_of
 
@@ -67,13 +69,32 @@ class E2BRoutes:
             return e2b_error(exc.status, str(exc))
 
     async def merged(self, request: Request) -> Response:
-        """E2B's sandbox lists from every host, one list (newest first, up to the asked ``limit``).
-        Paging is not carried across hosts: the answer has every host's first page and no next token."""
+        """E2B's sandbox list from every host, one list in E2B's order, paged across the hosts
+        (gateway/e2b_pages.py): ``limit`` per page, an ``x-next-token`` while any host has more."""
         gw = self._gw
-        hosts = gw.alive()
+        params = list(request.query_params.multi_items())
+        given = dict(params)
+        limit_text = given.get("limit", "")
+        if limit_text and not (limit_text.isdigit() and 1 <= int(limit_text) <= E2B_LIST_LIMIT):
+            # Each host refuses it in its own words: pass the request on as it is.
+            return await self._listed_by_first(request)
+        limit = int(limit_text) if limit_text else E2B_LIST_LIMIT
+        try:
+            cursor = Cursor.decode(given.get("nextToken"))
+        except BadToken as exc:
+            return e2b_error(400, str(exc))
+        hosts = [h for h in gw.alive() if cursor.offset(h.host_id) != DONE]
+        rest = [(k, v) for k, v in params if k not in ("nextToken", "limit")]
+
+        def query(host_id: str) -> str:
+            offset = cursor.offset(host_id)
+            return urllib.parse.urlencode([*rest, ("limit", str(limit)),
+                                           *([("nextToken", str(offset))] if offset else [])])
+
         results = await asyncio.gather(*(gw.proxy.forward(h, request, b"", timeout=gw.settings.list_timeout,
-                                                          e2b=True) for h in hosts), return_exceptions=True)
-        merged: list[dict[str, Any]] = []
+                                                          e2b=True, query=query(h.host_id)) for h in hosts),
+                                       return_exceptions=True)
+        pages: dict[str, HostPage] = {}
         unreachable = []
         for host, result in zip(hosts, results, strict=True):
             if isinstance(result, BaseException):
@@ -82,13 +103,19 @@ class E2BRoutes:
             if result.status_code != 200:
                 return result  # a bad query or key is bad on every host: its answer says why
             listed = json.loads(bytes(result.body))
-            merged += [item for item in listed if isinstance(item, dict)] if isinstance(listed, list) else []
-        merged.sort(key=lambda item: str(item.get("startedAt", "")), reverse=True)
-        limit = request.query_params.get("limit", "")
-        if limit.isdigit():
-            merged = merged[:int(limit)]
-        headers = {UNREACHABLE_HEADER: ",".join(unreachable)} if unreachable else None
-        return JSONResponse(merged, headers=headers)
+            items = [item for item in listed if isinstance(item, dict)] if isinstance(listed, list) else []
+            pages[host.host_id] = HostPage(items[:limit], more=bool(result.headers.get("x-next-token"))
+                                           or len(items) > limit)
+        page, following = merge(pages, cursor, limit, ascending=given.get("order") == "asc",
+                                unreachable=unreachable)
+        headers = {UNREACHABLE_HEADER: ",".join(unreachable)} if unreachable else {}
+        if following is not None:
+            headers["x-next-token"] = following.encode()
+        return JSONResponse(page, headers=headers or None)
+
+    async def _listed_by_first(self, request: Request) -> Response:
+        gw = self._gw
+        return await gw.first_reachable(request, gw.alive(), b"", e2b=True)
 
 
 __all__ = ["E2BRoutes"]

@@ -80,8 +80,10 @@ class HostProxy:
 
     async def forward(self, host: HostRecord, request: Request, body: bytes | None, *,
                       stream_response: bool = False, timeout: float | None = None,
-                      e2b: bool = False) -> Response:
-        url = host.url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                      e2b: bool = False, query: str | None = None) -> Response:
+        """The client's request, passed on to ``host`` (with ``query`` instead of its own, if given)."""
+        query = request.url.query if query is None else query
+        url = host.url + request.url.path + (f"?{query}" if query else "")
         content: bytes | AsyncIterator[bytes] = body if body is not None else request.stream()
         outgoing = self.client.build_request(request.method, url, headers=self.headers(request, e2b=e2b),
                                              content=content)

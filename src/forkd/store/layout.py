@@ -148,6 +148,22 @@ def publish(staging: SnapshotDir, snapshots: Path, tag: str) -> SnapshotDir:
     return SnapshotDir(final)
 
 
+def discard(snapshot_dir: Path) -> None:
+    """Remove an unregistered snapshot's directory so that nothing can bring it back.
+
+    It is first renamed aside (one atomic step, to a staging-style name that the next start's
+    ``remove_stale_staging`` clears if this is cut short), then removed: a writer that still
+    names the old path (the first child's restore-chunks record, say) finds no directory rather
+    than recreating one after a plain rmtree, which would leave an unregistered directory that
+    refuses the next import of the tag."""
+    aside = snapshot_dir.with_name(f".{snapshot_dir.name}.tmp-gone-{secrets.token_hex(4)}")
+    try:
+        os.rename(snapshot_dir, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def remove_stale_staging(snapshots: Path) -> list[str]:
     """Leftovers of snapshot writes interrupted by a crash."""
     removed = []
