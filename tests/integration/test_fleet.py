@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -45,6 +46,7 @@ from .daemon_fixture import (
 from .netns import Network, private_network
 from .services import etcd_server, s3_server_process
 from .test_compat_clients import CLIENTS, CLIENTS_VENV, ROOT, run_program
+from .test_ways_in import serve_in
 
 pytestmark = pytest.mark.vm
 
@@ -319,6 +321,44 @@ def test_e2b_programs_run_unchanged_through_the_gateway(fleet: Fleet, e2b_python
     assert proxied_to(fleet, "h3") - on_h3 >= 5
     with fleet.client() as c:
         assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before  # it killed what it made
+
+
+def test_a_websocket_to_a_sandbox_port_goes_through_the_gateway(fleet: Fleet) -> None:
+    """A WebSocket to {port}-{id}.{domain}, as get_host names a sandbox's port: the gateway relays
+    it to the sandbox's host (which relays it to the guest), both ways; one that names no sandbox
+    of the fleet is refused before the handshake completes."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    tag = ensure_base(fleet, nic=True)
+    gateway = httpx.URL(fleet.gateway.url)
+
+    def to_gateway(host: str) -> Any:
+        sock = socket.create_connection((gateway.host, gateway.port), timeout=30)
+        return connect(f"ws://{host}/", sock=sock, open_timeout=30)
+
+    with fleet.client(timeout=600) as c:
+        [sb] = c.post("/v1/sandboxes", json={"snapshot_tag": tag,
+                                             "network": {"allow_public_traffic": True}}).json()
+        try:
+            serve_in(c, sb["id"])
+            deadline = time.monotonic() + 60
+            while True:  # until the guest's echo server listens
+                try:
+                    ws = to_gateway(f"8002-{sb['id']}.{GET_HOST_DOMAIN}")
+                    break
+                except InvalidStatus:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            with ws:
+                ws.send("through the gateway")
+                assert ws.recv(timeout=30) == "echo:through the gateway"
+        finally:
+            c.delete(f"/v1/sandboxes/{sb['id']}")
+    with pytest.raises(InvalidStatus) as refused:
+        to_gateway(f"8002-sb-zz-abcdef-0000.{GET_HOST_DOMAIN}")
+    assert refused.value.response.status_code == 403
 
 
 def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None:

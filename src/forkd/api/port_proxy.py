@@ -331,25 +331,35 @@ class PortProxy:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL,
                          headers: list[tuple[str, str]]) -> None:
-        first = await receive()
-        if first["type"] != "websocket.connect":
-            return
-        try:
-            upstream = await connect(
-                str(url), additional_headers=[(k, v) for k, v in headers if k not in _WS_OWN],
-                subprotocols=scope.get("subprotocols") or None, open_timeout=CONNECT_TIMEOUT_SECS,
-                # Bounded both ways: a message's size, and what is read ahead of the client
-                # (max_queue); sends wait for the guest to take the data (write_limit, bytes).
-                max_size=MAX_WS_MESSAGE_BYTES, max_queue=WS_QUEUE_FRAMES, write_limit=WS_WRITE_LIMIT_BYTES,
-                compression=None, proxy=None)
-        except (OSError, TimeoutError, InvalidHandshake) as exc:
-            status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
-            reason = f"upstream answered {status}" if status else f"port not open ({type(exc).__name__})"
-            await send({"type": "websocket.close", "code": 1011, "reason": reason})
-            return
-        async with upstream:
-            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _pump(receive, send, upstream)
+        upstream_headers = [(k, v) for k, v in headers if k not in _WS_OWN]
+        await relay_websocket(scope, receive, send, str(url), upstream_headers)
+
+
+async def relay_websocket(scope: Scope, receive: Receive, send: Send, url: str,
+                          headers: list[tuple[str, str]], **connection: Any) -> None:
+    """Relay a client's WebSocket (an ASGI ``websocket`` scope) to ``url``, both ways, bounded, until
+    either side closes; ``headers`` go upstream as they are. ``connection``: passed to the event
+    loop's ``create_connection`` (the fleet gateway names a host there, and keeps the client's Host
+    as ``url``'s)."""
+    first = await receive()
+    if first["type"] != "websocket.connect":
+        return
+    try:
+        upstream = await connect(
+            url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None,
+            open_timeout=CONNECT_TIMEOUT_SECS,
+            # Bounded both ways: a message's size, and what is read ahead of the client
+            # (max_queue); sends wait for the other end to take the data (write_limit, bytes).
+            max_size=MAX_WS_MESSAGE_BYTES, max_queue=WS_QUEUE_FRAMES, write_limit=WS_WRITE_LIMIT_BYTES,
+            compression=None, proxy=None, **connection)
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
+        reason = f"upstream answered {status}" if status else f"port not open ({type(exc).__name__})"
+        await send({"type": "websocket.close", "code": 1011, "reason": reason})
+        return
+    async with upstream:
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        await _pump(receive, send, upstream)
 
 
 async def _pump(receive: Receive, send: Send, upstream: ClientConnection) -> None:
@@ -403,4 +413,4 @@ def _has_body(scope: Scope) -> bool:
         name in (b"content-length", b"transfer-encoding") for name, _ in scope.get("headers", ()))
 
 
-__all__ = ["HOST_RE", "PortClients", "PortProxy", "target"]
+__all__ = ["HOST_RE", "PortClients", "PortProxy", "relay_websocket", "target"]

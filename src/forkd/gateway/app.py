@@ -20,6 +20,7 @@ from forkd.fleet.etcd import EtcdClient
 from forkd.fleet.membership import Membership
 from forkd.gateway.core import Gateway
 from forkd.gateway.settings import GatewaySettings
+from forkd.gateway.websockets import WebSocketRelay
 
 
 def create_gateway_app(settings: GatewaySettings) -> Starlette:
@@ -48,6 +49,7 @@ def create_gateway_app(settings: GatewaySettings) -> Starlette:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=streams_body)
     if token is not None:
         app.add_middleware(_BearerUnlessE2B, token=token)
+    app.add_middleware(WebSocketRelay, membership=membership)  # outermost: before the bearer check
     return app
 
 
