@@ -350,6 +350,19 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     # A create is placed as a spawn: on the host that holds the template.
     made = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "py"})
     assert made.status_code == 201 and made.headers["x-forkd-host"] == "gb", made.text
+    # A sandbox's access token opens it through the gateway; one minted on the other host (for
+    # its own sandbox) does not.
+    other = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "seed"})
+    assert other.status_code == 201 and other.headers["x-forkd-host"] == "ga", other.text
+    on_gb, on_ga = made.json(), other.json()
+
+    def read_root(sandbox: dict[str, Any], token: str) -> httpx.Response:
+        return httpx.get(f"{url}/files", params={"path": "/"},
+                         headers={"E2b-Sandbox-Id": sandbox["sandboxID"], "X-Access-Token": token})
+
+    assert read_root(on_gb, on_gb["envdAccessToken"]).status_code != 401
+    refused = read_root(on_gb, on_ga["envdAccessToken"])
+    assert refused.status_code == 401 and "access token" in refused.text, refused.text
 
 
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
