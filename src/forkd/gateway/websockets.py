@@ -4,7 +4,7 @@ A WebSocket to ``{port}-{sandbox id}.{domain}`` (the same Host form the gateway 
 HTTP by) is relayed to the sandbox's host, which relays it on to the guest (api/port_proxy.py)
 and checks the sandbox's traffic policy there. The TCP connection goes to the host's address;
 the client's Host is kept, since it is what names the sandbox and the port to the host. The relay
-is the daemon's own (``relay_websocket``): bounded messages and read-ahead, either side's close
+is the daemon's own (api/ws_relay.py): bounded messages and read-ahead, either side's close
 passed on. The gateway adds no credential: a traffic token or API key the client sent goes to the
 host unchanged, and the host decides.
 """
@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.e2b.paths import SANDBOX_HOST
-from forkd.api.port_proxy import relay_websocket
+from forkd.api.ws_relay import relay_websocket
 from forkd.fleet.membership import Membership
 from forkd.store.layout import host_of
 
