@@ -200,3 +200,11 @@ def test_a_volume_is_exported_into_a_new_host_directory(client: TestClient, daem
         "to": str(tmp_path / "o2"), "snapshot": "py"}), 404)
     error(client.post("/v1/volumes/nope/export", json={"to": str(tmp_path / "o3")}), 404)
     assert not (tmp_path / "o2").exists()
+
+
+def test_spawn_time_attach_is_refused_by_name(client: TestClient) -> None:
+    # Volumes attach at snapshot (a copy volume's state is part of the snapshot); spawn-time
+    # attach waits on fork "shared" (docs/BRANCHING.md), so until then a spawn naming volumes is
+    # a 400 that names the field, never a spawn that silently drops them.
+    resp = client.post("/v1/sandboxes", json={"snapshot_tag": "v", "volumes": [{"name": "x", "mount": "/m"}]})
+    assert "volumes" in error(resp, 400)
