@@ -832,3 +832,16 @@ def test_a_forged_agent_reply_is_a_502_naming_what_does_not_fit(client: TestClie
     for path, body in (("exec", {"args": ["id"]}), ("eval", {"code": "1"})):
         error = assert_error(client.post(f"/v1/sandboxes/{SB}/{path}", json=body), 502, "does not fit")
         assert "guest agent" in error
+
+
+def test_a_no_capacity_503_fits_the_documented_error_body() -> None:
+    """The 503 of a host at its ceiling carries ``"code": "no_capacity"`` beside its error (a fleet's
+    gateway reads it, errors.NoCapacity): the OpenAPI's ErrorBody must describe that body, or a
+    client validating responses refuses the daemon's own answer (the fuzz on the real runtime found
+    it, on the fix/apitest branch)."""
+    from forkd.api.schemas.responses import ErrorBody
+    from forkd.errors import NO_CAPACITY
+
+    body = ErrorBody.model_validate({"error": "host is full", "code": NO_CAPACITY})
+    assert body.code == NO_CAPACITY
+    assert ErrorBody.model_validate({"error": "x"}).code is None
