@@ -69,9 +69,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = [item for item in items if item.path.name != "test_container.py"] + container
     from . import container_image
 
-    if container_image.PODMAN is not None and container_image.BUILD is None:
-        log = Path(tempfile.mkdtemp(prefix="forkd-ctr-")) / "build.log"
-        container_image.BUILD = container_image.ImageBuild(images_dir(), log)
+    if container_image.PODMAN is None or container_image.BUILD is not None:
+        return
+    # One build per session, in a folder every xdist worker of the session names alike: the first
+    # worker starts it, the one that draws the container test waits for it (container_image.py).
+    run = getattr(config, "workerinput", {}).get("testrunuid") or f"{os.getpid()}"
+    container_image.BUILD = container_image.ImageBuild(images_dir(), Path(tempfile.gettempdir())
+                                                       / f"forkd-ctr-{run[:16]}")
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":
         container_image.BUILD.start()
 
 

@@ -57,11 +57,18 @@ def ulimits() -> list[str]:
 
 
 class ImageBuild:
-    """``podman import`` of the base, then ``podman build`` of deploy/Dockerfile, in a subprocess."""
+    """``podman import`` of the base, then ``podman build`` of deploy/Dockerfile, in a subprocess.
 
-    def __init__(self, images: Path, log: Path) -> None:
+    The suite runs its modules on two xdist workers: one of them starts the build (``start``), and
+    the build writes its exit status to ``folder/rc`` when it ends, so the worker that draws the
+    container test waits for that file (``join``) instead of building the same image again.
+    """
+
+    def __init__(self, images: Path, folder: Path) -> None:
         self.images = images
-        self.log = log
+        self.folder = folder
+        self.log = folder / "build.log"
+        self.rc = folder / "rc"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
@@ -84,28 +91,51 @@ class ImageBuild:
                   f'if [ -n "$old" ] && [ "$old" != "$new" ]; then '
                   f'{shlex.join(podman("rmi", "-i"))} "$old" >/dev/null 2>&1 || true; fi')
         self.started = time.monotonic()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "started").write_text(f"{time.time()}\n")
+        # The status file is written by the build's own shell, so it is there when the build ends
+        # whichever worker (or none) is waiting for it.
+        wrapper = 'bash -c "$0"; echo $? > "$1.tmp"; mv "$1.tmp" "$1"'
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=out,
+            self.proc = subprocess.Popen(["bash", "-c", wrapper, script, str(self.rc)], cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
+    def started_elsewhere(self) -> bool:
+        """Another worker of this session started the build into ``folder``."""
+        return self.proc is None and (self.folder / "started").exists()
+
     def wait(self) -> float:
-        """Seconds the build took (from its start); an AssertionError with its log if it failed."""
-        if self.proc is None:
+        """Seconds the build took (from its start, or from the start of the wait for a build another
+        worker started); an AssertionError with its log if it failed."""
+        if self.proc is None and not self.started_elsewhere():
             raise AssertionError(f"the container build did not start: no Debian tree at "
                                  f"{base_tree(self.images)} (the default guest image is built first)")
-        try:
-            code = self.proc.wait(timeout=max(1.0, BUILD_TIMEOUT_SECS - (time.monotonic() - self.started)))
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            raise AssertionError(f"podman build took over {BUILD_TIMEOUT_SECS}s") from None
+        started = self.started or time.monotonic()
+        deadline = started + BUILD_TIMEOUT_SECS
+        while not self.rc.exists():
+            if time.monotonic() > deadline:
+                if self.proc is not None:
+                    os.killpg(self.proc.pid, 9)
+                raise AssertionError(f"podman build took over {BUILD_TIMEOUT_SECS}s")
+            time.sleep(0.5)
+        code = int(self.rc.read_text().strip() or "1")
+        if self.proc is not None:
+            self.proc.wait()
+        elif code == 137:  # the worker that started it ended its share first and killed it: build here
+            self.rc.unlink()
+            self.start()
+            return self.wait()
         if code != 0:
             raise AssertionError(f"podman build failed ({code}):\n{self.log.read_text()[-4000:]}")
-        return time.monotonic() - self.started
+        return time.monotonic() - started
 
     def stop(self) -> None:
+        """Kill a build still running as its session ends; a worker waiting for it sees it fail."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
+            if not self.rc.exists():
+                self.rc.write_text("137\n")
 
 
 BUILD: ImageBuild | None = None  # the session's, started by conftest.py

@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.vm,
 @pytest.fixture(scope="module")
 def container() -> Iterator[tuple[str, str, str]]:
     build = container_image.BUILD
-    if build is None:  # the session did not start it (e.g. run with -p no:randomly from elsewhere)
-        build = container_image.ImageBuild(images_dir(), Path(tempfile.mkdtemp(prefix="forkd-ctr-")) / "log")
+    if build is None or (build.proc is None and not build.started_elsewhere()):
+        # The session did not start it (no other worker did, or it was collected from elsewhere).
+        build = container_image.ImageBuild(images_dir(), Path(tempfile.mkdtemp(prefix="forkd-ctr-")))
         build.start()
     print(f"\ncontainer image built in {build.wait():.0f}s (from the start of its build)")
     data = Path(tempfile.mkdtemp(prefix="fkc-", dir="/tmp"))

@@ -78,9 +78,11 @@ def test_an_expired_sandbox_is_killed_with_its_qemu_and_cgroup(
 
 
 def test_a_sandbox_that_expires_while_the_daemon_is_down_is_reaped_on_restart(
-    loop: Loop, runtime: Runtime, snapshot: str, tmp_path: Path
+    loop: Loop, runtime: Runtime, snapshot: str
 ) -> None:
-    data = DataDir(tmp_path / "data", images_dir())
+    # A scratch data dir directly under /tmp: QEMU's sockets live under it (108 bytes), and an
+    # xdist worker's tmp_path is longer than that allows.
+    data = DataDir(DataDir.scratch("fkl-").root, images_dir())
     rt = loop.run(Runtime.open(data))
     try:
         # The session's snapshot, hard-linked (its files are never written): no template boot.
@@ -107,4 +109,5 @@ def test_a_sandbox_that_expires_while_the_daemon_is_down_is_reaped_on_restart(
         loop.run(rt.close())
         if any(data.sandboxes.iterdir()):  # left running by close(keep_sandboxes=True)
             loop.run(loop.run(Runtime.open(data)).close())
+        shutil.rmtree(data.root, ignore_errors=True)
     assert not alive(kept.pid) and not (kept.cgroup and Path(kept.cgroup).exists())
