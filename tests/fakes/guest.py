@@ -36,7 +36,7 @@ from typing import Any
 from forkd.guest import code_messages, protocol
 from forkd.guest.agent.freeze import check_freeze_mounts
 
-AGENT_VERSION = "14"  # lists its capabilities in ping (see protocol.Capabilities)
+AGENT_VERSION = protocol.AGENT_VERSION  # lists its capabilities in ping (see protocol.Capabilities)
 
 
 @dataclass

@@ -119,6 +119,23 @@ def debian_layout(images: Path, work: Path, extra: dict[str, bytes]) -> Path:
     return layout
 
 
+# The applets a busybox image links (Docker Hub's busybox links them all; these are what the tests run).
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "id", "stty", "mount", "mkdir", "rm", "sleep", "uname", "grep")
+
+
+def busybox_layout(work: Path) -> Path:
+    """A one-layer image of Debian's static busybox and its applets, as busybox's own image is: no
+    Python, no libc, no /etc but what the layer makes."""
+    layout = new_layout(work / "busybox")
+    members = [entry("bin", tarfile.DIRTYPE), entry("etc", tarfile.DIRTYPE),
+               entry("tmp", tarfile.DIRTYPE, mode=0o1777),
+               file("bin/busybox", Path("/bin/busybox").read_bytes(), mode=0o755),
+               file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"), file("etc/group", b"root:x:0:\n")]
+    members += [entry(f"bin/{applet}", tarfile.SYMTYPE, link="busybox") for applet in BUSYBOX_APPLETS]
+    add_layer(layout, write_tar(work / "busybox.tar", members))
+    return layout
+
+
 def file(name: str, data: bytes = b"", mode: int = 0o644, uid: int = 0) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, uid, 1_700_000_000

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +21,13 @@ import pytest
 
 from forkd.config import DataDir
 from forkd.errors import ForkdError, ImageError, InvalidRequest, TooLarge
-from forkd.image import oci, oci_layers
+from forkd.image import guest_runtime, oci, oci_layers
 from forkd.image.oci_build import build_oci_image
 
 from .oci_material import (
     Registry,
     add_layer,
+    debian_tree,
     entry,
     file,
     new_layout,
@@ -208,14 +210,29 @@ def test_a_layer_bigger_than_declared_or_than_the_limit_is_refused(plain: Regist
     assert not (work / "tree").exists()
 
 
-def test_an_image_without_python_is_refused_with_why(plain: Registry, tmp_path: Path) -> None:
+def test_an_image_without_python_gets_forkds_runtime(plain: Registry, tmp_path: Path) -> None:
+    """An image with no Python (a shell and nothing else) gets forkd's runtime at /.forkd/runtime:
+    Debian's interpreter, its stdlib and every library it loads, glibc's loader included, so it
+    runs from its own folder with nothing of the host's (or the image's) libraries."""
     layout = _hostile(tmp_path, [entry("bin", tarfile.DIRTYPE), file("bin/sh", b"", mode=0o755)])
     images = DataDir(tmp_path / "data", tmp_path / "images")
-    kernel_cache = Path(os.environ.get("FORKD_IMAGES_DIR") or DataDir.from_env().images) / ".cache"
+    shared = Path(os.environ.get("FORKD_IMAGES_DIR") or DataDir.from_env().images) / ".cache"
     (images.images / ".cache").mkdir(parents=True)
-    for k in kernel_cache.glob("kernel-*"):
-        (images.images / ".cache" / k.name).symlink_to(k)
+    # The kernel and the default image's debootstrap tree (the runtime's source) from the shared
+    # cache, which `make test` filled.
+    for cached in [*shared.glob("kernel-*"), debian_tree(shared.parent)]:
+        (images.images / ".cache" / cached.name).symlink_to(cached)
+    (images.images / ".cache" / f"{debian_tree(shared.parent).name}.complete").write_text("bookworm\n")
     pulled = oci.import_archive(images.images, layout)
-    with pytest.raises(InvalidRequest, match=r"has no python3.*images without one are not supported"):
-        build_oci_image(images, pulled, "nopython")
-    assert [p.name for p in images.images.iterdir()] == [".cache"]  # no half-built image left
+    image = build_oci_image(images, pulled, "nopython")
+    assert image.meta["python"].startswith("none"), image.meta
+    [runtime] = (images.images / ".cache").glob("runtime-*")
+    probe = "import ctypes, json, pwd, ssl, sqlite3, sys; print(sys.prefix, ctypes.CDLL(None).getpid() > 0)"
+    ran = subprocess.run([str(runtime / "so" / guest_runtime.LOADER), "--library-path", str(runtime / "so"),
+                          str(runtime / "bin/python3"), "-E", "-S", "-c", probe],
+                         capture_output=True, text=True, env={}, cwd="/", timeout=60)
+    assert ran.returncode == 0 and ran.stdout.split() == [str(runtime), "True"], ran
+    assert not list(runtime.rglob("test_*.py")), "the stdlib's own tests are left out"
+    listed = subprocess.run(["debugfs", "-R", "ls -p /.forkd/runtime/bin", str(image.rootfs)],
+                            capture_output=True, text=True, timeout=60)
+    assert "/python3/" in listed.stdout, listed

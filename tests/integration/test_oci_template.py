@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from forkd.controller.runtime import BuildRequest, Runtime
+from forkd.errors import InvalidRequest
 from forkd.image import oci
 
 from .conftest import Loop, images_dir
-from .oci_material import debian_layout, registry, set_config
+from .oci_material import busybox_layout, debian_layout, registry, set_config
 
 pytestmark = pytest.mark.vm
 
@@ -76,3 +77,78 @@ def test_a_template_from_a_registry_image_answers_and_forks(loop: Loop, runtime:
                     loop.run(runtime.delete_snapshot(tag, cascade=True, force=True))
             shutil.rmtree(images_dir() / "oci-debian-1", ignore_errors=True)
             shutil.rmtree(images_dir() / ".cache" / "oci", ignore_errors=True)
+
+
+def test_an_image_without_python_runs_its_agent_on_forkds_runtime(loop: Loop, runtime: Runtime,
+                                                                   tmp_path: Path) -> None:
+    """busybox's static binary and nothing else: the agent runs on forkd's own runtime (no libc or
+    Python of the image's), and the child serves exec, files and a terminal, forks, branches and
+    hibernates; eval is a 400 that says the image has no Python."""
+    layout = busybox_layout(tmp_path)
+    set_config(layout, "--config.cmd=sh", "--config.workingdir=/tmp")
+    before = runtime.images.registries
+    tags: list[str] = []
+    sandboxes: list[str] = []
+    with registry(tmp_path / "registry") as reg:
+        reg.push(layout, "t", "forkd-test/busybox:1")
+        runtime.images.registries = oci.Registries(mirrors={"docker.io": f"http://{reg.host}"})
+        try:
+            dockerfile = "FROM forkd-test/busybox:1\nRUN echo built > /built\n"
+            report = loop.run(runtime.builds.build(BuildRequest(tag="oci-busybox", dockerfile=dockerfile)))
+            tags = [*report.layers, "oci-busybox"]
+            [child] = loop.run(runtime.spawn("oci-busybox", 1))
+            sandboxes.append(child.id)
+            script = "cat /built; pwd; ls /usr/bin/python3 /lib 2>&1"
+            res = loop.run(runtime.exec(child.id, ["sh", "-c", script]))
+            assert res["stdout"].split("\n")[:2] == ["built", "/tmp"], res
+            assert "No such file" in res["stdout"], res  # neither a Python nor a libc of the image's own
+            with pytest.raises(InvalidRequest, match="its image has no Python of its own"):
+                loop.run(runtime.eval(child.id, "1 + 1"))
+
+            loop.run(runtime.files.write(child.id, "/tmp/note.txt", _chunks(b"written"), max_bytes=1 << 20))
+            assert _terminal(loop, runtime, child.id) == (3, True)
+
+            fork = loop.run(runtime.fork(child.id, 5))
+            assert len(fork.children) == 5 and not fork.errors, fork.errors
+            tags.append(fork.snapshot_tag)
+            sandboxes += [c.id for c in fork.children]
+            for grandchild in fork.children:
+                out = loop.run(runtime.exec(grandchild.id, ["cat", "/tmp/note.txt"]))
+                assert out["stdout"] == "written", out
+
+            branch = loop.run(runtime.branch(child.id, "oci-busybox-branch", mode="diff"))
+            tags.append(branch.tag)
+            [from_branch] = loop.run(runtime.spawn(branch.tag, 1))
+            sandboxes.append(from_branch.id)
+            assert loop.run(runtime.exec(from_branch.id, ["cat", "/tmp/note.txt"]))["stdout"] == "written"
+
+            loop.run(runtime.hibernation.hibernate(from_branch.id))
+            assert loop.run(runtime.hibernation.wake(from_branch.id))
+            assert loop.run(runtime.exec(from_branch.id, ["cat", "/built"]))["stdout"] == "built\n"
+        finally:
+            runtime.images.registries = before
+            for sandbox in sandboxes:
+                with contextlib.suppress(Exception):
+                    loop.run(runtime.kill(sandbox))
+            for tag in reversed(tags):
+                with contextlib.suppress(Exception):
+                    loop.run(runtime.delete_snapshot(tag, cascade=True, force=True))
+            shutil.rmtree(images_dir() / "busybox-1", ignore_errors=True)
+            shutil.rmtree(images_dir() / ".cache" / "oci", ignore_errors=True)
+
+
+def _terminal(loop: Loop, runtime: Runtime, sandbox: str) -> tuple[int | None, bool]:
+    """A shell on a 80x24 pty: ``stty size`` answers its size, and ``exit 3`` its exit code."""
+    async def session() -> tuple[int | None, bool]:
+        events = await runtime.processes.run(sandbox, ["sh"], pty=(80, 24))
+        out, code = b"", None
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.type == "start":
+                    await runtime.processes.write_stdin(sandbox, event.pid, b"stty size; exit 3\n")
+                elif event.type == "stdout":
+                    out += event.data
+                elif event.type == "exit":
+                    code = event.exit_code
+        return code, b"24 80" in out
+    return loop.run(session())

@@ -4,6 +4,7 @@ host refuses what an agent cannot do in one place (``forkd.guest.client.require`
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ import pytest
 
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.sandbox_events import SandboxEvents
-from forkd.errors import Conflict
+from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import protocol
+from forkd.guest.agent import RUNTIME_PREFIX, restore
 from forkd.guest.client import AgentClient, require
 from forkd.guest.protocol import AGENT_VERSION
 from tests.fakes.agent_peer import AgentPeer
@@ -57,7 +59,7 @@ def test_an_old_agent_is_mapped_from_its_version() -> None:
     """An agent older than "13" lists nothing: its agent_version says what it can do."""
     old = protocol.Capabilities.of({"pong": True, "agent_version": "8"})
     assert old.agent_version == 8
-    assert old.names == {protocol.CAP_USER, protocol.CAP_WATCH}
+    assert old.names == {protocol.CAP_PYTHON, protocol.CAP_USER, protocol.CAP_WATCH}
     assert protocol.Capabilities.of({"pong": True}).names == frozenset()  # version 0: nothing
     # A list, when given, is what the agent says, whatever its version; junk in it counts for nothing.
     listed = protocol.Capabilities.of({"agent_version": "99", "capabilities": ["pty", 7, None]})
@@ -76,6 +78,52 @@ def test_require_is_one_clear_409() -> None:
     assert str(refused.value) == ("sandbox 'sb-1' runs guest agent version 8, which predates "
                                   "terminals (pty), file metadata: create its snapshot again "
                                   "with this version of forkd")
+
+
+def test_an_agent_on_forkds_runtime_has_no_python_and_eval_is_a_400_saying_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image without a Python of its own runs its agent on forkd's runtime (image/guest_runtime.py):
+    the agent lists every capability of its version but ``python``, the host's one check refuses
+    Python code with a 400 naming the image (not the 409 of an old agent), and the agent refuses an
+    eval that reaches it anyway."""
+    monkeypatch.setattr(sys, "prefix", RUNTIME_PREFIX)
+    monkeypatch.chdir(tmp_path)  # pid1_defaults changes this process's (the agent's) cwd and environment:
+    monkeypatch.setenv("GREETING", "")  # both are put back after
+    assert restore.capabilities() == sorted(set(protocol.CAPABILITIES) - {protocol.CAP_PYTHON})
+    sock = tmp_path / "agent.sock"
+
+    async def scenario() -> None:
+        client = await AgentClient(sock).connect()
+        try:
+            caps = await client.capabilities()
+            require(caps, protocol.CAP_PTY, protocol.CAP_USER)  # everything else is there
+            with pytest.raises(InvalidRequest) as refused:
+                require(caps, protocol.CAP_PYTHON, subject="sandbox 'sb-1'")
+            assert refused.value.status == 400
+            assert str(refused.value).startswith("sandbox 'sb-1' cannot run Python code: its image has "
+                                                 "no Python of its own")
+            with pytest.raises(GuestError, match="its image has no Python of its own"):
+                await client.eval({"code": "6 * 7"}, timeout=30)
+            assert (await client.exec({"args": ["echo", "hi"]}, timeout=30))["stdout"] == "hi\n"
+            # A build's ENV and WORKDIR reach PID 1 without eval, and every later command.
+            work = tmp_path / "made" / "here"
+            defaults = await client.pid1_defaults({"env": {"GREETING": "hello"}, "cwd": str(work)}, 30)
+            assert defaults["applied"] is True
+            done = await client.exec({"args": ["sh", "-c", 'echo "$GREETING"; pwd']}, timeout=30)
+            assert done["stdout"] == f"hello\n{work}\n"
+            with pytest.raises(GuestError, match="cwd must be an absolute path"):
+                await client.pid1_defaults({"cwd": "relative"}, 30)
+        finally:
+            await client.close()
+
+    with real_agent(sock):
+        run(scenario())
+    # Older agents had Python, as every one did: one mapped from its version, and one that lists its
+    # capabilities but predates listing "python" (a snapshot of forkd's last release).
+    assert protocol.CAP_PYTHON in protocol.Capabilities.of({"agent_version": "8"}).names
+    listed_without = protocol.Capabilities.of({"agent_version": "14", "capabilities": ["pty", "user"]})
+    assert listed_without.names == {protocol.CAP_PYTHON, protocol.CAP_PTY, protocol.CAP_USER}
+    require(listed_without, protocol.CAP_PYTHON)
 
 
 class _VM:

@@ -24,7 +24,7 @@ import forkd.guest.agent
 from forkd.errors import InvalidRequest
 from forkd.guest import messages, protocol
 from forkd.guest.agent import MIN_GUEST_PYTHON
-from forkd.image import builder, initramfs, rootfs
+from forkd.image import builder, guest_runtime, initramfs, rootfs
 
 PACKAGE_DIR = Path(forkd.guest.agent.__file__).parent
 VERSION_OF = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -278,7 +278,12 @@ def test_install_agent_lays_out_the_package(tmp_path: Path) -> None:
 def test_init_script_starts_the_installed_entry_point() -> None:
     script = initramfs.init_script().decode()
     assert f"agent=/{rootfs.AGENT_ENTRY} " in script
-    assert 'exec switch_root /newroot /usr/bin/python3 -u "$agent"' in script
+    assert 'exec switch_root /newroot "$@" -u "$agent"' in script
+    # The image's own Python, or forkd's runtime through its own loader where the image carries it.
+    assert "set -- /usr/bin/python3\n" in script
+    runtime = f"/{guest_runtime.RUNTIME_DIR}"
+    assert f"runtime={runtime} " in script and '"$runtime/bin/python3" -E -S' in script
+    assert f'"$runtime/so/{guest_runtime.LOADER}" --library-path "$runtime/so"' in script
 
 
 def _fake_python(root: Path, version: str, *, link: bool = True) -> None:

@@ -130,13 +130,18 @@ class AgentGateway:
         lacks, which would ignore the request's new fields (a snapshot made by an older forkd): the
         agent is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
         sandbox_id = self._table.resolve(sandbox_id)
+        require(await self.capabilities(sandbox_id), *features, subject=f"sandbox {sandbox_id!r}")
+
+    async def capabilities(self, sandbox_id: str) -> protocol.Capabilities:
+        """What the sandbox's guest agent can do, asked once per VM (ping)."""
+        sandbox_id = self._table.resolve(sandbox_id)
         vm = await self.for_call(sandbox_id)
         known = self._capabilities.get(sandbox_id)
         if known is None or known[0]() is not vm:
             agent = await self.call(sandbox_id, lambda client: client.capabilities(30))
             known = (weakref.ref(vm), agent)
             self._capabilities[sandbox_id] = known
-        require(known[1], *features, subject=f"sandbox {sandbox_id!r}")
+        return known[1]
 
     async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
         """``require_agent`` for a request that acts as ``user`` (None: as root, any agent will do)."""

@@ -92,6 +92,8 @@ class CodeRunner:
                 raise InvalidRequest(str(exc)) from None
             if language != "python":  # an older agent refuses it, but says only python is served
                 await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
+        if language in (None, "python"):
+            await self._agents.require_agent(sandbox_id, protocol.CAP_PYTHON)
         if cwd is not None:
             req["cwd"] = cwd
         return _context(await self._agents.call(sandbox_id, lambda agent: agent.context_create(req, 30)))

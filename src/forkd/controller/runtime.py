@@ -445,6 +445,7 @@ class Runtime:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
         bounds.EVAL_TIMEOUT.check(timeout_secs)
+        await self.agents.require_agent(sandbox_id, protocol.CAP_PYTHON)  # 400 on an image without Python
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
         result = await self.agents.call(sandbox_id, lambda agent: agent.eval(

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
+from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import (
     REGISTRY_BASE,
@@ -60,6 +61,7 @@ from forkd.controller.processes import ProcessEvents
 from forkd.controller.results import ContextReport, EvalResult, ExecResult
 from forkd.controller.templates import SnapshotSpec, TemplateBuilder
 from forkd.errors import Conflict, InvalidRequest, NotFound
+from forkd.guest import protocol
 from forkd.host.egress import EgressPolicy
 from forkd.image.builder import Image, load_image
 from forkd.image.oci import Credentials
@@ -106,6 +108,8 @@ class BuildHost(Protocol):
     def processes(self) -> Any: ...
     @property
     def files(self) -> Any: ...
+    @property
+    def agents(self) -> AgentGateway: ...
     def get_snapshot(self, tag: str) -> SnapshotRecord: ...
     async def spawn(self, tag: str, n: int = 1,
                     options: SpawnOptions | None = None) -> list[SandboxRecord]: ...
@@ -414,7 +418,13 @@ class TemplateBuilds:
         if not plan.env:
             script = f"mkdir -p -- {shlex.quote(plan.workdir)} && rm -f {PROFILE}"
         await self._checked(sandbox, ["/bin/sh", "-c", script], 60, "applying ENV and WORKDIR")
-        code = (f"__import__('os').environ.update({json.dumps(plan.env)}); "
+        agents = self._host.agents
+        if not (await agents.capabilities(sandbox)).lacks(protocol.CAP_PID1_DEFAULTS):
+            # An action of its own: an image without Python has no eval to do it with.
+            await agents.call(sandbox, lambda agent: agent.pid1_defaults(
+                {"env": plan.env, "cwd": plan.workdir}, 30))
+            return
+        code = (f"__import__('os').environ.update({json.dumps(plan.env)}); "  # an older agent's base
                 f"__import__('os').chdir({json.dumps(plan.workdir)})")
         res = await self._host.eval(sandbox, code, timeout_secs=30)
         if res.get("exit_code") != 0:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from forkd.errors import Conflict, GuestError
+from forkd.errors import Conflict, GuestError, InvalidRequest
 from forkd.guest import code_messages, messages, process_messages, protocol, schema
 from forkd.guest.transport import AgentStream, AgentTransport, decode_output, error_of
 
@@ -33,6 +33,10 @@ def require(agent: protocol.Capabilities, *needed: str, subject: str = "the sand
     """Refuse (409) a request that needs capabilities the agent lacks: an older agent would
     ignore the request's new fields, or not know its action (a snapshot made by an older forkd)."""
     missing = agent.lacks(*needed)
+    for name in missing:  # one the image lacks, whatever the agent's version: the request's mistake
+        cap = protocol.CAPABILITIES.get(name)
+        if cap is not None and cap.lacking and agent.agent_version >= cap.since:
+            raise InvalidRequest(f"{subject} cannot run {cap.feature}: {cap.lacking}")
     if missing:
         known = protocol.CAPABILITIES
         what = ", ".join(known[name].feature if name in known else name for name in missing)
@@ -106,6 +110,11 @@ class AgentClient(AgentTransport):
 
     async def fsthaw(self, timeout: Timeout) -> messages.FsthawReply:
         return await self._ask(protocol.FSTHAW, messages.FsthawReply, {}, timeout)
+
+    async def pid1_defaults(self, req: messages.Pid1DefaultsRequest,
+                            timeout: Timeout) -> messages.Pid1DefaultsReply:
+        """PID 1's environment and cwd (CAP_PID1_DEFAULTS: ask first; older agents took an eval)."""
+        return await self._ask(protocol.PID1_DEFAULTS, messages.Pid1DefaultsReply, req, timeout)
 
     # -------------------------------------------------------------------- files
 

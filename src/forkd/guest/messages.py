@@ -120,6 +120,15 @@ class FsthawReply(TypedDict):
     thawed: bool
 
 
+class Pid1DefaultsRequest(TypedDict, total=False):
+    env: dict[str, str]  # set in PID 1's environment, which every later exec and eval inherits
+    cwd: str  # PID 1's working directory, made if missing (an absolute path)
+
+
+class Pid1DefaultsReply(TypedDict):
+    applied: bool
+
+
 class FileInfo(TypedDict):
     path: str
     name: str

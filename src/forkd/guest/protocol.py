@@ -40,7 +40,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -60,6 +60,7 @@ RESTORED = "restored"  # RestoredRequest (a RestoreInputs' fields, or clock_only
 SYNC = "sync"  # -> SyncReply
 FSFREEZE = "fsfreeze"  # FsfreezeRequest -> FsfreezeReply
 FSTHAW = "fsthaw"  # -> FsthawReply
+PID1_DEFAULTS = "pid1_defaults"  # Pid1DefaultsRequest -> Pid1DefaultsReply: a build's ENV and WORKDIR
 # A process start and every file action take an optional "user" (messages.ExecRequest says how).
 USER_AGENT_VERSION = 7
 # Files (forkd.guest.agent.files). Transfers go in FILE_CHUNK pieces, base64 in
@@ -92,10 +93,10 @@ PROC_SIGNAL = "proc_signal"  # ProcSignalRequest -> ProcSignalReply
 PROC_RESIZE = "proc_resize"  # ProcResizeRequest -> ProcResizeReply (a terminal: proc_start's "pty")
 PTY_AGENT_VERSION = 9
 PTY_MAX_SIZE = 4096  # the most columns (or rows) a terminal may have; the least is 1
-ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
-           FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE, FILE_MOVE,
-           CONTEXT, KERNEL, WATCH, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST, PROC_INFO,
-           PROC_INPUT, PROC_SIGNAL, PROC_RESIZE)
+ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, PID1_DEFAULTS, FILE_STAT,
+           FILE_LIST, FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE,
+           FILE_MOVE, CONTEXT, KERNEL, WATCH, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST,
+           PROC_INFO, PROC_INPUT, PROC_SIGNAL, PROC_RESIZE)
 
 # The events of a stream ("event" messages), each {"type": ...}:
 EV_START = "start"  # {"type": "start", "pid"}
@@ -290,24 +291,20 @@ def check_hostname(hostname: object) -> str | None:
 
 
 FREEZE_MOUNTS_AGENT_VERSION = 14  # fsfreeze's "mounts" (checked by guest/agent/freeze.py)
+RUNTIME_AGENT_VERSION = 15  # "python" listed (absent on forkd's runtime: image/guest_runtime.py)
 
 
 # ---------------------------------------------------------------- capabilities
 
 # The agent's version (what ping and restored report): bumped when the protocol grows, here beside
-# the capabilities so that a new one and its version are one edit. History: "2" honours timeout_secs on eval,
-# "3" serves the file actions, "4" streams exec output as events and serves
-# processes (proc_*), eval_cancel and notifications, "5" file_move and code contexts,
-# "6" cells on IPython kernels (kernel), "7" a request's user (protocol.USER_AGENT_VERSION),
-# "8" directory watchers (watch, protocol.WATCH_AGENT_VERSION), "9" terminals (a proc_start's
-# pty, proc_resize; protocol.PTY_AGENT_VERSION), "10" file metadata (xattrs; an upload's
-# metadata, a FileInfo's; protocol.METADATA_AGENT_VERSION) and watch events with their entry
-# (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
-# context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
-# (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
-# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities),
-# "14" fsfreeze freezes the mounts it names too (protocol.FREEZE_MOUNTS_AGENT_VERSION).
-AGENT_VERSION = "14"
+# the capabilities so that a new one and its version are one edit. History: "2" eval's timeout_secs,
+# "3" file actions, "4" streamed exec, processes, eval_cancel, notifications, "5" file_move, code
+# contexts, "6" IPython kernels, "7" a request's user, "8" watchers, "9" terminals, "10" file
+# metadata, watch entries, "11" bash/JavaScript kernels, "12" a hostname at restore (and restored's
+# version), "13" capabilities listed, "14" fsfreeze's mounts, "15" runs on forkd's runtime where an
+# image has no Python, lists "python" (older agents had it unlisted) and serves pid1_defaults.
+# The *_AGENT_VERSION constants above name where each came in.
+AGENT_VERSION = "15"
 
 
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
@@ -321,6 +318,8 @@ CAP_WATCH_ENTRIES = "watch_entries"  # a watcher's "entries"
 CAP_KERNEL_LANGUAGE = "kernel_language"  # a context's and a kernel run's "language"
 CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
 CAP_FREEZE_MOUNTS = "freeze_mounts"  # fsfreeze's "mounts"
+CAP_PYTHON = "python"  # eval and Python contexts: the image's own Python (none on forkd's runtime)
+CAP_PID1_DEFAULTS = "pid1_defaults"  # the pid1_defaults action
 
 
 @dataclass(frozen=True)
@@ -331,6 +330,11 @@ class Capability:
 
     since: int
     feature: str
+    # Why an agent of a version that has it may still lack it, where that is the image's doing
+    # rather than its age: the host's refusal then says this (a 400), not "create it again".
+    lacking: str | None = None
+    # The version from which agents list it: older ones that list capabilities had it unlisted.
+    listed_since: int = 0
 
 
 # A new capability is one entry here (and its CAP_ name): the agent lists it, the host refuses without it.
@@ -343,13 +347,19 @@ CAPABILITIES: dict[str, Capability] = {
     CAP_KERNEL_LANGUAGE: Capability(LANGUAGE_AGENT_VERSION, "bash, JavaScript and R kernels"),
     CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
     CAP_FREEZE_MOUNTS: Capability(FREEZE_MOUNTS_AGENT_VERSION, "freezing volumes for a live branch"),
+    CAP_PID1_DEFAULTS: Capability(RUNTIME_AGENT_VERSION, "PID 1's defaults without eval"),
+    CAP_PYTHON: Capability(1, "Python code", listed_since=RUNTIME_AGENT_VERSION, lacking=(
+        "its image has no Python of its own (its agent runs on forkd's runtime): use exec, or build "
+        "the template from an image with python3 3.11 or newer")),
 }
 CAPABILITIES_MAX = 256  # names read from one answer; more is a hostile agent's
 
 
-def capabilities_since(agent_version: int) -> list[str]:
-    """The capabilities of an agent of ``agent_version``, sorted."""
-    return sorted(name for name, cap in CAPABILITIES.items() if agent_version >= cap.since)
+def capabilities_since(agent_version: int, lacking: Collection[str] = ()) -> list[str]:
+    """The capabilities of an agent of ``agent_version``, sorted, but for those its image
+    ``lacking`` (only ones with ``Capability.lacking``)."""
+    return sorted(name for name, cap in CAPABILITIES.items()
+                  if agent_version >= cap.since and not (name in lacking and cap.lacking))
 
 
 @dataclass(frozen=True)
@@ -367,7 +377,8 @@ class Capabilities:
         version = agent_version_of(reply)
         listed = reply.get("capabilities")
         if isinstance(listed, list) and len(listed) <= CAPABILITIES_MAX:
-            return cls(version, frozenset(name for name in listed if isinstance(name, str)))
+            unlisted = {name for name, cap in CAPABILITIES.items() if cap.since <= version < cap.listed_since}
+            return cls(version, frozenset(name for name in listed if isinstance(name, str)) | unlisted)
         return cls(version, frozenset(capabilities_since(version)))
 
     def lacks(self, *names: str) -> list[str]:

@@ -288,7 +288,7 @@ def build_image(
             rootfs.install_packages(tree, [*recipe.extra_packages, *recipe.apt_packages], log)
             rootfs.install_pip_packages(tree, list(recipe.pip_packages), log)
         else:
-            tree = _cached_debootstrap(cache, recipe, log, progress)
+            tree = cached_debootstrap(cache, recipe, log, progress)
             if recipe.apt_packages or recipe.pip_packages:
                 tree = _cached_apt_tree(cache, tree, recipe, log, progress)
         rootfs.install_agent(tree)
@@ -400,7 +400,7 @@ def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, pr
     return target
 
 
-def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
+def cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: Progress) -> Path:
     target = cache / f"rootfs-{recipe.base_key()}"
     complete = cache / f"rootfs-{recipe.base_key()}.complete"
     if complete.exists() and target.is_dir():
@@ -427,5 +427,5 @@ def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: P
 
 
 __all__ = ["BUILDER_VERSION", "NAMED_RECIPES", "NAME_RE_HELP", "Image", "ImageRecipe", "NamedRecipe",
-           "Progress", "build_image", "cached_kernel", "digest_of", "list_images", "load_image",
-           "no_progress", "prereqs", "publish_image", "recipe_for"]
+           "Progress", "build_image", "cached_debootstrap", "cached_kernel", "digest_of", "list_images",
+           "load_image", "no_progress", "prereqs", "publish_image", "recipe_for"]

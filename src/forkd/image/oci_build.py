@@ -19,18 +19,20 @@ from forkd.config import DataDir
 from forkd.errors import InvalidRequest, NotFound
 from forkd.guest.agent import MIN_GUEST_PYTHON
 from forkd.host import prereqs
-from forkd.image import initramfs, kernel, oci, oci_layers, rootfs
+from forkd.image import guest_runtime, initramfs, kernel, oci, oci_layers, rootfs
 from forkd.image.builder import (
     BUILDER_VERSION,
     NAME_RE_HELP,
     Image,
     ImageRecipe,
     Progress,
+    cached_debootstrap,
     cached_kernel,
     digest_of,
     load_image,
     no_progress,
     publish_image,
+    recipe_for,
 )
 
 
@@ -47,7 +49,8 @@ def oci_image_name(ref: str) -> str:
 # Where the image's own agent is written (rootfs.install_agent, add_user): none of these may be a
 # symlink in an image's tree, or writing there would follow it out of the tree, on the host.
 _WRITTEN = ("etc", "etc/hostname", "etc/passwd", "etc/group", "etc/shadow", "etc/gshadow", "etc/sudoers.d",
-            "etc/sudoers.d/forkd-user", "etc/skel", "opt", "opt/forkd", "home", "usr", "usr/bin")
+            "etc/sudoers.d/forkd-user", "etc/skel", "opt", "opt/forkd", "home", "usr", "usr/bin",
+            ".forkd", guest_runtime.RUNTIME_DIR)
 
 
 def _refuse_symlinks(tree: Path, ref: str) -> None:
@@ -63,20 +66,19 @@ def _refuse_symlinks(tree: Path, ref: str) -> None:
                                      "and account there, so it must be a real file or directory")
 
 
-def _oci_python(tree: Path, ref: str) -> None:
-    """The agent starts as /usr/bin/python3 (init.sh); an image whose Python is /usr/local's (the
-    python:3.x images) gets that path as a symlink to it."""
+def _own_python(tree: Path) -> bool:
+    """Whether the agent runs on the image's own Python (3.11 or newer at /usr/bin/python3, or at
+    /usr/local/bin/python3 as the python:3.x images have it, given a link at the first). Otherwise
+    it runs on forkd's runtime (guest_runtime.py), and eval answers that the image has none."""
     usr_bin = tree / "usr" / "bin"
-    if (usr_bin / "python3").exists() or (usr_bin / "python3").is_symlink():
-        return
-    if (tree / "usr/local/bin/python3").exists():
+    if not (usr_bin / "python3").exists() and not (usr_bin / "python3").is_symlink() \
+            and (tree / "usr/local/bin/python3").exists():
         usr_bin.mkdir(parents=True, exist_ok=True)
         (usr_bin / "python3").symlink_to("/usr/local/bin/python3")
-        return
-    raise InvalidRequest(f"image {ref} has no python3 (/usr/bin/python3 or /usr/local/bin/python3): the "
-                         "forkd agent runs on the image's own Python "
-                         f"{'.'.join(map(str, MIN_GUEST_PYTHON))} or newer, so images without one are not "
-                         "supported yet")
+    if not (usr_bin / "python3").exists() and not (usr_bin / "python3").is_symlink():
+        return False
+    version = rootfs.guest_python_version(tree)
+    return version is not None and version >= MIN_GUEST_PYTHON
 
 
 def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = None, *, force: bool = False,
@@ -96,7 +98,7 @@ def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = N
     data.images.mkdir(parents=True, exist_ok=True)
     key = digest_of({"builder": BUILDER_VERSION, "oci": pulled.digest, "agent": rootfs.agent_digest(),
                    "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
-                   "kernel": kernel.KERNEL_PACKAGE})[:16]
+                   "kernel": kernel.KERNEL_PACKAGE, "runtime": guest_runtime.LAYOUT_VERSION})[:16]
     if not force:
         try:
             cached = load_image(data, name)
@@ -117,9 +119,13 @@ def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = N
         tree = staging / "tree"
         oci_layers.unpack(pulled, tree, progress)
         _refuse_symlinks(tree, pulled.ref)
-        _oci_python(tree, pulled.ref)
+        own_python = _own_python(tree)
+        if not own_python:
+            progress("forkd's runtime (the image has no Python 3.11+ of its own)", 0.7)
+            base = cached_debootstrap(data.images / ".cache", recipe_for(), staging / "build.log", progress)
+            guest_runtime.install_runtime(tree, guest_runtime.cached_runtime(data.images / ".cache", base))
         progress("installing the agent", 0.75)
-        rootfs.install_agent(tree)
+        rootfs.install_agent(tree, check_python=own_python)
         progress("ext4 image", 0.85)
         size_mib = max(ImageRecipe.size_mib, rootfs.tree_size_mib(tree) * 2 + 512)
         rootfs.make_ext4(tree, staging / "rootfs.ext4", size_mib)
@@ -128,6 +134,7 @@ def build_oci_image(data: DataDir, pulled: oci.PulledImage, name: str | None = N
             "name": name,
             "key": key,
             "oci": {"ref": pulled.ref, "digest": pulled.digest, "defaults": pulled.defaults.info()},
+            "python": "image" if own_python else "none (the agent runs on forkd's runtime)",
             "size_mib": size_mib,
             "kernel_version": kfiles.version,
             "modules": modules,

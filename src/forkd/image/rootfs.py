@@ -221,9 +221,11 @@ def install_pip_packages(root: Path, pins: list[str], log: Path) -> None:
          "compiling the pip packages' bytecode in rootfs", log)
 
 
-def install_agent(root: Path) -> None:
-    """Put the agent into a root filesystem tree, replacing any agent already there."""
-    check_guest_python(root)
+def install_agent(root: Path, *, check_python: bool = True) -> None:
+    """Put the agent into a root filesystem tree, replacing any agent already there. ``check_python``
+    False: the tree carries forkd's runtime for it (image/guest_runtime.py), whatever its own."""
+    if check_python:
+        check_guest_python(root)
     base = root / AGENT_GUEST_ROOT
     # The debootstrap tree is cached and reused: no module of an older agent may linger.
     shutil.rmtree(base, ignore_errors=True)

@@ -41,3 +41,7 @@ This file must stay parseable by old Pythons: ``__main__`` reads
 # whose python3 is older is refused at build time where its version can be read
 # (forkd.image.rootfs), and the agent refuses to start on one at boot.
 MIN_GUEST_PYTHON = (3, 11)
+
+# Where an image without a Python of its own gets forkd's (forkd.image.guest_runtime): the agent
+# runs on it there, and has no Python for eval to offer (it reports no "python" capability).
+RUNTIME_PREFIX = "/.forkd/runtime"

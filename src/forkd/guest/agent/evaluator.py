@@ -48,6 +48,7 @@ from forkd.guest.agent.eval_run import (
     set_async_exc,
     timeout_message,
 )
+from forkd.guest.agent.restore import require_python
 from forkd.guest.protocol import EVAL_DEFAULT_TIMEOUT_SECS, INVALID, RequestError
 
 __all__ = ["CANCELLED", "EvalTimeout", "Evaluator", "eval_result", "timeout_message"]
@@ -76,6 +77,7 @@ class Evaluator:
         """Queue an eval; ``reply`` is called once with its result, from another thread."""
         if not isinstance(code, str):
             raise RequestError("eval needs 'code': a string", INVALID)
+        require_python("eval")  # the host refuses first; an older host does not
         run = EvalRun(code, timeout_secs, reply)
         with self._lock:
             if not self._threads:

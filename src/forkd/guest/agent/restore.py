@@ -30,8 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forkd.guest.agent import RUNTIME_PREFIX
 from forkd.guest.messages import RestoredReply
-from forkd.guest.protocol import AGENT_VERSION, RequestError, RestoreInputs, capabilities_since
+from forkd.guest.protocol import (
+    AGENT_VERSION,
+    CAP_PYTHON,
+    CAPABILITIES,
+    RequestError,
+    RestoreInputs,
+    capabilities_since,
+)
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -116,7 +124,20 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> Rest
     # (RestoreInputs.needs, protocol.Capabilities).
     return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
             "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION,
-            "capabilities": capabilities_since(int(AGENT_VERSION))}
+            "capabilities": capabilities()}
+
+
+def capabilities() -> list[str]:
+    """This agent's capabilities (ping's and restored's answers): its version's, but Python where
+    it runs on forkd's runtime rather than on the image's own (guest_runtime.py)."""
+    lacking = [CAP_PYTHON] if sys.prefix == RUNTIME_PREFIX else []
+    return capabilities_since(int(AGENT_VERSION), lacking)
+
+
+def require_python(action: str) -> None:
+    """Refuse ``action`` where the agent runs on forkd's runtime: the image has no Python to run it in."""
+    if CAP_PYTHON not in capabilities():
+        raise RequestError(f"{action}: {CAPABILITIES[CAP_PYTHON].lacking}")
 
 
 def set_hostname(name: str, etc: Path = Path("/etc")) -> None:

@@ -35,7 +35,8 @@ from forkd.guest.agent.hostwait import HostWait
 from forkd.guest.agent.kernels import Kernels
 from forkd.guest.agent.processes import Processes
 from forkd.guest.agent.reaper import Reaper
-from forkd.guest.agent.restore import RESTORES_KEY, reseed_after_restore
+from forkd.guest.agent.restore import RESTORES_KEY, capabilities, reseed_after_restore
+from forkd.guest.agent.setup import pid1_defaults
 from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_size, parse_start
 from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
@@ -84,6 +85,7 @@ class Agent:
             protocol.SYNC: lambda _req: self.fs.sync(),
             protocol.FSFREEZE: lambda req: {"frozen": self.fs.freeze(check_freeze_mounts(req.get("mounts")))},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
+            protocol.PID1_DEFAULTS: pid1_defaults,
             protocol.FILE_STAT: self.files.stat,
             protocol.FILE_LIST: self.files.list,
             protocol.FILE_MKDIR: self.files.mkdir,
@@ -124,7 +126,7 @@ class Agent:
             "numpy_version": getattr(numpy, "__version__", None),
             "pid": os.getpid(),
             "agent_version": AGENT_VERSION,
-            "capabilities": protocol.capabilities_since(int(AGENT_VERSION)),  # the host refuses more
+            "capabilities": capabilities(),  # the host refuses more
             "python_version": sys.version.split()[0],
             "warm": self.warm,
             "warm_errors": self.warm_errors,
@@ -244,6 +246,5 @@ class Agent:
                     self.serve_one(line)
 
     def _wait_for_host(self, fd: int) -> None:
-        if self._host_wait is None:
-            self._host_wait = HostWait.for_port(fd)
+        self._host_wait = self._host_wait or HostWait.for_port(fd)
         self._host_wait.wait()

@@ -15,6 +15,9 @@ import socket
 import struct
 import subprocess
 import time
+from typing import Any
+
+from forkd.guest.protocol import RequestError, check_env
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -58,8 +61,22 @@ def cmdline_options(path: str = "/proc/cmdline") -> dict[str, str]:
     return opts
 
 
+def _mount_call(source: str, target: str, fstype: str, options: str) -> bool:
+    """mount(2) through libc: an image need not have a ``mount`` (distroless has none)."""
+    try:
+        import ctypes  # here: an image's own Python may be built without it
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        data = options.encode() if options else None
+        return int(libc.mount(source.encode(), target.encode(), fstype.encode(), 0, data)) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
 def _mount(source: str, target: str, fstype: str, options: str = "") -> None:
     os.makedirs(target, exist_ok=True)
+    if _mount_call(source, target, fstype, options):
+        return
     args = ["mount", "-t", fstype]
     if options:
         args += ["-o", options]
@@ -120,3 +137,18 @@ def wait_for_port(name: str, tries: int = 500, interval: float = 0.02) -> str | 
             return path
         time.sleep(interval)
     return None
+
+
+def pid1_defaults(req: dict[str, Any]) -> dict[str, bool]:
+    """A template build's ENV and WORKDIR in PID 1 itself: every later exec and eval inherits them
+    (an action of its own, as an image without Python has no eval to do it with)."""
+    env = check_env(req.get("env"))
+    cwd = req.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/") or len(cwd) > 4096
+                            or "\0" in cwd):
+        raise RequestError("cwd must be an absolute path")
+    os.environ.update(env)
+    if cwd is not None:
+        os.makedirs(cwd, exist_ok=True)
+        os.chdir(cwd)
+    return {"applied": True}

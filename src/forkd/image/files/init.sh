@@ -35,10 +35,18 @@ while [ ! -b "$root" ]; do
 done
 mkdir -p /newroot
 mount -t ext4 -o rw "$root" /newroot || die "cannot mount $root as ext4 (is the image an ext4 filesystem?)"
-[ -x /newroot/usr/bin/python3 ] || die "the root filesystem has no /usr/bin/python3"
+# An image without a Python of its own carries forkd's (image/guest_runtime.py), started through its
+# own loader and libraries: nothing of the image's userland (or its absence) is needed.
+runtime=/.forkd/runtime  # guest_runtime.RUNTIME_DIR
+if [ -x "/newroot$runtime/bin/python3" ]; then
+    set -- "$runtime/so/ld-linux-x86-64.so.2" --library-path "$runtime/so" "$runtime/bin/python3" -E -S
+else
+    [ -x /newroot/usr/bin/python3 ] || die "the root filesystem has no /usr/bin/python3 (and no $runtime)"
+    set -- /usr/bin/python3
+fi
 agent=/opt/forkd/forkd/guest/agent/__main__.py  # rootfs.AGENT_ENTRY
 [ -f "/newroot$agent" ] || die "the root filesystem has no forkd agent ($agent)"
 mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
-exec switch_root /newroot /usr/bin/python3 -u "$agent"
+exec switch_root /newroot "$@" -u "$agent"
