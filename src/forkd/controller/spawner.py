@@ -425,8 +425,9 @@ class Spawner:
             console.keep_for_debugging(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True)
             if oom_killed and isinstance(exc, Exception):
-                # Say why, rather than leave "QEMU exited (code -9)" a mystery.
-                raise VMError(
+                # Say why, rather than leave "QEMU exited (code -9)" a mystery; with a limit the
+                # request set, it is the request's to raise (400, not the daemon failing).
+                raise (VMError if memory_limit_mib is None else InvalidRequest)(
                     f"child {sb_id} was OOM-killed while restoring: its memory limit of {memory_limit_mib} "
                     "MiB (or a limit on forkd's parent cgroup) is below what a restored child needs; "
                     f"raise memory_limit_mib ({exc})") from exc
