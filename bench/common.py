@@ -219,26 +219,35 @@ def forkd_daemon(data: DataDir, token_file: Path, log_path: Path, *, extra_args:
     """A real ``forkd daemon`` on a free loopback port over ``data``, once it answers /healthz;
     stopped with SIGTERM on the way out (it kills its sandboxes unless told to keep them)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
-    env["FORKD_IMAGES_DIR"] = str(data.images)
-    url = f"http://127.0.0.1:{port}"
+    with forkd_process(["daemon", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data.root),
+                        "--token-file", str(token_file), *extra_args], f"http://127.0.0.1:{port}",
+                       log_path, env={"FORKD_IMAGES_DIR": str(data.images)}, timeout_s=timeout_s) as daemon:
+        yield daemon
+
+
+@contextlib.contextmanager
+def forkd_process(args: list[str], url: str, log_path: Path, *, env: dict[str, str] | None = None,
+                  timeout_s: float = 120) -> Iterator[Daemon]:
+    """``forkd ARGS`` (a daemon, a gateway) serving at ``url``, once it answers /healthz; stopped with
+    SIGTERM on the way out (SIGKILL after 120 s). Its environment: ours without FORKD_*, plus ``env``."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
+    environment.update(env or {})
     with log_path.open("ab") as log:
         started = time.perf_counter()
         process = subprocess.Popen(
-            [str(FORKD), "daemon", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data.root),
-             "--token-file", str(token_file), *extra_args],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [str(FORKD), *args], env=environment, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while True:
                 if process.poll() is not None:
-                    raise RuntimeError(f"the daemon exited with {process.returncode}; see {log_path}")
+                    raise RuntimeError(f"forkd {args[0]} exited with {process.returncode}; see {log_path}")
                 try:
                     if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.perf_counter() - started > timeout_s:
-                    raise RuntimeError(f"the daemon did not answer /healthz within {timeout_s:.0f} s; "
+                    raise RuntimeError(f"forkd {args[0]} did not answer /healthz within {timeout_s:.0f} s; "
                                        f"see {log_path}")
                 time.sleep(0.05)
             yield Daemon(url, process, time.perf_counter() - started)

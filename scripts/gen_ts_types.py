@@ -119,11 +119,18 @@ def body_schemas(document: dict[str, Any]) -> list[str]:
 
 
 def nested_ref(field: dict[str, Any]) -> str | None:
-    """The object schema a field holds (``X`` or ``X | null``), whose keys are camelCased too."""
+    """The object schema a field holds (``X``, ``X | null`` or a list of ``X``), whose keys are
+    camelCased too."""
     for option in field.get("anyOf", [field]):
         if "$ref" in option:
             return _ref_name(option)
+        if option.get("type") == "array" and "$ref" in option.get("items", {}):
+            return _ref_name(option["items"])
     return None
+
+
+def is_list(field: dict[str, Any]) -> bool:
+    return any(o.get("type") == "array" for o in field.get("anyOf", [field]))
 
 
 def camel(name: str) -> str:
@@ -168,7 +175,7 @@ def options_text(document: dict[str, Any]) -> str:
                 kind = f'Schemas["{name}"]["{snake}"]'
             else:
                 nullable = any(o.get("type") == "null" for o in field.get("anyOf", []))
-                kind = f"{ref}Options" + (" | null" if nullable else "")
+                kind = f"{ref}Options" + ("[]" if is_list(field) else "") + (" | null" if nullable else "")
             out.append(f"  {key}{'' if snake in required else '?'}: {kind};")
         out.append("}")
     out.append("")

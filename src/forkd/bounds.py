@@ -116,6 +116,12 @@ IDLE_HIBERNATE_SECS = Range("idle_hibernate_secs", 1, 30 * 86400)
 DISK_QUOTA_MIB = Range("disk_quota_mib", 0, 1 << 22, integer=True)
 # The quota of a spawn that gives none (the daemon's --disk-quota-mib).
 DEFAULT_DISK_QUOTA_MIB = 1024
+# A volume's size (its quota on the host: the qcow2's virtual size), in MiB.
+VOLUME_SIZE_MIB = Range("size_mib", 16, 1 << 20, integer=True)
+DEFAULT_VOLUME_SIZE_MIB = 1024
+# Volumes one snapshot attaches: microvm has eight virtio-mmio slots, and the root disk, the
+# RNG, the serial ports and a NIC take four.
+MAX_VOLUMES = 4
 # The default limit on one eval; the agent enforces it (guest/protocol.EVAL_DEFAULT_TIMEOUT_SECS).
 EVAL_TIMEOUT_SECS = 60.0
 # What a caller may ask for instead (an eval's timeout_secs).
@@ -126,9 +132,10 @@ FORK_LABELS = ("fork_tree_id", "fork_parent_id", "fork_index")
 # Per-child environments travel in the post-restore call: keep that line small.
 ENV = StringMap("env", 256, 256, 16384)
 
-# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child)
+# --- network egress: entries of allow_out / deny_out (each becomes one nftables rule per child,
+# and a name one set): a DNS name of 253 characters under "*.", with ":65535-65535"
 MAX_EGRESS_ENTRIES = 256
-MAX_EGRESS_ENTRY_CHARS = 64
+MAX_EGRESS_ENTRY_CHARS = 267
 
 # --- warm pools: paused children per snapshot (each holds a QEMU process and its memory)
 POOL_SIZE = Range("size", 0, 100, integer=True)
@@ -158,6 +165,9 @@ SANDBOX_ID_RULE = (f"ids are 1 to {SANDBOX_ID_MAX} letters, digits, '.', '_' or 
 # A fleet host (``forkd daemon --host-id``) puts its id in every sandbox id it makes:
 # sb-<host>-<6 hex>-<4 digits> (within SANDBOX_ID_RE); the gateway routes per-sandbox calls by it.
 HOST_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
+# E2B's sandbox list: the most a page holds, and its size when the client names none (one host's
+# list and the fleet gateway's alike).
+E2B_LIST_LIMIT = 100
 HOSTED_SANDBOX_ID_RE = re.compile(r"^sb-([a-z0-9]{1,16})-[0-9a-f]{6}-[0-9]{4}$")
 # IFNAMSIZ is 16 with the NUL. No commas: the name goes into a QEMU option string.
 TAP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")

@@ -66,6 +66,11 @@ class DataDir:
         return self.root / "forkd.lock"
 
     @property
+    def volumes(self) -> Path:
+        """Named volumes (controller/volumes.py): ``<name>/disk.qcow2`` each."""
+        return self.root / "volumes"
+
+    @property
     def travel(self) -> Path:
         """Snapshots on the move (controller/travel.py): imported base images, digests, staging."""
         return self.root / "travel"

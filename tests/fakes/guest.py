@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forkd.guest import protocol
+from forkd.guest import code_messages, protocol
 
-AGENT_VERSION = "13"  # lists its capabilities in ping (see protocol.Capabilities)
+AGENT_VERSION = "14"  # lists its capabilities in ping (see protocol.Capabilities)
 
 
 @dataclass
@@ -184,6 +184,10 @@ class ScriptedGuest:
         # Directory watchers: id -> (directory, recursive, entries, events not yet polled).
         self._watchers: dict[str, tuple[str, bool, bool, list[dict[str, Any]]]] = {}
         self._watcher_ids = itertools.count(1)
+        # Named code contexts (PID 1's interpreter, where an image has no kernel): id -> ContextInfo.
+        self._contexts: dict[str, dict[str, str]] = {"default": {"id": "default", "language": "python",
+                                                                 "cwd": "/"}}
+        self._context_ids = itertools.count(1)
 
     # ------------------------------------------------------------ wire
 
@@ -271,7 +275,8 @@ class ScriptedGuest:
     def do_sync(self) -> dict[str, Any]:
         return {"synced": True}
 
-    def do_fsfreeze(self) -> dict[str, Any]:
+    def do_fsfreeze(self, mounts: list[str] | None = None) -> dict[str, Any]:
+        protocol.check_freeze_mounts(mounts)
         return {"frozen": True}
 
     def do_fsthaw(self) -> dict[str, Any]:
@@ -592,6 +597,30 @@ class ScriptedGuest:
             return {"events": events, "overflowed": False}
         raise Refused(f"unknown watch op {op[:40]!r}", protocol.INVALID)
 
+    # ------------------------------------------------------------ code contexts
+
+    def do_context(self, op: str, **args: Any) -> dict[str, Any]:
+        """Code contexts: a cell prints its code (as the kernel's does) and has no value."""
+        if op == "create":
+            context = {"id": f"c{next(self._context_ids)}", "language": args.get("language") or "python",
+                       "cwd": args.get("cwd") or "/"}
+            self._contexts[context["id"]] = context
+            return context
+        if op == "list":
+            return {"contexts": list(self._contexts.values())}
+        found = self._contexts.get(str(args.get("context") or "default"))
+        if found is None:
+            raise Refused(f"no code context {str(args.get('context'))[:40]!r}", protocol.NOT_FOUND)
+        if op == "run":
+            self.cells += 1
+            return {"text": None, "stdout": str(args.get("code", "")), "stderr": "", "error": None,
+                    "execution_count": self.cells}
+        if op in ("remove", "restart"):
+            if op == "remove":
+                del self._contexts[found["id"]]
+            return found
+        raise Refused(f"unknown context op {op[:40]!r}", protocol.INVALID)
+
     # ------------------------------------------------------------ kernels
 
     def _cell(self, req_id: Any, args: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
@@ -604,8 +633,10 @@ class ScriptedGuest:
 
     def do_kernel(self, op: str, **args: Any) -> dict[str, Any]:
         if op == "available":
-            return {"available": True, "languages": list(protocol.KERNEL_LANGUAGES)}
-        if op in ("interrupt", "restart", "shutdown"):
-            return {"ok": True}
+            return {"available": True, "languages": list(code_messages.KERNEL_LANGUAGES)}
+        if op == "interrupt":
+            return {"interrupted": False}  # no cell runs long enough here to interrupt
+        if op in ("restart", "shutdown"):
+            return {"type": "end", "execution_count": 0}
         raise Refused(f"unknown kernel op {op!r}", protocol.INVALID)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ import pytest
 from forkd.config import DataDir, default_data_dir
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.image.builder import load_image
+from forkd.store.layout import SnapshotDir
 from forkd.store.records import SnapshotRecord
 from forkd.vmm import console
 
@@ -39,12 +41,14 @@ def soak(short: T, full: T) -> T:
 
 
 # A failed VM test keeps the consoles of the VMs that ran during it: the sandboxes it killed (copied
-# aside by the daemon as their run directories go: forkd.vmm.console.keep_for_debugging) and the ones
-# still running, under test-artifacts/<test>/ (or $FORKD_TEST_ARTIFACTS), named in the report.
+# aside by the runtime or daemon as their run directories go: forkd.vmm.console.keep_for_debugging)
+# and the ones still running, with the tail of each daemon log written meanwhile, under
+# test-artifacts/<test>/ (or $FORKD_TEST_ARTIFACTS), named in the report.
 ARTIFACTS = Path(os.environ.get("FORKD_TEST_ARTIFACTS") or Path(__file__).parents[2] / "test-artifacts")
 _KEPT_CONSOLES = Path(tempfile.mkdtemp(prefix="forkd-consoles-"))
 os.environ[console.KEEP_DIR_ENV] = str(_KEPT_CONSOLES)  # daemons this session starts inherit it
 _SESSION_START = time.time()
+DAEMON_LOG_TAIL = 1 << 20  # the end of a daemon's log is what tells about the failure
 
 
 def _consoles_since(started: float) -> list[Path]:
@@ -53,6 +57,29 @@ def _consoles_since(started: float) -> list[Path]:
     live = [p for p in Path("/tmp").glob("*/sandboxes/*/console.log")
             if p.parents[2].stat().st_ctime >= _SESSION_START and p.stat().st_mtime >= started]
     return kept + live
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The container test runs last, its image built in the background meanwhile (container_image.py):
+    the build's minutes overlap the other VM tests."""
+    container = [item for item in items if item.path.name == "test_container.py"]
+    if not container:
+        return
+    items[:] = [item for item in items if item.path.name != "test_container.py"] + container
+    from . import container_image
+
+    if container_image.PODMAN is not None and container_image.BUILD is None:
+        log = Path(tempfile.mkdtemp(prefix="forkd-ctr-")) / "build.log"
+        container_image.BUILD = container_image.ImageBuild(images_dir(), log)
+        container_image.BUILD.start()
+
+
+def _daemon_logs_since(started: float) -> list[Path]:
+    """The logs of this session's daemons (their data dirs are scratch ones under /tmp) written
+    during the test: what the daemon said about the VMs it ran for it."""
+    return [p for p in Path("/tmp").glob("*/daemon.log")
+            if p.parent.stat().st_ctime >= _SESSION_START and p.stat().st_mtime >= started]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -75,8 +102,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             name = log.name if log.parent == _KEPT_CONSOLES else f"{log.parent.name}.console.log"
             shutil.copyfile(log, dest / name)
             copied += 1
+    for log in _daemon_logs_since(item.stash.get(_STARTED, _SESSION_START)):
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            dest.mkdir(parents=True, exist_ok=True)
+            f.seek(max(0, log.stat().st_size - DAEMON_LOG_TAIL))
+            (dest / f"{log.parent.name}.daemon.log").write_bytes(f.read())
+            copied += 1
     if copied:
-        report.sections.append(("VM consoles", f"{copied} console log(s) kept in {dest}"))
+        report.sections.append(("VM consoles", f"{copied} console and daemon log(s) kept in {dest}"))
 
 
 _STARTED = pytest.StashKey[float]()
@@ -84,6 +117,10 @@ _STARTED = pytest.StashKey[float]()
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(_KEPT_CONSOLES, ignore_errors=True)
+    from . import container_image
+
+    if container_image.BUILD is not None:
+        container_image.BUILD.stop()  # a session that ended before its container test
 
 
 class Loop:
@@ -148,19 +185,53 @@ def snapshot(loop: Loop, runtime: Runtime) -> str:
     return "py"
 
 
-def seed_template(loop: Loop, runtime: Runtime, tag: str, root: Path) -> None:
-    """Register ``runtime``'s template ``tag`` in the data dir ``root``, hard-linked (a template's
-    files are never written), before a daemon starts there: the daemon forks it without a boot."""
+# The session's template with a NIC: what the network tests fork from, and what a daemon of their
+# own (hibernation, two daemons, the other ways in) starts with under the tag it asks for. A guest's
+# address inside its namespace is the same on every daemon, so such a template moves between data dirs.
+NIC_RECIPE: dict[str, Any] = {"nic": True, "boot_wait_secs": 240}
+
+
+@pytest.fixture(scope="session")
+def nic_snapshot(loop: Loop, runtime: Runtime) -> str:
+    """The session's one boot of a template with a NIC (``py-nic``)."""
+    loop.run(runtime.create_snapshot(SnapshotSpec(tag="py-nic", **NIC_RECIPE)))
+    return "py-nic"
+
+
+def seed_template(loop: Loop, runtime: Runtime, tag: str, root: Path, as_tag: str | None = None) -> None:
+    """Register ``runtime``'s template ``tag`` in the data dir ``root`` (as ``as_tag``), hard-linked
+    (a template's files are never written in place), before a runtime or daemon opens it there: it
+    forks the template without a boot. Only its snapshot.json, which names the tag, is written anew."""
+    as_tag = as_tag or tag
     data = DataDir(root, images_dir())
     rt = loop.run(Runtime.open(data))
     try:
         src = runtime.get_snapshot(tag)
-        dst = data.snapshots / tag
+        dst = data.snapshots / as_tag
         shutil.copytree(src.dir, dst, copy_function=os.link)
-        rt.registry.snapshots.insert(SnapshotRecord(tag=tag, dir=str(dst),
+        if as_tag != tag:
+            snap = SnapshotDir(dst)
+            meta = json.loads(snap.meta_path.read_text())
+            snap.write_meta({**meta, "tag": as_tag})  # a new file: the link is replaced
+        rt.registry.snapshots.insert(SnapshotRecord(tag=as_tag, dir=str(dst),
                                                     created_at_unix=src.created_at_unix))
     finally:
         loop.run(rt.close())
+
+
+Seeder = Callable[..., None]
+
+
+@pytest.fixture(scope="session")
+def seed(loop: Loop, runtime: Runtime) -> Seeder:
+    """``seed(root, base="py", pynet="py-nic")``: the session's templates (booted by their
+    fixtures, which the caller requests) registered in the data dir ``root`` under the tags its
+    tests use, before its daemon starts. For modules with a daemon of their own."""
+    def _seed(root: Path, **tags: str) -> None:
+        for as_tag, tag in tags.items():
+            seed_template(loop, runtime, tag, root, as_tag)
+
+    return _seed
 
 
 @pytest.fixture(scope="session")
@@ -174,6 +245,37 @@ def shared_daemons(loop: Loop, runtime: Runtime, snapshot: str) -> Iterator[Any]
                            seeded={snapshot: SNAPSHOT_RECIPE})
     yield shared
     shared.close()
+
+
+# Snapshots that travel (test_travel.py, test_travel_lazy.py): one object store, one source runtime
+# and one branch chain for both modules, built once a session (test_travel.py has the helpers).
+@pytest.fixture(scope="session")
+def travel_s3() -> Iterator[Any]:
+    """moto's S3 server, its variables set for the rest of the session (runtimes read them)."""
+    from .services import environ, s3_server
+
+    with s3_server() as server, environ(server.env):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def travel_source(loop: Loop, travel_s3: Any, snapshot: str, seed: Seeder) -> Iterator[Runtime]:
+    """A runtime with an object store, started with the session's template as ``tv-py``."""
+    from .test_travel import TEMPLATE, close_runtime, open_runtime, scratch
+
+    data = scratch()
+    seed(data.root, **{TEMPLATE: snapshot})  # no boot of its own
+    rt = open_runtime(loop, travel_s3, data=data)
+    yield rt
+    close_runtime(loop, rt)
+
+
+@pytest.fixture(scope="session")
+def travel_chain(loop: Loop, travel_source: Runtime) -> dict[str, Any]:
+    """tv-py -> tv-b1 -> tv-b2 -> tv-b3 on ``travel_source`` (test_travel.build_chain)."""
+    from .test_travel import build_chain
+
+    return loop.run(build_chain(travel_source), timeout=900)
 
 
 def qemu_processes_of(root: Path) -> list[str]:

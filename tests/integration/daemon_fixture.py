@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 
 from forkd.config import DataDir
+from forkd.host import fusefile
+from forkd.vmm import console
 
 from .conftest import images_dir, qemu_processes_of
 
@@ -65,12 +67,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def kill_qemus_of(root: Path) -> list[str]:
-    """SIGKILL every QEMU whose command line names ``root`` (test clean-up); returns them."""
+    """SIGKILL every QEMU whose command line names ``root`` (test clean-up); returns them. A daemon
+    killed with SIGKILL also leaves its lazily arriving snapshots' FUSE mounts (a daemon that
+    starts on ``root`` again detaches them itself): detach them, so nothing is left mounted."""
     leftover = qemu_processes_of(root)
     for line in leftover:
         pid = int(line.split()[0])
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for point in fusefile.mounts_under(root):
+        with contextlib.suppress(OSError):
+            fusefile.umount(point)
     return leftover
 
 
@@ -89,6 +96,10 @@ class Daemon:
     extra_env: dict[str, str] = field(default_factory=dict)
     # "cli": `forkd daemon ...`; "module": `python -m forkd.api ...` (docs/API.md's spelling).
     entry: str = "cli"
+    # Where it listens, and what runs it: ``ip netns exec NS`` puts it on another "machine"
+    # (tests/integration/netns.py); such a launcher execs the daemon, so proc.pid stays its pid.
+    host: str = "127.0.0.1"
+    launcher: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     # Sandboxes a test leaves running on purpose, for the SIGTERM shutdown to stop.
@@ -96,7 +107,7 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls_cert else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -109,8 +120,9 @@ class Daemon:
     def argv(self) -> list[str]:
         command = [str(FORKD), "daemon"] if self.entry == "cli" else [sys.executable, "-m", "forkd.api"]
         argv = [
+            *self.launcher,
             *command,
-            "--bind", f"127.0.0.1:{self.port}",
+            "--bind", f"{self.host}:{self.port}",
             "--data-dir", str(self.root),
             "--token-file", str(self.token_file),
         ]
@@ -121,6 +133,10 @@ class Daemon:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORKD_")}
         env["FORKD_IMAGES_DIR"] = str(images_dir())
+        # Where the daemon copies a sandbox's console as its run directory goes: a failed test
+        # keeps the consoles of the VMs it killed (conftest.py), the daemon's as well as its own.
+        if keep := os.environ.get(console.KEEP_DIR_ENV):
+            env[console.KEEP_DIR_ENV] = keep
         env.update(self.extra_env)
         return env
 

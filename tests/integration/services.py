@@ -1,7 +1,8 @@
-"""Real services the travel and fleet tests start on loopback: an S3-compatible server and etcd.
+"""Real services the travel and fleet tests start: an S3-compatible server and etcd.
 
 * S3: moto's server (``moto[server]`` from PyPI), in a thread of the test
-  process on a free port. forkd talks to it through boto3 exactly as to AWS
+  process on a free loopback port, or (the fleet test) as its own process in a
+  network namespace. forkd talks to it through boto3 exactly as to AWS
   S3, MinIO or R2: ``AWS_ENDPOINT_URL`` and credentials in the environment.
 * etcd: Debian's ``etcd-server`` (3.4), as its own process with a throwaway
   data dir; forkd talks to its v3 JSON gateway on the client port.
@@ -15,18 +16,25 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from .daemon_fixture import free_port
-
 BUCKET = "forkd-test"
+
+
+def free_port() -> int:
+    """A free loopback port (this module stands alone: bench/fleet.py starts these services too)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -54,7 +62,7 @@ def s3_server() -> Iterator[S3Server]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     # moto keeps its buckets in this process, shared by every server it runs: a bucket of its
-    # own keeps one module's store from seeing another's (test_travel.py, test_travel_lazy.py).
+    # own keeps one server's store from seeing another's (the travel modules', the fleet's).
     s3 = S3Server(f"http://127.0.0.1:{port}", f"{BUCKET}-{secrets.token_hex(4)}")
     try:
         boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
@@ -62,6 +70,42 @@ def s3_server() -> Iterator[S3Server]:
         yield s3
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def s3_server_process(launcher: Sequence[str], host: str, port: int = 9000) -> Iterator[S3Server]:
+    """moto's S3 server as a process of its own (``moto_server``), run by ``launcher`` (in a
+    network namespace: another "machine"), with one empty bucket."""
+    import boto3
+
+    binary = Path(sys.executable).with_name("moto_server")
+    s3 = S3Server(f"http://{host}:{port}", f"{BUCKET}-{secrets.token_hex(4)}")
+    logdir = Path(tempfile.mkdtemp(prefix="fkd-s3-"))
+    log = open(logdir / "moto.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([*launcher, str(binary), "-H", host, "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        client = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id="test",
+                              aws_secret_access_key="test", region_name="us-east-1")
+        while True:
+            try:
+                client.create_bucket(Bucket=s3.bucket)
+                break
+            except Exception:  # not listening yet (botocore's connection errors have no one base)
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    f"moto_server did not start: {(logdir / 'moto.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield s3
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -87,20 +131,21 @@ class Etcd:
 
 
 @contextlib.contextmanager
-def etcd_server() -> Iterator[Etcd]:
-    """A one-member etcd on free loopback ports (Debian's etcd-server; scripts/install-deps.sh)."""
+def etcd_server(launcher: Sequence[str] = (), host: str = "127.0.0.1") -> Iterator[Etcd]:
+    """A one-member etcd (Debian's etcd-server; scripts/install-deps.sh): on free loopback ports,
+    or on etcd's own ports at ``host`` when ``launcher`` runs it in a namespace of its own."""
     binary = shutil.which("etcd")
     assert binary, "etcd is not installed: run scripts/install-deps.sh (Debian's etcd-server)"
-    client, peer = free_port(), free_port()
+    client, peer = (free_port(), free_port()) if not launcher else (2379, 2380)
     data = Path(tempfile.mkdtemp(prefix="fkd-etcd-"))
-    url = f"http://127.0.0.1:{client}"
+    url = f"http://{host}:{client}"
     log = open(data / "etcd.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
-        [binary, "--name", "forkd-test", "--data-dir", str(data / "member"),
+        [*launcher, binary, "--name", "forkd-test", "--data-dir", str(data / "member"),
          "--listen-client-urls", url, "--advertise-client-urls", url,
-         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-cluster", f"forkd-test=http://127.0.0.1:{peer}"],
+         "--listen-peer-urls", f"http://{host}:{peer}",
+         "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+         "--initial-cluster", f"forkd-test=http://{host}:{peer}"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30

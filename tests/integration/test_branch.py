@@ -17,7 +17,7 @@ from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict, InvalidRequest, NotFound, VMError
 from forkd.vmm import branching
 
-from .conftest import Loop, qemu_processes_of
+from .conftest import Loop, qemu_processes_of, soak
 
 pytestmark = pytest.mark.vm
 
@@ -287,15 +287,20 @@ def test_disk_full_during_branch_resumes_source(loop: Loop, small_fs_runtime: Ru
         filler.unlink()
 
 
+CONSECUTIVE_BRANCHES = soak(4, 10)
+
+
+@pytest.mark.soak
 def test_many_consecutive_branches_and_deleting_one_under_a_live_source(
     loop: Loop, runtime: Runtime, snapshot: str
 ) -> None:
-    """Ten branches of one source chain without limit, and a branch can be deleted
-    while its source lives: the next branch still carries the whole disk."""
+    """CONSECUTIVE_BRANCHES branches of one source (4 in make test, 10 in make stress) chain
+    without limit, and a branch can be deleted while its source lives: the next branch still
+    carries the whole disk."""
     src = loop.run(runtime.spawn(snapshot, 1))[0]
     tags = []
     try:
-        for i in range(10):
+        for i in range(CONSECUTIVE_BRANCHES):
             loop.run(runtime.exec(src.id, ["sh", "-c", f"echo {i} > /root/step-{i}; sync"]))
             tags.append(loop.run(runtime.branch(src.id, mode="diff")).tag)
         assert runtime.get_snapshot(tags[-1]).parent_tag == tags[-2]
@@ -306,7 +311,7 @@ def test_many_consecutive_branches_and_deleting_one_under_a_live_source(
         assert last.parent_tag == tags[-1]
         kid = loop.run(runtime.spawn("after-delete", 1))[0]
         out = loop.run(runtime.exec(kid.id, ["sh", "-c", "cat /root/step-* /root/after"]))
-        assert out["stdout"].split() == [*map(str, range(10)), "after"]
+        assert out["stdout"].split() == [*map(str, range(CONSECUTIVE_BRANCHES)), "after"]
         loop.run(runtime.kill(kid.id))
     finally:
         loop.run(runtime.kill(src.id))

@@ -20,18 +20,18 @@ import pytest
 
 from forkd.vmm.qmp import QMP
 
+from .conftest import Seeder
 from .daemon_fixture import Daemon, evaluate, new_daemon, ok, shutdown_and_check, start_or_clean_up
 
 pytestmark = pytest.mark.vm
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_or_clean_up(new_daemon("fkbr-"))
+def daemon(snapshot: str, seed: Seeder) -> Iterator[Daemon]:
+    d = new_daemon("fkbr-")
+    seed(d.root, base=snapshot)  # the session's template: no boot of its own
+    start_or_clean_up(d)
     try:
-        with d.client(timeout=600) as c:
-            made = c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 180})
-            assert made.status_code == 201, made.text
         yield d
     finally:
         shutdown_and_check(d)

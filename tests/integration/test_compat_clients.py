@@ -11,15 +11,18 @@
 The clients run as programs (tests/clients/) in their own virtualenv
 (``.venv-clients``, pinned in tests/clients/requirements.txt, made by
 ``make clients``; the published SDK's distribution is also named ``forkd``).
-One daemon and one template boot serve the whole module: ``base`` is booted,
+One daemon of its own serves the whole module (the clients list every snapshot): ``base`` is
+the session's template (booted once, registered before the daemon starts),
 ``code-interpreter-v1`` (the code interpreter's default template) is a
-compaction of it, which costs no boot.
+compaction of it, which costs no boot. The daemon's docker.io mirror is a docker-registry on
+loopback that the module starts first, for E2B's ``from_image`` and ``from_dockerfile``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,7 +31,9 @@ from typing import Any
 
 import pytest
 
+from .conftest import Seeder, images_dir
 from .daemon_fixture import Daemon, kill_leftover_sandboxes, new_daemon, shutdown_and_check, start_or_clean_up
+from .oci_material import Registry, debian_layout, registry
 
 pytestmark = pytest.mark.vm
 
@@ -46,12 +51,19 @@ def clients_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_or_clean_up(new_daemon("fkc-"))
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry on loopback that the daemon's docker.io mirror points at (E2B's from_image)."""
+    with registry(tmp_path_factory.mktemp("hub") / "registry") as reg:
+        yield reg
+
+
+@pytest.fixture(scope="module")
+def daemon(snapshot: str, seed: Seeder, hub: Registry) -> Iterator[Daemon]:
+    d = new_daemon("fkc-", extra_args=["--registry-mirror", f"docker.io=http://{hub.host}"])
+    seed(d.root, base=snapshot)  # the session's template: no boot of its own
+    start_or_clean_up(d)
     try:
         with d.client(timeout=600) as c:
-            made = c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 180})
-            assert made.status_code == 201, made.text
             flat = c.post("/v1/snapshots/base/compact", json={"to": "code-interpreter-v1"})
             assert flat.status_code == 201, flat.text
         yield d
@@ -175,6 +187,30 @@ def test_e2b_template_build_runs_unchanged(clients_python: Path, clean: Daemon) 
         for root in roots:
             assert c.delete(f"/v1/snapshots/{root}?cascade=true").status_code == 204
         assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["base", "code-interpreter-v1"]
+
+
+def test_e2b_from_image_and_from_dockerfile_build_from_a_registry(clients_python: Path, clean: Daemon,
+                                                                   hub: Registry, tmp_path: Path) -> None:
+    """Template().from_image(REF) and from_dockerfile's FROM REF, REF a Hub short name that the
+    daemon's mirror sends to the loopback registry: each builds, and the published SDK starts a
+    sandbox from it that has the image's files and its own Python module (issue 33)."""
+    layout = debian_layout(images_dir(), tmp_path, {
+        "usr/lib/python3/dist-packages/forkd_e2b_only.py": b"ANSWER = \"only in the registry's image\"\n",
+        "srv/app/hello.txt": b"hello from the registry\n"})
+    hub.push(layout, "t", "forkd-test/e2b-debian:1")
+    try:
+        out = run_program(clients_python, CLIENTS / "e2b" / "from_image.py", e2b_env(clean),
+                          "forkd-test/e2b-debian:1")
+        assert out.strip().endswith("from_image ok"), out
+        with clean.client() as c:
+            pulled = {i["oci"]["ref"] for i in c.get("/v1/images").json() if "oci" in i}
+            assert "docker.io/forkd-test/e2b-debian:1" in pulled, pulled
+    finally:
+        with clean.client() as c:  # the builds' layers: dropped with their base, as a user would
+            for snap in c.get("/v1/snapshots").json():
+                if snap["tag"].startswith("layer-") and snap.get("parent_tag") is None:
+                    c.delete(f"/v1/snapshots/{snap['tag']}?cascade=true")
+        shutil.rmtree(images_dir() / "e2b-debian-1", ignore_errors=True)
 
 
 def test_v1_runs_as_root_unless_a_user_is_named(clean: Daemon) -> None:

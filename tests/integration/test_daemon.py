@@ -822,3 +822,44 @@ def test_kill9_restart_readopts_live_sandboxes_and_reaps_dead_ones(daemon: Daemo
     # Left running on purpose: the module teardown's SIGTERM must stop the
     # re-adopted `stay` and the new `fresh` (and asserts no QEMU is left).
     daemon.left_for_shutdown = [stay["id"], fresh["id"]]
+
+
+def test_kill9_keeps_what_a_guest_fsynced_to_its_volume(daemon: Daemon, http: httpx.Client) -> None:
+    """A sandbox with a copy volume, whose guest wrote and fsync'ed a file there (the write was
+    acknowledged), outlives a kill -9 of the daemon: the restarted daemon re-adopts it with its
+    volume, the file is there, the volume still takes writes, and a BRANCH after the restart
+    carries both to a child. Runs after the first kill -9 test, on the same module daemon."""
+
+    def sh(c: httpx.Client, sb_id: str, script: str) -> str:
+        r = c.post(f"/v1/sandboxes/{sb_id}/exec", json={"args": ["sh", "-c", script]}, timeout=120)
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+        return str(r.json()["stdout"]).strip()
+
+    fsync = ("import os, sys; f = open(sys.argv[1], 'a'); f.write(sys.argv[2] + '\\n'); f.flush(); "
+             "os.fsync(f.fileno())")
+    assert http.post("/v1/volumes", json={"name": "k9vol", "size_mib": 16}).status_code == 201
+    r = http.post("/v1/snapshots", json={"tag": "pyvol", "mem_mib": 512,
+                                         "volumes": [{"name": "k9vol", "mount": "/mnt/v"}]}, timeout=300)
+    assert r.status_code == 201, r.text
+    [sb] = http.post("/v1/sandboxes", json={"snapshot_tag": "pyvol"}, timeout=300).json()
+    sh(http, sb["id"], f"python3 -c \"{fsync}\" /mnt/v/log before-the-crash")
+
+    daemon.kill9()
+    assert pid_alive(sb["pid"]), "the sandbox died with the daemon"
+    daemon.start()
+
+    with daemon.client() as c:
+        info = c.get(f"/v1/sandboxes/{sb['id']}").json()
+        assert [v["mount"] for v in info["volumes"]] == ["/mnt/v"] and info["pid"] == sb["pid"]
+        assert sh(c, sb["id"], "cat /mnt/v/log") == "before-the-crash"
+        sh(c, sb["id"], f"python3 -c \"{fsync}\" /mnt/v/log after-the-restart")
+        r = c.post(f"/v1/sandboxes/{sb['id']}/branch", json={"tag": "pyvol-k9", "mode": "full"}, timeout=300)
+        assert r.status_code == 201, r.text
+        [child] = c.post("/v1/sandboxes", json={"snapshot_tag": "pyvol-k9"}, timeout=300).json()
+        assert sh(c, child["id"], "cat /mnt/v/log") == "before-the-crash\nafter-the-restart"
+        for sb_id in (child["id"], sb["id"]):
+            assert c.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+        for tag in ("pyvol-k9", "pyvol"):
+            r = c.delete(f"/v1/snapshots/{tag}")
+            assert r.status_code in (200, 204), r.text
+        assert c.delete("/v1/volumes/k9vol").status_code in (200, 204)

@@ -32,6 +32,7 @@ import pytest
 from forkd import Controller, Sandbox, Snapshot
 from forkd.sdk import NotFoundError
 
+from .conftest import Seeder
 from .daemon_fixture import (
     Daemon,
     SharedDaemons,
@@ -727,13 +728,12 @@ def test_branch_lineage_delete_and_source_lifecycle(daemon: Daemon, shared_daemo
         kill_all(http, [*kids, src])
 
 
-def test_503_at_the_branch_concurrency_cap() -> None:
+def test_503_at_the_branch_concurrency_cap(snapshot: str, seed: Seeder) -> None:
     d = new_daemon(prefix="fkd-cap-", extra_env={"FORKD_BRANCH_CONCURRENCY": "1"})
+    seed(d.root, py=snapshot)  # the session's template: no boot of its own
     try:
         d.start()
         with d.client(timeout=300) as c:
-            r = c.post("/v1/snapshots", json={"tag": "py", "boot_wait_secs": 180})
-            assert r.status_code == 201, r.text
             sbs = spawn(c, "py", 3)
             requests = [(f"/v1/sandboxes/{sb['id']}/branch", {"tag": f"cap-{i}"})
                         for i, sb in enumerate(sbs)]

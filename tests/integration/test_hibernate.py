@@ -1,8 +1,9 @@
 """Hibernation with real VMs, through a real daemon: to disk and back, on request, when idle,
 at an E2B ``autoPause`` timeout, and across a daemon ``kill -9``.
 
-One daemon and one template boot (``base``, with a NIC, so that every child has a network
-of its own to release and make again) serve the module.
+One daemon of its own (it is killed and restarted) serves the module, with the session's
+template with a NIC (booted once, so that every child has a network of its own to release and
+make again) registered as ``base`` before it starts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import qemu_processes_of
+from .conftest import Seeder, qemu_processes_of, soak
 from .daemon_fixture import (
     Daemon,
     evaluate,
@@ -54,12 +55,11 @@ COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sl
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    d = start_or_clean_up(new_daemon("fkh-"))
+def daemon(nic_snapshot: str, seed: Seeder) -> Iterator[Daemon]:
+    d = new_daemon("fkh-")
+    seed(d.root, base=nic_snapshot)
+    start_or_clean_up(d)
     try:
-        with d.client(timeout=600) as c:
-            made = c.post("/v1/snapshots", json={"tag": "base", "nic": True, "boot_wait_secs": 180})
-            assert made.status_code == 201, made.text
         yield d
     finally:
         shutdown_and_check(d)
@@ -221,6 +221,42 @@ def test_a_branched_sandbox_hibernates_wakes_and_branches_again(http: httpx.Clie
         assert http.delete(f"/v1/snapshots/{snap['tag']}").status_code == 204
 
 
+def test_a_hibernated_sandbox_forks_without_waking(http: httpx.Client) -> None:
+    """fork-tree of a hibernated sandbox: the children start from its saved memory and disk (a
+    chain of layers by then), each on its own, and it stays hibernated; woken later, it is as
+    it was."""
+    sb = spawn(http)
+    run(http, sb["id"], "sh", "-c", "echo one > /root/a; sync")
+    first = ok(http.post(f"/v1/sandboxes/{sb['id']}/branch", json={"mode": "diff"}, timeout=300))
+    run(http, sb["id"], "sh", "-c", "echo two > /root/b")  # in its page cache when it sleeps
+    evaluate(http, sb["id"], "v = 'asleep'")
+    hibernate(http, sb["id"])
+    wakes = metric(http, "forkd_hibernation_wakes")
+
+    r = http.post(f"/v1/sandboxes/{sb['id']}/fork-tree", json={"count": 2, "network": EGRESS}, timeout=600)
+    assert r.status_code == 201, r.text
+    forked = r.json()
+    assert forked["errors"] == [] and forked["pause_ms"] == 0, forked
+    children = [child["id"] for child in forked["children"]]
+    listed = {s["id"]: s["state"] for s in ok(http.get("/v1/sandboxes"))}
+    assert listed[sb["id"]] == "hibernated"
+    assert metric(http, "forkd_hibernation_wakes") == wakes  # nothing woke it
+    for i, child in enumerate(children):
+        assert listed[child] == "running"
+        assert evaluate(http, child, "v") == "'asleep'"
+        assert run(http, child, "cat", "/root/a", "/root/b") == "one\ntwo\n"
+        run(http, child, "sh", "-c", f"echo child{i} > /root/a; sync")
+    assert run(http, children[1], "cat", "/root/a") == "child1\n"  # each child's disk is its own
+
+    # The source wakes on its next request, from its own files, untouched by the fork.
+    assert evaluate(http, sb["id"], "v") == "'asleep'"
+    assert run(http, sb["id"], "cat", "/root/a", "/root/b") == "one\ntwo\n"
+    assert metric(http, "forkd_hibernation_wakes") == wakes + 1
+    for sb_id in (*children, sb["id"]):
+        assert http.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
+    assert http.delete(f"/v1/snapshots/{first['tag']}").status_code == 204
+
+
 def test_an_idle_sandbox_hibernates_and_wakes_on_its_next_request(http: httpx.Client) -> None:
     sb = spawn(http, idle_hibernate_secs=1)
     evaluate(http, sb["id"], "z = 7")
@@ -268,8 +304,13 @@ def test_a_daemon_restart_keeps_a_hibernated_sandbox_and_it_wakes_after(daemon: 
         assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
 
 
+# How long after the request each cut lands: one point in make test, two in make stress.
+CUT_DELAYS = soak((0.05,), (0.02, 0.08))
+
+
+@pytest.mark.soak
 def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daemon: Daemon) -> None:
-    """Runs last: it kills the module's daemon with SIGKILL (five times) and restarts it."""
+    """Runs last: it kills the module's daemon with SIGKILL (1 + 2 per CUT_DELAYS) and restarts it."""
     with daemon.client() as c:
         asleep, cut_hibernating, cut_waking = (spawn(c) for _ in range(3))
         for sb in (asleep, cut_hibernating, cut_waking):
@@ -318,7 +359,7 @@ def test_kill9_while_hibernating_or_waking_loses_nothing_and_leaves_no_qemu(daem
     check_qemus()
 
     # A hibernation cut short, and a wake cut short, at a few points each.
-    for delay in (0.02, 0.08):
+    for delay in CUT_DELAYS:
         with daemon.client() as c:
             evaluate(c, cut_hibernating["id"], "mark")  # running (woken if it was hibernated)
         crash_during("POST", f"/v1/sandboxes/{cut_hibernating['id']}/hibernate", None, delay)

@@ -40,7 +40,6 @@ import httpx
 import pytest
 
 from forkd import bounds
-from forkd.api.connections import FIRST_REQUEST_SECS
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.sdk import Controller
 from tests.fakes import vmm
@@ -51,6 +50,7 @@ from .daemon_fixture import new_daemon, shutdown_and_check, start_or_clean_up
 
 ROOT = Path(__file__).resolve().parents[2]
 A = "sb-aaaaaa-0000"  # an id no daemon of ``plain_daemon`` runs
+HEAD_SECS = 3  # plain_daemon's --header-timeout
 DEEP = b'{"path": ' + b"[" * 20000 + b"]" * 20000 + b"}"
 NESTED = f"nested deeper than {bounds.MAX_JSON_DEPTH} levels"
 
@@ -278,8 +278,10 @@ def test_every_routing_and_credential_header_must_come_once(daemon: Daemon) -> N
 
 @pytest.fixture(scope="module")
 def plain_daemon() -> Iterator[ForkdDaemon]:
-    """A daemon with no snapshot: these tests need its HTTP side only, no VM."""
-    daemon = start_or_clean_up(new_daemon("fkd-hc-"))
+    """A daemon with no snapshot: these tests need its HTTP side only, no VM. Its head timeout (a
+    new connection's first request, a begun request head) is short, so that the silent connections
+    of the fd test are closed by it within seconds rather than the default's ten."""
+    daemon = start_or_clean_up(new_daemon("fkd-hc-", extra_args=["--header-timeout", str(HEAD_SECS)]))
     try:
         yield daemon
     finally:
@@ -319,7 +321,7 @@ def test_idle_connections_cannot_exhaust_the_daemons_fds(plain_daemon: ForkdDaem
             assert c.get("/v1/sandboxes").status_code == 200  # authenticated, too
         assert open_fds(pid) < 2048
         # The silent ones are closed by the daemon: evicted for newer ones, or timed out.
-        deadline = time.monotonic() + FIRST_REQUEST_SECS + 10
+        deadline = time.monotonic() + HEAD_SECS + 10
         pending = selectors.DefaultSelector()  # epoll: these fds are past select()'s 1024
         for s in silent:
             pending.register(s, selectors.EVENT_READ)
@@ -394,8 +396,8 @@ def test_a_flood_on_a_starved_daemon_stays_under_the_fd_limit(plain_daemon: Fork
 
 
 def test_a_slow_client_gets_its_answer(plain_daemon: ForkdDaemon) -> None:
-    """The first-request timeout is for silence only: a request split over several
-    writes within it is served as usual."""
+    """The head timeout is for silence and stalls only: a request split over several writes
+    within it is served as usual."""
     with socket.create_connection(("127.0.0.1", plain_daemon.port), timeout=10) as s:
         for part in (b"GET /healthz HTTP/1.1\r\n", b"Host: localhost\r\n", b"\r\n"):
             s.sendall(part)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.controller.runtime import Runtime
 from forkd.host import childnet, netplan
 from forkd.vmm import console
 
@@ -24,25 +24,6 @@ from .conftest import Loop, soak
 pytestmark = pytest.mark.vm
 
 MIB = 1 << 20
-
-
-def test_a_flooded_console_stays_capped(loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    sb = loop.run(runtime.spawn(snapshot, 1))[0]
-    log = Path(sb.dir) / "console.log"
-    try:
-        # 3 MiB through the UART, three times the cap (~10 s under TCG).
-        flood = "head -c 3145728 /dev/zero | tr '\\0' x > /dev/ttyS0"
-        res = loop.run(runtime.exec(sb.id, ["sh", "-c", flood], timeout_secs=300))
-        assert res["exit_code"] == 0, res
-        deadline = time.monotonic() + 30
-        while log.stat().st_size > console.MAX_BYTES:  # the warden sweeps once a second
-            assert time.monotonic() < deadline, "the console log was never cut"
-            loop.run(asyncio.sleep(0.2))  # the warden runs on the runtime's loop: let it
-        prev = console.previous(log)
-        assert prev.exists() and prev.stat().st_size <= console.KEEP_BYTES
-        assert loop.run(runtime.ping(sb.id))["pong"] is True  # the guest is unharmed
-    finally:
-        loop.run(runtime.kill(sb.id))
 
 
 def _console_bytes(sandbox_dir: Path) -> int:
@@ -54,13 +35,17 @@ def _console_bytes(sandbox_dir: Path) -> int:
     return total
 
 
-CONSOLE_FLOOD_SECS = soak(25, 60)
+# Under TCG the UART takes about 0.5 MiB/s: 12 s is some 6 MiB, twice the 3 MiB the test needs
+# to see the cap exercised, with a dozen of the warden's sweeps meanwhile.
+CONSOLE_FLOOD_SECS = soak(12, 60)
 
 
 @pytest.mark.soak
 def test_a_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot: str) -> None:
-    """The guest writes as fast as its UART goes for CONSOLE_FLOOD_SECS (it tries for 1 GB): 25 s in
-    make test, a minute in make stress."""
+    """The guest writes as fast as its UART goes for CONSOLE_FLOOD_SECS (it tries for 1 GB): 12 s in
+    make test, a minute in make stress. What the host keeps on disk stays within the cap meanwhile;
+    once the flood ends the log is cut below the cap, with its kept tail beside it, and the guest
+    is unharmed."""
     sb = loop.run(runtime.spawn(snapshot, 1))[0]
     sandbox_dir = Path(sb.dir)
     try:
@@ -89,7 +74,14 @@ def test_a_console_flood_leaves_a_few_mib(loop: Loop, runtime: Runtime, snapshot
               f"kept at most {largest / MIB:.2f} MiB of it on disk")
         assert written > 3 * console.MAX_BYTES  # the cap was really exercised
         assert largest <= console.MAX_BYTES + console.KEEP_BYTES + 2 * MIB  # two sweeps' worth of slack
-        assert loop.run(runtime.ping(sb.id))["pong"] is True
+        log = sandbox_dir / "console.log"
+        deadline = time.monotonic() + 30
+        while log.stat().st_size > console.MAX_BYTES:  # the warden sweeps once a second
+            assert time.monotonic() < deadline, "the console log was never cut"
+            loop.run(asyncio.sleep(0.2))  # the warden runs on the runtime's loop: let it
+        prev = console.previous(log)
+        assert prev.exists() and prev.stat().st_size <= console.KEEP_BYTES
+        assert loop.run(runtime.ping(sb.id))["pong"] is True  # the guest is unharmed
     finally:
         loop.run(runtime.kill(sb.id))
 
@@ -234,7 +226,8 @@ def _counters(netns: str) -> dict[str, int]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
 @pytest.mark.skipif(bool(childnet.missing_prerequisites()),
                     reason=f"host networking missing: {childnet.missing_prerequisites()}")
-def test_a_spoofed_source_gets_no_answer_out_of_a_deny_all_sandbox(loop: Loop, runtime: Runtime) -> None:
+def test_a_spoofed_source_gets_no_answer_out_of_a_deny_all_sandbox(loop: Loop, runtime: Runtime,
+                                                                  nic_snapshot: str) -> None:
     """The guest forges its source; the namespace must drop it, not reject it toward the forged
     address with an ICMP error that carries the guest's bytes out through the uplink.
 
@@ -243,10 +236,7 @@ def test_a_spoofed_source_gets_no_answer_out_of_a_deny_all_sandbox(loop: Loop, r
     its way out of the uplink (before forkd's NAT): whatever forkd's rules do, nothing of the
     test's leaves the namespace.
     """
-    tag = "hostile-nic"
-    if not runtime.registry.snapshots.has(tag):
-        loop.run(runtime.create_snapshot(SnapshotSpec(tag=tag, nic=True, boot_wait_secs=240)))
-    [sb] = loop.run(runtime.spawn(tag, 1))
+    [sb] = loop.run(runtime.spawn(nic_snapshot, 1))
     try:
         net = sb.network
         assert net is not None and net.tap and sb.info()["network"]["allow_out"] == []  # deny-all

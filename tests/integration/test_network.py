@@ -5,8 +5,8 @@ sandboxes' own (10.201.0.0/16 by default, inside namespaces this module's daemon
 makes) and the host's, where the test's TCP servers listen. Nothing leaves the
 host: no test opens an egress beyond it (that would need IP forwarding).
 
-One template boot for the module (``py-net``, a NIC), on a runtime of its own so
-that the restart test can close and reopen it.
+A runtime of its own, so that the restart test can close and reopen it, starts with the
+session's template with a NIC (``py-nic``, booted once) registered as ``py-net``: no boot here.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from forkd.api.app import create_app
 from forkd.api.settings import Settings
 from forkd.config import DataDir
 from forkd.controller.options import ForkOptions, SpawnOptions
-from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.controller.runtime import Runtime
 from forkd.errors import InvalidRequest
-from forkd.host import childnet, netplan
+from forkd.host import childnet, dnsguard, netplan
+from forkd.host.egress import EgressPolicy
 from forkd.store.registry import SandboxRecord
 
-from .conftest import Loop, images_dir, qemu_processes_of, soak
+from .conftest import Loop, Seeder, images_dir, qemu_processes_of, soak
 
 pytestmark = [
     pytest.mark.vm,
@@ -106,13 +107,13 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(loop: Loop) -> Iterator[Env]:
+def env(loop: Loop, nic_snapshot: str, seed: Seeder) -> Iterator[Env]:
     scratch = DataDir.scratch("forkd-nettest-")
     data = DataDir(scratch.root, images_dir())
+    seed(data.root, **{TAG: nic_snapshot})  # the session's template with a NIC: no boot of its own
     rt = loop.run(Runtime.open(data))
     e = Env(loop, data, rt)
     try:
-        loop.run(rt.create_snapshot(SnapshotSpec(tag=TAG, nic=True, boot_wait_secs=240)))
         yield e
     finally:
         loop.run(e.rt.close())
@@ -276,9 +277,9 @@ def test_egress_is_denied_by_default_and_opens_exactly_the_allowed_port(
 
 def test_egress_checks_are_400_before_any_vm_starts(env: Env) -> None:
     before = set(env.rt.sandboxes.ids())
-    with pytest.raises(InvalidRequest, match="domain names are not supported"):
+    with pytest.raises(InvalidRequest, match="nor a DNS name"):
         env.loop.run(env.rt.spawn(TAG, 1,
-                                  SpawnOptions.from_request({"network": {"allow_out": ["pypi.org:443"]}})))
+                                  SpawnOptions.from_request({"network": {"allow_out": ["pypi..org:443"]}})))
     if not childnet.forwarding_enabled():
         with pytest.raises(InvalidRequest, match=r"net\.ipv4\.ip_forward is 0"):
             env.loop.run(env.rt.spawn(TAG, 1, SpawnOptions.from_request({"allow_internet_access": True})))
@@ -304,7 +305,7 @@ def test_the_api_passes_egress_and_updates_the_network(env: Env) -> None:
             url = f"/v1/sandboxes/{sb}/network"
             return [made,
                     await c.put(url, json={"allow_out": [f"{gateway}:8081"], "allow_public_traffic": True}),
-                    await c.put(url, json={"allow_out": ["example.com"]}),
+                    await c.put(url, json={"allow_out": ["-bad.example"]}),
                     await c.put(url, json={"allowOut": []}),
                     await c.get(f"/v1/sandboxes/{sb}")]
 
@@ -316,10 +317,135 @@ def test_the_api_passes_egress_and_updates_the_network(env: Env) -> None:
     assert updated.json()["network"]["allow_out"] == [f"{gateway}:8081"]
     assert updated.json()["network"]["allow_public_traffic"] is True
     assert updated.json()["network"]["allow_internet_access"] is False
-    assert bad.status_code == 400 and "domain names" in bad.json()["error"], bad.text
+    assert bad.status_code == 400 and "nor a DNS name" in bad.json()["error"], bad.text
     assert unknown.status_code == 400 and "allowOut" in unknown.json()["error"], unknown.text
     assert info.json()["network"]["allow_out"] == [f"{gateway}:8081"]  # the refused ones changed nothing
     env.kill(env.made[-1:])
+
+
+# ------------------------------------------------------------------ egress by name
+
+# In the guest: its libc's resolution of a name (through its resolv.conf: the sandbox's resolver),
+# and a DNS question of its own to another server.
+GUEST_DNS = r"""
+def _resolve(name):
+    import socket
+    try:
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)})
+    except OSError as e:
+        return type(e).__name__
+def _dns_to(server, name):
+    import os, socket
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    q = os.urandom(2) + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + labels + b"\x00\x00\x01\x00\x01"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+    try:
+        s.connect((server, 53)); s.send(q); s.recv(512); return "answered"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+"""
+
+
+class DnsServer:
+    """A UDP server on port 53 of a host address that answers every question (with its own
+    bytes): what a guest would use to resolve around its resolver; it records who asked."""
+
+    def __init__(self, ip: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind((ip, 53))
+        except OSError as exc:
+            self.sock.close()
+            pytest.skip(f"port 53 of {ip} is taken on this host: {exc}")
+        self.asked: list[str] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data, peer = self.sock.recvfrom(512)
+                if peer is None:  # shut down
+                    return
+                self.asked.append(peer[0])
+                self.sock.sendto(data[:2] + b"\x81\x80" + data[4:], peer)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(10)
+
+
+def test_egress_by_name_goes_through_the_sandboxes_resolver(
+        env: Env, servers: tuple[HostServer, HostServer], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names resolve to the host's addresses here (the resolver's hosts-style test setting): an
+    allowed name is reached on its port, a refused one does not resolve, a wildcard covers the
+    names below it, an address the guest never resolved stays closed, DNS to another server is
+    refused even where its address is open, and PUT network swaps the names live."""
+    a, b = servers
+    gateway, host_ip = str(netplan.AddressPlan.from_env().gateway), host_address()
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{gateway} allowed.test other.test\n{host_ip} x.wild.test\n")
+    monkeypatch.setenv(dnsguard.HOSTS_ENV, str(hosts))
+    dns_server = DnsServer(host_ip)
+    [sb] = env.spawn(1, network={"allow_out": [f"allowed.test:{a.port}", f"*.wild.test:{b.port}"]})
+    try:
+        assert env.rt.networks.names.attached() == [sb.id]
+        env.eval(sb, GUEST_CLIENT + GUEST_DNS)
+        # Nothing resolved yet: the addresses are closed.
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
+        assert not env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]
+        # Only allowed names resolve (the wildcard is the names below it, not the name).
+        for refused in ("other.test", "wild.test", "example.com"):
+            assert env.eval(sb, f"_resolve({refused!r})") == "gaierror", refused
+        assert env.eval(sb, "_resolve('allowed.test')") == [gateway]
+        assert env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
+        assert not env.eval(sb, f"_try({gateway!r}, {b.port})")["ok"]  # the name's port only
+        assert env.eval(sb, "_resolve('x.wild.test')") == [host_ip]
+        assert env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]
+        assert a.peers == [sb.info()["ip"]] and b.peers == [sb.info()["ip"]]
+        denied = {d["name"] for d in env.rt.networks.names.decisions(sb.id) if not d["allowed"]}
+        assert denied == {"other.test", "wild.test", "example.com"}
+
+        # A fork of the running sandbox: its child has its own resolver, sets and names (the
+        # fork's), though its memory (and resolv.conf) is its parent's.
+        forked = env.loop.run(env.rt.fork(sb.id, 1, ForkOptions.from_request(
+            {"network": {"allow_out": [f"other.test:{a.port}"]}})))
+        [kid] = forked.children
+        env.made.append(kid)
+        assert sorted(env.rt.networks.names.attached()) == sorted([sb.id, kid.id])
+        assert not env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]  # the parent's answers stay its own
+        assert env.eval(kid, "_resolve('allowed.test')") == "gaierror"
+        assert env.eval(kid, "_resolve('other.test')") == [gateway]
+        assert env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]
+        assert env.eval(sb, "_resolve('other.test')") == "gaierror"  # the parent's policy is unchanged
+        env.kill([kid])
+        assert env.rt.networks.names.attached() == [sb.id]
+
+        # PUT network: other names, and the host's address by number (all its ports).
+        new = EgressPolicy.from_request(None, {"allow_out": [f"other.test:{a.port}", host_ip]})
+        env.loop.run(env.rt.update_network(sb.id, new))
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]  # the answered addresses went
+        assert env.eval(sb, "_resolve('allowed.test')") == "gaierror"
+        assert env.eval(sb, "_resolve('other.test')") == [gateway]
+        assert env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
+        assert env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]  # by number
+        # DNS to another server stays refused, even on an address open by number.
+        assert env.eval(sb, f"_dns_to({host_ip!r}, 'example.com')") != "answered"
+        assert not env.eval(sb, f"_try({host_ip!r}, 53)")["ok"]
+        assert dns_server.asked == []
+        # No names any more: no resolver.
+        env.loop.run(env.rt.update_network(sb.id, EgressPolicy.from_request(None, {"allow_out": [host_ip]})))
+        assert env.rt.networks.names.attached() == []
+    finally:
+        dns_server.close()
+        env.kill([sb])
+    assert_nothing_left([sb])
+    assert env.rt.networks.names.attached() == []
 
 
 # ------------------------------------------------------------------ pools and forks
@@ -523,13 +649,14 @@ def test_internet_access_goes_out_through_the_hosts_masquerade(
 # ------------------------------------------------------------------ scale
 
 
-NETWORKED_CHILDREN = soak(50, 200)
+NETWORKED_CHILDREN = soak(20, 200)
+BATCH = 50
 
 
 @pytest.mark.soak
 def test_many_networked_children_spawn_and_tear_down(env: Env) -> None:
-    """NETWORKED_CHILDREN networks at once (50 in make test, 200 in make stress), spawned in batches
-    of 50; each child answers at its own address.
+    """NETWORKED_CHILDREN networks at once (20 in make test, 200 in make stress), spawned in batches
+    of at most 50; each child answers at its own address.
 
     Each batch is paused (QMP stop) once checked: 200 running TCG guests would burn ~2 cores
     idling on this 2-core host and starve their own restores. Their networks stay up.
@@ -538,8 +665,8 @@ def test_many_networked_children_spawn_and_tear_down(env: Env) -> None:
     started = time.monotonic()
     sbs: list[SandboxRecord] = []
     try:
-        for _ in range(n // 50):
-            batch = env.spawn(50)
+        while len(sbs) < n:
+            batch = env.spawn(min(BATCH, n - len(sbs)))
             sbs += batch
             # Reachable: a TCP connect to a closed port of each guest is refused by that guest's kernel.
             for sb in batch:

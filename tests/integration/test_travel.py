@@ -1,9 +1,10 @@
 """Snapshots that travel, with real VMs: pack/unpack, and push/pull through a real S3 server.
 
-One template is booted here (its runtime has an object store); a branch chain
-of depth 3 is built from it, packed, unpacked into a second data directory,
-pushed and pulled into others. What the guest sees (a file's sha256, a value
-and a blob in PID 1's memory) must be identical wherever the snapshot lands.
+The session's template is registered in a runtime with an object store (no boot of its own);
+a branch chain of depth 3 is built from it once a session (test_travel_lazy.py uses the same),
+packed, unpacked into a second data directory, pushed and pulled into others. What the guest
+sees (a file's sha256, a value and a blob in PID 1's memory) must be identical wherever the
+snapshot lands.
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ import io
 import json
 import shutil
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from forkd.config import DataDir
-from forkd.controller.runtime import Runtime, SnapshotSpec
+from forkd.controller.runtime import Runtime
 from forkd.errors import NotFound
 from forkd.store import archive, sparse
 
 from .conftest import Loop, images_dir, qemu_processes_of
-from .services import S3Server, environ, s3_server
+from .services import S3Server
 
 pytestmark = pytest.mark.vm
 
@@ -41,14 +41,25 @@ def scratch() -> DataDir:
     return DataDir(data.root, images_dir())
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with s3_server() as server, environ(server.env):
-        yield server
+# The store, the source runtime and its chain are the session's (conftest.py: travel_*), shared
+# with test_travel_lazy.py; these names are what both modules' tests ask for.
+@pytest.fixture
+def s3(travel_s3: S3Server) -> S3Server:
+    return travel_s3
 
 
-def open_runtime(loop: Loop, s3: S3Server, prefix: str = "tv") -> Runtime:
-    return loop.run(Runtime.open(scratch(), store=s3.url(prefix)))
+@pytest.fixture
+def source(travel_source: Runtime) -> Runtime:
+    return travel_source
+
+
+@pytest.fixture
+def chain(travel_chain: dict[str, Any]) -> dict[str, Any]:
+    return travel_chain
+
+
+def open_runtime(loop: Loop, s3: S3Server, prefix: str = "tv", data: DataDir | None = None) -> Runtime:
+    return loop.run(Runtime.open(data or scratch(), store=s3.url(prefix)))
 
 
 def close_runtime(loop: Loop, rt: Runtime) -> None:
@@ -56,13 +67,6 @@ def close_runtime(loop: Loop, rt: Runtime) -> None:
     loop.run(rt.close())
     assert not qemu_processes_of(root), "QEMU processes left behind"
     shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def source(loop: Loop, s3: S3Server) -> Iterator[Runtime]:
-    rt = open_runtime(loop, s3)
-    yield rt
-    close_runtime(loop, rt)
 
 
 async def what_it_sees(rt: Runtime, sb_id: str) -> tuple[str, str]:
@@ -73,27 +77,23 @@ async def what_it_sees(rt: Runtime, sb_id: str) -> tuple[str, str]:
     return disk["stdout"].strip(), mem["result"]
 
 
-@pytest.fixture(scope="module")
-def chain(loop: Loop, source: Runtime) -> dict[str, Any]:
-    """tv-py -> tv-b1 -> tv-b2 -> tv-b3; each step writes to the disk and to memory first."""
-    async def build() -> dict[str, Any]:
-        await source.create_snapshot(SnapshotSpec(tag=TEMPLATE, boot_wait_secs=300))
-        tag, seen = TEMPLATE, None
-        for i, branch in enumerate(CHAIN):
-            [sb] = await source.spawn(tag)
-            write = f"head -c 300000 /dev/urandom >> /root/travel.bin && echo {i} >> /root/travel.bin && sync"
-            step = await source.exec(sb.id, ["sh", "-c", write])
-            assert step["exit_code"] == 0, step
-            setup = ("import hashlib, os; blob = globals().get('blob', b'') + os.urandom(1 << 20); "
-                     f"counter = {i + 1}")
-            assert (await source.eval(sb.id, f"exec({setup!r})"))["exit_code"] == 0
-            seen = await what_it_sees(source, sb.id)
-            await source.branch(sb.id, branch, mode="diff" if i else "full")
-            await source.kill(sb.id)
-            tag = branch
-        return {"tag": tag, "seen": seen}
-
-    return loop.run(build(), timeout=900)
+async def build_chain(source: Runtime) -> dict[str, Any]:
+    """tv-py (the session's template) -> tv-b1 -> tv-b2 -> tv-b3; each step writes to the disk and
+    to memory first. What the last child saw is what a child of tv-b3 must see anywhere."""
+    tag, seen = TEMPLATE, None
+    for i, branch in enumerate(CHAIN):
+        [sb] = await source.spawn(tag)
+        write = f"head -c 300000 /dev/urandom >> /root/travel.bin && echo {i} >> /root/travel.bin && sync"
+        step = await source.exec(sb.id, ["sh", "-c", write])
+        assert step["exit_code"] == 0, step
+        setup = ("import hashlib, os; blob = globals().get('blob', b'') + os.urandom(1 << 20); "
+                 f"counter = {i + 1}")
+        assert (await source.eval(sb.id, f"exec({setup!r})"))["exit_code"] == 0
+        seen = await what_it_sees(source, sb.id)
+        await source.branch(sb.id, branch, mode="diff" if i else "full")
+        await source.kill(sb.id)
+        tag = branch
+    return {"tag": tag, "seen": seen}
 
 
 def read_bytes_of_this_process() -> int:

@@ -7,7 +7,8 @@
 * Another local user (``nobody``) cannot connect to a private sandbox's address directly; root
   (the daemon's user) and the daemon's port proxy still can.
 
-Two template boots (one per daemon, in parallel) serve the module; the rest are restores.
+Each daemon starts with the session's template with a NIC (booted once) registered as ``base``;
+everything else is a restore.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +25,7 @@ import pytest
 
 from forkd.host import childnet, netplan
 
+from .conftest import Seeder
 from .daemon_fixture import Daemon, new_daemon, ok, shutdown_and_check, start_or_clean_up
 
 pytestmark = [
@@ -50,26 +51,17 @@ NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
-def daemons() -> Iterator[tuple[Daemon, Daemon]]:
-    a = start_or_clean_up(new_daemon("fk2a-"))
+def daemons(nic_snapshot: str, seed: Seeder) -> Iterator[tuple[Daemon, Daemon]]:
+    a, b = new_daemon("fk2a-"), new_daemon("fk2b-")
+    for d in (a, b):
+        seed(d.root, base=nic_snapshot)
+    start_or_clean_up(a)
     try:
-        b = start_or_clean_up(new_daemon("fk2b-"))
+        start_or_clean_up(b)
     except BaseException:
         shutdown_and_check(a)
         raise
     try:
-        made: list[httpx.Response] = []
-
-        def snapshot(d: Daemon) -> None:
-            with d.client(timeout=600) as c:
-                made.append(c.post("/v1/snapshots", json={"tag": "base", "nic": True, "boot_wait_secs": 240}))
-
-        boots = [threading.Thread(target=snapshot, args=(d,)) for d in (a, b)]
-        for t in boots:
-            t.start()
-        for t in boots:
-            t.join()
-        assert [r.status_code for r in made] == [201, 201], [r.text for r in made]
         yield a, b
     finally:
         for d in (a, b):

@@ -2,9 +2,10 @@
 (node's test runner), the MCP server (the ``mcp`` package's client, over stdio and
 streamable HTTP) and the web console (headless Chromium driven by Playwright).
 
-One daemon and one template boot (the seed's ``pyagent`` snapshot) serve the whole
-module; every test kills what it made, and the module teardown stops the daemon
-with SIGTERM and checks that none of its QEMUs is left.
+One daemon serves the whole module, started with the session's templates (booted once)
+as the seed's ``pyagent`` snapshot and ``pynet``, with a NIC; every test kills what it
+made, and the module teardown stops the daemon with SIGTERM and checks that none of its
+QEMUs is left.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from .conftest import Seeder
 from .daemon_fixture import (
     FORKD,
     Daemon,
@@ -50,8 +52,14 @@ NET_TAG = "pynet"  # a snapshot with a NIC: its children have an ip and an egres
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
+def daemon(request: pytest.FixtureRequest, snapshot: str, seed: Seeder) -> Iterator[Daemon]:
+    """A daemon of its own (the web console lists every snapshot), started with the session's
+    templates registered under the tags seed 002 and these tests use: no boot of its own."""
     d = new_daemon("fkw-")
+    templates = {TAG: snapshot}
+    if os.geteuid() == 0:  # a template with a NIC needs root (network namespaces, nftables)
+        templates[NET_TAG] = request.getfixturevalue("nic_snapshot")
+    seed(d.root, **templates)
     start_or_clean_up(d)
     yield d
     shutdown_and_check(d)
@@ -65,23 +73,17 @@ def http(daemon: Daemon) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def pyagent(http: httpx.Client) -> str:
-    """The module's one template boot."""
-    started = time.monotonic()
-    r = http.post("/v1/snapshots", json={"tag": TAG}, timeout=600)
-    assert r.status_code == 201, r.text
-    print(f"\ntemplate boot + snapshot '{TAG}': {time.monotonic() - started:.1f} s")
+    """The session's ``py`` template, as seed 002 names it."""
+    assert http.get(f"/v1/snapshots/{TAG}").status_code == 200
     return TAG
 
 
 @pytest.fixture(scope="module")
 def pynet(http: httpx.Client, pyagent: str) -> str:
-    """A second template boot, with a NIC (after ``pyagent``: one boot at a time)."""
+    """The session's template with a NIC: its children have an ip and an egress policy."""
     if os.geteuid() != 0:
         pytest.skip("a snapshot with a NIC needs root (network namespaces, nftables)")
-    started = time.monotonic()
-    r = http.post("/v1/snapshots", json={"tag": NET_TAG, "nic": True}, timeout=600)
-    assert r.status_code == 201, r.text
-    print(f"\ntemplate boot + snapshot '{NET_TAG}' (NIC): {time.monotonic() - started:.1f} s")
+    assert http.get(f"/v1/snapshots/{NET_TAG}").status_code == 200
     return NET_TAG
 
 
@@ -200,6 +202,22 @@ async def process_scenario(client: Client, sb: str) -> None:
     assert (await call(client, "cancel_eval", sandbox_id=sb)) == {"cancelled": False}
 
 
+async def mcp_transport_scenario(client: Client) -> None:
+    """What shows a transport carries the server whole: every tool listed with its schemas, a
+    call's structured result each way, and a daemon error as a tool error. (The tools themselves
+    are driven over stdio, in :func:`mcp_scenario`: the server behind both transports is one.)"""
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) >= MCP_TOOLS, sorted(MCP_TOOLS - set(tools))
+    assert all(tool.output_schema and tool.output_schema.get("type") == "object" for tool in tools.values())
+    spawned = await call(client, "spawn_sandboxes", snapshot_tag=TAG, env={"WHO": "mcp-http"})
+    [sandbox] = spawned["sandboxes"]
+    ran = await call(client, "exec_command", sandbox_id=sandbox["id"], command="echo $WHO; exit 4")
+    assert (ran["stdout"], ran["exit_code"]) == ("mcp-http\n", 4)
+    assert (await call(client, "kill_sandbox", sandbox_id=sandbox["id"])) == {"deleted": sandbox["id"]}
+    missing = await client.call_tool("kill_sandbox", {"sandbox_id": sandbox["id"]})
+    assert missing.is_error and "404" in missing.content[0].text  # type: ignore[union-attr]
+
+
 async def mcp_scenario(client: Client, net_tag: str) -> None:
     """What an agent does through MCP: spawn, run, processes, files, branch, fork-tree, promote,
     kill; and a sandbox with egress on a snapshot with a NIC."""
@@ -290,8 +308,9 @@ def test_mcp_over_stdio(daemon: Daemon, pyagent: str, pynet: str) -> None:
     asyncio.run(asyncio.wait_for(run(), 600))
 
 
-def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, pynet: str, tmp_path: Path) -> None:
-    """`forkd mcp --transport http` with a token: the client must send it."""
+def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, tmp_path: Path) -> None:
+    """`forkd mcp --transport http` with a token: the client must send it, and the transport
+    carries the server whole (the tools' own scenario runs over stdio above)."""
     token = secrets.token_hex(16)
     token_file = tmp_path / "mcp-token"
     token_file.write_text(token)
@@ -315,7 +334,7 @@ def test_mcp_over_streamable_http(daemon: Daemon, pyagent: str, pynet: str, tmp_
             headers = {"Authorization": f"Bearer {token}"}
             async with create_mcp_http_client(headers=headers) as http_client, \
                     Client(streamable_http_client(url, http_client=http_client)) as client:
-                await mcp_scenario(client, pynet)
+                await mcp_transport_scenario(client)
 
         asyncio.run(asyncio.wait_for(run(), 600))
     finally:
@@ -531,14 +550,16 @@ def serve_in(http: httpx.Client, sandbox_id: str) -> None:
     assert started.status_code == 201, started.text
 
 
-def through_proxy(daemon: Daemon, port: int, sandbox_id: str, path: str = "/",
+def through_proxy(daemon: Daemon, port: int, sandbox_id: str, path: str = "/", *, listening: bool = True,
                   **headers: str) -> httpx.Response:
-    """A request as E2B's get_host makes it: to the daemon, the sandbox's port named in Host."""
+    """A request as E2B's get_host makes it: to the daemon, the sandbox's port named in Host.
+    Retried while the answer is a 502 until the guest's server listens, unless ``listening`` is
+    False (a port nothing listens on: its first 502 is the answer)."""
     host = {"Host": f"{port}-{sandbox_id}.localhost:{daemon.port}"}
     deadline = time.monotonic() + 30
-    while True:  # until the guest's server listens
+    while True:
         r = httpx.get(f"http://127.0.0.1:{daemon.port}{path}", headers={**host, **headers}, timeout=30)
-        if r.status_code != 502 or time.monotonic() > deadline:
+        if r.status_code != 502 or not listening or time.monotonic() > deadline:
             return r
         time.sleep(0.3)
 
@@ -567,7 +588,7 @@ def test_port_proxy_relays_http_and_websocket_with_the_sandboxs_policy(
         opened = through_proxy(daemon, 8001, public)
         assert opened.status_code == 200 and opened.json()["host"] == "masked.example:8001"
         # A port nothing listens on.
-        closed = through_proxy(daemon, 8009, public)
+        closed = through_proxy(daemon, 8009, public, listening=False)
         assert closed.status_code == 502 and "port 8009 is not open" in closed.json()["error"]
         # Issue 38: a request-target that is not a path is refused, and reaches nothing of the host
         # (pasted after the guest's address, `*@127.0.0.1:<port>/` named the host's port).
@@ -744,8 +765,8 @@ def test_network_update_opens_and_closes_a_host_port_of_a_running_sandbox(
         net = opened.json()["network"]
         assert net["allow_out"] == [f"10.201.0.1:{port}"] and net["allow_public_traffic"] is False, net
         assert reach_host(http, sb, port) == (0, "hello from the host")
-        bad = http.put(f"/v1/sandboxes/{sb}/network", json={"allow_out": ["example.com"]})
-        assert bad.status_code == 400 and "domain names" in bad.json()["error"], bad.text
+        bad = http.put(f"/v1/sandboxes/{sb}/network", json={"allow_out": ["-bad.example"]})
+        assert bad.status_code == 400 and "nor a DNS name" in bad.json()["error"], bad.text
         assert http.get(f"/v1/sandboxes/{sb}").json()["network"]["allow_out"] == [f"10.201.0.1:{port}"]
         assert reach_host(http, sb, port) == (0, "hello from the host")
         started = time.monotonic()

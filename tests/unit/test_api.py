@@ -35,6 +35,7 @@ from forkd.api.settings import ConfigError, Settings, parse_bind
 from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NO_CAPACITY, Busy, Conflict, GuestError, NotFound
+from forkd.guest.client import AgentClient
 from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
 from tests.fakes.vmm import SLOW_DISK
 
@@ -546,18 +547,19 @@ def test_ping_exec_eval(daemon: Daemon, client: TestClient, sb: str, calls: Call
 def fail_at_the_agent(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, action: str,
                       answer: Exception | dict[str, Any]) -> None:
     """The sandbox's agent raises ``answer`` (or replies it) for ``action``; every other call
-    reaches the guest as before."""
-    gateway = daemon.runtime.agents
-    real_call = gateway.call
+    reaches the guest as before. Patched at the agent's transport, under the typed calls, so a
+    forged reply still meets their checks."""
+    del daemon  # the one daemon's agents are the ones patched: the fixture orders the set-up
+    real_call = AgentClient.call
 
-    async def call(sandbox_id: str, act: str, timeout: float, **args: object) -> dict[str, Any]:
+    async def call(self: AgentClient, act: str, timeout: float | None = 60.0, **args: Any) -> dict[str, Any]:
         if act != action:
-            return await real_call(sandbox_id, act, timeout, **args)
+            return await real_call(self, act, timeout, **args)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(gateway, "call", call)
+    monkeypatch.setattr(AgentClient, "call", call)
 
 
 @pytest.mark.parametrize(
@@ -1107,9 +1109,11 @@ def test_a_forged_agent_reply_is_a_502_naming_what_does_not_fit(daemon: Daemon, 
                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                 forged: dict[str, Any]) -> None:
     """The tenant is root in its VM and can answer its agent's calls with anything: a reply its
-    response model refuses is the guest failing (502, like any bad answer of its agent), not a 500."""
+    response model refuses is the guest failing (502, like any bad answer of its agent), not a 500.
+    On the real runtime the agent protocol's typed reply check (guest/client.checked_reply) is the
+    first to refuse it, naming the field."""
     for path, body in (("exec", {"args": ["id"]}), ("eval", {"code": "1"})):
         fail_at_the_agent(daemon, monkeypatch, path, forged)  # what a replaced agent made of its reply
-        error = assert_error(client.post(f"/v1/sandboxes/{sb}/{path}", json=body), 502, "does not fit")
+        error = assert_error(client.post(f"/v1/sandboxes/{sb}/{path}", json=body), 502, "malformed answer")
         assert "guest agent" in error
         monkeypatch.undo()

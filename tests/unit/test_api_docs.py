@@ -54,7 +54,7 @@ PATTERN_WORDS = {
     schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
     schemas.GUEST_USER_PATTERN: "a guest user's name",
     code_routes.CONTEXT_PATTERN: "context id",
-    egress.ENTRY_PATTERN: "IPv4 address or CIDR, optional :PORT or :FIRST-LAST",
+    egress.ENTRY_PATTERN: "IPv4 address, CIDR or DNS name, optional :PORT or :FIRST-LAST",
     egress.MASK_HOST_PATTERN: "host name, optional :port",
     requests.HOSTNAME_PATTERN: "RFC 1123 host name",
 }

@@ -193,6 +193,38 @@ def test_snapshot_create_minimal_and_empty_warm(runner: CliRunner, daemon: FakeD
     assert daemon.body() == {"tag": "py", "warm_imports": []}
 
 
+def test_snapshot_volumes_as_the_seeds_write_them(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/snapshots", httpx.Response(201, json=snap_info("db")))
+    result = run(runner, "snapshot", "--tag", "db", "--volume", "data:/mnt/data",
+                 "--volume", "/srv/fixtures:/fixtures:ro")
+    assert result.exit_code == 0, result.output
+    assert daemon.body() == {"tag": "db", "volumes": [
+        {"mount": "/mnt/data", "read_only": False, "name": "data"},
+        {"mount": "/fixtures", "read_only": True, "host_path": "/srv/fixtures"}]}
+    bad = run(runner, "snapshot", "--tag", "db", "--volume", "data")
+    assert bad.exit_code == 2 and "SOURCE:GUEST_PATH" in bad.output
+    assert run(runner, "snapshot", "--from-sandbox", SB, "--volume", "d:/m").exit_code == 2
+
+
+def test_volume_commands(runner: CliRunner, daemon: FakeDaemon) -> None:
+    vol = {"name": "data", "size_mib": 64, "fs": "ext4", "created_at_unix": 1, "used_mib": 1.0,
+           "snapshots": ["db"]}
+    daemon.on("POST", "/v1/volumes", httpx.Response(201, json=vol))
+    assert run(runner, "volume", "create", "data", "--size-mib", "64", "--from", "/srv/x").exit_code == 0
+    assert daemon.body() == {"name": "data", "size_mib": 64, "source": "/srv/x"}
+    daemon.on("GET", "/v1/volumes", httpx.Response(200, json=[vol]))
+    listed = run(runner, "volume", "ls")
+    assert listed.exit_code == 0 and "data" in listed.stdout and "db" in listed.stdout
+    daemon.on("POST", "/v1/volumes/data/export", httpx.Response(200, json={"name": "data", "to": "/o",
+                                                                          "snapshot": "db"}))
+    assert run(runner, "volume", "cp", "data", "/o", "--snapshot", "db").exit_code == 0
+    assert daemon.body() == {"to": "/o", "snapshot": "db"}
+    daemon.on("DELETE", "/v1/volumes/data", httpx.Response(409, json={"error": "volume 'data' is in use "
+                                                                      "by snapshot(s) db"}))
+    refused = run(runner, "volume", "rm", "data")
+    assert refused.exit_code != 0 and "in use" in refused.output
+
+
 def test_snapshot_info_shows_lineage(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("GET", "/v1/snapshots/c2", httpx.Response(200, json=snap_info(
         "c2", branched_from=SB, pause_ms=50, status="ready",

@@ -185,6 +185,8 @@ def test_variables_reach_the_settings_and_flags_win(
         "FORKD_TLS_CERT": "c.pem", "FORKD_TLS_KEY": "k.pem", "FORKD_DATA_DIR": str(tmp_path / "d"),
         "FORKD_KEEP_SANDBOXES": "yes", "FORKD_AUDIT_LOG": str(tmp_path / "a.log"),
         "FORKD_MAX_BODY_BYTES": "2048", "FORKD_BRANCH_CONCURRENCY": "3", "FORKD_LOG_LEVEL": "warning",
+        "FORKD_REGISTRY_MIRROR": "docker.io=http://127.0.0.1:5000/,ghcr.io=https://m.example",
+        "FORKD_REGISTRY_AUTH": str(tmp_path / "config.json"),
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -197,6 +199,8 @@ def test_variables_reach_the_settings_and_flags_win(
     assert from_variables.keep_sandboxes is True
     assert (from_variables.max_body_bytes, from_variables.branch_concurrency) == (2048, 3)
     assert from_variables.audit_log == tmp_path / "a.log"
+    assert from_variables.registry_mirrors == {"docker.io": "http://127.0.0.1:5000", "ghcr.io": "https://m.example"}
+    assert from_variables.registry_auth == tmp_path / "config.json"
 
     assert entry(["--bind", "127.0.0.1:9003", "--no-keep-sandboxes", "--branch-concurrency", "5",
                   "--log-level", "error"], capsys)[0] == 0
@@ -307,3 +311,12 @@ def test_on_ready_fires_after_the_socket_listens(tmp_path: Path) -> None:
             await srv.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_registry_mirror_must_name_a_registry_and_an_http_url() -> None:
+    from forkd.api.settings import ConfigError, parse_mirrors
+
+    assert parse_mirrors(["docker.io=http://[::1]:5000"]) == {"docker.io": "http://[::1]:5000"}
+    for bad in ("docker.io", "docker.io=ftp://x", "=http://x", "docker.io=http://x/path"):
+        with pytest.raises(ConfigError, match="registry mirror"):
+            parse_mirrors(bad)

@@ -17,7 +17,7 @@ import json
 import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from forkd.api.e2b.shapes import ENVD_VERSION
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.controller.runtime import SnapshotSpec
 from forkd.errors import InvalidRequest, TooLarge
+from forkd.guest.client import AgentClient
 from forkd.host import childnet
 from tests.fakes.app import TOKEN, Daemon, daemon_app
 
@@ -457,6 +458,16 @@ ncpu 2
 """
 
 
+class _Agent:
+    """The real typed agent calls (``AgentClient``), but for those a test's subclass answers itself."""
+
+    def __init__(self, real: AgentClient) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 def test_metrics_are_a_sample_taken_in_the_guest(daemon: Daemon, client: TestClient, sb: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``get_metrics``: one sample from the guest's /proc and df, now; none for a range the
@@ -465,12 +476,18 @@ def test_metrics_are_a_sample_taken_in_the_guest(daemon: Daemon, client: TestCli
     real_call = gateway.call
     scripts: list[object] = []
 
-    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
+    class Guest(_Agent):
         """The guest's shell, at the agent gateway: the metrics script prints this guest's /proc and df."""
-        if action == "exec" and args.get("args") == ["/bin/sh", "-c", METRICS_SCRIPT]:
-            scripts.append(args["args"])
-            return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None, "timed_out": False}
-        return await real_call(sandbox_id, action, timeout, **args)
+
+        async def exec(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+            if req.get("args") == ["/bin/sh", "-c", METRICS_SCRIPT]:
+                scripts.append(req["args"])
+                return {"stdout": GUEST_METRICS, "stderr": "", "exit_code": 0, "error": None,
+                        "timed_out": False}
+            return await self.real.exec(req, timeout)
+
+    async def call(sandbox_id: str, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await real_call(sandbox_id, lambda agent: ask(Guest(agent)))
 
     monkeypatch.setattr(gateway, "call", call)
     key = {"X-API-KEY": TOKEN}
@@ -646,13 +663,21 @@ def test_entries_carry_owner_group_and_symlink_target(daemon: Daemon, client: Te
     gateway = daemon.runtime.agents
     real_call = gateway.call
 
-    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
+    class Guest(_Agent):
         """The agent's answers for a guest with a link and other owners (the scripted guest has neither)."""
-        if action == "file_stat" and args.get("path") == "/home/user/ln":  # "ln" as E2B's user
-            return link
-        if action == "file_list" and args.get("path") == "/root":
-            return {"path": "/root", "entries": [dangling, plain], "truncated": False}
-        return await real_call(sandbox_id, action, timeout, **args)
+
+        async def file_stat(self, req: dict[str, Any], timeout: float) -> Any:
+            if req.get("path") == "/home/user/ln":  # "ln" as E2B's user
+                return link
+            return await self.real.file_stat(req, timeout)
+
+        async def file_list(self, req: dict[str, Any], timeout: float) -> Any:
+            if req.get("path") == "/root":
+                return {"path": "/root", "entries": [dangling, plain], "truncated": False}
+            return await self.real.file_list(req, timeout)
+
+    async def call(sandbox_id: str, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await real_call(sandbox_id, lambda agent: ask(Guest(agent)))
 
     monkeypatch.setattr(gateway, "call", call)
     resp = client.post("/filesystem.Filesystem/Stat", json={"path": "ln"}, headers=envd_headers(sb))
@@ -702,7 +727,7 @@ def _signed(path: str, operation: str, user: str | None, sandbox: str,
     """The query of a signed file URL, made by the published SDK's own signing function."""
     from e2b.sandbox.signature import get_signature
 
-    signed = get_signature(path, operation, user, AccessTokens(TOKEN.encode()).envd(sandbox),  # type: ignore[arg-type]
+    signed = get_signature(path, operation, user, AccessTokens(TOKEN.encode()).envd(sandbox),
                            expires_in)
     query = {"path": path, "signature": signed["signature"]}
     if user:
@@ -789,8 +814,11 @@ def test_template_build_through_the_control_plane(daemon: Daemon, client: TestCl
     assert client.get("/templates/aliases/nope", headers=key).status_code == 404
     # Refused up front, in the SDK's shape.
     other = client.post("/v3/templates", json={"name": "x"}, headers=key).json()["buildID"]
-    assert "not a forkd image" in rest_error(client.post(
-        f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04"}, headers=key), 400)
+    assert "fromImage: " in rest_error(client.post(
+        f"/v2/templates/x/builds/{other}", json={"fromImage": "Ubuntu:22.04"}, headers=key), 400)
+    assert "only type" in rest_error(client.post(
+        f"/v2/templates/x/builds/{other}", json={"fromImage": "ubuntu:22.04", "fromImageRegistry": {
+            "type": "aws", "awsAccessKeyId": "k"}}, headers=key), 400)
     assert "tags must be" in rest_error(client.post("/v3/templates", json={"name": "web", "tags": "a"},
                                                     headers=key), 400)
     assert "neither part empty" in rest_error(client.post("/v3/templates", json={"name": "web:"},
@@ -944,8 +972,13 @@ def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
     assert client.put(f"/sandboxes/{sb}/network", headers=key,
                       json={"allow_internet_access": False}).status_code == 204
     assert egress()["allow_internet_access"] is False and egress()["deny_out"] == []
-    assert "domain names" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
-                                                   json={"allowOut": ["example.com"]}), 400)
+    # Names, exact and wildcard, with ports: as forkd's own API takes them.
+    assert client.put(f"/sandboxes/{sb}/network", headers=key, json={
+        "allowOut": ["PyPI.org", "*.pythonhosted.org:443"], "denyOut": ["x.example"]}).status_code == 204
+    assert egress()["allow_out"] == ["pypi.org", "*.pythonhosted.org:443"]
+    assert egress()["deny_out"] == ["x.example"]
+    assert "nor a DNS name" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
+                                                     json={"allowOut": ["-bad.example"]}), 400)
     assert "egressProxy" in rest_error(client.put(f"/sandboxes/{sb}/network", headers=key,
                                                   json={"egressProxy": {"address": "x:1"}}), 400)
     assert egress()["allow_internet_access"] is False  # the refused ones changed nothing

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -192,8 +194,13 @@ class _Sandboxes:
     async def require_agent(self, sandbox_id: str, *features: str) -> None:
         require(protocol.Capabilities.of({"agent_version": str(self.version)}), *features)
 
-    async def call(self, sandbox_id: str, action: str, timeout: float, **args: Any) -> dict[str, Any]:
-        self.calls.append((action, args))
+    async def call(self, sandbox_id: str, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+        """The gateway's typed call, on an agent that answers the upload's three actions."""
+        actions = (protocol.FILE_WRITE_OPEN, protocol.FILE_WRITE, protocol.FILE_WRITE_CLOSE)
+        return await ask(SimpleNamespace(**{a: functools.partial(self._answer, a) for a in actions}))
+
+    async def _answer(self, action: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.calls.append((action, dict(req)))
         if action == protocol.FILE_WRITE_OPEN:
             return {"handle": "h"}
         return {"path": "/f", "name": "f", "type": "file", "size": 1, "mode": 0o644, "mtime": 1.0,
@@ -323,7 +330,7 @@ def test_a_watcher_with_entries_answers_each_event_with_what_it_names(xdir: Path
 def test_the_daemon_refuses_a_malformed_entry() -> None:
     with pytest.raises(GuestError, match="entry"):
         _batch({"events": [{"name": "a", "type": "write", "entry": "x"}]})
-    with pytest.raises(GuestError, match="file entry"):
+    with pytest.raises(GuestError, match=r"'events'\[0\]\.entry\.path must be a string"):  # the field named
         _batch({"events": [{"name": "a", "type": "write", "entry": {"path": 1}}]})
 
 

@@ -24,7 +24,7 @@ from forkd.fleet.etcd import EtcdClient, prefix_end
 from forkd.fleet.hosts import KEY_PREFIX, HostRecord
 from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
-from forkd.fleet.placement import by_load, holders, spawn_candidates
+from forkd.fleet.placement import by_load, holders, spawn_candidates, spread_plan
 from forkd.gateway import GatewaySettings, create_gateway_app
 from forkd.sdk import Controller
 from forkd.store import layout
@@ -50,6 +50,22 @@ def test_a_spawn_goes_to_a_holder_first_then_the_least_loaded_that_can_pull() ->
     assert [h.host_id for h in holders(hosts, "py")] == ["e", "c"]
     assert [h.host_id for h in by_load([host("x", load=1, capacity=2), host("y", load=3, capacity=100)])] == \
         ["y", "x"]
+
+
+def test_a_spread_fork_starts_on_the_sources_host_then_fills_the_least_loaded() -> None:
+    hosts = [host("a", load=4), host("b"), host("c"), host("d", store=False)]
+
+    def plan(source: str, count: int, pool: list[HostRecord] = hosts) -> dict[str, int]:
+        return {h.host_id: n for h, n in spread_plan(pool, source, count)}
+
+    # The source's host takes the first child whatever its load; d cannot pull from the store.
+    assert plan("a", 1) == {"a": 1}
+    assert plan("a", 7) == {"a": 1, "b": 3, "c": 3}
+    # Equal hosts share evenly, the source's first.
+    assert plan("b", 6, [host("b"), host("c"), host("e")]) == {"b": 2, "c": 2, "e": 2}
+    # A source host without a store keeps them all (nobody else could start from its branch).
+    assert plan("d", 5) == {"d": 5}
+    assert plan("zz", 3) == {} and plan("a", 0) == {}
 
 
 def test_a_host_record_round_trips_and_a_bad_one_is_refused() -> None:
@@ -131,6 +147,28 @@ def test_a_host_that_stops_refreshing_leaves_when_its_lease_ends(etcd: Etcd) -> 
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) < 2 + 3  # the 2 s lease, etcd's expiry tick, slack for a busy host
+
+
+def test_a_member_whose_lease_ran_out_while_its_record_changed_registers_again(etcd: Etcd) -> None:
+    """A host cut off from etcd past its TTL whose record changed meanwhile: its first call once
+    healed is the put, which etcd refuses (its lease is gone); it must grant a new lease, not
+    retry the dead one for ever (found by the fleet test's partition of a namespaced host)."""
+    async def scenario() -> None:
+        state = {"tags": ["py"]}
+        member = FleetMember(EtcdClient([etcd.url]), lambda: host("m2", tags=tuple(state["tags"])), ttl=2)
+        view = Membership(EtcdClient([etcd.url]), interval=0.1)
+        await member.step()  # registered, but nothing keeps it alive: as while partitioned
+        await view.start()
+        await asyncio.wait_for(view.gone("m2").wait(), timeout=10)
+        state["tags"] = ["py", "b1"]  # it changed while cut off
+        await member.step()
+        await member.step()
+        await view.refresh()
+        assert view.get("m2") is not None and view.get("m2").snapshots == ["py", "b1"]  # type: ignore[union-attr]
+        await member.stop()
+        await view.stop()
+
+    asyncio.run(scenario())
 
 
 def test_an_unreachable_etcd_is_an_error_not_a_hang() -> None:
@@ -281,10 +319,25 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     r = httpx.get(f"{url}/sandboxes", headers={"Authorization": f"Bearer {TOKEN[::-1]}"})
     assert r.status_code == 401, r.text
     on_a, on_b = gateway["sandboxes"]["ga"], gateway["sandboxes"]["gb"]
-    # Lists merge every host's sandboxes.
+    # Lists merge every host's sandboxes, and page across them: a page of one, then a token that
+    # carries each host's place, until the last page has none.
     listed = httpx.get(f"{url}/v2/sandboxes", headers=key)
     assert listed.status_code == 200, listed.text
-    assert {on_a, on_b} <= {s["sandboxID"] for s in listed.json()}
+    assert {on_a, on_b} == {s["sandboxID"] for s in listed.json()} and "x-next-token" not in listed.headers
+    pages, token = [], None
+    while True:
+        page = httpx.get(f"{url}/v2/sandboxes", headers=key,
+                         params={"limit": 1, **({"nextToken": token} if token else {})})
+        assert page.status_code == 200, page.text
+        pages.append([s["sandboxID"] for s in page.json()])
+        token = page.headers.get("x-next-token")
+        if token is None:
+            break
+    assert sorted(pages) == sorted([[on_a], [on_b]]), pages
+    bad = httpx.get(f"{url}/v2/sandboxes", headers=key, params={"nextToken": "not a token"})
+    assert bad.status_code == 400 and "nextToken" in bad.json()["message"], bad.text
+    bad = httpx.get(f"{url}/v2/sandboxes", headers=key, params={"limit": 0})  # the host's own 400
+    assert bad.status_code == 400 and "limit" in bad.json()["message"], bad.text
     # A call that names a sandbox goes to its host; envd's header and E2B's host name form too.
     got = httpx.get(f"{url}/sandboxes/{on_b}", headers=key)
     assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text
@@ -297,6 +350,19 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     # A create is placed as a spawn: on the host that holds the template.
     made = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "py"})
     assert made.status_code == 201 and made.headers["x-forkd-host"] == "gb", made.text
+    # A sandbox's access token opens it through the gateway; one minted on the other host (for
+    # its own sandbox) does not.
+    other = httpx.post(f"{url}/sandboxes", headers=key, json={"templateID": "seed"})
+    assert other.status_code == 201 and other.headers["x-forkd-host"] == "ga", other.text
+    on_gb, on_ga = made.json(), other.json()
+
+    def read_root(sandbox: dict[str, Any], token: str) -> httpx.Response:
+        return httpx.get(f"{url}/files", params={"path": "/"},
+                         headers={"E2b-Sandbox-Id": sandbox["sandboxID"], "X-Access-Token": token})
+
+    assert read_root(on_gb, on_gb["envdAccessToken"]).status_code != 401
+    refused = read_root(on_gb, on_ga["envdAccessToken"])
+    assert refused.status_code == 401 and "access token" in refused.text, refused.text
 
 
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:

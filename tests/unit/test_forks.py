@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from forkd.controller.branch import Brancher
 from forkd.controller.forks import Forker, ForkOptions
+from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.network import Networks
 from forkd.controller.options import SpawnOptions, option_names
 from forkd.controller.sandbox_events import SandboxEvents
@@ -136,8 +137,9 @@ def _forker(registry: Registry, tmp_path: Path) -> tuple[Forker, SandboxTable, S
     store = _store(registry, tmp_path, tags)
     brancher = Brancher(registry.sandboxes, tmp_path / "snapshots", table, events, store, tags)
     spawner = _NoSpawns(Networks(tmp_path, registry.sandboxes))
+    asleep = HibernatedBrancher(brancher, tmp_path / "snapshots", table, store, tags)
     forker = Forker(registry.sandboxes, registry.aliases, table, events, brancher, spawner, store,  # type: ignore[arg-type]
-                    tags)
+                    tags, asleep)
     return forker, table, store
 
 

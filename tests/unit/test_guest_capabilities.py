@@ -4,6 +4,7 @@ host refuses what an agent cannot do in one place (``forkd.guest.client.require`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ def test_require_is_one_clear_409() -> None:
     old = protocol.Capabilities.of({"agent_version": "8"})
     require(old, protocol.CAP_USER, protocol.CAP_WATCH)
     with pytest.raises(Conflict) as refused:
-        require(old, protocol.CAP_PTY, protocol.CAP_WATCH, protocol.CAP_METADATA, subject="sandbox 'sb-1'")
+        require(old, protocol.CAP_PTY, protocol.CAP_WATCH, protocol.CAP_METADATA,
+                subject="sandbox 'sb-1'")
     assert refused.value.status == 409
     assert str(refused.value) == ("sandbox 'sb-1' runs guest agent version 8, which predates "
                                   "terminals (pty), file metadata: create its snapshot again "
@@ -96,10 +98,10 @@ def _table(path: Path) -> tuple[AgentGateway, list[AgentClient]]:
     async def for_call(sandbox_id: str) -> object:
         return vm
 
-    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
+    async def call(sandbox_id: str, ask: Callable[[AgentClient], Awaitable[Any]]) -> Any:
         if not clients:
             clients.append(await AgentClient(path).connect())
-        return await clients[0].call(action, timeout=timeout, **args)
+        return await ask(clients[0])
 
     table.for_call = for_call  # type: ignore[method-assign,assignment]
     table.call = call  # type: ignore[method-assign]

@@ -393,7 +393,7 @@ def test_a_stream_that_overruns_its_window_is_failed_not_buffered(sock: Path) ->
     async def scenario() -> list[str]:
         client = await AgentClient(sock).connect()
         try:
-            stream = await client.stream(protocol.PROC_ATTACH, pid=5)
+            stream = await client.proc_attach({"pid": 5})
             seen = []
             with pytest.raises(GuestError, match="more than the stream's window"):
                 await asyncio.sleep(0.5)  # everything has arrived before anyone reads
@@ -418,8 +418,7 @@ def test_a_stream_from_the_real_agent_is_acknowledged_as_it_is_read(sock: Path) 
     async def scenario() -> tuple[bytes, dict[str, Any]]:
         client = await AgentClient(sock).connect()
         try:
-            stream = await client.stream(protocol.PROC_START, args=["head", "-c", str(total), "/dev/zero"],
-                                         stream=True)
+            stream = await client.proc_start_stream({"args": ["head", "-c", str(total), "/dev/zero"]})
             data = b""
             last: dict[str, Any] = {}
             async for event in stream:

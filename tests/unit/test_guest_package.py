@@ -230,8 +230,9 @@ def test_agent_files_are_the_whole_package_and_the_protocol() -> None:
     }
     files = rootfs.agent_files()
     assert on_disk <= set(files)
-    assert set(files) - on_disk == {"forkd/__init__.py", "forkd/guest/__init__.py", "forkd/guest/protocol.py",
-                                    "forkd/guest/messages.py"}
+    shared = {f"forkd/guest/{name}" for name in rootfs.GUEST_SHARED_MODULES}
+    assert set(files) - on_disk == {"forkd/__init__.py", "forkd/guest/__init__.py"} | shared
+    assert {"forkd/guest/protocol.py", "forkd/guest/messages.py"} <= shared
     assert files["forkd/guest/protocol.py"] == Path(protocol.__file__).read_bytes()
     assert files["forkd/guest/messages.py"] == Path(messages.__file__).read_bytes()
     assert list(files) == sorted(files)

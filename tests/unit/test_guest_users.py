@@ -9,8 +9,10 @@ import pwd
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.agent import users
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.spawn import parse_common, spawn
+from forkd.guest.client import AgentClient
 from forkd.guest.protocol import CAP_USER, INVALID, PING, RequestError
 from forkd.image import rootfs
 
@@ -187,9 +190,14 @@ def test_an_older_agent_is_refused_before_it_could_ignore_user() -> None:
     async def for_call(sandbox_id: str) -> object:
         return vm
 
-    async def call(sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, object]:
-        pings.append(action)
+    async def ping(timeout: float) -> dict[str, object]:
+        pings.append(PING)
         return {"pong": True, "agent_version": version["v"]}
+
+    async def call(sandbox_id: str, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+        # The gateway's typed call, on an agent of that version (``AgentClient.capabilities``).
+        return await ask(SimpleNamespace(capabilities=lambda timeout: AgentClient.capabilities(
+            SimpleNamespace(ping=ping), timeout)))  # type: ignore[arg-type]
 
     table.for_call = for_call  # type: ignore[method-assign,assignment]
     table.call = call  # type: ignore[method-assign]

@@ -71,7 +71,7 @@ def test_concurrent_requests_share_one_wake_and_then_proceed(h: Harness) -> None
         assert hib.counts()["hibernated"] == 1
         with pytest.raises(Conflict, match="hibernated"):
             h.table.get(SB)  # a direct lookup says so rather than "not alive"
-        return await asyncio.gather(*(h.agents.call(SB, "ping", 5) for _ in range(3)))
+        return await asyncio.gather(*(h.agents.call(SB, lambda agent: agent.ping(5)) for _ in range(3)))
 
     assert len(run(main())) == 3
     assert restarts == [SB] and hib.wakes == 1
@@ -96,12 +96,12 @@ def test_a_failed_wake_fails_its_requests_and_leaves_it_hibernated_for_the_next(
     hib._restart = restart  # type: ignore[method-assign]
 
     async def main() -> None:
-        failed = await asyncio.gather(*(h.agents.call(SB, "ping", 5) for _ in range(2)),
+        failed = await asyncio.gather(*(h.agents.call(SB, lambda agent: agent.ping(5)) for _ in range(2)),
                                       return_exceptions=True)
         assert all(isinstance(f, VMError) for f in failed), failed
         assert hib.hibernated(SB) and h.registry.sandboxes.get(SB).hibernation is not None
         assert hib.wake_failures == 1
-        await h.agents.call(SB, "ping", 5)  # the next request tries again
+        await h.agents.call(SB, lambda agent: agent.ping(5))  # the next request tries again
 
     run(main())
     assert len(attempts) == 2 and hib.wakes == 1
@@ -110,7 +110,7 @@ def test_a_failed_wake_fails_its_requests_and_leaves_it_hibernated_for_the_next(
 def test_a_request_to_a_sandbox_that_is_neither_running_nor_hibernated_is_404(h: Harness) -> None:
     hibernator(h)
     with pytest.raises(NotFound):
-        run(h.agents.call("sb-000000-0009", "ping", 5))
+        run(h.agents.call("sb-000000-0009", lambda agent: agent.ping(5)))
 
 
 def test_killing_a_hibernated_sandbox_forgets_it(h: Harness) -> None:
@@ -127,7 +127,7 @@ def test_no_hibernation_while_a_request_is_under_way(h: Harness) -> None:
     vm.agent = SimpleNamespace(in_flight=0)  # type: ignore[attr-defined]  # nothing else on its connection
 
     async def main() -> None:
-        call = asyncio.create_task(h.agents.call(SB, "exec", 5))
+        call = asyncio.create_task(h.agents.call(SB, lambda agent: agent.exec({"args": ["true"]}, 5)))
         await asyncio.sleep(0.01)
         assert h.agents.busy(SB)
         with pytest.raises(Conflict, match=r"requests .* under way"):
@@ -167,7 +167,7 @@ def test_the_idle_policy_hibernates_after_its_limit_and_never_under_a_request(h:
         h.clock.now += 59
         assert await h.pauser.hibernate_due() == [] and h.pauser.next_sleep() == pytest.approx(1)
         vm.gate = asyncio.Event()
-        call = asyncio.create_task(h.agents.call(SB, "exec", 5))
+        call = asyncio.create_task(h.agents.call(SB, lambda agent: agent.exec({"args": ["true"]}, 5)))
         await asyncio.sleep(0.01)
         h.clock.now += 5
         assert await h.pauser.hibernate_due() == []  # a request is in flight
@@ -237,7 +237,7 @@ def test_a_request_that_waited_out_a_hibernation_wakes_the_sandbox(h: Harness) -
     async def main() -> None:
         lock = h.table.lock(SB)
         await lock.acquire()  # a hibernation holds the lock...
-        call = asyncio.create_task(h.agents.call(SB, "ping", 5))
+        call = asyncio.create_task(h.agents.call(SB, lambda agent: agent.ping(5)))
         await asyncio.sleep(0.01)  # ...while the request waits for it
         record = h.registry.sandboxes.get(SB)
         record.hibernation = Hibernation(at_unix=1.0, pages=1, memory_bytes=1, devices_bytes=1, pause_ms=1)
@@ -316,7 +316,7 @@ def test_a_wake_from_a_changed_file_is_refused_and_it_stays_hibernated(h: Harnes
     (saved / mechanics.DEVICES).write_bytes(b"X" + (saved / mechanics.DEVICES).read_bytes()[1:])
 
     with pytest.raises(CorruptState, match=f"{saved / mechanics.DEVICES} does not match"):
-        run(h.agents.call(SB, "ping", 5))
+        run(h.agents.call(SB, lambda agent: agent.ping(5)))
     assert hib.hibernated(SB) and h.registry.sandboxes.get(SB).hibernation is not None
     assert hib.wake_failures == 1 and SB not in h.table
     assert sorted(p.name for p in saved.iterdir()) == sorted(names)
@@ -353,7 +353,7 @@ def test_a_cold_boot_uses_what_the_template_booted_through_its_branches(tmp_path
     fork = make_snapshot(data, "fork-1", {"image": {"name": "default", "key": "k1"}, "parent_tag": "base",
                                           "warm_imports": ["json"], "tap": "forkd-tap0", "dns": ["9.9.9.9"]})
     store = SimpleNamespace(dir=lambda tag: SnapshotDir(data.snapshots / tag))
-    builder = TemplateBuilder(data, store, None, None, None)  # type: ignore[arg-type]
+    builder = TemplateBuilder(data, store, None, None, None, None)  # type: ignore[arg-type]
     boot = builder.cold_boot(fork)
     assert boot.kernel == custom and boot.initrd == data.images / "default" / "initramfs.img"
     assert "forkd.warm=json" in boot.append and "forkd.net=" in boot.append and "9.9.9.9" in boot.append

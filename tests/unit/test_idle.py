@@ -6,7 +6,7 @@ tests/integration/test_idle.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +40,22 @@ class Process:
         return True
 
 
+class _StubAgent:
+    """Any typed agent call (``AgentClient``'s): logged as ``agent:<its name>``, answered once the
+    VM's gate is open."""
+
+    def __init__(self, vm: StubVM) -> None:
+        self._vm = vm
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+        async def answer(*_: Any, **__: Any) -> dict[str, Any]:
+            self._vm.log.append(f"agent:{name}")
+            if self._vm.gate is not None:
+                await self._vm.gate.wait()
+            return {"ok": True}
+        return answer
+
+
 @dataclass
 class StubVM:
     """What the table and the pauser use of a VM: QMP, agent calls, the clock step."""
@@ -60,11 +76,8 @@ class StubVM:
     migration_status = VM.migration_status
     migrating = VM.migrating
 
-    async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
-        self.log.append(f"agent:{action}")
-        if self.gate is not None:
-            await self.gate.wait()
-        return {"ok": True}
+    async def call(self, ask: Callable[[Any], Awaitable[T]]) -> T:
+        return await ask(_StubAgent(self))
 
     async def step_clock(self, timeout: float) -> dict[str, Any]:
         self.log.append("agent:clock")
@@ -133,7 +146,7 @@ def test_an_idle_sandbox_is_paused_and_its_next_request_resumes_it_first(h: Harn
         assert h.pauser.paused("sb-000000-0000") and vm.log == ["query-migrate", "stop"]
         assert h.pauser.counts() == {"tracked": 1, "paused": 1, "pauses": 1, "resumes": 0}
         vm.log.clear()
-        await h.agents.call("sb-000000-0000", "ping", 5)
+        await h.agents.call("sb-000000-0000", lambda agent: agent.ping(5))
         # Resumed, clock stepped, and only then the request itself.
         assert vm.log == ["cont", "agent:clock", "agent:ping"]
         assert not h.pauser.paused("sb-000000-0000")
@@ -150,7 +163,8 @@ def test_no_pause_while_a_request_is_in_flight(h: Harness) -> None:
         vm = h.add("sb-000000-0000")
         h.pauser.apply([h.registry.sandboxes.get("sb-000000-0000")], 5)
         vm.gate = asyncio.Event()
-        call = asyncio.create_task(h.agents.call("sb-000000-0000", "exec", 60))
+        call = asyncio.create_task(h.agents.call("sb-000000-0000",
+                                                  lambda agent: agent.exec({"args": ["true"]}, 60)))
         await asyncio.sleep(0.01)
         h.clock.now += 60  # a long exec
         assert await h.pauser.pause_due() == [] and "stop" not in vm.log

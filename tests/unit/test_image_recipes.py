@@ -64,7 +64,7 @@ def test_pip_pins_are_part_of_the_image_and_tree_keys(monkeypatch: pytest.Monkey
     plain = builder.ImageRecipe(mirror=MIRROR, apt_packages=("nodejs",))
     tree = builder._cached_apt_tree(tmp_path, tmp_path / "base", plain, tmp_path / "log",
                                     lambda step, fraction: None)
-    assert tree.name == "rootfs-" + builder._digest({"base": plain.base_key(), "apt": ["nodejs"]})[:16]
+    assert tree.name == "rootfs-" + builder.digest_of({"base": plain.base_key(), "apt": ["nodejs"]})[:16]
     assert not [c for c in calls if c[0] == "pip"]
 
 

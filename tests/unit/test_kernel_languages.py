@@ -33,7 +33,7 @@ from starlette.routing import Route
 from forkd.api.code_routes import CodeRequest, KernelLanguage
 from forkd.api.e2b.interpreter import Interpreter
 from forkd.errors import ForkdError
-from forkd.guest import protocol
+from forkd.guest import code_messages
 from forkd.guest.agent import kernel_r, kernel_specs
 from forkd.guest.agent import kernels as agent_kernels
 from forkd.guest.agent.channel import Channel
@@ -53,7 +53,8 @@ node = pytest.mark.skipif(shutil.which("node") is None, reason=NO_NODE)
 
 
 def test_the_api_names_the_languages_the_protocol_has() -> None:
-    assert set(get_args(KernelLanguage)) == {*protocol.KERNEL_LANGUAGES, *protocol.KERNEL_LANGUAGE_ALIASES}
+    assert set(get_args(KernelLanguage)) == {*code_messages.KERNEL_LANGUAGES,
+                                             *code_messages.KERNEL_LANGUAGE_ALIASES}
     assert CodeRequest(code="1").language is None
 
 
@@ -61,16 +62,16 @@ def test_the_api_names_the_languages_the_protocol_has() -> None:
                                                 ("js", "javascript"), (" JavaScript ", "javascript"),
                                                 ("bash", "bash"), ("r", "r"), ("R", "r")])
 def test_a_language_by_any_of_its_names(name: object, language: str) -> None:
-    assert protocol.kernel_language(name) == language
+    assert code_messages.kernel_language(name) == language
 
 
 def test_an_unknown_language_is_refused_naming_those_served() -> None:
     with pytest.raises(RequestError, match="python, bash, javascript, r") as exc:
-        protocol.kernel_language("typescript")
+        code_messages.kernel_language("typescript")
     assert exc.value.kind == INVALID
-    assert protocol.default_context("python") == "default"
-    assert protocol.default_context("bash") == "default-bash"
-    assert protocol.default_context("r") == "default-r"
+    assert code_messages.default_context("python") == "default"
+    assert code_messages.default_context("bash") == "default-bash"
+    assert code_messages.default_context("r") == "default-r"
 
 
 # ---------------------------------------------------------------- R (IRkernel)
@@ -350,7 +351,7 @@ def test_the_runner_starts_each_contexts_kernel_in_its_language(tmp_path: Path) 
 
 def test_the_agent_settles_a_cells_language_context_and_cwd(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(protocol, "KERNEL_HOME", str(tmp_path))
+    monkeypatch.setattr(code_messages, "KERNEL_HOME", str(tmp_path))
     warm: dict[str, Any] = {}
     contexts = CodeContexts(warm, Evaluator(warm), lambda: ("python", "bash", "javascript"))
     listed = contexts.handle({"op": "list"})["contexts"]
@@ -463,9 +464,10 @@ def test_e2b_refuses_what_it_cannot_run(e2b: tuple[TestClient, _Runtime], body: 
 
 def test_e2b_contexts_start_in_home_user_unless_told(e2b: tuple[TestClient, _Runtime]) -> None:
     client, rt = e2b
-    assert client.post("/contexts", json={"language": "javascript"}).json()["cwd"] == protocol.KERNEL_HOME
+    made = client.post("/contexts", json={"language": "javascript"}).json()
+    assert made["cwd"] == code_messages.KERNEL_HOME
     assert client.post("/contexts", json={"language": "bash", "cwd": "/tmp"}).json()["cwd"] == "/tmp"
-    assert rt.calls == [("create", {"language": "javascript", "cwd": protocol.KERNEL_HOME}),
+    assert rt.calls == [("create", {"language": "javascript", "cwd": code_messages.KERNEL_HOME}),
                         ("create", {"language": "bash", "cwd": "/tmp"})]
     assert client.post("/contexts", json={"language": "ruby"}).status_code == 400
 

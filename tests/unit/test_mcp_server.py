@@ -27,7 +27,7 @@ EXPECTED_TOOLS = {
     "list_sandboxes", "kill_sandbox", "exec_command", "eval_python", "read_file", "write_file",
     "list_files", "branch_sandbox", "fork_sandbox", "fork_tree", "promote_sandbox",
     "start_process", "read_process_output", "send_process_input", "list_processes", "kill_process",
-    "cancel_eval", "run_code",
+    "cancel_eval", "run_code", "get_sandbox_diff", "get_sandbox_patch", "apply_changes",
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,9 +105,18 @@ class StubVM:
         self.post_restores.append(inputs)
         return {"reseeded": True}
 
-    async def call(self, action: str, timeout: float | None = 60, **_: Any) -> dict[str, Any]:
-        self.calls.append(action)
-        return {}
+    async def call(self, ask: Callable[[Any], Awaitable[T]]) -> T:
+        """A typed agent call (``VM.call``): any of ``AgentClient``'s, recorded by its name."""
+        calls = self.calls
+
+        class Agent:
+            def __getattr__(self, name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+                async def answer(*_: Any) -> dict[str, Any]:
+                    calls.append(name)
+                    return {}
+                return answer
+
+        return await ask(Agent())
 
     async def await_or_exit(self, aw: Awaitable[T], timeout: float, what: str) -> T:
         return await aw

@@ -25,7 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from forkd.api import connections
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.port_proxy import WS_QUEUE_FRAMES, PortClients, PortProxy, request_target, target, upstream_url
+from forkd.api.port_proxy import PortClients, PortProxy, request_target, target, upstream_url
+from forkd.api.ws_relay import WS_QUEUE_FRAMES
 from forkd.errors import InvalidRequest, NotFound
 from forkd.host.egress import EgressPolicy
 from forkd.store.records import PoolKey

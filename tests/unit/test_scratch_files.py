@@ -55,7 +55,7 @@ def test_a_second_runtime_on_the_same_dir_leaves_the_first_ones_scratch_alone(tm
 
 def test_a_branch_streams_error_file_is_beside_its_stream_not_in_tmp(tmp_path: Path) -> None:
     stream = tmp_path / "snapshots" / ".staging-x" / "stream"
-    uri = branching._stream_uri(stream)
+    uri = branching.stream_uri(stream)
     assert "/tmp/" not in uri.replace(str(tmp_path), "<data>")
     assert f"2> {stream.parent}/stream.err" in uri
 
@@ -79,5 +79,7 @@ def test_no_daemon_code_path_writes_to_the_hosts_tmp() -> None:
             if path.relative_to(SRC).parts[0] not in NOT_DAEMON for u in _tmp_uses(path)]
     # config.DataDir.scratch: throwaway data dirs for tests and benchmarks, by design under /tmp
     # (QEMU's unix socket paths are limited to 108 bytes); it is no daemon's crash leftover.
-    # template_build's is a path inside the guest being built, not the host's.
-    assert uses == ["config.py '/tmp'", "template_build.py '/tmp/.forkd-copy-'"], uses
+    # template_build's is a path inside the guest being built, not the host's; volume_spec's is a
+    # guest directory a volume may not be mounted over; diffs' is a guest path a diff leaves out.
+    assert uses == ["config.py '/tmp'", "diffs.py '/tmp'", "template_build.py '/tmp/.forkd-copy-'",
+                    "volume_spec.py '/tmp'"], uses

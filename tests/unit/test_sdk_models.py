@@ -93,9 +93,11 @@ def test_a_new_optional_request_field_reaches_the_sdk_by_regeneration_alone(open
     changed["components"]["schemas"]["SpawnRequest"]["properties"]["user"] = {
         "anyOf": [{"type": "string"}, {"type": "null"}], "description": "The guest user to run as.",
     }
-    namespace: dict[str, Any] = {}
+    # A module name of its own (in no sys.modules): its forward references (a field typed with
+    # another model, as fork_tree is) are then resolved in this namespace, not in builtins.
+    namespace: dict[str, Any] = {"__name__": "regenerated_models"}
     exec(compile(gen.models_text(changed), "models.py", "exec"), namespace)
-    assert typing.get_type_hints(namespace["SpawnExtra"])["user"] == str | None
+    assert typing.get_type_hints(namespace["SpawnExtra"], globalns=namespace)["user"] == str | None
     assert "user" not in namespace["SpawnRequest"].__required_keys__
 
     fake = FakeDaemon().on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,6 +121,35 @@ def test_staging_is_published_atomically_and_never_overwrites(tmp_path: Path) ->
         layout.publish(again, snapshots, "py")
     assert layout.remove_stale_staging(snapshots) == [again.path.name]
     assert sorted(p.name for p in snapshots.iterdir()) == ["py"]
+
+
+def test_a_discarded_snapshot_dir_cannot_be_brought_back_by_a_late_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed lazy import removes its snapshot while the first child's restore-chunks record
+    may still be written into it. With a plain rmtree, a file written between its listing and its
+    last rmdir left the unregistered directory behind, and the next import of the tag was refused
+    (409 "cannot be compared"). ``discard`` renames it aside first: the late write finds no
+    directory, and nothing is left."""
+    snapshots = tmp_path / "snapshots"
+    snap = layout.publish(layout.staging_dir(snapshots, "base"), snapshots, "base").path
+    (snap / "mem").write_bytes(b"x")
+    late: list[str] = []
+    real_rmdir = os.rmdir
+
+    def rmdir_after_a_late_write(path: Any, *args: Any, **kwargs: Any) -> None:
+        try:  # the child's record, by the snapshot's own path, just before the last rmdir
+            (snap / "restore-chunks.json").write_text("{}")
+            late.append("written")
+        except FileNotFoundError:
+            late.append("no directory")
+        real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir_after_a_late_write)
+    layout.discard(snap)
+    monkeypatch.undo()
+    assert late and set(late) == {"no directory"}, late
+    assert sorted(p.name for p in snapshots.iterdir()) == []
+    layout.discard(snap)  # already gone: nothing to do
 
 
 def test_a_long_tags_staging_leaves_room_for_a_helpers_sockets(tmp_path: Path) -> None:

@@ -8,15 +8,18 @@ import json
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from forkd import bounds
+from forkd.api.e2b.template_steps import StepPlan
 from forkd.controller.build_contexts import BuildContexts
 from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
 from forkd.errors import InvalidRequest, NotFound, TooLarge
+from forkd.image.oci import ImageDefaults
 from tests.fakes.app import AUTH, Daemon, daemon_app
 
 
@@ -60,7 +63,8 @@ def test_copy_destination_rules() -> None:
 @pytest.mark.parametrize("text, message", [
     ("RUN true", "before FROM"),
     ("FROM default\nFROM default", "multi-stage"),
-    ("FROM debian:12", "forkd image name"),
+    ("FROM Debian:12", "not an image reference"),
+    ("FROM debian:12:13", "not an image reference"),
     ("FROM default\nRUN --mount=type=cache,target=/x true", "--mount"),
     ("FROM default\nCOPY --from=build /a /b", "--from"),
     ("FROM default\nCOPY *.py /app/", "wildcards"),
@@ -200,6 +204,14 @@ def test_the_guest_path_matches_the_agent() -> None:
 
 def test_from_a_snapshot() -> None:
     assert parse("FROM snapshot:py\nRUN true").base == "snapshot:py"
+    # A registry's image: pulled by the build (controller/images.py), planned again from its config.
+    assert parse("FROM debian:12").base == "registry:debian:12"
+    assert parse("FROM forkd/default").base == "default"
+    image = ImageDefaults(env={"PATH": "/usr/local/bin:/usr/bin", "LANG": "C.UTF-8"}, workdir="/srv",
+                          user="user")
+    plan = parse("FROM python:3.12\nENV A=$PATH\nRUN true", image=image)
+    assert plan.env == {"PATH": "/usr/local/bin:/usr/bin", "LANG": "C.UTF-8", "A": "/usr/local/bin:/usr/bin"}
+    assert (plan.workdir, plan.user, plan.steps[0].workdir) == ("/srv", "user", "/srv")
     with pytest.raises(InvalidRequest, match="forkd image name"):
         parse("FROM snapshot:../x")
 
@@ -207,34 +219,70 @@ def test_from_a_snapshot() -> None:
 # ------------------------------------------------------------------ E2B's steps as a Dockerfile
 
 def test_e2b_steps_become_a_dockerfile_forkd_parses(tmp_path: Path) -> None:
-    from forkd.api.e2b.templates import E2BTemplates, TemplateError
+    from forkd.api.e2b.template_steps import TemplateError, plan, registry_credentials
 
-    e2b = E2BTemplates(lambda: None, tmp_path / "uploads")  # only the translation: no runtime needed
     files_hash = "a" * 64
     upload = tmp_path / "up.tar"
     upload.write_bytes(_tar({"folder/a.txt": b"a", "folder/b.txt": b"b", "folder/sub/c.txt": b"c"}))
-    e2b._files[files_hash] = upload
-    text, uploads, names = e2b._dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
+    files = {files_hash: upload}
+
+    def dockerfile(body: dict[str, Any]) -> StepPlan:
+        return plan(body, files, lambda tag: tag == "parent")
+
+    steps = dockerfile({"fromImage": "e2bdev/base:latest", "steps": [
         {"type": "COPY", "args": ["folder/*", "folder", "user", "0755"], "filesHash": files_hash},
         {"type": "ENV", "args": ["A", 'x "y" $z', "B", "2"]},
         {"type": "RUN", "args": ["apt-get update && echo 'hi'", "root"]},
         {"type": "WORKDIR", "args": ["/app"]},
         {"type": "RUN", "args": ["pwd"]},
     ]})
-    plan = parse(text)
-    assert plan.base == "default" and uploads == [files_hash]
-    copy, root_run, run = plan.steps
+    parsed = parse(steps.dockerfile)
+    assert parsed.base == "default" and steps.uploads == [files_hash]
+    copy, root_run, run = parsed.steps
     assert isinstance(copy, Copy) and copy.sources == ("folder/a.txt", "folder/b.txt", "folder/sub")
     assert copy.dest == "/home/user/folder/" and copy.chown == "user" and copy.chmod == "0755"
     assert isinstance(root_run, Run) and root_run.user is None and root_run.workdir == "/home/user"
     assert root_run.argv == ("/bin/bash", "-c", "apt-get update && echo 'hi'")
     assert isinstance(run, Run) and run.user == "user" and run.workdir == "/app"
-    assert plan.env == {"A": 'x "y" $z', "B": "2"}
-    assert names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number, for the SDK's traces
-    for bad, message in [({"fromImage": "ubuntu:22.04"}, "not a forkd image"),
+    assert parsed.env == {"A": 'x "y" $z', "B": "2"}
+    assert steps.step_names == {1: "1", 2: "3", 3: "5"}  # each RUN/COPY's E2B step number
+    # A registry's image (from_image, from_dockerfile's FROM): the build pulls it, with the credentials
+    # of from_registry.
+    assert dockerfile({"fromImage": "ubuntu:22.04"}).dockerfile.startswith("FROM ubuntu:22.04\n")
+    assert dockerfile({"fromTemplate": "parent"}).dockerfile.startswith("FROM snapshot:parent\n")
+    registry = {"type": "registry", "username": "u", "password": "p"}
+    creds = registry_credentials({"fromImageRegistry": registry})
+    assert creds is not None and (creds.username, creds.password) == ("u", "p")
+    with pytest.raises(TemplateError, match="only type"):
+        registry_credentials({"fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})
+    for user, password in (("", "p"), ("u", None), ("u\0", "p"), ("u" * 257, "p"), ("u", "p" * 4097)):
+        with pytest.raises(TemplateError, match="needs a username and a password"):
+            bad_registry = {**registry, "username": user, "password": password}
+            registry_credentials({"fromImageRegistry": bad_registry})
+    for bad, message in [({"fromImage": "Ubuntu:22.04"}, "not an image reference"),
                          ({"steps": [{"type": "ARG", "args": []}]}, "not supported"),
                          ({"steps": [{"type": "COPY", "args": ["x", "/x"], "filesHash": "b" * 64}]},
                           "not uploaded"),
-                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break")]:
+                         ({"steps": [{"type": "ENV", "args": ["A", "two\nlines"]}]}, "line break"),
+                         ({"fromTemplate": "gone"}, "was not found")]:
         with pytest.raises(TemplateError, match=message):
-            e2b._dockerfile(bad)
+            dockerfile(bad)
+
+
+def test_the_image_routes_stream_a_pull_and_refuse_a_bad_reference(client: tuple[TestClient, Daemon]) -> None:
+    """POST /v1/images: its up-front 400s, and a pull that fails once streaming ends in an error
+    event (here: the docker.io mirror is a closed port). A pull that succeeds, against a real
+    registry, is tests/integration/test_oci_images.py's."""
+    from forkd.image.oci import Registries
+
+    c, daemon = client
+    daemon.runtime.images.registries = Registries(mirrors={"docker.io": "http://127.0.0.1:9"})
+    body = {"ref": "python:3.12-slim", "name": "py312", "registry_auth": {"username": "u", "password": "p"}}
+    lines = [json.loads(line) for line in c.post("/v1/images", json=body).iter_lines() if line]
+    assert lines[0] == {"type": "progress", "step": "resolving python:3.12-slim", "fraction": 0.0}
+    assert lines[-1]["type"] == "error" and "127.0.0.1:9" in lines[-1]["error"], lines
+    assert isinstance(c.get("/v1/images").json(), list)
+    bad = c.post("/v1/images", json={"ref": "UPPER:case:x"})
+    assert bad.status_code == 400 and "not an image reference" in bad.json()["error"]
+    no_password = c.post("/v1/images", json={"ref": "python:3", "registry_auth": {"username": "u"}})
+    assert no_password.status_code == 400

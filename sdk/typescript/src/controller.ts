@@ -31,6 +31,8 @@ import type {
   CheckpointList,
   CheckpointOptions,
   CreateSnapshotOptions,
+  CreateVolumeOptions,
+  ExportVolumeOptions,
   CreateWorkspaceOptions,
   HibernateOptions,
   PushOptions,
@@ -54,10 +56,16 @@ import type {
   PromoteOptions,
   PromoteResponse,
   PullResult,
+  VolumeExport,
+  VolumeInfo,
   WorkspaceInfo,
   PushResult,
   SandboxInfo,
   SandboxMemory,
+  SandboxDiff,
+  ApplyResponse,
+  ApplyRequestOptions,
+  DiffOptions,
   SnapshotDetail,
   SnapshotInfo,
   SpawnOptions,
@@ -243,6 +251,43 @@ export class Controller {
    */
   sandboxMemory(id: string): Promise<SandboxMemory> {
     return this.#http.json({ method: "GET", path: `/v1/sandboxes/${seg(id)}/memory` });
+  }
+
+  #diffCall(id: string, format: string, options: DiffOptions): Call {
+    return {
+      method: "GET",
+      path: `/v1/sandboxes/${seg(id)}/diff`,
+      query: { against: options.against ?? "parent", format, include: options.include, exclude: options.exclude },
+      wait: "unbounded",
+    };
+  }
+
+  /**
+   * `GET /v1/sandboxes/{id}/diff`: what its filesystem changed since its snapshot (or against
+   * `snapshot:TAG` / `sandbox:ID`): added, modified and deleted paths, with mode and owner changes.
+   */
+  sandboxDiff(id: string, options: DiffOptions = {}): Promise<SandboxDiff> {
+    return this.#http.json(this.#diffCall(id, "json", options));
+  }
+
+  /** The same changes as a unified patch (`patch -p1` applies it; binary files are flagged). */
+  async sandboxPatch(id: string, options: DiffOptions = {}): Promise<string> {
+    return (await this.#http.send(this.#diffCall(id, "patch", options))).text();
+  }
+
+  /** The added and modified files as a tar. */
+  async sandboxDiffTar(id: string, options: DiffOptions = {}): Promise<Uint8Array> {
+    return new Uint8Array(await (await this.#http.send(this.#diffCall(id, "tar", options))).arrayBuffer());
+  }
+
+  /**
+   * `POST /v1/sandboxes/{id}/apply`: write another sandbox's changes since its snapshot (a child's)
+   * into this one. A conflict (a path both changed, differently) is a 409 naming every such path,
+   * and nothing is written.
+   */
+  applyChanges(id: string, options: ApplyRequestOptions): Promise<ApplyResponse> {
+    return this.#http.json({ method: "POST", path: `/v1/sandboxes/${seg(id)}/apply`,
+      json: toWire("ApplyRequest", options), wait: "unbounded" });
   }
 
   /** `DELETE /v1/sandboxes/{id}`: stop the VM. Snapshots branched from it stay. */
@@ -573,6 +618,43 @@ export class Controller {
       json: { to },
       wait: "unbounded",
     });
+  }
+
+  // -------------------------------------------------------------- volumes
+
+  /** `POST /v1/volumes`: an ext4 volume of `sizeMib` (its quota), empty or filled from `source`. */
+  createVolume(name: string, options: CreateVolumeOptions = {}): Promise<VolumeInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: "/v1/volumes",
+      json: toWire("CreateVolumeRequest", { ...options, name }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `GET /v1/volumes`. */
+  listVolumes(): Promise<VolumeInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/volumes" });
+  }
+
+  /** `GET /v1/volumes/{name}`: `snapshots` names those that attach it. */
+  getVolume(name: string): Promise<VolumeInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/volumes/${seg(name)}` });
+  }
+
+  /** `POST /v1/volumes/{name}/export`: copy its files into `to`, a new directory on the daemon's host. */
+  exportVolume(name: string, to: string, options: ExportVolumeOptions = {}): Promise<VolumeExport> {
+    return this.#http.json({
+      method: "POST",
+      path: `/v1/volumes/${seg(name)}/export`,
+      json: toWire("ExportVolumeRequest", { ...options, to }),
+      wait: "unbounded",
+    });
+  }
+
+  /** `DELETE /v1/volumes/{name}`: 409 while a snapshot attaches it. */
+  async deleteVolume(name: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/volumes/${seg(name)}` });
   }
 
   // -------------------------------------------------------------- workspaces

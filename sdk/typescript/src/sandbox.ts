@@ -38,6 +38,9 @@ import type {
   NetworkUpdateRequest,
   SandboxInfo,
   SandboxMemory,
+  SandboxDiff,
+  ApplyResponse,
+  DiffOptions,
   SnapshotInfo,
   SpawnOptions,
   WaitOptions,
@@ -89,6 +92,8 @@ export interface ExploreResult<C, R> {
   best: ExploreOutcome<C, R>;
   outcomes: ExploreOutcome<C, R>[];
   promotion: PromoteResponse;
+  /** With `applyWinner`: what the winner's file changes wrote into this sandbox. */
+  applied?: ApplyResponse;
 }
 
 /** A registered snapshot tag. */
@@ -252,6 +257,21 @@ export class Sandbox {
     return this.controller.ping(this.id);
   }
 
+  /** What this sandbox's filesystem changed since its snapshot (or `against` another state). */
+  diff(options: DiffOptions = {}): Promise<SandboxDiff> {
+    return this.controller.sandboxDiff(this.id, options);
+  }
+
+  /** The same changes as a unified patch. */
+  patch(options: DiffOptions = {}): Promise<string> {
+    return this.controller.sandboxPatch(this.id, options);
+  }
+
+  /** Write another sandbox's (a child's) changes since its snapshot into this one; 409 on a conflict. */
+  apply(from: string, paths?: string[]): Promise<ApplyResponse> {
+    return this.controller.applyChanges(this.id, { from, paths });
+  }
+
   /** What this sandbox costs the host: shared and private RAM, untouched pages, its own disk (bytes). */
   memory(): Promise<SandboxMemory> {
     return this.controller.sandboxMemory(this.id);
@@ -349,10 +369,10 @@ export class Sandbox {
     candidates: readonly C[],
     run: (child: Sandbox, candidate: C) => Promise<R>,
     score?: (child: Sandbox, candidate: C, result: R) => number | Promise<number>,
-    options: Omit<ForkOptions, "count"> & { replaceParent?: boolean } = {},
+    options: Omit<ForkOptions, "count"> & { replaceParent?: boolean; applyWinner?: boolean } = {},
   ): Promise<ExploreResult<C, R>> {
     if (candidates.length === 0) throw new TypeError("explore needs at least one candidate");
-    const { replaceParent, ...forkOptions } = options;
+    const { replaceParent, applyWinner, ...forkOptions } = options;
     const tree = await this.forkTree(candidates.length, forkOptions);
     const byIndex = new Map<number, Sandbox>();
     for (const child of tree.children) {
@@ -389,7 +409,11 @@ export class Sandbox {
       throw new ExploreError(`every candidate of explore failed:\n${lines.join("\n")}`, outcomes);
     }
     let promotion: PromoteResponse;
+    let applied: ApplyResponse | undefined;
     try {
+      // applyWinner: the winner's changes written into this sandbox first (a conflict throws,
+      // nothing written, and every child is closed below).
+      applied = applyWinner ? await this.apply(best.sandbox.id) : undefined;
       promotion = await best.sandbox.promote({
         treeId: tree.treeId ?? undefined,
         cleanupSiblings: true,
@@ -402,7 +426,7 @@ export class Sandbox {
     }
     const gone = new Set(promotion.deleted.filter((d) => d.deleted).map((d) => d.id));
     for (const child of tree.children) if (gone.has(child.id)) child.owned = false;
-    return { winner: best.sandbox, best, outcomes, promotion };
+    return { winner: best.sandbox, best, outcomes, promotion, applied };
   }
 
   /** Branch automatically after every `every`-th exec/eval call, keeping the newest `keep`. */

@@ -11,6 +11,8 @@ import type {
   CheckpointPolicyRequestOptions,
   CodeRequestOptions,
   CreateSnapshotRequestOptions,
+  CreateVolumeRequestOptions,
+  ExportVolumeRequestOptions,
   CreateWorkspaceRequestOptions,
   EvalRequestOptions,
   ExecRequestOptions,
@@ -36,6 +38,17 @@ export type SnapshotInfo = Schemas["SnapshotInfo"];
 export type SnapshotDetail = Schemas["SnapshotDetail"];
 export type SandboxInfo = Schemas["SandboxInfo"];
 export type SandboxMemory = Schemas["SandboxMemory"];
+export type SandboxDiff = Schemas["SandboxDiff"];
+export type ApplyResponse = Schemas["ApplyResponse"];
+
+/** `GET /v1/sandboxes/{id}/diff`'s query: against `parent` (default), `snapshot:TAG` or `sandbox:ID`. */
+export interface DiffOptions {
+  against?: string;
+  /** Only paths under these prefixes, or with a part matching these names. */
+  include?: string[];
+  /** Leave these out; default: /proc, /sys, /tmp, caches, ... */
+  exclude?: string[];
+}
 export type ExecResponse = Schemas["ExecResponse"];
 export type EvalResponse = Schemas["EvalResponse"];
 export type PingResponse = Schemas["PingResponse"];
@@ -48,6 +61,8 @@ export type PoolInfo = Schemas["PoolInfo"];
 export type PushResult = Schemas["PushResult"];
 export type PullResult = Schemas["PullResult"];
 export type WorkspaceInfo = Schemas["WorkspaceInfo"];
+export type VolumeInfo = Schemas["VolumeInfo"];
+export type VolumeExport = Schemas["VolumeExport"];
 export type FileInfo = Schemas["FileInfo"];
 export type FileList = Schemas["FileList"];
 export type MkdirResponse = Schemas["MkdirResponse"];
@@ -248,6 +263,12 @@ export type PushOptions = PushRequestOptions;
 
 /** `POST /v1/workspaces` (the name and the snapshot are arguments). */
 export type CreateWorkspaceOptions = Omit<CreateWorkspaceRequestOptions, "name" | "snapshotTag">;
+
+/** `POST /v1/volumes` (the name is an argument). */
+export type CreateVolumeOptions = Omit<CreateVolumeRequestOptions, "name">;
+
+/** `POST /v1/volumes/{name}/export` (the name and the directory are arguments). */
+export type ExportVolumeOptions = Omit<ExportVolumeRequestOptions, "to">;
 
 /** `POST /v1/workspaces/{name}/suspend`. */
 export type SuspendWorkspaceOptions = SuspendWorkspaceRequestOptions;

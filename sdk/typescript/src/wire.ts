@@ -17,6 +17,12 @@ function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
+/** A nested field's value: options (or a list of them, as `volumes`) converted, anything else as it is. */
+function nested(schema: RequestSchema, value: unknown): unknown {
+  if (Array.isArray(value)) return value.map((item) => (isPlainObject(item) ? convert(schema, item) : item));
+  return isPlainObject(value) ? convert(schema, value) : value;
+}
+
 function convert(schema: RequestSchema, options: object): Record<string, unknown> {
   const names: Names = WIRE_NAMES[schema];
   const body: Record<string, unknown> = {};
@@ -26,7 +32,7 @@ function convert(schema: RequestSchema, options: object): Record<string, unknown
     if (value === undefined || !Object.hasOwn(names, key)) continue;
     const name = names[key];
     if (typeof name === "string") body[name] = value;
-    else if (name !== undefined) body[name[0]] = isPlainObject(value) ? convert(name[1], value) : value;
+    else if (name !== undefined) body[name[0]] = nested(name[1], value);
   }
   return body;
 }

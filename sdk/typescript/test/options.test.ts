@@ -143,6 +143,12 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.promoteSandbox("sb-1", options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  ApplyRequest: async (schema) => {
+    const { options, body } = split(schema, []);
+    const { ctrl, bodies } = recorder();
+    await ctrl.applyChanges("sb-1", options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CheckpointPolicyRequest: async (schema) => {
     const { options, body, args } = split(schema, ["every"]);
     const { ctrl, bodies } = recorder();
@@ -191,6 +197,18 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.pushSnapshot("t", options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  CreateVolumeRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["name"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.createVolume(args.name, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
+  ExportVolumeRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["to"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.exportVolume("v", args.to, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CreateWorkspaceRequest: async (schema) => {
     const { options, body, args } = split(schema, ["name", "snapshot_tag"]);
     const { ctrl, bodies } = recorder();
@@ -219,6 +237,7 @@ const ARGUMENTS_ONLY: Record<string, string> = {
   SignalRequest: "signalProcess(id, pid, signal, {group})",
   NetworkUpdateRequest: "updateSandboxNetwork(id, policy): the body itself, typed from schema.ts",
   TemplateBuildRequest: "not in the TypeScript SDK (templates are built with the CLI or the Python SDK)",
+  ImagePullRequest: "not in either SDK (images are pulled with the CLI, `forkd image pull`, or POST /v1/images)",
 };
 
 function requestSchemas(): string[] {

@@ -13,14 +13,17 @@ from fastapi.openapi.utils import get_openapi
 
 from forkd.api import (
     code_routes,
+    diff_routes,
     file_routes,
     fork_routes,
+    image_routes,
     pool_routes,
     process_routes,
     template_routes,
     terminal_routes,
     travel_routes,
     ui,
+    volume_routes,
     workspace_routes,
 )
 from forkd.api.audit import AuditLog, AuditMiddleware
@@ -171,8 +174,11 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
 
             data = settings.data()
             log.info("opening runtime on %s", data.root)
+            from forkd.image.oci import Registries
+
             rt = await Runtime.open(data, store=settings.store, host_id=settings.host_id,
-                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits())
+                                    disk_quota_mib=settings.disk_quota_mib, limits=settings.host_limits(),
+                                    registries=Registries(settings.registry_mirrors, settings.registry_auth))
             if settings.pools:
                 await rt.pools.preset(settings.pools)
             app.state.runtime = rt
@@ -220,14 +226,17 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.include_router(status_router)
     app.include_router(v1)
     app.include_router(fork_routes.router)
+    app.include_router(diff_routes.router)
     app.include_router(pool_routes.router)
     app.include_router(file_routes.router)
     app.include_router(process_routes.router)
     app.include_router(terminal_routes.router)
     app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
+    app.include_router(volume_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(template_routes.router)
+    app.include_router(image_routes.router)
     app.include_router(ui.make_router())
     install_exception_handlers(app)
 

@@ -40,7 +40,7 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["code"],
 
 CONTEXT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DEFAULT_TIMEOUT_SECS = 300.0  # as KernelCells.run's (Runtime.kernels)
-# The kernel languages by every name the guest takes: protocol.KERNEL_LANGUAGES and its aliases,
+# The kernel languages by every name the guest takes: guest.code_messages.KERNEL_LANGUAGES and aliases,
 # spelt out for the schema (tests/unit/test_kernel_languages.py holds the two together).
 KernelLanguage = Literal["python", "bash", "javascript", "js", "r"]
 

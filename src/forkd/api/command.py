@@ -34,6 +34,7 @@ from forkd.api.settings import (
     Settings,
     parse_bind,
     parse_endpoints,
+    parse_mirrors,
     parse_pools,
 )
 from forkd.config import API_VERSION, DEFAULT_BIND, MAX_SANDBOXES_LIMIT, VERSION
@@ -173,6 +174,22 @@ def daemon(
             "AWS_REGION.",
         ),
     ] = None,
+    registry_mirror: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--registry-mirror", envvar="FORKD_REGISTRY_MIRROR", metavar="REGISTRY=URL",
+            help="Pull REGISTRY's images (FROM, POST /v1/images) from this mirror instead, e.g. "
+            "docker.io=http://127.0.0.1:5000 (an http:// mirror is spoken to without TLS; repeatable; "
+            "variable: comma-separated).",
+        ),
+    ] = None,
+    registry_auth: Annotated[
+        Path | None,
+        typer.Option(
+            "--registry-auth", envvar="FORKD_REGISTRY_AUTH", metavar="CONFIG_JSON",
+            help="Registry credentials for image pulls, in Docker's config.json format ({\"auths\": ...}).",
+        ),
+    ] = None,
     host_id: Annotated[
         str | None,
         typer.Option(
@@ -294,6 +311,7 @@ def daemon(
         host, port = parse_bind(bind)
         pool_sizes = parse_pools(pools)
         etcd_urls = parse_endpoints(etcd)
+        mirrors = parse_mirrors(registry_mirror)
     except ConfigError as exc:
         usage_error(ctx, str(exc))
     settings = Settings(
@@ -304,7 +322,7 @@ def daemon(
         etcd=etcd_urls, advertise_url=advertise_url, lease_ttl=lease_ttl, capacity=capacity,
         disk_quota_mib=disk_quota_mib, max_sandboxes=max_sandboxes, memory_reserve_mib=memory_reserve_mib,
         http_parser=http_parser.value, fast_path=fast_path,
-        header_timeout=header_timeout,
+        header_timeout=header_timeout, registry_mirrors=mirrors, registry_auth=registry_auth,
     )
     # Imported here: the server pulls in uvicorn, FastAPI and the VMM stack, which no other
     # command needs and `pip install forkd` (the SDK and CLI) does not bring.
@@ -351,6 +369,7 @@ def describe(settings: Settings) -> dict[str, object]:
         "http_parser": settings.http_parser,
         "fast_path": settings.fast_path,
         "header_timeout": settings.header_timeout,
+        "registry_mirrors": settings.registry_mirrors,
     }
 
 

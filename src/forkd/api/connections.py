@@ -5,13 +5,14 @@ alone, 20,000 idle ones used every file descriptor of the daemon: ``/healthz``
 and authenticated calls timed out, and asyncio logged "Too many open files"
 430,000 times in 45 s. So:
 
-* a connection that has sent nothing gets ``FIRST_REQUEST_SECS`` to start a
-  request, as a kept-alive one gets uvicorn's keep-alive timeout;
+* a new connection must start its first request within the head timeout
+  (``--header-timeout``, ``HEAD_TIMEOUT_SECS`` by default), or it is closed, as a
+  kept-alive one is after uvicorn's keep-alive timeout;
 * a request head (request line and headers) once begun must be complete within
-  the head timeout (``--header-timeout``, ``HEAD_TIMEOUT_SECS`` by default), or the
-  connection is answered 408 and closed. uvicorn has no such deadline: its keep-alive
-  timer stops at the first byte, so 600 connections that each sent 9 bytes and
-  stopped held every slot for as long as they liked (issue 38, slowloris);
+  the same head timeout, or the connection is answered 408 and closed. uvicorn has
+  no such deadline: its keep-alive timer stops at the first byte, so 600 connections
+  that each sent 9 bytes and stopped held every slot for as long as they liked
+  (issue 38, slowloris);
 * at most a quarter of the daemon's file-descriptor limit is spent on client
   connections (the rest is for QEMU sockets, disks and the registry). At that
   cap, a new connection evicts the connection with the oldest unfinished head,
@@ -51,9 +52,8 @@ from forkd.api.settings import DEFAULT_HEADER_TIMEOUT
 
 log = logging.getLogger("forkd.connections")
 
-# Seconds a new connection may stay silent before its first request.
-FIRST_REQUEST_SECS = 10.0
-# Seconds a request head, once begun, has to be complete (the default of --header-timeout).
+# Seconds a new connection may stay silent before its first request, and a request head, once
+# begun, has to be complete (the default of --header-timeout).
 HEAD_TIMEOUT_SECS = DEFAULT_HEADER_TIMEOUT
 # The share of RLIMIT_NOFILE that client connections may hold.
 CONNECTION_SHARE = 4
@@ -139,7 +139,7 @@ class _ConnectionGuard:
         super().connection_made(transport)  # type: ignore[misc]
         # Like a kept-alive connection: it must start a request within the timeout.
         self.idle_since = time.monotonic()
-        self.timeout_keep_alive_task = self.loop.call_later(FIRST_REQUEST_SECS,
+        self.timeout_keep_alive_task = self.loop.call_later(self.head_timeout,
                                                             self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
@@ -409,6 +409,6 @@ def install_log_filter(window: float = 10.0) -> LogRepeatFilter:
     return flt
 
 
-__all__ = ["ACCEPT_BATCH", "FIRST_REQUEST_SECS", "HEAD_TIMEOUT_SECS", "HTTP_PARSERS", "MAX_HEAD_BYTES",
+__all__ = ["ACCEPT_BATCH", "HEAD_TIMEOUT_SECS", "HTTP_PARSERS", "MAX_HEAD_BYTES",
            "GuardedH11Protocol", "LogRepeatFilter", "connection_cap", "http_protocol", "install_log_filter",
            "open_share", "raise_fd_limit"]

@@ -29,28 +29,26 @@ What a client sends is bounded before it goes anywhere (docs/SECURITY.md):
   the port, the path, the query), never by pasting the target after an address.
 * A relay ends with its client: an HTTP response stops being read from the guest
   (and its connection is closed) once the client hangs up.
-* A WebSocket message is at most ``MAX_WS_MESSAGE_BYTES`` either way, and each
+* A WebSocket message is at most ``ws_relay.MAX_WS_MESSAGE_BYTES`` either way, and each
   direction reads only as fast as the other end takes: at most
-  ``WS_QUEUE_FRAMES`` frames are read ahead of a client that does not read.
+  ``ws_relay.WS_QUEUE_FRAMES`` frames are read ahead of a client that does not read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.e2b.errors import not_running, not_running_body
 from forkd.api.limits import ErrorShape, forkd_error, send_error
+from forkd.api.ws_relay import relay_websocket
 from forkd.errors import ForkdError
 
 if TYPE_CHECKING:
@@ -72,14 +70,6 @@ _WS_OWN = _HOP | {"sec-websocket-key", "sec-websocket-version", "sec-websocket-e
 CONNECT_TIMEOUT_SECS = 5.0
 # A response that sends nothing for this long is cut (a long poll or a slow stream stays under it).
 READ_TIMEOUT_SECS = 600.0
-MAX_WS_MESSAGE_BYTES = 16 << 20  # as uvicorn bounds what clients send (ws_max_size)
-# Frames the relay reads from the guest ahead of its client: past this, the guest's socket is not
-# read until the client has taken what is queued (websockets' own default is 16, i.e. up to 16 times
-# MAX_WS_MESSAGE_BYTES held for a client that never reads). uvicorn, on the client's side, holds at
-# most one message per direction (it waits for its write buffer to drain, and pauses reading until
-# the app takes what it queued).
-WS_QUEUE_FRAMES = 1
-WS_WRITE_LIMIT_BYTES = 64 << 10  # what a send to the guest may leave buffered before it waits
 
 
 # Bytes a URL cannot carry as they are: escaped as a browser would (the guest decodes the same bytes).
@@ -332,63 +322,8 @@ class PortProxy:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL,
                          headers: list[tuple[str, str]]) -> None:
-        first = await receive()
-        if first["type"] != "websocket.connect":
-            return
-        try:
-            upstream = await connect(
-                str(url), additional_headers=[(k, v) for k, v in headers if k not in _WS_OWN],
-                subprotocols=scope.get("subprotocols") or None, open_timeout=CONNECT_TIMEOUT_SECS,
-                # Bounded both ways: a message's size, and what is read ahead of the client
-                # (max_queue); sends wait for the guest to take the data (write_limit, bytes).
-                max_size=MAX_WS_MESSAGE_BYTES, max_queue=WS_QUEUE_FRAMES, write_limit=WS_WRITE_LIMIT_BYTES,
-                compression=None, proxy=None)
-        except (OSError, TimeoutError, InvalidHandshake) as exc:
-            status = exc.response.status_code if isinstance(exc, InvalidStatus) else None
-            reason = f"upstream answered {status}" if status else f"port not open ({type(exc).__name__})"
-            await send({"type": "websocket.close", "code": 1011, "reason": reason})
-            return
-        async with upstream:
-            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _pump(receive, send, upstream)
-
-
-async def _pump(receive: Receive, send: Send, upstream: ClientConnection) -> None:
-    """Both directions until either side closes; the other side is then closed with its code."""
-
-    async def from_client() -> None:
-        while True:
-            message: Message = await receive()
-            if message["type"] == "websocket.disconnect":
-                await upstream.close(code=int(message.get("code", 1000)))
-                return
-            if message.get("bytes") is not None:
-                await upstream.send(message["bytes"])
-            elif message.get("text") is not None:
-                await upstream.send(message["text"])
-
-    async def from_guest() -> None:
-        try:
-            async for data in upstream:
-                key = "bytes" if isinstance(data, bytes) else "text"
-                await send({"type": "websocket.send", key: data})
-        except ConnectionClosed:
-            pass
-        code = upstream.close_code or 1000
-        with contextlib.suppress(Exception):  # the client may be gone already
-            await send({"type": "websocket.close", "code": code if code != 1005 else 1000,
-                        "reason": upstream.close_reason or ""})
-
-    tasks = [asyncio.create_task(from_client()), asyncio.create_task(from_guest())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        results: list[Any] = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(result, ConnectionClosed):
-                log.info("websocket relay ended: %s", type(result).__name__)
+        upstream_headers = [(k, v) for k, v in headers if k not in _WS_OWN]
+        await relay_websocket(scope, receive, send, str(url), upstream_headers)
 
 
 class _BodyTooLarge(Exception):

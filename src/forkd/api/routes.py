@@ -29,6 +29,7 @@ from forkd.api.schemas import (
     ExecResponse,
     Health,
     HibernateRequest,
+    NetworkLog,
     NetworkUpdateRequest,
     PingResponse,
     SandboxInfo,
@@ -335,6 +336,18 @@ async def set_timeout(sandbox_id: SandboxIdPath, req: TimeoutRequest, rt: Runtim
 )
 async def update_network(sandbox_id: SandboxIdPath, req: NetworkUpdateRequest, rt: Runtime) -> dict[str, Any]:
     return (await rt.update_network(sandbox_id, req.egress())).info()
+
+
+@v1.get(
+    "/sandboxes/{id}/network/log",
+    response_model=NetworkLog,
+    tags=["sandboxes"],
+    summary="The latest names the sandbox's guest asked its resolver for, each allowed or refused, and why",
+    responses=NO_SANDBOX,
+    **_AS_GIVEN,
+)
+async def network_log(sandbox_id: SandboxIdPath, rt: Runtime) -> dict[str, Any]:
+    return {"sandbox_id": sandbox_id, "entries": rt.network_log(sandbox_id)}
 
 
 @v1.post(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +148,22 @@ def parse_endpoints(items: list[str] | str | None) -> list[str]:
     return urls
 
 
+def parse_mirrors(items: list[str] | str | None) -> dict[str, str]:
+    """``--registry-mirror docker.io=http://host:5000`` (repeatable) or ``FORKD_REGISTRY_MIRROR``
+    (comma-separated) -> ``{"docker.io": "http://host:5000"}``."""
+    if items is None:
+        return {}
+    parts = [p.strip() for item in ([items] if isinstance(items, str) else items) for p in item.split(",")]
+    out: dict[str, str] = {}
+    for item in filter(None, parts):
+        registry, sep, url = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", registry) \
+                or not re.fullmatch(r"https?://[A-Za-z0-9.:\[\]-]+/?", url):
+            raise ConfigError(f"registry mirror {item[:200]!r}: expected REGISTRY=http[s]://HOST[:PORT]")
+        out[registry] = url.rstrip("/")
+    return out
+
+
 def _env_path(name: str) -> Path | None:
     raw = os.environ.get(name)
     return Path(raw) if raw else None
@@ -188,10 +205,13 @@ class Settings:
     # Plain JSON routes served without FastAPI's per-request routing (api/fast_path.py); off: every
     # request goes through FastAPI (the same answers, more CPU: kept to compare and fall back).
     fast_path: bool = True
+    # Image pulls (controller/images.py): a mirror per registry, and Docker's config.json for credentials.
+    registry_mirrors: dict[str, str] = field(default_factory=dict)
+    registry_auth: Path | None = None
 
     def __post_init__(self) -> None:
         # Accept str for the paths too (CLI and tests pass them): normalise once here.
-        for name in ("token_file", "tls_cert", "tls_key", "data_dir", "audit_log"):
+        for name in ("token_file", "tls_cert", "tls_key", "data_dir", "audit_log", "registry_auth"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 setattr(self, name, Path(value))
@@ -224,6 +244,8 @@ class Settings:
             http_parser=os.environ.get("FORKD_HTTP_PARSER") or "httptools",
             header_timeout=_env_float("FORKD_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
             fast_path=_env_bool("FORKD_FAST_PATH", True),
+            registry_mirrors=parse_mirrors(os.environ.get("FORKD_REGISTRY_MIRROR")),
+            registry_auth=_env_path("FORKD_REGISTRY_AUTH"),
         )
 
     def host_limits(self) -> HostLimits:

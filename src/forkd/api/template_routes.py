@@ -1,19 +1,15 @@
 """Templates as code: ``PUT /v1/templates/contexts`` (a build context, a tar) and
 ``POST /v1/templates`` (a Dockerfile built into a snapshot, its progress streamed as NDJSON).
 
-The build runs in a task of its own: a client that goes away does not stop it
-(its layers and snapshot are still made), it only stops watching. The events
-between the daemon and that task are bounded: a log line that finds the queue
-full is dropped and counted (the build itself never waits on a slow client).
+The build runs in a task of its own, its events bounded (api/progress_stream.py): a client
+that goes away does not stop it (its layers and snapshot are still made), it only stops
+watching; a log line that finds the queue full is dropped and counted.
 Semantics live in ``forkd.controller.template_build``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,16 +18,14 @@ from starlette.types import Scope
 
 from forkd import bounds
 from forkd.api.file_routes import streamed_body
+from forkd.api.progress_stream import NDJSON, stream_progress
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, TOO_LARGE, Runtime
 from forkd.api.schemas import BuildContextInfo, ErrorBody, TemplateBuildRequest
 from forkd.config import API_VERSION
 from forkd.controller.results import ContextReport
-from forkd.errors import ForkdError, InvalidRequest, TooLarge
+from forkd.errors import InvalidRequest, TooLarge
 
-NDJSON = "application/x-ndjson"
 _CONTEXT_PATH = re.compile(rf"^/{API_VERSION}/templates/contexts/?$")
-QUEUE_EVENTS = 1024
-_builds: set[asyncio.Task[Any]] = set()  # running builds, kept from the garbage collector
 
 
 def _err(description: str) -> dict[str, Any]:
@@ -76,7 +70,8 @@ def _build_request(req: TemplateBuildRequest) -> Any:
         mem_mib=req.mem_mib, vcpus=req.vcpus, nic=req.nic,
         egress=EgressPolicy.from_request(req.allow_internet_access,
                                          req.network.model_dump() if req.network else None),
-        replace=req.replace, step_timeout_secs=req.step_timeout_secs, boot_wait_secs=req.boot_wait_secs)
+        replace=req.replace, step_timeout_secs=req.step_timeout_secs, boot_wait_secs=req.boot_wait_secs,
+        registry_credentials=req.registry_auth.credentials() if req.registry_auth else None)
 
 
 @router.post(
@@ -93,52 +88,6 @@ def _build_request(req: TemplateBuildRequest) -> Any:
     },
 )
 async def build_template(req: TemplateBuildRequest, rt: Runtime) -> StreamingResponse:
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(QUEUE_EVENTS)
-    dropped = 0
-
-    def put(event: dict[str, Any] | None) -> None:
-        nonlocal dropped
-        if queue.full():
-            if event is not None and event["type"] == "log":
-                dropped += 1
-                return
-            queue.get_nowait()  # a step, done or end: make room by dropping the oldest line
-            dropped += 1
-        queue.put_nowait(event)
-
-    async def run() -> None:
-        try:
-            await rt.builds.build(_build_request(req), put)
-        finally:
-            put(None)
-
-    task = asyncio.create_task(run())
-    _builds.add(task)
-    task.add_done_callback(_builds.discard)
-    head = await queue.get()
-    if head is None:  # it ended before its first event: an error found up front is an ordinary answer
-        await asyncio.wait({task})
-        task.result()
-
-    async def lines() -> AsyncIterator[bytes]:
-        event = head
-        while event is not None:
-            yield (json.dumps(event) + "\n").encode()
-            event = await queue.get()
-        await asyncio.wait({task})
-        if dropped:
-            yield (json.dumps({"type": "dropped", "lines": dropped}) + "\n").encode()
-        error = _failure(task)
-        if error is not None:
-            yield (json.dumps({"type": "error", "error": error}) + "\n").encode()
-
-    return StreamingResponse(lines(), media_type=NDJSON)
-
-
-def _failure(task: asyncio.Task[Any]) -> str | None:
-    if task.cancelled():
-        return "the build was cancelled"
-    exc = task.exception()
-    if exc is None:
-        return None
-    return str(exc) if isinstance(exc, ForkdError) else f"{type(exc).__name__}: {exc}"
+    # A log line that finds the queue full is dropped and counted; the stream says how many.
+    return await stream_progress(lambda put: rt.builds.build(_build_request(req), put), what="build",
+                                 sheddable="log", report_dropped=True)

@@ -1,7 +1,13 @@
-"""``forkd image build|ls``: guest images, built locally (no daemon involved)."""
+"""``forkd image build|pull|import|ls``: guest images, built or pulled locally (no daemon involved).
+
+``pull`` and ``import`` convert an OCI/Docker image (forkd.image.oci: skopeo and umoci) into
+the local images directory; a daemon pulls the same way for ``POST /v1/images`` and a
+Dockerfile's ``FROM REF``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +22,7 @@ from forkd.config import DEFAULT_IMAGE, DataDir
 
 image_app = typer.Typer(
     name="image",
-    help="Build and list guest images (kernel + initramfs + ext4 root filesystem).",
+    help="Build, pull and list guest images (kernel + initramfs + ext4 root filesystem).",
     no_args_is_help=True,
 )
 
@@ -128,6 +134,120 @@ def build(
     )
 
 
+def _progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                    console=output.err_console, transient=True)
+
+
+ProgressFn = Callable[[str, float], None]
+
+
+def _convert(ctx: typer.Context, label: str, json_: bool, work: Callable[[ProgressFn], Any]) -> None:
+    """Run a pull or an import under a progress bar, then say what image it made."""
+    steps: list[str] = []
+    progress = _progress_bar()
+    with progress:
+        task = progress.add_task(escape(label), total=1.0)
+
+        def on_progress(step: str, fraction: float) -> None:
+            steps.append(step)
+            progress.update(task, completed=max(0.0, min(fraction, 1.0)),
+                            description=f"{escape(label)}: {escape(step)}")
+
+        image = work(on_progress)
+    if want_json(ctx, json_):
+        output.emit_json(_image_json(image))
+        return
+    oci_meta = image.meta.get("oci", {})
+    built = "cached" if steps[-1:] == ["cached"] else f"converted in {image.meta.get('build_secs', '?')} s"
+    output.console.print(f"[green]image {escape(image.name)} ready[/] ({built}): {escape(str(image.dir))}")
+    output.console.print(output.details_table({
+        "from": oci_meta.get("ref"), "digest": oci_meta.get("digest"),
+        **{k: v for k, v in (oci_meta.get("defaults") or {}).items() if v},
+    }))
+
+
+NameOpt = Annotated[str | None, typer.Option(
+    "--name", help="The image's name here (default: from the reference, e.g. python-3.12).")]
+
+
+@image_app.command("pull")
+@handle_errors
+def pull(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:tag or name@sha256:…; python:3.12 is "
+                                       "docker.io/library/python:3.12.")],
+    name: NameOpt = None,
+    registry_mirror: Annotated[list[str] | None, typer.Option(
+        "--registry-mirror", envvar="FORKD_REGISTRY_MIRROR", metavar="REGISTRY=URL",
+        help="Pull REGISTRY's images from this mirror (e.g. docker.io=http://127.0.0.1:5000; http: no TLS).",
+    )] = None,
+    registry_auth: Annotated[Path | None, typer.Option(
+        "--registry-auth", envvar="FORKD_REGISTRY_AUTH", metavar="CONFIG_JSON",
+        help="Registry credentials in Docker's config.json format.")] = None,
+    username: Annotated[str | None, typer.Option("--username", help="Registry user name; the password or "
+                                                 "token is read from stdin.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Convert again even if cached.")] = False,
+    data_dir: DataDirOpt = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Pull an OCI/Docker image from a registry and convert it to a guest image. Runs locally as root.
+
+    The image's layers are cached by digest: a second pull of the same image
+    fetches nothing. The image needs Python 3.11 or newer (the agent runs on it).
+
+    Examples:
+      sudo forkd image pull python:3.12-slim
+      sudo forkd image pull ghcr.io/org/tool:v1 --name tool --registry-auth ~/.docker/config.json
+      echo "$TOKEN" | sudo forkd image pull registry.example.com/app:1 --username ci
+      sudo forkd image pull python:3.12 --registry-mirror docker.io=http://127.0.0.1:5000
+    """
+    import sys
+
+    from forkd.api.settings import parse_mirrors
+    from forkd.image import oci
+    from forkd.image.oci_build import build_oci_image
+
+    data = DataDir.from_env(data_dir)
+    registries = oci.Registries(parse_mirrors(registry_mirror), registry_auth)
+    credentials = oci.Credentials(username, sys.stdin.readline().rstrip("\n")) if username else None
+
+    def work(progress: Callable[[str, float], None]) -> Any:
+        pulled = oci.pull(data.images, ref, registries, credentials, progress)
+        return build_oci_image(data, pulled, name, force=force, progress=progress)
+
+    _convert(ctx, ref, json_, work)
+
+
+@image_app.command("import")
+@handle_errors
+def import_(
+    ctx: typer.Context,
+    source: Annotated[Path, typer.Argument(help="A `docker save` tarball or an OCI layout directory.")],
+    name: NameOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Convert again even if cached.")] = False,
+    data_dir: DataDirOpt = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Convert a `docker save` tarball or an OCI layout directory (one image) to a guest image.
+
+    Examples:
+      docker save python:3.12-slim -o py.tar && sudo forkd image import py.tar --name py312
+      sudo forkd image import ./layout --name tool
+    """
+    from forkd.image import oci
+    from forkd.image.oci_build import build_oci_image
+
+    data = DataDir.from_env(data_dir)
+
+    def work(progress: Callable[[str, float], None]) -> Any:
+        pulled = oci.import_archive(data.images, source, progress)
+        return build_oci_image(data, pulled, name or source.name.rsplit(".", 1)[0], force=force,
+                               progress=progress)
+
+    _convert(ctx, str(source), json_, work)
+
+
 @image_app.command("ls")
 @handle_errors
 def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False) -> None:
@@ -156,11 +276,13 @@ def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False)
     table.add_column("DIR")
     for image in images:
         recipe = image.meta.get("recipe", {})
-        size = recipe.get("size_mib")
+        size = recipe.get("size_mib") or image.meta.get("size_mib")
+        pulled_from = image.meta.get("oci", {}).get("ref")  # a registry's image: where it came from
         table.add_row(
             output.fmt(image.name),
             output.fmt(image.meta.get("kernel_version")),
-            output.fmt([*recipe.get("packages", []), *recipe.get("extra_packages", []),
+            output.fmt(f"from {pulled_from}" if pulled_from else
+                       [*recipe.get("packages", []), *recipe.get("extra_packages", []),
                         *recipe.get("apt_packages", []), *recipe.get("pip_packages", [])]),
             f"{size} MiB" if size else "-",
             output.fmt_time(image.meta.get("built_at_unix")),

@@ -16,11 +16,26 @@ from typing import Annotated
 import typer
 
 from forkd.api import command as daemon_cmd
-from forkd.cli import bench, files, fleet, forks, info, pools, processes, run, sandboxes, snapshots, travel
+from forkd.cli import (
+    bench,
+    changes,
+    files,
+    fleet,
+    forks,
+    info,
+    pools,
+    processes,
+    run,
+    sandboxes,
+    snapshots,
+    travel,
+)
 from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
+from forkd.cli.netlog import network_app
 from forkd.cli.templates import template_app
+from forkd.cli.volumes import volume_app
 from forkd.cli.workspaces import workspace_app
 
 app = typer.Typer(
@@ -94,6 +109,8 @@ app.command("timeout")(sandboxes.timeout)
 app.command("hibernate")(sandboxes.hibernate)
 app.command("ping")(sandboxes.ping)
 app.command("memory")(sandboxes.memory)
+app.command("diff")(changes.diff)
+app.command("apply")(changes.apply)
 app.command("exec")(run.exec_)
 app.command("eval")(run.eval_)
 app.command("cancel-eval")(processes.cancel_eval)
@@ -103,7 +120,9 @@ app.command("send-stdin")(processes.send_stdin)
 app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
 app.add_typer(workspace_app, name="workspace")
+app.add_typer(volume_app, name="volume")
 app.add_typer(template_app, name="template")
+app.add_typer(network_app, name="network")
 app.command("pack")(travel.pack)
 app.command("unpack")(travel.unpack)
 app.command("push")(travel.push)

@@ -20,8 +20,9 @@ AllowInternet = Annotated[
 AllowOut = Annotated[
     list[str] | None,
     typer.Option("--allow-out", metavar="DEST",
-                 help="Always allow traffic to DEST: an IPv4 address or CIDR, optionally :PORT or "
-                 ":FIRST-LAST, e.g. 10.201.0.1:8080 or 192.0.2.0/24 (repeatable)."),
+                 help="Always allow traffic to DEST: an IPv4 address or CIDR, or a DNS name (*.NAME: "
+                 "the names below it), optionally :PORT or :FIRST-LAST, e.g. 10.201.0.1:8080, "
+                 "192.0.2.0/24 or *.pythonhosted.org:443 (repeatable)."),
 ]
 DenyOut = Annotated[
     list[str] | None,

@@ -14,6 +14,7 @@ from forkd.cli.context import JsonFlag, handle_errors, show_details, state, usag
 from forkd.cli.image import split_csv
 from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.sdk import ForkdAPIError
+from forkd.sdk.models import CreateSnapshotExtra, VolumeSpec
 
 
 def branch_mode(ctx: typer.Context, diff: bool, live: bool, no_wait: bool = False) -> str | None:
@@ -78,6 +79,14 @@ def snapshot(
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume", metavar="SOURCE:GUEST[:ro]",
+            help="Attach a volume, mounted at GUEST: SOURCE is a volume's name (forkd volume create) or "
+            "a host directory (starting with /, copied into a new volume); repeatable.",
+        ),
+    ] = None,
     from_sandbox: Annotated[
         str | None,
         typer.Option("--from-sandbox", metavar="ID", help="Branch this running sandbox instead."),
@@ -107,6 +116,7 @@ def snapshot(
       forkd snapshot --tag ml --image ml --mem-mib 1024 --warm numpy,pandas
       forkd snapshot --tag web --setup "pip install requests" --setup "mkdir /work"
       forkd snapshot --tag py-net --nic
+      forkd snapshot --tag db --volume data:/mnt/data --volume /srv/fixtures:/fixtures:ro
       forkd snapshot --tag web-net --nic --allow-internet-access --setup "pip install requests"
       forkd snapshot --from-sandbox sb-67a1b3-0000 --tag checkpoint-1 --diff
       forkd snapshot --from-sandbox sb-67a1b3-0000 --live --no-wait
@@ -123,12 +133,14 @@ def snapshot(
             "--boot-wait-secs": boot_wait_secs, "--warm": warm, "--setup": setup,
             "--kernel": kernel, "--rootfs": rootfs,
             "--nic": nic or None, "--allow-internet-access": allow_internet_access or None,
-            "--allow-out": allow_out, "--deny-out": deny_out,
+            "--allow-out": allow_out, "--deny-out": deny_out, "--volume": volume,
         }
         given = [flag for flag, value in build_only.items() if value is not None]
         if given:
             usage_error(ctx, f"{', '.join(given)} cannot be used with --from-sandbox")
 
+    volumes = [parse_volume(ctx, text) for text in volume or ()]
+    extra: CreateSnapshotExtra = {"volumes": volumes} if volumes else {}
     controller = state(ctx).controller()
     as_json = want_json(ctx, json_)
     started = time.monotonic()
@@ -161,6 +173,7 @@ def snapshot(
             nic=nic,
             allow_internet_access=allow_internet_access,
             network=network_policy(allow_out, deny_out),
+            **extra,
         )
     if as_json:
         output.emit_json(info)
@@ -169,6 +182,21 @@ def snapshot(
         f"[green]snapshot[/] [cyan]{escape(tag)}[/] [green]ready[/] in {output.elapsed(started)}"
     )
     output.console.print(output.details_table(info))
+
+
+def parse_volume(ctx: typer.Context, text: str) -> VolumeSpec:
+    """The seeds' ``--volume SOURCE:GUEST[:ro]``: SOURCE is a host path when it starts with ``/``
+    (a directory copied into a new volume), else a volume's name. The daemon checks the rest."""
+    parts = text.split(":")
+    read_only = False
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        read_only = parts.pop() == "ro"
+    if len(parts) != 2 or not all(parts):
+        usage_error(ctx, f"--volume {text!r}: expected SOURCE:GUEST_PATH[:ro]")
+    source, mount = parts
+    out: VolumeSpec = {"mount": mount, "read_only": read_only}
+    out["host_path" if source.startswith("/") else "name"] = source
+    return out
 
 
 @handle_errors

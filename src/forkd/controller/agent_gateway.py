@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TypeVar
 
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, NotFound, SandboxGone
 from forkd.guest import protocol
-from forkd.guest.client import AgentStream, require
+from forkd.guest.client import AgentClient, AgentStream, require
 from forkd.store.records import SandboxRecord
 from forkd.vmm.machine import VM
 from forkd.vmm.process import pid_is_qemu
+
+T = TypeVar("T")
 
 # How often a request wakes a sandbox that is hibernated again before the request gets to it.
 WAKE_ROUNDS = 3
@@ -105,16 +107,18 @@ class AgentGateway:
 
     # ----------------------------------------------------------------- calls
 
-    async def call(self, sandbox_id: str, action: str, timeout: float, **args: object) -> dict[str, Any]:
-        """One agent request. A QEMU that died before the event loop reaped it shows up
-        as a reset agent connection; report that as the sandbox's death, by id. A sandbox
-        paused because it was idle is resumed first (``SandboxEvents.during``)."""
+    async def call(self, sandbox_id: str, ask: Callable[[AgentClient], Awaitable[T]]) -> T:
+        """One typed agent request: ``ask`` is one of ``AgentClient``'s calls, e.g.
+        ``lambda agent: agent.proc_info({"pid": pid}, 30)``, and its reply has been checked against
+        its type (a malformed one is a GuestError). A QEMU that died before the event loop reaped
+        it shows up as a reset agent connection; report that as the sandbox's death, by id. A
+        sandbox paused because it was idle is resumed first (``SandboxEvents.during``)."""
         sandbox_id = self._table.resolve(sandbox_id)
         with self._request(sandbox_id):
             vm = await self.for_call(sandbox_id)  # a dead QEMU: its GuestError says so already
             try:
                 async with self._events.during(sandbox_id):
-                    return await vm.call(action, timeout=timeout, **args)
+                    return await vm.call(ask)
             except GuestError as exc:
                 explained = self.explain(sandbox_id, exc, vm)
                 if explained is exc:
@@ -122,15 +126,15 @@ class AgentGateway:
                 raise explained from exc
 
     async def require_agent(self, sandbox_id: str, *features: str) -> None:
-        """Refuse (409) a request that needs capabilities (``protocol.CAP_*``) its guest agent lacks,
-        which would ignore the request's new fields (a snapshot made by an older forkd): the agent
-        is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
+        """Refuse (409) a request that needs capabilities (``protocol.CAP_*``) its guest agent
+        lacks, which would ignore the request's new fields (a snapshot made by an older forkd): the
+        agent is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
         sandbox_id = self._table.resolve(sandbox_id)
         vm = await self.for_call(sandbox_id)
         known = self._capabilities.get(sandbox_id)
         if known is None or known[0]() is not vm:
-            pong = await self.call(sandbox_id, protocol.PING, 30)
-            known = (weakref.ref(vm), protocol.Capabilities.of(pong))
+            agent = await self.call(sandbox_id, lambda client: client.capabilities(30))
+            known = (weakref.ref(vm), agent)
             self._capabilities[sandbox_id] = known
         require(known[1], *features, subject=f"sandbox {sandbox_id!r}")
 
@@ -139,29 +143,27 @@ class AgentGateway:
         if user is not None:
             await self.require_agent(sandbox_id, protocol.CAP_USER)
 
-    async def stream(self, sandbox_id: str, action: str, **args: object) -> AgentStream:
-        """A streaming agent request (its events are read from the stream)."""
-        return await self.open_stream(sandbox_id, action, args)
-
-    async def open_stream(self, sandbox_id: str, action: str, args: dict[str, object],
-                          line_cost: bool = False) -> AgentStream:
-        """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
+    async def stream(self, sandbox_id: str,
+                     open_: Callable[[AgentClient], Awaitable[AgentStream]]) -> AgentStream:
+        """A typed streaming agent request (``open_``: one of ``AgentClient``'s streaming calls,
+        e.g. ``lambda agent: agent.proc_attach({"pid": pid})``); its events are read from the stream."""
         sandbox_id = self._table.resolve(sandbox_id)
         with self._request(sandbox_id):  # then the agent counts it, until it ends (``busy``)
             vm = await self.for_call(sandbox_id)
             try:
-                return await vm.agent.open_stream(action, args, line_cost)
+                return await open_(vm.agent)
             except GuestError as exc:
                 explained = self.explain(sandbox_id, exc, vm)
                 if explained is exc:
                     raise
                 raise explained from exc
 
-    def notify(self, sandbox_id: str, action: str, **args: object) -> None:
-        """A fire-and-forget agent request (no answer, no wait); dropped if the VM is gone."""
+    def notify(self, sandbox_id: str, send: Callable[[AgentClient], None]) -> None:
+        """A fire-and-forget agent request (``send``: one of ``AgentClient``'s notifications); no
+        answer, no wait; dropped if the VM is gone."""
         vm = self._table.vm(sandbox_id)
         if vm is not None:
-            vm.agent.notify(action, **args)
+            send(vm.agent)
 
     def explain(self, sandbox_id: str, exc: GuestError, vm: VM | None = None) -> GuestError:
         """``exc`` as it is, or as the sandbox's death or kill if that is what broke the call (or

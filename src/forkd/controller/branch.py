@@ -32,12 +32,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.controller import volumes
+from forkd.controller.branch_meta import branch_meta
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import Conflict, ForkdError, InvalidRequest, VMError
-from forkd.guest import protocol
 from forkd.host import procmem
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir, check_sandbox_id
@@ -45,6 +46,7 @@ from forkd.store.records import DiskChain, SandboxRecord, SnapshotRecord, now_un
 from forkd.store.rows.sandboxes import DiskChainRows
 from forkd.vmm import branching
 from forkd.vmm import disk as disk_mod
+from forkd.vmm.cmdline import VolumeDrive
 from forkd.vmm.machine import MIGRATION_ACTIVE, VM
 
 log = logging.getLogger("forkd.branch")
@@ -96,6 +98,14 @@ class Brancher:
         self._events = events
         self._after_disk_cut = after_disk_cut
         events.before_kill(self._let_branches_finish)
+
+    def new_tag(self, sandbox_id: str) -> str:
+        """A fresh ``branch-<id>-<seq>`` for a branch of ``sandbox_id`` taken elsewhere (of a
+        hibernated one: controller/hibernated_branch.py); the sequence is this owner's column."""
+        seq = self._sandboxes.next_branch_seq(sandbox_id)
+        while self._store.exists(f"branch-{sandbox_id}-{seq}"):
+            seq = self._sandboxes.next_branch_seq(sandbox_id)
+        return f"branch-{sandbox_id}-{seq}"
 
     def _source(self, sandbox_id: str) -> _Source:
         vm = self._table.get(sandbox_id)  # 404 / dead checks
@@ -149,6 +159,8 @@ class Brancher:
                 "(its RAM must be on shared memory); use mode \"diff\" or \"full\", or spawn with "
                 "live_fork: true"
             )
+        if mode == "live":
+            await volumes.require_live_cut(src.vm, src.record.volumes, sandbox_id)
         seq = self._sandboxes.next_branch_seq(sandbox_id)
         while (tag is None and self._store.exists(f"branch-{sandbox_id}-{seq}")) \
                 or (src.run_dir / f"disk-{seq}.qcow2").exists():
@@ -176,6 +188,7 @@ class Brancher:
                 fs_freeze_ms=round(cap.fs_freeze_ms, 3) if cap.fs_freeze_ms is not None else None,
                 mode=mode, source_layers=[] if checkpoint else [str(p) for p in layers],
                 checkpoint_of=sandbox_id if checkpoint else None, diff_measure=measured,
+                volumes=list(src.record.volumes),
             )
             if cap.resume_error:
                 record.warning = (
@@ -214,9 +227,15 @@ class Brancher:
             raise VMError(f"branch of {src.id} could not start: {marker}: {exc.strerror or exc}") from exc
         try:
             try:
+                # Its writable volumes are cut with the root disk, their files mirroring its own.
+                also = tuple(branching.DiskCut(layout.volume_node(src.disk.node, i),
+                                               layout.volume_file(new_disk, i),
+                                               layout.volume_node(new_node, i),
+                                               src.record.volumes[i]["mount"])
+                             for i in volumes.writable(src.record.volumes))
                 cap = await branching.capture(
                     src.vm, mode, active_node=src.disk.node, frozen_disk=frozen,
-                    new_disk=new_disk, new_node=new_node, stream=staging.path / "stream",
+                    new_disk=new_disk, new_node=new_node, stream=staging.path / "stream", also=also,
                 )
             except BaseException as exc:
                 # The cut may have happened before the failure: the row follows QEMU.
@@ -246,6 +265,9 @@ class Brancher:
             else:
                 await asyncio.to_thread(disk_mod.copy_layers, layers, base, staging.disk,
                                         self._snapshots / tag)
+            await asyncio.to_thread(volumes.branch_layers, src.record.volumes,
+                                    SnapshotDir(self._snapshots / src.disk.parent_tag), staging, layers,
+                                    self._snapshots / tag, standalone=standalone)
         except BaseException as exc:
             if cap.background is not None:  # live: stop streaming RAM too
                 cap.background.cancel()
@@ -263,6 +285,8 @@ class Brancher:
         if not await vm.has_block_node(cut["node"]):
             if disk.file != cut["file"]:
                 Path(cut["file"]).unlink(missing_ok=True)
+                for i in volumes.writable(self._sandboxes.get(sandbox_id).volumes):
+                    layout.volume_file(Path(cut["file"]), i).unlink(missing_ok=True)
             return
         if disk.file == cut["frozen"]:
             self._sandboxes.set_disk_chain(sandbox_id, DiskChain(
@@ -302,7 +326,7 @@ class Brancher:
                 await asyncio.sleep(0.05)
         await branching.resume(vm)
         if mode == "live":  # the guest froze its root filesystem around the cut
-            await vm.call(protocol.FSTHAW, timeout=60)
+            await vm.call(lambda agent: agent.fsthaw(60))
 
     @staticmethod
     async def _written_ram(src: _Source) -> int:
@@ -359,35 +383,8 @@ class Brancher:
                         detail = (f"source sandbox {src.id} stopped (killed, or its QEMU exited) before "
                                   f"its RAM was copied ({detail})")
                     raise VMError(f"copying the RAM in the background failed: {detail}") from exc
-            helper_dir = staging.path / "helper"
-            helper_dir.mkdir()
-            try:
-                convert_s = await branching.stream_to_snapshot(
-                    helper_dir, src.record.config, stream=cap.stream, mem_path=staging.mem,
-                    state_path=staging.state, disk=staging.disk, tap=src.record.tap,
-                )
-            except ForkdError as exc:
-                raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
-            cap.stream.unlink(missing_ok=True)
-            branching.clear_stream_error(cap.stream)
-            shutil.rmtree(helper_dir, ignore_errors=True)
-            parent = self._store.dir(src.disk.parent_tag)
-            parent_meta = parent.read_meta() if parent.meta_path.exists() else {}
-            staging.write_meta({
-                "tag": tag, "created_at_unix": record.created_at_unix,
-                "config": src.record.config.to_json(), "image": parent_meta.get("image"),
-                "warm_imports": parent_meta.get("warm_imports"),
-                "numpy_version": parent_meta.get("numpy_version"),
-                "parent_tag": src.disk.parent_tag, "branched_from": src.id,
-                "mode": record.mode, "pause_ms": record.pause_ms, "convert_secs": round(convert_s, 3),
-                # Same device config as the source: a NIC on this tap, if it had one.
-                "tap": src.record.tap,
-                # The resolvers baked into the guest (its children's DNS, for allow_internet_access).
-                "dns": list(src.record.network.dns) if src.record.network is not None else [],
-            })
-            layout.publish(staging, self._snapshots, tag)
-            self._store.set_status(tag, "ready")
-            record.status = "ready"
+            await self.publish_stream(record, src.record, staging, cap.stream, volumes.drives_for(
+                src.record.volumes, staging.disk, volumes.ROOT_NODE, staging))
             if cap.resume_error:
                 await self._table.kill(src.id)  # reported dead: nothing usable is left
             elif record.checkpoint_of is None:  # a standalone checkpoint is no one's base
@@ -416,6 +413,27 @@ class Brancher:
             raise VMError(f"branch {tag} failed after the source resumed: {message}") from exc
         finally:
             self._tags.release(tag)
+
+    async def publish_stream(self, record: SnapshotRecord, source: SandboxRecord, staging: SnapshotDir,
+                             stream: Path, drives: list[VolumeDrive] | None = None) -> None:
+        """The last steps of every branch (of a running sandbox, or of a hibernated one): its
+        captured ``stream`` becomes the staged snapshot's ``mem`` and forkable ``state``, the
+        metadata is written, and the snapshot is published and marked ``ready``."""
+        helper_dir = staging.path / "helper"
+        helper_dir.mkdir()
+        try:
+            convert_s = await branching.stream_to_snapshot(
+                helper_dir, source.config, stream=stream, mem_path=staging.mem, state_path=staging.state,
+                disk=staging.disk, tap=source.tap, volumes=drives)
+        except ForkdError as exc:
+            raise VMError(f"converting the stream into a snapshot failed: {exc}") from exc
+        stream.unlink(missing_ok=True)
+        branching.clear_stream_error(stream)
+        shutil.rmtree(helper_dir, ignore_errors=True)
+        staging.write_meta(branch_meta(record, source, self._store.dir(source.disk.parent_tag), convert_s))
+        layout.publish(staging, self._snapshots, record.tag)
+        self._store.set_status(record.tag, "ready")
+        record.status = "ready"
 
     async def _published(self, sandbox_id: str, old_parent: str, tag: str, layers: list[Path]) -> None:
         """The source's disk now sits on ``tag``: later branches copy only newer layers."""

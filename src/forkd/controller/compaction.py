@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from forkd.controller import volumes
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.errors import InvalidRequest
@@ -49,6 +50,9 @@ class Compactor:
         if tag == to:
             raise InvalidRequest("compact needs a new tag in 'to', not the snapshot's own")
         source = self._store.forkable(tag)  # 404, 409 while writing or failed
+        # Its volumes' layers stand on its parents' as its disk does: flattening the disk alone
+        # would let a parent go that they still need.
+        volumes.require_none(source.record, "compaction")
         with self._tags.reserved(to):  # 409 if it exists or is being written
             staging = layout.staging_dir(self._snapshots, to)
             try:

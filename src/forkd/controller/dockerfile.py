@@ -7,8 +7,10 @@ following RUN and COPY steps carry (their environment, working directory and
 user). A step is therefore complete on its own, and its canonical form is what
 the layer cache hashes (controller/template_build.py).
 
-Supported: one ``FROM`` (a forkd image name, ``forkd/`` prefix allowed; or ``snapshot:TAG``,
-a registered snapshot), ``RUN``
+Supported: one ``FROM`` (a forkd image name, ``forkd/`` prefix allowed; ``snapshot:TAG``,
+a registered snapshot; or a registry's image, ``python:3.12`` or ``registry/name:tag`` or
+``…@sha256:``, pulled and converted, whose ENV, WORKDIR and USER the steps then start
+from, as in Docker), ``RUN``
 (shell and exec forms), ``COPY``/``ADD`` (from the build context, ``--chown``,
 ``--chmod``), ``ENV``, ``ARG``, ``WORKDIR`` and ``USER``. Instructions that only
 describe how a container starts (``CMD``, ``ENTRYPOINT``, ``EXPOSE``, ``LABEL``,
@@ -29,6 +31,7 @@ from e2b_dockerfile_utils import DockerfileInstruction, ShellLex, parse_dockerfi
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
+from forkd.image.oci import ImageDefaults, ImageRef
 
 SKIPPED = frozenset({"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "STOPSIGNAL", "HEALTHCHECK",
                      "MAINTAINER"})
@@ -93,14 +96,22 @@ def step_canonical(step: Step) -> str:
 SNAPSHOT_BASE = "snapshot:"
 
 
+# A base pulled from a registry: ``registry:`` and the reference as written (``python:3.12``,
+# ``ghcr.io/org/img@sha256:…``); controller/images.py pulls it and converts it to a forkd image.
+REGISTRY_BASE = "registry:"
+
+
 def _image_name(ref: str) -> str:
     if ref.startswith(SNAPSHOT_BASE) and bounds.TAG_RE.match(ref.removeprefix(SNAPSHOT_BASE)):
         return ref  # an existing snapshot: the build starts from a child of it, no boot
+    if ref.startswith(SNAPSHOT_BASE):
+        raise InvalidRequest(f"FROM {ref[:200]!r}: snapshot:TAG takes a snapshot tag (and a registry's image "
+                             "or a forkd image name takes no snapshot: prefix)")
     name = ref.removeprefix("forkd/")
-    if ":" in name or "@" in name or "/" in name or not bounds.TAG_RE.match(name):
-        raise InvalidRequest(f"FROM {ref!r}: only a forkd image name (e.g. default, forkd/default) can be "
-                             "a base here; nothing is pulled from a registry")
-    return name
+    if ":" not in name and "@" not in name and "/" not in name and bounds.TAG_RE.match(name):
+        return name  # a forkd image's name (a Docker Hub name needs its tag here: python:latest)
+    ImageRef.parse(ref)  # a reference that is not one is refused here, before any pull
+    return REGISTRY_BASE + ref
 
 
 class _State:
@@ -149,8 +160,13 @@ def _context_path(src: str, line: int) -> str:
     return norm or "."
 
 
-def parse(text: str, build_args: Mapping[str, str] | None = None) -> BuildPlan:
-    """The plan for ``text``; ``InvalidRequest`` names the line of anything not supported."""
+def parse(text: str, build_args: Mapping[str, str] | None = None,
+          image: ImageDefaults | None = None) -> BuildPlan:
+    """The plan for ``text``; ``InvalidRequest`` names the line of anything not supported.
+
+    ``image``: the FROM image's own ENV, WORKDIR and USER (a pulled image's config), the
+    state its first step starts in.
+    """
     if len(text.encode()) > bounds.MAX_DOCKERFILE_BYTES:
         raise InvalidRequest(f"the Dockerfile is over {bounds.MAX_DOCKERFILE_BYTES} bytes")
     build_args = dict(build_args or {})
@@ -183,6 +199,8 @@ def parse(text: str, build_args: Mapping[str, str] | None = None) -> BuildPlan:
                 raise InvalidRequest(f"line {line}: FROM takes one image name")
             plan = BuildPlan(base=_image_name(state.expand(inst.args[0], ast.escape_token)))
             state.args = {}  # an ARG before FROM is only in scope for FROM, as in Docker
+            if image is not None:
+                _start_from(state, image, warnings)
             continue
         if plan is None:
             raise InvalidRequest(f"line {line}: {name} before FROM")
@@ -220,6 +238,16 @@ def parse(text: str, build_args: Mapping[str, str] | None = None) -> BuildPlan:
         raise InvalidRequest("the Dockerfile has no FROM")
     plan.env, plan.workdir, plan.user, plan.warnings = dict(state.env), state.workdir, state.user, warnings
     return plan
+
+
+def _start_from(state: _State, image: ImageDefaults, warnings: list[str]) -> None:
+    state.env = {k: v for k, v in image.env.items() if _ENV_NAME.match(k)}
+    state.workdir = posixpath.normpath(posixpath.join("/", image.workdir))
+    if image.user is not None:
+        try:
+            state.user = bounds.check_guest_user(image.user)
+        except InvalidRequest:
+            warnings.append(f"the image's USER {image.user[:64]!r} is not an account name: steps run as root")
 
 
 def _arg(inst: DockerfileInstruction, state: _State, escape: str) -> None:

@@ -15,14 +15,14 @@ import asyncio
 import base64
 import binascii
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, cast
 
 from forkd import bounds
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.results import DirListing, FileEntry, MkdirResult
 from forkd.errors import Conflict, GuestError, InvalidRequest, TooLarge
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 
 # Pieces in flight per transfer: enough to keep the port busy while one is
 # being encoded on either side, small enough to bound memory (~4 MiB each).
@@ -38,12 +38,12 @@ def check_path(path: str) -> str:
         raise InvalidRequest(str(exc)) from None
 
 
-def _piece(result: dict[str, Any], asked: int) -> tuple[bytes, bool]:
-    """A read piece from the guest, refused unless it is base64 of at most ``asked`` bytes."""
-    encoded = result.get("data")
-    eof = result.get("eof")
-    if not isinstance(encoded, str) or not isinstance(eof, bool) or len(encoded) > 4 * (asked // 3 + 1):
-        raise GuestError("guest agent sent a malformed file piece")
+def _piece(result: messages.FileReadReply, asked: int) -> tuple[bytes, bool]:
+    """A read piece from the guest (its types checked), refused unless it is base64 of at most
+    ``asked`` bytes."""
+    encoded, eof = result["data"], result["eof"]
+    if len(encoded) > 4 * (asked // 3 + 1):
+        raise GuestError("guest agent sent an overlong file piece")
     try:
         data = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
@@ -53,7 +53,7 @@ def _piece(result: dict[str, Any], asked: int) -> tuple[bytes, bool]:
     return data, eof
 
 
-def checked_info(result: dict[str, Any]) -> FileEntry:
+def checked_info(result: Mapping[str, Any]) -> FileEntry:
     """A FileInfo from the guest, with only the documented keys of the documented types."""
     out: dict[str, Any] = {}
     for key, kinds in (("path", str), ("name", str), ("type", str), ("size", int), ("mode", int),
@@ -107,44 +107,61 @@ class SandboxFiles:
         self._agents = agents
         self._aborts: set[asyncio.Task[None]] = set()
 
-    async def _call(self, sandbox_id: str, action: str, *, user: str | None = None,
-                    **args: object) -> dict[str, Any]:
-        """One agent call; ``user``: the guest user it acts as (None: root, the agent itself)."""
+    async def _user(self, sandbox_id: str, user: str | None) -> str | None:
+        """The guest user a request acts as, checked (None: root, the agent itself); 409 first
+        on an agent too old to know "user" (it would act as root)."""
         if bounds.check_guest_user(user) is not None:
             await self._agents.require_user_support(sandbox_id, user)
-            args["user"] = user
-        return await self._agents.call(sandbox_id, action, PIECE_TIMEOUT_SECS, **args)
+        return user
+
+    async def _write(self, sandbox_id: str, req: messages.FileWriteRequest) -> messages.FileWriteReply:
+        return await self._agents.call(sandbox_id, lambda agent: agent.file_write(req, PIECE_TIMEOUT_SECS))
+
+    async def _read(self, sandbox_id: str, req: messages.FileReadRequest) -> messages.FileReadReply:
+        return await self._agents.call(sandbox_id, lambda agent: agent.file_read(req, PIECE_TIMEOUT_SECS))
 
     # --------------------------------------------------------------- metadata
 
     async def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> FileEntry:
-        result = await self._call(sandbox_id, protocol.FILE_STAT, path=check_path(path), user=user)
-        return checked_info(result)
+        req: messages.FileStatRequest = {"path": check_path(path)}
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            req["user"] = as_user
+        return checked_info(await self._agents.call(sandbox_id, lambda agent: agent.file_stat(
+            req, PIECE_TIMEOUT_SECS)))
 
     async def list(self, sandbox_id: str, path: str, *, user: str | None = None) -> DirListing:
-        result = await self._call(sandbox_id, protocol.FILE_LIST, path=check_path(path), user=user)
-        entries = result.get("entries")
-        if not isinstance(entries, list) or len(entries) > protocol.FILE_LIST_MAX:
-            raise GuestError("guest agent sent a malformed or overlong listing")
-        return {"path": path, "entries": [checked_info(e if isinstance(e, dict) else {}) for e in entries],
-                "truncated": bool(result.get("truncated"))}
+        req: messages.FileListRequest = {"path": check_path(path)}
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            req["user"] = as_user
+        result = await self._agents.call(sandbox_id, lambda agent: agent.file_list(req, PIECE_TIMEOUT_SECS))
+        if len(result["entries"]) > protocol.FILE_LIST_MAX:
+            raise GuestError("guest agent sent an overlong listing")
+        return {"path": path, "entries": [checked_info(e) for e in result["entries"]],
+                "truncated": result["truncated"]}
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool = False,
                     user: str | None = None) -> MkdirResult:
-        result = await self._call(sandbox_id, protocol.FILE_MKDIR, path=check_path(path), parents=parents,
-                                  user=user)
-        return {"path": path, "created": bool(result.get("created"))}
+        req: messages.FileMkdirRequest = {"path": check_path(path), "parents": parents}
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            req["user"] = as_user
+        result = await self._agents.call(sandbox_id, lambda agent: agent.file_mkdir(req, PIECE_TIMEOUT_SECS))
+        return {"path": path, "created": result["created"]}
 
     async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
                      user: str | None = None) -> None:
-        await self._call(sandbox_id, protocol.FILE_REMOVE, path=check_path(path), recursive=recursive,
-                         user=user)
+        req: messages.FileRemoveRequest = {"path": check_path(path), "recursive": recursive}
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            req["user"] = as_user
+        await self._agents.call(sandbox_id, lambda agent: agent.file_remove(req, PIECE_TIMEOUT_SECS))
 
     async def move(self, sandbox_id: str, source: str, destination: str, *,
                    user: str | None = None) -> FileEntry:
         """Rename ``source`` to ``destination`` (parents made); returns the destination's FileInfo."""
-        return checked_info(await self._call(sandbox_id, protocol.FILE_MOVE, source=check_path(source),
-                                             destination=check_path(destination), user=user))
+        req: messages.FileMoveRequest = {"source": check_path(source), "destination": check_path(destination)}
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            req["user"] = as_user
+        return checked_info(await self._agents.call(sandbox_id, lambda agent: agent.file_move(
+            req, PIECE_TIMEOUT_SECS)))
 
     # ----------------------------------------------------------------- writes
 
@@ -154,17 +171,21 @@ class SandboxFiles:
         """Write ``chunks`` to ``path`` (replaced atomically at the end); 413 past ``max_bytes``.
         As ``user``, the file is theirs (the pieces and the close act as the open did). The file
         lands with exactly ``metadata`` (none: none, whatever the file it replaces had)."""
-        check_path(path)
-        extra: dict[str, object] = {"mode": mode} if mode is not None else {}
+        opening: messages.FileWriteOpenRequest = {"path": check_path(path)}
+        if mode is not None:
+            opening["mode"] = mode
         if metadata := check_metadata(metadata):
             # An older agent would drop it and answer as if it were stored.
             await self._agents.require_agent(sandbox_id, protocol.CAP_METADATA)
-            extra["metadata"] = metadata
-        opened = await self._call(sandbox_id, protocol.FILE_WRITE_OPEN, path=path, user=user, **extra)
-        handle = opened.get("handle")
-        if not isinstance(handle, str) or len(handle) > 64:
-            raise GuestError("guest agent sent a malformed upload handle")
-        in_flight: set[asyncio.Task[dict[str, Any]]] = set()
+            opening["metadata"] = metadata
+        if (as_user := await self._user(sandbox_id, user)) is not None:
+            opening["user"] = as_user
+        opened = await self._agents.call(sandbox_id, lambda agent: agent.file_write_open(
+            opening, PIECE_TIMEOUT_SECS))
+        handle = opened["handle"]
+        if len(handle) > 64:
+            raise GuestError("guest agent sent an overlong upload handle")
+        in_flight: set[asyncio.Task[messages.FileWriteReply]] = set()
         try:
             offset = 0
             async for piece in rechunk(chunks, protocol.FILE_CHUNK):
@@ -174,13 +195,14 @@ class SandboxFiles:
                     done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
                         task.result()  # the first failure ends the upload
-                data = base64.b64encode(piece).decode("ascii")
-                in_flight.add(asyncio.create_task(self._call(
-                    sandbox_id, protocol.FILE_WRITE, handle=handle, offset=offset, data=data)))
+                req: messages.FileWriteRequest = {"handle": handle, "offset": offset,
+                                                  "data": base64.b64encode(piece).decode("ascii")}
+                in_flight.add(asyncio.create_task(self._write(sandbox_id, req)))
                 offset += len(piece)
             await asyncio.gather(*in_flight)  # a failure cancels the rest below
             in_flight.clear()
-            closed = await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=True)
+            closed = await self._agents.call(sandbox_id, lambda agent: agent.file_write_close(
+                {"handle": handle, "commit": True}, PIECE_TIMEOUT_SECS))
             return checked_info(closed)
         except BaseException:
             for task in in_flight:
@@ -192,10 +214,11 @@ class SandboxFiles:
             raise
 
     async def _abort(self, sandbox_id: str, handle: str,
-                     in_flight: set[asyncio.Task[dict[str, Any]]]) -> None:
+                     in_flight: set[asyncio.Task[messages.FileWriteReply]]) -> None:
         await asyncio.gather(*in_flight, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await self._call(sandbox_id, protocol.FILE_WRITE_CLOSE, handle=handle, commit=False)
+            await self._agents.call(sandbox_id, lambda agent: agent.file_write_close(
+                {"handle": handle, "commit": False}, PIECE_TIMEOUT_SECS))
 
     # ------------------------------------------------------------------ reads
 
@@ -215,14 +238,16 @@ class SandboxFiles:
 
     async def _pieces(self, sandbox_id: str, path: str, user: str | None) -> AsyncIterator[bytes]:
         size = protocol.FILE_CHUNK
-        ahead: list[asyncio.Task[dict[str, Any]]] = []
+        ahead: list[asyncio.Task[messages.FileReadReply]] = []
         next_offset = 0
+        as_user = await self._user(sandbox_id, user)
         try:
             while True:
                 while len(ahead) < WINDOW:
-                    ahead.append(asyncio.create_task(self._call(
-                        sandbox_id, protocol.FILE_READ, path=path, offset=next_offset, length=size,
-                        user=user)))
+                    req: messages.FileReadRequest = {"path": path, "offset": next_offset, "length": size}
+                    if as_user is not None:
+                        req["user"] = as_user
+                    ahead.append(asyncio.create_task(self._read(sandbox_id, req)))
                     next_offset += size
                 data, eof = _piece(await ahead.pop(0), size)
                 if data:

@@ -16,6 +16,10 @@ keeps it like any other branch.
 A branch none of whose children can come up is taken once more (``BRANCH_ATTEMPTS``):
 see there.
 
+A *hibernated* source is forked without waking it: its branch is taken from its saved state
+(controller/hibernated_branch.py), nothing of it runs or is paused (``pause_ms`` 0), and it
+stays hibernated.
+
 A fork-tree stamps each child's ``metadata`` with ``fork_tree_id``,
 ``fork_parent_id`` and ``fork_index``. ``promote`` keeps one child of a tree:
 it kills the others and, with ``replace_parent``, kills the source too and
@@ -34,6 +38,7 @@ from typing import Any
 from forkd import bounds
 from forkd.controller.branch import Brancher
 from forkd.controller.costs import cost_of
+from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.options import ForkOptions
 from forkd.controller.results import Deletion, PromoteResult, SandboxCost
 from forkd.controller.sandbox_events import SandboxEvents
@@ -42,9 +47,11 @@ from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner, child_specs
 from forkd.controller.tags import TagReservations
 from forkd.errors import BootTimeout, Conflict, ForkdError
-from forkd.store.records import SandboxRecord
+from forkd.store.records import SandboxRecord, SnapshotRecord
 from forkd.store.rows.aliases import AliasRows
 from forkd.store.rows.sandboxes import SandboxReader
+
+Outcome = SandboxRecord | ForkdError  # a child started, or why it did not
 
 log = logging.getLogger("forkd.forks")
 
@@ -99,11 +106,12 @@ async def _costs(children: list[SandboxRecord]) -> list[SandboxCost]:
 class Forker:
     def __init__(self, sandboxes: SandboxReader, aliases: AliasRows, table: SandboxTable,
                  events: SandboxEvents, brancher: Brancher, spawner: Spawner, store: SnapshotStore,
-                 tags: TagReservations) -> None:
+                 tags: TagReservations, asleep: HibernatedBrancher) -> None:
         self._sandboxes = sandboxes
         self._aliases = aliases  # the sandbox_aliases table: only promote writes it
         self._table = table
         self._brancher = brancher
+        self._asleep = asleep
         self._spawner = spawner
         self._store = store
         self._tags = tags
@@ -113,8 +121,10 @@ class Forker:
                    tree: bool = False) -> ForkReport:
         options = options or ForkOptions()
         source_id = self._table.resolve(sandbox_id)
-        self._table.get(source_id)  # 404 / died, before anything is paused
-        source = self._sandboxes.get(source_id)
+        source = self._sandboxes.get(source_id)  # 404
+        hibernated = source.hibernation is not None  # forked from its saved state, left asleep
+        if not hibernated:
+            self._table.get(source_id)  # 404 / died, before anything is paused
         # Every per-child input is checked before the source is paused.
         specs = child_specs(count, options.spawn, options.child_memory_limit_mib)
         tree_id = f"ft-{secrets.token_hex(6)}" if tree else None
@@ -128,23 +138,13 @@ class Forker:
         await self._spawner.check_network(
             tap=source.tap, dns=source.network.dns if source.network else (), egress=options.spawn.egress,
             per_child_netns=options.spawn.per_child_netns, what=f"sandbox {source_id}")
-        mode = "live" if source.live_fork else "diff"
-        pause_ms = 0.0
-        for attempt in range(1, BRANCH_ATTEMPTS + 1):
-            snap = await self._brancher.branch(source_id, None, mode, wait=True)
-            pause_ms += snap.pause_ms or 0.0
+        if hibernated:  # it never runs: nothing is paused, and one branch is all there is
+            snap = await self._asleep.branch(source_id)
             outcomes = await self._children(snap.tag, specs, options)
-            silent = [o for o in outcomes if isinstance(o, BootTimeout)]
-            if not silent or attempt == BRANCH_ATTEMPTS:
-                break
-            log.warning("fork of %s: %d of %d children did not come up from branch %s; branching "
-                        "again: %s", source_id, len(silent), count, snap.tag, silent[0])
-            for outcome in outcomes:
-                if isinstance(outcome, SandboxRecord):
-                    await self._table.kill(outcome.id)
-            if options.keep_snapshot:  # asked to be kept, but a bad branch goes too
-                self._store.set_auto_delete(snap.tag, True)
-            await self.collect()
+            pause_ms = 0.0
+        else:
+            mode = "live" if source.live_fork else "diff"
+            snap, outcomes, pause_ms = await self._branch_running(source_id, mode, specs, options)
         result = ForkReport(parent_id=source_id, snapshot_tag=snap.tag, tree_id=tree_id,
                             pause_ms=pause_ms if snap.pause_ms is not None else None)
         for i, outcome in enumerate(outcomes):
@@ -155,8 +155,31 @@ class Forker:
         result.memory = await _costs(result.children)
         return result
 
+    async def _branch_running(self, source_id: str, mode: str, specs: list[ChildSpec], options: ForkOptions,
+                              ) -> tuple[SnapshotRecord, list[Outcome], float]:
+        """Branch a running source and start the children from it: the branch, each child's outcome,
+        and the source's total pause. A branch whose children did not come up (``BootTimeout``) is
+        dropped and taken again, at most ``BRANCH_ATTEMPTS`` times."""
+        pause_ms = 0.0
+        for attempt in range(1, BRANCH_ATTEMPTS + 1):
+            snap = await self._brancher.branch(source_id, None, mode, wait=True)
+            pause_ms += snap.pause_ms or 0.0
+            outcomes = await self._children(snap.tag, specs, options)
+            silent = [o for o in outcomes if isinstance(o, BootTimeout)]
+            if not silent or attempt == BRANCH_ATTEMPTS:
+                break
+            log.warning("fork of %s: %d of %d children did not come up from branch %s; branching "
+                        "again: %s", source_id, len(silent), len(specs), snap.tag, silent[0])
+            for outcome in outcomes:
+                if isinstance(outcome, SandboxRecord):
+                    await self._table.kill(outcome.id)
+            if options.keep_snapshot:  # asked to be kept, but a bad branch goes too
+                self._store.set_auto_delete(snap.tag, True)
+            await self.collect()
+        return snap, outcomes, pause_ms
+
     async def _children(self, tag: str, specs: list[ChildSpec],
-                        options: ForkOptions) -> list[SandboxRecord | ForkdError]:
+                        options: ForkOptions) -> list[Outcome]:
         """Restore one child per spec from the branch ``tag``: each a record or why it failed."""
         if not options.keep_snapshot:
             # Before the restores, so a crash during them leaves nothing registered for good:

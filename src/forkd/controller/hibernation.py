@@ -62,6 +62,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
+from forkd.controller import volumes
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.idle import IdlePauser
 from forkd.controller.network import Networks
@@ -257,6 +258,14 @@ class Hibernator:
     def hibernated(self, sandbox_id: str) -> bool:
         return sandbox_id in self._asleep
 
+    def asleep_with_memory(self, sandbox_id: str) -> bool:
+        """Hibernated with its memory and without volumes (so it can be forked without a wake:
+        controller/hibernated_branch.py), and not waking now."""
+        if not self.hibernated(sandbox_id) or sandbox_id in self._waking:
+            return False
+        record = self._table.records.get(sandbox_id)
+        return record.hibernation is not None and record.hibernation.memory and not record.volumes
+
     async def wake(self, sandbox_id: str) -> bool:
         """Wake ``sandbox_id`` if it is hibernated (every concurrent caller awaits the same wake);
         False if it is not hibernated. A failed wake raises, and leaves it hibernated."""
@@ -320,16 +329,25 @@ class Hibernator:
                 # Its address may be a new one (its old index taken meanwhile): the row says so.
                 record.network = await self._networks.unpark(record.network)
                 launcher += self._networks.launcher(record.network)
+            # Its volumes come back on its own layers (they mirror its disk's), nodes renamed as its disk's.
+            drives = volumes.drives_for(record.volumes, Path(record.disk.file), mechanics.ACTIVE_NODE,
+                                        snap.dir)
             if record.hibernation.memory:
                 vm = await mechanics.wake(run_dir, record.config, mem_path=snap.dir.mem,
                                           snapshot_state=snap.dir.state, disk=Path(record.disk.file),
-                                          saved=run_dir / SAVED_DIR, tap=record.tap, launcher=launcher)
+                                          saved=run_dir / SAVED_DIR, tap=record.tap, launcher=launcher,
+                                          volumes=drives)
             else:
                 boot = self._boots.cold_boot(snap)
                 vm = await mechanics.cold_boot(run_dir, record.config, mem_path=snap.dir.mem,
                                                disk=Path(record.disk.file), kernel=boot.kernel,
                                                initrd=boot.initrd, append=boot.append, tap=record.tap,
-                                               launcher=launcher)
+                                               launcher=launcher, volumes=drives)
+                try:
+                    await volumes.mount_in_guest(vm, record.volumes)  # a new boot: mounted afresh
+                except BaseException:
+                    await vm.destroy()
+                    raise
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()

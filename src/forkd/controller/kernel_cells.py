@@ -10,7 +10,7 @@ by the guest, which then answers its end with ``timed_out``.
 
 Kernels run only on images that have one (``forkd image build --name
 code-interpreter``); ``available`` tells. A cell's ``language`` (python, bash,
-javascript or r, ``protocol.KERNEL_LANGUAGES``) picks its context's kernel; a guest
+javascript or r, ``code_messages.KERNEL_LANGUAGES``) picks its context's kernel; a guest
 agent too old to know it would run bash as Python, so it is refused first
 (``require_agent``). Everything the guest sends is checked for shape and size
 here before anyone sees it: the guest is not trusted.
@@ -27,7 +27,7 @@ from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import protocol
+from forkd.guest import code_messages, protocol
 from forkd.guest.client import AgentStream
 from forkd.vmm.machine import VM
 
@@ -64,16 +64,17 @@ def _older_agent(exc: GuestError) -> bool:
 async def warm_template(vm: VM, timeout_secs: float) -> bool:
     """Start and warm the default kernel of a template whose image has one; False if it has none."""
     try:
-        available = await vm.call(protocol.KERNEL, timeout=30, op="available")
+        available = await vm.call(lambda agent: agent.kernel_available(30))
     except GuestError as exc:
         if _older_agent(exc):
             return False
         raise
-    if available.get("available") is not True:
+    if not available["available"]:
         return False
     # A plain call: the warm cell sends no events, only its end.
-    end = await vm.call(protocol.KERNEL, timeout=timeout_secs + KERNEL_START_GRACE_SECS, op="run",
-                        code=WARM_CELL, silent=True, timeout_secs=timeout_secs)
+    end = await vm.call(lambda agent: agent.kernel_run(
+        {"op": "run", "code": WARM_CELL, "silent": True, "timeout_secs": timeout_secs},
+        timeout_secs + KERNEL_START_GRACE_SECS))
     if end.get("failed") or end.get("timed_out"):
         raise GuestError(f"warming the template's Jupyter kernel failed: {end}")
     return True
@@ -98,7 +99,7 @@ def cell_event(raw: dict[str, Any]) -> dict[str, Any]:
     if kind == "error":
         fields = {k: _str(raw.get(k), f"cell error {k}") for k in ("name", "value", "traceback")}
         return {"type": "error", **fields}
-    if kind == "end":
+    if kind == "end":  # the reply is checked against code_messages.KernelEnd; an event is not
         count = raw.get("execution_count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise GuestError("guest agent sent a malformed execution count")
@@ -142,12 +143,12 @@ class KernelCells:
     async def available(self, sandbox_id: str) -> bool:
         """Whether the sandbox's image has a Jupyter kernel (an older agent: no)."""
         try:
-            result = await self._agents.call(sandbox_id, protocol.KERNEL, 30, op="available")
+            result = await self._agents.call(sandbox_id, lambda agent: agent.kernel_available(30))
         except GuestError as exc:
             if _older_agent(exc):
                 return False
             raise
-        return result.get("available") is True
+        return result["available"]
 
     async def run(self, sandbox_id: str, code: str, *, context: str | None = None,
                   timeout_secs: float = DEFAULT_TIMEOUT_SECS, env: dict[str, str] | None = None,
@@ -161,37 +162,38 @@ class KernelCells:
         bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
         try:
             env = protocol.check_env(env)
-            language = None if language is None else protocol.kernel_language(language)
+            language = None if language is None else code_messages.kernel_language(language)
         except protocol.RequestError as exc:
             raise InvalidRequest(str(exc)) from None
         sandbox_id = self._agents.resolve(sandbox_id)
         if not await self.available(sandbox_id):
             raise Conflict(f"sandbox {sandbox_id!r} has no Jupyter kernel: start it from a snapshot of "
                            "the code-interpreter image (forkd image build --name code-interpreter)")
-        args: dict[str, object] = {"op": "run", "code": code, "timeout_secs": timeout_secs, "env": env}
+        req: code_messages.KernelRunRequest = {"op": "run", "code": code, "timeout_secs": timeout_secs,
+                                               "env": env}
         if language is not None:
             if language != "python":
                 await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
-            args["language"] = language
+            req["language"] = language
         if context is not None:
-            args["context"] = context
+            req["context"] = context
         if cwd is not None:
-            args["cwd"] = cwd
-        stream = await self._slots.open(sandbox_id, lambda: self._agents.open_stream(
-            sandbox_id, protocol.KERNEL, args, line_cost=True))
+            req["cwd"] = cwd
+        stream = await self._slots.open(sandbox_id, lambda: self._agents.stream(
+            sandbox_id, lambda agent: agent.kernel_run_stream(req)))
         events = CellEvents(self._slots, sandbox_id, stream, timeout_secs + KERNEL_START_GRACE_SECS)
         await self._events.turn_done(sandbox_id)
         return events
 
     async def interrupt(self, sandbox_id: str, context: str | None = None) -> bool:
-        result = await self._agents.call(sandbox_id, protocol.KERNEL, 30, op="interrupt",
-                                         context=context or "default")
-        return result.get("interrupted") is True
+        result = await self._agents.call(sandbox_id, lambda agent: agent.kernel_interrupt(
+            {"op": "interrupt", "context": context or "default"}, 30))
+        return result["interrupted"]
 
     async def remove(self, sandbox_id: str, context: str, *, restart: bool = False) -> None:
         """Shut the context's kernel down (or restart it); nothing if it never started."""
-        await self._agents.call(sandbox_id, protocol.KERNEL, 120, op="restart" if restart else "shutdown",
-                                context=context)
+        await self._agents.call(sandbox_id, lambda agent: agent.kernel_stop(
+            {"op": "restart" if restart else "shutdown", "context": context}, 120))
 
 
 __all__ = ["WARM_CELL", "CellEvents", "KernelCells", "cell_event", "warm_template"]

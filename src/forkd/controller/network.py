@@ -48,6 +48,7 @@ from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import InvalidRequest, VMError
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
+from forkd.host.dnsguard import NameGuard
 from forkd.host.egress import EgressPolicy
 from forkd.host.hostlock import HostClaims
 from forkd.host.netplan import NETNS_PREFIX, UPLINK, AddressPlan, ChildNet
@@ -91,6 +92,9 @@ class Networks:
         self.nat_table = netplan.host_nat_table(root)  # this daemon's host table
         self._guarded = False  # its guard is installed (once per daemon: it outlives no sandbox)
         self._guard_lock = asyncio.Lock()
+        # The resolvers of sandboxes with names in their egress: attached once a network is made,
+        # detached before it goes (a resolver's socket holds its namespace alive).
+        self.names = NameGuard()
         if events is not None:
             events.on_removed(self.after_removed)
 
@@ -109,10 +113,14 @@ class Networks:
         if tap is not None:
             host = await asyncio.to_thread(childnet.host_addresses)
             nat = egress.leaves_host([*host, self.plan.gateway])
-            if nat and not childnet.forwarding_enabled():
+            forwarding = childnet.forwarding_enabled()
+            if nat and not forwarding:
                 raise InvalidRequest(
                     f"the egress asked for ({json.dumps(egress.info())}) reaches beyond this host, which "
                     f"needs IP forwarding, and net.ipv4.ip_forward is 0: {childnet.FORWARDING_FIX}")
+            # Where a name leads is known only once it is answered: beyond the host if the host
+            # forwards; without forwarding, names reach only the host's own addresses.
+            nat = nat or (bool(egress.allow_names) and forwarding)
         blocked = (self.plan.network, *(IPv4Network(a) for a in host))
         return NetRequest(tap, dns, egress, blocked, nat)
 
@@ -237,11 +245,24 @@ class Networks:
             except BaseException:
                 self._drop_lease(owner)
                 raise
+            await self._attach_names(net)
             return net
         raise AssertionError("unreachable")
 
+    async def _attach_names(self, net: ChildNet, *, keep_lease: bool = False) -> None:
+        """``net``'s resolver, if its policy has names; on a failure its network goes (its lease
+        too, unless ``keep_lease``: a hibernated sandbox's wake keeps its address), and why."""
+        try:
+            await self.names.attach(net)
+        except BaseException as exc:
+            await (self.park(net) if keep_lease else self.release(net))
+            if isinstance(exc, OSError):
+                raise VMError(f"starting the resolver of {net.owner} in {net.netns}: {exc}") from exc
+            raise
+
     async def release(self, net: ChildNet) -> None:
         """Remove ``net`` from the host (its QEMU is gone), then its lease."""
+        await self.names.detach(net.owner)
         errors = await childnet.remove(net)
         for err in errors:
             log.warning("removing the network of %s: %s", net.owner, err)
@@ -250,6 +271,7 @@ class Networks:
     async def park(self, net: ChildNet) -> None:
         """A hibernated sandbox's network leaves the host, but its lease stays: its address (the
         lease's index) is nobody else's, and ``unpark`` makes the same network again."""
+        await self.names.detach(net.owner)
         for err in await childnet.remove(net):
             log.warning("removing the network of hibernated %s: %s", net.owner, err)
 
@@ -277,6 +299,7 @@ class Networks:
                     continue
                 raise
             self._leases[net.owner] = net
+            await self._attach_names(net, keep_lease=True)
             return net
         raise AssertionError("unreachable")
 
@@ -318,18 +341,36 @@ class Networks:
         assert req is not None
         new = dataclasses.replace(net, egress=egress, nat=req.nat)
         if record.hibernation is None:
-            await childnet.update(net, new, list(req.blocked))
+            # No answer of the old policy may land in the new policy's sets: its resolver stops
+            # (its questions in flight abandoned) while the rules change, and starts on the new.
+            await self.names.detach(record.id)
+            try:
+                await childnet.update(net, new, list(req.blocked))
+            except BaseException:
+                await self._reattach(net)
+                raise
         try:
             self._write_lease(new)
             self._sandboxes.set_network(record.id, new)
+            if record.hibernation is None:
+                await self.names.attach(new)
         except BaseException:
             with contextlib.suppress(OSError):
                 self._write_lease(net)
             if record.hibernation is None:
+                await self.names.detach(record.id)
                 await childnet.update(new, net, list(req.blocked))
+                await self._reattach(net)
             raise
         log.info("egress of %s is now %s", record.id, json.dumps(egress.info()))
         return new
+
+    async def _reattach(self, net: ChildNet) -> None:
+        """Best effort, after a failed update: the resolver of the policy that stays."""
+        try:
+            await self.names.attach(net)
+        except (OSError, VMError) as exc:
+            log.warning("restarting the resolver of %s: %s", net.owner, exc)
 
     async def after_removed(self, record: SandboxRecord) -> None:
         """``SandboxEvents.removed`` hook: a torn-down sandbox's network goes with it."""
@@ -377,6 +418,8 @@ class Networks:
                     await self._ensure_guard()  # a re-adopted running sandbox: its guard again
                 except (VMError, OSError) as exc:  # the next spawn tries again; the start goes on
                     log.warning("the host's guard of the sandbox addresses: %s", exc)
+                # Its resolver died with the previous daemon: a re-adopted sandbox gets it again.
+                await self._reattach(net)
 
     def owners(self) -> list[str]:
         """Who holds a network now (the tests check that teardown leaves none)."""
@@ -384,6 +427,7 @@ class Networks:
 
     async def close(self) -> None:
         """The daemon stops: drop its host table (masquerade, guard) if no sandbox of it uses it."""
+        await self.names.close()
         self._host_claims.close()
         try:
             await childnet.remove_host_nat_if_unused(self.nat_table)

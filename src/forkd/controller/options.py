@@ -25,6 +25,7 @@ from forkd import bounds
 from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.protocol import RequestError, RestoreInputs
 from forkd.host.egress import EgressPolicy
+from forkd.store.volume_spec import VolumeMount
 
 # The request's two egress fields, which become one ``EgressPolicy``.
 EGRESS_FIELDS = ("allow_internet_access", "network")
@@ -39,6 +40,21 @@ GUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RestoreInputs) if f.name
 def option_names() -> set[str]:
     """The request field names ``SpawnOptions.from_request`` takes, the egress pair as ``egress``."""
     return {f.name for f in dataclasses.fields(SpawnOptions) if f.name != "guest"} | set(GUEST_FIELDS)
+
+
+@dataclass(frozen=True)
+class TreeLabels:
+    """A fork-tree's labels for children started by a spawn: a fleet gateway's share of a spread
+    fork-tree placed on another host than the source's (gateway/spread.py). Child i gets
+    fork_index ``first_index + i``."""
+
+    tree_id: str
+    parent_id: str
+    first_index: int = 0
+
+    def for_child(self, i: int) -> dict[str, str]:
+        tree, parent, index = bounds.FORK_LABELS
+        return {tree: self.tree_id, parent: self.parent_id, index: str(self.first_index + i)}
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class SpawnOptions:
     env: dict[str, str] | None = None
     child_env: list[dict[str, str]] | None = None
     metadata: dict[str, str] | None = None
+    fork_tree: TreeLabels | None = None
     timeout_secs: float | None = None
     cpu_limit: float | None = None
     pids_limit: int | None = None
@@ -87,6 +104,8 @@ class SpawnOptions:
     guest: RestoreInputs = field(default_factory=RestoreInputs)
 
     def __post_init__(self) -> None:
+        if isinstance(self.fork_tree, Mapping):  # from a request body (the only nested option)
+            object.__setattr__(self, "fork_tree", TreeLabels(**self.fork_tree))
         # The checks that need no snapshot, before any VM starts (child_specs checks the rest;
         # RestoreInputs checked its own fields as it was made).
         if self.guest.env:
@@ -149,6 +168,9 @@ def request_fields(cls: type, given: Mapping[str, Any], what: str) -> dict[str, 
             fields["guest"] = RestoreInputs(**guest)
         except RequestError as exc:
             raise InvalidRequest(str(exc)) from None
+    if isinstance(fields.get("volumes"), list):
+        # Each entry a VolumeMount (store/volume_spec.py), checked where it is used (its check()).
+        fields["volumes"] = [v if isinstance(v, VolumeMount) else VolumeMount(**v) for v in fields["volumes"]]
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
@@ -174,4 +196,4 @@ def _check_lifetimes(timeout_secs: float | None, idle_pause_secs: float | None,
                                f"hibernate_on_timeout do not go with {name}")
 
 
-__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions", "request_fields"]
+__all__ = ["E2B_ONLY_FIELDS", "EGRESS_FIELDS", "ForkOptions", "SpawnOptions", "TreeLabels", "request_fields"]

@@ -46,7 +46,6 @@ from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import ChildSpec, Spawner
 from forkd.errors import ForkdError, NotFound, VMError
-from forkd.guest import protocol
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_tag
 from forkd.store.records import PoolConfig, PoolKey, SandboxRecord
@@ -109,8 +108,8 @@ async def warm_request_paths(vm: VM) -> None:
     code already translated. Neither leaves a trace a fresh child would not have
     (the eval of ``None`` binds no name). Under KVM it costs next to nothing.
     """
-    await vm.call(protocol.PING, timeout=WARM_CALL_TIMEOUT_SECS)
-    await vm.call(protocol.EVAL, timeout=WARM_CALL_TIMEOUT_SECS, code="None", timeout_secs=10)
+    await vm.call(lambda agent: agent.ping(WARM_CALL_TIMEOUT_SECS))
+    await vm.call(lambda agent: agent.eval({"code": "None", "timeout_secs": 10}, WARM_CALL_TIMEOUT_SECS))
 
 
 class PoolKeeper:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import signal as signals
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,8 +25,9 @@ from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.results import ProcessEntry, SignalResult, StdinResult
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import GuestError, InvalidRequest
-from forkd.guest import protocol
-from forkd.guest.client import AgentStream
+from forkd.guest import process_messages, protocol
+from forkd.guest.client import AgentClient, AgentStream
+from forkd.guest.process_messages import ProcStartRequest
 
 # Process streams a sandbox may have open at once (each holds up to a window).
 MAX_STREAMS_PER_SANDBOX = 32
@@ -66,41 +68,26 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def process_info(raw: Any) -> ProcessEntry:
-    """A ProcessInfo from the guest, with only the documented keys of the documented types."""
-    if not isinstance(raw, dict) or isinstance(raw.get("pid"), bool) or not isinstance(raw.get("pid"), int):
-        raise GuestError("guest agent sent a malformed process record")
-    args = raw.get("args")
-    env = raw.get("env") or {}
-    if (not isinstance(args, list) or not all(isinstance(a, str) for a in args)
-            or not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
-        raise GuestError("guest agent sent a malformed process record")
+def process_info(info: process_messages.ProcessInfo) -> ProcessEntry:
+    """A ProcessInfo from the guest (checked against its type as it came), with only its
+    documented keys (those an older agent leaves out: their defaults)."""
+    pty = info.get("pty")
     return {
-        "pid": raw["pid"],
-        "tag": _opt(raw.get("tag"), str),
-        "args": args,
-        "env": env,
-        "cwd": _opt(raw.get("cwd"), str),
-        "user": _opt(raw.get("user"), str),
-        "running": bool(raw.get("running")),
-        "exit_code": _opt(raw.get("exit_code"), int),
-        "signal": _opt(raw.get("signal"), int),
-        "timed_out": bool(raw.get("timed_out")),
-        "stdin_open": bool(raw.get("stdin_open")),
-        "pty": _size(raw.get("pty")),
-        "started_at": _opt(raw.get("started_at"), (int, float)),
-        "ended_at": _opt(raw.get("ended_at"), (int, float)),
+        "pid": info["pid"],
+        "tag": info.get("tag"),
+        "args": info["args"],
+        "env": info.get("env") or {},
+        "cwd": info.get("cwd"),
+        "user": info.get("user"),
+        "running": info.get("running") is True,
+        "exit_code": info.get("exit_code"),
+        "signal": info.get("signal"),
+        "timed_out": info.get("timed_out") is True,
+        "stdin_open": info.get("stdin_open") is True,
+        "pty": None if pty is None else {"cols": pty["cols"], "rows": pty["rows"]},
+        "started_at": info.get("started_at"),
+        "ended_at": info.get("ended_at"),
     }
-
-
-def _size(raw: Any) -> dict[str, int] | None:
-    """A process's terminal size from the guest ({"cols", "rows"}), None for no terminal."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or not all(
-            isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool) for k in ("cols", "rows")):
-        raise GuestError("guest agent sent a malformed process record")
-    return {"cols": raw["cols"], "rows": raw["rows"]}
 
 
 def check_pty_size(cols: int, rows: int) -> tuple[int, int]:
@@ -179,20 +166,16 @@ class SandboxProcesses:
         self._slots = StreamSlots(agents, MAX_STREAMS_PER_SANDBOX, "process streams open",
                                   "close one (or let it end) and retry")
 
-    async def _call(self, sandbox_id: str, action: str, **args: object) -> dict[str, Any]:
-        return await self._agents.call(sandbox_id, action, CALL_TIMEOUT_SECS, **args)
-
-    async def _open_stream(self, sandbox_id: str, action: str, kill_on_close: bool,
-                           **args: object) -> ProcessEvents:
+    async def _open_stream(self, sandbox_id: str, kill_on_close: bool,
+                           open_: Callable[[AgentClient], Awaitable[AgentStream]]) -> ProcessEvents:
         sandbox_id = self._agents.resolve(sandbox_id)
-        stream = await self._slots.open(sandbox_id,
-                                        lambda: self._agents.stream(sandbox_id, action, **args))
+        stream = await self._slots.open(sandbox_id, lambda: self._agents.stream(sandbox_id, open_))
         return ProcessEvents(self, self._slots, sandbox_id, stream, kill_on_close)
 
     @staticmethod
     def _start_args(args: list[str], env: dict[str, str] | None, cwd: str | None, stdin: bytes | None,
                     stdin_open: bool, tag: str | None, timeout_secs: float | None,
-                    user: str | None, pty: tuple[int, int] | None = None) -> dict[str, Any]:
+                    user: str | None, pty: tuple[int, int] | None = None) -> ProcStartRequest:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         if any("\0" in a for a in args):
@@ -201,11 +184,17 @@ class SandboxProcesses:
             bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
         if tag is not None and len(tag) > protocol.TAG_MAX:
             raise InvalidRequest(f"tag must be at most {protocol.TAG_MAX} characters")
-        req: dict[str, Any] = {"args": args, "stdin": stdin_open}
-        for key, value in (("env", env), ("cwd", cwd), ("tag", tag), ("timeout_secs", timeout_secs),
-                           ("user", bounds.check_guest_user(user))):
-            if value is not None:
-                req[key] = value
+        req: ProcStartRequest = {"args": args, "stdin": stdin_open}
+        if env is not None:
+            req["env"] = env
+        if cwd is not None:
+            req["cwd"] = cwd
+        if tag is not None:
+            req["tag"] = tag
+        if timeout_secs is not None:
+            req["timeout_secs"] = timeout_secs
+        if (as_user := bounds.check_guest_user(user)) is not None:
+            req["user"] = as_user
         if stdin is not None:
             req["input"] = base64.b64encode(stdin).decode("ascii")
         if pty is not None:
@@ -231,7 +220,8 @@ class SandboxProcesses:
         stdin stays open (the keyboard), and ``resize`` changes the size."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user, pty)
         await self._require(sandbox_id, user, pty)
-        events = await self._open_stream(sandbox_id, protocol.PROC_START, kill_on_close, stream=True, **req)
+        events = await self._open_stream(sandbox_id, kill_on_close,
+                                         lambda agent: agent.proc_start_stream(req))
         await self._events.turn_done(sandbox_id)
         return events
 
@@ -242,7 +232,8 @@ class SandboxProcesses:
         """Start a background process (as ``user``: None is root); its ProcessInfo."""
         req = self._start_args(args, env, cwd, stdin, stdin_open, tag, timeout_secs, user)
         await self._agents.require_user_support(sandbox_id, user)
-        info = process_info(await self._call(sandbox_id, protocol.PROC_START, **req))
+        info = process_info(await self._agents.call(sandbox_id, lambda agent: agent.proc_start(
+            req, CALL_TIMEOUT_SECS)))
         await self._events.turn_done(sandbox_id)
         return info
 
@@ -252,49 +243,49 @@ class SandboxProcesses:
         This stream never holds the process back: if it reads slower than the
         process writes, what the ring lost is reported as a ``dropped`` event."""
         await self.get(sandbox_id, pid)  # 404 before any response has started
-        return await self._open_stream(sandbox_id, protocol.PROC_ATTACH, False, pid=pid,
-                                       from_start=from_start)
+        return await self._open_stream(sandbox_id, False, lambda agent: agent.proc_attach(
+            {"pid": pid, "from_start": from_start}))
 
     async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
         """Set the size of a process's terminal (409 for a process without one, 404 once ended)."""
         cols, rows = check_pty_size(cols, rows)
         await self._agents.require_agent(sandbox_id, protocol.CAP_PTY)
-        await self._call(sandbox_id, protocol.PROC_RESIZE, pid=pid, cols=cols, rows=rows)
+        await self._agents.call(sandbox_id, lambda agent: agent.proc_resize(
+            {"pid": pid, "cols": cols, "rows": rows}, CALL_TIMEOUT_SECS))
 
     async def list(self, sandbox_id: str) -> list[ProcessEntry]:
-        result = await self._call(sandbox_id, protocol.PROC_LIST)
-        processes = result.get("processes")
-        if not isinstance(processes, list) or len(processes) > protocol.MAX_PROCESSES:
-            raise GuestError("guest agent sent a malformed or overlong process list")
-        return [process_info(p) for p in processes]
+        result = await self._agents.call(sandbox_id, lambda agent: agent.proc_list(CALL_TIMEOUT_SECS))
+        if len(result["processes"]) > protocol.MAX_PROCESSES:
+            raise GuestError("guest agent sent an overlong process list")
+        return [process_info(p) for p in result["processes"]]
 
     async def get(self, sandbox_id: str, pid: int) -> ProcessEntry:
-        return process_info(await self._call(sandbox_id, protocol.PROC_INFO, pid=pid))
+        return process_info(await self._agents.call(sandbox_id, lambda agent: agent.proc_info(
+            {"pid": pid}, CALL_TIMEOUT_SECS)))
 
     async def write_stdin(self, sandbox_id: str, pid: int, data: bytes, *,
                           eof: bool = False) -> StdinResult:
         """Queue ``data`` for the process's stdin (409 if its stdin is closed or its buffer full)."""
-        result = await self._call(sandbox_id, protocol.PROC_INPUT, pid=pid,
-                                  data=base64.b64encode(data).decode("ascii"), eof=eof)
-        written = result.get("written")
-        if isinstance(written, bool) or not isinstance(written, int):
-            raise GuestError("guest agent sent a malformed answer to proc_input")
-        return {"pid": pid, "written": written, "stdin_open": not eof}
+        result = await self._agents.call(sandbox_id, lambda agent: agent.proc_input(
+            {"pid": pid, "data": base64.b64encode(data).decode("ascii"), "eof": eof}, CALL_TIMEOUT_SECS))
+        return {"pid": pid, "written": result["written"], "stdin_open": not eof}
 
     async def signal(self, sandbox_id: str, pid: int, sig: int | str, *,
                      group: bool = True) -> SignalResult:
         """Send ``sig`` to the process (its whole process group unless ``group`` is False)."""
         number = signal_number(sig)
-        await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=number, group=group)
+        await self._agents.call(sandbox_id, lambda agent: agent.proc_signal(
+            {"pid": pid, "signal": number, "group": group}, CALL_TIMEOUT_SECS))
         return {"pid": pid, "signal": number, "signalled": True}
 
     async def kill(self, sandbox_id: str, pid: int) -> None:
         """SIGKILL the process's group and wait (a few seconds at most) until it has ended, so
         that it has left the process list (404 if it was not running)."""
-        await self._call(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL), group=True,
-                         wait_ms=KILL_WAIT_MS)
+        await self._agents.call(sandbox_id, lambda agent: agent.proc_signal(
+            {"pid": pid, "signal": int(signals.SIGKILL), "group": True, "wait_ms": KILL_WAIT_MS},
+            CALL_TIMEOUT_SECS))
 
     def kill_now(self, sandbox_id: str, pid: int) -> None:
         """SIGKILL a process's group without waiting (a foreground run whose client left)."""
-        self._agents.notify(sandbox_id, protocol.PROC_SIGNAL, pid=pid, signal=int(signals.SIGKILL),
-                               group=True)
+        self._agents.notify(sandbox_id, lambda agent: agent.proc_signal_now(
+            {"pid": pid, "signal": int(signals.SIGKILL), "group": True}))

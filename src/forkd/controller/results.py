@@ -216,6 +216,23 @@ class PoolReport(TypedDict):
 WorkspaceStatus = Literal["running", "suspended", "stale"]  # controller/workspaces.py
 
 
+class VolumeReport(TypedDict):
+    name: Annotated[str, Wire(examples=["data"])]
+    size_mib: Annotated[int, Wire("Its size: the most a guest can write to it (the host file grows no "
+                                  "further, but for qcow2 metadata).")]
+    fs: Annotated[str, Wire(examples=["ext4"])]
+    created_at_unix: int
+    used_mib: Annotated[float, Wire("What its own disk file takes on the host.")]
+    snapshots: Annotated[list[str], Wire("The snapshots that attach it: while there are any, it "
+                                         "cannot be deleted (409).")]
+
+
+class VolumeExportReport(TypedDict):
+    name: str
+    to: Annotated[str, Wire("The new host directory its files were copied into.")]
+    snapshot: NotRequired[Annotated[str, Wire("The snapshot whose view of the volume was copied.")]]
+
+
 class WorkspaceReport(TypedDict):
     id: Annotated[str, Wire(examples=["ws-agent-1"])]
     name: str
@@ -267,3 +284,50 @@ class SandboxCost(TypedDict):
     disk_bytes: Annotated[int, Wire(
         "What its own disk layers (its copy-on-write overlay, and those its branches froze) take on "
         "the host.")]
+
+
+# ------------------------------------------------------------------ diff and apply (diffs.py, applies.py)
+
+class FsChange(TypedDict):
+    """One path a sandbox added, modified or deleted (``GET /v1/sandboxes/{id}/diff``)."""
+
+    path: Annotated[str, Wire("The path in the guest.", examples=["/work/pkg/core.py"])]
+    type: Annotated[str, Wire("file | dir | symlink | other (the new side's; the old one's for a "
+                              "deletion)")]
+    size: Annotated[int, Wire("Its size in bytes (the old size for a deletion).")]
+    mode: Annotated[int, Wire("Its permission bits (e.g. 420 = 0644).")]
+    uid: int
+    gid: int
+    old_mode: NotRequired[Annotated[int | None, Wire("The permission bits before, where they changed.")]]
+    old_uid: NotRequired[Annotated[int | None, Wire("The owner before, where it changed.")]]
+    old_gid: NotRequired[Annotated[int | None, Wire("The group before, where it changed.")]]
+    content_changed: Annotated[bool, Wire("Whether the content (or a link's target) differs; false "
+                                          "for a change of mode or owner only.")]
+    target: NotRequired[Annotated[str | None, Wire("A symbolic link's target.")]]
+
+
+class FsDiff(TypedDict):
+    """What a sandbox's filesystem changed against another state (controller/diffs.py)."""
+
+    sandbox_id: str
+    against: Annotated[str, Wire("What it was compared with: snapshot:TAG or sandbox:ID.")]
+    method: Annotated[str, Wire("How the changed files were found: layers (the copy-on-write "
+                                "layers' changed blocks, mapped to inodes).")]
+    added: list[FsChange]
+    modified: list[FsChange]
+    deleted: list[FsChange]
+    skipped: Annotated[int, Wire("Changed names left out because they are not printable UTF-8.",
+                                 default=0)]
+    elapsed_ms: float
+
+
+class ApplyResult(TypedDict):
+    """``POST /v1/sandboxes/{id}/apply``: a child's changes written into a sandbox
+    (controller/applies.py)."""
+
+    sandbox_id: str
+    source: Annotated[str, Wire("The sandbox whose changes were applied.")]
+    against: Annotated[str, Wire("The state both were compared with: the source's snapshot.")]
+    written: Annotated[list[str], Wire("Paths written (added or modified).")]
+    deleted: Annotated[list[str], Wire("Paths removed.")]
+    unchanged: Annotated[list[str], Wire("Paths the target already had as the source has them.")]

@@ -50,6 +50,7 @@ from forkd.config import DataDir, HostLimits
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.branch import Brancher
 from forkd.controller.capacity import HostCapacity
+from forkd.controller.changes import SandboxChanges
 from forkd.controller.checkpoints import Checkpointer
 from forkd.controller.code_contexts import CodeRunner
 from forkd.controller.compaction import Compactor
@@ -58,9 +59,11 @@ from forkd.controller.costs import SandboxCosts
 from forkd.controller.disk_quota import DiskQuotas
 from forkd.controller.files import SandboxFiles
 from forkd.controller.forks import Forker, ForkReport
+from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.hibernation import Hibernator
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.idle import IdlePauser
+from forkd.controller.images import OciImages, PullRequest
 from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.lifetimes import DeadlineKeeper
 from forkd.controller.network import Networks
@@ -80,6 +83,7 @@ from forkd.controller.results import (
 )
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.snapshot_deletion import SnapshotDeletion
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
@@ -89,14 +93,16 @@ from forkd.controller.template_build import BuildRequest, TemplateBuilds
 from forkd.controller.templates import Progress, SnapshotSpec, TemplateBuilder, no_progress
 from forkd.controller.travel import SnapshotTravel
 from forkd.controller.travel_offline import offline_travel
+from forkd.controller.volumes import Volumes
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
 from forkd.host import cgroups
 from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
 from forkd.host.shm import ShmMemory
+from forkd.image import oci
 from forkd.store.datalock import DataDirLock
 from forkd.store.layout import check_host_id, check_sandbox_id
 from forkd.store.objectstore import ObjectStore
@@ -108,7 +114,8 @@ from forkd.store.registry import (
 )
 
 __all__ = [
-    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "Runtime", "SnapshotSpec",
+    "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "PullRequest", "Runtime",
+    "SnapshotSpec",
     "SpawnOptions",
     "WatchBatch", "WatchEvent", "offline_travel",
 ]
@@ -119,7 +126,7 @@ log = logging.getLogger("forkd.runtime")
 class Runtime:
     def __init__(self, data: DataDir, registry: Registry, *, store: ObjectStore | None = None,
                  host_id: str | None = None, disk_quota_mib: int | None = None,
-                 limits: HostLimits | None = None) -> None:
+                 limits: HostLimits | None = None, registries: oci.Registries | None = None) -> None:
         """``store``, ``host_id``, ``disk_quota_mib``, ``limits``: as ``open`` takes them (checked there)."""
         self.data = data
         # The database: each owner below gets only its own table, and a read-only view
@@ -150,9 +157,13 @@ class Runtime:
         self.tags = TagReservations(lambda tag: self.snapshots.exists(tag))
         self.snapshots = SnapshotStore(registry.snapshots, registry.snapshot_names, data.snapshots, self.tags,
                                        self.shm)
+        # A sandbox's file changes, from its disk layers: diff, patch, tar, apply onto another.
+        self.diffs = SandboxChanges(self.sandboxes, self.snapshots, self.agents, self.files, data.tmp)
         self.accel = HostAccelerator(data)
         self.networks = Networks(data.root, rows, events=self.events)
-        self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks)
+        self.volumes = Volumes(registry.volumes, data, registry.snapshots)
+        self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks,
+                                         self.volumes)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel, store)
         self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events,
                                       DEFAULT_DISK_QUOTA_MIB if disk_quota_mib is None else disk_quota_mib)
@@ -162,8 +173,9 @@ class Runtime:
                                self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
+        asleep = HibernatedBrancher(self.brancher, data.snapshots, self.sandboxes, self.snapshots, self.tags)
         self.forker = Forker(rows, registry.aliases, self.sandboxes, self.events, self.brancher, self.spawner,
-                             self.snapshots, self.tags)
+                             self.snapshots, self.tags, asleep)
         self.checkpoints = Checkpointer(rows, self.sandboxes, self.events, self.brancher, self.snapshots,
                                         self.forker)
         self.pools = PoolKeeper(registry.pools, rows, self.sandboxes, self.events, self.spawner,
@@ -178,21 +190,26 @@ class Runtime:
         self.workspaces = Workspaces(registry.workspaces, registry.paused, self.sandboxes, self.spawner,
                                      self.suspender, self.forker.collect, self.hibernation.wake)
         self.compactor = Compactor(data.snapshots, self.snapshots, self.tags)
+        self.deletion = SnapshotDeletion(self.snapshots, self.sandboxes, self.suspender, self.pools,
+                                         self.brancher, self.forker)
         # Dockerfile builds (controller/template_build.py): a sub-API the template routes call. Its
         # build host is this facade (spawn, exec, branch, kill of its build sandboxes).
-        self.builds = TemplateBuilds(data, self.templates, self)
+        # Images pulled from registries (controller/images.py): POST /v1/images and a build's FROM REF.
+        self.images = OciImages(data, registries)
+        self.builds = TemplateBuilds(data, self.templates, self, self.images)
 
     # ---------------------------------------------------------------- open/close
 
     @classmethod
     async def open(cls, data: DataDir | None = None, *, store: str | None = None,
                    host_id: str | None = None, disk_quota_mib: int | None = None,
-                   limits: HostLimits | None = None) -> Runtime:
+                   limits: HostLimits | None = None, registries: oci.Registries | None = None) -> Runtime:
         """``store``: an object store URL (``s3://bucket/prefix``) to push to, pull from, and fetch
         missing tags from; ``host_id``: this host's name in a fleet, put in every sandbox id;
         ``disk_quota_mib``: the quota of a spawn that gives none (0: none; None: the default,
         controller/disk_quota.py); ``limits``: the host's ceilings on sandboxes and free memory
-        (controller/capacity.py; None: none)."""
+        (controller/capacity.py; None: none); ``registries``: the mirrors and auth file image pulls
+        use (controller/images.py)."""
         raise_fd_limit()  # ~3 descriptors per live sandbox: 1024 would cap a host at ~300
         data = (data or DataDir.from_env()).ensure()
         object_store = ObjectStore(store) if store else None
@@ -205,7 +222,7 @@ class Runtime:
             # scratch files a crashed daemon left behind go first.
             stack.callback(DataDirLock.shared(data, when_alone=data.clear_tmp).release)
             rt = cls(data, Registry(data.registry), store=object_store, host_id=host_id,
-                     disk_quota_mib=disk_quota_mib, limits=limits)
+                     disk_quota_mib=disk_quota_mib, limits=limits, registries=registries)
             stack.callback(rt.registry.close)
             await rt._start(stack)
             rt._lifecycle = stack.pop_all()  # open: close() unwinds it
@@ -296,32 +313,10 @@ class Runtime:
         return await self.templates.create(spec, progress)
 
     def snapshot_lineage(self, tag: str) -> RecordJson:
-        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag == tag]
-        return self.snapshots.lineage(tag, users)
+        return self.deletion.lineage(tag)
 
     async def delete_snapshot(self, tag: str, *, cascade: bool = False, force: bool = False) -> None:
-        doomed = self.snapshots.deletion_plan(tag, cascade=cascade, force=force)
-        # A sandbox needs the snapshot it was forked from. (A branch's *source* does
-        # not: it keeps its own copies of the layers; see Brancher.unpublish.)
-        users = [sb.id for sb in self.list_sandboxes() if sb.snapshot_tag in doomed]
-        if users and not force:
-            raise Conflict(
-                f"sandboxes {users} are running from {tag!r}; kill them first or pass force=true"
-            )
-        paused = self.suspender.holding(doomed)
-        if paused and not force:
-            raise Conflict(f"paused sandboxes {paused} resume from {tag!r}; kill them first or pass "
-                           "force=true")
-        for sb_id in paused:
-            self.suspender.discard(sb_id)
-        for t in doomed:
-            await self.pools.drop(t)  # a pool holds no one's work: it just drains
-        for sb_id in users:
-            await self.sandboxes.kill(sb_id)
-        for t in doomed:
-            self.brancher.unpublish(t)
-            self.snapshots.remove(t)
-        await self.forker.collect()  # it may have been the last dependent of a fork snapshot
+        await self.deletion.delete(tag, cascade=cascade, force=force)
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -370,10 +365,14 @@ class Runtime:
 
     async def fork(self, sandbox_id: str, count: int = 1, options: ForkOptions | None = None, *,
                    tree: bool = False) -> ForkReport:
-        """Branch a running sandbox once and fork ``count`` children of it (see controller/forks.py
-        and ForkOptions); the children's lifetimes are their own (the source keeps its deadline)."""
+        """Branch a sandbox once and fork ``count`` children of it (see controller/forks.py and
+        ForkOptions); the children's lifetimes are their own (the source keeps its deadline). A
+        hibernated source is forked from its saved state and stays hibernated (one hibernated
+        without its memory is woken first)."""
         options = options or ForkOptions()
-        await self.hibernation.wake(self.sandboxes.resolve(check_sandbox_id(sandbox_id)))
+        source = self.sandboxes.resolve(check_sandbox_id(sandbox_id))
+        if not self.hibernation.asleep_with_memory(source):  # such a one is forked as it sleeps
+            await self.hibernation.wake(source)
         result = await self.forker.fork(sandbox_id, count, options, tree=tree)
         self._apply_lifetimes(result.children, options.spawn)
         return result
@@ -391,6 +390,11 @@ class Runtime:
             await self.forker.collect()
             return
         await self.sandboxes.kill(sandbox_id)
+
+    def network_log(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The latest names the sandbox's guest asked its resolver for, each allowed or refused and
+        why (host/dnsguard.py; empty without names in its policy)."""
+        return self.networks.names.decisions(self.get_sandbox(sandbox_id).id)
 
     def set_timeout(self, sandbox_id: str, timeout_secs: float) -> SandboxRecord:
         """The sandbox is killed ``timeout_secs`` from now (E2B's ``set_timeout``: sooner or later)."""
@@ -415,7 +419,7 @@ class Runtime:
         return self.sandboxes.records.get(resolved)
 
     async def ping(self, sandbox_id: str) -> PingResult:
-        return cast(PingResult, await self.agents.call(sandbox_id, "ping", timeout=30))
+        return cast(PingResult, await self.agents.call(sandbox_id, lambda agent: agent.ping(30)))
 
     async def exec(
         self, sandbox_id: str, args: list[str], timeout_secs: float = 30, env: dict[str, str] | None = None,
@@ -426,14 +430,13 @@ class Runtime:
         if not args or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a non-empty list of strings")
         bounds.EXEC_TIMEOUT_SECS.check(timeout_secs)
-        req: dict[str, Any] = {"args": args, "timeout_secs": timeout_secs}
-        for key, value in (("env", env), ("cwd", cwd), ("stdin", stdin),
-                           ("max_output_bytes", max_output_bytes), ("user", bounds.check_guest_user(user))):
-            if value is not None:
-                req[key] = value
+        given = {"env": env, "cwd": cwd, "stdin": stdin, "max_output_bytes": max_output_bytes,
+                 "user": bounds.check_guest_user(user)}
+        req = cast(messages.ExecRequest, {"args": args, "timeout_secs": timeout_secs,
+                                          **{k: v for k, v in given.items() if v is not None}})
         await self.agents.require_user_support(sandbox_id, user)
         # The agent enforces the timeout; ours only catches a wedged guest.
-        result = await self.agents.call(sandbox_id, "exec", timeout=timeout_secs + 30, **req)
+        result = await self.agents.call(sandbox_id, lambda agent: agent.exec(req, timeout_secs + 30))
         await self.events.turn_done(sandbox_id)
         return cast(ExecResult, result)  # checked against ExecResponse on the way out
 
@@ -444,16 +447,15 @@ class Runtime:
         bounds.EVAL_TIMEOUT.check(timeout_secs)
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
-        result = await self.agents.call(sandbox_id, protocol.EVAL,
-                                           timeout=timeout_secs + protocol.REPLY_GRACE_SECS,
-                                           code=code, timeout_secs=timeout_secs)
+        result = await self.agents.call(sandbox_id, lambda agent: agent.eval(
+            {"code": code, "timeout_secs": timeout_secs}, timeout_secs + protocol.REPLY_GRACE_SECS))
         await self.events.turn_done(sandbox_id)
-        return cast(EvalResult, result)  # checked against EvalResponse on the way out
+        return result  # checked against its type as it came, and against EvalResponse on the way out
 
     async def cancel_eval(self, sandbox_id: str) -> CancelResult:
         """Interrupt the sandbox's running eval (it answers ``CancelledError``); ``{"cancelled": bool}``."""
-        result = await self.agents.call(sandbox_id, protocol.EVAL_CANCEL, timeout=30)
-        return {"cancelled": bool(result.get("cancelled"))}
+        result = await self.agents.call(sandbox_id, lambda agent: agent.eval_cancel(30))
+        return {"cancelled": result["cancelled"]}
 
     # Processes, files, code contexts and kernel cells are sub-APIs the routes call directly:
     # ``processes`` (controller/processes.py), ``files`` (files.py), ``code`` (code_contexts.py),

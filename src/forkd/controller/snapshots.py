@@ -37,6 +37,8 @@ class Forkable:
     config: VMConfig
     tap: str | None  # a NIC is part of the device config: children need a tap of this name
     dns: tuple[str, ...] = ()  # the resolvers baked into the guest (a NIC's snapshot only)
+    # Its attached volumes (store/volume_spec.py): part of the device config, like the NIC.
+    volumes: tuple[dict[str, Any], ...] = ()
 
 
 class SnapshotStore:
@@ -75,8 +77,12 @@ class SnapshotStore:
         meta = sdir.read_meta()  # each field checked (store/snapshot_meta.py)
         if "config" not in meta:
             raise VMError(f"snapshot {tag!r} records no VM config in {sdir.meta_path}")
+        volumes = tuple(meta.get("volumes") or ())
+        missing = [str(sdir.volume(i)) for i in range(len(volumes)) if not sdir.volume(i).exists()]
+        if missing:
+            raise VMError(f"snapshot {tag!r} is missing its volume layer(s) {missing}")
         return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"),
-                        tuple(meta.get("dns") or ()))
+                        tuple(meta.get("dns") or ()), volumes)
 
     # ---------------------------------------------------------------- rows
 

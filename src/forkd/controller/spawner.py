@@ -29,6 +29,7 @@ from typing import Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
+from forkd.controller import volumes
 from forkd.controller.capacity import HostCapacity
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
@@ -110,8 +111,10 @@ def child_specs(n: int, options: SpawnOptions, child_memory_limit_mib: list[int 
     if options.pids_limit is not None:
         bounds.PIDS_LIMIT.check(options.pids_limit)
     limits = child_memory_limit_mib or [None] * n
+    tree = options.fork_tree
     return [ChildSpec(memory_limit_mib=limits[i] if limits[i] is not None else options.memory_limit_mib,
-                      metadata=dict(metadata), cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
+                      metadata={**metadata, **tree.for_child(i)} if tree else dict(metadata),
+                      cpu_limit=options.cpu_limit, pids_limit=options.pids_limit,
                       disk_quota_mib=options.disk_quota_mib, restore=restore[i]) for i in range(n)]
 
 
@@ -413,9 +416,13 @@ class Spawner:
                 network = await self._networks.acquire(sb_id, net, netns)
                 launcher += self._networks.launcher(network)
             clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
+            # Its own copy-on-write view of each writable volume, as of the snapshot.
+            volumes.child_overlays(snap.volumes, snap.dir, run_dir / "disk.qcow2")
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
                                   disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
-                                  inputs=child.restore)
+                                  inputs=child.restore,
+                                  volumes=volumes.drives_for(snap.volumes, run_dir / "disk.qcow2",
+                                                             volumes.ROOT_NODE, snap.dir))
         except BaseException as exc:
             oom_killed = cgroup is not None and cgroup.oom_kills() > 0
             if cgroup is not None:
@@ -442,7 +449,7 @@ class Spawner:
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
             metadata=dict(child.metadata), pooled=pooled, cpu_limit=child.cpu_limit,
             pids_limit=child.pids_limit, cgroup_extra=[str(p) for p in cgroup.extra] if cgroup else [],
-            network=network, disk_quota_mib=child.disk_quota_mib,
+            network=network, disk_quota_mib=child.disk_quota_mib, volumes=list(snap.volumes),
         )
         self._table.add(record, vm)
         if snap.record.tag not in self._touch_tried and not restore_chunks.recorded(snap.dir.path):

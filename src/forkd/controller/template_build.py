@@ -44,14 +44,25 @@ from typing import Any, Protocol
 from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.build_contexts import BuildContexts
-from forkd.controller.dockerfile import SNAPSHOT_BASE, BuildPlan, Copy, Run, Step, parse, step_canonical
+from forkd.controller.dockerfile import (
+    REGISTRY_BASE,
+    SNAPSHOT_BASE,
+    BuildPlan,
+    Copy,
+    Run,
+    Step,
+    parse,
+    step_canonical,
+)
+from forkd.controller.images import OciImages, PullRequest, image_defaults
 from forkd.controller.options import SpawnOptions
 from forkd.controller.processes import ProcessEvents
 from forkd.controller.results import ContextReport, EvalResult, ExecResult
 from forkd.controller.templates import SnapshotSpec, TemplateBuilder
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.host.egress import EgressPolicy
-from forkd.image.builder import load_image
+from forkd.image.builder import Image, load_image
+from forkd.image.oci import Credentials
 from forkd.store.records import SandboxRecord, SnapshotRecord
 
 KEY_VERSION = "forkd-template-layer-1"
@@ -131,6 +142,8 @@ class BuildRequest:
     start_cmd: str | None = None
     ready_cmd: str | None = None
     ready_timeout_secs: float = 300.0
+    # For a FROM of a private registry's image: used for this build's pull only, never stored.
+    registry_credentials: Credentials | None = None
 
 
 @dataclass
@@ -142,10 +155,14 @@ class BuildReport:
     env: dict[str, str]
     workdir: str
     user: str | None
+    image: dict[str, Any] | None = None  # a pulled FROM image: its reference, digest and config
 
     def info(self) -> dict[str, Any]:
-        return {"snapshot": self.snapshot.info(), "cache_hits": self.cache_hits, "steps_run": self.steps_run,
+        info = {"snapshot": self.snapshot.info(), "cache_hits": self.cache_hits, "steps_run": self.steps_run,
                 "layers": self.layers, "env": self.env, "workdir": self.workdir, "user": self.user or "root"}
+        if self.image is not None:
+            info["image"] = self.image
+        return info
 
 
 def _digest(*parts: str) -> str:
@@ -179,10 +196,12 @@ class _Layer:
 class TemplateBuilds:
     """Dockerfile builds on top of ``TemplateBuilder`` and the Runtime's sandboxes; one at a time."""
 
-    def __init__(self, data: DataDir, templates: TemplateBuilder, host: BuildHost) -> None:
+    def __init__(self, data: DataDir, templates: TemplateBuilder, host: BuildHost,
+                 images: OciImages | None = None) -> None:
         self._data = data
         self._templates = templates
         self._host = host
+        self._images = images or OciImages(data)
         self.contexts = BuildContexts(data.root / "build-contexts")
         self._lock = asyncio.Lock()  # builds share layers: one at a time keeps that simple
 
@@ -214,8 +233,26 @@ class TemplateBuilds:
         if not req.replace and self._exists(req.tag):
             raise Conflict(f"snapshot {req.tag!r} already exists (pass replace to rebuild it)")
         async with self._lock:
+            pulled: Image | None = None
+            if plan.base.startswith(REGISTRY_BASE):
+                pulled, plan = await self._pull_base(req, plan, emit)
+                spec.image = plan.base
             with tempfile.TemporaryDirectory(prefix="build-", dir=self._data.tmp) as tmp:
-                return await self._build(req, plan, spec, Path(tmp), emit)
+                report = await self._build(req, plan, spec, Path(tmp), emit, pulled)
+            return report
+
+    async def _pull_base(self, req: BuildRequest, plan: BuildPlan, emit: Emit) -> tuple[Image, BuildPlan]:
+        """Pull and convert a registry FROM (cached by digest), then plan again from its config."""
+        ref = plan.base.removeprefix(REGISTRY_BASE)
+
+        def progress(event: dict[str, Any]) -> None:
+            if event["type"] == "progress":
+                emit({"type": "log", "index": 0, "stream": "status", "data": f"{ref}: {event['step']}"})
+
+        image = await self._images.pull(PullRequest(ref, credentials=req.registry_credentials), progress)
+        plan = parse(req.dockerfile, req.build_args, image_defaults(image))
+        plan.base = image.name
+        return image, plan
 
     def _exists(self, tag: str) -> bool:
         try:
@@ -246,7 +283,7 @@ class TemplateBuilds:
         return base, layers
 
     async def _build(self, req: BuildRequest, plan: BuildPlan, spec: SnapshotSpec, tmp: Path,
-                     emit: Emit) -> BuildReport:
+                     emit: Emit, pulled: Image | None = None) -> BuildReport:
         base, layers = await asyncio.to_thread(self._plan_layers, req, plan, spec, tmp)
         emit({"type": "plan", "base": plan.base, "steps": len(layers), "warnings": plan.warnings})
         # The deepest layer that exists already: everything up to it is a cache hit.
@@ -299,7 +336,8 @@ class TemplateBuilds:
             await self._host.kill(sandbox)
         report = BuildReport(record, cache_hits=start, steps_run=len(layers) - start,
                              layers=[base_tag] + [layer_tag(layer.key) for layer in layers], env=plan.env,
-                             workdir=plan.workdir, user=plan.user)
+                             workdir=plan.workdir, user=plan.user,
+                             image=None if pulled is None else pulled.meta.get("oci"))
         emit({"type": "done", **report.info()})
         return report
 

@@ -14,6 +14,7 @@ servers), so every child starts with its network already up.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +27,10 @@ from forkd.controller.kernel_cells import warm_template
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.tags import TagReservations
+from forkd.controller.volumes import Volumes, mount_in_guest
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.guest import protocol
+from forkd.guest.client import AgentClient
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
@@ -37,6 +40,7 @@ from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
 from forkd.store.records import SnapshotRecord, now_unix
+from forkd.store.volume_spec import VolumeMount
 from forkd.vmm import probe
 from forkd.vmm.cmdline import kernel_cmdline, new_config
 from forkd.vmm.disk import create_overlay
@@ -87,6 +91,8 @@ class SnapshotSpec:
     nic: bool = False
     # The template's own egress while it boots and runs ``setup`` (e.g. pip install).
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    # Volumes attached after the root disk, mounted before ``setup`` runs (controller/volumes.py).
+    volumes: list[VolumeMount] = field(default_factory=list)
 
     @property
     def nic_tap(self) -> str | None:
@@ -116,8 +122,9 @@ class SnapshotSpec:
 
 class TemplateBuilder:
     def __init__(self, data: DataDir, store: SnapshotStore, tags: TagReservations,
-                 accel: HostAccelerator, networks: Networks) -> None:
+                 accel: HostAccelerator, networks: Networks, volumes: Volumes) -> None:
         self._data = data
+        self._volumes = volumes
         self._store = store
         self._tags = tags
         self._accel = accel
@@ -175,6 +182,7 @@ class TemplateBuilder:
     async def create(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
         """Boot a template, wait until its agent is warm, run setup, snapshot it."""
         warm = spec.validate()
+        self._volumes.check_mounts(spec.volumes)
         image, kernel, initrd, rootfs = self._boot_files(spec)
         tap = spec.nic_tap
         dns = childnet.host_resolvers() if tap else ()
@@ -195,6 +203,9 @@ class TemplateBuilder:
             staging = layout.staging_dir(self._data.snapshots, spec.tag)
             backing_fmt = "qcow2" if rootfs.suffix == ".qcow2" else "raw"
             create_overlay(rootfs.resolve(), staging.disk, backing_fmt)
+            if spec.volumes:
+                progress("preparing volumes", 0.03)
+            drives, volumes = await self._volumes.attach_template(spec.volumes, staging)
             launcher: list[str] = []
             extra: tuple[str, ...] = ()
             if net is not None:
@@ -207,12 +218,18 @@ class TemplateBuilder:
                 staging.path, config, mem_path=staging.mem, disk=staging.disk,
                 kernel=kernel, initrd=initrd, append=kernel_cmdline(warm, accel=host, extra=extra),
                 timeout=spec.boot_wait_secs, tap=net.tap if net else None, launcher=launcher,
+                volumes=drives,
             )
             if ping.get("warm_errors"):
                 raise InvalidRequest(f"warm imports failed in the guest: {ping['warm_errors']}")
+            await mount_in_guest(vm, volumes)  # before setup: it may write them
             await self._run_setup(vm, spec, progress)
             progress("warming the Jupyter kernel", 0.89)
             has_kernel = await warm_template(vm, spec.setup_timeout_secs)
+            if volumes:
+                # Its volumes' layers then hold what setup wrote (an export reads them), not only
+                # its page cache in the snapshot's memory.
+                await vm.call(lambda agent: agent.sync(spec.setup_timeout_secs))
             progress("snapshotting", 0.9)
             save_ms = await vm.save_template_state(staging.state)
             boot_s = vm.timings["boot_s"]
@@ -241,10 +258,13 @@ class TemplateBuilder:
                 "tap": net.tap if net else None,
                 # The resolvers baked into the guest (opened with allow_internet_access).
                 "dns": list(net.dns) if net else [],
+                # After the root disk, in device order: every child restores into the same list.
+                "volumes": volumes,
             })
             final = layout.publish(staging, self._data.snapshots, spec.tag)
             staging = None
-            record = SnapshotRecord(tag=spec.tag, dir=str(final.path), created_at_unix=created)
+            record = SnapshotRecord(tag=spec.tag, dir=str(final.path), created_at_unix=created,
+                                    volumes=volumes)
             self._store.register(record)
             progress("ready", 1.0)
             return record
@@ -261,16 +281,17 @@ class TemplateBuilder:
         for i, argv in enumerate(spec.setup):
             progress(f"setup {i + 1}/{len(spec.setup)}: {' '.join(argv)[:60]}",
                      0.5 + 0.4 * i / max(1, len(spec.setup)))
-            res = await vm.call("exec", timeout=spec.setup_timeout_secs + 30, args=argv,
-                                timeout_secs=spec.setup_timeout_secs)
-            if res["exit_code"] != 0:
+            done = await vm.call(functools.partial(AgentClient.exec, req={
+                "args": argv, "timeout_secs": spec.setup_timeout_secs}, timeout=spec.setup_timeout_secs + 30))
+            if done["exit_code"] != 0:
                 raise InvalidRequest(
-                    f"setup command {argv} failed with exit code {res['exit_code']}: "
-                    f"{(res.get('error') or res['stderr'] or res['stdout'])[-2000:]}"
+                    f"setup command {argv} failed with exit code {done['exit_code']}: "
+                    f"{(done.get('error') or done['stderr'] or done['stdout'])[-2000:]}"
                 )
         for code in spec.setup_eval:
             progress(f"setup eval: {code[:60]}", 0.88)
-            res = await vm.call(protocol.EVAL, timeout=spec.setup_timeout_secs + protocol.REPLY_GRACE_SECS,
-                                code=code, timeout_secs=spec.setup_timeout_secs)
+            res = await vm.call(functools.partial(AgentClient.eval, req={
+                "code": code, "timeout_secs": spec.setup_timeout_secs},
+                timeout=spec.setup_timeout_secs + protocol.REPLY_GRACE_SECS))
             if res["exit_code"] != 0:
                 raise InvalidRequest(f"setup_eval {code[:200]!r} failed: {res['error']}")

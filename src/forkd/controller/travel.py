@@ -250,7 +250,7 @@ class SnapshotTravel:
                 shutil.rmtree(staging.path, ignore_errors=True)
             for record in reversed(created):
                 self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
+                layout.discard(Path(record.dir))
             if isinstance(exc, OSError):
                 space = " (free some disk space)" if exc.errno == errno.ENOSPC else ""
                 raise VMError(f"importing {plan.manifest.tag!r} failed: {exc}{space}; nothing was "
@@ -371,7 +371,10 @@ class SnapshotTravel:
     async def ensure_local(self, tag: str) -> None:
         """The spawner's hook: bring ``tag`` here if this host lacks it and the store holds it
         (lazily where it can); raises if ``tag`` arrived lazily and its memory cannot be had."""
-        self.lazily.raise_failure(tag)
+        if self._snapshots.records.has(tag):
+            # Only while its snapshot is still here: a failed lazy import removes it, and a later
+            # spawn (the store back) fetches it anew rather than repeat the old failure for ever.
+            self.lazily.raise_failure(tag)
         if self.store is None or self._snapshots.records.has(tag):
             return
         if not (self.lazy and fusefile.available()):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.config import VERSION, DataDir
+from forkd.controller import volumes
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import VMError
 from forkd.host.accel import Accel
@@ -59,6 +60,7 @@ class SnapshotExporter:
         check_tag(tag)
         snap = self._snapshots.records.get(tag)
         snap.check_forkable()
+        volumes.require_none(snap, "pack/push")  # its volume layers do not travel (yet)
         workdir = self._workdir(f"export-{tag}")
         try:
             return self._export(tag, workdir)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.controller.snapshots import SnapshotStore
 from forkd.errors import ForkdError
 from forkd.host import fusefile
+from forkd.store import layout
 from forkd.store.lazyblob import LazyBlob
 from forkd.store.manifest import Manifest
 from forkd.store.objectstore import ObjectStore, StoreError
@@ -246,7 +247,9 @@ class LazyImports:
         if unregister:
             for record in reversed(imp.created):
                 self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
+                # Aside first: a child restored meanwhile may still write its restore-chunks
+                # record there, which a plain rmtree racing it would leave behind.
+                layout.discard(Path(record.dir))
         for m in imp.mems:
             if abort:
                 m.fuse.abort()
@@ -282,7 +285,7 @@ class LazyImports:
                 log.warning("snapshot %s was still arriving lazily when forkd stopped; removing it",
                             record.tag)
                 self._snapshots.unregister(record.tag)
-                shutil.rmtree(record.dir, ignore_errors=True)
+                layout.discard(Path(record.dir))
         shutil.rmtree(lazydir, ignore_errors=True)
 
 

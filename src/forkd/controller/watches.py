@@ -10,13 +10,14 @@ checked for shape and size before anyone sees it: the guest is not trusted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.files import check_path, checked_info
 from forkd.controller.results import FileEntry
 from forkd.errors import GuestError, InvalidRequest
-from forkd.guest import protocol
+from forkd.guest import messages, protocol
+from forkd.guest.client import checked_reply
 
 WatchEventType = Literal["create", "write", "remove", "rename", "chmod"]
 EVENT_TYPES: tuple[WatchEventType, ...] = ("create", "write", "remove", "rename", "chmod")
@@ -41,21 +42,17 @@ class WatchBatch:
 
 
 def _batch(result: dict[str, Any]) -> WatchBatch:
-    raw = result.get("events")
-    if not isinstance(raw, list) or len(raw) > MAX_EVENTS:
-        raise GuestError("guest agent sent a malformed watcher answer")
+    """What the guest answered (``messages.WatchEventsReply``), checked and bounded."""
+    reply = checked_reply(messages.WatchEventsReply, result, protocol.WATCH)
+    if len(reply["events"]) > MAX_EVENTS:
+        raise GuestError("guest agent sent more watcher events than it may")
     events = []
-    for item in raw:
-        name = item.get("name") if isinstance(item, dict) else None
-        kind = item.get("type") if isinstance(item, dict) else None
-        if not isinstance(name, str) or len(name) > protocol.FILE_PATH_MAX or kind not in EVENT_TYPES:
-            raise GuestError("guest agent sent a malformed watcher event")
+    for item in reply["events"]:
+        if len(item["name"]) > protocol.FILE_PATH_MAX:
+            raise GuestError("guest agent sent an overlong watcher event name")
         entry = item.get("entry")
-        if entry is not None and not isinstance(entry, dict):
-            raise GuestError("guest agent sent a malformed watcher event's entry")
-        events.append(WatchEvent(name, cast(WatchEventType, kind),
-                                 None if entry is None else checked_info(entry)))
-    return WatchBatch(events, result.get("overflowed") is True)
+        events.append(WatchEvent(item["name"], item["type"], None if entry is None else checked_info(entry)))
+    return WatchBatch(events, reply.get("overflowed") is True)
 
 
 class DirWatches:
@@ -68,14 +65,13 @@ class DirWatches:
         With ``include_entry``, its events carry the entry they name."""
         path = check_path(path)
         await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH)
-        extra: dict[str, object] = {}
+        req: messages.WatchCreateRequest = {"op": "create", "path": path, "recursive": recursive}
         if include_entry:
             await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH_ENTRIES)
-            extra["entries"] = True
-        result = await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="create",
-                                            path=path, recursive=recursive, **extra)
-        watcher = result.get("watcher")
-        if not isinstance(watcher, str) or not 0 < len(watcher) <= 64:
+            req["entries"] = True
+        result = await self._agents.call(sandbox_id, lambda agent: agent.watch_create(req, CALL_GRACE_SECS))
+        watcher = result["watcher"]
+        if not 0 < len(watcher) <= 64:
             raise GuestError("guest agent sent a malformed watcher id")
         return watcher
 
@@ -83,9 +79,10 @@ class DirWatches:
         """What happened since the last poll, waiting up to ``wait_ms`` for something."""
         if not 0 <= wait_ms <= MAX_WAIT_MS:
             raise InvalidRequest(f"wait_ms must be 0 to {MAX_WAIT_MS}")
-        result = await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS + wait_ms / 1000,
-                                            op="events", watcher=watcher, wait_ms=wait_ms)
-        return _batch(result)
+        result = await self._agents.call(sandbox_id, lambda agent: agent.watch_events(
+            {"op": "events", "watcher": watcher, "wait_ms": wait_ms}, CALL_GRACE_SECS + wait_ms / 1000))
+        return _batch(dict(result))
 
     async def remove(self, sandbox_id: str, watcher: str) -> None:
-        await self._agents.call(sandbox_id, protocol.WATCH, CALL_GRACE_SECS, op="remove", watcher=watcher)
+        await self._agents.call(sandbox_id, lambda agent: agent.watch_remove(
+            {"op": "remove", "watcher": watcher}, CALL_GRACE_SECS))

@@ -26,6 +26,10 @@ class EtcdError(ForkdError):
     status = 503
 
 
+class LeaseGone(EtcdError):
+    """etcd no longer knows the lease named (it expired): register again under a new one."""
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -65,6 +69,10 @@ class EtcdClient:
             except httpx.HTTPError as exc:
                 errors.append(f"{endpoint}: {type(exc).__name__}: {exc}")
                 continue
+            if "requested lease not found" in r.text[:1000]:
+                # A put under a lease that expired (the host was cut off past its TTL): the
+                # caller must grant a new one, not retry this one for ever.
+                raise LeaseGone(f"etcd {endpoint}: lease not found ({path})")
             if r.status_code != 200:
                 raise EtcdError(f"etcd {endpoint} answered {r.status_code} to {path}: {r.text[:300]}")
             data: dict[str, Any] = r.json()
@@ -100,4 +108,4 @@ class EtcdClient:
         await self._call("kv/deleterange", {"key": _b64(key)})
 
 
-__all__ = ["EtcdClient", "EtcdError", "KeyValue", "prefix_end"]
+__all__ = ["EtcdClient", "EtcdError", "KeyValue", "LeaseGone", "prefix_end"]

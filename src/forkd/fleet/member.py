@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from forkd.fleet.etcd import EtcdClient, EtcdError
+from forkd.fleet.etcd import EtcdClient, EtcdError, LeaseGone
 from forkd.fleet.hosts import HostRecord
 
 log = logging.getLogger("forkd.fleet")
@@ -89,6 +89,9 @@ class FleetMember:
                     return
                 self._refreshed = time.monotonic()
             self.last_error = None
+        except LeaseGone:
+            log.warning("fleet: lease %x expired; registering again", self._lease or 0)
+            self._lease = None
         except EtcdError as exc:
             if self.last_error is None:
                 log.warning("fleet: cannot reach etcd: %s (retrying every %.1fs)", exc, self.tick)

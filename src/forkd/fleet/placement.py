@@ -33,9 +33,34 @@ def spawn_candidates(hosts: Iterable[HostRecord], tag: str, pinned: str | None =
     return holders + others
 
 
+def spread_plan(hosts: Iterable[HostRecord], source_host: str, count: int) -> list[tuple[HostRecord, int]]:
+    """How many of a spread fork's ``count`` children each host gets, the source's host first.
+
+    The source's host takes the first child (it branches, so it holds the snapshot: no
+    download); the others can only start from the object store, so only hosts with one
+    take part. Each further child goes to the host that would then be least loaded, by
+    sandboxes per capacity counting what this plan already gave it, then by free
+    memory (an even split among equal hosts); a host that holds a warm pool is no help
+    here, since a fork's branch is new. Hosts given nothing are left out.
+    """
+    pool = list(hosts)
+    source = next((h for h in pool if h.host_id == source_host), None)
+    if source is None or count < 1:
+        return []
+    others = [h for h in pool if h.host_id != source_host and h.store] if source.store else []
+    given = {h.host_id: 0 for h in [source, *others]}
+    given[source.host_id] = 1
+    members = [source, *others]
+    for _ in range(count - 1):
+        best = min(members, key=lambda h: ((h.sandboxes + given[h.host_id]) / max(1, h.capacity),
+                                           given[h.host_id], -h.mem_available_mib, h.host_id))
+        given[best.host_id] += 1
+    return [(h, given[h.host_id]) for h in members if given[h.host_id]]
+
+
 def holders(hosts: Iterable[HostRecord], tag: str) -> list[HostRecord]:
     """Hosts that hold ``tag``, least loaded first."""
     return by_load(h for h in hosts if tag in h.snapshots)
 
 
-__all__ = ["by_load", "holders", "spawn_candidates"]
+__all__ = ["by_load", "holders", "spawn_candidates", "spread_plan"]

@@ -1,65 +1,86 @@
 """The host's typed calls to the guest agent, on its line transport (``forkd.guest.transport``).
 
-Each call builds its action's request type and returns its reply type from
-``forkd.guest.protocol``, so mypy checks what the host sends and what it reads.
-``require`` is the one place the host refuses (409) what an agent cannot do:
-every feature newer than the base protocol is a capability the agent lists in
-``ping`` (or, for agents older than that list, that its version implies).
-
-The reply types describe what a well-behaved agent sends; the guest is not
-trusted, so a reader still checks a value before it matters (the transport has
-already bounded the line and checked that the result is an object).
+Each call takes its action's request type and returns its reply type (``forkd.guest.messages``,
+``process_messages``, ``code_messages``), so mypy checks what the host sends and what it reads.
+The guest is not trusted, so every reply is also checked against its type as it arrives
+(``schema.check``): one that does not fit is a ``GuestError`` (502) naming the field, and what a
+caller reads is at least of the documented types (bounds on lengths and counts stay the
+caller's). ``require`` is the one place the host refuses (409) what an agent cannot do: every
+feature newer than the base protocol is a capability the agent lists in ``ping`` (or, for
+agents older than that list, that its version implies).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, cast
 
-from forkd.errors import Conflict
-from forkd.guest import messages, protocol
+from forkd.errors import Conflict, GuestError
+from forkd.guest import code_messages, messages, process_messages, protocol, schema
 from forkd.guest.transport import AgentStream, AgentTransport, decode_output, error_of
 
 # How long a call waits for its answer (None: for ever).
 Timeout = float | None
+T = TypeVar("T")
 
-__all__ = ["AgentClient", "AgentStream", "decode_output", "error_of", "require"]
+__all__ = ["AgentClient", "AgentStream", "checked_reply", "decode_output", "error_of", "require"]
 
 
-def require(capabilities: protocol.Capabilities, *needed: str, subject: str = "the sandbox") -> None:
+def require(agent: protocol.Capabilities, *needed: str, subject: str = "the sandbox") -> None:
     """Refuse (409) a request that needs capabilities the agent lacks: an older agent would
     ignore the request's new fields, or not know its action (a snapshot made by an older forkd)."""
-    missing = capabilities.lacks(*needed)
+    missing = agent.lacks(*needed)
     if missing:
-        what = ", ".join(protocol.CAPABILITIES[name].feature if name in protocol.CAPABILITIES else name
-                         for name in missing)
-        raise Conflict(f"{subject} runs guest agent version {capabilities.agent_version}, which predates "
+        known = protocol.CAPABILITIES
+        what = ", ".join(known[name].feature if name in known else name for name in missing)
+        raise Conflict(f"{subject} runs guest agent version {agent.agent_version}, which predates "
                        f"{what}: create its snapshot again with this version of forkd")
 
 
+def checked_reply(shape: type[T], result: Mapping[str, Any], action: str) -> T:
+    """``result`` (an answer to ``action``) as a ``shape``, or a GuestError naming the field that
+    does not fit: the 502 of a guest that lies."""
+    try:
+        return schema.check(shape, result, f"the {action} reply")
+    except schema.ProtocolError as exc:
+        raise GuestError(f"guest agent sent a malformed answer: {exc}") from None
+
+
+def _end_check(shape: type[Any], action: str) -> Any:
+    """A stream's check of its last reply (``AgentStream``'s ``end``)."""
+    return functools.partial(checked_reply, shape, action=action)
+
+
 class AgentClient(AgentTransport):
-    """The typed calls; ``call``/``stream``/``notify`` (the transport's) remain for the actions
-    that have no typed call yet."""
+    """The typed calls. The transport's ``call``, ``open_stream`` and ``notify`` take any action;
+    the rest of the daemon uses these instead (``AgentGateway`` offers nothing else)."""
+
+    async def _ask(self, action: str, shape: type[T], req: Mapping[str, Any], timeout: Timeout) -> T:
+        return checked_reply(shape, await self.call(action, timeout=timeout, **req), action)
+
+    # ------------------------------------------------------------- base actions
 
     async def ping(self, timeout: Timeout = 30.0) -> messages.PingReply:
-        return cast(messages.PingReply, await self.call(protocol.PING, timeout=timeout))
+        return await self._ask(protocol.PING, messages.PingReply, {}, timeout)
 
     async def capabilities(self, timeout: Timeout = 30.0) -> protocol.Capabilities:
         """What this agent can do (one ping)."""
         return protocol.Capabilities.of(await self.ping(timeout))
 
     async def exec(self, req: messages.ExecRequest, timeout: Timeout) -> messages.ExecReply:
-        return cast(messages.ExecReply, await self.call(protocol.EXEC, timeout=timeout, **req))
+        return await self._ask(protocol.EXEC, messages.ExecReply, req, timeout)
 
     async def eval(self, req: messages.EvalRequest, timeout: Timeout) -> messages.EvalReply:
-        return cast(messages.EvalReply, await self.call(protocol.EVAL, timeout=timeout, **req))
+        return await self._ask(protocol.EVAL, messages.EvalReply, req, timeout)
 
     async def eval_cancel(self, timeout: Timeout = 30.0) -> messages.EvalCancelReply:
-        return cast(messages.EvalCancelReply, await self.call(protocol.EVAL_CANCEL, timeout=timeout))
+        return await self._ask(protocol.EVAL_CANCEL, messages.EvalCancelReply, {}, timeout)
 
     async def restored_with(self, req: messages.RestoredRequest, timeout: Timeout) -> messages.RestoredReply:
-        return cast(messages.RestoredReply, await self.call(protocol.RESTORED, timeout=timeout, **req))
+        return await self._ask(protocol.RESTORED, messages.RestoredReply, req, timeout)
 
     async def restored(self, inputs: protocol.RestoreInputs | None = None,
                        timeout: Timeout = 30.0) -> messages.RestoredReply:
@@ -76,42 +97,143 @@ class AgentClient(AgentTransport):
                                          "entropy": os.urandom(32).hex()}, timeout)
 
     async def sync(self, timeout: Timeout) -> messages.SyncReply:
-        return cast(messages.SyncReply, await self.call(protocol.SYNC, timeout=timeout))
+        return await self._ask(protocol.SYNC, messages.SyncReply, {}, timeout)
 
-    async def fsfreeze(self, timeout: Timeout) -> messages.FsfreezeReply:
-        return cast(messages.FsfreezeReply, await self.call(protocol.FSFREEZE, timeout=timeout))
+    async def fsfreeze(self, timeout: Timeout, mounts: Sequence[str] = ()) -> messages.FsfreezeReply:
+        """Freeze the root filesystem, and ``mounts`` (an agent with CAP_FREEZE_MOUNTS: ask first)."""
+        req: messages.FsfreezeRequest = {"mounts": list(mounts)} if mounts else {}
+        return await self._ask(protocol.FSFREEZE, messages.FsfreezeReply, req, timeout)
 
     async def fsthaw(self, timeout: Timeout) -> messages.FsthawReply:
-        return cast(messages.FsthawReply, await self.call(protocol.FSTHAW, timeout=timeout))
+        return await self._ask(protocol.FSTHAW, messages.FsthawReply, {}, timeout)
+
+    # -------------------------------------------------------------------- files
 
     async def file_stat(self, req: messages.FileStatRequest, timeout: Timeout) -> messages.FileInfo:
-        return cast(messages.FileInfo, await self.call(protocol.FILE_STAT, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_STAT, messages.FileInfo, req, timeout)
 
     async def file_list(self, req: messages.FileListRequest, timeout: Timeout) -> messages.FileListReply:
-        return cast(messages.FileListReply, await self.call(protocol.FILE_LIST, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_LIST, messages.FileListReply, req, timeout)
 
     async def file_mkdir(self, req: messages.FileMkdirRequest, timeout: Timeout) -> messages.FileMkdirReply:
-        return cast(messages.FileMkdirReply, await self.call(protocol.FILE_MKDIR, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_MKDIR, messages.FileMkdirReply, req, timeout)
 
     async def file_remove(self, req: messages.FileRemoveRequest,
                           timeout: Timeout) -> messages.FileRemoveReply:
-        return cast(messages.FileRemoveReply, await self.call(protocol.FILE_REMOVE, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_REMOVE, messages.FileRemoveReply, req, timeout)
 
     async def file_read(self, req: messages.FileReadRequest, timeout: Timeout) -> messages.FileReadReply:
-        return cast(messages.FileReadReply, await self.call(protocol.FILE_READ, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_READ, messages.FileReadReply, req, timeout)
 
     async def file_write_open(self, req: messages.FileWriteOpenRequest,
                               timeout: Timeout) -> messages.FileWriteOpenReply:
-        return cast(messages.FileWriteOpenReply,
-                    await self.call(protocol.FILE_WRITE_OPEN, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_WRITE_OPEN, messages.FileWriteOpenReply, req, timeout)
 
     async def file_write(self, req: messages.FileWriteRequest, timeout: Timeout) -> messages.FileWriteReply:
-        return cast(messages.FileWriteReply, await self.call(protocol.FILE_WRITE, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_WRITE, messages.FileWriteReply, req, timeout)
 
     async def file_write_close(self, req: messages.FileWriteCloseRequest,
-                               timeout: Timeout) -> messages.FileInfo | dict[str, Any]:
+                               timeout: Timeout) -> messages.FileInfo | messages.FileWriteCloseAborted:
         """The committed file's FileInfo, or ``{"aborted": true}``."""
-        return await self.call(protocol.FILE_WRITE_CLOSE, timeout=timeout, **req)
+        if req["commit"]:
+            return await self._ask(protocol.FILE_WRITE_CLOSE, messages.FileInfo, req, timeout)
+        return await self._ask(protocol.FILE_WRITE_CLOSE, messages.FileWriteCloseAborted, req, timeout)
 
     async def file_move(self, req: messages.FileMoveRequest, timeout: Timeout) -> messages.FileInfo:
-        return cast(messages.FileInfo, await self.call(protocol.FILE_MOVE, timeout=timeout, **req))
+        return await self._ask(protocol.FILE_MOVE, messages.FileInfo, req, timeout)
+
+    # ----------------------------------------------------------------- watchers
+
+    async def watch_create(self, req: messages.WatchCreateRequest,
+                           timeout: Timeout) -> messages.WatchCreateReply:
+        return await self._ask(protocol.WATCH, messages.WatchCreateReply, req, timeout)
+
+    async def watch_events(self, req: messages.WatchEventsRequest,
+                           timeout: Timeout) -> messages.WatchEventsReply:
+        return await self._ask(protocol.WATCH, messages.WatchEventsReply, req, timeout)
+
+    async def watch_remove(self, req: messages.WatchRemoveRequest,
+                           timeout: Timeout) -> messages.WatchRemoveReply:
+        return await self._ask(protocol.WATCH, messages.WatchRemoveReply, req, timeout)
+
+    # ---------------------------------------------------------------- processes
+
+    async def proc_start(self, req: process_messages.ProcStartRequest,
+                         timeout: Timeout) -> process_messages.ProcessInfo:
+        """A background process; its ProcessInfo (``proc_start_stream`` streams one instead)."""
+        return await self._ask(protocol.PROC_START, process_messages.ProcessInfo, req, timeout)
+
+    async def proc_start_stream(self, req: process_messages.ProcStartRequest) -> AgentStream:
+        """A process, streamed from its start; the stream ends with its ``ProcExit``."""
+        return await self.open_stream(protocol.PROC_START, {**req, "stream": True},
+                                      end=_end_check(process_messages.ProcExit, protocol.PROC_START))
+
+    async def proc_attach(self, req: process_messages.ProcAttachRequest) -> AgentStream:
+        """A running process's stream; it ends with its ``ProcExit``."""
+        return await self.open_stream(protocol.PROC_ATTACH, req,
+                                      end=_end_check(process_messages.ProcExit, protocol.PROC_ATTACH))
+
+    async def proc_list(self, timeout: Timeout) -> process_messages.ProcListReply:
+        return await self._ask(protocol.PROC_LIST, process_messages.ProcListReply, {}, timeout)
+
+    async def proc_info(self, req: process_messages.ProcInfoRequest,
+                        timeout: Timeout) -> process_messages.ProcessInfo:
+        return await self._ask(protocol.PROC_INFO, process_messages.ProcessInfo, req, timeout)
+
+    async def proc_input(self, req: process_messages.ProcInputRequest,
+                         timeout: Timeout) -> process_messages.ProcInputReply:
+        return await self._ask(protocol.PROC_INPUT, process_messages.ProcInputReply, req, timeout)
+
+    async def proc_signal(self, req: process_messages.ProcSignalRequest,
+                          timeout: Timeout) -> process_messages.ProcSignalReply:
+        return await self._ask(protocol.PROC_SIGNAL, process_messages.ProcSignalReply, req, timeout)
+
+    def proc_signal_now(self, req: process_messages.ProcSignalRequest) -> None:
+        """``proc_signal`` as a notification: sent now, never answered (dropped if disconnected)."""
+        self.notify(protocol.PROC_SIGNAL, **req)
+
+    async def proc_resize(self, req: process_messages.ProcResizeRequest,
+                          timeout: Timeout) -> process_messages.ProcResizeReply:
+        return await self._ask(protocol.PROC_RESIZE, process_messages.ProcResizeReply, req, timeout)
+
+    # -------------------------------------------------------- code contexts
+
+    async def context_run(self, req: code_messages.ContextRunRequest,
+                          timeout: Timeout) -> code_messages.ContextRunReply:
+        return await self._ask(protocol.CONTEXT, code_messages.ContextRunReply, req, timeout)
+
+    async def context_create(self, req: code_messages.ContextCreateRequest,
+                             timeout: Timeout) -> code_messages.ContextInfo:
+        return await self._ask(protocol.CONTEXT, code_messages.ContextInfo, req, timeout)
+
+    async def context_list(self, timeout: Timeout) -> code_messages.ContextListReply:
+        return await self._ask(protocol.CONTEXT, code_messages.ContextListReply, {"op": "list"}, timeout)
+
+    async def context_remove(self, req: code_messages.ContextRemoveRequest,
+                             timeout: Timeout) -> code_messages.ContextInfo:
+        return await self._ask(protocol.CONTEXT, code_messages.ContextInfo, req, timeout)
+
+    # ------------------------------------------------------------------ kernels
+
+    async def kernel_available(self, timeout: Timeout) -> code_messages.KernelAvailableReply:
+        return await self._ask(protocol.KERNEL, code_messages.KernelAvailableReply, {"op": "available"},
+                               timeout)
+
+    async def kernel_run(self, req: code_messages.KernelRunRequest,
+                         timeout: Timeout) -> code_messages.KernelEnd:
+        """A cell run to its end as one call (a silent one sends no events: a template's warm cell)."""
+        return await self._ask(protocol.KERNEL, code_messages.KernelEnd, req, timeout)
+
+    async def kernel_run_stream(self, req: code_messages.KernelRunRequest) -> AgentStream:
+        """A cell, streamed (a kernel stream: each event costs its line); it ends with ``KernelEnd``."""
+        return await self.open_stream(protocol.KERNEL, req, line_cost=True,
+                                      end=_end_check(code_messages.KernelEnd, protocol.KERNEL))
+
+    async def kernel_interrupt(self, req: code_messages.KernelInterruptRequest,
+                               timeout: Timeout) -> code_messages.KernelInterruptReply:
+        return await self._ask(protocol.KERNEL, code_messages.KernelInterruptReply, req, timeout)
+
+    async def kernel_stop(self, req: code_messages.KernelStopRequest,
+                          timeout: Timeout) -> code_messages.KernelEnd:
+        """Shut a context's kernel down, or restart it."""
+        return await self._ask(protocol.KERNEL, code_messages.KernelEnd, req, timeout)

@@ -49,88 +49,47 @@ PORT_NAME = "org.forkd.agent"
 
 # --------------------------------------------------------------------- actions
 
-PING = "ping"  # -> PingReply: {"pong": true, "pid", "agent_version", "capabilities", ...}
-# args, timeout_secs, env, cwd, stdin, max_output_bytes -> a stream of "stdout"/"stderr" events
-# (base64; at most max_output_bytes of each in all), then {"exit_code", "error", "timed_out", ...}
-EXEC = "exec"
-EVAL = "eval"  # code, timeout_secs -> {"result", "error", "exit_code"}
-EVAL_CANCEL = "eval_cancel"  # -> {"cancelled": bool}: interrupts the eval that is running, if any
-# entropy (hex), time_ns, and a RestoreInputs' fields (to_wire) -> {"reseeded", "clock_stepped",
-# "agent_version", ...}; or clock_only, time_ns -> {"clock_stepped", "time_ns"}
-RESTORED = "restored"
-SYNC = "sync"  # -> {"synced": true}
-FSFREEZE = "fsfreeze"  # -> {"frozen": true}
-FSTHAW = "fsthaw"  # -> {"thawed": bool}
-# A process start (exec, proc_start) and every file action but file_write/file_write_close (which
-# act as their file_write_open did) take an optional "user": a name in the guest's /etc/passwd
-# (unknown: an "invalid" error). Absent: the agent itself (root, its environment and cwd); given:
-# that user's ids and groups, HOME/USER/LOGNAME, and its home as the default cwd
-# (forkd.guest.agent.users). Agents older than USER_AGENT_VERSION ignore "user": the host asks first.
+# Each action's request and reply are typed in the message modules (one source for each shape):
+# messages (the base actions, files, watchers), process_messages (proc_*), code_messages (context,
+# kernel). Here: the names, and the agent version that brought what an older agent would ignore.
+PING = "ping"  # PingReply
+EXEC = "exec"  # ExecRequest -> stdout/stderr events, then ExecReply
+EVAL = "eval"  # EvalRequest -> EvalReply
+EVAL_CANCEL = "eval_cancel"  # -> EvalCancelReply: interrupts the eval that is running, if any
+RESTORED = "restored"  # RestoredRequest (a RestoreInputs' fields, or clock_only) -> RestoredReply
+SYNC = "sync"  # -> SyncReply
+FSFREEZE = "fsfreeze"  # FsfreezeRequest -> FsfreezeReply
+FSTHAW = "fsthaw"  # -> FsthawReply
+# A process start and every file action take an optional "user" (messages.ExecRequest says how).
 USER_AGENT_VERSION = 7
 # Files (forkd.guest.agent.files). Transfers go in FILE_CHUNK pieces, base64 in
 # the JSON line, so no line grows past ~1.4 MiB and other requests keep flowing.
-FILE_STAT = "file_stat"  # path -> FileInfo {"path", "name", "type", "size", "mode", "mtime", "metadata"?}
-FILE_LIST = "file_list"  # path -> {"entries": [FileInfo...], "truncated": bool}
-FILE_MKDIR = "file_mkdir"  # path, parents -> {"created": bool}
-FILE_REMOVE = "file_remove"  # path, recursive -> {"removed": true}
-FILE_READ = "file_read"  # path, offset, length -> {"data": base64, "eof": bool}
-FILE_WRITE_OPEN = "file_write_open"  # path, mode?, metadata? -> {"handle": str} (a temp file beside path)
-FILE_WRITE = "file_write"  # handle, offset, data (base64) -> {"written": n}
-FILE_WRITE_CLOSE = "file_write_close"  # handle, commit -> FileInfo (commit) or {"aborted": true}
-FILE_MOVE = "file_move"  # source, destination -> FileInfo of the destination
-# File metadata (E2B's): string pairs kept as the extended attributes "user.e2b.<key>" of a file.
-# file_write_open takes "metadata" ({key: value}): the temp file gets them before any data, so the
-# upload lands with exactly that metadata (none given: none, an overwrite clears the old); every
-# FileInfo carries "metadata" when its file has some (check_metadata's bounds; others are skipped).
-# Older agents ignore "metadata": the host asks for METADATA_AGENT_VERSION first.
-METADATA_AGENT_VERSION = 10
-# Named code contexts (forkd.guest.agent.contexts): op run|create|list|remove|restart.
-CONTEXT = "context"
-# Cells on Jupyter kernels (forkd.guest.agent.kernels), one kernel per context:
-# op run (code, context, language, timeout_secs, env, cwd) -> a stream of KERNEL_EVENTS, then
-# {"type": "end", "execution_count", "timed_out", "restarted"}; op interrupt (context)
-# -> {"interrupted"}; op available -> {"available", "running", "languages"}; op shutdown|restart
-# (context) -> {"type": "end"}. Kernel streams are acknowledged and detached with
-# proc_ack and proc_detach, like process streams; each event costs line_cost.
-KERNEL = "kernel"
-# A context's language (context create, kernel run): one of KERNEL_LANGUAGES, by any of its names
-# (kernel_language). A run without a context runs on its language's default context
-# (default_context); one without a language on its context's, python for a new one. Agents older
-# than LANGUAGE_AGENT_VERSION ignore "language" (every kernel is IPython's): the host asks first.
-KERNEL_LANGUAGES = ("python", "bash", "javascript", "r")
-# E2B's SDK sends "js" and "javascript" ("r" and "R" are r: names are taken case aside).
-KERNEL_LANGUAGE_ALIASES = {"js": "javascript"}
-LANGUAGE_AGENT_VERSION = 11
-# Where the default bash, JavaScript and R contexts, and the contexts E2B's interpreter makes without a
-# cwd, start: the home of the sandbox's user, as in E2B's sandboxes.
-KERNEL_HOME = "/home/user"
-# Directory watchers on inotify (forkd.guest.agent.watches): op create (path, recursive, entries?)
-# -> {"watcher"}; op events (watcher, wait_ms <= 1000: wait that long for the first) ->
-# {"events": [{"name", "type": create|write|remove|rename|chmod, "entry"?}], "overflowed"}; op remove.
-# A watcher made with "entries" answers each event with the FileInfo of what it names ("entry"),
-# unless that is gone (always for remove and rename). Older agents answer "unknown action": the
-# host asks for WATCH_AGENT_VERSION first, and WATCH_ENTRY_AGENT_VERSION before "entries".
-WATCH = "watch"
+FILE_STAT = "file_stat"  # FileStatRequest -> FileInfo
+FILE_LIST = "file_list"  # FileListRequest -> FileListReply
+FILE_MKDIR = "file_mkdir"  # FileMkdirRequest -> FileMkdirReply
+FILE_REMOVE = "file_remove"  # FileRemoveRequest -> FileRemoveReply
+FILE_READ = "file_read"  # FileReadRequest -> FileReadReply
+FILE_WRITE_OPEN = "file_write_open"  # FileWriteOpenRequest -> FileWriteOpenReply (a temp file beside path)
+FILE_WRITE = "file_write"  # FileWriteRequest -> FileWriteReply
+FILE_WRITE_CLOSE = "file_write_close"  # FileWriteCloseRequest -> FileInfo, or FileWriteCloseAborted
+FILE_MOVE = "file_move"  # FileMoveRequest -> the destination's FileInfo
+METADATA_AGENT_VERSION = 10  # file metadata (messages.FileWriteOpenRequest's, FileInfo's)
+CONTEXT = "context"  # named code contexts (forkd.guest.agent.contexts): code_messages
+KERNEL = "kernel"  # cells on Jupyter kernels (forkd.guest.agent.kernels): code_messages
+LANGUAGE_AGENT_VERSION = 11  # a context's and a kernel run's "language" (code_messages.KERNEL_LANGUAGES)
+WATCH = "watch"  # directory watchers on inotify (forkd.guest.agent.watches): messages.Watch*
 WATCH_AGENT_VERSION = 8
-WATCH_ENTRY_AGENT_VERSION = 10
-# Processes (forkd.guest.agent.processes), addressed by their guest pid.
-# args, env?, cwd?, input? (base64, written first), stdin (keep it open), tag?, timeout_secs?,
-# stream? -> ProcessInfo; with stream, a process stream (below) that ends with the exit
-PROC_START = "proc_start"
-PROC_ATTACH = "proc_attach"  # pid, from_start -> a process stream, from the ring's oldest output or now
-PROC_DETACH = "proc_detach"  # stream (the id of the streaming request); a notification
-PROC_ACK = "proc_ack"  # stream, bytes: output bytes the host has consumed; a notification
-PROC_LIST = "proc_list"  # -> {"processes": [ProcessInfo...]} (the running ones)
-PROC_INFO = "proc_info"  # pid -> ProcessInfo (running or recently exited)
-PROC_INPUT = "proc_input"  # pid, data (base64), eof -> {"written": n}
-# pid, signal (a number), group, wait_ms? (answer once it ended) -> {"signalled": true, "ended": bool}
-PROC_SIGNAL = "proc_signal"
-# Terminals: proc_start with "pty": {"cols", "rows"} runs the process on a pseudo-terminal of that
-# size, its controlling terminal (stdin, stdout and stderr; its output is the stream's "stdout",
-# its input proc_input); ProcessInfo then has "pty": {"cols", "rows"}. proc_resize (pid, cols,
-# rows) -> {"resized": true} sets its size (the process gets SIGWINCH). Older agents ignore "pty"
-# and answer proc_resize "unknown action": the host asks for PTY_AGENT_VERSION first.
-PROC_RESIZE = "proc_resize"
+WATCH_ENTRY_AGENT_VERSION = 10  # a watcher's "entries"
+# Processes (forkd.guest.agent.processes), addressed by their guest pid: process_messages.
+PROC_START = "proc_start"  # ProcStartRequest -> ProcessInfo; with stream, a process stream
+PROC_ATTACH = "proc_attach"  # ProcAttachRequest -> a process stream, from the ring's oldest output or now
+PROC_DETACH = "proc_detach"  # ProcStreamNotice; a notification
+PROC_ACK = "proc_ack"  # ProcAckNotice: output bytes the host has consumed; a notification
+PROC_LIST = "proc_list"  # -> ProcListReply (the running ones)
+PROC_INFO = "proc_info"  # ProcInfoRequest -> ProcessInfo (running or recently exited)
+PROC_INPUT = "proc_input"  # ProcInputRequest -> ProcInputReply
+PROC_SIGNAL = "proc_signal"  # ProcSignalRequest -> ProcSignalReply
+PROC_RESIZE = "proc_resize"  # ProcResizeRequest -> ProcResizeReply (a terminal: proc_start's "pty")
 PTY_AGENT_VERSION = 9
 PTY_MAX_SIZE = 4096  # the most columns (or rows) a terminal may have; the least is 1
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, FILE_STAT, FILE_LIST,
@@ -143,8 +102,8 @@ EV_START = "start"  # {"type": "start", "pid"}
 EV_STDOUT = "stdout"  # {"type": "stdout", "data": base64}
 EV_STDERR = "stderr"  # {"type": "stderr", "data": base64}
 EV_DROPPED = "dropped"  # {"type": "dropped", "bytes": n}: output the ring lost before it was sent
-# A process stream's reply is {"type": "exit", "pid", "exit_code", "signal", "timed_out", "error"}
-# (or an error). A stream the host ends first (proc_detach) gets no reply.
+# A process stream's reply is process_messages.ProcExit (or an error). A stream the host ends
+# first (proc_detach) gets no reply.
 EV_EXIT = "exit"
 
 # ---------------------------------------------------------------------- limits
@@ -190,10 +149,6 @@ def line_cost(line_bytes: int) -> int:
     the newline), at most the whole window (so one large result still goes, alone)."""
     return min(STREAM_WINDOW, event_cost(line_bytes))
 
-
-# The events of a kernel stream: {"type": "stdout"|"stderr", "text"}, {"type": "result",
-# "data": {mime: value}, "is_main_result"}, {"type": "error", "name", "value", "traceback"}.
-KERNEL_EVENTS = ("stdout", "stderr", "result", "error")
 
 # Per process, the output kept for a later attach: a ring, the oldest goes first.
 PROCESS_RING_BYTES = 1 << 20
@@ -297,23 +252,6 @@ def check_metadata(metadata: object) -> dict[str, str]:
     return dict(metadata)
 
 
-def kernel_language(name: object) -> str:
-    """A context's language by any of its names, case aside (None or "": python)."""
-    if name is None or name == "":
-        return "python"
-    key = name.strip().lower() if isinstance(name, str) else None
-    language = KERNEL_LANGUAGE_ALIASES.get(key or "", key)
-    if language not in KERNEL_LANGUAGES:
-        raise RequestError(f"language must be one of {', '.join(KERNEL_LANGUAGES)} (or "
-                           f"{', '.join(KERNEL_LANGUAGE_ALIASES)}), not {str(name)[:40]!r}", INVALID)
-    return language
-
-
-def default_context(language: str) -> str:
-    """The context a cell of ``language`` runs on when it names none."""
-    return "default" if language == "python" else f"default-{language}"
-
-
 def check_env(env: object) -> dict[str, str]:
     """A per-child environment (the ``restored`` action's ``env``), validated; None is empty.
 
@@ -351,6 +289,26 @@ def check_hostname(hostname: object) -> str | None:
     return hostname
 
 
+# ---------------------------------------------------------------- fsfreeze
+
+FREEZE_MOUNTS_AGENT_VERSION = 14
+FREEZE_MOUNTS_MAX = 16  # a sandbox has at most bounds.MAX_VOLUMES volumes; room, not a second limit
+MOUNT_PATH_MAX = 4096
+
+
+def check_freeze_mounts(mounts: object) -> list[str]:
+    """fsfreeze's ``mounts``: absolute paths of mount points besides the root filesystem."""
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list) or len(mounts) > FREEZE_MOUNTS_MAX:
+        raise RequestError(f"mounts must be a list of at most {FREEZE_MOUNTS_MAX} paths", INVALID)
+    for path in mounts:
+        if (not isinstance(path, str) or not path.startswith("/") or len(path) > MOUNT_PATH_MAX
+                or "\0" in path):
+            raise RequestError(f"mounts: {str(path)[:80]!r} is not an absolute path", INVALID)
+    return list(mounts)
+
+
 # ---------------------------------------------------------------- capabilities
 
 # The agent's version (what ping and restored report): bumped when the protocol grows, here beside
@@ -364,8 +322,10 @@ def check_hostname(hostname: object) -> str | None:
 # (protocol.WATCH_ENTRY_AGENT_VERSION), "11" bash and JavaScript kernels (a kernel run's and a
 # context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
 # (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
-# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities).
-AGENT_VERSION = "13"
+# "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities),
+# "14" fsfreeze freezes the mounts it names too (a live branch's writable volumes;
+# protocol.FREEZE_MOUNTS_AGENT_VERSION).
+AGENT_VERSION = "14"
 
 
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
@@ -378,6 +338,7 @@ CAP_METADATA = "metadata"  # file metadata (file_write_open's, a FileInfo's)
 CAP_WATCH_ENTRIES = "watch_entries"  # a watcher's "entries"
 CAP_KERNEL_LANGUAGE = "kernel_language"  # a context's and a kernel run's "language"
 CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
+CAP_FREEZE_MOUNTS = "freeze_mounts"  # fsfreeze's "mounts"
 
 
 @dataclass(frozen=True)
@@ -399,6 +360,7 @@ CAPABILITIES: dict[str, Capability] = {
     CAP_WATCH_ENTRIES: Capability(WATCH_ENTRY_AGENT_VERSION, "watch events with their entry"),
     CAP_KERNEL_LANGUAGE: Capability(LANGUAGE_AGENT_VERSION, "bash, JavaScript and R kernels"),
     CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
+    CAP_FREEZE_MOUNTS: Capability(FREEZE_MOUNTS_AGENT_VERSION, "freezing volumes for a live branch"),
 }
 CAPABILITIES_MAX = 256  # names read from one answer; more is a hostile agent's
 

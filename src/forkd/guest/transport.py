@@ -1,13 +1,12 @@
 """The line transport of the guest agent protocol (``forkd.guest.protocol``), over the VM's agent socket.
 
-Framing, bounds, throttling and the routing of replies and events to the
-requests that wait for them: nothing here knows what an action means. The
-typed calls (``forkd.guest.client.AgentClient``) are built on it, as QEMU's
-``QMPClient`` is on its ``AsyncProtocol``.
+Framing, bounds, throttling and the routing of replies and events to the requests that wait for
+them: nothing here knows what an action means. The typed calls (``forkd.guest.client.AgentClient``)
+are built on it, as QEMU's ``QMPClient`` is on its ``AsyncProtocol``.
 
-One connection per VM, multiplexed: every request carries an id and its reply
-may come back in any order, so exec, eval and file calls to one sandbox run
-concurrently, and process streams flow beside them.
+One connection per VM, multiplexed: every request carries an id and its reply may come back in
+any order, so exec, eval and file calls to one sandbox run concurrently, and process streams
+flow beside them.
 
 The guest is not trusted, and this is the daemon's side of its channel, so
 everything read from it is bounded:
@@ -36,6 +35,7 @@ import contextlib
 import itertools
 import re
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -52,6 +52,7 @@ GARBAGE_BURST = 1 << 20
 MAX_THROTTLE_SECS = 1.0
 # A stream may run this far ahead of its window (the start event, rounding) before it is failed.
 WINDOW_SLACK = 4 * protocol.EVENT_COST_MIN
+EndCheck = Callable[[dict[str, Any]], dict[str, Any]]  # checks a stream's last reply (GuestError)
 # The agent writes the id first ({"id":7,...}): enough to fail a call whose reply is too long.
 _ID_PREFIX = re.compile(rb'^\{"id":\s*(\d{1,18})\s*,')
 
@@ -123,10 +124,12 @@ class AgentStream:
     the matching ``ForkdError``. ``aclose`` detaches from an unfinished stream.
     """
 
-    def __init__(self, client: AgentTransport, req_id: int, action: str, line_cost: bool = False) -> None:
+    def __init__(self, client: AgentTransport, req_id: int, action: str, line_cost: bool = False,
+                 end: EndCheck | None = None) -> None:
         self._client = client
         self.id = req_id
         self.action = action
+        self._end_check = end  # checks the reply that ends it against its type (client.py)
         # A kernel stream: events are JSON as they are, each costing its line's length.
         self.line_cost = line_cost
         self._events: collections.deque[dict[str, Any]] = collections.deque()
@@ -180,7 +183,7 @@ class AgentStream:
                 result = end.get("result")
                 if not isinstance(result, dict):
                     raise GuestError("guest agent ended a stream with a malformed reply")
-                return result
+                return result if self._end_check is None else self._end_check(result)
             self._wakeup = asyncio.get_running_loop().create_future()
             try:
                 await self._wakeup
@@ -470,17 +473,14 @@ class AgentTransport:
                     result[name] = b"".join(pieces).decode("utf-8", "replace")
         return result
 
-    async def stream(self, action: str, **args: Any) -> AgentStream:
-        """Send a streaming request; its events are read from the returned ``AgentStream``."""
-        return await self.open_stream(action, args)
-
-    async def open_stream(self, action: str, args: dict[str, Any], line_cost: bool = False) -> AgentStream:
-        """``stream``; with ``line_cost``, a kernel stream (see ``AgentStream``)."""
+    async def open_stream(self, action: str, args: Mapping[str, Any], line_cost: bool = False,
+                          end: EndCheck | None = None) -> AgentStream:
+        """A streaming request (``AgentStream``); ``line_cost``: a kernel stream; ``end``: its check."""
         req_id = next(self._ids)
-        stream = AgentStream(self, req_id, action, line_cost)
+        stream = AgentStream(self, req_id, action, line_cost, end)
         self._streams[req_id] = stream
         try:
-            await self._send(protocol.request(req_id, action, args))
+            await self._send(protocol.request(req_id, action, dict(args)))
         except BaseException:
             self._streams.pop(req_id, None)
             raise

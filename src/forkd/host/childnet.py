@@ -215,6 +215,13 @@ async def update(old: ChildNet, new: ChildNet, blocked: list[IPv4Network]) -> No
                    what="leaving the masquerade set")
 
 
+async def allow_resolved(net: ChildNet, script: str) -> None:
+    """Run ``script`` (``netplan.name_elements``: answered addresses into the sandbox's sets) in
+    ``net``'s namespace, in one transaction."""
+    await _run(_in_netns(net.netns, f"exec {_path(NFT)} -f -"), script,
+               what=f"allowing resolved addresses in {net.netns}")
+
+
 async def remove(net: ChildNet) -> list[str]:
     """Remove what ``create`` made (every step, whatever failed before); the errors, for the log."""
     errors: list[str] = []

@@ -19,13 +19,18 @@ traffic token or the daemon's bearer token. ``mask_request_host`` is the Host
 header the guest sees instead of the proxy's (``${PORT}``: the port asked for).
 E2B keeps these in its one ``network`` object too, so they flow with it.
 
-An entry is an IPv4 address or CIDR, optionally with a port or a port range:
-``"10.0.0.0/8"`` (every protocol and port), ``"192.0.2.7:443"``,
-``"198.51.100.0/24:8000-8100"`` (TCP and UDP to those ports); ``ENTRY_PATTERN``
-says exactly that. A CIDR with host bits set means its network
-(``10.0.0.1/8`` is ``10.0.0.0/8``), as in ``ip route`` and nftables. Domain
-names and IPv6 are refused with a message saying so: the guest has IPv4 only,
-and the rules are address-based.
+An entry is an IPv4 address or CIDR, or a DNS name, optionally with a port or a
+port range: ``"10.0.0.0/8"`` (every protocol and port), ``"192.0.2.7:443"``,
+``"198.51.100.0/24:8000-8100"`` (TCP and UDP to those ports), ``"pypi.org"``,
+``"*.pythonhosted.org:443"`` (every name under it, at any depth, not the name
+itself); ``ENTRY_PATTERN`` says exactly that. A CIDR with host bits set means
+its network (``10.0.0.1/8`` is ``10.0.0.0/8``), as in ``ip route`` and
+nftables. IPv6 is refused with a message saying so: the guest has IPv4 only.
+
+Names are enforced by the sandbox's resolver (host/dnsguard.py): it answers
+only names the policy allows, and the addresses it answers become short-lived
+elements of the sandbox's allow sets (host/netplan.py). ``allowed_name`` is
+the one place that says which names a policy lets a guest resolve.
 """
 
 from __future__ import annotations
@@ -62,7 +67,17 @@ _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 # Every string this matches is a valid entry (the API documents it; ``Destination.parse`` says
 # what is wrong with one that does not match).
-ENTRY_PATTERN = rf"^{_OCTET}(\.{_OCTET}){{3}}(/(3[0-2]|[12]?[0-9]))?(:{_PORT}(-{_PORT})?)?$"
+_ADDRESS = rf"{_OCTET}(\.{_OCTET}){{3}}(/(3[0-2]|[12]?[0-9]))?"
+# A DNS name (letters, digits, '-', '_'; labels of 1-63), its last label starting with a letter
+# (so "10.0.0.256" is a bad address, not a name), optionally under "*." (every name below it).
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_NAME = rf"(\*\.)?({_LABEL}\.)*[A-Za-z]([A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+MAX_NAME_CHARS = 253  # RFC 1035, without the wildcard's "*."
+# An entry's shape, and the pattern the API documents: the shape, with a lookahead that bounds a
+# name at 253 characters (after an optional "*.") as the check does; without it the schema would
+# promise names longer than any the daemon takes.
+ENTRY_SHAPE = rf"({_ADDRESS}|{_NAME})(:{_PORT}(-{_PORT})?)?"
+ENTRY_PATTERN = rf"^(?=(?:\*\.)?[^:]{{1,{MAX_NAME_CHARS}}}(?::|$)){ENTRY_SHAPE}$"
 
 
 @dataclass(frozen=True)
@@ -93,36 +108,101 @@ class Destination:
         try:
             network = IPv4Network(addr, strict=False)
         except ValueError as exc:
-            if any(c.isalpha() for c in addr):
-                raise InvalidRequest(
-                    f"{where} {text!r}: domain names are not supported; give an IPv4 address or CIDR "
-                    "(e.g. '192.0.2.7' or '198.51.100.0/24:443')") from None
             raise InvalidRequest(f"{where} {text!r} is not an IPv4 address or CIDR ({exc})") from None
-        if not ports:
-            if text.endswith(":"):
-                raise InvalidRequest(f"{where} {text!r}: a port must follow the ':'")
-            return cls(network)
-        first_s, dash, last_s = ports.partition("-")
-        first = _port(first_s, where, text)
-        last = _port(last_s, where, text) if dash else first
-        return cls(network, min(first, last), max(first, last))
+        return cls(network, *_ports(ports, where, text))
 
     def __str__(self) -> str:
         net = str(self.network.network_address) if self.network.prefixlen == 32 else str(self.network)
-        if self.first_port is None:
-            return net
-        if self.first_port == self.last_port:
-            return f"{net}:{self.first_port}"
-        return f"{net}:{self.first_port}-{self.last_port}"
+        return net + _port_suffix(self.first_port, self.last_port)
 
     @property
     def ports(self) -> str | None:
         """nftables' spelling of the port range: ``443`` or ``8000-8100``; None: every port."""
-        if self.first_port is None:
-            return None
-        if self.first_port == self.last_port:
-            return str(self.first_port)
-        return f"{self.first_port}-{self.last_port}"
+        return _nft_ports(self.first_port, self.last_port)
+
+
+@dataclass(frozen=True)
+class NameDestination:
+    """An allow_out / deny_out entry by DNS name: ``name`` exactly, or (``wildcard``) every name
+    below it at any depth; optionally a port range. ``name`` is lower-case, without a final dot."""
+
+    name: str
+    wildcard: bool = False
+    first_port: int | None = None
+    last_port: int | None = None
+
+    def sort_key(self) -> tuple[str, bool, int, int]:
+        return (self.name, self.wildcard, -1 if self.first_port is None else self.first_port,
+                -1 if self.last_port is None else self.last_port)
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> NameDestination:
+        """``[*.]NAME[:PORT[-PORT]]`` (``text`` already bounded in length by ``parse_entry``)."""
+        name, _, ports = text.partition(":")
+        wildcard = name.startswith("*.")
+        bare = name[2:] if wildcard else name
+        if len(bare) > MAX_NAME_CHARS or not re.fullmatch(_NAME, name):
+            raise InvalidRequest(
+                f"{where} {text!r} is neither an IPv4 address or CIDR nor a DNS name (labels of 1-63 "
+                "letters, digits, '-' or '_', at most 253 characters, optionally under '*.'; e.g. "
+                "'pypi.org', '*.pythonhosted.org:443')")
+        return cls(bare.lower().rstrip("."), wildcard, *_ports(ports, where, text))
+
+    def matches(self, qname: str) -> bool:
+        """Whether ``qname`` (lower-case, no final dot) is this entry's name."""
+        return qname.endswith("." + self.name) if self.wildcard else qname == self.name
+
+    def __str__(self) -> str:
+        return ("*." if self.wildcard else "") + self.name + _port_suffix(self.first_port, self.last_port)
+
+    @property
+    def ports(self) -> str | None:
+        return _nft_ports(self.first_port, self.last_port)
+
+
+Entry = Destination | NameDestination
+
+
+def parse_entry(text: object, where: str) -> Entry:
+    """One allow_out / deny_out entry, an address or a name; a 400 naming ``where``. Bounded in
+    length and charset before any parser sees it."""
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{where} must be a string like '10.0.0.0/8', '192.0.2.7:443' or "
+                             f"'pypi.org', not {str(text)[:80]!r}")
+    if not text or len(text) > bounds.MAX_EGRESS_ENTRY_CHARS:
+        raise InvalidRequest(f"{where} must be 1 to {bounds.MAX_EGRESS_ENTRY_CHARS} characters")
+    if not text.isascii() or not text.isprintable():
+        raise InvalidRequest(f"{where} {ascii(text)[:80]}: only ASCII letters, digits and '.-_*:/' are "
+                             "allowed (give an internationalized name in its xn-- form)")
+    addr = text.partition(":")[0]
+    if text.count(":") <= 1 and "[" not in text and (addr.startswith("*.") or any(
+            c.isalpha() for c in addr.rpartition(".")[2])):
+        return NameDestination.parse(text, where)
+    return Destination.parse(text, where)
+
+
+def _ports(ports: str, where: str, entry: str) -> tuple[int | None, int | None]:
+    """An entry's port range after its ':' ("" when it has none): (None, None) means every port."""
+    if not ports:
+        if entry.endswith(":"):
+            raise InvalidRequest(f"{where} {entry!r}: a port must follow the ':'")
+        return None, None
+    first_s, dash, last_s = ports.partition("-")
+    first = _port(first_s, where, entry)
+    last = _port(last_s, where, entry) if dash else first
+    return min(first, last), max(first, last)
+
+
+def _port_suffix(first: int | None, last: int | None) -> str:
+    if first is None:
+        return ""
+    return f":{first}" if first == last else f":{first}-{last}"
+
+
+def _nft_ports(first: int | None, last: int | None) -> str | None:
+    if first is None:
+        return None
+    return str(first) if first == last else f"{first}-{last}"
 
 
 def _port(text: str, where: str, entry: str) -> int:
@@ -140,16 +220,21 @@ def _mask_host(value: object) -> str | None:
     return value
 
 
-def _destinations(entries: object, where: str) -> tuple[Destination, ...]:
+def _entry_key(e: Entry) -> tuple[bool, tuple[object, ...]]:
+    # Addresses first, then names: two kinds never compare their own keys with each other's.
+    return (isinstance(e, NameDestination), e.sort_key())
+
+
+def _destinations(entries: object, where: str) -> tuple[Entry, ...]:
     if entries is None:
         return ()
     if not isinstance(entries, list | tuple):
-        raise InvalidRequest(f"{where} must be a list of IPv4 addresses or CIDRs")
+        raise InvalidRequest(f"{where} must be a list of IPv4 addresses, CIDRs or DNS names")
     if len(entries) > bounds.MAX_EGRESS_ENTRIES:
         raise InvalidRequest(f"{where} may have at most {bounds.MAX_EGRESS_ENTRIES} entries "
                              f"(got {len(entries)})")
-    parsed = [Destination.parse(e, f"{where}[{i}]") for i, e in enumerate(entries)]
-    return tuple(sorted(set(parsed), key=Destination.sort_key))  # canonical: the pool key compares policies
+    parsed = [parse_entry(e, f"{where}[{i}]") for i, e in enumerate(entries)]
+    return tuple(sorted(set(parsed), key=_entry_key))  # canonical: the pool key compares policies
 
 
 @dataclass(frozen=True)
@@ -157,8 +242,8 @@ class EgressPolicy:
     """Denied by default; see the module docstring. Hashable: a warm pool's key holds one."""
 
     allow_internet_access: bool = False
-    allow_out: tuple[Destination, ...] = ()
-    deny_out: tuple[Destination, ...] = ()
+    allow_out: tuple[Entry, ...] = ()
+    deny_out: tuple[Entry, ...] = ()
     allow_public_traffic: bool = False  # inbound, through the daemon's port proxy
     mask_request_host: str | None = None
 
@@ -189,6 +274,28 @@ class EgressPolicy:
         settings do not count: without a NIC there is no port to reach, so they cost nothing."""
         return (self.allow_internet_access, self.allow_out, self.deny_out) == (False, (), ())
 
+    @property
+    def allow_names(self) -> tuple[NameDestination, ...]:
+        """The allow_out entries by name, in order: entry ``i`` fills the sandbox's set ``name_<i>``."""
+        return tuple(e for e in self.allow_out if isinstance(e, NameDestination))
+
+    @property
+    def uses_names(self) -> bool:
+        """Whether any entry is a name: then the sandbox's DNS goes to the daemon's resolver."""
+        return any(isinstance(e, NameDestination) for e in (*self.allow_out, *self.deny_out))
+
+    def allowed_name(self, qname: str) -> bool:
+        """Whether the guest may resolve ``qname`` (lower-case, no final dot): an allow_out name
+        matches it (allow wins over deny), or the internet is open and no deny_out name matches it."""
+        if any(e.matches(qname) for e in self.allow_names):
+            return True
+        denied = any(e.matches(qname) for e in self.deny_out if isinstance(e, NameDestination))
+        return self.allow_internet_access and not denied
+
+    def name_sets(self, qname: str) -> list[int]:
+        """The indices ``i`` of the sets ``name_<i>`` that the addresses of ``qname`` go into."""
+        return [i for i, e in enumerate(self.allow_names) if e.matches(qname)]
+
     def info(self) -> dict[str, Any]:
         """As SandboxInfo and PoolInfo show it (and as the registry stores it)."""
         return {"allow_internet_access": self.allow_internet_access,
@@ -218,12 +325,14 @@ class EgressPolicy:
         """Whether traffic it allows can go beyond this host (then the host must forward and NAT it).
 
         Destinations that are addresses of the host itself (``local``: its own
-        addresses and the sandboxes' gateway) are delivered locally.
+        addresses and the sandboxes' gateway) are delivered locally. Names are not
+        counted: where they lead is known only when they are resolved
+        (``Networks.prepare`` masquerades them when the host forwards).
         """
         if self.allow_internet_access:
             return True
         mine = {IPv4Network(a) for a in local}
-        return any(d.network not in mine for d in self.allow_out)
+        return any(isinstance(d, Destination) and d.network not in mine for d in self.allow_out)
 
 
 def parse_addresses(values: Iterable[str]) -> list[IPv4Address]:

@@ -14,7 +14,11 @@ need and which would hide ``/sys/fs/cgroup`` from the launcher.)
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
+import socket
+import threading
 from pathlib import Path
 
 from forkd.bounds import TAP_RE
@@ -77,3 +81,46 @@ def launcher(netns: str, netns_dir: Path = NETNS_DIR) -> list[str]:
     """An argv prefix that runs the rest of the argv inside ``netns`` (same pid)."""
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
     return [nsenter, f"--net={netns_path(netns, netns_dir)}", "--"]
+
+
+CLONE_NEWNET = 0x40000000  # <sched.h>
+
+
+def udp_socket_in(netns: str, address: tuple[str, int], netns_dir: Path = NETNS_DIR) -> socket.socket:
+    """A UDP socket bound to ``address`` inside ``netns`` (blocking: run it off the event loop).
+
+    A socket belongs to the namespace it was made in, whichever namespace its user runs in
+    later: a thread of its own joins ``netns`` (setns(2) moves only the calling thread), makes
+    and binds the socket, and ends; so no thread of the daemon's pools is ever left elsewhere.
+    The socket holds the namespace alive: its owner closes it when the namespace goes.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target = os.open(netns_path(netns, netns_dir), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(target, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"joining network namespace {netns}: {os.strerror(err)}")
+            finally:
+                os.close(target)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.bind(address)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
+            made.append(sock)
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"netns-{netns}", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]

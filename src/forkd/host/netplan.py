@@ -48,7 +48,7 @@ from typing import Any
 
 from forkd.bounds import TAP_RE
 from forkd.errors import InvalidRequest
-from forkd.host.egress import NOT_INTERNET, Destination, EgressPolicy
+from forkd.host.egress import NOT_INTERNET, Destination, EgressPolicy, NameDestination
 
 GUEST_IP = IPv4Address("172.16.0.2")
 TAP_IP = IPv4Address("172.16.0.1")
@@ -230,9 +230,60 @@ def netns_sysctls(net: ChildNet) -> dict[str, str]:
     return out
 
 
+# The sandbox's resolver (host/dnsguard.py) listens here, inside its namespace, when its policy
+# has names: the guest's DNS to its resolvers (or to its gateway) is redirected to it.
+RESOLVER_PORT = 53
+# Ports of DNS to anyone else (plain, and DNS over TLS), refused when names are enforced; and
+# QUIC (UDP 443), whose names a later check of TLS names would not see.
+DNS_PORTS = (53, 853)
+QUIC_PORT = 443
+
+
+def name_set(index: int) -> str:
+    """The set of the addresses answered for the policy's ``index``-th allow_out name."""
+    return f"name_{index}"
+
+
+def _ports(d: Destination | NameDestination) -> str:
+    return f" meta l4proto {{ tcp, udp }} th dport {d.ports}" if d.ports else ""
+
+
 def _match(d: Destination) -> str:
-    ports = f" meta l4proto {{ tcp, udp }} th dport {d.ports}" if d.ports else ""
-    return f"ip daddr {d.network}{ports}"
+    return f"ip daddr {d.network}{_ports(d)}"
+
+
+def _name_parts(net: ChildNet) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What a policy with names adds: the sets, the redirect of the guest's DNS to its resolver,
+    the input rule that lets it in, and the egress rules (DNS elsewhere refused, then the sets)."""
+    policy = net.egress
+    if not policy.uses_names or net.tap is None:
+        return [], [], [], []
+    sets = [f"set {name_set(i)} {{ type ipv4_addr; flags timeout; }}" for i in range(len(policy.allow_names))]
+    resolvers = ", ".join([*net.dns, str(TAP_IP)])
+    redirect = [f'iifname "{net.tap}" ip daddr {{ {resolvers} }} udp dport 53 '
+                f"dnat ip to {TAP_IP}:{RESOLVER_PORT}"]
+    inbound = [f'iifname "{net.tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept']
+    dns = ", ".join(str(p) for p in DNS_PORTS)
+    egress = [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse",
+              f"udp dport {QUIC_PORT} jump refuse"]
+    egress += [f"ip daddr @{name_set(i)}{_ports(d)} accept" for i, d in enumerate(policy.allow_names)]
+    return sets, redirect, inbound, egress
+
+
+def name_elements(indices: Iterable[int], addresses: Iterable[IPv4Address], timeout_secs: int) -> str:
+    """``nft -f`` lines that put ``addresses`` into the sets ``name_<i>`` for ``timeout_secs``. An
+    element already there gets the new timeout: added (so that it exists), deleted, added again,
+    in one transaction (nftables' ``add`` leaves an existing element's timeout as it was)."""
+    lines: list[str] = []
+    for i in indices:
+        elems = ", ".join(str(a) for a in addresses)
+        if not elems:
+            continue
+        where = f"inet {NFT_TABLE} {name_set(i)}"
+        timed = ", ".join(f"{a} timeout {timeout_secs}s" for a in addresses)
+        lines += [f"add element {where} {{ {timed} }}", f"delete element {where} {{ {elems} }}",
+                  f"add element {where} {{ {timed} }}"]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
@@ -248,8 +299,9 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     """
     assert net.tap is not None and net.ip and net.gateway
     tap, policy = net.tap, net.egress
-    egress = [f"{_match(d)} accept" for d in policy.allow_out]
-    egress += [f"{_match(d)} jump refuse" for d in policy.deny_out]
+    sets, redirect, inbound, egress = _name_parts(net)
+    egress += [f"{_match(d)} accept" for d in policy.allow_out if isinstance(d, Destination)]
+    egress += [f"{_match(d)} jump refuse" for d in policy.deny_out if isinstance(d, Destination)]
     if policy.allow_internet_access:
         # The guest's resolvers may sit in a private range (a LAN resolver): DNS to them stays open.
         egress += [f"ip daddr {ns} meta l4proto {{ tcp, udp }} th dport 53 accept" for ns in net.dns]
@@ -257,10 +309,13 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
         closed = collapse_addresses([*NOT_INTERNET, *blocked])
         egress += [f"ip daddr {{ {', '.join(str(n) for n in closed)} }} jump refuse", "accept"]
     body = "\n".join(f"    {rule}" for rule in egress)
+    set_lines = "".join(f"  {line}\n" for line in sets)
+    redirect_lines = "".join(f"\n    {line}" for line in redirect)
+    inbound_lines = "".join(f"\n    {line}" for line in inbound)
     return f"""table inet {NFT_TABLE} {{
-  chain prerouting {{
+{set_lines}  chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "{UPLINK}" ip daddr {net.ip} dnat ip to {GUEST_IP}
+    iifname "{UPLINK}" ip daddr {net.ip} dnat ip to {GUEST_IP}{redirect_lines}
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -269,7 +324,7 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
   chain input {{
     type filter hook input priority filter; policy drop;
     iif "lo" accept
-    ct state established,related accept
+    ct state established,related accept{inbound_lines}
   }}
   chain guard {{
     type filter hook prerouting priority raw; policy accept;
@@ -298,7 +353,10 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
 def netns_ruleset_replace(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     """``netns_ruleset`` over the one already there, as one transaction (``nft -f``): the table is
     flushed and filled again, so there is no moment without rules, and a failure leaves the old ones."""
-    return f"table inet {NFT_TABLE}\nflush table inet {NFT_TABLE}\n" + netns_ruleset(net, blocked)
+    # ``flush table`` leaves set elements: the addresses answered under the old policy go too
+    # (set ``name_<i>`` may be another name's now).
+    sets = "".join(f"flush set inet {NFT_TABLE} {name_set(i)}\n" for i in range(len(net.egress.allow_names)))
+    return f"table inet {NFT_TABLE}\nflush table inet {NFT_TABLE}\n" + netns_ruleset(net, blocked) + sets
 
 
 def host_nat_table(data_root: Path) -> str:

@@ -33,7 +33,7 @@ NAME_RE_HELP = "letters, digits, '.', '_' and '-' (max 64), not starting with '.
 Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
 
 
-def _no_progress(_step: str, _fraction: float) -> None:
+def no_progress(_step: str, _fraction: float) -> None:
     pass
 
 
@@ -156,7 +156,7 @@ class ImageRecipe:
         """Key of the debootstrap tree (the slow, rarely-changing part)."""
         parts = {"suite": self.suite, "mirror": self.mirror,
                  "packages": sorted({*self.packages, *self.extra_packages})}
-        return _digest(parts)[:16]
+        return digest_of(parts)[:16]
 
     def key(self) -> str:
         source_stamp = None
@@ -170,7 +170,7 @@ class ImageRecipe:
             "agent": rootfs.agent_digest(),  # every file of the agent package and its protocol
             "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
         }
-        return _digest(parts)[:16]
+        return digest_of(parts)[:16]
 
 
 def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
@@ -182,7 +182,7 @@ def recipe_for(name: str = DEFAULT_IMAGE, **fields: Any) -> ImageRecipe:
     return ImageRecipe(name=name, **fields)
 
 
-def _digest(obj: object) -> str:
+def digest_of(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
@@ -248,7 +248,7 @@ def build_image(
     recipe: ImageRecipe | None = None,
     *,
     force: bool = False,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> Image:
     """Build (or reuse from cache) the image ``recipe`` describes."""
     recipe = recipe or ImageRecipe()
@@ -274,7 +274,7 @@ def build_image(
     log = staging / "build.log"
     try:
         progress("kernel", 0.02)
-        kfiles = _cached_kernel(cache, recipe.kernel_package)
+        kfiles = cached_kernel(cache, recipe.kernel_package)
         progress("initramfs", 0.10)
         modules = initramfs.build_initramfs(kfiles.modules, staging / "initramfs.img")
         os.link(kfiles.vmlinux, staging / "vmlinux")
@@ -306,20 +306,25 @@ def build_image(
             "built_at_unix": int(time.time()),
             "build_secs": round(time.monotonic() - started, 1),
         }
-        (staging / "image.json").write_text(json.dumps(meta, indent=2))
-        final = data.images / recipe.name
-        old = data.images / f".{recipe.name}.old-{os.getpid()}"
-        if final.exists():
-            os.rename(final, old)
-        os.rename(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
+        image = publish_image(data, recipe.name, staging, meta)
         progress("done", 1.0)
-        image = load_image(data, recipe.name)
         publish_seed_paths(data, image)
         return image
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def publish_image(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> Image:
+    """Write ``image.json`` and swap the staged image in for the one under ``name``."""
+    (staging / "image.json").write_text(json.dumps(meta, indent=2))
+    final = data.images / name
+    old = data.images / f".{name}.old-{os.getpid()}"
+    if final.exists():
+        os.rename(final, old)
+    os.rename(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return load_image(data, name)
 
 
 def seed_paths(data: DataDir, image: Image) -> tuple[Path, Path]:
@@ -343,7 +348,7 @@ def publish_seed_paths(data: DataDir, image: Image) -> None:
         os.replace(tmp, link)
 
 
-def _cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
+def cached_kernel(cache: Path, package: str) -> kernel.KernelFiles:
     target = cache / f"kernel-{package}"
     marker = target / "version"
     if marker.exists():
@@ -369,7 +374,7 @@ def _cached_apt_tree(cache: Path, base: Path, recipe: ImageRecipe, log: Path, pr
     parts: dict[str, object] = {"base": recipe.base_key(), "apt": sorted(recipe.apt_packages)}
     if recipe.pip_packages:
         parts["pip"] = sorted(recipe.pip_packages)
-    key = _digest(parts)[:16]
+    key = digest_of(parts)[:16]
     target = cache / f"rootfs-{key}"
     complete = cache / f"rootfs-{key}.complete"
     if complete.exists() and target.is_dir():
@@ -421,5 +426,6 @@ def _cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: P
     return target
 
 
-__all__ = ["NAMED_RECIPES", "Image", "ImageRecipe", "NamedRecipe", "build_image", "list_images", "load_image",
-           "prereqs", "recipe_for"]
+__all__ = ["BUILDER_VERSION", "NAMED_RECIPES", "NAME_RE_HELP", "Image", "ImageRecipe", "NamedRecipe",
+           "Progress", "build_image", "cached_kernel", "digest_of", "list_images", "load_image",
+           "no_progress", "prereqs", "publish_image", "recipe_for"]

@@ -30,6 +30,9 @@ AGENT_ENTRY = f"{AGENT_GUEST_ROOT}/forkd/guest/agent/__main__.py"
 GUEST_USER = "user"
 GUEST_UID = 1000
 GUEST_HOME = "home/user"
+# The modules of forkd.guest that the agent imports beside its own package (the host has the rest:
+# client.py, transport.py). A new one goes here, or the agent cannot start.
+GUEST_SHARED_MODULES = ("code_messages.py", "messages.py", "process_messages.py", "protocol.py", "schema.py")
 GUEST_PACKAGE_STUB = b'"""forkd\'s guest side: the agent and its protocol only (see forkd.image.rootfs)."""\n'
 
 
@@ -48,16 +51,15 @@ def _walk(folder: Traversable, prefix: str) -> dict[str, bytes]:
 def agent_files() -> dict[str, bytes]:
     """What the guest gets, by path under ``AGENT_GUEST_ROOT``, sorted by path.
 
-    Every file of the ``forkd.guest.agent`` package, ``forkd/guest/protocol.py`` and
-    ``forkd/guest/messages.py`` (the wire protocol and its schema), and the two stub
+    Every file of the ``forkd.guest.agent`` package, the modules of ``forkd.guest`` both ends
+    share (``GUEST_SHARED_MODULES``: the wire protocol and its schema), and the two stub
     ``__init__.py`` files that make them importable.
     """
     guest = resources.files("forkd.guest")
     files = {
         "forkd/__init__.py": GUEST_PACKAGE_STUB,
         "forkd/guest/__init__.py": GUEST_PACKAGE_STUB,
-        "forkd/guest/messages.py": guest.joinpath("messages.py").read_bytes(),
-        "forkd/guest/protocol.py": guest.joinpath("protocol.py").read_bytes(),
+        **{f"forkd/guest/{name}": guest.joinpath(name).read_bytes() for name in GUEST_SHARED_MODULES},
         **_walk(guest.joinpath("agent"), "forkd/guest/agent/"),
     }
     return dict(sorted(files.items()))
@@ -240,6 +242,15 @@ def _lines(path: Path) -> list[str]:
         return path.read_text().splitlines()
     except FileNotFoundError:
         return []
+
+
+def user_home(root: Path) -> str | None:
+    """The home directory the tree's /etc/passwd gives ``user``, relative to the root; None if none."""
+    for line in _lines(root / "etc" / "passwd"):
+        fields = line.split(":")
+        if len(fields) >= 7 and fields[0] == GUEST_USER:
+            return fields[5].lstrip("/")
+    return None
 
 
 def _ensure_line(path: Path, name: str, line: str, mode: int = 0o644) -> None:

@@ -32,6 +32,13 @@ class FileContent(BaseModel):
         description="True if the file is larger than max_bytes and only its start is here.")
 
 
+class SandboxPatch(BaseModel):
+    sandbox_id: str
+    against: str = Field(description="What it was compared with: parent, snapshot:TAG or sandbox:ID.")
+    patch: str = Field(description="The change as a unified diff (patch -p1 applies it from /); binary "
+                       "files are flagged, not shown.")
+
+
 class ProcessList(BaseModel):
     processes: list[ProcessInfo] = Field(
         description="The running processes forkd started, each with its pid.")

@@ -22,18 +22,20 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from forkd.api.schemas import (
+    ApplyResponse,
     EvalResponse,
     ExecResponse,
     FileInfo,
     FileList,
     ForkResponse,
     PromoteResponse,
+    SandboxDiff,
     SnapshotDetail,
     SnapshotInfo,
 )
 from forkd.config import VERSION
 from forkd.mcp.cells import code_tools
-from forkd.mcp.models import Deleted, FileContent, SandboxList, SnapshotList
+from forkd.mcp.models import Deleted, FileContent, SandboxList, SandboxPatch, SnapshotList
 from forkd.mcp.processes import process_tools
 from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
@@ -220,8 +222,9 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
             "Let the sandboxes reach the public internet (denied by default). Needs a snapshot "
             "made with nic=true."))] = False,
         allow_out: Annotated[list[str] | None, Field(description=(
-            "Destinations always open, even private ones: IPv4 addresses or CIDRs, optionally "
-            "with :PORT or :FIRST-LAST, e.g. ['10.201.0.1:8080']. Needs nic=true."))] = None,
+            "Destinations always open, even private ones: IPv4 addresses, CIDRs or DNS names "
+            "('*.NAME': the names below it), optionally with :PORT or :FIRST-LAST, e.g. "
+            "['10.201.0.1:8080', 'pypi.org:443']. Needs nic=true."))] = None,
         deny_out: Annotated[list[str] | None, Field(description=(
             "Destinations closed even with allow_internet_access (same form as allow_out)."))] = None,
     ) -> SandboxList:
@@ -404,6 +407,45 @@ def _fork_tools(server: MCPServer[AsyncController]) -> None:
         idea in each, then call promote_sandbox on the best one to keep it and kill the rest."""
         body = await call(ctx, lambda c: c.fork_tree(sandbox_id, count, env=env, child_env=child_env))
         return ForkResponse.model_validate(body)
+
+    @server.tool(annotations=READ_ONLY)
+    async def get_sandbox_diff(
+        ctx: Context[Any, Any],
+        sandbox_id: SandboxId,
+        against: Annotated[str, Field(description=(
+            "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
+        include: Annotated[list[str] | None, Field(description="Only under these paths.")] = None,
+    ) -> SandboxDiff:
+        """What a sandbox's files changed since it was forked (added, modified, deleted, with mode and
+        owner changes): see what a fork_tree child did before promoting it or applying it with
+        apply_changes. get_sandbox_patch shows the same change as a unified diff."""
+        body = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include))
+        return SandboxDiff.model_validate(body)
+
+    @server.tool(annotations=READ_ONLY)
+    async def get_sandbox_patch(
+        ctx: Context[Any, Any],
+        sandbox_id: SandboxId,
+        against: Annotated[str, Field(description=(
+            "parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID."))] = "parent",
+        include: Annotated[list[str] | None, Field(description="Only under these paths.")] = None,
+    ) -> SandboxPatch:
+        """A sandbox's file changes since it was forked as a unified diff, e.g. for a pull request."""
+        text = await call(ctx, lambda c: c.sandbox_diff(sandbox_id, against, include=include, format="patch"))
+        return SandboxPatch(sandbox_id=sandbox_id, against=against, patch=str(text))
+
+    @server.tool(annotations=CREATES)
+    async def apply_changes(
+        ctx: Context[Any, Any],
+        sandbox_id: Annotated[str, Field(description="The sandbox to write into (the parent, typically).")],
+        source: Annotated[str, Field(description="The sandbox whose changes since its fork to apply.")],
+        paths: Annotated[list[str] | None, Field(description="Only changes under these paths.")] = None,
+    ) -> ApplyResponse:
+        """Apply a child's changes (since its fork) onto another sandbox, typically the parent that is
+        still running. If the target changed one of the same files differently, the error names every
+        such file and nothing is written."""
+        body = await call(ctx, lambda c: c.apply_changes(sandbox_id, source, paths))
+        return ApplyResponse.model_validate(body)
 
     @server.tool(annotations=DESTROYS)
     async def promote_sandbox(

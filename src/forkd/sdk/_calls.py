@@ -8,7 +8,7 @@ know.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from forkd.sdk._build import command_args
 from forkd.sdk._build import extra as _extra
@@ -176,8 +176,32 @@ def get_sandbox(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
 
 
+def sandbox_diff(sandbox_id: str, against: str = "parent", include: list[str] | None = None,
+                 exclude: list[str] | None = None, format: str = "json") -> Call:
+    params: dict[str, str | list[str]] = {"against": against, "format": format}
+    if include is not None:
+        params["include"] = list(include)
+    if exclude is not None:
+        params["exclude"] = list(exclude)
+    expect: Literal["json", "text", "bytes"] = (
+        "json" if format == "json" else "text" if format == "patch" else "bytes")
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/diff", params=params, read_timeout=None,
+                expect=expect)
+
+
+def apply_changes(sandbox_id: str, source: str, paths: list[str] | None = None) -> Call:
+    body: dict[str, Any] = {"from": source}
+    if paths is not None:
+        body["paths"] = list(paths)
+    return Call("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/apply", json=body, read_timeout=None)
+
+
 def sandbox_memory(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/memory")
+
+
+def network_log(sandbox_id: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{_seg(sandbox_id)}/network/log")
 
 
 def kill_sandbox(sandbox_id: str) -> Call:
@@ -412,6 +436,32 @@ def resume_workspace(name: str) -> Call:
     return Call("POST", _workspace(name, "/resume"), read_timeout=None)
 
 
+
+
+# -------------------------------------------------------------- volumes
+
+def create_volume(name: str, *, size_mib: int | None, source: str | None) -> Call:
+    body = _put({"name": name}, size_mib=size_mib, source=source)
+    # Making the filesystem (and copying a source into it) takes as long as it takes.
+    return Call("POST", "/v1/volumes", json=body, read_timeout=None)
+
+
+def list_volumes() -> Call:
+    return Call("GET", "/v1/volumes")
+
+
+def get_volume(name: str) -> Call:
+    return Call("GET", f"/v1/volumes/{_seg(name)}")
+
+
+def export_volume(name: str, to: str, *, snapshot: str | None) -> Call:
+    # Copies every file of the volume: as long as that takes.
+    return Call("POST", f"/v1/volumes/{_seg(name)}/export", json=_put({"to": to}, snapshot=snapshot),
+                read_timeout=None)
+
+
+def delete_volume(name: str) -> Call:
+    return Call("DELETE", f"/v1/volumes/{_seg(name)}")
 
 
 def put_build_context() -> Call:

@@ -61,7 +61,7 @@ class Call:
     # A list value repeats the parameter (``?metadata=a=1&metadata=b=2``).
     params: Mapping[str, str | list[str]] = field(default_factory=dict)
     read_timeout: float | Default | None = "default"
-    expect: Literal["json", "text"] = "json"
+    expect: Literal["json", "text", "bytes"] = "json"
     error_events: bool = False
 
 
@@ -171,6 +171,8 @@ def parse_response(call: Call, response: httpx.Response) -> Any:
         return None
     if call.expect == "text":
         return response.text
+    if call.expect == "bytes":
+        return response.content
     try:
         return response.json()
     except ValueError:

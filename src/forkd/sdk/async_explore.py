@@ -37,6 +37,7 @@ async def explore_tree(
     per_child_netns: bool,
     live_fork: bool,
     keep_snapshot: bool,
+    apply_winner: bool = False,
 ) -> ExploreResult[AsyncSandbox, CandidateT]:
     """:meth:`AsyncSandbox.explore` (see there) from ``sandbox``."""
     tried = list(candidates)
@@ -87,6 +88,7 @@ async def explore_tree(
         leftovers = await _close_all(tree.children)
         raise ExploreError(_all_failed(outcomes, leftovers), outcomes, tree)
     try:
+        applied = await sandbox.apply(best.sandbox.id) if apply_winner else None
         promotion = await best.sandbox.promote(
             tree_id=tree.tree_id, cleanup_siblings=True, replace_parent=replace_parent
         )
@@ -98,7 +100,7 @@ async def explore_tree(
     for child in tree.children:
         if child.id in gone:
             child.owned = False
-    return ExploreResult(best.sandbox, best, outcomes, tree, promotion)
+    return ExploreResult(best.sandbox, best, outcomes, tree, promotion, applied)
 
 
 async def _close_all(sandboxes: Sequence[AsyncSandbox]) -> list[str]:

@@ -382,6 +382,8 @@ class ExploreResult(Generic[SandboxT, CandidateT]):
     outcomes: list[Outcome[SandboxT, CandidateT]]
     fork: ForkResult[SandboxT]
     promotion: PromoteResult[SandboxT]
+    # explore(..., apply_winner=True): what the winner's changes wrote into the parent.
+    applied: Mapping[str, Any] | None = None
 
     @property
     def tree_id(self) -> str:

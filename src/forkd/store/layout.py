@@ -4,6 +4,7 @@
     ``mem``            guest RAM (children map it MAP_PRIVATE: copy-on-write)
     ``state``          device + vCPU state (a QEMU migration stream without RAM)
     ``disk.qcow2``     the guest disk, frozen at snapshot time (children get overlays on it)
+    ``disk.vol<i>.qcow2``  attached volume ``i``, frozen likewise (store/volume_spec.py)
     ``snapshot.json``  metadata: VM config (accel, CPU model), image, lineage
     ``restore-chunks.json``  the chunks of ``mem`` its first restore here touched (optional;
                        store/restore_chunks.py)
@@ -66,6 +67,22 @@ def host_of(sandbox_id: str) -> str | None:
     return m.group(1) if m else None
 
 
+def volume_file(disk: Path, index: int) -> Path:
+    """The file of volume ``index`` that goes with the root disk layer ``disk``.
+
+    Every layer of a volume mirrors one of the root disk's (``disk.qcow2`` and
+    ``disk.vol0.qcow2``, ``disk-3.qcow2`` and ``disk-3.vol0.qcow2``, ``layer-0.qcow2`` and
+    ``layer-0.vol0.qcow2``): the volume is cut, copied, published and deleted with its root disk,
+    by the same lineage, without a chain of its own to keep.
+    """
+    return disk.with_name(f"{disk.stem}.vol{index}.qcow2")
+
+
+def volume_node(node: str, index: int) -> str:
+    """The QEMU block node of volume ``index`` beside the root disk's node ``node``."""
+    return f"{node}v{index}"
+
+
 @dataclass(frozen=True)
 class SnapshotDir:
     path: Path
@@ -81,6 +98,10 @@ class SnapshotDir:
     @property
     def disk(self) -> Path:
         return self.path / "disk.qcow2"
+
+    def volume(self, index: int) -> Path:
+        """Volume ``index``'s layer (store/volume_spec.py), beside the root disk."""
+        return volume_file(self.disk, index)
 
     @property
     def meta_path(self) -> Path:
@@ -125,6 +146,22 @@ def publish(staging: SnapshotDir, snapshots: Path, tag: str) -> SnapshotDir:
     final = snapshots / tag
     os.rename(staging.path, final)  # fails if it exists: never overwrite a snapshot
     return SnapshotDir(final)
+
+
+def discard(snapshot_dir: Path) -> None:
+    """Remove an unregistered snapshot's directory so that nothing can bring it back.
+
+    It is first renamed aside (one atomic step, to a staging-style name that the next start's
+    ``remove_stale_staging`` clears if this is cut short), then removed: a writer that still
+    names the old path (the first child's restore-chunks record, say) finds no directory rather
+    than recreating one after a plain rmtree, which would leave an unregistered directory that
+    refuses the next import of the tag."""
+    aside = snapshot_dir.with_name(f".{snapshot_dir.name}.tmp-gone-{secrets.token_hex(4)}")
+    try:
+        os.rename(snapshot_dir, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def remove_stale_staging(snapshots: Path) -> list[str]:

@@ -7,6 +7,7 @@ Plain data: the tables that read and write them are under ``store/rows/``.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -18,6 +19,9 @@ from forkd.host import netns as netns_mod
 from forkd.host.accel import VMConfig
 from forkd.host.egress import EgressPolicy
 from forkd.host.netplan import ChildNet
+
+# A volume's layer beside a disk layer (store/layout.py volume_file).
+VOLUME_LAYER_RE = re.compile(r"\.vol\d+\.qcow2$")
 
 
 @dataclass
@@ -164,6 +168,17 @@ class WorkspaceRecord:
     last_active_unix: int
 
 
+@dataclass(frozen=True)
+class VolumeRecord:
+    """A named volume (``/v1/volumes``): an ext4 filesystem in ``<data>/volumes/<name>/disk.qcow2``
+    of ``size_bytes`` (its quota). Snapshots that attach it keep their own layers over that file."""
+
+    name: str
+    size_bytes: int
+    fs: str
+    created_at_unix: int
+
+
 @dataclass
 class SnapshotRecord:
     """A registered snapshot. Its VM config lives in its ``snapshot.json`` only."""
@@ -189,6 +204,8 @@ class SnapshotRecord:
     # measure_diff of a full BRANCH: diff_physical_bytes, diff_logical_bytes, diff_ms.
     diff_measure: dict[str, float] | None = None
     compacted_from: str | None = None  # POST /v1/snapshots/{tag}/compact: the flattened snapshot
+    # Its attached volumes, as its snapshot.json records them (store/volume_spec.py).
+    volumes: list[dict[str, Any]] = field(default_factory=list)
 
     def check_forkable(self) -> None:
         """409 unless children can be forked from it (status "ready")."""
@@ -220,6 +237,8 @@ class SnapshotRecord:
             out.update(self.diff_measure)
         if self.compacted_from:
             out["compacted_from"] = self.compacted_from
+        if self.volumes:
+            out["volumes"] = [dict(v) for v in self.volumes]
         return out
 
 
@@ -294,6 +313,9 @@ class SandboxRecord:
     # When it was started, to the sub-second (``created_at_unix`` is whole seconds): what lists
     # sort by, as E2B's does by startedAt. Not given: created_at_unix stands for it.
     started_unix: float = 0.0
+    # Its volumes, after the root disk in device order, as its snapshot records them
+    # (store/volume_spec.py); each rw one's layers mirror its disk chain's (layout.volume_file).
+    volumes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Not given, or out of step with created_at_unix (a copy made with another one): the
@@ -327,9 +349,12 @@ class SandboxRecord:
 
     def disk_used_bytes(self) -> int | None:
         """Host bytes its own disk layers take (its overlay and the frozen ones in its run
-        directory: what it wrote since its spawn); None if it has none (yet)."""
+        directory: what it wrote since its spawn); None if it has none (yet). Its volumes'
+        layers (``disk*.vol<i>.qcow2``) are not counted: each is bounded by its volume's size."""
         total, found = 0, False
         for layer in Path(self.dir).glob("disk*.qcow2"):
+            if VOLUME_LAYER_RE.search(layer.name):
+                continue
             try:
                 total += layer.stat().st_blocks * 512
                 found = True
@@ -381,6 +406,8 @@ class SandboxRecord:
             out["hibernate_on_timeout"] = True
         if self.hibernation is not None:
             out["hibernation"] = self.hibernation.info()
+        if self.volumes:
+            out["volumes"] = [dict(v) for v in self.volumes]
         out["state"] = self.state.value
         return out
 

@@ -23,6 +23,7 @@ from forkd.store.records import (
     PoolKey,
     SandboxRecord,
     SnapshotRecord,
+    VolumeRecord,
     WorkspaceRecord,
     now_unix,
 )
@@ -33,11 +34,12 @@ from forkd.store.rows.prefixes import PrefixRows
 from forkd.store.rows.sandboxes import SandboxRows
 from forkd.store.rows.snapshot_names import SnapshotNameRows
 from forkd.store.rows.snapshots import SnapshotRows
+from forkd.store.rows.volumes import VolumeRows
 from forkd.store.rows.workspaces import WorkspaceRows
 
 __all__ = [
     "MAX_ALIAS_HOPS", "AutoCheckpoint", "DiskChain", "PausedRecord", "PoolConfig", "PoolKey", "Registry",
-    "SandboxRecord", "SnapshotRecord", "WorkspaceRecord", "now_unix",
+    "SandboxRecord", "SnapshotRecord", "VolumeRecord", "WorkspaceRecord", "now_unix",
 ]
 
 SCHEMA = """
@@ -94,6 +96,12 @@ CREATE TABLE IF NOT EXISTS workspaces (
 CREATE TABLE IF NOT EXISTS issued_prefixes (
     prefix TEXT PRIMARY KEY
 );
+CREATE TABLE IF NOT EXISTS volumes (
+    name TEXT PRIMARY KEY,
+    size_bytes INTEGER NOT NULL,
+    fs TEXT NOT NULL,
+    created_at_unix INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pools (
     tag TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -138,6 +146,7 @@ class Registry:
         self.paused = PausedRows(self._db, self._lock)
         self.workspaces = WorkspaceRows(self._db, self._lock)
         self.pools = PoolRows(self._db, self._lock)
+        self.volumes = VolumeRows(self._db, self._lock)
         self.prefixes = PrefixRows(self._db, self._lock)
 
     def _migrate(self) -> None:

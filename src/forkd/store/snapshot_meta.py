@@ -26,6 +26,7 @@ from forkd import bounds
 from forkd.errors import InvalidRequest
 from forkd.host import childnet, netns, netplan
 from forkd.host.accel import VMConfig
+from forkd.store import volume_spec
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_~:() -]{0,127}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -146,6 +147,15 @@ def _mode(v: Any, what: str) -> str:
     return str(v)
 
 
+def _volume(v: Any, what: str) -> dict[str, Any]:
+    try:
+        return volume_spec.check_meta_entry(v, what)
+    except BadMeta:
+        raise
+    except InvalidRequest as exc:
+        raise BadMeta(str(exc)) from None
+
+
 def _imported(v: Any, what: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise BadMeta(f"{what} must be an object")
@@ -182,6 +192,9 @@ FIELDS: dict[str, Check] = {
     "tap": _optional(_tap),
     "dns": _optional(_list(_ipv4, childnet.MAX_DNS)),
     "imported": _optional(_imported),
+    # The volumes attached after the root disk, in device order (store/volume_spec.py): part of
+    # the device configuration every child and branch restores into.
+    "volumes": _optional(_list(_volume, bounds.MAX_VOLUMES)),
 }
 
 

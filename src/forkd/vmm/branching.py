@@ -30,6 +30,7 @@ import contextlib
 import os
 import shlex
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -39,7 +40,7 @@ from qemu.qmp import EventListener, Message
 from forkd.errors import VMError
 from forkd.host.accel import VMConfig
 from forkd.vmm import disk as disk_mod
-from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.machine import VM, exec_uri
 from forkd.vmm.process import AgentSockets
 from forkd.vmm.qmp import QMP, UNTHROTTLED
@@ -71,7 +72,8 @@ def _err_path(stream: Path) -> Path:
     return stream.with_name(f"{stream.name}.err")
 
 
-def _stream_uri(stream: Path) -> str:
+def stream_uri(stream: Path) -> str:
+    """Where QEMU's ``migrate`` writes a stream to ``stream``: through cat."""
     # cat's stderr is kept so that a failure (e.g. ENOSPC) can be named to the user.
     return f"exec:cat > {shlex.quote(str(stream))} 2> {shlex.quote(str(_err_path(stream)))}"
 
@@ -98,12 +100,30 @@ def stream_error(stream: Path) -> str | None:
     return None
 
 
-async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str) -> None:
-    await vm.qmp.cmd(
-        "blockdev-snapshot-sync", **{"node-name": active_node, "snapshot-file": str(new_disk),
-                                     "snapshot-node-name": new_node, "format": "qcow2",
-                                     "mode": "absolute-paths"},
-    )
+@dataclass(frozen=True)
+class DiskCut:
+    """One more disk to cut with the root disk (an attached volume): its node goes on in
+    ``new_disk`` (node ``new_node``) and what it wrote until now is frozen. ``mount``: where the
+    guest mounts its filesystem, which a live cut has the guest freeze with the root's."""
+
+    node: str
+    new_disk: Path
+    new_node: str
+    mount: str
+
+
+async def _freeze_disk(vm: VM, active_node: str, new_disk: Path, new_node: str,
+                       also: tuple[DiskCut, ...] = ()) -> None:
+    # One transaction: every disk is cut at the same instant, or none is.
+    actions = [{"type": "blockdev-snapshot-sync",
+                "data": {"node-name": node, "snapshot-file": str(file), "snapshot-node-name": new,
+                         "format": "qcow2", "mode": "absolute-paths"}}
+               for node, file, new in ((active_node, new_disk, new_node),
+                                       *((c.node, c.new_disk, c.new_node) for c in also))]
+    if len(actions) == 1:
+        await vm.qmp.cmd("blockdev-snapshot-sync", **actions[0]["data"])  # type: ignore[arg-type]
+    else:
+        await vm.qmp.cmd("transaction", actions=actions)
 
 
 async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool = False) -> None:
@@ -119,9 +139,11 @@ async def _prepare_migration(vm: VM, *, background: bool = False, precopy: bool 
 
 async def capture(
     vm: VM, mode: str, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str,
-    stream: Path, timeout: float = 600,
+    stream: Path, timeout: float = 600, also: tuple[DiskCut, ...] = (),
 ) -> BranchCapture:
     """Pause the source as briefly as ``mode`` allows; freeze its disk; stream its state.
+
+    ``also``: the other disks (volumes) cut at the same instant as the root disk.
 
     On return the source runs again (unless this raised before resuming, in
     which case the caller must try ``resume``). For ``live`` the RAM copy may
@@ -132,8 +154,8 @@ async def capture(
         t0 = time.monotonic()
         await vm.qmp.cmd("stop")
         try:
-            await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.run_migration("migrate", timeout, uri=_stream_uri(stream))
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
+            await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
         except BaseException:
             await resume(vm)
             raise
@@ -145,10 +167,10 @@ async def capture(
         await _prepare_migration(vm, precopy=True)
         # Runs while the guest runs; QEMU stops the vCPUs for the final pass and
         # waits for us: that is the instant the disk must be frozen.
-        await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=_stream_uri(stream))
+        await vm.qmp.run_migration("migrate", timeout, until=("pre-switchover",), uri=stream_uri(stream))
         t0 = time.monotonic()
         try:
-            await _freeze_disk(vm, active_node, new_disk, new_node)
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
             info = await vm.qmp.run_migration("migrate-continue", timeout, state="pre-switchover")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -165,26 +187,27 @@ async def capture(
     if mode == "live":
         return await _capture_live(vm, active_node=active_node, frozen_disk=frozen_disk,
                                    new_disk=new_disk, new_node=new_node, stream=stream,
-                                   timeout=timeout)
+                                   timeout=timeout, also=also)
 
     raise VMError(f"unknown branch mode {mode!r}")
 
 
 async def _capture_live(
     vm: VM, *, active_node: str, frozen_disk: Path, new_disk: Path, new_node: str, stream: Path,
-    timeout: float,
+    timeout: float, also: tuple[DiskCut, ...] = (),
 ) -> BranchCapture:
-    """background-snapshot with the guest's root filesystem frozen around the disk cut.
+    """background-snapshot with the guest's filesystems frozen around the disk cut.
 
     QEMU's background snapshot stops the vCPUs only to save the device state and
     arm userfaultfd write-protection, then restarts them itself; RAM pages are
     copied afterwards, each before its first write. But it first spends a long
     setup (populating all of RAM: ~0.4-2 s under TCG) with the guest running, so
     the disk cannot be cut by pausing around it without paying that whole setup
-    as pause. Instead the guest agent freezes the root filesystem (FIFREEZE:
-    flushed, new writes held) while the overlay is switched and the state saved,
-    so disk and memory agree; CPU work goes on meanwhile. Children restored from
-    the branch thaw their copy when told they were restored.
+    as pause. Instead the guest agent freezes the root filesystem, and the
+    volumes in ``also`` (FIFREEZE: flushed, new writes held) while the overlays
+    are switched and the state saved, so disks and memory agree; CPU work goes on
+    meanwhile. Children restored from the branch thaw their copy when told they
+    were restored. (An agent older than CAP_FREEZE_MOUNTS is refused by the caller.)
     """
     await _prepare_migration(vm, background=True)
     listener = EventListener(("STOP", "RESUME", "MIGRATION"))
@@ -192,10 +215,10 @@ async def _capture_live(
     fs_freeze_ms: float | None = None
     try:
         with vm.qmp.client.listen(listener):
-            await vm.agent.fsfreeze(timeout=120)
+            await vm.agent.fsfreeze(timeout=120, mounts=[cut.mount for cut in also])
             fs_frozen_at = time.monotonic()
-            await _freeze_disk(vm, active_node, new_disk, new_node)
-            await vm.qmp.cmd("migrate", uri=_stream_uri(stream))
+            await _freeze_disk(vm, active_node, new_disk, new_node, also)
+            await vm.qmp.cmd("migrate", uri=stream_uri(stream))
             pause_ms = await await_live_pause(vm.qmp, listener, timeout)
     except BaseException:
         with contextlib.suppress(Exception):
@@ -206,7 +229,7 @@ async def _capture_live(
     finally:
         if fs_frozen_at is not None:
             with contextlib.suppress(Exception):
-                await vm.call("fsthaw", timeout=60)
+                await vm.call(lambda agent: agent.fsthaw(60))
             fs_freeze_ms = (time.monotonic() - fs_frozen_at) * 1000
     task = asyncio.create_task(vm.qmp.wait_migration(timeout))
     return BranchCapture(pause_ms, frozen_disk, new_disk, new_node, stream, background=task,
@@ -275,9 +298,46 @@ async def resume(vm: VM, settle: float = 10.0) -> None:
         await vm.qmp.cmd("cont")
 
 
+@contextlib.asynccontextmanager
+async def stopped_helper(run_dir: Path, config: VMConfig, *, mem_path: Path, share_ram: bool, tap: str | None,
+                         source: Path, disk_size: int, volumes: Sequence[VolumeDrive] = (),
+                         ) -> AsyncIterator[tuple[VM, str]]:
+    """A helper QEMU with a source's device configuration that never runs the guest (``-S``): it
+    loads a state from ``source`` (the URI it yields, for ``migrate-incoming``) and migrates it on.
+
+    The guest never runs, so its disk and volumes are device configuration only, not content:
+    blank scratch disks of their sizes, with no backing chain (a branch's chain names paths that
+    exist only once published). A NIC, if the source had one on ``tap``, is a placeholder. The
+    helper is shut down and its scratch disks removed on the way out.
+    """
+    scratch = run_dir / "scratch.qcow2"
+    drives: list[VolumeDrive] = []
+    try:
+        disk_mod.create_blank(scratch, disk_size)
+        for i, drive in enumerate(volumes):
+            blank = run_dir / f"scratch.vol{i}.qcow2"
+            disk_mod.create_blank(blank, disk_mod.qcow2_virtual_size(drive.path))
+            drives.append(VolumeDrive(blank, drive.node, drive.serial, drive.read_only))
+        sockets = AgentSockets.bind(run_dir)
+        spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=scratch,
+                          qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
+                          console_log=run_dir / "console.log", incoming=True,
+                          tap=tap, nic_placeholder=True, extra=["-S"],  # load the state, never run it
+                          volumes=drives)
+        vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, source)
+        try:
+            yield vm, incoming
+        finally:
+            await vm.shutdown()
+    finally:
+        scratch.unlink(missing_ok=True)
+        for drive in drives:
+            drive.path.unlink(missing_ok=True)
+
+
 async def stream_to_snapshot(
     run_dir: Path, config: VMConfig, *, stream: Path, mem_path: Path, state_path: Path,
-    disk: Path, tap: str | None, timeout: float = 600,
+    disk: Path, tap: str | None, timeout: float = 600, volumes: list[VolumeDrive] | None = None,
 ) -> float:
     """Load ``stream`` into a fresh ``mem_path`` and save a forkable (RAM-less) state.
 
@@ -288,18 +348,9 @@ async def stream_to_snapshot(
     started = time.monotonic()
     with open(mem_path, "wb") as f:
         f.truncate(config.mem_mib << 20)
-    scratch = run_dir / "scratch.qcow2"
-    # The helper never runs the guest, so it needs a virtio disk (device config),
-    # not the branch's content: a blank one of the same size, with no backing
-    # chain (the branch's chain names paths that exist only once published).
-    disk_mod.create_blank(scratch, disk_mod.qcow2_virtual_size(disk))
-    sockets = AgentSockets.bind(run_dir)
-    spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=scratch,
-                      qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                      console_log=run_dir / "console.log", incoming=True,
-                      tap=tap, nic_placeholder=True, extra=["-S"])  # load the state, never run it
-    vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, stream)
-    try:
+    helper = stopped_helper(run_dir, config, mem_path=mem_path, share_ram=True, tap=tap, source=stream,
+                            disk_size=disk_mod.qcow2_virtual_size(disk), volumes=volumes or [])
+    async with helper as (vm, incoming):
         await vm.qmp.set_capabilities(x_ignore_shared=False)
         await vm.await_or_exit(
             vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
@@ -308,7 +359,4 @@ async def stream_to_snapshot(
         await vm.qmp.set_capabilities(x_ignore_shared=True)
         await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
         await vm.qmp.run_migration("migrate", timeout, uri=exec_uri("cat >", state_path))
-    finally:
-        await vm.shutdown()
-        scratch.unlink(missing_ok=True)
     return time.monotonic() - started

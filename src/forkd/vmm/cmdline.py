@@ -44,6 +44,30 @@ def machine_for(accel: Accel) -> str:
     return MACHINE
 
 
+@dataclass(frozen=True)
+class VolumeDrive:
+    """One attached volume (store/volume_spec.py): a virtio-blk disk after the root disk.
+
+    The list of them, in order, with their ``read_only`` flags and serials, is part of the
+    device configuration: a snapshot restores only into a QEMU given the same list."""
+
+    path: Path
+    node: str  # the QEMU block node (a branch cuts it, as it cuts the root disk's)
+    serial: str  # how the guest finds it (/sys/block/vdX/serial)
+    read_only: bool = False
+
+    def argv(self) -> list[str]:
+        for value in (self.node, self.serial):
+            if not value.replace("-", "").isalnum():
+                raise ValueError(f"bad volume node or serial {value!r}")
+        if "," in str(self.path):
+            raise ValueError(f"a volume's path may not hold a comma: {self.path}")
+        ro = ",read-only=on" if self.read_only else ""
+        return ["-blockdev", f"node-name={self.node},driver=qcow2,file.driver=file,"
+                f"file.filename={self.path},discard=unmap,cache.direct=off{ro}",
+                "-device", f"virtio-blk-device,drive={self.node},serial={self.serial}"]
+
+
 @dataclass
 class LaunchSpec:
     """One QEMU invocation."""
@@ -62,6 +86,7 @@ class LaunchSpec:
     tap: str | None = None  # host tap device for a virtio-net NIC (part of the snapshot's config)
     nic_placeholder: bool = False  # same NIC, dummy backend: for a VM that never runs
     extra: list[str] = field(default_factory=list)
+    volumes: list[VolumeDrive] = field(default_factory=list)  # after the root disk, in order
 
 
 def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
@@ -86,6 +111,7 @@ def build_argv(qemu: str, spec: LaunchSpec) -> list[str]:
         f"node-name=disk0,driver=qcow2,file.driver=file,file.filename={spec.disk},"
         "discard=unmap,cache.direct=off",
         "-device", "virtio-blk-device,drive=disk0",
+        *(word for drive in spec.volumes for word in drive.argv()),
         "-object", "rng-random,id=rng0,filename=/dev/urandom",
         "-device", "virtio-rng-device,rng=rng0",
         "-device", "virtio-serial-device,max_ports=2",

@@ -69,21 +69,23 @@ def qcow2_virtual_size(path: Path) -> int:
     return int.from_bytes(header[24:32], "big")
 
 
-def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path) -> list[Path]:
+def copy_layers(layers: list[Path], base: Path, disk: Path, final_dir: Path,
+                suffix: str = "") -> list[Path]:
     """Copy frozen overlays (oldest first) into a branch, chained onto ``base``.
 
     The newest becomes ``disk``; older ones (left by branches that failed after
-    their capture) become ``layer-<i>.qcow2`` beside it. Copies, not links: the
-    branch must not depend on the source's directory, and rewriting the backing
-    path of a file QEMU holds open as a backing image is not possible. A frozen
-    overlay holds only what the guest wrote since the previous branch, so the
-    copy is small, and it happens after the source has resumed. Backing paths
-    name ``final_dir``, where the staging directory will be renamed to.
+    their capture) become ``layer-<i><suffix>.qcow2`` beside it (a volume's
+    suffix: ``.vol<n>``). Copies, not links: the branch must not depend on the
+    source's directory, and rewriting the backing path of a file QEMU holds open
+    as a backing image is not possible. A frozen overlay holds only what the
+    guest wrote since the previous branch, so the copy is small, and it happens
+    after the source has resumed. Backing paths name ``final_dir``, where the
+    staging directory will be renamed to.
     """
     written: list[Path] = []
     prev = base
     for i, layer in enumerate(layers):
-        target = disk if i == len(layers) - 1 else disk.with_name(f"layer-{i}.qcow2")
+        target = disk if i == len(layers) - 1 else disk.with_name(f"layer-{i}{suffix}.qcow2")
         shutil.copyfile(layer, target)
         written.append(target)
         # -u: only the header's backing path changes; the content below is identical.

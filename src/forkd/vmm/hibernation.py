@@ -46,13 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import CorruptState, VMError
-from forkd.guest import protocol
 from forkd.host import memdiff
 from forkd.host.accel import VMConfig
-from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.branching import stopped_helper, stream_uri
+from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.machine import VM
 from forkd.vmm.process import AgentSockets
-from forkd.vmm.qmp import restore_phases
+from forkd.vmm.qmp import UNTHROTTLED, restore_phases
 
 DEVICES = "devices.state"  # xen-save-devices-state's file
 MEMORY = "memory.diff"  # host/memdiff.py's file
@@ -141,25 +141,19 @@ def incoming_stream(snapshot_state: Path, devices: Path, out: Path) -> None:
 
 async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_state: Path, disk: Path,
                saved: Path, tap: str | None = None, launcher: Sequence[str] = (),
-               timeout: float = 60) -> VM:
+               timeout: float = 60, volumes: Sequence[VolumeDrive] = ()) -> VM:
     """A new QEMU in ``run_dir`` running the child hibernated in ``saved``; killed if it fails."""
     started, started_wall = time.monotonic(), time.time()
     await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, saved / INCOMING)
     sockets = AgentSockets.bind(run_dir)
     spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                      console_log=run_dir / "console.log", incoming=True, tap=tap)
+                      console_log=run_dir / "console.log", incoming=True, tap=tap,
+                      volumes=list(volumes))
     vm, incoming = await VM.launch_incoming(run_dir, spec, sockets, saved / INCOMING, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started
-        ram = memdiff.RamMapping.find(vm.pid, mem_path, config.mem_mib << 20)
-        # A QEMU waiting for its incoming state writes nothing into guest RAM; should one ever,
-        # those pages go back to the file's content unless the diff has them.
-        stray = ram.changed()
-        runs = await asyncio.to_thread(memdiff.load, saved / MEMORY, ram)
-        stray = memdiff.subtract(stray, runs)
-        if stray:
-            await asyncio.to_thread(memdiff.restore_file_pages, ram, stray, mem_path)
+        await _load_pages(vm, config, mem_path, saved)
         vm.timings["memory_s"] = time.monotonic() - started
         with vm.qmp.recording("MIGRATION", "RESUME") as events:
             await vm.qmp.start_incoming(incoming, x_ignore_shared=False)
@@ -178,6 +172,43 @@ async def wake(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_stat
     return vm
 
 
+async def _load_pages(vm: VM, config: VMConfig, mem_path: Path, saved: Path) -> None:
+    """Write the saved pages into the RAM of ``vm``, a QEMU waiting for its incoming state."""
+    ram = memdiff.RamMapping.find(vm.pid, mem_path, config.mem_mib << 20)
+    # A QEMU waiting for its incoming state writes nothing into guest RAM; should one ever,
+    # those pages go back to the file's content unless the diff has them.
+    stray = ram.changed()
+    runs = await asyncio.to_thread(memdiff.load, saved / MEMORY, ram)
+    stray = memdiff.subtract(stray, runs)
+    if stray:
+        await asyncio.to_thread(memdiff.restore_file_pages, ram, stray, mem_path)
+
+
+async def saved_to_stream(run_dir: Path, config: VMConfig, *, mem_path: Path, snapshot_state: Path,
+                          disk_size: int, saved: Path, stream: Path, tap: str | None,
+                          timeout: float = 600) -> None:
+    """The child hibernated in ``saved`` as the stream a BRANCH of it would have captured, without
+    waking it: a helper QEMU with its device configuration (a placeholder NIC, a blank disk of its
+    size: the guest never runs, so the disk's content is never read) loads its pages and device
+    state as a wake does, stays stopped (``-S``), and migrates everything out to ``stream``. Its
+    files, disk and row are only read. ``stream`` then becomes a snapshot like any branch's
+    (``branching.stream_to_snapshot``)."""
+    await asyncio.to_thread(incoming_stream, snapshot_state, saved / DEVICES, run_dir / INCOMING)
+    try:
+        async with stopped_helper(run_dir, config, mem_path=mem_path, share_ram=False, tap=tap,
+                                  source=run_dir / INCOMING, disk_size=disk_size) as (vm, incoming):
+            await _load_pages(vm, config, mem_path, saved)
+            await vm.qmp.set_capabilities(x_ignore_shared=False)
+            await vm.await_or_exit(vm.qmp.run_migration("migrate-incoming", timeout, uri=incoming),
+                                   timeout, "the hibernated state to load")
+            # RAM is a private copy of the snapshot's file plus the saved pages: a full stream, as
+            # a full BRANCH of the running child writes.
+            await vm.qmp.set_parameters(max_bandwidth=UNTHROTTLED)
+            await vm.qmp.run_migration("migrate", timeout, uri=stream_uri(stream))
+    finally:
+        (run_dir / INCOMING).unlink(missing_ok=True)
+
+
 async def _clock_set(vm: VM, started: float, what: str) -> None:
     """Step the guest's clock to the host's; the VM is ready then (``ready_s``)."""
     await vm.await_or_exit(vm.step_clock(WAKE_TIMEOUT_SECS), WAKE_TIMEOUT_SECS + 5, what)
@@ -188,14 +219,14 @@ async def flush(vm: VM, timeout: float = 60) -> float:
     """Have the guest write its dirty pages to its disk, then stop the VM (QEMU flushes its own
     caches on ``stop``): its disk overlay is complete. The ms it took."""
     started = time.monotonic()
-    await vm.await_or_exit(vm.call(protocol.SYNC, timeout=timeout), timeout + 5, "the guest's sync")
+    await vm.await_or_exit(vm.call(lambda agent: agent.sync(timeout)), timeout + 5, "the guest's sync")
     await vm.pause()
     return (time.monotonic() - started) * 1000
 
 
 async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path, kernel: Path,
                     initrd: Path, append: str, tap: str | None = None, launcher: Sequence[str] = (),
-                    timeout: float = 120) -> VM:
+                    timeout: float = 120, volumes: Sequence[VolumeDrive] = ()) -> VM:
     """A new QEMU in ``run_dir`` booting ``kernel`` on ``disk``; returned once its agent answers
     (warm imports done) and its clock is the host's. Killed if it fails."""
     started = time.monotonic()
@@ -203,7 +234,7 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
     spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=False, disk=disk,
                       qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                       console_log=run_dir / "console.log", kernel=kernel, initrd=initrd,
-                      append=append, tap=tap)
+                      append=append, tap=tap, volumes=list(volumes))
     vm = await VM.launch(run_dir, spec, sockets, launcher)
     try:
         vm.timings["qemu_up_s"] = time.monotonic() - started
@@ -221,4 +252,4 @@ async def cold_boot(run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Pa
 
 
 __all__ = ["ACTIVE_NODE", "DEVICES", "DIGEST", "INCOMING", "MEMORY", "Captured", "capture", "cold_boot",
-           "digest", "flush", "incoming_stream", "verify", "wake"]
+           "digest", "flush", "incoming_stream", "saved_to_stream", "verify", "wake"]

@@ -14,7 +14,7 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +26,7 @@ from forkd.guest import messages, protocol
 from forkd.guest.client import AgentClient, require
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import VMConfig
-from forkd.vmm.cmdline import LaunchSpec
+from forkd.vmm.cmdline import LaunchSpec, VolumeDrive
 from forkd.vmm.process import AgentSockets, QemuProcess, start_qemu
 from forkd.vmm.qmp import QMP, restore_phases
 
@@ -141,7 +141,7 @@ class VM:
     async def boot(
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, disk: Path,
         kernel: Path, initrd: Path, append: str, timeout: float, tap: str | None = None,
-        launcher: Sequence[str] = (),
+        launcher: Sequence[str] = (), volumes: Sequence[VolumeDrive] = (),
     ) -> tuple[VM, messages.PingReply]:
         """Cold-boot a template VM whose RAM is ``mem_path``; return it once its agent is warm.
 
@@ -155,7 +155,7 @@ class VM:
         spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=True, disk=disk,
                           qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
                           console_log=run_dir / "console.log",
-                          kernel=kernel, initrd=initrd, append=append, tap=tap)
+                          kernel=kernel, initrd=initrd, append=append, tap=tap, volumes=list(volumes))
         vm = await cls.launch(run_dir, spec, sockets, launcher)
         try:
             ping = await vm.await_or_exit(vm.agent.ping(timeout=None), timeout,
@@ -171,6 +171,7 @@ class VM:
         cls, run_dir: Path, config: VMConfig, *, mem_path: Path, state_path: Path, disk: Path,
         share_ram: bool = False, timeout: float = 60, tap: str | None = None,
         launcher: Sequence[str] = (), inputs: RestoreInputs | None = None,
+        volumes: Sequence[VolumeDrive] = (),
     ) -> VM:
         """Start a child from a snapshot: private CoW RAM over ``mem_path`` + the device state.
 
@@ -183,7 +184,8 @@ class VM:
         sockets = AgentSockets.bind(run_dir)
         spec = LaunchSpec(config=config, mem_path=mem_path, share_ram=share_ram, disk=disk,
                           qmp_fd=sockets.qmp_fd, agent_fd=sockets.agent_fd,
-                          console_log=run_dir / "console.log", incoming=True, tap=tap)
+                          console_log=run_dir / "console.log", incoming=True, tap=tap,
+                          volumes=list(volumes))
         vm, incoming = await cls.launch_incoming(run_dir, spec, sockets, state_path, launcher)
         try:
             vm.timings["qemu_up_s"] = time.monotonic() - started
@@ -375,7 +377,9 @@ class VM:
         await self.disconnect()
         await self.process.kill()
 
-    async def call(self, action: str, timeout: float | None = 60, **args: Any) -> dict[str, Any]:
+    async def call(self, ask: Callable[[AgentClient], Awaitable[T]]) -> T:
+        """One typed agent call (``ask``: one of ``AgentClient``'s, e.g. ``lambda a: a.sync(60)``),
+        refused at once if QEMU is no longer running."""
         if not self.process.alive():
             raise GuestError(f"sandbox VM (pid {self.pid}) is not running")
-        return await self.agent.call(action, timeout=timeout, **args)
+        return await ask(self.agent)

@@ -21,7 +21,7 @@ def wait_paused(sandbox: Sandbox) -> float:
     return time.monotonic() - started
 
 
-sbx = Sandbox.create(timeout=6, lifecycle=LIFECYCLE)  # type: ignore[arg-type]
+sbx = Sandbox.create(timeout=4, lifecycle=LIFECYCLE)  # type: ignore[arg-type]
 sbx.files.write(MARKER, "auto-pause-fs-only")
 boot_before = sbx.files.read(BOOT_ID).strip()
 waited = wait_paused(sbx)

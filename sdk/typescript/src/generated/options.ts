@@ -12,6 +12,20 @@ import type { components } from "./schema.js";
 
 type Schemas = components["schemas"];
 
+/** `ApplyRequest` in camelCase. */
+export interface ApplyRequestOptions {
+  /**
+   * The sandbox whose changes to apply: its diff against the snapshot it was forked from (a child
+   * of the target, typically).
+   */
+  from: Schemas["ApplyRequest"]["from"];
+  /**
+   * Only changes under these paths (absolute prefixes, or names such as *.py); default: every
+   * change a diff shows.
+   */
+  paths?: Schemas["ApplyRequest"]["paths"];
+}
+
 /** `BranchRequest` in camelCase. */
 export interface BranchRequestOptions {
   /** Legacy v0.3 spelling of mode=diff; mutually exclusive with mode. */
@@ -132,8 +146,29 @@ export interface CreateSnapshotRequestOptions {
   tap?: Schemas["CreateSnapshotRequest"]["tap"];
   /** Guest vCPUs. */
   vcpus?: Schemas["CreateSnapshotRequest"]["vcpus"];
+  /**
+   * Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+   * snapshot gets them back (docs/BRANCHING.md says how they fork).
+   */
+  volumes?: VolumeSpecOptions[];
   /** Python modules PID 1 imports before the snapshot; default: numpy. */
   warmImports?: Schemas["CreateSnapshotRequest"]["warm_imports"];
+}
+
+/** `CreateVolumeRequest` in camelCase. */
+export interface CreateVolumeRequestOptions {
+  /** Its filesystem. */
+  fs?: Schemas["CreateVolumeRequest"]["fs"];
+  /** The volume's name, unique on this daemon. */
+  name: Schemas["CreateVolumeRequest"]["name"];
+  /** Its size: the most a guest can write to it, on the host too. */
+  sizeMib?: Schemas["CreateVolumeRequest"]["size_mib"];
+  /**
+   * A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive
+   * members that would leave it (absolute, '..', links out, devices) are refused, and so is more
+   * content than fits.
+   */
+  source?: Schemas["CreateVolumeRequest"]["source"];
 }
 
 /** `CreateWorkspaceRequest` in camelCase. */
@@ -212,6 +247,19 @@ export interface ExecStreamRequestOptions {
   user?: Schemas["ExecStreamRequest"]["user"];
 }
 
+/** `ExportVolumeRequest` in camelCase. */
+export interface ExportVolumeRequestOptions {
+  /**
+   * Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+   * the volume as made.
+   */
+  snapshot?: Schemas["ExportVolumeRequest"]["snapshot"];
+  /**
+   * A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+   */
+  to: Schemas["ExportVolumeRequest"]["to"];
+}
+
 /** `ForkRequest` in camelCase. */
 export interface ForkRequestOptions {
   /**
@@ -258,10 +306,26 @@ export interface ForkRequestOptions {
   /** As in POST /v1/sandboxes. */
   perChildNetns?: Schemas["ForkRequest"]["per_child_netns"];
   /**
+   * Through a fleet gateway: place the children on several hosts (the source's host branches and
+   * takes the first, the branch goes to the object store, the others start from it), and keep the
+   * branch, since children elsewhere read from it. A daemon alone forks every child itself.
+   */
+  spread?: Schemas["ForkRequest"]["spread"];
+  /**
    * Kill each child this many seconds after the fork returns (the source keeps its own deadline).
    * Default: no deadline.
    */
   timeoutSecs?: Schemas["ForkRequest"]["timeout_secs"];
+}
+
+/** `ForkTreeLabels` in camelCase. */
+export interface ForkTreeLabelsOptions {
+  /** fork_index of the first child. */
+  firstIndex: Schemas["ForkTreeLabels"]["first_index"];
+  /** The tree's source sandbox, on whichever host it runs. */
+  parentId: Schemas["ForkTreeLabels"]["parent_id"];
+  /** The fork-tree's id (its other children's fork_tree_id). */
+  treeId: Schemas["ForkTreeLabels"]["tree_id"];
 }
 
 /** `HibernateRequest` in camelCase. */
@@ -273,6 +337,24 @@ export interface HibernateRequestOptions {
    * kernels and memory do not (E2B's pause(keep_memory=False)).
    */
   memory?: Schemas["HibernateRequest"]["memory"];
+}
+
+/** `ImagePullRequest` in camelCase. */
+export interface ImagePullRequestOptions {
+  /** Convert again even if this image was converted from the same digest. */
+  force?: Schemas["ImagePullRequest"]["force"];
+  /**
+   * The guest image's name here (default: the reference's last part and tag, e.g.
+   * python-3.12-slim).
+   */
+  name?: Schemas["ImagePullRequest"]["name"];
+  /**
+   * The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is
+   * docker.io/library/python:3.12).
+   */
+  ref: Schemas["ImagePullRequest"]["ref"];
+  /** The registry's credentials (this pull only, never stored). */
+  registryAuth?: RegistryAuthOptions | null;
 }
 
 /** `MkdirRequest` in camelCase. */
@@ -296,9 +378,10 @@ export interface MkdirRequestOptions {
  */
 export interface NetworkPolicyOptions {
   /**
-   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-   * :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+   * (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
    * gateway, e.g. 10.201.0.1).
    */
   allowOut?: Schemas["NetworkPolicy"]["allow_out"];
@@ -309,9 +392,10 @@ export interface NetworkPolicyOptions {
    */
   allowPublicTraffic?: Schemas["NetworkPolicy"]["allow_public_traffic"];
   /**
-   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-   * with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100".
+   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS
+   * name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443".
    */
   denyOut?: Schemas["NetworkPolicy"]["deny_out"];
   /**
@@ -333,9 +417,10 @@ export interface NetworkUpdateRequestOptions {
    */
   allowInternetAccess?: Schemas["NetworkUpdateRequest"]["allow_internet_access"];
   /**
-   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-   * :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+   * Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+   * (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
    * gateway, e.g. 10.201.0.1).
    */
   allowOut?: Schemas["NetworkUpdateRequest"]["allow_out"];
@@ -346,9 +431,10 @@ export interface NetworkUpdateRequestOptions {
    */
   allowPublicTraffic?: Schemas["NetworkUpdateRequest"]["allow_public_traffic"];
   /**
-   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-   * with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-   * "198.51.100.0/24:8000-8100".
+   * Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS
+   * name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+   * "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+   * "*.pythonhosted.org:443".
    */
   denyOut?: Schemas["NetworkUpdateRequest"]["deny_out"];
   /**
@@ -417,6 +503,17 @@ export interface PushRequestOptions {
   force?: Schemas["PushRequest"]["force"];
 }
 
+/**
+ * `RegistryAuth` in camelCase. A registry's user name and password or token, as Docker's
+ * config.json holds them.
+ */
+export interface RegistryAuthOptions {
+  /** The password or token. */
+  password: Schemas["RegistryAuth"]["password"];
+  /** The user name. */
+  username: Schemas["RegistryAuth"]["username"];
+}
+
 /** `SignalRequest` in camelCase. */
 export interface SignalRequestOptions {
   /**
@@ -451,6 +548,13 @@ export interface SpawnRequestOptions {
    * interpreter (eval) and in every exec.
    */
   env?: Schemas["SpawnRequest"]["env"];
+  /**
+   * What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+   * get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index)
+   * as the tree's other children did, so promote finds them. The labels are otherwise set only by
+   * fork-tree itself.
+   */
+  forkTree?: ForkTreeLabelsOptions | null;
   /**
    * At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as
    * hibernated until killed, and its next request wakes it.
@@ -569,6 +673,8 @@ export interface TemplateBuildRequestOptions {
   network?: NetworkPolicyOptions | null;
   /** Give the template, and so every child, a network device. */
   nic?: Schemas["TemplateBuildRequest"]["nic"];
+  /** For a FROM of a private registry: its credentials (this build's pull only, never stored). */
+  registryAuth?: RegistryAuthOptions | null;
   /** Replace an existing snapshot of this tag once the build has succeeded. */
   replace?: Schemas["TemplateBuildRequest"]["replace"];
   /** Timeout of each RUN and COPY step. */
@@ -588,19 +694,52 @@ export interface TimeoutRequestOptions {
   timeoutSecs: Schemas["TimeoutRequest"]["timeout_secs"];
 }
 
+/**
+ * `VolumeSpec` in camelCase. One volume to attach (store/volume_spec.py): exactly one of name and
+ * host_path.
+ */
+export interface VolumeSpecOptions {
+  /**
+   * copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
+   * the snapshot. shared: not supported yet (400).
+   */
+  fork?: Schemas["VolumeSpec"]["fork"];
+  /**
+   * A directory on the daemon's host, copied into a new volume kept with the snapshot (the host
+   * directory is not written back).
+   */
+  hostPath?: Schemas["VolumeSpec"]["host_path"];
+  /** Where the guest mounts it (an absolute path, e.g. /mnt/data). */
+  mount: Schemas["VolumeSpec"]["mount"];
+  /** A volume of POST /v1/volumes. */
+  name?: Schemas["VolumeSpec"]["name"];
+  /**
+   * Attached read-only to the template and every child (one file, shared); writes fail in the
+   * guest.
+   */
+  readOnly?: Schemas["VolumeSpec"]["read_only"];
+  /** host_path only: the new volume's size (its quota); default 1024. */
+  sizeMib?: Schemas["VolumeSpec"]["size_mib"];
+}
+
 /** Each request schema's options, by the schema's name. */
 export interface RequestOptions {
+  ApplyRequest: ApplyRequestOptions;
   BranchRequest: BranchRequestOptions;
   CheckpointPolicyRequest: CheckpointPolicyRequestOptions;
   CodeRequest: CodeRequestOptions;
   CompactRequest: CompactRequestOptions;
   CreateSnapshotRequest: CreateSnapshotRequestOptions;
+  CreateVolumeRequest: CreateVolumeRequestOptions;
   CreateWorkspaceRequest: CreateWorkspaceRequestOptions;
   EvalRequest: EvalRequestOptions;
   ExecRequest: ExecRequestOptions;
   ExecStreamRequest: ExecStreamRequestOptions;
+  ExportVolumeRequest: ExportVolumeRequestOptions;
   ForkRequest: ForkRequestOptions;
+  ForkTreeLabels: ForkTreeLabelsOptions;
   HibernateRequest: HibernateRequestOptions;
+  ImagePullRequest: ImagePullRequestOptions;
   MkdirRequest: MkdirRequestOptions;
   NetworkPolicy: NetworkPolicyOptions;
   NetworkUpdateRequest: NetworkUpdateRequestOptions;
@@ -608,12 +747,14 @@ export interface RequestOptions {
   ProcessStartRequest: ProcessStartRequestOptions;
   PromoteRequest: PromoteRequestOptions;
   PushRequest: PushRequestOptions;
+  RegistryAuth: RegistryAuthOptions;
   SignalRequest: SignalRequestOptions;
   SpawnRequest: SpawnRequestOptions;
   StdinRequest: StdinRequestOptions;
   SuspendWorkspaceRequest: SuspendWorkspaceRequestOptions;
   TemplateBuildRequest: TemplateBuildRequestOptions;
   TimeoutRequest: TimeoutRequestOptions;
+  VolumeSpec: VolumeSpecOptions;
 }
 
 /** A field's wire name, or `[wire name, schema]` for a field that is itself options. */
@@ -623,6 +764,10 @@ export type WireName<S extends keyof RequestOptions> =
 
 /** The snake_case name each camelCase option is sent under, by schema. */
 export const WIRE_NAMES = {
+  ApplyRequest: {
+    from: "from",
+    paths: "paths",
+  },
   BranchRequest: {
     diff: "diff",
     live: "live",
@@ -664,7 +809,14 @@ export const WIRE_NAMES = {
     tag: "tag",
     tap: "tap",
     vcpus: "vcpus",
+    volumes: ["volumes", "VolumeSpec"],
     warmImports: "warm_imports",
+  },
+  CreateVolumeRequest: {
+    fs: "fs",
+    name: "name",
+    sizeMib: "size_mib",
+    source: "source",
   },
   CreateWorkspaceRequest: {
     memoryLimitMib: "memory_limit_mib",
@@ -695,6 +847,10 @@ export const WIRE_NAMES = {
     timeoutSecs: "timeout_secs",
     user: "user",
   },
+  ExportVolumeRequest: {
+    snapshot: "snapshot",
+    to: "to",
+  },
   ForkRequest: {
     allowInternetAccess: "allow_internet_access",
     childEnv: "child_env",
@@ -710,10 +866,22 @@ export const WIRE_NAMES = {
     metadata: "metadata",
     network: ["network", "NetworkPolicy"],
     perChildNetns: "per_child_netns",
+    spread: "spread",
     timeoutSecs: "timeout_secs",
+  },
+  ForkTreeLabels: {
+    firstIndex: "first_index",
+    parentId: "parent_id",
+    treeId: "tree_id",
   },
   HibernateRequest: {
     memory: "memory",
+  },
+  ImagePullRequest: {
+    force: "force",
+    name: "name",
+    ref: "ref",
+    registryAuth: ["registry_auth", "RegistryAuth"],
   },
   MkdirRequest: {
     parents: "parents",
@@ -759,6 +927,10 @@ export const WIRE_NAMES = {
   PushRequest: {
     force: "force",
   },
+  RegistryAuth: {
+    password: "password",
+    username: "username",
+  },
   SignalRequest: {
     group: "group",
     signal: "signal",
@@ -769,6 +941,7 @@ export const WIRE_NAMES = {
     cpuLimit: "cpu_limit",
     diskQuotaMib: "disk_quota_mib",
     env: "env",
+    forkTree: ["fork_tree", "ForkTreeLabels"],
     hibernateOnTimeout: "hibernate_on_timeout",
     hostname: "hostname",
     hugepages: "hugepages",
@@ -802,6 +975,7 @@ export const WIRE_NAMES = {
     memMib: "mem_mib",
     network: ["network", "NetworkPolicy"],
     nic: "nic",
+    registryAuth: ["registry_auth", "RegistryAuth"],
     replace: "replace",
     stepTimeoutSecs: "step_timeout_secs",
     tag: "tag",
@@ -809,6 +983,14 @@ export const WIRE_NAMES = {
   },
   TimeoutRequest: {
     timeoutSecs: "timeout_secs",
+  },
+  VolumeSpec: {
+    fork: "fork",
+    hostPath: "host_path",
+    mount: "mount",
+    name: "name",
+    readOnly: "read_only",
+    sizeMib: "size_mib",
   },
 } as const satisfies {
   readonly [S in keyof RequestOptions]: {

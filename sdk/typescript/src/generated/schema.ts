@@ -38,6 +38,24 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/images": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The guest images this daemon can boot (built or pulled) */
+        get: operations["list_images_v1_images_get"];
+        put?: never;
+        /** Pull an OCI/Docker image from a registry and convert it to a guest image; progress as NDJSON */
+        post: operations["pull_image_v1_images_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/pools": {
         parameters: {
             query?: never;
@@ -91,6 +109,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/apply": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Apply another sandbox's changes (a child's, since its snapshot) onto this one */
+        post: operations["sandbox_apply_v1_sandboxes__id__apply_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/branch": {
         parameters: {
             query?: never;
@@ -138,6 +173,23 @@ export interface paths {
         put?: never;
         /** Run a cell on one of the sandbox's Jupyter kernels and stream its output (NDJSON) */
         post: operations["run_code_v1_sandboxes__id__code_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/diff": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What a sandbox's filesystem changed: since its snapshot, or against another snapshot or sandbox */
+        get: operations["sandbox_diff_v1_sandboxes__id__diff_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -363,6 +415,23 @@ export interface paths {
         get?: never;
         /** Replace the sandbox's network policy (egress rules, port proxy settings) while it runs; a hibernated sandbox gets it at its wake */
         put: operations["update_network_v1_sandboxes__id__network_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/network/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The latest names the sandbox's guest asked its resolver for, each allowed or refused, and why */
+        get: operations["network_log_v1_sandboxes__id__network_log_get"];
+        put?: never;
         post?: never;
         delete?: never;
         options?: never;
@@ -647,6 +716,59 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List volumes */
+        get: operations["list_volumes_v1_volumes_get"];
+        put?: never;
+        /** Create a named volume (ext4), empty or filled from a host directory or tarball */
+        post: operations["create_volume_v1_volumes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One volume */
+        get: operations["get_volume_v1_volumes__name__get"];
+        put?: never;
+        post?: never;
+        /** Delete a volume no snapshot attaches */
+        delete: operations["delete_volume_v1_volumes__name__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Copy a volume's files into a new host directory (as made, or as a snapshot holds it) */
+        post: operations["export_volume_v1_volumes__name__export_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces": {
         parameters: {
             query?: never;
@@ -738,6 +860,54 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ApplyRequest */
+        ApplyRequest: {
+            /**
+             * From
+             * @description The sandbox whose changes to apply: its diff against the snapshot it was forked from (a child of the target, typically).
+             */
+            from: string;
+            /**
+             * Paths
+             * @description Only changes under these paths (absolute prefixes, or names such as *.py); default: every change a diff shows.
+             */
+            paths?: string[] | null;
+        };
+        /**
+         * ApplyResponse
+         * @description What POST /v1/sandboxes/{id}/apply wrote.
+         */
+        ApplyResponse: {
+            /**
+             * Against
+             * @description The state both were compared with: the source's snapshot.
+             */
+            against: string;
+            /**
+             * Deleted
+             * @description Paths removed.
+             */
+            deleted: string[];
+            /** Sandbox Id */
+            sandbox_id: string;
+            /**
+             * Source
+             * @description The sandbox whose changes were applied.
+             */
+            source: string;
+            /**
+             * Unchanged
+             * @description Paths the target already had as the source has them.
+             */
+            unchanged: string[];
+            /**
+             * Written
+             * @description Paths written (added or modified).
+             */
+            written: string[];
+        } & {
+            [key: string]: unknown;
+        };
         /** BranchRequest */
         BranchRequest: {
             /**
@@ -988,10 +1158,42 @@ export interface components {
              */
             vcpus?: number;
             /**
+             * Volumes
+             * @description Volumes attached as virtio disks and mounted before setup runs; every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).
+             */
+            volumes?: components["schemas"]["VolumeSpec"][];
+            /**
              * Warm Imports
              * @description Python modules PID 1 imports before the snapshot; default: numpy.
              */
             warm_imports?: string[] | null;
+        };
+        /** CreateVolumeRequest */
+        CreateVolumeRequest: {
+            /**
+             * Fs
+             * @description Its filesystem.
+             * @default ext4
+             * @constant
+             */
+            fs?: "ext4";
+            /**
+             * Name
+             * @description The volume's name, unique on this daemon.
+             * @example data
+             */
+            name: string;
+            /**
+             * Size Mib
+             * @description Its size: the most a guest can write to it, on the host too.
+             * @default 1024
+             */
+            size_mib?: number;
+            /**
+             * Source
+             * @description A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive members that would leave it (absolute, '..', links out, devices) are refused, and so is more content than fits.
+             */
+            source?: string | null;
         };
         /** CreateWorkspaceRequest */
         CreateWorkspaceRequest: {
@@ -1191,6 +1393,20 @@ export interface components {
              */
             user?: string | null;
         };
+        /** ExportVolumeRequest */
+        ExportVolumeRequest: {
+            /**
+             * Snapshot
+             * @description Copy the volume as this snapshot holds it (what its template or branch source wrote); default: the volume as made.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+             * @example /srv/export/data
+             */
+            to: string;
+        };
         /** FileInfo */
         FileInfo: {
             /**
@@ -1354,6 +1570,12 @@ export interface components {
              */
             per_child_netns?: boolean;
             /**
+             * Spread
+             * @description Through a fleet gateway: place the children on several hosts (the source's host branches and takes the first, the branch goes to the object store, the others start from it), and keep the branch, since children elsewhere read from it. A daemon alone forks every child itself.
+             * @default false
+             */
+            spread?: boolean;
+            /**
              * Timeout Secs
              * @description Kill each child this many seconds after the fork returns (the source keeps its own deadline). Default: no deadline.
              */
@@ -1393,6 +1615,82 @@ export interface components {
              * @description fork-tree only: the id stamped on every child.
              */
             tree_id?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** ForkTreeLabels */
+        ForkTreeLabels: {
+            /**
+             * First Index
+             * @description fork_index of the first child.
+             */
+            first_index: number;
+            /**
+             * Parent Id
+             * @description The tree's source sandbox, on whichever host it runs.
+             */
+            parent_id: string;
+            /**
+             * Tree Id
+             * @description The fork-tree's id (its other children's fork_tree_id).
+             */
+            tree_id: string;
+        };
+        /**
+         * FsChange
+         * @description One path added, modified or deleted.
+         */
+        FsChange: {
+            /**
+             * Content Changed
+             * @description Whether the content (or a link's target) differs; false for a change of mode or owner only.
+             */
+            content_changed: boolean;
+            /** Gid */
+            gid: number;
+            /**
+             * Mode
+             * @description Its permission bits (e.g. 420 = 0644).
+             */
+            mode: number;
+            /**
+             * Old Gid
+             * @description The group before, where it changed.
+             */
+            old_gid?: number | null;
+            /**
+             * Old Mode
+             * @description The permission bits before, where they changed.
+             */
+            old_mode?: number | null;
+            /**
+             * Old Uid
+             * @description The owner before, where it changed.
+             */
+            old_uid?: number | null;
+            /**
+             * Path
+             * @description The path in the guest.
+             * @example /work/pkg/core.py
+             */
+            path: string;
+            /**
+             * Size
+             * @description Its size in bytes (the old size for a deletion).
+             */
+            size: number;
+            /**
+             * Target
+             * @description A symbolic link's target.
+             */
+            target?: string | null;
+            /**
+             * Type
+             * @description file | dir | symlink | other (the new side's; the old one's for a deletion)
+             */
+            type: string;
+            /** Uid */
+            uid: number;
         } & {
             [key: string]: unknown;
         };
@@ -1447,6 +1745,28 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** ImagePullRequest */
+        ImagePullRequest: {
+            /**
+             * Force
+             * @description Convert again even if this image was converted from the same digest.
+             * @default false
+             */
+            force?: boolean;
+            /**
+             * Name
+             * @description The guest image's name here (default: the reference's last part and tag, e.g. python-3.12-slim).
+             */
+            name?: string | null;
+            /**
+             * Ref
+             * @description The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is docker.io/library/python:3.12).
+             * @example python:3.12-slim
+             */
+            ref: string;
+            /** @description The registry's credentials (this pull only, never stored). */
+            registry_auth?: components["schemas"]["RegistryAuth"] | null;
+        };
         /** MkdirRequest */
         MkdirRequest: {
             /**
@@ -1480,6 +1800,43 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /** NetworkDecision */
+        NetworkDecision: {
+            /**
+             * Allowed
+             * @description Whether the sandbox's egress policy let it resolve.
+             */
+            allowed: boolean;
+            /**
+             * Detail
+             * @description The addresses answered (and opened), or why it was refused.
+             */
+            detail: string;
+            /**
+             * Name
+             * @description The name it asked its resolver for.
+             */
+            name: string;
+            /**
+             * Time
+             * @description When the guest asked (Unix seconds).
+             */
+            time: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** NetworkLog */
+        NetworkLog: {
+            /**
+             * Entries
+             * @description The latest names its guest asked for, oldest first (at most 256; none without names in its egress policy).
+             */
+            entries: components["schemas"]["NetworkDecision"][];
+            /** Sandbox Id */
+            sandbox_id: string;
+        } & {
+            [key: string]: unknown;
+        };
         /**
          * NetworkPolicy
          * @description Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations.
@@ -1487,7 +1844,7 @@ export interface components {
         NetworkPolicy: {
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1498,7 +1855,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**
@@ -1521,7 +1878,7 @@ export interface components {
             allow_internet_access?: boolean;
             /**
              * Allow Out
-             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
+             * @description Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes' gateway, e.g. 10.201.0.1).
              */
             allow_out?: string[];
             /**
@@ -1532,7 +1889,7 @@ export interface components {
             allow_public_traffic?: boolean;
             /**
              * Deny Out
-             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100".
+             * @description Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org", "*.pythonhosted.org:443".
              */
             deny_out?: string[];
             /**
@@ -1857,6 +2214,56 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * RegistryAuth
+         * @description A registry's user name and password or token, as Docker's config.json holds them.
+         */
+        RegistryAuth: {
+            /**
+             * Password
+             * @description The password or token.
+             */
+            password: string;
+            /**
+             * Username
+             * @description The user name.
+             */
+            username: string;
+        };
+        /**
+         * SandboxDiff
+         * @description What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json).
+         */
+        SandboxDiff: {
+            /** Added */
+            added: components["schemas"]["FsChange"][];
+            /**
+             * Against
+             * @description What it was compared with: snapshot:TAG or sandbox:ID.
+             */
+            against: string;
+            /** Deleted */
+            deleted: components["schemas"]["FsChange"][];
+            /** Elapsed Ms */
+            elapsed_ms: number;
+            /**
+             * Method
+             * @description How the changed files were found: layers (the copy-on-write layers' changed blocks, mapped to inodes).
+             */
+            method: string;
+            /** Modified */
+            modified: components["schemas"]["FsChange"][];
+            /** Sandbox Id */
+            sandbox_id: string;
+            /**
+             * Skipped
+             * @description Changed names left out because they are not printable UTF-8.
+             * @default 0
+             */
+            skipped?: number;
+        } & {
+            [key: string]: unknown;
+        };
         /** SandboxInfo */
         SandboxInfo: {
             /**
@@ -1959,6 +2366,11 @@ export interface components {
             timings?: {
                 [key: string]: number;
             } | null;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2146,6 +2558,11 @@ export interface components {
             status?: ("ready" | "writing" | "failed") | null;
             /** Tag */
             tag: string;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2212,6 +2629,11 @@ export interface components {
             status?: ("ready" | "writing" | "failed") | null;
             /** Tag */
             tag: string;
+            /**
+             * Volumes
+             * @description Its volumes, in device order; omitted when it has none.
+             */
+            volumes?: components["schemas"]["VolumeAttachment"][] | null;
         } & {
             [key: string]: unknown;
         };
@@ -2247,6 +2669,8 @@ export interface components {
             env?: {
                 [key: string]: string;
             } | null;
+            /** @description What a fleet gateway sets when it places part of a spread fork-tree on this host: the children get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as the tree's other children did, so promote finds them. The labels are otherwise set only by fork-tree itself. */
+            fork_tree?: components["schemas"]["ForkTreeLabels"] | null;
             /**
              * Hibernate On Timeout
              * @description At timeout_secs, hibernate each child rather than kill it (E2B's autoPause): it stays listed as hibernated until killed, and its next request wakes it.
@@ -2419,6 +2843,8 @@ export interface components {
              * @default false
              */
             nic?: boolean;
+            /** @description For a FROM of a private registry: its credentials (this build's pull only, never stored). */
+            registry_auth?: components["schemas"]["RegistryAuth"] | null;
             /**
              * Replace
              * @description Replace an existing snapshot of this tag once the build has succeeded.
@@ -2464,6 +2890,132 @@ export interface components {
              * @example 0.1.0
              */
             version: string;
+        };
+        /**
+         * VolumeAttachment
+         * @description A volume a snapshot attaches (and so every child and branch of it), as snapshot.json records it.
+         */
+        VolumeAttachment: {
+            /**
+             * Fork
+             * @description copy: each child and branch has its own copy-on-write view.
+             */
+            fork: string;
+            /**
+             * Host Path
+             * @description The host directory it was copied from.
+             */
+            host_path?: string | null;
+            /**
+             * Mount
+             * @description Where the guest has it mounted.
+             * @example /mnt/data
+             */
+            mount: string;
+            /**
+             * Name
+             * @description The volume of /v1/volumes it layers on.
+             */
+            name?: string | null;
+            /** Read Only */
+            read_only: boolean;
+            /**
+             * Size Bytes
+             * @description Its size: the most a guest can write to it.
+             */
+            size_bytes: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /** VolumeExport */
+        VolumeExport: {
+            /** Name */
+            name: string;
+            /**
+             * Snapshot
+             * @description The snapshot whose view of the volume was copied.
+             */
+            snapshot?: string | null;
+            /**
+             * To
+             * @description The new host directory its files were copied into.
+             */
+            to: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** VolumeInfo */
+        VolumeInfo: {
+            /** Created At Unix */
+            created_at_unix: number;
+            /**
+             * Fs
+             * @example ext4
+             */
+            fs: string;
+            /**
+             * Name
+             * @example data
+             */
+            name: string;
+            /**
+             * Size Mib
+             * @description Its size: the most a guest can write to it (the host file grows no further, but for qcow2 metadata).
+             */
+            size_mib: number;
+            /**
+             * Snapshots
+             * @description The snapshots that attach it: while there are any, it cannot be deleted (409).
+             */
+            snapshots: string[];
+            /**
+             * Used Mib
+             * @description What its own disk file takes on the host.
+             */
+            used_mib: number;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * VolumeSpec
+         * @description One volume to attach (store/volume_spec.py): exactly one of name and host_path.
+         */
+        VolumeSpec: {
+            /**
+             * Fork
+             * @description copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at the snapshot. shared: not supported yet (400).
+             * @default copy
+             * @enum {string}
+             */
+            fork?: "copy" | "shared";
+            /**
+             * Host Path
+             * @description A directory on the daemon's host, copied into a new volume kept with the snapshot (the host directory is not written back).
+             */
+            host_path?: string | null;
+            /**
+             * Mount
+             * @description Where the guest mounts it (an absolute path, e.g. /mnt/data).
+             * @example /mnt/data
+             */
+            mount: string;
+            /**
+             * Name
+             * @description A volume of POST /v1/volumes.
+             * @example data
+             */
+            name?: string | null;
+            /**
+             * Read Only
+             * @description Attached read-only to the template and every child (one file, shared); writes fail in the guest.
+             * @default false
+             */
+            read_only?: boolean;
+            /**
+             * Size Mib
+             * @description host_path only: the new volume's size (its quota); default 1024.
+             */
+            size_mib?: number | null;
         };
         /** WorkspaceInfo */
         WorkspaceInfo: {
@@ -2553,6 +3105,97 @@ export interface operations {
                 };
                 content: {
                     "text/plain; version=1.0.0; charset=utf-8": string;
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_images_v1_images_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    }[];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pull_image_v1_images_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ImagePullRequest"];
+            };
+        };
+        responses: {
+            /** @description NDJSON, one event a line: progress, then done or error (docs/API.md). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such image or tag in the registry. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description Internal error (see daemon logs). */
@@ -2883,6 +3526,105 @@ export interface operations {
             };
             /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    sandbox_apply_v1_sandboxes__id__apply_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ApplyRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApplyResponse"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A conflict: this sandbox changed a path the source changed too, differently, since the source's snapshot (every such path is named); nothing was written. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A changed file, or all of them, too large to read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3270,6 +4012,112 @@ export interface operations {
                 };
             };
             /** @description The sandbox already runs 8 cells (or the daemon is starting). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest did not answer in time. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    sandbox_diff_v1_sandboxes__id__diff_get: {
+        parameters: {
+            query?: {
+                /** @description parent (the snapshot it was forked from), snapshot:TAG or sandbox:ID. */
+                against?: string;
+                /** @description Only paths under these (absolute prefixes) or with a part matching these names (globs). */
+                include?: string[] | null;
+                /** @description Leave these out (same forms); default: /proc, /sys, /dev, /run, /tmp, /var/tmp, /var/cache, /var/log, caches (__pycache__, .cache, .pytest_cache, .mypy_cache). */
+                exclude?: string[] | null;
+                /** @description json | patch | tar */
+                format?: "json" | "patch" | "tar";
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description format=json: the changes; patch: a unified diff (binary files flagged); tar: the added and modified files. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxDiff"];
+                    "application/x-tar": unknown;
+                    "text/x-diff": unknown;
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The two disks share no layer (different guest images). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A changed file, or all of them, too large to read. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The guest agent could not be reached or failed. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4615,6 +5463,65 @@ export interface operations {
             };
             /** @description Request body larger than the daemon's limit (default 1 MiB). */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    network_log_v1_sandboxes__id__network_log_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id, e.g. sb-67a1b3-0000. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkLog"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No sandbox with that id is alive. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6262,6 +7169,310 @@ export interface operations {
             };
             /** @description Internal error (see daemon logs). */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_volumes_v1_volumes_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_volume_v1_volumes_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_volume_v1_volumes__name__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_volume_v1_volumes__name__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Snapshots attach it (named). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    export_volume_v1_volumes__name__export_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Volume name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExportVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeExport"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No volume of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The directory exists. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

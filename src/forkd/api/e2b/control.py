@@ -31,7 +31,8 @@ from forkd.api.e2b.deps import LiveRuntime
 from forkd.api.e2b.errors import E2BError, rest_body
 from forkd.api.e2b.inputs import UNSUPPORTED
 from forkd.api.e2b.snapshots import SnapshotError
-from forkd.api.e2b.templates import E2BTemplates, TemplateError
+from forkd.api.e2b.template_steps import TemplateError
+from forkd.api.e2b.templates import E2BTemplates
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
 from forkd.errors import ForkdError, NoCapacity

@@ -83,7 +83,8 @@ def network(raw: object) -> dict[str, Any]:
     other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
     if other:
         raise E2BError(400, f"network.{other[0]} is not supported by forkd (allowOut and denyOut, as "
-                       "IPv4 networks with optional ports, allowPublicTraffic and maskRequestHost; "
+                       "IPv4 networks or DNS names with optional ports, allowPublicTraffic and "
+                       "maskRequestHost; "
                        f"{UNSUPPORTED})")
     ours = {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs) is not None}
     ours.setdefault("allow_public_traffic", True)

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from forkd.errors import ForkdError, InvalidRequest, NotFound, SandboxGone
-from forkd.guest import protocol
+from forkd.guest import code_messages, protocol
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -47,7 +47,7 @@ def _language(value: object) -> str | None:
     if value is None or value == "":
         return None
     try:
-        return protocol.kernel_language(value)
+        return code_messages.kernel_language(value)
     except protocol.RequestError as exc:
         raise InvalidRequest(f"{exc} (see docs/E2B.md)") from None
 
@@ -184,7 +184,7 @@ class Interpreter:
             body = await _json(request)
             language = _language(body.get("language"))
             kernels = await rt.kernels.available(sandbox_id)
-            cwd = body.get("cwd") or (protocol.KERNEL_HOME if kernels else None)
+            cwd = body.get("cwd") or (code_messages.KERNEL_HOME if kernels else None)
             return JSONResponse(await rt.code.create(sandbox_id, language=language, cwd=cwd))
         if path == "/contexts" and method == "GET":
             return JSONResponse(await rt.code.list(sandbox_id))

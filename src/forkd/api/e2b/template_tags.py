@@ -17,7 +17,8 @@ from fastapi import APIRouter, Request, Response
 from forkd.api.e2b import template_names
 from forkd.api.e2b.deps import RuntimeDep
 from forkd.api.e2b.template_names import MAX_TAGS
-from forkd.api.e2b.templates import TemplateError, json_body
+from forkd.api.e2b.template_steps import TemplateError
+from forkd.api.e2b.templates import json_body
 from forkd.errors import InvalidRequest, NotFound
 
 if TYPE_CHECKING:

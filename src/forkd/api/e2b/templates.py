@@ -21,7 +21,9 @@ The SDK's ``Template.build`` makes four kinds of call; each maps onto forkd:
   entries from that offset (at most 100 a call), ``reason`` (message, failed step) on an error.
 
 The base is forkd's ``default`` image for E2B's base image (``e2bdev/base``), any forkd image
-by name, or (``fromTemplate``) a snapshot; nothing is pulled, so other images are ``400``.
+by name, (``fromTemplate``) a snapshot, or any other image reference (``from_image``,
+``from_dockerfile``'s ``FROM``, ``from_registry`` with ``fromImageRegistry`` credentials),
+pulled and converted by the build (controller/images.py, the daemon's registry mirrors).
 ``GET /templates/aliases/{alias}`` (``Template.exists``) says whether a snapshot of that tag
 exists. Builds are kept in memory (the last 64), so a daemon restart forgets their status.
 """
@@ -29,7 +31,6 @@ exists. Builds are kept in memory (the last 64), so a daemon restart forgets the
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import hashlib
 import hmac
 import io
@@ -53,8 +54,9 @@ from fastapi import APIRouter, Request, Response
 from starlette.types import Scope
 
 from forkd import bounds
-from forkd.api.e2b import template_names
+from forkd.api.e2b import template_names, template_steps
 from forkd.api.e2b.deps import RuntimeDep, TemplatesDep
+from forkd.api.e2b.template_steps import TemplateError
 from forkd.errors import ForkdError, InvalidRequest, NotFound, TooLarge
 
 if TYPE_CHECKING:
@@ -68,18 +70,6 @@ HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9a-f]{64}/?$")
 _EXPIRES_RE = re.compile(r"[0-9]{1,12}", re.ASCII)  # unix seconds, ASCII digits only
 UPLOAD_URL_SECS = 3600  # how long a files link's signed upload URL is good for
-BASE_IMAGES = {"e2bdev/base", "e2bdev/base:latest"}  # E2B's default: forkd's default image
-DEFAULT_USER, DEFAULT_WORKDIR = "user", "/home/user"
-STEP_TYPES = {"RUN", "COPY", "ENV", "WORKDIR", "USER"}
-MAX_STEPS = bounds.MAX_TEMPLATE_STEPS
-
-
-class TemplateError(Exception):
-    """An answer in the SDK's REST error shape (the control app's handler turns it into one)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def streams_body(scope: Scope) -> bool:
@@ -107,24 +97,6 @@ class _Build:
         if step is not None:
             entry["step"] = step
         self.entries.append(entry)
-
-
-def _quote_env(value: str) -> str:
-    if "\n" in value or "\r" in value:
-        raise TemplateError(400, "an environment variable's value cannot hold a line break here")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
-
-
-def _word(value: str, what: str) -> str:
-    if not value or any(c.isspace() for c in value) or "\0" in value:
-        raise TemplateError(400, f"{what} {value[:80]!r} must be one word")
-    return value
-
-
-def _matches(pattern: str, name: str) -> bool:
-    """A glob over whole path segments (``folder/*`` matches ``folder/a``, not ``folder/a/b``)."""
-    want, have = pattern.strip("/").split("/"), name.split("/")
-    return len(want) == len(have) and all(fnmatch.fnmatchcase(h, w) for h, w in zip(have, want, strict=True))
 
 
 class E2BTemplates:
@@ -250,11 +222,18 @@ class E2BTemplates:
         build = self._build(template_id, build_id)
         if build.status != "waiting":
             raise TemplateError(409, f"build {build_id} was already started")
-        dockerfile, sources, step_names = self._dockerfile(body)
-        context = await self._context(sources) if sources else None
-        req = self._request(build, body, dockerfile, context)
+        plan = template_steps.plan(body, self._files, self._has_snapshot)
+        context = await self._context(plan.uploads) if plan.uploads else None
+        req = self._request(build, body, plan.dockerfile, context)
         build.status = "building"
-        build.task = asyncio.create_task(self._run(build, req, step_names))
+        build.task = asyncio.create_task(self._run(build, req, plan.step_names))
+
+    def _has_snapshot(self, tag: str) -> bool:
+        try:
+            self._rt().get_snapshot(tag)
+        except NotFound:
+            return False
+        return True
 
     def _request(self, build: _Build, body: dict[str, Any], dockerfile: str, context: str | None) -> Any:
         from forkd.controller.runtime import BuildRequest  # the controller pulls in the VMM stack
@@ -266,93 +245,8 @@ class E2BTemplates:
         return BuildRequest(tag=build.template_id, dockerfile=dockerfile, context=context,
                             mem_mib=build.mem_mib, vcpus=build.vcpus, replace=True,
                             cache_from=0 if body.get("force") is True else None,
-                            start_cmd=start or None, ready_cmd=ready or None)
-
-    def _base(self, body: dict[str, Any]) -> str:
-        template = body.get("fromTemplate")
-        if template is not None:
-            if not isinstance(template, str) or not bounds.TAG_RE.match(template):
-                raise TemplateError(400, f"fromTemplate {str(template)[:80]!r} is not a forkd snapshot tag")
-            try:
-                self._rt().get_snapshot(template)
-            except NotFound:
-                raise TemplateError(404, f"template {template!r} was not found") from None
-            return f"snapshot:{template}"
-        if body.get("fromImageRegistry") is not None:
-            raise TemplateError(400, "registries are not supported by forkd: nothing is pulled")
-        image = body.get("fromImage")
-        if image is None or image in BASE_IMAGES:
-            return "default"
-        if isinstance(image, str) and bounds.TAG_RE.match(image.removeprefix("forkd/")):
-            return image.removeprefix("forkd/")
-        raise TemplateError(400, f"image {str(image)[:100]!r} is not a forkd image; forkd pulls nothing: use "
-                            "the base image (e2bdev/base) or a forkd image built with forkd image build")
-
-    def _dockerfile(self, body: dict[str, Any]) -> tuple[str, list[str], dict[int, str]]:
-        """The Dockerfile of E2B's steps; the uploads it copies from; each RUN/COPY's E2B step number."""
-        steps = body.get("steps") or []
-        if not isinstance(steps, list) or len(steps) > MAX_STEPS:
-            raise TemplateError(400, f"steps must be a list of at most {MAX_STEPS}")
-        lines = [f"FROM {self._base(body)}", f"USER {DEFAULT_USER}", f"WORKDIR {DEFAULT_WORKDIR}"]
-        user, uploads = DEFAULT_USER, []
-        names: dict[int, str] = {}  # a RUN/COPY of the plan (1-based) -> its E2B step number
-        for number, step in enumerate(steps, 1):
-            if not isinstance(step, dict):
-                raise TemplateError(400, "each step must be an object")
-            kind, args = step.get("type"), step.get("args") or []
-            if kind not in STEP_TYPES or not isinstance(args, list) or not all(isinstance(a, str)
-                                                                                 for a in args):
-                raise TemplateError(400, f"step {number}: type {str(kind)[:20]!r} is not supported "
-                                    f"(forkd builds {', '.join(sorted(STEP_TYPES))})")
-            if kind == "RUN":
-                if not args:
-                    raise TemplateError(400, f"step {number}: RUN needs a command")
-                run = "RUN " + json.dumps(["/bin/bash", "-c", args[0]])
-                names[len(names) + 1] = str(number)
-                if len(args) > 1 and args[1] and args[1] != user:
-                    lines += [f"USER {_word(args[1], 'user')}", run, f"USER {user}"]
-                else:
-                    lines.append(run)
-            elif kind == "COPY":
-                src, dest, owner, mode = [*args, "", "", "", ""][:4]
-                files_hash = step.get("filesHash")
-                if not isinstance(files_hash, str) or files_hash not in self._files:
-                    raise TemplateError(400, f"step {number}: the files of {src[:80]!r} were not uploaded")
-                uploads.append(files_hash)
-                sources = self._sources(files_hash, src)
-                flags = (f"--chown={_word(owner, 'owner')} " if owner else "") + (
-                    f"--chmod={_word(mode, 'mode')} " if mode else "")
-                if not dest:
-                    raise TemplateError(400, f"step {number}: COPY needs a destination")
-                into_dir = dest.endswith("/") or len(sources) > 1 or any(c in src for c in "*?[")
-                target = dest.rstrip("/") + "/" if into_dir else dest
-                lines.append(f"COPY {flags}{json.dumps([*sources, target])}")
-                names[len(names) + 1] = str(number)
-            elif kind == "ENV":
-                pairs = [f"{_word(args[i], 'name')}={_quote_env(args[i + 1])}"
-                         for i in range(0, len(args) - 1, 2)]
-                if pairs:
-                    lines.append("ENV " + " ".join(pairs))
-            elif kind == "WORKDIR":
-                lines.append(f"WORKDIR {_word(args[0] if args else '', 'workdir')}")
-            else:  # USER
-                user = _word(args[0] if args else "", "user")
-                lines.append(f"USER {user}")
-        return "\n".join(lines) + "\n", uploads, names
-
-    def _sources(self, files_hash: str, src: str) -> list[str]:
-        """The context paths a copy step names: its globs matched against what was uploaded."""
-        if not any(c in src for c in "*?["):
-            return [src.strip("/") or "."]
-        names: set[str] = set()
-        with tarfile.open(self._files[files_hash]) as tar:
-            for member in tar:
-                parts = member.name.strip("/").split("/")
-                names.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))  # and its directories
-        found = sorted(n for n in names if _matches(src, n))
-        if not found:
-            raise TemplateError(400, f"{src[:80]!r} matches no uploaded file")
-        return found
+                            start_cmd=start or None, ready_cmd=ready or None,
+                            registry_credentials=template_steps.registry_credentials(body))
 
     async def _context(self, uploads: list[str]) -> str:
         """One build context holding every upload (they are all relative to the same directory)."""

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
-from forkd.host.egress import ENTRY_PATTERN, MASK_HOST_PATTERN, Destination
+from forkd.host.egress import ENTRY_PATTERN, MASK_HOST_PATTERN, parse_entry
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
@@ -87,6 +87,9 @@ Labels = Annotated[
 ]
 # Bounds before the BeforeValidator: the other way round pydantic renders
 # them as unknown keywords ("ge") instead of minimum/maximum.
+VolumeSizeMib = Annotated[
+    int, Field(**bounds.VOLUME_SIZE_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
+]
 MemoryLimitMib = Annotated[
     int, Field(**bounds.MEMORY_LIMIT_MIB.field_kwargs()), BeforeValidator(_integral_float_to_int)
 ]
@@ -142,9 +145,9 @@ class ResponseModel(BaseModel):
 
 
 def _egress_entry(value: str) -> str:
-    """The entry's own 400 message (domain names, IPv6, ports) rather than a bare pattern mismatch."""
+    """The entry's own 400 message (bad names, IPv6, ports) rather than a bare pattern mismatch."""
     try:
-        Destination.parse(value, "entry")
+        parse_entry(value, "entry")
     except InvalidRequest as exc:
         raise ValueError(str(exc)) from None
     return value
@@ -153,8 +156,10 @@ def _egress_entry(value: str) -> str:
 # The pattern is documented, not enforced by pydantic: _egress_entry says what is wrong.
 EgressEntry = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS),
                         AfterValidator(_egress_entry), Field(json_schema_extra={"pattern": ENTRY_PATTERN})]
-EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, optionally with :PORT or :FIRST-LAST (TCP and UDP), "
-                     "e.g. \"10.0.0.0/8\", \"192.0.2.7:443\", \"198.51.100.0/24:8000-8100\"")
+EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, or a DNS name (`*.` for every name below one), "
+                     "optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g. \"10.0.0.0/8\", "
+                     "\"192.0.2.7:443\", \"198.51.100.0/24:8000-8100\", \"pypi.org\", "
+                     "\"*.pythonhosted.org:443\"")
 
 
 class NetworkPolicy(RequestModel):

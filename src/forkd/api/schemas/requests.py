@@ -18,17 +18,14 @@ from pydantic import (
 
 from forkd import bounds
 from forkd.api.schemas.common import (
-    DIGEST_PATTERN,
     ENV_NAME_PATTERN,
     GUEST_PATH_PATTERN,
     INTERNET_HELP,
     MODULE_PATTERN,
     NETWORK_HELP,
-    NO_NUL_PATTERN,
     TAP_PATTERN,
     TREE_ID_PATTERN,
     BranchMode,
-    BuildArgs,
     CpuLimit,
     CString,
     DiskQuotaMib,
@@ -44,9 +41,11 @@ from forkd.api.schemas.common import (
     PidsLimit,
     RequestModel,
     RunAs,
+    SandboxId,
     SandboxTimeout,
     Tag,
 )
+from forkd.api.schemas.volumes import VolumeSpec
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.guest.protocol import FILE_PATH_MAX, HOSTNAME_MAX, HOSTNAME_RE
@@ -109,6 +108,11 @@ class CreateSnapshotRequest(RequestModel):
         600, **bounds.SETUP_TIMEOUT_SECS.field_kwargs(),
         description="Timeout of each setup command and each setup_eval step.",
     )
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list, max_length=bounds.MAX_VOLUMES,
+        description="Volumes attached as virtio disks and mounted before setup runs; every child and "
+        "branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).",
+    )
 
 
 # A child's hostname: RFC 1123 labels, as guest/protocol.py's check_hostname says (the daemon, through
@@ -118,6 +122,14 @@ Hostname = Annotated[str, StringConstraints(max_length=HOSTNAME_MAX, pattern=HOS
 HOSTNAME_HELP = ("Each child's hostname, set in the guest at its restore (what hostname and uname -n say, "
                  "/etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at "
                  "most 64 characters. Default: the snapshot's.")
+
+
+class ForkTreeLabels(RequestModel):
+    tree_id: Annotated[str, StringConstraints(pattern=TREE_ID_PATTERN)] = Field(
+        description="The fork-tree's id (its other children's fork_tree_id).")
+    parent_id: SandboxId = Field(description="The tree's source sandbox, on whichever host it runs.")
+    first_index: JSONInt = Field(ge=0, le=int(bounds.SPAWN_N.high),
+                                 description="fork_index of the first child.")
 
 
 class SpawnRequest(RequestModel):
@@ -191,6 +203,12 @@ class SpawnRequest(RequestModel):
         "Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.",
     )
     hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
+    fork_tree: ForkTreeLabels | None = Field(
+        None, description="What a fleet gateway sets when it places part of a spread fork-tree on this "
+        "host: the children get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted "
+        "from first_index) as the tree's other children did, so promote finds them. The labels are "
+        "otherwise set only by fork-tree itself.",
+    )
 
     # Request fields that are not spawn options: the tag and count, and what is accepted without effect.
     NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"snapshot_tag", "n", "hugepages"})
@@ -345,8 +363,14 @@ class ForkRequest(RequestModel):
                                                           "for each child.")
     hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
 
+    spread: bool = Field(
+        False, description="Through a fleet gateway: place the children on several hosts (the source's "
+        "host branches and takes the first, the branch goes to the object store, the others start from "
+        "it), and keep the branch, since children elsewhere read from it. A daemon alone forks every "
+        "child itself.")
+
     # Fields of the request that are not fork options.
-    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count"})
+    NOT_OPTIONS: ClassVar[frozenset[str]] = frozenset({"count", "spread"})
 
     def options(self) -> ForkOptions:
         """The fork options this request asks for: every field by its name (a new field needs no
@@ -410,6 +434,14 @@ class PromoteRequest(RequestModel):
     )
 
 
+class ApplyRequest(RequestModel):
+    from_: SandboxId = Field(alias="from", description="The sandbox whose changes to apply: its diff "
+                             "against the snapshot it was forked from (a child of the target, typically).")
+    paths: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
+        None, max_length=64, description="Only changes under these paths (absolute prefixes, or names "
+        "such as *.py); default: every change a diff shows.")
+
+
 class CheckpointPolicyRequest(RequestModel):
     every: JSONInt = Field(**bounds.CHECKPOINT_EVERY.field_kwargs(),
                            description="Branch after every N exec/eval calls.")
@@ -437,29 +469,3 @@ class PoolRequest(RequestModel):
 
 class PushRequest(RequestModel):
     force: bool = Field(False, description="Replace a different snapshot of the same tag in the store.")
-
-
-class TemplateBuildRequest(RequestModel):
-    tag: Tag = Field(description="Name of the template's snapshot.", examples=["web"])
-    dockerfile: Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN,
-                                                 max_length=bounds.MAX_DOCKERFILE_BYTES)] = Field(
-        description="The Dockerfile's text: FROM (a forkd image), RUN, COPY/ADD, ENV, ARG, WORKDIR, USER "
-        "(docs/TEMPLATES.md).",
-    )
-    context: Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)] | None = Field(
-        None, description="The build context COPY reads: the digest PUT /v1/templates/contexts answered.",
-    )
-    build_args: BuildArgs = Field(default_factory=dict, description="Values of the Dockerfile's ARGs.")
-    mem_mib: JSONInt = Field(DEFAULT_MEM_MIB, **bounds.MEM_MIB.field_kwargs(),
-                             description="Guest RAM in MiB.")
-    vcpus: JSONInt = Field(DEFAULT_VCPUS, **bounds.VCPUS.field_kwargs(), description="Guest vCPUs.")
-    nic: bool = Field(False, description="Give the template, and so every child, a network device.")
-    allow_internet_access: bool = Field(False, description="The build's own egress while RUN steps run "
-                                        "(e.g. pip install). " + INTERNET_HELP)
-    network: NetworkPolicy | None = Field(None, description="The build's own egress. " + NETWORK_HELP)
-    replace: bool = Field(False, description="Replace an existing snapshot of this tag once the build "
-                          "has succeeded.")
-    step_timeout_secs: float = Field(1800, **bounds.EXEC_TIMEOUT_SECS.field_kwargs(),
-                                     description="Timeout of each RUN and COPY step.")
-    boot_wait_secs: float = Field(180, **bounds.BOOT_WAIT_SECS.field_kwargs(),
-                                  description="Upper bound on the base layer's boot.")

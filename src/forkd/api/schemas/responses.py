@@ -27,6 +27,20 @@ from forkd.api.schemas.derive import derived_from
 from forkd.controller import results
 
 
+class VolumeAttachment(ResponseModel):
+    """A volume a snapshot attaches (and so every child and branch of it), as snapshot.json records it."""
+
+    name: str | None = Field(None, description="The volume of /v1/volumes it layers on.")
+    host_path: str | None = Field(None, description="The host directory it was copied from.")
+    mount: str = Field(description="Where the guest has it mounted.", examples=["/mnt/data"])
+    read_only: bool
+    fork: str = Field(description="copy: each child and branch has its own copy-on-write view.")
+    size_bytes: int = Field(description="Its size: the most a guest can write to it.")
+
+
+VOLUMES_HELP = "Its volumes, in device order; omitted when it has none."
+
+
 class SnapshotInfo(ResponseModel):
     tag: str
     dir: str
@@ -58,6 +72,7 @@ class SnapshotInfo(ResponseModel):
     diff_ms: float | None = Field(
         None, description="measure_diff: an estimate, not a second capture: this branch's pause "
         "scaled to the share of its captured RAM stream that the written pages make up.")
+    volumes: list[VolumeAttachment] | None = Field(None, description=VOLUMES_HELP)
 
 
 class SnapshotDetail(SnapshotInfo):
@@ -110,6 +125,7 @@ class SandboxInfo(ResponseModel):
                            examples=["10.201.0.7"])
     network: SandboxNetwork | None = Field(None, description="Its network: the guest's view and its egress "
                                            "policy. Present for snapshots with a NIC.")
+    volumes: list[VolumeAttachment] | None = Field(None, description=VOLUMES_HELP)
     guest_addr: str = Field(
         description="How the host reaches the guest agent; here unix:<path> (virtio-serial).",
         examples=["unix:/var/lib/forkd/sandboxes/sb-67a1b3-0000/agent.sock"],
@@ -161,9 +177,52 @@ class WorkspaceInfo(ResponseModel):
     pass
 
 
+@derived_from(results.VolumeReport)
+class VolumeInfo(ResponseModel):
+    pass
+
+
+@derived_from(results.VolumeExportReport)
+class VolumeExport(ResponseModel):
+    pass
+
+
 @derived_from(results.SandboxCost)
 class SandboxMemory(ResponseModel):
     """What a sandbox costs the host, in bytes, read from the host (never the guest)."""
+
+
+class NetworkDecision(ResponseModel):
+    time: float = Field(description="When the guest asked (Unix seconds).")
+    name: str = Field(description="The name it asked its resolver for.")
+    allowed: bool = Field(description="Whether the sandbox's egress policy let it resolve.")
+    detail: str = Field(description="The addresses answered (and opened), or why it was refused.")
+
+
+class NetworkLog(ResponseModel):
+    sandbox_id: str
+    entries: list[NetworkDecision] = Field(
+        description="The latest names its guest asked for, oldest first (at most 256; none without "
+        "names in its egress policy).")
+
+
+@derived_from(results.FsChange)
+class FsChange(ResponseModel):
+    """One path added, modified or deleted."""
+
+
+@derived_from(results.FsDiff)
+class SandboxDiff(ResponseModel):
+    """What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json)."""
+
+    added: list[FsChange]
+    modified: list[FsChange]
+    deleted: list[FsChange]
+
+
+@derived_from(results.ApplyResult)
+class ApplyResponse(ResponseModel):
+    """What POST /v1/sandboxes/{id}/apply wrote."""
 
 
 class ForkError(ResponseModel):

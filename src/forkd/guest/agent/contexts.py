@@ -20,7 +20,7 @@ dropped and said so), and so is the number of contexts.
 
 A context has a language: where the image runs Jupyter kernels (which then
 run every cell, ``forkd.guest.agent.kernels``) also bash or javascript, each
-with a default context (``protocol.default_context``). PID 1 runs Python only.
+with a default context (``code_messages.default_context``). PID 1 runs Python only.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from forkd.guest import protocol
+from forkd.guest import code_messages
 from forkd.guest.agent import kernel_specs
 from forkd.guest.agent.cell_output import CELL, Capped, cell_error
 from forkd.guest.agent.evaluator import EvalTimeout, Evaluator
@@ -77,13 +77,13 @@ class CodeContexts:
         self._evaluator = evaluator
         self._languages = languages  # what the image's kernels run (none: PID 1's Python alone)
         self._lock = threading.Lock()  # the table of contexts and the results
-        home = self._home = protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/"
+        home = self._home = code_messages.KERNEL_HOME if os.path.isdir(code_messages.KERNEL_HOME) else "/"
         # With kernels, python's default context is IPython's kernel, which starts in the home as
         # E2B's do; without, it is PID 1's own namespace, whose eval runs where PID 1 does (/).
         self._contexts: dict[str, _Context] = {
             DEFAULT: _Context(DEFAULT, warm_namespace, home if languages() else "/")}
         for language in languages():
-            if (name := protocol.default_context(language)) != DEFAULT:
+            if (name := code_messages.default_context(language)) != DEFAULT:
                 self._contexts[name] = self._new(name, home, language)
         self._results: dict[str, dict[str, Any]] = {}
         self._abandoned: set[str] = set()  # tokens whose caller stopped waiting
@@ -131,7 +131,7 @@ class CodeContexts:
         return context
 
     def create(self, req: dict[str, Any]) -> dict[str, Any]:
-        language = protocol.kernel_language(req.get("language"))
+        language = code_messages.kernel_language(req.get("language"))
         if language != LANGUAGE and language not in self._languages():
             raise RequestError(kernel_specs.missing(language), INVALID)
         cwd = req.get("cwd") or (self._home if self._languages() else "/")  # where its kernel starts

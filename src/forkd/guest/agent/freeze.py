@@ -1,15 +1,19 @@
-"""The ``fsfreeze``/``fsthaw`` actions: FIFREEZE/FITHAW of the guest's root filesystem.
+"""The ``fsfreeze``/``fsthaw`` actions: FIFREEZE/FITHAW of the guest's root filesystem and of the
+mounts the request names (its writable volumes).
 
-A live branch snapshots the disk while the vCPUs keep running, so the guest
-first freezes its root filesystem: the kernel flushes it and holds new writes,
-and the copy is crash-free. Children restored from that state thaw their copy.
+A live branch snapshots the disks while the vCPUs keep running, so the guest
+first freezes the filesystems on them: the kernel flushes each and holds new
+writes, and the copy is crash-free. Children restored from that state thaw their
+copy (every filesystem this agent froze: the list is in the memory they restore).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
+from collections.abc import Sequence
 
 from forkd.guest.protocol import RequestError
 
@@ -19,7 +23,7 @@ FITHAW = 0xC0045878
 
 
 class RootFreezer:
-    """FIFREEZE/FITHAW of the root filesystem, for crash-free disk snapshots."""
+    """FIFREEZE/FITHAW of the root filesystem (and of named mounts), for crash-free disk snapshots."""
 
     FIFREEZE = FIFREEZE
     FITHAW = FITHAW
@@ -27,7 +31,7 @@ class RootFreezer:
     def __init__(self, root: str = "/") -> None:
         self.root = root
         self.lock = threading.Lock()
-        self.frozen = False
+        self.frozen: list[str] = []  # in the order frozen; thawed in reverse
 
     @staticmethod
     def sync() -> dict[str, bool]:
@@ -35,30 +39,39 @@ class RootFreezer:
         os.sync()
         return {"synced": True}
 
-    def freeze(self) -> bool:
+    def freeze(self, mounts: Sequence[str] = ()) -> bool:
+        """Freeze the root filesystem, then each of ``mounts`` (absolute paths of mount points).
+        One that cannot be frozen thaws what was frozen before it, so a refusal leaves nothing held."""
         with self.lock:
             if self.frozen:
                 return True
-            fd = os.open(self.root, os.O_RDONLY)
-            try:
-                fcntl.ioctl(fd, FIFREEZE, 0)
-            except OSError as exc:
-                raise RequestError(f"cannot freeze the root filesystem: {exc.strerror}") from None
-            finally:
-                os.close(fd)
-            self.frozen = True
+            for path in [self.root, *mounts]:
+                try:
+                    self._ioctl(path, FIFREEZE)
+                except OSError as exc:
+                    self._thaw_all()
+                    raise RequestError(f"cannot freeze the filesystem at {path}: {exc.strerror}") from None
+                self.frozen.append(path)
             return True
 
     def thaw(self) -> bool:
         with self.lock:
             if not self.frozen:
                 return False
-            fd = os.open(self.root, os.O_RDONLY)
-            try:
-                fcntl.ioctl(fd, FITHAW, 0)
-            except OSError:
-                pass  # already thawed (EINVAL): the goal is reached either way
-            finally:
-                os.close(fd)
-            self.frozen = False
+            self._thaw_all()
             return True
+
+    def _thaw_all(self) -> None:
+        for path in reversed(self.frozen):
+            # Already thawed (EINVAL), or gone: the goal is reached either way.
+            with contextlib.suppress(OSError):
+                self._ioctl(path, FITHAW)
+        self.frozen = []
+
+    @staticmethod
+    def _ioctl(path: str, request: int) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, request, 0)
+        finally:
+            os.close(fd)

@@ -9,7 +9,7 @@ stream: each event costs its line's length (``protocol.line_cost``) against the
 window the host acknowledges with ``proc_ack``; while the window is full the
 runner is not read, so it stops reading its kernel.
 
-Each context's kernel runs its language (``protocol.KERNEL_LANGUAGES``):
+Each context's kernel runs its language (``code_messages.KERNEL_LANGUAGES``):
 as its cell asks, else as the context was made (``contexts``) or its kernel
 started, else python; a cell in another language than its context's is
 refused. A cell without a context runs on its language's default context, in
@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import IO, Any
 
-from forkd.guest import protocol
+from forkd.guest import code_messages, protocol
 from forkd.guest.agent import kernel_specs
 from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CONTEXT_ID, CodeContexts
@@ -76,8 +76,8 @@ class Kernels:
             with self.cond:
                 return {"available": self.available(), "running": self.proc is not None,
                         "languages": list(kernel_specs.languages(self.available()))}
-        language = None if req.get("language") is None else protocol.kernel_language(req.get("language"))
-        context = req.get("context") or protocol.default_context(language or "python")
+        language = None if req.get("language") is None else code_messages.kernel_language(req.get("language"))
+        context = req.get("context") or code_messages.default_context(language or "python")
         if not isinstance(context, str) or not CONTEXT_ID.match(context):
             raise RequestError("context must be 1 to 64 letters, digits, '_' or '-'", INVALID)
         if op == "interrupt":
@@ -116,8 +116,8 @@ class Kernels:
         language = language or known or "python"
         if self.available() and language not in kernel_specs.languages(True):
             raise RequestError(kernel_specs.missing(language), NOT_FOUND)
-        cwd = cwd or (made or {}).get("cwd") or (
-            protocol.KERNEL_HOME if os.path.isdir(protocol.KERNEL_HOME) else "/")  # as E2B's kernels
+        home = code_messages.KERNEL_HOME
+        cwd = cwd or (made or {}).get("cwd") or (home if os.path.isdir(home) else "/")  # as E2B's kernels
         if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
             raise RequestError("cwd must be an absolute path", INVALID)
         return language, cwd

@@ -1,21 +1,20 @@
 """The agent's server: the serve loop, and dispatch of each request to the job that answers it.
 
-Its own module so that each job stays a plain function of a request, and the
-framing, the concurrency and the rule that PID 1 outlives any bad request live
-in one place. ``serve`` reads the port (or, in tests, a pipe or a socket); the
-wire format is ``forkd.guest.protocol``'s.
+Its own module so that each job stays a plain function of a request, and the framing, the
+concurrency, the check of each request against its type (``forkd.guest.messages.check_request``)
+and the rule that PID 1 outlives any bad request live in one place. ``serve`` reads the port (or,
+in tests, a pipe or a socket); the wire format is ``forkd.guest.protocol``'s.
 
 Where a request runs, cheapest first:
 
-* on the serve loop itself, for what never blocks: ``ping``, handing an eval to
-  the evaluator, and every process request but a start (they change a table and
-  queue bytes for the process I/O thread);
-* on a worker (``forkd.guest.agent.workers``) for what may block: starting a
-  process, the file actions, the post-restore call, ``sync``, freezing.
+* on the serve loop itself, for what never blocks: ``ping``, handing an eval to the evaluator,
+  and every process request but a start (they change a table and queue bytes for the I/O thread);
+* on a worker (``forkd.guest.agent.workers``) for what may block: starting a process, the file
+  actions, the post-restore call, ``sync``, freezing.
 
-Nothing the agent runs wakes it while it is idle: the serve loop blocks in
-``read`` on the port; while no host is connected (the read returns at once) it
-waits for the port's SIGIO, which the kernel sends when a host connects.
+Nothing the agent runs wakes it while it is idle: the serve loop blocks in ``read`` on the port;
+while no host is connected (the read returns at once) it waits for the port's SIGIO, which the
+kernel sends when a host connects.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
-from forkd.guest.protocol import AGENT_VERSION, RequestError
+from forkd.guest.protocol import AGENT_VERSION, RequestError, check_freeze_mounts
 
 READ_CHUNK = 1 << 16
 # A signal request waits at most this long for the process to end (``wait_ms``).
@@ -83,7 +82,7 @@ class Agent:
             protocol.EVAL_CANCEL: lambda _req: {"cancelled": self.evaluator.cancel()},
             protocol.RESTORED: self.restored,
             protocol.SYNC: lambda _req: self.fs.sync(),
-            protocol.FSFREEZE: lambda _req: {"frozen": self.fs.freeze()},
+            protocol.FSFREEZE: lambda req: {"frozen": self.fs.freeze(check_freeze_mounts(req.get("mounts")))},
             protocol.FSTHAW: lambda _req: {"thawed": self.fs.thaw()},
             protocol.FILE_STAT: self.files.stat,
             protocol.FILE_LIST: self.files.list,
@@ -113,8 +112,7 @@ class Agent:
             protocol.PROC_RESIZE: lambda req: self.processes.resize(int_field(req, "pid"), parse_size(req)),
             protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
                 int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
-                wait=min(max(0.0, float(int_field(req, "wait_ms"))) / 1000, MAX_SIGNAL_WAIT_SECS)
-                if "wait_ms" in req else 0),
+                wait=min(max(0, req.get("wait_ms", 0)) / 1000, MAX_SIGNAL_WAIT_SECS)),  # int: checked
         }
 
     # ------------------------------------------------------------- actions
@@ -159,6 +157,7 @@ class Agent:
         handler = self.handlers.get(action) if isinstance(action, str) else None
         if handler is None:
             raise RequestError(f"unknown action {action!r}")
+        messages.check_request(str(action), req)  # its fields' types, before any handler reads them
         return handler(req)
 
     # ------------------------------------------------------------- serving

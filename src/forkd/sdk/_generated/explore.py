@@ -39,6 +39,7 @@ def explore_tree(
     per_child_netns: bool,
     live_fork: bool,
     keep_snapshot: bool,
+    apply_winner: bool = False,
 ) -> ExploreResult[Sandbox, CandidateT]:
     """:meth:`Sandbox.explore` (see there) from ``sandbox``."""
     tried = list(candidates)
@@ -89,6 +90,7 @@ def explore_tree(
         leftovers = _close_all(tree.children)
         raise ExploreError(_all_failed(outcomes, leftovers), outcomes, tree)
     try:
+        applied = sandbox.apply(best.sandbox.id) if apply_winner else None
         promotion = best.sandbox.promote(
             tree_id=tree.tree_id, cleanup_siblings=True, replace_parent=replace_parent
         )
@@ -100,7 +102,7 @@ def explore_tree(
     for child in tree.children:
         if child.id in gone:
             child.owned = False
-    return ExploreResult(best.sandbox, best, outcomes, tree, promotion)
+    return ExploreResult(best.sandbox, best, outcomes, tree, promotion, applied)
 
 
 def _close_all(sandboxes: Sequence[Sandbox]) -> list[str]:

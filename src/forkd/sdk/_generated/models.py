@@ -12,6 +12,31 @@ arguments and sends them unchanged.
 from typing import Literal, Required, TypedDict
 
 
+ApplyRequest = TypedDict('ApplyRequest', {'from': Required[str], 'paths': list[str] | None}, total=False)
+# The ``ApplyRequest`` schema.
+
+
+class ApplyResponse(TypedDict, total=False):
+    """What POST /v1/sandboxes/{id}/apply wrote."""
+
+    sandbox_id: Required[str]
+
+    source: Required[str]
+    """The sandbox whose changes were applied."""
+
+    against: Required[str]
+    """The state both were compared with: the source's snapshot."""
+
+    written: Required[list[str]]
+    """Paths written (added or modified)."""
+
+    deleted: Required[list[str]]
+    """Paths removed."""
+
+    unchanged: Required[list[str]]
+    """Paths the target already had as the source has them."""
+
+
 class BranchRequest(TypedDict, total=False):
     """The ``BranchRequest`` schema."""
 
@@ -69,6 +94,28 @@ class CheckpointPolicy(TypedDict, total=False):
     mode: Required[str]
 
 
+class VolumeAttachment(TypedDict, total=False):
+    """A volume a snapshot attaches (and so every child and branch of it), as snapshot.json records it.
+    """
+
+    name: str | None
+    """The volume of /v1/volumes it layers on."""
+
+    host_path: str | None
+    """The host directory it was copied from."""
+
+    mount: Required[str]
+    """Where the guest has it mounted."""
+
+    read_only: Required[bool]
+
+    fork: Required[str]
+    """copy: each child and branch has its own copy-on-write view."""
+
+    size_bytes: Required[int]
+    """Its size: the most a guest can write to it."""
+
+
 class SnapshotInfo(TypedDict, total=False):
     """The ``SnapshotInfo`` schema."""
 
@@ -118,6 +165,9 @@ class SnapshotInfo(TypedDict, total=False):
     """measure_diff: an estimate, not a second capture: this branch's pause scaled to the share of its
     captured RAM stream that the written pages make up.
     """
+
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
 
 
 class CheckpointList(TypedDict, total=False):
@@ -190,16 +240,18 @@ class NetworkPolicy(TypedDict, total=False):
     """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
@@ -212,6 +264,33 @@ class NetworkPolicy(TypedDict, total=False):
     """The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}`
     stands for the port, e.g. `localhost:${PORT}`.
     """
+
+
+class VolumeSpec(TypedDict, total=False):
+    """One volume to attach (store/volume_spec.py): exactly one of name and host_path."""
+
+    name: str | None
+    """A volume of POST /v1/volumes."""
+
+    host_path: str | None
+    """A directory on the daemon's host, copied into a new volume kept with the snapshot (the host
+    directory is not written back).
+    """
+
+    mount: Required[str]
+    """Where the guest mounts it (an absolute path, e.g. /mnt/data)."""
+
+    read_only: bool
+    """Attached read-only to the template and every child (one file, shared); writes fail in the guest.
+    """
+
+    fork: Literal["copy", "shared"]
+    """copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
+    the snapshot. shared: not supported yet (400).
+    """
+
+    size_mib: int | None
+    """host_path only: the new volume's size (its quota); default 1024."""
 
 
 class CreateSnapshotRequest(TypedDict, total=False):
@@ -278,6 +357,30 @@ class CreateSnapshotRequest(TypedDict, total=False):
 
     setup_timeout_secs: float
     """Timeout of each setup command and each setup_eval step."""
+
+    volumes: list[VolumeSpec]
+    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """
+
+
+class CreateVolumeRequest(TypedDict, total=False):
+    """The ``CreateVolumeRequest`` schema."""
+
+    name: Required[str]
+    """The volume's name, unique on this daemon."""
+
+    size_mib: int
+    """Its size: the most a guest can write to it, on the host too."""
+
+    fs: Literal["ext4"]
+    """Its filesystem."""
+
+    source: str | None
+    """A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive
+    members that would leave it (absolute, '..', links out, devices) are refused, and so is more
+    content than fits.
+    """
 
 
 class CreateWorkspaceRequest(TypedDict, total=False):
@@ -417,6 +520,19 @@ class ExecStreamRequest(TypedDict, total=False):
     """
 
 
+class ExportVolumeRequest(TypedDict, total=False):
+    """The ``ExportVolumeRequest`` schema."""
+
+    to: Required[str]
+    """A new directory on the daemon's host to copy the volume's files into (its parent must exist).
+    """
+
+    snapshot: str | None
+    """Copy the volume as this snapshot holds it (what its template or branch source wrote); default:
+    the volume as made.
+    """
+
+
 class FileInfo(TypedDict, total=False):
     """The ``FileInfo`` schema."""
 
@@ -531,6 +647,12 @@ class ForkRequest(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    spread: bool
+    """Through a fleet gateway: place the children on several hosts (the source's host branches and
+    takes the first, the branch goes to the object store, the others start from it), and keep the
+    branch, since children elsewhere read from it. A daemon alone forks every child itself.
+    """
+
 
 class HibernationInfo(TypedDict, total=False):
     """The ``HibernationInfo`` schema."""
@@ -606,6 +728,9 @@ class SandboxInfo(TypedDict, total=False):
 
     network: SandboxNetwork | None
     """Its network: the guest's view and its egress policy. Present for snapshots with a NIC."""
+
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
 
     guest_addr: Required[str]
     """How the host reaches the guest agent; here unix:<path> (virtio-serial)."""
@@ -717,6 +842,55 @@ class ForkResponse(TypedDict, total=False):
     """
 
 
+class ForkTreeLabels(TypedDict, total=False):
+    """The ``ForkTreeLabels`` schema."""
+
+    tree_id: Required[str]
+    """The fork-tree's id (its other children's fork_tree_id)."""
+
+    parent_id: Required[str]
+    """The tree's source sandbox, on whichever host it runs."""
+
+    first_index: Required[int]
+    """fork_index of the first child."""
+
+
+class FsChange(TypedDict, total=False):
+    """One path added, modified or deleted."""
+
+    path: Required[str]
+    """The path in the guest."""
+
+    type: Required[str]
+    """file | dir | symlink | other (the new side's; the old one's for a deletion)"""
+
+    size: Required[int]
+    """Its size in bytes (the old size for a deletion)."""
+
+    mode: Required[int]
+    """Its permission bits (e.g. 420 = 0644)."""
+
+    uid: Required[int]
+
+    gid: Required[int]
+
+    old_mode: int | None
+    """The permission bits before, where they changed."""
+
+    old_uid: int | None
+    """The owner before, where it changed."""
+
+    old_gid: int | None
+    """The group before, where it changed."""
+
+    content_changed: Required[bool]
+    """Whether the content (or a link's target) differs; false for a change of mode or owner only.
+    """
+
+    target: str | None
+    """A symbolic link's target."""
+
+
 class Health(TypedDict, total=False):
     """The ``Health`` schema."""
 
@@ -732,6 +906,35 @@ class HibernateRequest(TypedDict, total=False):
     template's kernel on that disk, same id, address and egress policy; files survive, processes,
     kernels and memory do not (E2B's pause(keep_memory=False)).
     """
+
+
+class RegistryAuth(TypedDict, total=False):
+    """A registry's user name and password or token, as Docker's config.json holds them."""
+
+    username: Required[str]
+    """The user name."""
+
+    password: Required[str]
+    """The password or token."""
+
+
+class ImagePullRequest(TypedDict, total=False):
+    """The ``ImagePullRequest`` schema."""
+
+    ref: Required[str]
+    """The image: registry/name:tag or name@sha256:…; Docker Hub's short names (python:3.12 is
+    docker.io/library/python:3.12).
+    """
+
+    name: str | None
+    """The guest image's name here (default: the reference's last part and tag, e.g. python-3.12-slim).
+    """
+
+    registry_auth: RegistryAuth | None
+    """The registry's credentials (this pull only, never stored)."""
+
+    force: bool
+    """Convert again even if this image was converted from the same digest."""
 
 
 class MkdirRequest(TypedDict, total=False):
@@ -760,22 +963,51 @@ class MkdirResponse(TypedDict, total=False):
     """False when parents=true and the directory already existed."""
 
 
+class NetworkDecision(TypedDict, total=False):
+    """The ``NetworkDecision`` schema."""
+
+    time: Required[float]
+    """When the guest asked (Unix seconds)."""
+
+    name: Required[str]
+    """The name it asked its resolver for."""
+
+    allowed: Required[bool]
+    """Whether the sandbox's egress policy let it resolve."""
+
+    detail: Required[str]
+    """The addresses answered (and opened), or why it was refused."""
+
+
+class NetworkLog(TypedDict, total=False):
+    """The ``NetworkLog`` schema."""
+
+    sandbox_id: Required[str]
+
+    entries: Required[list[NetworkDecision]]
+    """The latest names its guest asked for, oldest first (at most 256; none without names in its
+    egress policy).
+    """
+
+
 class NetworkUpdateRequest(TypedDict, total=False):
     """A running (or hibernated) sandbox's new network policy: it replaces the whole policy, as a spawn
     would set it (an omitted field takes a spawn's default).
     """
 
     allow_out: list[str]
-    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, optionally with
-    :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100". Opens private ranges and the host too (the host is the sandboxes'
+    """Destinations always open (allow wins over deny); each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443". Opens private ranges and the host too (the host is the sandboxes'
     gateway, e.g. 10.201.0.1).
     """
 
     deny_out: list[str]
-    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, optionally
-    with :PORT or :FIRST-LAST (TCP and UDP), e.g. "10.0.0.0/8", "192.0.2.7:443",
-    "198.51.100.0/24:8000-8100".
+    """Destinations closed even with allow_internet_access; each an IPv4 address or CIDR, or a DNS name
+    (`*.` for every name below one), optionally with :PORT or :FIRST-LAST (TCP and UDP), e.g.
+    "10.0.0.0/8", "192.0.2.7:443", "198.51.100.0/24:8000-8100", "pypi.org",
+    "*.pythonhosted.org:443".
     """
 
     allow_public_traffic: bool
@@ -1008,6 +1240,31 @@ class PushResult(TypedDict, total=False):
     """Compressed bytes sent."""
 
 
+class SandboxDiff(TypedDict, total=False):
+    """What a sandbox's filesystem changed (GET /v1/sandboxes/{id}/diff?format=json)."""
+
+    sandbox_id: Required[str]
+
+    against: Required[str]
+    """What it was compared with: snapshot:TAG or sandbox:ID."""
+
+    method: Required[str]
+    """How the changed files were found: layers (the copy-on-write layers' changed blocks, mapped to
+    inodes).
+    """
+
+    added: Required[list[FsChange]]
+
+    modified: Required[list[FsChange]]
+
+    deleted: Required[list[FsChange]]
+
+    skipped: int
+    """Changed names left out because they are not printable UTF-8."""
+
+    elapsed_ms: Required[float]
+
+
 class SignalRequest(TypedDict, total=False):
     """The ``SignalRequest`` schema."""
 
@@ -1081,6 +1338,9 @@ class SnapshotDetail(TypedDict, total=False):
     """measure_diff: an estimate, not a second capture: this branch's pause scaled to the share of its
     captured RAM stream that the written pages make up.
     """
+
+    volumes: list[VolumeAttachment] | None
+    """Its volumes, in device order; omitted when it has none."""
 
     ancestors: list[str]
     """Snapshot tags this one descends from, nearest first."""
@@ -1194,6 +1454,13 @@ class SpawnRequest(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    fork_tree: ForkTreeLabels | None
+    """What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+    get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as
+    the tree's other children did, so promote finds them. The labels are otherwise set only by fork-
+    tree itself.
+    """
+
 
 class StdinRequest(TypedDict, total=False):
     """The ``StdinRequest`` schema."""
@@ -1275,6 +1542,9 @@ class TemplateBuildRequest(TypedDict, total=False):
     boot_wait_secs: float
     """Upper bound on the base layer's boot."""
 
+    registry_auth: RegistryAuth | None
+    """For a FROM of a private registry: its credentials (this build's pull only, never stored)."""
+
 
 class TimeoutRequest(TypedDict, total=False):
     """The ``TimeoutRequest`` schema."""
@@ -1291,6 +1561,39 @@ class Version(TypedDict, total=False):
     version: Required[str]
 
     api: Required[str]
+
+
+class VolumeExport(TypedDict, total=False):
+    """The ``VolumeExport`` schema."""
+
+    name: Required[str]
+
+    to: Required[str]
+    """The new host directory its files were copied into."""
+
+    snapshot: str | None
+    """The snapshot whose view of the volume was copied."""
+
+
+class VolumeInfo(TypedDict, total=False):
+    """The ``VolumeInfo`` schema."""
+
+    name: Required[str]
+
+    size_mib: Required[int]
+    """Its size: the most a guest can write to it (the host file grows no further, but for qcow2
+    metadata).
+    """
+
+    fs: Required[str]
+
+    created_at_unix: Required[int]
+
+    used_mib: Required[float]
+    """What its own disk file takes on the host."""
+
+    snapshots: Required[list[str]]
+    """The snapshots that attach it: while there are any, it cannot be deleted (409)."""
 
 
 class WorkspaceInfo(TypedDict, total=False):
@@ -1340,6 +1643,11 @@ class CreateSnapshotExtra(TypedDict, total=False):
 
     setup_timeout_secs: float
     """Timeout of each setup command and each setup_eval step."""
+
+    volumes: list[VolumeSpec]
+    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
+    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """
 
 
 class SpawnExtra(TypedDict, total=False):
@@ -1392,6 +1700,13 @@ class SpawnExtra(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    fork_tree: ForkTreeLabels | None
+    """What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
+    get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as
+    the tree's other children did, so promote finds them. The labels are otherwise set only by fork-
+    tree itself.
+    """
+
 
 class ForkExtra(TypedDict, total=False):
     """The optional fields of ``ForkRequest`` that ``fork_sandbox`` and ``fork_tree`` take as keyword
@@ -1408,6 +1723,12 @@ class ForkExtra(TypedDict, total=False):
     """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
     /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
     characters. Default: the snapshot's.
+    """
+
+    spread: bool
+    """Through a fleet gateway: place the children on several hosts (the source's host branches and
+    takes the first, the branch goes to the object store, the others start from it), and keep the
+    branch, since children elsewhere read from it. A daemon alone forks every child itself.
     """
 
 
@@ -1475,8 +1796,13 @@ class TemplateBuildExtra(TypedDict, total=False):
     boot_wait_secs: float
     """Upper bound on the base layer's boot."""
 
+    registry_auth: RegistryAuth | None
+    """For a FROM of a private registry: its credentials (this build's pull only, never stored)."""
+
 
 __all__ = [
+    "ApplyRequest",
+    "ApplyResponse",
     "BranchExtra",
     "BranchRequest",
     "BuildContextInfo",
@@ -1488,6 +1814,7 @@ __all__ = [
     "CompactRequest",
     "CreateSnapshotExtra",
     "CreateSnapshotRequest",
+    "CreateVolumeRequest",
     "CreateWorkspaceRequest",
     "Deletion",
     "ErrorBody",
@@ -1496,17 +1823,23 @@ __all__ = [
     "ExecRequest",
     "ExecResponse",
     "ExecStreamRequest",
+    "ExportVolumeRequest",
     "FileInfo",
     "FileList",
     "ForkError",
     "ForkExtra",
     "ForkRequest",
     "ForkResponse",
+    "ForkTreeLabels",
+    "FsChange",
     "Health",
     "HibernateRequest",
     "HibernationInfo",
+    "ImagePullRequest",
     "MkdirRequest",
     "MkdirResponse",
+    "NetworkDecision",
+    "NetworkLog",
     "NetworkPolicy",
     "NetworkUpdateRequest",
     "PingResponse",
@@ -1520,6 +1853,8 @@ __all__ = [
     "PullResult",
     "PushRequest",
     "PushResult",
+    "RegistryAuth",
+    "SandboxDiff",
     "SandboxInfo",
     "SandboxMemory",
     "SandboxNetwork",
@@ -1536,5 +1871,9 @@ __all__ = [
     "TemplateBuildRequest",
     "TimeoutRequest",
     "Version",
+    "VolumeAttachment",
+    "VolumeExport",
+    "VolumeInfo",
+    "VolumeSpec",
     "WorkspaceInfo",
 ]

@@ -34,7 +34,7 @@ from forkd.sdk._generated.guest import CommandHandle, Commands, Files
 from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ForkExtra, PingResponse, SandboxMemory, SpawnExtra
+from forkd.sdk.models import ApplyResponse, ForkExtra, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -219,6 +219,19 @@ class Sandbox:
         """Re-read the SandboxInfo from the daemon."""
         self._info = self.controller.get_sandbox(self.id)
         return self._info
+
+    def diff(self, against: str = "parent", *, include: list[str] | None = None,
+                   exclude: list[str] | None = None, format: str = "json") -> Any:
+        """What this sandbox's filesystem changed since its snapshot (or against ``"snapshot:TAG"`` /
+        ``"sandbox:ID"``): a :class:`SandboxDiff` (``format="json"``), a unified patch (``"patch"``,
+        str) or a tar of the changed files (``"tar"``, bytes)."""
+        return self.controller.sandbox_diff(self.id, against, include=include, exclude=exclude,
+                                                  format=format)
+
+    def apply(self, source: str, paths: list[str] | None = None) -> ApplyResponse:
+        """Write ``source``'s changes since its snapshot (a child's) into this sandbox; a conflict
+        raises :class:`~forkd.sdk.errors.Conflict` naming every path, and nothing is written."""
+        return self.controller.apply_changes(self.id, source, paths)
 
     def memory(self) -> SandboxMemory:
         """What this sandbox costs the host: RAM shared with its snapshot and siblings, RAM of its
@@ -421,6 +434,7 @@ class Sandbox:
         per_child_netns: bool = False,
         live_fork: bool = False,
         keep_snapshot: bool = False,
+        apply_winner: bool = False,
     ) -> ExploreResult[Sandbox, CandidateT]:
         """Best of N: try each candidate in a child of its own and keep the best child.
 
@@ -444,6 +458,11 @@ class Sandbox:
             candidates: what to try, one child each (at least one).
             replace_parent: also kill this sandbox; its id then names the
                 winner (this object and ``result.winner`` are one VM).
+            apply_winner: write the winner's file changes (its diff against
+                the tree's snapshot) into this sandbox before the promote
+                (``result.applied``); a conflict raises
+                :class:`~forkd.sdk.errors.Conflict` naming the files, nothing
+                written, and every child killed.
             concurrency: at most this many ``run``/``score`` calls at once
                 (default: all).
             env, child_env, metadata, memory_limit_mib,
@@ -465,7 +484,7 @@ class Sandbox:
             self, candidates, run, score, replace_parent=replace_parent, concurrency=concurrency,
             env=env, child_env=child_env, metadata=metadata, memory_limit_mib=memory_limit_mib,
             child_memory_limit_mib=child_memory_limit_mib, per_child_netns=per_child_netns,
-            live_fork=live_fork, keep_snapshot=keep_snapshot,
+            live_fork=live_fork, keep_snapshot=keep_snapshot, apply_winner=apply_winner,
         )
         if result.promotion.replaced_parent is not None:
             self._info = None  # this id names the winner now

@@ -1,4 +1,5 @@
-"""Pool and workspace routes: warm pools per snapshot, and named workspaces that suspend and resume."""
+"""Pool, workspace and volume routes: warm pools per snapshot, named workspaces that suspend and
+resume, and named volumes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from forkd.sdk import _calls
 from forkd.sdk.models import (
     PoolExtra,
     PoolInfo,
+    VolumeExport,
+    VolumeInfo,
 )
 from forkd.sdk.types import (
     WorkspaceInfo,
@@ -96,3 +99,29 @@ class AsyncPoolRoutes(AsyncTransport):
     async def resume_workspace(self, name: str) -> WorkspaceInfo:
         """``POST /v1/workspaces/{name}/resume``: start its sandbox again, under the same id."""
         return cast(WorkspaceInfo, await self._send(_calls.resume_workspace(name)))
+
+    # -------------------------------------------------------------- volumes
+
+    async def create_volume(self, name: str, *, size_mib: int | None = None,
+                            source: str | None = None) -> VolumeInfo:
+        """``POST /v1/volumes``: an ext4 volume of ``size_mib`` (its quota), empty or filled from
+        ``source``, a directory or tarball on the daemon's host."""
+        return cast(VolumeInfo, await self._send(_calls.create_volume(name, size_mib=size_mib,
+                                                                      source=source)))
+
+    async def list_volumes(self) -> list[VolumeInfo]:
+        """``GET /v1/volumes``."""
+        return cast(list[VolumeInfo], await self._send(_calls.list_volumes()))
+
+    async def get_volume(self, name: str) -> VolumeInfo:
+        """``GET /v1/volumes/{name}``: ``snapshots`` names those that attach it."""
+        return cast(VolumeInfo, await self._send(_calls.get_volume(name)))
+
+    async def export_volume(self, name: str, to: str, *, snapshot: str | None = None) -> VolumeExport:
+        """``POST /v1/volumes/{name}/export``: copy its files into ``to``, a new directory on the
+        daemon's host; with ``snapshot``, as that snapshot holds the volume."""
+        return cast(VolumeExport, await self._send(_calls.export_volume(name, to, snapshot=snapshot)))
+
+    async def delete_volume(self, name: str) -> None:
+        """``DELETE /v1/volumes/{name}``: 409 while a snapshot attaches it."""
+        await self._send(_calls.delete_volume(name))

@@ -7,9 +7,11 @@ from typing import Any, Unpack, cast
 
 from forkd.sdk import _calls
 from forkd.sdk.models import (
+    ApplyResponse,
     CancelEvalResponse,
     EvalResponse,
     ExecResponse,
+    NetworkLog,
     PingResponse,
     SandboxMemory,
     SpawnExtra,
@@ -112,11 +114,33 @@ class AsyncSandboxRoutes(AsyncTransport):
         """``GET /v1/sandboxes/{id}``."""
         return cast(SandboxInfo, await self._send(_calls.get_sandbox(sandbox_id)))
 
+    async def sandbox_diff(self, sandbox_id: str, against: str = "parent", *,
+                           include: list[str] | None = None, exclude: list[str] | None = None,
+                           format: str = "json") -> Any:
+        """``GET /v1/sandboxes/{id}/diff``: what its filesystem changed since its snapshot
+        (``against="parent"``), or against ``"snapshot:TAG"`` / ``"sandbox:ID"``. ``format``: ``json``
+        (a :class:`SandboxDiff`: added, modified, deleted, with mode and owner changes), ``patch``
+        (a unified diff, str) or ``tar`` (the changed files, bytes). ``include``/``exclude``: path
+        prefixes or names (default exclusions: /proc, /sys, /tmp, caches, ...)."""
+        return await self._send(_calls.sandbox_diff(sandbox_id, against, include, exclude, format))
+
+    async def apply_changes(self, sandbox_id: str, source: str,
+                            paths: list[str] | None = None) -> ApplyResponse:
+        """``POST /v1/sandboxes/{id}/apply``: write ``source``'s changes since its snapshot (a child's,
+        typically) into ``sandbox_id``. A path both changed differently raises
+        :class:`~forkd.sdk.errors.Conflict` naming it, and nothing is written."""
+        return cast(ApplyResponse, await self._send(_calls.apply_changes(sandbox_id, source, paths)))
+
     async def sandbox_memory(self, sandbox_id: str) -> SandboxMemory:
         """``GET /v1/sandboxes/{id}/memory``: what it costs the host, in bytes: RAM shared with its
         snapshot and siblings (``shared_bytes``), RAM of its own (``private_bytes``), pages not yet
         touched, and its own disk layers (``disk_bytes``). 409 while hibernated."""
         return cast(SandboxMemory, await self._send(_calls.sandbox_memory(sandbox_id)))
+
+    async def network_log(self, sandbox_id: str) -> NetworkLog:
+        """``GET /v1/sandboxes/{id}/network/log``: the latest names its guest asked its resolver
+        for, each allowed (with the addresses opened) or refused, and why."""
+        return cast(NetworkLog, await self._send(_calls.network_log(sandbox_id)))
 
     async def kill_sandbox(self, sandbox_id: str) -> None:
         """``DELETE /v1/sandboxes/{id}``: stop the VM. Snapshots branched from it survive."""

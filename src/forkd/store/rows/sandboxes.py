@@ -83,7 +83,8 @@ def _sandbox_meta(s: SandboxRecord) -> dict[str, Any]:
             "hibernate_on_timeout": s.hibernate_on_timeout,
             "hibernate_on_timeout_memory": s.hibernate_on_timeout_memory, "auto_resume": s.auto_resume,
             "hibernation": asdict(s.hibernation) if s.hibernation is not None else None,
-            "network": s.network.to_json() if s.network is not None else None}
+            "network": s.network.to_json() if s.network is not None else None,
+            "volumes": s.volumes}
 
 
 # Rows read per query of a scan: a page of a long list parses only the rows it shows.
@@ -129,7 +130,8 @@ def _sandbox_from_row(row: sqlite3.Row) -> SandboxRecord:
                          hibernate_on_timeout_memory=bool(meta.get("hibernate_on_timeout_memory", True)),
                          auto_resume=bool(meta.get("auto_resume", True)),
                          hibernation=Hibernation(**meta["hibernation"]) if meta.get("hibernation") else None,
-                         network=ChildNet.from_json(meta["network"]) if meta.get("network") else None)
+                         network=ChildNet.from_json(meta["network"]) if meta.get("network") else None,
+                         volumes=list(meta.get("volumes") or []))
 
 
 class SandboxRows(Table):

@@ -26,7 +26,7 @@ class SnapshotReader(Protocol):
 def _snapshot_meta(s: SnapshotRecord) -> dict[str, Any]:
     return {"mode": s.mode, "source_layers": s.source_layers, "warning": s.warning,
             "auto_delete": s.auto_delete, "checkpoint_of": s.checkpoint_of, "fs_freeze_ms": s.fs_freeze_ms,
-            "diff_measure": s.diff_measure, "compacted_from": s.compacted_from}
+            "diff_measure": s.diff_measure, "compacted_from": s.compacted_from, "volumes": s.volumes}
 
 
 _SNAPSHOT_COLUMNS = ("tag", "dir", "created_at_unix", "status", "branched_from", "parent_tag",
@@ -42,6 +42,7 @@ def _snapshot_from_row(row: sqlite3.Row) -> SnapshotRecord:
         auto_delete=bool(meta.get("auto_delete")), checkpoint_of=meta.get("checkpoint_of"),
         fs_freeze_ms=meta.get("fs_freeze_ms"),
         diff_measure=meta.get("diff_measure"), compacted_from=meta.get("compacted_from"),
+        volumes=list(meta.get("volumes") or []),
     )
 
 

@@ -1,0 +1,297 @@
+"""The resolver of sandboxes whose egress names DNS names: egress by name, enforced on the host.
+
+A guest cannot be trusted to resolve honestly, so the names of a policy
+(host/egress.py) are enforced where it cannot reach:
+
+* its DNS (UDP 53 to its resolvers, or to its gateway) is redirected to a
+  socket the daemon holds inside the sandbox's own namespace
+  (``netns.udp_socket_in``; the rules are host/netplan.py's); DNS to anyone
+  else (TCP or UDP 53, DNS over TLS on 853) is refused there;
+* that socket answers only the names the policy allows
+  (``EgressPolicy.allowed_name``); any other gets REFUSED. Allowed names are
+  forwarded to the host's upstream resolvers, or answered from the hosts-style
+  file ``$FORKD_DNS_HOSTS`` names when it lists them (tests, hosts without a
+  resolver for those names);
+* before an A answer goes back to the guest, its addresses become elements of
+  the sandbox's sets ``name_<i>`` (one per allow_out name) for the answer's
+  TTL (clamped to ``MIN_TTL``-``MAX_TTL``, plus ``GRACE_SECS``): the guest's
+  next connection to them is allowed, and an address it never resolved is not
+  (unless an allow_out address opens it);
+* AAAA, HTTPS and SVCB questions get empty answers: IPv6 stays closed, and the
+  address hints of HTTPS/SVCB records would point around the sets.
+
+Not seen here: which name a connection to an answered address is for. A
+shared (CDN) address answered for an allowed name is open to any name it
+serves until its element expires (docs/SECURITY.md).
+
+Cost per sandbox: one UDP socket and its asyncio transport (no thread, no
+process), and one short ``nft`` run per answer that carries addresses
+(``bench/name_policy.py`` measures both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+import dns.asyncquery
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+
+from forkd.errors import VMError
+from forkd.host import childnet, netplan
+from forkd.host import netns as netns_mod
+from forkd.host.egress import parse_addresses
+from forkd.host.netplan import ChildNet
+
+log = logging.getLogger("forkd.dnsguard")
+
+HOSTS_ENV = "FORKD_DNS_HOSTS"
+RESOLV_CONF = Path("/etc/resolv.conf")  # the daemon's own: loopback stubs are reachable from it
+MAX_QUERY_BYTES = 1024  # a question is tens of bytes; anything larger is dropped unread
+MAX_PENDING = 32  # questions of one sandbox being answered at once; more are dropped
+MAX_ADDRESSES = 32  # addresses of one answer installed (and returned)
+MIN_TTL, MAX_TTL = 30, 3600
+GRACE_SECS = 30  # an element outlives the TTL the guest was told by this much
+UPSTREAM_TIMEOUT_SECS = 3.0
+MAX_HOSTS_FILE_BYTES = 1 << 20
+HOSTS_TTL = 60
+MAX_LOG = 256  # decisions kept per sandbox
+NO_ADDRESS_TYPES = frozenset({dns.rdatatype.AAAA, dns.rdatatype.HTTPS, dns.rdatatype.SVCB})
+
+Installer = Callable[[ChildNet, str], Awaitable[None]]
+
+
+@dataclass
+class _Sandbox:
+    net: ChildNet
+    transport: asyncio.DatagramTransport
+    pending: set[asyncio.Task[None]] = field(default_factory=set)
+    log: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=MAX_LOG))
+
+
+class _Endpoint(asyncio.DatagramProtocol):
+    def __init__(self, guard: NameGuard, owner: str) -> None:
+        self.guard, self.owner = guard, owner
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.guard.received(self.owner, data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # an ICMP error from the guest (it stopped listening): nothing to do
+
+
+class NameGuard:
+    """The resolvers of one daemon's sandboxes (one socket each, all on the daemon's loop)."""
+
+    def __init__(self, upstreams: Sequence[tuple[str, int]] | None = None,
+                 install: Installer = childnet.allow_resolved) -> None:
+        """``upstreams``: where allowed names are resolved (None: ``/etc/resolv.conf``'s servers,
+        read at each question); ``install``: runs ``netplan.name_elements`` in a sandbox's namespace."""
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._upstreams = tuple(upstreams) if upstreams is not None else None
+        self._install = install
+        self._hosts_seen: tuple[str, int, float] | None = None
+        self._hosts: dict[str, list[IPv4Address]] = {}
+
+    def attached(self) -> list[str]:
+        return sorted(self._sandboxes)
+
+    async def attach(self, net: ChildNet, sock: Any = None) -> None:
+        """Serve ``net``'s guest if its policy has names (else stop serving it). A sandbox served
+        already keeps its socket. ``sock``: a bound UDP socket to serve on instead of one made in
+        ``net``'s namespace (the unit tests)."""
+        if net.tap is None or not net.egress.uses_names:
+            await self.detach(net.owner)
+            return
+        if (sb := self._sandboxes.get(net.owner)) is not None:
+            sb.net = net
+            return
+        if sock is None:
+            sock = await asyncio.to_thread(netns_mod.udp_socket_in, net.netns,
+                                           (str(netplan.TAP_IP), netplan.RESOLVER_PORT))
+        try:
+            if net.owner in self._sandboxes:  # attached meanwhile
+                raise VMError(f"the resolver of {net.owner} was attached twice at once")
+            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _Endpoint(self, net.owner), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._sandboxes[net.owner] = _Sandbox(net, transport)
+
+    async def detach(self, owner: str) -> None:
+        """Stop serving ``owner``: its socket closed (its namespace may go), its answers abandoned."""
+        sb = self._sandboxes.pop(owner, None)
+        if sb is None:
+            return
+        sb.transport.close()
+        for task in list(sb.pending):
+            task.cancel()
+        await asyncio.gather(*sb.pending, return_exceptions=True)
+        await asyncio.sleep(0)  # the transport closes its socket on the loop's next turn: let it
+
+    async def close(self) -> None:
+        for owner in list(self._sandboxes):
+            await self.detach(owner)
+
+    def decisions(self, owner: str) -> list[dict[str, Any]]:
+        """The latest names ``owner``'s guest asked for, each allowed or denied, and why."""
+        sb = self._sandboxes.get(owner)
+        return list(sb.log) if sb is not None else []
+
+    # ---------------------------------------------------------------- questions
+
+    def received(self, owner: str, data: bytes, addr: tuple[str | Any, int]) -> None:
+        sb = self._sandboxes.get(owner)
+        if sb is None or len(data) > MAX_QUERY_BYTES or len(sb.pending) >= MAX_PENDING:
+            return  # a flood is dropped unread: the guest's resolver retries
+        task = asyncio.get_running_loop().create_task(self._serve(sb, data, addr))
+        sb.pending.add(task)
+        task.add_done_callback(sb.pending.discard)
+
+    async def _serve(self, sb: _Sandbox, data: bytes, addr: tuple[str | Any, int]) -> None:
+        reply = await self.answer(sb, data)
+        if reply is not None and not sb.transport.is_closing():
+            sb.transport.sendto(reply, addr)
+
+    async def answer(self, sb: _Sandbox, data: bytes) -> bytes | None:
+        """The reply to the guest's question ``data`` (None: not a question; dropped)."""
+        try:
+            query = dns.message.from_wire(data)
+        except Exception:  # hostile bytes: whatever the parser makes of them, they are dropped
+            return None
+        if query.flags & dns.flags.QR:
+            return None  # an answer, not a question: never reflect it
+        resp = dns.message.make_response(query, recursion_available=True)
+        if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
+            resp.set_rcode(dns.rcode.NOTIMP)
+            return self._wire(query, resp)
+        question = query.question[0]
+        qname = question.name.to_text(omit_final_dot=True).lower()
+        if question.rdclass != dns.rdataclass.IN or not sb.net.egress.allowed_name(qname):
+            self._note(sb, qname, False, "not allowed by the sandbox's egress policy")
+            resp.set_rcode(dns.rcode.REFUSED)
+            return self._wire(query, resp)
+        if question.rdtype not in NO_ADDRESS_TYPES:
+            try:
+                await self._resolve(sb, question.name, qname, question.rdtype, resp)
+            except (dns.exception.DNSException, OSError, VMError, ValueError) as exc:
+                log.debug("resolving %s for %s: %s", qname, sb.net.owner, exc)
+                self._note(sb, qname, False, f"not resolved: {str(exc)[:200]}")
+                resp.answer = []
+                resp.set_rcode(dns.rcode.SERVFAIL)
+                return self._wire(query, resp)
+        return self._wire(query, resp)
+
+    async def _resolve(self, sb: _Sandbox, name: dns.name.Name, qname: str, rdtype: int,
+                       resp: dns.message.Message) -> None:
+        """Fill ``resp`` for an allowed ``qname``; its IPv4 addresses installed first."""
+        hosts = self._read_hosts()
+        if qname in hosts:
+            if rdtype == dns.rdatatype.A:
+                resp.answer.append(dns.rrset.from_text_list(
+                    name, HOSTS_TTL, dns.rdataclass.IN, dns.rdatatype.A, [str(a) for a in hosts[qname]]))
+        else:
+            upstream = await self._forward(name, rdtype)
+            resp.set_rcode(upstream.rcode())
+            resp.answer = [r for r in upstream.answer if r.rdtype not in NO_ADDRESS_TYPES]
+        a_sets = [r for r in resp.answer if r.rdtype == dns.rdatatype.A]
+        addresses = list(dict.fromkeys(IPv4Address(rd.address) for r in a_sets for rd in r))[:MAX_ADDRESSES]
+        for r in resp.answer:
+            r.ttl = min(r.ttl, MAX_TTL)  # the guest caches no longer than its elements live
+        if not addresses:
+            self._note(sb, qname, True, "no address")
+            return
+        ttl = min(r.ttl for r in a_sets)
+        indices = sb.net.egress.name_sets(qname)
+        if indices:  # else allowed by allow_internet_access, which needs no element
+            await self._install(sb.net, netplan.name_elements(
+                indices, addresses, max(MIN_TTL, ttl) + GRACE_SECS))
+        self._note(sb, qname, True, ", ".join(str(a) for a in addresses))
+
+    async def _forward(self, name: dns.name.Name, rdtype: int) -> dns.message.Message:
+        """A fresh question (nothing of the guest's but the name and type) to the upstreams."""
+        question = dns.message.make_query(name.canonicalize(), dns.rdatatype.RdataType.make(rdtype))
+        upstreams = self._upstreams if self._upstreams is not None else host_upstreams()
+        error: Exception = OSError("no upstream resolver")
+        for host, port in upstreams:
+            try:
+                got, _ = await dns.asyncquery.udp_with_fallback(question, host, UPSTREAM_TIMEOUT_SECS,
+                                                                port=port)
+                return got
+            except (dns.exception.DNSException, OSError) as exc:
+                error = exc
+        raise error
+
+    @staticmethod
+    def _wire(query: dns.message.Message, resp: dns.message.Message) -> bytes:
+        limit = min(max(512, query.payload if query.edns >= 0 else 512), 4096)
+        try:
+            return resp.to_wire(max_size=limit)
+        except dns.exception.TooBig:
+            resp.answer = []
+            resp.flags |= dns.flags.TC
+            return resp.to_wire(max_size=limit)
+
+    @staticmethod
+    def _note(sb: _Sandbox, qname: str, allowed: bool, detail: str) -> None:
+        sb.log.append({"time": time.time(), "name": qname[:253], "allowed": allowed, "detail": detail})
+
+    def _read_hosts(self) -> dict[str, list[IPv4Address]]:
+        """``$FORKD_DNS_HOSTS`` (hosts(5) lines: an IPv4 address, then names), read again when it
+        changes; {} when unset or unreadable."""
+        path = os.environ.get(HOSTS_ENV)
+        if not path:
+            return {}
+        try:
+            st = os.stat(path)
+            seen = (path, st.st_size, st.st_mtime)
+            if seen != self._hosts_seen:
+                if st.st_size > MAX_HOSTS_FILE_BYTES:
+                    raise OSError(f"{path} is larger than {MAX_HOSTS_FILE_BYTES} bytes")
+                self._hosts = parse_hosts(Path(path).read_text(errors="replace"))
+                self._hosts_seen = seen
+        except OSError as exc:
+            log.warning("%s=%s: %s", HOSTS_ENV, path, exc)
+            return {}
+        return self._hosts
+
+
+def parse_hosts(text: str) -> dict[str, list[IPv4Address]]:
+    """hosts(5): ``ADDRESS NAME...`` lines, ``#`` comments; lines without an IPv4 address skipped."""
+    out: dict[str, list[IPv4Address]] = {}
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2 or not (addr := parse_addresses(words[:1])):
+            continue
+        for name in words[1:]:
+            out.setdefault(name.lower().rstrip("."), []).append(addr[0])
+    return out
+
+
+def host_upstreams(path: Path = RESOLV_CONF) -> list[tuple[str, int]]:
+    """The daemon's own resolvers (loopback stubs included: the daemon runs on the host)."""
+    with contextlib.suppress(OSError):
+        words = [line.split()[1] for line in path.read_text().splitlines()
+                 if line.startswith("nameserver") and len(line.split()) > 1]
+        found = [(str(a), 53) for a in parse_addresses(words)]
+        if found:
+            return found
+    return [(a, 53) for a in netplan.FALLBACK_DNS]
