@@ -1235,6 +1235,12 @@ export interface components {
         /** ErrorBody */
         ErrorBody: {
             /**
+             * Code
+             * @description Machine-readable cause, when there is one: 'no_capacity' on the 503 of a host at its sandbox or memory ceiling.
+             * @example no_capacity
+             */
+            code?: string | null;
+            /**
              * Error
              * @description Human-readable message.
              * @example snapshot 'py' is not registered

@@ -335,6 +335,11 @@ class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     error: str = Field(description="Human-readable message.", examples=["snapshot 'py' is not registered"])
+    # Only a host at its ceiling sets it (errors.NoCapacity, handlers.py): a fleet's gateway reads it
+    # to try another host. Documented here because the OpenAPI must describe what the daemon sends.
+    code: str | None = Field(default=None, description="Machine-readable cause, when there is one: "
+                             "'no_capacity' on the 503 of a host at its sandbox or memory ceiling.",
+                             examples=["no_capacity"])
 
 
 class Health(BaseModel):

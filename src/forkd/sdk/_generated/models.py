@@ -415,6 +415,11 @@ class ErrorBody(TypedDict, total=False):
     error: Required[str]
     """Human-readable message."""
 
+    code: str | None
+    """Machine-readable cause, when there is one: 'no_capacity' on the 503 of a host at its sandbox or
+    memory ceiling.
+    """
+
 
 class EvalRequest(TypedDict, total=False):
     """The ``EvalRequest`` schema."""
