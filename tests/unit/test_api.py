@@ -36,7 +36,7 @@ from forkd.controller.options import SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import NO_CAPACITY, Busy, Conflict, GuestError, NotFound
 from forkd.guest.client import AgentClient
-from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app
+from tests.fakes.app import AUTH, TOKEN, Daemon, daemon_app, needs_memory_cgroups
 from tests.fakes.vmm import SLOW_DISK
 
 SB = "sb-67a1b3-0000"  # a well-formed id no daemon here has
@@ -1129,3 +1129,13 @@ def test_a_no_capacity_503_fits_the_documented_error_body() -> None:
     body = ErrorBody.model_validate({"error": "host is full", "code": NO_CAPACITY})
     assert body.code == NO_CAPACITY
     assert ErrorBody.model_validate({"error": "x"}).code is None
+
+
+@needs_memory_cgroups
+def test_a_spawn_oom_killed_under_its_own_memory_limit_is_a_400_naming_it(client: TestClient) -> None:
+    """A memory_limit_mib below what a restored child needs is the request's mistake: 400 naming
+    the OOM kill and the field to raise, not the 500 of a daemon failing (tests/fakes/vmm.py
+    OOM-kills a QEMU under a small limit, as the kernel does)."""
+    r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "n": 1, "memory_limit_mib": 64})
+    error = assert_error(r, 400, "OOM-killed while restoring")
+    assert "memory_limit_mib" in error
