@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.guest import code_messages, protocol
+from forkd.guest.agent.freeze import check_freeze_mounts
 
 AGENT_VERSION = "14"  # lists its capabilities in ping (see protocol.Capabilities)
 
@@ -276,7 +277,7 @@ class ScriptedGuest:
         return {"synced": True}
 
     def do_fsfreeze(self, mounts: list[str] | None = None) -> dict[str, Any]:
-        protocol.check_freeze_mounts(mounts)
+        check_freeze_mounts(mounts)
         return {"frozen": True}
 
     def do_fsthaw(self) -> dict[str, Any]:

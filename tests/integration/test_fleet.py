@@ -363,19 +363,23 @@ def test_a_websocket_to_a_sandbox_port_goes_through_the_gateway(fleet: Fleet) ->
 
 def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None:
     """E2B's JavaScript SDK (npm ``e2b``, tests/clients/e2b-js): create, streamed and background
-    commands, files, pause and connect, fork and kill, through the gateway to the template's host."""
+    commands, files, pause and connect, fork and kill (sandbox.mjs); a pty and a guest server
+    reached as getHost names it (terminal.mjs), through the gateway to the template's host."""
     js = CLIENTS / "e2b-js"
     assert (js / "node_modules" / "e2b").is_dir(), "run `make node-deps` first"
+    ensure_base(fleet)
+    nic_tag = ensure_base(fleet, nic=True)  # a guest port needs a NIC
     with fleet.client() as c:
-        assert "base" in {s["tag"] for s in c.get("/v1/snapshots").json()}, "the Python programs made it"
         before = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
     url = fleet.gateway.url
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
-    env = {**base, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token}
-    proc = subprocess.run(["node", "sandbox.mjs"], capture_output=True, text=True, timeout=600, cwd=js,
-                          env=env)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("sandbox ok"), (
-        f"node sandbox.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    env = {**base, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token,
+           "E2B_DOMAIN": GET_HOST_DOMAIN, "FORKD_TEST_PORT_PROXY": url}
+    for program, args in (("sandbox", ()), ("terminal", (nic_tag,))):
+        proc = subprocess.run(["node", f"{program}.mjs", *args], capture_output=True, text=True,
+                              timeout=600, cwd=js, env=env)
+        assert proc.returncode == 0 and proc.stdout.strip().endswith(f"{program} ok"), (
+            f"node {program}.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     with fleet.client() as c:
         assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before
 

@@ -365,6 +365,23 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     assert refused.status_code == 401 and "access token" in refused.text, refused.text
 
 
+def test_a_websocket_naming_no_sandbox_or_a_hostile_host_is_refused_before_the_handshake(
+        gateway: dict[str, Any]) -> None:
+    """The gateway relays a WebSocket only for a Host that names a sandbox of the fleet in the plain
+    {port}-{id}.{domain} form (that Host becomes its own handshake's URL): one carrying '@' or '/',
+    one past 300 characters, or one naming no sandbox of the fleet, is refused, never upgraded."""
+    url = httpx.URL(str(gateway["client"].base_url))
+    on_a = gateway["sandboxes"]["ga"]
+    for host in (f"8000-{on_a}.x.test@127.0.0.1:22", f"8000-{on_a}.x.test/evil",
+                 f"8000-{on_a}." + "a" * 300, "8000-sb-zz-abcdef-0000.x.test", "no-sandbox.x.test"):
+        with socket.create_connection((url.host, url.port), timeout=10) as sock:
+            sock.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                         .encode())
+            status = sock.recv(64).split(b"\r\n", 1)[0]
+        assert status.split()[1] == b"403", (host, status)
+
+
 def test_a_dead_or_hanging_host_never_holds_a_request(gateway: dict[str, Any], etcd: Etcd) -> None:
     c: httpx.Client = gateway["client"]
     # A host whose address refuses connections is skipped when placing a spawn.

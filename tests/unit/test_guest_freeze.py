@@ -10,7 +10,14 @@ import errno
 import pytest
 
 from forkd.guest import protocol
-from forkd.guest.agent.freeze import FIFREEZE, FITHAW, RootFreezer
+from forkd.guest.agent.freeze import (
+    FIFREEZE,
+    FITHAW,
+    FREEZE_MOUNTS_MAX,
+    MOUNT_PATH_MAX,
+    RootFreezer,
+    check_freeze_mounts,
+)
 
 
 class RecordingFreezer(RootFreezer):
@@ -46,12 +53,12 @@ def test_a_mount_that_cannot_be_frozen_leaves_nothing_frozen() -> None:
     ("/mnt/data", "must be a list"),
     (["relative/path"], "not an absolute path"),
     (["/a\0b"], "not an absolute path"),
-    (["/" + "a" * protocol.MOUNT_PATH_MAX], "not an absolute path"),
-    ([f"/m{i}" for i in range(protocol.FREEZE_MOUNTS_MAX + 1)], "at most"),
+    (["/" + "a" * MOUNT_PATH_MAX], "not an absolute path"),
+    ([f"/m{i}" for i in range(FREEZE_MOUNTS_MAX + 1)], "at most"),
 ])
 def test_hostile_mounts_are_refused(mounts: object, message: str) -> None:
     with pytest.raises(protocol.RequestError, match=message) as refused:
-        protocol.check_freeze_mounts(mounts)
+        check_freeze_mounts(mounts)
     assert refused.value.kind == protocol.INVALID
 
 

@@ -18,7 +18,7 @@ from forkd.host.accel import Accel
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import DiskChain, Registry, SandboxRecord
 from forkd.vmm.cmdline import VMConfig
-from tests.fakes.app import daemon_app
+from tests.fakes.app import daemon_app, needs_memory_cgroups
 
 
 def test_every_request_field_is_a_spawn_option() -> None:
@@ -125,3 +125,14 @@ def test_the_api_passes_the_quota_and_sandbox_info_shows_it(tmp_path: Path) -> N
             "/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": 0}).json()[0]
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py", "disk_quota_mib": -1})
         assert r.status_code == 400, r.text
+
+
+@needs_memory_cgroups
+def test_a_spawn_oom_killed_under_its_own_memory_limit_is_a_400_naming_it(tmp_path: Path) -> None:
+    """A memory_limit_mib below what a restored child needs is the request's mistake: a 400 naming
+    the OOM kill and the field to raise, not the 500 of a daemon failing (the QEMU double is
+    OOM-killed under a small limit, as the kernel does; tests/fakes/vmm.py)."""
+    with daemon_app(tmp_path, token=False) as daemon:
+        r = daemon.client.post("/v1/sandboxes", json={"snapshot_tag": "py", "n": 1, "memory_limit_mib": 64})
+        assert r.status_code == 400, r.text
+        assert "OOM-killed while restoring" in r.json()["error"] and "memory_limit_mib" in r.json()["error"]

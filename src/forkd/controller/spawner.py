@@ -146,8 +146,9 @@ class MissingSnapshots(Protocol):
         """Bring ``tag`` here if it can be had; return quietly if not (the spawn then says 404)."""
         ...
 
-    def lazy_failure(self, tag: str) -> ForkdError | None:
-        """Why ``tag``'s children fail, if it is still arriving and could not (a corrupt chunk)."""
+    async def lazy_failure(self, tag: str) -> ForkdError | None:
+        """Why ``tag``'s children fail, if it is still arriving and could not (a corrupt chunk, a
+        store gone); answered once what the failed import registered is gone again."""
         ...
 
 
@@ -294,7 +295,7 @@ class Spawner:
                 await asyncio.gather(*(self._table.kill(c.id) for c in claimed if c is not None),
                                      return_exceptions=True)
                 raise
-            if self._missing is not None and (why := self._missing.lazy_failure(tag)) is not None:
+            if self._missing is not None and (why := await self._missing.lazy_failure(tag)) is not None:
                 # "QEMU exited" hides it: the memory it was restoring could not be had.
                 fresh = [why if isinstance(r, ForkdError) else r for r in fresh]
             merged: list[SandboxRecord | ForkdError] = []

@@ -392,9 +392,9 @@ class SnapshotTravel:
                 return  # the spawn says 404
             await self.lazily.start(store, manifest)
 
-    def lazy_failure(self, tag: str) -> ForkdError | None:
+    async def lazy_failure(self, tag: str) -> ForkdError | None:
         """The spawner's question: why children of a lazily arrived ``tag`` cannot be restored."""
-        return self.lazily.failure(tag)
+        return await self.lazily.failure_settled(tag)
 
     async def close(self) -> None:
         """Daemon stop (after its sandboxes are gone): lazy imports end (travel_lazy.py)."""

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forkd.travel")
 
+# How long a spawn that failed on a lazy import's memory waits for the import to clean up: its
+# fill thread stops at its next chunk (each GET is bounded by the store's own timeouts).
+SETTLE_SECS = 30.0
+
 
 @dataclass
 class _LazyMem:
@@ -97,6 +101,16 @@ class LazyImports:
         where = f"store {self._travel.store.url}" if self._travel.store is not None else "the store"
         return StoreError(f"snapshot {tag!r} arrived lazily from {where} and its memory could not be "
                           f"had: {failure}")
+
+    async def failure_settled(self, tag: str, timeout: float = SETTLE_SECS) -> ForkdError | None:
+        """``failure``, answered once the failed import has removed what it registered: the fill
+        thread does that after the failure is known (a child's read can fail first), and a spawn
+        that answers "the store could not be had" must leave no snapshot of it listed after."""
+        failure = self.failure(tag)
+        imp = self._imports.get(tag)
+        if failure is not None and imp is not None and not await asyncio.to_thread(imp.settled.wait, timeout):
+            log.warning("the failed lazy import of %s was still cleaning up after %.0f s", tag, timeout)
+        return failure
 
     def raise_failure(self, tag: str) -> None:
         failure = self.failure(tag)

@@ -77,7 +77,7 @@ class E2BRoutes:
         limit_text = given.get("limit", "")
         if limit_text and not (limit_text.isdigit() and 1 <= int(limit_text) <= E2B_LIST_LIMIT):
             # Each host refuses it in its own words: pass the request on as it is.
-            return await self._listed_by_first(request)
+            return await gw.first_reachable(request, gw.alive(), b"", e2b=True)
         limit = int(limit_text) if limit_text else E2B_LIST_LIMIT
         try:
             cursor = Cursor.decode(given.get("nextToken"))
@@ -112,10 +112,6 @@ class E2BRoutes:
         if following is not None:
             headers["x-next-token"] = following.encode()
         return JSONResponse(page, headers=headers or None)
-
-    async def _listed_by_first(self, request: Request) -> Response:
-        gw = self._gw
-        return await gw.first_reachable(request, gw.alive(), b"", e2b=True)
 
 
 __all__ = ["E2BRoutes"]

@@ -11,6 +11,7 @@ host unchanged, and the host decides.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,7 +26,9 @@ from forkd.store.layout import host_of
 _OWN = frozenset({"host", "connection", "upgrade", "keep-alive", "te", "trailer", "transfer-encoding",
                   "proxy-authorization", "proxy-authenticate", "content-length", "sec-websocket-key",
                   "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"})
-MAX_HOST = 300  # bytes of a Host header read: a port, a sandbox id, a domain
+# A Host the relay will name: a port, a sandbox id and a domain, at most 300 characters. It becomes
+# the URL of the gateway's own handshake with the host, so nothing else (no '@', '/', spaces) may pass.
+_HOST = re.compile(r"[A-Za-z0-9.:-]{1,300}")
 
 
 class WebSocketRelay:
@@ -40,8 +43,8 @@ class WebSocketRelay:
             await self._app(scope, receive, send)
             return
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", ())]
-        host_header = next((v for k, v in headers if k == "host"), "")[:MAX_HOST]
-        m = SANDBOX_HOST.match(host_header)
+        host_header = next((v for k, v in headers if k == "host"), "")
+        m = SANDBOX_HOST.match(host_header) if _HOST.fullmatch(host_header) else None
         owner = self._membership.get(host_of(m.group("id")) or "") if m else None
         if owner is None:
             # Refused before the handshake: the client sees a 403 and no upgrade.
@@ -52,8 +55,9 @@ class WebSocketRelay:
             return
         target = urlsplit(owner.url)
         query = scope.get("query_string", b"").decode("latin-1")
+        # raw_path is the path as sent (ASGI: without the query string).
         url = f"ws://{host_header}{scope.get('raw_path', b'').decode('latin-1') or scope['path']}"
-        if query and "?" not in url:
+        if query:
             url += f"?{query}"
         await relay_websocket(scope, receive, send, url, [(k, v) for k, v in headers if k not in _OWN],
                               host=target.hostname, port=target.port or 80)

@@ -109,7 +109,7 @@ class SyncReply(TypedDict):
 
 
 class FsfreezeRequest(TypedDict, total=False):
-    mounts: list[str]  # besides the root filesystem (protocol.check_freeze_mounts); CAP_FREEZE_MOUNTS
+    mounts: list[str]  # besides the root filesystem (agent/freeze.check_freeze_mounts); CAP_FREEZE_MOUNTS
 
 
 class FsfreezeReply(TypedDict):

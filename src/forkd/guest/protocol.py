@@ -289,24 +289,7 @@ def check_hostname(hostname: object) -> str | None:
     return hostname
 
 
-# ---------------------------------------------------------------- fsfreeze
-
-FREEZE_MOUNTS_AGENT_VERSION = 14
-FREEZE_MOUNTS_MAX = 16  # a sandbox has at most bounds.MAX_VOLUMES volumes; room, not a second limit
-MOUNT_PATH_MAX = 4096
-
-
-def check_freeze_mounts(mounts: object) -> list[str]:
-    """fsfreeze's ``mounts``: absolute paths of mount points besides the root filesystem."""
-    if mounts is None:
-        return []
-    if not isinstance(mounts, list) or len(mounts) > FREEZE_MOUNTS_MAX:
-        raise RequestError(f"mounts must be a list of at most {FREEZE_MOUNTS_MAX} paths", INVALID)
-    for path in mounts:
-        if (not isinstance(path, str) or not path.startswith("/") or len(path) > MOUNT_PATH_MAX
-                or "\0" in path):
-            raise RequestError(f"mounts: {str(path)[:80]!r} is not an absolute path", INVALID)
-    return list(mounts)
+FREEZE_MOUNTS_AGENT_VERSION = 14  # fsfreeze's "mounts" (checked by guest/agent/freeze.py)
 
 
 # ---------------------------------------------------------------- capabilities
@@ -323,8 +306,7 @@ def check_freeze_mounts(mounts: object) -> list[str]:
 # context's language; protocol.LANGUAGE_AGENT_VERSION), "12" a child's hostname at restore
 # (protocol.RestoreInputs; protocol.HOSTNAME_AGENT_VERSION), and restored's answer says its version,
 # "13" ping's and restored's answers list the agent's capabilities (protocol.Capabilities),
-# "14" fsfreeze freezes the mounts it names too (a live branch's writable volumes;
-# protocol.FREEZE_MOUNTS_AGENT_VERSION).
+# "14" fsfreeze freezes the mounts it names too (protocol.FREEZE_MOUNTS_AGENT_VERSION).
 AGENT_VERSION = "14"
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.errors import GuestError, VMError
+from forkd.host.bounded_output import bounded_stdout
 
 DEBUGFS_TIMEOUT_SECS = 20.0
 # A listing or a batch of stats of a few thousand inodes is well under this.
@@ -66,24 +67,12 @@ async def run_debugfs(image: Path, commands: Iterable[str], *, timeout: float = 
 
     feeding = asyncio.create_task(feed())
     try:
-        async with asyncio.timeout(timeout):
-            out = bytearray()
-            while chunk := await proc.stdout.read(1 << 16):
-                out += chunk
-                if len(out) > max_output:
-                    raise GuestError(f"debugfs wrote more than {max_output} bytes about the guest's disk")
-            await proc.wait()
-    except TimeoutError:
-        raise GuestError(f"debugfs ran past {timeout:.0f}s on the guest's disk") from None
+        return await bounded_stdout(proc, timeout=timeout, max_output=max_output, refuse=GuestError,
+                                    what="debugfs on the guest's disk")
     finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
         feeding.cancel()
         with contextlib.suppress(BaseException):
             await feeding
-    return bytes(out)
 
 
 def split_commands(output: bytes, commands: list[str]) -> list[bytes]:

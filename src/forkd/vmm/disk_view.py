@@ -23,6 +23,7 @@ from pathlib import Path
 
 from forkd.errors import VMError
 from forkd.host import prereqs
+from forkd.host.bounded_output import bounded_stdout
 from forkd.vmm.disk import qcow2_virtual_size
 
 MAP_TIMEOUT_SECS = 30.0
@@ -33,23 +34,10 @@ EXPORT_TIMEOUT_SECS = 15.0
 async def _run(args: list[str], *, timeout: float, max_output: int) -> str:
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        async with asyncio.timeout(timeout):
-            out = bytearray()
-            while chunk := await proc.stdout.read(1 << 16):
-                out += chunk
-                if len(out) > max_output:
-                    raise VMError(f"{Path(args[0]).name} {args[1]} wrote more than {max_output} bytes")
-            err = await proc.stderr.read(1 << 16)
-            await proc.wait()
-    except TimeoutError:
-        raise VMError(f"{Path(args[0]).name} {args[1]} ran past {timeout:.0f}s") from None
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+    assert proc.stderr is not None
+    out = await bounded_stdout(proc, timeout=timeout, max_output=max_output, refuse=VMError,
+                               what=f"{Path(args[0]).name} {args[1]}")
+    err = await proc.stderr.read(1 << 16)
     if proc.returncode != 0:
         raise VMError(f"{Path(args[0]).name} {args[1]} failed: {err.decode(errors='replace').strip()}")
     return out.decode()

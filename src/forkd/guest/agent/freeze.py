@@ -15,11 +15,26 @@ import os
 import threading
 from collections.abc import Sequence
 
-from forkd.guest.protocol import RequestError
+from forkd.guest.protocol import INVALID, RequestError
 
 # <linux/fs.h>
 FIFREEZE = 0xC0045877
 FITHAW = 0xC0045878
+FREEZE_MOUNTS_MAX = 16  # a sandbox has at most bounds.MAX_VOLUMES volumes; room, not a second limit
+MOUNT_PATH_MAX = 4096
+
+
+def check_freeze_mounts(mounts: object) -> list[str]:
+    """fsfreeze's ``mounts`` (from the host): absolute paths of mount points besides the root."""
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list) or len(mounts) > FREEZE_MOUNTS_MAX:
+        raise RequestError(f"mounts must be a list of at most {FREEZE_MOUNTS_MAX} paths", INVALID)
+    for path in mounts:
+        if (not isinstance(path, str) or not path.startswith("/") or len(path) > MOUNT_PATH_MAX
+                or "\0" in path):
+            raise RequestError(f"mounts: {str(path)[:80]!r} is not an absolute path", INVALID)
+    return list(mounts)
 
 
 class RootFreezer:

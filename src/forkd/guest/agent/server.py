@@ -30,7 +30,7 @@ from forkd.guest.agent.channel import Channel
 from forkd.guest.agent.contexts import CodeContexts
 from forkd.guest.agent.evaluator import Evaluator
 from forkd.guest.agent.files import Files
-from forkd.guest.agent.freeze import RootFreezer
+from forkd.guest.agent.freeze import RootFreezer, check_freeze_mounts
 from forkd.guest.agent.hostwait import HostWait
 from forkd.guest.agent.kernels import Kernels
 from forkd.guest.agent.processes import Processes
@@ -41,7 +41,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
-from forkd.guest.protocol import AGENT_VERSION, RequestError, check_freeze_mounts
+from forkd.guest.protocol import AGENT_VERSION, RequestError
 
 READ_CHUNK = 1 << 16
 # A signal request waits at most this long for the process to end (``wait_ms``).
