@@ -25,7 +25,6 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp
 
 from forkd.api.app import create_app
-from forkd.api.deps import RuntimeLike
 from forkd.api.settings import Settings
 from forkd.config import DataDir
 from forkd.controller.runtime import Runtime, SnapshotSpec
@@ -149,7 +148,7 @@ def daemon_app(tmp_path: Path, *, headers: dict[str, str] | None = None, snapsho
 
 
 @contextmanager
-def app_client(tmp_path: Path, runtime: RuntimeLike, *, headers: dict[str, str] | None = None,
+def app_client(tmp_path: Path, runtime: Runtime, *, headers: dict[str, str] | None = None,
                **settings: Any) -> Iterator[TestClient]:
     """A client of the app on ``runtime`` (token ``TOKEN``, data under ``tmp_path``)."""
     (tmp_path / "token").write_text(TOKEN)

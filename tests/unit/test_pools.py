@@ -1,6 +1,6 @@
 """Warm pools without VMs: the registry's pool rows and pooled flag, hidden members,
 the keeper's claim matching, refill, resize, drain and re-adoption (with stand-ins
-for QEMU), the REST routes against the fake runtime, metrics, settings, SDK and CLI."""
+for QEMU), the REST routes on the real runtime over the QEMU double, metrics, settings, SDK and CLI."""
 
 from __future__ import annotations
 

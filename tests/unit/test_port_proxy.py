@@ -32,7 +32,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.store.records import PoolKey
 
 if TYPE_CHECKING:
-    from forkd.api.deps import RuntimeLike
+    from forkd.controller.runtime import Runtime
 
 
 def host(value: str) -> dict[str, object]:
@@ -121,7 +121,7 @@ async def not_port_traffic(scope: Scope, receive: Receive, send: Send) -> None:
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[int]:
     """The daemon's port proxy on a free port; its port."""
-    app = PortProxy(not_port_traffic, runtime=lambda: cast("RuntimeLike", StandInRuntime()),
+    app = PortProxy(not_port_traffic, runtime=lambda: cast("Runtime", StandInRuntime()),
                     tokens=AccessTokens(b"k" * 32), api_token=None, max_body_bytes=1 << 20,
                     clients=PortClients())
     with socket.socket() as s:

@@ -28,7 +28,7 @@ from forkd.api import (
 )
 from forkd.api.audit import AuditLog, AuditMiddleware
 from forkd.api.auth import UNAUTHENTICATED_PATHS, BearerAuthMiddleware, load_token
-from forkd.api.deps import RuntimeLike, reject_unknown_query
+from forkd.api.deps import reject_unknown_query
 from forkd.api.e2b.dispatch import E2BDispatch, error_shape
 from forkd.api.e2b.tokens import AccessTokens, load_or_make_key
 from forkd.api.fast_path import FastPath
@@ -43,6 +43,7 @@ from forkd.config import API_VERSION, VERSION
 from forkd.controller.results import PoolReport
 
 if TYPE_CHECKING:
+    from forkd.controller.runtime import Runtime
     from forkd.fleet.hosts import HostRecord
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def _count(app: FastAPI, what: str) -> int:
 
 
 def _count_sandboxes(app: FastAPI, which: Literal["listed", "paused"]) -> int:
-    runtime: RuntimeLike | None = app.state.runtime
+    runtime: Runtime | None = app.state.runtime
     return runtime.count_sandboxes()[which] if runtime is not None else 0
 
 
@@ -73,17 +74,17 @@ def _hibernation(app: FastAPI) -> dict[str, Any]:
 
 def _costs(app: FastAPI) -> dict[str, int]:
     """The live sandboxes' shared, private and disk bytes (controller/costs.py); none before start."""
-    runtime: RuntimeLike | None = app.state.runtime
+    runtime: Runtime | None = app.state.runtime
     return runtime.costs.totals() if runtime is not None else {}
 
 
 def _pools(app: FastAPI) -> list[PoolReport]:
-    runtime: RuntimeLike | None = app.state.runtime
+    runtime: Runtime | None = app.state.runtime
     return runtime.pools.all() if runtime is not None else []
 
 
 def _refill_times(app: FastAPI) -> list[tuple[str, float]]:
-    runtime: RuntimeLike | None = app.state.runtime
+    runtime: Runtime | None = app.state.runtime
     return runtime.pools.take_refill_times() if runtime is not None else []
 
 
@@ -151,7 +152,7 @@ async def _join_fleet(rt: Any, settings: Settings) -> Any:
     return member
 
 
-def create_app(settings: Settings | None = None, runtime: RuntimeLike | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
     """Build the daemon's ASGI app.
 
     ``runtime``: an already-opened runtime (tests, embedding). When omitted the

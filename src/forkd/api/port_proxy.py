@@ -52,8 +52,9 @@ from forkd.api.ws_relay import relay_websocket
 from forkd.errors import ForkdError
 
 if TYPE_CHECKING:
-    from forkd.api.deps import RuntimeLike, SandboxLike
     from forkd.api.e2b.tokens import AccessTokens
+    from forkd.controller.runtime import Runtime
+    from forkd.store.records import SandboxRecord
 
 log = logging.getLogger("forkd.api.port_proxy")
 
@@ -134,7 +135,7 @@ class PortClients:
 class PortProxy:
     """ASGI middleware: requests whose Host names a sandbox port are relayed there, the rest go on."""
 
-    def __init__(self, app: ASGIApp, runtime: Callable[[], RuntimeLike | None], tokens: AccessTokens,
+    def __init__(self, app: ASGIApp, runtime: Callable[[], Runtime | None], tokens: AccessTokens,
                  api_token: str | None, max_body_bytes: int, clients: PortClients) -> None:
         self.app = app
         self._runtime = runtime
@@ -197,7 +198,7 @@ class PortProxy:
             await self._refuse(scope, receive, send, exc.status if 400 <= exc.status <= 599 else 502,
                                f"sandbox {sandbox_id} could not be woken: {exc}")
 
-    def _admits(self, sandbox_id: str, record: SandboxLike, headers: list[tuple[str, str]]) -> bool:
+    def _admits(self, sandbox_id: str, record: SandboxRecord, headers: list[tuple[str, str]]) -> bool:
         if record.egress.allow_public_traffic:
             return True
         for name, value in headers:

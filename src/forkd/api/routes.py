@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 from pydantic import StringConstraints
 
 from forkd import bounds
-from forkd.api.deps import RuntimeLike, get_branch_gate, get_metrics, get_runtime
+from forkd.api.deps import RuntimeDep, get_branch_gate, get_metrics
 from forkd.api.limits import BranchGate
 from forkd.api.metrics import CONTENT_TYPE_LATEST, Metrics
 from forkd.api.schemas import (
@@ -61,7 +61,7 @@ GUEST_ERRORS: Responses = {
     504: _err("The guest did not answer in time."),
 }
 
-Runtime = Annotated[RuntimeLike, Depends(get_runtime)]
+Runtime = RuntimeDep  # the real controller.runtime.Runtime, injected (api/deps.py)
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 TagPath = Annotated[str, Path(pattern=TAG_PATTERN, description="Snapshot tag.")]
 SandboxIdPath = Annotated[
@@ -112,7 +112,7 @@ async def metrics(m: MetricsDep) -> Response:
 
 def _snapshot_spec(req: CreateSnapshotRequest) -> Any:
     # Imported here, not at module load: the controller pulls in the VMM stack,
-    # and the API (with a fake runtime) must import without it.
+    # and the API's modules must import without it.
     from forkd.controller.runtime import SnapshotSpec
 
     # Unset fields take SnapshotSpec's own defaults, so there is one source of truth.

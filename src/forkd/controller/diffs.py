@@ -57,9 +57,11 @@ def check_filters(values: Iterable[str] | None, name: str) -> list[str]:
         if not isinstance(value, str) or not value or len(value) > protocol.FILE_PATH_MAX or "\x00" in value:
             raise InvalidRequest(f"{name} entries are non-empty paths or names")
         if value.startswith("/"):
-            value = extfs.clean_path(value.encode()) or ""
-            if not value:
-                raise InvalidRequest(f"{name} entry {value!r} is not a plain absolute path")
+            cleaned = extfs.clean_path(value.encode())
+            if not cleaned:
+                raise InvalidRequest(f"{name} entry {value[:200]!r} is not a plain absolute path "
+                                     "(printable, no '.' or '..' parts)")
+            value = cleaned
         out.append(value)
     return out
 

@@ -11,7 +11,7 @@ env, to ``VM.restore`` and to a warm-pool claim alike. ``ForkOptions`` is a fork
 SpawnOptions of its children plus the fields only a fork has.
 
 Import-light on purpose (no VMM, no QEMU client): the API's schemas build these
-values even where only a fake runtime runs.
+values without importing the VMM.
 """
 
 from __future__ import annotations

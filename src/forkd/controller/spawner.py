@@ -426,6 +426,7 @@ class Spawner:
                                                              volumes.ROOT_NODE, snap.dir))
         except BaseException as exc:
             oom_killed = cgroup is not None and cgroup.oom_kills() > 0
+            throttled = cgroup is not None and child.cpu_limit is not None and cgroup.throttled() > 0
             if cgroup is not None:
                 cgroup.remove()  # VM.restore killed and reaped QEMU before raising
             if network is not None:
@@ -439,6 +440,11 @@ class Spawner:
                     f"child {sb_id} was OOM-killed while restoring: its memory limit of {memory_limit_mib} "
                     "MiB (or a limit on forkd's parent cgroup) is below what a restored child needs; "
                     f"raise memory_limit_mib ({exc})") from exc
+            if throttled and isinstance(exc, VMError):
+                # A QEMU held to a sliver of a CPU misses its start-up deadlines: the request's limit.
+                raise InvalidRequest(
+                    f"child {sb_id} could not restore in time under its cpu_limit of {child.cpu_limit} "
+                    f"CPUs, which held it back; raise cpu_limit ({exc})") from exc
             raise
         started = time.time()  # sub-second: lists sort by it (E2B's startedAt)
         record = SandboxRecord(

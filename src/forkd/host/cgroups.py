@@ -257,6 +257,17 @@ class CgroupHandle:
         except OSError as exc:
             raise _explain(exc, self.path) from exc
 
+    def throttled(self) -> int:
+        """How many CPU periods its processes were held back by its ``cpu_limit`` (0 if unreadable;
+        ``nr_throttled`` of ``cpu.stat``, in both versions)."""
+        with contextlib.suppress(OSError, ValueError):
+            if (f := self._file("cpu.stat")) is not None:
+                for line in f.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "nr_throttled":
+                        return int(value)
+        return 0
+
     def oom_kills(self) -> int:
         """How many of its processes the kernel's OOM killer took (0 if unreadable).
 

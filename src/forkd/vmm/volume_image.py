@@ -16,6 +16,7 @@ refused rather than filling the host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -39,13 +40,20 @@ def _mkfs() -> str:
     return tool
 
 
-def tree_bytes(root: Path) -> int:
-    """The bytes of the regular files under ``root`` (links are not followed)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
+def tree_bytes(root: Path, limit: int) -> int:
+    """The bytes of the regular files under ``root`` (links are not followed), counted until past
+    ``limit``: a source as big as the host's root is refused at the limit, not walked whole. A file
+    that goes while it is walked (a live tree, /proc) is not counted."""
+    total, entries = 0, 0
+    for dirpath, dirs, files in os.walk(root):
+        entries += len(dirs) + len(files)
+        if entries > MAX_TAR_MEMBERS:
+            raise InvalidRequest(f"{root} has more than {MAX_TAR_MEMBERS} files and directories")
         for name in files:
-            st = os.lstat(os.path.join(dirpath, name))
-            total += st.st_size
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            if total > limit:
+                return total
     return total
 
 
@@ -122,7 +130,7 @@ def build(out: Path, size: int, source: Path | None, scratch: Path, fs: str = "e
         content: Path | None = None
         if source is not None:
             if source.is_dir():
-                if tree_bytes(source) > size * (1 - FS_OVERHEAD):
+                if tree_bytes(source, int(size * (1 - FS_OVERHEAD))) > size * (1 - FS_OVERHEAD):
                     raise InvalidRequest(f"{source} holds more than fits in a volume of {size >> 20} MiB")
                 content = source
             elif source.is_file():

@@ -3022,7 +3022,11 @@ export interface components {
              * @description host_path only: the new volume's size (its quota); default 1024.
              */
             size_mib?: number | null;
-        };
+        } & ({
+            name: string;
+        } | {
+            host_path: string;
+        });
         /** WorkspaceInfo */
         WorkspaceInfo: {
             /** Created At Unix */

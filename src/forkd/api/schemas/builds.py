@@ -68,8 +68,13 @@ class TemplateBuildRequest(RequestModel):
         "never stored).")
 
 
+# The characters of an image reference (registry host and port, path, tag, digest); its grammar,
+# with Docker's reading of a first part that is not a registry, is image/oci.py's ImageRef.parse.
+IMAGE_REF_CHARS = r"^(docker://)?[A-Za-z0-9\[][A-Za-z0-9._:/@\[\]-]*$"
+
+
 class ImagePullRequest(RequestModel):
-    ref: Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN, max_length=512)] = Field(
+    ref: Annotated[str, StringConstraints(pattern=IMAGE_REF_CHARS, max_length=512)] = Field(
         description="The image: registry/name:tag or name@sha256:…; Docker Hub's short names "
         "(python:3.12 is docker.io/library/python:3.12).", examples=["python:3.12-slim"])
     name: Tag | None = Field(None, description="The guest image's name here (default: the reference's "

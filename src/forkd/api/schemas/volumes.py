@@ -7,20 +7,27 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from forkd import bounds
-from forkd.api.schemas.common import JSONInt, NonEmptyCString, RequestModel, Tag, VolumeSizeMib
+from forkd.api.schemas.common import HostPath, JSONInt, RequestModel, Tag, VolumeSizeMib
+from forkd.store.volume_spec import MOUNT_RE
 
 
 class VolumeSpec(RequestModel):
     """One volume to attach (store/volume_spec.py): exactly one of name and host_path."""
 
+    # What the schema says of it, as the daemon checks it: a source, and only one.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"properties": {"name": {"type": "string"}}, "required": ["name"]},
+        {"properties": {"host_path": {"type": "string"}}, "required": ["host_path"]},
+    ]})
+
     name: Tag | None = Field(None, description="A volume of POST /v1/volumes.", examples=["data"])
-    host_path: NonEmptyCString | None = Field(
-        None, max_length=4096, description="A directory on the daemon's host, copied into a new volume "
+    host_path: HostPath | None = Field(
+        None, description="A directory on the daemon's host, copied into a new volume "
         "kept with the snapshot (the host directory is not written back).")
-    mount: Annotated[str, StringConstraints(max_length=2048)] = Field(
+    mount: Annotated[str, StringConstraints(max_length=2048, pattern=MOUNT_RE.pattern)] = Field(
         description="Where the guest mounts it (an absolute path, e.g. /mnt/data).", examples=["/mnt/data"])
     read_only: bool = Field(False, description="Attached read-only to the template and every child "
                             "(one file, shared); writes fail in the guest.")
@@ -37,14 +44,14 @@ class CreateVolumeRequest(RequestModel):
     size_mib: JSONInt = Field(bounds.DEFAULT_VOLUME_SIZE_MIB, **bounds.VOLUME_SIZE_MIB.field_kwargs(),
                               description="Its size: the most a guest can write to it, on the host too.")
     fs: Literal["ext4"] = Field("ext4", description="Its filesystem.")
-    source: NonEmptyCString | None = Field(
-        None, max_length=4096, description="A host directory or tarball (tar, tar.gz, ...) on the daemon's "
+    source: HostPath | None = Field(
+        None, description="A host directory or tarball (tar, tar.gz, ...) on the daemon's "
         "host to fill it from; archive members that would leave it (absolute, '..', links out, devices) "
         "are refused, and so is more content than fits.")
 
 
 class ExportVolumeRequest(RequestModel):
-    to: NonEmptyCString = Field(max_length=4096, description="A new directory on the daemon's host to "
+    to: HostPath = Field(description="A new directory on the daemon's host to "
                                 "copy the volume's files into (its parent must exist).",
                                 examples=["/srv/export/data"])
     snapshot: Tag | None = Field(None, description="Copy the volume as this snapshot holds it (what "
