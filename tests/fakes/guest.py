@@ -283,10 +283,17 @@ class ScriptedGuest:
     def do_fsthaw(self) -> dict[str, Any]:
         return {"thawed": True}
 
+    def do_pid1_defaults(self, env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
+        """A template build's ENV and WORKDIR in PID 1 (agent 15 on)."""
+        self.state.env.update(protocol.check_env(env))
+        if cwd is not None:
+            self.state.cwd = cwd
+        return {"applied": True}
+
     def _os_statements(self, code: str) -> bool:
         """Run ``code`` if it is only ``__import__('os').environ.update({...})`` and
-        ``__import__('os').chdir("...")`` statements of literals (what a template build sends to
-        set ENV and WORKDIR in PID 1); False if it is anything else."""
+        ``__import__('os').chdir("...")`` statements of literals (what a template build sends an
+        agent older than 15 to set ENV and WORKDIR in PID 1); False if it is anything else."""
         try:
             body = ast.parse(code, mode="exec").body
         except SyntaxError:

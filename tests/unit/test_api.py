@@ -1010,6 +1010,7 @@ BEYOND_THE_SCHEMA = (
     r"is neither a directory nor a tarball",  # what a volume's source on the host is
     r"two volumes are mounted at the same path",  # unique mounts across a list's items
     r"holds more than fits in a volume", r"has more than \d+ files and directories",  # a source's size
+    r"^setup_eval .* failed: ", r"^setup command .* failed with exit code",  # the guest ran the code
 )
 
 

@@ -52,6 +52,7 @@ PATTERN_WORDS = {
     schemas.DIGEST_PATTERN: "64 hex digits",
     schemas.VAR_NAME_PATTERN: "a variable name",
     schemas.GUEST_PATH_PATTERN: "absolute, no NUL",
+    schemas.IMAGE_REF_CHARS: "letters, digits, `._:/@[]-`",
     schemas.GUEST_USER_PATTERN: "a guest user's name",
     code_routes.CONTEXT_PATTERN: "context id",
     egress.ENTRY_PATTERN: "IPv4 address, CIDR or DNS name, optional :PORT or :FIRST-LAST",

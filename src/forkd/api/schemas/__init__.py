@@ -4,7 +4,7 @@ importable from here, as it was when this was one module."""
 
 from __future__ import annotations
 
-from forkd.api.schemas.builds import ImagePullRequest, RegistryAuth, TemplateBuildRequest
+from forkd.api.schemas.builds import IMAGE_REF_CHARS, ImagePullRequest, RegistryAuth, TemplateBuildRequest
 from forkd.api.schemas.common import (
     DIGEST_PATTERN,
     EGRESS_ENTRY_HELP,
@@ -127,6 +127,7 @@ __all__ = [
     "GUEST_PATH_PATTERN",
     "GUEST_USER_HELP",
     "GUEST_USER_PATTERN",
+    "IMAGE_REF_CHARS",
     "INTERNET_HELP",
     "MODULE_PATTERN",
     "NETWORK_HELP",

@@ -43,7 +43,7 @@ BranchMode = Literal["full", "diff", "live"]
 CString = Annotated[str, StringConstraints(pattern=NO_NUL_PATTERN)]
 NonEmptyCString = Annotated[str, StringConstraints(pattern=NON_EMPTY_NO_NUL_PATTERN)]
 # A path on the daemon's host: absolute, no NUL, at most PATH_MAX.
-HostPath = Annotated[str, StringConstraints(pattern=r"^/[^\x00]*$", max_length=4096)]
+HostPath = Annotated[str, StringConstraints(pattern=GUEST_PATH_PATTERN, max_length=4096)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
 # Who runs a command or a file operation in the guest: one definition for every body that takes
 # it (exec, processes, mkdir) and the file routes' ``user`` query parameter.
