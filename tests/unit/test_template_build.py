@@ -20,7 +20,7 @@ from forkd.controller.dockerfile import Copy, Run, parse, step_canonical
 from forkd.controller.template_build import layer_tag, step_key
 from forkd.errors import InvalidRequest, NotFound, TooLarge
 from forkd.image.oci import ImageDefaults
-from tests.fakes.app import AUTH, Daemon, daemon_app
+from tests.fakes.app import AUTH, Daemon, daemon_app, guest_image
 
 
 def test_steps_carry_the_env_workdir_and_user_in_effect() -> None:
@@ -286,3 +286,26 @@ def test_the_image_routes_stream_a_pull_and_refuse_a_bad_reference(client: tuple
     assert bad.status_code == 400 and "not an image reference" in bad.json()["error"]
     no_password = c.post("/v1/images", json={"ref": "python:3", "registry_auth": {"username": "u"}})
     assert no_password.status_code == 400
+
+
+def test_an_image_is_deleted_only_when_no_snapshot_stands_on_it(client: tuple[TestClient, Daemon]) -> None:
+    """DELETE /v1/images/{name}: 409 naming the snapshots whose disks stand on it (a template and
+    what inherits its image), 204 once none does, then 404; the image's directory is gone."""
+    c, daemon = client
+    daemon.snapshot("py")
+    images = daemon.runtime.data.images
+    guest_image(images, "spare")
+    assert {"default", "spare"} <= {i["name"] for i in c.get("/v1/images").json()}
+    refused = c.delete("/v1/images/default")
+    assert refused.status_code == 409 and "snapshot(s) py" in refused.json()["error"], refused.json()
+    assert (images / "default" / "image.json").exists()
+
+    assert c.delete("/v1/images/spare").status_code == 204
+    assert "spare" not in {i["name"] for i in c.get("/v1/images").json()}
+    assert not (images / "spare").exists() and not list(images.glob(".spare*"))
+    gone = c.delete("/v1/images/spare")
+    assert gone.status_code == 404 and gone.json()["error"]
+    assert c.delete("/v1/images/..%2Fetc").status_code in (400, 404)
+
+    assert c.delete("/v1/snapshots/py", params={"cascade": "true", "force": "true"}).status_code in (200, 204)
+    assert c.delete("/v1/images/default").status_code == 204

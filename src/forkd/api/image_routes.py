@@ -1,5 +1,6 @@
-"""Guest images: ``GET /v1/images`` and ``POST /v1/images`` (pull an OCI/Docker image and convert
-it, its progress streamed as NDJSON). Semantics live in ``forkd.controller.images``.
+"""Guest images: ``GET /v1/images``, ``POST /v1/images`` (pull an OCI/Docker image and convert
+it, its progress streamed as NDJSON) and ``DELETE /v1/images/{name}``. Semantics live in
+``forkd.controller.images``.
 
 The pull runs in a task of its own (api/progress_stream.py): a client that goes away stops
 watching, not the pull.
@@ -8,14 +9,14 @@ watching, not the pull.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from fastapi.responses import StreamingResponse
 
 from forkd.api.progress_stream import NDJSON, stream_progress
 from forkd.api.routes import BAD_REQUEST, COMMON_ERRORS, Runtime
-from forkd.api.schemas import ErrorBody, ImagePullRequest
+from forkd.api.schemas import TAG_PATTERN, ErrorBody, ImagePullRequest
 from forkd.config import API_VERSION
 
 router = APIRouter(prefix=f"/{API_VERSION}", tags=["images"], responses={**COMMON_ERRORS, **BAD_REQUEST})
@@ -24,6 +25,14 @@ router = APIRouter(prefix=f"/{API_VERSION}", tags=["images"], responses={**COMMO
 @router.get("/images", summary="The guest images this daemon can boot (built or pulled)")
 async def list_images(rt: Runtime) -> list[dict[str, Any]]:
     return await asyncio.to_thread(rt.images.list)
+
+
+@router.delete("/images/{name}", status_code=204, summary="Delete a guest image no snapshot stands on",
+               responses={404: {"model": ErrorBody, "description": "No such image."},
+                          409: {"model": ErrorBody,
+                                "description": "Snapshots stand on it; the error names them."}})
+async def delete_image(name: Annotated[str, Path(pattern=TAG_PATTERN, max_length=64)], rt: Runtime) -> None:
+    await rt.images.remove(name)
 
 
 @router.post(

@@ -15,10 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from forkd.bounds import TAG_RE
 from forkd.config import DataDir
+from forkd.errors import Conflict, InvalidRequest
 from forkd.image import oci
-from forkd.image.builder import Image, list_images
+from forkd.image.builder import Image, list_images, load_image
 from forkd.image.oci_build import build_oci_image
+from forkd.store.layout import discard
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -56,15 +59,35 @@ def image_defaults(image: Image) -> oci.ImageDefaults | None:
 
 
 class OciImages:
-    """Pulls and converts OCI images into this daemon's images directory."""
+    """Pulls and converts OCI images into this daemon's images directory, and removes images.
 
-    def __init__(self, data: DataDir, registries: oci.Registries | None = None) -> None:
+    ``users(name)``: the snapshots whose disks stand on image ``name`` (their root filesystem's
+    backing file is its rootfs), which the snapshot store answers.
+    """
+
+    def __init__(self, data: DataDir, users: Callable[[str], list[str]],
+                 registries: oci.Registries | None = None) -> None:
         self._data = data
+        self._users = users
         self.registries = registries or oci.Registries()
         self._lock = asyncio.Lock()
 
     def list(self) -> list[dict[str, Any]]:
         return [image_info(image) for image in list_images(self._data)]
+
+    async def remove(self, name: str) -> None:
+        """Delete guest image ``name`` (forkd's own or a pulled one); 409 naming the snapshots that
+        stand on it. Its pulled layers stay in the OCI cache, shared by digest with other images."""
+        if not TAG_RE.match(name):
+            raise InvalidRequest(f"invalid image name {name!r}")
+        async with self._lock:  # not while a pull converts into it
+            load_image(self._data, name)  # 404 if there is none
+            users = self._users(name)
+            if users:
+                shown = ", ".join(users[:20]) + (f" and {len(users) - 20} more" if len(users) > 20 else "")
+                raise Conflict(f"image {name!r} is the base of snapshot(s) {shown}: delete them first "
+                               "(forkd snapshot rm TAG --cascade)")
+            await asyncio.to_thread(discard, self._data.images / name)
 
     async def pull(self, req: PullRequest, emit: Emit = _ignore) -> Image:
         oci.ImageRef.parse(req.ref)  # a bad reference is refused before anything starts

@@ -195,7 +195,7 @@ class Runtime:
         # Dockerfile builds (controller/template_build.py): a sub-API the template routes call. Its
         # build host is this facade (spawn, exec, branch, kill of its build sandboxes).
         # Images pulled from registries (controller/images.py): POST /v1/images and a build's FROM REF.
-        self.images = OciImages(data, registries)
+        self.images = OciImages(data, self.snapshots.on_image, registries)
         self.builds = TemplateBuilds(data, self.templates, self, self.images)
 
     # ---------------------------------------------------------------- open/close

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.controller.tags import TagReservations
-from forkd.errors import Conflict, NotFound, VMError
+from forkd.errors import Conflict, ForkdError, NotFound, VMError
 from forkd.host.accel import VMConfig
 from forkd.host.shm import ShmMemory
 from forkd.store.layout import SnapshotDir, check_tag
@@ -67,6 +67,20 @@ class SnapshotStore:
 
     def dir(self, tag: str) -> SnapshotDir:
         return SnapshotDir(self._dir / tag)
+
+    def on_image(self, name: str) -> list[str]:
+        """The snapshots whose root disks stand on guest image ``name`` (templates and the
+        branches that inherit their image), sorted; one whose metadata cannot be read counts."""
+        users = []
+        for snap in self._rows.all():
+            try:
+                image = SnapshotDir(Path(snap.dir)).read_meta().get("image") or {}
+            except (OSError, ValueError, ForkdError):
+                users.append(snap.tag)  # unreadable: keep its image rather than guess
+                continue
+            if isinstance(image, dict) and image.get("name") == name:
+                users.append(snap.tag)
+        return sorted(users)
 
     def forkable(self, tag: str) -> Forkable:
         snap = self.get(tag)

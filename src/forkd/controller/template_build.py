@@ -200,12 +200,11 @@ class _Layer:
 class TemplateBuilds:
     """Dockerfile builds on top of ``TemplateBuilder`` and the Runtime's sandboxes; one at a time."""
 
-    def __init__(self, data: DataDir, templates: TemplateBuilder, host: BuildHost,
-                 images: OciImages | None = None) -> None:
+    def __init__(self, data: DataDir, templates: TemplateBuilder, host: BuildHost, images: OciImages) -> None:
         self._data = data
         self._templates = templates
         self._host = host
-        self._images = images or OciImages(data)
+        self._images = images
         self.contexts = BuildContexts(data.root / "build-contexts")
         self._lock = asyncio.Lock()  # builds share layers: one at a time keeps that simple
 
