@@ -186,6 +186,13 @@ def manifest(*snaps: SnapshotEntry) -> Manifest:
                     BaseEntry(sha("base"), 100, "raw", {"name": "default"}), snaps)
 
 
+def test_a_base_pulled_from_a_registry_travels_with_its_digest() -> None:
+    m = manifest(entry("a", {"mem": sha("1"), "state": sha("2"), "disk": sha("3")}))
+    d = m.to_json()
+    d["base"]["image"].update(oci_digest=f"sha256:{sha('layer')}", oci_ref="docker.io/library/busybox:1")
+    assert Manifest.from_json(json.loads(json.dumps(d))).base.image["oci_digest"] == f"sha256:{sha('layer')}"
+
+
 def test_a_manifest_survives_json() -> None:
     m = manifest(entry("a", {"mem": sha("1"), "state": sha("2"), "disk": sha("3")}),
                  entry("b", {"mem": sha("4"), "state": sha("5"), "disk": sha("6")}, ("a", "disk.qcow2")))
@@ -209,6 +216,8 @@ def test_a_manifest_survives_json() -> None:
     (lambda d: d.update(version=99), "version"),
     (lambda d: d["snapshots"][0]["files"].pop("state"), "lacks state"),
     (lambda d: d.update(tag="other"), "not the last snapshot"),
+    (lambda d: d["base"]["image"].update(oci_digest="sha256:../x"), "oci_digest must be sha256"),
+    (lambda d: d["base"]["image"].update(oci_ref="r" * 513), "oci_ref must be a string"),
 ])
 def test_a_bad_manifest_is_refused_with_the_reason(mutate: Any, words: str) -> None:
     d = manifest(entry("a", {"mem": sha("1"), "state": sha("2"), "disk": sha("3")})).to_json()

@@ -151,7 +151,11 @@ class SnapshotExporter:
                 return info
         for image in list_images(self._data):
             if image.rootfs.resolve() == base_path.resolve():
-                return {"name": image.name, "key": image.key,
+                info = {"name": image.name, "key": image.key,
                         "kernel_version": image.meta.get("kernel_version"),
                         "recipe": image.meta.get("recipe")}
+                pulled = image.meta.get("oci") or {}
+                if pulled.get("digest"):  # an image pulled from a registry: which one, by digest
+                    info["oci_digest"], info["oci_ref"] = pulled["digest"], pulled.get("ref")
+                return info
         return {}

@@ -206,6 +206,12 @@ def _parse(d: Any) -> Manifest:
                     for k in ("name", "key", "kernel_version")):
         raise BadManifest("manifest base image must be an object whose name, key and kernel_version are "
                           "strings of at most 128 characters")
+    # A base converted from a registry's image names it by digest (and reference).
+    digest, ref = image.get("oci_digest"), image.get("oci_ref")
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
+        raise BadManifest("manifest base image's oci_digest must be sha256:<64 hex digits>")
+    if ref is not None and not (isinstance(ref, str) and len(ref) <= 512):
+        raise BadManifest("manifest base image's oci_ref must be a string of at most 512 characters")
     base = BaseEntry(_sha(base_d["sha256"], "base sha256"), _int(base_d["size"], "base size", MAX_FILE_BYTES),
                      fmt, image)
     raw_snaps = d["snapshots"]
