@@ -171,3 +171,17 @@ def test_fork_tree_table_says_how_to_promote(cli: CliRunner, source: str) -> Non
     assert result.exit_code == 0, result.output
     assert "tree ft-" in result.stdout
     assert "forkd promote CHILD_ID" in result.stdout
+
+
+def test_image_rm_goes_through_the_daemon_and_names_what_stands_on_it(cli: CliRunner, daemon: Daemon) -> None:
+    """``forkd image rm``: the daemon refuses an image a snapshot stands on (the CLI says which and
+    exits 1) and deletes one nothing does."""
+    from tests.fakes.app import guest_image
+
+    guest_image(daemon.runtime.data.images, "spare")
+    result = forkd(cli, "image", "rm", "spare", "default")
+    assert result.exit_code == 1, result.output
+    assert "deleted image spare" in result.stdout
+    assert "default: " in result.stderr and "snapshot(s) py" in result.stderr, result.stderr
+    assert not (daemon.runtime.data.images / "spare").exists()
+    assert (daemon.runtime.data.images / "default").is_dir()

@@ -1,4 +1,5 @@
-"""``forkd image build|pull|import|ls``: guest images, built or pulled locally (no daemon involved).
+"""``forkd image build|pull|import|ls|rm``: guest images, built or pulled locally (no daemon involved),
+and removed through the daemon, which knows what stands on them.
 
 ``pull`` and ``import`` convert an OCI/Docker image (forkd.image.oci: skopeo and umoci) into
 the local images directory; a daemon pulls the same way for ``POST /v1/images`` and a
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from forkd.cli import output
-from forkd.cli.context import JsonFlag, handle_errors, want_json
+from forkd.cli.context import JsonFlag, handle_errors, state, want_json
 from forkd.config import DEFAULT_IMAGE, DataDir
 
 image_app = typer.Typer(
@@ -289,3 +290,38 @@ def ls(ctx: typer.Context, data_dir: DataDirOpt = None, json_: JsonFlag = False)
             output.fmt(str(image.dir)),
         )
     output.console.print(table)
+
+
+@image_app.command("rm")
+@handle_errors
+def rm(ctx: typer.Context, names: Annotated[list[str], typer.Argument(help="Image name(s) to delete.")],
+       json_: JsonFlag = False) -> None:
+    """Delete guest image(s) that no snapshot stands on, through the daemon.
+
+    The daemon knows which snapshots stand on an image (their disks' backing
+    file is its root filesystem): while any does, the image is kept and the
+    error names them; delete those first (forkd rmi TAG --cascade).
+
+    Example:
+      forkd image rm busybox-1
+    """
+    from forkd.sdk.errors import ForkdAPIError
+
+    controller = state(ctx).controller()
+    deleted: list[str] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        try:
+            controller.delete_image(name)
+            deleted.append(name)
+        except ForkdAPIError as exc:  # per-image failure; connection errors abort
+            failed[name] = str(exc)
+            if not want_json(ctx, json_):
+                output.error(f"{name}: {exc}")
+    if want_json(ctx, json_):
+        output.emit_json({"deleted": deleted, "failed": failed})
+    else:
+        for name in deleted:
+            output.console.print(f"deleted image {escape(name)}")
+    if failed:
+        raise typer.Exit(1)

@@ -87,6 +87,14 @@ def create_snapshot(
     return Call("POST", "/v1/snapshots", json=body, read_timeout=None)
 
 
+def list_images() -> Call:
+    return Call("GET", "/v1/images")
+
+
+def delete_image(name: str) -> Call:
+    return Call("DELETE", f"/v1/images/{_seg(name)}")
+
+
 def delete_snapshot(tag: str, *, cascade: bool, force: bool) -> Call:
     params = {name: "true" for name, on in (("cascade", cascade), ("force", force)) if on}
     return Call("DELETE", f"/v1/snapshots/{_seg(tag)}", params=params)

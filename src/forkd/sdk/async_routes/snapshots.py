@@ -7,7 +7,7 @@ import asyncio
 import collections.abc
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Unpack, cast
+from typing import IO, Any, Unpack, cast
 
 import httpx
 
@@ -119,6 +119,14 @@ class AsyncSnapshotRoutes(AsyncTransport):
             network=network,
         )
         return cast(SnapshotInfo, await self._send(call))
+
+    async def list_images(self) -> list[dict[str, Any]]:
+        """``GET /v1/images``: the guest images the daemon boots from (built or pulled)."""
+        return cast(list[dict[str, Any]], await self._send(_calls.list_images()))
+
+    async def delete_image(self, name: str) -> None:
+        """``DELETE /v1/images/{name}``: 409 (ConflictError) while snapshots stand on it."""
+        await self._send(_calls.delete_image(name))
 
     async def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
         """``DELETE /v1/snapshots/{tag}``.

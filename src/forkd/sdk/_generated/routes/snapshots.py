@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections.abc
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Unpack, cast
+from typing import IO, Any, Unpack, cast
 
 import httpx
 
@@ -120,6 +120,14 @@ class SnapshotRoutes(Transport):
             network=network,
         )
         return cast(SnapshotInfo, self._send(call))
+
+    def list_images(self) -> list[dict[str, Any]]:
+        """``GET /v1/images``: the guest images the daemon boots from (built or pulled)."""
+        return cast(list[dict[str, Any]], self._send(_calls.list_images()))
+
+    def delete_image(self, name: str) -> None:
+        """``DELETE /v1/images/{name}``: 409 (ConflictError) while snapshots stand on it."""
+        self._send(_calls.delete_image(name))
 
     def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
         """``DELETE /v1/snapshots/{tag}``.
