@@ -124,15 +124,22 @@ BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "id", "stty", "mount", "mkdir", "r
 
 
 def busybox_layout(work: Path) -> Path:
-    """A one-layer image of Debian's static busybox and its applets, as busybox's own image is: no
-    Python, no libc, no /etc but what the layer makes."""
+    """Debian's static busybox and its applets, as busybox's own image is: no Python, no libc, no
+    /etc but what the layer makes; then a second layer that whites out a file of the first, makes
+    a directory opaque, and adds a setuid file and a hard link to it."""
     layout = new_layout(work / "busybox")
     members = [entry("bin", tarfile.DIRTYPE), entry("etc", tarfile.DIRTYPE),
                entry("tmp", tarfile.DIRTYPE, mode=0o1777),
                file("bin/busybox", Path("/bin/busybox").read_bytes(), mode=0o755),
-               file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"), file("etc/group", b"root:x:0:\n")]
+               file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"), file("etc/group", b"root:x:0:\n"),
+               file("etc/gone", b"old"), entry("srv", tarfile.DIRTYPE), file("srv/old", b"1")]
     members += [entry(f"bin/{applet}", tarfile.SYMTYPE, link="busybox") for applet in BUSYBOX_APPLETS]
     add_layer(layout, write_tar(work / "busybox.tar", members))
+    add_layer(layout, write_tar(work / "second.tar", [
+        file("etc/.wh.gone"), entry("srv", tarfile.DIRTYPE), file("srv/.wh..wh..opq"), file("srv/new", b"n"),
+        file("srv/tool", b"#!/bin/sh\necho tool\n", mode=0o4755),
+        entry("srv/tool-link", tarfile.LNKTYPE, link="srv/tool"),
+    ]))
     return layout
 
 

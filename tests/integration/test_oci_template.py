@@ -61,7 +61,13 @@ def test_a_template_from_a_registry_image_answers_and_forks(loop: Loop, runtime:
             assert "only in this image" in str(ev.get("result", ev)), ev
             loop.run(runtime.files.write(child.id, "/srv/app/note.txt", _chunks(b"written"),
                                          max_bytes=1 << 20))
-            # Five forks of the running child carry its file and answer on their own.
+            assert _terminal(loop, runtime, child.id) == (3, True)
+            # A branch of it, and five forks of the running child: each carries its file.
+            branch = loop.run(runtime.branch(child.id, "oci-debian-branch", mode="diff"))
+            tags.append(branch.tag)
+            [from_branch] = loop.run(runtime.spawn(branch.tag, 1))
+            assert loop.run(runtime.exec(from_branch.id, ["cat", "/srv/app/note.txt"]))["stdout"] == "written"
+            loop.run(runtime.kill(from_branch.id))
             fork = loop.run(runtime.fork(child.id, 5))
             assert len(fork.children) == 5 and not fork.errors, fork.errors
             tags.append(fork.snapshot_tag)
@@ -81,8 +87,9 @@ def test_a_template_from_a_registry_image_answers_and_forks(loop: Loop, runtime:
 
 def test_an_image_without_python_runs_its_agent_on_forkds_runtime(loop: Loop, runtime: Runtime,
                                                                    tmp_path: Path) -> None:
-    """busybox's static binary and nothing else: the agent runs on forkd's own runtime (no libc or
-    Python of the image's), and the child serves exec, files and a terminal, forks, branches and
+    """busybox's static binary and nothing else, in two layers (a whiteout, an opaque directory, a
+    setuid file and a hard link to it): the agent runs on forkd's own runtime (no libc or Python
+    of the image's), and the child serves exec, files and a terminal, forks, branches and
     hibernates; eval is a 400 that says the image has no Python."""
     layout = busybox_layout(tmp_path)
     set_config(layout, "--config.cmd=sh", "--config.workingdir=/tmp")
@@ -102,6 +109,13 @@ def test_an_image_without_python_runs_its_agent_on_forkds_runtime(loop: Loop, ru
             res = loop.run(runtime.exec(child.id, ["sh", "-c", script]))
             assert res["stdout"].split("\n")[:2] == ["built", "/tmp"], res
             assert "No such file" in res["stdout"], res  # neither a Python nor a libc of the image's own
+            # The second layer, applied: whiteout, opaque dir, setuid bit, one inode for the link.
+            script = ("ls /etc/gone 2>&1; ls /srv; stat -c '%a %i' /srv/tool; stat -c '%i' /srv/tool-link; "
+                      "/srv/tool")
+            lines = loop.run(runtime.exec(child.id, ["sh", "-c", script]))["stdout"].split("\n")
+            assert "No such file" in lines[0] and lines[1:4] == ["new", "tool", "tool-link"], lines
+            mode, inode = lines[4].split()
+            assert mode == "4755" and lines[5] == inode and lines[6] == "tool", lines
             with pytest.raises(InvalidRequest, match="its image has no Python of its own"):
                 loop.run(runtime.eval(child.id, "1 + 1"))
 
