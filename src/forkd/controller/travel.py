@@ -374,7 +374,7 @@ class SnapshotTravel:
         if self._snapshots.records.has(tag):
             # Only while its snapshot is still here: a failed lazy import removes it, and a later
             # spawn (the store back) fetches it anew rather than repeat the old failure for ever.
-            self.lazily.raise_failure(tag)
+            await self.lazily.raise_failure(tag)
         if self.store is None or self._snapshots.records.has(tag):
             return
         if not (self.lazy and fusefile.available()):
@@ -385,7 +385,7 @@ class SnapshotTravel:
         check_tag(tag)
         async with self._lock(tag):
             if self._snapshots.records.has(tag):
-                self.lazily.raise_failure(tag)
+                await self.lazily.raise_failure(tag)
                 return
             manifest = await asyncio.to_thread(store.get_manifest, tag)
             if manifest is None:

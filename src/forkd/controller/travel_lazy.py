@@ -112,8 +112,10 @@ class LazyImports:
             log.warning("the failed lazy import of %s was still cleaning up after %.0f s", tag, timeout)
         return failure
 
-    def raise_failure(self, tag: str) -> None:
-        failure = self.failure(tag)
+    async def raise_failure(self, tag: str) -> None:
+        """Raise ``failure_settled``'s answer: a spawn that fails on a lazy import's failure answers
+        only once the import's snapshots are gone, never while they are still listed."""
+        failure = await self.failure_settled(tag)
         if failure is not None:
             raise failure
 
@@ -136,7 +138,7 @@ class LazyImports:
             return
         if not await asyncio.to_thread(imp.settled.wait, timeout):
             raise TimeoutError(f"the memory of {tag!r} did not all arrive within {timeout} s")
-        self.raise_failure(tag)
+        await self.raise_failure(tag)
 
     async def start(self, store: ObjectStore, manifest: Manifest) -> None:
         started = time.monotonic()
@@ -192,7 +194,7 @@ class LazyImports:
         self.count += 1
         # A chunk the fill already found corrupt or missing: say so now rather than start children
         # that would fail on it (the fill thread removes the snapshots).
-        self.raise_failure(manifest.tag)
+        await self.raise_failure(manifest.tag)
         log.info("%s is here lazily from %s in %.2fs: %d snapshot(s), memory arriving in the background",
                  manifest.tag, store.url, time.monotonic() - started, len(imp.created))
 
