@@ -309,3 +309,21 @@ def test_an_image_is_deleted_only_when_no_snapshot_stands_on_it(client: tuple[Te
 
     assert c.delete("/v1/snapshots/py", params={"cascade": "true", "force": "true"}).status_code in (200, 204)
     assert c.delete("/v1/images/default").status_code == 204
+
+
+def test_an_image_in_a_shared_images_directory_is_not_deleted(tmp_path: Path) -> None:
+    """With FORKD_IMAGES_DIR, other daemons may boot from the same images, and their snapshots are
+    not this daemon's to see: it refuses to delete any (409 saying why)."""
+    import asyncio
+
+    from forkd.config import DataDir
+    from forkd.controller.images import OciImages
+    from forkd.errors import Conflict
+    from tests.fakes.app import guest_image
+
+    shared = tmp_path / "shared-images"
+    guest_image(shared, "spare")
+    images = OciImages(DataDir(tmp_path / "data", shared), lambda _name: [])
+    with pytest.raises(Conflict, match=r"is shared \(FORKD_IMAGES_DIR\)"):
+        asyncio.run(images.remove("spare"))
+    assert (shared / "spare" / "image.json").exists()

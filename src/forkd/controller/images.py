@@ -80,6 +80,11 @@ class OciImages:
         stand on it. Its pulled layers stay in the OCI cache, shared by digest with other images."""
         if not TAG_RE.match(name):
             raise InvalidRequest(f"invalid image name {name!r}")
+        if self._data.images_override is not None:
+            # Other daemons may boot from it (FORKD_IMAGES_DIR): this one knows only its own snapshots.
+            raise Conflict(f"this daemon's images directory {self._data.images} is shared "
+                           "(FORKD_IMAGES_DIR), and other daemons' snapshots may stand on its images: "
+                           "remove images from it by hand once none does")
         async with self._lock:  # not while a pull converts into it
             load_image(self._data, name)  # 404 if there is none
             users = self._users(name)
