@@ -17,7 +17,7 @@ import subprocess
 import time
 from typing import Any
 
-from forkd.guest.protocol import RequestError, check_env
+from forkd.guest.protocol import RequestError, check_env, check_path
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -144,9 +144,11 @@ def pid1_defaults(req: dict[str, Any]) -> dict[str, bool]:
     (an action of its own, as an image without Python has no eval to do it with)."""
     env = check_env(req.get("env"))
     cwd = req.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/") or len(cwd) > 4096
-                            or "\0" in cwd):
-        raise RequestError("cwd must be an absolute path")
+    if cwd is not None:
+        try:
+            cwd = check_path(cwd)  # the file actions' check of a guest path
+        except RequestError as exc:
+            raise RequestError(f"cwd must be an absolute path: {exc}") from None
     os.environ.update(env)
     if cwd is not None:
         os.makedirs(cwd, exist_ok=True)
