@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""What a name policy costs per sandbox: its resolver (host/dnsguard.py) and the answers it installs.
+"""What a name policy costs per sandbox: its resolver and inspector (host/dnsguard.py,
+host/egress_inspect.py), the answers it installs, and a first connection checked by its name.
 
 For ``--children`` sandbox networks (namespace, tap, veth, nftables; no VM), made by
 ``Networks.acquire`` as a spawn makes them, once with an address policy and once with
 a name policy of the same size:
 
-  set-up      acquire p50 of each (a name policy adds the resolver's socket in the namespace)
+  set-up      acquire p50 of each (a name policy adds the resolver's UDP socket and the
+              inspector's listening TCP socket in the namespace)
   resolver    the daemon's Python heap (tracemalloc) and open file descriptors added by the
-              name policy's resolvers, per sandbox (the kernel's side: one idle UDP socket)
+  + inspector name policy's resolvers and inspectors, per sandbox (the kernel's side: one idle
+              UDP socket and one idle listening TCP socket)
   first name  from inside each namespace (a client socket made there), the time from a
               question for an allowed name to its answer, which waits for the answered
               address to be in the sandbox's set (an ``nft`` run): what a first connection to
               a name costs on top of one to an address rule (which costs nothing here); and a
               refused name (no ``nft``) beside it; the CPU time both took (the daemon's and its
               ``nft`` children's)
+
+  first TLS   a TLS connection (connect, handshake, one request and its answer) to a server on
+  connection  the sandboxes' gateway, from each sandbox's namespace: straight (what an address
+              rule lets through) and through the sandbox's inspector (its SNI read and checked,
+              the original destination dialled from the namespace, the bytes spliced); and the
+              CPU each took (client, server and inspector are all this process). The inspector
+              is reached on loopback here, as nft's redirect of a guest's packet needs a guest.
 
 Names are answered from a hosts file (``FORKD_DNS_HOSTS``): nothing leaves the host.
 Needs root. Prints a table and writes bench/results/name_policy.json.
@@ -30,6 +40,9 @@ import os
 import platform
 import resource
 import shutil
+import socket
+import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +59,7 @@ from forkd.controller.runtime import Runtime
 from forkd.host import childnet, dnsguard, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
+from forkd.host.egress_inspect import Inspector
 from forkd.host.netplan import ChildNet
 from network_setup import ms, timed
 
@@ -85,8 +99,77 @@ async def ask(net: ChildNet, name: str) -> tuple[int, float]:
     return dns.message.from_wire(reply).rcode(), secs
 
 
-async def make(networks: Networks, policy: EgressPolicy, children: int, tag: str) -> tuple[list[ChildNet],
-                                                                                          list[float]]:
+def self_signed(folder: Path) -> ssl.SSLContext:
+    """The bench server's TLS context: a throwaway self-signed certificate (openssl's CLI)."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "1", "-subj", "/CN=x0.cdn.bench.test", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    await r.read(4096)
+    w.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    await w.drain()
+    w.close()
+
+
+CLIENT_TLS = ssl.create_default_context()
+CLIENT_TLS.check_hostname = False
+CLIENT_TLS.verify_mode = ssl.CERT_NONE  # the bench's throwaway certificate; nothing is checked by it
+
+
+async def tls_request(sock: socket.socket, dst: tuple[str, int], name: str) -> float:
+    """Seconds from connect to the answer of one request over TLS (``sock``: unconnected)."""
+    t = time.perf_counter()
+    await asyncio.get_running_loop().sock_connect(sock, dst)
+    r, w = await asyncio.open_connection(sock=sock, ssl=CLIENT_TLS, server_hostname=name)
+    w.write(f"GET / HTTP/1.1\r\nHost: {name}\r\n\r\n".encode())
+    await w.drain()
+    got = await asyncio.wait_for(r.read(), 10)
+    secs = time.perf_counter() - t
+    w.close()
+    assert got.startswith(b"HTTP/1.1 204"), got[:64]
+    return secs
+
+
+async def first_connections(named: list[ChildNet], gateway: str, folder: Path) -> dict[str, Any]:
+    """Each sandbox's first TLS connection to a server on the gateway, straight and inspected."""
+    server = await asyncio.start_server(answer, gateway, 0, ssl=self_signed(folder))
+    dst = (gateway, server.sockets[0].getsockname()[1])
+    straight, inspected = [], []
+    cpu0 = cpu_s()
+    for net in named:
+        sock = await asyncio.to_thread(netns_mod.tcp_socket_in, net.netns)
+        straight.append(await tls_request(sock, dst, "x0.cdn.bench.test"))
+    cpu1 = cpu_s()
+    log: list[tuple[Any, ...]] = []
+    for i, net in enumerate(named):
+        # The policy's entry is *.cdn.bench.test:443; the bench server's port is whatever was free.
+        inspector = Inspector(lambda name, _d, policy=net.egress: policy.allows_connection(name, 443),
+                              lambda *e: log.append(e), destination=lambda _s: dst,
+                              dial=dnsguard.dial_from(net.netns))
+        front = await asyncio.start_server(inspector.handle, "127.0.0.1", 0)
+        client = socket.socket()
+        client.setblocking(False)
+        name = f"x{i}.cdn.bench.test"
+        inspected.append(await tls_request(client, front.sockets[0].getsockname()[:2], name))
+        front.close()
+    refused = sum(1 for e in log if not e[2])
+    cpu2 = cpu_s()
+    server.close()
+    assert refused == 0
+    n = len(named)
+    return {"first_tls_straight": ms(straight), "first_tls_inspected": ms(inspected),
+            "cpu_ms_per_tls_straight": round((cpu1 - cpu0) / n * 1000, 2),
+            "cpu_ms_per_tls_inspected": round((cpu2 - cpu1) / n * 1000, 2)}
+
+
+async def make(networks: Networks, policy: EgressPolicy, children: int, tag: str,
+               made_all: list[ChildNet]) -> tuple[list[ChildNet], list[float]]:
     req = await networks.prepare(tap=netplan.DEFAULT_TAP, dns=("10.0.0.2",), egress=policy,
                                  per_child_netns=False, what="bench")
     assert req is not None
@@ -94,16 +177,27 @@ async def make(networks: Networks, policy: EgressPolicy, children: int, tag: str
     for i in range(children):
         net, s = await timed(networks.acquire(f"sb-bench{tag}-{i:04d}", req))
         made.append(net)
+        made_all.append(net)
         secs.append(s)
     return made, secs
 
 
-async def measure(networks: Networks, children: int) -> dict[str, Any]:
+async def measure(networks: Networks, children: int, folder: Path) -> dict[str, Any]:
+    made: list[ChildNet] = []
+    try:
+        return await _measure(networks, children, folder, made)
+    finally:  # a failure leaves no namespace behind either
+        for net in made:
+            await networks.release(net)
+        assert networks.owners() == [] and networks.names.attached() == []
+
+
+async def _measure(networks: Networks, children: int, folder: Path, made: list[ChildNet]) -> dict[str, Any]:
     tracemalloc.start()
     rss0, fds0 = rss_kib(), fds()
-    plain, plain_up = await make(networks, ADDRESSES, children, "a")
+    _plain, plain_up = await make(networks, ADDRESSES, children, "a", made)
     rss1, fds1 = rss_kib(), fds()
-    named, named_up = await make(networks, NAMES, children, "n")
+    named, named_up = await make(networks, NAMES, children, "n", made)
     rss2, fds2 = rss_kib(), fds()
     tracemalloc.stop()
     # A network of either kind holds a lease and a host claim (an fd); the resolver is the rest.
@@ -114,18 +208,17 @@ async def measure(networks: Networks, children: int) -> dict[str, Any]:
     cpu2 = cpu_s()
     assert all(rc == dns.rcode.NOERROR for rc, _ in first), first[:3]
     assert all(rc == dns.rcode.REFUSED for rc, _ in refused), refused[:3]
-    for net in [*plain, *named]:
-        await networks.release(net)
-    assert networks.owners() == [] and networks.names.attached() == []
+    connections = await first_connections(named, str(networks.plan.gateway), folder)
     return {
         "children": children, "entries": ENTRIES,
         "setup_addresses": ms(plain_up), "setup_names": ms(named_up),
-        "resolver_heap_kib_per_sandbox": round(((rss2 - rss1) - (rss1 - rss0)) / children, 1),
-        "resolver_fds_per_sandbox": round(((fds2 - fds1) - (fds1 - fds0)) / children, 2),
+        "resolver_and_inspector_heap_kib_per_sandbox": round(((rss2 - rss1) - (rss1 - rss0)) / children, 1),
+        "resolver_and_inspector_fds_per_sandbox": round(((fds2 - fds1) - (fds1 - fds0)) / children, 2),
         "first_name_answer": ms([s for _, s in first]),
         "refused_name_answer": ms([s for _, s in refused]),
         "cpu_ms_per_first_answer": round((cpu1 - cpu0) / children * 1000, 2),
         "cpu_ms_per_refused_answer": round((cpu2 - cpu1) / children * 1000, 2),
+        **connections,
     }
 
 
@@ -133,13 +226,17 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join([
         f"{r['children']} sandboxes, {r['entries']} entries each",
         f"set-up p50: addresses {r['setup_addresses']['p50_ms']} ms, names {r['setup_names']['p50_ms']} ms",
-        f"resolver per sandbox: {r['resolver_heap_kib_per_sandbox']} KiB Python heap, "
-        f"{r['resolver_fds_per_sandbox']} fd",
+        f"resolver and inspector per sandbox: {r['resolver_and_inspector_heap_kib_per_sandbox']} KiB "
+        f"Python heap, {r['resolver_and_inspector_fds_per_sandbox']} fds",
         f"first answer to an allowed name (address installed): p50 {r['first_name_answer']['p50_ms']} ms, "
         f"p95 {r['first_name_answer']['p95_ms']} ms, {r['cpu_ms_per_first_answer']} ms CPU",
         f"answer to a refused name: p50 {r['refused_name_answer']['p50_ms']} ms, "
         f"{r['cpu_ms_per_refused_answer']} ms CPU",
         "an address rule adds nothing to a first connection (no resolution, no set update)",
+        f"first TLS connection (connect to answer), straight | inspected by name: "
+        f"p50 {r['first_tls_straight']['p50_ms']} | {r['first_tls_inspected']['p50_ms']} ms, "
+        f"p95 {r['first_tls_straight']['p95_ms']} | {r['first_tls_inspected']['p95_ms']} ms, "
+        f"CPU {r['cpu_ms_per_tls_straight']} | {r['cpu_ms_per_tls_inspected']} ms",
     ])
 
 
@@ -157,12 +254,13 @@ async def main() -> None:
         data = scratch_data("forkd-bench-names-")
         rt = await Runtime.open(data)
         try:
-            row = await measure(rt.networks, args.children)
+            row = await measure(rt.networks, args.children, data.root)
         finally:
             await rt.close()
             shutil.rmtree(data.root, ignore_errors=True)
     result = {
-        "what": "the per-sandbox cost of a name policy: its resolver, and the first answer to a name",
+        "what": "the per-sandbox cost of a name policy: its resolver and inspector, the first answer to a "
+                "name, and a first TLS connection checked by its name against one let through by address",
         "host": {"machine": platform.machine(), "kernel": platform.release(), "cpus": os.cpu_count(),
                  "note": "shared, busy 2-core host: figures are noisy"},
         "result": row, "measured_at_unix": int(time.time()),

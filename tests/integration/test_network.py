@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -67,12 +68,16 @@ def _serve(s, token):
 threading.Thread(target=_serve, args=(_srv, os.environ["TOKEN"]), daemon=True).start()
 '''
 GUEST_CLIENT = '''
-def _try(host, port):
+def _try(host, port, name=None):
+    """Whether the server's greeting arrives; ``name``: say it first, as HTTP's Host."""
     import socket, time
     s = socket.socket(); s.settimeout(10); t = time.monotonic()
     try:
-        s.connect((host, port)); data = s.recv(100).decode()
-        return {"ok": True, "data": data, "secs": time.monotonic() - t}
+        s.connect((host, port))
+        if name:
+            s.sendall(f"GET / HTTP/1.1\\r\\nHost: {name}\\r\\n\\r\\n".encode())
+        data = s.recv(100).decode()
+        return {"ok": bool(data), "data": data, "secs": time.monotonic() - t}
     except OSError as e:
         return {"ok": False, "error": type(e).__name__, "secs": time.monotonic() - t}
     finally:
@@ -169,7 +174,14 @@ class HostServer:
             while True:
                 conn, peer = self.sock.accept()
                 self.peers.append(peer[0])
-                conn.sendall(b"host\n")
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"host\n")
+                    # Read what the client sent before closing: closing over unread bytes would
+                    # reset the connection, and the reset can overtake the greeting.
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.settimeout(2)
+                    while conn.recv(4096):
+                        pass
                 conn.close()
 
     def close(self) -> None:
@@ -348,6 +360,72 @@ def _dns_to(server, name):
 """
 
 
+def make_test_ca(folder: Path, names: list[str]) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a server certificate it signed for ``names`` (openssl's CLI):
+    (ca.pem, server.pem, server.key)."""
+    ca_key, ca, key, csr, cert = (folder / n for n in ("ca.key", "ca.pem", "server.key", "server.csr",
+                                                      "server.pem"))
+    ext = folder / "san.ext"
+    ext.write_text("subjectAltName=" + ",".join(f"DNS:{n}" for n in names) + "\n")
+    for argv in (
+        ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+         "-subj", "/CN=forkd test CA", "-keyout", ca_key, "-out", ca],
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={names[0]}",
+         "-keyout", key, "-out", csr],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "2",
+         "-extfile", ext, "-out", cert],
+    ):
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+class TlsServer:
+    """An HTTPS server in the host's own namespace, its certificate from the test's CA: it answers
+    every request with ``tls <the SNI it was asked for>``."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(cert, key)
+        self.names: list[str | None] = []
+        self.ctx.sni_callback = lambda _sock, name, _ctx: self.names.append(name)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                conn.settimeout(10)
+                with contextlib.suppress(OSError), self.ctx.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(4096)
+                    tls.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\ntls {self.names[-1]}".encode())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(10)
+        self.sock.close()
+
+
+GUEST_TLS = r"""
+def _tls(host, port, name, cafile):
+    import socket, ssl
+    ctx = ssl.create_default_context(cafile=cafile)
+    try:
+        with socket.create_connection((host, port), timeout=10) as raw:
+            with ctx.wrap_socket(raw, server_hostname=name) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\n\r\n")
+                return s.recv(200).decode().rsplit("\n", 1)[-1]
+    except (OSError, ssl.SSLError) as e:
+        return type(e).__name__
+"""
+
+
 class DnsServer:
     """A UDP server on port 53 of a host address that answers every question (with its own
     bytes): what a guest would use to resolve around its resolver; it records who asked."""
@@ -384,32 +462,53 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Names resolve to the host's addresses here (the resolver's hosts-style test setting): an
     allowed name is reached on its port, a refused one does not resolve, a wildcard covers the
-    names below it, an address the guest never resolved stays closed, DNS to another server is
+    names below it, an address the guest never resolved stays closed, a disallowed name on an
+    allowed name's address is refused by its HTTP Host or TLS SNI, DNS to another server is
     refused even where its address is open, and PUT network swaps the names live."""
     a, b = servers
     gateway, host_ip = str(netplan.AddressPlan.from_env().gateway), host_address()
     hosts = tmp_path / "hosts"
-    hosts.write_text(f"{gateway} allowed.test other.test\n{host_ip} x.wild.test\n")
+    hosts.write_text(f"{gateway} allowed.test other.test secure.test evil.test\n{host_ip} x.wild.test\n")
     monkeypatch.setenv(dnsguard.HOSTS_ENV, str(hosts))
+    ca, cert, key = make_test_ca(tmp_path, ["secure.test", "evil.test"])
+    tls = TlsServer(cert, key)
     dns_server = DnsServer(host_ip)
-    [sb] = env.spawn(1, network={"allow_out": [f"allowed.test:{a.port}", f"*.wild.test:{b.port}"]})
+    [sb] = env.spawn(1, network={"allow_out": [f"allowed.test:{a.port}", f"*.wild.test:{b.port}",
+                                               f"secure.test:{tls.port}"]})
     try:
         assert env.rt.networks.names.attached() == [sb.id]
-        env.eval(sb, GUEST_CLIENT + GUEST_DNS)
+        put_ca = f"\nopen('/tmp/ca.pem', 'w').write({ca.read_text()!r})"
+        env.eval(sb, GUEST_CLIENT + GUEST_DNS + GUEST_TLS + put_ca)
         # Nothing resolved yet: the addresses are closed.
-        assert not env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
-        assert not env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port}, 'allowed.test')")["ok"]
+        assert not env.eval(sb, f"_try({host_ip!r}, {b.port}, 'x.wild.test')")["ok"]
         # Only allowed names resolve (the wildcard is the names below it, not the name).
-        for refused in ("other.test", "wild.test", "example.com"):
+        for refused in ("other.test", "wild.test", "example.com", "evil.test"):
             assert env.eval(sb, f"_resolve({refused!r})") == "gaierror", refused
         assert env.eval(sb, "_resolve('allowed.test')") == [gateway]
-        assert env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
-        assert not env.eval(sb, f"_try({gateway!r}, {b.port})")["ok"]  # the name's port only
+        assert env.eval(sb, f"_try({gateway!r}, {a.port}, 'allowed.test')")["ok"]
+        assert not env.eval(sb, f"_try({gateway!r}, {b.port}, 'allowed.test')")["ok"]  # the name's port only
+        # The same address under a name not allowed (a CDN's other customer), or under no name: refused.
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port}, 'other.test')")["ok"]
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
         assert env.eval(sb, "_resolve('x.wild.test')") == [host_ip]
-        assert env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]
+        assert env.eval(sb, f"_try({host_ip!r}, {b.port}, 'x.wild.test')")["ok"]
         assert a.peers == [sb.info()["ip"]] and b.peers == [sb.info()["ip"]]
-        denied = {d["name"] for d in env.rt.networks.names.decisions(sb.id) if not d["allowed"]}
-        assert denied == {"other.test", "wild.test", "example.com"}
+        # TLS, checked by its SNI: the server (a certificate for both names) sees only the allowed one.
+        assert env.eval(sb, "_resolve('secure.test')") == [gateway]
+        tls_to = f"_tls({gateway!r}, {tls.port}, '{{}}', '/tmp/ca.pem')"
+        assert env.eval(sb, tls_to.format("secure.test")) == "tls secure.test"
+        assert env.eval(sb, tls_to.format("evil.test")) in (
+            "SSLEOFError", "ConnectionResetError", "SSLZeroReturnError", "SSLError")
+        assert tls.names == ["secure.test"]
+        decisions = env.rt.networks.names.decisions(sb.id)
+        denied = {d["name"] for d in decisions if d["kind"] == "dns" and not d["allowed"]}
+        assert denied == {"other.test", "wild.test", "example.com", "evil.test"}
+        refused = [(d["name"], d["address"], d["detail"]) for d in decisions
+                   if d["kind"] == "connect" and not d["allowed"]]
+        assert refused == [("other.test", f"{gateway}:{a.port}", "name not allowed"),
+                           ("", f"{gateway}:{a.port}", "no name within the time allowed"),
+                           ("evil.test", f"{gateway}:{tls.port}", "name not allowed")], refused
 
         # A fork of the running sandbox: its child has its own resolver, sets and names (the
         # fork's), though its memory (and resolv.conf) is its parent's.
@@ -418,10 +517,12 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         [kid] = forked.children
         env.made.append(kid)
         assert sorted(env.rt.networks.names.attached()) == sorted([sb.id, kid.id])
-        assert not env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]  # the parent's answers stay its own
+        # the parent's answers stay its own
+        assert not env.eval(kid, f"_try({gateway!r}, {a.port}, 'other.test')")["ok"]
         assert env.eval(kid, "_resolve('allowed.test')") == "gaierror"
         assert env.eval(kid, "_resolve('other.test')") == [gateway]
-        assert env.eval(kid, f"_try({gateway!r}, {a.port})")["ok"]
+        assert env.eval(kid, f"_try({gateway!r}, {a.port}, 'other.test')")["ok"]
+        assert not env.eval(kid, f"_try({gateway!r}, {a.port}, 'allowed.test')")["ok"]
         assert env.eval(sb, "_resolve('other.test')") == "gaierror"  # the parent's policy is unchanged
         env.kill([kid])
         assert env.rt.networks.names.attached() == [sb.id]
@@ -429,11 +530,12 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         # PUT network: other names, and the host's address by number (all its ports).
         new = EgressPolicy.from_request(None, {"allow_out": [f"other.test:{a.port}", host_ip]})
         env.loop.run(env.rt.update_network(sb.id, new))
-        assert not env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]  # the answered addresses went
+        # the answered addresses went
+        assert not env.eval(sb, f"_try({gateway!r}, {a.port}, 'other.test')")["ok"]
         assert env.eval(sb, "_resolve('allowed.test')") == "gaierror"
         assert env.eval(sb, "_resolve('other.test')") == [gateway]
-        assert env.eval(sb, f"_try({gateway!r}, {a.port})")["ok"]
-        assert env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]  # by number
+        assert env.eval(sb, f"_try({gateway!r}, {a.port}, 'other.test')")["ok"]
+        assert env.eval(sb, f"_try({host_ip!r}, {b.port})")["ok"]  # by number: no name needed
         # DNS to another server stays refused, even on an address open by number.
         assert env.eval(sb, f"_dns_to({host_ip!r}, 'example.com')") != "answered"
         assert not env.eval(sb, f"_try({host_ip!r}, 53)")["ok"]
@@ -443,6 +545,7 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         assert env.rt.networks.names.attached() == []
     finally:
         dns_server.close()
+        tls.close()
         env.kill([sb])
     assert_nothing_left([sb])
     assert env.rt.networks.names.attached() == []

@@ -74,6 +74,17 @@ def test_a_name_policy_round_trips_and_is_a_pool_key() -> None:
         policy([f"n{i}.example" for i in range(257)])
 
 
+def test_a_connection_is_allowed_by_the_name_it_carries_and_that_names_port() -> None:
+    p = policy(["pypi.org:443", "*.pythonhosted.org", "10.0.0.0/8"], ["evil.example"], internet=True)
+    assert p.allows_connection("pypi.org", 443) and not p.allows_connection("pypi.org", 80)
+    assert p.allows_connection("files.pythonhosted.org", 8443)  # every port
+    # Only allow_out names: what the internet opens is not inspected, so it opens no connection here.
+    assert not p.allows_connection("example.com", 443) and not p.allows_connection("evil.example", 443)
+    ranged = policy(["a.example:8000-8100"])
+    assert ranged.allows_connection("a.example", 8000) and ranged.allows_connection("a.example", 8100)
+    assert not ranged.allows_connection("a.example", 8101)
+
+
 def test_names_alone_never_ask_for_forwarding() -> None:
     assert not policy(["pypi.org"]).leaves_host([])
     assert policy(["pypi.org", "192.0.2.1"]).leaves_host([])
@@ -82,20 +93,32 @@ def test_names_alone_never_ask_for_forwarding() -> None:
 # ------------------------------------------------------------------ the rules
 
 
-def test_a_name_policy_redirects_dns_refuses_other_dns_and_allows_its_sets() -> None:
+def _chain(rules: str, name: str) -> list[str]:
+    body = rules.split(f"chain {name} {{")[1].split("\n  }")[0].split("\n")
+    return [line.strip() for line in body if line.strip() and not line.strip().startswith("type ")]
+
+
+def test_a_name_policy_redirects_dns_and_tcp_refuses_other_dns_and_allows_its_sets() -> None:
     net = child(policy(["a.example", "*.w.example:443", "192.0.2.9:80"]))
     rules = netplan.netns_ruleset(net, [])
     assert "set name_0 { type ipv4_addr; flags timeout; }" in rules and "set name_1 {" in rules
-    assert ('iifname "forkd-tap0" ip daddr { 192.0.2.53, 172.16.0.1 } udp dport 53 '
-            "dnat ip to 172.16.0.1:53") in rules
-    assert 'iifname "forkd-tap0" ip daddr 172.16.0.1 udp dport 53 accept' in rules
-    egress = rules.split("chain egress {")[1].split("}\n  chain refuse")[0].split("\n")
-    egress = [line.strip() for line in egress if line.strip()]
-    assert egress == ["meta l4proto { tcp, udp } th dport { 53, 853 } jump refuse",  # first of all
-                      "udp dport 443 jump refuse",  # QUIC
-                      "ip daddr @name_0 accept",
-                      "ip daddr @name_1 meta l4proto { tcp, udp } th dport 443 accept",
-                      "ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 accept"]
+    prerouting = _chain(rules, "prerouting")
+    assert prerouting[1:] == [
+        'iifname "forkd-tap0" ip daddr { 192.0.2.53, 172.16.0.1 } udp dport 53 dnat ip to 172.16.0.1:53',
+        # by number: no name needed, so not inspected
+        'iifname "forkd-tap0" ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 return',
+        # TCP to an answered address goes to the inspector, on the entry's ports only
+        'iifname "forkd-tap0" ip daddr @name_0 meta l4proto tcp dnat ip to 172.16.0.1:15001',
+        'iifname "forkd-tap0" ip daddr @name_1 tcp dport 443 dnat ip to 172.16.0.1:15001']
+    assert _chain(rules, "input")[2:] == [
+        'iifname "forkd-tap0" ip daddr 172.16.0.1 udp dport 53 accept',
+        'iifname "forkd-tap0" ip daddr 172.16.0.1 tcp dport 15001 ct status dnat accept']
+    assert _chain(rules, "egress") == [
+        "meta l4proto { tcp, udp } th dport { 53, 853 } jump refuse",  # first of all
+        "udp dport 443 jump refuse",  # QUIC
+        "ip daddr @name_0 meta l4proto udp accept",  # TCP never gets here: it was redirected
+        "ip daddr @name_1 udp dport 443 accept",
+        "ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 accept"]
     plain = netplan.netns_ruleset(child(policy(["192.0.2.9:80"])), [])
     assert "set name_" not in plain and "dport 53" not in plain  # no names: the rules of before
 
@@ -339,6 +362,10 @@ def test_a_name_policys_network_serves_its_resolver_and_leaves_nothing(
             listed = subprocess.run(["ip", "netns", "exec", net.netns, "ss", "-Hunl"], capture_output=True,
                                     text=True, check=True).stdout
             assert f"{netplan.TAP_IP}:53" in listed
+            # ... and its inspector's listening socket (TCP to answered addresses comes here).
+            listening = subprocess.run(["ip", "netns", "exec", net.netns, "ss", "-Htnl"],
+                                       capture_output=True, text=True, check=True).stdout
+            assert f"{netplan.TAP_IP}:{netplan.INSPECT_PORT}" in listening
             # A restarted daemon re-adopts the live network: its resolver again (the old one's
             # socket died with its daemon; here it is closed the same way).
             await networks.names.detach(owner)
@@ -359,6 +386,26 @@ def test_a_name_policys_network_serves_its_resolver_and_leaves_nothing(
             await networks.acquire(owner + "b", req)
         assert networks.names.attached() == [] and networks.owners() == []
         assert not Path("/run/netns", f"{netplan.NETNS_PREFIX}{owner}b").exists()
+        monkeypatch.undo()
+
+        made: list[socket.socket] = []
+        real_udp = netns_mod.udp_socket_in
+
+        def udp_then_remember(netns: str, address: tuple[str, int]) -> socket.socket:
+            made.append(real_udp(netns, address))
+            return made[-1]
+
+        def refuse_tcp(netns: str, address: tuple[str, int], backlog: int) -> socket.socket:
+            raise OSError(98, "Address already in use")
+
+        # The inspector's listener cannot be made: the resolver's socket, made first, is closed too.
+        monkeypatch.setattr(netns_mod, "udp_socket_in", udp_then_remember)
+        monkeypatch.setattr(netns_mod, "tcp_listener_in", refuse_tcp)
+        with pytest.raises(VMError, match=r"Address already in use"):
+            await networks.acquire(owner + "c", req)
+        assert len(made) == 1 and made[0].fileno() == -1
+        assert networks.names.attached() == [] and networks.owners() == []
+        assert not Path("/run/netns", f"{netplan.NETNS_PREFIX}{owner}c").exists()
         await networks.close()
 
     asyncio.run(go())

@@ -115,3 +115,33 @@ def test_connections_past_the_cap_are_refused() -> None:
 
     log = asyncio.run(scenario())
     assert (None, ("", 0), False, "too many connections open") in log
+
+
+def test_a_guest_dialling_the_inspector_itself_is_refused_and_close_ends_what_it_holds() -> None:
+    async def scenario() -> tuple[list[Entry], bytes, int]:
+        log: list[Entry] = []
+        front_addr: list[Address] = []
+        inspector = Inspector(lambda *_: True, lambda *e: log.append(e),
+                              destination=lambda sock: front_addr[0])  # not redirected: itself
+        front = await asyncio.start_server(inspector.handle, "127.0.0.1", 0)
+        front_addr.append(front.sockets[0].getsockname()[:2])
+        r, w = await asyncio.open_connection(*front_addr[0])
+        refused = await r.read()
+        w.close()
+        # A connection being inspected (it sends nothing) ends when the inspector closes.
+        slow = Inspector(lambda *_: True, lambda *e: log.append(e), destination=lambda _s: ("127.0.0.1", 9))
+        back = await asyncio.start_server(slow.handle, "127.0.0.1", 0)
+        r2, w2 = await asyncio.open_connection(*back.sockets[0].getsockname()[:2])
+        while slow.open_connections < 1:
+            await asyncio.sleep(0.01)
+        await slow.close()
+        assert await asyncio.wait_for(r2.read(), 5) == b""
+        open_after = slow.open_connections
+        w2.close()
+        front.close()
+        back.close()
+        return log, refused, open_after
+
+    log, refused, open_after = asyncio.run(scenario())
+    assert refused == b"" and open_after == 0
+    assert log[0][2:] == (False, "no original destination")

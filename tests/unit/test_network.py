@@ -750,13 +750,19 @@ def test_the_network_log_is_served_and_printed(api: Daemon, monkeypatch: pytest.
     fake = FakeDaemon()
     monkeypatch.setattr(context, "make_controller",
                         lambda url, token, ca_cert=None: fake.controller(url, token))
-    entries = [{"time": 1.0, "name": "pypi.org", "allowed": True, "detail": "192.0.2.10"},
-               {"time": 2.0, "name": "evil.example", "allowed": False, "detail": "not allowed by the policy"}]
+    entries = [{"time": 1.0, "kind": "dns", "name": "pypi.org", "address": "", "allowed": True,
+                "detail": "192.0.2.10"},
+               {"time": 2.0, "kind": "dns", "name": "evil.example", "address": "", "allowed": False,
+                "detail": "not allowed by the policy"},
+               {"time": 3.0, "kind": "connect", "name": "cdn-other.example", "address": "192.0.2.10:443",
+                "allowed": False, "detail": "name not allowed"}]
     fake.on("GET", "/v1/sandboxes/sb-1/network/log", httpx.Response(200, json={"sandbox_id": "sb-1",
                                                                                 "entries": entries}))
+    monkeypatch.setenv("COLUMNS", "160")  # a terminal wide enough that rich wraps no cell
     result = CliRunner().invoke(cli_app, ["network", "log", "sb-1"])
     assert result.exit_code == 0, result.output
-    for word in ("pypi.org", "allowed", "192.0.2.10", "evil.example", "refused"):
+    for word in ("pypi.org", "allowed", "192.0.2.10", "evil.example", "refused", "connect",
+                 "cdn-other.example", "192.0.2.10:443", "name not allowed"):
         assert word in result.output, word
 
 

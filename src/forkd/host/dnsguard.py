@@ -20,13 +20,19 @@ A guest cannot be trusted to resolve honestly, so the names of a policy
 * AAAA, HTTPS and SVCB questions get empty answers: IPv6 stays closed, and the
   address hints of HTTPS/SVCB records would point around the sets.
 
-Not seen here: which name a connection to an answered address is for. A
-shared (CDN) address answered for an allowed name is open to any name it
-serves until its element expires (docs/SECURITY.md).
+* the guest's TCP to those addresses is redirected to the sandbox's inspector
+  (host/egress_inspect.py, on a listening socket in the same namespace): it
+  reaches the address only if its TLS SNI or HTTP ``Host`` names an
+  allow_out name for that port, so a shared (CDN) address answered for an
+  allowed name does not open the other names it serves. The inspector dials
+  from the sandbox's namespace, so the connection leaves as the guest's would.
 
-Cost per sandbox: one UDP socket and its asyncio transport (no thread, no
-process), and one short ``nft`` run per answer that carries addresses
-(``bench/name_policy.py`` measures both).
+Every decision, a name resolved or refused and a connection let through or
+refused, goes to the sandbox's log (``decisions``; ``forkd network log``).
+
+Cost per sandbox: one UDP socket, one listening TCP socket and their asyncio
+transports (no thread, no process), and one short ``nft`` run per answer that
+carries addresses (``bench/name_policy.py`` measures them).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from forkd.errors import VMError
 from forkd.host import childnet, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import parse_addresses
+from forkd.host.egress_inspect import Address, Inspector, Streams
 from forkd.host.netplan import ChildNet
 
 log = logging.getLogger("forkd.dnsguard")
@@ -73,6 +80,7 @@ UPSTREAM_TIMEOUT_SECS = 3.0
 MAX_HOSTS_FILE_BYTES = 1 << 20
 HOSTS_TTL = 60
 MAX_LOG = 256  # decisions kept per sandbox
+INSPECT_BACKLOG = 64
 NO_ADDRESS_TYPES = frozenset({dns.rdatatype.AAAA, dns.rdatatype.HTTPS, dns.rdatatype.SVCB})
 
 Installer = Callable[[ChildNet, str], Awaitable[None]]
@@ -82,8 +90,21 @@ Installer = Callable[[ChildNet, str], Awaitable[None]]
 class _Sandbox:
     net: ChildNet
     transport: asyncio.DatagramTransport
+    inspector: Inspector | None = None
+    server: asyncio.Server | None = None
     pending: set[asyncio.Task[None]] = field(default_factory=set)
     log: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=MAX_LOG))
+
+    def allows(self, name: str, dst: Address) -> bool:
+        # Read at each connection: a PUT network swaps ``net`` under a running inspector.
+        return self.net.egress.allows_connection(name, dst[1])
+
+    def note(self, kind: str, name: str | None, allowed: bool, detail: str, address: str = "") -> None:
+        self.log.append({"time": time.time(), "kind": kind, "name": (name or "")[:253],
+                         "address": address, "allowed": allowed, "detail": detail})
+
+    def note_connection(self, name: str | None, dst: Address, allowed: bool, reason: str) -> None:
+        self.note("connect", name, allowed, reason, f"{dst[0]}:{dst[1]}" if dst[0] else "")
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -113,28 +134,44 @@ class NameGuard:
     def attached(self) -> list[str]:
         return sorted(self._sandboxes)
 
-    async def attach(self, net: ChildNet, sock: Any = None) -> None:
+    async def attach(self, net: ChildNet, sock: Any = None, listener: Any = None) -> None:
         """Serve ``net``'s guest if its policy has names (else stop serving it). A sandbox served
-        already keeps its socket. ``sock``: a bound UDP socket to serve on instead of one made in
-        ``net``'s namespace (the unit tests)."""
+        already keeps its sockets. ``sock``, ``listener``: a bound UDP socket and a listening TCP
+        socket to serve on instead of ones made in ``net``'s namespace (the unit tests; without
+        ``listener`` there, no inspector)."""
         if net.tap is None or not net.egress.uses_names:
             await self.detach(net.owner)
             return
-        if (sb := self._sandboxes.get(net.owner)) is not None:
-            sb.net = net
+        if (served := self._sandboxes.get(net.owner)) is not None:
+            served.net = net
             return
+        made_here = sock is None
         if sock is None:
             sock = await asyncio.to_thread(netns_mod.udp_socket_in, net.netns,
                                            (str(netplan.TAP_IP), netplan.RESOLVER_PORT))
+        sb: _Sandbox | None = None
         try:
+            if made_here:
+                listener = await asyncio.to_thread(netns_mod.tcp_listener_in, net.netns,
+                                                   (str(netplan.TAP_IP), netplan.INSPECT_PORT),
+                                                   INSPECT_BACKLOG)
             if net.owner in self._sandboxes:  # attached meanwhile
                 raise VMError(f"the resolver of {net.owner} was attached twice at once")
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: _Endpoint(self, net.owner), sock=sock)
+            sb = _Sandbox(net, transport)
+            if listener is not None:
+                sb.inspector = Inspector(sb.allows, sb.note_connection, dial=dial_from(net.netns))
+                sb.server = await asyncio.start_server(sb.inspector.handle, sock=listener)
         except BaseException:
+            if sb is not None:
+                sb.transport.close()
             sock.close()
+            if listener is not None:
+                listener.close()
             raise
-        self._sandboxes[net.owner] = _Sandbox(net, transport)
+        self._sandboxes[net.owner] = sb
+
 
     async def detach(self, owner: str) -> None:
         """Stop serving ``owner``: its socket closed (its namespace may go), its answers abandoned."""
@@ -142,6 +179,10 @@ class NameGuard:
         if sb is None:
             return
         sb.transport.close()
+        if sb.server is not None:
+            sb.server.close()  # stops listening; the connections it accepted are the inspector's
+        if sb.inspector is not None:
+            await sb.inspector.close()
         for task in list(sb.pending):
             task.cancel()
         await asyncio.gather(*sb.pending, return_exceptions=True)
@@ -152,7 +193,8 @@ class NameGuard:
             await self.detach(owner)
 
     def decisions(self, owner: str) -> list[dict[str, Any]]:
-        """The latest names ``owner``'s guest asked for, each allowed or denied, and why."""
+        """The latest names ``owner``'s guest asked for and connections it opened by name, each
+        allowed or denied, and why."""
         sb = self._sandboxes.get(owner)
         return list(sb.log) if sb is not None else []
 
@@ -252,7 +294,7 @@ class NameGuard:
 
     @staticmethod
     def _note(sb: _Sandbox, qname: str, allowed: bool, detail: str) -> None:
-        sb.log.append({"time": time.time(), "name": qname[:253], "allowed": allowed, "detail": detail})
+        sb.note("dns", qname, allowed, detail)
 
     def _read_hosts(self) -> dict[str, list[IPv4Address]]:
         """``$FORKD_DNS_HOSTS`` (hosts(5) lines: an IPv4 address, then names), read again when it
@@ -272,6 +314,20 @@ class NameGuard:
             log.warning("%s=%s: %s", HOSTS_ENV, path, exc)
             return {}
         return self._hosts
+
+
+def dial_from(netns: str) -> Callable[[Address], Awaitable[Streams]]:
+    """The inspector's dialer of a sandbox: each connection made in ``netns``, so it leaves by the
+    sandbox's uplink and address as the guest's own would."""
+    async def dial(dst: Address) -> Streams:
+        sock = await asyncio.to_thread(netns_mod.tcp_socket_in, netns)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, dst)
+            return await asyncio.open_connection(sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+    return dial
 
 
 def parse_hosts(text: str) -> dict[str, list[IPv4Address]]:

@@ -152,6 +152,10 @@ class NameDestination:
         """Whether ``qname`` (lower-case, no final dot) is this entry's name."""
         return qname.endswith("." + self.name) if self.wildcard else qname == self.name
 
+    def covers(self, port: int) -> bool:
+        """Whether ``port`` is within the entry's ports (every port when it names none)."""
+        return self.first_port is None or self.first_port <= port <= (self.last_port or self.first_port)
+
     def __str__(self) -> str:
         return ("*." if self.wildcard else "") + self.name + _port_suffix(self.first_port, self.last_port)
 
@@ -291,6 +295,12 @@ class EgressPolicy:
             return True
         denied = any(e.matches(qname) for e in self.deny_out if isinstance(e, NameDestination))
         return self.allow_internet_access and not denied
+
+    def allows_connection(self, name: str, port: int) -> bool:
+        """Whether a TCP connection that names ``name`` (its TLS SNI or HTTP ``Host``, lower-case)
+        may reach ``port`` of an address answered for an allow_out name: an allow_out name entry
+        matches both. (Only such connections are inspected: host/egress_inspect.py.)"""
+        return any(e.matches(name) and e.covers(port) for e in self.allow_names)
 
     def name_sets(self, qname: str) -> list[int]:
         """The indices ``i`` of the sets ``name_<i>`` that the addresses of ``qname`` go into."""

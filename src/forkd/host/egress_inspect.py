@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from forkd.host.egress_peek import MAX_PEEK, Peek, Verdict, peek_http, peek_tls
@@ -26,6 +26,13 @@ _TLS_HANDSHAKE = 0x16
 Address = tuple[str, int]
 # (name or None, destination, allowed, reason)
 LogFn = Callable[[str | None, Address, bool, str], None]
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+# Opens the connection to the original destination (the daemon's: from the sandbox's namespace).
+DialFn = Callable[[Address], Awaitable[Streams]]
+
+
+async def _dial_here(dst: Address) -> Streams:
+    return await asyncio.open_connection(*dst)
 
 
 def original_dst(sock: socket.socket) -> Address:
@@ -57,18 +64,31 @@ class Inspector:
         log: LogFn,
         limits: Limits | None = None,
         destination: Callable[[socket.socket], Address] = original_dst,
+        dial: DialFn = _dial_here,
     ) -> None:
         self._allowed = allowed
         self._log = log
         self._limits = limits or Limits()
         self._destination = destination
+        self._dial = dial
         self._open = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def open_connections(self) -> int:
         return self._open
 
+    async def close(self) -> None:
+        """End every connection it holds (the sandbox goes, or its names do)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         try:
             if self._open >= self._limits.max_connections:
                 self._log(None, ("", 0), False, "too many connections open")
@@ -90,6 +110,10 @@ class Inspector:
         except OSError:
             self._log(None, ("", 0), False, "no original destination")
             return
+        if dst == sock.getsockname()[:2]:
+            # Straight to the inspector, not redirected there: it would dial itself.
+            self._log(None, dst, False, "no original destination")
+            return
         try:
             head, peek = await asyncio.wait_for(self._read_head(reader), self._limits.first_bytes_s)
         except TimeoutError:
@@ -107,7 +131,7 @@ class Inspector:
             self._log(peek.name, dst, False, reason)
             return
         try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*dst), self._limits.connect_s)
+            up_r, up_w = await asyncio.wait_for(self._dial(dst), self._limits.connect_s)
         except (OSError, TimeoutError):
             self._log(peek.name, dst, False, "destination unreachable")
             return

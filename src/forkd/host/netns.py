@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from forkd.bounds import TAP_RE
@@ -86,13 +87,13 @@ def launcher(netns: str, netns_dir: Path = NETNS_DIR) -> list[str]:
 CLONE_NEWNET = 0x40000000  # <sched.h>
 
 
-def udp_socket_in(netns: str, address: tuple[str, int], netns_dir: Path = NETNS_DIR) -> socket.socket:
-    """A UDP socket bound to ``address`` inside ``netns`` (blocking: run it off the event loop).
+def socket_in(netns: str, make: Callable[[], socket.socket], netns_dir: Path = NETNS_DIR) -> socket.socket:
+    """The socket ``make()`` returns, made inside ``netns`` (blocking: run it off the event loop).
 
     A socket belongs to the namespace it was made in, whichever namespace its user runs in
-    later: a thread of its own joins ``netns`` (setns(2) moves only the calling thread), makes
-    and binds the socket, and ends; so no thread of the daemon's pools is ever left elsewhere.
-    The socket holds the namespace alive: its owner closes it when the namespace goes.
+    later: a thread of its own joins ``netns`` (setns(2) moves only the calling thread), calls
+    ``make`` (which makes, binds or listens), and ends; so no thread of the daemon's pools is ever
+    left elsewhere. The socket holds the namespace alive: its owner closes it when the namespace goes.
     """
     libc = ctypes.CDLL(None, use_errno=True)
     made: list[socket.socket] = []
@@ -107,14 +108,7 @@ def udp_socket_in(netns: str, address: tuple[str, int], netns_dir: Path = NETNS_
                     raise OSError(err, f"joining network namespace {netns}: {os.strerror(err)}")
             finally:
                 os.close(target)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                sock.bind(address)
-                sock.setblocking(False)
-            except BaseException:
-                sock.close()
-                raise
-            made.append(sock)
+            made.append(make())
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 
@@ -124,3 +118,37 @@ def udp_socket_in(netns: str, address: tuple[str, int], netns_dir: Path = NETNS_
     if failed:
         raise failed[0]
     return made[0]
+
+
+def _nonblocking(kind: int, address: tuple[str, int] | None, backlog: int | None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, kind)
+    try:
+        if backlog is not None:
+            # A listener made again (a PUT network) while its last one's connections linger.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if address is not None:
+            sock.bind(address)
+        if backlog is not None:
+            sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def udp_socket_in(netns: str, address: tuple[str, int], netns_dir: Path = NETNS_DIR) -> socket.socket:
+    """A non-blocking UDP socket bound to ``address`` inside ``netns`` (see ``socket_in``)."""
+    return socket_in(netns, lambda: _nonblocking(socket.SOCK_DGRAM, address, None), netns_dir)
+
+
+def tcp_listener_in(netns: str, address: tuple[str, int], backlog: int,
+                    netns_dir: Path = NETNS_DIR) -> socket.socket:
+    """A non-blocking TCP socket listening on ``address`` inside ``netns`` (see ``socket_in``)."""
+    return socket_in(netns, lambda: _nonblocking(socket.SOCK_STREAM, address, backlog), netns_dir)
+
+
+def tcp_socket_in(netns: str, netns_dir: Path = NETNS_DIR) -> socket.socket:
+    """A non-blocking, unconnected TCP socket of ``netns``: its connections leave by that namespace's
+    routes and address, as the sandbox's own would (see ``socket_in``)."""
+    return socket_in(netns, lambda: _nonblocking(socket.SOCK_STREAM, None, None), netns_dir)

@@ -237,6 +237,10 @@ RESOLVER_PORT = 53
 # QUIC (UDP 443), whose names a later check of TLS names would not see.
 DNS_PORTS = (53, 853)
 QUIC_PORT = 443
+# The sandbox's egress inspector (host/egress_inspect.py) listens here, inside its namespace: the
+# guest's TCP to an address answered for an allow_out name is redirected to it, and reaches that
+# address only if its TLS SNI or HTTP Host names an allowed name.
+INSPECT_PORT = 15001
 
 
 def name_set(index: int) -> str:
@@ -252,21 +256,40 @@ def _match(d: Destination) -> str:
     return f"ip daddr {d.network}{_ports(d)}"
 
 
+def _tcp_ports(d: NameDestination) -> str:
+    return f"tcp dport {d.ports}" if d.ports else "meta l4proto tcp"
+
+
+def _udp_ports(d: NameDestination) -> str:
+    return f"udp dport {d.ports}" if d.ports else "meta l4proto udp"
+
+
 def _name_parts(net: ChildNet) -> tuple[list[str], list[str], list[str], list[str]]:
-    """What a policy with names adds: the sets, the redirect of the guest's DNS to its resolver,
-    the input rule that lets it in, and the egress rules (DNS elsewhere refused, then the sets)."""
+    """What a policy with names adds: the sets; the redirects (the guest's DNS to its resolver, its
+    TCP to answered addresses to its inspector, unless the address is allowed by number); the
+    input rules that let both in; and the egress rules (DNS elsewhere and QUIC refused, then UDP to
+    the sets: TCP to them never gets that far, it was redirected)."""
     policy = net.egress
     if not policy.uses_names or net.tap is None:
         return [], [], [], []
-    sets = [f"set {name_set(i)} {{ type ipv4_addr; flags timeout; }}" for i in range(len(policy.allow_names))]
+    tap = net.tap
+    names = policy.allow_names
+    sets = [f"set {name_set(i)} {{ type ipv4_addr; flags timeout; }}" for i in range(len(names))]
     resolvers = ", ".join([*net.dns, str(TAP_IP)])
-    redirect = [f'iifname "{net.tap}" ip daddr {{ {resolvers} }} udp dport 53 '
+    redirect = [f'iifname "{tap}" ip daddr {{ {resolvers} }} udp dport 53 '
                 f"dnat ip to {TAP_IP}:{RESOLVER_PORT}"]
-    inbound = [f'iifname "{net.tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept']
+    # An address allowed by number is reached without a name, as it would be without names.
+    redirect += [f'iifname "{tap}" {_match(d)} return'
+                 for d in policy.allow_out if isinstance(d, Destination)]
+    redirect += [f'iifname "{tap}" ip daddr @{name_set(i)} {_tcp_ports(d)} dnat ip to {TAP_IP}:{INSPECT_PORT}'
+                 for i, d in enumerate(names)]
+    inbound = [f'iifname "{tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept',
+               # Only what was redirected: a guest dialling the inspector itself has no destination.
+               f'iifname "{tap}" ip daddr {TAP_IP} tcp dport {INSPECT_PORT} ct status dnat accept']
     dns = ", ".join(str(p) for p in DNS_PORTS)
     egress = [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse",
               f"udp dport {QUIC_PORT} jump refuse"]
-    egress += [f"ip daddr @{name_set(i)}{_ports(d)} accept" for i, d in enumerate(policy.allow_names)]
+    egress += [f"ip daddr @{name_set(i)} {_udp_ports(d)} accept" for i, d in enumerate(names)]
     return sets, redirect, inbound, egress
 
 

@@ -1826,8 +1826,13 @@ export interface components {
         /** NetworkDecision */
         NetworkDecision: {
             /**
+             * Address
+             * @description `connect`: the address and port it was for ("" otherwise).
+             */
+            address: string;
+            /**
              * Allowed
-             * @description Whether the sandbox's egress policy let it resolve.
+             * @description Whether the sandbox's egress policy let it through.
              */
             allowed: boolean;
             /**
@@ -1836,8 +1841,14 @@ export interface components {
              */
             detail: string;
             /**
+             * Kind
+             * @description `dns`: a name asked of the sandbox's resolver; `connect`: a TCP connection to an answered address, checked by the name it carried (TLS SNI or HTTP Host).
+             * @enum {string}
+             */
+            kind: "dns" | "connect";
+            /**
              * Name
-             * @description The name it asked its resolver for.
+             * @description The name asked for, or the name the connection carried ("": none).
              */
             name: string;
             /**

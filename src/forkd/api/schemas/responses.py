@@ -194,8 +194,12 @@ class SandboxMemory(ResponseModel):
 
 class NetworkDecision(ResponseModel):
     time: float = Field(description="When the guest asked (Unix seconds).")
-    name: str = Field(description="The name it asked its resolver for.")
-    allowed: bool = Field(description="Whether the sandbox's egress policy let it resolve.")
+    kind: Literal["dns", "connect"] = Field(
+        description="`dns`: a name asked of the sandbox's resolver; `connect`: a TCP connection to an "
+        "answered address, checked by the name it carried (TLS SNI or HTTP Host).")
+    name: str = Field(description="The name asked for, or the name the connection carried (\"\": none).")
+    address: str = Field(description="`connect`: the address and port it was for (\"\" otherwise).")
+    allowed: bool = Field(description="Whether the sandbox's egress policy let it through.")
     detail: str = Field(description="The addresses answered (and opened), or why it was refused.")
 
 

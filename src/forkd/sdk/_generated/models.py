@@ -974,11 +974,19 @@ class NetworkDecision(TypedDict, total=False):
     time: Required[float]
     """When the guest asked (Unix seconds)."""
 
+    kind: Required[Literal["dns", "connect"]]
+    """`dns`: a name asked of the sandbox's resolver; `connect`: a TCP connection to an answered
+    address, checked by the name it carried (TLS SNI or HTTP Host).
+    """
+
     name: Required[str]
-    """The name it asked its resolver for."""
+    """The name asked for, or the name the connection carried ("": none)."""
+
+    address: Required[str]
+    """`connect`: the address and port it was for ("" otherwise)."""
 
     allowed: Required[bool]
-    """Whether the sandbox's egress policy let it resolve."""
+    """Whether the sandbox's egress policy let it through."""
 
     detail: Required[str]
     """The addresses answered (and opened), or why it was refused."""
