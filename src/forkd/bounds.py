@@ -209,3 +209,8 @@ def check_guest_text(field: str, value: str, *, nul: bool = True) -> str:
     if problem is not None:
         raise InvalidRequest(f"field {field} {problem}")
     return value
+
+# Secrets (controller/secrets.py): a name as ``${secrets.NAME}`` names it, a value's size, labels.
+SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MAX_SECRET_VALUE_BYTES = 64 * 1024
+MAX_SECRET_METADATA = 32

@@ -71,6 +71,11 @@ class DataDir:
         return self.root / "volumes"
 
     @property
+    def secrets_key(self) -> Path:
+        """The key secrets are sealed under (store/secret_box.py): 0600, never in a snapshot or pack."""
+        return self.root / "secrets.key"
+
+    @property
     def travel(self) -> Path:
         """Snapshots on the move (controller/travel.py): imported base images, digests, staging."""
         return self.root / "travel"

@@ -15,6 +15,7 @@ import ast
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -37,7 +38,7 @@ from forkd.config import DataDir
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import InvalidRequest
-from forkd.host import childnet, dnsguard, netplan
+from forkd.host import childnet, dnsguard, egress_tls, netplan
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import SandboxRecord
 
@@ -387,6 +388,7 @@ class TlsServer:
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
         self.names: list[str | None] = []
+        self.requests: list[bytes] = []  # what each connection sent (its first 64 KiB)
         self.ctx.sni_callback = lambda _sock, name, _ctx: self.names.append(name)
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -402,8 +404,15 @@ class TlsServer:
                 conn, _ = self.sock.accept()
                 conn.settimeout(10)
                 with contextlib.suppress(OSError), self.ctx.wrap_socket(conn, server_side=True) as tls:
-                    tls.recv(4096)
-                    tls.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\ntls {self.names[-1]}".encode())
+                    got = tls.recv(65536)
+                    # The head, then the body its Content-Length announces (a client may send both apart).
+                    length = next((int(v) for k, _, v in (ln.partition(b":") for ln in got.split(b"\r\n"))
+                                   if k.strip().lower() == b"content-length"), 0)
+                    while len(got.partition(b"\r\n\r\n")[2]) < length and (more := tls.recv(65536)):
+                        got += more
+                    self.requests.append(got)
+                    body = f"tls {self.names[-1]}".encode()
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -549,6 +558,103 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
         env.kill([sb])
     assert_nothing_left([sb])
     assert env.rt.networks.names.attached() == []
+
+
+def _files_holding(root: Path, needle: bytes) -> list[str]:
+    """Every file under ``root`` whose bytes hold ``needle`` (read in overlapping chunks)."""
+    found = []
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            tail = b""
+            while chunk := f.read(1 << 22):
+                if needle in tail + chunk:
+                    found.append(str(path))
+                    break
+                tail = chunk[-len(needle):]
+    return found
+
+
+def test_header_rules_put_secrets_in_at_egress_and_no_sandbox_holds_them(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A rule's headers are set on HTTPS to its host and ``${secrets.NAME}`` becomes the secret at
+    egress: the server gets the value, while the guest's memory (a branch's ``mem``), its disks,
+    the daemon's log and data dir hold no trace of it. The guest trusts its sandbox's CA (curl and
+    Python's ssl alike); a fork's child its own; PUT network drops the rule live."""
+    gateway = str(netplan.AddressPlan.from_env().gateway)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{gateway} secure.test\n")
+    monkeypatch.setenv(dnsguard.HOSTS_ENV, str(hosts))
+    ca, cert, key = make_test_ca(tmp_path, ["secure.test"])
+    monkeypatch.setenv(egress_tls.CA_FILE_ENV, str(ca))  # the daemon checks the server against it
+    secret = "fkd-" + os.urandom(12).hex()  # nowhere on this host before this test
+    env.rt.secrets.create("API_TOKEN", secret)
+    tls = TlsServer(cert, key)
+    url = f"https://secure.test:{tls.port}/v1"
+    rules = {"secure.test": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.API_TOKEN}",
+                                                        "X-Forkd": "rule"}}}]}
+    network = {"allow_out": [f"secure.test:{tls.port}"], "rules": rules}
+    caplog.set_level(logging.DEBUG)
+    [sb] = env.spawn(1, network=network)
+    made = [sb]
+    try:
+        assert env.rt.describe_sandbox(sb.id)["egress"]["rules"] == rules
+        curl = ["curl", "-sS", "--max-time", "20", url, "-H", "X-Echo: ${secrets.API_TOKEN}",
+                "--data-binary", "token=${secrets.API_TOKEN}"]
+        res = env.loop.run(env.rt.exec(sb.id, curl, timeout_secs=30))
+        assert res["exit_code"] == 0 and res["stdout"] == "tls secure.test", res
+        got = tls.requests[-1].decode().lower()  # h11 sends header names in lower case
+        assert f"authorization: bearer {secret}" in got and "x-forkd: rule" in got, got
+        assert f"x-echo: {secret}" in got and got.endswith(f"token={secret}"), got
+        # Python's ssl (SSL_CERT_FILE from the restore) trusts the sandbox's CA as curl does.
+        assert env.eval(sb, f"import urllib.request; urllib.request.urlopen({url!r}, timeout=20).read()"
+                        ".decode()") == "tls secure.test"
+        assert tls.requests[-1].decode().count(secret) == 1  # the rule's Authorization
+        log = [d for d in env.rt.networks.names.decisions(sb.id) if d["kind"] == "connect"]
+        assert log and all(d["allowed"] and "secrets put in: API_TOKEN" in d["detail"] for d in log), log
+
+        # No trace of the value in the guest's memory and disk (a full branch), the data dir, the log.
+        marker = "fkd-marker-" + os.urandom(12).hex()  # the search's control: a string the guest holds
+        env.eval(sb, f"_held = {marker!r} + ''")
+        snap = env.loop.run(env.rt.branch(sb.id, f"{TAG}-secret-branch"))
+        mem = Path(snap.dir) / "mem"
+        assert mem.is_relative_to(env.data.root) and mem.stat().st_size > 0  # its whole memory
+        assert str(mem) in _files_holding(env.data.root, marker.encode())
+        assert _files_holding(env.data.root, secret.encode()) == []
+        assert secret not in caplog.text
+        env.loop.run(env.rt.delete_snapshot(snap.tag))
+
+        # A fork's child trusts its own CA (its parent's gone from its bundle) and gets the rule.
+        forked = env.loop.run(env.rt.fork(sb.id, 1, ForkOptions.from_request({"network": network})))
+        [kid] = forked.children
+        made.append(kid)
+        res = env.loop.run(env.rt.exec(kid.id, curl, timeout_secs=30))
+        assert res["exit_code"] == 0 and res["stdout"] == "tls secure.test", res
+        assert f"Bearer {secret}" in tls.requests[-1].decode()
+        pem = env.loop.run(env.rt.exec(kid.id, ["cat", "/etc/ssl/certs/forkd-egress-ca.pem"]))["stdout"]
+        assert pem == env.rt.networks.names.trust_pem(kid.id) != env.rt.networks.names.trust_pem(sb.id)
+
+        # PUT network without the rule: the connection passes untouched (the server's own
+        # certificate, which the guest does not trust; -k to see that nothing was put in).
+        plain = EgressPolicy.from_request(None, {"allow_out": [f"secure.test:{tls.port}"]})
+        env.loop.run(env.rt.update_network(sb.id, plain))
+        res = env.loop.run(env.rt.exec(sb.id, ["curl", "-sS", "-k", "--max-time", "20", url,
+                                               "-H", "X-Echo: ${secrets.API_TOKEN}"], timeout_secs=30))
+        assert res["exit_code"] == 0, res
+        assert secret not in tls.requests[-1].decode() and "x-echo: ${secrets.api_token}" in \
+            tls.requests[-1].decode().lower()
+        # ... and with the rule again, live: the running guest is given its CA to trust.
+        env.loop.run(env.rt.update_network(sb.id, EgressPolicy.from_request(None, network)))
+        res = env.loop.run(env.rt.exec(sb.id, curl, timeout_secs=30))
+        assert res["exit_code"] == 0 and f"Bearer {secret}" in tls.requests[-1].decode(), res
+    finally:
+        tls.close()
+        env.kill(made)
+        with contextlib.suppress(Exception):
+            env.rt.secrets.delete("API_TOKEN")
+    assert_nothing_left(made)
+    assert not list((env.data.root / "net").glob("*.ca.pem"))
 
 
 # ------------------------------------------------------------------ pools and forks

@@ -120,3 +120,48 @@ def test_a_bad_hostname_is_refused_before_anything_is_touched(
     with pytest.raises(RequestError, match="hostname must be RFC 1123"):
         restore.reseed_after_restore({"entropy": "ab" * 32, "hostname": hostname}, {})
     assert stubbed["kernel"] == [] and stubbed["clock"] == [] and names == []
+
+
+def _pem(tag: str) -> str:
+    from forkd.host.egress_tls import SandboxCA
+    return SandboxCA.make(tag).pem
+
+
+def test_a_ca_to_trust_ends_each_bundle_in_place_of_the_last_one(
+        stubbed: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork's child: its parent's CA (a forkd block at the bundle's end) is replaced by its own;
+    a bundle reached by two names (Alpine's cert.pem link) is written once; the environment of
+    what exec and eval start points at it."""
+    certs = tmp_path / "etc/ssl/certs"
+    certs.mkdir(parents=True)
+    bundle = certs / "ca-certificates.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nSYSTEM\n-----END CERTIFICATE-----\n")
+    (tmp_path / "etc/ssl/cert.pem").symlink_to(bundle)
+    own = certs / "forkd-egress-ca.pem"
+    bundles = (bundle, tmp_path / "etc/pki/tls/certs/ca-bundle.crt", tmp_path / "etc/ssl/cert.pem")
+    monkeypatch.setattr(restore, "trust_ca", functools.partial(restore.trust_ca, bundles=bundles, own=own))
+    for env in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
+        monkeypatch.setenv(env, "recorded")  # so that the test's changes to os.environ are undone
+        monkeypatch.delenv(env)
+    parent, child = _pem("parent"), _pem("child")
+    restore.reseed_after_restore({"entropy": "ab" * 32, "trust": parent}, {})
+    out = restore.reseed_after_restore({"entropy": "ab" * 32, "trust": child}, {})
+    text = bundle.read_text()
+    assert text.startswith("-----BEGIN CERTIFICATE-----\nSYSTEM\n")
+    assert text.count(restore.TRUST_MARK) == 1 and text.endswith(child) and parent not in text
+    assert own.read_text() == child and not (tmp_path / "etc/pki").exists()
+    assert "trust" in out["steps_us"]
+    import os
+    assert os.environ["SSL_CERT_FILE"] == str(bundle) == os.environ["REQUESTS_CA_BUNDLE"]
+    assert os.environ["NODE_EXTRA_CA_CERTS"] == str(own)
+
+
+@pytest.mark.parametrize("trust", ["", "not a certificate", "-----BEGIN CERTIFICATE-----\n$(x)\n"
+                                   "-----END CERTIFICATE-----\n", "x" * 9000, 7])
+def test_a_bad_ca_to_trust_is_refused_before_anything_is_touched(
+        stubbed: dict[str, Any], monkeypatch: pytest.MonkeyPatch, trust: Any) -> None:
+    wrote: list[str] = []
+    monkeypatch.setattr(restore, "trust_ca", wrote.append)
+    with pytest.raises(RequestError, match="trust must be one PEM certificate"):
+        restore.reseed_after_restore({"entropy": "ab" * 32, "trust": trust}, {})
+    assert stubbed["kernel"] == [] and wrote == []

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from forkd import bounds
 from forkd.api.routes import _snapshot_spec
 from forkd.api.schemas import CreateSnapshotRequest, SpawnRequest
-from forkd.cli import context
+from forkd.cli import context, output
 from forkd.cli.main import app as cli_app
 from forkd.controller.network import Networks, no_nic_message
 from forkd.errors import InvalidRequest
@@ -758,7 +758,8 @@ def test_the_network_log_is_served_and_printed(api: Daemon, monkeypatch: pytest.
                 "allowed": False, "detail": "name not allowed"}]
     fake.on("GET", "/v1/sandboxes/sb-1/network/log", httpx.Response(200, json={"sandbox_id": "sb-1",
                                                                                 "entries": entries}))
-    monkeypatch.setenv("COLUMNS", "160")  # a terminal wide enough that rich wraps no cell
+    # A terminal wide enough that rich wraps no cell (the console's width is fixed when it is made).
+    monkeypatch.setattr(output.console, "width", 160)
     result = CliRunner().invoke(cli_app, ["network", "log", "sb-1"])
     assert result.exit_code == 0, result.output
     for word in ("pypi.org", "allowed", "192.0.2.10", "evil.example", "refused", "connect",

@@ -19,6 +19,7 @@ from forkd.api import (
     image_routes,
     pool_routes,
     process_routes,
+    secret_routes,
     template_routes,
     terminal_routes,
     travel_routes,
@@ -234,6 +235,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.include_router(code_routes.router)
     app.include_router(workspace_routes.router)
     app.include_router(volume_routes.router)
+    app.include_router(secret_routes.router)
     app.include_router(travel_routes.router)
     app.include_router(template_routes.router)
     app.include_router(image_routes.router)

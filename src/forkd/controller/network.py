@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -78,9 +79,11 @@ def no_nic_message(what: str) -> str:
 
 class Networks:
     def __init__(self, root: Path, sandboxes: NetworkRows, plan: AddressPlan | None = None,
-                 host_claims: HostClaims | None = None, *, events: SandboxEvents | None = None) -> None:
+                 host_claims: HostClaims | None = None, *, events: SandboxEvents | None = None,
+                 resolve_secret: Callable[[str], str | None] | None = None) -> None:
         """``events``: where it hears of teardowns (a sandbox's network goes with it); None for a
-        ``Networks`` on its own, whose caller releases networks itself."""
+        ``Networks`` on its own, whose caller releases networks itself. ``resolve_secret``: a
+        secret's value by name, for header rules (controller/secrets.py)."""
         self._dir = root / "net"
         self._sandboxes = sandboxes
         self.plan = plan or AddressPlan.from_env()
@@ -94,7 +97,8 @@ class Networks:
         self._guard_lock = asyncio.Lock()
         # The resolvers of sandboxes with names in their egress: attached once a network is made,
         # detached before it goes (a resolver's socket holds its namespace alive).
-        self.names = NameGuard()
+        # A sandbox with header rules keeps its own CA beside its lease (<owner>.ca.pem, 0600).
+        self.names = NameGuard(ca_dir=self._dir, resolve_secret=resolve_secret)
         if events is not None:
             events.on_removed(self.after_removed)
 
@@ -196,6 +200,8 @@ class Networks:
         net = self._leases.pop(owner, None)
         with contextlib.suppress(FileNotFoundError):
             self._lease_path(owner).unlink()
+        if (ca := self.names.ca_path(owner)) is not None:
+            ca.unlink(missing_ok=True)
         if net is not None:
             self._unclaim_index(net.index)
 

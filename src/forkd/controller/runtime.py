@@ -83,6 +83,7 @@ from forkd.controller.results import (
 )
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.secrets import Secrets
 from forkd.controller.snapshot_deletion import SnapshotDeletion
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
@@ -98,6 +99,7 @@ from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest, NotFound
 from forkd.guest import messages, protocol
+from forkd.guest.protocol import RestoreInputs
 from forkd.host import cgroups
 from forkd.host.egress import EgressPolicy
 from forkd.host.fdlimit import raise_fd_limit
@@ -112,6 +114,7 @@ from forkd.store.registry import (
     SandboxRecord,
     SnapshotRecord,
 )
+from forkd.store.secret_box import SecretBox
 
 __all__ = [
     "BuildRequest", "ForkOptions", "ForkReport", "ProcessEvent", "ProcessEvents", "PullRequest", "Runtime",
@@ -121,6 +124,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("forkd.runtime")
+# A running guest's answer to being given its egress CA (PUT network adding header rules).
+TRUST_TIMEOUT_SECS = 30.0
 
 
 class Runtime:
@@ -160,7 +165,9 @@ class Runtime:
         # A sandbox's file changes, from its disk layers: diff, patch, tar, apply onto another.
         self.diffs = SandboxChanges(self.sandboxes, self.snapshots, self.agents, self.files, data.tmp)
         self.accel = HostAccelerator(data)
-        self.networks = Networks(data.root, rows, events=self.events)
+        # Secrets (values sealed at rest) reach only the egress of sandboxes with header rules.
+        self.secrets = Secrets(registry.secrets, SecretBox(data.secrets_key))
+        self.networks = Networks(data.root, rows, events=self.events, resolve_secret=self.secrets.resolve)
         self.volumes = Volumes(registry.volumes, data, registry.snapshots)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks,
                                          self.volumes)
@@ -416,6 +423,11 @@ class Runtime:
         async with self.sandboxes.lock(resolved):
             record = self.sandboxes.records.get(resolved)  # 404: killed meanwhile
             await self.networks.update(record, egress)
+            vm = self.sandboxes.vm(resolved)
+            if vm is not None and (pem := self.networks.names.trust_pem(resolved)) is not None:
+                # Header rules now: the running guest trusts its egress CA from here on (the same
+                # idempotent call as after a restore; a spawn's child got it with its restore).
+                await vm.post_restore(TRUST_TIMEOUT_SECS, RestoreInputs(trust=pem))
         return self.sandboxes.records.get(resolved)
 
     async def ping(self, sandbox_id: str) -> PingResult:

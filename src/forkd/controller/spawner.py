@@ -419,9 +419,13 @@ class Spawner:
             clone_overlay(snap.dir.disk, run_dir / "disk.qcow2", snap.dir.path / ".child-overlay.qcow2")
             # Its own copy-on-write view of each writable volume, as of the snapshot.
             volumes.child_overlays(snap.volumes, snap.dir, run_dir / "disk.qcow2")
+            inputs = child.restore
+            if network is not None and (pem := self._networks.names.trust_pem(sb_id)) is not None:
+                # Its policy has header rules: its guest trusts its own egress CA (host/egress_tls.py).
+                inputs = dataclasses.replace(inputs, trust=pem)
             vm = await VM.restore(run_dir, snap.config, mem_path=mem, state_path=snap.dir.state,
                                   disk=run_dir / "disk.qcow2", tap=snap.tap, launcher=launcher,
-                                  inputs=child.restore,
+                                  inputs=inputs,
                                   volumes=volumes.drives_for(snap.volumes, run_dir / "disk.qcow2",
                                                              volumes.ROOT_NODE, snap.dir))
         except BaseException as exc:

@@ -292,6 +292,21 @@ def check_hostname(hostname: object) -> str | None:
 
 FREEZE_MOUNTS_AGENT_VERSION = 14  # fsfreeze's "mounts" (checked by guest/agent/freeze.py)
 RUNTIME_AGENT_VERSION = 15  # "python" listed (absent on forkd's runtime: image/guest_runtime.py)
+TRUST_AGENT_VERSION = 16  # a RestoreInputs' trust (the sandbox's egress CA)
+
+# A certificate the guest is given to trust (``RestoreInputs.trust``): one PEM certificate, small.
+TRUST_MAX_CHARS = 8192
+_PEM_CERT = re.compile(r"-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?")
+
+
+def check_trust(pem: object) -> str | None:
+    """A per-child certificate to trust (the ``restored`` action's ``trust``), validated; None is none.
+    Only a single PEM certificate's characters: nothing else can ride into the trust store."""
+    if pem is None:
+        return None
+    if not isinstance(pem, str) or len(pem) > TRUST_MAX_CHARS or not _PEM_CERT.fullmatch(pem):
+        raise RequestError(f"trust must be one PEM certificate of at most {TRUST_MAX_CHARS} characters")
+    return pem
 
 
 # ---------------------------------------------------------------- capabilities
@@ -302,9 +317,10 @@ RUNTIME_AGENT_VERSION = 15  # "python" listed (absent on forkd's runtime: image/
 # contexts, "6" IPython kernels, "7" a request's user, "8" watchers, "9" terminals, "10" file
 # metadata, watch entries, "11" bash/JavaScript kernels, "12" a hostname at restore (and restored's
 # version), "13" capabilities listed, "14" fsfreeze's mounts, "15" runs on forkd's runtime where an
-# image has no Python, lists "python" (older agents had it unlisted) and serves pid1_defaults.
+# image has no Python, lists "python" (older agents had it unlisted) and serves pid1_defaults,
+# "16" a certificate to trust at restore.
 # The *_AGENT_VERSION constants above name where each came in.
-AGENT_VERSION = "15"
+AGENT_VERSION = "16"
 
 
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
@@ -320,6 +336,7 @@ CAP_RESTORE_HOSTNAME = "restore_hostname"  # a RestoreInputs' hostname
 CAP_FREEZE_MOUNTS = "freeze_mounts"  # fsfreeze's "mounts"
 CAP_PYTHON = "python"  # eval and Python contexts: the image's own Python (none on forkd's runtime)
 CAP_PID1_DEFAULTS = "pid1_defaults"  # the pid1_defaults action
+CAP_RESTORE_TRUST = "restore_trust"  # a RestoreInputs' trust
 
 
 @dataclass(frozen=True)
@@ -348,6 +365,7 @@ CAPABILITIES: dict[str, Capability] = {
     CAP_RESTORE_HOSTNAME: Capability(HOSTNAME_AGENT_VERSION, "a hostname at restore"),
     CAP_FREEZE_MOUNTS: Capability(FREEZE_MOUNTS_AGENT_VERSION, "freezing volumes for a live branch"),
     CAP_PID1_DEFAULTS: Capability(RUNTIME_AGENT_VERSION, "PID 1's defaults without eval"),
+    CAP_RESTORE_TRUST: Capability(TRUST_AGENT_VERSION, "trusting the sandbox's egress CA (header rules)"),
     CAP_PYTHON: Capability(1, "Python code", listed_since=RUNTIME_AGENT_VERSION, lacking=(
         "its image has no Python of its own (its agent runs on forkd's runtime): use exec, or build "
         "the template from an image with python3 3.11 or newer")),
@@ -395,18 +413,22 @@ class RestoreInputs:
     any VM starts and the agent runs again on ``from_wire``), its step in
     forkd/guest/agent/restore.py and, where older agents would ignore it, its entry in
     ``CAPABILITIES``. ``env``: set in the agent's environment (eval's os.environ, every exec's);
-    ``hostname``: the guest's hostname (the kernel's, /etc/hostname and /etc/hosts).
+    ``hostname``: the guest's hostname (the kernel's, /etc/hostname and /etc/hosts); ``trust``: a
+    CA certificate (PEM) added to the guest's trust store, the sandbox's own egress CA when its
+    policy has header rules (host/egress_tls.py; set by the daemon, not by a request).
     """
 
     env: dict[str, str] = field(default_factory=dict)
     hostname: str | None = None
+    trust: str | None = None
 
     # The capability an agent needs to apply a field (others ignore it): refused on one without it.
-    CAPABILITIES: ClassVar[dict[str, str]] = {"hostname": CAP_RESTORE_HOSTNAME}
+    CAPABILITIES: ClassVar[dict[str, str]] = {"hostname": CAP_RESTORE_HOSTNAME, "trust": CAP_RESTORE_TRUST}
 
     def __post_init__(self) -> None:
         check_env(self.env)
         check_hostname(self.hostname)
+        check_trust(self.trust)
 
     def to_wire(self) -> dict[str, Any]:
         """The fields of a ``restored`` request: those that differ from the defaults."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -61,10 +62,11 @@ import dns.rdatatype
 import dns.rrset
 
 from forkd.errors import VMError
-from forkd.host import childnet, netplan
+from forkd.host import childnet, egress_tls, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import parse_addresses
-from forkd.host.egress_inspect import Address, Inspector, Streams
+from forkd.host.egress_inspect import Address, Inspector, ServeFn, Streams
+from forkd.host.egress_tls import SandboxCA
 from forkd.host.netplan import ChildNet
 
 log = logging.getLogger("forkd.dnsguard")
@@ -92,6 +94,7 @@ class _Sandbox:
     transport: asyncio.DatagramTransport
     inspector: Inspector | None = None
     server: asyncio.Server | None = None
+    ca: SandboxCA | None = None  # its own CA, while its policy has header rules
     pending: set[asyncio.Task[None]] = field(default_factory=set)
     log: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=MAX_LOG))
 
@@ -122,9 +125,14 @@ class NameGuard:
     """The resolvers of one daemon's sandboxes (one socket each, all on the daemon's loop)."""
 
     def __init__(self, upstreams: Sequence[tuple[str, int]] | None = None,
-                 install: Installer = childnet.allow_resolved) -> None:
+                 install: Installer = childnet.allow_resolved, *, ca_dir: Path | None = None,
+                 resolve_secret: egress_tls.Resolve | None = None) -> None:
         """``upstreams``: where allowed names are resolved (None: ``/etc/resolv.conf``'s servers,
-        read at each question); ``install``: runs ``netplan.name_elements`` in a sandbox's namespace."""
+        read at each question); ``install``: runs ``netplan.name_elements`` in a sandbox's namespace;
+        ``ca_dir``: where each sandbox with header rules keeps its CA (``<owner>.ca.pem``; None:
+        rules are not served); ``resolve_secret``: a secret's value by name, for those rules."""
+        self._ca_dir = ca_dir
+        self._resolve_secret = resolve_secret or (lambda _name: None)
         self._sandboxes: dict[str, _Sandbox] = {}
         self._upstreams = tuple(upstreams) if upstreams is not None else None
         self._install = install
@@ -142,8 +150,9 @@ class NameGuard:
         if net.tap is None or not net.egress.uses_names:
             await self.detach(net.owner)
             return
+        ca = await asyncio.to_thread(self._ca_of, net)
         if (served := self._sandboxes.get(net.owner)) is not None:
-            served.net = net
+            served.net, served.ca = net, ca
             return
         made_here = sock is None
         if sock is None:
@@ -159,9 +168,10 @@ class NameGuard:
                 raise VMError(f"the resolver of {net.owner} was attached twice at once")
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: _Endpoint(self, net.owner), sock=sock)
-            sb = _Sandbox(net, transport)
+            sb = _Sandbox(net, transport, ca=ca)
             if listener is not None:
-                sb.inspector = Inspector(sb.allows, sb.note_connection, dial=dial_from(net.netns))
+                sb.inspector = Inspector(sb.allows, sb.note_connection, dial=dial_from(net.netns),
+                                         intercept=functools.partial(self._serve_for, sb))
                 sb.server = await asyncio.start_server(sb.inspector.handle, sock=listener)
         except BaseException:
             if sb is not None:
@@ -172,6 +182,43 @@ class NameGuard:
             raise
         self._sandboxes[net.owner] = sb
 
+
+    def ca_path(self, owner: str) -> Path | None:
+        return None if self._ca_dir is None else self._ca_dir / f"{owner}.ca.pem"
+
+    def _ca_of(self, net: ChildNet) -> SandboxCA | None:
+        """``net``'s CA if its policy has header rules: the one it has (a re-adopted or woken
+        sandbox's guest trusts it already), else a new one."""
+        path = self.ca_path(net.owner)
+        if not net.egress.rules or path is None:
+            return None
+        return SandboxCA.load_or_make(path, net.owner)
+
+    def trust_pem(self, owner: str) -> str | None:
+        """The certificate ``owner``'s guest is to trust (its CA's), if it has header rules."""
+        sb = self._sandboxes.get(owner)
+        return sb.ca.pem if sb is not None and sb.ca is not None else None
+
+    def _serve_for(self, sb: _Sandbox, name: str, tls: bool) -> ServeFn | None:
+        rule = sb.net.egress.rule_for(name)
+        ca = sb.ca
+        if rule is None or ca is None:
+            return None
+        resolve, netns = self._resolve_secret, sb.net.netns
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes,
+                        dst: Address) -> tuple[bool, str]:
+            done = await egress_tls.intercept(reader, writer, head, tls=tls, name=name, dst=dst, rule=rule,
+                                              ca=ca, resolve=resolve, dial=dial_from(netns))
+            if done.refused is not None:
+                return False, done.refused
+            detail = f"intercepted (header rule): {done.requests} request(s)"
+            if done.secrets:
+                detail += f"; secrets put in: {', '.join(sorted(done.secrets))}"
+            if done.unknown:
+                detail += f"; no such secret: {', '.join(sorted(done.unknown))}"
+            return True, detail
+        return serve
 
     async def detach(self, owner: str) -> None:
         """Stop serving ``owner``: its socket closed (its namespace may go), its answers abandoned."""

@@ -58,7 +58,15 @@ NOT_INTERNET = tuple(IPv4Network(n) for n in (
     "224.0.0.0/4", "240.0.0.0/4",  # multicast, reserved and broadcast
 ))
 
-NETWORK_KEYS = ("allow_out", "deny_out", "allow_public_traffic", "mask_request_host")
+NETWORK_KEYS = ("allow_out", "deny_out", "allow_public_traffic", "mask_request_host", "rules")
+# Header transforms (E2B's ``rules``): bounded before anything else reads them.
+MAX_RULE_HOSTS = 32
+MAX_RULES_PER_HOST = 8
+MAX_RULE_HEADERS = 32
+MAX_HEADER_VALUE_CHARS = 8192
+# An HTTP header name (RFC 9110's token), as the API documents it.
+HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$"
+_HEADER_NAME = re.compile(HEADER_NAME_PATTERN)
 PORT_PLACEHOLDER = "${PORT}"
 # A Host header: a DNS name or IPv4 address, an optional port, and E2B's ${PORT} anywhere in it.
 MASK_HOST_PATTERN = r"^[A-Za-z0-9.${}_-]{1,253}(:[0-9${}A-Z]{1,7})?$"
@@ -167,6 +175,71 @@ class NameDestination:
 Entry = Destination | NameDestination
 
 
+@dataclass(frozen=True)
+class HostRule:
+    """The headers set on every HTTP request to ``host`` (a name, or ``*.`` a wildcard): E2B's
+    ``rules`` entry, its rules' transforms merged in order (a later one wins). A value may hold
+    ``${secrets.NAME}`` placeholders; they are resolved at egress (host/egress_tls.py)."""
+
+    host: NameDestination
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def info(self) -> list[dict[str, Any]]:
+        return [{"transform": {"headers": dict(self.headers)}}]
+
+
+def _header(name: object, value: object, where: str) -> tuple[str, str]:
+    if not isinstance(name, str) or not _HEADER_NAME.match(name):
+        raise InvalidRequest(f"{where}: {str(name)[:64]!r} is not an HTTP header name (letters, digits "
+                             "and !#$%&'*+.^_`|~-, at most 128)")
+    if (not isinstance(value, str) or len(value) > MAX_HEADER_VALUE_CHARS
+            or any(c in value for c in "\r\n\0")):
+        raise InvalidRequest(f"{where}.{name} must be a string of at most {MAX_HEADER_VALUE_CHARS} "
+                             "characters without CR, LF or NUL")
+    return name, value
+
+
+def _rules(raw: object, allow_out: tuple[Entry, ...]) -> tuple[HostRule, ...]:
+    """``network.rules`` (``{host: [{"transform": {"headers": {...}}}]}``); each host must be an
+    allow_out name (a rule opens nothing on its own, as in E2B)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping) or len(raw) > MAX_RULE_HOSTS:
+        raise InvalidRequest(f'network.rules must be an object of at most {MAX_RULE_HOSTS} hosts, like '
+                             '{"api.example.com": [{"transform": {"headers": {"Authorization": '
+                             '"Bearer ${secrets.API_TOKEN}"}}}]}')
+    names = {str(e) for e in allow_out if isinstance(e, NameDestination)}
+    out: list[HostRule] = []
+    for host, rules in raw.items():
+        where = f"network.rules[{str(host)[:64]!r}]"
+        entry = parse_entry(host, where)
+        if not isinstance(entry, NameDestination) or entry.first_port is not None:
+            raise InvalidRequest(f"{where}: a rule's host is a DNS name (or *.name), without a port")
+        if str(entry) not in names and not any(isinstance(e, NameDestination) and e.matches(entry.name)
+                                               and not entry.wildcard for e in allow_out):
+            raise InvalidRequest(f"{where}: a rule opens nothing on its own; add {str(entry)!r} to "
+                                 "network.allow_out too")
+        if not isinstance(rules, list) or len(rules) > MAX_RULES_PER_HOST:
+            raise InvalidRequest(f"{where} must be a list of at most {MAX_RULES_PER_HOST} rules")
+        headers: dict[str, str] = {}
+        for i, rule in enumerate(rules):
+            transform = rule.get("transform") if isinstance(rule, Mapping) else None
+            bad_transform = transform is not None and (not isinstance(transform, Mapping)
+                                                       or bool(set(transform) - {"headers"}))
+            if not isinstance(rule, Mapping) or set(rule) - {"transform"} or bad_transform:
+                raise InvalidRequest(f'{where}[{i}] must be like {{"transform": {{"headers": {{...}}}}}}')
+            given = (transform or {}).get("headers") or {}
+            if not isinstance(given, Mapping):
+                raise InvalidRequest(f"{where}[{i}].transform.headers must be an object")
+            for name, value in given.items():
+                k, v = _header(name, value, f"{where}[{i}].transform.headers")
+                headers[k] = v
+        if len(headers) > MAX_RULE_HEADERS:
+            raise InvalidRequest(f"{where}: at most {MAX_RULE_HEADERS} headers")
+        out.append(HostRule(entry, tuple(sorted(headers.items()))))
+    return tuple(sorted(out, key=lambda r: r.host.sort_key()))
+
+
 def parse_entry(text: object, where: str) -> Entry:
     """One allow_out / deny_out entry, an address or a name; a 400 naming ``where``. Bounded in
     length and charset before any parser sees it."""
@@ -250,6 +323,7 @@ class EgressPolicy:
     deny_out: tuple[Entry, ...] = ()
     allow_public_traffic: bool = False  # inbound, through the daemon's port proxy
     mask_request_host: str | None = None
+    rules: tuple[HostRule, ...] = ()  # header transforms of HTTPS/HTTP to allow_out names
 
     @classmethod
     def from_request(cls, allow_internet_access: bool | None = None,
@@ -267,10 +341,11 @@ class EgressPolicy:
         public = network.get("allow_public_traffic", False)
         if not isinstance(public, bool):
             raise InvalidRequest(f"network.allow_public_traffic must be true or false, not {public!r}")
-        return cls(bool(allow_internet_access),
-                   _destinations(network.get("allow_out"), "network.allow_out"),
+        allow_out = _destinations(network.get("allow_out"), "network.allow_out")
+        return cls(bool(allow_internet_access), allow_out,
                    _destinations(network.get("deny_out"), "network.deny_out"),
-                   public, _mask_host(network.get("mask_request_host")))
+                   public, _mask_host(network.get("mask_request_host")),
+                   _rules(network.get("rules"), allow_out))
 
     @property
     def is_default(self) -> bool:
@@ -302,6 +377,15 @@ class EgressPolicy:
         matches both. (Only such connections are inspected: host/egress_inspect.py.)"""
         return any(e.matches(name) and e.covers(port) for e in self.allow_names)
 
+    def rule_for(self, name: str) -> HostRule | None:
+        """The header transform of requests to ``name`` (an exact host before a wildcard); None:
+        its connections are passed through untouched."""
+        exact = [r for r in self.rules if not r.host.wildcard and r.host.matches(name)]
+        wild = sorted((r for r in self.rules if r.host.wildcard and r.host.matches(name)),
+                      key=lambda r: -len(r.host.name))  # the most specific wildcard
+        found = exact or wild
+        return found[0] if found else None
+
     def name_sets(self, qname: str) -> list[int]:
         """The indices ``i`` of the sets ``name_<i>`` that the addresses of ``qname`` go into."""
         return [i for i, e in enumerate(self.allow_names) if e.matches(qname)]
@@ -311,7 +395,8 @@ class EgressPolicy:
         return {"allow_internet_access": self.allow_internet_access,
                 "allow_out": [str(d) for d in self.allow_out], "deny_out": [str(d) for d in self.deny_out],
                 "allow_public_traffic": self.allow_public_traffic,
-                "mask_request_host": self.mask_request_host}
+                "mask_request_host": self.mask_request_host,
+                "rules": {str(r.host): r.info() for r in self.rules}}
 
     def outbound(self) -> EgressPolicy:
         """Only what shapes a VM's network (its rules): a warm pool's members are matched by it, and

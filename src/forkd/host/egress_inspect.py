@@ -29,6 +29,11 @@ LogFn = Callable[[str | None, Address, bool, str], None]
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 # Opens the connection to the original destination (the daemon's: from the sandbox's namespace).
 DialFn = Callable[[Address], Awaitable[Streams]]
+# Serves a connection whose name has a header rule (host/egress_tls.py): given the guest's streams,
+# the bytes already read and the destination; says whether it went through, and why.
+ServeFn = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes, Address], Awaitable[tuple[bool, str]]]
+# For a connection's name and whether it is TLS: how to serve it (None: spliced untouched).
+InterceptFn = Callable[[str, bool], ServeFn | None]
 
 
 async def _dial_here(dst: Address) -> Streams:
@@ -65,12 +70,14 @@ class Inspector:
         limits: Limits | None = None,
         destination: Callable[[socket.socket], Address] = original_dst,
         dial: DialFn = _dial_here,
+        intercept: InterceptFn | None = None,
     ) -> None:
         self._allowed = allowed
         self._log = log
         self._limits = limits or Limits()
         self._destination = destination
         self._dial = dial
+        self._intercept = intercept
         self._open = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -129,6 +136,12 @@ class Inspector:
             reason = "name not allowed"
         if reason is not None:
             self._log(peek.name, dst, False, reason)
+            return
+        assert peek.name is not None
+        serve = self._intercept(peek.name, head[:1] == bytes([_TLS_HANDSHAKE])) if self._intercept else None
+        if serve is not None:
+            allowed, detail = await serve(reader, writer, head, dst)
+            self._log(peek.name, dst, allowed, detail)
             return
         try:
             up_r, up_w = await asyncio.wait_for(self._dial(dst), self._limits.connect_s)

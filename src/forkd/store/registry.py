@@ -32,6 +32,7 @@ from forkd.store.rows.paused import PausedRows
 from forkd.store.rows.pools import PoolRows
 from forkd.store.rows.prefixes import PrefixRows
 from forkd.store.rows.sandboxes import SandboxRows
+from forkd.store.rows.secrets import SecretRows
 from forkd.store.rows.snapshot_names import SnapshotNameRows
 from forkd.store.rows.snapshots import SnapshotRows
 from forkd.store.rows.volumes import VolumeRows
@@ -102,6 +103,16 @@ CREATE TABLE IF NOT EXISTS volumes (
     fs TEXT NOT NULL,
     created_at_unix INTEGER NOT NULL
 );
+-- Secrets (controller/secrets.py): values sealed with the daemon's key (store/secret_box.py).
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    nonce BLOB NOT NULL,
+    sealed BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    created_at_unix REAL NOT NULL,
+    updated_at_unix REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pools (
     tag TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
@@ -148,6 +159,7 @@ class Registry:
         self.pools = PoolRows(self._db, self._lock)
         self.volumes = VolumeRows(self._db, self._lock)
         self.prefixes = PrefixRows(self._db, self._lock)
+        self.secrets = SecretRows(self._db, self._lock)
 
     def _migrate(self) -> None:
         """Add the columns a registry written by an older forkd lacks."""

@@ -94,6 +94,16 @@ export interface CompactRequestOptions {
   to: Schemas["CompactRequest"]["to"];
 }
 
+/** `CreateSecretRequest` in camelCase. */
+export interface CreateSecretRequestOptions {
+  /** Your own labels, returned as given. */
+  metadata?: Schemas["CreateSecretRequest"]["metadata"];
+  /** Its name, as `${secrets.NAME}` will name it. */
+  name: Schemas["CreateSecretRequest"]["name"];
+  /** Its value: write-only, sealed at rest, never returned or logged. */
+  value: Schemas["CreateSecretRequest"]["value"];
+}
+
 /** `CreateSnapshotRequest` in camelCase. */
 export interface CreateSnapshotRequestOptions {
   /**
@@ -403,6 +413,14 @@ export interface NetworkPolicyOptions {
    * stands for the port, e.g. `localhost:${PORT}`.
    */
   maskRequestHost?: Schemas["NetworkPolicy"]["mask_request_host"];
+  /**
+   * Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out.
+   * HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to
+   * trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved;
+   * every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers":
+   * {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
+   */
+  rules?: Schemas["NetworkPolicy"]["rules"];
 }
 
 /**
@@ -442,6 +460,14 @@ export interface NetworkUpdateRequestOptions {
    * stands for the port, e.g. `localhost:${PORT}`.
    */
   maskRequestHost?: Schemas["NetworkUpdateRequest"]["mask_request_host"];
+  /**
+   * Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out.
+   * HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to
+   * trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved;
+   * every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers":
+   * {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
+   */
+  rules?: Schemas["NetworkUpdateRequest"]["rules"];
 }
 
 /** `PoolRequest` in camelCase. */
@@ -694,6 +720,14 @@ export interface TimeoutRequestOptions {
   timeoutSecs: Schemas["TimeoutRequest"]["timeout_secs"];
 }
 
+/** `UpdateSecretRequest` in camelCase. */
+export interface UpdateSecretRequestOptions {
+  /** New labels, replacing the old. */
+  metadata?: Schemas["UpdateSecretRequest"]["metadata"];
+  /** A new value (its version goes up by one). */
+  value?: Schemas["UpdateSecretRequest"]["value"];
+}
+
 /**
  * `VolumeSpec` in camelCase. One volume to attach (store/volume_spec.py): exactly one of name and
  * host_path.
@@ -729,6 +763,7 @@ export interface RequestOptions {
   CheckpointPolicyRequest: CheckpointPolicyRequestOptions;
   CodeRequest: CodeRequestOptions;
   CompactRequest: CompactRequestOptions;
+  CreateSecretRequest: CreateSecretRequestOptions;
   CreateSnapshotRequest: CreateSnapshotRequestOptions;
   CreateVolumeRequest: CreateVolumeRequestOptions;
   CreateWorkspaceRequest: CreateWorkspaceRequestOptions;
@@ -754,6 +789,7 @@ export interface RequestOptions {
   SuspendWorkspaceRequest: SuspendWorkspaceRequestOptions;
   TemplateBuildRequest: TemplateBuildRequestOptions;
   TimeoutRequest: TimeoutRequestOptions;
+  UpdateSecretRequest: UpdateSecretRequestOptions;
   VolumeSpec: VolumeSpecOptions;
 }
 
@@ -792,6 +828,11 @@ export const WIRE_NAMES = {
   },
   CompactRequest: {
     to: "to",
+  },
+  CreateSecretRequest: {
+    metadata: "metadata",
+    name: "name",
+    value: "value",
   },
   CreateSnapshotRequest: {
     allowInternetAccess: "allow_internet_access",
@@ -893,6 +934,7 @@ export const WIRE_NAMES = {
     allowPublicTraffic: "allow_public_traffic",
     denyOut: "deny_out",
     maskRequestHost: "mask_request_host",
+    rules: "rules",
   },
   NetworkUpdateRequest: {
     allowInternetAccess: "allow_internet_access",
@@ -900,6 +942,7 @@ export const WIRE_NAMES = {
     allowPublicTraffic: "allow_public_traffic",
     denyOut: "deny_out",
     maskRequestHost: "mask_request_host",
+    rules: "rules",
   },
   PoolRequest: {
     allowInternetAccess: "allow_internet_access",
@@ -983,6 +1026,10 @@ export const WIRE_NAMES = {
   },
   TimeoutRequest: {
     timeoutSecs: "timeout_secs",
+  },
+  UpdateSecretRequest: {
+    metadata: "metadata",
+    value: "value",
   },
   VolumeSpec: {
     fork: "fork",

@@ -594,6 +594,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/secrets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List secrets (names and metadata only) */
+        get: operations["list_secrets_v1_secrets_get"];
+        put?: never;
+        /** Store a secret (write-only: its value is never returned) */
+        post: operations["create_secret_v1_secrets_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/secrets/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One secret (never its value) */
+        get: operations["get_secret_v1_secrets__name__get"];
+        /** Give a secret a new value or labels */
+        put: operations["update_secret_v1_secrets__name__put"];
+        post?: never;
+        /** Delete a secret */
+        delete: operations["delete_secret_v1_secrets__name__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/snapshots": {
         parameters: {
             query?: never;
@@ -1090,6 +1127,27 @@ export interface components {
              * @example py-flat
              */
             to: string;
+        };
+        /** CreateSecretRequest */
+        CreateSecretRequest: {
+            /**
+             * Metadata
+             * @description Your own labels, returned as given.
+             */
+            metadata?: {
+                [key: string]: string;
+            };
+            /**
+             * Name
+             * @description Its name, as `${secrets.NAME}` will name it.
+             * @example API_TOKEN
+             */
+            name: string;
+            /**
+             * Value
+             * @description Its value: write-only, sealed at rest, never returned or logged.
+             */
+            value: string;
         };
         /** CreateSnapshotRequest */
         CreateSnapshotRequest: {
@@ -1897,6 +1955,28 @@ export interface components {
              * @description The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}` stands for the port, e.g. `localhost:${PORT}`.
              */
             mask_request_host?: string | null;
+            /**
+             * Rules
+             * @description Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out. HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved; every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
+             */
+            rules?: {
+                [key: string]: components["schemas"]["NetworkRule"][];
+            };
+        };
+        /** NetworkRule */
+        NetworkRule: {
+            /** @description What is done to the host's requests. */
+            transform?: components["schemas"]["NetworkTransform"] | null;
+        };
+        /** NetworkTransform */
+        NetworkTransform: {
+            /**
+             * Headers
+             * @description Headers set on every HTTP request to the rule's host (replacing the guest's of the same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox never holds it.
+             */
+            headers?: {
+                [key: string]: string;
+            };
         };
         /**
          * NetworkUpdateRequest
@@ -1931,6 +2011,13 @@ export interface components {
              * @description The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}` stands for the port, e.g. `localhost:${PORT}`.
              */
             mask_request_host?: string | null;
+            /**
+             * Rules
+             * @description Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out. HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved; every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
+             */
+            rules?: {
+                [key: string]: components["schemas"]["NetworkRule"][];
+            };
         };
         /** PingResponse */
         PingResponse: {
@@ -2479,6 +2566,38 @@ export interface components {
              * @description The Host header its ports get from the proxy.
              */
             mask_request_host?: string | null;
+            /**
+             * Rules
+             * @description Its header transforms by host (as given: secrets appear only as their `${secrets.NAME}` placeholders).
+             */
+            rules?: {
+                [key: string]: {
+                    [key: string]: unknown;
+                }[];
+            };
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * SecretInfo
+         * @description A secret as every API shows it: never its value.
+         */
+        SecretInfo: {
+            /** Created At Unix */
+            created_at_unix: number;
+            /** Metadata */
+            metadata: {
+                [key: string]: string;
+            };
+            /** Name */
+            name: string;
+            /** Updated At Unix */
+            updated_at_unix: number;
+            /**
+             * Version
+             * @description 1 when made; one more at each new value.
+             */
+            version: number;
         } & {
             [key: string]: unknown;
         };
@@ -2911,6 +3030,21 @@ export interface components {
              * @description The sandbox is killed this many seconds from now, whether that is sooner or later than its previous deadline (E2B's set_timeout).
              */
             timeout_secs: number;
+        };
+        /** UpdateSecretRequest */
+        UpdateSecretRequest: {
+            /**
+             * Metadata
+             * @description New labels, replacing the old.
+             */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Value
+             * @description A new value (its version goes up by one).
+             */
+            value?: string | null;
         };
         /** Version */
         Version: {
@@ -6473,6 +6607,292 @@ export interface operations {
             };
             /** @description Request body larger than the daemon's limit (default 1 MiB). */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_secrets_v1_secrets_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"][];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_secret_v1_secrets_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSecretRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_secret_v1_secrets__name__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Secret name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No secret of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    update_secret_v1_secrets__name__put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Secret name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateSecretRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"];
+                };
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No secret of that name. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (see daemon logs). */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The daemon is still starting (or at capacity); retry shortly. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_secret_v1_secrets__name__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Secret name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Malformed request: invalid field, unknown field or bad path parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No secret of that name. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -19,7 +19,16 @@ from pydantic_core import PydanticCustomError
 
 from forkd import bounds
 from forkd.errors import InvalidRequest
-from forkd.host.egress import ENTRY_PATTERN, MASK_HOST_PATTERN, parse_entry
+from forkd.host.egress import (
+    ENTRY_PATTERN,
+    HEADER_NAME_PATTERN,
+    MASK_HOST_PATTERN,
+    MAX_HEADER_VALUE_CHARS,
+    MAX_RULE_HEADERS,
+    MAX_RULE_HOSTS,
+    MAX_RULES_PER_HOST,
+    parse_entry,
+)
 
 # One definition of each name and bound (forkd.bounds), shared with the runtime's checks.
 TAG_PATTERN = bounds.TAG_RE.pattern
@@ -164,6 +173,24 @@ EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, or a DNS name (`*.` for every nam
                      "\"*.pythonhosted.org:443\"")
 
 
+HeaderName = Annotated[str, StringConstraints(pattern=HEADER_NAME_PATTERN)]
+HeaderValue = Annotated[str, StringConstraints(max_length=MAX_HEADER_VALUE_CHARS, pattern=r"^[^\r\n\x00]*$")]
+RuleHost = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS)]
+
+
+class NetworkTransform(RequestModel):
+    headers: dict[HeaderName, HeaderValue] = Field(
+        default_factory=dict, max_length=MAX_RULE_HEADERS,
+        description="Headers set on every HTTP request to the rule's host (replacing the guest's of the "
+        "same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox "
+        "never holds it.",
+    )
+
+
+class NetworkRule(RequestModel):
+    transform: NetworkTransform | None = Field(None, description="What is done to the host's requests.")
+
+
 class NetworkPolicy(RequestModel):
     """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
 
@@ -185,6 +212,14 @@ class NetworkPolicy(RequestModel):
         None, max_length=260, pattern=MASK_HOST_PATTERN,
         description="The Host header the sandbox's ports get from the port proxy instead of the client's; "
         "`${PORT}` stands for the port, e.g. `localhost:${PORT}`.",
+    )
+    rules: dict[RuleHost, Annotated[list[NetworkRule], Field(max_length=MAX_RULES_PER_HOST)]] = Field(
+        default_factory=dict, max_length=MAX_RULE_HOSTS,
+        description="Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in "
+        "allow_out. HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is "
+        "given to trust) so that its requests get the headers and `${secrets.NAME}` placeholders are "
+        "resolved; every other connection passes untouched. E.g. "
+        '`{"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.',
     )
 
 

@@ -12,7 +12,7 @@ form of the store's records and are written here.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -99,6 +99,9 @@ class SandboxNetwork(ResponseModel):
     allow_public_traffic: bool = Field(False, description="Whether its ports are open to anyone through the "
                                        "daemon's port proxy, without a token.")
     mask_request_host: str | None = Field(None, description="The Host header its ports get from the proxy.")
+    rules: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict, description="Its header transforms by host (as given: secrets appear only "
+        "as their `${secrets.NAME}` placeholders).")
 
 
 class HibernationInfo(ResponseModel):

@@ -52,7 +52,7 @@ MT19937_WORDS = 624  # numpy's legacy RandomState key, uint32 words
 PY_SEED_BYTES = 32
 
 # What reseed_after_restore reports the time of, in order (``steps_us``).
-STEPS = ("check", "kernel_crng", "python_random", "numpy_random", "clock", "env", "hostname")
+STEPS = ("check", "kernel_crng", "python_random", "numpy_random", "clock", "env", "hostname", "trust")
 # Debian's line for the machine's own name in /etc/hosts (so sudo and friends resolve it).
 HOSTS_SELF = "127.0.1.1"
 
@@ -119,6 +119,9 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> Rest
     if inputs.hostname is not None:
         set_hostname(inputs.hostname)
     marks.append(time.perf_counter_ns())
+    if inputs.trust is not None:
+        trust_ca(inputs.trust)
+    marks.append(time.perf_counter_ns())
     steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
     # agent_version, capabilities: the host refuses inputs this agent would have ignored
     # (RestoreInputs.needs, protocol.Capabilities).
@@ -138,6 +141,45 @@ def require_python(action: str) -> None:
     """Refuse ``action`` where the agent runs on forkd's runtime: the image has no Python to run it in."""
     if CAP_PYTHON not in capabilities():
         raise RequestError(f"{action}: {CAPABILITIES[CAP_PYTHON].lacking}")
+
+
+# Where the sandbox's egress CA goes (RestoreInputs.trust): its own file, and the end of each
+# trust bundle the image has (Debian/Ubuntu/Alpine, RHEL, Alpine's and BSDs' name), after a mark.
+TRUST_PEM = Path("/etc/ssl/certs/forkd-egress-ca.pem")
+TRUST_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"),
+                 Path("/etc/ssl/cert.pem"))
+TRUST_MARK = "# forkd: this sandbox's egress CA (header rules)\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.forkd")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
+
+
+def trust_ca(pem: str, bundles: tuple[Path, ...] = TRUST_BUNDLES, own: Path = TRUST_PEM) -> Path:
+    """Trust ``pem`` (checked by RestoreInputs): written to ``own``, and put at the end of each
+    bundle the image has in place of what an earlier restore put there (a forked child's parent's
+    CA goes); the agent's environment points the usual variables at the bundle, so what exec and
+    eval start (OpenSSL, Python's ssl, requests, Node) trusts it. Returns the bundle."""
+    own.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(own, pem)
+    done: list[Path] = []
+    for bundle in bundles:
+        if not bundle.exists() or (real := bundle.resolve()) in done:
+            continue
+        text = real.read_text(errors="replace")
+        text = text.split(TRUST_MARK, 1)[0]
+        _write_atomically(real, text + ("" if text.endswith("\n") or not text else "\n") + TRUST_MARK + pem)
+        done.append(real)
+    if not done:  # an image without a trust store: this CA alone is what it trusts
+        bundles[0].parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(bundles[0], TRUST_MARK + pem)
+        done.append(bundles[0])
+    os.environ.update({"SSL_CERT_FILE": str(done[0]), "REQUESTS_CA_BUNDLE": str(done[0]),
+                       "NODE_EXTRA_CA_CERTS": str(own)})
+    return done[0]
 
 
 def set_hostname(name: str, etc: Path = Path("/etc")) -> None:

@@ -9,7 +9,7 @@ fields a controller method does not name itself: it takes them as keyword
 arguments and sends them unchanged.
 """
 
-from typing import Literal, Required, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 
 ApplyRequest = TypedDict('ApplyRequest', {'from': Required[str], 'paths': list[str] | None}, total=False)
@@ -236,6 +236,36 @@ class CompactRequest(TypedDict, total=False):
     """Tag of the new, standalone snapshot; must not exist yet."""
 
 
+class CreateSecretRequest(TypedDict, total=False):
+    """The ``CreateSecretRequest`` schema."""
+
+    name: Required[str]
+    """Its name, as `${secrets.NAME}` will name it."""
+
+    value: Required[str]
+    """Its value: write-only, sealed at rest, never returned or logged."""
+
+    metadata: dict[str, str]
+    """Your own labels, returned as given."""
+
+
+class NetworkTransform(TypedDict, total=False):
+    """The ``NetworkTransform`` schema."""
+
+    headers: dict[str, str]
+    """Headers set on every HTTP request to the rule's host (replacing the guest's of the same name).
+    `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox never holds
+    it.
+    """
+
+
+class NetworkRule(TypedDict, total=False):
+    """The ``NetworkRule`` schema."""
+
+    transform: NetworkTransform | None
+    """What is done to the host's requests."""
+
+
 class NetworkPolicy(TypedDict, total=False):
     """Fine-grained egress (E2B's ``network``): allow-list and deny-list of destinations."""
 
@@ -263,6 +293,14 @@ class NetworkPolicy(TypedDict, total=False):
     mask_request_host: str | None
     """The Host header the sandbox's ports get from the port proxy instead of the client's; `${PORT}`
     stands for the port, e.g. `localhost:${PORT}`.
+    """
+
+    rules: dict[str, list[NetworkRule]]
+    """Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out.
+    HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to
+    trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved;
+    every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers":
+    {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
     """
 
 
@@ -713,6 +751,11 @@ class SandboxNetwork(TypedDict, total=False):
     mask_request_host: str | None
     """The Host header its ports get from the proxy."""
 
+    rules: dict[str, list[dict[str, Any]]]
+    """Its header transforms by host (as given: secrets appear only as their `${secrets.NAME}`
+    placeholders).
+    """
+
 
 class SandboxInfo(TypedDict, total=False):
     """The ``SandboxInfo`` schema."""
@@ -1034,6 +1077,14 @@ class NetworkUpdateRequest(TypedDict, total=False):
     stands for the port, e.g. `localhost:${PORT}`.
     """
 
+    rules: dict[str, list[NetworkRule]]
+    """Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in allow_out.
+    HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is given to
+    trust) so that its requests get the headers and `${secrets.NAME}` placeholders are resolved;
+    every other connection passes untouched. E.g. `{"api.example.com": [{"transform": {"headers":
+    {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}`.
+    """
+
     allow_internet_access: bool
     """Open outbound traffic to the public internet (denied by default): every destination but private,
     link-local, loopback and multicast ranges, the host and other sandboxes. Needs a snapshot with a
@@ -1276,6 +1327,21 @@ class SandboxDiff(TypedDict, total=False):
     """Changed names left out because they are not printable UTF-8."""
 
     elapsed_ms: Required[float]
+
+
+class SecretInfo(TypedDict, total=False):
+    """A secret as every API shows it: never its value."""
+
+    name: Required[str]
+
+    version: Required[int]
+    """1 when made; one more at each new value."""
+
+    metadata: Required[dict[str, str]]
+
+    created_at_unix: Required[float]
+
+    updated_at_unix: Required[float]
 
 
 class SignalRequest(TypedDict, total=False):
@@ -1568,6 +1634,16 @@ class TimeoutRequest(TypedDict, total=False):
     """
 
 
+class UpdateSecretRequest(TypedDict, total=False):
+    """The ``UpdateSecretRequest`` schema."""
+
+    value: str | None
+    """A new value (its version goes up by one)."""
+
+    metadata: dict[str, str] | None
+    """New labels, replacing the old."""
+
+
 class Version(TypedDict, total=False):
     """The ``Version`` schema."""
 
@@ -1825,6 +1901,7 @@ __all__ = [
     "CheckpointPolicyRequest",
     "CodeRequest",
     "CompactRequest",
+    "CreateSecretRequest",
     "CreateSnapshotExtra",
     "CreateSnapshotRequest",
     "CreateVolumeRequest",
@@ -1854,6 +1931,8 @@ __all__ = [
     "NetworkDecision",
     "NetworkLog",
     "NetworkPolicy",
+    "NetworkRule",
+    "NetworkTransform",
     "NetworkUpdateRequest",
     "PingResponse",
     "PoolExtra",
@@ -1871,6 +1950,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxMemory",
     "SandboxNetwork",
+    "SecretInfo",
     "SignalRequest",
     "SignalResponse",
     "SnapshotDetail",
@@ -1883,6 +1963,7 @@ __all__ = [
     "TemplateBuildExtra",
     "TemplateBuildRequest",
     "TimeoutRequest",
+    "UpdateSecretRequest",
     "Version",
     "VolumeAttachment",
     "VolumeExport",
