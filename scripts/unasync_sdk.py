@@ -53,7 +53,7 @@ TWINS: tuple[tuple[Path, Path], ...] = (
     *(
         (SDK / "async_routes" / name, GENERATED / "routes" / name)
         for name in ("__init__.py", "transport.py", "snapshots.py", "sandboxes.py", "processes.py",
-                     "files.py", "forks.py", "pools.py")
+                     "files.py", "forks.py", "pools.py", "secrets.py")
     ),
 )
 

@@ -243,7 +243,8 @@ def test_e2b_network_options_become_the_egress_policy(daemon: Daemon, client: Te
     record = created(daemon, resp)
     assert record.network is not None and record.egress is not None
     assert record.egress.info() == {"allow_internet_access": True, "allow_out": ["192.0.2.7:443"],
-                                    "deny_out": [], "allow_public_traffic": True, "mask_request_host": None}
+                                    "deny_out": [], "allow_public_traffic": True, "mask_request_host": None,
+                                    "rules": {}}
 
 
 @pytest.mark.parametrize(("network", "why"), [
@@ -968,7 +969,7 @@ def test_update_network_replaces_the_egress_and_keeps_the_inbound_settings(
     resp = client.put(f"/sandboxes/{sb}/network", headers=key, json={"denyOut": ["8.8.8.8"]})
     assert resp.status_code == 204, resp.text
     assert egress() == {"allow_internet_access": True, "allow_out": [], "deny_out": ["8.8.8.8"],
-                                    "allow_public_traffic": True, "mask_request_host": None}
+                        "allow_public_traffic": True, "mask_request_host": None, "rules": {}}
     assert client.put(f"/sandboxes/{sb}/network", headers=key,
                       json={"allow_internet_access": False}).status_code == 204
     assert egress()["allow_internet_access"] is False and egress()["deny_out"] == []

@@ -156,6 +156,7 @@ def test_a_name_without_a_rule_is_spliced_untouched_and_placeholders_stay(
             with socket.create_connection(front.sockets[0].getsockname()[:2], timeout=10) as raw, \
                     ctx.wrap_socket(raw, server_hostname="x.cdn.test") as s:
                 s.sendall(b"GET / HTTP/1.1\r\nHost: x.cdn.test\r\nX-T: ${secrets.TOKEN}\r\n\r\n")
+                assert _response(s).endswith(b"ok 1")  # the server has read the request
                 return str(s.getpeercert()["issuer"])
         issuer = await asyncio.to_thread(client)
         front.close()

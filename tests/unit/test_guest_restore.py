@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from forkd.guest.agent import restore
+from forkd.guest.agent import restore, trust
 from forkd.guest.protocol import AGENT_VERSION, RequestError
 
 
@@ -139,7 +139,7 @@ def test_a_ca_to_trust_ends_each_bundle_in_place_of_the_last_one(
     (tmp_path / "etc/ssl/cert.pem").symlink_to(bundle)
     own = certs / "forkd-egress-ca.pem"
     bundles = (bundle, tmp_path / "etc/pki/tls/certs/ca-bundle.crt", tmp_path / "etc/ssl/cert.pem")
-    monkeypatch.setattr(restore, "trust_ca", functools.partial(restore.trust_ca, bundles=bundles, own=own))
+    monkeypatch.setattr(restore, "trust_ca", functools.partial(trust.trust_ca, bundles=bundles, own=own))
     for env in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
         monkeypatch.setenv(env, "recorded")  # so that the test's changes to os.environ are undone
         monkeypatch.delenv(env)
@@ -148,7 +148,7 @@ def test_a_ca_to_trust_ends_each_bundle_in_place_of_the_last_one(
     out = restore.reseed_after_restore({"entropy": "ab" * 32, "trust": child}, {})
     text = bundle.read_text()
     assert text.startswith("-----BEGIN CERTIFICATE-----\nSYSTEM\n")
-    assert text.count(restore.TRUST_MARK) == 1 and text.endswith(child) and parent not in text
+    assert text.count(trust.TRUST_MARK) == 1 and text.endswith(child) and parent not in text
     assert own.read_text() == child and not (tmp_path / "etc/pki").exists()
     assert "trust" in out["steps_us"]
     import os

@@ -128,7 +128,8 @@ def test_everything_the_documented_pattern_allows_parses(text: str) -> None:
 def test_policy_from_request_validates_and_canonicalises() -> None:
     p = EgressPolicy.from_request(None, {"allow_out": ["192.0.2.7:443", "10.0.0.0/8", "192.0.2.7:443"]})
     assert p.info() == {"allow_internet_access": False, "allow_out": ["10.0.0.0/8", "192.0.2.7:443"],
-                        "deny_out": [], "allow_public_traffic": False, "mask_request_host": None}
+                        "deny_out": [], "allow_public_traffic": False, "mask_request_host": None,
+                        "rules": {}}
     assert p == EgressPolicy.from_request(False, {"allow_out": ["10.0.0.0/8", "192.0.2.7:443"]})
     assert EgressPolicy.from_info(p.info()) == p
     assert EgressPolicy.from_request().is_default and not p.is_default
@@ -301,7 +302,7 @@ def test_child_net_round_trips_through_json() -> None:
     assert ChildNet.from_json(json.loads(json.dumps(net.to_json()))) == net
     assert net.info() == {"guest_ip": "172.16.0.2", "host_gateway": "10.201.0.1", "dns": ["10.255.255.53"],
                           "allow_internet_access": True, "allow_out": ["10.0.0.0/8:22"], "deny_out": [],
-                          "allow_public_traffic": False, "mask_request_host": None}
+                          "allow_public_traffic": False, "mask_request_host": None, "rules": {}}
 
 
 def test_the_guest_learns_its_network_from_one_cmdline_word() -> None:

@@ -77,3 +77,21 @@ def test_a_sealed_value_opens_only_under_its_own_name_and_key(tmp_path: Path) ->
     with pytest.raises(CorruptState, match="does not open"):
         SecretBox(tmp_path / "other.key").open("A", row.nonce, row.sealed)
     assert secrets.resolve("NOPE") is None and secrets.resolve("../x") is None
+
+
+def test_the_python_sdk_makes_lists_updates_and_deletes_secrets(api: Daemon) -> None:
+    """The SDK's calls against the real app (its transport is the test client's)."""
+    from forkd.sdk import _calls
+
+    def send(call: _calls.Call) -> object:
+        r = api.client.request(call.method, call.path, json=call.json)
+        assert r.status_code < 300, r.text
+        return r.json() if r.content else None
+
+    made = send(_calls.create_secret("DB_PASS", VALUE, metadata={"env": "ci"}))
+    assert isinstance(made, dict) and made["version"] == 1 and made["metadata"] == {"env": "ci"}
+    assert [s["name"] for s in send(_calls.list_secrets())] == ["DB_PASS"]  # type: ignore[union-attr]
+    assert send(_calls.update_secret("DB_PASS", value="v2", metadata=None))["version"] == 2  # type: ignore[index]
+    assert send(_calls.get_secret("DB_PASS"))["version"] == 2  # type: ignore[index]
+    send(_calls.delete_secret("DB_PASS"))
+    assert send(_calls.list_secrets()) == []

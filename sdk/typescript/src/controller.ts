@@ -31,6 +31,7 @@ import type {
   CheckpointList,
   CheckpointOptions,
   CreateSnapshotOptions,
+  CreateSecretOptions,
   CreateVolumeOptions,
   ExportVolumeOptions,
   CreateWorkspaceOptions,
@@ -58,6 +59,8 @@ import type {
   PullResult,
   VolumeExport,
   VolumeInfo,
+  SecretInfo,
+  UpdateSecretOptions,
   WorkspaceInfo,
   PushResult,
   SandboxInfo,
@@ -655,6 +658,44 @@ export class Controller {
   /** `DELETE /v1/volumes/{name}`: 409 while a snapshot attaches it. */
   async deleteVolume(name: string): Promise<void> {
     await this.#http.json({ method: "DELETE", path: `/v1/volumes/${seg(name)}` });
+  }
+
+  // -------------------------------------------------------------- secrets
+
+  /**
+   * `POST /v1/secrets`: a write-only secret; `${secrets.NAME}` in a request to a host with a
+   * header rule (`network.rules`) becomes its value at egress, outside the sandbox.
+   */
+  createSecret(name: string, value: string, options: CreateSecretOptions = {}): Promise<SecretInfo> {
+    return this.#http.json({
+      method: "POST",
+      path: "/v1/secrets",
+      json: toWire("CreateSecretRequest", { ...options, name, value }),
+    });
+  }
+
+  /** `GET /v1/secrets`: names, versions and labels (never a value). */
+  listSecrets(): Promise<SecretInfo[]> {
+    return this.#http.json({ method: "GET", path: "/v1/secrets" });
+  }
+
+  /** `GET /v1/secrets/{name}`. */
+  getSecret(name: string): Promise<SecretInfo> {
+    return this.#http.json({ method: "GET", path: `/v1/secrets/${seg(name)}` });
+  }
+
+  /** `PUT /v1/secrets/{name}`: a new value (its version goes up) or new labels. */
+  updateSecret(name: string, options: UpdateSecretOptions): Promise<SecretInfo> {
+    return this.#http.json({
+      method: "PUT",
+      path: `/v1/secrets/${seg(name)}`,
+      json: toWire("UpdateSecretRequest", options),
+    });
+  }
+
+  /** `DELETE /v1/secrets/{name}`. */
+  async deleteSecret(name: string): Promise<void> {
+    await this.#http.json({ method: "DELETE", path: `/v1/secrets/${seg(name)}` });
   }
 
   // -------------------------------------------------------------- workspaces

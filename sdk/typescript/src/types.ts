@@ -11,6 +11,7 @@ import type {
   CheckpointPolicyRequestOptions,
   CodeRequestOptions,
   CreateSnapshotRequestOptions,
+  CreateSecretRequestOptions,
   CreateVolumeRequestOptions,
   ExportVolumeRequestOptions,
   CreateWorkspaceRequestOptions,
@@ -26,6 +27,7 @@ import type {
   PushRequestOptions,
   SpawnRequestOptions,
   SuspendWorkspaceRequestOptions,
+  UpdateSecretRequestOptions,
 } from "./generated/options.js";
 import type { components } from "./generated/schema.js";
 
@@ -62,6 +64,7 @@ export type PushResult = Schemas["PushResult"];
 export type PullResult = Schemas["PullResult"];
 export type WorkspaceInfo = Schemas["WorkspaceInfo"];
 export type VolumeInfo = Schemas["VolumeInfo"];
+export type SecretInfo = Schemas["SecretInfo"];
 export type VolumeExport = Schemas["VolumeExport"];
 export type FileInfo = Schemas["FileInfo"];
 export type FileList = Schemas["FileList"];
@@ -269,6 +272,12 @@ export type CreateVolumeOptions = Omit<CreateVolumeRequestOptions, "name">;
 
 /** `POST /v1/volumes/{name}/export` (the name and the directory are arguments). */
 export type ExportVolumeOptions = Omit<ExportVolumeRequestOptions, "to">;
+
+/** `POST /v1/secrets` (the name and the value are arguments). */
+export type CreateSecretOptions = Omit<CreateSecretRequestOptions, "name" | "value">;
+
+/** `PUT /v1/secrets/{name}`: a new value, new labels, or both. */
+export type UpdateSecretOptions = UpdateSecretRequestOptions;
 
 /** `POST /v1/workspaces/{name}/suspend`. */
 export type SuspendWorkspaceOptions = SuspendWorkspaceRequestOptions;

@@ -209,6 +209,18 @@ const SENDERS: Record<string, (schema: string) => Promise<void>> = {
     await ctrl.exportVolume("v", args.to, options);
     assert.deepEqual(bodies[0]?.body, body);
   },
+  CreateSecretRequest: async (schema) => {
+    const { options, body, args } = split(schema, ["name", "value"]);
+    const { ctrl, bodies } = recorder();
+    await ctrl.createSecret(args.name, args.value, options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
+  UpdateSecretRequest: async (schema) => {
+    const { options, body } = split(schema, []);
+    const { ctrl, bodies } = recorder();
+    await ctrl.updateSecret("S", options);
+    assert.deepEqual(bodies[0]?.body, body);
+  },
   CreateWorkspaceRequest: async (schema) => {
     const { options, body, args } = split(schema, ["name", "snapshot_tag"]);
     const { ctrl, bodies } = recorder();

@@ -35,7 +35,8 @@ E2B_ONLY_FIELDS = ("auto_resume", "hibernate_on_timeout_memory")
 # The request fields that are guest inputs (``SpawnOptions.guest``): every RestoreInputs field but
 # env, which is a spawn's own (merged per child with child_env), and trust, which the daemon sets
 # (the sandbox's egress CA; no request may name what a guest trusts).
-GUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RestoreInputs) if f.name not in ("env", "trust"))
+GUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RestoreInputs)
+                     if f.name != "env" and f.name not in RestoreInputs.DAEMON_ONLY)
 
 
 def option_names() -> set[str]:

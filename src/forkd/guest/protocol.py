@@ -424,6 +424,8 @@ class RestoreInputs:
 
     # The capability an agent needs to apply a field (others ignore it): refused on one without it.
     CAPABILITIES: ClassVar[dict[str, str]] = {"hostname": CAP_RESTORE_HOSTNAME, "trust": CAP_RESTORE_TRUST}
+    # Fields only the daemon sets (no request may name what a guest trusts).
+    DAEMON_ONLY: ClassVar[tuple[str, ...]] = ("trust",)
 
     def __post_init__(self) -> None:
         check_env(self.env)

@@ -12,6 +12,7 @@ from forkd.sdk.async_routes.forks import AsyncForkRoutes
 from forkd.sdk.async_routes.pools import AsyncPoolRoutes
 from forkd.sdk.async_routes.processes import AsyncProcessRoutes
 from forkd.sdk.async_routes.sandboxes import AsyncSandboxRoutes
+from forkd.sdk.async_routes.secrets import AsyncSecretRoutes
 from forkd.sdk.async_routes.snapshots import AsyncSnapshotRoutes
 
 __all__ = ["DEFAULT_WAIT_SECS", "UPLOAD_PIECE", "AsyncController", "Progress"]
@@ -24,6 +25,7 @@ class AsyncController(
     AsyncFileRoutes,
     AsyncForkRoutes,
     AsyncPoolRoutes,
+    AsyncSecretRoutes,
 ):
     """Talks to a forkd daemon over its REST API (v1).
 

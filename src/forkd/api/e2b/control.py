@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forkd.api.e2b import sandbox_routes, snapshots, template_tags, templates
+from forkd.api.e2b import sandbox_routes, secrets, snapshots, template_tags, templates
 from forkd.api.e2b.deps import LiveRuntime
 from forkd.api.e2b.errors import E2BError, rest_body
 from forkd.api.e2b.inputs import UNSUPPORTED
@@ -73,6 +73,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     app.include_router(template_tags.router)  # Template.assign_tags, remove_tags, get_tags
     app.include_router(sandbox_routes.router)
     app.include_router(snapshots.router)  # create_snapshot, list_snapshots, delete_snapshot
+    app.include_router(secrets.router)  # Secret.create, list, get_info, update, destroy
     # Everything else the SDK can call: 501 in its shape (see _http_error).
     return app
 

@@ -57,7 +57,7 @@ def given(value: object) -> bool:
 
 # Fields of E2B's network config that forkd does not serve: accepted when empty (the SDK may
 # send them so), refused otherwise.
-_E2B_NETWORK_UNSERVED = frozenset({"dnsServers", "egressProxy", "httpsPorts", "rules"})
+_E2B_NETWORK_UNSERVED = frozenset({"dnsServers", "egressProxy", "httpsPorts"})
 
 
 def network(raw: object) -> dict[str, Any]:
@@ -68,8 +68,9 @@ def network(raw: object) -> dict[str, Any]:
         raw = {}
     if not isinstance(raw, dict):
         raise E2BError(400, "network must be an object")
+    # ``rules`` has the same shape in both ({host: [{"transform": {"headers": {...}}}]}).
     served = {"allowOut": "allow_out", "denyOut": "deny_out", "allowPublicTraffic": "allow_public_traffic",
-              "maskRequestHost": "mask_request_host"}
+              "maskRequestHost": "mask_request_host", "rules": "rules"}
     # A key outside E2B's schema is refused rather than skipped: a misspelled restriction
     # (``allow_public_traffic: false``, snake_case, which neither SDK sends) must never leave
     # the sandbox with a looser policy than its creator asked for.
@@ -79,12 +80,12 @@ def network(raw: object) -> dict[str, Any]:
         camel = "".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))
         hint = f" (E2B's API spells it {camel})" if camel in served else ""
         raise E2BError(400, f"network.{name} is not a field of E2B's network{hint}: forkd takes allowOut, "
-                       "denyOut, allowPublicTraffic and maskRequestHost")
+                       "denyOut, allowPublicTraffic, maskRequestHost and rules")
     other = sorted(k for k, v in raw.items() if k not in served and v not in (None, False, [], {}))
     if other:
         raise E2BError(400, f"network.{other[0]} is not supported by forkd (allowOut and denyOut, as "
-                       "IPv4 networks or DNS names with optional ports, allowPublicTraffic and "
-                       "maskRequestHost; "
+                       "IPv4 networks or DNS names with optional ports, allowPublicTraffic, "
+                       "maskRequestHost and rules with header transforms; "
                        f"{UNSUPPORTED})")
     ours = {ours: raw[theirs] for theirs, ours in served.items() if raw.get(theirs) is not None}
     ours.setdefault("allow_public_traffic", True)

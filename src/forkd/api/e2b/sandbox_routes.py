@@ -247,10 +247,9 @@ async def update_network(sandbox_id: str, request: Request, rt: RuntimeDep) -> R
     allow = body.pop("allow_internet_access", None)
     if allow is not None and not isinstance(allow, bool):
         raise E2BError(400, "allow_internet_access must be true or false")
-    for name in ("egressProxy", "rules"):
-        if body.get(name) not in (None, {}):
-            raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
-        body.pop(name, None)
+    if body.get("egressProxy") not in (None, {}):
+        raise E2BError(400, f"egressProxy is not supported by forkd ({UNSUPPORTED})")
+    body.pop("egressProxy", None)
     current = rt.describe_sandbox(sandbox_id)["egress"]
     network = inputs.network(body)
     network.update({k: current[k] for k in ("allow_public_traffic", "mask_request_host")})

@@ -14,6 +14,7 @@ from forkd.sdk._generated.routes.forks import ForkRoutes
 from forkd.sdk._generated.routes.pools import PoolRoutes
 from forkd.sdk._generated.routes.processes import ProcessRoutes
 from forkd.sdk._generated.routes.sandboxes import SandboxRoutes
+from forkd.sdk._generated.routes.secrets import SecretRoutes
 from forkd.sdk._generated.routes.snapshots import SnapshotRoutes
 
 __all__ = ["DEFAULT_WAIT_SECS", "UPLOAD_PIECE", "Controller", "Progress"]
@@ -26,6 +27,7 @@ class Controller(
     FileRoutes,
     ForkRoutes,
     PoolRoutes,
+    SecretRoutes,
 ):
     """Talks to a forkd daemon over its REST API (v1).
 
