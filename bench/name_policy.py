@@ -20,10 +20,13 @@ a name policy of the same size:
 
   first TLS   a TLS connection (connect, handshake, one request and its answer) to a server on
   connection  the sandboxes' gateway, from each sandbox's namespace: straight (what an address
-              rule lets through) and through the sandbox's inspector (its SNI read and checked,
-              the original destination dialled from the namespace, the bytes spliced); and the
-              CPU each took (client, server and inspector are all this process). The inspector
-              is reached on loopback here, as nft's redirect of a guest's packet needs a guest.
+              rule lets through), through the sandbox's inspector (its SNI read and checked, the
+              original destination dialled from the namespace, the bytes spliced), and through
+              the inspector for a host with a header rule (TLS terminated with the sandbox's CA,
+              the request read and rewritten with a secret put in, TLS to the server verified);
+              and the CPU each took (client, server and inspector are all this process). The
+              inspector is reached on loopback here, as nft's redirect of a guest's packet needs
+              a guest.
 
 Names are answered from a hosts file (``FORKD_DNS_HOSTS``): nothing leaves the host.
 Needs root. Prints a table and writes bench/results/name_policy.json.
@@ -42,7 +45,6 @@ import resource
 import shutil
 import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,10 +58,11 @@ import dns.rcode
 from common import scratch_data
 from forkd.controller.network import Networks
 from forkd.controller.runtime import Runtime
-from forkd.host import childnet, dnsguard, netplan
+from forkd.host import childnet, dnsguard, egress_tls, netplan
 from forkd.host import netns as netns_mod
 from forkd.host.egress import EgressPolicy
-from forkd.host.egress_inspect import Inspector
+from forkd.host.egress_inspect import Inspector, ServeFn
+from forkd.host.egress_tls import SandboxCA
 from forkd.host.netplan import ChildNet
 from network_setup import ms, timed
 
@@ -68,6 +71,9 @@ ENTRIES = 16
 ADDRESSES = EgressPolicy.from_request(None, {"allow_out": [f"10.201.0.1:{8000 + i}" for i in range(ENTRIES)]})
 NAMES = EgressPolicy.from_request(None, {"allow_out": [f"n{i}.bench.test:443" for i in range(ENTRIES - 1)]
                                          + ["*.cdn.bench.test:443"]})
+# The same, with a header rule (a secret put in) on the CDN's names: their TLS is intercepted.
+RULES = EgressPolicy.from_request(None, {"allow_out": [str(e) for e in NAMES.allow_out], "rules": {
+    "*.cdn.bench.test": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.TOKEN}"}}}]}})
 
 
 def rss_kib() -> int:
@@ -99,15 +105,13 @@ async def ask(net: ChildNet, name: str) -> tuple[int, float]:
     return dns.message.from_wire(reply).rcode(), secs
 
 
-def self_signed(folder: Path) -> ssl.SSLContext:
-    """The bench server's TLS context: a throwaway self-signed certificate (openssl's CLI)."""
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                    "-nodes", "-days", "1", "-subj", "/CN=x0.cdn.bench.test", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    return ctx
+def server_tls(folder: Path) -> ssl.SSLContext:
+    """The bench server's TLS context: a certificate for ``*.cdn.bench.test`` from a throwaway CA,
+    which the daemon's side is told to trust (``FORKD_EGRESS_CA_FILE``) for the intercepted runs."""
+    ca = SandboxCA.make("bench upstream")
+    (folder / "upstream-ca.pem").write_text(ca.pem)
+    os.environ[egress_tls.CA_FILE_ENV] = str(folder / "upstream-ca.pem")
+    return ca.server_context("*.cdn.bench.test")
 
 
 async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -122,12 +126,13 @@ CLIENT_TLS.check_hostname = False
 CLIENT_TLS.verify_mode = ssl.CERT_NONE  # the bench's throwaway certificate; nothing is checked by it
 
 
-async def tls_request(sock: socket.socket, dst: tuple[str, int], name: str) -> float:
+async def tls_request(sock: socket.socket, dst: tuple[str, int], name: str,
+                      header: str = "") -> float:
     """Seconds from connect to the answer of one request over TLS (``sock``: unconnected)."""
     t = time.perf_counter()
     await asyncio.get_running_loop().sock_connect(sock, dst)
     r, w = await asyncio.open_connection(sock=sock, ssl=CLIENT_TLS, server_hostname=name)
-    w.write(f"GET / HTTP/1.1\r\nHost: {name}\r\n\r\n".encode())
+    w.write(f"GET / HTTP/1.1\r\nHost: {name}\r\n{header}\r\n".encode())
     await w.drain()
     got = await asyncio.wait_for(r.read(), 10)
     secs = time.perf_counter() - t
@@ -138,7 +143,7 @@ async def tls_request(sock: socket.socket, dst: tuple[str, int], name: str) -> f
 
 async def first_connections(named: list[ChildNet], gateway: str, folder: Path) -> dict[str, Any]:
     """Each sandbox's first TLS connection to a server on the gateway, straight and inspected."""
-    server = await asyncio.start_server(answer, gateway, 0, ssl=self_signed(folder))
+    server = await asyncio.start_server(answer, gateway, 0, ssl=server_tls(folder))
     dst = (gateway, server.sockets[0].getsockname()[1])
     straight, inspected = [], []
     cpu0 = cpu_s()
@@ -158,14 +163,40 @@ async def first_connections(named: list[ChildNet], gateway: str, folder: Path) -
         name = f"x{i}.cdn.bench.test"
         inspected.append(await tls_request(client, front.sockets[0].getsockname()[:2], name))
         front.close()
-    refused = sum(1 for e in log if not e[2])
     cpu2 = cpu_s()
+    rule = RULES.rule_for("x0.cdn.bench.test")
+    assert rule is not None
+    intercepted = []
+    for i, net in enumerate(named):
+        ca = SandboxCA.make(f"bench {i}")  # each sandbox's own, as the daemon makes it
+
+        def serve_for(name: str, tls: bool, netns: str = net.netns, ca: SandboxCA = ca) -> ServeFn:
+            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, head: bytes,
+                            to: tuple[str, int]) -> tuple[bool, str]:
+                done = await egress_tls.intercept(r, w, head, tls=tls, name=name, dst=to, rule=rule, ca=ca,
+                                                  resolve={"TOKEN": "bench-secret"}.get,
+                                                  dial=dnsguard.dial_from(netns))
+                return done.refused is None, done.refused or "intercepted"
+            return serve
+
+        inspector = Inspector(lambda name, _d: RULES.allows_connection(name, 443), lambda *e: log.append(e),
+                              destination=lambda _s: dst, intercept=serve_for)
+        front = await asyncio.start_server(inspector.handle, "127.0.0.1", 0)
+        client = socket.socket()
+        client.setblocking(False)
+        intercepted.append(await tls_request(client, front.sockets[0].getsockname()[:2],
+                                             f"x{i}.cdn.bench.test", "X-Token: ${secrets.TOKEN}\r\n"))
+        front.close()
+    cpu3 = cpu_s()
     server.close()
-    assert refused == 0
+    refused = [e for e in log if not e[2]]
+    assert not refused, refused[:3]
     n = len(named)
     return {"first_tls_straight": ms(straight), "first_tls_inspected": ms(inspected),
+            "first_tls_intercepted": ms(intercepted),
             "cpu_ms_per_tls_straight": round((cpu1 - cpu0) / n * 1000, 2),
-            "cpu_ms_per_tls_inspected": round((cpu2 - cpu1) / n * 1000, 2)}
+            "cpu_ms_per_tls_inspected": round((cpu2 - cpu1) / n * 1000, 2),
+            "cpu_ms_per_tls_intercepted": round((cpu3 - cpu2) / n * 1000, 2)}
 
 
 async def make(networks: Networks, policy: EgressPolicy, children: int, tag: str,
@@ -237,6 +268,9 @@ def table(r: dict[str, Any]) -> str:
         f"p50 {r['first_tls_straight']['p50_ms']} | {r['first_tls_inspected']['p50_ms']} ms, "
         f"p95 {r['first_tls_straight']['p95_ms']} | {r['first_tls_inspected']['p95_ms']} ms, "
         f"CPU {r['cpu_ms_per_tls_straight']} | {r['cpu_ms_per_tls_inspected']} ms",
+        f"first TLS connection intercepted for a header rule (a secret put in): "
+        f"p50 {r['first_tls_intercepted']['p50_ms']} ms, p95 {r['first_tls_intercepted']['p95_ms']} ms, "
+        f"CPU {r['cpu_ms_per_tls_intercepted']} ms",
     ])
 
 

@@ -1011,6 +1011,8 @@ BEYOND_THE_SCHEMA = (
     r"two volumes are mounted at the same path",  # unique mounts across a list's items
     r"holds more than fits in a volume", r"has more than \d+ files and directories",  # a source's size
     r"^setup_eval .* failed: ", r"^setup command .* failed with exit code",  # the guest ran the code
+    r"a rule opens nothing on its own",  # a rule's host must be one of the same request's allow_out
+    r"network\.rules\[.*\]: at most \d+ headers",  # a host's rules' headers, merged
 )
 
 

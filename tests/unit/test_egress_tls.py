@@ -256,3 +256,24 @@ def test_rules_are_bounded_and_must_name_an_allowed_host() -> None:
         with pytest.raises(InvalidRequest, match=words.replace("(", r"\(").replace("{", r"\{")):
             policy(bad)
     assert policy({"*.cdn.test": [{}]}, ["*.cdn.test"]).rule_for("a.cdn.test") is not None
+
+
+def test_request_bodies_held_at_once_are_bounded_across_the_daemon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the daemon-wide budget a request is 503, and what it held is given back."""
+    monkeypatch.setenv(egress_tls.CA_FILE_ENV, str(tmp_path / "test-ca.pem"))
+    monkeypatch.setattr(egress_tls, "BODIES", egress_tls._Budget(2048))
+    upstream = Upstream()
+
+    async def go() -> list[bytes]:
+        server, front, ca, _log = await _setup(tmp_path, upstream)
+        egress_tls.BODIES.used = 1024  # another connection's body, held meanwhile
+        got = await asyncio.to_thread(_client, front, ca, "api.test", [
+            b"POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000])
+        egress_tls.BODIES.give(1024)
+        front.close()
+        server.close()
+        return got
+
+    assert asyncio.run(go())[0].startswith(b"HTTP/1.1 503")
+    assert upstream.requests == [] and egress_tls.BODIES.used == 0

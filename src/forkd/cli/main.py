@@ -34,6 +34,7 @@ from forkd.cli.context import CliState
 from forkd.cli.image import image_app
 from forkd.cli.mcp import mcp as mcp_cmd
 from forkd.cli.netlog import network_app
+from forkd.cli.secrets import secret_app
 from forkd.cli.templates import template_app
 from forkd.cli.volumes import volume_app
 from forkd.cli.workspaces import workspace_app
@@ -121,6 +122,7 @@ app.command("kill-proc")(processes.kill_proc)
 app.command("pool")(pools.pool)
 app.add_typer(workspace_app, name="workspace")
 app.add_typer(volume_app, name="volume")
+app.add_typer(secret_app, name="secret")
 app.add_typer(template_app, name="template")
 app.add_typer(network_app, name="network")
 app.command("pack")(travel.pack)

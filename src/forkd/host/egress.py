@@ -86,6 +86,8 @@ MAX_NAME_CHARS = 253  # RFC 1035, without the wildcard's "*."
 # promise names longer than any the daemon takes.
 ENTRY_SHAPE = rf"({_ADDRESS}|{_NAME})(:{_PORT}(-{_PORT})?)?"
 ENTRY_PATTERN = rf"^(?=(?:\*\.)?[^:]{{1,{MAX_NAME_CHARS}}}(?::|$)){ENTRY_SHAPE}$"
+# A rule's host: a DNS name or *.name, without a port (``_rules`` checks it with NameDestination).
+RULE_HOST_PATTERN = rf"^(?=(?:\*\.)?[^:]{{1,{MAX_NAME_CHARS}}}$){_NAME}$"
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ from forkd.host.egress import HostRule
 
 CA_FILE_ENV = "FORKD_EGRESS_CA_FILE"
 MAX_BODY = 1 << 20  # a request body read to resolve placeholders in it; larger: 413
+# What every intercepted connection of the daemon may hold of request bodies at once (64 at most a
+# sandbox, each up to MAX_BODY, times many sandboxes would be the host's memory): past it, 503.
+BODY_BUDGET = 64 << 20
 MAX_LEAVES = 64  # leaf contexts cached per sandbox
 CHUNK = 65536
 IDLE_SECS = 120.0  # a connection with no request or response bytes for this long is closed
@@ -225,6 +228,25 @@ class _Plain:
         await self._writer.drain()
 
 
+class _Budget:
+    """Bytes held across the daemon's intercepted connections (one event loop: no lock needed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+BODIES = _Budget(BODY_BUDGET)
+
+
 @dataclass
 class Outcome:
     """What an intercepted connection did: for the sandbox's network log (names, never values)."""
@@ -326,22 +348,28 @@ async def _relay(guest: _TlsServerSide | _Plain, first: bytes, up_r: asyncio.Str
                 up_w.write(data)
         await up_w.drain()
 
+    async def refuse(status: int, why: str) -> None:
+        await to_guest(h11.Response(status_code=status, headers=[(b"Content-Length", b"0"),
+                                                                 (b"Connection", b"close")]),
+                       h11.EndOfMessage())
+        outcome.refused = why
+
     while True:
         request = await _next_event(server, guest)
         if not isinstance(request, h11.Request):
             return  # the guest closed between requests
         body = b""
-        while not isinstance(event := await _next_event(server, guest), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > MAX_BODY:
-                    await to_guest(h11.Response(status_code=413, headers=[(b"Content-Length", b"0"),
-                                                                           (b"Connection", b"close")]),
-                                   h11.EndOfMessage())
-                    outcome.refused = f"a request body over {MAX_BODY} bytes"
+        try:
+            while not isinstance(event := await _next_event(server, guest), h11.EndOfMessage):
+                if not isinstance(event, h11.Data):
                     return
-            elif not isinstance(event, h11.EndOfMessage):
-                return
+                if len(body) + len(event.data) > MAX_BODY:
+                    return await refuse(413, f"a request body over {MAX_BODY} bytes")
+                if not BODIES.take(len(event.data)):
+                    return await refuse(503, "the daemon holds as many request bodies as it may at once")
+                body += event.data
+        finally:
+            BODIES.give(len(body))
         body = resolve_placeholders(body, resolve, outcome)
         has_body = bool(body) or any(k.lower() in (b"content-length", b"transfer-encoding")
                                      for k, _ in request.headers)

@@ -4,6 +4,7 @@ the lenient response base, and the egress policy both sides speak."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -27,6 +28,7 @@ from forkd.host.egress import (
     MAX_RULE_HEADERS,
     MAX_RULE_HOSTS,
     MAX_RULES_PER_HOST,
+    RULE_HOST_PATTERN,
     parse_entry,
 )
 
@@ -175,12 +177,22 @@ EGRESS_ENTRY_HELP = ("an IPv4 address or CIDR, or a DNS name (`*.` for every nam
 
 HeaderName = Annotated[str, StringConstraints(pattern=HEADER_NAME_PATTERN)]
 HeaderValue = Annotated[str, StringConstraints(max_length=MAX_HEADER_VALUE_CHARS, pattern=r"^[^\r\n\x00]*$")]
-RuleHost = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS)]
+def _rule_host(value: str) -> str:
+    if not re.fullmatch(RULE_HOST_PATTERN, value):
+        raise ValueError(f"a rule's host is a DNS name or *.name without a port, not {value[:64]!r}")
+    return value
+
+
+# As EgressEntry: the pattern (with a look-ahead pydantic's regex lacks) documented, checked here.
+RuleHost = Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_EGRESS_ENTRY_CHARS),
+                     AfterValidator(_rule_host), Field(json_schema_extra={"pattern": RULE_HOST_PATTERN})]
+# A dict whose keys have a pattern is drawn with patternProperties: closed to other keys, as validated.
+_ONLY_PATTERNED_KEYS: dict[str, Any] = {"additionalProperties": False}
 
 
 class NetworkTransform(RequestModel):
     headers: dict[HeaderName, HeaderValue] = Field(
-        default_factory=dict, max_length=MAX_RULE_HEADERS,
+        default_factory=dict, max_length=MAX_RULE_HEADERS, json_schema_extra=_ONLY_PATTERNED_KEYS,
         description="Headers set on every HTTP request to the rule's host (replacing the guest's of the "
         "same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox "
         "never holds it.",
@@ -214,7 +226,7 @@ class NetworkPolicy(RequestModel):
         "`${PORT}` stands for the port, e.g. `localhost:${PORT}`.",
     )
     rules: dict[RuleHost, Annotated[list[NetworkRule], Field(max_length=MAX_RULES_PER_HOST)]] = Field(
-        default_factory=dict, max_length=MAX_RULE_HOSTS,
+        default_factory=dict, max_length=MAX_RULE_HOSTS, json_schema_extra=_ONLY_PATTERNED_KEYS,
         description="Header transforms (E2B's `rules`), by host: a DNS name or `*.name` that is also in "
         "allow_out. HTTPS to such a host is intercepted with the sandbox's own CA (which its guest is "
         "given to trust) so that its requests get the headers and `${secrets.NAME}` placeholders are "
