@@ -122,6 +122,10 @@ def test_a_rule_sets_its_headers_and_secrets_are_put_in_at_egress(
             b"POST /v1/x HTTP/1.1\r\nHost: api.test\r\nAuthorization: guest's own\r\n"
             b"X-Echo: ${secrets.TOKEN}\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
             b"GET /two HTTP/1.1\r\nHost: api.test\r\nX-Missing: ${secrets.NOPE}\r\n\r\n"])
+        for _ in range(500):  # the connection is logged once the inspector has seen it close
+            if log:
+                break
+            await asyncio.sleep(0.01)
         front.close()
         server.close()
         return got, log
@@ -256,6 +260,8 @@ def test_rules_are_bounded_and_must_name_an_allowed_host() -> None:
         with pytest.raises(InvalidRequest, match=words.replace("(", r"\(").replace("{", r"\{")):
             policy(bad)
     assert policy({"*.cdn.test": [{}]}, ["*.cdn.test"]).rule_for("a.cdn.test") is not None
+    assert policy({"*.cdn.test": [{}]}, ["*.cdn.test:443"]).rules  # the entry's ports do not matter
+    assert policy({"a.cdn.test": [{}]}, ["*.cdn.test:443"]).rules  # a name the wildcard opens
 
 
 def test_request_bodies_held_at_once_are_bounded_across_the_daemon(
@@ -277,3 +283,35 @@ def test_request_bodies_held_at_once_are_bounded_across_the_daemon(
 
     assert asyncio.run(go())[0].startswith(b"HTTP/1.1 503")
     assert upstream.requests == [] and egress_tls.BODIES.used == 0
+
+
+def test_a_server_that_closes_after_its_response_closes_the_guests_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As without the daemon in between: a client reading to the end gets its end."""
+    monkeypatch.setenv(egress_tls.CA_FILE_ENV, str(tmp_path / "test-ca.pem"))
+
+    class Closing(Upstream):
+        async def handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await w.drain()
+            w.close()
+
+    async def go() -> bytes:
+        server, front, ca, _log = await _setup(tmp_path, Closing())
+
+        def client() -> bytes:
+            ctx = ssl.create_default_context(cadata=ca.pem)
+            with socket.create_connection(front.sockets[0].getsockname()[:2], timeout=10) as raw, \
+                    ctx.wrap_socket(raw, server_hostname="api.test") as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n")
+                got = b""
+                while chunk := s.recv(65536):  # to the end: times out if the end never comes
+                    got += chunk
+                return got
+        got = await asyncio.to_thread(client)
+        front.close()
+        server.close()
+        return got
+
+    assert asyncio.run(go()).endswith(b"\r\n\r\nok")

@@ -210,15 +210,17 @@ def _rules(raw: object, allow_out: tuple[Entry, ...]) -> tuple[HostRule, ...]:
         raise InvalidRequest(f'network.rules must be an object of at most {MAX_RULE_HOSTS} hosts, like '
                              '{"api.example.com": [{"transform": {"headers": {"Authorization": '
                              '"Bearer ${secrets.API_TOKEN}"}}}]}')
-    names = {str(e) for e in allow_out if isinstance(e, NameDestination)}
+    # The names allow_out opens, whatever their ports: a rule applies on each of them.
+    names = {(e.name, e.wildcard) for e in allow_out if isinstance(e, NameDestination)}
     out: list[HostRule] = []
     for host, rules in raw.items():
         where = f"network.rules[{str(host)[:64]!r}]"
         entry = parse_entry(host, where)
         if not isinstance(entry, NameDestination) or entry.first_port is not None:
             raise InvalidRequest(f"{where}: a rule's host is a DNS name (or *.name), without a port")
-        if str(entry) not in names and not any(isinstance(e, NameDestination) and e.matches(entry.name)
-                                               and not entry.wildcard for e in allow_out):
+        if (entry.name, entry.wildcard) not in names and not any(
+                isinstance(e, NameDestination) and e.matches(entry.name) and not entry.wildcard
+                for e in allow_out):
             raise InvalidRequest(f"{where}: a rule opens nothing on its own; add {str(entry)!r} to "
                                  "network.allow_out too")
         if not isinstance(rules, list) or len(rules) > MAX_RULES_PER_HOST:
