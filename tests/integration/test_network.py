@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import zstandard
 
 from forkd.api.app import create_app
 from forkd.api.settings import Settings
@@ -38,7 +40,7 @@ from forkd.config import DataDir
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime
 from forkd.errors import InvalidRequest
-from forkd.host import childnet, dnsguard, egress_tls, netplan
+from forkd.host import childnet, dnsguard, egress_tls, memdiff, netplan
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import SandboxRecord
 
@@ -576,6 +578,29 @@ def _files_holding(root: Path, needle: bytes) -> list[str]:
     return found
 
 
+def _saved_memory_holding(root: Path, needle: bytes) -> list[str]:
+    """The hibernation memory diffs under ``root`` (host/memdiff.py: a header, its runs, one zstd
+    frame of pages) whose pages, decompressed, hold ``needle``."""
+    found = []
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        with path.open("rb") as f:
+            head = f.read(32)
+            if head[:8] != memdiff.MAGIC:
+                continue
+            n_runs = struct.unpack_from("<I", head, 20)[0]
+            f.seek(32 + 16 * n_runs)
+            reader = zstandard.ZstdDecompressor().stream_reader(f)
+            tail = b""
+            while chunk := reader.read(1 << 22):
+                if needle in tail + chunk:
+                    found.append(str(path))
+                    break
+                tail = chunk[-len(needle):]
+    return found
+
+
 def test_header_rules_put_secrets_in_at_egress_and_no_sandbox_holds_them(
         env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A rule's headers are set on HTTPS to its host and ``${secrets.NAME}`` becomes the secret at
@@ -624,6 +649,16 @@ def test_header_rules_put_secrets_in_at_egress_and_no_sandbox_holds_them(
         assert _files_holding(env.data.root, secret.encode()) == []
         assert secret not in caplog.text
         env.loop.run(env.rt.delete_snapshot(snap.tag))
+
+        # Hibernated (its changed memory to disk, the control string among it), then woken with its
+        # CA (kept beside its lease): no trace either, and the rule still applies after the wake.
+        env.loop.run(env.rt.hibernation.hibernate(sb.id))
+        assert _saved_memory_holding(env.data.root, marker.encode())  # the control, in its saved pages
+        assert _saved_memory_holding(env.data.root, secret.encode()) == []
+        assert _files_holding(env.data.root, secret.encode()) == []
+        assert env.loop.run(env.rt.hibernation.wake(sb.id))
+        res = env.loop.run(env.rt.exec(sb.id, curl, timeout_secs=30))
+        assert res["exit_code"] == 0 and f"bearer {secret}" in tls.requests[-1].decode().lower(), res
 
         # A fork's child trusts its own CA (its parent's gone from its bundle) and gets the rule.
         forked = env.loop.run(env.rt.fork(sb.id, 1, ForkOptions.from_request({"network": network})))
