@@ -699,6 +699,13 @@ def test_sdk_sends_egress_only_when_it_opens_something() -> None:
     snap = _calls.create_snapshot("py-net", kernel=None, rootfs=None, boot_wait_secs=None, image=None,
                                   mem_mib=None, vcpus=None, warm_imports=None, setup=None, extra={}, nic=True)
     assert snap.json == {"tag": "py-net", "nic": True}
+    # The rest of the policy goes as given: the port proxy's setting, header rules.
+    rules = {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.T}"}}}]}
+    ruled = _calls.spawn_sandboxes("py", n=1, per_child_netns=False, memory_limit_mib=None, live_fork=False,
+                                   network={"allow_out": ["api.example.com"], "allow_public_traffic": True,
+                                            "rules": rules})
+    assert ruled.json is not None and ruled.json["network"] == {
+        "allow_out": ["api.example.com"], "allow_public_traffic": True, "rules": rules}
 
 
 def test_sdk_get_host_is_the_sandboxs_ip() -> None:

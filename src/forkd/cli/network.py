@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from forkd.sdk.models import NetworkPolicy
+
 AllowInternet = Annotated[
     bool,
     typer.Option("--allow-internet-access", "--internet",
@@ -31,7 +33,7 @@ DenyOut = Annotated[
 ]
 
 
-def network_policy(allow_out: list[str] | None, deny_out: list[str] | None) -> dict[str, list[str]] | None:
+def network_policy(allow_out: list[str] | None, deny_out: list[str] | None) -> NetworkPolicy | None:
     """The API's ``network`` object; None when neither list was given."""
     if not allow_out and not deny_out:
         return None

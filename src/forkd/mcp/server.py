@@ -39,6 +39,7 @@ from forkd.mcp.models import Deleted, FileContent, SandboxList, SandboxPatch, Sn
 from forkd.mcp.processes import process_tools
 from forkd.mcp.tooling import CREATES, DESTROYS, READ_ONLY, Command, Cwd, Env, ExtraEnv, SandboxId, call
 from forkd.sdk import AsyncController
+from forkd.sdk.models import NetworkPolicy
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -236,8 +237,8 @@ def _sandbox_tools(server: MCPServer[AsyncController]) -> None:
         network traffic is denied unless allow_internet_access or allow_out open it;
         each sandbox's `ip` and `network` (its egress policy) are in the reply.
         """
-        network = ({"allow_out": allow_out or [], "deny_out": deny_out or []}
-                   if allow_out or deny_out else None)
+        network: NetworkPolicy | None = ({"allow_out": allow_out or [], "deny_out": deny_out or []}
+                                         if allow_out or deny_out else None)
         infos = await call(ctx, lambda c: c.spawn_sandboxes(
             snapshot_tag, n=n, live_fork=live_fork, env=env, child_env=child_env,
             metadata=metadata, timeout_secs=timeout_secs,

@@ -15,6 +15,7 @@ from forkd.sdk._build import extra as _extra
 from forkd.sdk._build import put as _put
 from forkd.sdk._build import seg as _seg
 from forkd.sdk._http import Call
+from forkd.sdk.models import NetworkPolicy
 
 # Extra seconds to wait for an exec reply beyond the command's own timeout: the
 # daemon needs time to kill the process group and ship the output back.
@@ -42,13 +43,14 @@ def get_snapshot(tag: str) -> Call:
 
 
 def _egress(
-    body: dict[str, Any], allow_internet_access: bool, network: Mapping[str, Sequence[str]] | None
+    body: dict[str, Any], allow_internet_access: bool, network: NetworkPolicy | None
 ) -> dict[str, Any]:
     """The egress fields (E2B's names); sent only when they open something."""
     if allow_internet_access:
         body["allow_internet_access"] = True
     if network is not None:
-        body["network"] = {key: list(value) for key, value in network.items()}
+        # As given (lists of destinations, the port proxy's settings, header rules), tuples as lists.
+        body["network"] = {k: list(v) if isinstance(v, tuple) else v for k, v in network.items()}
     return body
 
 
@@ -66,7 +68,7 @@ def create_snapshot(
     extra: Mapping[str, object],
     nic: bool = False,
     allow_internet_access: bool = False,
-    network: Mapping[str, Sequence[str]] | None = None,
+    network: NetworkPolicy | None = None,
 ) -> Call:
     body = _put(
         {"tag": tag},
@@ -111,7 +113,7 @@ def _child_options(
     metadata: Mapping[str, str] | None,
     timeout_secs: float | None = None,
     allow_internet_access: bool = False,
-    network: Mapping[str, Sequence[str]] | None = None,
+    network: NetworkPolicy | None = None,
 ) -> dict[str, Any]:
     """The spawn options that POST /v1/sandboxes and the fork routes share."""
     _egress(body, allow_internet_access, network)
@@ -143,7 +145,7 @@ def spawn_sandboxes(
     timeout_secs: float | None = None,
     idle_pause_secs: float | None = None,
     allow_internet_access: bool = False,
-    network: Mapping[str, Sequence[str]] | None = None,
+    network: NetworkPolicy | None = None,
     extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _child_options(
@@ -314,7 +316,7 @@ def fork_sandbox(
     keep_snapshot: bool,
     timeout_secs: float | None = None,
     allow_internet_access: bool = False,
-    network: Mapping[str, Sequence[str]] | None = None,
+    network: NetworkPolicy | None = None,
     extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _child_options(
@@ -372,7 +374,7 @@ def set_pool(
     per_child_netns: bool,
     live_fork: bool,
     allow_internet_access: bool = False,
-    network: Mapping[str, Sequence[str]] | None = None,
+    network: NetworkPolicy | None = None,
     extra: Mapping[str, object] | None = None,
 ) -> Call:
     body = _egress(_put({"size": size}, memory_limit_mib=memory_limit_mib), allow_internet_access, network)

@@ -33,7 +33,7 @@ from forkd.sdk.async_guest import AsyncCommandHandle, AsyncCommands, AsyncFiles
 from forkd.sdk.async_snapshot import AsyncSnapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ApplyResponse, ForkExtra, PingResponse, SandboxMemory, SpawnExtra
+from forkd.sdk.models import ApplyResponse, ForkExtra, NetworkPolicy, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import AsyncTerminal
 from forkd.sdk.types import (
     CandidateT,
@@ -84,7 +84,7 @@ class AsyncSandbox:
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> None:
         if (tag is None) == (sandbox_id is None):
@@ -124,7 +124,7 @@ class AsyncSandbox:
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> AsyncSandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
@@ -314,7 +314,7 @@ class AsyncSandbox:
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkResult[AsyncSandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
@@ -365,7 +365,7 @@ class AsyncSandbox:
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkResult[AsyncSandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child

@@ -34,7 +34,7 @@ from forkd.sdk._generated.guest import CommandHandle, Commands, Files
 from forkd.sdk._generated.snapshot import Snapshot
 from forkd.sdk.errors import NotFoundError
 from forkd.sdk.execution import Callbacks, Execution, OnError, OnResult, OnText
-from forkd.sdk.models import ApplyResponse, ForkExtra, PingResponse, SandboxMemory, SpawnExtra
+from forkd.sdk.models import ApplyResponse, ForkExtra, NetworkPolicy, PingResponse, SandboxMemory, SpawnExtra
 from forkd.sdk.terminal import Terminal
 from forkd.sdk.types import (
     CandidateT,
@@ -85,7 +85,7 @@ class Sandbox:
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> None:
         if (tag is None) == (sandbox_id is None):
@@ -125,7 +125,7 @@ class Sandbox:
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> Sandbox:
         """Spawn a sandbox from snapshot ``tag`` and return it (owned: killed by :meth:`close`)."""
@@ -315,7 +315,7 @@ class Sandbox:
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkResult[Sandbox]:
         """Fork this running sandbox into ``count`` children; it pauses briefly and keeps running.
@@ -366,7 +366,7 @@ class Sandbox:
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkResult[Sandbox]:
         """:meth:`fork` as one fork-tree: the result has a ``tree_id``, and each child

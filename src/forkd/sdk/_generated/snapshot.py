@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from forkd.sdk._defaults import default_controller
 from forkd.sdk._http import DEFAULT_WAIT_SECS, snapshot_is_ready
 from forkd.sdk._generated.client import Controller
-from forkd.sdk.models import SpawnExtra
+from forkd.sdk.models import NetworkPolicy, SpawnExtra
 from forkd.sdk.types import SnapshotInfo, SnapshotView
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Snapshot(SnapshotView):
         metadata: Mapping[str, str] | None = None,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> list[Sandbox]:
         """Spawn ``n`` sandboxes from this snapshot (after :meth:`wait_ready`).

@@ -9,6 +9,7 @@ from forkd.sdk import _calls
 from forkd.sdk.models import (
     BranchExtra,
     ForkExtra,
+    NetworkPolicy,
 )
 from forkd.sdk.types import (
     CheckpointInfo,
@@ -62,7 +63,7 @@ class AsyncForkRoutes(AsyncTransport):
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
@@ -123,7 +124,7 @@ class AsyncForkRoutes(AsyncTransport):
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.

@@ -11,6 +11,7 @@ from forkd.sdk import _calls
 from forkd.sdk.models import (
     BranchExtra,
     ForkExtra,
+    NetworkPolicy,
 )
 from forkd.sdk.types import (
     CheckpointInfo,
@@ -64,7 +65,7 @@ class ForkRoutes(Transport):
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork``: fork a running sandbox into ``count`` children.
@@ -125,7 +126,7 @@ class ForkRoutes(Transport):
         keep_snapshot: bool = False,
         timeout_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[ForkExtra],
     ) -> ForkInfo:
         """``POST /v1/sandboxes/{id}/fork-tree``: :meth:`fork_sandbox`, as one fork-tree.

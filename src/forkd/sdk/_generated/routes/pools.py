@@ -5,11 +5,11 @@ resume, and named volumes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Unpack, cast
 
 from forkd.sdk import _calls
 from forkd.sdk.models import (
+    NetworkPolicy,
     PoolExtra,
     PoolInfo,
     VolumeExport,
@@ -34,7 +34,7 @@ class PoolRoutes(Transport):
         per_child_netns: bool = False,
         live_fork: bool = False,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[PoolExtra],
     ) -> PoolInfo:
         """``PUT /v1/snapshots/{tag}/pool``: keep ``size`` children restored and paused.

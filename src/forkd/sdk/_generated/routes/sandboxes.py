@@ -14,6 +14,7 @@ from forkd.sdk.models import (
     EvalResponse,
     ExecResponse,
     NetworkLog,
+    NetworkPolicy,
     PingResponse,
     SandboxMemory,
     SpawnExtra,
@@ -44,7 +45,7 @@ class SandboxRoutes(Transport):
         timeout_secs: float | None = None,
         idle_pause_secs: float | None = None,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **options: Unpack[SpawnExtra],
     ) -> list[SandboxInfo]:
         """``POST /v1/sandboxes``: fork ``n`` children copy-on-write from snapshot ``tag``.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections.abc
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import IO, Any, Unpack, cast
 
 import httpx
@@ -26,6 +26,7 @@ from forkd.sdk.models import (
     BuildContextInfo,
     CreateSnapshotExtra,
     Health,
+    NetworkPolicy,
     PullResult,
     PushResult,
     SnapshotDetail,
@@ -81,7 +82,7 @@ class SnapshotRoutes(Transport):
         setup: Sequence[str | Sequence[str]] | None = None,
         nic: bool = False,
         allow_internet_access: bool = False,
-        network: Mapping[str, Sequence[str]] | None = None,
+        network: NetworkPolicy | None = None,
         **extra: Unpack[CreateSnapshotExtra],
     ) -> SnapshotInfo:
         """``POST /v1/snapshots``: boot a template VM, warm it up, snapshot it as ``tag``.
