@@ -173,22 +173,38 @@ def test_a_name_without_a_rule_is_spliced_untouched_and_placeholders_stay(
     assert log[0][2:] == (True, "name allowed")
 
 
-def test_plain_http_with_a_rule_is_rewritten_too(tmp_path: Path) -> None:
+def test_plain_http_to_a_host_with_a_rule_is_refused(tmp_path: Path) -> None:
+    """Over plain HTTP the guest could name the rule's host in Host on a connection to a server
+    of its own (an address answered for another allowed name): nothing is sent, no secret is read."""
     upstream = Upstream()
+    asked: list[str] = []
 
-    async def go() -> bytes:
-        server, front, _ca, _log = await _setup(tmp_path, upstream, tls=False)
+    async def go() -> tuple[bytes, list[tuple[Any, ...]]]:
+        server, front, _ca, log = await _setup(tmp_path, upstream, tls=False,
+                                               secrets=_Recording(asked))
         r, w = await asyncio.open_connection(*front.sockets[0].getsockname()[:2])
         w.write(b"GET / HTTP/1.1\r\nHost: plain.test\r\nX-T: ${secrets.TOKEN}\r\n\r\n")
-        reply = await r.readuntil(b"\r\n\r\n")
-        reply += await r.readexactly(4)
+        reply = await r.read()
         w.close()
         front.close()
         server.close()
-        return reply
+        return reply, log
 
-    assert asyncio.run(go()).endswith(b"ok 1")
-    assert upstream.requests[0][1]["x-t"] == SECRET
+    reply, log = asyncio.run(go())
+    assert reply == b"" and upstream.requests == [] and asked == []
+    assert log[0][2] is False and "HTTPS only" in log[0][3]
+
+
+class _Recording(dict[str, str]):
+    """Secrets that note every name asked for (none are)."""
+
+    def __init__(self, asked: list[str]) -> None:
+        super().__init__(TOKEN=SECRET)
+        self.asked = asked
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.append(key)
+        return super().get(key, default)
 
 
 def test_a_server_whose_certificate_does_not_verify_is_refused(tmp_path: Path,

@@ -3,7 +3,8 @@ on their way out (issue 35, item 3).
 
 Only connections whose name (TLS SNI or HTTP ``Host``) has a rule in the sandbox's policy
 (``EgressPolicy.rule_for``) come here; every other connection the inspector lets through is
-spliced untouched (host/egress_inspect.py). For one that comes here:
+spliced untouched (host/egress_inspect.py). Plain HTTP to such a name is refused: nothing there
+verifies that the address is the rule's host. For TLS:
 
 * TLS is terminated with a certificate for that name, signed by the sandbox's own CA
   (``SandboxCA``: made for it alone, its key only on the host, in the daemon's network
@@ -222,18 +223,6 @@ class _TlsServerSide:
         await self._flush()
 
 
-class _Plain:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
-
-    async def read(self) -> bytes:
-        return await asyncio.wait_for(self._reader.read(CHUNK), IDLE_SECS)
-
-    async def write(self, data: bytes) -> None:
-        self._writer.write(data)
-        await self._writer.drain()
-
-
 class _Budget:
     """Bytes held across the daemon's intercepted connections (one event loop: no lock needed)."""
 
@@ -290,7 +279,7 @@ def rewrite_headers(headers: list[tuple[bytes, bytes]], rule: HostRule, resolve:
     return out
 
 
-async def _next_event(conn: h11.Connection, source: _TlsServerSide | _Plain | asyncio.StreamReader) -> object:
+async def _next_event(conn: h11.Connection, source: _TlsServerSide | asyncio.StreamReader) -> object:
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
@@ -302,7 +291,7 @@ async def _next_event(conn: h11.Connection, source: _TlsServerSide | _Plain | as
         conn.receive_data(data)
 
 
-async def _next_request(server: h11.Connection, guest: _TlsServerSide | _Plain,
+async def _next_request(server: h11.Connection, guest: _TlsServerSide,
                         up_r: asyncio.StreamReader) -> object:
     """The guest's next request, or None once the server closes the connection (or both sides
     idle): a server that closes after its response closes the guest's connection too, as it would
@@ -330,23 +319,23 @@ async def intercept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     """Serve one intercepted guest connection (``head``: its first bytes, already read) until
     either side closes; what it did is returned for the log."""
     outcome = Outcome()
-    guest: _TlsServerSide | _Plain
-    if tls:
-        guest = _TlsServerSide(reader, writer, ca.server_context(name))
-        try:
-            await guest.handshake(head)
-        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
-            outcome.refused = f"the guest's TLS handshake failed: {str(exc)[:160]}"
-            return outcome
-        first = b""
-    else:
-        guest = _Plain(reader, writer)
-        first = head
+    if not tls:
+        # Over plain HTTP nothing says the address is the rule's host: the guest may have resolved
+        # another allowed name to a server of its own and named the rule's host in Host. Its
+        # headers and secrets go only where TLS verifies the host's certificate.
+        outcome.refused = (f"{name} has a header rule: it is reached over HTTPS only (over plain HTTP "
+                           "its headers and secrets would go to an unverified server)")
+        return outcome
+    guest = _TlsServerSide(reader, writer, ca.server_context(name))
+    try:
+        await guest.handshake(head)
+    except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+        outcome.refused = f"the guest's TLS handshake failed: {str(exc)[:160]}"
+        return outcome
     up_r, up_w = await dial(dst)
     try:
-        if tls:
-            await up_w.start_tls(upstream_context(), server_hostname=name)
-        await _relay(guest, first, up_r, up_w, rule, resolve, outcome)
+        await up_w.start_tls(upstream_context(), server_hostname=name)
+        await _relay(guest, up_r, up_w, rule, resolve, outcome)
     except ssl.SSLCertVerificationError as exc:
         outcome.refused = f"the server's certificate for {name} does not verify: {exc.verify_message}"
     except (h11.ProtocolError, ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
@@ -359,11 +348,9 @@ async def intercept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return outcome
 
 
-async def _relay(guest: _TlsServerSide | _Plain, first: bytes, up_r: asyncio.StreamReader,
-                 up_w: asyncio.StreamWriter, rule: HostRule, resolve: Resolve, outcome: Outcome) -> None:
+async def _relay(guest: _TlsServerSide, up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter,
+                 rule: HostRule, resolve: Resolve, outcome: Outcome) -> None:
     server, client = h11.Connection(h11.SERVER), h11.Connection(h11.CLIENT)
-    if first:
-        server.receive_data(first)
 
     async def to_guest(*events: h11.Event) -> None:
         for e in events:

@@ -1972,7 +1972,7 @@ export interface components {
         NetworkTransform: {
             /**
              * Headers
-             * @description Headers set on every HTTP request to the rule's host (replacing the guest's of the same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox never holds it.
+             * @description Headers set on every HTTPS request to the rule's host (replacing the guest's of the same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox never holds it.
              */
             headers?: {
                 [key: string]: string;

@@ -193,7 +193,7 @@ _ONLY_PATTERNED_KEYS: dict[str, Any] = {"additionalProperties": False}
 class NetworkTransform(RequestModel):
     headers: dict[HeaderName, HeaderValue] = Field(
         default_factory=dict, max_length=MAX_RULE_HEADERS, json_schema_extra=_ONLY_PATTERNED_KEYS,
-        description="Headers set on every HTTP request to the rule's host (replacing the guest's of the "
+        description="Headers set on every HTTPS request to the rule's host (replacing the guest's of the "
         "same name). `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox "
         "never holds it.",
     )

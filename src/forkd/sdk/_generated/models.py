@@ -253,7 +253,7 @@ class NetworkTransform(TypedDict, total=False):
     """The ``NetworkTransform`` schema."""
 
     headers: dict[str, str]
-    """Headers set on every HTTP request to the rule's host (replacing the guest's of the same name).
+    """Headers set on every HTTPS request to the rule's host (replacing the guest's of the same name).
     `${secrets.NAME}` in a value is the secret's value, put in at egress: the sandbox never holds
     it.
     """
