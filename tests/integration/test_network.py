@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -888,6 +889,79 @@ def test_internet_access_goes_out_through_the_hosts_masquerade(
         env.kill([free, limited])
     assert_nothing_left([free, limited])
     assert not nat_elements(env.rt.networks.nat_table) & {free.info()["ip"], limited.info()["ip"]}
+
+
+TLS_INTERNET_SERVER = r"""
+import json, socket, ssl, sys
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+names = []
+ctx.sni_callback = lambda _s, name, _c: names.append(name)
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 443))
+srv.listen(16)
+print("ready", flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.settimeout(10)
+    try:
+        with ctx.wrap_socket(conn, server_side=True) as s:
+            got = s.recv(65536)
+            body = ("tls %s" % (names[-1] if names else None)).encode()
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            s.sendall(head + body)
+            print(json.dumps({"sni": names[-1] if names else None, "request": got.decode(errors="replace")}),
+                  flush=True)
+    except OSError:
+        pass
+"""
+
+
+def test_header_rules_with_the_internet_open_intercept_only_their_host(
+        env: Env, fake_internet: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E2B's shape: allow_internet_access and rules, no allow_out. HTTPS to the rule's host (at
+    whatever address the internet has it) is intercepted and gets its headers and secret; HTTPS to
+    another name, or to an address without a name, passes untouched with the server's own TLS."""
+    ca, cert, key = make_test_ca(tmp_path, ["secure.test", "other.test"])
+    monkeypatch.setenv(egress_tls.CA_FILE_ENV, str(ca))
+    secret = "fkd-" + os.urandom(12).hex()
+    env.rt.secrets.create("NET_TOKEN", secret)
+    server = subprocess.Popen(["ip", "netns", "exec", f"fdtest-inet-{os.getpid()}", sys.executable, "-c",
+                               TLS_INTERNET_SERVER, str(cert), str(key)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    rules = {"secure.test": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.NET_TOKEN}"}}}]}
+    [sb] = env.spawn(1, allow_internet_access=True, network={"rules": rules})
+
+    def curl(name: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        argv = ["curl", "-sS", "--max-time", "20", *extra, "--resolve", f"{name}:443:{fake_internet}",
+                f"https://{name}/", "-H", "X-Echo: ${secrets.NET_TOKEN}"]
+        res = env.loop.run(env.rt.exec(sb.id, argv, timeout_secs=30))
+        assert server.stdout is not None
+        seen = json.loads(server.stdout.readline())
+        return dict(res), seen
+
+    try:
+        res, seen = curl("secure.test")
+        assert res["exit_code"] == 0 and res["stdout"] == "tls secure.test", res
+        got = seen["request"].lower()
+        assert f"authorization: bearer {secret}" in got and f"x-echo: {secret}" in got, got
+        res, seen = curl("other.test", "-k")  # the server's own certificate: not intercepted
+        assert res["exit_code"] == 0 and res["stdout"] == "tls other.test", res
+        assert secret not in seen["request"] and "${secrets.NET_TOKEN}" in seen["request"]
+        res, seen = curl(fake_internet, "-k")  # no SNI for an address: passed as it is
+        assert res["exit_code"] == 0 and seen["sni"] is None and secret not in seen["request"], (res, seen)
+        log = [(d["name"], d["allowed"], d["detail"]) for d in env.rt.networks.names.decisions(sb.id)
+               if d["kind"] == "connect"]
+        assert [n for n, _, _ in log] == ["secure.test", "other.test", ""], log
+        assert all(ok for _, ok, _ in log) and "secrets put in: NET_TOKEN" in log[0][2]
+        assert log[1][2] == "name allowed" and log[2][2].startswith("passed"), log
+    finally:
+        server.kill()
+        server.wait()
+        env.kill([sb])
+        env.rt.secrets.delete("NET_TOKEN")
+    assert_nothing_left([sb])
 
 
 # ------------------------------------------------------------------ scale

@@ -1012,6 +1012,7 @@ BEYOND_THE_SCHEMA = (
     r"holds more than fits in a volume", r"has more than \d+ files and directories",  # a source's size
     r"^setup_eval .* failed: ", r"^setup command .* failed with exit code",  # the guest ran the code
     r"a rule opens nothing on its own",  # a rule's host must be one of the same request's allow_out
+    r"^network\.rules \(header transforms\) apply to sandboxes, not to a template",
     r"network\.rules\[.*\]: at most \d+ headers",  # a host's rules' headers, merged
 )
 

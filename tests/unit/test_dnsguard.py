@@ -11,7 +11,7 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any, cast
 
@@ -112,7 +112,7 @@ def test_a_name_policy_redirects_dns_and_tcp_refuses_other_dns_and_allows_its_se
         'iifname "forkd-tap0" ip daddr @name_1 tcp dport 443 dnat ip to 172.16.0.1:15001']
     assert _chain(rules, "input")[2:] == [
         'iifname "forkd-tap0" ip daddr 172.16.0.1 udp dport 53 accept',
-        'iifname "forkd-tap0" ip daddr 172.16.0.1 tcp dport 15001 ct status dnat accept']
+        'iifname "forkd-tap0" ip daddr 172.16.0.1 tcp dport { 15001, 15002 } ct status dnat accept']
     assert _chain(rules, "egress") == [
         "meta l4proto { tcp, udp } th dport { 53, 853 } jump refuse",  # first of all
         "udp dport 443 jump refuse",  # QUIC
@@ -121,6 +121,31 @@ def test_a_name_policy_redirects_dns_and_tcp_refuses_other_dns_and_allows_its_se
         "ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 accept"]
     plain = netplan.netns_ruleset(child(policy(["192.0.2.9:80"])), [])
     assert "set name_" not in plain and "dport 53" not in plain  # no names: the rules of before
+
+
+def test_rules_with_the_internet_open_send_its_https_through_the_pass_through_inspector() -> None:
+    """E2B's rules without allow_out: the internet's HTTPS (not what stays closed, not a denied
+    address, not one allowed by number) goes to the pass-through port; QUIC is refused; no DNS
+    redirect without names."""
+    rules = {"api.example.com": [{"transform": {"headers": {"X-A": "b"}}}]}
+    net = child(EgressPolicy.from_request(True, {"allow_out": ["192.0.2.9:80"],
+                                                 "deny_out": ["198.51.100.0/24"], "rules": rules}))
+    assert net.egress.inspects_internet and net.egress.served_by_the_daemon and not net.egress.uses_names
+    rules_text = netplan.netns_ruleset(net, [IPv4Network("10.201.0.0/16")])
+    prerouting = _chain(rules_text, "prerouting")
+    assert prerouting[1:3] == [
+        'iifname "forkd-tap0" ip daddr 192.0.2.9/32 meta l4proto { tcp, udp } th dport 80 return',
+        'iifname "forkd-tap0" ip daddr 198.51.100.0/24 return']
+    assert prerouting[3].startswith('iifname "forkd-tap0" tcp dport 443 ip daddr != { 0.0.0.0/8, 10.0.0.0/8,')
+    assert prerouting[3].endswith("} dnat ip to 172.16.0.1:15002") and "udp dport 53" not in rules_text
+    assert "udp dport 443 jump refuse" in _chain(rules_text, "egress")
+    assert _chain(rules_text, "input")[2:] == [
+        'iifname "forkd-tap0" ip daddr 172.16.0.1 tcp dport { 15001, 15002 } ct status dnat accept']
+    # Without the internet a rule's host must be an allow_out name; with it, any name not denied.
+    with pytest.raises(Exception, match="a rule opens nothing on its own"):
+        EgressPolicy.from_request(False, {"rules": rules})
+    with pytest.raises(Exception, match="a rule opens nothing on its own"):
+        EgressPolicy.from_request(True, {"deny_out": ["*.example.com"], "rules": rules})
 
 
 def test_answered_addresses_refresh_their_timeout() -> None:

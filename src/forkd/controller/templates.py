@@ -110,6 +110,10 @@ class SnapshotSpec:
         if self.nic_tap is None and not self.egress.is_default:
             raise InvalidRequest("allow_internet_access and network need a network device: "
                                  "add \"nic\": true")
+        if self.egress.rules:
+            # A template boots rather than being restored: its guest is never given a CA to trust.
+            raise InvalidRequest("network.rules (header transforms) apply to sandboxes, not to a template's "
+                                 "own network while it builds: give them at spawn or fork")
         warm = list(DEFAULT_WARM_IMPORTS if self.warm_imports is None else self.warm_imports)
         for mod in warm:
             if not isinstance(mod, str) or not bounds.MODULE_RE.match(mod):

@@ -27,10 +27,15 @@ A guest cannot be trusted to resolve honestly, so the names of a policy
   allowed name does not open the other names it serves. The inspector dials
   from the sandbox's namespace, so the connection leaves as the guest's would.
 
+* with header rules and the internet open, the guest's other HTTPS comes to a
+  second, pass-through inspector of the sandbox (netplan.PASS_PORT): a rule's
+  host is intercepted (host/egress_tls.py), a deny_out name refused, and the
+  rest spliced as it is.
+
 Every decision, a name resolved or refused and a connection let through or
 refused, goes to the sandbox's log (``decisions``; ``forkd network log``).
 
-Cost per sandbox: one UDP socket, one listening TCP socket and their asyncio
+Cost per sandbox: one UDP socket, two listening TCP sockets and their asyncio
 transports (no thread, no process), and one short ``nft`` run per answer that
 carries addresses (``bench/name_policy.py`` measures them).
 """
@@ -94,6 +99,9 @@ class _Sandbox:
     transport: asyncio.DatagramTransport
     inspector: Inspector | None = None
     server: asyncio.Server | None = None
+    # The pass-through inspector (the open internet's HTTPS, with header rules) and its listener.
+    passer: Inspector | None = None
+    pass_server: asyncio.Server | None = None
     ca: SandboxCA | None = None  # its own CA, while its policy has header rules
     pending: set[asyncio.Task[None]] = field(default_factory=set)
     log: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=MAX_LOG))
@@ -101,6 +109,9 @@ class _Sandbox:
     def allows(self, name: str, dst: Address) -> bool:
         # Read at each connection: a PUT network swaps ``net`` under a running inspector.
         return self.net.egress.allows_connection(name, dst[1])
+
+    def allows_on_the_internet(self, name: str, _dst: Address) -> bool:
+        return self.net.egress.allowed_name(name)
 
     def note(self, kind: str, name: str | None, allowed: bool, detail: str, address: str = "") -> None:
         self.log.append({"time": time.time(), "kind": kind, "name": (name or "")[:253],
@@ -143,11 +154,11 @@ class NameGuard:
         return sorted(self._sandboxes)
 
     async def attach(self, net: ChildNet, sock: Any = None, listener: Any = None) -> None:
-        """Serve ``net``'s guest if its policy has names (else stop serving it). A sandbox served
-        already keeps its sockets. ``sock``, ``listener``: a bound UDP socket and a listening TCP
-        socket to serve on instead of ones made in ``net``'s namespace (the unit tests; without
-        ``listener`` there, no inspector)."""
-        if net.tap is None or not net.egress.uses_names:
+        """Serve ``net``'s guest if its policy has names or header rules (else stop serving it). A
+        sandbox served already keeps its sockets. ``sock``, ``listener``: a bound UDP socket and a
+        listening TCP socket to serve on instead of ones made in ``net``'s namespace (the unit
+        tests; without ``listener`` there, no inspector)."""
+        if net.tap is None or not net.egress.served_by_the_daemon:
             await self.detach(net.owner)
             return
         ca = await asyncio.to_thread(self._ca_of, net)
@@ -159,29 +170,34 @@ class NameGuard:
             sock = await asyncio.to_thread(netns_mod.udp_socket_in, net.netns,
                                            (str(netplan.TAP_IP), netplan.RESOLVER_PORT))
         sb: _Sandbox | None = None
+        passing: Any = None
         try:
             if made_here:
-                listener = await asyncio.to_thread(netns_mod.tcp_listener_in, net.netns,
-                                                   (str(netplan.TAP_IP), netplan.INSPECT_PORT),
-                                                   INSPECT_BACKLOG)
+                listener, passing = [await asyncio.to_thread(
+                    netns_mod.tcp_listener_in, net.netns, (str(netplan.TAP_IP), port), INSPECT_BACKLOG)
+                    for port in (netplan.INSPECT_PORT, netplan.PASS_PORT)]
             if net.owner in self._sandboxes:  # attached meanwhile
                 raise VMError(f"the resolver of {net.owner} was attached twice at once")
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: _Endpoint(self, net.owner), sock=sock)
             sb = _Sandbox(net, transport, ca=ca)
+            intercept = functools.partial(self._serve_for, sb)
             if listener is not None:
                 sb.inspector = Inspector(sb.allows, sb.note_connection, dial=dial_from(net.netns),
-                                         intercept=functools.partial(self._serve_for, sb))
+                                         intercept=intercept)
                 sb.server = await asyncio.start_server(sb.inspector.handle, sock=listener)
+            if passing is not None:
+                sb.passer = Inspector(sb.allows_on_the_internet, sb.note_connection,
+                                      dial=dial_from(net.netns), intercept=intercept, passthrough=True)
+                sb.pass_server = await asyncio.start_server(sb.passer.handle, sock=passing)
         except BaseException:
             if sb is not None:
-                sb.transport.close()
-            sock.close()
-            if listener is not None:
-                listener.close()
+                await self._close(sb)
+            for s in (sock, listener, passing):
+                if s is not None:
+                    s.close()
             raise
         self._sandboxes[net.owner] = sb
-
 
     def ca_path(self, owner: str) -> Path | None:
         return None if self._ca_dir is None else self._ca_dir / f"{owner}.ca.pem"
@@ -225,15 +241,21 @@ class NameGuard:
         sb = self._sandboxes.pop(owner, None)
         if sb is None:
             return
-        sb.transport.close()
-        if sb.server is not None:
-            sb.server.close()  # stops listening; the connections it accepted are the inspector's
-        if sb.inspector is not None:
-            await sb.inspector.close()
+        await self._close(sb)
         for task in list(sb.pending):
             task.cancel()
         await asyncio.gather(*sb.pending, return_exceptions=True)
         await asyncio.sleep(0)  # the transport closes its socket on the loop's next turn: let it
+
+    @staticmethod
+    async def _close(sb: _Sandbox) -> None:
+        sb.transport.close()
+        for server in (sb.server, sb.pass_server):
+            if server is not None:
+                server.close()  # stops listening; the connections it accepted are the inspector's
+        for inspector in (sb.inspector, sb.passer):
+            if inspector is not None:
+                await inspector.close()
 
     async def close(self) -> None:
         for owner in list(self._sandboxes):

@@ -201,9 +201,11 @@ def _header(name: object, value: object, where: str) -> tuple[str, str]:
     return name, value
 
 
-def _rules(raw: object, allow_out: tuple[Entry, ...]) -> tuple[HostRule, ...]:
-    """``network.rules`` (``{host: [{"transform": {"headers": {...}}}]}``); each host must be an
-    allow_out name (a rule opens nothing on its own, as in E2B)."""
+def _rules(raw: object, allow_out: tuple[Entry, ...], deny_out: tuple[Entry, ...],
+           internet: bool) -> tuple[HostRule, ...]:
+    """``network.rules`` (``{host: [{"transform": {"headers": {...}}}]}``); each host must be one
+    the policy lets the guest reach by name: an allow_out name, or with allow_internet_access any
+    name no deny_out name matches (a rule opens nothing on its own, as in E2B)."""
     if raw is None:
         return ()
     if not isinstance(raw, Mapping) or len(raw) > MAX_RULE_HOSTS:
@@ -212,17 +214,22 @@ def _rules(raw: object, allow_out: tuple[Entry, ...]) -> tuple[HostRule, ...]:
                              '"Bearer ${secrets.API_TOKEN}"}}}]}')
     # The names allow_out opens, whatever their ports: a rule applies on each of them.
     names = {(e.name, e.wildcard) for e in allow_out if isinstance(e, NameDestination)}
+    denied = [e for e in deny_out if isinstance(e, NameDestination)]
     out: list[HostRule] = []
     for host, rules in raw.items():
         where = f"network.rules[{str(host)[:64]!r}]"
         entry = parse_entry(host, where)
         if not isinstance(entry, NameDestination) or entry.first_port is not None:
             raise InvalidRequest(f"{where}: a rule's host is a DNS name (or *.name), without a port")
-        if (entry.name, entry.wildcard) not in names and not any(
-                isinstance(e, NameDestination) and e.matches(entry.name) and not entry.wildcard
-                for e in allow_out):
+        allowed = (entry.name, entry.wildcard) in names or any(
+            isinstance(e, NameDestination) and e.matches(entry.name) and not entry.wildcard
+            for e in allow_out)
+        if internet and not any(d.matches(entry.name) or (d.name, d.wildcard) == (entry.name, entry.wildcard)
+                                for d in denied):
+            allowed = True
+        if not allowed:
             raise InvalidRequest(f"{where}: a rule opens nothing on its own; add {str(entry)!r} to "
-                                 "network.allow_out too")
+                                 "network.allow_out too (or open the internet with allow_internet_access)")
         if not isinstance(rules, list) or len(rules) > MAX_RULES_PER_HOST:
             raise InvalidRequest(f"{where} must be a list of at most {MAX_RULES_PER_HOST} rules")
         headers: dict[str, str] = {}
@@ -346,10 +353,10 @@ class EgressPolicy:
         if not isinstance(public, bool):
             raise InvalidRequest(f"network.allow_public_traffic must be true or false, not {public!r}")
         allow_out = _destinations(network.get("allow_out"), "network.allow_out")
-        return cls(bool(allow_internet_access), allow_out,
-                   _destinations(network.get("deny_out"), "network.deny_out"),
-                   public, _mask_host(network.get("mask_request_host")),
-                   _rules(network.get("rules"), allow_out))
+        deny_out = _destinations(network.get("deny_out"), "network.deny_out")
+        internet = bool(allow_internet_access)
+        return cls(internet, allow_out, deny_out, public, _mask_host(network.get("mask_request_host")),
+                   _rules(network.get("rules"), allow_out, deny_out, internet))
 
     @property
     def is_default(self) -> bool:
@@ -380,6 +387,17 @@ class EgressPolicy:
         may reach ``port`` of an address answered for an allow_out name: an allow_out name entry
         matches both. (Only such connections are inspected: host/egress_inspect.py.)"""
         return any(e.matches(name) and e.covers(port) for e in self.allow_names)
+
+    @property
+    def inspects_internet(self) -> bool:
+        """Whether HTTPS to the open internet goes through the sandbox's inspector: it has header
+        rules, whose hosts may be any name the internet reaches (E2B's rules without allow_out)."""
+        return self.allow_internet_access and bool(self.rules)
+
+    @property
+    def served_by_the_daemon(self) -> bool:
+        """Whether the sandbox needs the daemon's resolver and inspector (host/dnsguard.py)."""
+        return self.uses_names or bool(self.rules)
 
     def rule_for(self, name: str) -> HostRule | None:
         """The header transform of requests to ``name`` (an exact host before a wildcard); None:

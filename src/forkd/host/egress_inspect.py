@@ -22,6 +22,7 @@ from forkd.host.egress_peek import MAX_PEEK, Peek, Verdict, peek_http, peek_tls
 
 _SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 _TLS_HANDSHAKE = 0x16
+NOT_ALLOWED = "name not allowed"
 
 Address = tuple[str, int]
 # (name or None, destination, allowed, reason)
@@ -71,13 +72,19 @@ class Inspector:
         destination: Callable[[socket.socket], Address] = original_dst,
         dial: DialFn = _dial_here,
         intercept: InterceptFn | None = None,
+        passthrough: bool = False,
     ) -> None:
+        """``passthrough``: for connections the policy lets through by address anyway (the open
+        internet, when the inspector is there only to find hosts with a rule): one without a name,
+        or whose name does not come in time, is spliced rather than refused; a name the policy
+        refuses (a deny_out name) is still refused."""
         self._allowed = allowed
         self._log = log
         self._limits = limits or Limits()
         self._destination = destination
         self._dial = dial
         self._intercept = intercept
+        self._passthrough = passthrough
         self._open = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -121,34 +128,36 @@ class Inspector:
             # Straight to the inspector, not redirected there: it would dial itself.
             self._log(None, dst, False, "no original destination")
             return
-        try:
-            head, peek = await asyncio.wait_for(self._read_head(reader), self._limits.first_bytes_s)
-        except TimeoutError:
+        head, peek, timed_out = await self._read_head(reader)
+        if timed_out and not self._passthrough:
             self._log(None, dst, False, "no name within the time allowed")
             return
-        reason = {
+        reason = None if timed_out else {
             Verdict.ECH: "encrypted ClientHello (ECH): the name cannot be checked",
             Verdict.NO_NAME: "no name (SNI or Host) to check",
             Verdict.MALFORMED: "first bytes are neither a TLS ClientHello nor an HTTP/1 request",
             Verdict.NEED_MORE: "connection closed before a name",
         }.get(peek.verdict)
         if reason is None and peek.name is not None and not self._allowed(peek.name, dst):
-            reason = "name not allowed"
-        if reason is not None:
+            reason = NOT_ALLOWED
+        # Pass-through: only a refused name is refused; the rest of what came is spliced.
+        if reason is not None and not (self._passthrough and head and reason != NOT_ALLOWED):
             self._log(peek.name, dst, False, reason)
             return
-        assert peek.name is not None
-        serve = self._intercept(peek.name, head[:1] == bytes([_TLS_HANDSHAKE])) if self._intercept else None
+        named = peek.verdict is Verdict.NAME and not timed_out and peek.name is not None
+        tls = head[:1] == bytes([_TLS_HANDSHAKE])
+        serve = self._intercept(peek.name, tls) if self._intercept and named and peek.name else None
         if serve is not None:
             allowed, detail = await serve(reader, writer, head, dst)
             self._log(peek.name, dst, allowed, detail)
             return
+        passed = "name allowed" if named else f"passed ({reason or 'no name in time'}; its address is open)"
         try:
             up_r, up_w = await asyncio.wait_for(self._dial(dst), self._limits.connect_s)
         except (OSError, TimeoutError):
             self._log(peek.name, dst, False, "destination unreachable")
             return
-        self._log(peek.name, dst, True, "name allowed")
+        self._log(peek.name, dst, True, passed)
         try:
             up_w.write(head)
             await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
@@ -157,17 +166,23 @@ class Inspector:
             with contextlib.suppress(OSError, ConnectionError):
                 await up_w.wait_closed()
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[bytes, Peek]:
+    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[bytes, Peek, bool]:
+        """The first bytes, what they say, and whether the time for them ran out first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.first_bytes_s
         head = b""
         while len(head) < MAX_PEEK:
-            chunk = await reader.read(MAX_PEEK - len(head))
+            try:
+                chunk = await asyncio.wait_for(reader.read(MAX_PEEK - len(head)), deadline - loop.time())
+            except TimeoutError:
+                return head, Peek(Verdict.NEED_MORE), True
             if not chunk:
                 break
             head += chunk
             peek = _peek(head)
             if peek.verdict is not Verdict.NEED_MORE:
-                return head, peek
-        return head, (_peek(head) if head else Peek(Verdict.NEED_MORE))
+                return head, peek, False
+        return head, (_peek(head) if head else Peek(Verdict.NEED_MORE)), False
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, ConnectionError):

@@ -241,6 +241,11 @@ QUIC_PORT = 443
 # guest's TCP to an address answered for an allow_out name is redirected to it, and reaches that
 # address only if its TLS SNI or HTTP Host names an allowed name.
 INSPECT_PORT = 15001
+# With header rules and the internet open, the guest's other HTTPS (TCP 443) comes to the
+# inspector here: a rule's host is intercepted, anything else spliced as it is, with or without
+# a name (the internet lets it through anyway).
+PASS_PORT = 15002
+HTTPS_PORT = 443
 
 
 def name_set(index: int) -> str:
@@ -264,31 +269,46 @@ def _udp_ports(d: NameDestination) -> str:
     return f"udp dport {d.ports}" if d.ports else "meta l4proto udp"
 
 
-def _name_parts(net: ChildNet) -> tuple[list[str], list[str], list[str], list[str]]:
-    """What a policy with names adds: the sets; the redirects (the guest's DNS to its resolver, its
-    TCP to answered addresses to its inspector, unless the address is allowed by number); the
-    input rules that let both in; and the egress rules (DNS elsewhere and QUIC refused, then UDP to
-    the sets: TCP to them never gets that far, it was redirected)."""
+def _name_parts(net: ChildNet, closed: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What a policy the daemon serves (names, header rules) adds: the sets; the redirects (the
+    guest's DNS to its resolver, its TCP to answered addresses to its inspector, unless the address
+    is allowed by number; with rules and the internet open, its other HTTPS to the inspector's
+    pass-through port); the input rules that let them in; and the egress rules (DNS elsewhere and
+    QUIC refused, then UDP to the sets: TCP to them never gets that far, it was redirected).
+    ``closed``: what the internet does not open (its HTTPS is never redirected: the daemon would
+    dial it for the guest)."""
     policy = net.egress
-    if not policy.uses_names or net.tap is None:
+    if not policy.served_by_the_daemon or net.tap is None:
         return [], [], [], []
     tap = net.tap
     names = policy.allow_names
     sets = [f"set {name_set(i)} {{ type ipv4_addr; flags timeout; }}" for i in range(len(names))]
-    resolvers = ", ".join([*net.dns, str(TAP_IP)])
-    redirect = [f'iifname "{tap}" ip daddr {{ {resolvers} }} udp dport 53 '
-                f"dnat ip to {TAP_IP}:{RESOLVER_PORT}"]
+    redirect: list[str] = []
+    inbound: list[str] = []
+    egress: list[str] = []
+    if policy.uses_names:
+        resolvers = ", ".join([*net.dns, str(TAP_IP)])
+        redirect += [f'iifname "{tap}" ip daddr {{ {resolvers} }} udp dport 53 '
+                     f"dnat ip to {TAP_IP}:{RESOLVER_PORT}"]
+        inbound += [f'iifname "{tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept']
+        dns = ", ".join(str(p) for p in DNS_PORTS)
+        egress += [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse"]
     # An address allowed by number is reached without a name, as it would be without names.
     redirect += [f'iifname "{tap}" {_match(d)} return'
                  for d in policy.allow_out if isinstance(d, Destination)]
     redirect += [f'iifname "{tap}" ip daddr @{name_set(i)} {_tcp_ports(d)} dnat ip to {TAP_IP}:{INSPECT_PORT}'
                  for i, d in enumerate(names)]
-    inbound = [f'iifname "{tap}" ip daddr {TAP_IP} udp dport {RESOLVER_PORT} accept',
-               # Only what was redirected: a guest dialling the inspector itself has no destination.
-               f'iifname "{tap}" ip daddr {TAP_IP} tcp dport {INSPECT_PORT} ct status dnat accept']
-    dns = ", ".join(str(p) for p in DNS_PORTS)
-    egress = [f"meta l4proto {{ tcp, udp }} th dport {{ {dns} }} jump refuse",
-              f"udp dport {QUIC_PORT} jump refuse"]
+    if policy.inspects_internet:
+        # A denied address stays refused (the forward chain); the rest of the internet's HTTPS
+        # goes through the pass-through port, where a rule's host is intercepted.
+        redirect += [f'iifname "{tap}" {_match(d)} return'
+                     for d in policy.deny_out if isinstance(d, Destination)]
+        redirect += [f'iifname "{tap}" tcp dport {HTTPS_PORT} ip daddr != {{ {closed} }} '
+                     f"dnat ip to {TAP_IP}:{PASS_PORT}"]
+    # Only what was redirected: a guest dialling the inspector itself has no destination.
+    inbound += [f'iifname "{tap}" ip daddr {TAP_IP} tcp dport {{ {INSPECT_PORT}, {PASS_PORT} }} '
+                "ct status dnat accept"]
+    egress += [f"udp dport {QUIC_PORT} jump refuse"]
     egress += [f"ip daddr @{name_set(i)} {_udp_ports(d)} accept" for i, d in enumerate(names)]
     return sets, redirect, inbound, egress
 
@@ -322,15 +342,15 @@ def netns_ruleset(net: ChildNet, blocked: Iterable[IPv4Network]) -> str:
     """
     assert net.tap is not None and net.ip and net.gateway
     tap, policy = net.tap, net.egress
-    sets, redirect, inbound, egress = _name_parts(net)
+    # Collapsed: an anonymous interval set refuses overlapping elements.
+    closed = ", ".join(str(n) for n in collapse_addresses([*NOT_INTERNET, *blocked]))
+    sets, redirect, inbound, egress = _name_parts(net, closed)
     egress += [f"{_match(d)} accept" for d in policy.allow_out if isinstance(d, Destination)]
     egress += [f"{_match(d)} jump refuse" for d in policy.deny_out if isinstance(d, Destination)]
     if policy.allow_internet_access:
         # The guest's resolvers may sit in a private range (a LAN resolver): DNS to them stays open.
         egress += [f"ip daddr {ns} meta l4proto {{ tcp, udp }} th dport 53 accept" for ns in net.dns]
-        # Collapsed: an anonymous interval set refuses overlapping elements.
-        closed = collapse_addresses([*NOT_INTERNET, *blocked])
-        egress += [f"ip daddr {{ {', '.join(str(n) for n in closed)} }} jump refuse", "accept"]
+        egress += [f"ip daddr {{ {closed} }} jump refuse", "accept"]
     body = "\n".join(f"    {rule}" for rule in egress)
     set_lines = "".join(f"  {line}\n" for line in sets)
     redirect_lines = "".join(f"\n    {line}" for line in redirect)
