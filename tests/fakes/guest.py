@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forkd.guest import code_messages, protocol
+from forkd.guest import capabilities, code_messages, protocol
 from forkd.guest.agent.freeze import check_freeze_mounts
 
-AGENT_VERSION = protocol.AGENT_VERSION  # lists its capabilities in ping (see protocol.Capabilities)
+AGENT_VERSION = capabilities.AGENT_VERSION  # lists its capabilities in ping (see capabilities.Capabilities)
 
 
 @dataclass
@@ -256,7 +256,7 @@ class ScriptedGuest:
 
     def _identity(self) -> dict[str, Any]:
         return {"agent_version": AGENT_VERSION,
-                "capabilities": protocol.capabilities_since(int(AGENT_VERSION))}
+                "capabilities": capabilities.capabilities_since(int(AGENT_VERSION))}
 
     def do_ping(self) -> dict[str, Any]:
         return {"pong": True, "pid": 1, "python_version": "3.11.2", "numpy_version": "1.24.2",

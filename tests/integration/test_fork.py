@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from forkd.controller.runtime import Runtime
-from forkd.guest import protocol
-from forkd.guest.protocol import AGENT_VERSION
+from forkd.guest import capabilities
+from forkd.guest.capabilities import AGENT_VERSION
 from forkd.store.layout import SnapshotDir
 
 from .conftest import Loop
@@ -51,7 +51,7 @@ def test_ten_children_answer_ping_with_numpy(loop: Loop, runtime: Runtime, ten) 
         assert ping["numpy_version"] and ping["numpy_version"][0].isdigit()
         assert ping["restores"] == 1  # the host told it about its restore
         # What it can do, by name: the host refuses more (forkd.guest.client.require).
-        assert dict(ping).get("capabilities") == protocol.capabilities_since(int(AGENT_VERSION))
+        assert dict(ping).get("capabilities") == capabilities.capabilities_since(int(AGENT_VERSION))
     for sb in ten:  # where each fork's time went, phase by phase
         t = sb.info()["timings"]
         assert 0 < t["qemu_up_s"] <= t["restored_s"] <= t["ready_s"], t

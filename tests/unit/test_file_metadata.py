@@ -26,7 +26,7 @@ from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller import files as controller_files
 from forkd.controller.watches import _batch
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import protocol
+from forkd.guest import capabilities, protocol
 from forkd.guest.agent import fileinfo as agent_fileinfo
 from forkd.guest.agent.files import Files
 from forkd.guest.agent.uploads import Uploads
@@ -192,7 +192,7 @@ class _Sandboxes:
         pass
 
     async def require_agent(self, sandbox_id: str, *features: str) -> None:
-        require(protocol.Capabilities.of({"agent_version": str(self.version)}), *features)
+        require(capabilities.Capabilities.of({"agent_version": str(self.version)}), *features)
 
     async def call(self, sandbox_id: str, ask: Callable[[Any], Awaitable[Any]]) -> Any:
         """The gateway's typed call, on an agent that answers the upload's three actions."""

@@ -14,17 +14,17 @@ import pytest
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import protocol
+from forkd.guest import capabilities, protocol
 from forkd.guest.agent import RUNTIME_PREFIX, restore
+from forkd.guest.capabilities import AGENT_VERSION
 from forkd.guest.client import AgentClient, require
-from forkd.guest.protocol import AGENT_VERSION
 from tests.fakes.agent_peer import AgentPeer
 from tests.unit.test_guest_client import real_agent, run
 
 
 def test_this_agent_has_every_capability() -> None:
     # A capability is added with the agent version that brings it.
-    assert protocol.capabilities_since(int(AGENT_VERSION)) == sorted(protocol.CAPABILITIES)
+    assert capabilities.capabilities_since(int(AGENT_VERSION)) == sorted(capabilities.CAPABILITIES)
 
 
 def test_ping_reports_capabilities_and_typed_calls_work(tmp_path: Path) -> None:
@@ -35,10 +35,10 @@ def test_ping_reports_capabilities_and_typed_calls_work(tmp_path: Path) -> None:
         try:
             pong = await client.ping()
             assert pong["pong"] is True and pong["agent_version"] == AGENT_VERSION
-            assert pong.get("capabilities") == protocol.capabilities_since(int(AGENT_VERSION))
+            assert pong.get("capabilities") == capabilities.capabilities_since(int(AGENT_VERSION))
             caps = await client.capabilities()
-            assert caps.names == frozenset(protocol.CAPABILITIES)
-            require(caps, *protocol.CAPABILITIES)  # this agent can do everything: no refusal
+            assert caps.names == frozenset(capabilities.CAPABILITIES)
+            require(caps, *capabilities.CAPABILITIES)  # this agent can do everything: no refusal
             done = await client.exec({"args": ["echo", "hi"]}, timeout=30)
             assert done["stdout"] == "hi\n" and done["exit_code"] == 0
             assert (await client.eval({"code": "6 * 7"}, timeout=30))["result"] == "42"
@@ -57,22 +57,22 @@ def test_ping_reports_capabilities_and_typed_calls_work(tmp_path: Path) -> None:
 
 def test_an_old_agent_is_mapped_from_its_version() -> None:
     """An agent older than "13" lists nothing: its agent_version says what it can do."""
-    old = protocol.Capabilities.of({"pong": True, "agent_version": "8"})
+    old = capabilities.Capabilities.of({"pong": True, "agent_version": "8"})
     assert old.agent_version == 8
-    assert old.names == {protocol.CAP_PYTHON, protocol.CAP_USER, protocol.CAP_WATCH}
-    assert protocol.Capabilities.of({"pong": True}).names == frozenset()  # version 0: nothing
+    assert old.names == {capabilities.CAP_PYTHON, capabilities.CAP_USER, capabilities.CAP_WATCH}
+    assert capabilities.Capabilities.of({"pong": True}).names == frozenset()  # version 0: nothing
     # A list, when given, is what the agent says, whatever its version; junk in it counts for nothing.
-    listed = protocol.Capabilities.of({"agent_version": "99", "capabilities": ["pty", 7, None]})
-    assert listed.names == {protocol.CAP_PTY}
-    assert protocol.Capabilities.of({"agent_version": "9", "capabilities": "pty"}).names == frozenset(
-        protocol.capabilities_since(9))  # not a list: mapped from the version
+    listed = capabilities.Capabilities.of({"agent_version": "99", "capabilities": ["pty", 7, None]})
+    assert listed.names == {capabilities.CAP_PTY}
+    assert capabilities.Capabilities.of({"agent_version": "9", "capabilities": "pty"}).names == frozenset(
+        capabilities.capabilities_since(9))  # not a list: mapped from the version
 
 
 def test_require_is_one_clear_409() -> None:
-    old = protocol.Capabilities.of({"agent_version": "8"})
-    require(old, protocol.CAP_USER, protocol.CAP_WATCH)
+    old = capabilities.Capabilities.of({"agent_version": "8"})
+    require(old, capabilities.CAP_USER, capabilities.CAP_WATCH)
     with pytest.raises(Conflict) as refused:
-        require(old, protocol.CAP_PTY, protocol.CAP_WATCH, protocol.CAP_METADATA,
+        require(old, capabilities.CAP_PTY, capabilities.CAP_WATCH, capabilities.CAP_METADATA,
                 subject="sandbox 'sb-1'")
     assert refused.value.status == 409
     assert str(refused.value) == ("sandbox 'sb-1' runs guest agent version 8, which predates "
@@ -89,16 +89,16 @@ def test_an_agent_on_forkds_runtime_has_no_python_and_eval_is_a_400_saying_why(
     monkeypatch.setattr(sys, "prefix", RUNTIME_PREFIX)
     monkeypatch.chdir(tmp_path)  # pid1_defaults changes this process's (the agent's) cwd and environment:
     monkeypatch.setenv("GREETING", "")  # both are put back after
-    assert restore.capabilities() == sorted(set(protocol.CAPABILITIES) - {protocol.CAP_PYTHON})
+    assert restore.capabilities() == sorted(set(capabilities.CAPABILITIES) - {capabilities.CAP_PYTHON})
     sock = tmp_path / "agent.sock"
 
     async def scenario() -> None:
         client = await AgentClient(sock).connect()
         try:
             caps = await client.capabilities()
-            require(caps, protocol.CAP_PTY, protocol.CAP_USER)  # everything else is there
+            require(caps, capabilities.CAP_PTY, capabilities.CAP_USER)  # everything else is there
             with pytest.raises(InvalidRequest) as refused:
-                require(caps, protocol.CAP_PYTHON, subject="sandbox 'sb-1'")
+                require(caps, capabilities.CAP_PYTHON, subject="sandbox 'sb-1'")
             assert refused.value.status == 400
             assert str(refused.value).startswith("sandbox 'sb-1' cannot run Python code: its image has "
                                                  "no Python of its own")
@@ -120,10 +120,10 @@ def test_an_agent_on_forkds_runtime_has_no_python_and_eval_is_a_400_saying_why(
         run(scenario())
     # Older agents had Python, as every one did: one mapped from its version, and one that lists its
     # capabilities but predates listing "python" (a snapshot of forkd's last release).
-    assert protocol.CAP_PYTHON in protocol.Capabilities.of({"agent_version": "8"}).names
-    listed_without = protocol.Capabilities.of({"agent_version": "14", "capabilities": ["pty", "user"]})
-    assert listed_without.names == {protocol.CAP_PYTHON, protocol.CAP_PTY, protocol.CAP_USER}
-    require(listed_without, protocol.CAP_PYTHON)
+    assert capabilities.CAP_PYTHON in capabilities.Capabilities.of({"agent_version": "8"}).names
+    listed_without = capabilities.Capabilities.of({"agent_version": "14", "capabilities": ["pty", "user"]})
+    assert listed_without.names == {capabilities.CAP_PYTHON, capabilities.CAP_PTY, capabilities.CAP_USER}
+    require(listed_without, capabilities.CAP_PYTHON)
 
 
 class _VM:
@@ -166,10 +166,10 @@ def test_the_agent_gateway_refuses_a_missing_capability(tmp_path: Path, pong: di
 
     async def scenario() -> None:
         try:
-            await table.require_agent("sb-1", protocol.CAP_USER, protocol.CAP_WATCH)  # it has these
+            await table.require_agent("sb-1", capabilities.CAP_USER, capabilities.CAP_WATCH)  # it has these
             with pytest.raises(Conflict, match=r"^sandbox 'sb-1' runs guest agent version \d+, which "
                                                r"predates terminals \(pty\): create its snapshot again"):
-                await table.require_agent("sb-1", protocol.CAP_PTY)
+                await table.require_agent("sb-1", capabilities.CAP_PTY)
         finally:
             for client in clients:
                 await client.close()

@@ -9,7 +9,7 @@ import errno
 
 import pytest
 
-from forkd.guest import protocol
+from forkd.guest import capabilities, protocol
 from forkd.guest.agent.freeze import (
     FIFREEZE,
     FITHAW,
@@ -63,7 +63,7 @@ def test_hostile_mounts_are_refused(mounts: object, message: str) -> None:
 
 
 def test_a_live_cut_of_volumes_needs_an_agent_that_freezes_them() -> None:
-    old = protocol.Capabilities.of({"pong": True, "agent_version": "13"})
-    assert old.lacks(protocol.CAP_FREEZE_MOUNTS) == [protocol.CAP_FREEZE_MOUNTS]
-    new = protocol.Capabilities.of({"pong": True, "agent_version": protocol.AGENT_VERSION})
-    assert new.lacks(protocol.CAP_FREEZE_MOUNTS) == []
+    old = capabilities.Capabilities.of({"pong": True, "agent_version": "13"})
+    assert old.lacks(capabilities.CAP_FREEZE_MOUNTS) == [capabilities.CAP_FREEZE_MOUNTS]
+    new = capabilities.Capabilities.of({"pong": True, "agent_version": capabilities.AGENT_VERSION})
+    assert new.lacks(capabilities.CAP_FREEZE_MOUNTS) == []

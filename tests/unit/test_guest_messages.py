@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from forkd.errors import GuestError
-from forkd.guest import messages, protocol, schema
+from forkd.guest import capabilities, messages, protocol, schema
 from forkd.guest.client import AgentClient
 from tests.fakes.guest import ScriptedGuest
 
@@ -212,7 +212,7 @@ ROUND_TRIPS: dict[str, tuple[Scenario, Callable[[Any], bool]]] = {
     "proc_input": (proc_input, lambda r: r == {"written": 2}),
     "proc_signal": (proc_signal, lambda r: r["signalled"] is True),
     "proc_resize": (proc_resize, lambda r: r == {"resized": True}),
-    "ping": (ping, lambda r: r["pong"] is True and r["agent_version"] == protocol.AGENT_VERSION),
+    "ping": (ping, lambda r: r["pong"] is True and r["agent_version"] == capabilities.AGENT_VERSION),
     "fsfreeze": (fsfreeze, lambda r: r == {"frozen": True}),
     "eval": (eval_, lambda r: r["result"] == "42" and r["exit_code"] == 0),
 }

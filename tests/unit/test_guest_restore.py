@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from forkd.guest.agent import restore, trust
-from forkd.guest.protocol import AGENT_VERSION, RequestError
+from forkd.guest.capabilities import AGENT_VERSION
+from forkd.guest.protocol import RequestError
 
 
 class FakeNumpy(types.ModuleType):

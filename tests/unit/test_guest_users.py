@@ -22,8 +22,9 @@ from forkd.errors import Conflict, InvalidRequest
 from forkd.guest.agent import users
 from forkd.guest.agent.reaper import Reaper
 from forkd.guest.agent.spawn import parse_common, spawn
+from forkd.guest.capabilities import CAP_USER
 from forkd.guest.client import AgentClient
-from forkd.guest.protocol import CAP_USER, INVALID, PING, RequestError
+from forkd.guest.protocol import INVALID, PING, RequestError
 from forkd.image import rootfs
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")

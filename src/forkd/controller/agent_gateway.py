@@ -30,7 +30,7 @@ from typing import TypeVar
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.errors import GuestError, NotFound, SandboxGone
-from forkd.guest import protocol
+from forkd.guest.capabilities import CAP_USER, Capabilities
 from forkd.guest.client import AgentClient, AgentStream, require
 from forkd.store.records import SandboxRecord
 from forkd.vmm.machine import VM
@@ -50,7 +50,7 @@ class AgentGateway:
         self._requests: dict[str, int] = {}
         # Each VM's agent capabilities, asked once (``require_agent``), with (a weak reference to)
         # its VM: a new VM (a wake, a restart) asks again, and a VM gone keeps nothing alive.
-        self._capabilities: dict[str, tuple[weakref.ref[VM], protocol.Capabilities]] = {}
+        self._capabilities: dict[str, tuple[weakref.ref[VM], Capabilities]] = {}
         events.on_removed(self._forget)
 
     async def _forget(self, record: SandboxRecord) -> None:
@@ -126,13 +126,13 @@ class AgentGateway:
                 raise explained from exc
 
     async def require_agent(self, sandbox_id: str, *features: str) -> None:
-        """Refuse (409) a request that needs capabilities (``protocol.CAP_*``) its guest agent
+        """Refuse (409) a request that needs capabilities (guest/capabilities.py's ``CAP_*``) its guest agent
         lacks, which would ignore the request's new fields (a snapshot made by an older forkd): the
         agent is asked once per VM (ping), and ``forkd.guest.client.require`` refuses."""
         sandbox_id = self._table.resolve(sandbox_id)
         require(await self.capabilities(sandbox_id), *features, subject=f"sandbox {sandbox_id!r}")
 
-    async def capabilities(self, sandbox_id: str) -> protocol.Capabilities:
+    async def capabilities(self, sandbox_id: str) -> Capabilities:
         """What the sandbox's guest agent can do, asked once per VM (ping)."""
         sandbox_id = self._table.resolve(sandbox_id)
         vm = await self.for_call(sandbox_id)
@@ -146,7 +146,7 @@ class AgentGateway:
     async def require_user_support(self, sandbox_id: str, user: str | None) -> None:
         """``require_agent`` for a request that acts as ``user`` (None: as root, any agent will do)."""
         if user is not None:
-            await self.require_agent(sandbox_id, protocol.CAP_USER)
+            await self.require_agent(sandbox_id, CAP_USER)
 
     async def stream(self, sandbox_id: str,
                      open_: Callable[[AgentClient], Awaitable[AgentStream]]) -> AgentStream:

@@ -18,7 +18,7 @@ from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.kernel_cells import KernelCells
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import GuestError, InvalidRequest
-from forkd.guest import code_messages, protocol
+from forkd.guest import capabilities, code_messages, protocol
 
 # A cell's stdout/stderr, as the agent caps them, plus its note; anything longer is a lie.
 MAX_STREAM_CHARS = (1 << 20) + 200
@@ -91,9 +91,9 @@ class CodeRunner:
             except protocol.RequestError as exc:
                 raise InvalidRequest(str(exc)) from None
             if language != "python":  # an older agent refuses it, but says only python is served
-                await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
+                await self._agents.require_agent(sandbox_id, capabilities.CAP_KERNEL_LANGUAGE)
         if language in (None, "python"):
-            await self._agents.require_agent(sandbox_id, protocol.CAP_PYTHON)
+            await self._agents.require_agent(sandbox_id, capabilities.CAP_PYTHON)
         if cwd is not None:
             req["cwd"] = cwd
         return _context(await self._agents.call(sandbox_id, lambda agent: agent.context_create(req, 30)))

@@ -22,7 +22,7 @@ from forkd import bounds
 from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.results import DirListing, FileEntry, MkdirResult
 from forkd.errors import Conflict, GuestError, InvalidRequest, TooLarge
-from forkd.guest import messages, protocol
+from forkd.guest import capabilities, messages, protocol
 
 # Pieces in flight per transfer: enough to keep the port busy while one is
 # being encoded on either side, small enough to bound memory (~4 MiB each).
@@ -176,7 +176,7 @@ class SandboxFiles:
             opening["mode"] = mode
         if metadata := check_metadata(metadata):
             # An older agent would drop it and answer as if it were stored.
-            await self._agents.require_agent(sandbox_id, protocol.CAP_METADATA)
+            await self._agents.require_agent(sandbox_id, capabilities.CAP_METADATA)
             opening["metadata"] = metadata
         if (as_user := await self._user(sandbox_id, user)) is not None:
             opening["user"] = as_user

@@ -27,7 +27,7 @@ from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import code_messages, protocol
+from forkd.guest import capabilities, code_messages, protocol
 from forkd.guest.client import AgentStream
 from forkd.vmm.machine import VM
 
@@ -173,7 +173,7 @@ class KernelCells:
                                                "env": env}
         if language is not None:
             if language != "python":
-                await self._agents.require_agent(sandbox_id, protocol.CAP_KERNEL_LANGUAGE)
+                await self._agents.require_agent(sandbox_id, capabilities.CAP_KERNEL_LANGUAGE)
             req["language"] = language
         if context is not None:
             req["context"] = context

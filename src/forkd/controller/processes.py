@@ -25,7 +25,7 @@ from forkd.controller.guest_streams import GuestEvents, StreamSlots
 from forkd.controller.results import ProcessEntry, SignalResult, StdinResult
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.errors import GuestError, InvalidRequest
-from forkd.guest import process_messages, protocol
+from forkd.guest import capabilities, process_messages, protocol
 from forkd.guest.client import AgentClient, AgentStream
 from forkd.guest.process_messages import ProcStartRequest
 
@@ -206,7 +206,7 @@ class SandboxProcesses:
         """409 on an agent too old for the request's user or terminal (it would ignore them)."""
         await self._agents.require_user_support(sandbox_id, user)
         if pty is not None:
-            await self._agents.require_agent(sandbox_id, protocol.CAP_PTY)
+            await self._agents.require_agent(sandbox_id, capabilities.CAP_PTY)
 
     # ------------------------------------------------------------- requests
 
@@ -249,7 +249,7 @@ class SandboxProcesses:
     async def resize(self, sandbox_id: str, pid: int, cols: int, rows: int) -> None:
         """Set the size of a process's terminal (409 for a process without one, 404 once ended)."""
         cols, rows = check_pty_size(cols, rows)
-        await self._agents.require_agent(sandbox_id, protocol.CAP_PTY)
+        await self._agents.require_agent(sandbox_id, capabilities.CAP_PTY)
         await self._agents.call(sandbox_id, lambda agent: agent.proc_resize(
             {"pid": pid, "cols": cols, "rows": rows}, CALL_TIMEOUT_SECS))
 

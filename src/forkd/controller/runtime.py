@@ -98,7 +98,7 @@ from forkd.controller.volumes import Volumes
 from forkd.controller.watches import DirWatches, WatchBatch, WatchEvent
 from forkd.controller.workspaces import Workspaces
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.guest import messages, protocol
+from forkd.guest import capabilities, messages, protocol
 from forkd.guest.protocol import RestoreInputs
 from forkd.host import cgroups
 from forkd.host.egress import EgressPolicy
@@ -457,7 +457,7 @@ class Runtime:
         if not isinstance(code, str):
             raise InvalidRequest("code must be a string")
         bounds.EVAL_TIMEOUT.check(timeout_secs)
-        await self.agents.require_agent(sandbox_id, protocol.CAP_PYTHON)  # 400 on an image without Python
+        await self.agents.require_agent(sandbox_id, capabilities.CAP_PYTHON)  # 400 on an image without Python
         # The agent enforces the limit and answers (a TimeoutError reply, exit_code 1);
         # the grace only catches a wedged guest.
         result = await self.agents.call(sandbox_id, lambda agent: agent.eval(

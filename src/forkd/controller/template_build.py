@@ -61,7 +61,7 @@ from forkd.controller.processes import ProcessEvents
 from forkd.controller.results import ContextReport, EvalResult, ExecResult
 from forkd.controller.templates import SnapshotSpec, TemplateBuilder
 from forkd.errors import Conflict, InvalidRequest, NotFound
-from forkd.guest import protocol
+from forkd.guest import capabilities
 from forkd.host.egress import EgressPolicy
 from forkd.image.builder import Image, load_image
 from forkd.image.oci import Credentials
@@ -418,7 +418,7 @@ class TemplateBuilds:
             script = f"mkdir -p -- {shlex.quote(plan.workdir)} && rm -f {PROFILE}"
         await self._checked(sandbox, ["/bin/sh", "-c", script], 60, "applying ENV and WORKDIR")
         agents = self._host.agents
-        if not (await agents.capabilities(sandbox)).lacks(protocol.CAP_PID1_DEFAULTS):
+        if not (await agents.capabilities(sandbox)).lacks(capabilities.CAP_PID1_DEFAULTS):
             # An action of its own: an image without Python has no eval to do it with.
             await agents.call(sandbox, lambda agent: agent.pid1_defaults(
                 {"env": plan.env, "cwd": plan.workdir}, 30))

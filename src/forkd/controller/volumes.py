@@ -33,7 +33,7 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.results import VolumeExportReport, VolumeReport
 from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
-from forkd.guest import protocol
+from forkd.guest import capabilities
 from forkd.guest.client import AgentClient, require
 from forkd.guest.messages import ExecRequest
 from forkd.store import layout
@@ -219,7 +219,7 @@ async def require_live_cut(vm: VM, entries: Sequence[dict[str, Any]], sandbox_id
     would freeze only the root, so the volumes' copies would not be crash-free."""
     if writable(entries):
         agent = await vm.call(lambda client: client.capabilities(30))
-        require(agent, protocol.CAP_FREEZE_MOUNTS, subject=f"sandbox {sandbox_id!r}")
+        require(agent, capabilities.CAP_FREEZE_MOUNTS, subject=f"sandbox {sandbox_id!r}")
 
 
 async def mount_in_guest(vm: VM, entries: Sequence[dict[str, Any]]) -> None:

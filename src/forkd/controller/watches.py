@@ -16,7 +16,7 @@ from forkd.controller.agent_gateway import AgentGateway
 from forkd.controller.files import check_path, checked_info
 from forkd.controller.results import FileEntry
 from forkd.errors import GuestError, InvalidRequest
-from forkd.guest import messages, protocol
+from forkd.guest import capabilities, messages, protocol
 from forkd.guest.client import checked_reply
 
 WatchEventType = Literal["create", "write", "remove", "rename", "chmod"]
@@ -64,10 +64,10 @@ class DirWatches:
         """A new watcher of directory ``path``; its id (the guest's, at most ``MAX_WATCHERS``).
         With ``include_entry``, its events carry the entry they name."""
         path = check_path(path)
-        await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH)
+        await self._agents.require_agent(sandbox_id, capabilities.CAP_WATCH)
         req: messages.WatchCreateRequest = {"op": "create", "path": path, "recursive": recursive}
         if include_entry:
-            await self._agents.require_agent(sandbox_id, protocol.CAP_WATCH_ENTRIES)
+            await self._agents.require_agent(sandbox_id, capabilities.CAP_WATCH_ENTRIES)
             req["entries"] = True
         result = await self._agents.call(sandbox_id, lambda agent: agent.watch_create(req, CALL_GRACE_SECS))
         watcher = result["watcher"]

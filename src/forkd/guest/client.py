@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import code_messages, messages, process_messages, protocol, schema
+from forkd.guest import capabilities, code_messages, messages, process_messages, protocol, schema
+from forkd.guest.capabilities import Capabilities
 from forkd.guest.transport import AgentStream, AgentTransport, decode_output, error_of
 
 # How long a call waits for its answer (None: for ever).
@@ -29,16 +30,16 @@ T = TypeVar("T")
 __all__ = ["AgentClient", "AgentStream", "checked_reply", "decode_output", "error_of", "require"]
 
 
-def require(agent: protocol.Capabilities, *needed: str, subject: str = "the sandbox") -> None:
+def require(agent: Capabilities, *needed: str, subject: str = "the sandbox") -> None:
     """Refuse (409) a request that needs capabilities the agent lacks: an older agent would
     ignore the request's new fields, or not know its action (a snapshot made by an older forkd)."""
     missing = agent.lacks(*needed)
     for name in missing:  # one the image lacks, whatever the agent's version: the request's mistake
-        cap = protocol.CAPABILITIES.get(name)
+        cap = capabilities.CAPABILITIES.get(name)
         if cap is not None and cap.lacking and agent.agent_version >= cap.since:
             raise InvalidRequest(f"{subject} cannot run {cap.feature}: {cap.lacking}")
     if missing:
-        known = protocol.CAPABILITIES
+        known = capabilities.CAPABILITIES
         what = ", ".join(known[name].feature if name in known else name for name in missing)
         raise Conflict(f"{subject} runs guest agent version {agent.agent_version}, which predates "
                        f"{what}: create its snapshot again with this version of forkd")
@@ -70,9 +71,9 @@ class AgentClient(AgentTransport):
     async def ping(self, timeout: Timeout = 30.0) -> messages.PingReply:
         return await self._ask(protocol.PING, messages.PingReply, {}, timeout)
 
-    async def capabilities(self, timeout: Timeout = 30.0) -> protocol.Capabilities:
+    async def capabilities(self, timeout: Timeout = 30.0) -> Capabilities:
         """What this agent can do (one ping)."""
-        return protocol.Capabilities.of(await self.ping(timeout))
+        return Capabilities.of(await self.ping(timeout))
 
     async def exec(self, req: messages.ExecRequest, timeout: Timeout) -> messages.ExecReply:
         return await self._ask(protocol.EXEC, messages.ExecReply, req, timeout)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from qemu.qmp import EventListener
 
 from forkd.errors import BootTimeout, GuestError, VMError
-from forkd.guest import messages, protocol
+from forkd.guest import capabilities, messages
 from forkd.guest.client import AgentClient, require
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import VMConfig
@@ -248,7 +248,8 @@ class VM:
                         f"({attempt} attempts in {timeout:.0f}s): {exc}\n{self.process.tail(lines=60)}"
                     ) from exc
                 continue
-            require(protocol.Capabilities.of(reply), *inputs.needs(), subject="the restored child")
+            require(capabilities.Capabilities.of(reply), *capabilities.needed_by(inputs),
+                    subject="the restored child")
             return reply
 
     async def step_clock(self, timeout: float) -> messages.RestoredReply:

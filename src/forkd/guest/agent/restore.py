@@ -32,15 +32,9 @@ from typing import Any
 
 from forkd.guest.agent import RUNTIME_PREFIX
 from forkd.guest.agent.trust import trust_ca
+from forkd.guest.capabilities import AGENT_VERSION, CAP_PYTHON, CAPABILITIES, capabilities_since
 from forkd.guest.messages import RestoredReply
-from forkd.guest.protocol import (
-    AGENT_VERSION,
-    CAP_PYTHON,
-    CAPABILITIES,
-    RequestError,
-    RestoreInputs,
-    capabilities_since,
-)
+from forkd.guest.protocol import RequestError, RestoreInputs
 
 # <linux/random.h>
 RNDADDENTROPY = 0x40085203
@@ -125,7 +119,7 @@ def reseed_after_restore(req: dict[str, Any], namespace: dict[str, Any]) -> Rest
     marks.append(time.perf_counter_ns())
     steps = {name: (b - a) // 1000 for name, a, b in zip(STEPS, marks, marks[1:], strict=False)}
     # agent_version, capabilities: the host refuses inputs this agent would have ignored
-    # (RestoreInputs.needs, protocol.Capabilities).
+    # (guest/capabilities.py: needed_by, Capabilities).
     return {"reseeded": reseeded, "clock_stepped": clock_stepped, "time_ns": time.time_ns(),
             "env_set": len(inputs.env), "steps_us": steps, "agent_version": AGENT_VERSION,
             "capabilities": capabilities()}

@@ -42,7 +42,7 @@ from forkd.guest.agent.uploads import Uploads
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
-from forkd.guest.protocol import AGENT_VERSION, RequestError
+from forkd.guest.capabilities import AGENT_VERSION
 
 READ_CHUNK = 1 << 16
 # A signal request waits at most this long for the process to end (``wait_ms``).
@@ -158,7 +158,7 @@ class Agent:
         action = req.get("action")
         handler = self.handlers.get(action) if isinstance(action, str) else None
         if handler is None:
-            raise RequestError(f"unknown action {action!r}")
+            raise protocol.RequestError(f"unknown action {action!r}")
         messages.check_request(str(action), req)  # its fields' types, before any handler reads them
         return handler(req)
 
@@ -173,7 +173,7 @@ class Agent:
             if result is None or not has_id:
                 return
             self.channel.reply(req_id, result)
-        except RequestError as exc:
+        except protocol.RequestError as exc:
             if has_id:
                 self.channel.error(req_id, str(exc), exc.kind)
         except Exception as exc:  # the agent must outlive any bug in one request
