@@ -146,6 +146,21 @@ def nat_elements(table: str) -> set[str]:
     return {str(e) for e in (sets[0].get("elem") or [])} if sets else set()
 
 
+def veth_still_of(veth: str, netns: str | None) -> bool:
+    """Whether host veth ``veth`` still leads into ``netns``, or into a namespace no name holds any
+    more (``netns``, deleted but kept alive). The same ``fkn<i>`` may by now be another sandbox's,
+    of this daemon or of another on the host (they share the index space): its peer's namespace
+    then has that sandbox's name, and it is not this sandbox's leftover."""
+    shown = subprocess.run(["ip", "-j", "-d", "link", "show", "dev", veth], capture_output=True, text=True)
+    if shown.returncode != 0:
+        return False  # gone
+    nsid = (json.loads(shown.stdout) or [{}])[0].get("link_netnsid")
+    ids = json.loads(subprocess.run(["ip", "-j", "netns", "list-id"], capture_output=True, text=True,
+                                    check=True).stdout or "[]")
+    name = next((i.get("name") for i in ids if i.get("nsid") == nsid), None)
+    return name is None or name == netns
+
+
 def assert_nothing_left(sbs: list[SandboxRecord]) -> None:
     """No namespace, veth, lease, masquerade element or cgroup of these sandboxes."""
     for sb in sbs:
@@ -153,7 +168,7 @@ def assert_nothing_left(sbs: list[SandboxRecord]) -> None:
         if sb.netns and (net is None or net.owns_netns):
             assert not Path("/run/netns", sb.netns).exists(), f"namespace {sb.netns} left behind"
         if net is not None and net.veth:
-            assert not Path("/sys/class/net", net.veth).exists(), f"veth {net.veth} left behind"
+            assert not veth_still_of(net.veth, sb.netns), f"veth {net.veth} left behind"
             assert net.ip not in nat_elements(net.nat_table)
         assert not (Path(sb.dir).parent.parent / "net" / f"{sb.id}.json").exists(), f"lease of {sb.id}"
         for cg in [sb.cgroup, *sb.cgroup_extra]:
@@ -807,7 +822,7 @@ def test_a_restarted_daemon_keeps_live_networks_and_reaps_dead_ones(env: Env) ->
     assert set(env.rt.networks.owners()) == {alive.id}
     assert_nothing_left([dead])
     assert not Path("/run/netns", orphan.netns).exists()
-    assert orphan.veth and not Path("/sys/class/net", orphan.veth).exists()
+    assert orphan.veth and not veth_still_of(orphan.veth, orphan.netns)
     assert host_fetch(alive.info()["ip"]).startswith("alive ")  # re-adopted, still reachable
     env.kill([alive])
     assert_nothing_left([alive])
