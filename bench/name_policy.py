@@ -171,13 +171,8 @@ async def first_connections(named: list[ChildNet], gateway: str, folder: Path) -
         ca = SandboxCA.make(f"bench {i}")  # each sandbox's own, as the daemon makes it
 
         def serve_for(name: str, tls: bool, netns: str = net.netns, ca: SandboxCA = ca) -> ServeFn:
-            async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, head: bytes,
-                            to: tuple[str, int]) -> tuple[bool, str]:
-                done = await egress_tls.intercept(r, w, head, tls=tls, name=name, dst=to, rule=rule, ca=ca,
-                                                  resolve={"TOKEN": "bench-secret"}.get,
-                                                  dial=dnsguard.dial_from(netns))
-                return done.refused is None, done.refused or "intercepted"
-            return serve
+            return egress_tls.server_for(name, tls, rule=rule, ca=ca, resolve={"TOKEN": "bench-secret"}.get,
+                                         dial=dnsguard.dial_from(netns))
 
         inspector = Inspector(lambda name, _d: RULES.allows_connection(name, 443), lambda *e: log.append(e),
                               destination=lambda _s: dst, intercept=serve_for)

@@ -66,15 +66,8 @@ async def _setup(tmp_path: Path, upstream: Upstream, *, tls: bool = True,
         rule = POLICY.rule_for(name)
         if rule is None:
             return None
-
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter, head: bytes,
-                        to: Address) -> tuple[bool, str]:
-            done = await egress_tls.intercept(r, w, head, tls=is_tls, name=name, dst=to, rule=rule,
-                                              ca=sandbox_ca, resolve=resolve,
-                                              dial=lambda a: asyncio.open_connection(*a))
-            return done.refused is None, done.refused or f"{done.requests} {sorted(done.secrets)} " \
-                f"{sorted(done.unknown)}"
-        return serve
+        return egress_tls.server_for(name, is_tls, rule=rule, ca=sandbox_ca, resolve=resolve,
+                                     dial=lambda a: asyncio.open_connection(*a))
 
     inspector = Inspector(lambda name, d: POLICY.allows_connection(name, d[1]), lambda *e: log.append(e),
                           destination=lambda _s: dst, intercept=intercept)
@@ -140,7 +133,8 @@ def test_a_rule_sets_its_headers_and_secrets_are_put_in_at_egress(
     assert b1 == expected and h1["content-length"] == str(len(expected))  # re-framed
     assert h2["x-missing"] == "${secrets.NOPE}"  # no such secret: left as it was
     [(name, _dst, allowed, detail)] = log
-    assert (name, allowed) == ("api.test", True) and detail == "2 ['TOKEN'] ['NOPE']"
+    assert (name, allowed) == ("api.test", True)
+    assert detail == "intercepted (header rule): 2 request(s); secrets put in: TOKEN; no such secret: NOPE"
     assert SECRET not in repr(log)
 
 

@@ -217,24 +217,10 @@ class NameGuard:
 
     def _serve_for(self, sb: _Sandbox, name: str, tls: bool) -> ServeFn | None:
         rule = sb.net.egress.rule_for(name)
-        ca = sb.ca
-        if rule is None or ca is None:
+        if rule is None or sb.ca is None:
             return None
-        resolve, netns = self._resolve_secret, sb.net.netns
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes,
-                        dst: Address) -> tuple[bool, str]:
-            done = await egress_tls.intercept(reader, writer, head, tls=tls, name=name, dst=dst, rule=rule,
-                                              ca=ca, resolve=resolve, dial=dial_from(netns))
-            if done.refused is not None:
-                return False, done.refused
-            detail = f"intercepted (header rule): {done.requests} request(s)"
-            if done.secrets:
-                detail += f"; secrets put in: {', '.join(sorted(done.secrets))}"
-            if done.unknown:
-                detail += f"; no such secret: {', '.join(sorted(done.unknown))}"
-            return True, detail
-        return serve
+        return egress_tls.server_for(name, tls, rule=rule, ca=sb.ca, resolve=self._resolve_secret,
+                                     dial=dial_from(sb.net.netns))
 
     async def detach(self, owner: str) -> None:
         """Stop serving ``owner``: its socket closed (its namespace may go), its answers abandoned."""
@@ -297,7 +283,7 @@ class NameGuard:
         question = query.question[0]
         qname = question.name.to_text(omit_final_dot=True).lower()
         if question.rdclass != dns.rdataclass.IN or not sb.net.egress.allowed_name(qname):
-            self._note(sb, qname, False, "not allowed by the sandbox's egress policy")
+            sb.note("dns", qname, False, "not allowed by the sandbox's egress policy")
             resp.set_rcode(dns.rcode.REFUSED)
             return self._wire(query, resp)
         if question.rdtype not in NO_ADDRESS_TYPES:
@@ -305,7 +291,7 @@ class NameGuard:
                 await self._resolve(sb, question.name, qname, question.rdtype, resp)
             except (dns.exception.DNSException, OSError, VMError, ValueError) as exc:
                 log.debug("resolving %s for %s: %s", qname, sb.net.owner, exc)
-                self._note(sb, qname, False, f"not resolved: {str(exc)[:200]}")
+                sb.note("dns", qname, False, f"not resolved: {str(exc)[:200]}")
                 resp.answer = []
                 resp.set_rcode(dns.rcode.SERVFAIL)
                 return self._wire(query, resp)
@@ -328,14 +314,14 @@ class NameGuard:
         for r in resp.answer:
             r.ttl = min(r.ttl, MAX_TTL)  # the guest caches no longer than its elements live
         if not addresses:
-            self._note(sb, qname, True, "no address")
+            sb.note("dns", qname, True, "no address")
             return
         ttl = min(r.ttl for r in a_sets)
         indices = sb.net.egress.name_sets(qname)
         if indices:  # else allowed by allow_internet_access, which needs no element
             await self._install(sb.net, netplan.name_elements(
                 indices, addresses, max(MIN_TTL, ttl) + GRACE_SECS))
-        self._note(sb, qname, True, ", ".join(str(a) for a in addresses))
+        sb.note("dns", qname, True, ", ".join(str(a) for a in addresses))
 
     async def _forward(self, name: dns.name.Name, rdtype: int) -> dns.message.Message:
         """A fresh question (nothing of the guest's but the name and type) to the upstreams."""
@@ -360,10 +346,6 @@ class NameGuard:
             resp.answer = []
             resp.flags |= dns.flags.TC
             return resp.to_wire(max_size=limit)
-
-    @staticmethod
-    def _note(sb: _Sandbox, qname: str, allowed: bool, detail: str) -> None:
-        sb.note("dns", qname, allowed, detail)
 
     def _read_hosts(self) -> dict[str, list[IPv4Address]]:
         """``$FORKD_DNS_HOSTS`` (hosts(5) lines: an IPv4 address, then names), read again when it

@@ -35,7 +35,7 @@ import os
 import re
 import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from forkd.host.egress import HostRule
+from forkd.host.egress_inspect import Address, DialFn, ServeFn
 
 CA_FILE_ENV = "FORKD_EGRESS_CA_FILE"
 MAX_BODY = 1 << 20  # a request body read to resolve placeholders in it; larger: 413
@@ -57,9 +58,6 @@ CHUNK = 65536
 IDLE_SECS = 120.0  # a connection with no request or response bytes for this long is closed
 _PLACEHOLDER = re.compile(rb"\$\{(?:e2b\.)?secrets\.([A-Za-z_][A-Za-z0-9_]{0,127})\}")
 
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-Address = tuple[str, int]
-Dial = Callable[[Address], Awaitable[Streams]]
 Resolve = Callable[[str], str | None]
 
 
@@ -251,6 +249,17 @@ class Outcome:
     unknown: set[str] = field(default_factory=set)
     refused: str | None = None
 
+    def verdict(self) -> tuple[bool, str]:
+        """Whether it went through, and the network log's words for it."""
+        if self.refused is not None:
+            return False, self.refused
+        detail = f"intercepted (header rule): {self.requests} request(s)"
+        if self.secrets:
+            detail += f"; secrets put in: {', '.join(sorted(self.secrets))}"
+        if self.unknown:
+            detail += f"; no such secret: {', '.join(sorted(self.unknown))}"
+        return True, detail
+
 
 def resolve_placeholders(data: bytes, resolve: Resolve, outcome: Outcome) -> bytes:
     """``data`` with each ``${secrets.NAME}`` of a known secret replaced by its value."""
@@ -291,6 +300,17 @@ async def _next_event(conn: h11.Connection, source: _TlsServerSide | asyncio.Str
         conn.receive_data(data)
 
 
+def server_for(name: str, tls: bool, *, rule: HostRule, ca: SandboxCA, resolve: Resolve,
+               dial: DialFn) -> ServeFn:
+    """The inspector's way to serve a connection to ``name``, a host with ``rule``."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes,
+                    dst: Address) -> tuple[bool, str]:
+        done = await intercept(reader, writer, head, tls=tls, name=name, dst=dst, rule=rule, ca=ca,
+                               resolve=resolve, dial=dial)
+        return done.verdict()
+    return serve
+
+
 async def _next_request(server: h11.Connection, guest: _TlsServerSide,
                         up_r: asyncio.StreamReader) -> object:
     """The guest's next request, or None once the server closes the connection (or both sides
@@ -315,7 +335,7 @@ async def _next_request(server: h11.Connection, guest: _TlsServerSide,
 
 async def intercept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, *,
                     tls: bool, name: str, dst: Address, rule: HostRule, ca: SandboxCA,
-                    resolve: Resolve, dial: Dial) -> Outcome:
+                    resolve: Resolve, dial: DialFn) -> Outcome:
     """Serve one intercepted guest connection (``head``: its first bytes, already read) until
     either side closes; what it did is returned for the log."""
     outcome = Outcome()
