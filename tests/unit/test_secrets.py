@@ -81,9 +81,10 @@ def test_a_sealed_value_opens_only_under_its_own_name_and_key(tmp_path: Path) ->
 
 def test_the_python_sdk_makes_lists_updates_and_deletes_secrets(api: Daemon) -> None:
     """The SDK's calls against the real app (its transport is the test client's)."""
-    from forkd.sdk import _calls
+    from forkd.sdk import _secret_calls as _calls
+    from forkd.sdk._http import Call
 
-    def send(call: _calls.Call) -> object:
+    def send(call: Call) -> object:
         r = api.client.request(call.method, call.path, json=call.json)
         assert r.status_code < 300, r.text
         return r.json() if r.content else None

@@ -456,26 +456,6 @@ def create_volume(name: str, *, size_mib: int | None, source: str | None) -> Cal
     return Call("POST", "/v1/volumes", json=body, read_timeout=None)
 
 
-def create_secret(name: str, value: str, *, metadata: dict[str, str] | None) -> Call:
-    return Call("POST", "/v1/secrets", json=_put({"name": name, "value": value}, metadata=metadata))
-
-
-def list_secrets() -> Call:
-    return Call("GET", "/v1/secrets")
-
-
-def get_secret(name: str) -> Call:
-    return Call("GET", f"/v1/secrets/{_seg(name)}")
-
-
-def update_secret(name: str, *, value: str | None, metadata: dict[str, str] | None) -> Call:
-    return Call("PUT", f"/v1/secrets/{_seg(name)}", json=_put({}, value=value, metadata=metadata))
-
-
-def delete_secret(name: str) -> Call:
-    return Call("DELETE", f"/v1/secrets/{_seg(name)}")
-
-
 def list_volumes() -> Call:
     return Call("GET", "/v1/volumes")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from forkd.sdk import _calls
+from forkd.sdk import _secret_calls
 from forkd.sdk.models import SecretInfo
 
 from .transport import Transport
@@ -20,21 +20,22 @@ class SecretRoutes(Transport):
                             metadata: dict[str, str] | None = None) -> SecretInfo:
         """``POST /v1/secrets``: ``value`` is never returned; ``${secrets.NAME}`` names it in a
         header rule's header or in a request to a host with a rule (``network={"rules": ...}``)."""
-        return cast(SecretInfo, self._send(_calls.create_secret(name, value, metadata=metadata)))
+        return cast(SecretInfo, self._send(_secret_calls.create_secret(name, value, metadata=metadata)))
 
     def list_secrets(self) -> list[SecretInfo]:
         """``GET /v1/secrets``: names, versions and labels (never a value)."""
-        return cast(list[SecretInfo], self._send(_calls.list_secrets()))
+        return cast(list[SecretInfo], self._send(_secret_calls.list_secrets()))
 
     def get_secret(self, name: str) -> SecretInfo:
         """``GET /v1/secrets/{name}``."""
-        return cast(SecretInfo, self._send(_calls.get_secret(name)))
+        return cast(SecretInfo, self._send(_secret_calls.get_secret(name)))
 
     def update_secret(self, name: str, *, value: str | None = None,
                             metadata: dict[str, str] | None = None) -> SecretInfo:
         """``PUT /v1/secrets/{name}``: a new value (its version goes up by one) or new labels."""
-        return cast(SecretInfo, self._send(_calls.update_secret(name, value=value, metadata=metadata)))
+        call = _secret_calls.update_secret(name, value=value, metadata=metadata)
+        return cast(SecretInfo, self._send(call))
 
     def delete_secret(self, name: str) -> None:
         """``DELETE /v1/secrets/{name}``."""
-        self._send(_calls.delete_secret(name))
+        self._send(_secret_calls.delete_secret(name))
