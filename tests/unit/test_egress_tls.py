@@ -325,3 +325,23 @@ def test_a_server_that_closes_after_its_response_closes_the_guests_connection(
         return got
 
     assert asyncio.run(go()).endswith(b"\r\n\r\nok")
+
+
+def test_an_unreachable_destination_is_a_logged_refusal(tmp_path: Path) -> None:
+    """The dial of an intercepted connection fails as the inspector's own splice does: logged."""
+    async def go() -> list[tuple[Any, ...]]:
+        server, front, ca, log = await _setup(tmp_path, Upstream())
+        server.close()
+        await server.wait_closed()  # nothing listens at the original destination any more
+        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+            await asyncio.to_thread(_client, front, ca, "api.test",
+                                    [b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n"] * 2)
+        for _ in range(500):
+            if log:
+                break
+            await asyncio.sleep(0.01)
+        front.close()
+        return log
+
+    log = asyncio.run(go())
+    assert log[0][0] == "api.test" and log[0][2:] == (False, "destination unreachable")

@@ -23,6 +23,8 @@ from forkd.host.egress_peek import MAX_PEEK, Peek, Verdict, peek_http, peek_tls
 _SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 _TLS_HANDSHAKE = 0x16
 NOT_ALLOWED = "name not allowed"
+UNREACHABLE = "destination unreachable"
+CONNECT_SECS = 10.0  # to reach a connection's original destination
 
 Address = tuple[str, int]
 # (name or None, destination, allowed, reason)
@@ -51,7 +53,7 @@ def original_dst(sock: socket.socket) -> Address:
 @dataclass(frozen=True, slots=True)
 class Limits:
     first_bytes_s: float = 10.0
-    connect_s: float = 10.0
+    connect_s: float = CONNECT_SECS
     max_connections: int = 64
     chunk: int = 65536
 
@@ -155,7 +157,7 @@ class Inspector:
         try:
             up_r, up_w = await asyncio.wait_for(self._dial(dst), self._limits.connect_s)
         except (OSError, TimeoutError):
-            self._log(peek.name, dst, False, "destination unreachable")
+            self._log(peek.name, dst, False, UNREACHABLE)
             return
         self._log(peek.name, dst, True, passed)
         try:

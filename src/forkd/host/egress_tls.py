@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from forkd.host.egress import HostRule
-from forkd.host.egress_inspect import Address, DialFn, ServeFn
+from forkd.host.egress_inspect import CONNECT_SECS, UNREACHABLE, Address, DialFn, ServeFn
 
 CA_FILE_ENV = "FORKD_EGRESS_CA_FILE"
 MAX_BODY = 1 << 20  # a request body read to resolve placeholders in it; larger: 413
@@ -352,7 +352,11 @@ async def intercept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
         outcome.refused = f"the guest's TLS handshake failed: {str(exc)[:160]}"
         return outcome
-    up_r, up_w = await dial(dst)
+    try:
+        up_r, up_w = await asyncio.wait_for(dial(dst), CONNECT_SECS)
+    except (OSError, TimeoutError):
+        outcome.refused = UNREACHABLE  # as the inspector's own splice says it
+        return outcome
     try:
         await up_w.start_tls(upstream_context(), server_hostname=name)
         await _relay(guest, up_r, up_w, rule, resolve, outcome)
