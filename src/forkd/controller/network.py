@@ -200,8 +200,7 @@ class Networks:
         net = self._leases.pop(owner, None)
         with contextlib.suppress(FileNotFoundError):
             self._lease_path(owner).unlink()
-        if (ca := self.names.ca_path(owner)) is not None:
-            ca.unlink(missing_ok=True)
+        self.names.forget_ca(owner)
         if net is not None:
             self._unclaim_index(net.index)
 

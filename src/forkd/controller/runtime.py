@@ -422,11 +422,13 @@ class Runtime:
             raise NotFound(f"sandbox {sandbox_id!r} is not alive")
         async with self.sandboxes.lock(resolved):
             record = self.sandboxes.records.get(resolved)  # 404: killed meanwhile
+            trusted = self.networks.names.trust_pem(resolved)
             await self.networks.update(record, egress)
             vm = self.sandboxes.vm(resolved)
-            if vm is not None and (pem := self.networks.names.trust_pem(resolved)) is not None:
-                # Header rules now: the running guest trusts its egress CA from here on (the same
-                # idempotent call as after a restore; a spawn's child got it with its restore).
+            pem = self.networks.names.trust_pem(resolved)
+            if vm is not None and pem is not None and pem != trusted:
+                # Header rules now, and none before: the running guest trusts its egress CA from
+                # here on (the restore's idempotent call; a spawn's child got it with its restore).
                 await vm.post_restore(TRUST_TIMEOUT_SECS, RestoreInputs(trust=pem))
         return self.sandboxes.records.get(resolved)
 

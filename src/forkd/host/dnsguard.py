@@ -199,13 +199,18 @@ class NameGuard:
             raise
         self._sandboxes[net.owner] = sb
 
-    def ca_path(self, owner: str) -> Path | None:
+    def _ca_path(self, owner: str) -> Path | None:
         return None if self._ca_dir is None else self._ca_dir / f"{owner}.ca.pem"
+
+    def forget_ca(self, owner: str) -> None:
+        """``owner``'s network is gone for good (not parked): its CA goes with it."""
+        if (path := self._ca_path(owner)) is not None:
+            path.unlink(missing_ok=True)
 
     def _ca_of(self, net: ChildNet) -> SandboxCA | None:
         """``net``'s CA if its policy has header rules: the one it has (a re-adopted or woken
         sandbox's guest trusts it already), else a new one."""
-        path = self.ca_path(net.owner)
+        path = self._ca_path(net.owner)
         if not net.egress.rules or path is None:
             return None
         return SandboxCA.load_or_make(path, net.owner)
