@@ -828,7 +828,9 @@ def test_kill9_keeps_what_a_guest_fsynced_to_its_volume(daemon: Daemon, http: ht
     """A sandbox with a copy volume, whose guest wrote and fsync'ed a file there (the write was
     acknowledged), outlives a kill -9 of the daemon: the restarted daemon re-adopts it with its
     volume, the file is there, the volume still takes writes, and a BRANCH after the restart
-    carries both to a child. Runs after the first kill -9 test, on the same module daemon."""
+    carries both to a child. A hostdir volume it mounted at its spawn (shared) is served again by
+    the restarted daemon: what the guest wrote there before is on the host, and it writes again.
+    Runs after the first kill -9 test, on the same module daemon."""
 
     def sh(c: httpx.Client, sb_id: str, script: str) -> str:
         r = c.post(f"/v1/sandboxes/{sb_id}/exec", json={"args": ["sh", "-c", script]}, timeout=120)
@@ -838,11 +840,17 @@ def test_kill9_keeps_what_a_guest_fsynced_to_its_volume(daemon: Daemon, http: ht
     fsync = ("import os, sys; f = open(sys.argv[1], 'a'); f.write(sys.argv[2] + '\\n'); f.flush(); "
              "os.fsync(f.fileno())")
     assert http.post("/v1/volumes", json={"name": "k9vol", "size_mib": 16}).status_code == 201
+    r = http.post("/v1/volumes", json={"name": "k9team", "size_mib": 16, "fs": "hostdir"})
+    assert r.status_code == 201 and r.json()["fs"] == "hostdir", r.text
     r = http.post("/v1/snapshots", json={"tag": "pyvol", "mem_mib": 512,
                                          "volumes": [{"name": "k9vol", "mount": "/mnt/v"}]}, timeout=300)
     assert r.status_code == 201, r.text
-    [sb] = http.post("/v1/sandboxes", json={"snapshot_tag": "pyvol"}, timeout=300).json()
+    r = http.post("/v1/sandboxes", json={"snapshot_tag": "pyvol",
+                                         "volumes": [{"name": "k9team", "mount": "/mnt/t"}]}, timeout=300)
+    assert r.status_code == 201, r.text
+    [sb] = r.json()
     sh(http, sb["id"], f"python3 -c \"{fsync}\" /mnt/v/log before-the-crash")
+    sh(http, sb["id"], f"python3 -c \"{fsync}\" /mnt/t/log before-the-crash")
 
     daemon.kill9()
     assert pid_alive(sb["pid"]), "the sandbox died with the daemon"
@@ -850,16 +858,23 @@ def test_kill9_keeps_what_a_guest_fsynced_to_its_volume(daemon: Daemon, http: ht
 
     with daemon.client() as c:
         info = c.get(f"/v1/sandboxes/{sb['id']}").json()
-        assert [v["mount"] for v in info["volumes"]] == ["/mnt/v"] and info["pid"] == sb["pid"]
+        assert [v["mount"] for v in info["volumes"]] == ["/mnt/v", "/mnt/t"] and info["pid"] == sb["pid"]
         assert sh(c, sb["id"], "cat /mnt/v/log") == "before-the-crash"
         sh(c, sb["id"], f"python3 -c \"{fsync}\" /mnt/v/log after-the-restart")
+        assert sh(c, sb["id"], "cat /mnt/t/log") == "before-the-crash"  # served by the new daemon
+        sh(c, sb["id"], f"python3 -c \"{fsync}\" /mnt/t/log after-the-restart")
         r = c.post(f"/v1/sandboxes/{sb['id']}/branch", json={"tag": "pyvol-k9", "mode": "full"}, timeout=300)
         assert r.status_code == 201, r.text
         [child] = c.post("/v1/sandboxes", json={"snapshot_tag": "pyvol-k9"}, timeout=300).json()
         assert sh(c, child["id"], "cat /mnt/v/log") == "before-the-crash\nafter-the-restart"
+        # The branch carried the shared mount: its child writes the same files.
+        sh(c, child["id"], "echo from-the-child >> /mnt/t/log")
+        assert sh(c, sb["id"], "cat /mnt/t/log") == "before-the-crash\nafter-the-restart\nfrom-the-child"
+        assert c.delete("/v1/volumes/k9team").status_code == 409  # mounted by both
         for sb_id in (child["id"], sb["id"]):
             assert c.delete(f"/v1/sandboxes/{sb_id}").status_code == 204
         for tag in ("pyvol-k9", "pyvol"):
             r = c.delete(f"/v1/snapshots/{tag}")
             assert r.status_code in (200, 204), r.text
         assert c.delete("/v1/volumes/k9vol").status_code in (200, 204)
+        assert c.delete("/v1/volumes/k9team").status_code in (200, 204)

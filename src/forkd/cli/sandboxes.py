@@ -16,7 +16,7 @@ from forkd.cli import forks, output
 from forkd.cli.context import JsonFlag, handle_errors, parse_pairs, state, usage_error, want_json
 from forkd.cli.network import AllowInternet, AllowOut, DenyOut, network_policy
 from forkd.cli.pools import active_pools, pools_table
-from forkd.cli.snapshots import branch_mode, print_branch
+from forkd.cli.snapshots import branch_mode, parse_volume, print_branch
 from forkd.sdk import ForkdAPIError, Snapshot
 
 
@@ -129,6 +129,12 @@ def fork(
     allow_internet_access: AllowInternet = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option("--volume", metavar="NAME:GUEST[:ro]",
+                     help="With --tag: mount a hostdir volume (forkd volume create --fs hostdir) in each "
+                     "child at GUEST, shared with every sandbox that mounts it; repeatable."),
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """Fork N sandboxes copy-on-write from a snapshot, or from a running sandbox.
@@ -149,6 +155,7 @@ def fork(
       forkd fork --tag py --hostname worker-1
       forkd fork --tag py-net -n 2 --allow-out 10.201.0.1:8080 --allow-out 192.0.2.0/24
       forkd fork --tag py-net --allow-internet-access --deny-out 203.0.113.0/24
+      forkd fork --tag py -n 2 --volume team:/mnt/team
       forkd fork --from-sandbox sb-67a1b3-0042 -n 3
       forkd fork --from-sandbox sb-67a1b3-0042 -n 4 --tree -e SEED=7
     """
@@ -160,6 +167,10 @@ def fork(
         usage_error(ctx, "--idle-hibernate applies to forks of a snapshot (--tag) only")
     if from_sandbox is not None and disk_quota_mib is not None:
         usage_error(ctx, "--disk-quota-mib applies to forks of a snapshot (--tag) only")
+    if from_sandbox is not None and volume:
+        usage_error(ctx, "--volume applies to forks of a snapshot (--tag) only; a running sandbox's "
+                    "children get its volumes")
+    volumes = [parse_volume(ctx, text) for text in volume or ()]
     if from_sandbox is None:
         extras = [flag for flag, on in (("--tree", tree), ("--keep-snapshot", keep_snapshot)) if on]
         if extras:
@@ -195,7 +206,7 @@ def fork(
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
             timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
             network=network, disk_quota_mib=disk_quota_mib, idle_hibernate_secs=idle_hibernate,
-            hostname=hostname,
+            hostname=hostname, **({"volumes": volumes} if volumes else {}),
         )
     if as_json:
         output.emit_json(sandboxes)

@@ -1,8 +1,10 @@
-"""``forkd volume create|ls|show|cp|rm``: named volumes that snapshots attach (``--volume``).
+"""``forkd volume create|ls|show|cp|rm``: named volumes that snapshots and sandboxes attach (``--volume``).
 
-A volume is an ext4 disk of a fixed size. ``forkd snapshot --volume NAME:/mnt/data``
-attaches it; every child of that snapshot gets its own copy-on-write view of it, and a
-branch carries what was written forward (docs/BRANCHING.md).
+An ext4 volume is a disk of a fixed size. ``forkd snapshot --volume NAME:/mnt/data`` attaches
+it; every child of that snapshot gets its own copy-on-write view of it, and a branch carries
+what was written forward. A hostdir volume (``--fs hostdir``) is files on the daemon's host that
+running sandboxes share: ``forkd fork --tag T --volume NAME:/mnt/shared`` mounts it in each
+child (docs/BRANCHING.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from forkd.cli.context import JsonFlag, handle_errors, show_details, state, want
 
 volume_app = typer.Typer(
     name="volume",
-    help="Named volumes (ext4 disks) that snapshots attach with --volume.",
+    help="Named volumes: ext4 disks that snapshots attach, hostdir files that sandboxes share (--volume).",
     no_args_is_help=True,
 )
 
@@ -34,10 +36,12 @@ def volumes_table(volumes: Iterable[Mapping[str, Any]]) -> Table:
     table.add_column("USED MIB", justify="right", no_wrap=True)
     table.add_column("FS", no_wrap=True)
     table.add_column("SNAPSHOTS")
+    table.add_column("SANDBOXES")
     for vol in volumes:
         table.add_row(output.fmt(vol.get("name")), output.fmt(vol.get("size_mib")),
                       output.fmt(vol.get("used_mib")), output.fmt(vol.get("fs")),
-                      ", ".join(vol.get("snapshots") or []) or "-")
+                      ", ".join(vol.get("snapshots") or []) or "-",
+                      ", ".join(vol.get("sandboxes") or []) or "-")
     return table
 
 
@@ -57,16 +61,23 @@ def create(
         typer.Option("--from", metavar="PATH",
                      help="A directory or tarball on the daemon's host to fill it from."),
     ] = None,
+    fs: Annotated[
+        str,
+        typer.Option("--fs", metavar="ext4|hostdir",
+                     help="ext4: a disk each child of a snapshot copies; hostdir: files running sandboxes "
+                     "share (fork shared)."),
+    ] = "ext4",
     json_: JsonFlag = False,
 ) -> None:
-    """Create an ext4 volume, empty or filled from a host directory or tarball.
+    """Create a volume, empty or filled from a host directory or tarball.
 
     Examples:
       forkd volume create data --size-mib 2048
       forkd volume create fixtures --from /srv/fixtures.tar.gz
+      forkd volume create team --fs hostdir --size-mib 512
     """
     with output.spinner(f"creating volume {escape(name)}"):
-        info = state(ctx).controller().create_volume(name, size_mib=size_mib, source=source)
+        info = state(ctx).controller().create_volume(name, size_mib=size_mib, source=source, fs=fs)
     show_details(ctx, info, json_)
 
 

@@ -104,6 +104,8 @@ class SpawnOptions:
     hibernate_on_timeout_memory: bool = True
     auto_resume: bool = True
     guest: RestoreInputs = field(default_factory=RestoreInputs)
+    # hostdir volumes each child mounts besides its snapshot's (fork "shared"; Volumes.resolve checks them)
+    volumes: list[VolumeMount] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.fork_tree, Mapping):  # from a request body (the only nested option)

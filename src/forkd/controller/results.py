@@ -220,10 +220,14 @@ class VolumeReport(TypedDict):
     name: Annotated[str, Wire(examples=["data"])]
     size_mib: Annotated[int, Wire("Its size: the most a guest can write to it (the host file grows no "
                                   "further, but for qcow2 metadata).")]
-    fs: Annotated[str, Wire(examples=["ext4"])]
+    fs: Annotated[str, Wire("ext4: a disk each child copies (fork copy); hostdir: files on the daemon's "
+                            "host that running sandboxes share (fork shared).", examples=["ext4"])]
     created_at_unix: int
-    used_mib: Annotated[float, Wire("What its own disk file takes on the host.")]
+    used_mib: Annotated[float, Wire("What it takes on the host: its own disk file (ext4), or its files "
+                                    "(hostdir).")]
     snapshots: Annotated[list[str], Wire("The snapshots that attach it: while there are any, it "
+                                         "cannot be deleted (409).")]
+    sandboxes: Annotated[list[str], Wire("The sandboxes that mount it (hostdir): while there are any, it "
                                          "cannot be deleted (409).")]
 
 

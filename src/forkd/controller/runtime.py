@@ -84,6 +84,7 @@ from forkd.controller.results import (
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.secrets import Secrets
+from forkd.controller.shared_volumes import SharedVolumes
 from forkd.controller.snapshot_deletion import SnapshotDeletion
 from forkd.controller.snapshots import SnapshotStore
 from forkd.controller.spawner import Spawner
@@ -168,16 +169,19 @@ class Runtime:
         # Secrets (values sealed at rest) reach only the egress of sandboxes with header rules.
         self.secrets = Secrets(registry.secrets, SecretBox(data.secrets_key))
         self.networks = Networks(data.root, rows, events=self.events, resolve_secret=self.secrets.resolve)
-        self.volumes = Volumes(registry.volumes, data, registry.snapshots)
+        self.volumes = Volumes(registry.volumes, data, registry.snapshots, rows)
+        # Shared (hostdir) volumes: each mounting guest's FUSE ops answered from the volume's files.
+        self.shared_volumes = SharedVolumes(self.volumes, self.sandboxes.vm, self.events)
         self.templates = TemplateBuilder(data, self.snapshots, self.tags, self.accel, self.networks,
-                                         self.volumes)
+                                         self.volumes, self.shared_volumes)
         self.travel = SnapshotTravel(data, self.snapshots, self.tags, self.accel, store)
         self.disk_quotas = DiskQuotas(rows, self.sandboxes, self.events,
                                       DEFAULT_DISK_QUOTA_MIB if disk_quota_mib is None else disk_quota_mib)
         # The host's ceilings (--max-sandboxes, --memory-reserve-mib): every new VM is admitted by it.
         self.capacity = HostCapacity(live=lambda: len(self.sandboxes.ids()), limits=limits)
         self.spawner = Spawner(data, self.sandboxes, self.snapshots, self.accel, self.networks, self.shm,
-                               self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id)
+                               self.capacity, disks=self.disk_quotas, missing=self.travel, host_id=host_id,
+                               shared=self.shared_volumes)
         self.brancher = Brancher(rows, data.snapshots, self.sandboxes, self.events, self.snapshots, self.tags,
                                  after_disk_cut=self.disk_quotas.after_disk_cut)
         asleep = HibernatedBrancher(self.brancher, data.snapshots, self.sandboxes, self.snapshots, self.tags)
@@ -249,6 +253,9 @@ class Runtime:
         await self.brancher.recover()  # sources a dead daemon left mid-branch
         stack.push_async_callback(self.travel.close)  # after the sandboxes: nothing maps them then
         stack.push_async_callback(self._teardown_sandboxes)
+        for sb in self.sandboxes.records.all():  # re-adopted guests' shared volumes served again
+            self.shared_volumes.resume(sb)
+        stack.push_async_callback(self.shared_volumes.close)
         # Networks of sandboxes that did not survive (and of interrupted templates) go.
         await self.networks.reap(alive={sb.id for sb in self.sandboxes.records.all()})
         await self.forker.collect()  # fork snapshots whose children died while no daemon ran

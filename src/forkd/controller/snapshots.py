@@ -26,6 +26,7 @@ from forkd.store.layout import SnapshotDir, check_tag
 from forkd.store.records import SnapshotRecord
 from forkd.store.rows.snapshot_names import SnapshotNameRows
 from forkd.store.rows.snapshots import SnapshotReader, SnapshotRows
+from forkd.store.volume_spec import disk_indices
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class SnapshotStore:
         if "config" not in meta:
             raise VMError(f"snapshot {tag!r} records no VM config in {sdir.meta_path}")
         volumes = tuple(meta.get("volumes") or ())
-        missing = [str(sdir.volume(i)) for i in range(len(volumes)) if not sdir.volume(i).exists()]
+        missing = [str(sdir.volume(i)) for i in disk_indices(volumes) if not sdir.volume(i).exists()]
         if missing:
             raise VMError(f"snapshot {tag!r} is missing its volume layer(s) {missing}")
         return Forkable(snap, sdir, VMConfig.from_json(meta["config"]), meta.get("tap"),

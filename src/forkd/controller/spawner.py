@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from forkd import bounds
 from forkd.config import DataDir
@@ -35,6 +35,7 @@ from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.network import NetRequest, Networks
 from forkd.controller.options import SpawnOptions
 from forkd.controller.sandboxes import SandboxTable
+from forkd.controller.shared_volumes import SharedVolumes
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.errors import BootTimeout, ForkdError, InvalidRequest, VMError
 from forkd.guest import protocol
@@ -47,6 +48,7 @@ from forkd.host.netplan import ChildNet
 from forkd.host.shm import ShmMemory
 from forkd.store import restore_chunks
 from forkd.store.records import DiskChain, PoolKey, SandboxRecord
+from forkd.store.volume_spec import is_shared
 from forkd.vmm import console
 from forkd.vmm.disk import clone_overlay
 from forkd.vmm.machine import VM
@@ -74,6 +76,9 @@ class ChildSpec:
     # The id to register it under; None: a fresh one. A paused sandbox resumes
     # under the id it had (controller/suspend.py), which must be free by then.
     sandbox_id: str | None = None
+    # Shared volumes it mounts besides its snapshot's (a spawn's ``volumes``, as recorded: their
+    # slots follow the snapshot's entries); Volumes.spawn_entries checked them.
+    volumes: tuple[dict[str, Any], ...] = ()
 
     @property
     def cgroup_limits(self) -> bool:
@@ -156,7 +161,8 @@ class Spawner:
     def __init__(self, data: DataDir, table: SandboxTable, store: SnapshotStore,
                  accel: HostAccelerator, networks: Networks, shm: ShmMemory,
                  capacity: HostCapacity | None = None, *, disks: DiskLimits | None = None,
-                 missing: MissingSnapshots | None = None, host_id: str | None = None) -> None:
+                 missing: MissingSnapshots | None = None, host_id: str | None = None,
+                 shared: SharedVolumes | None = None) -> None:
         """``capacity``: the host's ceilings (None: its own, with no limits); ``disks``: who enforces
         every child's disk quota (None: none is); ``missing``: where a spawn of a tag this host lacks
         asks for it first (None: it says 404); ``host_id``: this host's name in a fleet."""
@@ -174,6 +180,7 @@ class Spawner:
         self._pool: PoolSource | None = None
         self._missing = missing
         self._disks = disks
+        self._shared = shared  # who serves shared volumes (None: a spawn that needs one is refused)
         # Names the host in every sandbox id (sb-<host>-<hex>-<n>), so a fleet gateway can route by id.
         self.host_id = host_id
         # Foreground spawns in progress: pool refills wait until there are none.
@@ -272,8 +279,15 @@ class Spawner:
                 await self._missing.ensure_local(tag)
             snap, net = await self.check_request(tag, [c.memory_limit_mib for c in children],
                                                  per_child_netns=per_child_netns, egress=options.egress)
+            if options.volumes:
+                if self._shared is None:
+                    raise InvalidRequest("this daemon serves no shared volumes")
+                extra = tuple(self._shared.spawn_entries(options.volumes, snap.volumes))
+                children = [dataclasses.replace(c, volumes=extra) for c in children]
             claimed: list[SandboxRecord | None] = [None] * n
-            if any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
+            if options.volumes:
+                pass  # pool members mount only their snapshot's volumes: restore each child
+            elif any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
                 for name, asked in (("cpu", any(c.cpu_limit is not None for c in children)),
                                     ("pids", any(c.pids_limit is not None for c in children))):
                     if asked and cgroups.detect_controller(name) == "none":  # 400 before any VM starts
@@ -460,9 +474,18 @@ class Spawner:
             cgroup=str(cgroup.path) if cgroup is not None else None, tap=snap.tap, timings=vm.timings,
             metadata=dict(child.metadata), pooled=pooled, cpu_limit=child.cpu_limit,
             pids_limit=child.pids_limit, cgroup_extra=[str(p) for p in cgroup.extra] if cgroup else [],
-            network=network, disk_quota_mib=child.disk_quota_mib, volumes=list(snap.volumes),
+            network=network, disk_quota_mib=child.disk_quota_mib,
+            volumes=[*snap.volumes, *child.volumes],
         )
         self._table.add(record, vm)
+        if self._shared is not None and any(is_shared(v) for v in record.volumes):
+            # Its shared volumes mounted (a snapshot's already are, in the memory it restored) and served.
+            try:
+                await self._shared.attach(sb_id, vm, record.volumes)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._table.kill(sb_id)
+                raise
         if snap.record.tag not in self._touch_tried and not restore_chunks.recorded(snap.dir.path):
             self._touch_tried.add(snap.record.tag)  # once per snapshot per daemon, even if it fails
             await self._record_restore_chunks(snap, mem, vm.pid)

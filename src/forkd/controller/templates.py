@@ -14,6 +14,7 @@ servers), so every child starts with its network already up.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS, DEFAULT_
 from forkd.controller.host_accel import HostAccelerator
 from forkd.controller.kernel_cells import warm_template
 from forkd.controller.network import NetRequest, Networks
+from forkd.controller.shared_volumes import SharedVolumes
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.tags import TagReservations
 from forkd.controller.volumes import Volumes, mount_in_guest
@@ -40,7 +42,7 @@ from forkd.image.kernel import is_elf
 from forkd.store import layout
 from forkd.store.layout import SnapshotDir
 from forkd.store.records import SnapshotRecord, now_unix
-from forkd.store.volume_spec import VolumeMount
+from forkd.store.volume_spec import VolumeMount, is_shared
 from forkd.vmm import probe
 from forkd.vmm.cmdline import kernel_cmdline, new_config
 from forkd.vmm.disk import create_overlay
@@ -126,9 +128,11 @@ class SnapshotSpec:
 
 class TemplateBuilder:
     def __init__(self, data: DataDir, store: SnapshotStore, tags: TagReservations,
-                 accel: HostAccelerator, networks: Networks, volumes: Volumes) -> None:
+                 accel: HostAccelerator, networks: Networks, volumes: Volumes,
+                 shared: SharedVolumes | None = None) -> None:
         self._data = data
         self._volumes = volumes
+        self._shared = shared  # serves a template's shared volumes while setup runs
         self._store = store
         self._tags = tags
         self._accel = accel
@@ -186,7 +190,7 @@ class TemplateBuilder:
     async def create(self, spec: SnapshotSpec, progress: Progress = no_progress) -> SnapshotRecord:
         """Boot a template, wait until its agent is warm, run setup, snapshot it."""
         warm = spec.validate()
-        self._volumes.check_mounts(spec.volumes)
+        spec = dataclasses.replace(spec, volumes=self._volumes.resolve(spec.volumes))
         image, kernel, initrd, rootfs = self._boot_files(spec)
         tap = spec.nic_tap
         dns = childnet.host_resolvers() if tap else ()
@@ -231,6 +235,11 @@ class TemplateBuilder:
             if failed:
                 raise InvalidRequest(f"warm imports failed in the guest: {failed}")
             await mount_in_guest(vm, volumes)  # before setup: it may write them
+            if any(is_shared(v) for v in volumes):
+                if self._shared is None:
+                    raise InvalidRequest("this daemon serves no shared volumes")
+                template_vm = vm
+                await self._shared.attach(f"template {spec.tag}", vm, volumes, vm_of=lambda: template_vm)
             await self._run_setup(vm, spec, progress)
             progress("warming the Jupyter kernel", 0.89)
             has_kernel = await warm_template(vm, spec.setup_timeout_secs)
@@ -239,6 +248,8 @@ class TemplateBuilder:
                 # its page cache in the snapshot's memory.
                 await vm.call(lambda agent: agent.sync(spec.setup_timeout_secs))
             progress("snapshotting", 0.9)
+            if self._shared is not None:  # ops queued from here on are its children's hosts' to answer
+                self._shared.detach(f"template {spec.tag}")
             save_ms = await vm.save_template_state(staging.state)
             boot_s = vm.timings["boot_s"]
             await vm.shutdown()  # its RAM is now the snapshot: it must never run again
@@ -277,6 +288,8 @@ class TemplateBuilder:
             progress("ready", 1.0)
             return record
         finally:
+            if self._shared is not None:
+                self._shared.detach(f"template {spec.tag}")
             if vm is not None:
                 await vm.destroy()
             if network is not None:  # after its QEMU is gone

@@ -18,11 +18,17 @@ is opened read-only from the snapshot's file by every child: nothing is copied.
 
 A named volume's disk is the bottom of every such chain: it is not deleted while a snapshot
 attaches it (409, naming them), and never written once attached.
+
+A ``hostdir`` volume is files instead (``<data>/volumes/<name>/files``, one ``HostDir`` per
+volume here, so its quota is counted once for every sandbox): attached ``fork: "shared"``, at a
+snapshot or at a spawn, it has no disk and no layer; ``SharedVolumes`` serves it to each sandbox
+that mounts it (controller/shared_volumes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import shutil
 from collections.abc import Sequence
@@ -33,14 +39,16 @@ from forkd import bounds
 from forkd.config import DataDir
 from forkd.controller.results import VolumeExportReport, VolumeReport
 from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
-from forkd.guest import capabilities
+from forkd.guest import capabilities, volume_messages
 from forkd.guest.client import AgentClient, require
 from forkd.guest.messages import ExecRequest
+from forkd.vmm.volume_dir import HostDir
 from forkd.store import layout
 from forkd.store.records import SnapshotRecord, VolumeRecord, now_unix
+from forkd.store.rows.sandboxes import SandboxReader
 from forkd.store.rows.snapshots import SnapshotReader
 from forkd.store.rows.volumes import VolumeRows
-from forkd.store.volume_spec import VolumeMount, serial
+from forkd.store.volume_spec import VolumeMount, disk_indices, is_shared, serial
 from forkd.vmm import disk as disk_mod
 from forkd.vmm import volume_image
 from forkd.vmm.cmdline import VolumeDrive
@@ -61,18 +69,36 @@ mkdir -p "$2"
 mount -t ext4 -o "$3" "$dev" "$2"
 if [ "$3" = "rw,noatime" ]; then chown -R user:user "$2"; fi
 """
+FS_KINDS = ("ext4", "hostdir")
 
 
 class Volumes:
-    def __init__(self, rows: VolumeRows, data: DataDir, snapshots: SnapshotReader) -> None:
+    def __init__(self, rows: VolumeRows, data: DataDir, snapshots: SnapshotReader,
+                 sandboxes: SandboxReader) -> None:
         self._rows = rows  # the volumes table: only this owner writes it
         self._dir = data.volumes
         self._scratch = data.tmp
         self._snapshots = snapshots
+        self._sandboxes = sandboxes
         self._creating: set[str] = set()
+        self._files: dict[str, HostDir] = {}  # each hostdir volume's one HostDir (its quota's count)
 
     def disk(self, name: str) -> Path:
         return self._dir / layout.check_tag(name) / "disk.qcow2"
+
+    def files_dir(self, name: str) -> Path:
+        return self._dir / layout.check_tag(name) / "files"
+
+    def files(self, name: str) -> HostDir:
+        """The files of hostdir volume ``name``, as every sandbox that mounts it is served them."""
+        vol = self.get(name)
+        if vol.fs != "hostdir":
+            raise InvalidRequest(f"volume {vol.name!r} is an ext4 disk: its files are not served live "
+                                 "(export it, or attach it to a snapshot)")
+        files = self._files.get(vol.name)
+        if files is None:
+            files = self._files[vol.name] = HostDir(self.files_dir(vol.name), vol.size_bytes)
+        return files
 
     # ---------------------------------------------------------------- the resource
 
@@ -82,6 +108,8 @@ class Volumes:
         directory or tarball). 409 if the name is taken."""
         layout.check_tag(name)
         bounds.VOLUME_SIZE_MIB.check(size_mib)
+        if fs not in FS_KINDS:
+            raise InvalidRequest(f"fs must be one of {', '.join(FS_KINDS)}, not {fs!r}")
         if source is not None and (not source.startswith("/") or "\x00" in source):
             raise InvalidRequest(f"source must be an absolute host path, not {source!r}")
         if name in self._creating or any(v.name == name for v in self._rows.all()):
@@ -90,8 +118,12 @@ class Volumes:
         folder = self._dir / name
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(volume_image.build, folder / "disk.qcow2", size_mib << 20,
-                                    Path(source) if source else None, self._scratch, fs)
+            if fs == "hostdir":
+                await asyncio.to_thread(HostDir.make, folder / "files", Path(source) if source else None,
+                                        size_mib << 20, self._scratch)
+            else:
+                await asyncio.to_thread(volume_image.build, folder / "disk.qcow2", size_mib << 20,
+                                        Path(source) if source else None, self._scratch, fs)
             record = VolumeRecord(name=name, size_bytes=size_mib << 20, fs=fs, created_at_unix=now_unix())
             self._rows.insert(record)
         except BaseException:
@@ -112,21 +144,33 @@ class Volumes:
         return sorted(s.tag for s in self._snapshots.all()
                       if any(v.get("name") == name for v in s.volumes))
 
+    def sandbox_users(self, name: str) -> list[str]:
+        """The sandboxes (running or hibernated) that mount volume ``name``."""
+        return sorted(sb.id for sb in self._sandboxes.all() if any(v.get("name") == name for v in sb.volumes))
+
     def info(self, vol: VolumeRecord) -> VolumeReport:
-        disk = self.disk(vol.name)
-        used = disk.stat().st_blocks * 512 if disk.exists() else 0
+        if vol.fs == "hostdir":
+            used = self.files(vol.name).usage()[0]
+        else:
+            disk = self.disk(vol.name)
+            used = disk.stat().st_blocks * 512 if disk.exists() else 0
         return {"name": vol.name, "size_mib": vol.size_bytes >> 20, "fs": vol.fs,
                 "created_at_unix": vol.created_at_unix, "used_mib": round(used / (1 << 20), 2),
-                "snapshots": self.users(vol.name)}
+                "snapshots": self.users(vol.name), "sandboxes": self.sandbox_users(vol.name)}
 
     def delete(self, name: str) -> None:
-        """Remove it; 409 while a snapshot attaches it (children of those run on its disk)."""
+        """Remove it; 409 while a snapshot attaches it (children of those run on its disk) or a
+        sandbox mounts it."""
         vol = self.get(name)
-        users = self.users(vol.name)
+        users = [f"snapshot {tag}" for tag in self.users(vol.name)]
+        users += [f"sandbox {sb}" for sb in self.sandbox_users(vol.name)]
         if users:
-            raise Conflict(f"volume {vol.name!r} is in use by snapshot(s) {', '.join(users)}: "
-                           "delete them first")
+            raise Conflict(f"volume {vol.name!r} is in use by {', '.join(users)}: "
+                           "delete (or kill) them first")
         self._rows.delete(vol.name)
+        files = self._files.pop(vol.name, None)
+        if files is not None:
+            files.close()
         shutil.rmtree(self._dir / vol.name, ignore_errors=True)
 
     async def export(self, name: str, to: str, snapshot: str | None = None) -> VolumeExportReport:
@@ -141,6 +185,12 @@ class Volumes:
             raise Conflict(f"{to} already exists: export into a new directory")
         if not target.parent.is_dir():
             raise InvalidRequest(f"{target.parent} is not a directory on the daemon's host")
+        if vol.fs == "hostdir":
+            if snapshot is not None:
+                raise InvalidRequest(f"volume {vol.name!r} is a hostdir volume: its files are shared live, "
+                                     "with no copy per snapshot (export it without snapshot)")
+            await asyncio.to_thread(self.files(vol.name).export_to, target)
+            return {"name": vol.name, "to": str(target)}
         image = self.disk(vol.name)
         if snapshot is not None:
             snap = self._snapshots.get(layout.check_tag(snapshot))
@@ -156,21 +206,50 @@ class Volumes:
 
     # ---------------------------------------------------------------- attached to a snapshot
 
-    def check_mounts(self, mounts: Sequence[VolumeMount]) -> None:
-        """Before a template boots: a bound on their number, distinct mount paths, named volumes
-        that exist and host paths that are directories."""
+    def resolve(self, mounts: Sequence[VolumeMount], *, taken: Sequence[dict[str, Any]] = (),
+                at_spawn: bool = False) -> list[VolumeMount]:
+        """Checked before any VM starts, each with its ``fork`` settled by its volume's kind: a bound
+        on their number, distinct mount paths (``taken``: a snapshot's, for a spawn's), named volumes
+        that exist and host paths that are directories. At a spawn, only hostdir volumes (a disk is
+        part of a snapshot's device configuration)."""
         for m in mounts:
             m.check()
-        if len(mounts) > bounds.MAX_VOLUMES:
-            raise InvalidRequest(f"at most {bounds.MAX_VOLUMES} volumes per snapshot (got {len(mounts)})")
-        paths = [m.mount for m in mounts]
+        most = volume_messages.MAX_SLOTS - len(taken) if at_spawn else bounds.MAX_VOLUMES
+        if len(mounts) > most:
+            raise InvalidRequest(f"at most {bounds.MAX_VOLUMES} volumes per snapshot and "
+                                 f"{volume_messages.MAX_SLOTS} per sandbox (got {len(mounts)} more)")
+        paths = [m.mount for m in mounts] + [str(e.get("mount")) for e in taken]
         if len(set(paths)) != len(paths):
             raise InvalidRequest(f"two volumes are mounted at the same path: {paths}")
+        out: list[VolumeMount] = []
         for m in mounts:
+            fork = "copy"
             if m.name is not None:
-                self.get(m.name)
+                vol = self.get(m.name)
+                if vol.fs == "hostdir":
+                    if m.fork == "copy":
+                        raise InvalidRequest(
+                            f'volume {vol.name!r} is a hostdir volume, whose files are shared live (fork '
+                            '"shared"); for a copy per child, attach an ext4 volume or a host_path')
+                    fork = "shared"
+                elif m.fork == "shared":
+                    raise InvalidRequest(
+                        f"volume {vol.name!r} is an ext4 disk, which each child copies; to share one set of "
+                        'files across running sandboxes, create one with fs "hostdir"')
             elif m.host_path is not None and not Path(m.host_path).is_dir():
                 raise InvalidRequest(f"host_path {m.host_path} is not a directory on the daemon's host")
+            if at_spawn and fork != "shared":
+                raise InvalidRequest("a volume attached at spawn is a hostdir volume (shared): an ext4 "
+                                     "volume or a host_path is a disk, attached when a snapshot is made "
+                                     "(POST /v1/snapshots volumes)")
+            out.append(dataclasses.replace(m, fork=fork))
+        return out
+
+    def spawn_entries(self, mounts: Sequence[VolumeMount], snapshot: Sequence[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+        """The recorded entries of a spawn's volumes, after the snapshot's (their slots follow)."""
+        return [{**m.to_wire(), "size_bytes": self.get(str(m.name)).size_bytes}
+                for m in self.resolve(mounts, taken=snapshot, at_spawn=True)]
 
     async def attach_template(self, mounts: Sequence[VolumeMount], staging: layout.SnapshotDir
                               ) -> tuple[list[VolumeDrive], list[dict[str, Any]]]:
@@ -179,6 +258,9 @@ class Volumes:
         entries: list[dict[str, Any]] = []
         for i, m in enumerate(mounts):
             target = staging.volume(i)
+            if m.fork == "shared":  # no disk: its files are served (SharedVolumes)
+                entries.append({**m.to_wire(), "size_bytes": self.get(str(m.name)).size_bytes})
+                continue
             if m.name is not None:
                 vol = self.get(m.name)
                 await asyncio.to_thread(disk_mod.create_overlay, self.disk(vol.name), target, "qcow2")
@@ -198,19 +280,20 @@ def drives_for(entries: Sequence[dict[str, Any]], disk: Path, node: str, snapsho
     ``snapshot``: a writable volume's file mirrors ``disk``; a read-only one is the snapshot's."""
     return [VolumeDrive(snapshot.volume(i) if e.get("read_only") else layout.volume_file(disk, i),
                         layout.volume_node(node, i), serial(i), bool(e.get("read_only")))
-            for i, e in enumerate(entries)]
+            for i, e in enumerate(entries) if not is_shared(e)]
 
 
 def child_overlays(entries: Sequence[dict[str, Any]], snapshot: layout.SnapshotDir, disk: Path) -> None:
     """A new child's own overlay of each writable volume, beside its root disk ``disk``."""
     for i, e in enumerate(entries):
-        if not e.get("read_only"):
+        if not e.get("read_only") and not is_shared(e):
             disk_mod.clone_overlay(snapshot.volume(i), layout.volume_file(disk, i),
                                    snapshot.path / f".child-overlay.vol{i}.qcow2")
 
 
 def writable(entries: Sequence[dict[str, Any]]) -> list[int]:
-    return [i for i, e in enumerate(entries) if not e.get("read_only")]
+    """The indices of the writable disks (a shared volume has none)."""
+    return [i for i in disk_indices(entries) if not entries[i].get("read_only")]
 
 
 async def require_live_cut(vm: VM, entries: Sequence[dict[str, Any]], sandbox_id: str) -> None:
@@ -224,7 +307,8 @@ async def require_live_cut(vm: VM, entries: Sequence[dict[str, Any]], sandbox_id
 
 async def mount_in_guest(vm: VM, entries: Sequence[dict[str, Any]]) -> None:
     """Mount each volume at its path in a booted template (as root), writable ones owned by ``user``."""
-    for i, e in enumerate(entries):
+    for i in disk_indices(entries):
+        e = entries[i]
         opts = "ro,noload" if e.get("read_only") else "rw,noatime"
         req: ExecRequest = {"args": ["sh", "-c", MOUNT_SCRIPT, "mount-volume", serial(i), e["mount"], opts],
                             "timeout_secs": MOUNT_TIMEOUT_SECS}
@@ -239,7 +323,8 @@ def branch_layers(entries: Sequence[dict[str, Any]], parent: layout.SnapshotDir,
     """A branch's volume layers, beside its root disk's: each writable volume's frozen layers
     (mirrors of the root disk's ``layers``) copied and chained onto the parent's; a read-only
     volume gets an empty overlay on the parent's (nothing wrote it)."""
-    for i, e in enumerate(entries):
+    for i in disk_indices(entries):
+        e = entries[i]
         base = parent.volume(i)
         if e.get("read_only"):
             disk_mod.create_overlay(base, staging.volume(i), "qcow2")

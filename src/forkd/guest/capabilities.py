@@ -21,6 +21,7 @@ from forkd.guest.protocol import (
     METADATA_AGENT_VERSION,
     PTY_AGENT_VERSION,
     RUNTIME_AGENT_VERSION,
+    SHARED_VOLUMES_AGENT_VERSION,
     TRUST_AGENT_VERSION,
     USER_AGENT_VERSION,
     WATCH_AGENT_VERSION,
@@ -36,9 +37,9 @@ from forkd.guest.protocol import (
 # metadata, watch entries, "11" bash/JavaScript kernels, "12" a hostname at restore (and restored's
 # version), "13" capabilities listed, "14" fsfreeze's mounts, "15" runs on forkd's runtime where an
 # image has no Python, lists "python" (older agents had it unlisted) and serves pid1_defaults,
-# "16" a certificate to trust at restore.
+# "16" a certificate to trust at restore, "17" shared volumes (vol_mount, vol_poll, vol_reply).
 # The *_AGENT_VERSION constants above name where each came in.
-AGENT_VERSION = "16"
+AGENT_VERSION = "17"
 
 
 # What an agent can do beyond the base protocol, by name. An agent lists its own in ping's (and
@@ -55,6 +56,7 @@ CAP_FREEZE_MOUNTS = "freeze_mounts"  # fsfreeze's "mounts"
 CAP_PYTHON = "python"  # eval and Python contexts: the image's own Python (none on forkd's runtime)
 CAP_PID1_DEFAULTS = "pid1_defaults"  # the pid1_defaults action
 CAP_RESTORE_TRUST = "restore_trust"  # a RestoreInputs' trust
+CAP_SHARED_VOLUMES = "shared_volumes"  # vol_mount, vol_poll, vol_reply (guest/volume_messages.py)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ CAPABILITIES: dict[str, Capability] = {
     CAP_FREEZE_MOUNTS: Capability(FREEZE_MOUNTS_AGENT_VERSION, "freezing volumes for a live branch"),
     CAP_PID1_DEFAULTS: Capability(RUNTIME_AGENT_VERSION, "PID 1's defaults without eval"),
     CAP_RESTORE_TRUST: Capability(TRUST_AGENT_VERSION, "trusting the sandbox's egress CA (header rules)"),
+    CAP_SHARED_VOLUMES: Capability(SHARED_VOLUMES_AGENT_VERSION, "shared volumes (fork: shared)"),
     CAP_PYTHON: Capability(1, "Python code", listed_since=RUNTIME_AGENT_VERSION, lacking=(
         "its image has no Python of its own (its agent runs on forkd's runtime): use exec, or build "
         "the template from an image with python3 3.11 or newer")),

@@ -19,7 +19,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from forkd.errors import Conflict, GuestError, InvalidRequest
-from forkd.guest import capabilities, code_messages, messages, process_messages, protocol, schema
+from forkd.guest import (
+    capabilities,
+    code_messages,
+    messages,
+    process_messages,
+    protocol,
+    schema,
+    volume_messages,
+)
 from forkd.guest.capabilities import Capabilities
 from forkd.guest.transport import AgentStream, AgentTransport, decode_output, error_of
 
@@ -108,6 +116,23 @@ class AgentClient(AgentTransport):
         """Freeze the root filesystem, and ``mounts`` (an agent with CAP_FREEZE_MOUNTS: ask first)."""
         req: messages.FsfreezeRequest = {"mounts": list(mounts)} if mounts else {}
         return await self._ask(protocol.FSFREEZE, messages.FsfreezeReply, req, timeout)
+
+    # ------------------------------------------------------------- shared volumes
+
+    async def vol_mount(self, req: volume_messages.VolMountRequest, timeout: Timeout
+                        ) -> volume_messages.VolMountReply:
+        return await self._ask(protocol.VOL_MOUNT, volume_messages.VolMountReply, req, timeout)
+
+    async def vol_poll(self, req: volume_messages.VolPollRequest, timeout: Timeout
+                       ) -> volume_messages.VolPollReply:
+        """The ops the guest's FUSE server has queued for the host (held by the agent up to wait_secs)."""
+        reply = await self._ask(protocol.VOL_POLL, volume_messages.VolPollReply, req, timeout)
+        if len(reply["ops"]) > volume_messages.MAX_POLL_OPS:
+            raise GuestError(f"guest agent sent more than {volume_messages.MAX_POLL_OPS} volume ops at once")
+        return reply
+
+    def vol_reply(self, notice: volume_messages.VolReplyNotice) -> None:
+        self.notify(protocol.VOL_REPLY, **notice)
 
     async def fsthaw(self, timeout: Timeout) -> messages.FsthawReply:
         return await self._ask(protocol.FSTHAW, messages.FsthawReply, {}, timeout)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
-from forkd.guest import code_messages, process_messages, protocol, schema
+from forkd.guest import code_messages, process_messages, protocol, schema, volume_messages
 from forkd.guest.schema import Seconds
 
 # One request and one reply type per action (the fields beside the envelope's id and action).
@@ -300,6 +300,9 @@ REQUESTS: dict[str, type] = {
     protocol.PROC_INPUT: process_messages.ProcInputRequest,
     protocol.PROC_SIGNAL: process_messages.ProcSignalRequest,
     protocol.PROC_RESIZE: process_messages.ProcResizeRequest,
+    protocol.VOL_MOUNT: volume_messages.VolMountRequest,
+    protocol.VOL_POLL: volume_messages.VolPollRequest,
+    protocol.VOL_REPLY: volume_messages.VolReplyNotice,
 }
 _WATCH_OPS: dict[object, type] = {"create": WatchCreateRequest, "events": WatchEventsRequest,
                                   "remove": WatchRemoveRequest}

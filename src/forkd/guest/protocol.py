@@ -92,11 +92,16 @@ PROC_INPUT = "proc_input"  # ProcInputRequest -> ProcInputReply
 PROC_SIGNAL = "proc_signal"  # ProcSignalRequest -> ProcSignalReply
 PROC_RESIZE = "proc_resize"  # ProcResizeRequest -> ProcResizeReply (a terminal: proc_start's "pty")
 PTY_AGENT_VERSION = 9
+# Shared volumes (forkd.guest.agent.volfs): volume_messages. The host polls for the FUSE server's ops.
+VOL_MOUNT = "vol_mount"  # VolMountRequest -> VolMountReply
+VOL_POLL = "vol_poll"  # VolPollRequest -> VolPollReply, held until an op is queued or wait_secs pass
+VOL_REPLY = "vol_reply"  # VolReplyNotice; a notification
+SHARED_VOLUMES_AGENT_VERSION = 17
 PTY_MAX_SIZE = 4096  # the most columns (or rows) a terminal may have; the least is 1
 ACTIONS = (PING, EXEC, EVAL, EVAL_CANCEL, RESTORED, SYNC, FSFREEZE, FSTHAW, PID1_DEFAULTS, FILE_STAT,
            FILE_LIST, FILE_MKDIR, FILE_REMOVE, FILE_READ, FILE_WRITE_OPEN, FILE_WRITE, FILE_WRITE_CLOSE,
            FILE_MOVE, CONTEXT, KERNEL, WATCH, PROC_START, PROC_ATTACH, PROC_DETACH, PROC_ACK, PROC_LIST,
-           PROC_INFO, PROC_INPUT, PROC_SIGNAL, PROC_RESIZE)
+           PROC_INFO, PROC_INPUT, PROC_SIGNAL, PROC_RESIZE, VOL_MOUNT, VOL_POLL, VOL_REPLY)
 
 # The events of a stream ("event" messages), each {"type": ...}:
 EV_START = "start"  # {"type": "start", "pid"}

@@ -27,12 +27,8 @@ from __future__ import annotations
 import os
 from typing import Literal, NotRequired, TypedDict
 
+from forkd.guest.protocol import SHARED_VOLUMES_AGENT_VERSION, VOL_MOUNT, VOL_POLL, VOL_REPLY
 from forkd.guest.schema import Seconds
-
-VOL_MOUNT = "vol_mount"  # VolMountRequest -> VolMountReply
-VOL_POLL = "vol_poll"  # VolPollRequest -> VolPollReply, held until an op is queued or wait_secs pass
-VOL_REPLY = "vol_reply"  # VolReplyNotice; a notification
-SHARED_VOLUMES_AGENT_VERSION = 17
 
 # ----------------------------------------------------------------------------- limits
 

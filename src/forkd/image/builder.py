@@ -169,6 +169,7 @@ class ImageRecipe:
             "source": source_stamp,
             "agent": rootfs.agent_digest(),  # every file of the agent package and its protocol
             "init": hashlib.sha256(initramfs.init_script()).hexdigest(),
+            "modules": list(initramfs.WANTED_MODULES),
         }
         return digest_of(parts)[:16]
 

@@ -18,8 +18,9 @@ from forkd.errors import ImageError
 from forkd.host import prereqs
 
 # What the guest needs: the virtio-mmio transport, a disk, the agent's
-# virtio-serial port, an entropy source, and a NIC for later networking.
-WANTED_MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "virtio-rng", "virtio_net")
+# virtio-serial port, an entropy source, a NIC for later networking, and FUSE for shared volumes
+# (forkd.guest.agent.volfs).
+WANTED_MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "virtio-rng", "virtio_net", "fuse")
 
 
 def module_index(modules_dir: Path) -> dict[str, Path]:

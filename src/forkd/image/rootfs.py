@@ -33,7 +33,7 @@ GUEST_HOME = "home/user"
 # The modules of forkd.guest that the agent imports beside its own package (the host has the rest:
 # client.py, transport.py). A new one goes here, or the agent cannot start.
 GUEST_SHARED_MODULES = ("capabilities.py", "code_messages.py", "messages.py", "process_messages.py",
-                        "protocol.py", "schema.py")
+                        "protocol.py", "schema.py", "volume_messages.py")
 GUEST_PACKAGE_STUB = b'"""forkd\'s guest side: the agent and its protocol only (see forkd.image.rootfs)."""\n'
 
 

@@ -450,8 +450,8 @@ def resume_workspace(name: str) -> Call:
 
 # -------------------------------------------------------------- volumes
 
-def create_volume(name: str, *, size_mib: int | None, source: str | None) -> Call:
-    body = _put({"name": name}, size_mib=size_mib, source=source)
+def create_volume(name: str, *, size_mib: int | None, source: str | None, fs: str | None = None) -> Call:
+    body = _put({"name": name}, size_mib=size_mib, source=source, fs=fs)
     # Making the filesystem (and copying a source into it) takes as long as it takes.
     return Call("POST", "/v1/volumes", json=body, read_timeout=None)
 

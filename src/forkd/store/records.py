@@ -170,8 +170,10 @@ class WorkspaceRecord:
 
 @dataclass(frozen=True)
 class VolumeRecord:
-    """A named volume (``/v1/volumes``): an ext4 filesystem in ``<data>/volumes/<name>/disk.qcow2``
-    of ``size_bytes`` (its quota). Snapshots that attach it keep their own layers over that file."""
+    """A named volume (``/v1/volumes``) of ``size_bytes`` (its quota). ``fs`` ext4: a filesystem in
+    ``<data>/volumes/<name>/disk.qcow2``; snapshots that attach it keep their own layers over that
+    file. ``fs`` hostdir: files in ``<data>/volumes/<name>/files``, served to every sandbox that
+    mounts it (``fork: "shared"``)."""
 
     name: str
     size_bytes: int

@@ -6,9 +6,12 @@ volume's disk, or the image made of a host directory), and the guest finds it by
 ``forkd-vol<i>``. The device list is part of the snapshot's device configuration, so every
 child of the snapshot gets the same list back.
 
-``fork`` says what a child of the snapshot sees: ``copy`` (the only mode so far), its own
-copy-on-write layer over the volume as it was at the snapshot. ``read_only`` volumes are
-opened read-only by the template and every child (one file, shared).
+``fork`` says what a child of the snapshot sees: ``copy`` (an ext4 volume's, and a host_path's),
+its own copy-on-write layer over the volume as it was at the snapshot; ``shared`` (a hostdir
+volume's), the one set of files every sandbox that mounts it reads and writes at once, served by
+the daemon through FUSE (guest/volume_messages.py). A shared entry has no disk: its index is its
+slot in the guest, and the disk indices skip it. ``read_only`` ext4 volumes are opened read-only
+by the template and every child (one file, shared); a read-only hostdir volume is served read-only.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class VolumeMount:
     name: str | None = None
     host_path: str | None = None
     read_only: bool = False
-    fork: str = "copy"
+    fork: str | None = None  # None: by the volume's kind (Volumes.resolve): copy, or shared for hostdir
     size_mib: int | None = None  # host_path only: the new volume's size (its quota)
 
     def check(self) -> VolumeMount:
@@ -73,12 +76,11 @@ class VolumeMount:
                                            or "\x00" in self.host_path):
             raise InvalidRequest(f"host_path must be an absolute host path, not {self.host_path!r}")
         check_mount(self.mount)
-        if self.fork not in FORK_MODES:
+        if self.fork is not None and self.fork not in FORK_MODES:
             raise InvalidRequest(f"fork must be one of {', '.join(FORK_MODES)}, not {self.fork!r}")
-        if self.fork == "shared":
-            raise InvalidRequest('fork "shared" (one writable volume across running sandboxes) is '
-                                 'not supported yet: use "copy", or read_only for a volume '
-                                 "every sandbox reads")
+        if self.fork == "shared" and self.host_path is not None:
+            raise InvalidRequest('fork "shared" takes a named hostdir volume (POST /v1/volumes with fs '
+                                 '"hostdir"); a host_path is copied into the snapshot')
         if self.size_mib is not None:
             if self.name is not None:
                 raise InvalidRequest("size_mib is for a host_path volume; a named volume has its own size")
@@ -86,7 +88,7 @@ class VolumeMount:
         return self
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mount": self.mount, "read_only": self.read_only, "fork": self.fork}
+        out: dict[str, Any] = {"mount": self.mount, "read_only": self.read_only, "fork": self.fork or "copy"}
         for key in ("name", "host_path", "size_mib"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -110,4 +112,15 @@ def check_meta_entry(v: Any, what: str) -> dict[str, Any]:
     return {**mount.to_wire(), "size_bytes": size}
 
 
-__all__ = ["FORK_MODES", "VolumeMount", "check_meta_entry", "check_mount", "serial"]
+def is_shared(entry: dict[str, Any]) -> bool:
+    """Whether a recorded volume is a shared one (files served by the daemon, no disk)."""
+    return entry.get("fork") == "shared"
+
+
+def disk_indices(entries: Any) -> list[int]:
+    """The indices of the entries that are disks (virtio-blk, disk.vol<i>.qcow2)."""
+    return [i for i, e in enumerate(entries) if not is_shared(e)]
+
+
+__all__ = ["FORK_MODES", "VolumeMount", "check_meta_entry", "check_mount", "disk_indices", "is_shared",
+           "serial"]

@@ -157,8 +157,9 @@ export interface CreateSnapshotRequestOptions {
   /** Guest vCPUs. */
   vcpus?: Schemas["CreateSnapshotRequest"]["vcpus"];
   /**
-   * Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
-   * snapshot gets them back (docs/BRANCHING.md says how they fork).
+   * Volumes mounted before setup runs: ext4 ones as virtio disks, hostdir ones served live (fork
+   * shared); every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they
+   * fork).
    */
   volumes?: VolumeSpecOptions[];
   /** Python modules PID 1 imports before the snapshot; default: numpy. */
@@ -167,7 +168,11 @@ export interface CreateSnapshotRequestOptions {
 
 /** `CreateVolumeRequest` in camelCase. */
 export interface CreateVolumeRequestOptions {
-  /** Its filesystem. */
+  /**
+   * ext4: a disk of its own, attached to a snapshot, which each child copies (copy-on-write).
+   * hostdir: files on the daemon's host, mounted live by running sandboxes at once (fork shared),
+   * at a snapshot or at a spawn.
+   */
   fs?: Schemas["CreateVolumeRequest"]["fs"];
   /** The volume's name, unique on this daemon. */
   name: Schemas["CreateVolumeRequest"]["name"];
@@ -649,6 +654,13 @@ export interface SpawnRequestOptions {
    * /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.
    */
   timeoutSecs?: Schemas["SpawnRequest"]["timeout_secs"];
+  /**
+   * hostdir volumes (POST /v1/volumes with fs hostdir) each child mounts besides its snapshot's:
+   * one set of files that every sandbox mounting it reads and writes at once (fork shared;
+   * docs/BRANCHING.md#shared-volumes). An ext4 volume is a disk, attached when a snapshot is made:
+   * naming one here is 400.
+   */
+  volumes?: VolumeSpecOptions[] | null;
 }
 
 /** `StdinRequest` in camelCase. */
@@ -734,8 +746,10 @@ export interface UpdateSecretRequestOptions {
  */
 export interface VolumeSpecOptions {
   /**
-   * copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
-   * the snapshot. shared: not supported yet (400).
+   * copy (an ext4 volume's, a host_path's): each child (and each branch) gets its own copy-on-write
+   * view of the volume as it was at the snapshot. shared (a hostdir volume's): every sandbox that
+   * mounts it reads and writes the one set of files. Default: the volume's kind says; the other is
+   * 400.
    */
   fork?: Schemas["VolumeSpec"]["fork"];
   /**
@@ -1000,6 +1014,7 @@ export const WIRE_NAMES = {
     prewarm: "prewarm",
     snapshotTag: "snapshot_tag",
     timeoutSecs: "timeout_secs",
+    volumes: ["volumes", "VolumeSpec"],
   },
   StdinRequest: {
     data: "data",

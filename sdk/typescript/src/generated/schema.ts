@@ -1234,7 +1234,7 @@ export interface components {
             vcpus?: number;
             /**
              * Volumes
-             * @description Volumes attached as virtio disks and mounted before setup runs; every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).
+             * @description Volumes mounted before setup runs: ext4 ones as virtio disks, hostdir ones served live (fork shared); every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).
              */
             volumes?: components["schemas"]["VolumeSpec"][];
             /**
@@ -1247,11 +1247,11 @@ export interface components {
         CreateVolumeRequest: {
             /**
              * Fs
-             * @description Its filesystem.
+             * @description ext4: a disk of its own, attached to a snapshot, which each child copies (copy-on-write). hostdir: files on the daemon's host, mounted live by running sandboxes at once (fork shared), at a snapshot or at a spawn.
              * @default ext4
-             * @constant
+             * @enum {string}
              */
-            fs?: "ext4";
+            fs?: "ext4" | "hostdir";
             /**
              * Name
              * @description The volume's name, unique on this daemon.
@@ -2905,6 +2905,11 @@ export interface components {
              * @description Kill each child (and free its resources) this many seconds after the spawn returns; POST /v1/sandboxes/{id}/timeout moves the deadline. Default: no deadline.
              */
             timeout_secs?: number | null;
+            /**
+             * Volumes
+             * @description hostdir volumes (POST /v1/volumes with fs hostdir) each child mounts besides its snapshot's: one set of files that every sandbox mounting it reads and writes at once (fork shared; docs/BRANCHING.md#shared-volumes). An ext4 volume is a disk, attached when a snapshot is made: naming one here is 400.
+             */
+            volumes?: components["schemas"]["VolumeSpec"][] | null;
         };
         /** StdinRequest */
         StdinRequest: {
@@ -3118,6 +3123,7 @@ export interface components {
             created_at_unix: number;
             /**
              * Fs
+             * @description ext4: a disk each child copies (fork copy); hostdir: files on the daemon's host that running sandboxes share (fork shared).
              * @example ext4
              */
             fs: string;
@@ -3126,6 +3132,11 @@ export interface components {
              * @example data
              */
             name: string;
+            /**
+             * Sandboxes
+             * @description The sandboxes that mount it (hostdir): while there are any, it cannot be deleted (409).
+             */
+            sandboxes: string[];
             /**
              * Size Mib
              * @description Its size: the most a guest can write to it (the host file grows no further, but for qcow2 metadata).
@@ -3138,7 +3149,7 @@ export interface components {
             snapshots: string[];
             /**
              * Used Mib
-             * @description What its own disk file takes on the host.
+             * @description What it takes on the host: its own disk file (ext4), or its files (hostdir).
              */
             used_mib: number;
         } & {
@@ -3151,11 +3162,9 @@ export interface components {
         VolumeSpec: {
             /**
              * Fork
-             * @description copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at the snapshot. shared: not supported yet (400).
-             * @default copy
-             * @enum {string}
+             * @description copy (an ext4 volume's, a host_path's): each child (and each branch) gets its own copy-on-write view of the volume as it was at the snapshot. shared (a hostdir volume's): every sandbox that mounts it reads and writes the one set of files. Default: the volume's kind says; the other is 400.
              */
-            fork?: "copy" | "shared";
+            fork?: ("copy" | "shared") | null;
             /**
              * Host Path
              * @description A directory on the daemon's host, copied into a new volume kept with the snapshot (the host directory is not written back).

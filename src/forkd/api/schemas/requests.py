@@ -49,6 +49,7 @@ from forkd.api.schemas.volumes import VolumeSpec
 from forkd.config import DEFAULT_IMAGE, DEFAULT_MEM_MIB, DEFAULT_VCPUS
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.guest.protocol import FILE_PATH_MAX, HOSTNAME_MAX, HOSTNAME_RE
+from forkd.guest.volume_messages import MAX_SLOTS as SHARED_SLOTS
 from forkd.host.egress import EgressPolicy
 
 
@@ -110,8 +111,9 @@ class CreateSnapshotRequest(RequestModel):
     )
     volumes: list[VolumeSpec] = Field(
         default_factory=list, max_length=bounds.MAX_VOLUMES,
-        description="Volumes attached as virtio disks and mounted before setup runs; every child and "
-        "branch of the snapshot gets them back (docs/BRANCHING.md says how they fork).",
+        description="Volumes mounted before setup runs: ext4 ones as virtio disks, hostdir ones served "
+        "live (fork shared); every child and branch of the snapshot gets them back (docs/BRANCHING.md "
+        "says how they fork).",
     )
 
 
@@ -203,6 +205,13 @@ class SpawnRequest(RequestModel):
         "Default: the daemon's --disk-quota-mib (1024 unless set); 0: no quota.",
     )
     hostname: Hostname | None = Field(None, description=HOSTNAME_HELP)
+    volumes: list[VolumeSpec] | None = Field(
+        None, max_length=SHARED_SLOTS,
+        description="hostdir volumes (POST /v1/volumes with fs hostdir) each child mounts besides its "
+        "snapshot's: one set of files that every sandbox mounting it reads and writes at once (fork "
+        "shared; docs/BRANCHING.md#shared-volumes). An ext4 volume is a disk, attached when a snapshot "
+        "is made: naming one here is 400.",
+    )
     fork_tree: ForkTreeLabels | None = Field(
         None, description="What a fleet gateway sets when it places part of a spread fork-tree on this "
         "host: the children get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted "

@@ -31,9 +31,11 @@ class VolumeSpec(RequestModel):
         description="Where the guest mounts it (an absolute path, e.g. /mnt/data).", examples=["/mnt/data"])
     read_only: bool = Field(False, description="Attached read-only to the template and every child "
                             "(one file, shared); writes fail in the guest.")
-    fork: Literal["copy", "shared"] = Field(
-        "copy", description="copy: each child (and each branch) gets its own copy-on-write view of the "
-        "volume as it was at the snapshot. shared: not supported yet (400).")
+    fork: Literal["copy", "shared"] | None = Field(
+        None, description="copy (an ext4 volume's, a host_path's): each child (and each branch) gets its "
+        "own copy-on-write view of the volume as it was at the snapshot. shared (a hostdir volume's): "
+        "every sandbox that mounts it reads and writes the one set of files. Default: the volume's kind "
+        "says; the other is 400.")
     size_mib: VolumeSizeMib | None = Field(
         None, description="host_path only: the new volume's size (its quota); "
         f"default {bounds.DEFAULT_VOLUME_SIZE_MIB}.")
@@ -43,7 +45,10 @@ class CreateVolumeRequest(RequestModel):
     name: Tag = Field(description="The volume's name, unique on this daemon.", examples=["data"])
     size_mib: JSONInt = Field(bounds.DEFAULT_VOLUME_SIZE_MIB, **bounds.VOLUME_SIZE_MIB.field_kwargs(),
                               description="Its size: the most a guest can write to it, on the host too.")
-    fs: Literal["ext4"] = Field("ext4", description="Its filesystem.")
+    fs: Literal["ext4", "hostdir"] = Field(
+        "ext4", description="ext4: a disk of its own, attached to a snapshot, which each child copies "
+        "(copy-on-write). hostdir: files on the daemon's host, mounted live by running sandboxes at once "
+        "(fork shared), at a snapshot or at a spawn.")
     source: HostPath | None = Field(
         None, description="A host directory or tarball (tar, tar.gz, ...) on the daemon's "
         "host to fill it from; archive members that would leave it (absolute, '..', links out, devices) "

@@ -39,6 +39,7 @@ from forkd.guest.agent.restore import RESTORES_KEY, capabilities, reseed_after_r
 from forkd.guest.agent.setup import pid1_defaults
 from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_size, parse_start
 from forkd.guest.agent.uploads import Uploads
+from forkd.guest.agent.volfs import VolumeMounts
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
@@ -55,7 +56,7 @@ Handler = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 # Requests answered on the serve loop: none of them blocks. (A signal may wait for the end.)
 INLINE = frozenset({protocol.PING, protocol.EVAL, protocol.EVAL_CANCEL, protocol.PROC_ATTACH,
                     protocol.PROC_DETACH, protocol.PROC_ACK, protocol.PROC_LIST, protocol.PROC_INFO,
-                    protocol.PROC_INPUT, protocol.PROC_RESIZE})
+                    protocol.PROC_INPUT, protocol.PROC_RESIZE, protocol.VOL_POLL, protocol.VOL_REPLY})
 
 
 class Agent:
@@ -74,6 +75,7 @@ class Agent:
         self.files = Files()
         self.uploads = Uploads()
         self.watches = Watches()
+        self.volumes = VolumeMounts(self.channel)
         self.max_line = protocol.MAX_REQUEST_LINE
         self._host_wait: HostWait | None = None
         self.handlers: dict[str, Handler] = {
@@ -112,6 +114,9 @@ class Agent:
                 int_field(req, "pid"), decode_b64(req.get("data", ""), "data"),
                 bool_field(req, "eof", False)),
             protocol.PROC_RESIZE: lambda req: self.processes.resize(int_field(req, "pid"), parse_size(req)),
+            protocol.VOL_MOUNT: self.volumes.mount,
+            protocol.VOL_POLL: self.volumes.poll,
+            protocol.VOL_REPLY: self.volumes.reply,
             protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
                 int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
                 wait=min(max(0, req.get("wait_ms", 0)) / 1000, MAX_SIGNAL_WAIT_SECS)),  # int: checked
@@ -151,6 +156,7 @@ class Agent:
         self.processes.detach_all()
         self.kernels.detach_all()
         self.watches.drop_all()
+        self.volumes.host_gone()  # the ops the parent's host took are this child's host's to answer
         self.kernels.restored(req.get("env") or {})  # checked by reseed_after_restore
         return result
 
@@ -221,6 +227,7 @@ class Agent:
                 # The host went away: whatever it watched, nobody watches now (its cells stop).
                 self.processes.detach_all()
                 self.kernels.detach_all(interrupt=True)
+                self.volumes.host_gone()
                 buf.clear()
                 discarding = False
                 self._wait_for_host(in_fd)

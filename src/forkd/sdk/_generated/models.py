@@ -322,9 +322,11 @@ class VolumeSpec(TypedDict, total=False):
     """Attached read-only to the template and every child (one file, shared); writes fail in the guest.
     """
 
-    fork: Literal["copy", "shared"]
-    """copy: each child (and each branch) gets its own copy-on-write view of the volume as it was at
-    the snapshot. shared: not supported yet (400).
+    fork: Literal["copy", "shared"] | None
+    """copy (an ext4 volume's, a host_path's): each child (and each branch) gets its own copy-on-write
+    view of the volume as it was at the snapshot. shared (a hostdir volume's): every sandbox that
+    mounts it reads and writes the one set of files. Default: the volume's kind says; the other is
+    400.
     """
 
     size_mib: int | None
@@ -397,8 +399,9 @@ class CreateSnapshotRequest(TypedDict, total=False):
     """Timeout of each setup command and each setup_eval step."""
 
     volumes: list[VolumeSpec]
-    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
-    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """Volumes mounted before setup runs: ext4 ones as virtio disks, hostdir ones served live (fork
+    shared); every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they
+    fork).
     """
 
 
@@ -411,8 +414,11 @@ class CreateVolumeRequest(TypedDict, total=False):
     size_mib: int
     """Its size: the most a guest can write to it, on the host too."""
 
-    fs: Literal["ext4"]
-    """Its filesystem."""
+    fs: Literal["ext4", "hostdir"]
+    """ext4: a disk of its own, attached to a snapshot, which each child copies (copy-on-write).
+    hostdir: files on the daemon's host, mounted live by running sandboxes at once (fork shared), at
+    a snapshot or at a spawn.
+    """
 
     source: str | None
     """A host directory or tarball (tar, tar.gz, ...) on the daemon's host to fill it from; archive
@@ -1533,6 +1539,13 @@ class SpawnRequest(TypedDict, total=False):
     characters. Default: the snapshot's.
     """
 
+    volumes: list[VolumeSpec] | None
+    """hostdir volumes (POST /v1/volumes with fs hostdir) each child mounts besides its snapshot's: one
+    set of files that every sandbox mounting it reads and writes at once (fork shared;
+    docs/BRANCHING.md#shared-volumes). An ext4 volume is a disk, attached when a snapshot is made:
+    naming one here is 400.
+    """
+
     fork_tree: ForkTreeLabels | None
     """What a fleet gateway sets when it places part of a spread fork-tree on this host: the children
     get the tree's labels (fork_tree_id, fork_parent_id, and fork_index counted from first_index) as
@@ -1675,14 +1688,20 @@ class VolumeInfo(TypedDict, total=False):
     """
 
     fs: Required[str]
+    """ext4: a disk each child copies (fork copy); hostdir: files on the daemon's host that running
+    sandboxes share (fork shared).
+    """
 
     created_at_unix: Required[int]
 
     used_mib: Required[float]
-    """What its own disk file takes on the host."""
+    """What it takes on the host: its own disk file (ext4), or its files (hostdir)."""
 
     snapshots: Required[list[str]]
     """The snapshots that attach it: while there are any, it cannot be deleted (409)."""
+
+    sandboxes: Required[list[str]]
+    """The sandboxes that mount it (hostdir): while there are any, it cannot be deleted (409)."""
 
 
 class WorkspaceInfo(TypedDict, total=False):
@@ -1734,8 +1753,9 @@ class CreateSnapshotExtra(TypedDict, total=False):
     """Timeout of each setup command and each setup_eval step."""
 
     volumes: list[VolumeSpec]
-    """Volumes attached as virtio disks and mounted before setup runs; every child and branch of the
-    snapshot gets them back (docs/BRANCHING.md says how they fork).
+    """Volumes mounted before setup runs: ext4 ones as virtio disks, hostdir ones served live (fork
+    shared); every child and branch of the snapshot gets them back (docs/BRANCHING.md says how they
+    fork).
     """
 
 
@@ -1787,6 +1807,13 @@ class SpawnExtra(TypedDict, total=False):
     """Each child's hostname, set in the guest at its restore (what hostname and uname -n say,
     /etc/hostname, and a 127.0.1.1 line of /etc/hosts): RFC 1123 labels joined by dots, at most 64
     characters. Default: the snapshot's.
+    """
+
+    volumes: list[VolumeSpec] | None
+    """hostdir volumes (POST /v1/volumes with fs hostdir) each child mounts besides its snapshot's: one
+    set of files that every sandbox mounting it reads and writes at once (fork shared;
+    docs/BRANCHING.md#shared-volumes). An ext4 volume is a disk, attached when a snapshot is made:
+    naming one here is 400.
     """
 
     fork_tree: ForkTreeLabels | None

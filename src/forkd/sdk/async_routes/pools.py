@@ -103,11 +103,12 @@ class AsyncPoolRoutes(AsyncTransport):
     # -------------------------------------------------------------- volumes
 
     async def create_volume(self, name: str, *, size_mib: int | None = None,
-                            source: str | None = None) -> VolumeInfo:
-        """``POST /v1/volumes``: an ext4 volume of ``size_mib`` (its quota), empty or filled from
-        ``source``, a directory or tarball on the daemon's host."""
+                            source: str | None = None, fs: str | None = None) -> VolumeInfo:
+        """``POST /v1/volumes``: a volume of ``size_mib`` (its quota), empty or filled from
+        ``source``, a directory or tarball on the daemon's host. ``fs``: ``ext4`` (default: a disk
+        each child of a snapshot copies) or ``hostdir`` (files running sandboxes share)."""
         return cast(VolumeInfo, await self._send(_calls.create_volume(name, size_mib=size_mib,
-                                                                      source=source)))
+                                                                      source=source, fs=fs)))
 
     async def list_volumes(self) -> list[VolumeInfo]:
         """``GET /v1/volumes``."""
