@@ -7,6 +7,7 @@ file outside is neither read nor written, nor anything made beside it."""
 from __future__ import annotations
 
 import base64
+import ctypes
 import errno
 import io
 import os
@@ -184,6 +185,45 @@ def test_a_symlink_out_is_never_followed(vol: HostDir, outside: Path) -> None:
         vol.listdir("up")
     vol.remove("up")  # the link itself goes; '..' is left alone
     assert _tree(outside.parent) == {k: v for k, v in before.items() if k != "vol/up"}
+
+
+def test_a_racing_swap_never_leads_out(tmp_path: Path, outside: Path) -> None:
+    """Another guest swaps a directory for a symlink to outside, over and over (renameat2's
+    RENAME_EXCHANGE, atomic), while ops walk through it: each lands inside or fails; the canary
+    outside is never read, written, truncated or joined by a new file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    (tmp_path / "vol").mkdir()
+    vol = HostDir(tmp_path / "vol", 64 * MIB, max_entries=10_000)
+    (vol.root / "d").mkdir()
+    (vol.root / "d/canary").write_bytes(b"inside\n")
+    os.symlink(outside, vol.root / "e")
+    before = _tree(outside)
+    stop = threading.Event()
+
+    def swapper() -> None:
+        d, e = str(vol.root / "d").encode(), str(vol.root / "e").encode()
+        while not stop.is_set():
+            assert libc.renameat2(-100, d, -100, e, 2) == 0, os.strerror(ctypes.get_errno())
+
+    thread = threading.Thread(target=swapper)
+    thread.start()
+    landed = 0
+    try:
+        for i in range(1500):
+            for op in (_op("write", "d/canary", offset=0, data=_b64(b"pwned!!\n")),
+                       _op("setattr", "d/canary", size=0, mode=0o777),
+                       _op("create", f"d/new{i}", mode=0o644), _op("mkdir", f"d/dir{i}", mode=0o755),
+                       _op("read", "d/canary", offset=0, size=100)):
+                reply = vol.apply(op, 1, read_only=False)
+                assert reply["errno"] in (0, errno.ELOOP, errno.ENOTDIR, errno.ENOENT), (op, reply)
+                if reply["errno"] == 0 and op["op"] == "read":
+                    assert base64.b64decode(reply["data"]) in (b"", b"inside\n", b"pwned!!\n")
+                landed += reply["errno"] == 0
+    finally:
+        stop.set()
+        thread.join()
+    vol.close()
+    assert landed > 0 and _tree(outside) == before and (outside / "canary").read_bytes() == CANARY
 
 
 def test_bad_paths_are_einval(vol: HostDir) -> None:
