@@ -468,6 +468,10 @@ def test_make_from_a_directory(tmp_path: Path, outside: Path) -> None:
     with pytest.raises(InvalidRequest, match="more than fits"):
         HostDir.make(tmp_path / "vols" / "v2", src, MIB, tmp_path / "scratch")
     assert sorted(os.listdir(root.parent)) == ["v1"]
+    (src / "big").unlink()
+    inner = src / "vols" / "v4"  # made inside its own source: not copied into itself
+    HostDir.make(inner, src, 4 * MIB, tmp_path / "scratch")
+    assert sorted(os.listdir(inner)) == ["out", "sub", "vols"] and os.listdir(inner / "vols") == []
     empty = tmp_path / "vols" / "v3"
     HostDir.make(empty, None, MIB, tmp_path / "scratch")
     assert list(empty.iterdir()) == [] and empty.stat().st_uid == 1000

@@ -923,6 +923,8 @@ def _copy_tree(src_fd: int, dst_fd: int, quota: int | None, max_entries: int,
     links, never followed); other kinds skipped. Past ``quota`` bytes, ``max_entries`` entries or
     ``MAX_DEPTH``: InvalidRequest naming ``what``. ``owner``: every copy's owner, else the source's."""
     budget = [0, 0]  # bytes, entries
+    dst_st = os.fstat(dst_fd)
+    into = (dst_st.st_dev, dst_st.st_ino)  # a copy made inside its own source is not copied into itself
 
     def count(nbytes: int, entries: int) -> None:
         budget[0] += nbytes
@@ -948,6 +950,8 @@ def _copy_tree(src_fd: int, dst_fd: int, quota: int | None, max_entries: int,
             except FileNotFoundError:
                 continue
             if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) == into:
+                    continue
                 count(BLOCK, 1)
                 os.mkdir(name, 0o700, dir_fd=dfd)
                 sub_s = _subdir(sfd, name)
