@@ -317,6 +317,13 @@ def test_the_file_count_is_bounded(tmp_path: Path) -> None:
     ok(d, _op("link", "a", to="c"))
     assert err(d, _op("create", "d", mode=0o644)) == errno.ENOSPC
     assert err(d, _op("mkdir", "d", mode=0o755)) == errno.ENOSPC
+    # What exists is still what exists when full: opened by a create, EEXIST to a mkdir.
+    assert ok(d, _op("create", "a", mode=0o644, exclusive=False))["attr"]["nlink"] == 2
+    assert err(d, _op("create", "a", mode=0o644, exclusive=True)) == errno.EEXIST
+    assert err(d, _op("mkdir", "a", mode=0o755)) == errno.EEXIST
+    assert err(d, _op("symlink", "b", target="x")) == errno.EEXIST
+    with pytest.raises(Conflict, match="not a directory"):
+        d.mkdir("a", parents=True)
     assert sorted(os.listdir(root)) == ["a", "b", "c"]
     assert ok(d, _op("statfs"))["statfs"]["ffree"] == 0
     d.close()

@@ -293,6 +293,18 @@ class HostDir:
             self._reserved += nbytes
             self._entries += entries
 
+    def _reserve_new(self, path: str, nbytes: int = 0) -> None:
+        """Room for one new entry at ``path``; an existing name is EEXIST even when the volume is
+        full (`mkdir -p` of what is there), as a file system answers."""
+        try:
+            self._reserve(nbytes, 1)
+        except _Refused as refused:
+            try:
+                self._lstat(path)
+            except FileNotFoundError:
+                raise refused from None
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+
     def _settle(self, reserved: int, used_delta: int, entries_delta: int = 0) -> None:
         with self._lock:
             self._reserved -= reserved
@@ -408,7 +420,7 @@ class HostDir:
 
     def _mkdir(self, path: str, mode: int, uid: int, gid: int) -> os.stat_result:
         with self._parent(path) as (dfd, name):
-            self._reserve(BLOCK, 1)
+            self._reserve_new(path, BLOCK)
             made = False
             try:
                 os.mkdir(name, 0o700, dir_fd=dfd)
@@ -436,22 +448,25 @@ class HostDir:
     def _create(self, path: str, mode: int, uid: int, gid: int, exclusive: bool) -> os.stat_result:
         if path == "":
             raise _Refused(errno.EISDIR)
-        for _ in range(8):  # an existing file deleted between our two opens: try again
-            self._reserve(0, 1)
+        for _ in range(8):  # made or deleted by another guest between our two opens: try again
+            if not exclusive:  # an existing file is opened, even when the volume is full
+                try:
+                    fd, st = self._open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    pass
+                else:
+                    os.close(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise _Refused(errno.EISDIR)
+                    return st
+            self._reserve_new(path)
             try:
                 fd, st = self._open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 self._settle(0, 0, -1)
                 if exclusive:
                     raise
-                try:
-                    fd, st = self._open(path, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue
-                os.close(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise _Refused(errno.EISDIR) from None
-                return st
+                continue
             except BaseException:
                 self._settle(0, 0, -1)
                 raise
@@ -471,6 +486,8 @@ class HostDir:
         self._remove_one(path, directory=True)
 
     def _remove_one(self, path: str, *, directory: bool) -> None:
+        # The stat is taken before the unlink: a swap between them makes the count drift (a scan
+        # puts it right), never the files leave the volume.
         with self._parent(path) as (dfd, name):
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if directory:
@@ -632,7 +649,7 @@ class HostDir:
             raise _Refused(errno.EINVAL, "a symlink's target is 1 to 4095 bytes without NUL")
         uid, gid = self._ids(op)
         with self._parent(path) as (dfd, name):
-            self._reserve(0, 1)
+            self._reserve_new(path)
             try:
                 os.symlink(os.fsdecode(raw), name, dir_fd=dfd)  # stored as given, never followed
             except BaseException:
@@ -653,7 +670,7 @@ class HostDir:
             st = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 raise _Refused(errno.EPERM)
-            self._reserve(0, 1)
+            self._reserve_new(to)
             try:
                 os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
             except BaseException:
