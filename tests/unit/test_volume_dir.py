@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from forkd.errors import Conflict, InsufficientStorage, InvalidRequest, NotFound
+from forkd.errors import Conflict, InsufficientStorage, InvalidRequest, NotFound, PrerequisiteMissing
 from forkd.guest.volume_messages import MAX_IO, MUTATING, OPS, READDIR_PAGE, VolOp, VolReplyNotice
+from forkd.vmm import volume_dir
 from forkd.vmm.volume_dir import HostDir
 
 MIB = 1 << 20
@@ -451,6 +452,12 @@ def test_the_python_api(vol: HostDir, tmp_path: Path) -> None:
 def test_a_missing_root_is_a_forkd_error(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         HostDir(tmp_path / "gone", MIB)
+
+
+def test_a_kernel_without_openat2_is_refused_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volume_dir, "_SYS_OPENAT2", 99_999)  # a number no kernel has: ENOSYS, as before 5.6
+    with pytest.raises(PrerequisiteMissing, match=r"Linux 5\.6"):
+        HostDir(tmp_path, MIB)
 
 
 def test_make_from_a_directory(tmp_path: Path, outside: Path) -> None:
