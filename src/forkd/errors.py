@@ -34,6 +34,12 @@ class TooLarge(ForkdError):
     status = 413
 
 
+class InsufficientStorage(ForkdError):
+    """A write that would take a volume past its quota."""
+
+    status = 507
+
+
 class Busy(ForkdError):
     status = 503
 

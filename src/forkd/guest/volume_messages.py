@@ -6,7 +6,7 @@ set of files that several running sandboxes write at once. QEMU 7.2 refuses to m
 files cannot reach the guest as a device. NFS over the sandbox's NIC would need the guest's network
 (a sandbox may have none) and does not make two clients' appends atomic. So the guest agent mounts a
 FUSE file system (``forkd.guest.agent.volfs``) and hands each request that needs the files to the
-host as a :class:`VolOp`; the daemon performs it on the volume's directory (``forkd.host.volume_dir``)
+host as a :class:`VolOp`; the daemon performs it on the volume's directory (``forkd.vmm.volume_dir``)
 and answers with a :class:`VolReplyNotice`. Every write is one ``write(2)`` on the host's file (an
 ``O_APPEND`` one for a guest's ``O_APPEND`` file), so the host's file system orders concurrent writers
 as it orders local ones, and every sandbox sees the same files at once (nothing is cached in a guest).
