@@ -299,6 +299,8 @@ async def write_file(request: Request, files: FilesDep) -> dict[str, Any]:
         raise E2BError(400, "invalid Content-Length header")
     if declared is not None and int(declared) > limit:
         raise TooLarge(f"file exceeds the daemon's {limit}-byte limit")
+    # E2B's rule, checked first so a refusal reads no body; not a lock: a file a sandbox makes
+    # meanwhile is replaced, as a later write of its own would be.
     there = await asyncio.to_thread(_exists, files, path)
     if there is not None and stat.S_ISDIR(there["mode"]):
         raise Conflict(f"{_shown(path)} is a directory")
