@@ -152,9 +152,9 @@ def test_the_control_plane_before_the_runtime_is_made_is_503_in_the_sdk_shape(tm
     with TestClient(app, raise_server_exceptions=False) as early:
         for resp in (early.get(f"/sandboxes/{SB}", headers=key), early.get("/v2/sandboxes", headers=key),
                      early.get("/snapshots", headers=key), early.get("/templates/web/tags", headers=key),
-                     early.get("/templates/aliases/web", headers=key)):
+                     early.get("/templates/aliases/web", headers=key), early.get("/volumes", headers=key)):
             assert "still starting" in rest_error(resp, 503)
-        assert "not supported by forkd" in rest_error(early.get("/volumes", headers=key), 501)
+        assert "not supported by forkd" in rest_error(early.get("/teams", headers=key), 501)
         assert "E2B_API_KEY" in rest_error(early.get(f"/sandboxes/{SB}"), 401)
 
 
@@ -162,7 +162,8 @@ def test_the_control_plane_before_the_runtime_is_made_is_503_in_the_sdk_shape(tm
     ({}, "templateID"),
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
     ({"templateID": "base", "network": {"rules": {"x": []}}}, "network.rules"),
-    ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
+    ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/etc"}]}, "would cover the guest's own"),
+    ({"templateID": "base", "volumeMounts": [{"name": "v"}]}, "volumeMounts[0] must be an object"),
     ({"templateID": "base", "mcp": ["not", "an", "object"]}, "mcp must be an object"),
     ({"templateID": "base", "timeout": "300"}, "timeout"),
     ({"templateID": "base", "envVars": {"A": 1}}, "envVars"),
@@ -318,7 +319,7 @@ def test_an_unknown_template_says_how_to_make_it(client: TestClient) -> None:
 
 
 def test_unsupported_control_routes_are_501_in_the_sdk_shape(client: TestClient, sb: str) -> None:
-    for method, path in (("GET", f"/sandboxes/{sb}/logs"), ("GET", "/templates/t1"), ("GET", "/volumes")):
+    for method, path in (("GET", f"/sandboxes/{sb}/logs"), ("GET", "/templates/t1"), ("GET", "/teams")):
         assert "docs/E2B.md" in rest_error(client.request(method, path, headers={"X-API-KEY": TOKEN}), 501)
 
 

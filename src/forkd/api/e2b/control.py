@@ -4,11 +4,14 @@
   described, given a new timeout, paused, re-networked, measured and forked;
 * ``templates``: ``Template.build`` (``/v3/templates``, uploads, builds, aliases);
 * ``template_tags``: ``Template.assign_tags``, ``remove_tags``, ``get_tags``;
-* ``snapshots``: snapshots of sandboxes (create, list, delete).
+* ``snapshots``: snapshots of sandboxes (create, list, delete);
+* ``secrets``: ``Secret.create/list/get_info/update/destroy`` on forkd's secrets;
+* ``volumes``: ``Volume.create/list/get_info/destroy`` on forkd's ``hostdir`` volumes (their
+  files are the volume content API's, a separate app: ``volume_content.py``).
 
 The routes take what they need by ``Depends`` (``e2b/deps.py``) from this app's ``state``.
 Every error is ``{"code": <status>, "message"}``. Routes the SDK has but forkd does not serve
-(logs, volumes, secrets, ...) answer ``501`` in that shape, naming docs/E2B.md.
+(logs, teams, ...) answer ``501`` in that shape, naming docs/E2B.md.
 
 Authentication: ``X-API-KEY`` (what the SDK sends) or ``Authorization: Bearer``
 must be the daemon's token; a daemon without a token takes any non-empty key.
@@ -26,7 +29,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forkd.api.e2b import sandbox_routes, secrets, snapshots, template_tags, templates
+from forkd.api.e2b import sandbox_routes, secrets, snapshots, template_tags, templates, volumes
 from forkd.api.e2b.deps import LiveRuntime
 from forkd.api.e2b.errors import E2BError, rest_body
 from forkd.api.e2b.inputs import UNSUPPORTED
@@ -74,6 +77,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     app.include_router(sandbox_routes.router)
     app.include_router(snapshots.router)  # create_snapshot, list_snapshots, delete_snapshot
     app.include_router(secrets.router)  # Secret.create, list, get_info, update, destroy
+    app.include_router(volumes.router)  # Volume.create, list, get_info, destroy
     # Everything else the SDK can call: 501 in its shape (see _http_error).
     return app
 

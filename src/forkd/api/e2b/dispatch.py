@@ -2,9 +2,10 @@
 
 A request carrying ``E2b-Sandbox-Id`` is in-sandbox traffic (``envd``); one for
 an E2B control-plane path (``paths.PREFIXES``, none of which forkd's own API
-uses: it lives under ``/v1``) goes to the control plane; everything else goes
-on to forkd's API and its bearer-token check. Each E2B app authenticates on its
-own (the API key, or the sandbox's access token) and answers in the SDK's error
+uses: it lives under ``/v1``) goes to the control plane, one for the volume
+content API (``/volumecontent/``) to its own app; everything else goes on to
+forkd's API and its bearer-token check. Each E2B app authenticates on its
+own (the API key, the sandbox's access token, or the volume's token) and answers in the SDK's error
 shapes, request bodies bounded as forkd's are (size and JSON nesting; Connect
 messages by ``connect_bounds``). ``error_shape`` says which shape a request is
 answered in, for the checks that run before the dispatch (repeated headers).
@@ -22,10 +23,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from forkd.api.e2b.control import create_control_app
 from forkd.api.e2b.envd import CONNECT_SERVICES, SandboxTraffic
 from forkd.api.e2b.errors import CONNECT_CODE, rest_body, send_json
-from forkd.api.e2b.paths import SANDBOX_HEADER, is_control_path, is_e2b_request, is_sandbox_request
+from forkd.api.e2b.paths import (
+    SANDBOX_HEADER,
+    is_control_path,
+    is_e2b_request,
+    is_sandbox_request,
+    is_volume_content_path,
+)
 from forkd.api.e2b.signed import SignedFileRequest, SignerSearch, signed_file_request
 from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
+from forkd.api.e2b.volume_content import content_error, create_volume_content_app
+from forkd.api.e2b.volume_content import streams_body as volume_uploads
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
 from forkd.errors import ForkdError
 
@@ -67,6 +76,10 @@ class E2BDispatch:
         self._signers = SignerSearch()
         self.control = BodySizeLimitMiddleware(create_control_app(runtime, tokens, api_key, gate, uploads),
                                                max_body_bytes, exempt=template_uploads, shape=_rest_shape)
+        # Its uploads stream under max_file_bytes (the route bounds them); the rest are small JSON.
+        self.volume_content = BodySizeLimitMiddleware(
+            create_volume_content_app(runtime, tokens, max_file_bytes), max_body_bytes,
+            exempt=volume_uploads, shape=content_error)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)
@@ -104,5 +117,7 @@ class E2BDispatch:
             await self.sandbox(scope, receive, send)
         elif scope["type"] == "http" and is_control_path(scope["path"]):
             await self.control(scope, receive, send)
+        elif scope["type"] == "http" and is_volume_content_path(scope["path"]):
+            await self.volume_content(scope, receive, send)
         else:
             await self.app(scope, receive, send)

@@ -14,12 +14,18 @@ from starlette.types import Scope
 PREFIXES = ("/sandboxes", "/v2/sandboxes", "/v3/sandboxes", "/templates", "/v2/templates",
             "/v3/templates", "/snapshots", "/volumes", "/secrets", "/tags", "/teams", "/nodes",
             "/access-tokens", "/api-keys")
+# E2B's volume content API (``E2B_VOLUME_API_URL``): the files of a volume, under its own token.
+VOLUME_CONTENT = "/volumecontent/"
 SANDBOX_HEADER = b"e2b-sandbox-id"
 _UNDER = tuple(p + "/" for p in PREFIXES)  # one C-level startswith per request (every request asks)
 
 
 def is_control_path(path: str) -> bool:
     return path.startswith(_UNDER) or path in PREFIXES
+
+
+def is_volume_content_path(path: str) -> bool:
+    return path.startswith(VOLUME_CONTENT)
 
 
 def is_sandbox_request(scope: Scope) -> bool:
@@ -47,8 +53,11 @@ def addressed_sandbox(scope: Scope) -> str | None:
 
 
 def is_e2b_request(scope: Scope) -> bool:
-    return is_sandbox_request(scope) or (scope["type"] == "http" and is_control_path(str(scope["path"])))
+    if is_sandbox_request(scope):
+        return True
+    path = str(scope["path"]) if scope["type"] == "http" else ""
+    return is_control_path(path) or is_volume_content_path(path)
 
 
-__all__ = ["PREFIXES", "SANDBOX_HOST", "addressed_sandbox", "is_control_path", "is_e2b_request",
-           "is_sandbox_request"]
+__all__ = ["PREFIXES", "SANDBOX_HOST", "VOLUME_CONTENT", "addressed_sandbox", "is_control_path",
+           "is_e2b_request", "is_sandbox_request", "is_volume_content_path"]

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request, Response
 
 from forkd import bounds
 from forkd.api.e2b import inputs, shapes, template_names
+from forkd.api.e2b import volumes as e2b_volumes
 from forkd.api.e2b.deps import GateDep, RuntimeDep, TokensDep
 from forkd.api.e2b.errors import E2BError
 from forkd.api.e2b.guest_metrics import METRICS_SCRIPT, guest_metrics
@@ -89,9 +90,8 @@ def _spawn_request(body: dict[str, Any], req: NewSandbox | NewSandboxV2) -> dict
     # as E2B's API takes an omitted one (its SDK's is_running() must then say False): that
     # traffic answers 502 "not running" until connect resumes it.
     auto_resume = resume == {"enabled": True}
-    for name in ("iam", "volumeMounts"):
-        if body.get(name) not in (None, [], {}):
-            raise E2BError(400, f"{name} is not supported by forkd ({UNSUPPORTED})")
+    if body.get("iam") not in (None, [], {}):
+        raise E2BError(400, f"iam is not supported by forkd ({UNSUPPORTED})")
     # mcp: the SDK itself starts E2B's `mcp-gateway` in the new sandbox with this config (and
     # kills the sandbox if that fails); the API has nothing to do with it but accept it.
     if body.get("mcp") is not None and not isinstance(body.get("mcp"), dict):
@@ -108,9 +108,15 @@ async def _create(body: dict[str, Any], model: type[NewSandbox] | type[NewSandbo
                   tokens: AccessTokens) -> dict[str, Any]:
     if not isinstance(body.get("templateID"), str):
         raise E2BError(400, "templateID (a forkd snapshot tag) is required")
+    mounts = e2b_volumes.spawn_volumes(body.get("volumeMounts"))  # before the model's parse
     req = model.from_dict(body)
     inputs.no_unknown(req)
     spawn = _spawn_request(body, req)
+    if mounts:
+        # volumeMounts: each a shared attachment of the named (hostdir) volume, so every sandbox
+        # mounting it sees the same files, live.
+        e2b_volumes.require_served(rt, mounts)
+        spawn["volumes"] = mounts
     # alias:tag is the snapshot alias.tag, or the one an assigned tag of that name stands for.
     template = rt.resolve_snapshot(template_names.snapshot_tag(req.template_id))
     try:

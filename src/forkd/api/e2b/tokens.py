@@ -14,6 +14,10 @@ A file URL the SDK signs (``download_url``/``upload_url``) carries no token, onl
 ``signature=v1_<base64 sha256 of "path:operation:user:envd token[:expiration]">``;
 ``file_signature`` computes the same, so only a holder of the sandbox's token could
 have made it.
+
+A volume's token (``VolumeAndToken.token``, the bearer of E2B's volume content calls) is an
+HMAC of its name and its creation time under the same secret: it opens that volume alone, and
+dies with it (a volume made again under the name gets another).
 """
 
 from __future__ import annotations
@@ -73,6 +77,13 @@ class AccessTokens:
 
     def traffic(self, sandbox_id: str) -> str:
         return self._token("traffic", sandbox_id)
+
+    def volume(self, name: str, created_at_unix: int) -> str:
+        return self._token("volume", f"{name}:{created_at_unix}")
+
+    def accepts_volume(self, name: str, created_at_unix: int, presented: str) -> bool:
+        """Whether ``presented`` is the token of volume ``name`` made at ``created_at_unix``."""
+        return hmac.compare_digest(presented.encode(), self.volume(name, created_at_unix).encode())
 
     def file_signature(self, sandbox_id: str, path: str, operation: str, user: str,
                        expiration: int | None) -> str:
