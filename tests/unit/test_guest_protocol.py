@@ -69,7 +69,8 @@ def test_request_timeout() -> None:
 
 
 def test_actions_are_distinct() -> None:
-    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 33  # 9 + 9 file + 2 code + 1 watch + 9 proc + 3 vol
+    # 9 + 9 file + 2 code + 1 watch + 9 proc + 3 vol
+    assert len(set(protocol.ACTIONS)) == len(protocol.ACTIONS) == 33
 
 
 def _worst_line(result: dict[str, object]) -> int:

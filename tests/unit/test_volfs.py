@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forkd.vmm.volume_dir import HostDir
 
 from forkd.guest.agent.channel import Channel
-from forkd.guest.agent.volfs import VolumeMounts
+from forkd.guest.agent.volume_mounts import VolumeMounts
+from forkd.vmm.volume_dir import HostDir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
                                 reason="mounting FUSE needs root and /dev/fuse")

@@ -132,7 +132,7 @@ def test_volume_bounds_are_checked(client: TestClient) -> None:
     ({"mount": "/", "name": "a"}, "absolute guest path"),
     ({"mount": "/usr", "name": "a"}, "guest's own files"),
     ({"mount": "/mnt/../etc", "name": "a"}, "without '.' or '..'"),
-    ({"mount": "/mnt/data", "name": "a", "fork": "shared"}, "not supported yet"),
+    ({"mount": "/mnt/data", "host_path": "/srv", "fork": "shared"}, "takes a named hostdir volume"),
     ({"mount": "/mnt/data", "name": "a", "fork": "other"}, "fork must be"),
     ({"mount": "/mnt/data", "host_path": "rel"}, "absolute host path"),
     ({"mount": "/mnt/data", "name": "a", "size_mib": 64}, "size_mib is for a host_path"),
@@ -172,12 +172,14 @@ def test_a_snapshot_refuses_bad_volumes_before_it_boots(client: TestClient, daem
         return client.post("/v1/snapshots", json={"tag": "v", "volumes": list(volumes)})
 
     assert "guest's own files" in error(snapshot({"name": "x", "mount": "/usr"}), 400)
-    assert "not supported yet" in error(snapshot({"name": "x", "mount": "/m", "fork": "shared"}), 400)
     assert "exactly one" in error(snapshot({"mount": "/m"}), 400)
     assert "does not exist" in error(snapshot({"name": "nope", "mount": "/m"}), 404)
     assert "not a directory" in error(snapshot({"host_path": "/no/such/dir", "mount": "/m"}), 400)
     assert client.post("/v1/volumes", json={"name": "x", "size_mib": 16}).status_code == 201
     assert "same path" in error(snapshot({"name": "x", "mount": "/m"}, {"name": "x", "mount": "/m"}), 400)
+    assert "ext4 disk" in error(snapshot({"name": "x", "mount": "/m", "fork": "shared"}), 400)
+    assert client.post("/v1/volumes", json={"name": "h", "size_mib": 16, "fs": "hostdir"}).status_code == 201
+    assert "hostdir volume" in error(snapshot({"name": "h", "mount": "/m", "fork": "copy"}), 400)
     assert client.get("/v1/snapshots/v").status_code == 404  # nothing was registered
 
 
@@ -202,9 +204,20 @@ def test_a_volume_is_exported_into_a_new_host_directory(client: TestClient, daem
     assert not (tmp_path / "o2").exists()
 
 
-def test_spawn_time_attach_is_refused_by_name(client: TestClient) -> None:
-    # Volumes attach at snapshot (a copy volume's state is part of the snapshot); spawn-time
-    # attach waits on fork "shared" (docs/BRANCHING.md), so until then a spawn naming volumes is
-    # a 400 that names the field, never a spawn that silently drops them.
-    resp = client.post("/v1/sandboxes", json={"snapshot_tag": "v", "volumes": [{"name": "x", "mount": "/m"}]})
-    assert "volumes" in error(resp, 400)
+def test_a_spawn_attaches_only_hostdir_volumes(client: TestClient, daemon: Daemon) -> None:
+    # A disk (an ext4 volume, a host_path) is part of a snapshot's device configuration: a spawn
+    # naming one is a 400 that says where it goes, never a spawn that silently drops it.
+    assert client.post("/v1/volumes", json={"name": "x", "size_mib": 16}).status_code == 201
+
+    def spawn(*volumes: dict[str, Any]) -> Any:
+        return client.post("/v1/sandboxes", json={"snapshot_tag": "py", "volumes": list(volumes)})
+
+    assert "attached when a snapshot is made" in error(spawn({"name": "x", "mount": "/m"}), 400)
+    assert "named hostdir volume" in error(spawn({"host_path": "/srv", "mount": "/m", "fork": "shared"}), 400)
+    assert "a volume attached at spawn" in error(spawn({"host_path": "/srv", "mount": "/m"}), 400)
+    assert "does not exist" in error(spawn({"name": "nope", "mount": "/m"}), 404)
+    assert client.post("/v1/volumes", json={"name": "h", "size_mib": 16, "fs": "hostdir"}).status_code == 201
+    assert "same path" in error(spawn({"name": "h", "mount": "/m"}, {"name": "h", "mount": "/m"}), 400)
+    assert daemon.runtime.list_sandboxes() == []  # nothing started
+
+

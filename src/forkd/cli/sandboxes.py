@@ -206,7 +206,7 @@ def fork(
             memory_limit_mib=memory_limit_mib, live_fork=live_fork, env=env_map, metadata=labels,
             timeout_secs=timeout, idle_pause_secs=idle_pause, allow_internet_access=allow_internet_access,
             network=network, disk_quota_mib=disk_quota_mib, idle_hibernate_secs=idle_hibernate,
-            hostname=hostname, **({"volumes": volumes} if volumes else {}),
+            hostname=hostname, volumes=volumes or None,
         )
     if as_json:
         output.emit_json(sandboxes)

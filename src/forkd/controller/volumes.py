@@ -42,7 +42,6 @@ from forkd.errors import Conflict, GuestError, InvalidRequest, NotFound
 from forkd.guest import capabilities, volume_messages
 from forkd.guest.client import AgentClient, require
 from forkd.guest.messages import ExecRequest
-from forkd.vmm.volume_dir import HostDir
 from forkd.store import layout
 from forkd.store.records import SnapshotRecord, VolumeRecord, now_unix
 from forkd.store.rows.sandboxes import SandboxReader
@@ -53,6 +52,7 @@ from forkd.vmm import disk as disk_mod
 from forkd.vmm import volume_image
 from forkd.vmm.cmdline import VolumeDrive
 from forkd.vmm.machine import VM
+from forkd.vmm.volume_dir import HostDir
 
 ROOT_NODE = "disk0"  # the root disk's block node in a freshly launched QEMU (vmm/cmdline.py)
 MOUNT_TIMEOUT_SECS = 120.0

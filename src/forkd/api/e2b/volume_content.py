@@ -30,7 +30,7 @@ import datetime as dt
 import stat
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, cast
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from e2b.volume.client.models import VolumeEntryStat, VolumeEntryStatType
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -112,8 +112,7 @@ async def opened(volume_id: str, request: Request, rt: RuntimeDep, tokens: Token
         raise refused from None
     if record.fs != FS or not tokens.accepts_volume(record.name, record.created_at_unix, presented.strip()):
         raise refused
-    # cast: the Runtime's ``Volumes.files`` (the hostdir volumes' HostDir) is the lead's part.
-    files: VolumeFiles = cast(Any, rt.volumes).files(record.name)
+    files: VolumeFiles = rt.volumes.files(record.name)
     return files
 
 

@@ -5,16 +5,12 @@ concurrency, the check of each request against its type (``forkd.guest.messages.
 and the rule that PID 1 outlives any bad request live in one place. ``serve`` reads the port (or,
 in tests, a pipe or a socket); the wire format is ``forkd.guest.protocol``'s.
 
-Where a request runs, cheapest first:
-
-* on the serve loop itself, for what never blocks: ``ping``, handing an eval to the evaluator,
-  and every process request but a start (they change a table and queue bytes for the I/O thread);
-* on a worker (``forkd.guest.agent.workers``) for what may block: starting a process, the file
-  actions, the post-restore call, ``sync``, freezing.
-
-Nothing the agent runs wakes it while it is idle: the serve loop blocks in ``read`` on the port;
-while no host is connected (the read returns at once) it waits for the port's SIGIO, which the
-kernel sends when a host connects.
+Where a request runs: on the serve loop itself, what never blocks (``ping``, handing an eval to the
+evaluator, every process request but a start, a shared volume's polls and replies); on a worker
+(``forkd.guest.agent.workers``), what may block (starting a process, the file actions, the
+post-restore call, ``sync``, freezing, mounting a volume). Nothing the agent runs wakes it while
+it is idle: the serve loop blocks in ``read`` on the port; while no host is connected (the read
+returns at once) it waits for the port's SIGIO, which the kernel sends when a host connects.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from forkd.guest.agent.restore import RESTORES_KEY, capabilities, reseed_after_r
 from forkd.guest.agent.setup import pid1_defaults
 from forkd.guest.agent.spawn import bool_field, decode_b64, int_field, parse_exec, parse_size, parse_start
 from forkd.guest.agent.uploads import Uploads
-from forkd.guest.agent.volfs import VolumeMounts
+from forkd.guest.agent.volume_mounts import VolumeMounts
 from forkd.guest.agent.warm import warm_up
 from forkd.guest.agent.watches import Watches
 from forkd.guest.agent.workers import Workers
@@ -114,8 +110,7 @@ class Agent:
                 int_field(req, "pid"), decode_b64(req.get("data", ""), "data"),
                 bool_field(req, "eof", False)),
             protocol.PROC_RESIZE: lambda req: self.processes.resize(int_field(req, "pid"), parse_size(req)),
-            protocol.VOL_MOUNT: self.volumes.mount,
-            protocol.VOL_POLL: self.volumes.poll,
+            protocol.VOL_MOUNT: self.volumes.mount, protocol.VOL_POLL: self.volumes.poll,
             protocol.VOL_REPLY: self.volumes.reply,
             protocol.PROC_SIGNAL: lambda req: self.processes.send_signal(
                 int_field(req, "pid"), req.get("signal"), bool_field(req, "group", True),
@@ -230,7 +225,8 @@ class Agent:
                 self.volumes.host_gone()
                 buf.clear()
                 discarding = False
-                self._wait_for_host(in_fd)
+                self._host_wait = self._host_wait or HostWait.for_port(in_fd)
+                self._host_wait.wait()
                 continue
             scanned = len(buf)  # bytes already known to hold no newline
             buf += chunk
@@ -251,7 +247,3 @@ class Agent:
                     continue
                 if line.strip():
                     self.serve_one(line)
-
-    def _wait_for_host(self, fd: int) -> None:
-        self._host_wait = self._host_wait or HostWait.for_port(fd)
-        self._host_wait.wait()
