@@ -4,7 +4,8 @@
 * ``forkd-mcp`` 0.2.1, driven by an MCP client over stdio;
 * programs written the way an E2B user writes them, on ``e2b`` 2.63.0 and
   ``e2b-code-interpreter`` 2.11.5, and on E2B's JavaScript SDK (npm ``e2b`` 2.51.0),
-  with only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` set;
+  with only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` set (and ``E2B_VOLUME_API_URL``
+  for volumes' files);
 * forkd 0.5's compact and workspaces (suspend/resume), over plain HTTP, and through
   our own CLI (``forkd compact``, ``forkd workspace``) and SDK.
 
@@ -94,7 +95,9 @@ def forkd_env(daemon: Daemon) -> dict[str, str]:
 
 def e2b_env(daemon: Daemon) -> dict[str, str]:
     """All an E2B user changes: where the API and the sandboxes are, and the key."""
-    return {"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token}
+    # E2B_VOLUME_API_URL: where a volume's files are (E2B's own host for them, forkd's daemon here).
+    return {"E2B_API_URL": daemon.url, "E2B_SANDBOX_URL": daemon.url, "E2B_API_KEY": daemon.token,
+            "E2B_VOLUME_API_URL": daemon.url}
 
 
 # ------------------------------------------------------------------ forkd 0.5.3
@@ -145,7 +148,7 @@ def test_forkd_mcp_spawns_execs_evals_branches_and_kills(clients_python: Path, c
 
 
 @pytest.mark.parametrize("program", ["commands", "files", "lifecycle", "interpreter", "semantics", "users",
-                                     "watch", "snapshots", "pty", "metadata"])
+                                     "watch", "snapshots", "pty", "metadata", "volumes"])
 def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program: str) -> None:
     out = run_program(clients_python, CLIENTS / "e2b" / f"{program}.py", e2b_env(clean))
     assert out.strip().endswith(f"{program} ok"), out
