@@ -173,3 +173,24 @@ def test_a_snapshot_with_a_shared_volume_and_its_branch(loop: Loop, runtime: Run
         for t in (branch, tag):
             with contextlib.suppress(Exception):
                 loop.run(runtime.delete_snapshot(t, cascade=True, force=True))
+
+
+@pytest.mark.parametrize("memory", [True, False], ids=["memory", "disk-only"])
+def test_hibernation_keeps_the_mount(loop: Loop, runtime: Runtime, snapshot: str, team: str, pair: list[str],
+                                     memory: bool) -> None:
+    """A hibernated sandbox is not served (it has no VM); woken, it is again: with its memory, the
+    same mount under a new QEMU; disk-only, a cold boot that mounts it afresh. What another sandbox
+    wrote meanwhile is there."""
+    opts = SpawnOptions(volumes=[VolumeMount(mount="/mnt/team", name=team)])
+    [sb] = loop.run(runtime.spawn(snapshot, 1, opts))
+    try:
+        assert sh(loop, runtime, sb.id, "echo before > /mnt/team/h.txt") == (0, "")
+        loop.run(runtime.hibernation.hibernate(sb.id, memory=memory))
+        assert runtime.get_sandbox(sb.id).hibernation is not None
+        assert sh(loop, runtime, pair[0], "echo while-asleep >> /mnt/team/h.txt") == (0, "")
+        assert loop.run(runtime.hibernation.wake(sb.id))
+        assert sh(loop, runtime, sb.id, "cat /mnt/team/h.txt && echo after >> /mnt/team/h.txt") == \
+            (0, "before\nwhile-asleep")
+        assert (runtime.volumes.files_dir(team) / "h.txt").read_text() == "before\nwhile-asleep\nafter\n"
+    finally:
+        loop.run(runtime.kill(sb.id))

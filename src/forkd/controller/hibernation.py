@@ -68,6 +68,7 @@ from forkd.controller.idle import IdlePauser
 from forkd.controller.network import Networks
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable, remove_cgroup
+from forkd.controller.shared_volumes import SharedVolumes
 from forkd.controller.snapshots import Forkable, SnapshotStore
 from forkd.controller.templates import ColdBoot
 from forkd.errors import Conflict, ForkdError, NotFound, NotHibernatable
@@ -106,8 +107,10 @@ def saved_bytes(record: SandboxRecord) -> int:
 
 class Hibernator:
     def __init__(self, table: SandboxTable, agents: AgentGateway, events: SandboxEvents, store: SnapshotStore,
-                 networks: Networks, idle: IdlePauser, disks: DiskWatch, boots: ColdBoots) -> None:
+                 networks: Networks, idle: IdlePauser, disks: DiskWatch, boots: ColdBoots,
+                 shared: SharedVolumes | None = None) -> None:
         self._table = table
+        self._shared = shared  # serves a woken sandbox's shared volumes again
         self._agents = agents  # only to ask whether a request is under way (``busy``)
         self._boots = boots
         self._store = store
@@ -367,6 +370,14 @@ class Hibernator:
         self._table.unpark(record, vm)  # the commit
         self._asleep.pop(record.id, None)
         shutil.rmtree(run_dir / SAVED_DIR, ignore_errors=True)
+        if self._shared is not None:
+            # Served again before anyone asks: a cold boot mounts them afresh, a memory wake keeps its
+            # mounts and hands its unanswered ops to this daemon again.
+            try:
+                await self._shared.attach(record.id, vm, record.volumes)
+            except ForkdError as exc:
+                log.warning("sandbox %s woke, but its shared volumes could not be mounted: %s",
+                            record.id, exc)
         return record
 
 

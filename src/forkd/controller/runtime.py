@@ -194,7 +194,7 @@ class Runtime:
         self.console_warden = ConsoleWarden(data)
         self.idle = IdlePauser(rows, self.sandboxes, self.events)
         self.hibernation = Hibernator(self.sandboxes, self.agents, self.events, self.snapshots, self.networks,
-                                      self.idle, self.disk_quotas, self.templates)
+                                      self.idle, self.disk_quotas, self.templates, self.shared_volumes)
         self.reaper = DeadlineKeeper(rows, self.sandboxes, self.events, hibernate=self.hibernation.hibernate)
         self.suspender = Suspender(registry.paused, rows, self.sandboxes, self.brancher, self.spawner,
                                    self.snapshots, self.idle)

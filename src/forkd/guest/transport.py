@@ -88,6 +88,10 @@ def decode_output(ev: dict[str, Any], most: int = protocol.OUTPUT_CHUNK) -> byte
         raise GuestError("guest agent sent output that is not base64") from None
 
 
+# Calls the agent holds until it has something to say: not requests under way (``in_flight``).
+LISTENING = frozenset({protocol.VOL_POLL})
+
+
 class _Call:
     """A request awaiting its one reply; an exec's also collects the output events ahead of it."""
 
@@ -273,8 +277,9 @@ class AgentTransport:
 
     @property
     def in_flight(self) -> int:
-        """Calls awaiting their answer plus streams open: what a hibernation would cut off."""
-        return len(self._calls) + len(self._streams)
+        """Calls awaiting their answer plus streams open: what a hibernation would cut off. A shared
+        volume's held poll is not one: it is the daemon listening, and asks the next VM again."""
+        return sum(1 for c in self._calls.values() if c.action not in LISTENING) + len(self._streams)
 
     @property
     def connected(self) -> bool:
