@@ -212,6 +212,8 @@ def test_volume_commands(runner: CliRunner, daemon: FakeDaemon) -> None:
     daemon.on("POST", "/v1/volumes", httpx.Response(201, json=vol))
     assert run(runner, "volume", "create", "data", "--size-mib", "64", "--from", "/srv/x").exit_code == 0
     assert daemon.body() == {"name": "data", "size_mib": 64, "source": "/srv/x"}
+    assert run(runner, "volume", "create", "team", "--fs", "hostdir").exit_code == 0
+    assert daemon.body() == {"name": "team", "fs": "hostdir"}
     daemon.on("GET", "/v1/volumes", httpx.Response(200, json=[vol]))
     listed = run(runner, "volume", "ls")
     assert listed.exit_code == 0 and "data" in listed.stdout and "db" in listed.stdout
@@ -268,6 +270,17 @@ def test_fork_env_and_labels(runner: CliRunner, daemon: FakeDaemon) -> None:
     assert result.exit_code == 0, result.output
     assert daemon.body() == {"snapshot_tag": "py", "n": 1, "env": {"A": "1", "B": "x=y"},
                              "metadata": {"team": "ml"}}
+
+
+def test_fork_mounts_hostdir_volumes(runner: CliRunner, daemon: FakeDaemon) -> None:
+    daemon.on("POST", "/v1/sandboxes", httpx.Response(201, json=[sandbox_info()]))
+    result = run(runner, "fork", "--tag", "py", "--volume", "team:/mnt/team", "--volume", "docs:/docs:ro")
+    assert result.exit_code == 0, result.output
+    assert daemon.body() == {"snapshot_tag": "py", "n": 1, "volumes": [
+        {"mount": "/mnt/team", "read_only": False, "name": "team"},
+        {"mount": "/docs", "read_only": True, "name": "docs"}]}
+    refused = run(runner, "fork", "--from-sandbox", SB, "--volume", "team:/mnt/team")
+    assert refused.exit_code != 0 and "--volume applies to forks of a snapshot" in refused.output
 
 
 def test_fork_from_sandbox_body(runner: CliRunner, daemon: FakeDaemon) -> None:

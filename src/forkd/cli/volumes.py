@@ -62,11 +62,11 @@ def create(
                      help="A directory or tarball on the daemon's host to fill it from."),
     ] = None,
     fs: Annotated[
-        str,
+        str | None,
         typer.Option("--fs", metavar="ext4|hostdir",
-                     help="ext4: a disk each child of a snapshot copies; hostdir: files running sandboxes "
-                     "share (fork shared)."),
-    ] = "ext4",
+                     help="ext4 (the default): a disk each child of a snapshot copies; hostdir: files "
+                     "running sandboxes share (fork shared)."),
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """Create a volume, empty or filled from a host directory or tarball.

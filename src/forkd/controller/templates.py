@@ -140,7 +140,7 @@ class TemplateBuilder:
 
     def _boot_files(self, spec: SnapshotSpec) -> tuple[Image, Path, Path, Path]:
         image = load_image(self._data, spec.image)
-        kernel, rootfs = image.kernel, image.rootfs
+        kernel, rootfs = image.kernel, image.base  # this build's disk, under its own name
         if spec.kernel:
             kernel = Path(spec.kernel)
             if not is_elf(kernel):
@@ -152,6 +152,8 @@ class TemplateBuilder:
             rootfs = Path(spec.rootfs)
             if not rootfs.is_file():
                 raise InvalidRequest(f"rootfs {spec.rootfs} does not exist")
+            if rootfs.resolve() == image.rootfs.resolve():  # the seeds' name for the image's disk
+                rootfs = image.base
         return image, kernel, image.initrd, rootfs
 
     def cold_boot(self, snap: Forkable) -> ColdBoot:

@@ -206,7 +206,7 @@ class SnapshotTravel:
         for image in images:
             if image.rootfs.exists() and image.rootfs.stat().st_size == base.size and \
                     self._exporter.digest(image.rootfs) == base.sha256:
-                return image.rootfs
+                return image.base  # the build's own name, which a rebuild keeps (image/builder.py)
         return None
 
     def apply(self, plan: ImportPlan, fetch: Fetch, origin: str) -> list[SnapshotRecord]:

@@ -150,7 +150,7 @@ class SnapshotExporter:
                 info: dict[str, Any] = json.loads(sidecar.read_text())
                 return info
         for image in list_images(self._data):
-            if image.rootfs.resolve() == base_path.resolve():
+            if base_path.resolve() in (image.rootfs.resolve(), image.base.resolve()):
                 info = {"name": image.name, "key": image.key,
                         "kernel_version": image.meta.get("kernel_version"),
                         "recipe": image.meta.get("recipe")}

@@ -208,12 +208,24 @@ class Image:
         return self.dir / "rootfs.ext4"
 
     @property
+    def base(self) -> Path:
+        """What a snapshot's disk stands on: this build's root filesystem under a name of its own
+        (a hard link of ``rootfs``, ``base_name``), which a rebuild of the image keeps (``publish_image``)
+        so that the snapshots made from this build never find another build's disk under their
+        layers. ``rootfs`` for an image published before there were such names."""
+        keyed = self.dir / base_name(self.key)
+        return keyed if self.key and keyed.exists() else self.rootfs
+
+    @property
     def key(self) -> str:
         return str(self.meta.get("key", ""))
 
     def probe_guest(self) -> ProbeGuest:
         """What the accelerator probe boots from this image."""
         return ProbeGuest(self.kernel, self.initrd, self.meta.get("kernel_version", ""))
+
+
+KEPT_BUILDS = 2  # earlier builds' root filesystems a rebuild keeps for the snapshots made from them
 
 
 def load_image(data: DataDir, name: str = DEFAULT_IMAGE) -> Image:
@@ -261,6 +273,8 @@ def build_image(
         try:
             cached = load_image(data, recipe.name)
             if cached.key == key:
+                if not (cached.dir / base_name(key)).exists():  # published before builds had their own name
+                    os.link(cached.rootfs, cached.dir / base_name(key))
                 publish_seed_paths(data, cached)
                 progress("cached", 1.0)
                 return cached
@@ -316,12 +330,31 @@ def build_image(
         raise
 
 
+def base_name(key: str) -> str:
+    return f"rootfs-{key}.ext4"
+
+
 def publish_image(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> Image:
-    """Write ``image.json`` and swap the staged image in for the one under ``name``."""
+    """Write ``image.json`` and swap the staged image in for the one under ``name``.
+
+    The root filesystem is also published under its build's own name (``Image.base``), and the
+    ``KEPT_BUILDS`` newest such files of the image it replaces move along with it: snapshots made
+    from an earlier build stand on theirs by that name (their disks' backing file), so a rebuild,
+    even under running sandboxes, never slides a different disk under their layers. (Which
+    snapshots stand on an older build is not known here: images may be shared by several data
+    dirs, FORKD_IMAGES_DIR. One older than that is gone, and its snapshots fail to start, saying
+    so, rather than boot on the wrong disk.)"""
     (staging / "image.json").write_text(json.dumps(meta, indent=2))
+    key = str(meta.get("key", ""))
+    if key and not (staging / base_name(key)).exists():
+        os.link(staging / "rootfs.ext4", staging / base_name(key))
     final = data.images / name
     old = data.images / f".{name}.old-{os.getpid()}"
     if final.exists():
+        earlier = sorted((p for p in final.glob("rootfs-*.ext4") if p.name != base_name(key)),
+                         key=lambda p: p.stat().st_mtime, reverse=True)
+        for kept in earlier[:KEPT_BUILDS]:
+            os.link(kept, staging / kept.name)
         os.rename(final, old)
     os.rename(staging, final)
     shutil.rmtree(old, ignore_errors=True)
@@ -427,6 +460,23 @@ def cached_debootstrap(cache: Path, recipe: ImageRecipe, log: Path, progress: Pr
     return target
 
 
-__all__ = ["BUILDER_VERSION", "NAMED_RECIPES", "NAME_RE_HELP", "Image", "ImageRecipe", "NamedRecipe",
-           "Progress", "build_image", "cached_debootstrap", "cached_kernel", "digest_of", "list_images",
-           "load_image", "no_progress", "prereqs", "publish_image", "recipe_for"]
+__all__ = [
+    "BUILDER_VERSION",
+    "NAMED_RECIPES",
+    "NAME_RE_HELP",
+    "Image",
+    "ImageRecipe",
+    "NamedRecipe",
+    "Progress",
+    "base_name",
+    "build_image",
+    "cached_debootstrap",
+    "cached_kernel",
+    "digest_of",
+    "list_images",
+    "load_image",
+    "no_progress",
+    "prereqs",
+    "publish_image",
+    "recipe_for",
+]
