@@ -47,6 +47,34 @@ def test_custom_image_from_a_tarball_with_extra_packages(
         loop.run(runtime.delete_snapshot("custom-img"))
 
 
+def test_a_rebuilt_image_keeps_the_disk_of_snapshots_made_before(
+    loop: Loop, runtime: Runtime, tmp_path: Path
+) -> None:
+    """A forced rebuild of an image (a new filesystem, under the same recipe) publishes a new disk;
+    the snapshot made from the build before still stands on that build's, and its child boots it.
+    (Before, the rebuild replaced the file under the snapshot's layers: children kernel-panicked.)"""
+    base = load_image(runtime.data)
+    tree = Path(base.dir).parent / ".cache" / f"rootfs-{ImageRecipe().base_key()}"
+    tarball = tmp_path / "rootfs.tar"
+    subprocess.run(["tar", "-cf", str(tarball), "-C", str(tree), "."], check=True)
+    images = DataDir(tmp_path / "data", tmp_path / "images")
+    recipe = ImageRecipe(name="rebuilt", rootfs_source=str(tarball))
+    first = build_image(images, recipe)
+    spec = SnapshotSpec(tag="rebuilt-img", kernel=str(first.kernel), rootfs=str(first.base), warm_imports=[])
+    loop.run(runtime.create_snapshot(spec))
+    try:
+        stood_on = first.base.stat().st_ino
+        second = build_image(images, recipe, force=True)
+        assert second.base != first.base and second.rootfs.stat().st_ino != stood_on
+        assert first.base.stat().st_ino == stood_on  # kept, under the name the snapshot's disk names
+        [sb] = loop.run(runtime.spawn("rebuilt-img", 1))
+        res = loop.run(runtime.exec(sb.id, ["sh", "-c", "cat /etc/debian_version && ls /usr/bin | wc -l"]))
+        assert res["exit_code"] == 0, res
+        loop.run(runtime.kill(sb.id))
+    finally:
+        loop.run(runtime.delete_snapshot("rebuilt-img"))
+
+
 def test_rootfs_without_python_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tree" / "etc").mkdir(parents=True)
     images = DataDir(tmp_path / "data", tmp_path / "images")

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -210,11 +211,12 @@ class Image:
     @property
     def base(self) -> Path:
         """What a snapshot's disk stands on: this build's root filesystem under a name of its own
-        (a hard link of ``rootfs``, ``base_name``), which a rebuild of the image keeps (``publish_image``)
+        (a hard link of ``rootfs`` named by its ``build`` id), which a rebuild keeps (``publish_image``)
         so that the snapshots made from this build never find another build's disk under their
         layers. ``rootfs`` for an image published before there were such names."""
-        keyed = self.dir / base_name(self.key)
-        return keyed if self.key and keyed.exists() else self.rootfs
+        build = str(self.meta.get("build", ""))
+        keyed = self.dir / base_name(build)
+        return keyed if build and keyed.exists() else self.rootfs
 
     @property
     def key(self) -> str:
@@ -273,8 +275,6 @@ def build_image(
         try:
             cached = load_image(data, recipe.name)
             if cached.key == key:
-                if not (cached.dir / base_name(key)).exists():  # published before builds had their own name
-                    os.link(cached.rootfs, cached.dir / base_name(key))
                 publish_seed_paths(data, cached)
                 progress("cached", 1.0)
                 return cached
@@ -330,8 +330,10 @@ def build_image(
         raise
 
 
-def base_name(key: str) -> str:
-    return f"rootfs-{key}.ext4"
+def base_name(build: str) -> str:
+    """The name of a build's root filesystem: by the build, not the recipe's key (a forced rebuild
+    of the same recipe makes another disk: new filesystem UUIDs and times)."""
+    return f"rootfs-{build}.ext4"
 
 
 def publish_image(data: DataDir, name: str, staging: Path, meta: dict[str, Any]) -> Image:
@@ -344,14 +346,13 @@ def publish_image(data: DataDir, name: str, staging: Path, meta: dict[str, Any])
     snapshots stand on an older build is not known here: images may be shared by several data
     dirs, FORKD_IMAGES_DIR. One older than that is gone, and its snapshots fail to start, saying
     so, rather than boot on the wrong disk.)"""
+    build = meta["build"] = f"{meta.get('key', '')}-{secrets.token_hex(4)}".lstrip("-")
     (staging / "image.json").write_text(json.dumps(meta, indent=2))
-    key = str(meta.get("key", ""))
-    if key and not (staging / base_name(key)).exists():
-        os.link(staging / "rootfs.ext4", staging / base_name(key))
+    os.link(staging / "rootfs.ext4", staging / base_name(build))
     final = data.images / name
     old = data.images / f".{name}.old-{os.getpid()}"
     if final.exists():
-        earlier = sorted((p for p in final.glob("rootfs-*.ext4") if p.name != base_name(key)),
+        earlier = sorted((p for p in final.glob("rootfs-*.ext4") if p.name != base_name(build)),
                          key=lambda p: p.stat().st_mtime, reverse=True)
         for kept in earlier[:KEPT_BUILDS]:
             os.link(kept, staging / kept.name)
