@@ -27,18 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forkd.api.e2b import sandbox_routes, secrets, snapshots, template_tags, templates, volumes
+from forkd.api.e2b import handlers, sandbox_routes, secrets, snapshots, template_tags, templates, volumes
 from forkd.api.e2b.deps import LiveRuntime
 from forkd.api.e2b.errors import E2BError, rest_body
-from forkd.api.e2b.inputs import UNSUPPORTED
 from forkd.api.e2b.snapshots import SnapshotError
 from forkd.api.e2b.template_steps import TemplateError
 from forkd.api.e2b.templates import E2BTemplates
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.limits import BranchGate
-from forkd.errors import ForkdError, NoCapacity
 
 if TYPE_CHECKING:
     from forkd.controller.runtime import Runtime
@@ -64,12 +61,7 @@ def create_control_app(runtime: RuntimeSource, tokens: AccessTokens, api_key: st
     app.state.e2b_templates = E2BTemplates(live, uploads)
     app.state.e2b_api_key = api_key
     app.middleware("http")(_authenticate)
-    app.add_exception_handler(E2BError, _status_error)
-    app.add_exception_handler(SnapshotError, _status_error)
-    app.add_exception_handler(TemplateError, _status_error)
-    app.add_exception_handler(ForkdError, _forkd_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    handlers.install(app, _json_error, "supported by forkd", (E2BError, SnapshotError, TemplateError))
     # In this order, which is the order the routes are matched in (DELETE /templates/tags is a
     # tag removal before DELETE /templates/{id} is a snapshot's delete).
     app.include_router(templates.router)  # Template.build: /v3/templates, uploads, builds
@@ -97,32 +89,6 @@ async def _authenticate(request: Request, call_next: Callable[[Request], Any]) -
         return _json_error(401, "missing or invalid API key: set E2B_API_KEY to the forkd daemon's token")
     response: Response = await call_next(request)
     return response
-
-
-async def _status_error(_request: Request, exc: Exception) -> JSONResponse:
-    """An ``E2BError``, ``SnapshotError`` or ``TemplateError``: its status and message."""
-    assert isinstance(exc, E2BError | SnapshotError | TemplateError)
-    return _json_error(exc.status, str(exc))
-
-
-async def _forkd_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ForkdError)
-    response = _json_error(exc.status if 400 <= exc.status <= 599 else 500, str(exc) or type(exc).__name__)
-    if isinstance(exc, NoCapacity):  # E2B's body has no room for a code: the status and header say it
-        response.headers["Retry-After"] = str(exc.retry_after_secs)
-    return response
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code in (404, 405):
-        return _json_error(501, f"{request.method} {request.url.path} is not supported by forkd; "
-                           f"{UNSUPPORTED}")
-    return _json_error(exc.status_code, str(exc.detail))
-
-
-async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-    return _json_error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 __all__ = ["create_control_app"]

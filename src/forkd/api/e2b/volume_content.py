@@ -35,17 +35,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 from e2b.volume.client.models import VolumeEntryStat, VolumeEntryStatType
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from forkd.api.e2b import inputs
+from forkd.api.e2b import handlers, inputs
 from forkd.api.e2b.deps import LiveRuntime, RuntimeDep, TokensDep
 from forkd.api.e2b.errors import E2BError
 from forkd.api.e2b.paths import VOLUME_CONTENT
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.e2b.volumes import FS, check_name
 from forkd.api.file_routes import streamed_body
-from forkd.errors import Conflict, ForkdError, InvalidRequest, NotFound, TooLarge
+from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.guest.volume_messages import MAX_PATH, VolAttr, VolDirEntry, check_path
 
 if TYPE_CHECKING:
@@ -261,12 +260,17 @@ async def list_dir(request: Request, files: FilesDep) -> list[dict[str, Any]]:
         raise E2BError(400, f"depth must be an integer between 1 and {MAX_DEPTH}")
     return await asyncio.to_thread(_listing, files, path, depth)
 
+def _making(request: Request, mode: int) -> tuple[str, int, int, int, bool]:
+    """What a new directory or file is asked to be: its path, owner, mode (default ``mode``), and
+    whether one already there is fine (``force``)."""
+    fields = _query(request, ("path", "uid", "gid", "mode", "force"))
+    return (_path(fields), _number(fields, "uid", MAX_ID, USER_ID), _number(fields, "gid", MAX_ID, USER_ID),
+            _number(fields, "mode", 0o7777, mode), _flag(fields, "force"))
+
+
 @router.post(BASE + "/dir", status_code=201)
 async def make_dir(request: Request, files: FilesDep) -> dict[str, Any]:
-    fields = _query(request, ("path", "uid", "gid", "mode", "force"))
-    path = _path(fields)
-    uid, gid = _number(fields, "uid", MAX_ID, USER_ID), _number(fields, "gid", MAX_ID, USER_ID)
-    mode, force = _number(fields, "mode", 0o7777, 0o755), _flag(fields, "force")
+    path, uid, gid, mode, force = _making(request, 0o755)
 
     def make() -> VolAttr:
         there = _exists(files, path)
@@ -288,10 +292,7 @@ async def read_file(request: Request, files: FilesDep) -> StreamingResponse:
 
 @router.put(BASE + "/file", status_code=201)
 async def write_file(request: Request, files: FilesDep) -> dict[str, Any]:
-    fields = _query(request, ("path", "uid", "gid", "mode", "force"))
-    path = _path(fields)
-    uid, gid = _number(fields, "uid", MAX_ID, USER_ID), _number(fields, "gid", MAX_ID, USER_ID)
-    mode, force = _number(fields, "mode", 0o7777, 0o644), _flag(fields, "force")
+    path, uid, gid, mode, force = _making(request, 0o644)
     limit: int = request.app.state.e2b_max_file_bytes
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isascii() or not declared.isdigit()):
@@ -395,34 +396,9 @@ def create_volume_content_app(runtime: RuntimeSource, tokens: AccessTokens, max_
     app.state.e2b_runtime = LiveRuntime(runtime)
     app.state.e2b_tokens = tokens
     app.state.e2b_max_file_bytes = max_file_bytes
-    app.add_exception_handler(E2BError, _status_error)
-    app.add_exception_handler(ForkdError, _forkd_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    handlers.install(app, _answer, "a call of E2B's volume content API that forkd serves")
     app.include_router(router)
     return app
-
-
-async def _status_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, E2BError)
-    return _answer(exc.status, str(exc))
-
-
-async def _forkd_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ForkdError)
-    return _answer(exc.status if 400 <= exc.status <= 599 else 500, str(exc) or type(exc).__name__)
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code in (404, 405):
-        return _answer(501, f"{request.method} {request.url.path[:200]} is not a call of E2B's volume "
-                       f"content API that forkd serves; {inputs.UNSUPPORTED}")
-    return _answer(exc.status_code, str(exc.detail))
-
-
-async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-    return _answer(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 __all__ = ["VolumeFiles", "content_error", "create_volume_content_app", "entry", "router", "streams_body"]
