@@ -189,6 +189,7 @@ class SandboxView(TypedDict):
     metadata: dict[str, str]
     egress: RecordJson
     auto_resume: bool  # False: E2B traffic does not wake it once hibernated (only connect does)
+    volume_mounts: list[dict[str, str]]  # its shared volumes as E2B's volumeMounts: {"name", "path"}
 
 
 # -------------------------------------------------------------------- pools, workspaces, travel

@@ -63,13 +63,15 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
                 "started": record.started_unix,
                 "ends": None, "vcpus": record.vcpus, "mem_mib": record.mem_mib, "disk_mb": record.disk_mib,
                 "metadata": dict(record.metadata), "egress": EgressPolicy.from_info(record.egress).info(),
-                "auto_resume": True}
+                "auto_resume": True, "volume_mounts": []}
     return {"id": record.id, "template": template, "state": record.state.e2b,
             "started": record.started_unix, "ends": record.expires_at_unix, "vcpus": record.config.vcpus,
             "mem_mib": record.config.mem_mib, "disk_mb": disk_mib(record), "metadata": dict(record.metadata),
             "egress": record.egress.info(),
             # A disk-only hibernation is woken by an explicit resume alone in E2B's terms.
-            "auto_resume": record.auto_resume and (record.hibernation is None or record.hibernation.memory)}
+            "auto_resume": record.auto_resume and (record.hibernation is None or record.hibernation.memory),
+            "volume_mounts": [{"name": str(v["name"]), "path": str(v["mount"])}
+                              for v in record.volumes if v.get("fork") == "shared"]}
 
 
 class Suspender:

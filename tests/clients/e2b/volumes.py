@@ -16,6 +16,7 @@ vol.write_file("/seed.txt", "from outside\n")
 a = Sandbox.create(timeout=600, volume_mounts={"/mnt/shared": vol})
 b = Sandbox.create(timeout=600, volume_mounts={"/mnt/shared": "compat-vol"})  # by name, as E2B takes too
 assert b.files.read("/mnt/shared/seed.txt") == "from outside\n"
+assert a.get_info().volume_mounts == [{"name": "compat-vol", "path": "/mnt/shared"}]
 
 a.commands.run("echo 'from a' > /mnt/shared/a.txt")
 deadline = time.monotonic() + 10

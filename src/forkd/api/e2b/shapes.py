@@ -9,7 +9,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from e2b.api.client.models import ListedSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxState
+from e2b.api.client.models import (
+    ListedSandbox,
+    Sandbox,
+    SandboxDetail,
+    SandboxMetric,
+    SandboxState,
+    SandboxVolumeMount,
+)
 
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.controller.results import SandboxView
@@ -47,6 +54,7 @@ def detail(info: SandboxView, tokens: AccessTokens) -> dict[str, Any]:
         state=SandboxState(info["state"]), metadata=info["metadata"],
         envd_access_token=tokens.envd(info["id"]),
         allow_internet_access=info["egress"]["allow_internet_access"],
+        volume_mounts=[SandboxVolumeMount(name=m["name"], path=m["path"]) for m in info["volume_mounts"]],
     ).to_dict()
     return body
 
