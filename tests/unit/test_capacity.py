@@ -83,10 +83,10 @@ def test_the_sdk_raises_a_typed_error_with_the_retry_after() -> None:
 
 
 def test_e2b_clients_get_the_503_and_its_retry_after_in_e2bs_shape() -> None:
-    from forkd.api.e2b import control
+    from forkd.api.e2b import control, handlers
 
     app = FastAPI()
-    app.add_exception_handler(NoCapacity, control._forkd_error)
+    handlers.install(app, control._json_error, "supported by forkd")  # as the control plane does
 
     @app.post("/sandboxes")
     async def create() -> None:
