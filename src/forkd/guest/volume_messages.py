@@ -33,7 +33,7 @@ from forkd.guest.schema import Seconds
 # ----------------------------------------------------------------------------- limits
 
 MAX_SLOTS = 8  # shared volumes in one sandbox (slot 0..7)
-MAX_IO = 128 << 10  # the most bytes one read or write op carries (FUSE's max_read / max_write)
+MAX_IO = 1 << 20  # the most bytes one read or write op carries (FUSE's max_read, max_write: 256 pages)
 MAX_POLL_OPS = 32  # the most ops one vol_poll answer carries
 MAX_POLL_DATA = 1 << 20  # ... and the most written bytes among them (base64 grows them by a third)
 READDIR_PAGE = 256  # the most directory entries one readdir answer carries
