@@ -1,4 +1,5 @@
-"""vmm/volume_dir.py: a shared volume's files on the host, from the ops of hostile guests.
+"""vmm/volume_dir.py (with volume_ops, volume_tree, volume_files, beneath): a shared volume's files
+on the host, from the ops of hostile guests.
 
 Real files under tmp_path, no fakes. The confinement tests plant what a guest (or a racing second
 guest) can plant, a symlink to a directory outside the volume or to '..', and check that a canary
@@ -23,8 +24,8 @@ import pytest
 
 from forkd.errors import Conflict, InsufficientStorage, InvalidRequest, NotFound, PrerequisiteMissing
 from forkd.guest.volume_messages import MAX_IO, MUTATING, OPS, READDIR_PAGE, VolOp, VolReplyNotice
-from forkd.vmm import volume_dir
-from forkd.vmm.volume_dir import HostDir
+from forkd.vmm import beneath
+from forkd.vmm.volume_files import HostFiles as HostDir  # the files and the daemon's calls on them
 
 MIB = 1 << 20
 CANARY = b"outside the volume\n"
@@ -455,7 +456,7 @@ def test_a_missing_root_is_a_forkd_error(tmp_path: Path) -> None:
 
 
 def test_a_kernel_without_openat2_is_refused_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(volume_dir, "_SYS_OPENAT2", 99_999)  # a number no kernel has: ENOSYS, as before 5.6
+    monkeypatch.setattr(beneath, "SYS_OPENAT2", 99_999)  # a number no kernel has: ENOSYS, as before 5.6
     with pytest.raises(PrerequisiteMissing, match=r"Linux 5\.6"):
         HostDir(tmp_path, MIB)
 

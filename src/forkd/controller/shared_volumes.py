@@ -2,7 +2,7 @@
 
 A sandbox (or a template being built) with ``fork: "shared"`` entries among its volumes has each
 mounted by its agent (``vol_mount``, in the entry's slot), and one task per mount here that keeps a
-``vol_poll`` waiting on the agent, performs the ops it hands out on the volume's ``HostDir`` (in a
+``vol_poll`` waiting on the agent, performs the ops it hands out on the volume's ``HostFiles`` (in a
 thread: they are file system calls) and answers each with a ``vol_reply``. Why the guest asks
 through its agent and not through a device: guest/volume_messages.py.
 

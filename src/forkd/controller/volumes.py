@@ -19,7 +19,7 @@ is opened read-only from the snapshot's file by every child: nothing is copied.
 A named volume's disk is the bottom of every such chain: it is not deleted while a snapshot
 attaches it (409, naming them), and never written once attached.
 
-A ``hostdir`` volume is files instead (``<data>/volumes/<name>/files``, one ``HostDir`` per
+A ``hostdir`` volume is files instead (``<data>/volumes/<name>/files``, one ``HostFiles`` per
 volume here, so its quota is counted once for every sandbox): attached ``fork: "shared"``, at a
 snapshot or at a spawn, it has no disk and no layer; ``SharedVolumes`` serves it to each sandbox
 that mounts it (controller/shared_volumes.py).
@@ -52,7 +52,7 @@ from forkd.vmm import disk as disk_mod
 from forkd.vmm import volume_image
 from forkd.vmm.cmdline import VolumeDrive
 from forkd.vmm.machine import VM
-from forkd.vmm.volume_dir import HostDir
+from forkd.vmm.volume_files import HostFiles
 
 ROOT_NODE = "disk0"  # the root disk's block node in a freshly launched QEMU (vmm/cmdline.py)
 MOUNT_TIMEOUT_SECS = 120.0
@@ -81,7 +81,7 @@ class Volumes:
         self._snapshots = snapshots
         self._sandboxes = sandboxes
         self._creating: set[str] = set()
-        self._files: dict[str, HostDir] = {}  # each hostdir volume's one HostDir (its quota's count)
+        self._files: dict[str, HostFiles] = {}  # each hostdir volume's one HostFiles (its quota's count)
 
     def disk(self, name: str) -> Path:
         return self._dir / layout.check_tag(name) / "disk.qcow2"
@@ -89,7 +89,7 @@ class Volumes:
     def files_dir(self, name: str) -> Path:
         return self._dir / layout.check_tag(name) / "files"
 
-    def files(self, name: str) -> HostDir:
+    def files(self, name: str) -> HostFiles:
         """The files of hostdir volume ``name``, as every sandbox that mounts it is served them."""
         vol = self.get(name)
         if vol.fs != "hostdir":
@@ -97,7 +97,7 @@ class Volumes:
                                  "(export it, or attach it to a snapshot)")
         files = self._files.get(vol.name)
         if files is None:
-            files = self._files[vol.name] = HostDir(self.files_dir(vol.name), vol.size_bytes)
+            files = self._files[vol.name] = HostFiles(self.files_dir(vol.name), vol.size_bytes)
         return files
 
     # ---------------------------------------------------------------- the resource
@@ -119,7 +119,7 @@ class Volumes:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if fs == "hostdir":
-                await asyncio.to_thread(HostDir.make, folder / "files", Path(source) if source else None,
+                await asyncio.to_thread(HostFiles.make, folder / "files", Path(source) if source else None,
                                         size_mib << 20, self._scratch)
             else:
                 await asyncio.to_thread(volume_image.build, folder / "disk.qcow2", size_mib << 20,

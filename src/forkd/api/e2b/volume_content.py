@@ -62,7 +62,7 @@ UPLOAD_IDLE_SECS = 300.0  # an upload whose next bytes take longer is given up
 
 
 class VolumeFiles(Protocol):
-    """What ``rt.volumes.files(name)`` gives (``forkd.host.volume_dir.HostDir``): a volume's files,
+    """What ``rt.volumes.files(name)`` gives (``forkd.vmm.volume_files.HostFiles``): a volume's files,
     confined to its directory and its quota; paths volume-relative ('' the root). Each call blocks
     (host file I/O): the routes make them in a worker thread."""
 
