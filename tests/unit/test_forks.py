@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.controller.branch import Brancher
+from forkd.controller.child_specs import child_specs
 from forkd.controller.forks import Forker, ForkOptions
 from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.network import Networks
@@ -21,7 +22,7 @@ from forkd.controller.options import SpawnOptions, option_names
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import Spawner, child_specs
+from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.errors import BootTimeout, Conflict, InvalidRequest, NotFound
 from forkd.guest.protocol import RestoreInputs

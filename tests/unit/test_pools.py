@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from forkd.api.settings import ConfigError, Settings, parse_pools
 from forkd.cli.main import app as cli_app
+from forkd.controller.child_specs import ChildSpec, child_specs
 from forkd.controller.options import SpawnOptions
 from forkd.controller.pools import PoolKeeper
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
-from forkd.controller.spawner import ChildSpec, child_specs
 from forkd.errors import InvalidRequest, NotFound
 from forkd.guest.protocol import RestoreInputs
 from forkd.host.accel import Accel, VMConfig

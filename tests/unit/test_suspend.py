@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from forkd.controller.child_specs import ChildSpec
 from forkd.controller.idle import IdlePauser
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
-from forkd.controller.spawner import ChildSpec
 from forkd.controller.suspend import Suspender, view
 from forkd.controller.tags import TagReservations
 from forkd.controller.workspaces import Workspaces

@@ -37,6 +37,7 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.branch import Brancher
+from forkd.controller.child_specs import ChildSpec, child_specs
 from forkd.controller.costs import cost_of
 from forkd.controller.hibernated_branch import HibernatedBrancher
 from forkd.controller.options import ForkOptions
@@ -44,7 +45,7 @@ from forkd.controller.results import Deletion, PromoteResult, SandboxCost
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import ChildSpec, Spawner, child_specs
+from forkd.controller.spawner import Spawner
 from forkd.controller.tags import TagReservations
 from forkd.errors import BootTimeout, Conflict, ForkdError
 from forkd.store.records import SandboxRecord, SnapshotRecord

@@ -39,12 +39,13 @@ from typing import Any
 
 from forkd import bounds
 from forkd.controller.background import cancel_and_wait
+from forkd.controller.child_specs import ChildSpec
 from forkd.controller.options import SpawnOptions
 from forkd.controller.results import PoolReport
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import ChildSpec, Spawner
+from forkd.controller.spawner import Spawner
 from forkd.errors import ForkdError, NotFound, VMError
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_tag

@@ -28,12 +28,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from forkd.controller.branch import Brancher
+from forkd.controller.child_specs import ChildSpec
 from forkd.controller.idle import IdlePauser
 from forkd.controller.options import SpawnOptions
 from forkd.controller.results import SandboxView
 from forkd.controller.sandboxes import SandboxTable
 from forkd.controller.snapshots import SnapshotStore
-from forkd.controller.spawner import ChildSpec, Spawner
+from forkd.controller.spawner import Spawner
 from forkd.errors import Conflict, ForkdError, NotFound
 from forkd.host.egress import EgressPolicy
 from forkd.store.layout import check_sandbox_id

@@ -15,10 +15,11 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from forkd.controller.child_specs import ChildSpec
 from forkd.controller.options import SpawnOptions
 from forkd.controller.results import WorkspaceReport, WorkspaceStatus
 from forkd.controller.sandboxes import SandboxTable
-from forkd.controller.spawner import ChildSpec, Spawner
+from forkd.controller.spawner import Spawner
 from forkd.controller.suspend import Suspender
 from forkd.errors import Conflict, ForkdError, NotFound
 from forkd.store.layout import check_tag
