@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -578,19 +578,27 @@ def test_egress_by_name_goes_through_the_sandboxes_resolver(
     assert env.rt.networks.names.attached() == []
 
 
+def _holds(read: Callable[[int], bytes], needle: bytes) -> bool:
+    """Whether a stream (``read``, e.g. a file's) holds ``needle``, read in overlapping chunks."""
+    tail = b""
+    while chunk := read(1 << 22):
+        if needle in tail + chunk:
+            return True
+        tail = chunk[-len(needle):]
+    return False
+
+
+def _plain_files(root: Path) -> Iterator[Path]:
+    return (p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def _files_holding(root: Path, needle: bytes) -> list[str]:
-    """Every file under ``root`` whose bytes hold ``needle`` (read in overlapping chunks)."""
+    """Every file under ``root`` whose bytes hold ``needle``."""
     found = []
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
+    for path in _plain_files(root):
         with contextlib.suppress(OSError), path.open("rb") as f:
-            tail = b""
-            while chunk := f.read(1 << 22):
-                if needle in tail + chunk:
-                    found.append(str(path))
-                    break
-                tail = chunk[-len(needle):]
+            if _holds(f.read, needle):
+                found.append(str(path))
     return found
 
 
@@ -598,22 +606,15 @@ def _saved_memory_holding(root: Path, needle: bytes) -> list[str]:
     """The hibernation memory diffs under ``root`` (host/memdiff.py: a header, its runs, one zstd
     frame of pages) whose pages, decompressed, hold ``needle``."""
     found = []
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
+    for path in _plain_files(root):
         with path.open("rb") as f:
             head = f.read(32)
             if head[:8] != memdiff.MAGIC:
                 continue
             n_runs = struct.unpack_from("<I", head, 20)[0]
             f.seek(32 + 16 * n_runs)
-            reader = zstandard.ZstdDecompressor().stream_reader(f)
-            tail = b""
-            while chunk := reader.read(1 << 22):
-                if needle in tail + chunk:
-                    found.append(str(path))
-                    break
-                tail = chunk[-len(needle):]
+            if _holds(zstandard.ZstdDecompressor().stream_reader(f).read, needle):
+                found.append(str(path))
     return found
 
 

@@ -27,13 +27,14 @@ from typing import Any
 
 from forkd.controller.sandbox_events import SandboxEvents
 from forkd.controller.volumes import Volumes
-from forkd.errors import GuestError, NotFound
+from forkd.errors import ForkdError, GuestError, NotFound
 from forkd.guest import capabilities
 from forkd.guest import volume_messages as vm_msgs
 from forkd.guest.client import require
 from forkd.store.records import SandboxRecord
 from forkd.store.volume_spec import VolumeMount, is_shared
 from forkd.vmm.machine import VM
+from forkd.vmm.volume_files import HostFiles
 
 log = logging.getLogger("forkd.shared_volumes")
 
@@ -97,7 +98,8 @@ class SharedVolumes:
     def resume(self, record: SandboxRecord) -> None:
         """Serve a sandbox whose guest already has its mounts (a daemon's re-adoption)."""
         mounts = shared_mounts(record.volumes)
-        if mounts and record.id not in self._tasks:
+        # A hibernated one has no guest to serve: its wake attaches it again.
+        if mounts and record.id not in self._tasks and record.hibernation is None:
             self._tasks[record.id] = [
                 asyncio.create_task(self._serve(record.id, m, lambda: self._vm_of(record.id)),
                                     name=f"vol-{record.id}-{m.slot}") for m in mounts]
@@ -129,6 +131,11 @@ class SharedVolumes:
         """Keep one poll waiting on ``owner``'s agent for mount ``m``, and answer what it hands out."""
         in_flight: set[asyncio.Task[None]] = set()
         last: VM | None = None
+        try:  # its files looked up once: a volume is not deleted while a sandbox mounts it
+            files: HostFiles | None = self._volumes.files(m.name)
+        except ForkdError as exc:  # its files are gone (by hand): every op is an I/O error
+            log.warning("shared volume %s (slot %d): %s", m.name, m.slot, exc)
+            files = None
         try:
             while True:
                 vm = vm_of()
@@ -152,21 +159,18 @@ class SharedVolumes:
                 for op in got["ops"][:vm_msgs.MAX_POLL_OPS]:
                     while len(in_flight) >= MAX_IN_FLIGHT:
                         await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    task = asyncio.create_task(self._perform(vm, m, op))
+                    task = asyncio.create_task(self._perform(vm, m, files, op))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
         finally:
             for task in in_flight:
                 task.cancel()
 
-    async def _perform(self, vm: VM, m: SharedMount, op: vm_msgs.VolOp) -> None:
-        try:
-            files = self._volumes.files(m.name)
+    async def _perform(self, vm: VM, m: SharedMount, files: HostFiles | None, op: vm_msgs.VolOp) -> None:
+        notice: vm_msgs.VolReplyNotice = {"slot": m.slot, "seq": op["seq"], "errno": errno.EIO}
+        if files is not None:  # apply never raises: a hostile op gets an errno
             notice = await asyncio.get_running_loop().run_in_executor(
                 self._threads, functools.partial(files.apply, op, m.slot, read_only=m.read_only))
-        except Exception as exc:  # the volume is gone (or a bug): the guest's caller gets an I/O error
-            log.warning("shared volume %s (slot %d): %s", m.name, m.slot, exc)
-            notice = {"slot": m.slot, "seq": op["seq"], "errno": errno.EIO}
         with contextlib.suppress(GuestError, ConnectionError, OSError):
             vm.agent.vol_reply(notice)
 

@@ -222,15 +222,14 @@ class Spawner:
                 extra = tuple(self._shared.spawn_entries(options.volumes, snap.volumes))
                 children = [dataclasses.replace(c, volumes=extra) for c in children]
             claimed: list[SandboxRecord | None] = [None] * n
-            if options.volumes:
-                pass  # pool members mount only their snapshot's volumes: restore each child
-            elif any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
+            if any(c.cpu_limit is not None or c.pids_limit is not None for c in children):
                 for name, asked in (("cpu", any(c.cpu_limit is not None for c in children)),
                                     ("pids", any(c.pids_limit is not None for c in children))):
                     if asked and cgroups.detect_controller(name) == "none":  # 400 before any VM starts
                         raise InvalidRequest(f"{cgroups.needs(name)}; this host has neither")
-            elif self._pool is not None and not any(c.sandbox_id for c in children):
-                # (A child with an id of its own is a resume: no pool member has that id.)
+            elif self._pool is not None and not options.volumes and not any(c.sandbox_id for c in children):
+                # (A child with an id of its own is a resume: no pool member has that id. Pool members
+                # mount only their snapshot's volumes: a spawn's own are restored with each child.)
                 # Pool members have no cpu or pids limit: only spawns without one draw from a pool.
                 claimed = await self._pool.claim(tag, children, options)
             misses = [i for i, c in enumerate(claimed) if c is None]

@@ -41,6 +41,7 @@ from forkd.store.layout import check_sandbox_id
 from forkd.store.records import PausedRecord, SandboxRecord, now_unix
 from forkd.store.rows.paused import PausedRows
 from forkd.store.rows.sandboxes import SandboxReader
+from forkd.store.volume_spec import is_shared
 from forkd.vmm import disk as disk_mod
 
 log = logging.getLogger("forkd.suspend")
@@ -72,7 +73,7 @@ def view(record: SandboxRecord | PausedRecord, template: str) -> SandboxView:
             # A disk-only hibernation is woken by an explicit resume alone in E2B's terms.
             "auto_resume": record.auto_resume and (record.hibernation is None or record.hibernation.memory),
             "volume_mounts": [{"name": str(v["name"]), "path": str(v["mount"])}
-                              for v in record.volumes if v.get("fork") == "shared"]}
+                              for v in record.volumes if is_shared(v)]}
 
 
 class Suspender:

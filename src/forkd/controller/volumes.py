@@ -248,8 +248,11 @@ class Volumes:
     def spawn_entries(self, mounts: Sequence[VolumeMount], snapshot: Sequence[dict[str, Any]]
                       ) -> list[dict[str, Any]]:
         """The recorded entries of a spawn's volumes, after the snapshot's (their slots follow)."""
-        return [{**m.to_wire(), "size_bytes": self.get(str(m.name)).size_bytes}
-                for m in self.resolve(mounts, taken=snapshot, at_spawn=True)]
+        return [self._shared_entry(m) for m in self.resolve(mounts, taken=snapshot, at_spawn=True)]
+
+    def _shared_entry(self, m: VolumeMount) -> dict[str, Any]:
+        """A shared volume's recorded entry: no disk, its volume's size."""
+        return {**m.to_wire(), "size_bytes": self.get(str(m.name)).size_bytes}
 
     async def attach_template(self, mounts: Sequence[VolumeMount], staging: layout.SnapshotDir
                               ) -> tuple[list[VolumeDrive], list[dict[str, Any]]]:
@@ -259,7 +262,7 @@ class Volumes:
         for i, m in enumerate(mounts):
             target = staging.volume(i)
             if m.fork == "shared":  # no disk: its files are served (SharedVolumes)
-                entries.append({**m.to_wire(), "size_bytes": self.get(str(m.name)).size_bytes})
+                entries.append(self._shared_entry(m))
                 continue
             if m.name is not None:
                 vol = self.get(m.name)
