@@ -42,7 +42,7 @@ from forkd.api.e2b.deps import LiveRuntime, RuntimeDep, TokensDep
 from forkd.api.e2b.errors import E2BError
 from forkd.api.e2b.paths import VOLUME_CONTENT
 from forkd.api.e2b.tokens import AccessTokens
-from forkd.api.e2b.volumes import FS, check_name
+from forkd.api.e2b.volumes import served
 from forkd.api.file_routes import streamed_body
 from forkd.errors import Conflict, InvalidRequest, NotFound, TooLarge
 from forkd.guest.volume_messages import MAX_PATH, VolAttr, VolDirEntry, check_path
@@ -103,13 +103,14 @@ async def opened(volume_id: str, request: Request, rt: RuntimeDep, tokens: Token
     if scheme.lower() != "bearer" or not presented.strip():
         raise E2BError(401, "missing volume token: send Authorization: Bearer <the token of "
                        "Volume.create or Volume.connect>")
-    check_name(volume_id, "volumeID")
-    refused = E2BError(401, f"invalid volume token for volume {volume_id} (or no such volume)")
+    refused = E2BError(401, f"invalid volume token for volume {str(volume_id)[:80]} (or no such volume)")
     try:
-        record = rt.volumes.get(volume_id)
-    except NotFound:
-        raise refused from None
-    if record.fs != FS or not tokens.accepts_volume(record.name, record.created_at_unix, presented.strip()):
+        record = served(rt, volume_id)
+    except E2BError as exc:
+        if exc.status == 404:  # the token proves one may know it exists: no 404 without it
+            raise refused from None
+        raise
+    if not tokens.accepts_volume(record.name, record.created_at_unix, presented.strip()):
         raise refused
     files: VolumeFiles = rt.volumes.files(record.name)
     return files
