@@ -91,18 +91,20 @@ class SharedVolumes:
             self._volumes.files(m.name)  # a volume deleted meanwhile fails here, before the guest mounts it
             await self._mount(vm, m)
         self.detach(owner)
-        finder = vm_of if vm_of is not None else (lambda: self._vm_of(owner))
-        self._tasks[owner] = [asyncio.create_task(self._serve(owner, m, finder), name=f"vol-{owner}-{m.slot}")
-                              for m in mounts]
+        self._serve_all(owner, mounts, vm_of)
 
     def resume(self, record: SandboxRecord) -> None:
         """Serve a sandbox whose guest already has its mounts (a daemon's re-adoption)."""
         mounts = shared_mounts(record.volumes)
         # A hibernated one has no guest to serve: its wake attaches it again.
         if mounts and record.id not in self._tasks and record.hibernation is None:
-            self._tasks[record.id] = [
-                asyncio.create_task(self._serve(record.id, m, lambda: self._vm_of(record.id)),
-                                    name=f"vol-{record.id}-{m.slot}") for m in mounts]
+            self._serve_all(record.id, mounts)
+
+    def _serve_all(self, owner: str, mounts: Sequence[SharedMount], vm_of: VmOf | None = None) -> None:
+        """One serving task per mount; each finds ``owner``'s VM by its id unless ``vm_of`` says how."""
+        finder = vm_of if vm_of is not None else (lambda: self._vm_of(owner))
+        self._tasks[owner] = [asyncio.create_task(self._serve(owner, m, finder), name=f"vol-{owner}-{m.slot}")
+                              for m in mounts]
 
     def detach(self, owner: str) -> None:
         """Stop serving ``owner``: its guest's ops wait (a copy restored elsewhere hands them out again)."""

@@ -66,6 +66,11 @@ def no_progress(_step: str, _fraction: float) -> None:
     pass
 
 
+def template_owner(tag: str) -> str:
+    """Whose shared volumes a template's are while it is built (SharedVolumes' owner, not a sandbox id)."""
+    return f"template {tag}"
+
+
 @dataclass
 class SnapshotSpec:
     """What POST /v1/snapshots asks for. Paths default to the built image."""
@@ -241,7 +246,7 @@ class TemplateBuilder:
                 if self._shared is None:
                     raise InvalidRequest("this daemon serves no shared volumes")
                 template_vm = vm
-                await self._shared.attach(f"template {spec.tag}", vm, volumes, vm_of=lambda: template_vm)
+                await self._shared.attach(template_owner(spec.tag), vm, volumes, vm_of=lambda: template_vm)
             await self._run_setup(vm, spec, progress)
             progress("warming the Jupyter kernel", 0.89)
             has_kernel = await warm_template(vm, spec.setup_timeout_secs)
@@ -251,7 +256,7 @@ class TemplateBuilder:
                 await vm.call(lambda agent: agent.sync(spec.setup_timeout_secs))
             progress("snapshotting", 0.9)
             if self._shared is not None:  # ops queued from here on are its children's hosts' to answer
-                self._shared.detach(f"template {spec.tag}")
+                self._shared.detach(template_owner(spec.tag))
             save_ms = await vm.save_template_state(staging.state)
             boot_s = vm.timings["boot_s"]
             await vm.shutdown()  # its RAM is now the snapshot: it must never run again
@@ -291,7 +296,7 @@ class TemplateBuilder:
             return record
         finally:
             if self._shared is not None:
-                self._shared.detach(f"template {spec.tag}")
+                self._shared.detach(template_owner(spec.tag))
             if vm is not None:
                 await vm.destroy()
             if network is not None:  # after its QEMU is gone
