@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -145,6 +146,44 @@ class Loop:
 
     def close(self) -> None:
         self.loop.close()
+
+
+# The host's forkd-child-<i> namespaces are one set of names for every daemon on it. The tests that
+# provision, make or count them live in several modules, which run on parallel workers: they take
+# turns here, so that none meets another worker's namespaces (and skips, or fails counting them).
+# A forkd that is not this run's still makes them skip.
+CHILD_NETNS_LOCK = Path(tempfile.gettempdir()) / "forkd-tests-child-netns.lock"
+_child_netns_held: list[int] = []  # this process's lock file while it holds the turn (re-entered)
+
+
+@contextlib.contextmanager
+def child_netns_turn() -> Iterator[None]:
+    """This worker's turn with the host's forkd-child-<i> names; re-entrant within the worker
+    (a module's fixture holds it across tests that take it again)."""
+    if _child_netns_held:
+        _child_netns_held.append(_child_netns_held[-1])
+        try:
+            yield
+        finally:
+            _child_netns_held.pop()
+        return
+    fd = os.open(CHILD_NETNS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _child_netns_held.append(fd)
+        try:
+            yield
+        finally:
+            _child_netns_held.pop()
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+@pytest.fixture
+def child_netns() -> Iterator[None]:
+    """The test's turn with the host's forkd-child-<i> names (``child_netns_turn``)."""
+    with child_netns_turn():
+        yield
 
 
 def images_dir() -> Path:

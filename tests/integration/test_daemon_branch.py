@@ -17,6 +17,7 @@ between tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ import pytest
 from forkd import Controller, Sandbox, Snapshot
 from forkd.sdk import NotFoundError
 
-from .conftest import Seeder
+from .conftest import Seeder, child_netns_turn
 from .daemon_fixture import (
     Daemon,
     SharedDaemons,
@@ -141,6 +142,9 @@ def netns(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
     def provision(n: int, tap: str | None = None) -> list[str]:
         if os.geteuid() != 0:
             pytest.skip("per_child_netns needs root (network namespaces, taps)")
+        turn = contextlib.ExitStack()
+        turn.enter_context(child_netns_turn())
+        request.addfinalizer(turn.close)  # finalizers run last-in first: after the teardown below
         if forkd_netns():
             pytest.skip(f"forkd-child-* namespaces already exist on this host: {forkd_netns()}")
 

@@ -28,7 +28,7 @@ from forkd.host.egress import EgressPolicy
 from forkd.store.layout import SnapshotDir
 from forkd.store.registry import DiskChain, SandboxRecord
 
-from .conftest import Loop, images_dir
+from .conftest import Loop, child_netns_turn, images_dir
 
 pytestmark = [
     pytest.mark.vm,
@@ -55,6 +55,13 @@ def kill_all(loop: Loop, runtime: Runtime, sbs) -> None:
 
 def forkd_netns() -> list[str]:
     return sorted(p.name for p in Path("/run/netns").glob("forkd-child-*"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _child_netns_turn() -> Iterator[None]:
+    """The module provisions, makes and counts forkd-child-<i> throughout: it holds the turn."""
+    with child_netns_turn():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -766,6 +766,7 @@ def test_pool_members_and_forks_of_a_running_sandbox_get_networks_of_their_own(
 # ------------------------------------------------------------------ teardown and failures
 
 
+@pytest.mark.usefixtures("child_netns")
 def test_per_child_netns_makes_missing_namespaces_and_removes_them(env: Env) -> None:
     existing = sorted(p.name for p in Path("/run/netns").glob("forkd-child-*"))
     if existing:
@@ -782,6 +783,7 @@ def test_per_child_netns_makes_missing_namespaces_and_removes_them(env: Env) -> 
     assert not list(Path("/run/netns").glob("forkd-child-*"))
 
 
+@pytest.mark.usefixtures("child_netns")
 def test_failed_spawns_leave_nothing_behind(env: Env) -> None:
     """A provisioned forkd-child-0 that gets in the way, twice: an interface named like forkd's
     uplink (refused before anything is made), then a "tap" that is not a tap (QEMU cannot

@@ -31,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from .conftest import Seeder
+from .conftest import Seeder, child_netns_turn
 from .daemon_fixture import (
     FORKD,
     Daemon,
@@ -96,23 +96,25 @@ def no_sandboxes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not left, f"test left sandboxes running: {left}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def netns_zero() -> Iterator[str]:
-    """The namespace ``forkd-child-0`` seed 002's ``perChildNetns: true`` child runs in.
+    """The namespace ``forkd-child-0`` seed 002's ``perChildNetns: true`` child runs in, during
+    this worker's turn with those names (``child_netns_turn``).
 
     Made with ``scripts/netns-setup.sh 1`` if the host lacks it, and removed
     afterwards only then (another test run may be using an existing one).
     """
     if os.geteuid() != 0:
         pytest.skip("per_child_netns needs root (network namespaces)")
-    existing = Path("/run/netns/forkd-child-0").exists()
-    if not existing:
-        out = subprocess.run([str(NETNS_SETUP), "1"], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-    yield "forkd-child-0"
-    if not existing:
-        out = subprocess.run([str(NETNS_SETUP), "1", "--teardown"], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
+    with child_netns_turn():
+        existing = Path("/run/netns/forkd-child-0").exists()
+        if not existing:
+            out = subprocess.run([str(NETNS_SETUP), "1"], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+        yield "forkd-child-0"
+        if not existing:
+            out = subprocess.run([str(NETNS_SETUP), "1", "--teardown"], capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
 
 
 def node_env(daemon: Daemon) -> dict[str, str]:
