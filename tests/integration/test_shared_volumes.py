@@ -19,6 +19,7 @@ import pytest
 from forkd.controller.options import ForkOptions, SpawnOptions
 from forkd.controller.runtime import Runtime, SnapshotSpec
 from forkd.errors import Conflict, InvalidRequest
+from forkd.host import cgroups
 from forkd.store.volume_spec import VolumeMount
 
 from .conftest import SNAPSHOT_RECIPE, Loop
@@ -141,6 +142,22 @@ def test_an_ext4_volume_is_not_attached_at_spawn(loop: Loop, runtime: Runtime, s
             loop.run(runtime.spawn(snapshot, 1, opts))
     finally:
         runtime.volumes.delete(name)
+
+
+@pytest.mark.parametrize("limit", [{"cpu_limit": 0.5}, {"pids_limit": 64}], ids=["cpu", "pids"])
+def test_a_spawn_with_volumes_still_checks_the_hosts_controllers(
+        loop: Loop, runtime: Runtime, snapshot: str, team: str, limit: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawn that names volumes is checked like any other: a limit whose cgroup controller this
+    host lacks is a 400 before any VM starts (stop 46's review found the volumes branch skipped
+    it). The host's probe of /sys/fs/cgroup stands in for a host without the controller."""
+    monkeypatch.setattr(cgroups, "detect_controller", lambda name: "none")
+    before = set(runtime.sandboxes.ids())
+    opts = SpawnOptions(volumes=[VolumeMount(mount="/mnt/team", name=team)], **limit)
+    with pytest.raises(InvalidRequest, match="this host has neither"):
+        loop.run(runtime.spawn(snapshot, 1, opts))
+    assert set(runtime.sandboxes.ids()) == before
+    assert set(runtime.volumes.sandbox_users(team)) <= before
 
 
 def test_a_snapshot_with_a_shared_volume_and_its_branch(loop: Loop, runtime: Runtime, team: str,
