@@ -384,6 +384,43 @@ def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None
         assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before
 
 
+def test_a_sandbox_that_mounts_a_volume_runs_on_the_volumes_host(fleet: Fleet, e2b_python: Path) -> None:
+    """A volume's files stay on the host that made it. One made on h1 (the template is h3's): a
+    spawn through the gateway that mounts it lands on h1, which pulls the template from the store,
+    and what its guest writes is in the volume, read back through the gateway. Then E2B's volumes
+    program, unchanged, with E2B_VOLUME_API_URL at the gateway too: its volume, wherever the
+    gateway makes it, has both its sandboxes and its content calls on its host."""
+    tag = ensure_base(fleet)
+    with fleet.client(timeout=600) as c:
+        before = {sb["id"] for sb in c.get("/v1/sandboxes").json()}
+        made = c.post("/v1/volumes", json={"name": "fleet-vol", "fs": "hostdir", "size_mib": 16},
+                      headers={"X-Forkd-Host": "h1"})
+        assert made.status_code == 201 and made.headers["x-forkd-host"] == "h1", made.text
+        try:
+            r = c.post("/v1/sandboxes", json={"snapshot_tag": tag,
+                                              "volumes": [{"name": "fleet-vol", "mount": "/mnt/v"}]})
+            assert r.status_code == 201 and r.headers["x-forkd-host"] == "h1", r.text
+            [sb] = r.json()
+            assert sb["id"].startswith("sb-h1-")
+            wrote = c.post(f"/v1/sandboxes/{sb['id']}/exec",
+                           json={"args": ["sh", "-c", "echo from-h1 > /mnt/v/a.txt && cat /mnt/v/a.txt"]})
+            assert wrote.status_code == 200 and wrote.json()["stdout"] == "from-h1\n", wrote.text
+            info = c.get("/v1/volumes/fleet-vol")
+            assert info.headers["x-forkd-host"] == "h1" and info.json()["sandboxes"] == [sb["id"]], info.text
+            assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
+        finally:
+            for sb_id in {s["id"] for s in c.get("/v1/sandboxes").json()} - before:
+                c.delete(f"/v1/sandboxes/{sb_id}")
+            gone = c.delete("/v1/volumes/fleet-vol")
+        assert gone.status_code == 204, gone.text
+    url = fleet.gateway.url
+    env = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_VOLUME_API_URL": url, "E2B_API_KEY": fleet.token}
+    out = run_program(e2b_python, CLIENTS / "e2b" / "volumes.py", env)
+    assert out.strip().endswith("volumes ok"), out
+    with fleet.client() as c:
+        assert {sb["id"] for sb in c.get("/v1/sandboxes").json()} == before  # it killed what it made
+
+
 def etcd_leases(fleet: Fleet) -> int:
     """How many leases etcd holds (only the daemons take leases: one each while in the fleet)."""
     r = httpx.post(f"{fleet.etcd_url}/v3/lease/leases", json={}, timeout=10)

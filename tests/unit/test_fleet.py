@@ -24,8 +24,9 @@ from forkd.fleet.etcd import EtcdClient, prefix_end
 from forkd.fleet.hosts import KEY_PREFIX, HostRecord
 from forkd.fleet.member import FleetMember
 from forkd.fleet.membership import Membership
-from forkd.fleet.placement import by_load, holders, spawn_candidates, spread_plan
+from forkd.fleet.placement import by_load, holders, spawn_candidates, spread_plan, volume_holders
 from forkd.gateway import GatewaySettings, create_gateway_app
+from forkd.gateway.volumes import MAX_NAMED, named_volumes
 from forkd.sdk import Controller
 from forkd.store import layout
 from tests.fakes.app import fake_qemu, guest_image
@@ -33,9 +34,10 @@ from tests.integration.services import Etcd, etcd_server
 
 
 def host(host_id: str, *, load: int = 0, capacity: int = 10, tags: tuple[str, ...] = (),
-         pools: dict[str, int] | None = None, store: bool = True, mem: int = 1000) -> HostRecord:
+         pools: dict[str, int] | None = None, store: bool = True, mem: int = 1000,
+         volumes: tuple[str, ...] = ()) -> HostRecord:
     return HostRecord(host_id, f"http://127.0.0.1:1/{host_id}", capacity, load, list(tags), pools or {}, mem,
-                      store)
+                      store, volumes=list(volumes))
 
 
 # ------------------------------------------------------------------ placement and records
@@ -68,8 +70,25 @@ def test_a_spread_fork_starts_on_the_sources_host_then_fills_the_least_loaded() 
     assert plan("zz", 3) == {} and plan("a", 0) == {}
 
 
+def test_a_sandbox_that_mounts_volumes_is_placed_where_they_all_are() -> None:
+    hosts = [host("a", load=1, volumes=("data",)), host("b", load=0, volumes=("data", "logs")),
+             host("c", volumes=("logs",))]
+    assert [h.host_id for h in volume_holders(hosts, ["data"])] == ["b", "a"]
+    assert [h.host_id for h in volume_holders(hosts, ["data", "logs"])] == ["b"]
+    assert volume_holders(hosts, ["data", "nowhere"]) == []
+    # What the gateway reads of a spawn's (or E2B create's) body: the names, or None for a body it
+    # leaves to a host to refuse.
+    assert named_volumes(b'{"volumes": [{"name": "b", "mount": "/x"}, {"name": "a"}, {"name": "b"}]}',
+                         "volumes") == ["a", "b"]
+    assert named_volumes(b'{"snapshot_tag": "py"}', "volumes") == []
+    for bad in (b"not json", b'{"volumes": {"name": "a"}}', b'{"volumes": [{"host_path": "/etc"}]}',
+                b'{"volumes": [{"name": "../x"}]}', b'{"volumes": [{"name": 7}]}',
+                b'{"volumes": [%s]}' % b",".join([b'{"name": "a"}'] * (MAX_NAMED + 1))):
+        assert named_volumes(bad, "volumes") is None, bad
+
+
 def test_a_host_record_round_trips_and_a_bad_one_is_refused() -> None:
-    record = host("h1", load=3, tags=("py", "b1"), pools={"py": 1})
+    record = host("h1", load=3, tags=("py", "b1"), pools={"py": 1}, volumes=("data",))
     assert HostRecord.from_json(record.to_json()) == record
     assert record.key() == KEY_PREFIX + "h1" and record.load == 0.3
     for bad in ('{"host_id": "H1!", "url": "http://x", "capacity": 1}', '{"host_id": "h1"}',
@@ -363,6 +382,12 @@ def test_the_gateway_routes_e2b_traffic_by_sandbox_and_never_lends_its_token(gat
     assert read_root(on_gb, on_gb["envdAccessToken"]).status_code != 401
     refused = read_root(on_gb, on_ga["envdAccessToken"])
     assert refused.status_code == 401 and "access token" in refused.text, refused.text
+    # envd's uploads are relayed as they come, past the gateway's 1 MiB limit on JSON bodies (the
+    # host bounds them by its own): a 3 MiB file (a 413 from the gateway before).
+    envd = {"E2b-Sandbox-Id": on_gb["sandboxID"], "X-Access-Token": on_gb["envdAccessToken"]}
+    big = httpx.post(f"{url}/files", params={"path": "/tmp/big.bin"}, timeout=60, headers=envd,
+                     files={"file": ("big.bin", b"x" * (3 << 20))})
+    assert big.status_code == 200 and big.headers["x-forkd-host"] == "gb", big.text
 
 
 def test_a_websocket_naming_no_sandbox_or_a_hostile_host_is_refused_before_the_handshake(
@@ -460,3 +485,56 @@ def test_the_gateway_tries_the_next_host_past_a_full_one_and_is_503_when_all_are
         r = client.post("/v1/sandboxes", json={"snapshot_tag": "py"})
         assert r.status_code == 201 and r.headers["x-forkd-host"] == "gc"
         asyncio.run(_clear(etcd))
+
+
+def test_a_volume_stays_on_its_host_and_the_gateway_finds_it(gateway: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """forkd's and E2B's volumes through the gateway. The hosts' records in etcd were written before
+    any volume was made, so the gateway finds each by asking the hosts; every call that names a
+    volume goes to its host, a create of a taken name to its holder (its 409), and a spawn that
+    mounts one never goes to a host without it."""
+    c: httpx.Client = gateway["client"]
+    made = c.post("/v1/volumes", json={"name": "vol-b", "fs": "hostdir", "size_mib": 16},
+                  headers={"X-Forkd-Host": "gb"})
+    assert made.status_code == 201 and made.headers["x-forkd-host"] == "gb", made.text
+    for _ in range(3):
+        got = c.get("/v1/volumes/vol-b")
+        assert got.status_code == 200 and got.headers["x-forkd-host"] == "gb", got.text
+    again = c.post("/v1/volumes", json={"name": "vol-b", "fs": "hostdir"})
+    assert again.status_code == 409 and again.headers["x-forkd-host"] == "gb", again.text
+    assert "vol-b" in {v["name"] for v in c.get("/v1/volumes").json()}
+    missing = c.get("/v1/volumes/nowhere")
+    assert missing.status_code == 404 and "nowhere" in missing.json()["error"]
+    # gb holds the volume, ga the snapshot "seed", and gb cannot pull: the spawn goes to gb,
+    # which says what it lacks, rather than to ga, where the volume is not.
+    r = c.post("/v1/sandboxes", json={"snapshot_tag": "seed",
+                                      "volumes": [{"name": "vol-b", "mount": "/mnt/b"}]})
+    assert r.status_code == 404 and r.headers["x-forkd-host"] == "gb" and "seed" in r.json()["error"], r.text
+
+    # E2B's volumes, by the published SDK with its URLs at the gateway.
+    from e2b import Volume
+    from e2b.exceptions import AuthenticationException
+
+    url = str(c.base_url)
+    monkeypatch.setenv("E2B_API_KEY", TOKEN)
+    monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_VOLUME_API_URL", url)
+    vol = Volume.create("vol-e")
+    holder = c.get("/v1/volumes/vol-e").headers["x-forkd-host"]
+    big = bytes(range(256)) * (6 << 10)  # 1.5 MiB: past the gateway's 1 MiB JSON body limit, streamed
+    vol.write_file("/big.bin", big)
+    assert vol.read_file("/big.bin", format="bytes") == big
+    assert "vol-e" in {v.name for v in Volume.list()} and "vol-b" in {v.name for v in Volume.list()}
+    on_b = Volume.connect("vol-b")
+    on_b.write_file("/note.txt", "on gb")
+    assert on_b.read_file("/note.txt") == "on gb"
+    assert Volume.get_info("vol-b").name == "vol-b"
+    # A volume's token opens its own volume on its own host only.
+    with pytest.raises(AuthenticationException):
+        Volume("vol-b", "vol-b", token=vol.token).read_file("/note.txt")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=gateway["urls"][holder], headers=auth) as direct:
+        assert direct.get("/v1/volumes/vol-e").status_code == 200  # where the gateway said
+    assert Volume.destroy("vol-e") is True and Volume.destroy("vol-e") is False
+    assert c.delete("/v1/volumes/vol-b").status_code == 204
+    assert c.get("/v1/volumes/vol-b").status_code == 404

@@ -128,7 +128,7 @@ def _openapi_factory(app: FastAPI, auth: bool) -> Any:
 
 def host_record(rt: Any, host_id: str, url: str, capacity: int | None) -> HostRecord:
     """What this daemon tells the fleet now: what it holds and how busy it is."""
-    from forkd.fleet.hosts import MAX_TAGS, HostRecord, default_capacity, mem_available_mib
+    from forkd.fleet.hosts import MAX_TAGS, MAX_VOLUMES, HostRecord, default_capacity, mem_available_mib
 
     ready = [s.tag for s in rt.list_snapshots() if s.status == "ready"]
     return HostRecord(
@@ -136,7 +136,7 @@ def host_record(rt: Any, host_id: str, url: str, capacity: int | None) -> HostRe
         sandboxes=rt.count_sandboxes()["listed"], snapshots=ready[-MAX_TAGS:],
         pools={p["tag"]: int(p["ready"]) for p in rt.pools.all() if p.get("size")},
         mem_available_mib=mem_available_mib(), store=rt.travel.store is not None,
-        updated_at_unix=time.time())
+        updated_at_unix=time.time(), volumes=[v.name for v in rt.volumes.all()][-MAX_VOLUMES:])
 
 
 async def _join_fleet(rt: Any, settings: Settings) -> Any:

@@ -17,6 +17,7 @@ from forkd.errors import InvalidRequest
 
 KEY_PREFIX = "forkd/hosts/"
 MAX_TAGS = 10_000  # snapshots named in one record; more are left out (placement then pulls)
+MAX_VOLUMES = 10_000  # volumes named in one record; more are left out (found by asking)
 MIB_PER_SANDBOX = 512  # the default capacity: one sandbox per 512 MiB of host RAM
 
 
@@ -51,6 +52,7 @@ class HostRecord:
     mem_available_mib: int = 0
     store: bool = False  # whether it can pull from (and push to) the object store
     updated_at_unix: float = 0.0
+    volumes: list[str] = field(default_factory=list)  # named volumes it holds (they stay on it)
 
     @property
     def load(self) -> float:
@@ -73,7 +75,8 @@ class HostRecord:
                 snapshots=[str(t) for t in d.get("snapshots", [])][:MAX_TAGS],
                 pools={str(k): int(v) for k, v in (d.get("pools") or {}).items()},
                 mem_available_mib=int(d.get("mem_available_mib", 0)), store=bool(d.get("store", False)),
-                updated_at_unix=float(d.get("updated_at_unix", 0.0)))
+                updated_at_unix=float(d.get("updated_at_unix", 0.0)),
+                volumes=[str(v) for v in d.get("volumes", [])][:MAX_VOLUMES])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidRequest(f"bad host record: {exc}") from None
         if not bounds.HOST_ID_RE.match(record.host_id):
@@ -87,4 +90,4 @@ class HostRecord:
         return {**asdict(self), "load": round(self.load, 4)}
 
 
-__all__ = ["KEY_PREFIX", "HostRecord", "default_capacity", "mem_available_mib"]
+__all__ = ["KEY_PREFIX", "MAX_TAGS", "MAX_VOLUMES", "HostRecord", "default_capacity", "mem_available_mib"]

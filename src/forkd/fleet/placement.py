@@ -5,7 +5,7 @@ Pure functions over host records, so the rule is tested without a fleet.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from forkd.fleet.hosts import HostRecord
 
@@ -63,4 +63,11 @@ def holders(hosts: Iterable[HostRecord], tag: str) -> list[HostRecord]:
     return by_load(h for h in hosts if tag in h.snapshots)
 
 
-__all__ = ["by_load", "holders", "spawn_candidates", "spread_plan"]
+def volume_holders(hosts: Iterable[HostRecord], names: Collection[str]) -> list[HostRecord]:
+    """Hosts whose records name every volume of ``names``, least loaded first. A volume stays on
+    the host that made it, so a sandbox that mounts several runs where they all are."""
+    wanted = set(names)
+    return by_load(h for h in hosts if wanted <= set(h.volumes))
+
+
+__all__ = ["by_load", "holders", "spawn_candidates", "spread_plan", "volume_holders"]

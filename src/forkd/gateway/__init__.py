@@ -15,11 +15,14 @@ own beyond the membership it reads from etcd:
 * snapshots created or branched through the gateway are pushed to the object
   store by their host (``--publish``, on by default), so any host can fork them.
 * a fork with ``spread: true`` puts its children on several hosts (``spread.py``).
+* a named volume stays on the host that made it: its calls, and the spawns and
+  snapshots that mount it, go there (``volumes.py``).
 * E2B's control plane and envd traffic go the same ways (``e2b.py``).
 
 The modules: ``settings`` (what the gateway is started with), ``answers`` (its
 own answers), ``proxy`` (one call to one host, never hanging), ``core``
-(dispatch and the /v1 routes), ``e2b``, ``spread`` and ``app`` (the ASGI app).
+(dispatch and the /v1 routes), ``e2b``, ``spread``, ``volumes`` and ``app``
+(the ASGI app).
 
 No request hangs: every proxied call has a connect timeout and an overall
 timeout, and is cut short when its host leaves the fleet. Every answer the

@@ -13,7 +13,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkd.api.auth import BearerAuthMiddleware, load_token
-from forkd.api.e2b.paths import addressed_sandbox, is_e2b_request
+from forkd.api.e2b.paths import addressed_sandbox, is_e2b_request, is_volume_upload
 from forkd.api.file_routes import streams_body
 from forkd.api.limits import BodySizeLimitMiddleware
 from forkd.fleet.etcd import EtcdClient
@@ -46,11 +46,18 @@ def create_gateway_app(settings: GatewaySettings) -> Starlette:
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     app = Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)], lifespan=lifespan)
     app.state.gateway = gateway
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=streams_body)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, exempt=_streams_through)
     if token is not None:
         app.add_middleware(_BearerUnlessE2B, token=token)
     app.add_middleware(WebSocketRelay, membership=membership)  # outermost: before the bearer check
     return app
+
+
+def _streams_through(scope: Scope) -> bool:
+    """Bodies the gateway relays as they come, unread, for the host to bound: forkd's and E2B's
+    volume uploads (by its --max-file-bytes) and all of envd's traffic (its uploads and Connect
+    calls, by the host's own limits). The rest are small JSON, which the gateway reads."""
+    return streams_body(scope) or is_volume_upload(scope) or addressed_sandbox(scope) is not None
 
 
 class _BearerUnlessE2B:

@@ -27,12 +27,14 @@ from forkd.gateway.e2b import E2BRoutes
 from forkd.gateway.proxy import PIN_HEADER, UNREACHABLE_HEADER, HostFailed, HostProxy
 from forkd.gateway.settings import GatewaySettings
 from forkd.gateway.spread import SpreadForks
+from forkd.gateway.volumes import VolumeRoutes
 from forkd.store.layout import host_of
 
 log = logging.getLogger("forkd.gateway")
 
 _SANDBOX_PATH = re.compile(rf"^/{API_VERSION}/sandboxes/(?P<id>[^/]+)(?P<rest>/.*)?$")
 _SNAPSHOT_PATH = re.compile(rf"^/{API_VERSION}/snapshots/(?P<tag>[^/]+)(?P<rest>/.*)?$")
+_VOLUME_PATH = re.compile(rf"^/{API_VERSION}/volumes/(?P<name>[^/]+)(?:/.*)?$")
 _FORKS = frozenset({"/fork", "/fork-tree"})
 
 
@@ -46,6 +48,7 @@ class Gateway:
         hosts.set_function(lambda: len(self.membership.hosts()))
         self.e2b = E2BRoutes(self)
         self.spread = SpreadForks(self)
+        self.volumes = VolumeRoutes(self)
 
     async def close(self) -> None:
         await self.proxy.close()
@@ -67,17 +70,21 @@ class Gateway:
         if path == f"/{API_VERSION}/fleet" and method == "GET":
             return JSONResponse([h.info() for h in by_load(self.membership.hosts().values())])
         if path == f"/{API_VERSION}/sandboxes":
-            return await (self._spawn(request) if method == "POST" else self._merged(request, "id"))
+            return await (self._spawn(request) if method == "POST" else self.merged(request, "id"))
         if m := _SANDBOX_PATH.match(path):
             return await self._to_owner(request, m.group("id"), m.group("rest") or "")
         if path == f"/{API_VERSION}/snapshots":
             if method == "POST":
                 return await self._create_snapshot(request)
-            return await self._merged(request, "tag")
+            return await self.merged(request, "tag")
         if m := _SNAPSHOT_PATH.match(path):
             return await self._to_snapshot(request, m.group("tag"), m.group("rest") or "")
         if path == f"/{API_VERSION}/pools" and method == "GET":
-            return await self._merged(request, "tag")
+            return await self.merged(request, "tag")
+        if path == f"/{API_VERSION}/volumes":
+            return await (self.volumes.create(request) if method == "POST" else self.merged(request, "name"))
+        if m := _VOLUME_PATH.match(path):
+            return await self.volumes.to_holder(request, m.group("name"))
         return await self._to_any(request)
 
     # ------------------------------------------------------------ routes
@@ -86,7 +93,7 @@ class Gateway:
         """The hosts holding a lease, least loaded first."""
         return by_load(self.membership.hosts().values())
 
-    def _pinned(self, request: Request) -> tuple[str | None, Response | None]:
+    def pinned(self, request: Request) -> tuple[str | None, Response | None]:
         pinned = request.headers.get(PIN_HEADER)
         if pinned is None:
             return None, None
@@ -97,22 +104,27 @@ class Gateway:
 
     async def _spawn(self, request: Request) -> Response:
         body = await request.body()
-        pinned, refusal = self._pinned(request)
+        pinned, refusal = self.pinned(request)
         if refusal is not None:
             return refusal
         tag = json_field(body, "snapshot_tag")
-        candidates = (spawn_candidates(self.membership.hosts().values(), tag, pinned) if tag is not None
-                      else self.alive()[:1])
+        # A spawn that mounts volumes runs where they are (a pin overrides: that host answers).
+        holding = None if pinned else await self.volumes.placed(body, "volumes")
+        pool = list(self.membership.hosts().values()) if holding is None else holding
+        fallback = self.alive() if holding is None else holding
+        candidates = spawn_candidates(pool, tag, pinned) if tag is not None else fallback[:1]
         if not candidates:
-            candidates = self.alive()[:1]  # nobody holds it and nobody can pull: let a host say 404
+            candidates = fallback[:1]  # nobody holds it and nobody can pull: let a host say 404
         return await self.first_reachable(request, candidates, body, past_full=True)
 
     async def _create_snapshot(self, request: Request) -> Response:
         body = await request.body()
-        pinned, refusal = self._pinned(request)
+        pinned, refusal = self.pinned(request)
         if refusal is not None:
             return refusal
-        candidates = [h for h in self.alive() if pinned is None or h.host_id == pinned]
+        holding = None if pinned else await self.volumes.placed(body, "volumes")
+        candidates = ([h for h in self.alive() if pinned is None or h.host_id == pinned] if holding is None
+                      else holding[:1] or self.alive()[:1])  # a volume no host holds: a host's 404
         response = await self.first_reachable(request, candidates, body)
         return await self.publish(response)
 
@@ -146,7 +158,7 @@ class Gateway:
     async def _to_snapshot(self, request: Request, tag: str, rest: str) -> Response:
         hosts = self.membership.hosts().values()
         if request.method == "POST" and rest == "/pull":
-            pinned, refusal = self._pinned(request)
+            pinned, refusal = self.pinned(request)
             if refusal is not None:
                 return refusal
             targets = [h for h in self.alive() if (h.host_id == pinned if pinned else h.store)]
@@ -204,13 +216,13 @@ class Gateway:
             return JSONResponse({"error": message, "code": NO_CAPACITY}, status_code=503, headers=retry)
         return fail(502, "; ".join(failures + [f"{h.host_id}: {error_text(r)}" for h, r in full]))
 
-    async def _merged(self, request: Request, key: str) -> Response:
+    async def merged(self, request: Request, key: str, *, e2b: bool = False) -> Response:
         """Every host's list, merged (by ``key``, first host wins); unreachable hosts are named."""
         hosts = self.alive()
         body = await request.body()  # read once: every host gets the same
         limit = self.settings.list_timeout
-        results = await asyncio.gather(*(self.proxy.forward(h, request, body, timeout=limit) for h in hosts),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self.proxy.forward(h, request, body, timeout=limit, e2b=e2b)
+                                         for h in hosts), return_exceptions=True)
         merged: dict[str, Any] = {}
         unreachable = []
         for host, result in zip(hosts, results, strict=True):

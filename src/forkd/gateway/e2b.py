@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from forkd.api.e2b.paths import is_volume_upload
 from forkd.api.file_routes import streams_body
 from forkd.bounds import E2B_LIST_LIMIT, SANDBOX_ID_RE
 from forkd.fleet.placement import spawn_candidates
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 _E2B_CREATE = frozenset({"/sandboxes", "/v2/sandboxes", "/v3/sandboxes"})
 _E2B_LISTS = frozenset({"/sandboxes", "/v2/sandboxes"})
 _E2B_SANDBOX_PATH = re.compile(r"^(?:/v[23])?/sandboxes/(?P<id>[^/]+)(?:/.*)?$")
+# E2B's volumes: one by id (its name), and its content API (E2B_VOLUME_API_URL at the gateway).
+_E2B_VOLUME_PATH = re.compile(r"^/volumes/(?P<id>[^/]+)$")
+_E2B_VOLUME_CONTENT = re.compile(r"^/volumecontent/(?P<id>[^/]+)/")
 
 
 class E2BRoutes:
@@ -36,20 +40,30 @@ class E2BRoutes:
         self._gw = gateway
 
     async def control(self, request: Request) -> Response:
-        """E2B's control plane: a create is placed as a spawn is, lists merge every host's, a
-        call that names a sandbox goes to its host, the rest (templates, ...) to the first host."""
+        """E2B's control plane: a create is placed as a spawn is (where its volumes are, if it
+        mounts any), lists merge every host's, a call that names a sandbox or a volume goes to
+        its host, the rest (templates, ...) to the first host."""
         gw = self._gw
         path, method = request.url.path, request.method
         if path in _E2B_CREATE and method == "POST":
             body = await request.body()
             tag = json_field(body, "templateID")
-            candidates = spawn_candidates(gw.membership.hosts().values(), tag) if tag else []
-            return await gw.first_reachable(request, candidates or gw.alive()[:1], body,
+            holding = await gw.volumes.placed(body, "volumeMounts")
+            pool = list(gw.membership.hosts().values()) if holding is None else holding
+            fallback = gw.alive() if holding is None else holding
+            candidates = spawn_candidates(pool, tag) if tag else []
+            return await gw.first_reachable(request, candidates or fallback[:1], body,
                                             past_full=True, e2b=True)
         if path in _E2B_LISTS and method == "GET":
             return await self.merged(request)
         if m := _E2B_SANDBOX_PATH.match(path):
             return await self.to_owner(request, m.group("id"), stream=False)
+        if path == "/volumes":
+            return await (gw.volumes.create(request, e2b=True) if method == "POST"
+                          else gw.merged(request, "name", e2b=True))
+        if m := _E2B_VOLUME_PATH.match(path) or _E2B_VOLUME_CONTENT.match(path):
+            return await gw.volumes.to_holder(request, m.group("id"), e2b=True,
+                                              stream_in=is_volume_upload(request.scope))
         rest = None if streams_body(request.scope) else await request.body()
         return await gw.first_reachable(request, gw.alive(), rest, e2b=True)
 

@@ -29,12 +29,12 @@ from forkd.api.e2b.paths import (
     is_e2b_request,
     is_sandbox_request,
     is_volume_content_path,
+    is_volume_upload,
 )
 from forkd.api.e2b.signed import SignedFileRequest, SignerSearch, signed_file_request
 from forkd.api.e2b.templates import streams_body as template_uploads
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.e2b.volume_content import content_error, create_volume_content_app
-from forkd.api.e2b.volume_content import streams_body as volume_uploads
 from forkd.api.limits import BodySizeLimitMiddleware, BranchGate, ErrorShape, forkd_error
 from forkd.errors import ForkdError
 
@@ -79,7 +79,7 @@ class E2BDispatch:
         # Its uploads stream under max_file_bytes (the route bounds them); the rest are small JSON.
         self.volume_content = BodySizeLimitMiddleware(
             create_volume_content_app(runtime, tokens, max_file_bytes), max_body_bytes,
-            exempt=volume_uploads, shape=content_error)
+            exempt=is_volume_upload, shape=content_error)
         self.sandbox = BodySizeLimitMiddleware(
             SandboxTraffic(runtime, tokens, max_body_bytes=max_body_bytes, max_file_bytes=max_file_bytes),
             max_body_bytes, exempt=_streams_body, shape=_rest_shape)

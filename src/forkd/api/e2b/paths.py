@@ -28,6 +28,14 @@ def is_volume_content_path(path: str) -> bool:
     return path.startswith(VOLUME_CONTENT)
 
 
+def is_volume_upload(scope: Scope) -> bool:
+    """A volume content upload (``PUT /volumecontent/{id}/file``): its body is a file, streamed
+    under the daemon's --max-file-bytes, which a JSON body limit (the daemon's or a gateway's)
+    must not buffer."""
+    path = str(scope.get("path", ""))
+    return scope.get("method") == "PUT" and path.startswith(VOLUME_CONTENT) and path.endswith("/file")
+
+
 def is_sandbox_request(scope: Scope) -> bool:
     """In-sandbox traffic (envd's services) carries ``E2b-Sandbox-Id``."""
     return scope["type"] == "http" and any(name == SANDBOX_HEADER for name, _ in scope.get("headers", ()))
@@ -60,4 +68,4 @@ def is_e2b_request(scope: Scope) -> bool:
 
 
 __all__ = ["PREFIXES", "SANDBOX_HOST", "VOLUME_CONTENT", "addressed_sandbox", "is_control_path",
-           "is_e2b_request", "is_sandbox_request", "is_volume_content_path"]
+           "is_e2b_request", "is_sandbox_request", "is_volume_content_path", "is_volume_upload"]

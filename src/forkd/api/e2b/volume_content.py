@@ -35,12 +35,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 from e2b.volume.client.models import VolumeEntryStat, VolumeEntryStatType
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.types import Scope
 
 from forkd.api.e2b import handlers, inputs
 from forkd.api.e2b.deps import LiveRuntime, RuntimeDep, TokensDep
 from forkd.api.e2b.errors import E2BError
-from forkd.api.e2b.paths import VOLUME_CONTENT
 from forkd.api.e2b.tokens import AccessTokens
 from forkd.api.e2b.volumes import served
 from forkd.api.file_routes import streamed_body
@@ -384,12 +382,6 @@ def _pulled(body: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop, limit: 
 # ------------------------------------------------------------------ the app
 
 
-def streams_body(scope: Scope) -> bool:
-    """An upload, which the JSON body limit must not buffer (the route bounds it itself)."""
-    path = str(scope.get("path", ""))
-    return scope.get("method") == "PUT" and path.startswith(VOLUME_CONTENT) and path.endswith("/file")
-
-
 def create_volume_content_app(runtime: RuntimeSource, tokens: AccessTokens, max_file_bytes: int) -> FastAPI:
     """``max_file_bytes``: the most one upload writes (the daemon's ``--max-file-bytes``)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None,
@@ -402,4 +394,4 @@ def create_volume_content_app(runtime: RuntimeSource, tokens: AccessTokens, max_
     return app
 
 
-__all__ = ["VolumeFiles", "content_error", "create_volume_content_app", "entry", "router", "streams_body"]
+__all__ = ["VolumeFiles", "content_error", "create_volume_content_app", "entry", "router"]
