@@ -387,7 +387,8 @@ def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None
 def test_a_sandbox_that_mounts_a_volume_runs_on_the_volumes_host(fleet: Fleet, e2b_python: Path) -> None:
     """A volume's files stay on the host that made it. One made on h1 (the template is h3's): a
     spawn through the gateway that mounts it lands on h1, which pulls the template from the store,
-    and what its guest writes is in the volume, read back through the gateway. Then E2B's volumes
+    and what its guest writes is in the volume, read back through the gateway; a spread fork of it
+    keeps its children on h1, where they see the same files. Then E2B's volumes
     program, unchanged, with E2B_VOLUME_API_URL at the gateway too: its volume, wherever the
     gateway makes it, has both its sandboxes and its content calls on its host."""
     tag = ensure_base(fleet)
@@ -407,12 +408,20 @@ def test_a_sandbox_that_mounts_a_volume_runs_on_the_volumes_host(fleet: Fleet, e
             assert wrote.status_code == 200 and wrote.json()["stdout"] == "from-h1\n", wrote.text
             info = c.get("/v1/volumes/fleet-vol")
             assert info.headers["x-forkd-host"] == "h1" and info.json()["sandboxes"] == [sb["id"]], info.text
-            assert c.delete(f"/v1/sandboxes/{sb['id']}").status_code == 204
+            # A spread fork of it keeps its children on h1: the volume is h1's, and no store holds it.
+            forked = c.post(f"/v1/sandboxes/{sb['id']}/fork", json={"count": 2, "spread": True})
+            assert forked.status_code == 201, forked.text
+            kids = [k["id"] for k in forked.json()["children"]]
+            assert len(kids) == 2 and all(k.startswith("sb-h1-") for k in kids), forked.json()
+            for kid in kids:
+                seen = c.post(f"/v1/sandboxes/{kid}/exec", json={"args": ["cat", "/mnt/v/a.txt"]})
+                assert seen.json()["stdout"] == "from-h1\n", seen.text
         finally:
             for sb_id in {s["id"] for s in c.get("/v1/sandboxes").json()} - before:
                 c.delete(f"/v1/sandboxes/{sb_id}")
-            gone = c.delete("/v1/volumes/fleet-vol")
-        assert gone.status_code == 204, gone.text
+            # The fork's branch goes with its last child; until then the volume is in use (409).
+            fleet.wait("fleet-vol to be unused", lambda: c.delete("/v1/volumes/fleet-vol").status_code != 409)
+        assert c.get("/v1/volumes/fleet-vol").status_code == 404
     url = fleet.gateway.url
     env = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_VOLUME_API_URL": url, "E2B_API_KEY": fleet.token}
     out = run_program(e2b_python, CLIENTS / "e2b" / "volumes.py", env)

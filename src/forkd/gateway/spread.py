@@ -9,6 +9,9 @@ store-only snapshot). A fork-tree's labels go with them (``fork_tree``), so each
 child of the one tree wherever it runs. Each host's share succeeds or fails on its own, and
 the answer is the fork's usual one (children, one error per child that did not come up).
 
+A source that mounts volumes keeps its children on its host: a volume stays on the host that
+made it, and a snapshot with volumes is not pushed to the store.
+
 The branch is kept (``keep_snapshot`` is forced on): children on other hosts read its memory
 from the store for as long as they run, so it cannot go with its last local child. Delete it
 through the gateway when the tree is done (``DELETE /v1/snapshots/{tag}``).
@@ -59,6 +62,8 @@ class SpreadForks:
         data: dict[str, Any] = json.loads(body)
         count = data.get("count", 1)
         plan = spread_plan(gw.alive(), source.host_id, count) if isinstance(count, int) else []
+        if len(plan) >= 2 and await self._mounts_volumes(source, sandbox_id):
+            plan = []  # its volumes are its host's (no store holds them): its children stay there
         if len(plan) < 2:
             # One host can hold them all (or the count is for the source's host to refuse): a
             # plain fork there, which takes spread as "wherever the fleet has room" = here.
@@ -90,6 +95,18 @@ class SpreadForks:
             report["children"] += children
             report["errors"] += errors
         return JSONResponse(report, status_code=201, headers={"x-forkd-host": source.host_id})
+
+    async def _mounts_volumes(self, source: HostRecord, sandbox_id: str) -> bool:
+        """Whether the sandbox mounts volumes (as its host says; an unanswered ask: no, and the
+        fork goes on to say what failed)."""
+        try:
+            info = await self._gw.proxy.call(source, "GET", f"/{API_VERSION}/sandboxes/{sandbox_id}")
+        except HostFailed:
+            return False
+        try:
+            return info.status_code == 200 and bool(info.json().get("volumes"))
+        except (ValueError, AttributeError):
+            return False
 
     async def _spawn(self, host: HostRecord, spawn: dict[str, Any], n: int, offset: int,
                      unpublished: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
