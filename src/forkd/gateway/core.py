@@ -107,15 +107,19 @@ class Gateway:
         pinned, refusal = self.pinned(request)
         if refusal is not None:
             return refusal
-        tag = json_field(body, "snapshot_tag")
-        # A spawn that mounts volumes runs where they are (a pin overrides: that host answers).
-        holding = None if pinned else await self.volumes.placed(body, "volumes")
-        pool = list(self.membership.hosts().values()) if holding is None else holding
-        fallback = self.alive() if holding is None else holding
-        candidates = spawn_candidates(pool, tag, pinned) if tag is not None else fallback[:1]
-        if not candidates:
-            candidates = fallback[:1]  # nobody holds it and nobody can pull: let a host say 404
+        candidates = await self.spawn_hosts(body, json_field(body, "snapshot_tag"), "volumes", pinned)
         return await self.first_reachable(request, candidates, body, past_full=True)
+
+    async def spawn_hosts(self, body: bytes, tag: str | None, volumes_field: str,
+                          pinned: str | None = None) -> list[HostRecord]:
+        """The hosts to try, best first, for a spawn (or E2B's create) of ``tag`` whose ``body``
+        may mount volumes (under ``volumes_field``): among the hosts holding them all, if any do
+        (a pin overrides: that host answers), by the snapshot and load (fleet.placement)."""
+        holding = None if pinned else await self.volumes.placed(body, volumes_field)
+        pool = list(self.membership.hosts().values()) if holding is None else holding
+        candidates = spawn_candidates(pool, tag, pinned) if tag else []
+        # Nobody holds the snapshot and nobody can pull it: let a host say 404.
+        return candidates or (self.alive() if holding is None else holding)[:1]
 
     async def _create_snapshot(self, request: Request) -> Response:
         body = await request.body()
@@ -124,7 +128,7 @@ class Gateway:
             return refusal
         holding = None if pinned else await self.volumes.placed(body, "volumes")
         candidates = ([h for h in self.alive() if pinned is None or h.host_id == pinned] if holding is None
-                      else holding[:1] or self.alive()[:1])  # a volume no host holds: a host's 404
+                      else holding[:1])
         response = await self.first_reachable(request, candidates, body)
         return await self.publish(response)
 

@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, Response
 from forkd.api.e2b.paths import is_volume_upload
 from forkd.api.file_routes import streams_body
 from forkd.bounds import E2B_LIST_LIMIT, SANDBOX_ID_RE
-from forkd.fleet.placement import spawn_candidates
 from forkd.gateway.answers import e2b_error, json_field
 from forkd.gateway.e2b_pages import DONE, BadToken, Cursor, HostPage, merge
 from forkd.gateway.proxy import UNREACHABLE_HEADER, HostFailed
@@ -47,13 +46,8 @@ class E2BRoutes:
         path, method = request.url.path, request.method
         if path in _E2B_CREATE and method == "POST":
             body = await request.body()
-            tag = json_field(body, "templateID")
-            holding = await gw.volumes.placed(body, "volumeMounts")
-            pool = list(gw.membership.hosts().values()) if holding is None else holding
-            fallback = gw.alive() if holding is None else holding
-            candidates = spawn_candidates(pool, tag) if tag else []
-            return await gw.first_reachable(request, candidates or fallback[:1], body,
-                                            past_full=True, e2b=True)
+            candidates = await gw.spawn_hosts(body, json_field(body, "templateID"), "volumeMounts")
+            return await gw.first_reachable(request, candidates, body, past_full=True, e2b=True)
         if path in _E2B_LISTS and method == "GET":
             return await self.merged(request)
         if m := _E2B_SANDBOX_PATH.match(path):

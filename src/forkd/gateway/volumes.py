@@ -111,11 +111,12 @@ class VolumeRoutes:
 
     async def placed(self, body: bytes, field: str) -> list[HostRecord] | None:
         """Where a spawn or snapshot whose ``body`` mounts volumes (under ``field``) can run: the
-        hosts holding them all (empty: none does), or None when it names none the gateway places by."""
+        hosts holding them all; None when it names none the gateway places by, or no host holds
+        them all (then it is placed as without volumes, and its host answers which it lacks)."""
         names = named_volumes(body, field)
         if not names:
             return None
-        return await self.holding(names)
+        return await self.holding(names) or None
 
 
 __all__ = ["MAX_NAMED", "VolumeRoutes", "named_volumes"]
