@@ -45,7 +45,7 @@ from forkd.host import childnet, dnsguard, egress_tls, memdiff, netplan
 from forkd.host.egress import EgressPolicy
 from forkd.store.registry import SandboxRecord
 
-from .conftest import Loop, Seeder, images_dir, qemu_processes_of, soak
+from .conftest import Loop, Seeder, child_netns_turn, images_dir, qemu_processes_of, soak
 
 pytestmark = [
     pytest.mark.vm,
@@ -127,7 +127,8 @@ def env(loop: Loop, nic_snapshot: str, seed: Seeder) -> Iterator[Env]:
     finally:
         loop.run(e.rt.close())
         assert not qemu_processes_of(data.root)
-        assert_nothing_left(e.made)
+        with child_netns_turn():  # the forkd-child-<i> its per-child tests had may be another's now
+            assert_nothing_left(e.made)
         # The daemon's host table (masquerade, guard) went with the last sandbox that needed it.
         assert not _sh("nft", "list", "table", "ip", e.rt.networks.nat_table)
         shutil.rmtree(data.root, ignore_errors=True)
