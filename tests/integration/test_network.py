@@ -240,12 +240,20 @@ def host_fetch(ip: str, port: int = GUEST_PORT) -> str:
 
 
 def host_address() -> str:
-    """An address of the host's own (not the sandboxes' gateway)."""
+    """An address of the host's own that stays for the whole test: the one its default route leaves
+    from. Not merely the lowest: a VM module on the other worker may hold an address of its own
+    on the host for a while (test_fleet's private network, 10.160.0.0/11, sorts before most), and
+    a test that took it failed when that module ended mid-test (CI of 3e115d9)."""
     plan = netplan.AddressPlan.from_env()
     others = [str(a) for a in childnet.host_addresses() if not a.is_loopback and a not in plan.network]
     if not others:
         pytest.skip("the host has no address besides loopback and the sandboxes' gateway")
-    return others[0]
+    route = subprocess.run(["ip", "-j", "-4", "route", "get", "198.51.100.1"], capture_output=True, text=True)
+    try:
+        source = str(json.loads(route.stdout)[0]["prefsrc"])
+    except (ValueError, LookupError, TypeError):
+        source = None
+    return source if source in others else others[0]
 
 
 # ------------------------------------------------------------------ the guest's network
