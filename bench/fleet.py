@@ -16,7 +16,9 @@ measures is what spreading costs (the push, the lazy starts), not the capacity i
 separate machines. Also the gateway's added latency, ``--calls`` times through the gateway and
 straight to the host, p50 and p99: forkd's ``eval`` of ``1 + 1``, and E2B's published Python SDK's
 ``commands.run("true")`` (in .venv-clients, as the tests use it; left out if that is missing),
-in a sandbox of a ``base`` template on h1.
+in a sandbox of a ``base`` template on h1. And a named volume's lookup: ``GET /v1/volumes/{name}``
+of a volume on h1, through the gateway (which finds h1 in the hosts' records) and direct, and of
+a name no host holds (the gateway asks every host before the first one answers its 404).
 
 Prints, and writes bench/results/fleet.json.
 
@@ -116,6 +118,39 @@ def eval_latency(url: str, token: str, sandbox: str, calls: int) -> dict[str, An
     return summary(samples, 3)
 
 
+def get_latency(url: str, token: str, path: str, calls: int, status: int = 200) -> dict[str, Any]:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as c:
+        c.get(path)  # warm the connection
+        samples = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            answer = c.get(path)
+            samples.append((time.perf_counter() - t0) * 1000)
+            if answer.status_code != status:
+                raise RuntimeError(f"GET {path}: {answer.status_code} {answer.text[:300]}")
+    return summary(samples, 3)
+
+
+def volume_latency(c: httpx.Client, gw: str, direct: str, token: str, calls: int) -> dict[str, Any]:
+    """A hostdir volume made on h1 through the gateway, looked up once h1's record names it."""
+    ok(c.post("/v1/volumes", json={"name": "bench-vol", "fs": "hostdir", "size_mib": 16},
+              headers={"X-Forkd-Host": "h1"}))
+    try:
+        deadline = time.monotonic() + 30
+        while "bench-vol" not in next(h for h in ok(c.get("/v1/fleet")) if h["host_id"] == "h1")["volumes"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("h1's record did not name its volume")
+            time.sleep(0.2)
+        return {
+            "through_gateway": get_latency(gw, token, "/v1/volumes/bench-vol", calls),
+            "direct": get_latency(direct, token, "/v1/volumes/bench-vol", calls),
+            "unknown_through_gateway": get_latency(gw, token, "/v1/volumes/no-such-vol", calls, 404),
+            "unknown_direct": get_latency(direct, token, "/v1/volumes/no-such-vol", calls, 404),
+        }
+    finally:
+        c.delete("/v1/volumes/bench-vol")
+
+
 CLIENTS_PYTHON = ROOT / ".venv-clients" / "bin" / "python"
 E2B_RUNS = """
 import json, os, time
@@ -185,6 +220,8 @@ def main() -> None:
                     "through_gateway": eval_latency(gw, token, source["id"], args.calls),
                     "direct": eval_latency(urls["h1"], token, source["id"], args.calls),
                 }
+                print("volume lookups ...", flush=True)
+                results["volume_get_ms"] = volume_latency(c, gw, urls["h1"], token, args.calls)
                 if CLIENTS_PYTHON.exists():
                     ok(c.post("/v1/snapshots", json={"tag": "base", "boot_wait_secs": 180},
                               headers={"X-Forkd-Host": "h1"}))
@@ -207,6 +244,10 @@ def main() -> None:
     gw_ms, direct_ms = results["eval_ms"]["through_gateway"], results["eval_ms"]["direct"]
     print(f"\neval 1+1 (ms)    p50 {gw_ms['p50']:.2f} through the gateway, {direct_ms['p50']:.2f} direct; "
           f"p99 {gw_ms['p99']:.2f} / {direct_ms['p99']:.2f}")
+    vol = {k: v["p50"] for k, v in results["volume_get_ms"].items()}
+    print(f"GET a volume (ms)  p50 {vol['through_gateway']:.2f} through the gateway (its host in the "
+          f"records), {vol['direct']:.2f} direct; a name no host holds "
+          f"{vol['unknown_through_gateway']:.2f} (every host asked) / {vol['unknown_direct']:.2f}")
     if "e2b_commands_run_ms" in results:
         gw_ms, direct_ms = (results["e2b_commands_run_ms"]["through_gateway"],
                             results["e2b_commands_run_ms"]["direct"])
