@@ -159,19 +159,22 @@ def test_e2b_program_runs_unchanged(clients_python: Path, clean: Daemon, program
     assert left == ["base", "code-interpreter-v1"], left
 
 
-def test_e2b_js_program_runs_unchanged(clean: Daemon) -> None:
+@pytest.mark.parametrize("program", ["sandbox", "volumes"])
+def test_e2b_js_program_runs_unchanged(clean: Daemon, program: str) -> None:
     """E2B's JavaScript SDK (npm ``e2b``, locked in tests/clients/e2b-js, installed by
-    ``make node-deps``): create, streamed and background commands, files, pause and connect,
-    fork and kill, in one program run by node as its user would."""
+    ``make node-deps``), in a program run by node as its user would: create, streamed and
+    background commands, files, pause and connect, fork and kill (sandbox.mjs); a volume made,
+    written from outside, mounted in two sandboxes that see each other's writes, and destroyed
+    once unused (volumes.mjs)."""
     js = CLIENTS / "e2b-js"
     assert (js / "node_modules" / "e2b").is_dir(), "run `make node-deps` first"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
     started = time.monotonic()
-    proc = subprocess.run(["node", "sandbox.mjs"], env={**base, **e2b_env(clean)}, capture_output=True,
+    proc = subprocess.run(["node", f"{program}.mjs"], env={**base, **e2b_env(clean)}, capture_output=True,
                           text=True, timeout=PROGRAM_TIMEOUT, cwd=js)
-    print(f"\nE2B JS SDK program: {time.monotonic() - started:.1f} s")
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("sandbox ok"), (
-        f"node sandbox.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    print(f"\nE2B JS SDK program {program}: {time.monotonic() - started:.1f} s")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith(f"{program} ok"), (
+        f"node {program}.mjs exited with {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     with clean.client() as c:
         assert c.get("/v1/sandboxes").json() == []
         assert [s["tag"] for s in c.get("/v1/snapshots").json()] == ["base", "code-interpreter-v1"]

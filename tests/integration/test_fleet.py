@@ -364,7 +364,8 @@ def test_a_websocket_to_a_sandbox_port_goes_through_the_gateway(fleet: Fleet) ->
 def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None:
     """E2B's JavaScript SDK (npm ``e2b``, tests/clients/e2b-js): create, streamed and background
     commands, files, pause and connect, fork and kill (sandbox.mjs); a pty and a guest server
-    reached as getHost names it (terminal.mjs), through the gateway to the template's host."""
+    reached as getHost names it (terminal.mjs), through the gateway to the template's host; a
+    volume, its content calls and the two sandboxes that mount it on the volume's host (volumes.mjs)."""
     js = CLIENTS / "e2b-js"
     assert (js / "node_modules" / "e2b").is_dir(), "run `make node-deps` first"
     ensure_base(fleet)
@@ -374,8 +375,8 @@ def test_e2b_js_program_runs_unchanged_through_the_gateway(fleet: Fleet) -> None
     url = fleet.gateway.url
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FORKD_", "E2B_"))}
     env = {**base, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": fleet.token,
-           "E2B_DOMAIN": GET_HOST_DOMAIN, "FORKD_TEST_PORT_PROXY": url}
-    for program, args in (("sandbox", ()), ("terminal", (nic_tag,))):
+           "E2B_DOMAIN": GET_HOST_DOMAIN, "FORKD_TEST_PORT_PROXY": url, "E2B_VOLUME_API_URL": url}
+    for program, args in (("sandbox", ()), ("terminal", (nic_tag,)), ("volumes", ())):
         proc = subprocess.run(["node", f"{program}.mjs", *args], capture_output=True, text=True,
                               timeout=600, cwd=js, env=env)
         assert proc.returncode == 0 and proc.stdout.strip().endswith(f"{program} ok"), (
