@@ -47,7 +47,7 @@ from forkd.store.records import SnapshotRecord, VolumeRecord, now_unix
 from forkd.store.rows.sandboxes import SandboxReader
 from forkd.store.rows.snapshots import SnapshotReader
 from forkd.store.rows.volumes import VolumeRows
-from forkd.store.volume_spec import VolumeMount, disk_indices, is_shared, serial
+from forkd.store.volume_spec import VolumeMount, disk_indices, serial
 from forkd.vmm import disk as disk_mod
 from forkd.vmm import volume_image
 from forkd.vmm.cmdline import VolumeDrive
@@ -281,17 +281,19 @@ def drives_for(entries: Sequence[dict[str, Any]], disk: Path, node: str, snapsho
                ) -> list[VolumeDrive]:
     """The volume drives of a VM whose root disk is ``disk`` (node ``node``), restored from
     ``snapshot``: a writable volume's file mirrors ``disk``; a read-only one is the snapshot's."""
-    return [VolumeDrive(snapshot.volume(i) if e.get("read_only") else layout.volume_file(disk, i),
-                        layout.volume_node(node, i), serial(i), bool(e.get("read_only")))
-            for i, e in enumerate(entries) if not is_shared(e)]
+    drives = []
+    for i in disk_indices(entries):
+        read_only = bool(entries[i].get("read_only"))
+        drives.append(VolumeDrive(snapshot.volume(i) if read_only else layout.volume_file(disk, i),
+                                  layout.volume_node(node, i), serial(i), read_only))
+    return drives
 
 
 def child_overlays(entries: Sequence[dict[str, Any]], snapshot: layout.SnapshotDir, disk: Path) -> None:
     """A new child's own overlay of each writable volume, beside its root disk ``disk``."""
-    for i, e in enumerate(entries):
-        if not e.get("read_only") and not is_shared(e):
-            disk_mod.clone_overlay(snapshot.volume(i), layout.volume_file(disk, i),
-                                   snapshot.path / f".child-overlay.vol{i}.qcow2")
+    for i in writable(entries):
+        disk_mod.clone_overlay(snapshot.volume(i), layout.volume_file(disk, i),
+                               snapshot.path / f".child-overlay.vol{i}.qcow2")
 
 
 def writable(entries: Sequence[dict[str, Any]]) -> list[int]:
